@@ -1,0 +1,148 @@
+#include "dopt/optim/adam.hpp"
+
+#include "kernel_support.hpp"
+
+namespace dopt::optim {
+
+Hyperparams AdamOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"betas", detail::from_pair(betas_)},
+          {"eps", eps_},
+          {"weight_decay", weight_decay_},
+          {"amsgrad", amsgrad_},
+          {"maximize", maximize_}};
+}
+
+void AdamOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "AdamOptions";
+  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
+  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("amsgrad")) amsgrad_ = hyper_flag(h, "amsgrad", op);
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void AdamOptions::validate(const std::string& op) const {
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + std::to_string(eps_));
+  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
+    throw ValueError(op, "Invalid beta parameter at index 0: " + std::to_string(betas_[0]));
+  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
+    throw ValueError(op, "Invalid beta parameter at index 1: " + std::to_string(betas_[1]));
+  if (!(weight_decay_ >= 0.0))
+    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct AdamScalars {
+  T beta1, one_minus_beta1, beta2, one_minus_beta2, wd, neg_step_size, bc2_sqrt, eps, decay_mul;
+  bool maximize, has_wd, decoupled, amsgrad;
+};
+
+template <class T>
+inline __attribute__((always_inline)) void adam_body(T* __restrict p, const T* __restrict g, T* __restrict m,
+                                                     T* __restrict v, T* __restrict vmax, i64 n,
+                                                     const AdamScalars<T>& s) {
+  // The flags are loop-invariant; GCC unswitches the loop on them.
+  for (i64 i = 0; i < n; ++i) {
+    T pi = p[i];
+    T gi = s.maximize ? -g[i] : g[i];
+    if (s.decoupled) pi = pi * s.decay_mul;
+    else if (s.has_wd) gi = std::fma(s.wd, pi, gi);
+    T mi = m[i] * s.beta1;
+    mi = std::fma(s.one_minus_beta1, gi, mi);
+    T vi = v[i] * s.beta2;
+    vi = std::fma(s.one_minus_beta2 * gi, gi, vi);
+    T base = vi;
+    if (s.amsgrad) {
+      T mx = vmax[i];
+      // torch.maximum propagates NaN
+      mx = (std::isnan(mx) || std::isnan(vi)) ? (mx + vi) : (mx > vi ? mx : vi);
+      vmax[i] = mx;
+      base = mx;
+    }
+    T denom = std::sqrt(base) / s.bc2_sqrt;
+    denom = denom + s.eps;
+    pi = pi + (s.neg_step_size * mi) / denom;
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+DOPT_KERNEL void adam_f32(float* p, const float* g, float* m, float* v, float* vmax, i64 n,
+                          const AdamScalars<float>& s) {
+  adam_body(p, g, m, v, vmax, n, s);
+}
+DOPT_KERNEL void adam_f64(double* p, const double* g, double* m, double* v, double* vmax, i64 n,
+                          const AdamScalars<double>& s) {
+  adam_body(p, g, m, v, vmax, n, s);
+}
+inline void adam_kernel(float* p, const float* g, float* m, float* v, float* vmax, i64 n,
+                        const AdamScalars<float>& s) {
+  adam_f32(p, g, m, v, vmax, n, s);
+}
+inline void adam_kernel(double* p, const double* g, double* m, double* v, double* vmax, i64 n,
+                        const AdamScalars<double>& s) {
+  adam_f64(p, g, m, v, vmax, n, s);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void Adam::init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st) {
+  st["step"] = Tensor::scalar(0.0, DType::float32);
+  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  st["exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  if (o.amsgrad()) st["max_exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+}
+
+void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st,
+                        bool decoupled) {
+  const char* op = decoupled ? "AdamW.step" : "Adam.step";
+  // float32 step counter, as torch keeps it (saturates at 2^24).
+  Tensor& step_t = st.at("step");
+  float step = static_cast<float>(step_t.item());
+  step = step + 1.0f;
+  step_t.fill_(step);
+  const double s = static_cast<double>(step);
+  const double beta1 = o.betas()[0], beta2 = o.betas()[1];
+  const double bc1 = 1.0 - std::pow(beta1, s);
+  const double bc2 = 1.0 - std::pow(beta2, s);
+  const double step_size = o.lr() / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  auto it_vmax = st.find("max_exp_avg_sq");
+  if (o.amsgrad() && it_vmax == st.end())
+    throw StateError(op, "amsgrad was enabled after the state of this parameter was created");
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::AdamScalars<T> k{sc<T>(beta1), sc<T>(1.0 - beta1), sc<T>(beta2), sc<T>(1.0 - beta2),
+                              sc<T>(o.weight_decay()), sc<T>(-step_size), sc<T>(bc2_sqrt), sc<T>(o.eps()),
+                              sc<T>(1.0 - o.lr() * o.weight_decay()), o.maximize(),
+                              o.weight_decay() != 0.0, decoupled, o.amsgrad()};
+    T* vmax = o.amsgrad() ? it_vmax->second.template data<T>() : nullptr;
+    kernels::adam_kernel(p.data<T>(), g.data<T>(), st.at("exp_avg").data<T>(), st.at("exp_avg_sq").data<T>(),
+                         vmax, p.numel(), k);
+  });
+}
+
+Adam::Adam(std::vector<OptimizerParamGroup> groups, AdamOptions defaults)
+    : Optimizer("Adam", {}, std::make_unique<AdamOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void Adam::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const AdamOptions&>(o), p, st);
+}
+
+void Adam::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const AdamOptions&>(o), p, g, st, false);
+}
+
+}  // namespace dopt::optim

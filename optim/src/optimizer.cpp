@@ -1,0 +1,183 @@
+#include "dopt/optim/optimizer.hpp"
+
+#include <unordered_set>
+
+#include "dopt/runtime/parallel.hpp"
+
+namespace dopt::optim {
+
+void check_param_grad(const Tensor& param, const Tensor& grad, const std::string& op) {
+  if (grad.shape() != param.shape())
+    throw ShapeError(op, "gradient shape " + shape_str(grad.shape()) + " does not match parameter shape " +
+                             shape_str(param.shape()));
+  if (grad.dtype() != param.dtype())
+    throw DTypeError(op, "gradient dtype " + std::string(dtype_name(grad.dtype())) +
+                             " does not match parameter dtype " + std::string(dtype_name(param.dtype())));
+  if (grad.device() != param.device())
+    throw DeviceError(op, "gradient on " + grad.device().str() + " but parameter on " + param.device().str());
+}
+
+Optimizer::Optimizer(std::string name, std::vector<OptimizerParamGroup> /*groups*/,
+                     std::unique_ptr<OptimizerOptions> defaults)
+    : name_(std::move(name)), defaults_(std::move(defaults)) {
+  defaults_->validate(name_);
+}
+
+void Optimizer::init_groups(std::vector<OptimizerParamGroup> groups) {
+  if (groups.empty()) throw ValueError(name_, "optimizer got an empty parameter list");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+void Optimizer::add_param_group(OptimizerParamGroup group) {
+  const std::string op = name_ + ".add_param_group";
+  std::unordered_set<const TensorImpl*> existing;
+  for (const auto& g : param_groups_)
+    for (const auto& p : g.params) existing.insert(p.key());
+  std::unordered_set<const TensorImpl*> in_group;
+  std::vector<Tensor> unique_params;
+  for (std::size_t i = 0; i < group.params.size(); ++i) {
+    const Tensor& p = group.params[i];
+    if (!p.defined()) throw TypeError(op, "parameter " + std::to_string(i) + " of the group is an undefined tensor");
+    if (!is_floating_point(p.dtype()))
+      throw TypeError(op, "can only optimize floating-point tensors, but parameter " + std::to_string(i) +
+                              " is " + std::string(dtype_name(p.dtype())));
+    if (existing.count(p.key()))
+      throw ValueError(op, "some parameters appear in more than one parameter group");
+    // torch warns about duplicates inside one group and keeps them; a duplicate
+    // would be stepped twice, so dopt keeps the first occurrence only.
+    if (in_group.insert(p.key()).second) unique_params.push_back(p);
+  }
+  group.params = std::move(unique_params);
+  if (!group.options) {
+    group.options = defaults_->clone();
+  }
+  group.options->validate(name_);
+  param_groups_.push_back(std::move(group));
+  on_group_added(param_groups_.back());
+}
+
+std::optional<double> Optimizer::step(const LossClosure& closure) {
+  std::optional<double> loss;
+  if (closure) loss = closure();
+  struct Item {
+    const OptimizerOptions* options;
+    Tensor param;
+    Tensor grad;
+    ParamState* state;
+  };
+  std::vector<Item> items;
+  for (auto& g : param_groups_) {
+    for (auto& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      check_param_grad(p, grad, name_ + ".step");
+      ParamState& st = state_[p.key()];
+      if (st.empty()) init_state(*g.options, p, st);
+      items.push_back(Item{g.options.get(), p, std::move(grad), &st});
+    }
+  }
+  parallel_for(static_cast<std::int64_t>(items.size()), num_threads_, [&](std::int64_t i) {
+    const Item& it = items[static_cast<std::size_t>(i)];
+    update(*it.options, it.param, it.grad, *it.state);
+  });
+  return loss;
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& g : param_groups_)
+    for (auto& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      if (set_to_none) p.set_grad(Tensor());
+      else grad.zero_();
+    }
+}
+
+std::vector<Tensor> Optimizer::all_params() const {
+  std::vector<Tensor> out;
+  for (const auto& g : param_groups_) out.insert(out.end(), g.params.begin(), g.params.end());
+  return out;
+}
+
+void Optimizer::set_num_threads(int n) {
+  if (n < 1) throw ValueError(name_ + ".set_num_threads", "thread count must be >= 1, got " + std::to_string(n));
+  num_threads_ = n;
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict sd;
+  std::unordered_map<const TensorImpl*, std::int64_t> ids;
+  std::int64_t next = 0;
+  for (const auto& g : param_groups_) {
+    StateDict::Group out;
+    out.hyperparams = g.options->to_hyperparams();
+    for (const auto& p : g.params) {
+      auto [it, fresh] = ids.emplace(p.key(), next);
+      if (fresh) ++next;
+      out.params.push_back(it->second);
+    }
+    sd.param_groups.push_back(std::move(out));
+  }
+  for (const auto& [key, st] : state_) {
+    auto it = ids.find(key);
+    if (it != ids.end()) sd.state[it->second] = st;
+  }
+  return sd;
+}
+
+void Optimizer::load_state_dict(const StateDict& sd) {
+  const std::string op = name_ + ".load_state_dict";
+  if (sd.param_groups.size() != param_groups_.size())
+    throw StateDictError(op, "loaded state dict has a different number of parameter groups (" +
+                                 std::to_string(sd.param_groups.size()) + " vs " +
+                                 std::to_string(param_groups_.size()) + ")");
+  for (std::size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    if (sd.param_groups[gi].params.size() != param_groups_[gi].params.size())
+      throw StateDictError(op, "loaded state dict contains a parameter group that doesn't match the size of "
+                               "optimizer's group (group " + std::to_string(gi) + ": " +
+                               std::to_string(sd.param_groups[gi].params.size()) + " vs " +
+                               std::to_string(param_groups_[gi].params.size()) + " parameters)");
+  }
+  // Map saved ids to current params positionally over the chained groups.
+  std::map<std::int64_t, Tensor> id_to_param;
+  for (std::size_t gi = 0; gi < param_groups_.size(); ++gi)
+    for (std::size_t k = 0; k < param_groups_[gi].params.size(); ++k)
+      id_to_param.emplace(sd.param_groups[gi].params[k], param_groups_[gi].params[k]);
+
+  // Build everything first, then commit: a failure leaves the optimizer unchanged.
+  std::unordered_map<const TensorImpl*, ParamState> new_state;
+  for (const auto& [id, st] : sd.state) {
+    auto it = id_to_param.find(id);
+    if (it == id_to_param.end())
+      throw StateDictError(op, "state for parameter id " + std::to_string(id) +
+                                   " that no parameter group lists");
+    const Tensor& p = it->second;
+    ParamState copy;
+    for (const auto& [key, value] : st) {
+      if (!value.defined()) continue;
+      if (key == "step") {
+        copy[key] = value.clone();
+        continue;
+      }
+      if (value.dim() != 0 && value.shape() != p.shape())
+        throw StateDictError(op, "state '" + key + "' of parameter id " + std::to_string(id) + " has shape " +
+                                     shape_str(value.shape()) + " but the parameter has shape " +
+                                     shape_str(p.shape()));
+      Tensor t = Tensor::empty(value.shape(), p.dtype(), p.device());
+      t.copy_(value);
+      copy[key] = std::move(t);
+    }
+    new_state[p.key()] = std::move(copy);
+  }
+  std::vector<std::unique_ptr<OptimizerOptions>> new_options;
+  for (std::size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    auto o = param_groups_[gi].options->clone();
+    o->set_hyperparams(sd.param_groups[gi].hyperparams);
+    o->validate(op);
+    new_options.push_back(std::move(o));
+  }
+  state_ = std::move(new_state);
+  for (std::size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options = std::move(new_options[gi]);
+}
+
+}  // namespace dopt::optim
