@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs dopt's build and test dependencies from Debian when they are missing.
+# Usage: scripts/install-deps.sh [--with-torch]
+#   --with-torch  also install python3-torch (the reference peer for benchmarks)
+set -euo pipefail
+pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
+      nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libdlpack-dev libeigen3-dev)
+if [[ "${1:-}" == "--with-torch" ]]; then pkgs+=(python3-torch python3-numpy); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+  echo "install-deps: all packages present" >&2
+fi
