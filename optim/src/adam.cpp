@@ -44,27 +44,32 @@ struct AdamScalars {
   bool maximize, has_wd, decoupled, amsgrad;
 };
 
-template <class T>
+// VECTORISATION RULE for every kernel: the element loop must contain no
+// control flow, or GCC will not vectorise it (measured: 8.9 GB/s scalar vs
+// ~30 GB/s vectorised for Adam at 10M). So options that change the loop's
+// shape (amsgrad, weight-decay mode) are template parameters, selected by a
+// switch outside the loop; maximize is a multiplication by +1/-1 (exact).
+template <class T, bool Amsgrad, int WdMode /*0 none, 1 L2, 2 decoupled*/>
 inline __attribute__((always_inline)) void adam_body(T* __restrict p, const T* __restrict g, T* __restrict m,
                                                      T* __restrict v, T* __restrict vmax, i64 n,
                                                      const AdamScalars<T>& s) {
-  // The flags are loop-invariant; GCC unswitches the loop on them.
-  for (i64 i = 0; i < n; ++i) {
+  const T gsign = s.maximize ? T(-1) : T(1);
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v) {
     T pi = p[i];
-    T gi = s.maximize ? -g[i] : g[i];
-    if (s.decoupled) pi = pi * s.decay_mul;
-    else if (s.has_wd) gi = std::fma(s.wd, pi, gi);
+    T gi = g[i] * gsign;
+    if constexpr (WdMode == 2) pi = pi * s.decay_mul;
+    if constexpr (WdMode == 1) gi = std::fma(s.wd, pi, gi);
     T mi = m[i] * s.beta1;
     mi = std::fma(s.one_minus_beta1, gi, mi);
     T vi = v[i] * s.beta2;
     vi = std::fma(s.one_minus_beta2 * gi, gi, vi);
     T base = vi;
-    if (s.amsgrad) {
-      T mx = vmax[i];
-      // torch.maximum propagates NaN
-      mx = (std::isnan(mx) || std::isnan(vi)) ? (mx + vi) : (mx > vi ? mx : vi);
-      vmax[i] = mx;
-      base = mx;
+    if constexpr (Amsgrad) {
+      const T mx = vmax[i];
+      // torch.maximum propagates NaN: (a != a) is true only for NaN.
+      const T r = (mx != mx || vi != vi) ? mx + vi : (mx > vi ? mx : vi);
+      vmax[i] = r;
+      base = r;
     }
     T denom = std::sqrt(base) / s.bc2_sqrt;
     denom = denom + s.eps;
@@ -75,13 +80,28 @@ inline __attribute__((always_inline)) void adam_body(T* __restrict p, const T* _
   }
 }
 
+template <class T>
+inline __attribute__((always_inline)) void adam_select(T* p, const T* g, T* m, T* v, T* vmax, i64 n,
+                                                       const AdamScalars<T>& s) {
+  const int wd = s.decoupled ? 2 : (s.has_wd ? 1 : 0);
+  if (s.amsgrad) {
+    if (wd == 0) adam_body<T, true, 0>(p, g, m, v, vmax, n, s);
+    else if (wd == 1) adam_body<T, true, 1>(p, g, m, v, vmax, n, s);
+    else adam_body<T, true, 2>(p, g, m, v, vmax, n, s);
+  } else {
+    if (wd == 0) adam_body<T, false, 0>(p, g, m, v, vmax, n, s);
+    else if (wd == 1) adam_body<T, false, 1>(p, g, m, v, vmax, n, s);
+    else adam_body<T, false, 2>(p, g, m, v, vmax, n, s);
+  }
+}
+
 DOPT_KERNEL void adam_f32(float* p, const float* g, float* m, float* v, float* vmax, i64 n,
                           const AdamScalars<float>& s) {
-  adam_body(p, g, m, v, vmax, n, s);
+  adam_select(p, g, m, v, vmax, n, s);
 }
 DOPT_KERNEL void adam_f64(double* p, const double* g, double* m, double* v, double* vmax, i64 n,
                           const AdamScalars<double>& s) {
-  adam_body(p, g, m, v, vmax, n, s);
+  adam_select(p, g, m, v, vmax, n, s);
 }
 inline void adam_kernel(float* p, const float* g, float* m, float* v, float* vmax, i64 n,
                         const AdamScalars<float>& s) {

@@ -22,9 +22,36 @@
 #define DOPT_KERNEL
 #endif
 
+#define DOPT_INLINE inline __attribute__((always_inline))
+
 namespace dopt::optim::kernels {
 
 using i64 = std::int64_t;
+
+/// Software prefetch 1 KiB ahead of element j on every stream.
+template <class T, class... Ptrs>
+DOPT_INLINE void prefetch_ahead(i64 j, i64 n, Ptrs... ptrs) {
+  constexpr i64 ahead = 1024 / static_cast<i64>(sizeof(T));
+  if (j + ahead < n) (__builtin_prefetch(ptrs + j + ahead, 1, 0), ...);
+}
+
+/// The element loop of every kernel:
+///   DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v) { ...body using i... }
+/// runs the body for i in [0, n), one cache line at a time, with software
+/// prefetch 1 KiB ahead on the listed streams. Measured on this machine
+/// (Adam-like kernel, 10M float32, one thread): 25 GB/s without prefetch,
+/// 32 GB/s with it; the hardware prefetcher alone does not keep 4-7 streams
+/// fed. It is a macro (not a lambda) so that the body sees the kernel's
+/// __restrict pointers directly; a lambda capturing them loses that and the
+/// loop does not vectorise. The body must be free of control flow.
+#define DOPT_FOR_EACH_ELEMENT(T, n, i, ...)                                                      \
+  for (::dopt::optim::kernels::i64 dopt_j_ = 0, dopt_e_ = 0; dopt_j_ < (n); dopt_j_ = dopt_e_)   \
+    if (dopt_e_ = (dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T)) < (n)       \
+                       ? dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T))      \
+                       : (n)),                                                                   \
+        ::dopt::optim::kernels::prefetch_ahead<T>(dopt_j_, (n), __VA_ARGS__), false) {           \
+    } else                                                                                       \
+      for (::dopt::optim::kernels::i64 i = dopt_j_; i < dopt_e_; ++i)
 
 /// Rounds a double scalar to the element type once (torch's scalar cast).
 template <class T> inline T sc(double v) noexcept { return static_cast<T>(v); }
