@@ -1,0 +1,47 @@
+#pragma once
+// torch.optim.SGD (1.13), float32/float64 results bit-identical to torch's
+// single-tensor path (spec section 3.2).
+//
+// State: `momentum_buffer` only when the group's momentum is non-zero; it is
+// created at the parameter's first step with momentum as a copy of the
+// (maximize-flipped, weight-decayed) gradient. torch stores
+// `momentum_buffer: None` for momentum 0; dopt stores nothing instead.
+#include "dopt/optim/options_base.hpp"
+
+namespace dopt::optim {
+
+class SGDOptions : public OptionsCRTP<SGDOptions> {
+ public:
+  /// lr is required, as in torch 1.13 (there is no default constructor).
+  explicit SGDOptions(double lr) : lr_(lr) {}
+  Hyperparams to_hyperparams() const override;
+  void set_hyperparams(const Hyperparams& h) override;
+  void validate(const std::string& op) const override;
+
+  DOPT_ARG(SGDOptions, double, lr, 0.0);
+  DOPT_ARG(SGDOptions, double, momentum, 0.0);
+  DOPT_ARG(SGDOptions, double, dampening, 0.0);
+  DOPT_ARG(SGDOptions, double, weight_decay, 0.0);
+  DOPT_ARG(SGDOptions, bool, nesterov, false);
+  DOPT_ARG(SGDOptions, bool, maximize, false);
+};
+
+class SGD : public Optimizer {
+ public:
+  using Options = SGDOptions;
+  SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults);
+  SGD(std::vector<Tensor> params, SGDOptions defaults)
+      : SGD(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+  /// One parameter's lazy state (SGD has none up front) and update (shared
+  /// with the functional form). update_param creates `momentum_buffer` when
+  /// momentum != 0 and it is absent.
+  static void init_param_state(const SGDOptions& o, const Tensor& p, ParamState& st);
+  static void update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
+
+ protected:
+  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
+  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
+};
+
+}  // namespace dopt::optim

@@ -1,0 +1,130 @@
+#include "dopt/optim/adagrad.hpp"
+
+#include "kernel_support.hpp"
+#include "state_util.hpp"
+
+namespace dopt::optim {
+
+Hyperparams AdagradOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"lr_decay", lr_decay_},
+          {"weight_decay", weight_decay_},
+          {"initial_accumulator_value", initial_accumulator_value_},
+          {"eps", eps_},
+          {"maximize", maximize_}};
+}
+
+void AdagradOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "AdagradOptions";
+  detail::check_known_keys(h, {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"},
+                           op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("lr_decay")) lr_decay_ = hyper_number(h, "lr_decay", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("initial_accumulator_value"))
+    initial_accumulator_value_ = hyper_number(h, "initial_accumulator_value", op);
+  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void AdagradOptions::validate(const std::string& op) const {
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
+  if (!(lr_decay_ >= 0.0)) throw ValueError(op, "Invalid lr_decay value: " + std::to_string(lr_decay_));
+  if (!(weight_decay_ >= 0.0))
+    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+  if (!(initial_accumulator_value_ >= 0.0))
+    throw ValueError(op, "Invalid initial_accumulator_value value: " + std::to_string(initial_accumulator_value_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + std::to_string(eps_));
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct AdagradScalars {
+  T gsign, wd, eps, neg_clr;
+  bool has_wd;
+};
+
+// No control flow in the loop (vectorises); maximize is an exact * -1.
+template <class T, bool Wd>
+inline __attribute__((always_inline)) void adagrad_body(T* __restrict p, const T* __restrict g, T* __restrict sum,
+                                                        i64 n, const AdagradScalars<T>& s) {
+  for (i64 i = 0; i < n; ++i) {
+    const T pi = p[i];
+    T gi = g[i] * s.gsign;
+    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    const T si = std::fma(gi, gi, sum[i]);
+    const T std_i = std::sqrt(si) + s.eps;
+    p[i] = pi + (s.neg_clr * gi) / std_i;
+    sum[i] = si;
+  }
+}
+
+template <class T>
+inline __attribute__((always_inline)) void adagrad_select(T* p, const T* g, T* sum, i64 n,
+                                                          const AdagradScalars<T>& s) {
+  if (s.has_wd) adagrad_body<T, true>(p, g, sum, n, s);
+  else adagrad_body<T, false>(p, g, sum, n, s);
+}
+
+DOPT_KERNEL void adagrad_f32(float* p, const float* g, float* sum, i64 n, const AdagradScalars<float>& s) {
+  adagrad_select(p, g, sum, n, s);
+}
+DOPT_KERNEL void adagrad_f64(double* p, const double* g, double* sum, i64 n, const AdagradScalars<double>& s) {
+  adagrad_select(p, g, sum, n, s);
+}
+inline void adagrad_kernel(float* p, const float* g, float* sum, i64 n, const AdagradScalars<float>& s) {
+  adagrad_f32(p, g, sum, n, s);
+}
+inline void adagrad_kernel(double* p, const double* g, double* sum, i64 n, const AdagradScalars<double>& s) {
+  adagrad_f64(p, g, sum, n, s);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void Adagrad::init_param_state(const AdagradOptions& o, const Tensor& p, ParamState& st) {
+  st["step"] = Tensor::scalar(0.0, DType::float32);
+  st["sum"] = Tensor::full(p.shape(), o.initial_accumulator_value(), p.dtype(), p.device());
+}
+
+void Adagrad::update_param(const AdagradOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  const char* op = "Adagrad.step";
+  Tensor& step_t = detail::state_at(st, "step", op);
+  Tensor& sum = detail::state_at(st, "sum", op);
+  if (sum.shape() != p.shape() || sum.dtype() != p.dtype())
+    throw StateError(op, "state 'sum' " + sum.str() + " does not match parameter " + p.str());
+  const double s = detail::increment_step(step_t);
+  const double clr = o.lr() / (1.0 + (s - 1.0) * o.lr_decay());
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::AdagradScalars<T> k{o.maximize() ? T(-1) : T(1), sc<T>(o.weight_decay()), sc<T>(o.eps()), sc<T>(-clr),
+                                 o.weight_decay() != 0.0};
+    kernels::adagrad_kernel(p.data<T>(), g.data<T>(), sum.template data<T>(), p.numel(), k);
+  });
+}
+
+Adagrad::Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults)
+    : Optimizer("Adagrad", {}, std::make_unique<AdagradOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void Adagrad::on_group_added(OptimizerParamGroup& group) {
+  const auto& o = static_cast<const AdagradOptions&>(*group.options);
+  for (const Tensor& p : group.params) {
+    ParamState& st = state()[p.key()];
+    if (st.empty()) init_param_state(o, p, st);
+  }
+}
+
+void Adagrad::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const AdagradOptions&>(o), p, st);
+}
+
+void Adagrad::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const AdagradOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim

@@ -1,0 +1,52 @@
+#include "dopt/optim/adamw.hpp"
+
+namespace dopt::optim {
+
+Hyperparams AdamWOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"betas", detail::from_pair(betas_)},
+          {"eps", eps_},
+          {"weight_decay", weight_decay_},
+          {"amsgrad", amsgrad_},
+          {"maximize", maximize_}};
+}
+
+void AdamWOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "AdamWOptions";
+  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
+  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("amsgrad")) amsgrad_ = hyper_flag(h, "amsgrad", op);
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void AdamWOptions::validate(const std::string& op) const { as_adam_options().validate(op); }
+
+AdamOptions AdamWOptions::as_adam_options() const {
+  return AdamOptions(lr_).betas(betas_).eps(eps_).weight_decay(weight_decay_).amsgrad(amsgrad_).maximize(maximize_);
+}
+
+void AdamW::init_param_state(const AdamWOptions& o, const Tensor& p, ParamState& st) {
+  Adam::init_param_state(o.as_adam_options(), p, st);
+}
+
+void AdamW::update_param(const AdamWOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  Adam::update_param(o.as_adam_options(), p, g, st, /*decoupled_weight_decay=*/true);
+}
+
+AdamW::AdamW(std::vector<OptimizerParamGroup> groups, AdamWOptions defaults)
+    : Optimizer("AdamW", {}, std::make_unique<AdamWOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void AdamW::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const AdamWOptions&>(o), p, st);
+}
+
+void AdamW::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const AdamWOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim

@@ -1,0 +1,182 @@
+#include "dopt/optim/rmsprop.hpp"
+
+#include "kernel_support.hpp"
+#include "state_util.hpp"
+
+namespace dopt::optim {
+
+Hyperparams RMSpropOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"alpha", alpha_},
+          {"eps", eps_},
+          {"weight_decay", weight_decay_},
+          {"momentum", momentum_},
+          {"centered", centered_},
+          {"maximize", maximize_}};
+}
+
+void RMSpropOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "RMSpropOptions";
+  detail::check_known_keys(h, {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("alpha")) alpha_ = hyper_number(h, "alpha", op);
+  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("momentum")) momentum_ = hyper_number(h, "momentum", op);
+  if (h.count("centered")) centered_ = hyper_flag(h, "centered", op);
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void RMSpropOptions::validate(const std::string& op) const {
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + std::to_string(eps_));
+  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + std::to_string(momentum_));
+  if (!(weight_decay_ >= 0.0))
+    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+  if (!(alpha_ >= 0.0)) throw ValueError(op, "Invalid alpha value: " + std::to_string(alpha_));
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct RMSpropScalars {
+  T gsign, wd, alpha, one_minus_alpha, eps, momentum, neg_lr;
+  bool has_wd, centered, has_momentum;
+};
+
+// No control flow in the loop (vectorises); maximize is an exact * -1.
+template <class T, bool Wd, bool Centered, bool Momentum>
+inline __attribute__((always_inline)) void rmsprop_body(T* __restrict p, const T* __restrict g, T* __restrict sq,
+                                                        T* __restrict ga, T* __restrict buf, i64 n,
+                                                        const RMSpropScalars<T>& s) {
+  for (i64 i = 0; i < n; ++i) {
+    const T pi = p[i];
+    T gi = g[i] * s.gsign;
+    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    T sqi = sq[i] * s.alpha;
+    sqi = std::fma(s.one_minus_alpha * gi, gi, sqi);
+    sq[i] = sqi;
+    T avg;
+    if constexpr (Centered) {
+      T gai = ga[i] * s.alpha;
+      gai = std::fma(s.one_minus_alpha, gi, gai);
+      ga[i] = gai;
+      avg = std::sqrt(std::fma(-gai, gai, sqi));
+    } else {
+      avg = std::sqrt(sqi);
+    }
+    avg = avg + s.eps;
+    if constexpr (Momentum) {
+      T b = buf[i] * s.momentum;
+      b = b + gi / avg;
+      buf[i] = b;
+      p[i] = std::fma(s.neg_lr, b, pi);
+    } else {
+      p[i] = pi + (s.neg_lr * gi) / avg;
+    }
+  }
+}
+
+template <class T, bool Wd>
+inline __attribute__((always_inline)) void rmsprop_select2(T* p, const T* g, T* sq, T* ga, T* buf, i64 n,
+                                                           const RMSpropScalars<T>& s) {
+  if (s.centered) {
+    if (s.has_momentum) rmsprop_body<T, Wd, true, true>(p, g, sq, ga, buf, n, s);
+    else rmsprop_body<T, Wd, true, false>(p, g, sq, ga, buf, n, s);
+  } else {
+    if (s.has_momentum) rmsprop_body<T, Wd, false, true>(p, g, sq, ga, buf, n, s);
+    else rmsprop_body<T, Wd, false, false>(p, g, sq, ga, buf, n, s);
+  }
+}
+
+template <class T>
+inline __attribute__((always_inline)) void rmsprop_select(T* p, const T* g, T* sq, T* ga, T* buf, i64 n,
+                                                          const RMSpropScalars<T>& s) {
+  if (s.has_wd) rmsprop_select2<T, true>(p, g, sq, ga, buf, n, s);
+  else rmsprop_select2<T, false>(p, g, sq, ga, buf, n, s);
+}
+
+DOPT_KERNEL void rmsprop_f32(float* p, const float* g, float* sq, float* ga, float* buf, i64 n,
+                             const RMSpropScalars<float>& s) {
+  rmsprop_select(p, g, sq, ga, buf, n, s);
+}
+DOPT_KERNEL void rmsprop_f64(double* p, const double* g, double* sq, double* ga, double* buf, i64 n,
+                             const RMSpropScalars<double>& s) {
+  rmsprop_select(p, g, sq, ga, buf, n, s);
+}
+inline void rmsprop_kernel(float* p, const float* g, float* sq, float* ga, float* buf, i64 n,
+                           const RMSpropScalars<float>& s) {
+  rmsprop_f32(p, g, sq, ga, buf, n, s);
+}
+inline void rmsprop_kernel(double* p, const double* g, double* sq, double* ga, double* buf, i64 n,
+                           const RMSpropScalars<double>& s) {
+  rmsprop_f64(p, g, sq, ga, buf, n, s);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void RMSprop::init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st) {
+  st["step"] = Tensor::scalar(0.0, DType::int64);
+  st["square_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  if (o.momentum() > 0.0) st["momentum_buffer"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  if (o.centered()) st["grad_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+}
+
+namespace {
+Tensor& matching_state(ParamState& st, const char* key, const Tensor& p, const char* op) {
+  Tensor& t = detail::state_at(st, key, op);
+  if (t.shape() != p.shape() || t.dtype() != p.dtype())
+    throw StateError(op, std::string("state '") + key + "' " + t.str() + " does not match parameter " + p.str());
+  return t;
+}
+}  // namespace
+
+void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  const char* op = "RMSprop.step";
+  const bool has_momentum = o.momentum() > 0.0;
+  if (has_momentum && !st.count("momentum_buffer"))
+    throw StateError(op, "momentum was enabled after the state of this parameter was created (no "
+                         "'momentum_buffer'; torch raises KeyError here)");
+  if (o.centered() && !st.count("grad_avg"))
+    throw StateError(op, "centered was enabled after the state of this parameter was created (no "
+                         "'grad_avg'; torch raises KeyError here)");
+  Tensor& step_t = detail::state_at(st, "step", op);
+  Tensor& sq = matching_state(st, "square_avg", p, op);
+  Tensor* ga = o.centered() ? &matching_state(st, "grad_avg", p, op) : nullptr;
+  Tensor* buf = has_momentum ? &matching_state(st, "momentum_buffer", p, op) : nullptr;
+  detail::increment_step(step_t);
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::RMSpropScalars<T> k{o.maximize() ? T(-1) : T(1),
+                                 sc<T>(o.weight_decay()),
+                                 sc<T>(o.alpha()),
+                                 sc<T>(1.0 - o.alpha()),
+                                 sc<T>(o.eps()),
+                                 sc<T>(o.momentum()),
+                                 sc<T>(-o.lr()),
+                                 o.weight_decay() != 0.0,
+                                 o.centered(),
+                                 has_momentum};
+    kernels::rmsprop_kernel(p.data<T>(), g.data<T>(), sq.template data<T>(),
+                            ga ? ga->template data<T>() : nullptr, buf ? buf->template data<T>() : nullptr,
+                            p.numel(), k);
+  });
+}
+
+RMSprop::RMSprop(std::vector<OptimizerParamGroup> groups, RMSpropOptions defaults)
+    : Optimizer("RMSprop", {}, std::make_unique<RMSpropOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void RMSprop::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const RMSpropOptions&>(o), p, st);
+}
+
+void RMSprop::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const RMSpropOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim

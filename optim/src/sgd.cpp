@@ -1,0 +1,158 @@
+#include "dopt/optim/sgd.hpp"
+
+#include "kernel_support.hpp"
+
+namespace dopt::optim {
+
+Hyperparams SGDOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"momentum", momentum_},
+          {"dampening", dampening_},
+          {"weight_decay", weight_decay_},
+          {"nesterov", nesterov_},
+          {"maximize", maximize_}};
+}
+
+void SGDOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "SGDOptions";
+  detail::check_known_keys(h, {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("momentum")) momentum_ = hyper_number(h, "momentum", op);
+  if (h.count("dampening")) dampening_ = hyper_number(h, "dampening", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("nesterov")) nesterov_ = hyper_flag(h, "nesterov", op);
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void SGDOptions::validate(const std::string& op) const {
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
+  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + std::to_string(momentum_));
+  if (!(weight_decay_ >= 0.0))
+    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+  if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0))
+    throw ValueError(op, "Nesterov momentum requires a momentum and zero dampening");
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct SGDScalars {
+  T gsign, wd, momentum, one_minus_dampening, neg_lr;
+  bool has_wd, nesterov;
+  int mom_mode;  // 0 no momentum, 1 first momentum step (buf = d), 2 running buffer
+};
+
+// Loop-shape options are template parameters (no control flow in the loop, so
+// GCC vectorises it); maximize is an exact multiplication by -1.
+template <class T, int MomMode, bool Nesterov, bool Wd>
+inline __attribute__((always_inline)) void sgd_body(T* __restrict p, const T* __restrict g, T* __restrict buf,
+                                                    i64 n, const SGDScalars<T>& s) {
+  for (i64 i = 0; i < n; ++i) {
+    const T pi = p[i];
+    T d = g[i] * s.gsign;
+    if constexpr (Wd) d = std::fma(s.wd, pi, d);
+    if constexpr (MomMode != 0) {
+      T b;
+      if constexpr (MomMode == 1) {
+        b = d;
+      } else {
+        b = buf[i] * s.momentum;
+        b = std::fma(s.one_minus_dampening, d, b);
+      }
+      buf[i] = b;
+      if constexpr (Nesterov) d = std::fma(s.momentum, b, d);
+      else d = b;
+    }
+    p[i] = std::fma(s.neg_lr, d, pi);
+  }
+}
+
+template <class T, int MomMode, bool Nesterov>
+inline __attribute__((always_inline)) void sgd_select_wd(T* p, const T* g, T* buf, i64 n, const SGDScalars<T>& s) {
+  if (s.has_wd) sgd_body<T, MomMode, Nesterov, true>(p, g, buf, n, s);
+  else sgd_body<T, MomMode, Nesterov, false>(p, g, buf, n, s);
+}
+
+template <class T>
+inline __attribute__((always_inline)) void sgd_select(T* p, const T* g, T* buf, i64 n, const SGDScalars<T>& s) {
+  switch (s.mom_mode) {
+    case 0: sgd_select_wd<T, 0, false>(p, g, buf, n, s); return;
+    case 1:
+      if (s.nesterov) sgd_select_wd<T, 1, true>(p, g, buf, n, s);
+      else sgd_select_wd<T, 1, false>(p, g, buf, n, s);
+      return;
+    default:
+      if (s.nesterov) sgd_select_wd<T, 2, true>(p, g, buf, n, s);
+      else sgd_select_wd<T, 2, false>(p, g, buf, n, s);
+      return;
+  }
+}
+
+DOPT_KERNEL void sgd_f32(float* p, const float* g, float* buf, i64 n, const SGDScalars<float>& s) {
+  sgd_select(p, g, buf, n, s);
+}
+DOPT_KERNEL void sgd_f64(double* p, const double* g, double* buf, i64 n, const SGDScalars<double>& s) {
+  sgd_select(p, g, buf, n, s);
+}
+inline void sgd_kernel(float* p, const float* g, float* buf, i64 n, const SGDScalars<float>& s) {
+  sgd_f32(p, g, buf, n, s);
+}
+inline void sgd_kernel(double* p, const double* g, double* buf, i64 n, const SGDScalars<double>& s) {
+  sgd_f64(p, g, buf, n, s);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void SGD::init_param_state(const SGDOptions& /*o*/, const Tensor& /*p*/, ParamState& /*st*/) {
+  // Nothing up front: the momentum buffer is created by the first momentum step.
+}
+
+void SGD::update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  const char* op = "SGD.step";
+  const bool has_momentum = o.momentum() != 0.0;
+  int mom_mode = 0;
+  Tensor buf;
+  if (has_momentum) {
+    auto it = st.find("momentum_buffer");
+    if (it == st.end() || !it->second.defined()) {
+      buf = Tensor::empty(p.shape(), p.dtype(), p.device());
+      mom_mode = 1;
+    } else {
+      buf = it->second;
+      if (buf.shape() != p.shape() || buf.dtype() != p.dtype())
+        throw StateError(op, "momentum_buffer " + buf.str() + " does not match parameter " + p.str());
+      mom_mode = 2;
+    }
+  }
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::SGDScalars<T> k{o.maximize() ? T(-1) : T(1),
+                             sc<T>(o.weight_decay()),
+                             sc<T>(o.momentum()),
+                             sc<T>(1.0 - o.dampening()),
+                             sc<T>(-o.lr()),
+                             o.weight_decay() != 0.0,
+                             o.nesterov(),
+                             mom_mode};
+    kernels::sgd_kernel(p.data<T>(), g.data<T>(), has_momentum ? buf.template data<T>() : nullptr, p.numel(), k);
+  });
+  if (mom_mode == 1) st["momentum_buffer"] = buf;
+}
+
+SGD::SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults)
+    : Optimizer("SGD", {}, std::make_unique<SGDOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void SGD::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const SGDOptions&>(o), p, st);
+}
+
+void SGD::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const SGDOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim
