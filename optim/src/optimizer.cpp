@@ -17,6 +17,13 @@ void check_param_grad(const Tensor& param, const Tensor& grad, const std::string
     throw DeviceError(op, "gradient on " + grad.device().str() + " but parameter on " + param.device().str());
 }
 
+std::vector<OptimizerParamGroup> single_group(std::vector<Tensor> params, const std::string& name) {
+  if (params.empty()) throw ValueError(name, "optimizer got an empty parameter list");
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::move(params));
+  return groups;
+}
+
 Optimizer::Optimizer(std::string name, std::vector<OptimizerParamGroup> /*groups*/,
                      std::unique_ptr<OptimizerOptions> defaults)
     : name_(std::move(name)), defaults_(std::move(defaults)) {

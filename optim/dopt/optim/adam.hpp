@@ -25,7 +25,7 @@ class Adam : public Optimizer {
   using Options = AdamOptions;
   explicit Adam(std::vector<OptimizerParamGroup> groups, AdamOptions defaults = AdamOptions());
   explicit Adam(std::vector<Tensor> params, AdamOptions defaults = AdamOptions())
-      : Adam(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+      : Adam(single_group(std::move(params), "Adam"), std::move(defaults)) {}
 
   /// One parameter's lazy state and update (shared with FunctionalAdam).
   static void init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st);

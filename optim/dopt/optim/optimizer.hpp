@@ -71,6 +71,10 @@ struct OptimizerParamGroup {
   template <class Opt> const Opt& options_as() const { return dynamic_cast<const Opt&>(*options); }
 };
 
+/// The one group made from a plain parameter list; an empty list is torch's
+/// ValueError "optimizer got an empty parameter list" (naming `name`).
+std::vector<OptimizerParamGroup> single_group(std::vector<Tensor> params, const std::string& name);
+
 class Optimizer {
  public:
   using LossClosure = std::function<double()>;
