@@ -1,7 +1,7 @@
 #include "dopt/optim/adagrad.hpp"
 
 #include "kernel_support.hpp"
-#include "state_util.hpp"
+#include "optim_util.hpp"
 
 namespace dopt::optim {
 
@@ -50,7 +50,7 @@ struct AdagradScalars {
 template <class T, bool Wd>
 inline __attribute__((always_inline)) void adagrad_body(T* __restrict p, const T* __restrict g, T* __restrict sum,
                                                         i64 n, const AdagradScalars<T>& s) {
-  for (i64 i = 0; i < n; ++i) {
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, sum) {
     const T pi = p[i];
     T gi = g[i] * s.gsign;
     if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
@@ -105,6 +105,9 @@ void Adagrad::update_param(const AdagradOptions& o, const Tensor& p, const Tenso
     kernels::adagrad_kernel(p.data<T>(), g.data<T>(), sum.template data<T>(), p.numel(), k);
   });
 }
+
+Adagrad::Adagrad(std::vector<Tensor> params, AdagradOptions defaults)
+    : Adagrad(detail::single_group(std::move(params), "Adagrad"), std::move(defaults)) {}
 
 Adagrad::Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults)
     : Optimizer("Adagrad", {}, std::make_unique<AdagradOptions>(std::move(defaults))) {

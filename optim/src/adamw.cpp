@@ -1,5 +1,7 @@
 #include "dopt/optim/adamw.hpp"
 
+#include "optim_util.hpp"
+
 namespace dopt::optim {
 
 Hyperparams AdamWOptions::to_hyperparams() const {
@@ -35,6 +37,9 @@ void AdamW::init_param_state(const AdamWOptions& o, const Tensor& p, ParamState&
 void AdamW::update_param(const AdamWOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   Adam::update_param(o.as_adam_options(), p, g, st, /*decoupled_weight_decay=*/true);
 }
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions defaults)
+    : AdamW(detail::single_group(std::move(params), "AdamW"), std::move(defaults)) {}
 
 AdamW::AdamW(std::vector<OptimizerParamGroup> groups, AdamWOptions defaults)
     : Optimizer("AdamW", {}, std::make_unique<AdamWOptions>(std::move(defaults))) {

@@ -1,7 +1,7 @@
 #include "dopt/optim/rmsprop.hpp"
 
 #include "kernel_support.hpp"
-#include "state_util.hpp"
+#include "optim_util.hpp"
 
 namespace dopt::optim {
 
@@ -50,7 +50,8 @@ template <class T, bool Wd, bool Centered, bool Momentum>
 inline __attribute__((always_inline)) void rmsprop_body(T* __restrict p, const T* __restrict g, T* __restrict sq,
                                                         T* __restrict ga, T* __restrict buf, i64 n,
                                                         const RMSpropScalars<T>& s) {
-  for (i64 i = 0; i < n; ++i) {
+  // Null streams (no grad_avg / momentum_buffer) are replaced by p in the prefetch list.
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, sq, (Centered ? ga : p), (Momentum ? buf : p)) {
     const T pi = p[i];
     T gi = g[i] * s.gsign;
     if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
@@ -165,6 +166,9 @@ void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tenso
                             p.numel(), k);
   });
 }
+
+RMSprop::RMSprop(std::vector<Tensor> params, RMSpropOptions defaults)
+    : RMSprop(detail::single_group(std::move(params), "RMSprop"), std::move(defaults)) {}
 
 RMSprop::RMSprop(std::vector<OptimizerParamGroup> groups, RMSpropOptions defaults)
     : Optimizer("RMSprop", {}, std::make_unique<RMSpropOptions>(std::move(defaults))) {

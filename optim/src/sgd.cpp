@@ -1,6 +1,7 @@
 #include "dopt/optim/sgd.hpp"
 
 #include "kernel_support.hpp"
+#include "optim_util.hpp"
 
 namespace dopt::optim {
 
@@ -48,7 +49,8 @@ struct SGDScalars {
 template <class T, int MomMode, bool Nesterov, bool Wd>
 inline __attribute__((always_inline)) void sgd_body(T* __restrict p, const T* __restrict g, T* __restrict buf,
                                                     i64 n, const SGDScalars<T>& s) {
-  for (i64 i = 0; i < n; ++i) {
+  // Without momentum buf is null: p stands in for it in the prefetch list.
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, (MomMode != 0 ? buf : p)) {
     const T pi = p[i];
     T d = g[i] * s.gsign;
     if constexpr (Wd) d = std::fma(s.wd, pi, d);
@@ -141,6 +143,9 @@ void SGD::update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, Pa
   });
   if (mom_mode == 1) st["momentum_buffer"] = buf;
 }
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions defaults)
+    : SGD(detail::single_group(std::move(params), "SGD"), std::move(defaults)) {}
 
 SGD::SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults)
     : Optimizer("SGD", {}, std::make_unique<SGDOptions>(std::move(defaults))) {

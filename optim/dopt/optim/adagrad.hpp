@@ -32,8 +32,8 @@ class Adagrad : public Optimizer {
  public:
   using Options = AdagradOptions;
   explicit Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults = AdagradOptions());
-  explicit Adagrad(std::vector<Tensor> params, AdagradOptions defaults = AdagradOptions())
-      : Adagrad(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
+  explicit Adagrad(std::vector<Tensor> params, AdagradOptions defaults = AdagradOptions());
 
   /// One parameter's state (`step` = 0, `sum` = full(initial_accumulator_value))
   /// and update (shared with FunctionalAdagrad).

@@ -30,8 +30,8 @@ class AdamW : public Optimizer {
  public:
   using Options = AdamWOptions;
   explicit AdamW(std::vector<OptimizerParamGroup> groups, AdamWOptions defaults = AdamWOptions());
-  explicit AdamW(std::vector<Tensor> params, AdamWOptions defaults = AdamWOptions())
-      : AdamW(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
+  explicit AdamW(std::vector<Tensor> params, AdamWOptions defaults = AdamWOptions());
 
   /// One parameter's lazy state and update (shared with FunctionalAdamW).
   static void init_param_state(const AdamWOptions& o, const Tensor& p, ParamState& st);

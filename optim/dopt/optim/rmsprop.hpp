@@ -31,8 +31,8 @@ class RMSprop : public Optimizer {
  public:
   using Options = RMSpropOptions;
   explicit RMSprop(std::vector<OptimizerParamGroup> groups, RMSpropOptions defaults = RMSpropOptions());
-  explicit RMSprop(std::vector<Tensor> params, RMSpropOptions defaults = RMSpropOptions())
-      : RMSprop(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
+  explicit RMSprop(std::vector<Tensor> params, RMSpropOptions defaults = RMSpropOptions());
 
   /// One parameter's lazy state and update (shared with FunctionalRMSprop).
   static void init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st);

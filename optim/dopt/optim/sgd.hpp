@@ -30,8 +30,8 @@ class SGD : public Optimizer {
  public:
   using Options = SGDOptions;
   SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults);
-  SGD(std::vector<Tensor> params, SGDOptions defaults)
-      : SGD(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
+  SGD(std::vector<Tensor> params, SGDOptions defaults);
 
   /// One parameter's lazy state (SGD has none up front) and update (shared
   /// with the functional form). update_param creates `momentum_buffer` when
