@@ -1,0 +1,103 @@
+#pragma once
+// safetensors files (https://github.com/huggingface/safetensors):
+//   8 bytes   N, the header length, unsigned 64-bit little-endian
+//   N bytes   UTF-8 JSON object {name: {"dtype", "shape", "data_offsets": [begin, end]},
+//             optional "__metadata__": {string: string}}, padded with spaces
+//   data      each tensor's raw little-endian row-major bytes at [begin, end)
+//             counted from the start of the data section
+//
+// Every dopt::DType is supported (F32, F64, F16, BF16, I8, U8, I32, I64, BOOL).
+//
+// Reading contract: any malformed or hostile input (bad header length, invalid
+// JSON or UTF-8, missing or ill-typed fields, unknown dtype, negative or
+// overflowing shapes, bad or overlapping offsets, byte counts that do not match
+// the shape, non-string metadata, duplicate keys, truncated data, BOOL bytes
+// other than 0/1) raises dopt::IOError naming the file and the problem; the
+// reader never reads outside the buffer or file. Unused bytes between tensors
+// (holes) are tolerated; overlaps are not.
+//
+// Writing contract: keys are written in sorted order (std::map order), the
+// data section in the same order with no holes, the header padded with spaces
+// to a multiple of 8 bytes, so equal inputs give byte-identical files. Tensors
+// on another device are copied to the host first.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt {
+
+/// Largest header accepted by the readers (bytes).
+inline constexpr std::uint64_t kSafetensorsMaxHeader = 100ull * 1024 * 1024;
+
+struct SafetensorsFile {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+/// One tensor as described by a header. Offsets are relative to the data section.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::float32;
+  Shape shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t nbytes() const noexcept { return end - begin; }
+};
+
+/// Reads a whole file. Throws dopt::IOError (file missing, unreadable or malformed).
+SafetensorsFile read_safetensors(const std::string& path);
+/// Parses a whole file held in memory; `what` names it in error messages.
+SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what);
+
+/// The file's bytes. Throws dopt::ValueError for an undefined tensor, an empty
+/// name or the reserved name "__metadata__", dopt::IOError for metadata that is
+/// not valid UTF-8.
+std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+/// Writes the file atomically: a temporary file beside `path` is written,
+/// flushed and renamed over `path`, so readers never see a half-written file.
+/// Throws dopt::IOError when writing fails (the temporary file is removed).
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+/// Opens a file and reads only its header; tensors are then read one at a time,
+/// so memory stays bounded by the largest tensor (for resharding big states).
+/// Not thread-safe (one file position).
+class SafetensorsReader {
+ public:
+  /// Throws dopt::IOError when the file cannot be opened or its header is malformed.
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+  /// Entries sorted by name.
+  const std::vector<SafetensorsEntry>& entries() const noexcept { return entries_; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  bool contains(const std::string& name) const;
+  /// Throws dopt::KeyError naming the file when absent.
+  const SafetensorsEntry& entry(const std::string& name) const;
+  /// Reads one tensor (a new CPU tensor). Throws dopt::KeyError when absent,
+  /// dopt::IOError when the file is shorter than its header claims or the data is invalid.
+  Tensor read(const std::string& name);
+  /// Absolute file offset of the data section (8 + header length).
+  std::uint64_t data_offset() const noexcept { return data_offset_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_;
+  std::uint64_t data_offset_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace dopt

@@ -1,0 +1,381 @@
+#include "dopt/runtime/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "dopt/runtime/error.hpp"
+
+static_assert(std::endian::native == std::endian::little,
+              "dopt's safetensors I/O assumes a little-endian host");
+
+namespace dopt {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kOp = "safetensors";
+constexpr int kMaxJsonDepth = 8;
+
+[[noreturn]] void fail(const std::string& what, const std::string& problem) {
+  throw IOError(kOp, what + ": " + problem);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::uint64_t read_u64_le(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
+  return v;
+}
+
+void write_u64_le(unsigned char* p, std::uint64_t v) {
+  for (int k = 0; k < 8; ++k) p[k] = static_cast<unsigned char>(v >> (8 * k));
+}
+
+std::optional<DType> safetensors_dtype(const std::string& name) {
+  for (DType dt : {DType::float32, DType::float64, DType::float16, DType::bfloat16, DType::int8,
+                   DType::uint8, DType::int32, DType::int64, DType::bool_}) {
+    if (name == safetensors_name(dt)) return dt;
+  }
+  return std::nullopt;
+}
+
+/// Checks the 8-byte length prefix against the total size; returns N.
+std::uint64_t check_header_length(std::uint64_t n, std::uint64_t total, const std::string& what) {
+  if (n > kSafetensorsMaxHeader)
+    fail(what, "header length " + std::to_string(n) + " exceeds the limit of " +
+                   std::to_string(kSafetensorsMaxHeader) + " bytes");
+  if (n > total - 8)
+    fail(what, "header length " + std::to_string(n) + " exceeds the " + std::to_string(total - 8) +
+                   " bytes that follow the length prefix (truncated file?)");
+  if (n == 0) fail(what, "header is empty");
+  return n;
+}
+
+std::uint64_t read_offset(const json& v, const std::string& what, const std::string& name) {
+  if (!v.is_number_integer())
+    fail(what, "tensor '" + name + "': data_offsets must hold two non-negative integers");
+  if (!v.is_number_unsigned())
+    fail(what, "tensor '" + name + "': negative data offset " + v.dump());
+  return v.get<std::uint64_t>();
+}
+
+struct ParsedHeader {
+  std::vector<SafetensorsEntry> entries;  // sorted by name
+  std::map<std::string, std::string> metadata;
+};
+
+/// Parses and validates a header of n bytes; data_size is the length of the
+/// data section that follows it.
+ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size, const std::string& what) {
+  // Duplicate keys are invisible after parsing (the last one wins), so they
+  // are caught while parsing; the depth limit keeps hostile nesting cheap.
+  std::vector<std::set<std::string>> keys;
+  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
+    if (depth > kMaxJsonDepth) fail(what, "header JSON is nested too deeply");
+    switch (ev) {
+      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        const auto& k = parsed.get_ref<const std::string&>();
+        if (!keys.empty() && !keys.back().insert(k).second) fail(what, "duplicate key '" + k + "' in header");
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(p, p + n, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    fail(what, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) fail(what, "header must be a JSON object, got " + std::string(j.type_name()));
+
+  ParsedHeader out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(what, "__metadata__ must be an object of strings");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          fail(what, "__metadata__ entry '" + m.key() + "' is not a string (" + m.value().type_name() + ")");
+        out.metadata.emplace(m.key(), m.value().get<std::string>());
+      }
+      continue;
+    }
+    if (!v.is_object()) fail(what, "tensor '" + name + "' must be described by an object");
+    for (auto f = v.begin(); f != v.end(); ++f) {
+      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+        fail(what, "tensor '" + name + "' has an unknown field '" + f.key() + "'");
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    // dtype
+    auto dt = v.find("dtype");
+    if (dt == v.end()) fail(what, "tensor '" + name + "' has no dtype");
+    if (!dt->is_string()) fail(what, "tensor '" + name + "': dtype must be a string");
+    auto parsed_dt = safetensors_dtype(dt->get<std::string>());
+    if (!parsed_dt) fail(what, "tensor '" + name + "' has an unknown dtype '" + dt->get<std::string>() + "'");
+    e.dtype = *parsed_dt;
+    // shape
+    auto sh = v.find("shape");
+    if (sh == v.end()) fail(what, "tensor '" + name + "' has no shape");
+    if (!sh->is_array()) fail(what, "tensor '" + name + "': shape must be an array of integers");
+    bool has_zero = false;
+    std::uint64_t numel = 1;
+    bool overflow = false;
+    for (const auto& d : *sh) {
+      if (!d.is_number_integer()) fail(what, "tensor '" + name + "': shape must be an array of integers");
+      if (!d.is_number_unsigned()) fail(what, "tensor '" + name + "' has a negative dimension " + d.dump());
+      const std::uint64_t dim = d.get<std::uint64_t>();
+      if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        fail(what, "tensor '" + name + "' has a dimension too large: " + d.dump());
+      if (dim == 0) has_zero = true;
+      if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
+      e.shape.push_back(static_cast<std::int64_t>(dim));
+    }
+    std::uint64_t nbytes = 0;
+    if (has_zero) {
+      numel = 0;
+    } else if (overflow || __builtin_mul_overflow(numel, std::uint64_t(itemsize(e.dtype)), &nbytes) ||
+               numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail(what, "tensor '" + name + "': shape " + sh->dump() + " overflows the element count");
+    }
+    // data_offsets
+    auto off = v.find("data_offsets");
+    if (off == v.end()) fail(what, "tensor '" + name + "' has no data_offsets");
+    if (!off->is_array() || off->size() != 2)
+      fail(what, "tensor '" + name + "': data_offsets must hold two non-negative integers");
+    e.begin = read_offset((*off)[0], what, name);
+    e.end = read_offset((*off)[1], what, name);
+    if (e.end < e.begin)
+      fail(what, "tensor '" + name + "': data_offsets end " + std::to_string(e.end) + " < begin " +
+                     std::to_string(e.begin));
+    if (e.end > data_size)
+      fail(what, "tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
+                     std::to_string(e.end) + "] lie outside the " + std::to_string(data_size) +
+                     "-byte data section (truncated file?)");
+    if (e.nbytes() != nbytes)
+      fail(what, "tensor '" + name + "': " + std::to_string(e.nbytes()) + " data bytes for " +
+                     std::to_string(numel) + " elements of " + std::string(dtype_name(e.dtype)) +
+                     " (expected " + std::to_string(nbytes) + ")");
+    out.entries.push_back(std::move(e));
+  }
+  // Overlaps: sort the non-empty tensors by begin offset.
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : out.entries)
+    if (e.nbytes() > 0) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
+  for (std::size_t k = 1; k < by_offset.size(); ++k) {
+    if (by_offset[k]->begin < by_offset[k - 1]->end)
+      fail(what, "tensors '" + by_offset[k - 1]->name + "' and '" + by_offset[k]->name + "' overlap");
+  }
+  // json objects iterate in key order, so entries are sorted by name already.
+  return out;
+}
+
+void check_bools(const Tensor& t, const std::string& what, const std::string& name) {
+  if (t.dtype() != DType::bool_) return;
+  const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+  for (std::int64_t k = 0; k < t.numel(); ++k)
+    if (b[k] > 1) fail(what, "tensor '" + name + "' holds a BOOL byte that is neither 0 nor 1");
+}
+
+Tensor tensor_from_bytes(const SafetensorsEntry& e, const char* bytes) {
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.nbytes() > 0) std::memcpy(t.data_ptr(), bytes, e.nbytes());
+  return t;
+}
+
+// --- writing -----------------------------------------------------------------
+
+using Sink = std::function<void(const void*, std::size_t)>;
+
+void check_writable(const std::map<std::string, Tensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (name.empty()) throw ValueError(kOp, "a tensor name must not be empty");
+    if (name == "__metadata__") throw ValueError(kOp, "'__metadata__' is reserved and cannot name a tensor");
+    if (!t.defined()) throw ValueError(kOp, "tensor '" + name + "' is undefined");
+  }
+}
+
+std::string make_header(const std::map<std::string, Tensor>& tensors,
+                        const std::map<std::string, std::string>& metadata, const std::string& what) {
+  json j = json::object();
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const std::uint64_t nb = t.nbytes();
+    j[name] = json{{"dtype", std::string(safetensors_name(t.dtype()))},
+                   {"shape", t.shape()},
+                   {"data_offsets", {offset, offset + nb}}};
+    offset += nb;
+  }
+  if (!metadata.empty()) j["__metadata__"] = metadata;
+  std::string header;
+  try {
+    header = j.dump();
+  } catch (const json::exception& e) {
+    fail(what, std::string("cannot encode the header (names and metadata must be UTF-8): ") + e.what());
+  }
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  return header;
+}
+
+void emit(const std::map<std::string, Tensor>& tensors, const std::map<std::string, std::string>& metadata,
+          const std::string& what, const Sink& sink) {
+  check_writable(tensors);
+  const std::string header = make_header(tensors, metadata, what);
+  unsigned char len[8];
+  write_u64_le(len, header.size());
+  sink(len, 8);
+  sink(header.data(), header.size());
+  for (const auto& [name, t] : tensors) {
+    if (t.nbytes() == 0) continue;
+    if (t.device().is_cpu()) {
+      sink(t.data_ptr(), t.nbytes());
+    } else {
+      Tensor host = t.to(Device::cpu());
+      sink(host.data_ptr(), host.nbytes());
+    }
+  }
+}
+
+std::atomic<unsigned> g_tmp_counter{0};
+
+}  // namespace
+
+// --- reading -------------------------------------------------------------------
+
+SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std::string& what) {
+  if (size < 8) fail(what, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte length prefix");
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  const std::uint64_t n = check_header_length(read_u64_le(bytes), size, what);
+  const char* header = reinterpret_cast<const char*>(bytes + 8);
+  ParsedHeader h = parse_header(header, static_cast<std::size_t>(n), size - 8 - n, what);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
+  const char* data_section = header + n;
+  for (const auto& e : h.entries) {
+    Tensor t = tensor_from_bytes(e, data_section + e.begin);
+    check_bools(t, what, e.name);
+    out.tensors.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), file_(nullptr, &std::fclose) {
+  file_.reset(std::fopen(path.c_str(), "rb"));
+  if (!file_) fail(path, "cannot open for reading: " + errno_text());
+  struct stat st {};
+  if (::fstat(::fileno(file_.get()), &st) != 0) fail(path, "cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size < 8) fail(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte length prefix");
+  unsigned char len[8];
+  if (std::fread(len, 1, 8, file_.get()) != 8) fail(path, "cannot read the length prefix");
+  const std::uint64_t n = check_header_length(read_u64_le(len), size, path);
+  std::string header(static_cast<std::size_t>(n), '\0');
+  if (std::fread(header.data(), 1, header.size(), file_.get()) != header.size())
+    fail(path, "file ends inside the header (truncated file?)");
+  ParsedHeader h = parse_header(header.data(), header.size(), size - 8 - n, path);
+  entries_ = std::move(h.entries);
+  metadata_ = std::move(h.metadata);
+  data_offset_ = 8 + n;
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+bool SafetensorsReader::contains(const std::string& name) const {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), name,
+                             [](const SafetensorsEntry& e, const std::string& n) { return e.name < n; });
+  return it != entries_.end() && it->name == name;
+}
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), name,
+                             [](const SafetensorsEntry& e, const std::string& n) { return e.name < n; });
+  if (it == entries_.end() || it->name != name)
+    throw KeyError(kOp, path_ + ": no tensor named '" + name + "'");
+  return *it;
+}
+
+Tensor SafetensorsReader::read(const std::string& name) {
+  const SafetensorsEntry& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.nbytes() == 0) return t;
+  if (!file_) fail(path_, "reader is closed");
+  const std::uint64_t pos = data_offset_ + e.begin;
+  if (pos > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) ||
+      ::fseeko(file_.get(), static_cast<off_t>(pos), SEEK_SET) != 0)
+    fail(path_, "cannot seek to tensor '" + name + "': " + errno_text());
+  if (std::fread(t.data_ptr(), 1, e.nbytes(), file_.get()) != e.nbytes())
+    fail(path_, "file ends inside tensor '" + name + "' (truncated file?)");
+  check_bools(t, path_, name);
+  return t;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  SafetensorsReader r(path);
+  SafetensorsFile out;
+  out.metadata = r.metadata();
+  for (const auto& e : r.entries()) out.tensors.emplace(e.name, r.read(e.name));
+  return out;
+}
+
+// --- writing ---------------------------------------------------------------------
+
+std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  std::string out;
+  emit(tensors, metadata, "serialize_safetensors",
+       [&](const void* p, std::size_t n) { out.append(static_cast<const char*>(p), n); });
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  check_writable(tensors);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(g_tmp_counter.fetch_add(1));
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail(path, "cannot create temporary file '" + tmp + "': " + errno_text());
+  try {
+    emit(tensors, metadata, path, [&](const void* p, std::size_t n) {
+      if (std::fwrite(p, 1, n, f) != n) fail(path, "write failed: " + errno_text());
+    });
+    if (std::fflush(f) != 0) fail(path, "write failed: " + errno_text());
+    if (::fsync(::fileno(f)) != 0) fail(path, "fsync failed: " + errno_text());
+    const int rc = std::fclose(f);
+    f = nullptr;
+    if (rc != 0) fail(path, "close failed: " + errno_text());
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      fail(path, "cannot rename temporary file into place: " + errno_text());
+  } catch (...) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace dopt
