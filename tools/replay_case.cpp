@@ -1,0 +1,264 @@
+#include "replay_case.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "dopt/optim/adagrad.hpp"
+#include "dopt/optim/adam.hpp"
+#include "dopt/optim/adamw.hpp"
+#include "dopt/optim/rmsprop.hpp"
+#include "dopt/optim/sgd.hpp"
+#if __has_include("dopt/optim/adamax.hpp")
+#include "dopt/optim/adamax.hpp"
+#define DOPT_REPLAY_HAS_ADAMAX 1
+#endif
+#if __has_include("dopt/optim/adadelta.hpp")
+#include "dopt/optim/adadelta.hpp"
+#define DOPT_REPLAY_HAS_ADADELTA 1
+#endif
+#if __has_include("dopt/optim/rprop.hpp")
+#include "dopt/optim/rprop.hpp"
+#define DOPT_REPLAY_HAS_RPROP 1
+#endif
+
+namespace dopt::replay {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+[[noreturn]] void bad(const std::string& file, const std::string& problem) {
+  throw IOError("dopt-replay", file + ": " + problem);
+}
+
+const json& field(const json& obj, const char* key, const std::string& file, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) bad(file, where + " has no '" + key + "'");
+  return *it;
+}
+
+std::int64_t as_int(const json& v, const std::string& file, const std::string& where) {
+  if (!v.is_number_integer()) bad(file, where + " must be an integer, got " + v.dump());
+  return v.get<std::int64_t>();
+}
+
+Hyperparams to_hyper(const json& obj, const std::string& file, const std::string& where) {
+  try {
+    return hyper_from_json(obj.dump(), "dopt-replay");
+  } catch (const Error& e) {
+    bad(file, where + ": " + e.detail());
+  }
+}
+
+// --- optimizer construction (local switch until optim/registry.hpp lands) ----
+
+template <class Options>
+Options options_from(const Hyperparams& h, const std::string& cls) {
+  if constexpr (std::is_default_constructible_v<Options>) {
+    Options o;
+    o.set_hyperparams(h);
+    return o;
+  } else {  // SGD: lr is required
+    Options o(hyper_number(h, "lr", cls.c_str()));
+    o.set_hyperparams(h);
+    return o;
+  }
+}
+
+template <class Opt>
+std::unique_ptr<optim::Optimizer> build(const Case& c, const std::vector<Tensor>& params) {
+  using Options = typename Opt::Options;
+  const Options defaults = options_from<Options>(c.defaults, c.optimizer_class);
+  std::vector<optim::OptimizerParamGroup> groups;
+  for (const auto& g : c.groups) {
+    std::vector<Tensor> ps;
+    for (auto i : g.params) ps.push_back(params[static_cast<std::size_t>(i)]);
+    Options o = defaults;
+    o.set_hyperparams(g.overrides);
+    groups.emplace_back(std::move(ps), o);
+  }
+  return std::make_unique<Opt>(std::move(groups), defaults);
+}
+
+}  // namespace
+
+std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params) {
+  const std::string& k = c.optimizer_class;
+  if (k == "SGD") return build<optim::SGD>(c, params);
+  if (k == "Adam") return build<optim::Adam>(c, params);
+  if (k == "AdamW") return build<optim::AdamW>(c, params);
+  if (k == "Adagrad") return build<optim::Adagrad>(c, params);
+  if (k == "RMSprop") return build<optim::RMSprop>(c, params);
+#ifdef DOPT_REPLAY_HAS_ADAMAX
+  if (k == "Adamax") return build<optim::Adamax>(c, params);
+#endif
+#ifdef DOPT_REPLAY_HAS_ADADELTA
+  if (k == "Adadelta") return build<optim::Adadelta>(c, params);
+#endif
+#ifdef DOPT_REPLAY_HAS_RPROP
+  if (k == "Rprop") return build<optim::Rprop>(c, params);
+#endif
+  if (k == "Adamax" || k == "Adadelta" || k == "Rprop")
+    throw UnsupportedCase("dopt-replay", "optimizer class '" + k + "' is not available in this build yet");
+  throw ValueError("dopt-replay", "unknown optimizer class '" + k + "'");
+}
+
+Case load_case(const std::string& dir) {
+  Case c;
+  c.dir = dir;
+  if (!fs::is_directory(dir)) throw IOError("dopt-replay", dir + ": not a directory");
+  const std::string file = (fs::path(dir) / "case.json").string();
+  std::ifstream in(file);
+  if (!in) bad(file, "cannot open");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(buf.str());
+  } catch (const json::exception& e) {
+    bad(file, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(file, "must hold a JSON object");
+
+  const json& format = field(j, "format", file, "case");
+  if (!format.is_string() || format.get<std::string>() != "dopt-trace/1")
+    bad(file, "format must be \"dopt-trace/1\", got " + format.dump());
+  if (auto it = j.find("name"); it != j.end() && it->is_string()) c.name = it->get<std::string>();
+  else c.name = fs::path(dir).filename().string();
+
+  const json& dtype = field(j, "dtype", file, "case");
+  if (dtype == "float32") c.dtype = DType::float32;
+  else if (dtype == "float64") c.dtype = DType::float64;
+  else bad(file, "dtype must be \"float32\" or \"float64\", got " + dtype.dump());
+
+  c.world_size = static_cast<int>(as_int(field(j, "world_size", file, "case"), file, "world_size"));
+  if (c.world_size < 1) bad(file, "world_size must be >= 1");
+  const std::int64_t steps = as_int(field(j, "steps", file, "case"), file, "steps");
+  if (steps < 0 || steps > 1000000) bad(file, "steps out of range: " + std::to_string(steps));
+  c.steps = static_cast<int>(steps);
+
+  const json& params = field(j, "params", file, "case");
+  if (!params.is_array()) bad(file, "params must be an array");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string where = "params[" + std::to_string(i) + "]";
+    if (!params[i].is_object()) bad(file, where + " must be an object");
+    const json& shape = field(params[i], "shape", file, where);
+    if (!shape.is_array()) bad(file, where + ".shape must be an array");
+    Shape s;
+    for (const auto& d : shape) {
+      const auto v = as_int(d, file, where + ".shape");
+      if (v < 0) bad(file, where + ".shape has a negative dimension");
+      s.push_back(v);
+    }
+    c.shapes.push_back(std::move(s));
+  }
+
+  const json& opt = field(j, "optimizer", file, "case");
+  if (!opt.is_object()) bad(file, "optimizer must be an object");
+  const json& cls = field(opt, "class", file, "optimizer");
+  if (!cls.is_string()) bad(file, "optimizer.class must be a string");
+  c.optimizer_class = cls.get<std::string>();
+  const json& defaults = field(opt, "defaults", file, "optimizer");
+  if (!defaults.is_object()) bad(file, "optimizer.defaults must be an object");
+  c.defaults = to_hyper(defaults, file, "optimizer.defaults");
+
+  const json& groups = field(j, "param_groups", file, "case");
+  if (!groups.is_array() || groups.empty()) bad(file, "param_groups must be a non-empty array");
+  std::set<std::int64_t> seen;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const std::string where = "param_groups[" + std::to_string(gi) + "]";
+    json g = groups[gi];
+    if (!g.is_object()) bad(file, where + " must be an object");
+    const json& ps = field(g, "params", file, where);
+    if (!ps.is_array()) bad(file, where + ".params must be an array");
+    CaseGroup cg;
+    for (const auto& p : ps) {
+      const auto i = as_int(p, file, where + ".params");
+      if (i < 0 || i >= static_cast<std::int64_t>(c.shapes.size()))
+        bad(file, where + ".params: index " + std::to_string(i) + " out of range");
+      if (!seen.insert(i).second) bad(file, "parameter " + std::to_string(i) + " is in more than one group");
+      cg.params.push_back(i);
+    }
+    g.erase("params");
+    cg.overrides = to_hyper(g, file, where);
+    c.groups.push_back(std::move(cg));
+  }
+  if (seen.size() != c.shapes.size()) bad(file, "some parameters are in no param group");
+
+  const json& wrapper = field(j, "wrapper", file, "case");
+  if (!wrapper.is_object()) bad(file, "wrapper must be an object");
+  const json& kind = field(wrapper, "kind", file, "wrapper");
+  if (!kind.is_string()) bad(file, "wrapper.kind must be a string");
+  c.wrapper_kind = kind.get<std::string>();
+  if (c.wrapper_kind == "local" && c.world_size != 1) bad(file, "wrapper 'local' needs world_size 1");
+
+  const std::string tfile = (fs::path(dir) / "tensors.safetensors").string();
+  c.tensors = read_safetensors(tfile).tensors;
+  for (std::size_t i = 0; i < c.shapes.size(); ++i) {
+    const std::string key = "init." + std::to_string(i);
+    auto it = c.tensors.find(key);
+    if (it == c.tensors.end()) bad(tfile, "no tensor '" + key + "'");
+    if (it->second.shape() != c.shapes[i] || it->second.dtype() != c.dtype)
+      bad(tfile, "'" + key + "' is " + it->second.str() + ", expected " + std::string(dtype_name(c.dtype)) + " " +
+                     shape_str(c.shapes[i]));
+  }
+  return c;
+}
+
+ReplayOutput replay_case(const Case& c, int num_threads) {
+  if (c.wrapper_kind != "local")
+    throw UnsupportedCase("dopt-replay", "wrapper '" + c.wrapper_kind + "' is not supported yet");
+  const std::string tfile = (fs::path(c.dir) / "tensors.safetensors").string();
+  const std::size_t n = c.shapes.size();
+  std::vector<Tensor> params;
+  for (std::size_t i = 0; i < n; ++i) params.push_back(c.tensors.at("init." + std::to_string(i)).clone());
+
+  auto opt = make_case_optimizer(c, params);
+  opt->set_num_threads(num_threads);
+
+  ReplayOutput out;
+  const int r = 0;
+  for (int t = 0; t < c.steps; ++t) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string key = "grad." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i);
+      auto it = c.tensors.find(key);
+      if (it == c.tensors.end()) {
+        params[i].set_grad(Tensor());
+        continue;
+      }
+      if (it->second.shape() != c.shapes[i] || it->second.dtype() != c.dtype)
+        bad(tfile, "'" + key + "' is " + it->second.str() + ", expected " + std::string(dtype_name(c.dtype)) +
+                       " " + shape_str(c.shapes[i]));
+      params[i].set_grad(it->second.clone());
+    }
+    opt->step();
+    for (std::size_t i = 0; i < n; ++i)
+      out.tensors["param." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i)] =
+          params[i].clone();
+  }
+
+  // State: state_dict() indexes parameters by their position in the chain of
+  // groups; map those back to the case's global indices.
+  std::vector<std::int64_t> chain;
+  for (const auto& g : c.groups) chain.insert(chain.end(), g.params.begin(), g.params.end());
+  const StateDict sd = opt->state_dict();
+  for (const auto& [pos, st] : sd.state) {
+    if (pos < 0 || pos >= static_cast<std::int64_t>(chain.size()))
+      throw StateError("dopt-replay", "optimizer state for unknown parameter position " + std::to_string(pos));
+    const std::int64_t gidx = chain[static_cast<std::size_t>(pos)];
+    for (const auto& [key, t] : st) {
+      if (!t.defined()) continue;
+      out.tensors["state." + std::to_string(r) + "." + std::to_string(gidx) + "." + key] = t.to(c.dtype);
+    }
+  }
+  out.metadata["format"] = "dopt-trace/1";
+  out.metadata["generator"] = "dopt-replay";
+  return out;
+}
+
+}  // namespace dopt::replay

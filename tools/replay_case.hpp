@@ -1,0 +1,61 @@
+#pragma once
+// Internal to tools/: loading and replaying one conformance case
+// (../shared/conformance/FORMAT.md, format "dopt-trace/1").
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/optim/optimizer.hpp"
+#include "dopt/runtime/hyperparams.hpp"
+#include "dopt/runtime/safetensors.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::replay {
+
+struct CaseGroup {
+  std::vector<std::int64_t> params;  // global indices, in the group's order
+  Hyperparams overrides;             // every key except "params"
+};
+
+struct Case {
+  std::string dir;
+  std::string name;
+  DType dtype = DType::float32;
+  int world_size = 1;
+  int steps = 0;
+  std::vector<Shape> shapes;  // params[i].shape
+  std::string optimizer_class;
+  Hyperparams defaults;
+  std::vector<CaseGroup> groups;
+  std::string wrapper_kind;  // "local", "zero", "post_local_sgd"
+  std::map<std::string, Tensor> tensors;  // init.*, grad.*, and the expected values
+};
+
+/// Reads CASE_DIR/case.json and CASE_DIR/tensors.safetensors and checks their
+/// structure (every parameter in exactly one group, init.{i} present with the
+/// declared shape and the case dtype). Throws dopt::IOError / dopt::ValueError
+/// naming the file and the problem.
+Case load_case(const std::string& dir);
+
+/// Thrown for a well-formed case the replayer cannot run yet (e.g. wrapper 'zero').
+class UnsupportedCase : public NotSupportedError {
+ public:
+  using NotSupportedError::NotSupportedError;
+};
+
+/// Builds the case's optimizer over `params` (indexed by global index) with
+/// its groups, in order, each with the defaults updated by its overrides.
+std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params);
+
+struct ReplayOutput {
+  std::map<std::string, Tensor> tensors;  // param.{t}.{r}.{i}, state.{r}.{i}.{key}
+  std::map<std::string, std::string> metadata;
+};
+
+/// Replays the case (wrapper "local"; others throw UnsupportedCase).
+/// num_threads is passed to Optimizer::set_num_threads.
+ReplayOutput replay_case(const Case& c, int num_threads = 1);
+
+}  // namespace dopt::replay
