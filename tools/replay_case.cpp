@@ -33,7 +33,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 [[noreturn]] void bad(const std::string& file, const std::string& problem) {
-  throw IOError("dopt-replay", file + ": " + problem);
+  throw IOError("load_case", file + ": " + problem);
 }
 
 const json& field(const json& obj, const char* key, const std::string& file, const std::string& where) {
@@ -49,7 +49,7 @@ std::int64_t as_int(const json& v, const std::string& file, const std::string& w
 
 Hyperparams to_hyper(const json& obj, const std::string& file, const std::string& where) {
   try {
-    return hyper_from_json(obj.dump(), "dopt-replay");
+    return hyper_from_json(obj.dump(), "load_case");
   } catch (const Error& e) {
     bad(file, where + ": " + e.detail());
   }
@@ -104,14 +104,14 @@ std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::
   if (k == "Rprop") return build<optim::Rprop>(c, params);
 #endif
   if (k == "Adamax" || k == "Adadelta" || k == "Rprop")
-    throw UnsupportedCase("dopt-replay", "optimizer class '" + k + "' is not available in this build yet");
-  throw ValueError("dopt-replay", "unknown optimizer class '" + k + "'");
+    throw UnsupportedCase("replay", "optimizer class '" + k + "' is not available in this build yet");
+  throw ValueError("load_case", "unknown optimizer class '" + k + "'");
 }
 
 Case load_case(const std::string& dir) {
   Case c;
   c.dir = dir;
-  if (!fs::is_directory(dir)) throw IOError("dopt-replay", dir + ": not a directory");
+  if (!fs::is_directory(dir)) throw IOError("load_case", dir + ": not a directory");
   const std::string file = (fs::path(dir) / "case.json").string();
   std::ifstream in(file);
   if (!in) bad(file, "cannot open");
@@ -212,7 +212,7 @@ Case load_case(const std::string& dir) {
 
 ReplayOutput replay_case(const Case& c, int num_threads) {
   if (c.wrapper_kind != "local")
-    throw UnsupportedCase("dopt-replay", "wrapper '" + c.wrapper_kind + "' is not supported yet");
+    throw UnsupportedCase("replay", "wrapper '" + c.wrapper_kind + "' is not supported yet");
   const std::string tfile = (fs::path(c.dir) / "tensors.safetensors").string();
   const std::size_t n = c.shapes.size();
   std::vector<Tensor> params;
@@ -249,7 +249,7 @@ ReplayOutput replay_case(const Case& c, int num_threads) {
   const StateDict sd = opt->state_dict();
   for (const auto& [pos, st] : sd.state) {
     if (pos < 0 || pos >= static_cast<std::int64_t>(chain.size()))
-      throw StateError("dopt-replay", "optimizer state for unknown parameter position " + std::to_string(pos));
+      throw StateError("replay", "optimizer state for unknown parameter position " + std::to_string(pos));
     const std::int64_t gidx = chain[static_cast<std::size_t>(pos)];
     for (const auto& [key, t] : st) {
       if (!t.defined()) continue;

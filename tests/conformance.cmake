@@ -1,0 +1,50 @@
+# Conformance tests: one CTest per case under ${DOPT_SHARED_DIR}/conformance/cases
+# (format: ../shared/conformance/FORMAT.md). Each runs dopt-replay on the case
+# and then check_replay.py --quiet on its output (tests/run_conformance.sh).
+#
+# Only cases whose case.json has wrapper kind "local" are registered for now;
+# cases with wrapper "zero" or "post_local_sgd" are not registered yet
+# (dopt-replay does not support them; their issues will add them here).
+#
+#   ctest -L conformance
+set(_conf_cases_dir "${DOPT_SHARED_DIR}/conformance/cases")
+set(_conf_checker "${DOPT_SHARED_DIR}/conformance/check_replay.py")
+find_program(DOPT_PYTHON3 python3)
+
+file(GLOB _conf_case_jsons CONFIGURE_DEPENDS "${_conf_cases_dir}/*/case.json")
+if(NOT _conf_case_jsons)
+  message(STATUS "conformance: no cases under ${_conf_cases_dir}; conformance tests skipped")
+elseif(NOT EXISTS "${_conf_checker}")
+  message(STATUS "conformance: ${_conf_checker} not found; conformance tests skipped")
+elseif(NOT DOPT_PYTHON3)
+  message(STATUS "conformance: python3 not found; conformance tests skipped")
+elseif(NOT TARGET dopt-replay)
+  message(STATUS "conformance: target dopt-replay does not exist; conformance tests skipped")
+else()
+  list(SORT _conf_case_jsons)
+  set(_conf_registered 0)
+  set(_conf_skipped "")
+  foreach(_json IN LISTS _conf_case_jsons)
+    get_filename_component(_case_dir "${_json}" DIRECTORY)
+    get_filename_component(_case "${_case_dir}" NAME)
+    file(READ "${_json}" _content)
+    string(JSON _kind ERROR_VARIABLE _err GET "${_content}" wrapper kind)
+    if(_err)
+      message(WARNING "conformance: cannot read wrapper.kind of ${_json}: ${_err}")
+      continue()
+    endif()
+    if(NOT _kind STREQUAL "local")
+      list(APPEND _conf_skipped "${_case}")
+      continue()
+    endif()
+    add_test(NAME "conformance: ${_case}"
+             COMMAND sh "${CMAKE_CURRENT_SOURCE_DIR}/run_conformance.sh"
+                     $<TARGET_FILE:dopt-replay> "${DOPT_PYTHON3}" "${_conf_checker}"
+                     "${_case_dir}" "${CMAKE_CURRENT_BINARY_DIR}/conformance/${_case}.safetensors")
+    set_tests_properties("conformance: ${_case}" PROPERTIES LABELS conformance TIMEOUT 120)
+    math(EXPR _conf_registered "${_conf_registered} + 1")
+  endforeach()
+  list(LENGTH _conf_skipped _n_skipped)
+  message(STATUS "conformance: ${_conf_registered} local cases registered; "
+                 "${_n_skipped} cases with other wrappers not registered yet")
+endif()
