@@ -44,6 +44,24 @@ else()
     set_tests_properties("conformance: ${_case}" PROPERTIES LABELS conformance TIMEOUT 120)
     math(EXPR _conf_registered "${_conf_registered} + 1")
   endforeach()
+  # The replayer's own error paths. While 'zero' is unsupported, replaying a
+  # zero case must say so and exit non-zero (drop this test when it lands).
+  set(_conf_zero ${_conf_skipped})
+  list(FILTER _conf_zero INCLUDE REGEX "^zero_")
+  if(_conf_zero)
+    list(GET _conf_zero 0 _zero_case)
+    add_test(NAME "dopt-replay: unsupported wrapper is reported"
+             COMMAND sh -c "\"$1\" \"$2\" --out \"$3\" 2>&1; test $? -ne 0"
+                     sh $<TARGET_FILE:dopt-replay> "${_conf_cases_dir}/${_zero_case}"
+                     "${CMAKE_CURRENT_BINARY_DIR}/conformance/unsupported.safetensors")
+    set_tests_properties("dopt-replay: unsupported wrapper is reported" PROPERTIES
+                         LABELS tools PASS_REGULAR_EXPRESSION "wrapper 'zero' is not supported yet")
+  endif()
+  add_test(NAME "dopt-replay: missing case dir fails"
+           COMMAND $<TARGET_FILE:dopt-replay> "${CMAKE_CURRENT_BINARY_DIR}/no-such-case"
+                   --out "${CMAKE_CURRENT_BINARY_DIR}/conformance/missing.safetensors")
+  set_tests_properties("dopt-replay: missing case dir fails" PROPERTIES LABELS tools WILL_FAIL TRUE)
+
   list(LENGTH _conf_skipped _n_skipped)
   message(STATUS "conformance: ${_conf_registered} local cases registered; "
                  "${_n_skipped} cases with other wrappers not registered yet")
