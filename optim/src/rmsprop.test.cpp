@@ -58,6 +58,8 @@ TEMPLATE_TEST_CASE("RMSprop matches the spec's operation order bit for bit", "[o
       {"momentum", RMSpropOptions(0.01).momentum(0.9)},
       {"centered", RMSpropOptions(0.01).centered(true)},
       {"centered+momentum", RMSpropOptions(0.01).centered(true).momentum(0.5)},
+      // small alpha: grad_avg^2 is a large part of square_avg, so the FMA in the centered variance shows
+      {"centered, alpha 0.3", RMSpropOptions(0.01).centered(true).alpha(0.3)},
       {"maximize", RMSpropOptions(0.01).maximize(true)},
       {"all", RMSpropOptions(0.03).alpha(0.95).weight_decay(0.1).momentum(0.8).centered(true).maximize(true)},
   };
