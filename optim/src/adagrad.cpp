@@ -114,8 +114,18 @@ Adagrad::Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions default
   init_groups(std::move(groups));
 }
 
+namespace {
+// torch 1.13 fills `sum` from the constructor's initial_accumulator_value for
+// every group, ignoring a group's own value; so does dopt.
+AdagradOptions with_default_iav(const OptimizerOptions& group, const OptimizerOptions& defaults) {
+  AdagradOptions o = static_cast<const AdagradOptions&>(group);
+  o.initial_accumulator_value(static_cast<const AdagradOptions&>(defaults).initial_accumulator_value());
+  return o;
+}
+}  // namespace
+
 void Adagrad::on_group_added(OptimizerParamGroup& group) {
-  const auto& o = static_cast<const AdagradOptions&>(*group.options);
+  const AdagradOptions o = with_default_iav(*group.options, defaults());
   for (const Tensor& p : group.params) {
     ParamState& st = state()[p.key()];
     if (st.empty()) init_param_state(o, p, st);
@@ -123,7 +133,7 @@ void Adagrad::on_group_added(OptimizerParamGroup& group) {
 }
 
 void Adagrad::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const AdagradOptions&>(o), p, st);
+  init_param_state(with_default_iav(o, defaults()), p, st);
 }
 
 void Adagrad::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {

@@ -2,9 +2,10 @@
 // torch.optim.Adagrad (1.13), float32/float64 results bit-identical to torch's
 // single-tensor dense path (spec section 3.5).
 //
-// State: `step` (float32 0-d tensor) and `sum` (full of the group's
-// initial_accumulator_value), created eagerly for every parameter when its
-// group is added, as torch's constructor does. dopt does this for groups added
+// State: `step` (float32 0-d tensor) and `sum` (full of the optimizer's
+// default initial_accumulator_value, as torch: a group's own value is kept in
+// the group but not used), created eagerly for every parameter when its group
+// is added, as torch's constructor does. dopt does this for groups added
 // later with add_param_group too (torch 1.13 leaves those without state and
 // fails with KeyError at their first step), and creates the same fresh state
 // lazily for a parameter whose state a loaded state dict did not contain.
