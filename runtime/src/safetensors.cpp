@@ -323,7 +323,23 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
 Tensor SafetensorsReader::read(const std::string& name) {
   const SafetensorsEntry& e = entry(name);
   Tensor t = Tensor::empty(e.shape, e.dtype);
-  if (e.nbytes() == 0) return t;
+  read_into(name, t);
+  return t;
+}
+
+void SafetensorsReader::read_into(const std::string& name, const Tensor& t) {
+  const SafetensorsEntry& e = entry(name);
+  const std::string op = "SafetensorsReader::read_into";
+  check_defined(t, op.c_str(), "destination");
+  if (!t.device().is_cpu())
+    throw DeviceError(op, "destination for '" + name + "' is on " + t.device().str() + ", expected cpu");
+  if (t.dtype() != e.dtype)
+    throw DTypeError(op, "destination for '" + name + "' is " + std::string(dtype_name(t.dtype())) + ", file holds " +
+                             std::string(dtype_name(e.dtype)));
+  if (t.nbytes() != e.nbytes())
+    throw ShapeError(op, "destination for '" + name + "' has " + std::to_string(t.numel()) +
+                             " elements, file holds shape " + shape_str(e.shape));
+  if (e.nbytes() == 0) return;
   if (!file_) fail(path_, "reader is closed");
   const std::uint64_t pos = data_offset_ + e.begin;
   if (pos > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) ||
@@ -332,7 +348,6 @@ Tensor SafetensorsReader::read(const std::string& name) {
   if (std::fread(t.data_ptr(), 1, e.nbytes(), file_.get()) != e.nbytes())
     fail(path_, "file ends inside tensor '" + name + "' (truncated file?)");
   check_bools(t, path_, name);
-  return t;
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {

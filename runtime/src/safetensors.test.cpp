@@ -143,6 +143,13 @@ TEST_CASE("safetensors round trip of every dtype, 0-d and empty tensors", "[safe
     CHECK(r.read("f16").equal(tensors.at("f16")));  // any order, repeatable
     CHECK(r.read("i32").equal(tensors.at("i32")));
     for (std::size_t k = 1; k < r.entries().size(); ++k) CHECK(r.entries()[k - 1].name < r.entries()[k].name);
+    // read_into a preallocated buffer of another shape, same element count
+    Tensor flat = Tensor::zeros({6}, DType::float32);
+    r.read_into("f32", flat);
+    CHECK(flat.view({2, 3}).equal(tensors.at("f32")));
+    CHECK_THROWS_AS(r.read_into("f32", Tensor::zeros({5}, DType::float32)), ShapeError);
+    CHECK_THROWS_AS(r.read_into("f32", Tensor::zeros({6}, DType::float64)), DTypeError);
+    CHECK_THROWS_AS(r.read_into("nope", flat), KeyError);
   }
   SECTION("overwriting an existing file") {
     TempDir dir;

@@ -89,6 +89,11 @@ class SafetensorsReader {
   /// Reads one tensor (a new CPU tensor). Throws dopt::KeyError when absent,
   /// dopt::IOError when the file is shorter than its header claims or the data is invalid.
   Tensor read(const std::string& name);
+  /// Reads one tensor into dst (CPU, same dtype and element count; the shape
+  /// may differ, e.g. a flat view of a shard). Throws dopt::KeyError when
+  /// absent, dopt::DTypeError / dopt::ShapeError / dopt::DeviceError for a
+  /// dst that does not fit, dopt::IOError as read().
+  void read_into(const std::string& name, const Tensor& dst);
   /// Absolute file offset of the data section (8 + header length).
   std::uint64_t data_offset() const noexcept { return data_offset_; }
 
