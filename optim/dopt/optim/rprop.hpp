@@ -1,0 +1,52 @@
+#pragma once
+// torch.optim.Rprop (1.13), float32/float64 results bit-identical to torch's
+// single-tensor path (spec section 3.9).
+//
+// State (lazy, at a parameter's first step with a gradient): `step` (int64 0-d
+// tensor, torch's Python int; unused by the math), `prev` (the previous
+// effective gradient, zeros at first) and `step_size` (full of the lr of the
+// group when the state is created).
+//
+// Per element: the sign of the float32 product g * prev picks the factor
+// (eta+ if > 0, eta- if < 0, 1 otherwise; an underflow to 0 or a NaN counts as
+// 0), step_size = clamp(step_size * factor, step_sizes), the gradient is
+// zeroed where the factor is eta-, and p -= sign(g) * step_size (sign(NaN) is
+// 0: a NaN gradient gives no update but is stored in `prev`). No weight decay.
+#include "dopt/optim/options_base.hpp"
+
+namespace dopt::optim {
+
+class RpropOptions : public OptionsCRTP<RpropOptions> {
+ public:
+  explicit RpropOptions(double lr = 1e-2) : lr_(lr) {}
+  Hyperparams to_hyperparams() const override;
+  void set_hyperparams(const Hyperparams& h) override;
+  /// torch's checks: lr >= 0 and 0 < etas[0] < 1 < etas[1] ("Invalid eta
+  /// values: 0.5, 1.2"); step_sizes are not checked (as torch).
+  void validate(const std::string& op) const override;
+
+  DOPT_ARG(RpropOptions, double, lr, 1e-2);
+  DOPT_ARG(RpropOptions, Pair, etas, (Pair{0.5, 1.2}));
+  DOPT_ARG(RpropOptions, Pair, step_sizes, (Pair{1e-6, 50.0}));
+  DOPT_ARG(RpropOptions, bool, maximize, false);
+};
+
+class Rprop : public Optimizer {
+ public:
+  using Options = RpropOptions;
+  explicit Rprop(std::vector<OptimizerParamGroup> groups, RpropOptions defaults = RpropOptions());
+  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
+  explicit Rprop(std::vector<Tensor> params, RpropOptions defaults = RpropOptions());
+
+  /// One parameter's lazy state and update (shared with FunctionalRprop).
+  /// update_param expects a grad that matches p and the state made by
+  /// init_param_state (dopt::StateError otherwise).
+  static void init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st);
+  static void update_param(const RpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
+
+ protected:
+  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
+  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
+};
+
+}  // namespace dopt::optim

@@ -1,0 +1,133 @@
+#include "dopt/optim/adamax.hpp"
+
+#include "kernel_support.hpp"
+#include "optim_extra.hpp"
+
+namespace dopt::optim {
+
+Hyperparams AdamaxOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"betas", detail::from_pair(betas_)},
+          {"eps", eps_},
+          {"weight_decay", weight_decay_},
+          {"maximize", maximize_}};
+}
+
+void AdamaxOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "AdamaxOptions";
+  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "maximize"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
+  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void AdamaxOptions::validate(const std::string& op) const {
+  using detail::py_float;
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + py_float(eps_));
+  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
+    throw ValueError(op, "Invalid beta parameter at index 0: " + py_float(betas_[0]));
+  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
+    throw ValueError(op, "Invalid beta parameter at index 1: " + py_float(betas_[1]));
+  if (!(weight_decay_ >= 0.0)) throw ValueError(op, "Invalid weight_decay value: " + py_float(weight_decay_));
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct AdamaxScalars {
+  T gsign, wd, beta1, one_minus_beta1, beta2, eps, neg_clr;
+};
+
+// No control flow in the loop (vectorises): weight decay is a template flag,
+// maximize an exact multiplication by -1, the NaN-propagating max a select.
+template <class T, bool Wd>
+DOPT_INLINE void adamax_body(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict u, i64 n,
+                             const AdamaxScalars<T>& s) {
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, u) {
+    const T pi = p[i];
+    T gi = g[i] * s.gsign;
+    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    T mi = m[i] * s.beta1;
+    mi = std::fma(s.one_minus_beta1, gi, mi);
+    const T a = u[i] * s.beta2;
+    const T b = std::fabs(gi) + s.eps;
+    // torch.amax propagates NaN: (x != x) only for NaN.
+    const T ui = (a != a || b != b) ? a + b : (a > b ? a : b);
+    p[i] = pi + (s.neg_clr * mi) / ui;
+    m[i] = mi;
+    u[i] = ui;
+  }
+}
+
+template <class T>
+DOPT_INLINE void adamax_select(T* p, const T* g, T* m, T* u, i64 n, const AdamaxScalars<T>& s, bool wd) {
+  if (wd) adamax_body<T, true>(p, g, m, u, n, s);
+  else adamax_body<T, false>(p, g, m, u, n, s);
+}
+
+DOPT_KERNEL void adamax_f32(float* p, const float* g, float* m, float* u, i64 n, const AdamaxScalars<float>& s,
+                            bool wd) {
+  adamax_select(p, g, m, u, n, s, wd);
+}
+DOPT_KERNEL void adamax_f64(double* p, const double* g, double* m, double* u, i64 n,
+                            const AdamaxScalars<double>& s, bool wd) {
+  adamax_select(p, g, m, u, n, s, wd);
+}
+inline void adamax_kernel(float* p, const float* g, float* m, float* u, i64 n, const AdamaxScalars<float>& s,
+                          bool wd) {
+  adamax_f32(p, g, m, u, n, s, wd);
+}
+inline void adamax_kernel(double* p, const double* g, double* m, double* u, i64 n,
+                          const AdamaxScalars<double>& s, bool wd) {
+  adamax_f64(p, g, m, u, n, s, wd);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void Adamax::init_param_state(const AdamaxOptions& /*o*/, const Tensor& p, ParamState& st) {
+  st["step"] = Tensor::scalar(0.0, DType::float32);
+  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  st["exp_inf"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+}
+
+void Adamax::update_param(const AdamaxOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  const char* op = "Adamax.step";
+  Tensor& step_t = detail::state_at(st, "step", op);
+  Tensor& m = detail::matching_state_at(st, "exp_avg", p, op);
+  Tensor& u = detail::matching_state_at(st, "exp_inf", p, op);
+  const double s = detail::increment_step(step_t);
+  const double beta1 = o.betas()[0], beta2 = o.betas()[1];
+  const double clr = o.lr() / (1.0 - std::pow(beta1, s));
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::AdamaxScalars<T> k{o.maximize() ? T(-1) : T(1), sc<T>(o.weight_decay()), sc<T>(beta1),
+                                sc<T>(1.0 - beta1),           sc<T>(beta2),            sc<T>(o.eps()),
+                                sc<T>(-clr)};
+    kernels::adamax_kernel(p.data<T>(), g.data<T>(), m.template data<T>(), u.template data<T>(), p.numel(), k,
+                           o.weight_decay() != 0.0);
+  });
+}
+
+Adamax::Adamax(std::vector<Tensor> params, AdamaxOptions defaults)
+    : Adamax(detail::single_group(std::move(params), "Adamax"), std::move(defaults)) {}
+
+Adamax::Adamax(std::vector<OptimizerParamGroup> groups, AdamaxOptions defaults)
+    : Optimizer("Adamax", {}, std::make_unique<AdamaxOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void Adamax::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const AdamaxOptions&>(o), p, st);
+}
+
+void Adamax::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const AdamaxOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim

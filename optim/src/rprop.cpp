@@ -1,0 +1,117 @@
+#include "dopt/optim/rprop.hpp"
+
+#include "kernel_support.hpp"
+#include "optim_extra.hpp"
+
+namespace dopt::optim {
+
+Hyperparams RpropOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"etas", detail::from_pair(etas_)},
+          {"step_sizes", detail::from_pair(step_sizes_)},
+          {"maximize", maximize_}};
+}
+
+void RpropOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "RpropOptions";
+  detail::check_known_keys(h, {"lr", "etas", "step_sizes", "maximize"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("etas")) etas_ = detail::to_pair(hyper_pair(h, "etas", op));
+  if (h.count("step_sizes")) step_sizes_ = detail::to_pair(hyper_pair(h, "step_sizes", op));
+  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+}
+
+void RpropOptions::validate(const std::string& op) const {
+  using detail::py_float;
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
+  if (!(0.0 < etas_[0] && etas_[0] < 1.0 && 1.0 < etas_[1]))
+    throw ValueError(op, "Invalid eta values: " + py_float(etas_[0]) + ", " + py_float(etas_[1]));
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct RpropScalars {
+  T gsign, etaplus, etaminus, step_min, step_max;
+};
+
+// No control flow in the loop (the selects compile to blends, so it
+// vectorises); maximize is an exact * -1. Follows torch's tensor ops:
+//   sign = (g*prev).sign(); sign[sign>0] = eta+; sign[sign<0] = eta-; sign[sign==0] = 1
+//   step_size.mul_(sign).clamp_(min, max); g[sign == eta-] = 0
+//   p.addcmul_(g.sign(), step_size, value=-1); prev.copy_(g)
+template <class T>
+DOPT_INLINE void rprop_body(T* __restrict p, const T* __restrict g, T* __restrict prev, T* __restrict ss, i64 n,
+                            const RpropScalars<T>& s) {
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, prev, ss) {
+    const T gi = g[i] * s.gsign;
+    const T prod = gi * prev[i];  // NaN compares false both ways: factor 1
+    const T f = prod > T(0) ? s.etaplus : (prod < T(0) ? s.etaminus : T(1));
+    T si = ss[i] * f;
+    si = si < s.step_min ? s.step_min : si;  // clamp = min(max(x, lo), hi), NaN propagates
+    si = si > s.step_max ? s.step_max : si;
+    const T ge = f == s.etaminus ? T(0) : gi;
+    const T sgn = T(ge > T(0)) - T(ge < T(0));  // torch.sign: 0 for +-0 and NaN
+    p[i] = std::fma(T(-1) * sgn, si, p[i]);
+    ss[i] = si;
+    prev[i] = ge;
+  }
+}
+
+DOPT_KERNEL void rprop_f32(float* p, const float* g, float* prev, float* ss, i64 n, const RpropScalars<float>& s) {
+  rprop_body(p, g, prev, ss, n, s);
+}
+DOPT_KERNEL void rprop_f64(double* p, const double* g, double* prev, double* ss, i64 n,
+                           const RpropScalars<double>& s) {
+  rprop_body(p, g, prev, ss, n, s);
+}
+inline void rprop_kernel(float* p, const float* g, float* prev, float* ss, i64 n, const RpropScalars<float>& s) {
+  rprop_f32(p, g, prev, ss, n, s);
+}
+inline void rprop_kernel(double* p, const double* g, double* prev, double* ss, i64 n,
+                         const RpropScalars<double>& s) {
+  rprop_f64(p, g, prev, ss, n, s);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void Rprop::init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st) {
+  st["step"] = Tensor::scalar(0.0, DType::int64);
+  st["prev"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  st["step_size"] = Tensor::full(p.shape(), o.lr(), p.dtype(), p.device());
+}
+
+void Rprop::update_param(const RpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  const char* op = "Rprop.step";
+  Tensor& step_t = detail::state_at(st, "step", op);
+  Tensor& prev = detail::matching_state_at(st, "prev", p, op);
+  Tensor& ss = detail::matching_state_at(st, "step_size", p, op);
+  detail::increment_step(step_t);
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::RpropScalars<T> k{o.maximize() ? T(-1) : T(1), sc<T>(o.etas()[1]), sc<T>(o.etas()[0]),
+                               sc<T>(o.step_sizes()[0]), sc<T>(o.step_sizes()[1])};
+    kernels::rprop_kernel(p.data<T>(), g.data<T>(), prev.template data<T>(), ss.template data<T>(), p.numel(), k);
+  });
+}
+
+Rprop::Rprop(std::vector<Tensor> params, RpropOptions defaults)
+    : Rprop(detail::single_group(std::move(params), "Rprop"), std::move(defaults)) {}
+
+Rprop::Rprop(std::vector<OptimizerParamGroup> groups, RpropOptions defaults)
+    : Optimizer("Rprop", {}, std::make_unique<RpropOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void Rprop::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const RpropOptions&>(o), p, st);
+}
+
+void Rprop::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const RpropOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim
