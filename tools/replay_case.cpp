@@ -8,23 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dopt/optim/adadelta.hpp"
 #include "dopt/optim/adagrad.hpp"
 #include "dopt/optim/adam.hpp"
+#include "dopt/optim/adamax.hpp"
 #include "dopt/optim/adamw.hpp"
 #include "dopt/optim/rmsprop.hpp"
-#include "dopt/optim/sgd.hpp"
-#if __has_include("dopt/optim/adamax.hpp")
-#include "dopt/optim/adamax.hpp"
-#define DOPT_REPLAY_HAS_ADAMAX 1
-#endif
-#if __has_include("dopt/optim/adadelta.hpp")
-#include "dopt/optim/adadelta.hpp"
-#define DOPT_REPLAY_HAS_ADADELTA 1
-#endif
-#if __has_include("dopt/optim/rprop.hpp")
 #include "dopt/optim/rprop.hpp"
-#define DOPT_REPLAY_HAS_RPROP 1
-#endif
+#include "dopt/optim/sgd.hpp"
 
 namespace dopt::replay {
 namespace {
@@ -94,17 +85,9 @@ std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::
   if (k == "AdamW") return build<optim::AdamW>(c, params);
   if (k == "Adagrad") return build<optim::Adagrad>(c, params);
   if (k == "RMSprop") return build<optim::RMSprop>(c, params);
-#ifdef DOPT_REPLAY_HAS_ADAMAX
   if (k == "Adamax") return build<optim::Adamax>(c, params);
-#endif
-#ifdef DOPT_REPLAY_HAS_ADADELTA
   if (k == "Adadelta") return build<optim::Adadelta>(c, params);
-#endif
-#ifdef DOPT_REPLAY_HAS_RPROP
   if (k == "Rprop") return build<optim::Rprop>(c, params);
-#endif
-  if (k == "Adamax" || k == "Adadelta" || k == "Rprop")
-    throw UnsupportedCase("replay", "optimizer class '" + k + "' is not available in this build yet");
   throw ValueError("load_case", "unknown optimizer class '" + k + "'");
 }
 
