@@ -4,18 +4,10 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
-#include "dopt/optim/adadelta.hpp"
-#include "dopt/optim/adagrad.hpp"
-#include "dopt/optim/adam.hpp"
-#include "dopt/optim/adamax.hpp"
-#include "dopt/optim/adamw.hpp"
-#include "dopt/optim/rmsprop.hpp"
-#include "dopt/optim/rprop.hpp"
-#include "dopt/optim/sgd.hpp"
+#include "dopt/optim/registry.hpp"
 
 namespace dopt::replay {
 namespace {
@@ -46,49 +38,20 @@ Hyperparams to_hyper(const json& obj, const std::string& file, const std::string
   }
 }
 
-// --- optimizer construction (local switch until optim/registry.hpp lands) ----
+}  // namespace
 
-template <class Options>
-Options options_from(const Hyperparams& h, const std::string& cls) {
-  if constexpr (std::is_default_constructible_v<Options>) {
-    Options o;
-    o.set_hyperparams(h);
-    return o;
-  } else {  // SGD: lr is required
-    Options o(hyper_number(h, "lr", cls.c_str()));
-    o.set_hyperparams(h);
-    return o;
-  }
-}
-
-template <class Opt>
-std::unique_ptr<optim::Optimizer> build(const Case& c, const std::vector<Tensor>& params) {
-  using Options = typename Opt::Options;
-  const Options defaults = options_from<Options>(c.defaults, c.optimizer_class);
+std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params) {
+  // Through the public registry: each group's options are the defaults
+  // updated with the group's overrides.
   std::vector<optim::OptimizerParamGroup> groups;
   for (const auto& g : c.groups) {
     std::vector<Tensor> ps;
     for (auto i : g.params) ps.push_back(params[static_cast<std::size_t>(i)]);
-    Options o = defaults;
-    o.set_hyperparams(g.overrides);
-    groups.emplace_back(std::move(ps), o);
+    Hyperparams h = c.defaults;
+    for (const auto& [k, v] : g.overrides) h[k] = v;
+    groups.emplace_back(std::move(ps), optim::make_options(optim::OptimizerSpec{c.optimizer_class, h}));
   }
-  return std::make_unique<Opt>(std::move(groups), defaults);
-}
-
-}  // namespace
-
-std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params) {
-  const std::string& k = c.optimizer_class;
-  if (k == "SGD") return build<optim::SGD>(c, params);
-  if (k == "Adam") return build<optim::Adam>(c, params);
-  if (k == "AdamW") return build<optim::AdamW>(c, params);
-  if (k == "Adagrad") return build<optim::Adagrad>(c, params);
-  if (k == "RMSprop") return build<optim::RMSprop>(c, params);
-  if (k == "Adamax") return build<optim::Adamax>(c, params);
-  if (k == "Adadelta") return build<optim::Adadelta>(c, params);
-  if (k == "Rprop") return build<optim::Rprop>(c, params);
-  throw ValueError("load_case", "unknown optimizer class '" + k + "'");
+  return optim::make_optimizer(optim::OptimizerSpec{c.optimizer_class, c.defaults}, std::move(groups));
 }
 
 Case load_case(const std::string& dir) {

@@ -46,7 +46,8 @@ class UnsupportedCase : public NotSupportedError {
 };
 
 /// Builds the case's optimizer over `params` (indexed by global index) with
-/// its groups, in order, each with the defaults updated by its overrides.
+/// its groups, in order, each with the defaults updated by its overrides,
+/// through the optimizer registry (dopt/optim/registry.hpp).
 std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params);
 
 struct ReplayOutput {
