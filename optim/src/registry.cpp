@@ -1,3 +1,4 @@
+#include <cctype>
 #include "dopt/optim/registry.hpp"
 
 #include <cmath>
@@ -94,10 +95,25 @@ std::string known_list(const Registry& r) {
   return s;
 }
 
+// Exact name first, then a case-insensitive match ("adamw" finds "AdamW"),
+// so that command-line flags and config files can use lower case.
+std::map<std::string, OptimizerFactories>::const_iterator find_entry(const Registry& r, const std::string& name) {
+  auto it = r.entries.find(name);
+  if (it != r.entries.end()) return it;
+  auto lower = [](std::string s) {
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string want = lower(name);
+  for (auto e = r.entries.begin(); e != r.entries.end(); ++e)
+    if (lower(e->first) == want) return e;
+  return r.entries.end();
+}
+
 OptimizerFactories lookup(const std::string& name, const char* op) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.entries.find(name);
+  auto it = find_entry(r, name);
   if (it == r.entries.end())
     throw ValueError(op, "unknown optimizer '" + name + "' (known: " + known_list(r) + ")");
   return it->second;
@@ -169,7 +185,7 @@ std::unique_ptr<FunctionalOptimizer> as_functional_optim(const std::string& name
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.entries.find(name);
+    auto it = find_entry(r, name);
     if (it != r.entries.end()) f = it->second;
   }
   if (!f.functional) throw ValueError(op, "Optimizer " + name_or_class + " does not have a functional counterpart!");
