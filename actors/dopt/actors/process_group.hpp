@@ -1,0 +1,152 @@
+#pragma once
+// dopt::ProcessGroup: collectives between the ranks of a group.
+//
+// Every rank of a group makes the same calls in the same order (like
+// torch.distributed). Each call gets the group's next sequence number; the
+// rank actors match calls by (group id, sequence number) and compare what the
+// ranks asked for (collective, reduce op, dtype, shape, root). A difference
+// fails the call on every rank involved with CollectiveMismatchError naming
+// both calls. Every wait is bounded by the group's timeout (default
+// RuntimeOptions::collective_timeout, 300 s): when it expires the call fails
+// with TimeoutError naming the ranks that did not arrive, and the group is
+// unusable afterwards on that rank (its later calls fail with TimeoutError,
+// like an aborted NCCL communicator). When a rank fails (its function threw,
+// see simulate()), calls that still wait for it fail with PeerLostError
+// naming it.
+//
+// Ranks passed to the methods (src, dst, root) are ranks *in this group*
+// (0 .. size()-1), like the methods of torch's c10d ProcessGroup; use
+// global_rank() / group_rank() to convert.
+//
+// Tensors: dense CPU tensors of float32, float64, float16, bfloat16, int32,
+// int64 (int8/uint8 work too; bool only for broadcast/all_gather/send/recv).
+// Between simulated ranks (one process) tensors travel by reference: no
+// copies are made other than the output writes themselves. A tensor passed to
+// an async call must not be touched until its future is ready.
+//
+// Reductions: element i of the result is
+//   ((x_0[i] op x_1[i]) op x_2[i]) ... op x_{n-1}[i]
+// in group-rank order, accumulated in T (float32 for float16/bfloat16, rounded
+// once at the end), so results are bit-identical on every run and on every
+// rank. avg is the sum divided by size() (floating point only, as in torch).
+// The work is split: group rank r reduces elements [r*n/size, (r+1)*n/size)
+// and writes them to every rank's output (reduce-scatter + all-gather in one
+// pass), on rank r's actor.
+//
+// Errors: bad arguments (undefined/non-CPU tensor, wrong dtype, shape or list
+// size, rank out of range) throw synchronously from both forms, before the
+// call takes a sequence number. Errors of the collective itself arrive in the
+// future (async form) or are thrown (blocking form).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt {
+
+enum class ReduceOp : std::uint8_t { sum, avg, product, min, max };
+std::string_view reduce_op_name(ReduceOp op) noexcept;
+
+namespace detail {
+struct GroupImpl;
+}
+
+struct Subgroups;
+
+class ProcessGroup {
+ public:
+  /// An invalid group (valid() == false).
+  ProcessGroup() = default;
+
+  bool valid() const noexcept { return impl_ != nullptr; }
+  /// False for the handle a rank gets for a group it is not in.
+  bool is_member() const;
+  /// This rank's rank in the group (-1 when not a member).
+  int rank() const;
+  int size() const;
+  /// Global ranks of the members, ascending; index = group rank.
+  const std::vector<int>& ranks() const;
+  int global_rank(int group_rank) const;
+  /// -1 when global_rank is not a member.
+  int group_rank(int global_rank) const;
+  std::uint64_t id() const;
+
+  std::chrono::milliseconds timeout() const;
+  /// Sets the timeout for this rank's later calls on this group.
+  void set_timeout(std::chrono::milliseconds timeout);
+
+  // --- collectives (async) -------------------------------------------------------
+  /// tensor on every rank <- tensor of rank src.
+  Future<void> broadcast_async(const Tensor& tensor, int src);
+  /// tensor (in place) <- op over every rank's tensor.
+  Future<void> all_reduce_async(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  /// tensor of rank dst <- op over every rank's tensor; other ranks' tensors unchanged.
+  Future<void> reduce_async(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum);
+  /// outputs[k] <- input of rank k. outputs.size() == size(), each shaped like input.
+  Future<void> all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input);
+  /// output (numel = size() * input.numel()) <- inputs of ranks 0..size-1, concatenated.
+  Future<void> all_gather_into_tensor_async(const Tensor& output, const Tensor& input);
+  /// output of rank r <- op over inputs[r] of every rank. inputs.size() == size().
+  Future<void> reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs,
+                                    ReduceOp op = ReduceOp::sum);
+  Future<void> barrier_async();
+  /// Completes when rank dst's matching recv has copied the data.
+  Future<void> send_async(const Tensor& tensor, int dst, int tag = 0);
+  /// Fills tensor with the matching send of rank src (same dtype and shape).
+  Future<void> recv_async(const Tensor& tensor, int src, int tag = 0);
+
+  // --- collectives (blocking: the async form, then get()) -------------------------
+  void broadcast(const Tensor& tensor, int src) { broadcast_async(tensor, src).get(); }
+  void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(tensor, op).get();
+  }
+  void reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum) {
+    reduce_async(tensor, dst, op).get();
+  }
+  void all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
+    all_gather_async(outputs, input).get();
+  }
+  void all_gather_into_tensor(const Tensor& output, const Tensor& input) {
+    all_gather_into_tensor_async(output, input).get();
+  }
+  void reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                      ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(output, inputs, op).get();
+  }
+  void barrier() { barrier_async().get(); }
+  void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag).get(); }
+  void recv(const Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag).get(); }
+
+  // --- subgroups (call on the world group, on every rank, in the same order) -----
+  /// A group of the given global ranks (sorted; duplicates or out-of-range ranks
+  /// throw ValueError). Every rank of the world calls it (it is a world
+  /// collective, so inconsistent calls raise CollectiveMismatchError); ranks
+  /// outside get a handle with is_member() == false.
+  ProcessGroup new_group(std::vector<int> ranks);
+  /// Splits the world into consecutive groups of group_size ranks (0: one
+  /// group per node; simulated ranks are all on one node). size() must be
+  /// divisible by group_size.
+  Subgroups new_subgroups(int group_size = 0);
+
+  /// Internal.
+  explicit ProcessGroup(std::shared_ptr<detail::GroupImpl> impl) : impl_(std::move(impl)) {}
+  const std::shared_ptr<detail::GroupImpl>& impl() const { return impl_; }
+
+ private:
+  detail::GroupImpl& member(const char* op) const;
+  std::shared_ptr<detail::GroupImpl> impl_;
+};
+
+struct Subgroups {
+  /// The subgroup this rank is in.
+  ProcessGroup current;
+  /// All subgroups, in order of their first rank.
+  std::vector<ProcessGroup> all;
+};
+
+}  // namespace dopt

@@ -1,0 +1,57 @@
+#pragma once
+// dopt::simulate: run a distributed function with simulated ranks in one process.
+//
+//   dopt::simulate(4, [](dopt::RankContext& ctx) {
+//     auto t = dopt::Tensor::full({8}, ctx.rank());
+//     ctx.world().all_reduce(t);             // every rank: 0+1+2+3
+//   });
+//
+// fn runs once per rank, each call on its own std::thread, each rank talking to
+// its own rank actor. simulate returns when every rank's fn has returned or
+// thrown. If any threw, simulate rethrows the first exception (in the order
+// they were caught) after all ranks finished: a dopt::Error keeps its type and
+// gains the rank (Error::rank()); any other exception becomes a dopt::Error
+// ("simulate [rank r]: ..."). A rank that throws is reported to its peers:
+// their calls that still wait for it fail with PeerLostError naming it, so a
+// failing rank does not hang the others.
+//
+// A rank whose fn *returns* while its peers still wait for it is not an error
+// of that rank; the peers' calls end with TimeoutError after the group timeout.
+#include <chrono>
+#include <functional>
+#include <optional>
+
+#include "dopt/actors/process_group.hpp"
+#include "dopt/actors/runtime.hpp"
+
+namespace dopt {
+
+struct SimulateOptions {
+  /// Runtime to use; null: simulate starts (and stops) its own with `runtime_options`.
+  Runtime* runtime = nullptr;
+  RuntimeOptions runtime_options = RuntimeOptions::from_env();
+  /// Timeout of the world group (and default of its subgroups); empty: runtime's.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+class RankContext {
+ public:
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  /// The group of all ranks.
+  ProcessGroup& world() noexcept { return world_; }
+
+  RankContext(int rank, int world_size, ProcessGroup world)
+      : rank_(rank), world_size_(world_size), world_(std::move(world)) {}
+
+ private:
+  int rank_;
+  int world_size_;
+  ProcessGroup world_;
+};
+
+/// Runs fn for ranks 0..world_size-1 (see header). world_size >= 1, else ValueError.
+void simulate(int world_size, const std::function<void(RankContext&)>& fn,
+              const SimulateOptions& options = {});
+
+}  // namespace dopt

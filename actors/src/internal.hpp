@@ -1,0 +1,105 @@
+#pragma once
+// Internal to dopt_actors: what the user-facing ProcessGroup hands to its
+// rank actor, without CAF types (only rank_actor.cpp includes CAF).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::detail {
+
+enum class CollKind : std::uint8_t {
+  broadcast,
+  all_reduce,
+  reduce,
+  all_gather,
+  all_gather_flat,
+  reduce_scatter,
+  barrier,
+  new_group,
+  send,
+  recv,
+};
+const char* coll_name(CollKind k) noexcept;
+
+/// What a rank asked for; ranks of one (group, seq) must agree on all of it.
+struct CollDesc {
+  CollKind kind = CollKind::barrier;
+  ReduceOp op = ReduceOp::sum;
+  DType dtype = DType::float32;
+  Shape shape;             // of the matched tensor (input; output for reduce_scatter)
+  int root = -1;           // group rank: src / dst
+  std::string extra;       // new_group: the member list
+  bool operator==(const CollDesc& o) const {
+    return kind == o.kind && op == o.op && dtype == o.dtype && shape == o.shape &&
+           root == o.root && extra == o.extra;
+  }
+  /// "all_reduce(sum, float32, [4])"
+  std::string str() const;
+  bool has_op() const {
+    return kind == CollKind::all_reduce || kind == CollKind::reduce ||
+           kind == CollKind::reduce_scatter;
+  }
+  bool has_tensor() const { return kind != CollKind::barrier && kind != CollKind::new_group; }
+};
+
+/// One call of one rank, posted by the user thread to its rank actor.
+/// tensors, by kind:
+///   broadcast, all_reduce, reduce: [t]
+///   all_gather:       [input, out_0, ..., out_{n-1}]
+///   all_gather_flat:  [input, output]
+///   reduce_scatter:   [output, in_0, ..., in_{n-1}]
+///   send / recv:      [t]
+struct Op {
+  std::uint64_t gid = 0;
+  std::uint64_t seq = 0;  // group sequence number; for send/recv the per-(peer, tag) one
+  std::shared_ptr<const std::vector<int>> members;  // global ranks, ascending
+  int my_grank = 0;                                 // this rank in the group
+  CollDesc desc;
+  std::vector<Tensor> tensors;
+  std::chrono::milliseconds timeout{0};
+  int peer = -1;  // send/recv: global rank of the other side
+  int tag = 0;
+  Promise<void> promise;
+};
+
+/// A rank's endpoint: how user threads reach their rank actor.
+class RankEndpoint {
+ public:
+  virtual ~RankEndpoint() = default;
+  /// Hands op to the rank actor (non-blocking). The actor fills op->promise.
+  virtual void post(std::shared_ptr<Op> op) = 0;
+  /// Tells the rank actor that this rank's user code failed (what = reason);
+  /// the actor tells its peers, whose waits on this rank fail with PeerLostError.
+  virtual void report_failure(std::string what) = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+};
+
+/// Spawns world_size connected rank actors in rt (in-process transport).
+/// Each endpoint stops its actor when destroyed.
+std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(class RuntimeImpl& rt, int world_size);
+
+struct GroupImpl {
+  std::shared_ptr<RankEndpoint> endpoint;
+  std::uint64_t gid = 0;
+  std::shared_ptr<const std::vector<int>> members;
+  int my_grank = -1;
+  bool is_world = false;
+  std::atomic<std::int64_t> timeout_ms{0};
+  std::atomic<std::uint64_t> next_seq{0};
+  std::mutex p2p_mutex;
+  std::map<std::pair<int, int>, std::uint64_t> send_seq;  // (dst global, tag)
+  std::map<std::pair<int, int>, std::uint64_t> recv_seq;  // (src global, tag)
+};
+
+}  // namespace dopt::detail

@@ -1,0 +1,368 @@
+#include "dopt/actors/process_group.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "internal.hpp"
+
+namespace dopt {
+
+std::string_view reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::product: return "product";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+namespace detail {
+
+const char* coll_name(CollKind k) noexcept {
+  switch (k) {
+    case CollKind::broadcast: return "broadcast";
+    case CollKind::all_reduce: return "all_reduce";
+    case CollKind::reduce: return "reduce";
+    case CollKind::all_gather: return "all_gather";
+    case CollKind::all_gather_flat: return "all_gather_into_tensor";
+    case CollKind::reduce_scatter: return "reduce_scatter";
+    case CollKind::barrier: return "barrier";
+    case CollKind::new_group: return "new_group";
+    case CollKind::send: return "send";
+    case CollKind::recv: return "recv";
+  }
+  return "?";
+}
+
+std::string CollDesc::str() const {
+  std::string s = coll_name(kind);
+  s += "(";
+  bool first = true;
+  auto add = [&](const std::string& part) {
+    if (!first) s += ", ";
+    s += part;
+    first = false;
+  };
+  if (has_op()) add(std::string(reduce_op_name(op)));
+  if (root >= 0) {
+    const char* what = kind == CollKind::broadcast ? "src " : "dst ";
+    add(what + std::to_string(root));
+  }
+  if (has_tensor()) {
+    add(std::string(dtype_name(dtype)));
+    add(shape_str(shape));
+  }
+  if (!extra.empty()) add(extra);
+  s += ")";
+  return s;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::CollKind;
+using detail::GroupImpl;
+using detail::Op;
+
+std::string op_label(CollKind k) { return std::string("ProcessGroup.") + detail::coll_name(k); }
+
+void check_tensor(const Tensor& t, CollKind k, const char* what) {
+  std::string op = op_label(k);
+  if (!t.defined()) throw ValueError(op, std::string(what) + " is undefined");
+  if (!t.device().is_cpu())
+    throw DeviceError(op, std::string(what) + " is on " + t.device().str() +
+                              "; only CPU tensors are supported by this backend");
+}
+
+void check_reducible(const Tensor& t, ReduceOp rop, CollKind k) {
+  if (t.dtype() == DType::bool_)
+    throw DTypeError(op_label(k), "reductions do not support bool tensors");
+  if (rop == ReduceOp::avg && !is_floating_point(t.dtype()))
+    throw DTypeError(op_label(k), "ReduceOp avg needs a floating point tensor, got " +
+                                      std::string(dtype_name(t.dtype())));
+}
+
+void check_same(const Tensor& ref, const Tensor& t, CollKind k, const std::string& what) {
+  if (t.dtype() != ref.dtype())
+    throw DTypeError(op_label(k), what + " has dtype " + std::string(dtype_name(t.dtype())) +
+                                      ", expected " + std::string(dtype_name(ref.dtype())));
+  if (t.numel() != ref.numel() || t.shape() != ref.shape())
+    throw ShapeError(op_label(k),
+                     what + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(ref.shape()));
+}
+
+void check_rank(int r, int size, CollKind k, const char* what) {
+  if (r < 0 || r >= size)
+    throw ValueError(op_label(k), std::string(what) + " " + std::to_string(r) +
+                                      " is out of range for a group of size " + std::to_string(size));
+}
+
+std::shared_ptr<Op> make_op(GroupImpl& g, detail::CollDesc desc, std::vector<Tensor> tensors) {
+  auto op = std::make_shared<Op>();
+  op->gid = g.gid;
+  op->members = g.members;
+  op->my_grank = g.my_grank;
+  op->desc = std::move(desc);
+  op->tensors = std::move(tensors);
+  op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
+  op->seq = g.next_seq.fetch_add(1);
+  return op;
+}
+
+Future<void> post(GroupImpl& g, std::shared_ptr<Op> op) {
+  auto fut = op->promise.get_future();
+  g.endpoint->post(std::move(op));
+  return fut;
+}
+
+detail::CollDesc desc_of(CollKind k, const Tensor& t, int root = -1, ReduceOp rop = ReduceOp::sum) {
+  detail::CollDesc d;
+  d.kind = k;
+  d.op = rop;
+  d.dtype = t.dtype();
+  d.shape = t.shape();
+  d.root = root;
+  return d;
+}
+
+}  // namespace
+
+detail::GroupImpl& ProcessGroup::member(const char* op) const {
+  if (!impl_) throw StateError(op, "the process group is invalid (default-constructed)");
+  if (impl_->my_grank < 0)
+    throw StateError(op, "this rank is not a member of group " + std::to_string(impl_->gid));
+  return *impl_;
+}
+
+bool ProcessGroup::is_member() const { return impl_ && impl_->my_grank >= 0; }
+int ProcessGroup::rank() const { return impl_ ? impl_->my_grank : -1; }
+int ProcessGroup::size() const { return impl_ ? static_cast<int>(impl_->members->size()) : 0; }
+const std::vector<int>& ProcessGroup::ranks() const {
+  static const std::vector<int> none;
+  return impl_ ? *impl_->members : none;
+}
+int ProcessGroup::global_rank(int group_rank) const {
+  if (!impl_ || group_rank < 0 || group_rank >= size())
+    throw ValueError("ProcessGroup.global_rank", "group rank " + std::to_string(group_rank) +
+                                                     " is out of range for a group of size " +
+                                                     std::to_string(size()));
+  return (*impl_->members)[static_cast<std::size_t>(group_rank)];
+}
+int ProcessGroup::group_rank(int global) const {
+  if (!impl_) return -1;
+  auto& m = *impl_->members;
+  auto it = std::lower_bound(m.begin(), m.end(), global);
+  return (it != m.end() && *it == global) ? static_cast<int>(it - m.begin()) : -1;
+}
+std::uint64_t ProcessGroup::id() const { return impl_ ? impl_->gid : 0; }
+std::chrono::milliseconds ProcessGroup::timeout() const {
+  return std::chrono::milliseconds(impl_ ? impl_->timeout_ms.load() : 0);
+}
+void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
+  if (!impl_) throw StateError("ProcessGroup.set_timeout", "the process group is invalid");
+  if (timeout.count() <= 0)
+    throw ValueError("ProcessGroup.set_timeout",
+                     "timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
+  impl_->timeout_ms.store(timeout.count());
+}
+
+Future<void> ProcessGroup::broadcast_async(const Tensor& tensor, int src) {
+  auto& g = member("ProcessGroup.broadcast");
+  check_tensor(tensor, CollKind::broadcast, "tensor");
+  check_rank(src, size(), CollKind::broadcast, "src");
+  return post(g, make_op(g, desc_of(CollKind::broadcast, tensor, src), {tensor}));
+}
+
+Future<void> ProcessGroup::all_reduce_async(const Tensor& tensor, ReduceOp op) {
+  auto& g = member("ProcessGroup.all_reduce");
+  check_tensor(tensor, CollKind::all_reduce, "tensor");
+  check_reducible(tensor, op, CollKind::all_reduce);
+  return post(g, make_op(g, desc_of(CollKind::all_reduce, tensor, -1, op), {tensor}));
+}
+
+Future<void> ProcessGroup::reduce_async(const Tensor& tensor, int dst, ReduceOp op) {
+  auto& g = member("ProcessGroup.reduce");
+  check_tensor(tensor, CollKind::reduce, "tensor");
+  check_reducible(tensor, op, CollKind::reduce);
+  check_rank(dst, size(), CollKind::reduce, "dst");
+  return post(g, make_op(g, desc_of(CollKind::reduce, tensor, dst, op), {tensor}));
+}
+
+Future<void> ProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input) {
+  auto& g = member("ProcessGroup.all_gather");
+  const CollKind k = CollKind::all_gather;
+  check_tensor(input, k, "input");
+  if (static_cast<int>(outputs.size()) != size())
+    throw ValueError(op_label(k), "got " + std::to_string(outputs.size()) +
+                                      " output tensors for a group of size " + std::to_string(size()));
+  std::vector<Tensor> ts{input};
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    std::string what = "outputs[" + std::to_string(i) + "]";
+    check_tensor(outputs[i], k, what.c_str());
+    check_same(input, outputs[i], k, what);
+    ts.push_back(outputs[i]);
+  }
+  return post(g, make_op(g, desc_of(k, input), std::move(ts)));
+}
+
+Future<void> ProcessGroup::all_gather_into_tensor_async(const Tensor& output, const Tensor& input) {
+  auto& g = member("ProcessGroup.all_gather_into_tensor");
+  const CollKind k = CollKind::all_gather_flat;
+  check_tensor(input, k, "input");
+  check_tensor(output, k, "output");
+  if (output.dtype() != input.dtype())
+    throw DTypeError(op_label(k), "output has dtype " + std::string(dtype_name(output.dtype())) +
+                                      ", input has " + std::string(dtype_name(input.dtype())));
+  if (output.numel() != input.numel() * size())
+    throw ShapeError(op_label(k), "output has " + std::to_string(output.numel()) +
+                                      " elements, expected group size " + std::to_string(size()) +
+                                      " x " + std::to_string(input.numel()));
+  return post(g, make_op(g, desc_of(k, input), {input, output}));
+}
+
+Future<void> ProcessGroup::reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs,
+                                                ReduceOp op) {
+  auto& g = member("ProcessGroup.reduce_scatter");
+  const CollKind k = CollKind::reduce_scatter;
+  check_tensor(output, k, "output");
+  check_reducible(output, op, k);
+  if (static_cast<int>(inputs.size()) != size())
+    throw ValueError(op_label(k), "got " + std::to_string(inputs.size()) +
+                                      " input tensors for a group of size " + std::to_string(size()));
+  std::vector<Tensor> ts{output};
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    std::string what = "inputs[" + std::to_string(i) + "]";
+    check_tensor(inputs[i], k, what.c_str());
+    check_same(output, inputs[i], k, what);
+    ts.push_back(inputs[i]);
+  }
+  return post(g, make_op(g, desc_of(k, output, -1, op), std::move(ts)));
+}
+
+Future<void> ProcessGroup::barrier_async() {
+  auto& g = member("ProcessGroup.barrier");
+  detail::CollDesc d;
+  d.kind = CollKind::barrier;
+  return post(g, make_op(g, d, {}));
+}
+
+Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
+  auto& g = member("ProcessGroup.send");
+  check_tensor(tensor, CollKind::send, "tensor");
+  check_rank(dst, size(), CollKind::send, "dst");
+  if (dst == g.my_grank) throw ValueError("ProcessGroup.send", "a rank cannot send to itself");
+  auto op = std::make_shared<Op>();
+  op->gid = g.gid;
+  op->members = g.members;
+  op->my_grank = g.my_grank;
+  op->desc = desc_of(CollKind::send, tensor);
+  op->tensors = {tensor};
+  op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
+  op->peer = global_rank(dst);
+  op->tag = tag;
+  {
+    std::lock_guard<std::mutex> lock(g.p2p_mutex);
+    op->seq = g.send_seq[{op->peer, tag}]++;
+  }
+  return post(g, std::move(op));
+}
+
+Future<void> ProcessGroup::recv_async(const Tensor& tensor, int src, int tag) {
+  auto& g = member("ProcessGroup.recv");
+  check_tensor(tensor, CollKind::recv, "tensor");
+  check_rank(src, size(), CollKind::recv, "src");
+  if (src == g.my_grank) throw ValueError("ProcessGroup.recv", "a rank cannot receive from itself");
+  auto op = std::make_shared<Op>();
+  op->gid = g.gid;
+  op->members = g.members;
+  op->my_grank = g.my_grank;
+  op->desc = desc_of(CollKind::recv, tensor);
+  op->tensors = {tensor};
+  op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
+  op->peer = global_rank(src);
+  op->tag = tag;
+  {
+    std::lock_guard<std::mutex> lock(g.p2p_mutex);
+    op->seq = g.recv_seq[{op->peer, tag}]++;
+  }
+  return post(g, std::move(op));
+}
+
+namespace {
+
+std::string ranks_str(const std::vector<int>& r) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
+  return s + "]";
+}
+
+// Runs the world collective that creates groups; returns its sequence number.
+std::uint64_t group_creation_barrier(GroupImpl& world, const std::string& what) {
+  detail::CollDesc d;
+  d.kind = CollKind::new_group;
+  d.extra = what;
+  auto op = make_op(world, d, {});
+  std::uint64_t seq = op->seq;
+  post(world, std::move(op)).get();
+  return seq;
+}
+
+std::shared_ptr<GroupImpl> make_group(const GroupImpl& world, std::uint64_t gid, std::vector<int> ranks) {
+  auto g = std::make_shared<GroupImpl>();
+  g->endpoint = world.endpoint;
+  g->gid = gid;
+  int me = world.my_grank;  // world group rank == global rank
+  auto it = std::find(ranks.begin(), ranks.end(), me);
+  g->my_grank = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  g->members = std::make_shared<const std::vector<int>>(std::move(ranks));
+  g->timeout_ms.store(world.timeout_ms.load());
+  return g;
+}
+
+}  // namespace
+
+ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
+  auto& w = member("ProcessGroup.new_group");
+  if (!w.is_world) throw StateError("ProcessGroup.new_group", "call new_group on the world group");
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty()) throw ValueError("ProcessGroup.new_group", "ranks is empty");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size())
+      throw ValueError("ProcessGroup.new_group", "rank " + std::to_string(ranks[i]) +
+                                                     " is out of range for a world of size " +
+                                                     std::to_string(size()));
+    if (i && ranks[i] == ranks[i - 1])
+      throw ValueError("ProcessGroup.new_group", "rank " + std::to_string(ranks[i]) + " is listed twice");
+  }
+  std::uint64_t seq = group_creation_barrier(w, "ranks " + ranks_str(ranks));
+  return ProcessGroup(make_group(w, (seq + 1) << 16, std::move(ranks)));
+}
+
+Subgroups ProcessGroup::new_subgroups(int group_size) {
+  auto& w = member("ProcessGroup.new_subgroups");
+  if (!w.is_world) throw StateError("ProcessGroup.new_subgroups", "call new_subgroups on the world group");
+  if (group_size == 0) group_size = size();  // simulated ranks: one node
+  if (group_size < 0 || group_size > size())
+    throw ValueError("ProcessGroup.new_subgroups", "group_size " + std::to_string(group_size) +
+                                                       " must be in [1, " + std::to_string(size()) + "]");
+  if (size() % group_size != 0)
+    throw ValueError("ProcessGroup.new_subgroups", "the world size " + std::to_string(size()) +
+                                                       " must be divisible by group_size " +
+                                                       std::to_string(group_size));
+  std::uint64_t seq = group_creation_barrier(w, "group_size " + std::to_string(group_size));
+  Subgroups out;
+  for (int k = 0; k * group_size < size(); ++k) {
+    std::vector<int> ranks;
+    for (int r = k * group_size; r < (k + 1) * group_size; ++r) ranks.push_back(r);
+    auto g = make_group(w, ((seq + 1) << 16) | static_cast<std::uint64_t>(k + 1), std::move(ranks));
+    ProcessGroup pg(g);
+    if (g->my_grank >= 0) out.current = pg;
+    out.all.push_back(pg);
+  }
+  return out;
+}
+
+}  // namespace dopt

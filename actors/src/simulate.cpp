@@ -1,0 +1,113 @@
+#include "dopt/actors/simulate.hpp"
+
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "internal.hpp"
+
+namespace dopt {
+namespace {
+
+// Rethrows e with `rank` attached, keeping the dopt::Error subclass.
+[[noreturn]] void rethrow_with_rank(const std::exception_ptr& e, int rank) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    if (err.rank()) throw;
+#define DOPT_RETHROW_AS(T)                                    \
+  if (dynamic_cast<const T*>(&err)) throw T(err.op(), err.detail(), rank);
+    DOPT_RETHROW_AS(PeerLostError)
+    DOPT_RETHROW_AS(CollectiveMismatchError)
+    DOPT_RETHROW_AS(TimeoutError)
+    DOPT_RETHROW_AS(NotSupportedError)
+    DOPT_RETHROW_AS(IOError)
+    DOPT_RETHROW_AS(StateDictError)
+    DOPT_RETHROW_AS(StateError)
+    DOPT_RETHROW_AS(DeviceError)
+    DOPT_RETHROW_AS(DTypeError)
+    DOPT_RETHROW_AS(ShapeError)
+    DOPT_RETHROW_AS(KeyError)
+    DOPT_RETHROW_AS(TypeError)
+    DOPT_RETHROW_AS(ValueError)
+#undef DOPT_RETHROW_AS
+    throw Error(err.op(), err.detail(), rank);
+  } catch (const std::exception& ex) {
+    throw Error("simulate", std::string("rank function raised: ") + ex.what(), rank);
+  } catch (...) {
+    throw Error("simulate", "rank function raised a non-standard exception", rank);
+  }
+}
+
+std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+void simulate(int world_size, const std::function<void(RankContext&)>& fn, const SimulateOptions& options) {
+  if (world_size < 1)
+    throw ValueError("simulate", "world_size must be >= 1, got " + std::to_string(world_size));
+  if (!fn) throw ValueError("simulate", "fn is empty");
+  std::optional<Runtime> own;
+  Runtime* rt = options.runtime;
+  if (!rt) rt = &own.emplace(options.runtime_options);
+  auto timeout = options.timeout.value_or(rt->options().collective_timeout);
+  if (timeout.count() <= 0)
+    throw ValueError("simulate", "timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
+
+  auto endpoints = detail::spawn_local_world(rt->impl(), world_size);
+  auto members = std::make_shared<std::vector<int>>();
+  for (int r = 0; r < world_size; ++r) members->push_back(r);
+  std::shared_ptr<const std::vector<int>> cmembers = members;
+
+  std::mutex mutex;
+  std::optional<std::pair<int, std::exception_ptr>> first;
+  auto body = [&](int r) {
+    auto g = std::make_shared<detail::GroupImpl>();
+    g->endpoint = endpoints[static_cast<std::size_t>(r)];
+    g->gid = 0;
+    g->members = cmembers;
+    g->my_grank = r;
+    g->is_world = true;
+    g->timeout_ms.store(timeout.count());
+    try {
+      RankContext ctx(r, world_size, ProcessGroup(std::move(g)));
+      fn(ctx);
+    } catch (...) {
+      auto e = std::current_exception();
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first) first.emplace(r, e);
+      }
+      // After recording: the root cause is recorded before the PeerLostErrors it causes.
+      endpoints[static_cast<std::size_t>(r)]->report_failure("rank " + std::to_string(r) + " raised: " + describe(e));
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  try {
+    for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
+  } catch (...) {
+    // Could not start every thread: fail the started ones' peers, then join.
+    for (int r = static_cast<int>(threads.size()); r < world_size; ++r)
+      endpoints[static_cast<std::size_t>(r)]->report_failure("rank thread could not be started");
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  for (auto& t : threads) t.join();
+  endpoints.clear();  // each endpoint stops its rank actor
+  if (own) own->shutdown();
+  if (first) rethrow_with_rank(first->second, first->first);
+}
+
+}  // namespace dopt
