@@ -105,7 +105,7 @@ void Adadelta::update_param(const AdadeltaOptions& o, const Tensor& p, const Ten
 }
 
 Adadelta::Adadelta(std::vector<Tensor> params, AdadeltaOptions defaults)
-    : Adadelta(detail::single_group(std::move(params), "Adadelta"), std::move(defaults)) {}
+    : Adadelta(single_group(std::move(params), "Adadelta"), std::move(defaults)) {}
 
 Adadelta::Adadelta(std::vector<OptimizerParamGroup> groups, AdadeltaOptions defaults)
     : Optimizer("Adadelta", {}, std::make_unique<AdadeltaOptions>(std::move(defaults))) {

@@ -107,7 +107,7 @@ void Adagrad::update_param(const AdagradOptions& o, const Tensor& p, const Tenso
 }
 
 Adagrad::Adagrad(std::vector<Tensor> params, AdagradOptions defaults)
-    : Adagrad(detail::single_group(std::move(params), "Adagrad"), std::move(defaults)) {}
+    : Adagrad(single_group(std::move(params), "Adagrad"), std::move(defaults)) {}
 
 Adagrad::Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults)
     : Optimizer("Adagrad", {}, std::make_unique<AdagradOptions>(std::move(defaults))) {

@@ -115,7 +115,7 @@ void Adamax::update_param(const AdamaxOptions& o, const Tensor& p, const Tensor&
 }
 
 Adamax::Adamax(std::vector<Tensor> params, AdamaxOptions defaults)
-    : Adamax(detail::single_group(std::move(params), "Adamax"), std::move(defaults)) {}
+    : Adamax(single_group(std::move(params), "Adamax"), std::move(defaults)) {}
 
 Adamax::Adamax(std::vector<OptimizerParamGroup> groups, AdamaxOptions defaults)
     : Optimizer("Adamax", {}, std::make_unique<AdamaxOptions>(std::move(defaults))) {

@@ -39,7 +39,7 @@ void AdamW::update_param(const AdamWOptions& o, const Tensor& p, const Tensor& g
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions defaults)
-    : AdamW(detail::single_group(std::move(params), "AdamW"), std::move(defaults)) {}
+    : AdamW(single_group(std::move(params), "AdamW"), std::move(defaults)) {}
 
 AdamW::AdamW(std::vector<OptimizerParamGroup> groups, AdamWOptions defaults)
     : Optimizer("AdamW", {}, std::make_unique<AdamWOptions>(std::move(defaults))) {

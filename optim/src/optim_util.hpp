@@ -25,14 +25,4 @@ inline double increment_step(Tensor& step_t) {
   return s;
 }
 
-/// The one group of a constructor from a plain parameter list; an empty list
-/// is torch's ValueError "optimizer got an empty parameter list" (a list of
-/// groups may hold an empty group, a plain list may not be empty).
-inline std::vector<OptimizerParamGroup> single_group(std::vector<Tensor> params, const char* op) {
-  if (params.empty()) throw ValueError(op, "optimizer got an empty parameter list");
-  std::vector<OptimizerParamGroup> groups;
-  groups.emplace_back(std::move(params));
-  return groups;
-}
-
 }  // namespace dopt::optim::detail

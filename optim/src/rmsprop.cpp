@@ -168,7 +168,7 @@ void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tenso
 }
 
 RMSprop::RMSprop(std::vector<Tensor> params, RMSpropOptions defaults)
-    : RMSprop(detail::single_group(std::move(params), "RMSprop"), std::move(defaults)) {}
+    : RMSprop(single_group(std::move(params), "RMSprop"), std::move(defaults)) {}
 
 RMSprop::RMSprop(std::vector<OptimizerParamGroup> groups, RMSpropOptions defaults)
     : Optimizer("RMSprop", {}, std::make_unique<RMSpropOptions>(std::move(defaults))) {

@@ -99,7 +99,7 @@ void Rprop::update_param(const RpropOptions& o, const Tensor& p, const Tensor& g
 }
 
 Rprop::Rprop(std::vector<Tensor> params, RpropOptions defaults)
-    : Rprop(detail::single_group(std::move(params), "Rprop"), std::move(defaults)) {}
+    : Rprop(single_group(std::move(params), "Rprop"), std::move(defaults)) {}
 
 Rprop::Rprop(std::vector<OptimizerParamGroup> groups, RpropOptions defaults)
     : Optimizer("Rprop", {}, std::make_unique<RpropOptions>(std::move(defaults))) {

@@ -145,7 +145,7 @@ void SGD::update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, Pa
 }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions defaults)
-    : SGD(detail::single_group(std::move(params), "SGD"), std::move(defaults)) {}
+    : SGD(single_group(std::move(params), "SGD"), std::move(defaults)) {}
 
 SGD::SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults)
     : Optimizer("SGD", {}, std::make_unique<SGDOptions>(std::move(defaults))) {
