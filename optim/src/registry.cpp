@@ -1,6 +1,6 @@
-#include <cctype>
 #include "dopt/optim/registry.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -134,6 +134,9 @@ bool register_optimizer(const std::string& name, OptimizerFactories factories) {
     throw ValueError(op, "optimizer '" + name + "' needs both an options and an optimizer factory");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  // A name that matches an entry case-insensitively counts as present, so
+  // that lookups stay unambiguous.
+  if (find_entry(r, name) != r.entries.end()) return false;
   return r.entries.emplace(name, std::move(factories)).second;
 }
 

@@ -6,6 +6,8 @@
 //
 // Built in: SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, Adadelta, Rprop, each
 // with its functional form. The registry is process-wide and thread-safe.
+// Names are looked up exactly first, then case-insensitively ("adamw" finds
+// AdamW), for command-line flags and config files.
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,8 +81,9 @@ OptimizerFactories optimizer_factories() {
   return f;
 }
 
-/// Registers `name` unless it is already present (never overwrites, like
-/// torch's register_functional_optim). Returns whether it was added. A name
+/// Registers `name` unless it is already present, also in another case
+/// (never overwrites, like torch's register_functional_optim). Returns
+/// whether it was added. A name
 /// must be non-empty and `options` and `optimizer` set (dopt::ValueError).
 bool register_optimizer(const std::string& name, OptimizerFactories factories);
 /// Every registered name, sorted.
