@@ -1,6 +1,7 @@
 #include "dopt/optim/adam.hpp"
 
 #include "kernel_support.hpp"
+#include "optim_util.hpp"
 
 namespace dopt::optim {
 
@@ -125,20 +126,20 @@ void Adam::init_param_state(const AdamOptions& o, const Tensor& p, ParamState& s
 void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st,
                         bool decoupled) {
   const char* op = decoupled ? "AdamW.step" : "Adam.step";
+  // Look everything up before changing anything: a bad state leaves it untouched.
+  Tensor& step_t = detail::state_at(st, "step", op);
+  Tensor& exp_avg = detail::state_at(st, "exp_avg", op);
+  Tensor& exp_avg_sq = detail::state_at(st, "exp_avg_sq", op);
+  auto it_vmax = st.find("max_exp_avg_sq");
+  if (o.amsgrad() && it_vmax == st.end())
+    throw StateError(op, "amsgrad was enabled after the state of this parameter was created");
   // float32 step counter, as torch keeps it (saturates at 2^24).
-  Tensor& step_t = st.at("step");
-  float step = static_cast<float>(step_t.item());
-  step = step + 1.0f;
-  step_t.fill_(step);
-  const double s = static_cast<double>(step);
+  const double s = detail::increment_step(step_t);
   const double beta1 = o.betas()[0], beta2 = o.betas()[1];
   const double bc1 = 1.0 - std::pow(beta1, s);
   const double bc2 = 1.0 - std::pow(beta2, s);
   const double step_size = o.lr() / bc1;
   const double bc2_sqrt = std::sqrt(bc2);
-  auto it_vmax = st.find("max_exp_avg_sq");
-  if (o.amsgrad() && it_vmax == st.end())
-    throw StateError(op, "amsgrad was enabled after the state of this parameter was created");
   kernels::dispatch_float(p, op, [&](auto tag) {
     using T = decltype(tag);
     using kernels::sc;
@@ -147,8 +148,8 @@ void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, 
                               sc<T>(1.0 - o.lr() * o.weight_decay()), o.maximize(),
                               o.weight_decay() != 0.0, decoupled, o.amsgrad()};
     T* vmax = o.amsgrad() ? it_vmax->second.template data<T>() : nullptr;
-    kernels::adam_kernel(p.data<T>(), g.data<T>(), st.at("exp_avg").data<T>(), st.at("exp_avg_sq").data<T>(),
-                         vmax, p.numel(), k);
+    kernels::adam_kernel(p.data<T>(), g.data<T>(), exp_avg.template data<T>(),
+                         exp_avg_sq.template data<T>(), vmax, p.numel(), k);
   });
 }
 
