@@ -55,8 +55,9 @@ DOPT_INLINE void adamax_body(T* __restrict p, const T* __restrict g, T* __restri
     mi = std::fma(s.one_minus_beta1, gi, mi);
     const T a = u[i] * s.beta2;
     const T b = std::fabs(gi) + s.eps;
-    // torch.amax propagates NaN: (x != x) only for NaN.
-    const T ui = (a != a || b != b) ? a + b : (a > b ? a : b);
+    // torch.amax propagates NaN: a when a > b or a is NaN, else b (which is
+    // then NaN if b is).
+    const T ui = (a > b || a != a) ? a : b;
     p[i] = pi + (s.neg_clr * mi) / ui;
     m[i] = mi;
     u[i] = ui;

@@ -44,15 +44,21 @@ struct RpropScalars {
 template <class T>
 DOPT_INLINE void rprop_body(T* __restrict p, const T* __restrict g, T* __restrict prev, T* __restrict ss, i64 n,
                             const RpropScalars<T>& s) {
+  // Scalars in locals: a select between a value loaded from `s` and another
+  // is a conditional load, which GCC does not if-convert (no vectorisation).
+  const T gsign = s.gsign, etaplus = s.etaplus, etaminus = s.etaminus, lo = s.step_min, hi = s.step_max;
   DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, prev, ss) {
-    const T gi = g[i] * s.gsign;
+    const T gi = g[i] * gsign;
     const T prod = gi * prev[i];  // NaN compares false both ways: factor 1
-    const T f = prod > T(0) ? s.etaplus : (prod < T(0) ? s.etaminus : T(1));
+    // The factor, assigned in torch's order (eta+ where > 0, eta- where < 0, else 1).
+    T f = prod > T(0) ? etaplus : T(1);
+    f = prod < T(0) ? etaminus : f;
     T si = ss[i] * f;
-    si = si < s.step_min ? s.step_min : si;  // clamp = min(max(x, lo), hi), NaN propagates
-    si = si > s.step_max ? s.step_max : si;
-    const T ge = f == s.etaminus ? T(0) : gi;
-    const T sgn = T(ge > T(0)) - T(ge < T(0));  // torch.sign: 0 for +-0 and NaN
+    si = si < lo ? lo : si;  // clamp = min(max(x, lo), hi), NaN propagates
+    si = si > hi ? hi : si;
+    const T ge = f == etaminus ? T(0) : gi;
+    T sgn = ge > T(0) ? T(1) : T(0);  // torch.sign: 0 for +-0 and NaN
+    sgn = ge < T(0) ? T(-1) : sgn;
     p[i] = std::fma(T(-1) * sgn, si, p[i]);
     ss[i] = si;
     prev[i] = ge;
