@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """dopt vs torch 1.13 optimizer step, measured in the same run.
 
 For each (optimizer, numel, tensors) it times torch.optim's step() (one
@@ -7,7 +7,7 @@ dopt_bench_optim for the same shape (one thread), alternating the two a few
 rounds so both see the same machine state. Prints a Markdown table and writes
 all figures as JSON lines.
 
-  python3 bench/compare_optim_torch.py --bench build/bench/dopt_bench_optim \
+  /usr/bin/python3 bench/compare_optim_torch.py --bench build/bench/dopt_bench_optim \
       --out bench/results/optim_vs_torch.jsonl [--quick]
 """
 import argparse
@@ -44,7 +44,7 @@ def torch_step_ms(torch, cls, numel, tensors, foreach, target_s=0.5):
 
 
 def dopt_step_ms(bench, cls, numel, tensors):
-    filt = f"^OptimStep/{cls}/{numel}/{tensors}$"
+    filt = f"^OptimStep/{cls}/{numel}/{tensors}/"
     out = subprocess.run([bench, f"--benchmark_filter={filt}", "--benchmark_format=json",
                           "--benchmark_repetitions=3", "--benchmark_report_aggregates_only=true"],
                          check=True, capture_output=True, text=True).stdout
