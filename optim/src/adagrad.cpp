@@ -1,6 +1,7 @@
 #include "dopt/optim/adagrad.hpp"
 
 #include "kernel_support.hpp"
+#include "optim_extra.hpp"
 #include "optim_util.hpp"
 
 namespace dopt::optim {
@@ -28,13 +29,13 @@ void AdagradOptions::set_hyperparams(const Hyperparams& h) {
 }
 
 void AdagradOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
-  if (!(lr_decay_ >= 0.0)) throw ValueError(op, "Invalid lr_decay value: " + std::to_string(lr_decay_));
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
+  if (!(lr_decay_ >= 0.0)) throw ValueError(op, "Invalid lr_decay value: " + detail::py_float(lr_decay_));
   if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
   if (!(initial_accumulator_value_ >= 0.0))
-    throw ValueError(op, "Invalid initial_accumulator_value value: " + std::to_string(initial_accumulator_value_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + std::to_string(eps_));
+    throw ValueError(op, "Invalid initial_accumulator_value value: " + detail::py_float(initial_accumulator_value_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + detail::py_float(eps_));
 }
 
 namespace kernels {

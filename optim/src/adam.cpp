@@ -1,6 +1,7 @@
 #include "dopt/optim/adam.hpp"
 
 #include "kernel_support.hpp"
+#include "optim_extra.hpp"
 #include "optim_util.hpp"
 
 namespace dopt::optim {
@@ -26,14 +27,14 @@ void AdamOptions::set_hyperparams(const Hyperparams& h) {
 }
 
 void AdamOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + std::to_string(eps_));
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + detail::py_float(eps_));
   if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 0: " + std::to_string(betas_[0]));
+    throw ValueError(op, "Invalid beta parameter at index 0: " + detail::py_float(betas_[0]));
   if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 1: " + std::to_string(betas_[1]));
+    throw ValueError(op, "Invalid beta parameter at index 1: " + detail::py_float(betas_[1]));
   if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
 }
 
 namespace kernels {

@@ -1,6 +1,7 @@
 #include "dopt/optim/rmsprop.hpp"
 
 #include "kernel_support.hpp"
+#include "optim_extra.hpp"
 #include "optim_util.hpp"
 
 namespace dopt::optim {
@@ -28,12 +29,12 @@ void RMSpropOptions::set_hyperparams(const Hyperparams& h) {
 }
 
 void RMSpropOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + std::to_string(eps_));
-  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + std::to_string(momentum_));
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + detail::py_float(eps_));
+  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + detail::py_float(momentum_));
   if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
-  if (!(alpha_ >= 0.0)) throw ValueError(op, "Invalid alpha value: " + std::to_string(alpha_));
+    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
+  if (!(alpha_ >= 0.0)) throw ValueError(op, "Invalid alpha value: " + detail::py_float(alpha_));
 }
 
 namespace kernels {

@@ -1,6 +1,7 @@
 #include "dopt/optim/sgd.hpp"
 
 #include "kernel_support.hpp"
+#include "optim_extra.hpp"
 #include "optim_util.hpp"
 
 namespace dopt::optim {
@@ -26,10 +27,10 @@ void SGDOptions::set_hyperparams(const Hyperparams& h) {
 }
 
 void SGDOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + std::to_string(lr_));
-  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + std::to_string(momentum_));
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
+  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + detail::py_float(momentum_));
   if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + std::to_string(weight_decay_));
+    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
   if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0))
     throw ValueError(op, "Nesterov momentum requires a momentum and zero dampening");
 }
