@@ -1,0 +1,193 @@
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/launch_env.hpp"
+
+using namespace dopt;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+// The message of the ValueError parse_launch_env throws for `env`.
+std::string error_of(const Env& env) {
+  try {
+    parse_launch_env(env);
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  FAIL("parse_launch_env did not throw ValueError");
+  return {};
+}
+}  // namespace
+
+TEST_CASE("launch_env: torchrun variables", "[launch]") {
+  const LaunchEnv le = parse_launch_env({{"RANK", "5"},
+                                         {"WORLD_SIZE", "8"},
+                                         {"LOCAL_RANK", "1"},
+                                         {"LOCAL_WORLD_SIZE", "4"},
+                                         {"MASTER_ADDR", "node0.cluster"},
+                                         {"MASTER_PORT", "1234"}});
+  CHECK(le.source == "torchrun");
+  CHECK(le.rank == 5);
+  CHECK(le.world_size == 8);
+  CHECK(le.local_rank == 1);
+  CHECK(le.local_world_size == 4);
+  CHECK(le.master_addr == "node0.cluster");
+  CHECK(le.master_port == 1234);
+}
+
+TEST_CASE("launch_env: defaults for a single-node launch by hand", "[launch]") {
+  const LaunchEnv le = parse_launch_env({{"RANK", "2"}, {"WORLD_SIZE", "3"}});
+  CHECK(le.source == "torchrun");
+  CHECK(le.rank == 2);
+  CHECK(le.world_size == 3);
+  CHECK(le.local_rank == 2);
+  CHECK(le.local_world_size == 3);
+  CHECK(le.master_addr == "127.0.0.1");
+  CHECK(le.master_port == 29500);
+}
+
+TEST_CASE("launch_env: OpenMPI variables", "[launch]") {
+  const LaunchEnv le = parse_launch_env({{"OMPI_COMM_WORLD_RANK", "3"},
+                                         {"OMPI_COMM_WORLD_SIZE", "4"},
+                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  CHECK(le.source == "openmpi");
+  CHECK(le.rank == 3);
+  CHECK(le.world_size == 4);
+  CHECK(le.local_rank == 1);
+  CHECK(le.local_world_size == 2);
+  CHECK(le.master_addr == "127.0.0.1");
+  CHECK(le.master_port == 29500);
+
+  const LaunchEnv with_master = parse_launch_env({{"OMPI_COMM_WORLD_RANK", "0"},
+                                                  {"OMPI_COMM_WORLD_SIZE", "1"},
+                                                  {"MASTER_ADDR", "10.0.0.7"},
+                                                  {"MASTER_PORT", "40000"}});
+  CHECK(with_master.master_addr == "10.0.0.7");
+  CHECK(with_master.master_port == 40000);
+}
+
+TEST_CASE("launch_env: SLURM variables", "[launch]") {
+  SECTION("SLURM_NTASKS_PER_NODE") {
+    const LaunchEnv le = parse_launch_env({{"SLURM_PROCID", "6"},
+                                           {"SLURM_NTASKS", "8"},
+                                           {"SLURM_LOCALID", "2"},
+                                           {"SLURM_NTASKS_PER_NODE", "4"},
+                                           {"MASTER_ADDR", "n1"}});
+    CHECK(le.source == "slurm");
+    CHECK(le.rank == 6);
+    CHECK(le.world_size == 8);
+    CHECK(le.local_rank == 2);
+    CHECK(le.local_world_size == 4);
+    CHECK(le.master_addr == "n1");
+  }
+  SECTION("SLURM_TASKS_PER_NODE with repetition") {
+    const LaunchEnv le = parse_launch_env({{"SLURM_PROCID", "1"},
+                                           {"SLURM_NTASKS", "8"},
+                                           {"SLURM_LOCALID", "1"},
+                                           {"SLURM_TASKS_PER_NODE", "4(x2)"}});
+    CHECK(le.local_world_size == 4);
+  }
+  SECTION("heterogeneous SLURM_TASKS_PER_NODE indexed by SLURM_NODEID") {
+    const LaunchEnv le = parse_launch_env({{"SLURM_PROCID", "8"},
+                                           {"SLURM_NTASKS", "9"},
+                                           {"SLURM_LOCALID", "0"},
+                                           {"SLURM_NODEID", "2"},
+                                           {"SLURM_TASKS_PER_NODE", "4(x2),1"}});
+    CHECK(le.local_world_size == 1);
+    CHECK(le.local_rank == 0);
+  }
+  SECTION("SLURM_NPROCS when SLURM_NTASKS is absent") {
+    const LaunchEnv le = parse_launch_env({{"SLURM_PROCID", "0"}, {"SLURM_NPROCS", "2"}});
+    CHECK(le.world_size == 2);
+    CHECK(le.local_world_size == 2);
+  }
+}
+
+TEST_CASE("launch_env: torchrun beats OpenMPI beats SLURM", "[launch]") {
+  Env env{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}};
+  CHECK(parse_launch_env(env).source == "slurm");
+  env["OMPI_COMM_WORLD_RANK"] = "0";
+  env["OMPI_COMM_WORLD_SIZE"] = "3";
+  CHECK(parse_launch_env(env).source == "openmpi");
+  CHECK(parse_launch_env(env).world_size == 3);
+  env["RANK"] = "3";
+  env["WORLD_SIZE"] = "4";
+  const LaunchEnv le = parse_launch_env(env);
+  CHECK(le.source == "torchrun");
+  CHECK(le.rank == 3);
+  CHECK(le.world_size == 4);
+}
+
+TEST_CASE("launch_env: malformed and contradictory values name the variable", "[launch]") {
+  using Catch::Matchers::Contains;
+  CHECK_THAT(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}}),
+             Contains("RANK='4' is out of range for WORLD_SIZE='4'"));
+  CHECK_THAT(error_of({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}), Contains("RANK='-1' is negative"));
+  CHECK_THAT(error_of({{"RANK", "one"}, {"WORLD_SIZE", "4"}}), Contains("RANK='one' is not an integer"));
+  CHECK_THAT(error_of({{"RANK", "1x"}, {"WORLD_SIZE", "4"}}), Contains("RANK='1x' is not an integer"));
+  CHECK_THAT(error_of({{"RANK", ""}, {"WORLD_SIZE", "4"}}), Contains("RANK='' is not an integer"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), Contains("WORLD_SIZE='0' is out of range"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "99999999999999999999"}}),
+             Contains("WORLD_SIZE='99999999999999999999' is out of range"));
+  CHECK_THAT(error_of({{"RANK", "0"}}), Contains("WORLD_SIZE is not set but RANK is"));
+  CHECK_THAT(error_of({{"WORLD_SIZE", "2"}}), Contains("RANK is not set but WORLD_SIZE is"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+             Contains("LOCAL_RANK='2' is out of range for LOCAL_WORLD_SIZE=2"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "3"}}),
+             Contains("LOCAL_WORLD_SIZE=3 is larger than WORLD_SIZE='2'"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+             Contains("LOCAL_RANK is not set but LOCAL_WORLD_SIZE is"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "65536"}}),
+             Contains("MASTER_PORT='65536' is out of range (expected 1..65535)"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}),
+             Contains("MASTER_PORT='0' is out of range"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}),
+             Contains("MASTER_PORT='http' is not an integer"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}),
+             Contains("MASTER_ADDR is set but empty"));
+  CHECK_THAT(error_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+             Contains("OMPI_COMM_WORLD_RANK='2' is out of range for OMPI_COMM_WORLD_SIZE='2'"));
+  CHECK_THAT(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_TASKS_PER_NODE", "4(x3)"}}),
+             Contains("SLURM_TASKS_PER_NODE='4(x3)' adds up to 12 tasks but SLURM_NTASKS is 8"));
+  CHECK_THAT(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_TASKS_PER_NODE", "4(2)"}}),
+             Contains("SLURM_TASKS_PER_NODE='4(2)' is malformed"));
+  CHECK_THAT(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_TASKS_PER_NODE", "4,1"}}),
+             Contains("differs between nodes and SLURM_NODEID is not set"));
+  CHECK_THAT(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "4"},
+                       {"SLURM_NTASKS_PER_NODE", "4"}}),
+             Contains("SLURM_LOCALID='4' is out of range for SLURM_NTASKS_PER_NODE=4"));
+  CHECK_THAT(error_of({}), Contains("no launch contract in the environment"));
+  // The op is named in every message.
+  CHECK_THAT(error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), Contains("launch_env: "));
+}
+
+TEST_CASE("launch_env: from this process's environment", "[launch]") {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                         "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                         "SLURM_NPROCS"};
+  // Save and clear, so the test holds also when run under a launcher.
+  std::map<std::string, std::string> saved;
+  for (const char* n : names) {
+    if (const char* v = std::getenv(n)) saved[n] = v;
+    ::unsetenv(n);
+  }
+  CHECK_FALSE(launch_env_from_environment().has_value());
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_PORT", "31000", 1);
+  const std::optional<LaunchEnv> le = launch_env_from_environment();
+  REQUIRE(le.has_value());
+  CHECK(le->rank == 1);
+  CHECK(le->world_size == 2);
+  CHECK(le->master_port == 31000);
+  ::setenv("RANK", "2", 1);
+  CHECK_THROWS_AS(launch_env_from_environment(), ValueError);
+  for (const char* n : names) ::unsetenv(n);
+  for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
