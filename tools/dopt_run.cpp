@@ -1,0 +1,520 @@
+// dopt-run: starts the ranks of one node with the launch contract that
+// torchrun sets (docs/launching.md).
+//
+//   dopt-run --nproc-per-node N [--nnodes M --node-rank K]
+//            [--master-addr A --master-port P] [--grace S] PROGRAM ARGS...
+//
+// Each of the N processes gets RANK = K*N + i, WORLD_SIZE = N*M, LOCAL_RANK =
+// i, LOCAL_WORLD_SIZE = N, GROUP_RANK = K, GROUP_WORLD_SIZE = M, MASTER_ADDR,
+// MASTER_PORT. --master-port 0 picks a free port on 127.0.0.1.
+//
+// Every line a rank writes to stdout / stderr is written to dopt-run's
+// stdout / stderr as "[rank R] line"; a last line without a newline is
+// flushed (with one) when the rank's output ends. Ranks read stdin from
+// /dev/null. Each rank runs in its own process group, so that stopping a rank
+// also stops what it started.
+//
+// SIGINT / SIGTERM / SIGHUP sent to dopt-run are forwarded to every rank. When
+// a rank exits non-zero or is killed by a signal, dopt-run prints
+//   dopt-run: rank R failed with exit code C    (or: killed by signal S)
+// sends SIGTERM to the other ranks and SIGKILL to those still running after
+// the grace period (--grace, default 5 s).
+//
+// Exit status: 0 when every rank exits 0; the first failed rank's exit code
+// (128 + S when killed by signal S); 128 + S when dopt-run itself got signal
+// S; 2 for a usage error; 127 when PROGRAM cannot be executed; 1 for other
+// errors of dopt-run itself.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+void write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // EPIPE etc.: the reader is gone, drop the output
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void say(const std::string& msg) {
+  const std::string line = "dopt-run: " + msg + "\n";
+  write_all(STDERR_FILENO, line.data(), line.size());
+}
+
+// One output stream (stdout or stderr) of one rank.
+struct Stream {
+  int fd = -1;      // read end, -1 once closed
+  int out_fd = -1;  // where the prefixed lines go
+  std::string prefix;
+  std::string partial;
+
+  void emit(const char* p, std::size_t n) {
+    std::string line;
+    line.reserve(prefix.size() + n + 1);
+    line += prefix;
+    line.append(p, n);
+    line += '\n';
+    write_all(out_fd, line.data(), line.size());
+  }
+
+  void consume(const char* p, std::size_t n) {
+    partial.append(p, n);
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t nl = partial.find('\n', start);
+      if (nl == std::string::npos) break;
+      emit(partial.data() + start, nl - start);
+      start = nl + 1;
+    }
+    partial.erase(0, start);
+    constexpr std::size_t kMaxLine = 1 << 20;  // a line this long is cut
+    if (partial.size() >= kMaxLine) {
+      emit(partial.data(), partial.size());
+      partial.clear();
+    }
+  }
+
+  // Reads what is available; returns false at EOF (and closes).
+  bool read_some() {
+    char buf[65536];
+    for (;;) {
+      const ssize_t r = ::read(fd, buf, sizeof buf);
+      if (r > 0) {
+        consume(buf, static_cast<std::size_t>(r));
+        continue;  // non-blocking: read until EAGAIN
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      close_stream();
+      return false;
+    }
+  }
+
+  void close_stream() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    if (!partial.empty()) emit(partial.data(), partial.size());
+    partial.clear();
+  }
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  Stream out, err;
+};
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return "signal " + std::to_string(WTERMSIG(status)) + " (" + signal_name(WTERMSIG(status)) + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+int pick_free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(s);
+  return port;
+}
+
+// Splits argv into dopt-run's own arguments and PROGRAM ARGS...: the program
+// is the first argument that is neither an option nor an option's value, or
+// the argument after "--".
+std::size_t find_program(int argc, char** argv) {
+  static const std::set<std::string> with_value = {"--nproc-per-node", "--nnodes",      "--node-rank",
+                                                   "--master-addr",    "--master-port", "--grace"};
+  int i = 1;
+  while (i < argc) {
+    const std::string a = argv[i];
+    if (a == "--") return static_cast<std::size_t>(i + 1);
+    if (a.size() > 1 && a[0] == '-') {
+      i += (with_value.count(a) ? 2 : 1);
+      continue;
+    }
+    return static_cast<std::size_t>(i);
+  }
+  return static_cast<std::size_t>(argc);
+}
+
+struct Config {
+  int nproc_per_node = 0;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  double grace_s = 5.0;
+  std::vector<std::string> command;
+};
+
+std::vector<std::string> child_environment(const Config& c, int local_rank) {
+  const std::vector<std::pair<std::string, std::string>> ours = {
+      {"RANK", std::to_string(c.node_rank * c.nproc_per_node + local_rank)},
+      {"WORLD_SIZE", std::to_string(c.nproc_per_node * c.nnodes)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(c.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(c.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(c.nnodes)},
+      {"MASTER_ADDR", c.master_addr},
+      {"MASTER_PORT", std::to_string(c.master_port)},
+  };
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    bool replaced = false;
+    for (const auto& [k, v] : ours) replaced = replaced || k == key;
+    if (!replaced) env.push_back(kv);
+  }
+  for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
+  return env;
+}
+
+class Launcher {
+ public:
+  explicit Launcher(Config c) : cfg_(std::move(c)) {}
+
+  int run() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      say(std::string("pipe: ") + std::strerror(errno));
+      return 1;
+    }
+    ::signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NOCLDSTOP;
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+
+    ranks_.resize(static_cast<std::size_t>(cfg_.nproc_per_node));
+    for (int i = 0; i < cfg_.nproc_per_node; ++i) {
+      if (!spawn(i)) {
+        stop_all(SIGTERM);
+        start_grace();
+        loop();
+        return exec_failed_ ? 127 : 1;
+      }
+    }
+    loop();
+    if (first_failure_) {
+      const int st = first_failure_->second;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    if (got_signal_) return 128 + got_signal_;
+    return 0;
+  }
+
+ private:
+  bool spawn(int local) {
+    Rank& r = ranks_[static_cast<std::size_t>(local)];
+    r.rank = cfg_.node_rank * cfg_.nproc_per_node + local;
+    int out[2], err[2], exec_err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(exec_err, O_CLOEXEC) != 0) {
+      say(std::string("pipe: ") + std::strerror(errno));
+      return false;
+    }
+    const std::vector<std::string> env = child_environment(cfg_, local);
+    std::vector<char*> envp, argv;
+    for (const std::string& s : env) envp.push_back(const_cast<char*>(s.c_str()));
+    envp.push_back(nullptr);
+    for (const std::string& s : cfg_.command) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      say(std::string("fork: ") + std::strerror(errno));
+      return false;
+    }
+    if (pid == 0) {
+      // Child: default signal handling, own process group, pipes as stdio.
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      const int devnull = ::open("/dev/null", O_RDONLY);
+      if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const int e = errno;
+      [[maybe_unused]] ssize_t n = ::write(exec_err[1], &e, sizeof e);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here, so kill(-pid) works at once
+    ::close(out[1]);
+    ::close(err[1]);
+    ::close(exec_err[1]);
+    r.pid = pid;
+    r.running = true;
+    ++running_;
+    r.out = Stream{out[0], STDOUT_FILENO, "[rank " + std::to_string(r.rank) + "] ", {}};
+    r.err = Stream{err[0], STDERR_FILENO, "[rank " + std::to_string(r.rank) + "] ", {}};
+    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+
+    int e = 0;
+    ssize_t n;
+    do {
+      n = ::read(exec_err[0], &e, sizeof e);
+    } while (n < 0 && errno == EINTR);
+    ::close(exec_err[0]);
+    if (n == static_cast<ssize_t>(sizeof e)) {
+      say("cannot execute '" + cfg_.command[0] + "': " + std::strerror(e));
+      exec_failed_ = true;
+      return false;
+    }
+    return true;
+  }
+
+  void stop_all(int sig) {
+    for (Rank& r : ranks_) {
+      if (r.running) ::kill(-r.pid, sig);
+    }
+  }
+
+  void start_grace() {
+    if (!kill_deadline_) {
+      kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(cfg_.grace_s));
+    }
+  }
+
+  void reap() {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        if (pid < 0 && errno == EINTR) continue;
+        return;
+      }
+      for (Rank& r : ranks_) {
+        if (r.pid != pid || !r.running) continue;
+        r.running = false;
+        --running_;
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (exec_failed_) {
+          // the reason was printed already
+        } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
+          first_failure_ = std::make_pair(r.rank, status);
+          if (WIFEXITED(status)) {
+            say("rank " + std::to_string(r.rank) + " failed with exit code " +
+                std::to_string(WEXITSTATUS(status)));
+          } else {
+            say("rank " + std::to_string(r.rank) + " killed by signal " + std::to_string(WTERMSIG(status)) +
+                " (" + signal_name(WTERMSIG(status)) + ")");
+          }
+          if (running_ > 0) {
+            say("stopping the other ranks (SIGTERM, SIGKILL after " + fmt_seconds(cfg_.grace_s) + ")");
+            stopping_ = true;
+            stop_all(SIGTERM);
+            start_grace();
+          }
+        } else if (stopping_ || got_signal_) {
+          say("rank " + std::to_string(r.rank) + " stopped: " + describe(status));
+        }
+      }
+    }
+  }
+
+  static std::string fmt_seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g s", s);
+    return buf;
+  }
+
+  void handle_signals() {
+    unsigned char buf[64];
+    for (;;) {
+      const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof buf);
+      if (n <= 0) return;
+      for (ssize_t i = 0; i < n; ++i) {
+        const int sig = buf[i];
+        if (sig == SIGCHLD) continue;  // reaped below
+        if (!got_signal_) got_signal_ = sig;
+        if (running_ > 0) {
+          say("got " + signal_name(sig) + ", forwarding it to the ranks");
+          stop_all(sig);
+          start_grace();
+        }
+      }
+    }
+  }
+
+  void loop() {
+    while (running_ > 0) {
+      std::vector<pollfd> fds;
+      std::vector<Stream*> streams;
+      fds.push_back({g_signal_pipe[0], POLLIN, 0});
+      for (Rank& r : ranks_) {
+        for (Stream* s : {&r.out, &r.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+        }
+      }
+      int timeout_ms = -1;
+      if (kill_deadline_) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ - Clock::now());
+        timeout_ms = left.count() < 0 ? 0 : static_cast<int>(left.count()) + 1;
+      }
+      const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        say(std::string("poll: ") + std::strerror(errno));
+        stop_all(SIGKILL);
+      }
+      if (n > 0) {
+        for (std::size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents) streams[i - 1]->read_some();
+        }
+      }
+      handle_signals();
+      reap();
+      if (kill_deadline_ && running_ > 0 && Clock::now() >= *kill_deadline_) {
+        for (Rank& r : ranks_) {
+          if (!r.running) continue;
+          say("rank " + std::to_string(r.rank) + " still running after " + fmt_seconds(cfg_.grace_s) +
+              ", sending SIGKILL");
+          ::kill(-r.pid, SIGKILL);
+        }
+        kill_deadline_.reset();
+        kill_sent_ = true;
+      }
+    }
+    // Every rank has exited: what it wrote before is in the pipes. Drain
+    // without waiting for EOF (a process the rank left behind may hold them).
+    for (Rank& r : ranks_) {
+      for (Stream* s : {&r.out, &r.err}) {
+        if (s->fd < 0) continue;
+        s->read_some();
+        s->close_stream();
+      }
+    }
+  }
+
+  Config cfg_;
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  bool stopping_ = false;
+  bool exec_failed_ = false;
+  bool kill_sent_ = false;
+  int got_signal_ = 0;
+  std::optional<std::pair<int, int>> first_failure_;  // rank, wait status
+  std::optional<Clock::time_point> kill_deadline_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Start the ranks of one node with the torchrun launch contract (RANK, WORLD_SIZE, LOCAL_RANK, "
+               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT)",
+               "dopt-run"};
+  Config cfg;
+  std::string program;
+  app.add_option("--nproc-per-node", cfg.nproc_per_node, "Processes (ranks) to start on this node")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", cfg.nnodes, "Number of nodes (default 1)")->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", cfg.node_rank, "Rank of this node, 0..nnodes-1 (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", cfg.master_addr, "Address of rank 0's rendezvous (default 127.0.0.1)");
+  app.add_option("--master-port", cfg.master_port, "Port of rank 0's rendezvous; 0 picks a free one (default 29500)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--grace", cfg.grace_s,
+                 "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("program", program, "Program to run, followed by its arguments")->required();
+  app.footer("Everything from PROGRAM on is passed to it unparsed; use -- before a PROGRAM that starts with '-'.");
+
+  const std::size_t prog = find_program(argc, argv);
+  std::vector<char*> own(argv, argv + std::min<std::size_t>(prog, static_cast<std::size_t>(argc)));
+  std::string dashdash = "--";
+  if (prog < static_cast<std::size_t>(argc)) {
+    if (std::string(own.back()) != "--") own.push_back(dashdash.data());
+    own.push_back(argv[prog]);
+  }
+  try {
+    app.parse(static_cast<int>(own.size()), own.data());
+    if (cfg.node_rank >= cfg.nnodes) {
+      throw CLI::ValidationError("--node-rank", "--node-rank " + std::to_string(cfg.node_rank) +
+                                                     " must be less than --nnodes " + std::to_string(cfg.nnodes));
+    }
+    if (cfg.master_addr.empty()) throw CLI::ValidationError("--master-addr", "--master-addr must not be empty");
+    if (!std::isfinite(cfg.grace_s)) throw CLI::ValidationError("--grace", "--grace must be finite");
+    if (static_cast<long long>(cfg.nproc_per_node) * cfg.nnodes > 1 << 20) {
+      throw CLI::ValidationError("--nproc-per-node", "--nproc-per-node * --nnodes is too large");
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  cfg.command.assign(argv + prog, argv + argc);
+
+  if (cfg.master_port == 0) {
+    cfg.master_port = pick_free_port();
+    if (cfg.master_port <= 0) {
+      say(std::string("cannot pick a free port on 127.0.0.1: ") + std::strerror(errno));
+      return 1;
+    }
+  }
+  return Launcher(std::move(cfg)).run();
+}
