@@ -275,7 +275,13 @@ class Launcher {
     argv.push_back(nullptr);
     const pid_t parent = ::getpid();
 
+    // Signals stay blocked across fork until the child has reset its
+    // handlers: a signal meant for the child must not run ours there.
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    ::sigprocmask(SIG_BLOCK, &all, &old_mask);
     const pid_t pid = ::fork();
+    if (pid != 0) ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     if (pid < 0) {
       say(std::string("fork: ") + std::strerror(errno));
       return false;
@@ -488,11 +494,8 @@ int main(int argc, char** argv) {
 
   const std::size_t prog = find_program(argc, argv);
   std::vector<char*> own(argv, argv + std::min<std::size_t>(prog, static_cast<std::size_t>(argc)));
-  std::string dashdash = "--";
-  if (prog < static_cast<std::size_t>(argc)) {
-    if (std::string(own.back()) != "--") own.push_back(dashdash.data());
-    own.push_back(argv[prog]);
-  }
+  // The program name follows a "--" already when it starts with '-'.
+  if (prog < static_cast<std::size_t>(argc)) own.push_back(argv[prog]);
   try {
     app.parse(static_cast<int>(own.size()), own.data());
     if (cfg.node_rank >= cfg.nnodes) {

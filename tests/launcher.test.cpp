@@ -1,0 +1,312 @@
+// dopt-run end to end: the launcher started as a process, with /bin/sh -c
+// scripts as the ranks. CTest gives each of these a 60 s TIMEOUT
+// (tests/launcher.cmake) as the backstop for a launcher that would hang.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dopt/runtime/launch_env.hpp"
+
+namespace {
+
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+
+struct Result {
+  int status = -1;  // raw wait status
+  std::string out, err;
+  bool exited() const { return WIFEXITED(status); }
+  int code() const { return WEXITSTATUS(status); }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string temp_path(const char* what) {
+  return "/tmp/dopt_launcher_test_" + std::to_string(::getpid()) + "_" + what;
+}
+
+// Runs dopt-run with `args`, stdout and stderr into files, and waits for it.
+Result run_dopt_run(const std::vector<std::string>& args) {
+  const std::string out_path = temp_path("out"), err_path = temp_path("err");
+  std::vector<std::string> full{kDoptRun};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : full) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(o, STDOUT_FILENO);
+    ::dup2(e, STDERR_FILENO);
+    ::execv(argv[0], argv.data());
+    ::_exit(126);
+  }
+  Result r;
+  REQUIRE(::waitpid(pid, &r.status, 0) == pid);
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  ::unlink(out_path.c_str());
+  ::unlink(err_path.c_str());
+  return r;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line)) lines.push_back(line);
+  return lines;
+}
+
+// "[rank R] rest" -> rank -> lines; lines without a prefix go to rank -1.
+std::map<int, std::vector<std::string>> by_rank(const std::string& text) {
+  std::map<int, std::vector<std::string>> m;
+  for (const std::string& line : lines_of(text)) {
+    int rank = -1;
+    std::string rest = line;
+    if (line.rfind("[rank ", 0) == 0) {
+      const std::size_t close = line.find("] ");
+      if (close != std::string::npos) {
+        rank = std::stoi(line.substr(6, close - 6));
+        rest = line.substr(close + 2);
+      }
+    }
+    m[rank].push_back(rest);
+  }
+  return m;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("dopt-run: every rank sees the launch contract", "[launch]") {
+  REQUIRE(::access(kDoptRun.c_str(), X_OK) == 0);
+  SECTION("one node, fixed port") {
+    const Result r = run_dopt_run({"--nproc-per-node", "3", "--master-port", "31555", "/bin/sh", "-c", "env"});
+    INFO(r.err);
+    REQUIRE(r.exited());
+    CHECK(r.code() == 0);
+    const auto ranks = by_rank(r.out);
+    CHECK(ranks.count(-1) == 0);
+    REQUIRE(ranks.size() == 3);
+    for (int rank = 0; rank < 3; ++rank) {
+      REQUIRE(ranks.count(rank) == 1);
+      std::map<std::string, std::string> env;
+      for (const std::string& kv : ranks.at(rank)) {
+        const std::size_t eq = kv.find('=');
+        if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      const dopt::LaunchEnv le = dopt::parse_launch_env(env);
+      CHECK(le.source == "torchrun");
+      CHECK(le.rank == rank);
+      CHECK(le.world_size == 3);
+      CHECK(le.local_rank == rank);
+      CHECK(le.local_world_size == 3);
+      CHECK(le.master_addr == "127.0.0.1");
+      CHECK(le.master_port == 31555);
+      CHECK(env["GROUP_RANK"] == "0");
+    }
+  }
+  SECTION("second of two nodes, free port, master address") {
+    const Result r = run_dopt_run({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+                                   "10.1.2.3", "--master-port", "0", "/bin/sh", "-c",
+                                   "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
+                                   "$MASTER_ADDR $MASTER_PORT\""});
+    INFO(r.err);
+    REQUIRE(r.exited());
+    CHECK(r.code() == 0);
+    const auto ranks = by_rank(r.out);
+    REQUIRE(ranks.size() == 2);
+    std::string port[2];
+    for (int local = 0; local < 2; ++local) {
+      const int rank = 2 + local;
+      REQUIRE(ranks.count(rank) == 1);
+      REQUIRE(ranks.at(rank).size() == 1);
+      std::istringstream ss(ranks.at(rank)[0]);
+      int g_rank, world, l_rank, l_world, group;
+      std::string addr;
+      ss >> g_rank >> world >> l_rank >> l_world >> group >> addr >> port[local];
+      CHECK(g_rank == rank);
+      CHECK(world == 4);
+      CHECK(l_rank == local);
+      CHECK(l_world == 2);
+      CHECK(group == 1);
+      CHECK(addr == "10.1.2.3");
+    }
+    CHECK(port[0] == port[1]);
+    const int p = std::atoi(port[0].c_str());
+    CHECK(p >= 1);
+    CHECK(p <= 65535);
+  }
+}
+
+TEST_CASE("dopt-run: a failing rank stops the others and is named", "[launch]") {
+  // Rank 1 fails; ranks 0 and 2 would sleep 30 s (in a child of sh, so
+  // stopping them needs the process-group kill). The run only ends with them
+  // "stopped: signal 15" if dopt-run terminated them.
+  const Result r = run_dopt_run(
+      {"--nproc-per-node", "3", "/bin/sh", "-c",
+       "if [ \"$RANK\" = 1 ]; then echo failing >&2; exit 3; fi; echo waiting; sleep 30; echo slept"});
+  INFO(r.err);
+  REQUIRE(r.exited());
+  CHECK(r.code() == 3);
+  CHECK(contains(r.err, "dopt-run: rank 1 failed with exit code 3\n"));
+  CHECK(contains(r.err, "[rank 1] failing\n"));
+  CHECK(contains(r.err, "dopt-run: rank 0 stopped: signal 15 (SIGTERM)\n"));
+  CHECK(contains(r.err, "dopt-run: rank 2 stopped: signal 15 (SIGTERM)\n"));
+  CHECK_FALSE(contains(r.out, "slept"));
+  CHECK_FALSE(contains(r.err, "rank 0 failed"));
+  CHECK_FALSE(contains(r.err, "rank 2 failed"));
+
+  SECTION("a rank killed by a signal") {
+    const Result k = run_dopt_run(
+        {"--nproc-per-node", "2", "/bin/sh", "-c", "if [ \"$RANK\" = 0 ]; then kill -KILL $$; fi; sleep 30"});
+    INFO(k.err);
+    REQUIRE(k.exited());
+    CHECK(k.code() == 128 + SIGKILL);
+    CHECK(contains(k.err, "dopt-run: rank 0 killed by signal 9 (SIGKILL)\n"));
+    CHECK(contains(k.err, "dopt-run: rank 1 stopped: signal 15 (SIGTERM)\n"));
+  }
+  SECTION("SIGKILL after the grace period when a rank ignores SIGTERM") {
+    // Rank 0 fails only once rank 1 ignores SIGTERM (it writes to a FIFO
+    // that rank 0 reads), so that SIGTERM cannot reach rank 1 before.
+    const std::string fifo = temp_path("fifo");
+    ::unlink(fifo.c_str());
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    const Result k = run_dopt_run({"--nproc-per-node", "2", "--grace", "0.2", "/bin/sh", "-c",
+                                   "if [ \"$RANK\" = 0 ]; then read x < '" + fifo + "'; exit 1; fi; "
+                                   "trap '' TERM; echo go > '" + fifo + "'; while :; do sleep 1; done"});
+    ::unlink(fifo.c_str());
+    INFO(k.err);
+    REQUIRE(k.exited());
+    CHECK(k.code() == 1);
+    CHECK(contains(k.err, "dopt-run: rank 0 failed with exit code 1\n"));
+    CHECK(contains(k.err, "dopt-run: rank 1 still running after 0.2 s, sending SIGKILL\n"));
+    CHECK(contains(k.err, "dopt-run: rank 1 stopped: signal 9 (SIGKILL)\n"));
+  }
+}
+
+TEST_CASE("dopt-run: output lines are prefixed with the rank", "[launch]") {
+  const Result r = run_dopt_run({"--nproc-per-node", "2", "/bin/sh", "-c",
+                                 "printf 'first line\\nsecond line\\n'; printf 'to stderr\\n' >&2; "
+                                 "printf 'no newline at the end'"});
+  INFO(r.err);
+  REQUIRE(r.exited());
+  CHECK(r.code() == 0);
+  const auto out = by_rank(r.out);
+  const auto err = by_rank(r.err);
+  const std::vector<std::string> expected_out{"first line", "second line", "no newline at the end"};
+  const std::vector<std::string> expected_err{"to stderr"};
+  for (int rank = 0; rank < 2; ++rank) {
+    REQUIRE(out.count(rank) == 1);
+    CHECK(out.at(rank) == expected_out);
+    REQUIRE(err.count(rank) == 1);
+    CHECK(err.at(rank) == expected_err);
+  }
+  CHECK(out.size() == 2);
+  CHECK(err.size() == 2);
+  REQUIRE_FALSE(r.out.empty());
+  CHECK(r.out.back() == '\n');  // the partial last line was completed
+}
+
+TEST_CASE("dopt-run: forwards SIGTERM to the ranks", "[launch]") {
+  int out_pipe[2];
+  REQUIRE(::pipe(out_pipe) == 0);
+  const std::string err_path = temp_path("sigerr");
+  std::string exe = kDoptRun, a1 = "--nproc-per-node", a2 = "2", sh = "/bin/sh", c = "-c",
+              script = "echo ready; sleep 30; echo slept";
+  char* argv[] = {exe.data(), a1.data(), a2.data(), sh.data(), c.data(), script.data(), nullptr};
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(e, STDERR_FILENO);
+    ::close(out_pipe[0]);
+    ::execv(argv[0], argv);
+    ::_exit(126);
+  }
+  ::close(out_pipe[1]);
+  // Wait (by blocking reads, no sleeps) until both ranks are up.
+  std::string out;
+  int ready = 0;
+  char buf[4096];
+  while (ready < 2) {
+    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    ready = 0;
+    for (const std::string& line : lines_of(out)) ready += line.size() > 6 && contains(line, "] ready");
+  }
+  REQUIRE(ready == 2);
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  for (;;) {
+    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(out_pipe[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  const std::string err = slurp(err_path);
+  ::unlink(err_path.c_str());
+  INFO(err);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+  CHECK(contains(err, "dopt-run: got SIGTERM, forwarding it to the ranks\n"));
+  CHECK(contains(err, "dopt-run: rank 0 stopped: signal 15 (SIGTERM)\n"));
+  CHECK(contains(err, "dopt-run: rank 1 stopped: signal 15 (SIGTERM)\n"));
+  CHECK_FALSE(contains(out, "slept"));
+}
+
+TEST_CASE("dopt-run: usage errors exit 2, a missing program is reported", "[launch]") {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--nproc-per-node", "2", "--bogus", "/bin/true"},
+           {"/bin/true"},
+           {"--nproc-per-node", "0", "/bin/true"},
+           {"--nproc-per-node", "two", "/bin/true"},
+           {"--nproc-per-node", "2"},
+           {"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "/bin/true"},
+           {"--nproc-per-node", "1", "--master-port", "70000", "/bin/true"},
+       }) {
+    const Result r = run_dopt_run(args);
+    INFO(args[0] << " ... " << args.back() << ": " << r.err);
+    REQUIRE(r.exited());
+    CHECK(r.code() == 2);
+    CHECK_FALSE(r.err.empty());
+  }
+  const Result bogus = run_dopt_run({"--nproc-per-node", "2", "--bogus", "/bin/true"});
+  CHECK(contains(bogus.err, "--bogus"));
+
+  const Result missing = run_dopt_run({"--nproc-per-node", "2", "/nonexistent/dopt-program", "x"});
+  INFO(missing.err);
+  REQUIRE(missing.exited());
+  CHECK(missing.code() == 127);
+  CHECK(contains(missing.err, "dopt-run: cannot execute '/nonexistent/dopt-program': No such file or directory"));
+
+  // Arguments after PROGRAM belong to it, also when they look like ours.
+  const Result passthrough =
+      run_dopt_run({"--nproc-per-node", "1", "/bin/echo", "--nproc-per-node", "--bogus"});
+  INFO(passthrough.err);
+  REQUIRE(passthrough.exited());
+  CHECK(passthrough.code() == 0);
+  CHECK(passthrough.out == "[rank 0] --nproc-per-node --bogus\n");
+}
