@@ -129,12 +129,14 @@ void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, 
   const char* op = decoupled ? "AdamW.step" : "Adam.step";
   // Look everything up before changing anything: a bad state leaves it untouched.
   Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& exp_avg = detail::state_at(st, "exp_avg", op);
-  Tensor& exp_avg_sq = detail::state_at(st, "exp_avg_sq", op);
-  auto it_vmax = st.find("max_exp_avg_sq");
-  if (o.amsgrad() && it_vmax == st.end())
+  Tensor& exp_avg = detail::matching_state_at(st, "exp_avg", p, op);
+  Tensor& exp_avg_sq = detail::matching_state_at(st, "exp_avg_sq", p, op);
+  if (o.amsgrad() && st.find("max_exp_avg_sq") == st.end())
     throw StateError(op, "amsgrad was enabled after the state of this parameter was created");
+  Tensor* vmax_t = o.amsgrad() ? &detail::matching_state_at(st, "max_exp_avg_sq", p, op) : nullptr;
+  check_param_grad(p, g, op);
   // float32 step counter, as torch keeps it (saturates at 2^24).
+  kernels::dispatch_float(p, op, [](auto) {});  // dtype/device errors before any change
   const double s = detail::increment_step(step_t);
   const double beta1 = o.betas()[0], beta2 = o.betas()[1];
   const double bc1 = 1.0 - std::pow(beta1, s);
@@ -148,7 +150,7 @@ void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, 
                               sc<T>(o.weight_decay()), sc<T>(-step_size), sc<T>(bc2_sqrt), sc<T>(o.eps()),
                               sc<T>(1.0 - o.lr() * o.weight_decay()), o.maximize(),
                               o.weight_decay() != 0.0, decoupled, o.amsgrad()};
-    T* vmax = o.amsgrad() ? it_vmax->second.template data<T>() : nullptr;
+    T* vmax = vmax_t ? vmax_t->template data<T>() : nullptr;
     kernels::adam_kernel(p.data<T>(), g.data<T>(), exp_avg.template data<T>(),
                          exp_avg_sq.template data<T>(), vmax, p.numel(), k);
   });

@@ -1,5 +1,6 @@
 #include "dopt/optim/optimizer.hpp"
 
+#include <typeinfo>
 #include <unordered_set>
 
 #include "dopt/runtime/parallel.hpp"
@@ -57,6 +58,8 @@ void Optimizer::add_param_group(OptimizerParamGroup group) {
   group.params = std::move(unique_params);
   if (!group.options) {
     group.options = defaults_->clone();
+  } else if (typeid(*group.options) != typeid(*defaults_)) {
+    throw TypeError(op, "the group's options are not " + name_ + "'s options type");
   }
   group.options->validate(name_);
   param_groups_.push_back(std::move(group));

@@ -126,14 +126,6 @@ void RMSprop::init_param_state(const RMSpropOptions& o, const Tensor& p, ParamSt
   if (o.centered()) st["grad_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
 }
 
-namespace {
-Tensor& matching_state(ParamState& st, const char* key, const Tensor& p, const char* op) {
-  Tensor& t = detail::state_at(st, key, op);
-  if (t.shape() != p.shape() || t.dtype() != p.dtype())
-    throw StateError(op, std::string("state '") + key + "' " + t.str() + " does not match parameter " + p.str());
-  return t;
-}
-}  // namespace
 
 void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   const char* op = "RMSprop.step";
@@ -145,9 +137,9 @@ void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tenso
     throw StateError(op, "centered was enabled after the state of this parameter was created (no "
                          "'grad_avg'; torch raises KeyError here)");
   Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& sq = matching_state(st, "square_avg", p, op);
-  Tensor* ga = o.centered() ? &matching_state(st, "grad_avg", p, op) : nullptr;
-  Tensor* buf = has_momentum ? &matching_state(st, "momentum_buffer", p, op) : nullptr;
+  Tensor& sq = detail::matching_state_at(st, "square_avg", p, op);
+  Tensor* ga = o.centered() ? &detail::matching_state_at(st, "grad_avg", p, op) : nullptr;
+  Tensor* buf = has_momentum ? &detail::matching_state_at(st, "momentum_buffer", p, op) : nullptr;
   detail::increment_step(step_t);
   kernels::dispatch_float(p, op, [&](auto tag) {
     using T = decltype(tag);

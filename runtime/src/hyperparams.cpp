@@ -19,7 +19,6 @@ const HyperValue& find(const Hyperparams& h, const std::string& key, const char*
 double hyper_number(const Hyperparams& h, const std::string& key, const char* op) {
   const auto& v = find(h, key, op);
   if (auto* d = std::get_if<double>(&v)) return *d;
-  if (auto* b = std::get_if<bool>(&v)) return *b ? 1.0 : 0.0;
   kind_error(key, op, "a number");
 }
 bool hyper_flag(const Hyperparams& h, const std::string& key, const char* op) {

@@ -1,5 +1,6 @@
 #include "dopt/runtime/parallel.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <exception>
@@ -16,6 +17,8 @@ int hardware_threads() noexcept {
 
 namespace {
 
+thread_local bool t_inside_pool = false;  // set while a thread runs pool items
+
 // One job at a time; workers pull item indices from an atomic counter.
 class Pool {
  public:
@@ -31,6 +34,12 @@ class Pool {
     std::mutex error_mutex;
     std::atomic<std::int64_t> next{0};
     auto body = [&] {
+      const bool was_inside = t_inside_pool;
+      t_inside_pool = true;
+      struct Reset {
+        bool v;
+        ~Reset() { t_inside_pool = v; }
+      } reset{was_inside};
       for (;;) {
         const std::int64_t i = next.fetch_add(1, std::memory_order_relaxed);
         if (i >= n) break;
@@ -109,7 +118,10 @@ class Pool {
 void parallel_for(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn) {
   if (n <= 0) return;
   if (threads > n) threads = static_cast<int>(n);
-  if (threads <= 1) {
+  // More threads than cores only adds switching; a nested call runs inline
+  // (the pool runs one job at a time, so waiting for it from inside would deadlock).
+  threads = std::min(threads, std::max(1, hardware_threads()));
+  if (threads <= 1 || t_inside_pool) {
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }

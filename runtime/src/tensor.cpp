@@ -220,7 +220,8 @@ void Tensor::set_grad(const Tensor& g) const {
     i.grad.reset();
     return;
   }
-  if (g.is_same(*this)) throw ValueError("set_grad", "a tensor cannot be its own gradient");
+  if (g.is_same(*this) || g.shares_storage_with(*this))
+    throw ValueError("set_grad", "the gradient shares memory with the tensor itself");
   check_same_shape(*this, g, "set_grad");
   check_same_dtype(*this, g, "set_grad");
   check_same_device(*this, g, "set_grad");
@@ -415,7 +416,7 @@ DType from_dl(DLDataType t) {
 }
 
 struct DlpackExport {
-  Tensor tensor;
+  std::shared_ptr<Storage> storage;  // the bytes, even if the tensor is re-pointed by set_data
   std::vector<std::int64_t> shape;
   DLManagedTensor managed{};
 };
@@ -423,7 +424,7 @@ struct DlpackExport {
 
 DLManagedTensor* Tensor::to_dlpack() const {
   const auto& i = impl("to_dlpack");
-  auto* ctx = new DlpackExport{*this, i.shape, {}};
+  auto* ctx = new DlpackExport{i.storage, i.shape, {}};
   DLTensor& dl = ctx->managed.dl_tensor;
   dl.data = data_ptr();
   dl.device = DLDevice{device().is_cpu() ? kDLCPU : kDLCUDA, device().index};
@@ -452,6 +453,7 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
     throw DeviceError("from_dlpack", "unsupported DLPack device type " +
                                          std::to_string(static_cast<int>(dl.device.device_type)));
   if (dl.ndim < 0) throw ShapeError("from_dlpack", "negative ndim");
+  if (dl.ndim > 0 && dl.shape == nullptr) throw ShapeError("from_dlpack", "null shape with ndim > 0");
   Shape shape(dl.shape, dl.shape + dl.ndim);
   if (dl.strides) {
     std::int64_t expect = 1;

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -88,7 +89,13 @@ template <class T> inline double to_double(T v) noexcept {
 template <class T> inline T from_double(double v) noexcept {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return T(static_cast<float>(v));
   else if constexpr (std::is_same_v<T, bool>) return v != 0.0;
-  else return static_cast<T>(v);
+  else if constexpr (std::is_integral_v<T>) {
+    // Saturate instead of the undefined behaviour of an out-of-range cast; NaN -> 0.
+    if (!(v == v)) return T(0);
+    if (v <= static_cast<double>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
+    if (v >= static_cast<double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+    return static_cast<T>(v);
+  } else return static_cast<T>(v);
 }
 
 }  // namespace dopt
