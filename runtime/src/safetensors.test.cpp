@@ -361,7 +361,6 @@ TEST_CASE("safetensors: random byte flips parse or throw dopt::Error", "[safeten
       FAIL("iteration " << iter << ": non-dopt exception: " << e.what());
     }
   }
-  CHECK(parsed + rejected == 4000);
   CHECK(rejected > 0);
   CHECK(parsed > 0);  // flips in the data section leave a valid file
 }

@@ -79,6 +79,7 @@ TEST_CASE("dtype conversion, half and bfloat16 round trip", "[tensor][dtype]") {
 
 TEST_CASE("set_data re-points every handle, like param.data = x", "[tensor]") {
   Tensor p = Tensor::from_vector<float>({1, 2, 3});
+  p.set_grad(Tensor::full({3}, 0.5));
   Tensor alias = p;
   Tensor flat = Tensor::zeros({10});
   Tensor view = flat.flat_slice(4, 3);
@@ -86,6 +87,13 @@ TEST_CASE("set_data re-points every handle, like param.data = x", "[tensor]") {
   p.set_data(view);
   CHECK(alias.data_ptr() == flat.data<float>() + 4);
   CHECK(alias.to_vector<float>() == std::vector<float>{1, 2, 3});
+  REQUIRE(alias.grad().defined());  // the grad slot survives
+  CHECK(alias.grad().at(0) == 0.5);
+  // Writes through the parameter now land in the flat buffer.
+  alias.fill_(7);
+  CHECK(flat.at(4) == 7);
+  CHECK(flat.at(3) == 0);
+  CHECK_THROWS_AS(p.set_grad(flat.flat_slice(4, 3)), ValueError);  // a grad aliasing the param
 }
 
 TEST_CASE("DLPack export and import share memory and release it", "[tensor][dlpack]") {
@@ -99,6 +107,15 @@ TEST_CASE("DLPack export and import share memory and release it", "[tensor][dlpa
   CHECK(b.shape() == Shape{2, 2});
   b.data<float>()[3] = 7;
   CHECK(a.at(3) == 7);
+  // The export keeps the bytes alive after the exporter lets go, and even
+  // after the exporter is re-pointed elsewhere (param.data = ...).
+  std::weak_ptr<Storage> bytes = a.storage();
+  a.set_data(Tensor::zeros({2, 2}));
+  a = Tensor();
+  CHECK_FALSE(bytes.expired());
+  CHECK(b.at(3) == 7);
+  b = Tensor();  // the consumer's deleter runs: the bytes go
+  CHECK(bytes.expired());
 
   // Imported with non-compact strides: rejected, and the deleter still runs.
   static bool deleted = false;
