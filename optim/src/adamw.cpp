@@ -4,24 +4,18 @@
 
 namespace dopt::optim {
 
-Hyperparams AdamWOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"betas", detail::from_pair(betas_)},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"amsgrad", amsgrad_},
-          {"maximize", maximize_}};
-}
+// The hyperparameters are Adam's: one conversion instead of a second copy of Adam's key handling.
+Hyperparams AdamWOptions::to_hyperparams() const { return as_adam_options().to_hyperparams(); }
 
 void AdamWOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "AdamWOptions";
-  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("amsgrad")) amsgrad_ = hyper_flag(h, "amsgrad", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+  AdamOptions a = as_adam_options();
+  a.set_hyperparams(h);
+  lr_ = a.lr();
+  betas_ = a.betas();
+  eps_ = a.eps();
+  weight_decay_ = a.weight_decay();
+  amsgrad_ = a.amsgrad();
+  maximize_ = a.maximize();
 }
 
 void AdamWOptions::validate(const std::string& op) const { as_adam_options().validate(op); }
