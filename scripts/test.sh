@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 build="${DOPT_BUILD_DIR:-build}"
 jobs="${DOPT_JOBS:-2}"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${DOPT_CMAKE_ARGS:-}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDOPT_ENABLE_TESTS=ON ${DOPT_CMAKE_ARGS:-}
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" --output-on-failure -j"$jobs" ${DOPT_CTEST_ARGS:-}
