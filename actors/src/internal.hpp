@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,10 @@
 #include "dopt/actors/future.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/tensor.hpp"
+
+namespace caf {
+class actor_system;
+}
 
 namespace dopt::detail {
 
@@ -84,6 +89,12 @@ class RankEndpoint {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 };
+
+/// The runtime's actor system (StateError naming op once shut down).
+caf::actor_system& runtime_system(class RuntimeImpl& rt, const char* op);
+/// stop() runs in Runtime::shutdown, before CAF's threads are joined: it must
+/// make the actors it stands for exit and drop their handles.
+void runtime_add_stopper(class RuntimeImpl& rt, std::function<void()> stop);
 
 /// Spawns world_size connected rank actors in rt (in-process transport).
 /// Each endpoint stops its actor when destroyed.

@@ -4,6 +4,7 @@
 #include "dopt/actors/runtime.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -13,6 +14,7 @@
 #include <tuple>
 
 #include "caf/all.hpp"
+#include "caf/io/all.hpp"
 #include "dopt/runtime/parallel.hpp"
 #include "internal.hpp"
 #include "kernels.hpp"
@@ -628,6 +630,7 @@ class RuntimeImpl {
     cfg_.set("scheduler.max-threads", threads_);
     cfg_.set("scheduler.policy", caf::atom_from_string(options_.policy));
     cfg_.set("work-stealing.moderate-poll-attempts", options_.moderate_poll_attempts);
+    cfg_.load<caf::io::middleman>();  // rendezvous of real processes (rendezvous.cpp)
     system_ = std::make_unique<caf::actor_system>(cfg_);
   }
   ~RuntimeImpl() { shutdown(); }
@@ -649,6 +652,11 @@ class RuntimeImpl {
     endpoints_.push_back(ep);
   }
 
+  void add_stopper(std::function<void()> stop) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stoppers_.push_back(std::move(stop));
+  }
+
   RuntimeOptions options_;
   int threads_ = 1;
 
@@ -657,6 +665,7 @@ class RuntimeImpl {
   std::unique_ptr<caf::actor_system> system_;
   mutable std::mutex mutex_;
   std::vector<std::weak_ptr<LocalEndpoint>> endpoints_;
+  std::vector<std::function<void()>> stoppers_;
 };
 
 class LocalEndpoint final : public RankEndpoint {
@@ -703,15 +712,21 @@ class LocalEndpoint final : public RankEndpoint {
 void RuntimeImpl::shutdown() noexcept {
   std::vector<std::weak_ptr<LocalEndpoint>> eps;
   std::unique_ptr<caf::actor_system> sys;
+  std::vector<std::function<void()>> stoppers;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     eps.swap(endpoints_);
+    stoppers.swap(stoppers_);
     sys = std::move(system_);
   }
   for (auto& w : eps)
     if (auto ep = w.lock()) ep->stop();
+  for (auto& f : stoppers) f();
   sys.reset();  // joins CAF's threads once every actor has exited
 }
+
+caf::actor_system& runtime_system(RuntimeImpl& rt, const char* op) { return rt.system(op); }
+void runtime_add_stopper(RuntimeImpl& rt, std::function<void()> stop) { rt.add_stopper(std::move(stop)); }
 
 std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, int world_size) {
   auto& sys = rt.system("simulate");

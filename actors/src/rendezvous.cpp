@@ -1,0 +1,321 @@
+// Rendezvous of real processes over CAF's middleman (see rendezvous.hpp).
+#include "dopt/actors/rendezvous.hpp"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "dopt/runtime/error.hpp"
+#include "internal.hpp"
+
+namespace dopt::detail {
+
+using rdv_reg_atom = caf::atom_constant<caf::atom("rdvreg")>;
+using rdv_bar_atom = caf::atom_constant<caf::atom("rdvbar")>;
+using rdv_tmo_atom = caf::atom_constant<caf::atom("rdvtmo")>;
+using rdv_btmo_atom = caf::atom_constant<caf::atom("rdvbtmo")>;
+using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
+
+namespace {
+
+// Reply kinds: every reply is (int kind, std::string message, std::vector<caf::actor> table).
+enum ReplyKind : int { k_ok = 0, k_timeout = 1, k_value = 2, k_state = 3 };
+
+using Table = std::vector<caf::actor>;
+
+std::string join_ranks(const std::vector<int>& rs) {
+  std::string s;
+  for (int r : rs) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+struct BarrierState {
+  std::set<int> arrived;
+  std::vector<caf::response_promise> waiting;
+};
+
+struct CoordState {
+  int world = 1;
+  Table table;
+  std::vector<bool> have;
+  int arrived = 0;
+  std::vector<caf::response_promise> pending;
+  bool done = false;
+  int fail_kind = k_ok;
+  std::string fail_msg;
+  std::map<std::uint64_t, BarrierState> barriers;
+  std::map<std::uint64_t, std::string> failed_barriers;
+  static const char* name;
+
+  void fail_all(int kind, std::string msg) {
+    fail_kind = kind;
+    fail_msg = std::move(msg);
+    for (auto& rp : pending) rp.deliver(fail_kind, fail_msg, Table{});
+    pending.clear();
+  }
+};
+const char* CoordState::name = "dopt.rendezvous";
+
+caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms) {
+  auto& s = self->state;
+  s.world = world;
+  s.table.resize(static_cast<std::size_t>(world));
+  s.have.assign(static_cast<std::size_t>(world), false);
+  self->delayed_send(self, std::chrono::milliseconds(timeout_ms), rdv_tmo_atom::value, timeout_ms);
+  return {
+      [self](rdv_reg_atom, int rank, int world_, const caf::actor& who) {
+        auto& st = self->state;
+        auto rp = self->make_response_promise();
+        if (st.fail_kind != k_ok) {
+          rp.deliver(st.fail_kind, st.fail_msg, Table{});
+          return;
+        }
+        std::string problem;
+        if (world_ != st.world)
+          problem = "rank " + std::to_string(rank) + " has world size " + std::to_string(world_) +
+                    " but rank 0 has world size " + std::to_string(st.world) +
+                    " (every process needs the same WORLD_SIZE)";
+        else if (rank < 0 || rank >= st.world)
+          problem = "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(st.world) + ")";
+        else if (st.have[static_cast<std::size_t>(rank)])
+          problem = "rank " + std::to_string(rank) +
+                    " registered twice: two processes were started with the same RANK=" + std::to_string(rank);
+        if (!problem.empty()) {
+          if (st.done) {  // the others are through already: only the newcomer fails
+            rp.deliver(static_cast<int>(k_value), problem, Table{});
+            return;
+          }
+          st.pending.push_back(rp);
+          st.fail_all(k_value, problem);
+          return;
+        }
+        st.have[static_cast<std::size_t>(rank)] = true;
+        st.table[static_cast<std::size_t>(rank)] = who;
+        ++st.arrived;
+        st.pending.push_back(rp);
+        if (st.arrived == st.world) {
+          st.done = true;
+          for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table);
+          st.pending.clear();
+        }
+      },
+      [self](rdv_tmo_atom, std::int64_t ms) {
+        auto& st = self->state;
+        if (st.done || st.fail_kind != k_ok) return;
+        std::vector<int> missing, present;
+        for (int r = 0; r < st.world; ++r) (st.have[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
+        st.fail_all(k_timeout, "timed out after " + std::to_string(ms) + " ms: missing ranks: " + join_ranks(missing) +
+                                   " (arrived: " + (present.empty() ? "none" : join_ranks(present)) +
+                                   " of world size " + std::to_string(st.world) + ")");
+      },
+      [self](rdv_bar_atom, std::uint64_t seq, int rank, std::int64_t ms) {
+        auto& st = self->state;
+        auto rp = self->make_response_promise();
+        if (auto f = st.failed_barriers.find(seq); f != st.failed_barriers.end()) {
+          rp.deliver(static_cast<int>(k_timeout), f->second, Table{});
+          return;
+        }
+        auto [it, fresh] = st.barriers.try_emplace(seq);
+        if (fresh) self->delayed_send(self, std::chrono::milliseconds(ms), rdv_btmo_atom::value, seq, ms);
+        it->second.arrived.insert(rank);
+        it->second.waiting.push_back(rp);
+        if (static_cast<int>(it->second.arrived.size()) == st.world) {
+          for (auto& p : it->second.waiting) p.deliver(static_cast<int>(k_ok), std::string(), Table{});
+          st.barriers.erase(it);
+        }
+      },
+      [self](rdv_btmo_atom, std::uint64_t seq, std::int64_t ms) {
+        auto& st = self->state;
+        auto it = st.barriers.find(seq);
+        if (it == st.barriers.end()) return;
+        std::vector<int> missing;
+        for (int r = 0; r < st.world; ++r)
+          if (!it->second.arrived.count(r)) missing.push_back(r);
+        std::string msg = "barrier " + std::to_string(seq) + " timed out after " + std::to_string(ms) +
+                          " ms: missing ranks: " + join_ranks(missing);
+        for (auto& p : it->second.waiting) p.deliver(static_cast<int>(k_timeout), msg, Table{});
+        st.barriers.erase(it);
+        st.failed_barriers.emplace(seq, msg);
+      },
+      [](rdv_ping_atom) { return 0; },
+  };
+}
+
+caf::behavior member(caf::event_based_actor*) {
+  return {[](rdv_ping_atom) { return 0; }};
+}
+
+[[noreturn]] void throw_reply(int kind, const std::string& msg, int rank) {
+  if (kind == k_timeout) throw TimeoutError("rendezvous", msg, rank);
+  if (kind == k_value) throw ValueError("rendezvous", msg, rank);
+  throw StateError("rendezvous", msg, rank);
+}
+
+std::string describe(const caf::actor& a) {
+  return std::to_string(a.id()) + "@" + caf::to_string(a.node());
+}
+
+}  // namespace
+
+struct RendezvousImpl {
+  std::mutex mutex;
+  caf::actor_system* sys = nullptr;
+  caf::actor mine;
+  caf::actor coord;
+  Table table;
+  std::vector<std::string> names;
+  int rank = 0;
+  int world = 1;
+  int port = 0;
+  mutable std::atomic<std::uint64_t> next_barrier{0};
+  bool stopped = false;
+
+  void stop() noexcept {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopped) return;
+    stopped = true;
+    if (mine) caf::anon_send_exit(mine, caf::exit_reason::user_shutdown);
+    mine = nullptr;
+    coord = nullptr;
+    table.clear();
+  }
+  ~RendezvousImpl() { stop(); }
+
+  /// One blocking request to the coordinator; returns the table of an ok reply.
+  Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what) {
+    caf::actor c;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) throw StateError("rendezvous", "the runtime has been shut down", rank);
+      c = coord;
+    }
+    caf::scoped_actor self{*sys};
+    Table out;
+    int kind = k_ok;
+    std::string text;
+    self->request(c, caf::duration(wait), msg)
+        .receive(
+            [&](int k, std::string& m, Table& t) {
+              kind = k;
+              text = std::move(m);
+              out = std::move(t);
+            },
+            [&](caf::error& e) {
+              if (e == caf::sec::request_timeout) {
+                kind = k_timeout;
+                text = std::string(what) + " timed out after " + std::to_string(wait.count()) +
+                       " ms without an answer from rank 0";
+              } else {
+                throw PeerLostError("rendezvous", std::string(what) + ": rank 0 is gone (" + sys->render(e) + ")",
+                                    rank);
+              }
+            });
+    if (kind != k_ok) throw_reply(kind, text, rank);
+    return out;
+  }
+};
+
+}  // namespace dopt::detail
+
+namespace dopt {
+
+using namespace std::chrono;
+
+int RendezvousResult::rank() const noexcept { return impl_->rank; }
+int RendezvousResult::world_size() const noexcept { return impl_->world; }
+int RendezvousResult::master_port() const noexcept { return impl_->port; }
+
+std::string RendezvousResult::peer(int r) const {
+  if (r < 0 || r >= impl_->world)
+    throw ValueError("rendezvous", "peer rank " + std::to_string(r) + " is outside [0, " +
+                                       std::to_string(impl_->world) + ")", impl_->rank);
+  return impl_->names[static_cast<std::size_t>(r)];
+}
+
+void RendezvousResult::barrier(milliseconds timeout) const {
+  if (timeout.count() <= 0) throw ValueError("rendezvous", "barrier timeout must be positive", impl_->rank);
+  const std::uint64_t seq = impl_->next_barrier++;
+  // Rank 0 answers with the missing ranks at `timeout`; wait a little longer
+  // for that answer before giving up on rank 0 itself.
+  impl_->ask_coord(caf::make_message(detail::rdv_bar_atom::value, seq, impl_->rank,
+                                     static_cast<std::int64_t>(timeout.count())),
+                   timeout + seconds(2), "barrier");
+}
+
+RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, milliseconds timeout) {
+  const int rank = env.rank;
+  if (timeout.count() <= 0) throw ValueError("rendezvous", "timeout must be positive", rank);
+  if (env.world_size < 1 || rank < 0 || rank >= env.world_size)
+    throw ValueError("rendezvous", "rank " + std::to_string(rank) + " is outside [0, " +
+                                       std::to_string(env.world_size) + ")", rank);
+  if (env.master_port < 1 || env.master_port > 65535)
+    throw ValueError("rendezvous", "MASTER_PORT must be in 1..65535, got " + std::to_string(env.master_port), rank);
+  const auto deadline = steady_clock::now() + timeout;
+  auto& sys = detail::runtime_system(runtime.impl(), "rendezvous");
+  auto impl = std::make_shared<detail::RendezvousImpl>();
+  impl->sys = &sys;
+  impl->rank = rank;
+  impl->world = env.world_size;
+  impl->port = env.master_port;
+  std::weak_ptr<detail::RendezvousImpl> weak = impl;
+  detail::runtime_add_stopper(runtime.impl(), [weak] {
+    if (auto p = weak.lock()) p->stop();
+  });
+
+  if (rank == 0) {
+    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()));
+    impl->coord = impl->mine;
+    auto port = sys.middleman().publish(impl->coord, static_cast<std::uint16_t>(env.master_port), nullptr, false);
+    if (!port) {
+      std::string why = sys.render(port.error());
+      impl->stop();
+      throw IOError("rendezvous", "rank 0 cannot listen on port " + std::to_string(env.master_port) + ": " + why +
+                                      " (is the port already in use?)", rank);
+    }
+  } else {
+    impl->mine = sys.spawn(detail::member);
+    std::string last;
+    for (;;) {
+      auto c = sys.middleman().remote_actor(env.master_addr, static_cast<std::uint16_t>(env.master_port));
+      if (c) {
+        impl->coord = *c;
+        break;
+      }
+      last = sys.render(c.error());
+      if (steady_clock::now() >= deadline) {
+        impl->stop();
+        throw TimeoutError("rendezvous", "could not reach rank 0 at " + env.master_addr + ":" +
+                                             std::to_string(env.master_port) + " within " +
+                                             std::to_string(timeout.count()) + " ms (last error: " + last + ")",
+                           rank);
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+
+  auto remaining = [&] {
+    return std::max(milliseconds(1), duration_cast<milliseconds>(deadline - steady_clock::now()));
+  };
+  try {
+    // Rank 0's coordinator answers at the deadline with the missing ranks; the
+    // extra 2 s wait is for that answer, not for the ranks.
+    impl->table = impl->ask_coord(caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine),
+                                  remaining() + seconds(2), "registration");
+    if (static_cast<int>(impl->table.size()) != env.world_size)
+      throw StateError("rendezvous", "rank 0 sent a table of " + std::to_string(impl->table.size()) +
+                                         " ranks, expected " + std::to_string(env.world_size), rank);
+    for (auto& a : impl->table) impl->names.push_back(detail::describe(a));
+    RendezvousResult result(impl);
+    result.barrier(remaining());
+    return result;
+  } catch (...) {
+    impl->stop();
+    throw;
+  }
+}
+
+}  // namespace dopt
