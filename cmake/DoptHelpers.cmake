@@ -40,3 +40,49 @@ function(dopt_add_component name)
   install(DIRECTORY "${dir}/dopt" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           FILES_MATCHING PATTERN "*.hpp")
 endfunction()
+
+# dopt_catch_test_properties(<tag> <labels> <timeout>)
+#
+# Gives every test of dopt_tests whose Catch tag is <tag> the CTest labels
+# <labels> (a ;-list) and a TIMEOUT. catch_discover_tests registers the names
+# (as "it: <name>") only when ctest runs, so the properties are set by a script
+# that ctest includes after that registration; it lists the tagged test names
+# from the binary itself.
+function(dopt_catch_test_properties tag labels timeout)
+  string(MAKE_C_IDENTIFIER "${tag}" id)
+  set(script [=[
+set(_exe "@EXE@")
+if(EXISTS "${_exe}")
+  execute_process(COMMAND "${_exe}" "@TAG@" --list-test-names-only
+    OUTPUT_VARIABLE _names RESULT_VARIABLE _rc ERROR_QUIET)
+  if(_rc GREATER_EQUAL 0)
+    # What catch_discover_tests registered, to learn the exact prefix.
+    file(GLOB _reg_files "@DIR@/dopt_tests_tests-*.cmake")
+    set(_registered "")
+    foreach(_f IN LISTS _reg_files)
+      file(READ "${_f}" _c)
+      string(APPEND _registered "${_c}")
+    endforeach()
+    string(REPLACE "\n" ";" _names "${_names}")
+    foreach(_name IN LISTS _names)
+      string(STRIP "${_name}" _name)
+      # Catch.cmake drops the blank of TEST_PREFIX "it: " on some versions.
+      foreach(_full IN ITEMS "it: ${_name}" "it:${_name}")
+        string(FIND "${_registered}" "[==[${_full}]==]" _at)
+        if(_name AND _at GREATER_EQUAL 0)
+          set_tests_properties("${_full}" PROPERTIES TIMEOUT @TIMEOUT@ LABELS "@LABELS@")
+        endif()
+      endforeach()
+    endforeach()
+  endif()
+endif()
+]=])
+  string(REPLACE "@EXE@" "$<TARGET_FILE:dopt_tests>" script "${script}")
+  string(REPLACE "@DIR@" "${CMAKE_CURRENT_BINARY_DIR}" script "${script}")
+  string(REPLACE "@TAG@" "${tag}" script "${script}")
+  string(REPLACE "@TIMEOUT@" "${timeout}" script "${script}")
+  string(REPLACE "@LABELS@" "${labels}" script "${script}")
+  set(out "${CMAKE_CURRENT_BINARY_DIR}/${id}_test_properties.cmake")
+  file(GENERATE OUTPUT "${out}" CONTENT "${script}")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${out}")
+endfunction()
