@@ -157,8 +157,10 @@ Case load_case(const std::string& dir) {
 }
 
 ReplayOutput replay_case(const Case& c, int num_threads) {
+  if (c.wrapper_kind == "zero") return replay_zero(c, num_threads);
+  if (c.wrapper_kind == "post_local_sgd") return replay_post_local_sgd(c, num_threads);
   if (c.wrapper_kind != "local")
-    throw UnsupportedCase("replay", "wrapper '" + c.wrapper_kind + "' is not supported yet");
+    throw UnsupportedCase("replay", "wrapper '" + c.wrapper_kind + "' is not supported");
   const std::string tfile = (fs::path(c.dir) / "tensors.safetensors").string();
   const std::size_t n = c.shapes.size();
   std::vector<Tensor> params;

@@ -55,8 +55,16 @@ struct ReplayOutput {
   std::map<std::string, std::string> metadata;
 };
 
-/// Replays the case (wrapper "local"; others throw UnsupportedCase).
+/// Replays the case: dispatches on c.wrapper_kind ("local" here, "zero" and
+/// "post_local_sgd" below; an unknown kind throws UnsupportedCase).
 /// num_threads is passed to Optimizer::set_num_threads.
 ReplayOutput replay_case(const Case& c, int num_threads = 1);
+
+/// Wrapper "zero": ZeroRedundancyOptimizer with world_size simulated ranks
+/// (tools/replay_zero.cpp).
+ReplayOutput replay_zero(const Case& c, int num_threads);
+/// Wrapper "post_local_sgd": PostLocalSGDOptimizer + PeriodicModelAverager
+/// with world_size simulated ranks (tools/replay_post_local_sgd.cpp).
+ReplayOutput replay_post_local_sgd(const Case& c, int num_threads);
 
 }  // namespace dopt::replay

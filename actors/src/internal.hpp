@@ -114,3 +114,14 @@ struct GroupImpl {
 };
 
 }  // namespace dopt::detail
+
+namespace dopt {
+struct LaunchEnv;
+struct InitOptions;
+class Runtime;
+}  // namespace dopt
+
+namespace dopt::detail {
+/// distributed.hpp's init_process_group (runtime.cpp: it spawns the rank actor).
+ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options);
+}  // namespace dopt::detail

@@ -15,6 +15,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/parallel.hpp"
 #include "internal.hpp"
 #include "kernels.hpp"
@@ -742,6 +743,10 @@ std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, in
     out.push_back(ep);
   }
   return out;
+}
+
+ProcessGroup init_world_group(Runtime& /*runtime*/, const LaunchEnv& env, const InitOptions& /*options*/) {
+  throw NotSupportedError("init_process_group", "real processes are not wired yet", env.rank);
 }
 
 }  // namespace dopt::detail

@@ -1,0 +1,61 @@
+#pragma once
+// Real ranks: one process per rank, joined into a world ProcessGroup.
+//
+//   dopt::Runtime rt;
+//   auto env = dopt::launch_env_from_environment();   // set by dopt-run, torchrun, mpirun, srun
+//   dopt::ProcessGroup world = dopt::init_process_group(rt, *env);
+//   world.all_reduce(t);
+//
+// init_process_group must be called once by every rank of the world (it is a
+// collective: it returns on no rank before every rank has called it). It runs
+// the rendezvous (rendezvous.hpp), spawns this process's rank actor, exchanges
+// the rank actors and opens the data plane between the ranks:
+//   * ranks on the same host move tensors through POSIX shared memory;
+//   * ranks on different hosts through Boost.Asio TCP connections;
+//   * CAF's middleman carries only control messages (who arrived, which
+//     buffer, done), never the tensors themselves.
+// The returned group behaves exactly like the world group of simulate(): the
+// same collectives, sequence numbers, mismatch errors and timeouts. When a
+// peer process dies, every pending and later collective that needs it fails
+// within the group's timeout with PeerLostError naming it.
+//
+// run_distributed(fn) is the common entry point of programs that run either
+// way: launched by a launcher it runs fn once, as this process's rank; started
+// alone it runs fn for `simulated_ranks` simulated ranks in this process.
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "dopt/actors/process_group.hpp"
+#include "dopt/actors/runtime.hpp"
+#include "dopt/actors/simulate.hpp"
+#include "dopt/runtime/launch_env.hpp"
+
+namespace dopt {
+
+struct InitOptions {
+  /// Bounds the rendezvous (connecting included). The world group's timeout
+  /// is the runtime's collective_timeout.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  /// "auto" (shared memory when every rank is on this host, else TCP),
+  /// "shm" or "tcp". The environment variable DOPT_TRANSPORT overrides it.
+  std::string transport = "auto";
+};
+
+/// Joins the world described by env and returns its world group (see above).
+/// Throws like rendezvous(), and ValueError for an unknown transport.
+ProcessGroup init_process_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options = {});
+
+struct RunOptions {
+  /// Ranks to simulate when the process was not started by a launcher.
+  int simulated_ranks = 1;
+  InitOptions init;
+  /// Options of the runtime that run_distributed starts.
+  RuntimeOptions runtime_options = RuntimeOptions::from_env();
+};
+
+/// Runs fn as this process's rank (launched) or for every simulated rank
+/// (not launched); rethrows the first failure like simulate().
+void run_distributed(const std::function<void(RankContext&)>& fn, const RunOptions& options = {});
+
+}  // namespace dopt
