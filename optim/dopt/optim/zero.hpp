@@ -1,0 +1,217 @@
+#pragma once
+// dopt::optim::ZeroRedundancyOptimizer: ZeRO stage 1, torch 1.13's
+// torch.distributed.optim.ZeroRedundancyOptimizer (spec section 2.1) without
+// overlap_with_ddp (not supported yet: NotSupportedError).
+//
+//   auto zero = ZeroRedundancyOptimizer(params, OptimizerSpec{"Adam", {{"lr", 1e-3}}},
+//                                       ZeroOptions{ctx.world()});
+//   ... set grads (averaged over the ranks) ...
+//   zero.step();          // local step on this rank's shard, then broadcasts
+//
+// Every parameter has one owner rank (the sorted-greedy partition, below);
+// each rank's local optimizer (built through the registry from the spec)
+// holds only the parameters it owns, so optimizer state is split across the
+// ranks. After each step every parameter is broadcast from its owner.
+//
+// Collective contract. These calls are collectives over the process group:
+// every rank calls them, in the same order, with the same arguments where
+// noted; nothing returns before the collective's data is in place:
+//   constructor (an all_gather of a descriptor of the parameter list, which
+//     must match on every rank: same groups, sizes, shapes, dtypes),
+//   step(), add_param_group() (same group on every rank), consolidate_state_dict(),
+//   save_sharded() (ends with a barrier).
+// Local (no communication): state_dict(), load_state_dict(), load_sharded(),
+// zero_grad(), param_groups(), join_hook(), the accessors.
+// Not thread-safe: one thread per rank at a time.
+//
+// Partition (spec 2.1.2, exact): groups in order; in each, the parameters sorted
+// by numel descending (stable); each goes to the first rank with the smallest
+// running total of elements; the totals carry over between groups. Frozen
+// parameters (requires_grad false) are partitioned like the others. A rank's
+// parameters are kept in assignment order: that is the local optimizer's order
+// and the broadcast order. Ranks beyond the number of parameters own nothing
+// (their local groups are empty) but still take part in every broadcast.
+//
+// step(closure): Join::notify_join_context(*this) first; then, if the set of
+// trainable parameters changed since the last step, the buckets are rebuilt;
+// hyperparameters are copied ZeRO -> local optimizer, the local optimizer steps
+// (with the closure; its loss is returned), hyperparameters are copied back;
+// then one broadcast per owned parameter of every rank (rank 0's first, in
+// partition order; frozen ones too) or, with parameters_as_bucket_view, one
+// per (device, dtype, rank) bucket; all are posted at once, then all waited.
+//
+// parameters_as_bucket_view: for each (device, dtype) pair, in order of first
+// appearance over ranks 0..W-1, their groups and parameters, and for each rank,
+// one flat buffer holds that rank's trainable parameters of that kind, in
+// partition order; every parameter becomes a view of its slice (set_data, so
+// every handle sees it; grads are kept). Frozen parameters get their own
+// storage. A (kind, rank) with no trainable parameter broadcasts a 1-element
+// dummy. Every rank holds every rank's buckets (receive buffers). Mixed dtypes
+// are allowed (torch requires one dense type).
+//
+// State dicts (spec 2.1.7): consolidate_state_dict(to) gathers every rank's
+// local state dict on rank `to` (two broadcasts per rank other than `to`:
+// length, then the serialised safetensors bytes); state_dict() is then the
+// layout of an unsharded optimizer over the same groups (global indices), only
+// on that rank (StateError elsewhere). load_state_dict(global dict) keeps on
+// each rank the state of the parameters it owns; hyperparameters come from the
+// dict (like torch).
+//
+// Sharded checkpoints (dopt only): save_sharded(dir) writes one file per rank,
+// optim-rank{r}-of-{N}.safetensors, with the state of the parameters it owns
+// under their global indices and, in the metadata, the format version, world
+// size, rank, partition, step count, group sizes and hyperparameters and the
+// parameter shapes. load_sharded(dir) works at any world size M: each rank
+// opens only the shards that hold some of its parameters, one at a time, and
+// reads only those parameters' tensors.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dopt/actors/join.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/optim/optimizer.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/runtime/state_dict.hpp"
+
+namespace dopt::optim {
+
+struct ZeroOptions {
+  /// The ranks that share the optimizer state (required).
+  ProcessGroup process_group;
+  bool parameters_as_bucket_view = false;
+  /// Not supported yet (NotSupportedError).
+  bool overlap_with_ddp = false;
+};
+
+/// metadata["dopt.zero.format"] of a shard written by save_sharded.
+inline constexpr const char* kZeroShardFormat = "dopt-zero-shard/1";
+
+/// What load_sharded read.
+struct ShardLoadReport {
+  /// World size the checkpoint was saved at.
+  int saved_world_size = 0;
+  /// Ranks whose shard files this rank opened, in the order it opened them.
+  std::vector<int> shards_read;
+  /// State tensors read.
+  std::int64_t tensors_read = 0;
+};
+
+class ZeroRedundancyOptimizer : public Joinable {
+ public:
+  /// One group of params. Throws (on the calling rank, before any collective)
+  /// ValueError for an empty list, an invalid process group, parameters on
+  /// different device types or in two groups; TypeError for undefined or
+  /// non-floating-point parameters or group options of another optimizer's
+  /// type; NotSupportedError for overlap_with_ddp. The descriptor check throws
+  /// ValueError on every rank when the ranks' parameter lists differ.
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerSpec spec, ZeroOptions options);
+  /// Several groups; a group without options takes the spec's hyperparameters.
+  ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, OptimizerSpec spec, ZeroOptions options);
+  ~ZeroRedundancyOptimizer() override;
+  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
+  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+
+  /// Collective. See the header. Returns the closure's loss (as computed on
+  /// this rank), or nullopt without a closure.
+  std::optional<double> step(const Optimizer::LossClosure& closure = nullptr);
+  /// Clears the gradients of *all* parameters (torch: inherited zero_grad).
+  void zero_grad(bool set_to_none = false);
+  /// Collective: every rank adds the same group; the partition is recomputed
+  /// (earlier groups keep their owners), the local optimizer gets this rank's
+  /// part of the new group (possibly empty), buckets are rebuilt.
+  void add_param_group(OptimizerParamGroup group);
+
+  /// Collective: gathers all local state dicts on group rank `to`; wipes any
+  /// earlier consolidation on every rank.
+  void consolidate_state_dict(int to = 0);
+  /// The global state dict (unsharded layout, CPU tensors); only on the rank
+  /// of the last consolidate_state_dict, StateError elsewhere.
+  StateDict state_dict() const;
+  /// Loads a global state dict (from state_dict() or an unsharded optimizer
+  /// over the same groups) on this rank: group count and sizes must match
+  /// (StateDictError), indices must be in range (StateDictError); state of
+  /// owned parameters is copied (cast to the parameter's dtype except `step`,
+  /// 0-d tensors on the CPU) and replaces the local state; hyperparameters
+  /// come from the dict. Nothing changes when it throws.
+  void load_state_dict(const StateDict& sd);
+
+  /// Collective: writes this rank's shard to dir/optim-rank{r}-of-{N}.safetensors
+  /// (dir is created), then waits for every rank (barrier).
+  void save_sharded(const std::string& dir) const;
+  /// Loads a checkpoint written by save_sharded at any world size. Throws
+  /// IOError for missing/unreadable shards or several world sizes in dir, and
+  /// StateDictError when the checkpoint's parameters or groups do not match.
+  ShardLoadReport load_sharded(const std::string& dir);
+  /// The shard file name of rank r of n.
+  static std::string shard_file_name(int rank, int world_size);
+
+  // --- Joinable ------------------------------------------------------------------
+  /// main_hook: step() (with whatever gradients this rank holds); post_hook: nothing.
+  std::unique_ptr<JoinHook> join_hook() override;
+  /// The device of the first parameter.
+  Device join_device() const override;
+  ProcessGroup join_process_group() const override { return group_; }
+
+  // --- accessors -----------------------------------------------------------------
+  /// Global groups (all parameters, hyperparameters synchronised with the local optimizer).
+  std::vector<OptimizerParamGroup>& param_groups() noexcept { return groups_; }
+  const std::vector<OptimizerParamGroup>& param_groups() const noexcept { return groups_; }
+  /// The local optimizer over this rank's shard.
+  Optimizer& optim() noexcept { return *optim_; }
+  const Optimizer& optim() const noexcept { return *optim_; }
+  const OptimizerSpec& spec() const noexcept { return spec_; }
+  const ProcessGroup& process_group() const noexcept { return group_; }
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  bool parameters_as_bucket_view() const noexcept { return bucket_view_; }
+  /// partition()[r][g]: rank r's parameters of group g, in assignment order.
+  const std::vector<std::vector<std::vector<Tensor>>>& partition() const noexcept { return partition_; }
+  /// Owner rank of each parameter, by global index (position in the chain of groups).
+  std::vector<int> param_owners() const;
+  /// Global index of p (-1 when p is not one of the parameters).
+  std::int64_t global_index(const Tensor& p) const;
+  /// Every parameter, by global index.
+  const std::vector<Tensor>& all_params() const noexcept { return all_params_; }
+  /// Number of buckets per rank (0 without bucket view).
+  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  /// buckets()[k][r]: the flat buffer of kind k (device, dtype) of rank r.
+  const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
+  /// Bytes of the local optimizer's state on this rank.
+  std::int64_t local_state_bytes() const;
+  /// step() calls made so far (restored by load_sharded).
+  std::int64_t step_count() const noexcept { return steps_; }
+
+ private:
+  void add_group_checked(OptimizerParamGroup group, const char* op);
+  void check_same_params_everywhere(const char* op);
+  void partition_parameters();
+  std::vector<OptimizerParamGroup> local_groups(std::size_t first_group) const;
+  void build_buckets();
+  std::vector<bool> trainable_mask() const;
+  void sync_to_local();
+  void sync_from_local();
+  void sync_params();
+
+  OptimizerSpec spec_;
+  std::unique_ptr<OptimizerOptions> defaults_;
+  ProcessGroup group_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  bool bucket_view_ = false;
+  std::vector<OptimizerParamGroup> groups_;
+  std::vector<Tensor> all_params_;
+  std::unordered_map<const TensorImpl*, std::int64_t> index_of_;
+  std::vector<std::vector<std::vector<Tensor>>> partition_;  // [rank][group] -> params
+  std::vector<int> owner_;                                   // by global index
+  std::unique_ptr<Optimizer> optim_;
+  std::vector<std::vector<Tensor>> buckets_;  // [kind][rank]
+  std::vector<bool> trainable_;
+  std::vector<StateDict> all_state_dicts_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace dopt::optim
