@@ -106,6 +106,8 @@ struct GroupImpl {
   std::shared_ptr<const std::vector<int>> members;
   int my_grank = -1;
   bool is_world = false;
+  /// Ranks per node (LOCAL_WORLD_SIZE) for new_subgroups(0); 0: all on one node.
+  int local_world_size = 0;
   std::atomic<std::int64_t> timeout_ms{0};
   std::atomic<std::uint64_t> next_seq{0};
   std::mutex p2p_mutex;

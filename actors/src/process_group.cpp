@@ -319,6 +319,7 @@ std::shared_ptr<GroupImpl> make_group(const GroupImpl& world, std::uint64_t gid,
   g->my_grank = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
   g->members = std::make_shared<const std::vector<int>>(std::move(ranks));
   g->timeout_ms.store(world.timeout_ms.load());
+  g->local_world_size = world.local_world_size;
   return g;
 }
 
@@ -344,7 +345,8 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
 Subgroups ProcessGroup::new_subgroups(int group_size) {
   auto& w = member("ProcessGroup.new_subgroups");
   if (!w.is_world) throw StateError("ProcessGroup.new_subgroups", "call new_subgroups on the world group");
-  if (group_size == 0) group_size = size();  // simulated ranks: one node
+  if (group_size == 0)  // one group per node (simulated ranks are all on one node)
+    group_size = w.local_world_size > 0 ? w.local_world_size : size();
   if (group_size < 0 || group_size > size())
     throw ValueError("ProcessGroup.new_subgroups", "group_size " + std::to_string(group_size) +
                                                        " must be in [1, " + std::to_string(size()) + "]");

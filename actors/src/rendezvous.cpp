@@ -11,6 +11,7 @@
 #include "caf/io/all.hpp"
 #include "dopt/runtime/error.hpp"
 #include "internal.hpp"
+#include "rendezvous_internal.hpp"
 
 namespace dopt::detail {
 
@@ -22,7 +23,10 @@ using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
 
 namespace {
 
-// Reply kinds: every reply is (int kind, std::string message, std::vector<caf::actor> table).
+// Reply kinds: every reply is (int kind, std::string message, Table table,
+// Table payloads, std::vector<std::string> infos): the rendezvous actors, and
+// what each rank registered alongside (its rank actor and host info, for
+// init_process_group; the rendezvous actor itself and "" for rendezvous()).
 enum ReplyKind : int { k_ok = 0, k_timeout = 1, k_value = 2, k_state = 3 };
 
 using Table = std::vector<caf::actor>;
@@ -41,6 +45,8 @@ struct BarrierState {
 struct CoordState {
   int world = 1;
   Table table;
+  Table payloads;
+  std::vector<std::string> infos;
   std::vector<bool> have;
   int arrived = 0;
   std::vector<caf::response_promise> pending;
@@ -54,7 +60,7 @@ struct CoordState {
   void fail_all(int kind, std::string msg) {
     fail_kind = kind;
     fail_msg = std::move(msg);
-    for (auto& rp : pending) rp.deliver(fail_kind, fail_msg, Table{});
+    for (auto& rp : pending) rp.deliver(fail_kind, fail_msg, Table{}, Table{}, std::vector<std::string>{});
     pending.clear();
   }
 };
@@ -64,14 +70,17 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
   auto& s = self->state;
   s.world = world;
   s.table.resize(static_cast<std::size_t>(world));
+  s.payloads.resize(static_cast<std::size_t>(world));
+  s.infos.resize(static_cast<std::size_t>(world));
   s.have.assign(static_cast<std::size_t>(world), false);
   self->delayed_send(self, std::chrono::milliseconds(timeout_ms), rdv_tmo_atom::value, timeout_ms);
   return {
-      [self](rdv_reg_atom, int rank, int world_, const caf::actor& who) {
+      [self](rdv_reg_atom, int rank, int world_, const caf::actor& who, const caf::actor& payload,
+             const std::string& info) {
         auto& st = self->state;
         auto rp = self->make_response_promise();
         if (st.fail_kind != k_ok) {
-          rp.deliver(st.fail_kind, st.fail_msg, Table{});
+          rp.deliver(st.fail_kind, st.fail_msg, Table{}, Table{}, std::vector<std::string>{});
           return;
         }
         std::string problem;
@@ -86,7 +95,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
                     " registered twice: two processes were started with the same RANK=" + std::to_string(rank);
         if (!problem.empty()) {
           if (st.done) {  // the others are through already: only the newcomer fails
-            rp.deliver(static_cast<int>(k_value), problem, Table{});
+            rp.deliver(static_cast<int>(k_value), problem, Table{}, Table{}, std::vector<std::string>{});
             return;
           }
           st.pending.push_back(rp);
@@ -95,11 +104,13 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         }
         st.have[static_cast<std::size_t>(rank)] = true;
         st.table[static_cast<std::size_t>(rank)] = who;
+        st.payloads[static_cast<std::size_t>(rank)] = payload;
+        st.infos[static_cast<std::size_t>(rank)] = info;
         ++st.arrived;
         st.pending.push_back(rp);
         if (st.arrived == st.world) {
           st.done = true;
-          for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table);
+          for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table, st.payloads, st.infos);
           st.pending.clear();
         }
       },
@@ -116,7 +127,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         auto& st = self->state;
         auto rp = self->make_response_promise();
         if (auto f = st.failed_barriers.find(seq); f != st.failed_barriers.end()) {
-          rp.deliver(static_cast<int>(k_timeout), f->second, Table{});
+          rp.deliver(static_cast<int>(k_timeout), f->second, Table{}, Table{}, std::vector<std::string>{});
           return;
         }
         auto [it, fresh] = st.barriers.try_emplace(seq);
@@ -124,7 +135,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         it->second.arrived.insert(rank);
         it->second.waiting.push_back(rp);
         if (static_cast<int>(it->second.arrived.size()) == st.world) {
-          for (auto& p : it->second.waiting) p.deliver(static_cast<int>(k_ok), std::string(), Table{});
+          for (auto& p : it->second.waiting)
+            p.deliver(static_cast<int>(k_ok), std::string(), Table{}, Table{}, std::vector<std::string>{});
           st.barriers.erase(it);
         }
       },
@@ -137,7 +149,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
           if (!it->second.arrived.count(r)) missing.push_back(r);
         std::string msg = "barrier " + std::to_string(seq) + " timed out after " + std::to_string(ms) +
                           " ms: missing ranks: " + join_ranks(missing);
-        for (auto& p : it->second.waiting) p.deliver(static_cast<int>(k_timeout), msg, Table{});
+        for (auto& p : it->second.waiting)
+          p.deliver(static_cast<int>(k_timeout), msg, Table{}, Table{}, std::vector<std::string>{});
         st.barriers.erase(it);
         st.failed_barriers.emplace(seq, msg);
       },
@@ -167,6 +180,8 @@ struct RendezvousImpl {
   caf::actor mine;
   caf::actor coord;
   Table table;
+  Table payloads;
+  std::vector<std::string> infos;
   std::vector<std::string> names;
   int rank = 0;
   int world = 1;
@@ -182,11 +197,14 @@ struct RendezvousImpl {
     mine = nullptr;
     coord = nullptr;
     table.clear();
+    payloads.clear();
   }
   ~RendezvousImpl() { stop(); }
 
-  /// One blocking request to the coordinator; returns the table of an ok reply.
-  Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what) {
+  /// One blocking request to the coordinator; returns the table of an ok reply
+  /// (and the payloads and infos into the given pointers).
+  Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what,
+                  Table* payloads_out = nullptr, std::vector<std::string>* infos_out = nullptr) {
     caf::actor c;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -199,10 +217,12 @@ struct RendezvousImpl {
     std::string text;
     self->request(c, caf::duration(wait), msg)
         .receive(
-            [&](int k, std::string& m, Table& t) {
+            [&](int k, std::string& m, Table& t, Table& p, std::vector<std::string>& i) {
               kind = k;
               text = std::move(m);
               out = std::move(t);
+              if (payloads_out) *payloads_out = std::move(p);
+              if (infos_out) *infos_out = std::move(i);
             },
             [&](caf::error& e) {
               if (e == caf::sec::request_timeout) {
@@ -247,6 +267,20 @@ void RendezvousResult::barrier(milliseconds timeout) const {
 }
 
 RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, milliseconds timeout) {
+  return detail::rendezvous_with(runtime, env, timeout, caf::actor(), std::string());
+}
+
+}  // namespace dopt
+
+namespace dopt::detail {
+
+using namespace std::chrono;
+
+const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { return r.impl().payloads; }
+const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return r.impl().infos; }
+
+RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, milliseconds timeout, caf::actor payload,
+                                 std::string info) {
   const int rank = env.rank;
   if (timeout.count() <= 0) throw ValueError("rendezvous", "timeout must be positive", rank);
   if (env.world_size < 1 || rank < 0 || rank >= env.world_size)
@@ -303,8 +337,10 @@ RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, milliseconds
   try {
     // Rank 0's coordinator answers at the deadline with the missing ranks; the
     // extra 2 s wait is for that answer, not for the ranks.
-    impl->table = impl->ask_coord(caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine),
-                                  remaining() + seconds(2), "registration");
+    if (!payload) payload = impl->mine;
+    impl->table = impl->ask_coord(caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine,
+                                                    payload, info),
+                                  remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);
     if (static_cast<int>(impl->table.size()) != env.world_size)
       throw StateError("rendezvous", "rank 0 sent a table of " + std::to_string(impl->table.size()) +
                                          " ranks, expected " + std::to_string(env.world_size), rank);
@@ -318,4 +354,4 @@ RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, milliseconds
   }
 }
 
-}  // namespace dopt
+}  // namespace dopt::detail

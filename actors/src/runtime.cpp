@@ -7,6 +7,8 @@
 #include <functional>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
+#include <unistd.h>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -17,14 +19,18 @@
 #include "caf/io/all.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/shm.hpp"
+#include "rendezvous_internal.hpp"
 #include "internal.hpp"
 #include "kernels.hpp"
 
 namespace dopt::detail {
 
-// --- messages between rank actors (local only: whitelisted, never serialised).
-// For real multi-process ranks only the descriptors travel over CAF; tensors
-// are replaced by data-plane buffer descriptors (see docs/architecture.md).
+// --- messages between rank actors. Between simulated ranks (one process)
+// they carry tensor handles and are never serialised. Between processes the
+// Net* forms travel instead: descriptors, and for every buffer either its
+// bytes (small messages) or where it lies in the sender's shared memory
+// (see docs/architecture.md).
 
 /// "I (group rank from) have called collective (gid, seq) with desc; my buffers are tensors."
 struct Arrival {
@@ -34,6 +40,10 @@ struct Arrival {
   std::shared_ptr<const std::vector<int>> members;
   CollDesc desc;
   std::vector<Tensor> tensors;
+  /// Net: why this peer's buffers could not be mapped ("" when fine). Such an
+  /// arrival is waited out: its sender's death (the usual cause: it exited
+  /// and its shared memory went with it) or the timeout ends the call.
+  std::string unreadable;
 };
 using ArrivalPtr = std::shared_ptr<const Arrival>;
 
@@ -64,8 +74,64 @@ struct Failure {
 
 struct P2PReply {
   P2PKey key;
-  std::optional<Failure> failure;
+  bool failed = false;
+  Failure failure;
 };
+
+/// One buffer of a Net* message (index = the tensor's index in the Op).
+struct NetBuf {
+  bool present = false;  // false: peers never touch this tensor
+  DType dtype = DType::float32;
+  Shape shape;
+  std::string segment;   // shared-memory block; "" when the bytes are inline
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  std::vector<char> data;  // inline bytes (small messages)
+};
+
+struct NetArrival {
+  std::uint64_t gid = 0;
+  std::uint64_t seq = 0;
+  int from = 0;
+  std::vector<int> members;
+  CollDesc desc;
+  std::vector<NetBuf> bufs;
+};
+
+struct NetP2P {
+  P2PKey key;
+  CollDesc desc;
+  NetBuf buf;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CollDesc& x) {
+  return f(caf::meta::type_name("dopt.CollDesc"), x.kind, x.op, x.dtype, x.shape, x.root, x.extra);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, P2PKey& x) {
+  return f(caf::meta::type_name("dopt.P2PKey"), x.gid, x.src, x.dst, x.tag, x.seq);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Failure& x) {
+  return f(caf::meta::type_name("dopt.Failure"), x.kind, x.op, x.msg);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, P2PReply& x) {
+  return f(caf::meta::type_name("dopt.P2PReply"), x.key, x.failed, x.failure);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, NetBuf& x) {
+  return f(caf::meta::type_name("dopt.NetBuf"), x.present, x.dtype, x.shape, x.segment, x.offset, x.bytes, x.data);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, NetArrival& x) {
+  return f(caf::meta::type_name("dopt.NetArrival"), x.gid, x.seq, x.from, x.members, x.desc, x.bufs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, NetP2P& x) {
+  return f(caf::meta::type_name("dopt.NetP2P"), x.key, x.desc, x.buf);
+}
 
 struct Peers {
   std::vector<caf::actor> actors;  // index: global rank
@@ -77,8 +143,6 @@ using OpPtr = std::shared_ptr<Op>;
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::ArrivalPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::P2PArrivalPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::P2PKey)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::P2PReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::PeersPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::OpPtr)
 
@@ -96,6 +160,8 @@ using p2p_atom = caf::atom_constant<caf::atom("p2p")>;
 using p2pdone_atom = caf::atom_constant<caf::atom("p2pdone")>;
 using p2ptmo_atom = caf::atom_constant<caf::atom("p2ptmo")>;
 using p2pcncl_atom = caf::atom_constant<caf::atom("p2pcncl")>;
+using initnet_atom = caf::atom_constant<caf::atom("initnet")>;
+using gone_atom = caf::atom_constant<caf::atom("gone")>;
 
 namespace {
 
@@ -124,24 +190,33 @@ std::exception_ptr current_as_error(const std::string& op, int rank) {
 
 std::string group_str(std::uint64_t gid) { return gid == 0 ? "world group" : "group " + std::to_string(gid); }
 
-/// The data plane a rank actor moves bytes with. The collective state
-/// machines only ask it whether peers' buffers are directly addressable; the
-/// direct (in-process, later shared-memory) algorithms below then read and
-/// write peers' tensors in place. A network data plane (Asio TCP) will add
-/// post_send/post_recv of chunks with completions delivered as messages, and
-/// ring algorithms that use them.
-class DataPlane {
- public:
-  virtual ~DataPlane() = default;
-  virtual const char* name() const = 0;
-  virtual bool direct_access() const = 0;
-};
+/// How a rank actor reaches its peers' buffers.
+///   in_process: simulated ranks; an Arrival carries the peer's own tensors.
+///   shm:        processes on one host; a rank stages the tensors its peers
+///               read or write in its shared-memory arena, and peers map them.
+/// In both, the direct algorithms of compute() read and write peers' buffers
+/// in place; between hosts a ring over TCP takes their place.
+enum class Plane : std::uint8_t { in_process, shm };
 
-class InProcessDataPlane final : public DataPlane {
- public:
-  const char* name() const override { return "in-process"; }
-  bool direct_access() const override { return true; }
-};
+const char* plane_name(Plane p) { return p == Plane::in_process ? "in-process" : "shared memory"; }
+
+/// Buffers of at most this many bytes travel inside the control message, and
+/// every rank computes the whole result itself (no done phase): latency wins.
+constexpr std::int64_t kSmallBytes = 64 * 1024;
+
+/// Whether peers read (or write) tensor i of an Op of this kind.
+bool shared_with_peers(CollKind k, std::size_t i, bool is_root) {
+  switch (k) {
+    case CollKind::broadcast: return i == 0 && is_root;
+    case CollKind::all_reduce:
+    case CollKind::reduce:
+    case CollKind::all_gather:
+    case CollKind::all_gather_flat:
+    case CollKind::send: return i == 0;
+    case CollKind::reduce_scatter: return i >= 1;
+    default: return false;
+  }
+}
 
 using CollKey = std::pair<std::uint64_t, std::uint64_t>;  // (gid, seq)
 
@@ -152,6 +227,8 @@ struct CollState {
   int n_arrived = 0;
   int n_done = 0;
   bool computed = false;
+  bool small = false;   // net: inline bytes, each rank computes all of its result
+  bool staged = false;  // net: own arrival's tensors are shared-memory copies
 };
 
 bool needs_done_phase(CollKind k) { return k != CollKind::barrier && k != CollKind::new_group; }
@@ -161,7 +238,10 @@ struct RankState {
   int rank = 0;
   int world = 0;
   std::vector<caf::actor> peers;
-  std::unique_ptr<DataPlane> plane = std::make_unique<InProcessDataPlane>();
+  Plane plane = Plane::in_process;
+  std::unique_ptr<shm::ShmArena> arena;  // shm: blocks peers map
+  shm::ShmMapCache maps;                  // shm: peers' segments
+  std::map<P2PKey, Tensor> send_hold;       // net: staged send buffers until the reply
 
   std::map<CollKey, CollState> colls;
   std::set<CollKey> failed;                   // failed here; late messages are dropped
@@ -226,12 +306,6 @@ struct RankState {
         return;
       }
     }
-    if (!plane->direct_access() && op->desc.has_tensor()) {
-      fail(op, Failure{FailKind::state, name_, std::string("no algorithm for data plane ") + plane->name()});
-      colls.erase(key);
-      failed.insert(key);
-      return;
-    }
     auto a = std::make_shared<Arrival>();
     a->gid = op->gid;
     a->seq = op->seq;
@@ -239,15 +313,103 @@ struct RankState {
     a->members = op->members;
     a->desc = op->desc;
     a->tensors = op->tensors;
+    std::optional<caf::message> net_msg;
+    if (plane != Plane::in_process) {
+      try {
+        net_msg = make_net_arrival(st, *op, *a);
+      } catch (...) {
+        op->promise.set_exception(current_as_error(name_, rank));
+        colls.erase(key);
+        failed.insert(key);
+        return;
+      }
+    }
     ArrivalPtr ap = a;
     st.arrivals[static_cast<std::size_t>(op->my_grank)] = ap;
     ++st.n_arrived;
     for (int g = 0; g < n; ++g) {
       int peer = global_of(st, g);
-      if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], arrive_atom::value, ap);
+      if (peer == rank) continue;
+      if (net_msg) self->send(peers[static_cast<std::size_t>(peer)], *net_msg);
+      else self->send(peers[static_cast<std::size_t>(peer)], arrive_atom::value, ap);
     }
     self->delayed_send(me(), op->timeout, tmo_atom::value, op->gid, op->seq);
     progress(key);
+  }
+
+  /// Net: stages (or inlines) the buffers peers need; own arrival `a` gets
+  /// the staged copies. Returns the message for the peers.
+  caf::message make_net_arrival(CollState& st, const Op& op, Arrival& a) {
+    NetArrival na;
+    na.gid = op.gid;
+    na.seq = op.seq;
+    na.from = op.my_grank;
+    na.members = *op.members;
+    na.desc = op.desc;
+    const bool small = shape_numel(op.desc.shape) * static_cast<std::int64_t>(itemsize(op.desc.dtype)) <= kSmallBytes;
+    st.small = small;
+    const bool is_root = op.my_grank == op.desc.root;
+    na.bufs.resize(op.tensors.size());
+    for (std::size_t i = 0; i < op.tensors.size(); ++i) {
+      if (!shared_with_peers(op.desc.kind, i, is_root)) continue;
+      const Tensor& t = op.tensors[i];
+      NetBuf& b = na.bufs[i];
+      b.present = true;
+      b.dtype = t.dtype();
+      b.shape = t.shape();
+      b.bytes = t.nbytes();
+      if (small) {
+        const char* p = static_cast<const char*>(t.data_ptr());
+        b.data.assign(p, p + t.nbytes());
+      } else {
+        a.tensors[i] = stage(t, &b);
+        st.staged = true;
+      }
+    }
+    return caf::make_message(arrive_atom::value, std::move(na));
+  }
+
+  /// A shared-memory copy of t, described in b.
+  Tensor stage(const Tensor& t, NetBuf* b) {
+    if (!arena) arena = std::make_unique<shm::ShmArena>("r" + std::to_string(rank));
+    auto blk = arena->allocate(t.nbytes());
+    if (t.nbytes()) std::memcpy(blk->ptr, t.data_ptr(), t.nbytes());
+    b->segment = blk->ref.segment;
+    b->offset = blk->ref.offset;
+    void* ptr = blk->ptr;
+    return Tensor::from_blob(ptr, t.shape(), t.dtype(), Device::cpu(), std::shared_ptr<void>(std::move(blk)));
+  }
+
+  /// A view of a peer's buffer (mapped shared memory or the inline bytes).
+  Tensor net_tensor(NetBuf& b) {
+    if (!b.present) return Tensor();
+    if (b.segment.empty()) {
+      if (b.data.size() != b.bytes) throw StateError("rank", "inline buffer of the wrong size", rank);
+      auto bytes = std::make_shared<std::vector<char>>(std::move(b.data));
+      void* p = bytes->data();
+      return Tensor::from_blob(p, b.shape, b.dtype, Device::cpu(), std::shared_ptr<void>(std::move(bytes)));
+    }
+    std::shared_ptr<void> keep;
+    void* p = maps.resolve(shm::BlockRef{b.segment, b.offset, b.bytes}, &keep);
+    return Tensor::from_blob(p, b.shape, b.dtype, Device::cpu(), std::move(keep));
+  }
+
+  void on_net_arrive(NetArrival& na) {
+    CollKey key{na.gid, na.seq};
+    if (failed.count(key) || broken.count(na.gid)) return;
+    auto a = std::make_shared<Arrival>();
+    a->gid = na.gid;
+    a->seq = na.seq;
+    a->from = na.from;
+    a->members = std::make_shared<const std::vector<int>>(std::move(na.members));
+    a->desc = std::move(na.desc);
+    try {
+      for (auto& b : na.bufs) a->tensors.push_back(net_tensor(b));
+    } catch (const std::exception& e) {
+      a->tensors.clear();
+      a->unreadable = std::string("cannot read the buffers of group rank ") + std::to_string(na.from) + ": " + e.what();
+    }
+    on_arrive(a);
   }
 
   void on_arrive(const ArrivalPtr& a) {
@@ -282,6 +444,8 @@ struct RankState {
     if (st.n_arrived < n) return;
     const auto& op = st.local;
     const char* name_ = coll_name(op->desc.kind);
+    for (const auto& a : st.arrivals)
+      if (!a->unreadable.empty()) return;  // wait for its sender's death or the timeout
     if (!st.computed) {
       const auto& ref = st.arrivals[0]->desc;
       for (int g = 1; g < n; ++g) {
@@ -305,7 +469,7 @@ struct RankState {
         // part of the output is unspecified).
       }
       st.computed = true;
-      if (needs_done_phase(op->desc.kind)) {
+      if (needs_done_phase(op->desc.kind) && !st.small) {
         ++st.n_done;
         for (int g = 0; g < n; ++g) {
           int peer = global_of(st, g);
@@ -316,8 +480,19 @@ struct RankState {
       }
     }
     if (st.n_done < n) return;
+    if (st.staged) copy_out(st);
     op->promise.set_value();
     colls.erase(it);
+  }
+
+  /// Net: the results peers wrote into this rank's staged copy.
+  void copy_out(const CollState& st) {
+    const auto& op = *st.local;
+    const bool out = op.desc.kind == CollKind::all_reduce ||
+                     (op.desc.kind == CollKind::reduce && op.my_grank == op.desc.root);
+    if (!out) return;
+    const Tensor& staged = st.arrivals[static_cast<std::size_t>(op.my_grank)]->tensors[0];
+    if (op.tensors[0].nbytes()) std::memcpy(op.tensors[0].data_ptr(), staged.data_ptr(), op.tensors[0].nbytes());
   }
 
   /// This rank's part of the work, on direct-access buffers (see process_group.hpp).
@@ -335,11 +510,16 @@ struct RankState {
       case CollKind::all_reduce:
       case CollKind::reduce: {
         const std::int64_t numel = op.tensors[0].numel();
-        const std::int64_t lo = numel * me / n, hi = numel * (me + 1) / n;
+        std::int64_t lo = numel * me / n, hi = numel * (me + 1) / n;
         std::vector<const void*> ins;
         std::vector<void*> outs;
         for (int g = 0; g < n; ++g) ins.push_back(arr(g).tensors[0].data_ptr());
-        if (op.desc.kind == CollKind::all_reduce) {
+        if (st.small) {  // peers' inputs are private copies: compute all of our own result
+          if (op.desc.kind == CollKind::reduce && me != op.desc.root) break;
+          lo = 0;
+          hi = numel;
+          outs.push_back(op.tensors[0].data_ptr());
+        } else if (op.desc.kind == CollKind::all_reduce) {
           for (int g = 0; g < n; ++g) outs.push_back(arr(g).tensors[0].data_ptr());
         } else {
           outs.push_back(arr(op.desc.root).tensors[0].data_ptr());
@@ -406,6 +586,8 @@ struct RankState {
       who += " did not join";
     } else {
       who = "peers did not finish";
+      for (const auto& a : st.arrivals)
+        if (!a->unreadable.empty()) who = a->unreadable;
     }
     std::string msg = "timed out after " + std::to_string(op.timeout.count()) + " ms in " + op.desc.str() +
                       " (" + group_str(gid) + ", seq " + std::to_string(seq) + "): " + who;
@@ -439,8 +621,11 @@ struct RankState {
         auto pos = std::find(m.begin(), m.end(), peer);
         if (pos != m.end()) {
           auto g = static_cast<std::size_t>(pos - m.begin());
-          // Its actor still serves collectives it joined, unless it is dead.
-          fails = !st.arrivals[g] || actor_dead;
+          // A peer that joined still does its share, unless its actor is dead
+          // and a share was left to do (kinds without a done phase, and
+          // small net calls, need nothing more of it once it arrived).
+          const bool owes_work = needs_done_phase(st.local->desc.kind) && !st.small;
+          fails = !st.arrivals[g] || (actor_dead && (owes_work || !st.arrivals[g]->unreadable.empty()));
         }
       }
       if (fails) {
@@ -494,7 +679,7 @@ struct RankState {
   }
 
   void reply_lost(const P2PKey& key) {
-    P2PReply r{key, lost_failure("send")};
+    P2PReply r{key, true, lost_failure("send")};
     self->send(peers[static_cast<std::size_t>(key.src)], p2pdone_atom::value, r);
   }
 
@@ -504,12 +689,36 @@ struct RankState {
       return fail(op, Failure{FailKind::peer_lost, "send",
                               "rank " + std::to_string(op->peer) + " was lost: " + lost[op->peer]});
     }
-    auto a = std::make_shared<P2PArrival>();
-    a->key = key;
-    a->desc = op->desc;
-    a->tensor = op->tensors[0];
-    sends.emplace(key, op);
-    self->send(peers[static_cast<std::size_t>(op->peer)], p2p_atom::value, P2PArrivalPtr(a));
+    if (plane != Plane::in_process) {
+      NetP2P np;
+      np.key = key;
+      np.desc = op->desc;
+      const Tensor& t = op->tensors[0];
+      np.buf.present = true;
+      np.buf.dtype = t.dtype();
+      np.buf.shape = t.shape();
+      np.buf.bytes = t.nbytes();
+      try {
+        if (static_cast<std::int64_t>(t.nbytes()) <= kSmallBytes) {
+          const char* p = static_cast<const char*>(t.data_ptr());
+          np.buf.data.assign(p, p + t.nbytes());
+        } else {
+          send_hold[key] = stage(t, &np.buf);
+        }
+      } catch (...) {
+        op->promise.set_exception(current_as_error("send", rank));
+        return;
+      }
+      sends.emplace(key, op);
+      self->send(peers[static_cast<std::size_t>(op->peer)], p2p_atom::value, std::move(np));
+    } else {
+      auto a = std::make_shared<P2PArrival>();
+      a->key = key;
+      a->desc = op->desc;
+      a->tensor = op->tensors[0];
+      sends.emplace(key, op);
+      self->send(peers[static_cast<std::size_t>(op->peer)], p2p_atom::value, P2PArrivalPtr(a));
+    }
     self->delayed_send(me(), op->timeout, p2ptmo_atom::value, key, true);
   }
 
@@ -528,6 +737,21 @@ struct RankState {
     self->delayed_send(me(), op->timeout, p2ptmo_atom::value, key, false);
   }
 
+  void on_net_p2p(NetP2P& np) {
+    auto a = std::make_shared<P2PArrival>();
+    a->key = np.key;
+    a->desc = np.desc;
+    try {
+      a->tensor = net_tensor(np.buf);
+    } catch (const std::exception& e) {
+      P2PReply reply{np.key, true,
+                     Failure{FailKind::state, "send", std::string("the receiver cannot read the buffer: ") + e.what()}};
+      self->send(peers[static_cast<std::size_t>(np.key.src)], p2pdone_atom::value, reply);
+      return;
+    }
+    on_p2p(a);
+  }
+
   void on_p2p(const P2PArrivalPtr& a) {
     if (auto it = recvs.find(a->key); it != recvs.end()) {
       auto op = it->second;
@@ -539,7 +763,7 @@ struct RankState {
   }
 
   void match(const OpPtr& op, const P2PArrivalPtr& a) {
-    P2PReply reply{a->key, std::nullopt};
+    P2PReply reply{a->key, false, Failure{}};
     const Tensor& dst = op->tensors[0];
     if (a->desc.dtype != op->desc.dtype || a->desc.shape != op->desc.shape) {
       std::string msg = "rank " + std::to_string(a->key.src) + " sent " + std::string(dtype_name(a->desc.dtype)) +
@@ -547,6 +771,7 @@ struct RankState {
                         std::to_string(rank) + " receives into " + std::string(dtype_name(op->desc.dtype)) + " " +
                         shape_str(op->desc.shape);
       fail(op, Failure{FailKind::mismatch, "recv", msg});
+      reply.failed = true;
       reply.failure = Failure{FailKind::mismatch, "send", msg};
     } else {
       if (dst.nbytes() && dst.data_ptr() != a->tensor.data_ptr())
@@ -561,7 +786,8 @@ struct RankState {
     if (it == sends.end()) return;
     auto op = it->second;
     sends.erase(it);
-    if (r.failure) fail(op, *r.failure);
+    send_hold.erase(r.key);
+    if (r.failed) fail(op, r.failure);
     else op->promise.set_value();
   }
 
@@ -575,7 +801,10 @@ struct RankState {
                       std::to_string(is_send ? key.dst : key.src) + " did not " +
                       (is_send ? "receive" : "send") + " (tag " + std::to_string(key.tag) + ")";
     fail(op, Failure{FailKind::timeout, is_send ? "send" : "recv", msg});
-    if (is_send) self->send(peers[static_cast<std::size_t>(key.dst)], p2pcncl_atom::value, key);
+    if (is_send) {
+      send_hold.erase(key);
+      self->send(peers[static_cast<std::size_t>(key.dst)], p2pcncl_atom::value, key);
+    }
   }
 
   void on_p2p_cancel(const P2PKey& key) { unmatched.erase(key); }
@@ -590,9 +819,21 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
   s.world = world;
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
-    for (int r = 0; r < st.world; ++r)
-      if (r != st.rank && st.peers[static_cast<std::size_t>(r)].address() == dm.source)
-        st.on_lost(r, "its rank actor exited (" + to_string(dm.reason) + ")", true);
+    for (int r = 0; r < st.world; ++r) {
+      if (r == st.rank || st.peers[static_cast<std::size_t>(r)].address() != dm.source) continue;
+      const bool cut = dm.reason == caf::exit_reason::remote_link_unreachable;
+      const std::string what =
+          cut ? std::string("the connection to its process was lost (the process died or the network failed)")
+              : "its rank actor exited (" + to_string(dm.reason) + ")";
+      const bool first = !st.lost.count(r);
+      st.on_lost(r, what, true);
+      // Tell the others at once: they may fail later calls and exit before
+      // they see the loss themselves, and then the first cause they report
+      // would be our exit instead of this one.
+      if (cut && first && st.plane != Plane::in_process)
+        for (int k = 0; k < st.world; ++k)
+          if (k != st.rank && k != r) self->send(st.peers[static_cast<std::size_t>(k)], gone_atom::value, r, what);
+    }
   });
   return {
       [self](init_atom, const PeersPtr& p) {
@@ -601,6 +842,17 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
       },
+      [self](initnet_atom, const PeersPtr& p) {
+        // Real processes: peers are remote handles; buffers go through shared memory.
+        auto& st = self->state;
+        st.peers = p->actors;
+        st.plane = Plane::shm;
+        for (int r = 0; r < st.world; ++r)
+          if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
+        return true;
+      },
+      [self](arrive_atom, NetArrival& a) { self->state.on_net_arrive(a); },
+      [self](p2p_atom, NetP2P& a) { self->state.on_net_p2p(a); },
       [self](call_atom, const OpPtr& op) { self->state.on_call(op); },
       [self](arrive_atom, const ArrivalPtr& a) { self->state.on_arrive(a); },
       [self](done_atom, std::uint64_t gid, std::uint64_t seq) { self->state.on_done(gid, seq); },
@@ -609,6 +861,10 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         self->state.on_abort(gid, from, msg);
       },
       [self](lost_atom, int peer, const std::string& what) { self->state.on_lost(peer, what, false); },
+      [self](gone_atom, int peer, const std::string& what) {
+        auto& st = self->state;
+        if (!st.dead.count(peer)) st.on_lost(peer, what + ", seen by a peer", true);
+      },
       [self](failed_atom, const std::string& what) { self->state.on_self_failed(what); },
       [self](p2p_atom, const P2PArrivalPtr& a) { self->state.on_p2p(a); },
       [self](p2pdone_atom, const P2PReply& r) { self->state.on_p2p_done(r); },
@@ -632,6 +888,11 @@ class RuntimeImpl {
     cfg_.set("scheduler.policy", caf::atom_from_string(options_.policy));
     cfg_.set("work-stealing.moderate-poll-attempts", options_.moderate_poll_attempts);
     cfg_.load<caf::io::middleman>();  // rendezvous of real processes (rendezvous.cpp)
+    // Control messages between the rank actors of real processes.
+    cfg_.add_message_type<P2PKey>("dopt.P2PKey");
+    cfg_.add_message_type<P2PReply>("dopt.P2PReply");
+    cfg_.add_message_type<NetArrival>("dopt.NetArrival");
+    cfg_.add_message_type<NetP2P>("dopt.NetP2P");
     system_ = std::make_unique<caf::actor_system>(cfg_);
   }
   ~RuntimeImpl() { shutdown(); }
@@ -745,8 +1006,113 @@ std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, in
   return out;
 }
 
-ProcessGroup init_world_group(Runtime& /*runtime*/, const LaunchEnv& env, const InitOptions& /*options*/) {
-  throw NotSupportedError("init_process_group", "real processes are not wired yet", env.rank);
+namespace {
+
+/// "host=<hostname> boot=<boot id>": ranks with equal infos share a kernel,
+/// hence /dev/shm.
+std::string host_info() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) boot = buf;
+    std::fclose(f);
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  }
+  return std::string("host=") + host + " boot=" + boot;
+}
+
+}  // namespace
+
+ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
+  const char* op = "init_process_group";
+  std::string transport = options.transport;
+  if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) transport = t;
+  if (transport != "auto" && transport != "shm" && transport != "tcp")
+    throw ValueError(op, "transport must be 'auto', 'shm' or 'tcp', got '" + transport + "'", env.rank);
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+    throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
+                     env.rank);
+  auto& rt = runtime.impl();
+  auto& sys = rt.system(op);
+  if (env.local_rank == 0) shm::remove_stale_segments();
+  caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
+  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout);
+  rt.add_endpoint(ep);
+  // Every rank actor listens on a port of its own, so that every pair of
+  // ranks gets a direct connection: a peer's death is then seen by all
+  // (BASP would otherwise route through rank 0, and lose sight of the dead
+  // peer when rank 0 goes).
+  auto port = sys.middleman().publish(a, 0, nullptr, true);
+  if (!port)
+    throw IOError(op, "the rank actor cannot listen on a port: " + sys.render(port.error()), env.rank);
+  const std::string host = host_info();
+  char hostname[256] = {};
+  ::gethostname(hostname, sizeof hostname - 1);
+  const std::string info = host + " addr=" + hostname + " port=" + std::to_string(*port);
+  RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, info);
+  const auto& infos = rendezvous_infos(rdv);
+  std::vector<int> elsewhere;
+  auto field = [](const std::string& text, const std::string& key) {
+    auto p = text.find(" " + key + "=");
+    if (p == std::string::npos) return std::string();
+    p += key.size() + 2;
+    return text.substr(p, text.find(' ', p) - p);
+  };
+  for (int r = 0; r < env.world_size; ++r)
+    if (infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0) elsewhere.push_back(r);
+  if (!elsewhere.empty() || transport == "tcp") {
+    std::string who;
+    for (int r : elsewhere) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    throw NotSupportedError(op, elsewhere.empty()
+                                    ? std::string("the TCP data plane is not available in this build yet")
+                                    : "ranks " + who + " are on another host and the TCP data plane between hosts "
+                                                       "is not available in this build yet",
+                            env.rank);
+  }
+  auto peers = std::make_shared<Peers>();
+  peers->actors = rendezvous_payloads(rdv);
+  peers->actors[static_cast<std::size_t>(env.rank)] = a;
+  // Direct connections: rank i (> 0) connects to every rank above it; rank 0
+  // has one to everybody from the rendezvous.
+  for (int r = std::max(1, env.rank + 1); env.rank > 0 && r < env.world_size; ++r) {
+    const std::string& pinfo = infos[static_cast<std::size_t>(r)];
+    const std::string addr = std::find(elsewhere.begin(), elsewhere.end(), r) == elsewhere.end()
+                                 ? std::string("127.0.0.1")
+                                 : field(pinfo, "addr");
+    const int pport = std::atoi(field(pinfo, "port").c_str());
+    auto h = sys.middleman().remote_actor(addr, static_cast<std::uint16_t>(pport));
+    if (!h)
+      throw PeerLostError(op, "cannot connect to rank " + std::to_string(r) + " at " + addr + ":" +
+                                  std::to_string(pport) + ": " + sys.render(h.error()), env.rank);
+    peers->actors[static_cast<std::size_t>(r)] = *h;
+  }
+  {
+    caf::scoped_actor self{sys};
+    bool ok = false;
+    self->request(a, caf::infinite, initnet_atom::value, PeersPtr(peers))
+        .receive([&](bool) { ok = true; },
+                 [&](caf::error& e) {
+                   throw StateError(op, "the rank actor did not start: " + sys.render(e), env.rank);
+                 });
+    (void)ok;
+  }
+  // Nobody sends collective messages before every rank actor knows its peers.
+  rdv.barrier(options.timeout);
+  // The rank actors hold the peer handles now; the rendezvous actors can go
+  // when rdv does.
+  auto g = std::make_shared<GroupImpl>();
+  g->endpoint = ep;
+  g->gid = 0;
+  auto members = std::make_shared<std::vector<int>>();
+  for (int r = 0; r < env.world_size; ++r) members->push_back(r);
+  g->members = std::move(members);
+  g->my_grank = env.rank;
+  g->is_world = true;
+  g->local_world_size = env.local_world_size;
+  g->timeout_ms.store(rt.options_.collective_timeout.count());
+  return ProcessGroup(std::move(g));
 }
 
 }  // namespace dopt::detail

@@ -1,0 +1,134 @@
+// Collectives between real processes (actors/dopt/actors/distributed.hpp):
+// tests/collectives_peer.cpp is one rank; it checks every result against
+// values it computes itself and prints "ok R CHECKS". Launched through
+// dopt-run, by hand (environment set here) and through OpenMPI's mpirun.
+// CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include "process_util.hpp"
+
+namespace {
+
+using namespace dopt_test;
+
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_collectives_peer";
+
+/// Every rank 0..n-1 printed "ok R CHECKS" with CHECKS > 0 (lines may carry
+/// dopt-run's "[rank R] " prefix).
+void require_all_ok(const std::string& out, int n) {
+  std::map<int, long> ok;
+  for (const std::string& line : lines_of(out)) {
+    auto p = line.find("ok ");
+    if (p == std::string::npos) continue;
+    std::istringstream ss(line.substr(p + 3));
+    int r = -1;
+    long checks = 0;
+    if (ss >> r >> checks) ok[r] = checks;
+  }
+  REQUIRE(static_cast<int>(ok.size()) == n);
+  for (const auto& [r, checks] : ok) {
+    CHECK(r >= 0);
+    CHECK(r < n);
+    CHECK(checks > 300);
+  }
+}
+
+void battery_through_dopt_run(int n) {
+  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
+  const Done d = wait(start({kDoptRun, "--nproc-per-node", std::to_string(n), "--master-port", "0", kPeer, "battery"},
+                            {{"DOPT_TIMEOUT_MS", "30000"}}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_all_ok(d.out, n);
+}
+
+/// Starts n ranks by hand; returns what each printed.
+std::vector<Done> run_by_hand(int n, const std::string& mode, std::map<std::string, std::string> extra = {}) {
+  const int port = free_port();
+  std::vector<Proc> ps;
+  for (int r = 0; r < n; ++r) {
+    auto env = rank_env(r, n, port);
+    env.insert(extra.begin(), extra.end());
+    ps.push_back(start({kPeer, mode}, env));
+  }
+  std::vector<Done> out;
+  for (auto& p : ps) out.push_back(wait(p));
+  return out;
+}
+
+long elapsed_ms(const std::string& out) {
+  auto p = out.find("elapsed_ms ");
+  return p == std::string::npos ? -1 : std::stol(out.substr(p + 11));
+}
+
+}  // namespace
+
+TEST_CASE("collectives: 2 processes through dopt-run, every op and dtype", "[collectives][multiprocess]") {
+  battery_through_dopt_run(2);
+}
+
+TEST_CASE("collectives: 5 processes through dopt-run, every op and dtype", "[collectives][multiprocess]") {
+  battery_through_dopt_run(5);
+}
+
+TEST_CASE("collectives: 3 processes started by hand", "[collectives][multiprocess]") {
+  auto ds = run_by_hand(3, "battery", {{"DOPT_TIMEOUT_MS", "30000"}});
+  std::string all;
+  for (auto& d : ds) {
+    INFO(d.out);
+    CHECK(d.ok());
+    all += d.out;
+  }
+  require_all_ok(all, 3);
+}
+
+TEST_CASE("collectives: different collectives on different processes fail on every rank, naming both",
+          "[collectives][multiprocess]") {
+  auto ds = run_by_hand(3, "mismatch", {{"DOPT_TIMEOUT_MS", "20000"}});
+  for (auto& d : ds) {
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "error CollectiveMismatchError"));
+    CHECK(contains(d.out, "rank 0 called all_reduce(sum, float32, [8])"));
+    CHECK(contains(d.out, "called broadcast(src 0, float32, [8])"));
+  }
+}
+
+TEST_CASE("collectives: a process killed in the middle of an all_reduce fails the others, naming it",
+          "[collectives][multiprocess]") {
+  const int n = GENERATE(3, 5);
+  const long timeout_ms = 20000;
+  auto ds = run_by_hand(n, "kill", {{"DOPT_TIMEOUT_MS", std::to_string(timeout_ms)}});
+  for (int r = 0; r < n; ++r) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    if (r == 1) {
+      CHECK(WIFSIGNALED(d.status));
+      continue;
+    }
+    CHECK(d.failed());
+    CHECK(contains(d.out, "error PeerLostError"));
+    // (a rank that had not yet received rank 1's barrier message sees it lost there)
+    CHECK(contains(d.out, "rank 1 was lost during"));
+    CHECK(contains(d.out, "the connection to its process was lost"));
+    const long ms = elapsed_ms(d.out);
+    CHECK(ms >= 0);
+    CHECK(ms < timeout_ms);  // seen at once, not at the timeout
+  }
+}
+
+#ifdef DOPT_MPIRUN
+TEST_CASE("collectives: 2 processes through OpenMPI's mpirun", "[collectives][multiprocess]") {
+  const int port = free_port();
+  const Done d = wait(start({DOPT_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "btl",
+                             "self,tcp", "-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + std::to_string(port),
+                             "-x", "DOPT_TIMEOUT_MS=30000", kPeer, "battery"},
+                            {{"RANK", ""}, {"WORLD_SIZE", ""}}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_all_ok(d.out, 2);
+}
+#endif

@@ -1,0 +1,258 @@
+// One rank of the real-process collective tests (tests/collectives.test.cpp).
+// Started by dopt-run, mpirun or by hand; joins the world with
+// dopt::init_process_group and runs one scenario:
+//
+//   dopt_collectives_peer battery    every collective, dtype and reduce op,
+//                                    small (inline) and large (shared memory)
+//                                    tensors, subgroups, send/recv, many calls
+//                                    in flight; each result checked against
+//                                    values computed here independently
+//   dopt_collectives_peer mismatch   rank 0 calls all_reduce, the others
+//                                    broadcast: everyone must get
+//                                    CollectiveMismatchError
+//   dopt_collectives_peer kill       rank 1 joins a large all_reduce and then
+//                                    kills itself (SIGKILL): the others must get
+//                                    PeerLostError naming rank 1
+//
+// stdout: "ok R <checks>" on success, otherwise "error KIND: MESSAGE" (and
+// "elapsed_ms N" for the failure scenarios) and exit status 1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/distributed.hpp"
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace {
+
+using dopt::DType;
+using dopt::ReduceOp;
+using dopt::Tensor;
+
+const char* kind_of(const dopt::Error& e) {
+  if (dynamic_cast<const dopt::TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const dopt::CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
+  if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
+  if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
+  if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
+  if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
+  return "Error";
+}
+
+/// Input element i of rank r: a small integer, exact in every dtype.
+double input(int r, std::int64_t i) { return static_cast<double>(((r + 1) * 7 + i * 3) % 9) - 4.0; }
+
+Tensor make_input(int r, std::int64_t n, DType dt, std::int64_t offset = 0) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = input(r, i + offset);
+  return Tensor::from_vector(v, {n}).to(dt);
+}
+
+double reduce_expected(ReduceOp op, int n, std::int64_t i, std::int64_t offset = 0) {
+  double acc = input(0, i + offset);
+  for (int r = 1; r < n; ++r) {
+    const double x = input(r, i + offset);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg: acc += x; break;
+      case ReduceOp::product: acc *= x; break;
+      case ReduceOp::min: acc = std::min(acc, x); break;
+      case ReduceOp::max: acc = std::max(acc, x); break;
+    }
+  }
+  return op == ReduceOp::avg ? acc / n : acc;
+}
+
+struct Checker {
+  int rank;
+  long checks = 0;
+  void expect(bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) throw dopt::Error("check", what, rank);
+  }
+  /// got == expected values (rounded to got's dtype), exactly, or within a
+  /// relative tolerance for avg (one division, rounded differently).
+  void values(const Tensor& got, const std::function<double(std::int64_t)>& want, const std::string& what,
+              bool approx = false) {
+    const Tensor g = got.to(DType::float64);
+    const double* p = g.data<double>();
+    std::vector<double> w(static_cast<std::size_t>(g.numel()));
+    for (std::int64_t i = 0; i < g.numel(); ++i) w[static_cast<std::size_t>(i)] = want(i);
+    const Tensor wr = Tensor::from_vector(w, {g.numel()}).to(got.dtype()).to(DType::float64);
+    const double* q = wr.data<double>();
+    const double tol = got.dtype() == DType::float16 || got.dtype() == DType::bfloat16 ? 1e-2 : 1e-6;
+    for (std::int64_t i = 0; i < g.numel(); ++i) {
+      const bool ok = approx ? std::abs(p[i] - q[i]) <= tol * std::max(1.0, std::abs(q[i])) : p[i] == q[i];
+      if (!ok)
+        expect(false, what + ": element " + std::to_string(i) + " is " + std::to_string(p[i]) + ", expected " +
+                          std::to_string(q[i]));
+    }
+    ++checks;
+  }
+};
+
+bool is_float(DType d) {
+  return d == DType::float32 || d == DType::float64 || d == DType::float16 || d == DType::bfloat16;
+}
+
+void battery(dopt::ProcessGroup& world, Checker& c) {
+  const int me = world.rank(), n = world.size();
+  const std::vector<DType> dtypes{DType::float32, DType::float64, DType::float16, DType::bfloat16, DType::int32,
+                                  DType::int64};
+  // 1000 elements travel inline in the control message; 40000 and 300001
+  // (not divisible by the world size) go through shared memory.
+  const std::vector<std::int64_t> sizes{1, 1000, 40000, 300001};
+  for (DType dt : dtypes) {
+    const std::string dn(dopt::dtype_name(dt));
+    for (std::int64_t len : sizes) {
+      const std::string tag = dn + "[" + std::to_string(len) + "]";
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::product, ReduceOp::min, ReduceOp::max}) {
+        if (op == ReduceOp::avg && !is_float(dt)) continue;
+        Tensor t = make_input(me, len, dt);
+        world.all_reduce(t, op);
+        c.values(t, [&](std::int64_t i) { return reduce_expected(op, n, i); },
+                 "all_reduce(" + std::string(dopt::reduce_op_name(op)) + ") " + tag, op == ReduceOp::avg);
+      }
+      for (int root = 0; root < n; ++root) {
+        Tensor t = me == root ? make_input(root, len, dt) : Tensor::zeros({len}, dt);
+        world.broadcast(t, root);
+        c.values(t, [&](std::int64_t i) { return input(root, i); }, "broadcast from " + std::to_string(root) + " " + tag);
+      }
+      {
+        const int dst = static_cast<int>(len % n);
+        Tensor t = make_input(me, len, dt);
+        world.reduce(t, dst, ReduceOp::sum);
+        if (me == dst)
+          c.values(t, [&](std::int64_t i) { return reduce_expected(ReduceOp::sum, n, i); }, "reduce " + tag);
+        else
+          c.values(t, [&](std::int64_t i) { return input(me, i); }, "reduce leaves non-root input " + tag);
+      }
+      {
+        std::vector<Tensor> outs;
+        for (int r = 0; r < n; ++r) outs.push_back(Tensor::zeros({len}, dt));
+        world.all_gather(outs, make_input(me, len, dt));
+        for (int r = 0; r < n; ++r)
+          c.values(outs[static_cast<std::size_t>(r)], [&](std::int64_t i) { return input(r, i); },
+                   "all_gather part " + std::to_string(r) + " " + tag);
+        Tensor flat = Tensor::zeros({len * n}, dt);
+        world.all_gather_into_tensor(flat, make_input(me, len, dt));
+        c.values(flat, [&](std::int64_t i) { return input(static_cast<int>(i / len), i % len); },
+                 "all_gather_into_tensor " + tag);
+      }
+      {
+        // inputs[k] of rank r = rank r's input at offset k * len.
+        std::vector<Tensor> ins;
+        for (int k = 0; k < n; ++k) ins.push_back(make_input(me, len, dt, k * len));
+        Tensor out = Tensor::zeros({len}, dt);
+        world.reduce_scatter(out, ins, ReduceOp::sum);
+        c.values(out, [&](std::int64_t i) { return reduce_expected(ReduceOp::sum, n, i, me * len); },
+                 "reduce_scatter " + tag);
+      }
+      if (n > 1) {  // a ring of send/recv
+        const int to = (me + 1) % n, from = (me + n - 1) % n;
+        Tensor got = Tensor::zeros({len}, dt);
+        auto s = world.send_async(make_input(me, len, dt), to, 7);
+        world.recv(got, from, 7);
+        s.get();
+        c.values(got, [&](std::int64_t i) { return input(from, i); }, "recv from " + std::to_string(from) + " " + tag);
+      }
+    }
+  }
+  // Many calls in flight at once, completed in any order.
+  {
+    std::vector<Tensor> ts;
+    std::vector<dopt::Future<void>> fs;
+    for (int k = 0; k < 12; ++k) {
+      ts.push_back(make_input(me, 1000 + 9000 * k, DType::float32));
+      fs.push_back(world.all_reduce_async(ts.back()));
+    }
+    for (int k = 11; k >= 0; --k) fs[static_cast<std::size_t>(k)].get();
+    for (int k = 0; k < 12; ++k)
+      c.values(ts[static_cast<std::size_t>(k)], [&](std::int64_t i) { return reduce_expected(ReduceOp::sum, n, i); },
+               "in-flight all_reduce " + std::to_string(k));
+  }
+  world.barrier();
+  // Subgroups: the even ranks, and pairs (when the world size is even).
+  {
+    std::vector<int> evens;
+    for (int r = 0; r < n; r += 2) evens.push_back(r);
+    dopt::ProcessGroup g = world.new_group(evens);
+    c.expect(g.is_member() == (me % 2 == 0), "new_group membership");
+    if (g.is_member()) {
+      Tensor t = Tensor::full({50000}, me + 1.0);
+      g.all_reduce(t);
+      double want = 0;
+      for (int r : evens) want += r + 1.0;
+      c.values(t, [&](std::int64_t) { return want; }, "all_reduce in the group of even ranks");
+    }
+    if (n % 2 == 0) {
+      auto sub = world.new_subgroups(2);
+      Tensor t = Tensor::full({7}, me + 1.0);
+      sub.current.all_reduce(t);
+      const int base = me - me % 2;
+      c.values(t, [&](std::int64_t) { return base + 1.0 + base + 2.0; }, "all_reduce in subgroup of 2");
+    }
+  }
+  world.barrier();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "battery";
+  int rank = -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
+  try {
+    auto env = dopt::launch_env_from_environment();
+    if (!env) {
+      std::printf("error Error: not launched (no RANK / WORLD_SIZE)\n");
+      return 1;
+    }
+    rank = env->rank;
+    dopt::RuntimeOptions opts = dopt::RuntimeOptions::from_env();
+    opts.threads = 2;
+    dopt::Runtime rt(opts);
+    dopt::InitOptions init;
+    init.timeout = std::chrono::seconds(20);
+    dopt::ProcessGroup world = dopt::init_process_group(rt, *env, init);
+    Checker c{rank};
+    if (mode == "battery") {
+      battery(world, c);
+    } else if (mode == "mismatch") {
+      Tensor t = Tensor::full({8}, 1.0);
+      if (rank == 0) world.all_reduce(t);
+      else world.broadcast(t, 0);
+    } else if (mode == "kill") {
+      Tensor t = Tensor::full({1 << 20}, 1.0);
+      world.barrier();
+      if (rank == 1) {
+        auto f = world.all_reduce_async(t);
+        ::kill(::getpid(), SIGKILL);
+      }
+      world.all_reduce(t);
+    } else {
+      std::printf("error Error: unknown mode '%s'\n", mode.c_str());
+      return 2;
+    }
+    std::printf("ok %d %ld\n", rank, c.checks);
+    std::fflush(stdout);
+    return 0;
+  } catch (const dopt::Error& e) {
+    std::printf("error %s: %s\nelapsed_ms %lld\n", kind_of(e), e.what(), static_cast<long long>(elapsed()));
+  } catch (const std::exception& e) {
+    std::printf("error std::exception: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  return 1;
+}

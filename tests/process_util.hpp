@@ -1,0 +1,118 @@
+#pragma once
+// Helpers of the multi-process tests in tests/: start a program as a child
+// process with its environment set, wait for it, read what it printed.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace dopt_test {
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line)) lines.push_back(line);
+  return lines;
+}
+
+inline bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+struct Done {
+  int status = -1;
+  std::string out;
+  bool ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  bool failed() const { return WIFEXITED(status) && WEXITSTATUS(status) == 1; }
+};
+
+// Starts argv with the environment overrides (empty value: unset); stdout and
+// stderr go to one file.
+inline Proc start(std::vector<std::string> argv, const std::map<std::string, std::string>& env) {
+  static int counter = 0;  // one per test binary: names stay unique
+  Proc p;
+  p.out_path = "/tmp/dopt_rdv_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+  std::vector<char*> args;
+  for (std::string& s : argv) args.push_back(s.data());
+  args.push_back(nullptr);
+  p.pid = ::fork();
+  REQUIRE(p.pid >= 0);
+  if (p.pid == 0) {
+    for (const char* v : {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS"})
+      ::unsetenv(v);
+    for (const auto& [k, v] : env) {
+      if (v.empty()) ::unsetenv(k.c_str());
+      else ::setenv(k.c_str(), v.c_str(), 1);
+    }
+    const int o = ::open(p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(o, STDOUT_FILENO);
+    ::dup2(o, STDERR_FILENO);
+    ::execv(args[0], args.data());
+    ::_exit(126);
+  }
+  return p;
+}
+
+inline Done wait(const Proc& p) {
+  Done d;
+  REQUIRE(::waitpid(p.pid, &d.status, 0) == p.pid);
+  d.out = slurp(p.out_path);
+  ::unlink(p.out_path.c_str());
+  return d;
+}
+
+// A socket listening on INADDR_ANY at an ephemeral port; closed by the destructor.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = 0;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 4) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+  }
+  ~Listener() { ::close(fd); }
+};
+
+// A port nobody listens on right now (bound to port 0, then closed).
+inline int free_port() {
+  Listener l;
+  return l.port;
+}
+
+inline std::map<std::string, std::string> rank_env(int rank, int world, int port) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)}};
+}
+
+}  // namespace dopt_test
