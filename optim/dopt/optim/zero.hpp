@@ -62,8 +62,9 @@
 // under their global indices and, in the metadata, the format version, world
 // size, rank, partition, step count, group sizes and hyperparameters and the
 // parameter shapes. load_sharded(dir) works at any world size M: each rank
-// opens only the shards that hold some of its parameters, one at a time, and
-// reads only those parameters' tensors.
+// reads shard 0's header (partition, checks), then opens only the shards that
+// hold some of its parameters, one at a time, and reads only those
+// parameters' tensors.
 #include <cstdint>
 #include <memory>
 #include <optional>
