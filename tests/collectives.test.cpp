@@ -5,6 +5,8 @@
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <sstream>
 
 #include "process_util.hpp"
@@ -45,8 +47,10 @@ void battery_through_dopt_run(int n) {
   require_all_ok(d.out, n);
 }
 
-/// Starts n ranks by hand; returns what each printed.
-std::vector<Done> run_by_hand(int n, const std::string& mode, std::map<std::string, std::string> extra = {}) {
+/// Starts n ranks by hand; returns what each printed. Rank `kill_last`
+/// (if >= 0) is waited for last, after a SIGKILL once the others are done.
+std::vector<Done> run_by_hand(int n, const std::string& mode, std::map<std::string, std::string> extra = {},
+                              int kill_last = -1) {
   const int port = free_port();
   std::vector<Proc> ps;
   for (int r = 0; r < n; ++r) {
@@ -54,8 +58,13 @@ std::vector<Done> run_by_hand(int n, const std::string& mode, std::map<std::stri
     env.insert(extra.begin(), extra.end());
     ps.push_back(start({kPeer, mode}, env));
   }
-  std::vector<Done> out;
-  for (auto& p : ps) out.push_back(wait(p));
+  std::vector<Done> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    if (r != kill_last) out[static_cast<std::size_t>(r)] = wait(ps[static_cast<std::size_t>(r)]);
+  if (kill_last >= 0) {
+    ::kill(ps[static_cast<std::size_t>(kill_last)].pid, SIGKILL);
+    out[static_cast<std::size_t>(kill_last)] = wait(ps[static_cast<std::size_t>(kill_last)]);
+  }
   return out;
 }
 
@@ -112,7 +121,7 @@ TEST_CASE("collectives: a process killed in the middle of an all_reduce fails th
     CHECK(d.failed());
     CHECK(contains(d.out, "error PeerLostError"));
     // (a rank that had not yet received rank 1's barrier message sees it lost there)
-    CHECK(contains(d.out, "rank 1 was lost during"));
+    CHECK(contains(d.out, "rank 1 was lost"));
     CHECK(contains(d.out, "the connection to its process was lost"));
     const long ms = elapsed_ms(d.out);
     CHECK(ms >= 0);
@@ -132,3 +141,20 @@ TEST_CASE("collectives: 2 processes through OpenMPI's mpirun", "[collectives][mu
   require_all_ok(d.out, 2);
 }
 #endif
+
+TEST_CASE("collectives: a process that stops answering (SIGSTOP) is lost after the peer timeout",
+          "[collectives][multiprocess]") {
+  const long timeout_ms = 40000;  // the collective's own timeout: the peer timeout (3 s here) comes first
+  auto ds = run_by_hand(3, "stop", {{"DOPT_TIMEOUT_MS", std::to_string(timeout_ms)}, {"DOPT_PEER_TIMEOUT_MS", "3000"}}, 1);
+  for (int r : {0, 2}) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "error PeerLostError"));
+    CHECK(contains(d.out, "rank 1 was lost"));
+    const long ms = elapsed_ms(d.out);
+    CHECK(contains(d.out, "no word from its process for 3000 ms"));
+    CHECK(ms >= 3000);
+    CHECK(ms < 15000);
+  }
+}

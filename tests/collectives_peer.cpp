@@ -13,6 +13,9 @@
 //   dopt_collectives_peer kill       rank 1 joins a large all_reduce and then
 //                                    kills itself (SIGKILL): the others must get
 //                                    PeerLostError naming rank 1
+//   dopt_collectives_peer stop       the same, but rank 1 stops (SIGSTOP): its
+//                                    connections stay open and only the missing
+//                                    heartbeats tell (the test kills it after)
 //
 // stdout: "ok R <checks>" on success, otherwise "error KIND: MESSAGE" (and
 // "elapsed_ms N" for the failure scenarios) and exit status 1.
@@ -233,12 +236,12 @@ int main(int argc, char** argv) {
       Tensor t = Tensor::full({8}, 1.0);
       if (rank == 0) world.all_reduce(t);
       else world.broadcast(t, 0);
-    } else if (mode == "kill") {
+    } else if (mode == "kill" || mode == "stop") {
       Tensor t = Tensor::full({1 << 20}, 1.0);
       world.barrier();
       if (rank == 1) {
         auto f = world.all_reduce_async(t);
-        ::kill(::getpid(), SIGKILL);
+        ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
       }
       world.all_reduce(t);
     } else {

@@ -162,6 +162,8 @@ using p2ptmo_atom = caf::atom_constant<caf::atom("p2ptmo")>;
 using p2pcncl_atom = caf::atom_constant<caf::atom("p2pcncl")>;
 using initnet_atom = caf::atom_constant<caf::atom("initnet")>;
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
+using hb_atom = caf::atom_constant<caf::atom("hb")>;
+using hbtick_atom = caf::atom_constant<caf::atom("hbtick")>;
 
 namespace {
 
@@ -197,8 +199,6 @@ std::string group_str(std::uint64_t gid) { return gid == 0 ? "world group" : "gr
 /// In both, the direct algorithms of compute() read and write peers' buffers
 /// in place; between hosts a ring over TCP takes their place.
 enum class Plane : std::uint8_t { in_process, shm };
-
-const char* plane_name(Plane p) { return p == Plane::in_process ? "in-process" : "shared memory"; }
 
 /// Buffers of at most this many bytes travel inside the control message, and
 /// every rank computes the whole result itself (no done phase): latency wins.
@@ -242,6 +242,10 @@ struct RankState {
   std::unique_ptr<shm::ShmArena> arena;  // shm: blocks peers map
   shm::ShmMapCache maps;                  // shm: peers' segments
   std::map<P2PKey, Tensor> send_hold;       // net: staged send buffers until the reply
+  // net: liveness. A process that dies closes its connections (CAF's down_msg
+  // tells at once); one that is stopped or cut off only falls silent.
+  std::chrono::milliseconds peer_timeout{0};
+  std::vector<std::chrono::steady_clock::time_point> last_heard;
 
   std::map<CollKey, CollState> colls;
   std::set<CollKey> failed;                   // failed here; late messages are dropped
@@ -661,6 +665,24 @@ struct RankState {
     }
   }
 
+  /// Net: heartbeat every peer_timeout / 4; a peer silent for peer_timeout is lost.
+  void on_heartbeat_tick() {
+    const auto now = std::chrono::steady_clock::now();
+    for (int r = 0; r < world; ++r) {
+      if (r == rank || dead.count(r)) continue;
+      self->send(peers[static_cast<std::size_t>(r)], hb_atom::value, rank);
+      if (now - last_heard[static_cast<std::size_t>(r)] > peer_timeout) {
+        const std::string what = "no word from its process for " + std::to_string(peer_timeout.count()) +
+                                 " ms (stopped, hung or cut off)";
+        on_lost(r, what, true);
+        for (int k = 0; k < world; ++k)
+          if (k != rank && k != r && !dead.count(k))
+            self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, r, what);
+      }
+    }
+    self->delayed_send(self, peer_timeout / 4, hbtick_atom::value);
+  }
+
   void on_self_failed(const std::string& what) {
     if (self_failed) return;
     self_failed = true;
@@ -842,15 +864,24 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
       },
-      [self](initnet_atom, const PeersPtr& p) {
+      [self](initnet_atom, const PeersPtr& p, std::int64_t peer_timeout_ms) {
         // Real processes: peers are remote handles; buffers go through shared memory.
         auto& st = self->state;
         st.peers = p->actors;
         st.plane = Plane::shm;
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
+        st.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
+        st.last_heard.assign(static_cast<std::size_t>(st.world), std::chrono::steady_clock::now());
+        self->delayed_send(self, st.peer_timeout / 4, hbtick_atom::value);
         return true;
       },
+      [self](hb_atom, int from) {
+        auto& st = self->state;
+        if (from >= 0 && from < static_cast<int>(st.last_heard.size()))
+          st.last_heard[static_cast<std::size_t>(from)] = std::chrono::steady_clock::now();
+      },
+      [self](hbtick_atom) { self->state.on_heartbeat_tick(); },
       [self](arrive_atom, NetArrival& a) { self->state.on_net_arrive(a); },
       [self](p2p_atom, NetP2P& a) { self->state.on_net_p2p(a); },
       [self](call_atom, const OpPtr& op) { self->state.on_call(op); },
@@ -1091,7 +1122,8 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   {
     caf::scoped_actor self{sys};
     bool ok = false;
-    self->request(a, caf::infinite, initnet_atom::value, PeersPtr(peers))
+    self->request(a, caf::infinite, initnet_atom::value, PeersPtr(peers),
+                  static_cast<std::int64_t>(rt.options_.peer_timeout.count()))
         .receive([&](bool) { ok = true; },
                  [&](caf::error& e) {
                    throw StateError(op, "the rank actor did not start: " + sys.render(e), env.rank);
@@ -1138,6 +1170,7 @@ RuntimeOptions RuntimeOptions::from_env() {
   o.threads = env_int("DOPT_THREADS", 0);
   if (const char* p = std::getenv("DOPT_SCHEDULER_POLICY"); p && *p) o.policy = p;
   o.collective_timeout = std::chrono::milliseconds(env_int("DOPT_TIMEOUT_MS", static_cast<int>(o.collective_timeout.count())));
+  o.peer_timeout = std::chrono::milliseconds(env_int("DOPT_PEER_TIMEOUT_MS", static_cast<int>(o.peer_timeout.count())));
   o.validate();
   return o;
 }
@@ -1149,6 +1182,9 @@ void RuntimeOptions::validate() const {
     throw ValueError("Runtime", "scheduler policy must be 'stealing' or 'sharing', got '" + policy + "'");
   if (moderate_poll_attempts < 0)
     throw ValueError("Runtime", "moderate_poll_attempts must be >= 0, got " + std::to_string(moderate_poll_attempts));
+  if (peer_timeout.count() < 100)
+    throw ValueError("Runtime", "peer_timeout must be at least 100 ms, got " + std::to_string(peer_timeout.count()) +
+                                    " ms");
   if (collective_timeout.count() <= 0)
     throw ValueError("Runtime", "collective_timeout must be positive, got " +
                                     std::to_string(collective_timeout.count()) + " ms");

@@ -36,11 +36,16 @@ struct RuntimeOptions {
   int moderate_poll_attempts = 0;
   /// Default timeout of every wait of a collective (per group, settable).
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(300)};
+  /// Real processes: a peer process not heard from for this long (it sends a
+  /// heartbeat every peer_timeout / 4) is lost: stopped, hung or cut off. One
+  /// that dies is lost at once (its connections close).
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(10)};
 
   /// Defaults overridden by the environment:
   ///   DOPT_THREADS            positive integer -> threads
   ///   DOPT_SCHEDULER_POLICY   stealing | sharing -> policy
   ///   DOPT_TIMEOUT_MS         positive integer -> collective_timeout
+  ///   DOPT_PEER_TIMEOUT_MS    positive integer -> peer_timeout
   /// A malformed value throws dopt::ValueError naming the variable.
   static RuntimeOptions from_env();
   /// Throws dopt::ValueError for out-of-range values.
