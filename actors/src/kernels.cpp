@@ -23,32 +23,27 @@ inline T store(acc_t<T> v) {
   else return v;
 }
 
-template <class A>
-inline A combine(ReduceOp op, A a, A b) {
+template <ReduceOp Op, class A>
+inline A combine(A a, A b) {
   if constexpr (std::is_integral_v<A>) {
     using U = std::make_unsigned_t<A>;
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-      case ReduceOp::product: return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-      case ReduceOp::min: return b < a ? b : a;
-      case ReduceOp::max: return a < b ? b : a;
-    }
+    if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    else if constexpr (Op == ReduceOp::product) return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+    else if constexpr (Op == ReduceOp::min) return b < a ? b : a;
+    else return a < b ? b : a;
   } else {
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: return a + b;
-      case ReduceOp::product: return a * b;
-      case ReduceOp::min: return (b < a || b != b) ? b : a;  // NaN propagates
-      case ReduceOp::max: return (a < b || b != b) ? b : a;
-    }
+    if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) return a + b;
+    else if constexpr (Op == ReduceOp::product) return a * b;
+    else if constexpr (Op == ReduceOp::min) return (b < a || b != b) ? b : a;  // NaN propagates
+    else return (a < b || b != b) ? b : a;
   }
-  return a;
 }
 
-template <class T>
-void reduce_typed(ReduceOp op, const std::vector<const void*>& ins, const std::vector<void*>& outs,
-                  std::int64_t lo, std::int64_t count) {
+// The op is a template parameter so that the inner loops have no branch on
+// it and vectorise.
+template <class T, ReduceOp Op>
+void reduce_typed(const std::vector<const void*>& ins, const std::vector<void*>& outs, std::int64_t lo,
+                  std::int64_t count) {
   using A = acc_t<T>;
   constexpr std::int64_t B = 1024;
   std::array<A, B> acc;
@@ -59,10 +54,10 @@ void reduce_typed(ReduceOp op, const std::vector<const void*>& ins, const std::v
     for (std::int64_t i = 0; i < m; ++i) acc[i] = load(in0[i]);
     for (std::size_t k = 1; k < n; ++k) {
       const T* in = static_cast<const T*>(ins[k]) + start;
-      for (std::int64_t i = 0; i < m; ++i) acc[i] = combine<A>(op, acc[i], load(in[i]));
+      for (std::int64_t i = 0; i < m; ++i) acc[i] = combine<Op, A>(acc[i], load(in[i]));
     }
     if constexpr (!std::is_integral_v<A>) {
-      if (op == ReduceOp::avg) {
+      if constexpr (Op == ReduceOp::avg) {
         const A d = static_cast<A>(n);
         for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] / d;
       }
@@ -84,7 +79,13 @@ void reduce_range(ReduceOp op, DType dtype, const std::vector<const void*>& ins,
     if constexpr (std::is_same_v<T, bool>) {
       throw DTypeError("reduce", "bool tensors cannot be reduced");
     } else {
-      reduce_typed<T>(op, ins, outs, lo, count);
+      switch (op) {
+        case ReduceOp::sum: return reduce_typed<T, ReduceOp::sum>(ins, outs, lo, count);
+        case ReduceOp::avg: return reduce_typed<T, ReduceOp::avg>(ins, outs, lo, count);
+        case ReduceOp::product: return reduce_typed<T, ReduceOp::product>(ins, outs, lo, count);
+        case ReduceOp::min: return reduce_typed<T, ReduceOp::min>(ins, outs, lo, count);
+        case ReduceOp::max: return reduce_typed<T, ReduceOp::max>(ins, outs, lo, count);
+      }
     }
   });
 }

@@ -162,6 +162,7 @@ using p2ptmo_atom = caf::atom_constant<caf::atom("p2ptmo")>;
 using p2pcncl_atom = caf::atom_constant<caf::atom("p2pcncl")>;
 using initnet_atom = caf::atom_constant<caf::atom("initnet")>;
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
+using fetched_atom = caf::atom_constant<caf::atom("fetched")>;
 using hb_atom = caf::atom_constant<caf::atom("hb")>;
 using hbtick_atom = caf::atom_constant<caf::atom("hbtick")>;
 
@@ -242,6 +243,12 @@ struct RankState {
   std::unique_ptr<shm::ShmArena> arena;  // shm: blocks peers map
   shm::ShmMapCache maps;                  // shm: peers' segments
   std::map<P2PKey, Tensor> send_hold;       // net: staged send buffers until the reply
+  struct Held {
+    Tensor staging;    // our staged copy of a finished all_reduce
+    int expected = 0;  // peers that read from it (0: the call has not finished here yet)
+    int fetched = 0;   // peers that said they are done reading
+  };
+  std::map<CollKey, Held> held;             // net: staged copies peers still read
   // net: liveness. A process that dies closes its connections (CAF's down_msg
   // tells at once); one that is stopped or cut off only falls silent.
   std::chrono::milliseconds peer_timeout{0};
@@ -485,18 +492,49 @@ struct RankState {
     }
     if (st.n_done < n) return;
     if (st.staged) copy_out(st);
+    if (st.staged && op->desc.kind == CollKind::all_reduce && n > 1) {
+      // Peers copy their results out of our staged copy (and we out of
+      // theirs): it is reused only once each of them said so.
+      auto& h = held[key];
+      h.staging = st.arrivals[static_cast<std::size_t>(op->my_grank)]->tensors[0];
+      h.expected = n - 1;
+      for (int g = 0; g < n; ++g) {
+        const int peer = global_of(st, g);
+        if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], fetched_atom::value, key.first, key.second);
+      }
+      if (h.fetched >= h.expected) held.erase(key);
+    }
     op->promise.set_value();
     colls.erase(it);
+  }
+
+  void on_fetched(std::uint64_t gid, std::uint64_t seq) {
+    auto& h = held[{gid, seq}];
+    ++h.fetched;
+    if (h.expected > 0 && h.fetched >= h.expected) held.erase({gid, seq});
   }
 
   /// Net: the results peers wrote into this rank's staged copy.
   void copy_out(const CollState& st) {
     const auto& op = *st.local;
-    const bool out = op.desc.kind == CollKind::all_reduce ||
-                     (op.desc.kind == CollKind::reduce && op.my_grank == op.desc.root);
-    if (!out) return;
-    const Tensor& staged = st.arrivals[static_cast<std::size_t>(op.my_grank)]->tensors[0];
-    if (op.tensors[0].nbytes()) std::memcpy(op.tensors[0].data_ptr(), staged.data_ptr(), op.tensors[0].nbytes());
+    const int n = static_cast<int>(st.members->size());
+    const int me = op.my_grank;
+    if (op.desc.kind == CollKind::all_reduce) {
+      // Every peer g wrote its share (elements [g*numel/n, (g+1)*numel/n)) into its staged copy.
+      const std::int64_t numel = op.tensors[0].numel();
+      const std::size_t es = itemsize(op.desc.dtype);
+      for (int g = 0; g < n; ++g) {
+        if (g == me) continue;
+        const std::int64_t lo = numel * g / n, hi = numel * (g + 1) / n;
+        if (hi > lo)
+          std::memcpy(static_cast<char*>(op.tensors[0].data_ptr()) + lo * es,
+                      static_cast<const char*>(st.arrivals[static_cast<std::size_t>(g)]->tensors[0].data_ptr()) + lo * es,
+                      static_cast<std::size_t>(hi - lo) * es);
+      }
+    } else if (op.desc.kind == CollKind::reduce && me == op.desc.root) {
+      const Tensor& staged = st.arrivals[static_cast<std::size_t>(me)]->tensors[0];
+      if (op.tensors[0].nbytes()) std::memcpy(op.tensors[0].data_ptr(), staged.data_ptr(), op.tensors[0].nbytes());
+    }
   }
 
   /// This rank's part of the work, on direct-access buffers (see process_group.hpp).
@@ -523,6 +561,11 @@ struct RankState {
           lo = 0;
           hi = numel;
           outs.push_back(op.tensors[0].data_ptr());
+        } else if (op.desc.kind == CollKind::all_reduce && st.staged) {
+          // Shared memory: our share goes into our own tensor and our staged
+          // copy, where the peers fetch it once everybody is done (copy_out).
+          outs.push_back(op.tensors[0].data_ptr());
+          outs.push_back(arr(me).tensors[0].data_ptr());
         } else if (op.desc.kind == CollKind::all_reduce) {
           for (int g = 0; g < n; ++g) outs.push_back(arr(g).tensors[0].data_ptr());
         } else {
@@ -887,6 +930,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       [self](call_atom, const OpPtr& op) { self->state.on_call(op); },
       [self](arrive_atom, const ArrivalPtr& a) { self->state.on_arrive(a); },
       [self](done_atom, std::uint64_t gid, std::uint64_t seq) { self->state.on_done(gid, seq); },
+      [self](fetched_atom, std::uint64_t gid, std::uint64_t seq) { self->state.on_fetched(gid, seq); },
       [self](tmo_atom, std::uint64_t gid, std::uint64_t seq) { self->state.on_timeout(gid, seq); },
       [self](abort_atom, std::uint64_t gid, int from, const std::string& msg) {
         self->state.on_abort(gid, from, msg);
