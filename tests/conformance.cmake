@@ -9,6 +9,7 @@
 option(DOPT_CONFORMANCE "Require the conformance cases in DOPT_SHARED_DIR" ON)
 # Each further kind is added on its own line: list(APPEND DOPT_REPLAY_WRAPPERS kind)
 set(DOPT_REPLAY_WRAPPERS local)
+list(APPEND DOPT_REPLAY_WRAPPERS post_local_sgd)
 list(APPEND DOPT_REPLAY_WRAPPERS zero)
 set(_conf_cases_dir "${DOPT_SHARED_DIR}/conformance/cases")
 set(_conf_checker "${DOPT_SHARED_DIR}/conformance/check_replay.py")

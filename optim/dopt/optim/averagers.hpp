@@ -1,0 +1,151 @@
+#pragma once
+// Model averaging: torch 1.13's torch.distributed.algorithms.model_averaging
+// (utils.average_parameters, ModelAverager, PeriodicModelAverager,
+// HierarchicalModelAverager; spec section 2.5).
+//
+//   PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100, ctx.world());
+//   for (...) { ...; opt.step(); averager.average_parameters(opt.param_groups()); }
+//
+// Arithmetic (bitwise torch's): the parameters of one dtype are copied into
+// one flat buffer, the buffer is divided in place by the group size, then
+// all-reduced with SUM; each parameter gets its slice back. So the result is
+// sum_r (p_r / n), not (sum_r p_r) / n (spec 2.5 step 3, section 6 item 9).
+//
+// Collective contract. average_parameters (on an averager or the free
+// functions) is a collective over the selected group when it averages: every
+// member calls it in the same step with the same list of parameters to
+// average (same count, dtypes and sizes, after the gradient filter below), or
+// the all_reduce fails with CollectiveMismatchError. A rank that is not a
+// member of the group returns without touching anything. The averagers'
+// schedules depend only on their step counter, so ranks that construct them
+// alike and call them once per optimizer step stay in step.
+//
+// Gradient filter (torch's get_params_to_average): only parameters whose
+// grad() is defined are averaged. The overloads taking param groups average
+// the groups' parameters with a gradient.
+//
+// Differences from torch (docs/post-local-sgd.md): one all_reduce per dtype
+// (torch concatenates with type promotion); results are copied back into the
+// parameters' own storage (torch re-points p.data at the flat buffer, breaking
+// views such as ZeRO's bucket view); HierarchicalModelAverager takes an
+// ordered std::map, so periods are always ascending; its subgroups are real
+// dopt subgroups, also on CPU (torch 1.13 requires CUDA for new_subgroups).
+//
+// Not thread-safe: one thread per rank at a time.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/optim/optimizer.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::optim {
+
+/// Parameters with a defined gradient, in order (torch's get_params_to_average).
+std::vector<Tensor> get_params_to_average(const std::vector<Tensor>& params);
+std::vector<Tensor> get_params_to_average(const std::vector<OptimizerParamGroup>& groups);
+
+/// Averages `params` over `group` (no gradient filter here): per dtype, in
+/// order of first appearance, one flat buffer, divided by group.size(), one
+/// all_reduce_async(SUM). The returned future completes once every
+/// parameter holds its average; until then the parameters must not be
+/// touched. A non-member of the group gets a ready future and nothing
+/// changes. Floating-point CPU tensors only (TypeError otherwise; float16 and
+/// bfloat16 are divided in float32 and rounded, like torch's Half math).
+Future<void> average_parameters_async(const std::vector<Tensor>& params, ProcessGroup group);
+/// Blocking form: average_parameters_async(...).get().
+void average_parameters(const std::vector<Tensor>& params, ProcessGroup group);
+/// torch's average_parameters_or_parameter_groups: filter by gradient, then average.
+void average_parameters_or_parameter_groups(const std::vector<Tensor>& params, ProcessGroup group);
+void average_parameters_or_parameter_groups(const std::vector<OptimizerParamGroup>& groups,
+                                            ProcessGroup group);
+
+/// Base of the averagers: a process group and a step counter.
+class ModelAverager {
+ public:
+  virtual ~ModelAverager() = default;
+  ModelAverager(const ModelAverager&) = delete;
+  ModelAverager& operator=(const ModelAverager&) = delete;
+
+  /// Averages (when the schedule says so, see the subclasses) the parameters
+  /// with a gradient, then advances step() by one. A collective on averaging
+  /// steps (header).
+  void average_parameters(const std::vector<Tensor>& params);
+  void average_parameters(const std::vector<OptimizerParamGroup>& groups);
+
+  /// The group averaging would use at the current step; empty when this step
+  /// does not average. Local, no communication.
+  virtual std::optional<ProcessGroup> group_for_step(std::int64_t step) const = 0;
+  /// Whether the next average_parameters call averages.
+  bool will_average() const { return group_for_step(step_).has_value(); }
+
+  /// Steps before the first averaging (both averagers have one).
+  virtual std::int64_t warmup_steps() const noexcept = 0;
+
+  /// Calls of average_parameters so far (torch's averager.step).
+  std::int64_t step() const noexcept { return step_; }
+  /// Restores the counter (PostLocalSGDOptimizer::load_state_dict). Negative: ValueError.
+  void set_step(std::int64_t step);
+
+  const ProcessGroup& process_group() const noexcept { return process_group_; }
+
+ protected:
+  /// An invalid group is a ValueError naming `op`.
+  ModelAverager(ProcessGroup process_group, const char* op);
+
+ private:
+  ProcessGroup process_group_;
+  std::int64_t step_ = 0;
+};
+
+/// Averages on process_group at steps warmup_steps, warmup_steps + period, ...
+/// i.e. when step >= warmup_steps and (step - warmup_steps) % period == 0.
+class PeriodicModelAverager : public ModelAverager {
+ public:
+  /// Errors in torch's order: warmup_steps < 0, then period < 1 (ValueError);
+  /// period == 1 warns on stderr (plain data parallelism would do).
+  PeriodicModelAverager(std::int64_t period, std::int64_t warmup_steps, ProcessGroup process_group);
+
+  std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;
+  std::int64_t warmup_steps() const noexcept override { return warmup_steps_; }
+  std::int64_t period() const noexcept { return period_; }
+
+ private:
+  std::int64_t period_;
+  std::int64_t warmup_steps_;
+};
+
+/// Averages on groups of different sizes at different periods. For each
+/// (period -> group size) entry, ascending periods: a group size equal to
+/// process_group.size() uses process_group itself; a smaller one uses the
+/// subgroups process_group.new_subgroups(size) (contiguous blocks of ranks;
+/// process_group must then be the world group). From warmup_steps on, a step
+/// averages on the group of the largest period dividing the *absolute* step
+/// (torch: step % period, not (step - warmup) % period).
+///
+/// The constructor is a collective over the world when it creates subgroups
+/// (one new_subgroups per entry whose size differs from process_group's, in
+/// ascending period order). Errors (ValueError): an empty map; a first period
+/// < 1; the last group size != process_group.size(); a group size < 1 or not
+/// dividing process_group.size(); warmup_steps < 0 (checked after the
+/// subgroups were created, like torch). A last period of 1 warns on stderr.
+class HierarchicalModelAverager : public ModelAverager {
+ public:
+  HierarchicalModelAverager(std::map<std::int64_t, int> period_group_size, std::int64_t warmup_steps,
+                            ProcessGroup process_group);
+
+  std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;
+  std::int64_t warmup_steps() const noexcept override { return warmup_steps_; }
+  /// period -> the group this rank averages on at that period.
+  const std::map<std::int64_t, ProcessGroup>& period_process_groups() const noexcept { return groups_; }
+
+ private:
+  std::map<std::int64_t, ProcessGroup> groups_;
+  std::int64_t warmup_steps_;
+};
+
+}  // namespace dopt::optim
