@@ -1,0 +1,149 @@
+// ZeroRedundancyOptimizer and Join between real processes: tests/zero_peer.cpp
+// is one rank; it checks its parameters and state bitwise against a plain
+// local optimizer it runs itself on independently averaged gradients and
+// prints "ok R CHECKS". Launched through dopt-run and by hand (environment set
+// here). CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "process_util.hpp"
+
+namespace {
+
+using namespace dopt_test;
+namespace fs = std::filesystem;
+
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_zero_peer";
+const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
+
+/// Every rank 0..n-1 printed "ok R CHECKS" with CHECKS >= min_checks (lines may
+/// carry dopt-run's "[rank R] " prefix), and nobody printed "error".
+void require_all_ok(const std::string& out, int n, long min_checks) {
+  INFO(out);
+  CHECK_FALSE(contains(out, "error "));
+  std::map<int, long> ok;
+  for (const std::string& line : lines_of(out)) {
+    auto p = line.find("ok ");
+    if (p == std::string::npos) continue;
+    std::istringstream ss(line.substr(p + 3));
+    int r = -1;
+    long checks = 0;
+    if (ss >> r >> checks) ok[r] = checks;
+  }
+  REQUIRE(static_cast<int>(ok.size()) == n);
+  for (const auto& [r, checks] : ok) {
+    CHECK(r >= 0);
+    CHECK(r < n);
+    CHECK(checks >= min_checks);
+  }
+}
+
+void through_dopt_run(int n, std::vector<std::string> args, long min_checks) {
+  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
+  std::vector<std::string> argv{kDoptRun, "--nproc-per-node", std::to_string(n), "--master-port", "0", kPeer};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const Done d = wait(start(argv, kEnv));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_all_ok(d.out, n, min_checks);
+}
+
+void by_hand(int n, const std::vector<std::string>& args, long min_checks) {
+  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
+  const int port = free_port();
+  std::vector<Proc> ps;
+  for (int r = 0; r < n; ++r) {
+    auto env = rank_env(r, n, port);
+    env.insert(kEnv.begin(), kEnv.end());
+    std::vector<std::string> argv{kPeer};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ps.push_back(start(argv, env));
+  }
+  std::string all;
+  for (int r = 0; r < n; ++r) {
+    const Done d = wait(ps[static_cast<std::size_t>(r)]);
+    INFO("rank " << r << ": " << d.out);
+    CHECK(d.ok());
+    all += d.out;
+  }
+  require_all_ok(all, n, min_checks);
+}
+
+/// A fresh folder under the temp dir, removed by the destructor.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path = fs::temp_directory_path() / ("dopt-zero-mp-" + std::to_string(::getpid()) + "-" + name);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Checks per rank the scenarios make at least (each step compares every
+// parameter and every averaged gradient).
+constexpr long kParityChecks = 500;
+constexpr long kCkptChecks = 200;
+constexpr long kJoinChecks = 200;
+
+}  // namespace
+
+TEST_CASE("zero multiprocess: bitwise parity with a plain optimizer through dopt-run (2, 3, 5 processes)",
+          "[zero][multiprocess]") {
+  const int n = GENERATE(2, 3, 5);
+  INFO(n << " processes");
+  through_dopt_run(n, {"parity"}, kParityChecks);
+}
+
+TEST_CASE("zero multiprocess: bitwise parity, processes started by hand (3, 5)", "[zero][multiprocess]") {
+  const int n = GENERATE(3, 5);
+  INFO(n << " processes");
+  by_hand(n, {"parity"}, kParityChecks);
+}
+
+TEST_CASE("zero multiprocess: sharded checkpoint saved by 3 processes resumes at 2 and 5 like an uninterrupted run",
+          "[zero][multiprocess]") {
+  TempDir dir("ckpt");
+  through_dopt_run(3, {"save", dir.path.string()}, kCkptChecks);
+  for (const char* cfg : {"Adam-plain", "Adam-bucket", "SGD-bucket"})
+    for (int r = 0; r < 3; ++r) {
+      INFO(cfg << " shard " << r);
+      CHECK(fs::exists(dir.path / cfg / ("optim-rank" + std::to_string(r) + "-of-3.safetensors")));
+    }
+  {
+    INFO("load at 2 (by hand)");
+    by_hand(2, {"load", dir.path.string(), "3"}, kCkptChecks);
+  }
+  {
+    INFO("load at 5 (dopt-run)");
+    through_dopt_run(5, {"load", dir.path.string(), "3"}, kCkptChecks);
+  }
+  {
+    INFO("load at 3 (dopt-run)");
+    through_dopt_run(3, {"load", dir.path.string(), "3"}, kCkptChecks);
+  }
+}
+
+TEST_CASE("zero multiprocess: sharded checkpoint saved by 5 processes resumes at 2", "[zero][multiprocess]") {
+  TempDir dir("ckpt5");
+  through_dopt_run(5, {"save", dir.path.string()}, kCkptChecks);
+  by_hand(2, {"load", dir.path.string(), "5"}, kCkptChecks);
+}
+
+TEST_CASE("zero multiprocess: uneven inputs under Join (rank 1 has fewer batches) through dopt-run (2, 3, 5)",
+          "[zero][join][multiprocess]") {
+  const int n = GENERATE(2, 3, 5);
+  INFO(n << " processes");
+  through_dopt_run(n, {"join"}, kJoinChecks);
+}
+
+TEST_CASE("zero multiprocess: uneven inputs under Join, processes started by hand (3)", "[zero][join][multiprocess]") {
+  by_hand(3, {"join"}, kJoinChecks);
+}

@@ -1,0 +1,540 @@
+// One rank of the real-process ZeroRedundancyOptimizer tests
+// (tests/zero_multiprocess.test.cpp). Started by dopt-run or by hand; joins
+// the world with dopt::init_process_group and runs one scenario:
+//
+//   dopt_zero_peer parity            ZeRO(Adam) and ZeRO(SGD, momentum), bucket
+//                                    view off and on, two parameter groups
+//                                    (one frozen parameter, one gradient left
+//                                    out at one step), plus a 3-parameter model
+//                                    (more ranks than parameters at 5); then
+//                                    consolidate_state_dict on the last rank
+//   dopt_zero_peer save DIR          steps 0..2 at this world size N, then
+//                                    save_sharded(DIR/<config>)
+//   dopt_zero_peer load DIR N        at this world size M: load_sharded of a
+//                                    checkpoint saved at N, steps 3..5
+//   dopt_zero_peer join              uneven inputs under Join: rank 1 has two
+//                                    batches fewer than the others
+//
+// Every check is against values this process computes itself: per-rank
+// gradients are a function of (rank, step, parameter index, element), so every
+// process can compute every rank's gradient, average them and run a plain
+// local optimizer (the reference) on the result. The gradients are multiples
+// of 1/256 below 2 in magnitude, so their sum over up to 5 ranks is exact in
+// float32 whatever order the all_reduce adds them in; the division by the
+// world size is the same float32 operation on both sides. ZeRO runs the same
+// kernels as the plain optimizer, so parameters and state must match
+// bitwise.
+//
+// stdout: "ok R <checks>" on success, otherwise "error KIND: MESSAGE" and exit
+// status 1.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/distributed.hpp"
+#include "dopt/actors/join.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/optim/zero.hpp"
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace {
+
+using dopt::DType;
+using dopt::ProcessGroup;
+using dopt::ReduceOp;
+using dopt::Shape;
+using dopt::Tensor;
+using dopt::optim::OptimizerParamGroup;
+using dopt::optim::OptimizerSpec;
+using dopt::optim::ZeroOptions;
+using dopt::optim::ZeroRedundancyOptimizer;
+namespace fs = std::filesystem;
+
+const char* kind_of(const dopt::Error& e) {
+  if (dynamic_cast<const dopt::TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const dopt::CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
+  if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
+  if (dynamic_cast<const dopt::StateDictError*>(&e)) return "StateDictError";
+  if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
+  if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
+  if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
+  return "Error";
+}
+
+std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// Rank r's gradient of parameter i at step t, element k: a multiple of 1/256 in [-2, 2).
+float grad_elem(int r, int t, std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
+                                      static_cast<std::uint64_t>(i)) +
+                                static_cast<std::uint64_t>(k));
+  return static_cast<float>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0f;
+}
+
+/// Initial value of parameter i, element k (any float; both sides start from it).
+float init_elem(std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
+  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+struct Model {
+  std::vector<Shape> shapes;
+  std::vector<std::vector<std::size_t>> groups;  // parameter indices per group
+  std::vector<dopt::Hyperparams> overrides;      // per group
+  std::size_t frozen = SIZE_MAX;                 // requires_grad false, never a grad
+  std::size_t skip_param = SIZE_MAX;             // no grad at step skip_step
+  int skip_step = -1;
+  std::size_t n() const { return shapes.size(); }
+  bool has_grad(int t, std::size_t i) const { return i != frozen && !(i == skip_param && t == skip_step); }
+};
+
+/// Two groups; 40000 and 70001 elements travel through shared memory, the
+/// small ones inline.
+Model big_model(const std::string& opt) {
+  Model m;
+  m.shapes = {{5}, {40000}, {9}, {3}, {7, 11}, {1}, {70001}, {4, 3}, {}};
+  m.groups = {{0, 1, 2, 3, 4}, {5, 6, 7, 8}};
+  if (opt == "Adam") m.overrides = {{{"lr", 0.05}}, {}};
+  else m.overrides = {{}, {{"lr", 0.02}, {"nesterov", true}, {"dampening", 0.0}}};
+  m.frozen = 3;
+  m.skip_param = 7;
+  m.skip_step = 1;
+  return m;
+}
+
+/// Three parameters: at 5 ranks, two ranks own nothing.
+Model tiny_model() {
+  Model m;
+  m.shapes = {{6}, {2000}, {1}};
+  m.groups = {{0, 1, 2}};
+  m.overrides = {{}};
+  return m;
+}
+
+OptimizerSpec spec_of(const std::string& opt) {
+  if (opt == "Adam") return OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
+  return OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
+}
+
+std::vector<Tensor> initial_params(const Model& m) {
+  std::vector<Tensor> ps;
+  for (std::size_t i = 0; i < m.n(); ++i) {
+    Tensor p = Tensor::empty(m.shapes[i], DType::float32);
+    float* d = p.data<float>();
+    for (std::int64_t k = 0; k < p.numel(); ++k) d[k] = init_elem(i, k);
+    if (i == m.frozen) p.set_requires_grad(false);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+std::vector<OptimizerParamGroup> make_groups(const Model& m, const OptimizerSpec& spec,
+                                             const std::vector<Tensor>& params) {
+  std::vector<OptimizerParamGroup> out;
+  for (std::size_t g = 0; g < m.groups.size(); ++g) {
+    std::vector<Tensor> ps;
+    for (auto i : m.groups[g]) ps.push_back(params[i]);
+    dopt::Hyperparams h = spec.hyperparameters;
+    for (const auto& [k, v] : m.overrides[g]) h[k] = v;
+    out.emplace_back(std::move(ps), dopt::optim::make_options(OptimizerSpec{spec.name, h}));
+  }
+  return out;
+}
+
+/// Rank r's own gradient of parameter i at step t (zeros for an inactive rank).
+Tensor rank_grad(int r, int t, std::size_t i, const Shape& s, bool active = true) {
+  Tensor g = Tensor::zeros(s, DType::float32);
+  if (!active) return g;
+  float* d = g.data<float>();
+  for (std::int64_t k = 0; k < g.numel(); ++k) d[k] = grad_elem(r, t, i, k);
+  return g;
+}
+
+/// The average over `world` ranks computed here (rank order; exact sums).
+Tensor averaged_grad(int world, int t, std::size_t i, const Shape& s, const std::vector<bool>& active = {}) {
+  Tensor acc = Tensor::zeros(s, DType::float32);
+  float* a = acc.data<float>();
+  for (int r = 0; r < world; ++r) {
+    if (!active.empty() && !active[static_cast<std::size_t>(r)]) continue;
+    Tensor g = rank_grad(r, t, i, s);
+    const float* d = g.data<float>();
+    for (std::int64_t k = 0; k < acc.numel(); ++k) a[k] = a[k] + d[k];
+  }
+  for (std::int64_t k = 0; k < acc.numel(); ++k) a[k] = a[k] / static_cast<float>(world);
+  return acc;
+}
+
+struct Checker {
+  int rank;
+  long checks = 0;
+  void expect(bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) throw dopt::Error("check", what, rank);
+  }
+  /// Same shape and dtype and the same bytes.
+  void bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
+    expect(got.defined() && want.defined(), what + ": undefined tensor");
+    expect(got.dtype() == want.dtype(), what + ": dtype differs");
+    expect(got.shape() == want.shape(), what + ": shape " + dopt::shape_str(got.shape()) + " vs " +
+                                            dopt::shape_str(want.shape()));
+    const Tensor g = got.clone(), w = want.clone();  // contiguous own storage
+    if (std::memcmp(g.data_ptr(), w.data_ptr(), g.nbytes()) != 0) {
+      std::int64_t k = 0;
+      if (g.dtype() == DType::float32)
+        while (k < g.numel() && std::memcmp(g.data<float>() + k, w.data<float>() + k, 4) == 0) ++k;
+      if (k >= g.numel()) k = 0;
+      expect(false, what + ": bits differ (first at element " + std::to_string(k) + ": " + std::to_string(g.at(k)) +
+                        " vs " + std::to_string(w.at(k)) + ")");
+    }
+  }
+  void params(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
+    expect(got.size() == want.size(), what + ": parameter count");
+    for (std::size_t i = 0; i < got.size(); ++i) bitwise(got[i], want[i], what + ", parameter " + std::to_string(i));
+  }
+  void state(const dopt::StateDict& got, const dopt::StateDict& want, const std::string& what) {
+    expect(got.param_groups.size() == want.param_groups.size(), what + ": group count");
+    for (std::size_t g = 0; g < got.param_groups.size(); ++g) {
+      expect(got.param_groups[g].params == want.param_groups[g].params, what + ": indices of group " + std::to_string(g));
+      expect(got.param_groups[g].hyperparams == want.param_groups[g].hyperparams,
+             what + ": hyperparameters of group " + std::to_string(g));
+    }
+    expect(got.state.size() == want.state.size(), what + ": " + std::to_string(got.state.size()) +
+                                                      " state entries, the reference has " +
+                                                      std::to_string(want.state.size()));
+    for (const auto& [idx, st] : want.state) {
+      auto it = got.state.find(idx);
+      expect(it != got.state.end(), what + ": no state for parameter " + std::to_string(idx));
+      expect(it->second.size() == st.size(), what + ": keys of parameter " + std::to_string(idx));
+      for (const auto& [key, t] : st) {
+        auto kt = it->second.find(key);
+        expect(kt != it->second.end(), what + ": no '" + key + "' for parameter " + std::to_string(idx));
+        bitwise(kt->second, t, what + ": '" + key + "' of parameter " + std::to_string(idx));
+      }
+    }
+  }
+};
+
+/// Sets this rank's averaged gradients for step t through all_reduce(sum) /
+/// world, like DDP, and checks them against the independently computed average.
+void set_averaged_grads(const Model& m, ProcessGroup& world, const std::vector<Tensor>& params, int t, Checker& c) {
+  for (std::size_t i = 0; i < m.n(); ++i) {
+    if (!m.has_grad(t, i)) {
+      params[i].set_grad(Tensor());
+      continue;
+    }
+    Tensor g = rank_grad(world.rank(), t, i, m.shapes[i]);
+    world.all_reduce(g, ReduceOp::sum);
+    float* d = g.data<float>();
+    for (std::int64_t k = 0; k < g.numel(); ++k) d[k] = d[k] / static_cast<float>(world.size());
+    c.bitwise(g, averaged_grad(world.size(), t, i, m.shapes[i]), "averaged gradient " + std::to_string(i));
+    params[i].set_grad(g);
+  }
+}
+
+/// The reference: a plain optimizer stepping on the averaged gradients.
+struct Reference {
+  std::vector<Tensor> params;
+  std::unique_ptr<dopt::optim::Optimizer> opt;
+  const Model& m;
+  Reference(const Model& model, const OptimizerSpec& spec) : params(initial_params(model)), m(model) {
+    opt = dopt::optim::make_optimizer(spec, make_groups(model, spec, params));
+  }
+  void step(int world, int t) {
+    for (std::size_t i = 0; i < m.n(); ++i)
+      params[i].set_grad(m.has_grad(t, i) ? averaged_grad(world, t, i, m.shapes[i]) : Tensor());
+    opt->step();
+  }
+};
+
+std::unique_ptr<ZeroRedundancyOptimizer> make_zero(const Model& m, const OptimizerSpec& spec,
+                                                   const std::vector<Tensor>& params, ProcessGroup& world,
+                                                   bool bucket) {
+  ZeroOptions o;
+  o.process_group = world;
+  o.parameters_as_bucket_view = bucket;
+  return std::make_unique<ZeroRedundancyOptimizer>(make_groups(m, spec, params), spec, o);
+}
+
+void parity_one(ProcessGroup& world, Checker& c, const Model& m, const std::string& opt, bool bucket,
+                const std::string& name) {
+  const int steps = 4;
+  const OptimizerSpec spec = spec_of(opt);
+  const std::string tag = name + " " + opt + (bucket ? " bucket_view" : "");
+  auto params = initial_params(m);
+  auto zero = make_zero(m, spec, params, world, bucket);
+  Reference ref(m, spec);
+  // Ownership: every parameter has exactly one owner; the local optimizer
+  // holds exactly this rank's parameters.
+  const auto owners = zero->param_owners();
+  c.expect(owners.size() == m.n(), tag + ": owners");
+  std::size_t mine = 0;
+  for (int o : owners) {
+    c.expect(o >= 0 && o < world.size(), tag + ": owner in range");
+    if (o == world.rank()) ++mine;
+  }
+  std::size_t local = 0;
+  for (const auto& g : zero->optim().param_groups()) local += g.params.size();
+  c.expect(local == mine, tag + ": the local optimizer holds this rank's parameters");
+  if (static_cast<std::size_t>(world.size()) > m.n() && world.rank() >= static_cast<int>(m.n()))
+    c.expect(mine == 0, tag + ": a surplus rank owns nothing");
+  for (int t = 0; t < steps; ++t) {
+    set_averaged_grads(m, world, params, t, c);
+    zero->step();
+    ref.step(world.size(), t);
+    c.params(params, ref.params, tag + ", step " + std::to_string(t));
+  }
+  c.expect(zero->step_count() == steps, tag + ": step_count");
+  // consolidate_state_dict on the last rank (a non-zero one when W > 1).
+  const int to = world.size() - 1;
+  zero->consolidate_state_dict(to);
+  const dopt::StateDict want = ref.opt->state_dict();
+  if (world.rank() == to) {
+    c.state(zero->state_dict(), want, tag + ": state_dict on rank " + std::to_string(to));
+  } else {
+    bool threw = false;
+    try {
+      (void)zero->state_dict();
+    } catch (const dopt::StateError& e) {
+      threw = std::string(e.what()).find("consolidate_state_dict(to=") != std::string::npos;
+    }
+    c.expect(threw, tag + ": state_dict on an unconsolidated rank throws StateError");
+  }
+  // A new consolidation on rank 0 wipes the one on the last rank.
+  zero->consolidate_state_dict(0);
+  if (world.rank() == 0) c.state(zero->state_dict(), want, tag + ": state_dict on rank 0");
+  if (world.rank() != 0) {
+    bool threw = false;
+    try {
+      (void)zero->state_dict();
+    } catch (const dopt::StateError&) {
+      threw = true;
+    }
+    c.expect(threw, tag + ": an earlier consolidation is wiped");
+  }
+  // The local state is a share: this rank's parameters only.
+  std::int64_t ref_bytes = 0;
+  for (std::size_t i = 0; i < m.n(); ++i)
+    if (owners[i] == world.rank()) {
+      auto it = want.state.find(static_cast<std::int64_t>(i));
+      if (it == want.state.end()) continue;
+      for (const auto& [k, t] : it->second) ref_bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+  c.expect(zero->local_state_bytes() == ref_bytes, tag + ": local state bytes");
+}
+
+void parity(ProcessGroup& world, Checker& c) {
+  for (const std::string opt : {"Adam", "SGD"})
+    for (bool bucket : {false, true}) {
+      parity_one(world, c, big_model(opt), opt, bucket, "two groups");
+      parity_one(world, c, tiny_model(), opt, bucket, "three params");
+    }
+}
+
+// Checkpoint configurations: (optimizer, bucket view).
+const std::vector<std::pair<std::string, bool>> kCkptConfigs{{"Adam", false}, {"Adam", true}, {"SGD", true}};
+constexpr int kSavedSteps = 3;
+constexpr int kResumedSteps = 3;
+
+std::string config_dir(const std::string& dir, const std::string& opt, bool bucket) {
+  return (fs::path(dir) / (opt + (bucket ? "-bucket" : "-plain"))).string();
+}
+
+void save(ProcessGroup& world, Checker& c, const std::string& dir) {
+  for (const auto& [opt, bucket] : kCkptConfigs) {
+    const Model m = big_model(opt);
+    const OptimizerSpec spec = spec_of(opt);
+    auto params = initial_params(m);
+    auto zero = make_zero(m, spec, params, world, bucket);
+    Reference ref(m, spec);
+    for (int t = 0; t < kSavedSteps; ++t) {
+      set_averaged_grads(m, world, params, t, c);
+      zero->step();
+      ref.step(world.size(), t);
+      c.params(params, ref.params, "save " + opt + (bucket ? " bucket_view" : "") + ", step " + std::to_string(t));
+    }
+    const std::string d = config_dir(dir, opt, bucket);
+    zero->save_sharded(d);
+    c.expect(fs::exists(fs::path(d) / ZeroRedundancyOptimizer::shard_file_name(world.rank(), world.size())),
+             "shard file written");
+  }
+}
+
+void load(ProcessGroup& world, Checker& c, const std::string& dir, int saved_world) {
+  for (const auto& [opt, bucket] : kCkptConfigs) {
+    const Model m = big_model(opt);
+    const OptimizerSpec spec = spec_of(opt);
+    const std::string tag = "resume " + opt + (bucket ? " bucket_view" : "") + " saved at " +
+                            std::to_string(saved_world) + ", loaded at " + std::to_string(world.size());
+    // The uninterrupted run: steps 0..2 averaged over the saving world, then
+    // steps 3..5 averaged over this one, with one plain optimizer.
+    Reference ref(m, spec);
+    for (int t = 0; t < kSavedSteps; ++t) ref.step(saved_world, t);
+    // Parameter values come from the "model checkpoint": the reference's.
+    auto params = initial_params(m);
+    for (std::size_t i = 0; i < m.n(); ++i) params[i].copy_(ref.params[i]);
+    auto zero = make_zero(m, spec, params, world, bucket);
+    const auto report = zero->load_sharded(config_dir(dir, opt, bucket));
+    c.expect(report.saved_world_size == saved_world, tag + ": saved world size " +
+                                                         std::to_string(report.saved_world_size));
+    c.expect(zero->step_count() == kSavedSteps, tag + ": step count restored");
+    // Only the shards that held this rank's parameters at the old partition
+    // are opened (which ones is not recomputed here: each one at most once,
+    // in rank order, and one at least when this rank owns anything).
+    std::size_t owned = 0;
+    for (int o : zero->param_owners()) owned += o == world.rank() ? 1 : 0;
+    c.expect((owned == 0) == report.shards_read.empty(), tag + ": shards read only when needed");
+    for (std::size_t k = 0; k < report.shards_read.size(); ++k) {
+      c.expect(report.shards_read[k] >= 0 && report.shards_read[k] < saved_world, tag + ": shard index in range");
+      if (k > 0) c.expect(report.shards_read[k - 1] < report.shards_read[k], tag + ": shards opened once, ascending");
+    }
+    for (int t = kSavedSteps; t < kSavedSteps + kResumedSteps; ++t) {
+      set_averaged_grads(m, world, params, t, c);
+      zero->step();
+      ref.step(world.size(), t);
+      c.params(params, ref.params, tag + ", step " + std::to_string(t));
+    }
+    zero->consolidate_state_dict(0);
+    if (world.rank() == 0) c.state(zero->state_dict(), ref.opt->state_dict(), tag + ": final state");
+  }
+}
+
+// A minimal DDP stand-in (as in optim/src/zero.test.cpp): averages this
+// iteration's gradients over all ranks; its join hook shadows the all-reduces
+// with zeros and leaves the averaged gradients in place.
+class GradAverager : public dopt::Joinable {
+ public:
+  GradAverager(ProcessGroup g, std::vector<Tensor> params) : group_(std::move(g)), params_(std::move(params)) {}
+  void average(const std::vector<Tensor>& grads) {
+    dopt::Join::notify_join_context(*this).get();
+    for (std::size_t i = 0; i < params_.size(); ++i) reduce(i, grads[i].clone());
+  }
+  std::unique_ptr<dopt::JoinHook> join_hook() override { return std::make_unique<Hook>(*this); }
+  dopt::Device join_device() const override { return dopt::Device::cpu(); }
+  ProcessGroup join_process_group() const override { return group_; }
+  int hook_calls = 0;
+
+ private:
+  void reduce(std::size_t i, Tensor g) {
+    group_.all_reduce(g, ReduceOp::sum);
+    float* d = g.data<float>();
+    for (std::int64_t k = 0; k < g.numel(); ++k) d[k] = d[k] / static_cast<float>(group_.size());
+    params_[i].set_grad(g);
+  }
+  struct Hook : dopt::JoinHook {
+    explicit Hook(GradAverager& a) : avg(a) {}
+    void main_hook() override {
+      ++avg.hook_calls;
+      for (std::size_t i = 0; i < avg.params_.size(); ++i)
+        avg.reduce(i, Tensor::zeros(avg.params_[i].shape(), avg.params_[i].dtype()));
+    }
+    GradAverager& avg;
+  };
+  ProcessGroup group_;
+  std::vector<Tensor> params_;
+};
+
+/// Batches of rank r: 5, except rank 1 which has 3.
+int batches_of(int r) { return r == 1 ? 3 : 5; }
+
+void join(ProcessGroup& world, Checker& c) {
+  const int me = world.rank(), n = world.size();
+  int most = 0;
+  for (int r = 0; r < n; ++r) most = std::max(most, batches_of(r));
+  for (const std::string opt : {"Adam", "SGD"})
+    for (bool bucket : {false, true}) {
+      const std::string tag = "join " + opt + (bucket ? " bucket_view" : "");
+      Model m = big_model(opt);
+      m.frozen = SIZE_MAX;
+      m.skip_param = SIZE_MAX;
+      const OptimizerSpec spec = spec_of(opt);
+      // Reference: iteration t averages the gradients of the ranks that still
+      // have batches (the others contribute zeros), divided by the world size.
+      Reference ref(m, spec);
+      for (int t = 0; t < most; ++t) {
+        std::vector<bool> active;
+        for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
+        for (std::size_t i = 0; i < m.n(); ++i) ref.params[i].set_grad(averaged_grad(n, t, i, m.shapes[i], active));
+        ref.opt->step();
+      }
+      auto params = initial_params(m);
+      auto zero = make_zero(m, spec, params, world, bucket);
+      GradAverager avg(world, params);
+      dopt::Join j({&avg, zero.get()});
+      for (int t = 0; t < batches_of(me); ++t) {
+        std::vector<Tensor> grads;
+        for (std::size_t i = 0; i < m.n(); ++i) grads.push_back(rank_grad(me, t, i, m.shapes[i]));
+        avg.average(grads);
+        zero->step();
+      }
+      j.finish();
+      c.expect(j.iterations() == most - batches_of(me), tag + ": join loop ran " + std::to_string(j.iterations()) +
+                                                            " iterations, expected " +
+                                                            std::to_string(most - batches_of(me)));
+      c.expect(avg.hook_calls == most - batches_of(me), tag + ": hook calls");
+      c.expect(zero->step_count() == most, tag + ": every rank stepped " + std::to_string(most) + " times");
+      c.params(params, ref.params, tag + ": parameters after the join");
+      // After the Join, plain steps again on every rank (no notify all-reduce).
+      set_averaged_grads(m, world, params, most, c);
+      zero->step();
+      ref.step(n, most);
+      c.params(params, ref.params, tag + ": a step after the join");
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "parity";
+  int rank = -1;
+  try {
+    auto env = dopt::launch_env_from_environment();
+    if (!env) {
+      std::printf("error Error: not launched (no RANK / WORLD_SIZE)\n");
+      return 1;
+    }
+    rank = env->rank;
+    dopt::RuntimeOptions opts = dopt::RuntimeOptions::from_env();
+    opts.threads = 2;
+    dopt::Runtime rt(opts);
+    dopt::InitOptions init;
+    init.timeout = std::chrono::seconds(20);
+    ProcessGroup world = dopt::init_process_group(rt, *env, init);
+    Checker c{rank};
+    if (mode == "parity") {
+      parity(world, c);
+    } else if (mode == "save" && argc > 2) {
+      save(world, c, argv[2]);
+    } else if (mode == "load" && argc > 3) {
+      load(world, c, argv[2], std::stoi(argv[3]));
+    } else if (mode == "join") {
+      join(world, c);
+    } else {
+      std::printf("error Error: usage: dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join\n");
+      return 2;
+    }
+    // Leave together: a rank whose last call (e.g. consolidate_state_dict's
+    // broadcasts) returned must not exit while a peer is still in it (its
+    // rank actor's exit fails the peer's pending call with PeerLostError).
+    world.barrier();
+    std::printf("ok %d %ld\n", rank, c.checks);
+    std::fflush(stdout);
+    return 0;
+  } catch (const dopt::Error& e) {
+    std::printf("error %s: %s\n", kind_of(e), e.what());
+  } catch (const std::exception& e) {
+    std::printf("error std::exception: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  return 1;
+}
