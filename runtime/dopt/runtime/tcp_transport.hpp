@@ -1,0 +1,182 @@
+#pragma once
+// dopt::transport::TcpMesh: the inter-host data plane (Boost.Asio TCP).
+//
+// One TCP connection per pair of ranks carries tagged, length-prefixed
+// messages in both directions. CAF carries only control messages; the
+// collective algorithms over this mesh live in actors/src/ring.hpp.
+//
+// Setup (every rank, in this order):
+//   1. auto l = TcpMesh::listen("0.0.0.0");      // binds an ephemeral port
+//   2. exchange "host:" + std::to_string(l.port()) through the control plane
+//      (the rendezvous), so every rank knows every rank's endpoint;
+//   3. TcpMesh mesh(rank, world, std::move(l), endpoints, timeout);
+//      blocks until this rank is connected to every other rank. Rank i
+//      connects to every rank j > i and accepts every rank j < i; each side
+//      sends a hello carrying (rank, world size) and checks the other's.
+//      Connections get TCP_NODELAY. A refused connection is retried until
+//      `timeout`. Failure throws (and closes everything it opened):
+//        TimeoutError  - a peer was not connected in time; names every missing
+//                        peer rank, its endpoint and the last error seen;
+//        IOError       - an endpoint that cannot be parsed or resolved, a hello
+//                        from the wrong rank / world size, two connections
+//                        claiming one rank.
+//      The listener must stay alive between 1 and 3 (peers may connect early:
+//      the kernel queues them in the listen backlog).
+//
+// Messaging (after construction):
+//   send(peer, tag, data, n, done) / recv(peer, tag, data, n, done).
+//   * Matching: the k-th send to peer p with tag t matches p's k-th recv from
+//     this rank with tag t (FIFO per (peer, direction, tag)). Messages with
+//     different tags never block each other: a message that arrives before
+//     its recv is posted is read into a buffer the mesh allocates (and copied
+//     into the recv buffer later), so the socket never stalls on it. A recv
+//     that is posted before its message arrives receives straight into the
+//     caller's buffer (no copy). Concurrent collectives therefore need
+//     distinct tags, and each collective must post its sends per tag in a
+//     deterministic order; the ring algorithms do.
+//   * Calls take effect in the order they are made from one thread; they may be
+//     made from any thread (also from completion callbacks).
+//   * Flow control: a send is written straight from the caller's buffer (no
+//     copy); TCP back-pressure throttles the writer. Sends to one peer are
+//     written one batch at a time (small queued messages are coalesced into one
+//     writev). Unexpected messages are buffered without limit: only send what
+//     the peer will receive.
+//   * done(nullptr) on success, done(exception_ptr) on failure, exactly once,
+//     always on the mesh's I/O thread and never from inside send()/recv().
+//     For a send, success means the bytes were handed to the kernel: the
+//     buffer may be reused, it does not mean the peer has received them.
+//     The buffer must stay valid until done runs. Callbacks must not block
+//     and must not throw (std::terminate); they run on the one I/O thread
+//     that serves every connection.
+//   * aux: every message carries a 32-bit word chosen by the sender (send's
+//     `aux`), handed to the receiver through recv's `aux_out` (written before
+//     done runs). The ring algorithms use it to mark forwarded data that is
+//     not valid because an earlier hop failed.
+//   * Errors: a recv whose message has a different size fails with
+//     CollectiveMismatchError (the connection stays usable). When the
+//     connection to a peer fails (end of stream, reset, write error) or
+//     fail_peer() is called, every pending and later operation with that peer
+//     fails with PeerLostError "connection to rank P lost: <reason>" (the error's
+//     rank() is this rank); messages that had fully arrived before stay
+//     receivable. TcpMeshOptions::on_peer_lost is told once per lost peer.
+//   * close() (also the destructor) fails every pending operation with
+//     StateError, closes all sockets and joins the I/O thread; it never waits
+//     for peers, so it cannot hang on dead ones. It must not be called from a
+//     completion callback (StateError). send()/recv() after close() throw
+//     StateError.
+//
+// Wire format per message: 32-byte header {u32 magic, u32 aux, u64
+// tag.hi, u64 tag.lo, u64 length} in host byte order (all ranks must share the
+// byte order), then `length` payload bytes.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dopt::transport {
+
+/// Message tag. hi: which operation (e.g. a collective's id); lo: which
+/// message stream inside it. Compared as a pair.
+struct Tag {
+  std::uint64_t hi = 0;
+  std::uint64_t lo = 0;
+  friend bool operator==(const Tag&, const Tag&) = default;
+  friend auto operator<=>(const Tag&, const Tag&) = default;
+};
+
+/// Called exactly once per operation; nullptr on success.
+using Completion = std::function<void(std::exception_ptr)>;
+
+struct TcpMeshOptions {
+  /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps Linux's autotuning (which, on
+  /// loopback, measured as fast as fixed 1-4 MiB buffers).
+  std::size_t socket_buffer_bytes = 0;
+  /// Told (on the I/O thread) when the connection to a peer fails, once per
+  /// peer, before the pending operations' callbacks. Not called by close().
+  std::function<void(int peer, std::exception_ptr why)> on_peer_lost;
+};
+
+/// A bound, listening TCP socket (step 1 of the setup). Move-only.
+class TcpListener {
+ public:
+  TcpListener();
+  TcpListener(TcpListener&&) noexcept;
+  TcpListener& operator=(TcpListener&&) noexcept;
+  ~TcpListener();
+
+  bool valid() const noexcept { return impl_ != nullptr; }
+  /// The port the kernel assigned (0 when invalid).
+  std::uint16_t port() const;
+
+  struct Impl;
+
+ private:
+  friend class TcpMesh;
+  explicit TcpListener(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class TcpMesh {
+ public:
+  /// Binds bind_host (a numeric address or a host name; "0.0.0.0" = every IPv4
+  /// interface, "::" = every interface) on an ephemeral port and listens.
+  /// Throws IOError naming the host.
+  static TcpListener listen(const std::string& bind_host = "0.0.0.0");
+
+  /// Connects this rank to every other rank (see the setup contract above).
+  /// endpoints[r] = "host:port" of rank r ("[v6addr]:port" for IPv6);
+  /// endpoints[rank] is not used. world_size == 1 makes no connections.
+  /// Throws ValueError for bad arguments, TimeoutError / IOError as above.
+  TcpMesh(int rank, int world_size, TcpListener&& listener,
+          const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout,
+          TcpMeshOptions options = {});
+  ~TcpMesh();
+  TcpMesh(const TcpMesh&) = delete;
+  TcpMesh& operator=(const TcpMesh&) = delete;
+
+  int rank() const noexcept;
+  int world_size() const noexcept;
+
+  /// Sends n bytes at data to peer (!= rank()). See the messaging contract.
+  void send(int peer, Tag tag, const void* data, std::size_t n, Completion done,
+            std::uint32_t aux = 0);
+  /// Receives the next message with this tag from peer into data (n bytes);
+  /// *aux_out (when given; must stay valid until done) gets the sender's aux.
+  void recv(int peer, Tag tag, void* data, std::size_t n, Completion done,
+            std::uint32_t* aux_out = nullptr);
+  /// Tag {0, 0}.
+  void send(int peer, const void* data, std::size_t n, Completion done) {
+    send(peer, Tag{}, data, n, std::move(done));
+  }
+  void recv(int peer, void* data, std::size_t n, Completion done) {
+    recv(peer, Tag{}, data, n, std::move(done));
+  }
+
+  /// Runs fn on the I/O thread (after the operations already requested from
+  /// this thread have been queued). fn must not block or throw.
+  void post(std::function<void()> fn);
+  /// True on the mesh's I/O thread (inside callbacks and posted functions).
+  bool in_io_thread() const noexcept;
+
+  /// Breaks the connection to peer (e.g. after a control-plane timeout):
+  /// pending and later operations with it fail with PeerLostError carrying
+  /// `why`'s message. The peer sees end of stream.
+  void fail_peer(int peer, const std::string& why);
+  /// True once the connection to peer has failed.
+  bool peer_lost(int peer) const;
+
+  /// Fails pending operations with StateError, closes the sockets and joins
+  /// the I/O thread. Idempotent. Not from a completion callback.
+  void close();
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace dopt::transport

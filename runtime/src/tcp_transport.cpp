@@ -1,0 +1,690 @@
+#include "dopt/runtime/tcp_transport.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <boost/asio.hpp>
+
+#include "dopt/runtime/error.hpp"
+
+namespace dopt::transport {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr std::uint32_t k_magic = 0x31745064u;        // "dPt1"
+constexpr std::uint32_t k_hello_magic = 0x6f6c6548u;  // "Helo"
+constexpr std::uint32_t k_version = 1;
+constexpr const char* k_op = "tcp mesh";
+// Queued messages coalesced into one writev: at most this many, and small ones.
+constexpr std::size_t k_max_batch = 32;
+constexpr std::size_t k_batch_bytes = 256 * 1024;
+
+struct Header {
+  std::uint32_t magic;
+  std::uint32_t aux;
+  std::uint64_t hi;
+  std::uint64_t lo;
+  std::uint64_t len;
+};
+static_assert(sizeof(Header) == 32);
+
+struct Hello {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::int32_t rank;
+  std::int32_t world;
+};
+static_assert(sizeof(Hello) == 16);
+
+std::string describe(const boost::system::error_code& ec) {
+  if (ec == asio::error::eof) return "end of stream (the peer closed the connection)";
+  return ec.message();
+}
+
+void call(const Completion& cb, std::exception_ptr e) noexcept { cb(std::move(e)); }
+
+struct Endpoint {
+  std::string host;
+  std::string port;
+};
+
+Endpoint parse_endpoint(const std::string& s, int rank_of, int me) {
+  auto bad = [&](const std::string& why) {
+    return IOError(k_op, "endpoint \"" + s + "\" of rank " + std::to_string(rank_of) + " " + why, me);
+  };
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= s.size()) throw bad("is not host:port");
+  std::string host = s.substr(0, colon);
+  std::string port = s.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) throw bad("has no host");
+  for (char c : port)
+    if (c < '0' || c > '9') throw bad("has a non-numeric port");
+  return {host, port};
+}
+
+}  // namespace
+
+// --- listener -------------------------------------------------------------------
+
+struct TcpListener::Impl {
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  std::uint16_t port = 0;
+};
+
+TcpListener::TcpListener() = default;
+TcpListener::TcpListener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpListener::TcpListener(TcpListener&&) noexcept = default;
+TcpListener& TcpListener::operator=(TcpListener&&) noexcept = default;
+TcpListener::~TcpListener() = default;
+std::uint16_t TcpListener::port() const { return impl_ ? impl_->port : 0; }
+
+TcpListener TcpMesh::listen(const std::string& bind_host) {
+  auto impl = std::make_unique<TcpListener::Impl>();
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl->io);
+  auto results = resolver.resolve(bind_host, "0", tcp::resolver::passive, ec);
+  if (ec || results.empty())
+    throw IOError(k_op, "cannot resolve the bind address \"" + bind_host + "\": " + ec.message());
+  std::string last;
+  for (const auto& entry : results) {
+    tcp::acceptor& a = impl->acceptor;
+    a.open(entry.endpoint().protocol(), ec);
+    if (ec) { last = ec.message(); continue; }
+    a.set_option(asio::socket_base::reuse_address(true), ec);
+    a.bind(entry.endpoint(), ec);
+    if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      last = ec.message();
+      boost::system::error_code ignore;
+      a.close(ignore);
+      continue;
+    }
+    impl->port = a.local_endpoint().port();
+    return TcpListener(std::move(impl));
+  }
+  throw IOError(k_op, "cannot listen on \"" + bind_host + "\": " + last);
+}
+
+// --- mesh -----------------------------------------------------------------------
+
+struct TcpMesh::Impl {
+  struct SendOp {
+    Tag tag;
+    const void* data;
+    std::size_t n;
+    Completion done;
+    std::uint32_t aux;
+  };
+  struct RecvOp {
+    void* data;
+    std::size_t n;
+    Completion done;
+    std::uint32_t* aux_out;
+  };
+  // A message read before (or while) its recv was posted.
+  struct Early {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t n = 0;
+    std::uint32_t aux = 0;
+    bool complete = false;
+    bool has_waiter = false;
+    RecvOp waiter;
+  };
+  struct Peer {
+    int rank = -1;
+    std::unique_ptr<tcp::socket> sock;
+    std::exception_ptr lost;
+    std::atomic<bool> lost_flag{false};
+    // send side
+    std::deque<SendOp> sendq;
+    std::vector<SendOp> batch;
+    std::vector<Header> whdrs;
+    std::vector<asio::const_buffer> wbufs;
+    bool writing = false;
+    // receive side
+    Header rhdr{};
+    std::map<Tag, std::deque<RecvOp>> posted;
+    std::map<Tag, std::deque<std::shared_ptr<Early>>> early;
+  };
+
+  std::unique_ptr<TcpListener::Impl> lis;  // owns the io_context (declared first: dies last)
+  asio::io_context& io;
+  int rank;
+  int world;
+  TcpMeshOptions opts;
+  std::vector<std::unique_ptr<Peer>> peers;
+
+  std::mutex m;            // guards closed_ and posting from foreign threads
+  bool closed_ = false;    // no more operations accepted from foreign threads
+  bool closing_ = false;   // I/O thread: shutdown in progress
+  std::exception_ptr closed_err;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::thread thread;
+
+  Impl(std::unique_ptr<TcpListener::Impl> l, int r, int w, TcpMeshOptions o)
+      : lis(std::move(l)), io(lis->io), rank(r), world(w), opts(std::move(o)) {
+    peers.resize(world);
+    for (int i = 0; i < world; ++i) {
+      peers[i] = std::make_unique<Peer>();
+      peers[i]->rank = i;
+    }
+    closed_err = std::make_exception_ptr(
+        StateError(k_op, "the mesh was closed while the operation was pending", rank));
+  }
+
+  ~Impl() {
+    boost::system::error_code ec;
+    for (auto& p : peers)
+      if (p->sock) p->sock->close(ec);
+  }
+
+  void deliver(Completion cb, std::exception_ptr e) {
+    asio::post(io, [cb = std::move(cb), e = std::move(e)]() mutable { call(cb, std::move(e)); });
+  }
+
+  void set_socket_options(tcp::socket& s) {
+    boost::system::error_code ec;
+    s.set_option(tcp::no_delay(true), ec);
+    if (opts.socket_buffer_bytes > 0) {
+      s.set_option(asio::socket_base::send_buffer_size(int(opts.socket_buffer_bytes)), ec);
+      s.set_option(asio::socket_base::receive_buffer_size(int(opts.socket_buffer_bytes)), ec);
+    }
+  }
+
+  // ---- setup (runs the io_context on the constructing thread) -------------------
+  void establish(const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout);
+
+  // ---- I/O thread ------------------------------------------------------------
+  std::exception_ptr failure(Peer& p) const { return p.lost ? p.lost : closed_err; }
+
+  void lose(Peer& p, const std::string& why) {
+    if (p.lost || closing_) return;
+    p.lost = std::make_exception_ptr(PeerLostError(
+        k_op, "connection to rank " + std::to_string(p.rank) + " lost: " + why, rank));
+    p.lost_flag = true;
+    boost::system::error_code ec;
+    if (p.sock) {
+      p.sock->shutdown(tcp::socket::shutdown_both, ec);
+      p.sock->close(ec);
+    }
+    if (opts.on_peer_lost) opts.on_peer_lost(p.rank, p.lost);
+    fail_queued(p, p.lost);
+  }
+
+  // Fails what is queued but not in flight (in-flight ops fail in their handlers).
+  void fail_queued(Peer& p, const std::exception_ptr& e) {
+    for (auto& op : p.sendq) deliver(std::move(op.done), e);
+    p.sendq.clear();
+    for (auto& [tag, q] : p.posted)
+      for (auto& op : q) deliver(std::move(op.done), e);
+    p.posted.clear();
+  }
+
+  void shutdown_all() {
+    closing_ = true;
+    for (auto& pp : peers) {
+      Peer& p = *pp;
+      boost::system::error_code ec;
+      if (p.sock) p.sock->close(ec);
+      fail_queued(p, p.lost ? p.lost : closed_err);
+    }
+  }
+
+  void do_send(int peer, SendOp op) {
+    Peer& p = *peers[peer];
+    if (closing_ || p.lost) return deliver(std::move(op.done), failure(p));
+    p.sendq.push_back(std::move(op));
+    if (!p.writing) start_write(p);
+  }
+
+  void start_write(Peer& p) {
+    p.batch.clear();
+    p.whdrs.clear();
+    p.wbufs.clear();
+    std::size_t bytes = 0;
+    while (!p.sendq.empty() && p.batch.size() < k_max_batch) {
+      const std::size_t n = p.sendq.front().n;
+      if (!p.batch.empty() && bytes + n > k_batch_bytes) break;
+      bytes += n;
+      p.batch.push_back(std::move(p.sendq.front()));
+      p.sendq.pop_front();
+    }
+    p.whdrs.reserve(p.batch.size());
+    for (const SendOp& op : p.batch) {
+      p.whdrs.push_back(Header{k_magic, op.aux, op.tag.hi, op.tag.lo, op.n});
+      p.wbufs.emplace_back(&p.whdrs.back(), sizeof(Header));
+      if (op.n > 0) p.wbufs.emplace_back(op.data, op.n);
+    }
+    p.writing = true;
+    asio::async_write(*p.sock, p.wbufs, [this, &p](const boost::system::error_code& ec, std::size_t) {
+      p.writing = false;
+      if (ec || closing_ || p.lost) {
+        if (ec) lose(p, "write failed: " + describe(ec));
+        for (auto& op : p.batch) deliver(std::move(op.done), failure(p));
+        p.batch.clear();
+        return;
+      }
+      for (auto& op : p.batch) deliver(std::move(op.done), nullptr);
+      p.batch.clear();
+      if (!p.sendq.empty()) start_write(p);
+    });
+  }
+
+  void do_recv(int peer, Tag tag, RecvOp op) {
+    Peer& p = *peers[peer];
+    auto e = p.early.find(tag);
+    if (e != p.early.end()) {
+      std::shared_ptr<Early> msg = std::move(e->second.front());
+      e->second.pop_front();
+      if (e->second.empty()) p.early.erase(e);
+      if (!msg->complete) {  // still arriving: it completes this recv when done
+        msg->has_waiter = true;
+        msg->waiter = std::move(op);
+        return;
+      }
+      return finish_early(p, tag, *msg, std::move(op));
+    }
+    if (closing_ || p.lost) return deliver(std::move(op.done), failure(p));
+    p.posted[tag].push_back(std::move(op));
+  }
+
+  void finish_early(Peer& p, Tag tag, Early& msg, RecvOp op) {
+    if (msg.n != op.n) return deliver(std::move(op.done), mismatch(p, tag, msg.n, op.n));
+    if (msg.n > 0) std::memcpy(op.data, msg.data.get(), msg.n);
+    if (op.aux_out) *op.aux_out = msg.aux;
+    deliver(std::move(op.done), nullptr);
+  }
+
+  std::exception_ptr mismatch(const Peer& p, Tag tag, std::size_t got, std::size_t want) const {
+    return std::make_exception_ptr(CollectiveMismatchError(
+        k_op,
+        "message from rank " + std::to_string(p.rank) + " (tag " + std::to_string(tag.hi) + "/" +
+            std::to_string(tag.lo) + ") has " + std::to_string(got) +
+            " bytes, the matching recv expects " + std::to_string(want),
+        rank));
+  }
+
+  void read_header(Peer& p) {
+    asio::async_read(*p.sock, asio::buffer(&p.rhdr, sizeof(Header)),
+                     [this, &p](const boost::system::error_code& ec, std::size_t) {
+                       if (closing_ || p.lost) return;
+                       if (ec) return lose(p, describe(ec));
+                       if (p.rhdr.magic != k_magic) return lose(p, "corrupt message header");
+                       on_header(p);
+                     });
+  }
+
+  void on_header(Peer& p) {
+    const Tag tag{p.rhdr.hi, p.rhdr.lo};
+    const std::size_t len = p.rhdr.len;
+    auto it = p.posted.find(tag);
+    if (it != p.posted.end()) {
+      RecvOp op = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) p.posted.erase(it);
+      if (op.n == len) {
+        if (op.aux_out) *op.aux_out = p.rhdr.aux;
+        if (len == 0) {
+          deliver(std::move(op.done), nullptr);
+          return read_header(p);
+        }
+        auto shared = std::make_shared<RecvOp>(std::move(op));
+        asio::async_read(*p.sock, asio::buffer(shared->data, len),
+                         [this, &p, shared](const boost::system::error_code& ec, std::size_t) {
+                           if (ec || closing_ || p.lost) {
+                             if (ec && !closing_) lose(p, describe(ec));
+                             return deliver(std::move(shared->done), failure(p));
+                           }
+                           deliver(std::move(shared->done), nullptr);
+                           read_header(p);
+                         });
+        return;
+      }
+      // Wrong size: the recv fails, the payload is read and dropped.
+      deliver(std::move(op.done), mismatch(p, tag, len, op.n));
+      return read_early(p, tag, len, /*queue=*/false);
+    }
+    read_early(p, tag, len, /*queue=*/true);
+  }
+
+  void read_early(Peer& p, Tag tag, std::size_t len, bool queue) {
+    auto msg = std::make_shared<Early>();
+    msg->n = len;
+    msg->aux = p.rhdr.aux;
+    if (len > 0) msg->data.reset(new std::byte[len]);
+    if (queue) p.early[tag].push_back(msg);
+    if (len == 0) {
+      msg->complete = true;
+      return read_header(p);
+    }
+    asio::async_read(*p.sock, asio::buffer(msg->data.get(), len),
+                     [this, &p, msg, tag, queue](const boost::system::error_code& ec, std::size_t) {
+                       if (ec || closing_ || p.lost) {
+                         if (ec && !closing_) lose(p, describe(ec));
+                         if (queue) {  // drop the partial message
+                           auto e = p.early.find(tag);
+                           if (e != p.early.end()) {
+                             auto& q = e->second;
+                             for (auto i = q.begin(); i != q.end(); ++i)
+                               if (*i == msg) { q.erase(i); break; }
+                             if (q.empty()) p.early.erase(e);
+                           }
+                         }
+                         if (msg->has_waiter) deliver(std::move(msg->waiter.done), failure(p));
+                         return;
+                       }
+                       msg->complete = true;
+                       if (msg->has_waiter) {
+                         msg->has_waiter = false;
+                         finish_early(p, tag, *msg, std::move(msg->waiter));
+                       }
+                       read_header(p);
+                     });
+  }
+
+  // ---- any thread ------------------------------------------------------------
+  bool in_io_thread() const noexcept { return io.get_executor().running_in_this_thread(); }
+
+  template <class F>
+  void submit(F&& fn) {
+    if (in_io_thread()) return fn();
+    std::lock_guard<std::mutex> lock(m);
+    if (closed_) throw StateError(k_op, "the mesh is closed", rank);
+    asio::post(io, std::forward<F>(fn));
+  }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= world || peer == rank)
+      throw ValueError(std::string(k_op) + " " + what,
+                       "peer " + std::to_string(peer) + " is not another rank of a world of " +
+                           std::to_string(world),
+                       rank);
+  }
+
+  void close() {
+    if (in_io_thread())
+      throw StateError(k_op, "close() called from a completion callback of the mesh", rank);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (closed_) return;
+      closed_ = true;
+      asio::post(io, [this] { shutdown_all(); });
+    }
+    guard.reset();
+    if (thread.joinable()) thread.join();
+  }
+};
+
+// ---- setup ---------------------------------------------------------------------
+
+void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
+                              std::chrono::milliseconds timeout) {
+  if (world == 1) return;
+  struct Conn {
+    int peer;
+    Endpoint ep;
+    tcp::resolver::results_type addrs;
+    tcp::socket sock;
+    asio::steady_timer retry;
+    Hello out{}, in{};
+    std::chrono::milliseconds backoff{5};
+    Conn(asio::io_context& io) : sock(io), retry(io) {}
+  };
+  struct Accepted {
+    tcp::socket sock;
+    Hello in{}, out{};
+    explicit Accepted(tcp::socket s) : sock(std::move(s)) {}
+  };
+
+  // Resolve every peer we connect to first (synchronously; names a bad endpoint).
+  std::vector<std::unique_ptr<Conn>> conns;
+  for (int j = rank + 1; j < world; ++j) {
+    auto c = std::make_unique<Conn>(io);
+    c->peer = j;
+    c->ep = parse_endpoint(endpoints[j], j, rank);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io);
+    c->addrs = resolver.resolve(c->ep.host, c->ep.port, tcp::resolver::numeric_service, ec);
+    if (ec || c->addrs.empty())
+      throw IOError(k_op, "cannot resolve \"" + endpoints[j] + "\" of rank " + std::to_string(j) +
+                              ": " + ec.message(), rank);
+    conns.push_back(std::move(c));
+  }
+
+  const int expected = world - 1;
+  int have = 0;
+  bool done = false;
+  std::exception_ptr fatal;
+  std::vector<std::string> last_error(world);
+  std::vector<std::shared_ptr<Accepted>> accepting;
+  asio::steady_timer deadline(io);
+  tcp::acceptor& acceptor = lis->acceptor;
+
+  auto finish = [&](std::exception_ptr e) {
+    if (done) return;
+    done = true;
+    fatal = std::move(e);
+    boost::system::error_code ec;
+    deadline.cancel();
+    acceptor.close(ec);
+    for (auto& c : conns) {
+      c->retry.cancel();
+      c->sock.close(ec);
+    }
+    for (auto& a : accepting) a->sock.close(ec);
+  };
+  auto established = [&](int peer, tcp::socket&& s) {
+    peers[peer]->sock = std::make_unique<tcp::socket>(std::move(s));
+    if (++have == expected) finish(nullptr);
+  };
+
+  // Connect to every higher rank, retrying refused connections.
+  std::function<void(Conn*)> try_connect;
+  std::function<void(Conn*, const std::string&)> retry = [&](Conn* c, const std::string& why) {
+    last_error[c->peer] = why;
+    boost::system::error_code ignore;
+    c->sock.close(ignore);
+    c->retry.expires_after(c->backoff);
+    c->backoff = std::min(c->backoff * 2, std::chrono::milliseconds(200));
+    c->retry.async_wait([&, c](const boost::system::error_code& e2) {
+      if (!e2 && !done) try_connect(c);
+    });
+  };
+  try_connect = [&](Conn* c) {
+    asio::async_connect(c->sock, c->addrs, [&, c](const boost::system::error_code& ec, const tcp::endpoint&) {
+      if (done) return;
+      if (ec) return retry(c, ec.message());
+      set_socket_options(c->sock);
+      c->out = Hello{k_hello_magic, k_version, rank, world};
+      asio::async_write(c->sock, asio::buffer(&c->out, sizeof(Hello)),
+                        [&, c](const boost::system::error_code& ec2, std::size_t) {
+        if (done) return;
+        if (ec2) return retry(c, "hello not sent: " + describe(ec2));
+        asio::async_read(c->sock, asio::buffer(&c->in, sizeof(Hello)),
+                         [&, c](const boost::system::error_code& ec3, std::size_t) {
+          if (done) return;
+          if (ec3) return retry(c, "no hello reply: " + describe(ec3));
+          if (c->in.magic != k_hello_magic || c->in.version != k_version || c->in.rank != c->peer ||
+              c->in.world != world) {
+            return finish(std::make_exception_ptr(IOError(
+                k_op,
+                "endpoint " + endpoints[c->peer] + " of rank " + std::to_string(c->peer) +
+                    " answered as rank " + std::to_string(c->in.rank) + " of a world of " +
+                    std::to_string(c->in.world) + " (expected rank " + std::to_string(c->peer) +
+                    " of " + std::to_string(world) + ")",
+                rank)));
+          }
+          established(c->peer, std::move(c->sock));
+        });
+      });
+    });
+  };
+
+  // Accept every lower rank.
+  std::function<void()> do_accept = [&]() {
+    acceptor.async_accept([&](const boost::system::error_code& ec, tcp::socket s) {
+      if (done) return;
+      if (ec) {
+        if (ec == asio::error::operation_aborted) return;
+        return do_accept();
+      }
+      auto a = std::make_shared<Accepted>(std::move(s));
+      accepting.push_back(a);
+      do_accept();
+      asio::async_read(a->sock, asio::buffer(&a->in, sizeof(Hello)),
+                       [&, a](const boost::system::error_code& ec2, std::size_t) {
+        if (done) return;
+        boost::system::error_code ignore;
+        if (ec2 || a->in.magic != k_hello_magic) {  // a stray client
+          a->sock.close(ignore);
+          return;
+        }
+        const int peer = a->in.rank;
+        if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= rank) {
+          return finish(std::make_exception_ptr(IOError(
+              k_op,
+              "a peer connected as rank " + std::to_string(peer) + " of a world of " +
+                  std::to_string(a->in.world) + " (protocol " + std::to_string(a->in.version) +
+                  "); expected a rank below " + std::to_string(rank) + " of " + std::to_string(world),
+              rank)));
+        }
+        if (peers[peer]->sock)
+          return finish(std::make_exception_ptr(
+              IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
+        set_socket_options(a->sock);
+        a->out = Hello{k_hello_magic, k_version, rank, world};
+        asio::async_write(a->sock, asio::buffer(&a->out, sizeof(Hello)),
+                          [&, a, peer](const boost::system::error_code& ec3, std::size_t) {
+          if (done) return;
+          boost::system::error_code ignore2;
+          if (ec3) {  // the peer retries
+            a->sock.close(ignore2);
+            return;
+          }
+          if (peers[peer]->sock)
+            return finish(std::make_exception_ptr(
+                IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
+          established(peer, std::move(a->sock));
+        });
+      });
+    });
+  };
+
+  deadline.expires_after(timeout);
+  deadline.async_wait([&](const boost::system::error_code& ec) {
+    if (ec || done) return;
+    std::string missing;
+    for (int j = 0; j < world; ++j) {
+      if (j == rank || peers[j]->sock) continue;
+      if (!missing.empty()) missing += "; ";
+      if (j > rank)
+        missing += "rank " + std::to_string(j) + " at " + endpoints[j] + " (" +
+                   (last_error[j].empty() ? std::string("no answer") : last_error[j]) + ")";
+      else
+        missing += "rank " + std::to_string(j) + " did not connect to port " +
+                   std::to_string(lis->port);
+    }
+    finish(std::make_exception_ptr(TimeoutError(
+        k_op, "not connected within " + std::to_string(timeout.count()) + " ms to " + missing, rank)));
+  });
+
+  if (rank > 0) do_accept();
+  for (auto& c : conns) try_connect(c.get());
+  io.run();
+  io.restart();
+  boost::system::error_code ignore;
+  acceptor.close(ignore);
+  if (fatal) {
+    for (auto& p : peers)
+      if (p->sock) p->sock->close(ignore);
+    std::rethrow_exception(fatal);
+  }
+}
+
+// ---- public --------------------------------------------------------------------
+
+TcpMesh::TcpMesh(int rank, int world_size, TcpListener&& listener,
+                 const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout,
+                 TcpMeshOptions options) {
+  if (world_size < 1)
+    throw ValueError(k_op, "world size must be at least 1, got " + std::to_string(world_size));
+  if (rank < 0 || rank >= world_size)
+    throw ValueError(k_op, "rank " + std::to_string(rank) + " is outside a world of " +
+                               std::to_string(world_size));
+  if (static_cast<int>(endpoints.size()) != world_size)
+    throw ValueError(k_op, "got " + std::to_string(endpoints.size()) + " endpoints for a world of " +
+                               std::to_string(world_size), rank);
+  if (!listener.valid()) throw ValueError(k_op, "the listener is not valid (moved from?)", rank);
+  impl_ = std::make_shared<Impl>(std::move(listener.impl_), rank, world_size, std::move(options));
+  impl_->establish(endpoints, timeout);
+  Impl& im = *impl_;
+  im.guard.emplace(asio::make_work_guard(im.io));
+  for (int j = 0; j < world_size; ++j)
+    if (j != rank) im.read_header(*im.peers[j]);
+  im.thread = std::thread([&im] { im.io.run(); });
+}
+
+TcpMesh::~TcpMesh() {
+  if (impl_) impl_->close();
+}
+
+int TcpMesh::rank() const noexcept { return impl_->rank; }
+int TcpMesh::world_size() const noexcept { return impl_->world; }
+
+void TcpMesh::send(int peer, Tag tag, const void* data, std::size_t n, Completion done,
+                   std::uint32_t aux) {
+  impl_->check_peer(peer, "send");
+  if (!done) throw ValueError("tcp mesh send", "no completion callback", impl_->rank);
+  Impl* im = impl_.get();
+  im->submit([im, peer, op = Impl::SendOp{tag, data, n, std::move(done), aux}]() mutable {
+    im->do_send(peer, std::move(op));
+  });
+}
+
+void TcpMesh::recv(int peer, Tag tag, void* data, std::size_t n, Completion done,
+                   std::uint32_t* aux_out) {
+  impl_->check_peer(peer, "recv");
+  if (!done) throw ValueError("tcp mesh recv", "no completion callback", impl_->rank);
+  Impl* im = impl_.get();
+  im->submit([im, peer, tag, op = Impl::RecvOp{data, n, std::move(done), aux_out}]() mutable {
+    im->do_recv(peer, tag, std::move(op));
+  });
+}
+
+void TcpMesh::post(std::function<void()> fn) {
+  Impl* im = impl_.get();
+  if (im->in_io_thread()) return asio::post(im->io, std::move(fn));
+  im->submit(std::move(fn));
+}
+
+bool TcpMesh::in_io_thread() const noexcept { return impl_->in_io_thread(); }
+
+void TcpMesh::fail_peer(int peer, const std::string& why) {
+  impl_->check_peer(peer, "fail_peer");
+  Impl* im = impl_.get();
+  try {
+    im->submit([im, peer, why] { im->lose(*im->peers[peer], why); });
+  } catch (const StateError&) {
+    // closed: nothing left to fail
+  }
+}
+
+bool TcpMesh::peer_lost(int peer) const {
+  impl_->check_peer(peer, "peer_lost");
+  return impl_->peers[peer]->lost_flag.load();
+}
+
+void TcpMesh::close() { impl_->close(); }
+
+}  // namespace dopt::transport

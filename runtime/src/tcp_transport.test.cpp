@@ -1,0 +1,365 @@
+// TcpMesh: N meshes in one process on 127.0.0.1, one thread per rank for setup.
+#include "dopt/runtime/tcp_transport.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dopt/runtime/error.hpp"
+
+using dopt::transport::Completion;
+using dopt::transport::Tag;
+using dopt::transport::TcpListener;
+using dopt::transport::TcpMesh;
+using dopt::transport::TcpMeshOptions;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Meshes = std::vector<std::unique_ptr<TcpMesh>>;
+
+Meshes make_meshes(int n, std::vector<TcpMeshOptions> opts = {}) {
+  std::vector<TcpListener> ls;
+  std::vector<std::string> eps;
+  for (int r = 0; r < n; ++r) {
+    ls.push_back(TcpMesh::listen("127.0.0.1"));
+    eps.push_back("127.0.0.1:" + std::to_string(ls.back().port()));
+  }
+  opts.resize(n);
+  std::vector<std::future<std::unique_ptr<TcpMesh>>> fs;
+  for (int r = 0; r < n; ++r)
+    fs.push_back(std::async(std::launch::async, [&, r] {
+      return std::make_unique<TcpMesh>(r, n, std::move(ls[r]), eps, 20s, opts[r]);
+    }));
+  Meshes out;
+  for (auto& f : fs) out.push_back(f.get());
+  return out;
+}
+
+// Collects completions; wait() blocks until `expected` have arrived (bounded, so a
+// bug fails the test instead of hanging it).
+class Waiter {
+ public:
+  Completion cb() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      ++expected_;
+    }
+    return [this](std::exception_ptr e) {
+      std::lock_guard<std::mutex> l(m_);
+      errors_.push_back(e);
+      cv_.notify_all();
+    };
+  }
+  std::vector<std::exception_ptr> wait() {
+    std::unique_lock<std::mutex> l(m_);
+    const bool ok = cv_.wait_for(l, 60s, [&] { return errors_.size() >= expected_; });
+    REQUIRE(ok);
+    return errors_;
+  }
+  void wait_ok() {
+    for (auto& e : wait())
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::size_t expected_ = 0;
+  std::vector<std::exception_ptr> errors_;
+};
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return {};
+}
+
+template <class E>
+bool is(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("tcp mesh: a world of one has no peers", "[tcp]") {
+  auto ms = make_meshes(1);
+  CHECK(ms[0]->world_size() == 1);
+  CHECK_THROWS_AS(ms[0]->send(0, nullptr, 0, [](std::exception_ptr) {}), dopt::ValueError);
+  std::promise<bool> ran;
+  ms[0]->post([&] { ran.set_value(ms[0]->in_io_thread()); });
+  CHECK(ran.get_future().get());
+  CHECK_FALSE(ms[0]->in_io_thread());
+}
+
+TEST_CASE("tcp mesh: messages of every size arrive intact between every pair", "[tcp]") {
+  for (int n : {2, 3, 5}) {
+    auto ms = make_meshes(n);
+    const std::vector<std::size_t> sizes = {0, 1, 7, 4096, 65537, (std::size_t(5) << 20) + 3};
+    // data[src][dst][k]
+    std::vector<std::vector<std::vector<std::vector<unsigned char>>>> sent(n), got(n);
+    Waiter w;
+    for (int a = 0; a < n; ++a) {
+      sent[a].resize(n);
+      got[a].resize(n);
+      for (int b = 0; b < n; ++b) {
+        if (a == b) continue;
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          sent[a][b].push_back(pattern(sizes[k], unsigned(a * 100 + b * 10 + k)));
+          got[a][b].emplace_back(sizes[k], 0);
+        }
+      }
+    }
+    // Receivers post half of their recvs before the sends and half after, so both
+    // the direct and the buffered path are taken.
+    for (int a = 0; a < n; ++a)
+      for (int b = 0; b < n; ++b)
+        if (a != b)
+          for (std::size_t k = 0; k < sizes.size() / 2; ++k)
+            ms[b]->recv(a, Tag{1, 2}, got[a][b][k].data(), sizes[k], w.cb());
+    for (int a = 0; a < n; ++a)
+      for (int b = 0; b < n; ++b)
+        if (a != b)
+          for (std::size_t k = 0; k < sizes.size(); ++k)
+            ms[a]->send(b, Tag{1, 2}, sent[a][b][k].data(), sizes[k], w.cb());
+    for (int a = 0; a < n; ++a)
+      for (int b = 0; b < n; ++b)
+        if (a != b)
+          for (std::size_t k = sizes.size() / 2; k < sizes.size(); ++k)
+            ms[b]->recv(a, Tag{1, 2}, got[a][b][k].data(), sizes[k], w.cb());
+    w.wait_ok();
+    for (int a = 0; a < n; ++a)
+      for (int b = 0; b < n; ++b)
+        if (a != b) CHECK(got[a][b] == sent[a][b]);
+  }
+}
+
+TEST_CASE("tcp mesh: FIFO per tag; tags do not block each other", "[tcp]") {
+  auto ms = make_meshes(2);
+  constexpr int K = 500;
+  std::vector<std::uint64_t> a(K), b(K), ra(K, 0), rb(K, 0);
+  std::iota(a.begin(), a.end(), 1000);
+  std::iota(b.begin(), b.end(), 5000);
+  std::vector<std::uint32_t> aux(K, 0);
+  Waiter w;
+  for (int i = 0; i < K; ++i) {  // interleaved on the wire
+    ms[0]->send(1, Tag{7, 1}, &a[i], 8, w.cb(), std::uint32_t(i + 1));
+    ms[0]->send(1, Tag{7, 2}, &b[i], 8, w.cb());
+  }
+  // All of tag 2 first: tag 1's messages get buffered meanwhile.
+  for (int i = 0; i < K; ++i) ms[1]->recv(0, Tag{7, 2}, &rb[i], 8, w.cb());
+  for (int i = 0; i < K; ++i) ms[1]->recv(0, Tag{7, 1}, &ra[i], 8, w.cb(), &aux[i]);
+  w.wait_ok();
+  CHECK(ra == a);
+  CHECK(rb == b);
+  for (int i = 0; i < K; ++i) CHECK(aux[i] == std::uint32_t(i + 1));
+}
+
+TEST_CASE("tcp mesh: many operations in flight between five ranks", "[tcp]") {
+  const int n = 5, K = 200;
+  auto ms = make_meshes(n);
+  std::vector<std::vector<std::uint32_t>> out(n * n, std::vector<std::uint32_t>(K)),
+      in(n * n, std::vector<std::uint32_t>(K, 0));
+  Waiter w;
+  std::vector<std::thread> ts;
+  for (int a = 0; a < n; ++a)
+    ts.emplace_back([&, a] {  // each rank posts from its own thread
+      for (int i = 0; i < K; ++i)
+        for (int b = 0; b < n; ++b) {
+          if (a == b) continue;
+          out[a * n + b][i] = std::uint32_t(a * 1000000 + b * 1000 + i);
+          ms[a]->send(b, Tag{3, std::uint64_t(i % 3)}, &out[a * n + b][i], 4, w.cb());
+          ms[a]->recv(b, Tag{3, std::uint64_t(i % 3)}, &in[b * n + a][i], 4, w.cb());
+        }
+    });
+  for (auto& t : ts) t.join();
+  w.wait_ok();
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      if (a != b) CHECK(in[a * n + b] == out[a * n + b]);
+}
+
+TEST_CASE("tcp mesh: a size mismatch fails that recv only", "[tcp]") {
+  auto ms = make_meshes(2);
+  std::vector<char> big(100, 'x'), small(10, 0);
+  int v = 42, r = 0;
+  Waiter ws;
+  ms[0]->send(1, big.data(), big.size(), ws.cb());
+  ms[0]->send(1, &v, sizeof v, ws.cb());
+  ws.wait_ok();
+  Waiter w1;
+  ms[1]->recv(0, small.data(), small.size(), w1.cb());
+  auto e = w1.wait();
+  REQUIRE(e[0]);
+  CHECK(is<dopt::CollectiveMismatchError>(e[0]));
+  CHECK_THAT(message_of(e[0]), Catch::Contains("rank 0") && Catch::Contains("100 bytes"));
+  Waiter w2;
+  ms[1]->recv(0, &r, sizeof r, w2.cb());
+  w2.wait_ok();
+  CHECK(r == 42);
+}
+
+TEST_CASE("tcp mesh: a lost peer fails pending and later operations, naming it", "[tcp]") {
+  std::mutex m;
+  std::vector<int> lost_seen;
+  std::vector<TcpMeshOptions> opts(3);
+  opts[0].on_peer_lost = [&](int peer, std::exception_ptr) {
+    std::lock_guard<std::mutex> l(m);
+    lost_seen.push_back(peer);
+  };
+  auto ms = make_meshes(3, opts);
+  std::vector<char> buf(1 << 20);
+  Waiter pending;
+  ms[0]->recv(2, buf.data(), buf.size(), pending.cb());
+  ms[2]->close();  // rank 2 goes away with rank 0's recv outstanding
+  auto e = pending.wait();
+  REQUIRE(e[0]);
+  CHECK(is<dopt::PeerLostError>(e[0]));
+  CHECK_THAT(message_of(e[0]), Catch::Contains("connection to rank 2 lost"));
+  CHECK(ms[0]->peer_lost(2));
+  CHECK_FALSE(ms[0]->peer_lost(1));
+  Waiter later;
+  ms[0]->send(2, buf.data(), buf.size(), later.cb());
+  ms[0]->recv(2, buf.data(), 8, later.cb());
+  for (auto& x : later.wait()) {
+    REQUIRE(x);
+    CHECK(is<dopt::PeerLostError>(x));
+    CHECK_THAT(message_of(x), Catch::Contains("rank 2"));
+  }
+  {
+    std::lock_guard<std::mutex> l(m);
+    CHECK(lost_seen == std::vector<int>{2});
+  }
+  // 0 <-> 1 still works.
+  int v = 5, r = 0;
+  Waiter ok;
+  ms[0]->send(1, &v, sizeof v, ok.cb());
+  ms[1]->recv(0, &r, sizeof r, ok.cb());
+  ok.wait_ok();
+  CHECK(r == 5);
+}
+
+TEST_CASE("tcp mesh: fail_peer breaks one connection on both sides", "[tcp]") {
+  auto ms = make_meshes(2);
+  char c = 0;
+  Waiter w0, w1;
+  ms[0]->recv(1, &c, 1, w0.cb());
+  ms[1]->recv(0, &c, 1, w1.cb());
+  ms[0]->fail_peer(1, "control plane timeout");
+  auto e0 = w0.wait();
+  REQUIRE(e0[0]);
+  CHECK_THAT(message_of(e0[0]), Catch::Contains("control plane timeout"));
+  auto e1 = w1.wait();
+  REQUIRE(e1[0]);
+  CHECK(is<dopt::PeerLostError>(e1[0]));
+  CHECK_THAT(message_of(e1[0]), Catch::Contains("rank 0"));
+}
+
+TEST_CASE("tcp mesh: close fails pending operations and refuses new ones", "[tcp]") {
+  auto ms = make_meshes(2);
+  char c;
+  Waiter w;
+  std::atomic<bool> close_threw{false};
+  ms[0]->recv(1, &c, 1, w.cb());
+  ms[0]->recv(1, &c, 1, [&, cb = w.cb()](std::exception_ptr e) {
+    try {
+      ms[0]->close();  // from a callback: refused
+    } catch (const dopt::StateError&) {
+      close_threw = true;
+    }
+    cb(e);
+  });
+  ms[0]->close();
+  for (auto& e : w.wait()) {
+    REQUIRE(e);
+    CHECK(is<dopt::StateError>(e));
+  }
+  CHECK(close_threw);
+  CHECK_THROWS_AS(ms[0]->send(1, &c, 1, [](std::exception_ptr) {}), dopt::StateError);
+  ms[0]->close();  // idempotent
+  // The peer sees the end of the stream.
+  Waiter w1;
+  ms[1]->recv(0, &c, 1, w1.cb());
+  auto e1 = w1.wait();
+  REQUIRE(e1[0]);
+  CHECK(is<dopt::PeerLostError>(e1[0]));
+}
+
+TEST_CASE("tcp mesh: connect timeout names the missing peer", "[tcp]") {
+  std::string dead;
+  {
+    auto l = TcpMesh::listen("127.0.0.1");
+    dead = "127.0.0.1:" + std::to_string(l.port());
+  }  // closed: connecting there is refused
+  SECTION("the connecting side") {
+    auto l0 = TcpMesh::listen("127.0.0.1");
+    try {
+      TcpMesh m(0, 2, std::move(l0), {"unused", dead}, 300ms);
+      FAIL("no error");
+    } catch (const dopt::TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("rank 1") && Catch::Contains(dead) &&
+                               Catch::Contains("300 ms"));
+    }
+  }
+  SECTION("the accepting side") {
+    auto l1 = TcpMesh::listen("127.0.0.1");
+    try {
+      TcpMesh m(1, 2, std::move(l1), {dead, "unused"}, 200ms);
+      FAIL("no error");
+    } catch (const dopt::TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("rank 0 did not connect"));
+    }
+  }
+}
+
+TEST_CASE("tcp mesh: setup errors", "[tcp]") {
+  CHECK_THROWS_AS(TcpMesh(0, 2, TcpMesh::listen("127.0.0.1"), {"a:1"}, 100ms), dopt::ValueError);
+  CHECK_THROWS_AS(TcpMesh(2, 2, TcpMesh::listen("127.0.0.1"), {"a:1", "b:2"}, 100ms), dopt::ValueError);
+  CHECK_THROWS_AS(TcpMesh(0, 2, TcpListener{}, {"a:1", "b:2"}, 100ms), dopt::ValueError);
+  try {
+    TcpMesh(0, 2, TcpMesh::listen("127.0.0.1"), {"x", "nohostport"}, 100ms);
+    FAIL("no error");
+  } catch (const dopt::IOError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("nohostport") && Catch::Contains("rank 1"));
+  }
+  // A peer that believes in another world size.
+  auto l0 = TcpMesh::listen("127.0.0.1");
+  auto l1 = TcpMesh::listen("127.0.0.1");
+  const std::string e0 = "127.0.0.1:" + std::to_string(l0.port());
+  const std::string e1 = "127.0.0.1:" + std::to_string(l1.port());
+  auto f1 = std::async(std::launch::async, [&] {
+    TcpMesh m(1, 3, std::move(l1), {e0, e1, "127.0.0.1:1"}, 2s);
+  });
+  auto f0 = std::async(std::launch::async, [&] { TcpMesh m(0, 2, std::move(l0), {e0, e1}, 500ms); });
+  try {
+    f1.get();
+    FAIL("no error");
+  } catch (const dopt::IOError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("world of 2"));
+  }
+  CHECK_THROWS_AS(f0.get(), dopt::Error);
+}
