@@ -18,6 +18,7 @@
 
 namespace caf {
 class actor_system;
+class actor;
 }
 
 namespace dopt::detail {
@@ -95,6 +96,14 @@ caf::actor_system& runtime_system(class RuntimeImpl& rt, const char* op);
 /// stop() runs in Runtime::shutdown, before CAF's threads are joined: it must
 /// make the actors it stands for exit and drop their handles.
 void runtime_add_stopper(class RuntimeImpl& rt, std::function<void()> stop);
+
+/// Spawns world_size connected rank actors (in-process transport) in any
+/// actor system, e.g. the deterministic one of CAF's test coordinator
+/// fixture (actors/src/protocol.test.cpp). actors (if not null) receives
+/// their handles. Each endpoint stops its actor when destroyed.
+std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& sys, int world_size,
+                                                              std::chrono::milliseconds timeout,
+                                                              std::vector<caf::actor>* actors);
 
 /// Spawns world_size connected rank actors in rt (in-process transport).
 /// Each endpoint stops its actor when destroyed.

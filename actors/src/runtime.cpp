@@ -1065,8 +1065,9 @@ void RuntimeImpl::shutdown() noexcept {
 caf::actor_system& runtime_system(RuntimeImpl& rt, const char* op) { return rt.system(op); }
 void runtime_add_stopper(RuntimeImpl& rt, std::function<void()> stop) { rt.add_stopper(std::move(stop)); }
 
-std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, int world_size) {
-  auto& sys = rt.system("simulate");
+std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& sys, int world_size,
+                                                              std::chrono::milliseconds timeout,
+                                                              std::vector<caf::actor>* actors) {
   auto peers = std::make_shared<Peers>();
   for (int r = 0; r < world_size; ++r) peers->actors.push_back(sys.spawn(rank_actor, r, world_size));
   PeersPtr pp = peers;
@@ -1074,10 +1075,15 @@ std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, in
   for (int r = 0; r < world_size; ++r) {
     auto& a = peers->actors[static_cast<std::size_t>(r)];
     caf::anon_send(a, init_atom::value, pp);
-    auto ep = std::make_shared<LocalEndpoint>(a, r, world_size, rt.options_.collective_timeout);
-    rt.add_endpoint(ep);
-    out.push_back(ep);
+    out.push_back(std::make_shared<LocalEndpoint>(a, r, world_size, timeout));
   }
+  if (actors) *actors = peers->actors;
+  return out;
+}
+
+std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, int world_size) {
+  auto out = spawn_rank_actors(rt.system("simulate"), world_size, rt.options_.collective_timeout, nullptr);
+  for (auto& ep : out) rt.add_endpoint(std::static_pointer_cast<LocalEndpoint>(ep));
   return out;
 }
 
