@@ -8,8 +8,13 @@
 //
 // Arithmetic (bitwise torch's): the parameters of one dtype are copied into
 // one flat buffer, the buffer is divided in place by the group size, then
-// all-reduced with SUM; each parameter gets its slice back. So the result is
+// summed over the ranks; each parameter gets its slice back. So the result is
 // sum_r (p_r / n), not (sum_r p_r) / n (spec 2.5 step 3, section 6 item 9).
+// For 3 or more ranks (float32/float64) the sum is a ring reduce-scatter +
+// all-gather over send/recv that adds the ranks' values in gloo's ring order
+// (what torch 1.13 runs on CPU), so results match torch bitwise; it runs on
+// the caller's thread and the async form then returns a ready future. With 2
+// ranks, and for float16/bfloat16, it is one all_reduce_async(SUM).
 //
 // Collective contract. average_parameters (on an averager or the free
 // functions) is a collective over the selected group when it averages: every
@@ -51,7 +56,7 @@ std::vector<Tensor> get_params_to_average(const std::vector<OptimizerParamGroup>
 
 /// Averages `params` over `group` (no gradient filter here): per dtype, in
 /// order of first appearance, one flat buffer, divided by group.size(), one
-/// all_reduce_async(SUM). The returned future completes once every
+/// SUM reduction (see the header: ring order for >= 3 ranks). The returned future completes once every
 /// parameter holds its average; until then the parameters must not be
 /// touched. A non-member of the group gets a ready future and nothing
 /// changes. Floating-point CPU tensors only (TypeError otherwise; float16 and
