@@ -3,6 +3,8 @@
 // (tests/launcher.cmake) as the backstop for a launcher that would hang.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -225,6 +227,18 @@ TEST_CASE("dopt-run: output lines are prefixed with the rank", "[launch]") {
   CHECK(err.size() == 2);
   REQUIRE_FALSE(r.out.empty());
   CHECK(r.out.back() == '\n');  // the partial last line was completed
+}
+
+TEST_CASE("dopt-run: --no-prefix passes whole lines through unchanged", "[launch]") {
+  const Result r = run_dopt_run({"--nproc-per-node", "2", "--no-prefix", "/bin/sh", "-c",
+                                 "printf '{\"rank\": %s}\\n' \"$RANK\""});
+  REQUIRE(r.exited());
+  CHECK(r.code() == 0);
+  const auto out = by_rank(r.out);
+  REQUIRE(out.count(-1) == 1);  // no line carries a prefix
+  auto lines = out.at(-1);
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"{\"rank\": 0}", "{\"rank\": 1}"});
 }
 
 TEST_CASE("dopt-run: forwards SIGTERM to the ranks", "[launch]") {

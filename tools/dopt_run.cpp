@@ -198,6 +198,7 @@ struct Config {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   double grace_s = 5.0;
+  bool no_prefix = false;
   std::vector<std::string> command;
 };
 
@@ -314,8 +315,9 @@ class Launcher {
     r.pid = pid;
     r.running = true;
     ++running_;
-    r.out = Stream{out[0], STDOUT_FILENO, "[rank " + std::to_string(r.rank) + "] ", {}};
-    r.err = Stream{err[0], STDERR_FILENO, "[rank " + std::to_string(r.rank) + "] ", {}};
+    const std::string prefix = cfg_.no_prefix ? std::string() : "[rank " + std::to_string(r.rank) + "] ";
+    r.out = Stream{out[0], STDOUT_FILENO, prefix, {}};
+    r.err = Stream{err[0], STDERR_FILENO, prefix, {}};
     ::fcntl(out[0], F_SETFL, O_NONBLOCK);
     ::fcntl(err[0], F_SETFL, O_NONBLOCK);
 
@@ -489,6 +491,8 @@ int main(int argc, char** argv) {
   app.add_option("--grace", cfg.grace_s,
                  "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-prefix", cfg.no_prefix,
+               "Pass the ranks' output through as it is (whole lines), without the \"[rank R] \" prefix");
   app.add_option("program", program, "Program to run, followed by its arguments")->required();
   app.footer("Everything from PROGRAM on is passed to it unparsed; use -- before a PROGRAM that starts with '-'.");
 
