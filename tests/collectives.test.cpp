@@ -38,10 +38,10 @@ void require_all_ok(const std::string& out, int n) {
   }
 }
 
-void battery_through_dopt_run(int n) {
+void battery_through_dopt_run(int n, const std::string& transport = "auto") {
   REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
   const Done d = wait(start({kDoptRun, "--nproc-per-node", std::to_string(n), "--master-port", "0", kPeer, "battery"},
-                            {{"DOPT_TIMEOUT_MS", "30000"}}));
+                            {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}}));
   INFO(d.out);
   REQUIRE(d.ok());
   require_all_ok(d.out, n);
@@ -83,6 +83,24 @@ TEST_CASE("collectives: 5 processes through dopt-run, every op and dtype", "[col
   battery_through_dopt_run(5);
 }
 
+TEST_CASE("collectives: 2 processes over the TCP data plane", "[collectives][multiprocess]") {
+  battery_through_dopt_run(2, "tcp");
+}
+
+TEST_CASE("collectives: 5 processes over the TCP data plane", "[collectives][multiprocess]") {
+  battery_through_dopt_run(5, "tcp");
+}
+
+TEST_CASE("collectives: an unknown DOPT_TRANSPORT is a ValueError naming it", "[collectives][multiprocess]") {
+  auto ds = run_by_hand(2, "battery", {{"DOPT_TRANSPORT", "carrier-pigeon"}});
+  for (auto& d : ds) {
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "error ValueError"));
+    CHECK(contains(d.out, "transport must be 'auto', 'shm' or 'tcp', got 'carrier-pigeon'"));
+  }
+}
+
 TEST_CASE("collectives: 3 processes started by hand", "[collectives][multiprocess]") {
   auto ds = run_by_hand(3, "battery", {{"DOPT_TIMEOUT_MS", "30000"}});
   std::string all;
@@ -109,8 +127,10 @@ TEST_CASE("collectives: different collectives on different processes fail on eve
 TEST_CASE("collectives: a process killed in the middle of an all_reduce fails the others, naming it",
           "[collectives][multiprocess]") {
   const int n = GENERATE(3, 5);
+  const std::string transport = GENERATE(as<std::string>{}, "shm", "tcp");
   const long timeout_ms = 20000;
-  auto ds = run_by_hand(n, "kill", {{"DOPT_TIMEOUT_MS", std::to_string(timeout_ms)}});
+  INFO("world size " << n << ", transport " << transport);
+  auto ds = run_by_hand(n, "kill", {{"DOPT_TIMEOUT_MS", std::to_string(timeout_ms)}, {"DOPT_TRANSPORT", transport}});
   for (int r = 0; r < n; ++r) {
     const Done& d = ds[static_cast<std::size_t>(r)];
     INFO("rank " << r << ": " << d.out);
@@ -121,8 +141,10 @@ TEST_CASE("collectives: a process killed in the middle of an all_reduce fails th
     CHECK(d.failed());
     CHECK(contains(d.out, "error PeerLostError"));
     // (a rank that had not yet received rank 1's barrier message sees it lost there)
-    CHECK(contains(d.out, "rank 1 was lost"));
-    CHECK(contains(d.out, "the connection to its process was lost"));
+    // Seen by the control plane ("rank 1 was lost during ...: the connection to its
+    // process was lost") or, over TCP, first by the ring ("connection to rank 1 lost").
+    CHECK((contains(d.out, "rank 1 was lost") || contains(d.out, "connection to rank 1 lost")));
+    CHECK(contains(d.out, "connection"));
     const long ms = elapsed_ms(d.out);
     CHECK(ms >= 0);
     CHECK(ms < timeout_ms);  // seen at once, not at the timeout

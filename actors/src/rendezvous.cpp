@@ -2,6 +2,7 @@
 #include "dopt/actors/rendezvous.hpp"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -267,7 +268,7 @@ void RendezvousResult::barrier(milliseconds timeout) const {
 }
 
 RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, milliseconds timeout) {
-  return detail::rendezvous_with(runtime, env, timeout, caf::actor(), std::string());
+  return detail::rendezvous_with(runtime, env, timeout, caf::actor(), {});
 }
 
 }  // namespace dopt
@@ -280,7 +281,7 @@ const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { 
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return r.impl().infos; }
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, milliseconds timeout, caf::actor payload,
-                                 std::string info) {
+                                 const std::function<std::string()>& make_info) {
   const int rank = env.rank;
   if (timeout.count() <= 0) throw ValueError("rendezvous", "timeout must be positive", rank);
   if (env.world_size < 1 || rank < 0 || rank >= env.world_size)
@@ -338,6 +339,9 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
     // Rank 0's coordinator answers at the deadline with the missing ranks; the
     // extra 2 s wait is for that answer, not for the ranks.
     if (!payload) payload = impl->mine;
+    // Only now (rank 0 listens on MASTER_PORT already) may the caller open
+    // ephemeral ports: earlier, one could take MASTER_PORT from rank 0.
+    const std::string info = make_info ? make_info() : std::string();
     impl->table = impl->ask_coord(caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine,
                                                     payload, info),
                                   remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);

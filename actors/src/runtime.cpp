@@ -21,6 +21,8 @@
 #include "dopt/runtime/parallel.hpp"
 #include "dopt/runtime/shm.hpp"
 #include "rendezvous_internal.hpp"
+#include "ring.hpp"
+#include "dopt/runtime/tcp_transport.hpp"
 #include "internal.hpp"
 #include "kernels.hpp"
 
@@ -61,6 +63,7 @@ struct P2PArrival {
   P2PKey key;
   CollDesc desc;
   Tensor tensor;
+  bool over_mesh = false;  // tcp: the bytes come on the mesh, not in `tensor`
 };
 using P2PArrivalPtr = std::shared_ptr<const P2PArrival>;
 
@@ -139,12 +142,23 @@ struct Peers {
 using PeersPtr = std::shared_ptr<const Peers>;
 using OpPtr = std::shared_ptr<Op>;
 
+/// What a ring collective's completion tells its rank actor (local message).
+struct RingResult {
+  std::uint64_t gid = 0;
+  std::uint64_t seq = 0;
+  std::exception_ptr error;
+  std::shared_ptr<void> keep;  // scratch the collective used
+};
+using RingResultPtr = std::shared_ptr<const RingResult>;
+
 }  // namespace dopt::detail
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::ArrivalPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::P2PArrivalPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::PeersPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::OpPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::detail::RingResultPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<dopt::transport::TcpMesh>)
 
 namespace dopt::detail {
 
@@ -163,6 +177,8 @@ using p2pcncl_atom = caf::atom_constant<caf::atom("p2pcncl")>;
 using initnet_atom = caf::atom_constant<caf::atom("initnet")>;
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
 using fetched_atom = caf::atom_constant<caf::atom("fetched")>;
+using ringdone_atom = caf::atom_constant<caf::atom("ringdone")>;
+using p2precv_atom = caf::atom_constant<caf::atom("p2precv")>;
 using hb_atom = caf::atom_constant<caf::atom("hb")>;
 using hbtick_atom = caf::atom_constant<caf::atom("hbtick")>;
 
@@ -199,7 +215,19 @@ std::string group_str(std::uint64_t gid) { return gid == 0 ? "world group" : "gr
 ///               read or write in its shared-memory arena, and peers map them.
 /// In both, the direct algorithms of compute() read and write peers' buffers
 /// in place; between hosts a ring over TCP takes their place.
-enum class Plane : std::uint8_t { in_process, shm };
+enum class Plane : std::uint8_t { in_process, shm, tcp };
+
+
+/// Tag hi word of a collective's messages on the mesh (ring.hpp): unique
+/// among the calls in flight, the same on every rank. p2p messages set the
+/// top bit.
+std::uint64_t mesh_op_id(std::uint64_t gid, std::uint64_t seq) {
+  std::uint64_t x = gid * 0x9E3779B97F4A7C15ULL + seq;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 29;
+  return x & ~(std::uint64_t{1} << 63);
+}
 
 /// Buffers of at most this many bytes travel inside the control message, and
 /// every rank computes the whole result itself (no done phase): latency wins.
@@ -230,6 +258,7 @@ struct CollState {
   bool computed = false;
   bool small = false;   // net: inline bytes, each rank computes all of its result
   bool staged = false;  // net: own arrival's tensors are shared-memory copies
+  bool ring = false;    // tcp: the data moves in a ring collective on the mesh
 };
 
 bool needs_done_phase(CollKind k) { return k != CollKind::barrier && k != CollKind::new_group; }
@@ -241,6 +270,7 @@ struct RankState {
   std::vector<caf::actor> peers;
   Plane plane = Plane::in_process;
   std::unique_ptr<shm::ShmArena> arena;  // shm: blocks peers map
+  std::shared_ptr<transport::TcpMesh> mesh;  // tcp: connections to every peer
   shm::ShmMapCache maps;                  // shm: peers' segments
   std::map<P2PKey, Tensor> send_hold;       // net: staged send buffers until the reply
   struct Held {
@@ -258,6 +288,7 @@ struct RankState {
   std::set<CollKey> failed;                   // failed here; late messages are dropped
   std::map<std::uint64_t, Failure> broken;    // group -> why it is unusable
   std::map<int, std::string> lost;            // global rank -> why
+  std::vector<int> lost_order;                // the order in which they were lost
   std::set<int> dead;                         // global ranks whose actor is gone
   bool self_failed = false;
   std::string self_failed_what;
@@ -359,6 +390,8 @@ struct RankState {
     na.desc = op.desc;
     const bool small = shape_numel(op.desc.shape) * static_cast<std::int64_t>(itemsize(op.desc.dtype)) <= kSmallBytes;
     st.small = small;
+    // Decided from the descriptor alone, so every rank takes the same path.
+    st.ring = plane == Plane::tcp && !small && op.desc.has_tensor();
     const bool is_root = op.my_grank == op.desc.root;
     na.bufs.resize(op.tensors.size());
     for (std::size_t i = 0; i < op.tensors.size(); ++i) {
@@ -372,6 +405,8 @@ struct RankState {
       if (small) {
         const char* p = static_cast<const char*>(t.data_ptr());
         b.data.assign(p, p + t.nbytes());
+      } else if (st.ring) {
+        b.present = false;  // the bytes go round the ring, not with the arrival
       } else {
         a.tensors[i] = stage(t, &b);
         st.staged = true;
@@ -472,6 +507,17 @@ struct RankState {
           return;
         }
       }
+      if (st.ring) {
+        st.computed = true;
+        try {
+          start_ring(key, st);
+        } catch (...) {
+          op->promise.set_exception(current_as_error(name_, rank));
+          colls.erase(it);
+          failed.insert(key);
+        }
+        return;  // on_ring_done completes it
+      }
       try {
         compute(st);
       } catch (...) {
@@ -506,6 +552,102 @@ struct RankState {
     }
     op->promise.set_value();
     colls.erase(it);
+  }
+
+  /// Tcp: runs the collective on the mesh; its completion comes back as a
+  /// (ringdone, RingResult) message.
+  void start_ring(CollKey key, CollState& st) {
+    const Op& op = *st.local;
+    RingGroup g;
+    g.mesh = mesh.get();
+    g.ranks = *st.members;
+    g.me = op.my_grank;
+    const std::uint64_t id = mesh_op_id(key.first, key.second);
+    caf::actor me_ = me();
+    auto scratch = std::make_shared<Tensor>();
+    auto done = [me_, key, scratch](std::exception_ptr e) {
+      auto r = std::make_shared<RingResult>();
+      r->gid = key.first;
+      r->seq = key.second;
+      r->error = std::move(e);
+      r->keep = scratch;
+      caf::anon_send(me_, ringdone_atom::value, RingResultPtr(std::move(r)));
+    };
+    const Tensor& t0 = op.tensors[0];
+    switch (op.desc.kind) {
+      case CollKind::all_reduce:
+        ring_all_reduce(g, id, t0.data_ptr(), t0.numel(), op.desc.dtype, op.desc.op, done);
+        break;
+      case CollKind::reduce: {
+        // Every rank computes the reduction; only dst keeps it.
+        void* buf = t0.data_ptr();
+        if (op.my_grank != op.desc.root) {
+          *scratch = t0.clone();
+          buf = scratch->data_ptr();
+        }
+        ring_all_reduce(g, id, buf, t0.numel(), op.desc.dtype, op.desc.op, done);
+        break;
+      }
+      case CollKind::broadcast:
+        ring_broadcast(g, id, t0.data_ptr(), t0.nbytes(), op.desc.root, done);
+        break;
+      case CollKind::all_gather: {
+        std::vector<void*> outs;
+        for (std::size_t k = 1; k < op.tensors.size(); ++k) outs.push_back(op.tensors[k].data_ptr());
+        ring_all_gather(g, id, t0.data_ptr(), t0.nbytes(), outs, done);
+        break;
+      }
+      case CollKind::all_gather_flat:
+        ring_all_gather(g, id, t0.data_ptr(), t0.nbytes(), op.tensors[1].data_ptr(), done);
+        break;
+      case CollKind::reduce_scatter: {
+        std::vector<const void*> ins;
+        std::vector<std::int64_t> counts;
+        for (std::size_t k = 1; k < op.tensors.size(); ++k) {
+          ins.push_back(op.tensors[k].data_ptr());
+          counts.push_back(op.tensors[k].numel());
+        }
+        ring_reduce_scatter(g, id, ins, counts, t0.data_ptr(), op.desc.dtype, op.desc.op, done);
+        break;
+      }
+      default:
+        throw StateError(coll_name(op.desc.kind), "no ring algorithm for this collective", rank);
+    }
+  }
+
+  void on_ring_done(const RingResult& r) {
+    CollKey key{r.gid, r.seq};
+    auto it = colls.find(key);
+    if (it == colls.end() || !it->second.local) return;  // failed here already (timeout, lost peer)
+    auto& st = it->second;
+    if (!r.error) {
+      st.local->promise.set_value();
+    } else {
+      // Name the first member we know to be lost (the cause), not merely the
+      // connection that failed last (a survivor that exited after the loss).
+      int cause = -1;
+      for (int q : lost_order)
+        if (q != rank && std::find(st.members->begin(), st.members->end(), q) != st.members->end()) {
+          cause = q;
+          break;
+        }
+      if (cause >= 0) fail(st.local, lost_failure_of(key, st, cause));
+      else st.local->promise.set_exception(r.error);
+    }
+    colls.erase(it);
+  }
+
+  /// PeerLostError for call `key`, naming the first of its members that was
+  /// lost (`peer` when none was before it).
+  Failure lost_failure_of(CollKey key, const CollState& st, int peer) const {
+    for (int q : lost_order) {
+      if (q == rank || std::find(st.members->begin(), st.members->end(), q) == st.members->end()) continue;
+      peer = q;
+      break;
+    }
+    return Failure{FailKind::peer_lost, coll_name(st.local->desc.kind),
+                   "rank " + std::to_string(peer) + " was lost during " + st.local->desc.str() + " in " +
+                       group_str(key.first) + " (seq " + std::to_string(key.second) + "): " + lost.at(peer)};
   }
 
   void on_fetched(std::uint64_t gid, std::uint64_t seq) {
@@ -640,6 +782,9 @@ struct RankState {
                       " (" + group_str(gid) + ", seq " + std::to_string(seq) + "): " + who;
     Failure f{FailKind::timeout, coll_name(op.desc.kind), msg};
     auto members = st.members;
+    if (st.ring && mesh)  // a stuck peer: end the ring (its buffers are released once it fails)
+      for (int peer : *members)
+        if (peer != rank && !mesh->peer_lost(peer)) mesh->fail_peer(peer, msg);
     fail(st.local, f);
     colls.erase(it);
     Failure later{FailKind::timeout, "", group_str(gid) + " is unusable after a timeout on rank " +
@@ -656,10 +801,22 @@ struct RankState {
 
   // --- failures of peers ---------------------------------------------------------
 
-  void on_lost(int peer, const std::string& what, bool actor_dead) {
+  /// A peer is lost. actor_dead: its actor is gone too (it will finish
+  /// nothing). gone: its process is gone (seen here or by another rank), so
+  /// the TCP connection to it is cut and ring collectives with it fail.
+  /// pass_on: tell the other ranks (net), so that each names this peer even
+  /// if it would first see a survivor exit.
+  void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false) {
     if (peer == rank) return;
-    lost.emplace(peer, what);
+    const bool first = lost.emplace(peer, what).second;
+    if (first) lost_order.push_back(peer);
     if (actor_dead) dead.insert(peer);
+    if (gone && mesh && !mesh->peer_lost(peer))
+      mesh->fail_peer(peer, "rank " + std::to_string(peer) + " is lost: " + what);
+    if (pass_on && first && plane != Plane::in_process)
+      for (int k = 0; k < world; ++k)
+        if (k != rank && k != peer && !dead.count(k))
+          self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, peer, what);
     for (auto it = colls.begin(); it != colls.end();) {
       auto& st = it->second;
       bool fails = false;
@@ -670,16 +827,14 @@ struct RankState {
           auto g = static_cast<std::size_t>(pos - m.begin());
           // A peer that joined still does its share, unless its actor is dead
           // and a share was left to do (kinds without a done phase, and
-          // small net calls, need nothing more of it once it arrived).
-          const bool owes_work = needs_done_phase(st.local->desc.kind) && !st.small;
+          // small net calls, need nothing more of it once it arrived; a ring
+          // collective ends by itself, with an error if bytes are missing).
+          const bool owes_work = needs_done_phase(st.local->desc.kind) && !st.small && !st.ring;
           fails = !st.arrivals[g] || (actor_dead && (owes_work || !st.arrivals[g]->unreadable.empty()));
         }
       }
       if (fails) {
-        Failure f{FailKind::peer_lost, coll_name(st.local->desc.kind),
-                  "rank " + std::to_string(peer) + " was lost during " + st.local->desc.str() + " in " +
-                      group_str(it->first.first) + " (seq " + std::to_string(it->first.second) + "): " + what};
-        fail(st.local, f);
+        fail(st.local, lost_failure_of(it->first, st, peer));
         failed.insert(it->first);
         it = colls.erase(it);
       } else {
@@ -717,10 +872,7 @@ struct RankState {
       if (now - last_heard[static_cast<std::size_t>(r)] > peer_timeout) {
         const std::string what = "no word from its process for " + std::to_string(peer_timeout.count()) +
                                  " ms (stopped, hung or cut off)";
-        on_lost(r, what, true);
-        for (int k = 0; k < world; ++k)
-          if (k != rank && k != r && !dead.count(k))
-            self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, r, what);
+        on_lost(r, what, true, true, true);
       }
     }
     self->delayed_send(self, peer_timeout / 4, hbtick_atom::value);
@@ -767,6 +919,10 @@ struct RankState {
         if (static_cast<std::int64_t>(t.nbytes()) <= kSmallBytes) {
           const char* p = static_cast<const char*>(t.data_ptr());
           np.buf.data.assign(p, p + t.nbytes());
+        } else if (plane == Plane::tcp) {
+          np.buf.segment = kTcpSegment;  // the bytes follow on the mesh
+          send_hold[key] = t;
+          mesh->send(op->peer, p2p_tag(key), t.data_ptr(), t.nbytes(), [](std::exception_ptr) {});
         } else {
           send_hold[key] = stage(t, &np.buf);
         }
@@ -802,12 +958,41 @@ struct RankState {
     self->delayed_send(me(), op->timeout, p2ptmo_atom::value, key, false);
   }
 
+  static constexpr const char* kTcpSegment = "tcp:";
+
+  static transport::Tag p2p_tag(const P2PKey& k) {
+    return transport::Tag{(std::uint64_t{1} << 63) | mesh_op_id(k.gid, k.seq),
+                          (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.src)) << 32) ^
+                              (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.dst)) << 16) ^
+                              static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.tag))};
+  }
+
+  std::map<P2PKey, OpPtr> tcp_recvs;  // tcp: recvs whose bytes are on the way
+
+  /// Tcp: the bytes of a matched send arrived (error: "" when fine).
+  void on_p2p_received(const P2PKey& key, const std::string& error) {
+    auto it = tcp_recvs.find(key);
+    if (it == tcp_recvs.end()) return;
+    auto op = it->second;
+    tcp_recvs.erase(it);
+    P2PReply reply{key, false, Failure{}};
+    if (!error.empty()) {
+      fail(op, Failure{FailKind::peer_lost, "recv", error});
+      reply.failed = true;
+      reply.failure = Failure{FailKind::peer_lost, "send", error};
+    } else {
+      op->promise.set_value();
+    }
+    self->send(peers[static_cast<std::size_t>(key.src)], p2pdone_atom::value, reply);
+  }
+
   void on_net_p2p(NetP2P& np) {
     auto a = std::make_shared<P2PArrival>();
     a->key = np.key;
     a->desc = np.desc;
+    a->over_mesh = np.buf.segment == kTcpSegment;
     try {
-      a->tensor = net_tensor(np.buf);
+      if (!a->over_mesh) a->tensor = net_tensor(np.buf);
     } catch (const std::exception& e) {
       P2PReply reply{np.key, true,
                      Failure{FailKind::state, "send", std::string("the receiver cannot read the buffer: ") + e.what()}};
@@ -838,6 +1023,22 @@ struct RankState {
       fail(op, Failure{FailKind::mismatch, "recv", msg});
       reply.failed = true;
       reply.failure = Failure{FailKind::mismatch, "send", msg};
+    } else if (a->over_mesh) {
+      tcp_recvs.emplace(a->key, op);
+      caf::actor me_ = me();
+      const P2PKey key = a->key;
+      mesh->recv(key.src, p2p_tag(key), dst.data_ptr(), dst.nbytes(), [me_, key](std::exception_ptr e) {
+        std::string why;
+        if (e) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            why = x.what();
+          }
+        }
+        caf::anon_send(me_, p2precv_atom::value, key, why);
+      });
+      return;  // replied by on_p2p_received
     } else {
       if (dst.nbytes() && dst.data_ptr() != a->tensor.data_ptr())
         std::memmove(dst.data_ptr(), a->tensor.data_ptr(), dst.nbytes());
@@ -890,14 +1091,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       const std::string what =
           cut ? std::string("the connection to its process was lost (the process died or the network failed)")
               : "its rank actor exited (" + to_string(dm.reason) + ")";
-      const bool first = !st.lost.count(r);
-      st.on_lost(r, what, true);
-      // Tell the others at once: they may fail later calls and exit before
-      // they see the loss themselves, and then the first cause they report
-      // would be our exit instead of this one.
-      if (cut && first && st.plane != Plane::in_process)
-        for (int k = 0; k < st.world; ++k)
-          if (k != st.rank && k != r) self->send(st.peers[static_cast<std::size_t>(k)], gone_atom::value, r, what);
+      st.on_lost(r, what, true, cut, cut);
     }
   });
   return {
@@ -907,11 +1101,14 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
       },
-      [self](initnet_atom, const PeersPtr& p, std::int64_t peer_timeout_ms) {
-        // Real processes: peers are remote handles; buffers go through shared memory.
+      [self](initnet_atom, const PeersPtr& p, std::int64_t peer_timeout_ms,
+             const std::shared_ptr<transport::TcpMesh>& mesh) {
+        // Real processes: peers are remote handles; buffers go through shared
+        // memory, or over the TCP mesh when there is one.
         auto& st = self->state;
         st.peers = p->actors;
-        st.plane = Plane::shm;
+        st.plane = mesh ? Plane::tcp : Plane::shm;
+        st.mesh = mesh;
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
         st.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
@@ -925,6 +1122,9 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
           st.last_heard[static_cast<std::size_t>(from)] = std::chrono::steady_clock::now();
       },
       [self](hbtick_atom) { self->state.on_heartbeat_tick(); },
+      [self](ringdone_atom, const RingResultPtr& r) { self->state.on_ring_done(*r); },
+
+      [self](p2precv_atom, const P2PKey& k, const std::string& error) { self->state.on_p2p_received(k, error); },
       [self](arrive_atom, NetArrival& a) { self->state.on_net_arrive(a); },
       [self](p2p_atom, NetP2P& a) { self->state.on_net_p2p(a); },
       [self](call_atom, const OpPtr& op) { self->state.on_call(op); },
@@ -937,8 +1137,11 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       },
       [self](lost_atom, int peer, const std::string& what) { self->state.on_lost(peer, what, false); },
       [self](gone_atom, int peer, const std::string& what) {
+        // Only calls the peer never joined fail now: its messages for calls
+        // it did join (a done, say) may still be on their way on our own
+        // connection, and our own down_msg comes after them.
         auto& st = self->state;
-        if (!st.dead.count(peer)) st.on_lost(peer, what + ", seen by a peer", true);
+        if (!st.dead.count(peer)) st.on_lost(peer, what + ", seen by a peer", false, true);
       },
       [self](failed_atom, const std::string& what) { self->state.on_self_failed(what); },
       [self](p2p_atom, const P2PArrivalPtr& a) { self->state.on_p2p(a); },
@@ -1108,10 +1311,10 @@ std::string host_info() {
 
 ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
   const char* op = "init_process_group";
-  std::string transport = options.transport;
-  if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) transport = t;
-  if (transport != "auto" && transport != "shm" && transport != "tcp")
-    throw ValueError(op, "transport must be 'auto', 'shm' or 'tcp', got '" + transport + "'", env.rank);
+  std::string plane_choice = options.transport;
+  if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) plane_choice = t;
+  if (plane_choice != "auto" && plane_choice != "shm" && plane_choice != "tcp")
+    throw ValueError(op, "transport must be 'auto', 'shm' or 'tcp', got '" + plane_choice + "'", env.rank);
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
     throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
                      env.rank);
@@ -1124,15 +1327,21 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   // Every rank actor listens on a port of its own, so that every pair of
   // ranks gets a direct connection: a peer's death is then seen by all
   // (BASP would otherwise route through rank 0, and lose sight of the dead
-  // peer when rank 0 goes).
-  auto port = sys.middleman().publish(a, 0, nullptr, true);
-  if (!port)
-    throw IOError(op, "the rank actor cannot listen on a port: " + sys.render(port.error()), env.rank);
+  // peer when rank 0 goes). The TCP data plane listens too. Both ports are
+  // opened inside the rendezvous, once rank 0 holds MASTER_PORT.
   const std::string host = host_info();
-  char hostname[256] = {};
-  ::gethostname(hostname, sizeof hostname - 1);
-  const std::string info = host + " addr=" + hostname + " port=" + std::to_string(*port);
-  RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, info);
+  std::optional<transport::TcpListener> listener;
+  auto make_info = [&] {
+    auto port = sys.middleman().publish(a, 0, nullptr, true);
+    if (!port)
+      throw IOError(op, "the rank actor cannot listen on a port: " + sys.render(port.error()), env.rank);
+    if (plane_choice != "shm") listener.emplace(transport::TcpMesh::listen());
+    char hostname[256] = {};
+    ::gethostname(hostname, sizeof hostname - 1);
+    return host + " addr=" + hostname + " port=" + std::to_string(*port) +
+           " tcp=" + std::to_string(listener ? listener->port() : 0);
+  };
+  RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> elsewhere;
   auto field = [](const std::string& text, const std::string& key) {
@@ -1143,15 +1352,17 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   };
   for (int r = 0; r < env.world_size; ++r)
     if (infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0) elsewhere.push_back(r);
-  if (!elsewhere.empty() || transport == "tcp") {
+  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty();
+  if (use_tcp && plane_choice == "shm") {
     std::string who;
     for (int r : elsewhere) who += (who.empty() ? "" : ", ") + std::to_string(r);
-    throw NotSupportedError(op, elsewhere.empty()
-                                    ? std::string("the TCP data plane is not available in this build yet")
-                                    : "ranks " + who + " are on another host and the TCP data plane between hosts "
-                                                       "is not available in this build yet",
-                            env.rank);
+    throw ValueError(op, "transport 'shm' needs every rank on this host, but ranks " + who + " are on another host",
+                     env.rank);
   }
+  for (int r = 0; use_tcp && r < env.world_size; ++r)
+    if (field(infos[static_cast<std::size_t>(r)], "tcp") == "0")
+      throw ValueError(op, "rank " + std::to_string(r) + " has no TCP data plane (DOPT_TRANSPORT=shm there?) but " +
+                               "this world needs one; set the same DOPT_TRANSPORT on every rank", env.rank);
   auto peers = std::make_shared<Peers>();
   peers->actors = rendezvous_payloads(rdv);
   peers->actors[static_cast<std::size_t>(env.rank)] = a;
@@ -1169,11 +1380,31 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
                                   std::to_string(pport) + ": " + sys.render(h.error()), env.rank);
     peers->actors[static_cast<std::size_t>(r)] = *h;
   }
+  std::shared_ptr<transport::TcpMesh> mesh;
+  if (use_tcp) {
+    std::vector<std::string> endpoints;
+    for (int r = 0; r < env.world_size; ++r) {
+      const std::string& pinfo = infos[static_cast<std::size_t>(r)];
+      const bool here = std::find(elsewhere.begin(), elsewhere.end(), r) == elsewhere.end();
+      endpoints.push_back((here ? std::string("127.0.0.1") : field(pinfo, "addr")) + ":" + field(pinfo, "tcp"));
+    }
+    // A connection of the mesh that ends is not taken as the peer's loss: a
+    // peer that finished and exited closes it before its last control
+    // messages (on CAF's connection) may have arrived. Collectives that still
+    // need its bytes fail by themselves; the loss itself is CAF's down_msg.
+    mesh = std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
+                                                options.timeout);
+    // The rank actor owns it; the runtime closes it at shutdown (after the actor is gone).
+    std::weak_ptr<transport::TcpMesh> weak = mesh;
+    runtime_add_stopper(rt, [weak] {
+      if (auto m = weak.lock()) m->close();
+    });
+  }
   {
     caf::scoped_actor self{sys};
     bool ok = false;
     self->request(a, caf::infinite, initnet_atom::value, PeersPtr(peers),
-                  static_cast<std::int64_t>(rt.options_.peer_timeout.count()))
+                  static_cast<std::int64_t>(rt.options_.peer_timeout.count()), mesh)
         .receive([&](bool) { ok = true; },
                  [&](caf::error& e) {
                    throw StateError(op, "the rank actor did not start: " + sys.render(e), env.rank);
