@@ -18,54 +18,17 @@ using namespace dopt_test;
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_collectives_peer";
 
-/// Every rank 0..n-1 printed "ok R CHECKS" with CHECKS > 0 (lines may carry
-/// dopt-run's "[rank R] " prefix).
-void require_all_ok(const std::string& out, int n) {
-  std::map<int, long> ok;
-  for (const std::string& line : lines_of(out)) {
-    auto p = line.find("ok ");
-    if (p == std::string::npos) continue;
-    std::istringstream ss(line.substr(p + 3));
-    int r = -1;
-    long checks = 0;
-    if (ss >> r >> checks) ok[r] = checks;
-  }
-  REQUIRE(static_cast<int>(ok.size()) == n);
-  for (const auto& [r, checks] : ok) {
-    CHECK(r >= 0);
-    CHECK(r < n);
-    CHECK(checks > 300);
-  }
-}
-
 void battery_through_dopt_run(int n, const std::string& transport = "auto") {
-  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
-  const Done d = wait(start({kDoptRun, "--nproc-per-node", std::to_string(n), "--master-port", "0", kPeer, "battery"},
-                            {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}}));
+  const Done d = run_through_dopt_run(kDoptRun, kPeer, n, {"battery"},
+                                      {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}});
   INFO(d.out);
   REQUIRE(d.ok());
-  require_all_ok(d.out, n);
+  require_all_ok(d.out, n, 300);
 }
 
-/// Starts n ranks by hand; returns what each printed. Rank `kill_last`
-/// (if >= 0) is waited for last, after a SIGKILL once the others are done.
-std::vector<Done> run_by_hand(int n, const std::string& mode, std::map<std::string, std::string> extra = {},
+std::vector<Done> run_by_hand(int n, const std::string& mode, const std::map<std::string, std::string>& env = {},
                               int kill_last = -1) {
-  const int port = free_port();
-  std::vector<Proc> ps;
-  for (int r = 0; r < n; ++r) {
-    auto env = rank_env(r, n, port);
-    env.insert(extra.begin(), extra.end());
-    ps.push_back(start({kPeer, mode}, env));
-  }
-  std::vector<Done> out(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r)
-    if (r != kill_last) out[static_cast<std::size_t>(r)] = wait(ps[static_cast<std::size_t>(r)]);
-  if (kill_last >= 0) {
-    ::kill(ps[static_cast<std::size_t>(kill_last)].pid, SIGKILL);
-    out[static_cast<std::size_t>(kill_last)] = wait(ps[static_cast<std::size_t>(kill_last)]);
-  }
-  return out;
+  return run_ranks_by_hand(kPeer, n, {mode}, env, kill_last);
 }
 
 long elapsed_ms(const std::string& out) {
@@ -109,7 +72,7 @@ TEST_CASE("collectives: 3 processes started by hand", "[collectives][multiproces
     CHECK(d.ok());
     all += d.out;
   }
-  require_all_ok(all, 3);
+  require_all_ok(all, 3, 300);
 }
 
 TEST_CASE("collectives: different collectives on different processes fail on every rank, naming both",
@@ -160,7 +123,7 @@ TEST_CASE("collectives: 2 processes through OpenMPI's mpirun", "[collectives][mu
                             {{"RANK", ""}, {"WORLD_SIZE", ""}}));
   INFO(d.out);
   REQUIRE(d.ok());
-  require_all_ok(d.out, 2);
+  require_all_ok(d.out, 2, 300);
 }
 #endif
 

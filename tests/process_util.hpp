@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -113,6 +114,63 @@ inline std::map<std::string, std::string> rank_env(int rank, int world, int port
           {"WORLD_SIZE", std::to_string(world)},
           {"MASTER_ADDR", "127.0.0.1"},
           {"MASTER_PORT", std::to_string(port)}};
+}
+
+/// Every rank 0..n-1 printed "ok R CHECKS" with CHECKS >= min_checks (lines may
+/// carry dopt-run's "[rank R] " prefix), and nobody printed "error ".
+inline void require_all_ok(const std::string& out, int n, long min_checks = 1) {
+  INFO(out);
+  CHECK_FALSE(contains(out, "error "));
+  std::map<int, long> ok;
+  for (const std::string& line : lines_of(out)) {
+    auto p = line.find("ok ");
+    if (p == std::string::npos) continue;
+    std::istringstream ss(line.substr(p + 3));
+    int r = -1;
+    long checks = 0;
+    if (ss >> r >> checks) ok[r] = checks;
+  }
+  REQUIRE(static_cast<int>(ok.size()) == n);
+  for (const auto& [r, checks] : ok) {
+    CHECK(r >= 0);
+    CHECK(r < n);
+    CHECK(checks >= min_checks);
+  }
+}
+
+/// Runs `peer args...` as n ranks through dopt-run (--master-port 0).
+inline Done run_through_dopt_run(const std::string& dopt_run, const std::string& peer, int n,
+                                 const std::vector<std::string>& args,
+                                 const std::map<std::string, std::string>& env) {
+  REQUIRE(::access(peer.c_str(), X_OK) == 0);
+  std::vector<std::string> argv{dopt_run, "--nproc-per-node", std::to_string(n), "--master-port", "0", peer};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return wait(start(argv, env));
+}
+
+/// Starts `peer args...` as n ranks by hand (RANK, WORLD_SIZE, MASTER_* set
+/// here, plus env) and returns what each printed, by rank. Rank kill_last
+/// (if >= 0) is waited for last, after a SIGKILL once the others are done.
+inline std::vector<Done> run_ranks_by_hand(const std::string& peer, int n, const std::vector<std::string>& args,
+                                           const std::map<std::string, std::string>& env, int kill_last = -1) {
+  REQUIRE(::access(peer.c_str(), X_OK) == 0);
+  const int port = free_port();
+  std::vector<Proc> ps;
+  for (int r = 0; r < n; ++r) {
+    auto e = rank_env(r, n, port);
+    e.insert(env.begin(), env.end());
+    std::vector<std::string> argv{peer};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ps.push_back(start(argv, e));
+  }
+  std::vector<Done> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    if (r != kill_last) out[static_cast<std::size_t>(r)] = wait(ps[static_cast<std::size_t>(r)]);
+  if (kill_last >= 0) {
+    ::kill(ps[static_cast<std::size_t>(kill_last)].pid, SIGKILL);
+    out[static_cast<std::size_t>(kill_last)] = wait(ps[static_cast<std::size_t>(kill_last)]);
+  }
+  return out;
 }
 
 }  // namespace dopt_test

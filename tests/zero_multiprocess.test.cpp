@@ -20,52 +20,18 @@ const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_zero_peer";
 const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
 
-/// Every rank 0..n-1 printed "ok R CHECKS" with CHECKS >= min_checks (lines may
-/// carry dopt-run's "[rank R] " prefix), and nobody printed "error".
-void require_all_ok(const std::string& out, int n, long min_checks) {
-  INFO(out);
-  CHECK_FALSE(contains(out, "error "));
-  std::map<int, long> ok;
-  for (const std::string& line : lines_of(out)) {
-    auto p = line.find("ok ");
-    if (p == std::string::npos) continue;
-    std::istringstream ss(line.substr(p + 3));
-    int r = -1;
-    long checks = 0;
-    if (ss >> r >> checks) ok[r] = checks;
-  }
-  REQUIRE(static_cast<int>(ok.size()) == n);
-  for (const auto& [r, checks] : ok) {
-    CHECK(r >= 0);
-    CHECK(r < n);
-    CHECK(checks >= min_checks);
-  }
-}
-
-void through_dopt_run(int n, std::vector<std::string> args, long min_checks) {
-  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
-  std::vector<std::string> argv{kDoptRun, "--nproc-per-node", std::to_string(n), "--master-port", "0", kPeer};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const Done d = wait(start(argv, kEnv));
+void through_dopt_run(int n, const std::vector<std::string>& args, long min_checks) {
+  const Done d = run_through_dopt_run(kDoptRun, kPeer, n, args, kEnv);
   INFO(d.out);
   REQUIRE(d.ok());
   require_all_ok(d.out, n, min_checks);
 }
 
 void by_hand(int n, const std::vector<std::string>& args, long min_checks) {
-  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
-  const int port = free_port();
-  std::vector<Proc> ps;
-  for (int r = 0; r < n; ++r) {
-    auto env = rank_env(r, n, port);
-    env.insert(kEnv.begin(), kEnv.end());
-    std::vector<std::string> argv{kPeer};
-    argv.insert(argv.end(), args.begin(), args.end());
-    ps.push_back(start(argv, env));
-  }
   std::string all;
+  const auto ds = run_ranks_by_hand(kPeer, n, args, kEnv);
   for (int r = 0; r < n; ++r) {
-    const Done d = wait(ps[static_cast<std::size_t>(r)]);
+    const Done& d = ds[static_cast<std::size_t>(r)];
     INFO("rank " << r << ": " << d.out);
     CHECK(d.ok());
     all += d.out;
