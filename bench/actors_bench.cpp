@@ -67,7 +67,7 @@ void ActorRoundTrip(benchmark::State& state) {
     self->request(p, caf::infinite, ping_atom::value, rounds).receive([](int) {}, [](caf::error&) {});
   }
   state.SetItemsProcessed(state.iterations() * rounds);
-  state.counters["us_per_round_trip"] =
+  state.counters["seconds_per_round_trip"] =
       benchmark::Counter(static_cast<double>(state.iterations() * rounds), benchmark::Counter::kIsRate |
                                                                              benchmark::Counter::kInvert);
   self->send_exit(p, caf::exit_reason::user_shutdown);
@@ -110,7 +110,7 @@ void CollectiveBarrier(benchmark::State& state) {
     }, so);
   }
   state.SetItemsProcessed(state.iterations() * 100);
-  state.counters["us_per_barrier"] = benchmark::Counter(static_cast<double>(state.iterations() * 100),
+  state.counters["seconds_per_barrier"] = benchmark::Counter(static_cast<double>(state.iterations() * 100),
                                                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(CollectiveBarrier)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();

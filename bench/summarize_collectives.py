@@ -56,6 +56,8 @@ def main():
     print("| op | ranks | bytes | dopt (processes) | dopt (simulated) | gloo | OpenMPI shm | OpenMPI tcp | memcpy | dopt / gloo | dopt / OpenMPI shm | dopt sim / memcpy |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for op, ws, b in keys:
+        if not cells.get((op, ws, b, "dopt")) and not cells.get((op, ws, b, "dopt_sim")):
+            continue  # a baseline-only row (e.g. OpenMPI's reduce_scatter)
         med = {i: (statistics.median(cells[(op, ws, b, i)]) if cells.get((op, ws, b, i)) else None) for i in IMPLS}
         memcpy_us = 2 * b / (args.copy_gbs * 1e3)
         ratio = lambda x, y: f"{x / y:.2f}" if x and y else "-"
