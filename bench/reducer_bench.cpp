@@ -3,9 +3,11 @@
 // and without overlap.
 //
 //   dopt_bench_reducer --params N --tensors K [--no-overlap] [--ranks R] [--steps S]
-//                      [--bucket-mb B] [--compute-us U]
+//                      [--bucket-mb B] [--compute-us U] [--sizes even|torch]
 //
-// N float32 elements split evenly into K tensors; fixed gradients per rank.
+// N float32 elements in K tensors (--sizes even: equal sizes, the default;
+// torch: proportional to 1..10 repeating, like the torch baselines in
+// bench/compare_post_local_sgd_torch.py); fixed gradients per rank.
 // Between two mark_ready calls each rank spins for U microseconds (default
 // 0), standing in for the backward computation that overlap hides. Under a
 // launcher one rank per process; alone it simulates R ranks (default 2).
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   int steps = 20;
   double bucket_mb = 25.0;
   int compute_us = 0;
+  std::string sizes = "even";
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
   app.add_flag("--no-overlap", no_overlap, "only the mode that launches every bucket in finalize()");
@@ -51,6 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed iterations")->check(CLI::PositiveNumber);
   app.add_option("--bucket-mb", bucket_mb, "bucket cap in MiB (DDP's bucket_cap_mb)")->check(CLI::PositiveNumber);
   app.add_option("--compute-us", compute_us, "simulated backward work between gradients")->check(CLI::NonNegativeNumber);
+  app.add_option("--sizes", sizes, "even: equal sizes; torch: proportional to 1..10")
+      ->check(CLI::IsMember({"torch", "even"}));
   CLI11_PARSE(app, argc, argv);
   if (tensors > params) {
     std::fprintf(stderr, "dopt_bench_reducer: --tensors must not exceed --params\n");
@@ -63,11 +68,21 @@ int main(int argc, char** argv) {
     ro.simulated_ranks = ranks;
     dopt::run_distributed(
         [&](dopt::RankContext& ctx) {
-          std::vector<dopt::Tensor> ps;
-          for (std::int64_t k = 0; k < tensors; ++k) {
-            const std::int64_t n = params / tensors + (k < params % tensors ? 1 : 0);
-            ps.push_back(dopt::Tensor::full({n}, 0.5));
+          std::vector<std::int64_t> numels;
+          if (sizes == "torch") {
+            std::int64_t wsum = 0;
+            for (std::int64_t k = 0; k < tensors; ++k) wsum += 1 + k % 10;
+            std::int64_t used = 0;
+            for (std::int64_t k = 0; k < tensors; ++k) {
+              numels.push_back(params * (1 + k % 10) / wsum);
+              used += numels.back();
+            }
+            numels.back() += params - used;
+          } else {
+            for (std::int64_t k = 0; k < tensors; ++k) numels.push_back(params / tensors + (k < params % tensors ? 1 : 0));
           }
+          std::vector<dopt::Tensor> ps;
+          for (std::int64_t n : numels) ps.push_back(dopt::Tensor::full({n}, 0.5));
           std::vector<dopt::Tensor> grads;
           for (std::int64_t k = 0; k < tensors; ++k)
             grads.push_back(dopt::Tensor::full(ps[static_cast<std::size_t>(k)].shape(),
@@ -100,9 +115,9 @@ int main(int argc, char** argv) {
               std::printf(
                   "{\"benchmark\": \"reducer_iteration\", \"ms\": %.4f, \"min_ms\": %.4f, \"overlap\": %s, "
                   "\"buckets\": %zu, \"params\": %lld, \"tensors\": %lld, \"bucket_mb\": %.3f, \"compute_us\": %d, "
-                  "\"world_size\": %d, \"steps\": %d, \"simulated\": %s}\n",
+                  "\"sizes\": \"%s\", \"world_size\": %d, \"steps\": %d, \"simulated\": %s}\n",
                   median, ms.front(), overlap ? "true" : "false", reducer.num_buckets(),
-                  static_cast<long long>(params), static_cast<long long>(tensors), bucket_mb, compute_us,
+                  static_cast<long long>(params), static_cast<long long>(tensors), bucket_mb, compute_us, sizes.c_str(),
                   ctx.world_size(), steps, simulated ? "true" : "false");
               std::fflush(stdout);
             }
