@@ -98,7 +98,7 @@ constexpr long kJoinChecks = 2 * (3 * 7 + 7);
 
 }  // namespace
 
-TEST_CASE("plsgd multiprocess: PostLocalSGDOptimizer + PeriodicModelAverager (SGD, Adam; schedules; state dict) "
+TEST_CASE("plsgd multiprocess: PostLocalSGDOptimizer + PeriodicModelAverager (SGD, Adam, schedules, state dict) "
           "through dopt-run (2, 3, 5 processes)",
           "[plsgd][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
