@@ -20,71 +20,17 @@ const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_plsgd_peer";
 const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
 
-/// Every rank 0..n-1 printed "ok R CHECKS" with CHECKS >= min_checks (lines may
-/// carry dopt-run's "[rank R] " prefix), and nobody printed "error".
-void require_all_ok(const std::string& out, int n, long min_checks) {
-  INFO(out);
-  CHECK_FALSE(contains(out, "error "));
-  std::map<int, long> ok;
-  for (const std::string& line : lines_of(out)) {
-    auto p = line.find("ok ");
-    if (p == std::string::npos) continue;
-    std::istringstream ss(line.substr(p + 3));
-    int r = -1;
-    long checks = 0;
-    if (ss >> r >> checks) ok[r] = checks;
-  }
-  REQUIRE(static_cast<int>(ok.size()) == n);
-  for (const auto& [r, checks] : ok) {
-    CHECK(r >= 0);
-    CHECK(r < n);
-    CHECK(checks >= min_checks);
-  }
-}
-
-void through_dopt_run(int n, std::vector<std::string> args, long min_checks) {
-  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
-  std::vector<std::string> argv{kDoptRun, "--nproc-per-node", std::to_string(n), "--master-port", "0", kPeer};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const Done d = wait(start(argv, kEnv));
-  INFO(d.out);
-  REQUIRE(d.ok());
-  require_all_ok(d.out, n, min_checks);
+void through_dopt_run(int n, const std::vector<std::string>& args, long min_checks) {
+  require_ok_through_dopt_run(kDoptRun, kPeer, n, args, kEnv, min_checks);
 }
 
 void by_hand(int n, const std::vector<std::string>& args, long min_checks) {
-  REQUIRE(::access(kPeer.c_str(), X_OK) == 0);
-  const int port = free_port();
-  std::vector<Proc> ps;
-  for (int r = 0; r < n; ++r) {
-    auto env = rank_env(r, n, port);
-    env.insert(kEnv.begin(), kEnv.end());
-    std::vector<std::string> argv{kPeer};
-    argv.insert(argv.end(), args.begin(), args.end());
-    ps.push_back(start(argv, env));
-  }
-  std::string all;
-  for (int r = 0; r < n; ++r) {
-    const Done d = wait(ps[static_cast<std::size_t>(r)]);
-    INFO("rank " << r << ": " << d.out);
-    CHECK(d.ok());
-    all += d.out;
-  }
-  require_all_ok(all, n, min_checks);
+  require_ok_by_hand(kPeer, n, args, kEnv, min_checks);
 }
 
 /// A fresh folder under the temp dir, removed by the destructor.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dopt-plsgd-mp-" + std::to_string(::getpid()) + "-" + name);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct CaseDir : dopt_test::TempDir {
+  explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-plsgd-mp", name) {}
 };
 
 // Checks per rank each scenario makes at least: periodic 2 optimizers x 3
@@ -103,7 +49,7 @@ TEST_CASE("plsgd multiprocess: PostLocalSGDOptimizer + PeriodicModelAverager (SG
           "[plsgd][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
   INFO(n << " processes");
-  TempDir dir("periodic" + std::to_string(n));
+  CaseDir dir("periodic" + std::to_string(n));
   through_dopt_run(n, {"periodic", dir.path.string()}, kPeriodicChecks);
 }
 
@@ -111,7 +57,7 @@ TEST_CASE("plsgd multiprocess: PostLocalSGDOptimizer + PeriodicModelAverager, pr
           "[plsgd][multiprocess]") {
   const int n = GENERATE(3, 4);
   INFO(n << " processes");
-  TempDir dir("periodic-hand" + std::to_string(n));
+  CaseDir dir("periodic-hand" + std::to_string(n));
   by_hand(n, {"periodic", dir.path.string()}, kPeriodicChecks);
 }
 

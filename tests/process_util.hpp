@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -172,5 +173,45 @@ inline std::vector<Done> run_ranks_by_hand(const std::string& peer, int n, const
   }
   return out;
 }
+
+/// `peer args...` as n ranks through dopt-run: every rank must exit 0 and print "ok R CHECKS >= min_checks".
+inline void require_ok_through_dopt_run(const std::string& dopt_run, const std::string& peer, int n,
+                                        const std::vector<std::string>& args,
+                                        const std::map<std::string, std::string>& env, long min_checks) {
+  const Done d = run_through_dopt_run(dopt_run, peer, n, args, env);
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_all_ok(d.out, n, min_checks);
+}
+
+/// The same with the ranks started by hand.
+inline void require_ok_by_hand(const std::string& peer, int n, const std::vector<std::string>& args,
+                               const std::map<std::string, std::string>& env, long min_checks) {
+  std::string all;
+  const auto ds = run_ranks_by_hand(peer, n, args, env);
+  for (int r = 0; r < n; ++r) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    CHECK(d.ok());
+    all += d.out;
+  }
+  require_all_ok(all, n, min_checks);
+}
+
+/// A fresh folder under the temp dir ("<prefix>-<pid>-<name>"), removed by the destructor.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir(const std::string& prefix, const std::string& name) {
+    path = std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()) + "-" + name);
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
 
 }  // namespace dopt_test

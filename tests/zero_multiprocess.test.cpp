@@ -21,36 +21,16 @@ const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_zero_peer"
 const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
 
 void through_dopt_run(int n, const std::vector<std::string>& args, long min_checks) {
-  const Done d = run_through_dopt_run(kDoptRun, kPeer, n, args, kEnv);
-  INFO(d.out);
-  REQUIRE(d.ok());
-  require_all_ok(d.out, n, min_checks);
+  require_ok_through_dopt_run(kDoptRun, kPeer, n, args, kEnv, min_checks);
 }
 
 void by_hand(int n, const std::vector<std::string>& args, long min_checks) {
-  std::string all;
-  const auto ds = run_ranks_by_hand(kPeer, n, args, kEnv);
-  for (int r = 0; r < n; ++r) {
-    const Done& d = ds[static_cast<std::size_t>(r)];
-    INFO("rank " << r << ": " << d.out);
-    CHECK(d.ok());
-    all += d.out;
-  }
-  require_all_ok(all, n, min_checks);
+  require_ok_by_hand(kPeer, n, args, kEnv, min_checks);
 }
 
 /// A fresh folder under the temp dir, removed by the destructor.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dopt-zero-mp-" + std::to_string(::getpid()) + "-" + name);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct CaseDir : dopt_test::TempDir {
+  explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-zero-mp", name) {}
 };
 
 // Checks per rank the scenarios make at least (each step compares every
@@ -76,7 +56,7 @@ TEST_CASE("zero multiprocess: bitwise parity, processes started by hand (3, 5)",
 
 TEST_CASE("zero multiprocess: sharded checkpoint saved by 3 processes resumes at 2 and 5 like an uninterrupted run",
           "[zero][multiprocess]") {
-  TempDir dir("ckpt");
+  CaseDir dir("ckpt");
   through_dopt_run(3, {"save", dir.path.string()}, kCkptChecks);
   for (const char* cfg : {"Adam-plain", "Adam-bucket", "SGD-bucket"})
     for (int r = 0; r < 3; ++r) {
@@ -98,7 +78,7 @@ TEST_CASE("zero multiprocess: sharded checkpoint saved by 3 processes resumes at
 }
 
 TEST_CASE("zero multiprocess: sharded checkpoint saved by 5 processes resumes at 2", "[zero][multiprocess]") {
-  TempDir dir("ckpt5");
+  CaseDir dir("ckpt5");
   through_dopt_run(5, {"save", dir.path.string()}, kCkptChecks);
   by_hand(2, {"load", dir.path.string(), "5"}, kCkptChecks);
 }
