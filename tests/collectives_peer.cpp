@@ -33,22 +33,13 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
+#include "peer_util.hpp"
 
 namespace {
 
 using dopt::DType;
 using dopt::ReduceOp;
 using dopt::Tensor;
-
-const char* kind_of(const dopt::Error& e) {
-  if (dynamic_cast<const dopt::TimeoutError*>(&e)) return "TimeoutError";
-  if (dynamic_cast<const dopt::CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
-  if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
-  if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
-  if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
-  if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
-  return "Error";
-}
 
 /// Input element i of rank r: a small integer, exact in every dtype.
 double input(int r, std::int64_t i) { return static_cast<double>(((r + 1) * 7 + i * 3) % 9) - 4.0; }
@@ -211,51 +202,28 @@ void battery(dopt::ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "battery";
-  int rank = -1;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-  };
-  try {
-    auto env = dopt::launch_env_from_environment();
-    if (!env) {
-      std::printf("error Error: not launched (no RANK / WORLD_SIZE)\n");
-      return 1;
-    }
-    rank = env->rank;
-    dopt::RuntimeOptions opts = dopt::RuntimeOptions::from_env();
-    opts.threads = 2;
-    dopt::Runtime rt(opts);
-    dopt::InitOptions init;
-    init.timeout = std::chrono::seconds(20);
-    dopt::ProcessGroup world = dopt::init_process_group(rt, *env, init);
-    Checker c{rank};
-    if (mode == "battery") {
-      battery(world, c);
-    } else if (mode == "mismatch") {
-      Tensor t = Tensor::full({8}, 1.0);
-      if (rank == 0) world.all_reduce(t);
-      else world.broadcast(t, 0);
-    } else if (mode == "kill" || mode == "stop") {
-      Tensor t = Tensor::full({1 << 20}, 1.0);
-      world.barrier();
-      if (rank == 1) {
-        auto f = world.all_reduce_async(t);
-        ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
-      }
-      world.all_reduce(t);
-    } else {
-      std::printf("error Error: unknown mode '%s'\n", mode.c_str());
-      return 2;
-    }
-    std::printf("ok %d %ld\n", rank, c.checks);
-    std::fflush(stdout);
-    return 0;
-  } catch (const dopt::Error& e) {
-    std::printf("error %s: %s\nelapsed_ms %lld\n", kind_of(e), e.what(), static_cast<long long>(elapsed()));
-  } catch (const std::exception& e) {
-    std::printf("error std::exception: %s\n", e.what());
-  }
-  std::fflush(stdout);
-  return 1;
+  // The failure scenarios end in an error on purpose: no final barrier.
+  return dopt_test::run_peer(
+      [&](dopt::ProcessGroup& world, int rank) {
+        Checker c{rank};
+        if (mode == "battery") {
+          battery(world, c);
+        } else if (mode == "mismatch") {
+          Tensor t = Tensor::full({8}, 1.0);
+          if (rank == 0) world.all_reduce(t);
+          else world.broadcast(t, 0);
+        } else if (mode == "kill" || mode == "stop") {
+          Tensor t = Tensor::full({1 << 20}, 1.0);
+          world.barrier();
+          if (rank == 1) {
+            auto f = world.all_reduce_async(t);
+            ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
+          }
+          world.all_reduce(t);
+        } else {
+          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop"};
+        }
+        return c.checks;
+      },
+      mode == "battery");
 }

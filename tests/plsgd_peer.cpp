@@ -58,6 +58,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
+#include "peer_util.hpp"
 
 namespace {
 
@@ -69,17 +70,6 @@ using dopt::optim::OptimizerParamGroup;
 using dopt::optim::OptimizerSpec;
 namespace fs = std::filesystem;
 namespace optim = dopt::optim;
-
-const char* kind_of(const dopt::Error& e) {
-  if (dynamic_cast<const dopt::TimeoutError*>(&e)) return "TimeoutError";
-  if (dynamic_cast<const dopt::CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
-  if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
-  if (dynamic_cast<const dopt::StateDictError*>(&e)) return "StateDictError";
-  if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
-  if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
-  if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
-  return "Error";
-}
 
 std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
   x += 0x9E3779B97F4A7C15ull;
@@ -676,43 +666,13 @@ void join(ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "periodic";
-  int rank = -1;
-  try {
-    auto env = dopt::launch_env_from_environment();
-    if (!env) {
-      std::printf("error Error: not launched (no RANK / WORLD_SIZE)\n");
-      return 1;
-    }
-    rank = env->rank;
-    dopt::RuntimeOptions opts = dopt::RuntimeOptions::from_env();
-    opts.threads = 2;
-    dopt::Runtime rt(opts);
-    dopt::InitOptions init;
-    init.timeout = std::chrono::seconds(20);
-    ProcessGroup world = dopt::init_process_group(rt, *env, init);
+  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
     Checker c{rank};
-    if (mode == "periodic") {
-      const fs::path tmp = argc > 2 ? fs::path(argv[2]) : fs::temp_directory_path();
-      periodic(world, c, tmp);
-    } else if (mode == "hierarchical") {
-      hierarchical(world, c);
-    } else if (mode == "reducer") {
-      reducer(world, c);
-    } else if (mode == "join") {
-      join(world, c);
-    } else {
-      std::printf("error Error: usage: dopt_plsgd_peer periodic [DIR] | hierarchical | reducer | join\n");
-      return 2;
-    }
-    world.barrier();  // leave together (a peer may still be in its last collective)
-    std::printf("ok %d %ld\n", rank, c.checks);
-    std::fflush(stdout);
-    return 0;
-  } catch (const dopt::Error& e) {
-    std::printf("error %s: %s\n", kind_of(e), e.what());
-  } catch (const std::exception& e) {
-    std::printf("error std::exception: %s\n", e.what());
-  }
-  std::fflush(stdout);
-  return 1;
+    if (mode == "periodic") periodic(world, c, argc > 2 ? fs::path(argv[2]) : fs::temp_directory_path());
+    else if (mode == "hierarchical") hierarchical(world, c);
+    else if (mode == "reducer") reducer(world, c);
+    else if (mode == "join") join(world, c);
+    else throw dopt_test::Usage{"dopt_plsgd_peer periodic [DIR] | hierarchical | reducer | join"};
+    return c.checks;
+  });
 }

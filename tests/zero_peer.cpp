@@ -42,6 +42,7 @@
 #include "dopt/optim/zero.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
+#include "peer_util.hpp"
 
 namespace {
 
@@ -55,17 +56,6 @@ using dopt::optim::OptimizerSpec;
 using dopt::optim::ZeroOptions;
 using dopt::optim::ZeroRedundancyOptimizer;
 namespace fs = std::filesystem;
-
-const char* kind_of(const dopt::Error& e) {
-  if (dynamic_cast<const dopt::TimeoutError*>(&e)) return "TimeoutError";
-  if (dynamic_cast<const dopt::CollectiveMismatchError*>(&e)) return "CollectiveMismatchError";
-  if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
-  if (dynamic_cast<const dopt::StateDictError*>(&e)) return "StateDictError";
-  if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
-  if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
-  if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
-  return "Error";
-}
 
 std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
   x += 0x9E3779B97F4A7C15ull;
@@ -496,45 +486,13 @@ void join(ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "parity";
-  int rank = -1;
-  try {
-    auto env = dopt::launch_env_from_environment();
-    if (!env) {
-      std::printf("error Error: not launched (no RANK / WORLD_SIZE)\n");
-      return 1;
-    }
-    rank = env->rank;
-    dopt::RuntimeOptions opts = dopt::RuntimeOptions::from_env();
-    opts.threads = 2;
-    dopt::Runtime rt(opts);
-    dopt::InitOptions init;
-    init.timeout = std::chrono::seconds(20);
-    ProcessGroup world = dopt::init_process_group(rt, *env, init);
+  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
     Checker c{rank};
-    if (mode == "parity") {
-      parity(world, c);
-    } else if (mode == "save" && argc > 2) {
-      save(world, c, argv[2]);
-    } else if (mode == "load" && argc > 3) {
-      load(world, c, argv[2], std::stoi(argv[3]));
-    } else if (mode == "join") {
-      join(world, c);
-    } else {
-      std::printf("error Error: usage: dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join\n");
-      return 2;
-    }
-    // Leave together: a rank whose last call (e.g. consolidate_state_dict's
-    // broadcasts) returned must not exit while a peer is still in it (its
-    // rank actor's exit fails the peer's pending call with PeerLostError).
-    world.barrier();
-    std::printf("ok %d %ld\n", rank, c.checks);
-    std::fflush(stdout);
-    return 0;
-  } catch (const dopt::Error& e) {
-    std::printf("error %s: %s\n", kind_of(e), e.what());
-  } catch (const std::exception& e) {
-    std::printf("error std::exception: %s\n", e.what());
-  }
-  std::fflush(stdout);
-  return 1;
+    if (mode == "parity") parity(world, c);
+    else if (mode == "save" && argc > 2) save(world, c, argv[2]);
+    else if (mode == "load" && argc > 3) load(world, c, argv[2], std::stoi(argv[3]));
+    else if (mode == "join") join(world, c);
+    else throw dopt_test::Usage{"dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join"};
+    return c.checks;
+  });
 }
