@@ -156,12 +156,32 @@ Case load_case(const std::string& dir) {
   return c;
 }
 
+void set_case_grads(const Case& c, int t, int r, const std::vector<Tensor>& params) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string key = "grad." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i);
+    auto it = c.tensors.find(key);
+    if (it == c.tensors.end()) {
+      params[i].set_grad(Tensor());
+      continue;
+    }
+    if (it->second.shape() != c.shapes[i] || it->second.dtype() != c.dtype)
+      bad((fs::path(c.dir) / "tensors.safetensors").string(),
+          "'" + key + "' is " + it->second.str() + ", expected " + std::string(dtype_name(c.dtype)) + " " +
+              shape_str(c.shapes[i]));
+    params[i].set_grad(it->second.clone());
+  }
+}
+
+void record_case_params(int t, int r, const std::vector<Tensor>& params, std::map<std::string, Tensor>& out) {
+  for (std::size_t i = 0; i < params.size(); ++i)
+    out["param." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i)] = params[i].clone();
+}
+
 ReplayOutput replay_case(const Case& c, int num_threads) {
   if (c.wrapper_kind == "zero") return replay_zero(c, num_threads);
   if (c.wrapper_kind == "post_local_sgd") return replay_post_local_sgd(c, num_threads);
   if (c.wrapper_kind != "local")
     throw UnsupportedCase("replay", "wrapper '" + c.wrapper_kind + "' is not supported");
-  const std::string tfile = (fs::path(c.dir) / "tensors.safetensors").string();
   const std::size_t n = c.shapes.size();
   std::vector<Tensor> params;
   for (std::size_t i = 0; i < n; ++i) params.push_back(c.tensors.at("init." + std::to_string(i)).clone());
@@ -172,22 +192,9 @@ ReplayOutput replay_case(const Case& c, int num_threads) {
   ReplayOutput out;
   const int r = 0;
   for (int t = 0; t < c.steps; ++t) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::string key = "grad." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i);
-      auto it = c.tensors.find(key);
-      if (it == c.tensors.end()) {
-        params[i].set_grad(Tensor());
-        continue;
-      }
-      if (it->second.shape() != c.shapes[i] || it->second.dtype() != c.dtype)
-        bad(tfile, "'" + key + "' is " + it->second.str() + ", expected " + std::string(dtype_name(c.dtype)) +
-                       " " + shape_str(c.shapes[i]));
-      params[i].set_grad(it->second.clone());
-    }
+    set_case_grads(c, t, r, params);
     opt->step();
-    for (std::size_t i = 0; i < n; ++i)
-      out.tensors["param." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i)] =
-          params[i].clone();
+    record_case_params(t, r, params, out.tensors);
   }
 
   // State: state_dict() indexes parameters by their position in the chain of

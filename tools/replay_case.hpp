@@ -50,6 +50,12 @@ class UnsupportedCase : public NotSupportedError {
 /// through the optimizer registry (dopt/optim/registry.hpp).
 std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params);
 
+/// Sets params[i]'s gradient to the case's grad.{t}.{r}.{i} (a copy), or to
+/// none where the case omits it. Throws IOError for one of the wrong shape or dtype.
+void set_case_grads(const Case& c, int t, int r, const std::vector<Tensor>& params);
+/// out["param.{t}.{r}.{i}"] = a copy of params[i], for every i.
+void record_case_params(int t, int r, const std::vector<Tensor>& params, std::map<std::string, Tensor>& out);
+
 struct ReplayOutput {
   std::map<std::string, Tensor> tensors;  // param.{t}.{r}.{i}, state.{r}.{i}.{key}
   std::map<std::string, std::string> metadata;

@@ -16,7 +16,6 @@ namespace dopt::replay {
 
 ReplayOutput replay_post_local_sgd(const Case& c, int num_threads) {
   static constexpr const char* op = "replay_post_local_sgd";
-  const std::string tfile = (std::filesystem::path(c.dir) / "tensors.safetensors").string();
   const std::size_t n = c.shapes.size();
 
   // Case has no field for wrapper.averager: read it from case.json.
@@ -59,21 +58,9 @@ ReplayOutput replay_post_local_sgd(const Case& c, int num_threads) {
 
     std::map<std::string, Tensor> mine;
     for (int t = 0; t < c.steps; ++t) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::string key = "grad." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i);
-        auto it = c.tensors.find(key);
-        if (it == c.tensors.end()) {
-          params[i].set_grad(Tensor());
-          continue;
-        }
-        if (it->second.shape() != c.shapes[i] || it->second.dtype() != c.dtype)
-          throw IOError(op, tfile + ": '" + key + "' is " + it->second.str() + ", expected " +
-                                std::string(dtype_name(c.dtype)) + " " + shape_str(c.shapes[i]));
-        params[i].set_grad(it->second.clone());
-      }
+      set_case_grads(c, t, r, params);
       opt.step();
-      for (std::size_t i = 0; i < n; ++i)
-        mine["param." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i)] = params[i].clone();
+      record_case_params(t, r, params, mine);
     }
     for (const auto& [key, st] : opt.state()) {
       std::int64_t case_index = -1;

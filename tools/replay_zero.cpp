@@ -14,7 +14,6 @@
 namespace dopt::replay {
 
 ReplayOutput replay_zero(const Case& c, int num_threads) {
-  const std::string tfile = (std::filesystem::path(c.dir) / "tensors.safetensors").string();
   const std::size_t n = c.shapes.size();
   // ZeRO's global index = position in the chain of groups; the case's index may differ.
   std::vector<std::int64_t> chain;
@@ -63,21 +62,9 @@ ReplayOutput replay_zero(const Case& c, int num_threads) {
 
     std::map<std::string, Tensor> mine;
     for (int t = 0; t < c.steps; ++t) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::string key = "grad." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i);
-        auto it = c.tensors.find(key);
-        if (it == c.tensors.end()) {
-          params[i].set_grad(Tensor());
-          continue;
-        }
-        if (it->second.shape() != c.shapes[i] || it->second.dtype() != c.dtype)
-          throw IOError("replay_zero", tfile + ": '" + key + "' is " + it->second.str() + ", expected " +
-                                           std::string(dtype_name(c.dtype)) + " " + shape_str(c.shapes[i]));
-        params[i].set_grad(it->second.clone());
-      }
+      set_case_grads(c, t, r, params);
       zero.step();
-      for (std::size_t i = 0; i < n; ++i)
-        mine["param." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i)] = params[i].clone();
+      record_case_params(t, r, params, mine);
     }
     // The state this rank holds: its local optimizer's, by parameter.
     for (const auto& [key, st] : zero.optim().state()) {
