@@ -40,7 +40,7 @@ Hyperparams to_hyper(const json& obj, const std::string& file, const std::string
 
 }  // namespace
 
-std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params) {
+std::vector<optim::OptimizerParamGroup> case_param_groups(const Case& c, const std::vector<Tensor>& params) {
   // Through the public registry: each group's options are the defaults
   // updated with the group's overrides.
   std::vector<optim::OptimizerParamGroup> groups;
@@ -51,7 +51,11 @@ std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::
     for (const auto& [k, v] : g.overrides) h[k] = v;
     groups.emplace_back(std::move(ps), optim::make_options(optim::OptimizerSpec{c.optimizer_class, h}));
   }
-  return optim::make_optimizer(optim::OptimizerSpec{c.optimizer_class, c.defaults}, std::move(groups));
+  return groups;
+}
+
+std::unique_ptr<optim::Optimizer> make_case_optimizer(const Case& c, const std::vector<Tensor>& params) {
+  return optim::make_optimizer(optim::OptimizerSpec{c.optimizer_class, c.defaults}, case_param_groups(c, params));
 }
 
 Case load_case(const std::string& dir) {

@@ -45,6 +45,10 @@ class UnsupportedCase : public NotSupportedError {
   using NotSupportedError::NotSupportedError;
 };
 
+/// The case's param groups over `params` (indexed by global index), in order,
+/// each with the defaults updated by its overrides.
+std::vector<optim::OptimizerParamGroup> case_param_groups(const Case& c, const std::vector<Tensor>& params);
+
 /// Builds the case's optimizer over `params` (indexed by global index) with
 /// its groups, in order, each with the defaults updated by its overrides,
 /// through the optimizer registry (dopt/optim/registry.hpp).

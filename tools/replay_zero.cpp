@@ -46,14 +46,7 @@ ReplayOutput replay_zero(const Case& c, int num_threads) {
     const int r = ctx.rank();
     std::vector<Tensor> params;
     for (std::size_t i = 0; i < n; ++i) params.push_back(c.tensors.at("init." + std::to_string(i)).clone());
-    std::vector<optim::OptimizerParamGroup> groups;
-    for (const auto& g : c.groups) {
-      std::vector<Tensor> ps;
-      for (auto i : g.params) ps.push_back(params[static_cast<std::size_t>(i)]);
-      Hyperparams h = c.defaults;
-      for (const auto& [k, v] : g.overrides) h[k] = v;
-      groups.emplace_back(std::move(ps), optim::make_options(optim::OptimizerSpec{c.optimizer_class, h}));
-    }
+    std::vector<optim::OptimizerParamGroup> groups = case_param_groups(c, params);
     optim::ZeroOptions zo;
     zo.process_group = ctx.world();
     zo.parameters_as_bucket_view = bucket_view;
