@@ -2,13 +2,17 @@
 // The common frame of the rank programs of the multi-process tests
 // (tests/*_peer.cpp): join the world, run the scenario, report one line.
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/tensor.hpp"
 
 namespace dopt_test {
 
@@ -23,6 +27,38 @@ inline const char* kind_of(const dopt::Error& e) {
   if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
   return "Error";
 }
+
+/// Counts checks and throws dopt::Error("check", what, rank) on the first that fails.
+struct Checker {
+  int rank;
+  long checks = 0;
+  void expect(bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) throw dopt::Error("check", what, rank);
+  }
+  /// Same shape and dtype and the same bytes.
+  void bitwise(const dopt::Tensor& got, const dopt::Tensor& want, const std::string& what) {
+    expect(got.defined() && want.defined(), what + ": undefined tensor");
+    expect(got.dtype() == want.dtype(), what + ": dtype differs");
+    expect(got.shape() == want.shape(), what + ": shape " + dopt::shape_str(got.shape()) + " vs " +
+                                            dopt::shape_str(want.shape()));
+    const dopt::Tensor g = got.clone(), w = want.clone();  // contiguous own storage
+    if (std::memcmp(g.data_ptr(), w.data_ptr(), g.nbytes()) != 0) {
+      std::int64_t k = 0;
+      if (g.dtype() == dopt::DType::float32)
+        while (k < g.numel() && std::memcmp(g.data<float>() + k, w.data<float>() + k, 4) == 0) ++k;
+      if (k >= g.numel()) k = 0;
+      char buf[128];
+      std::snprintf(buf, sizeof buf, ": bits differ (first at element %lld: %.9g vs %.9g)",
+                    static_cast<long long>(k), g.at(k), w.at(k));
+      expect(false, what + buf);
+    }
+  }
+  void params(const std::vector<dopt::Tensor>& got, const std::vector<dopt::Tensor>& want, const std::string& what) {
+    expect(got.size() == want.size(), what + ": parameter count");
+    for (std::size_t i = 0; i < got.size(); ++i) bitwise(got[i], want[i], what + ", parameter " + std::to_string(i));
+  }
+};
 
 /// Thrown by a scenario for a bad command line: run_peer prints it and returns 2.
 struct Usage {

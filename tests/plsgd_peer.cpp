@@ -110,35 +110,7 @@ void add_into(const Tensor& a, const Tensor& b) {
   for (std::int64_t k = 0; k < a.numel(); ++k) x[k] = x[k] + y[k];
 }
 
-struct Checker {
-  int rank;
-  long checks = 0;
-  void expect(bool ok, const std::string& what) {
-    ++checks;
-    if (!ok) throw dopt::Error("check", what, rank);
-  }
-  void bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
-    expect(got.defined() && want.defined(), what + ": undefined tensor");
-    expect(got.dtype() == want.dtype(), what + ": dtype differs");
-    expect(got.shape() == want.shape(), what + ": shape " + dopt::shape_str(got.shape()) + " vs " +
-                                            dopt::shape_str(want.shape()));
-    const Tensor g = got.clone(), w = want.clone();
-    if (std::memcmp(g.data_ptr(), w.data_ptr(), g.nbytes()) != 0) {
-      std::int64_t k = 0;
-      if (g.dtype() == DType::float32)
-        while (k < g.numel() && std::memcmp(g.data<float>() + k, w.data<float>() + k, 4) == 0) ++k;
-      if (k >= g.numel()) k = 0;
-      char buf[128];
-      std::snprintf(buf, sizeof buf, ": bits differ (first at element %lld: %.9g vs %.9g)",
-                    static_cast<long long>(k), g.at(k), w.at(k));
-      expect(false, what + buf);
-    }
-  }
-  void params(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
-    expect(got.size() == want.size(), what + ": parameter count");
-    for (std::size_t i = 0; i < got.size(); ++i) bitwise(got[i], want[i], what + ", parameter " + std::to_string(i));
-  }
-};
+using Checker = dopt_test::Checker;
 
 // ---------------------------------------------------------------------------------------------
 // Model averaging

@@ -165,33 +165,7 @@ Tensor averaged_grad(int world, int t, std::size_t i, const Shape& s, const std:
   return acc;
 }
 
-struct Checker {
-  int rank;
-  long checks = 0;
-  void expect(bool ok, const std::string& what) {
-    ++checks;
-    if (!ok) throw dopt::Error("check", what, rank);
-  }
-  /// Same shape and dtype and the same bytes.
-  void bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
-    expect(got.defined() && want.defined(), what + ": undefined tensor");
-    expect(got.dtype() == want.dtype(), what + ": dtype differs");
-    expect(got.shape() == want.shape(), what + ": shape " + dopt::shape_str(got.shape()) + " vs " +
-                                            dopt::shape_str(want.shape()));
-    const Tensor g = got.clone(), w = want.clone();  // contiguous own storage
-    if (std::memcmp(g.data_ptr(), w.data_ptr(), g.nbytes()) != 0) {
-      std::int64_t k = 0;
-      if (g.dtype() == DType::float32)
-        while (k < g.numel() && std::memcmp(g.data<float>() + k, w.data<float>() + k, 4) == 0) ++k;
-      if (k >= g.numel()) k = 0;
-      expect(false, what + ": bits differ (first at element " + std::to_string(k) + ": " + std::to_string(g.at(k)) +
-                        " vs " + std::to_string(w.at(k)) + ")");
-    }
-  }
-  void params(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
-    expect(got.size() == want.size(), what + ": parameter count");
-    for (std::size_t i = 0; i < got.size(); ++i) bitwise(got[i], want[i], what + ", parameter " + std::to_string(i));
-  }
+struct Checker : dopt_test::Checker {
   void state(const dopt::StateDict& got, const dopt::StateDict& want, const std::string& what) {
     expect(got.param_groups.size() == want.param_groups.size(), what + ": group count");
     for (std::size_t g = 0; g < got.param_groups.size(); ++g) {
@@ -487,7 +461,7 @@ void join(ProcessGroup& world, Checker& c) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "parity";
   return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
-    Checker c{rank};
+    Checker c{{rank}};
     if (mode == "parity") parity(world, c);
     else if (mode == "save" && argc > 2) save(world, c, argv[2]);
     else if (mode == "load" && argc > 3) load(world, c, argv[2], std::stoi(argv[3]));
