@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "dopt/runtime/safetensors.hpp"
+#include "zero_overlap_internal.hpp"
 
 namespace dopt::optim {
 namespace {
@@ -82,7 +83,10 @@ ParamState copy_state_for(const ParamState& st, const Tensor& p, std::int64_t in
 class ZeroJoinHook : public JoinHook {
  public:
   explicit ZeroJoinHook(ZeroRedundancyOptimizer& z) : zero_(z) {}
-  void main_hook() override { zero_.step(); }
+  // With overlap the reducer's shadow iteration drives ZeRO through the comm hook.
+  void main_hook() override {
+    if (!zero_.overlap_with_ddp()) zero_.step();
+  }
 
  private:
   ZeroRedundancyOptimizer& zero_;
@@ -97,8 +101,6 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
                                                  ZeroOptions options)
     : spec_(std::move(spec)), group_(std::move(options.process_group)),
       bucket_view_(options.parameters_as_bucket_view) {
-  if (options.overlap_with_ddp)
-    throw NotSupportedError(kName, "overlap_with_ddp=true is not supported yet");
   if (!group_.valid() || !group_.is_member())
     throw ValueError(kName, "a valid process group this rank is a member of is required");
   rank_ = group_.rank();
@@ -107,14 +109,57 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   if (groups.empty()) throw ValueError(kName, "ZeroRedundancyOptimizer got an empty parameter list");
   for (auto& g : groups) add_group_checked(std::move(g), kName);
   if (all_params_.empty()) throw ValueError(kName, "ZeroRedundancyOptimizer got an empty parameter list");
+  std::unique_ptr<FunctionalOptimizer> functional;
+  if (options.overlap_with_ddp) {
+    bucket_view_ = false;  // torch: ignored with overlap (each reducer bucket is one flat buffer)
+    try {
+      functional = make_functional(OptimizerSpec{spec_.name, groups_.front().options->to_hyperparams()}, {},
+                                   /*allow_empty_param_list=*/true);
+    } catch (const ValueError&) {
+      throw ValueError(kName, "Using `overlap_with_ddp=true` requires using a functional optimizer, but there is "
+                              "no supported functional optimizer equivalent for " + spec_.name, rank_);
+    }
+    const ProcessGroup& bg = options.overlap_broadcast_group;
+    if (bg.valid() && (!bg.is_member() || bg.ranks() != group_.ranks()))
+      throw ValueError(kName, "overlap_broadcast_group must have the ranks of process_group", rank_);
+  }
   check_same_params_everywhere(kName);
+  if (options.overlap_with_ddp) {
+    ProcessGroup bgroup = options.overlap_broadcast_group;
+    if (!bgroup.valid()) {
+      try {
+        bgroup = group_.new_group(group_.ranks());
+      } catch (const StateError&) {
+        throw ValueError(kName, "overlap_with_ddp on a process group other than the world needs "
+                                "ZeroOptions::overlap_broadcast_group (a second group over the same ranks, "
+                                "made with world.new_group(ranks))", rank_);
+      }
+    }
+    // No partition until the plan (hook_with_zero_step*): empty local groups.
+    partition_.assign(static_cast<std::size_t>(world_size_), std::vector<std::vector<Tensor>>(groups_.size()));
+    owner_.assign(all_params_.size(), -1);
+    optim_ = make_optimizer(spec_, local_groups(0));
+    trainable_ = trainable_mask();
+    overlap_ = std::make_shared<ZeroOverlap>(*this, std::move(bgroup), std::move(functional));
+    return;
+  }
   partition_parameters();
   optim_ = make_optimizer(spec_, local_groups(0));
   trainable_ = trainable_mask();
   if (bucket_view_) build_buckets();
 }
 
-ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
+  overlap_.reset();  // stops the worker before anything it uses goes
+}
+
+void ZeroRedundancyOptimizer::require_overlap_idle(const std::string& op) const {
+  if (overlap_) overlap_->require_idle(op);
+}
+
+std::vector<int> ZeroRedundancyOptimizer::overlap_bucket_owners() const {
+  return overlap_ ? overlap_->bucket_owners() : std::vector<int>{};
+}
 
 void ZeroRedundancyOptimizer::add_group_checked(OptimizerParamGroup group, const char* op) {
   std::unordered_set<const TensorImpl*> in_group;
@@ -308,6 +353,14 @@ void ZeroRedundancyOptimizer::sync_params() {
 }
 
 std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure& closure) {
+  if (overlap_) {
+    if (closure)
+      throw ValueError(std::string(kName) + ".step",
+                       "a closure cannot be used with overlap_with_ddp=true (the steps run in the comm hook)",
+                       rank_);
+    overlap_->wait_step();
+    return std::nullopt;
+  }
   Future<void> notify = Join::notify_join_context(*this);
   const auto mask = trainable_mask();
   if (mask != trainable_) {
@@ -339,6 +392,9 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
 
 void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) {
   const std::string op = std::string(kName) + ".add_param_group";
+  if (overlap_)
+    throw NotSupportedError(op, "ZeroRedundancyOptimizer with overlap_with_ddp=true cannot add parameter groups "
+                                "(the reducer's buckets are fixed); pass every group to the constructor", rank_);
   // Validate into a scratch copy of the bookkeeping first, so a failure
   // (local or the cross-rank check) leaves the optimizer unchanged.
   const auto saved_groups_size = groups_.size();
@@ -361,6 +417,7 @@ void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) {
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const std::string op = std::string(kName) + ".consolidate_state_dict";
+  require_overlap_idle(op);
   if (to < 0 || to >= world_size_)
     throw ValueError(op, "to=" + std::to_string(to) + " is not a rank of the group (size " +
                              std::to_string(world_size_) + ")", rank_);
@@ -401,6 +458,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
 }
 
 StateDict ZeroRedundancyOptimizer::state_dict() const {
+  require_overlap_idle(std::string(kName) + ".state_dict");
   if (all_state_dicts_.empty())
     throw StateError(std::string(kName) + ".state_dict",
                      "Optimizer state has not been consolidated on this rank. Please call "
@@ -431,6 +489,7 @@ StateDict ZeroRedundancyOptimizer::state_dict() const {
 
 void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
   const std::string op = std::string(kName) + ".load_state_dict";
+  require_overlap_idle(op);
   if (sd.param_groups.size() != groups_.size())
     throw StateDictError(op, "loaded state dict has a different number of parameter groups (" +
                                  std::to_string(sd.param_groups.size()) + " vs " + std::to_string(groups_.size()) +
@@ -468,6 +527,7 @@ std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
 
 void ZeroRedundancyOptimizer::save_sharded(const std::string& dir) const {
   const std::string op = std::string(kName) + ".save_sharded";
+  require_overlap_idle(op);
   std::exception_ptr failure;
   try {
     fs::create_directories(dir);
@@ -517,6 +577,7 @@ void ZeroRedundancyOptimizer::save_sharded(const std::string& dir) const {
 
 ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
   const std::string op = std::string(kName) + ".load_sharded";
+  require_overlap_idle(op);
   if (!fs::is_directory(dir)) throw IOError(op, dir + ": not a directory", rank_);
   static const std::regex re(R"(optim-rank(\d+)-of-(\d+)\.safetensors)");
   std::map<int, std::set<int>> found;  // world size -> ranks

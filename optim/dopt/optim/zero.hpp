@@ -1,7 +1,8 @@
 #pragma once
 // dopt::optim::ZeroRedundancyOptimizer: ZeRO stage 1, torch 1.13's
-// torch.distributed.optim.ZeroRedundancyOptimizer (spec section 2.1) without
-// overlap_with_ddp (not supported yet: NotSupportedError).
+// torch.distributed.optim.ZeroRedundancyOptimizer (spec section 2.1). With
+// ZeroOptions::overlap_with_ddp the steps run bucket by bucket from the
+// gradient reducer's comm hook (zero_overlap.hpp; contract at the end here).
 //
 //   auto zero = ZeroRedundancyOptimizer(params, OptimizerSpec{"Adam", {{"lr", 1e-3}}},
 //                                       ZeroOptions{ctx.world()});
@@ -65,6 +66,24 @@
 // reads shard 0's header (partition, checks), then opens only the shards that
 // hold some of its parameters, one at a time, and reads only those
 // parameters' tensors.
+//
+// overlap_with_ddp (zero_overlap.hpp has the whole contract): the optimizer
+// must have a functional form (the registry's; ValueError otherwise, before
+// any collective). The constructor also makes the broadcast group
+// (ZeroOptions::overlap_broadcast_group, or new_group over ZeRO's ranks when
+// ZeRO's group is the world: then a world collective). parameters_as_bucket_view
+// is ignored (each reducer bucket's parameters become one flat buffer
+// anyway). No partition exists until hook_with_zero_step[_interleaved] makes
+// the plan: before that, consolidate_state_dict, state_dict, load_state_dict,
+// save_sharded and load_sharded throw StateError, and so do they while an
+// overlapped iteration is in flight. step() runs no optimizer: it waits for
+// the iteration in flight (StateError when its buckets have not all been
+// handed over yet, i.e. before Reducer::finalize()), rethrows that
+// iteration's error if it failed, and returns nullopt; a closure is a
+// ValueError. step_count() counts the overlapped iterations.
+// add_param_group is NotSupportedError (the reducer's buckets are fixed: pass
+// every group to the constructor). The join hook does nothing (the reducer's
+// shadow iteration drives ZeRO through the comm hook).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -84,9 +103,17 @@ struct ZeroOptions {
   /// The ranks that share the optimizer state (required).
   ProcessGroup process_group;
   bool parameters_as_bucket_view = false;
-  /// Not supported yet (NotSupportedError).
+  /// Step bucket by bucket from the reducer's comm hook (zero_overlap.hpp).
   bool overlap_with_ddp = false;
+  /// overlap_with_ddp: the group ZeRO's broadcasts run on, over the same
+  /// ranks as process_group and used by nothing else. Left invalid, the
+  /// constructor makes one with process_group.new_group(ranks), which needs
+  /// process_group to be the world group (ValueError otherwise).
+  ProcessGroup overlap_broadcast_group = {};
 };
+
+class ZeroOverlap;
+struct ZeroOverlapAccess;
 
 /// metadata["dopt.zero.format"] of a shard written by save_sharded.
 inline constexpr const char* kZeroShardFormat = "dopt-zero-shard/1";
@@ -107,7 +134,8 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// ValueError for an empty list, an invalid process group, parameters on
   /// different device types or in two groups; TypeError for undefined or
   /// non-floating-point parameters or group options of another optimizer's
-  /// type; NotSupportedError for overlap_with_ddp. The descriptor check throws
+  /// type; ValueError for overlap_with_ddp with an optimizer without a
+  /// functional form. The descriptor check throws
   /// ValueError on every rank when the ranks' parameter lists differ.
   ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerSpec spec, ZeroOptions options);
   /// Several groups; a group without options takes the spec's hyperparameters.
@@ -183,8 +211,13 @@ class ZeroRedundancyOptimizer : public Joinable {
   const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
   /// Bytes of the local optimizer's state on this rank.
   std::int64_t local_state_bytes() const;
-  /// step() calls made so far (restored by load_sharded).
+  /// step() calls made so far (restored by load_sharded); with overlap: the
+  /// overlapped iterations completed.
   std::int64_t step_count() const noexcept { return steps_; }
+  bool overlap_with_ddp() const noexcept { return overlap_ != nullptr; }
+  /// overlap_with_ddp: the owner rank of each reducer bucket, by bucket index
+  /// (empty before the plan).
+  std::vector<int> overlap_bucket_owners() const;
 
  private:
   void add_group_checked(OptimizerParamGroup group, const char* op);
@@ -196,6 +229,10 @@ class ZeroRedundancyOptimizer : public Joinable {
   void sync_to_local();
   void sync_from_local();
   void sync_params();
+  /// overlap: StateError unless the plan exists and no iteration is in flight.
+  void require_overlap_idle(const std::string& op) const;
+  friend class ZeroOverlap;
+  friend struct ZeroOverlapAccess;
 
   OptimizerSpec spec_;
   std::unique_ptr<OptimizerOptions> defaults_;
@@ -213,6 +250,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::vector<bool> trainable_;
   std::vector<StateDict> all_state_dicts_;
   std::int64_t steps_ = 0;
+  std::shared_ptr<ZeroOverlap> overlap_;  // overlap_with_ddp only
 };
 
 }  // namespace dopt::optim
