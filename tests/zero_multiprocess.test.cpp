@@ -38,6 +38,9 @@ struct CaseDir : dopt_test::TempDir {
 constexpr long kParityChecks = 500;
 constexpr long kCkptChecks = 200;
 constexpr long kJoinChecks = 200;
+// overlap-join: the gradient checks of each rank's own iterations (rank 1 has 3)
+// plus the parameters after the join.
+constexpr long kOverlapJoinChecks = 60;
 
 }  // namespace
 
@@ -92,4 +95,23 @@ TEST_CASE("zero multiprocess: uneven inputs under Join (rank 1 has fewer batches
 
 TEST_CASE("zero multiprocess: uneven inputs under Join, processes started by hand (3)", "[zero][join][multiprocess]") {
   by_hand(3, {"join"}, kJoinChecks);
+}
+
+TEST_CASE("zero multiprocess: overlap_with_ddp equals a plain optimizer on the reducer's averages, through dopt-run "
+          "(2, 3, 5)",
+          "[zero][overlap][multiprocess]") {
+  const int n = GENERATE(2, 3, 5);
+  INFO(n << " processes");
+  through_dopt_run(n, {"overlap"}, kParityChecks);
+}
+
+TEST_CASE("zero multiprocess: overlap_with_ddp, processes started by hand (3)", "[zero][overlap][multiprocess]") {
+  by_hand(3, {"overlap"}, kParityChecks);
+}
+
+TEST_CASE("zero multiprocess: overlap_with_ddp under Join, the joined rank owns a bucket, through dopt-run (2, 3, 5)",
+          "[zero][overlap][join][multiprocess]") {
+  const int n = GENERATE(2, 3, 5);
+  INFO(n << " processes");
+  through_dopt_run(n, {"overlap-join"}, kOverlapJoinChecks);
 }

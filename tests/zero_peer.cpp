@@ -14,6 +14,12 @@
 //                                    checkpoint saved at N, steps 3..5
 //   dopt_zero_peer join              uneven inputs under Join: rank 1 has two
 //                                    batches fewer than the others
+//   dopt_zero_peer overlap           overlap_with_ddp: ZeRO(Adam / SGD) stepped from
+//                                    the reducer's comm hook (both hooks), two
+//                                    groups, an lr change; the 3-parameter model
+//                                    in one bucket (fewer buckets than ranks)
+//   dopt_zero_peer overlap-join      overlap_with_ddp under Join, rank 1 (which
+//                                    owns a bucket) has two batches fewer
 //
 // Every check is against values this process computes itself: per-rank
 // gradients are a function of (rank, step, parameter index, element), so every
@@ -38,8 +44,11 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/join.hpp"
+#include "dopt/optim/comm_hooks.hpp"
+#include "dopt/optim/reducer.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
+#include "dopt/optim/zero_overlap.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "peer_util.hpp"
@@ -456,6 +465,150 @@ void join(ProcessGroup& world, Checker& c) {
     }
 }
 
+// --- overlap_with_ddp ------------------------------------------------------------
+
+/// What the reducer's allreduce_hook gives: sum over ranks in rank order of
+/// g_r / world (divide first, as torch), inactive ranks contributing zeros.
+Tensor ddp_averaged_grad(int world, int t, std::size_t i, const Shape& s, const std::vector<bool>& active = {}) {
+  Tensor acc;
+  for (int r = 0; r < world; ++r) {
+    const bool on = active.empty() || active[static_cast<std::size_t>(r)];
+    Tensor g = rank_grad(r, t, i, s, on);
+    float* d = g.data<float>();
+    for (std::int64_t k = 0; k < g.numel(); ++k) d[k] = d[k] / static_cast<float>(world);
+    if (r == 0) {
+      acc = g;
+      continue;
+    }
+    float* a = acc.data<float>();
+    for (std::int64_t k = 0; k < acc.numel(); ++k) a[k] = a[k] + d[k];
+  }
+  return acc;
+}
+
+/// One backward: this rank's gradients released in reverse order (as a
+/// backward pass produces them), then finalize() and step().
+void backward(dopt::optim::Reducer& red, ZeroRedundancyOptimizer& zero, const Model& m,
+              const std::vector<Tensor>& params, int rank, int t) {
+  for (std::size_t i = m.n(); i-- > 0;) {
+    params[i].set_grad(rank_grad(rank, t, i, m.shapes[i]));
+    red.mark_ready(params[i]);
+  }
+  red.finalize();
+  zero.step();
+}
+
+std::unique_ptr<ZeroRedundancyOptimizer> make_overlap_zero(const Model& m, const OptimizerSpec& spec,
+                                                           const std::vector<Tensor>& params, ProcessGroup& world) {
+  ZeroOptions o;
+  o.process_group = world;
+  o.overlap_with_ddp = true;
+  return std::make_unique<ZeroRedundancyOptimizer>(make_groups(m, spec, params), spec, o);
+}
+
+const auto kOverlapBuckets = dopt::optim::ReducerOptions().first_bucket_cap(100).bucket_cap(1000);
+
+void overlap_one(ProcessGroup& world, Checker& c, const Model& m, const std::string& opt, bool interleaved,
+                 dopt::optim::ReducerOptions ropts, const std::string& name) {
+  const int steps = 4;
+  const OptimizerSpec spec = spec_of(opt);
+  const std::string tag = name + " " + opt + (interleaved ? " interleaved" : " after backward");
+  auto params = initial_params(m);
+  auto zero = make_overlap_zero(m, spec, params, world);
+  dopt::optim::Reducer red(params, world, ropts);
+  auto inner = dopt::optim::allreduce_hook(world);
+  red.register_comm_hook(interleaved ? dopt::optim::hook_with_zero_step_interleaved(inner, red, *zero)
+                                     : dopt::optim::hook_with_zero_step(inner, red, *zero));
+  Reference ref(m, spec);
+  // The plan: one owner per bucket, the partition follows it.
+  const auto bucket_owners = zero->overlap_bucket_owners();
+  const auto buckets = red.bucket_indices();
+  c.expect(bucket_owners.size() == buckets.size(), tag + ": one owner per bucket");
+  const auto owners = zero->param_owners();
+  for (std::size_t b = 0; b < buckets.size(); ++b)
+    for (auto i : buckets[b]) c.expect(owners[i] == bucket_owners[b], tag + ": a parameter's owner is its bucket's");
+  std::size_t mine = 0, local = 0;
+  for (int o : owners) mine += o == world.rank() ? 1 : 0;
+  for (const auto& g : zero->optim().param_groups()) local += g.params.size();
+  c.expect(local == mine, tag + ": the local optimizer holds this rank's parameters");
+  for (int t = 0; t < steps; ++t) {
+    if (t == 2)  // an lr change between iterations takes effect (torch's functional path ignores it)
+      for (auto* groups : {&zero->param_groups(), &ref.opt->param_groups()}) {
+        auto& o = *(*groups)[0].options;
+        o.set_lr(o.get_lr() * 0.25);
+      }
+    backward(red, *zero, m, params, world.rank(), t);
+    for (std::size_t i = 0; i < m.n(); ++i) {
+      Tensor g = ddp_averaged_grad(world.size(), t, i, m.shapes[i]);
+      c.bitwise(params[i].grad(), g, tag + ": reduced gradient " + std::to_string(i));
+      ref.params[i].set_grad(g);
+    }
+    ref.opt->step();
+    c.params(params, ref.params, tag + ", step " + std::to_string(t));
+  }
+  c.expect(zero->step_count() == steps, tag + ": step_count");
+  const int to = world.size() - 1;
+  zero->consolidate_state_dict(to);
+  if (world.rank() == to) c.state(zero->state_dict(), ref.opt->state_dict(), tag + ": consolidated state");
+}
+
+void overlap(ProcessGroup& world, Checker& c) {
+  for (const std::string opt : {"Adam", "SGD"})
+    for (bool interleaved : {true, false}) {
+      Model m = big_model(opt);
+      m.frozen = SIZE_MAX;  // the reducer reduces (and ZeRO steps) every parameter
+      m.skip_param = SIZE_MAX;
+      overlap_one(world, c, m, opt, interleaved, kOverlapBuckets, "two groups");
+    }
+  // One bucket for everything: at 3 and 5 ranks the others own nothing.
+  overlap_one(world, c, tiny_model(), "Adam", true,
+              dopt::optim::ReducerOptions().first_bucket_cap(1u << 20).bucket_cap(1u << 20), "one bucket");
+}
+
+void overlap_join(ProcessGroup& world, Checker& c) {
+  const int me = world.rank(), n = world.size();
+  int most = 0;
+  for (int r = 0; r < n; ++r) most = std::max(most, batches_of(r));
+  for (const std::string opt : {"Adam", "SGD"}) {
+    const std::string tag = "overlap join " + opt;
+    Model m = big_model(opt);
+    m.frozen = SIZE_MAX;
+    m.skip_param = SIZE_MAX;
+    const OptimizerSpec spec = spec_of(opt);
+    Reference ref(m, spec);
+    for (int t = 0; t < most; ++t) {
+      std::vector<bool> active;
+      for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
+      for (std::size_t i = 0; i < m.n(); ++i)
+        ref.params[i].set_grad(ddp_averaged_grad(n, t, i, m.shapes[i], active));
+      ref.opt->step();
+    }
+    auto params = initial_params(m);
+    auto zero = make_overlap_zero(m, spec, params, world);
+    dopt::optim::Reducer red(params, world, kOverlapBuckets);
+    red.register_comm_hook(
+        dopt::optim::hook_with_zero_step_interleaved(dopt::optim::allreduce_hook(world), red, *zero));
+    const auto owners = zero->overlap_bucket_owners();
+    c.expect(std::count(owners.begin(), owners.end(), 1) > 0, tag + ": rank 1 (the one that joins) owns a bucket");
+    dopt::Join j({&red, zero.get()});
+    for (int t = 0; t < batches_of(me); ++t) {
+      backward(red, *zero, m, params, me, t);
+      std::vector<bool> active;
+      for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
+      for (std::size_t i = 0; i < m.n(); ++i)
+        c.bitwise(params[i].grad(), ddp_averaged_grad(n, t, i, m.shapes[i], active),
+                  tag + ": reduced gradient " + std::to_string(i) + " at iteration " + std::to_string(t));
+    }
+    j.finish();
+    c.expect(j.iterations() == most - batches_of(me), tag + ": join loop iterations");
+    c.expect(zero->step_count() == most, tag + ": every rank ran " + std::to_string(most) + " iterations");
+    // Every rank, the joined one included, holds the trained parameters.
+    c.params(params, ref.params, tag + ": parameters after the join");
+    zero->consolidate_state_dict(0);
+    if (me == 0) c.state(zero->state_dict(), ref.opt->state_dict(), tag + ": consolidated state");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -466,7 +619,9 @@ int main(int argc, char** argv) {
     else if (mode == "save" && argc > 2) save(world, c, argv[2]);
     else if (mode == "load" && argc > 3) load(world, c, argv[2], std::stoi(argv[3]));
     else if (mode == "join") join(world, c);
-    else throw dopt_test::Usage{"dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join"};
+    else if (mode == "overlap") overlap(world, c);
+    else if (mode == "overlap-join") overlap_join(world, c);
+    else throw dopt_test::Usage{"dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join | overlap | overlap-join"};
     return c.checks;
   });
 }
