@@ -1,0 +1,388 @@
+// dopt-train: trains a small MLP across ranks with a distributed optimizer
+// (docs/dopt-train.md).
+//
+//   dopt-train                                   # 4 simulated ranks, ZeRO(Adam)
+//   dopt-train --optim post-local-sgd --inner sgd --ranks 3
+//   dopt-run --nproc-per-node 4 dopt-train --optim ddp
+//
+// The same binary runs its ranks as threads of this process (simulated, the
+// default: --ranks) or, started by a launcher (dopt-run, torchrun, mpirun,
+// srun), as one rank per process: dopt::run_distributed decides.
+//
+// Exit status: 0 on success, 2 for bad flags, 1 for any other error (one line
+// on stderr: "dopt-train: error: ...").
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "dopt/actors/distributed.hpp"
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/launch_env.hpp"
+#include "dopt/runtime/safetensors.hpp"
+#include "model.hpp"
+#include "report.hpp"
+#include "strategy.hpp"
+
+namespace fs = std::filesystem;
+using namespace dopt_train;
+using dopt::Tensor;
+
+namespace {
+
+struct Options {
+  std::string optim = "zero";
+  std::string inner = "adam";
+  int ranks = 4;
+  std::int64_t steps = 2000;
+  double lr = 0;  // 0: the inner optimizer's default below
+  int batch = 32;
+  int hidden = 256;
+  int layers = 4;
+  DataSpec data;
+  std::int64_t checkpoint_every = 0;
+  std::string checkpoint_dir;
+  bool resume = false;
+  std::string resume_from;
+  std::string metrics, svg, dump_params;
+  bool quiet = false;
+  std::int64_t log_every = 0;
+  std::int64_t plsgd_warmup = 20, plsgd_period = 4;
+  int plsgd_local_group = 1;
+};
+
+// Inner optimizers: the torch class name and a learning rate that trains this MLP well.
+const std::map<std::string, std::pair<std::string, double>> kInner = {
+    {"adam", {"Adam", 3e-3}},         {"adamw", {"AdamW", 3e-3}},   {"sgd", {"SGD", 0.1}},
+    {"adagrad", {"Adagrad", 0.05}},   {"rmsprop", {"RMSprop", 1e-3}}, {"adamax", {"Adamax", 6e-3}},
+    {"adadelta", {"Adadelta", 1.0}},  {"rprop", {"Rprop", 1e-3}}};
+
+dopt::optim::OptimizerSpec inner_spec(const Options& o) {
+  const auto& [name, lr] = kInner.at(o.inner);
+  dopt::optim::OptimizerSpec spec{name, {}};
+  spec.hyperparameters["lr"] = o.lr > 0 ? o.lr : lr;
+  if (o.inner == "sgd") spec.hyperparameters["momentum"] = 0.9;
+  return spec;
+}
+
+struct Plan {
+  Options opt;
+  RunInfo run;
+  StrategyConfig strategy;
+  int world_size = 1;
+  bool launched = false;
+  std::optional<CheckpointInfo> resume;
+};
+
+std::string thousands(std::int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+/// Writes every rank's parameters (gathered to rank 0) to one safetensors file,
+/// tensors "rank{r}.{name}" (for comparing runs bitwise).
+void dump_params(dopt::ProcessGroup& world, const Mlp& model, const std::string& path, std::int64_t step) {
+  const std::int64_t n = model.numel();
+  Tensor flat = Tensor::empty({n});
+  std::int64_t off = 0;
+  for (const Tensor& p : model.params()) {
+    flat.flat_slice(off, p.numel()).copy_(p.flatten());
+    off += p.numel();
+  }
+  std::vector<Tensor> all;
+  for (int r = 0; r < world.size(); ++r) all.push_back(Tensor::empty({n}));
+  world.all_gather(all, flat);
+  if (world.rank() != 0) return;
+  std::map<std::string, Tensor> tensors;
+  for (int r = 0; r < world.size(); ++r) {
+    off = 0;
+    for (std::size_t i = 0; i < model.params().size(); ++i) {
+      const Tensor& p = model.params()[i];
+      tensors["rank" + std::to_string(r) + "." + model.names()[i]] =
+          all[static_cast<std::size_t>(r)].flat_slice(off, p.numel()).view(p.shape());
+      off += p.numel();
+    }
+  }
+  dopt::write_safetensors(path, tensors, {{"step", std::to_string(step)}});
+}
+
+/// One rank's training loop.
+void train_rank(dopt::RankContext& ctx, const Plan& plan) {
+  const Options& o = plan.opt;
+  const int rank = ctx.rank(), world_size = ctx.world_size();
+  dopt::ProcessGroup world = ctx.world();
+  const bool lead = rank == 0;
+
+  Shard shard(o.data, rank, world_size);
+  Mlp model(o.data.input_dim, o.hidden, o.layers, o.data.classes, o.data.seed);
+  std::unique_ptr<Strategy> strategy = make_strategy(plan.strategy, model.params(), world);
+  std::int64_t first = 0;
+  if (plan.resume) {
+    first = plan.resume->step;
+    load_model(plan.resume->dir, rank, world_size, model, first);
+    strategy->load(plan.resume->dir, first);
+  }
+
+  const bool tty = ::isatty(1) != 0;
+  std::optional<MetricsWriter> metrics;
+  std::vector<std::pair<std::int64_t, double>> history;
+  if (lead) {
+    if (!o.metrics.empty()) metrics.emplace(o.metrics, first);
+    if (!o.quiet) {
+      std::printf("dopt-train: MLP %s (%s parameters), %d %s, %s lr %g, batch %d per rank\n",
+                  model.describe().c_str(), thousands(model.numel()).c_str(), world_size,
+                  plan.launched ? (world_size == 1 ? "process" : "processes") : "simulated ranks",
+                  strategy->describe().c_str(), strategy->lr(), o.batch);
+      std::printf("data: %s synthetic samples (teacher network, seed %llu), about %s per rank\n",
+                  thousands(o.data.samples).c_str(), static_cast<unsigned long long>(o.data.seed),
+                  thousands(shard.size()).c_str());
+      if (plan.resume)
+        std::printf("resuming from %s at step %lld\n", plan.resume->dir.c_str(), static_cast<long long>(first));
+      std::fflush(stdout);
+    }
+  }
+  Progress progress(first, o.steps, tty, o.quiet || !lead,
+                    o.log_every > 0 ? o.log_every : std::max<std::int64_t>(1, o.steps / 20));
+
+  auto save_checkpoint = [&](std::int64_t step) {
+    const fs::path final_dir = fs::path(o.checkpoint_dir) / step_dir_name(step);
+    const fs::path tmp = final_dir.string() + ".tmp";
+    if (lead) {
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    }
+    world.barrier();
+    save_model(tmp.string(), rank, world_size, model, step);
+    strategy->save(tmp.string());  // a collective (ZeRO: save_sharded)
+    world.barrier();
+    if (lead) {
+      write_checkpoint_info(tmp.string(), plan.run, step);
+      fs::remove_all(final_dir);
+      fs::rename(tmp, final_dir);
+      if (metrics) metrics->flush();
+      progress.note("checkpoint: " + final_dir.string() + " (step " + std::to_string(step) + ")");
+    }
+    world.barrier();
+  };
+
+  Tensor stats = Tensor::zeros({2}, dopt::DType::float64);
+  const auto t0 = std::chrono::steady_clock::now();
+  double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
+  for (std::int64_t s = first; s < o.steps; ++s) {
+    const std::vector<int> idx = shard.batch(s, o.batch);
+    const BatchResult r =
+        model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); });
+    strategy->finish_step();
+
+    // The loss and accuracy of this step over all ranks (for the report only).
+    double* st = stats.data<double>();
+    st[0] = r.loss;
+    st[1] = double(r.correct) / o.batch;
+    world.all_reduce(stats);
+
+    if (s == first) {  // optimizer state exists from the first step on
+      Tensor mine = Tensor::from_vector(std::vector<double>{double(strategy->state_bytes()),
+                                                            double(strategy->owned_numel())});
+      std::vector<Tensor> all;
+      for (int k = 0; k < world_size; ++k) all.push_back(Tensor::zeros({2}, dopt::DType::float64));
+      world.all_gather(all, mine);
+      if (lead && !o.quiet) {
+        double total = 0;
+        std::printf("optimizer state per rank after the first step:\n");
+        for (int k = 0; k < world_size; ++k) {
+          const double b = all[static_cast<std::size_t>(k)].at(0), n = all[static_cast<std::size_t>(k)].at(1);
+          total += b;
+          std::printf("  rank %d: %s (state of %s of %s parameters)\n", k, format_bytes(b).c_str(),
+                      thousands(static_cast<std::int64_t>(n)).c_str(), thousands(model.numel()).c_str());
+        }
+        if (o.optim == "zero")
+          std::printf("  total %s over %d ranks; without ZeRO every rank would hold all %s\n",
+                      format_bytes(total).c_str(), world_size, format_bytes(total).c_str());
+        else
+          std::printf("  total %s over %d ranks (each holds a full copy)\n", format_bytes(total).c_str(), world_size);
+        std::fflush(stdout);
+      }
+    }
+
+    if (lead) {
+      StepRecord rec;
+      rec.step = s + 1;
+      rec.loss = stats.data<double>()[0] / world_size;
+      rec.accuracy = stats.data<double>()[1] / world_size;
+      rec.lr = strategy->lr();
+      rec.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      rec.steps_per_s = rec.time_s > 0 ? double(s + 1 - first) / rec.time_s : 0;
+      if (s == first) first_loss = rec.loss, first_acc = rec.accuracy;
+      last_loss = rec.loss, last_acc = rec.accuracy;
+      history.emplace_back(rec.step, rec.loss);
+      if (metrics) metrics->write(rec);
+      progress.update(rec);
+    }
+    if (o.checkpoint_every > 0 && (s + 1) % o.checkpoint_every == 0) save_checkpoint(s + 1);
+  }
+  if (!o.checkpoint_dir.empty() && o.steps > first && (o.checkpoint_every <= 0 || o.steps % o.checkpoint_every != 0))
+    save_checkpoint(o.steps);
+  progress.finish();
+  if (!o.dump_params.empty()) dump_params(world, model, o.dump_params, std::max(first, o.steps));
+
+  if (!lead) return;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (metrics) metrics->flush();
+  if (!o.svg.empty()) {
+    // With --metrics the curve also has the steps before a resume; without, this run's only.
+    std::vector<std::pair<std::int64_t, double>> points = metrics ? metrics->history() : history;
+    write_loss_svg(o.svg, points, "dopt-train: " + strategy->describe() + ", " + std::to_string(world_size) +
+                                      " ranks, MLP " + model.describe());
+  }
+  if (o.steps <= first) {
+    std::printf("dopt-train: the checkpoint is at step %lld, --steps is %lld: nothing to train\n",
+                static_cast<long long>(first), static_cast<long long>(o.steps));
+  } else {
+    std::printf("dopt-train: %lld steps in %.1f s (%.1f steps/s); loss %.4f -> %.4f, accuracy %.3f -> %.3f\n",
+                static_cast<long long>(o.steps - first), secs, double(o.steps - first) / secs, first_loss, last_loss,
+                first_acc, last_acc);
+  }
+  if (!o.metrics.empty()) std::printf("metrics: %s\n", o.metrics.c_str());
+  if (!o.svg.empty()) std::printf("loss curve: %s\n", o.svg.c_str());
+  if (!o.dump_params.empty()) std::printf("parameters: %s\n", o.dump_params.c_str());
+  std::fflush(stdout);
+}
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "dopt-train: %s\nRun with --help for more information.\n", msg.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"dopt-train: trains a small MLP across ranks with a distributed optimizer.\n"
+               "Simulated ranks in this process by default; under dopt-run, one rank per process."};
+  app.get_formatter()->column_width(34);
+  std::vector<std::string> inner_names;
+  for (const auto& [k, v] : kInner) inner_names.push_back(k);
+  app.add_option("--optim", o.optim, "Distributed optimizer: zero | post-local-sgd | ddp | remote")
+      ->check(CLI::IsMember(available_modes()))
+      ->capture_default_str();
+  app.add_option("--inner", o.inner, "Local optimizer: adam | adamw | sgd | adagrad | rmsprop | adamax | adadelta | rprop")
+      ->check(CLI::IsMember(inner_names, CLI::ignore_case))
+      ->capture_default_str();
+  app.add_option("--ranks", o.ranks, "Simulated ranks (ignored under a launcher)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Train until this many steps are done")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", o.lr, "Learning rate (default: one that suits --inner)")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "Samples per rank per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--hidden", o.hidden, "Units of each of the two hidden layers")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "Hidden layers")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--samples", o.data.samples, "Size of the synthetic data set")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--seed", o.data.seed, "Seed of the data, the teacher and the initial model")->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Save a checkpoint every K steps (needs --checkpoint-dir)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Folder of the checkpoints (also gets one at the end)");
+  app.add_flag("--resume", o.resume, "Resume from the latest checkpoint in --checkpoint-dir");
+  app.add_option("--resume-from", o.resume_from, "Resume from this checkpoint folder (DIR/step-XXXXXXXX)");
+  app.add_option("--metrics", o.metrics, "Write one JSON line per step here (step, loss, accuracy, lr, steps_per_s, time_s)");
+  app.add_option("--svg", o.svg, "Draw the loss curve into this SVG file");
+  app.add_option("--dump-params", o.dump_params, "Write every rank's final parameters here (safetensors)");
+  app.add_option("--log-every", o.log_every, "Plain progress line every N steps when not on a terminal")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--quiet", o.quiet, "Print only the summary");
+  app.add_option("--plsgd-warmup", o.plsgd_warmup, "post-local-sgd: steps of global gradient averaging first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--plsgd-period", o.plsgd_period, "post-local-sgd: average the parameters every N steps after warm-up")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--plsgd-local-group", o.plsgd_local_group,
+                 "post-local-sgd: after warm-up average gradients in blocks of K ranks (1: not at all)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  for (char& c : o.inner) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (o.resume && !o.resume_from.empty()) return usage_error("--resume and --resume-from exclude each other");
+  if (o.resume && o.checkpoint_dir.empty()) return usage_error("--resume needs --checkpoint-dir");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) return usage_error("--checkpoint-every needs --checkpoint-dir");
+  if (o.optim != "post-local-sgd" && (app.count("--plsgd-warmup") || app.count("--plsgd-period") ||
+                                      app.count("--plsgd-local-group")))
+    return usage_error("--plsgd-* flags need --optim post-local-sgd");
+
+  if (std::string why; !mode_available(o.optim, &why)) {
+    std::fprintf(stderr, "dopt-train: error: %s\n", why.c_str());
+    return 1;
+  }
+  try {
+    Plan plan;
+    plan.opt = o;
+    const std::optional<dopt::LaunchEnv> env = dopt::launch_env_from_environment();
+    plan.launched = env.has_value();
+    plan.world_size = env ? env->world_size : o.ranks;
+    const int per_rank = o.data.samples / plan.world_size;
+    if (o.batch > per_rank)
+      return usage_error("--batch " + std::to_string(o.batch) + " is larger than each rank's share of the data (" +
+                         std::to_string(per_rank) + " of --samples " + std::to_string(o.data.samples) + " over " +
+                         std::to_string(plan.world_size) + " ranks)");
+    if (o.optim == "post-local-sgd" && plan.world_size % o.plsgd_local_group != 0)
+      return usage_error("--plsgd-local-group " + std::to_string(o.plsgd_local_group) + " does not divide the " +
+                         std::to_string(plan.world_size) + " ranks");
+    if (env && app.count("--ranks") && o.ranks != env->world_size && env->rank == 0)
+      std::fprintf(stderr, "dopt-train: note: started by a launcher with %d processes; --ranks %d is ignored\n",
+                   env->world_size, o.ranks);
+
+    plan.strategy.mode = o.optim;
+    plan.strategy.inner = inner_spec(o);
+    plan.strategy.plsgd_warmup = o.plsgd_warmup;
+    plan.strategy.plsgd_period = o.plsgd_period;
+    plan.strategy.plsgd_local_group = o.plsgd_local_group;
+    plan.run.optim = o.optim;
+    plan.run.inner = o.inner;
+    plan.run.ranks = plan.world_size;
+    plan.run.seed = o.data.seed;
+    plan.run.hidden = o.hidden;
+    plan.run.layers = o.layers;
+    plan.run.batch = o.batch;
+    plan.run.data = o.data;
+    plan.run.lr = dopt::hyper_number(plan.strategy.inner.hyperparameters, "lr", "dopt-train");
+    plan.run.plsgd_warmup = o.plsgd_warmup;
+    plan.run.plsgd_period = o.plsgd_period;
+    plan.run.plsgd_local_group = o.plsgd_local_group;
+
+    std::string resume_dir = o.resume_from;
+    if (o.resume) {
+      auto latest = find_latest_checkpoint(o.checkpoint_dir);
+      if (!latest) throw dopt::IOError("resume", "no complete checkpoint in " + o.checkpoint_dir);
+      resume_dir = *latest;
+    }
+    if (!resume_dir.empty()) {
+      plan.resume = read_checkpoint_info(resume_dir);
+      check_compatible(*plan.resume, plan.run);
+    }
+
+    dopt::RunOptions ro;
+    ro.simulated_ranks = o.ranks;
+    dopt::run_distributed([&](dopt::RankContext& ctx) { train_rank(ctx, plan); }, ro);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dopt-train: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,190 @@
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dopt/runtime/error.hpp"
+
+namespace dopt_train {
+
+using nlohmann::json;
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (b >= 1024 && u < 3) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+Progress::Progress(std::int64_t first_step, std::int64_t total_steps, bool tty, bool quiet, std::int64_t every)
+    : first_(first_step), total_(total_steps), tty_(tty), quiet_(quiet), every_(std::max<std::int64_t>(1, every)) {}
+
+void Progress::update(const StepRecord& r) {
+  if (quiet_) return;
+  const double eta = r.steps_per_s > 0 ? double(total_ - r.step) / r.steps_per_s : NAN;
+  if (tty_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (drawn_ && r.step != total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    drawn_ = true;
+    constexpr int kWidth = 30;
+    const int filled = total_ > 0 ? static_cast<int>(kWidth * r.step / total_) : kWidth;
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::printf("\r[%s] step %lld/%lld  loss %.4f  acc %.3f  %.1f steps/s  ETA %s   ", bar.c_str(),
+                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.accuracy, r.steps_per_s,
+                format_duration(eta).c_str());
+    std::fflush(stdout);
+  } else if (r.step == first_ + 1 || r.step % every_ == 0 || r.step == total_) {
+    std::printf("step %lld/%lld  loss %.4f  acc %.3f  %.1f steps/s  ETA %s\n", static_cast<long long>(r.step),
+                static_cast<long long>(total_), r.loss, r.accuracy, r.steps_per_s, format_duration(eta).c_str());
+    std::fflush(stdout);
+  }
+}
+
+void Progress::note(const std::string& line) {
+  if (quiet_) return;
+  if (tty_ && drawn_) std::printf("\r\033[K");
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  drawn_ = false;  // redraw the bar at the next update
+}
+
+void Progress::finish() {
+  if (tty_ && drawn_ && !quiet_) {
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) {
+  std::vector<std::string> kept;
+  if (keep_up_to > 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        const json j = json::parse(line);
+        const std::int64_t s = j.at("step").get<std::int64_t>();
+        if (s <= keep_up_to) {
+          kept.push_back(line);
+          history_.emplace_back(s, j.at("loss").get<double>());
+        }
+      } catch (const json::exception&) {
+        // a line the interrupted run left half-written: dropped
+      }
+    }
+  }
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw dopt::IOError("metrics", "cannot write " + path);
+  for (const std::string& l : kept) out_ << l << "\n";
+}
+
+void MetricsWriter::write(const StepRecord& r) {
+  const json j = {{"step", r.step},           {"loss", r.loss},    {"accuracy", r.accuracy},
+                  {"lr", r.lr},               {"steps_per_s", r.steps_per_s}, {"time_s", r.time_s}};
+  out_ << j.dump() << "\n";
+  history_.emplace_back(r.step, r.loss);
+}
+
+namespace {
+
+/// 1, 2 or 5 times a power of ten, about range / n.
+double nice_step(double range, int n) {
+  if (!(range > 0)) return 1;
+  const double raw = range / n, p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '&') o += "&amp;";
+    else o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
+                    const std::string& title) {
+  const double W = 720, H = 420, left = 70, right = 20, top = 40, bottom = 50;
+  const double pw = W - left - right, ph = H - top - bottom;
+  double x0 = 0, x1 = 1, y1 = 1;
+  if (!points.empty()) {
+    x1 = std::max<double>(1.0, double(points.back().first));
+    x0 = std::min<double>(double(points.front().first), x1 - 1);
+    y1 = 0;
+    for (const auto& [s, l] : points)
+      if (std::isfinite(l)) y1 = std::max(y1, l);
+    if (!(y1 > 0)) y1 = 1;
+  }
+  const double ystep = nice_step(y1, 5);
+  y1 = std::ceil(y1 / ystep) * ystep;
+  const double xstep = nice_step(x1 - x0, 6);
+  auto X = [&](double s) { return left + (s - x0) / (x1 - x0) * pw; };
+  auto Y = [&](double l) { return top + ph - l / y1 * ph; };
+
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
+    << " " << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << escape(title) << "</text>\n";
+  // Grid and ticks.
+  for (double v = 0; v <= y1 + ystep / 2; v += ystep) {
+    o << "<line x1=\"" << left << "\" y1=\"" << Y(v) << "\" x2=\"" << left + pw << "\" y2=\"" << Y(v)
+      << "\" stroke=\"#e0e0e0\"/>\n";
+    o << "<text x=\"" << left - 6 << "\" y=\"" << Y(v) + 4 << "\" text-anchor=\"end\">" << num(v) << "</text>\n";
+  }
+  for (double v = std::ceil(x0 / xstep) * xstep; v <= x1 + xstep / 100; v += xstep) {
+    o << "<line x1=\"" << X(v) << "\" y1=\"" << top + ph << "\" x2=\"" << X(v) << "\" y2=\"" << top + ph + 5
+      << "\" stroke=\"black\"/>\n";
+    o << "<text x=\"" << X(v) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">" << num(v) << "</text>\n";
+  }
+  // Axes and labels.
+  o << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << top + ph
+    << "\" stroke=\"black\"/>\n";
+  o << "<line x1=\"" << left << "\" y1=\"" << top + ph << "\" x2=\"" << left + pw << "\" y2=\"" << top + ph
+    << "\" stroke=\"black\"/>\n";
+  o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  o << "<text x=\"16\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 16 "
+    << top + ph / 2 << ")\">loss</text>\n";
+  // The curve.
+  o << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
+  for (const auto& [s, l] : points)
+    if (std::isfinite(l)) o << num(X(double(s))) << "," << num(Y(l)) << " ";
+  o << "\"/>\n</svg>\n";
+
+  std::ofstream f(path, std::ios::trunc);
+  f << o.str();
+  if (!f) throw dopt::IOError("svg", "cannot write " + path);
+}
+
+}  // namespace dopt_train

@@ -1,0 +1,68 @@
+#pragma once
+// dopt-train's output on rank 0: the progress bar (or plain lines), the JSON
+// lines metrics file and the SVG loss curve.
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dopt_train {
+
+/// One step as rank 0 reports it (loss and accuracy averaged over all ranks).
+struct StepRecord {
+  std::int64_t step = 0;  // 1-based: the number of steps done
+  double loss = 0;
+  double accuracy = 0;
+  double lr = 0;
+  double steps_per_s = 0;
+  double time_s = 0;  // since this run started
+};
+
+/// "\r[#####-----] step 120/600 ..." on a terminal; a plain line every
+/// `every` steps otherwise; nothing when quiet.
+class Progress {
+ public:
+  Progress(std::int64_t first_step, std::int64_t total_steps, bool tty, bool quiet, std::int64_t every);
+  void update(const StepRecord& r);
+  /// Prints a line of its own (a checkpoint written, ...) without breaking the bar.
+  void note(const std::string& line);
+  /// Ends the bar's line.
+  void finish();
+
+ private:
+  std::int64_t first_, total_;
+  bool tty_, quiet_;
+  std::int64_t every_;
+  std::chrono::steady_clock::time_point last_draw_{};
+  bool drawn_ = false;
+};
+
+/// "1m05s", "12s".
+std::string format_duration(double seconds);
+/// "12.5 KiB".
+std::string format_bytes(double bytes);
+
+/// --metrics: one JSON object per step.
+class MetricsWriter {
+ public:
+  /// Fresh (truncates) or, when resuming at `keep_up_to`, keeps the lines of
+  /// steps <= keep_up_to already in the file (returned by history()) and
+  /// drops later ones (they belonged to the interrupted run).
+  MetricsWriter(const std::string& path, std::int64_t keep_up_to);
+  void write(const StepRecord& r);
+  void flush() { out_.flush(); }
+  /// (step, loss) of the kept lines.
+  const std::vector<std::pair<std::int64_t, double>>& history() const { return history_; }
+
+ private:
+  std::ofstream out_;
+  std::vector<std::pair<std::int64_t, double>> history_;
+};
+
+/// Draws the loss curve (steps on x, loss on y) as a small SVG file.
+void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
+                    const std::string& title);
+
+}  // namespace dopt_train

@@ -1,0 +1,72 @@
+#pragma once
+// dopt-train's distributed optimizer strategies: how one rank turns its local
+// gradients into a parameter update. One class per --optim mode:
+//
+//   zero            Reducer (DDP gradient averaging) + ZeroRedundancyOptimizer
+//                   (each rank keeps the optimizer state of its shard only)
+//   ddp             Reducer + a full local optimizer on every rank
+//   post-local-sgd  Reducer with post_localSGD_hook + PostLocalSGDOptimizer:
+//                   global averaging for --plsgd-warmup steps, then local steps
+//                   with the parameters averaged every --plsgd-period steps
+//   remote          DistributedOptimizer with parameter owners (when built in)
+//
+// Per step, on every rank: grad_ready(p) for each parameter as the backward
+// pass produces it, then finish_step(). Every call except state_bytes() and
+// owned_numel() may be a collective over the world: all ranks make the same
+// calls in the same order.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/process_group.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt_train {
+
+using dopt::Tensor;
+
+struct StrategyConfig {
+  std::string mode;                  // zero | ddp | post-local-sgd | remote
+  dopt::optim::OptimizerSpec inner;  // the local optimizer
+  std::int64_t plsgd_warmup = 20;
+  std::int64_t plsgd_period = 4;
+  int plsgd_local_group = 1;  // 1: purely local gradients after warm-up
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  /// "ZeRO(Adam)", ...
+  virtual std::string describe() const = 0;
+  /// p's gradient (p.grad()) is final for this step.
+  virtual void grad_ready(const Tensor& p) = 0;
+  /// Averages what is left and updates the parameters.
+  virtual void finish_step() = 0;
+  /// Bytes of optimizer state this rank holds now.
+  virtual std::int64_t state_bytes() const = 0;
+  /// Parameter elements whose optimizer state this rank holds.
+  virtual std::int64_t owned_numel() const = 0;
+  /// Collective: writes this rank's optimizer state into dir.
+  virtual void save(const std::string& dir) = 0;
+  /// Local: reads this rank's optimizer state from dir, saved after `step` steps.
+  virtual void load(const std::string& dir, std::int64_t step) = 0;
+  /// The current learning rate.
+  virtual double lr() const = 0;
+};
+
+/// The modes this build offers (remote only when the RPC layer is built in).
+std::vector<std::string> available_modes();
+/// Whether `mode` is built in; when not, why (a message for the user).
+bool mode_available(const std::string& mode, std::string* why);
+
+/// Builds the strategy of cfg.mode over params (a collective: the reducer
+/// broadcasts the parameters from rank 0).
+std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
+                                        dopt::ProcessGroup world);
+
+/// The file a rank's non-ZeRO optimizer state goes to (ZeRO's save_sharded uses the same name).
+std::string optim_file_name(int rank, int world_size);
+
+}  // namespace dopt_train
