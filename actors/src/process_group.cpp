@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "dopt/actors/device_backend.hpp"
 #include "internal.hpp"
 
 namespace dopt {
@@ -171,6 +172,7 @@ void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
 
 Future<void> ProcessGroup::broadcast_async(const Tensor& tensor, int src) {
   auto& g = member("ProcessGroup.broadcast");
+  if (auto* b = detail::device_backend_for(tensor)) return b->broadcast(*this, tensor, src);
   check_tensor(tensor, CollKind::broadcast, "tensor");
   check_rank(src, size(), CollKind::broadcast, "src");
   return post(g, make_op(g, desc_of(CollKind::broadcast, tensor, src), {tensor}));
@@ -178,6 +180,7 @@ Future<void> ProcessGroup::broadcast_async(const Tensor& tensor, int src) {
 
 Future<void> ProcessGroup::all_reduce_async(const Tensor& tensor, ReduceOp op) {
   auto& g = member("ProcessGroup.all_reduce");
+  if (auto* b = detail::device_backend_for(tensor)) return b->all_reduce(*this, tensor, op);
   check_tensor(tensor, CollKind::all_reduce, "tensor");
   check_reducible(tensor, op, CollKind::all_reduce);
   return post(g, make_op(g, desc_of(CollKind::all_reduce, tensor, -1, op), {tensor}));
@@ -185,6 +188,7 @@ Future<void> ProcessGroup::all_reduce_async(const Tensor& tensor, ReduceOp op) {
 
 Future<void> ProcessGroup::reduce_async(const Tensor& tensor, int dst, ReduceOp op) {
   auto& g = member("ProcessGroup.reduce");
+  if (auto* b = detail::device_backend_for(tensor)) return b->reduce(*this, tensor, dst, op);
   check_tensor(tensor, CollKind::reduce, "tensor");
   check_reducible(tensor, op, CollKind::reduce);
   check_rank(dst, size(), CollKind::reduce, "dst");
@@ -193,6 +197,7 @@ Future<void> ProcessGroup::reduce_async(const Tensor& tensor, int dst, ReduceOp 
 
 Future<void> ProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input) {
   auto& g = member("ProcessGroup.all_gather");
+  if (auto* b = detail::device_backend_for(input)) return b->all_gather(*this, outputs, input);
   const CollKind k = CollKind::all_gather;
   check_tensor(input, k, "input");
   if (static_cast<int>(outputs.size()) != size())
@@ -210,6 +215,7 @@ Future<void> ProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, 
 
 Future<void> ProcessGroup::all_gather_into_tensor_async(const Tensor& output, const Tensor& input) {
   auto& g = member("ProcessGroup.all_gather_into_tensor");
+  if (auto* b = detail::device_backend_for(input)) return b->all_gather_into_tensor(*this, output, input);
   const CollKind k = CollKind::all_gather_flat;
   check_tensor(input, k, "input");
   check_tensor(output, k, "output");
@@ -226,6 +232,7 @@ Future<void> ProcessGroup::all_gather_into_tensor_async(const Tensor& output, co
 Future<void> ProcessGroup::reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs,
                                                 ReduceOp op) {
   auto& g = member("ProcessGroup.reduce_scatter");
+  if (auto* b = detail::device_backend_for(output)) return b->reduce_scatter(*this, output, inputs, op);
   const CollKind k = CollKind::reduce_scatter;
   check_tensor(output, k, "output");
   check_reducible(output, op, k);
@@ -251,6 +258,7 @@ Future<void> ProcessGroup::barrier_async() {
 
 Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
   auto& g = member("ProcessGroup.send");
+  if (auto* b = detail::device_backend_for(tensor)) return b->send(*this, tensor, dst, tag);
   check_tensor(tensor, CollKind::send, "tensor");
   check_rank(dst, size(), CollKind::send, "dst");
   if (dst == g.my_grank) throw ValueError("ProcessGroup.send", "a rank cannot send to itself");
@@ -272,6 +280,7 @@ Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
 
 Future<void> ProcessGroup::recv_async(const Tensor& tensor, int src, int tag) {
   auto& g = member("ProcessGroup.recv");
+  if (auto* b = detail::device_backend_for(tensor)) return b->recv(*this, tensor, src, tag);
   check_tensor(tensor, CollKind::recv, "tensor");
   check_rank(src, size(), CollKind::recv, "src");
   if (src == g.my_grank) throw ValueError("ProcessGroup.recv", "a rank cannot receive from itself");

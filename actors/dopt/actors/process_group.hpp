@@ -23,6 +23,9 @@
 // Between simulated ranks (one process) tensors travel by reference: no
 // copies are made other than the output writes themselves. A tensor passed to
 // an async call must not be touched until its future is ready.
+// CUDA tensors go to the device backend that gpu::init() registers (NCCL;
+// dopt/actors/device_backend.hpp, dopt/gpu/nccl.hpp); without one they are a
+// DeviceError.
 //
 // Reductions: element i of the result is
 //   ((x_0[i] op x_1[i]) op x_2[i]) ... op x_{n-1}[i]
