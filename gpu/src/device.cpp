@@ -1,82 +1,63 @@
 #include "dopt/gpu/device.hpp"
 
-#include <cuda_runtime_api.h>
-
-#include <map>
 #include <mutex>
-#include <vector>
 
+#include "caching_pool.hpp"
+#include "cuda_util.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt::gpu {
-namespace {
-
-void check(cudaError_t err, const char* op) {
-  if (err != cudaSuccess) throw Error(op, cudaGetErrorString(err));
+namespace detail {
+void register_nccl_backend();  // nccl.cpp
 }
 
-// Caching allocator: freed blocks are kept per (device, size) and reused.
-// Synchronous semantics for now: copies use cudaMemcpy (default stream).
+namespace {
+
+using detail::check;
+
+void* raw_cuda_alloc(std::size_t nbytes, int device) {
+  detail::DeviceGuard dg(device);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, nbytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  check(err, "cudaMalloc");
+  return p;
+}
+
+void raw_cuda_free(void* p, int device) {
+  detail::DeviceGuard dg(device);
+  cudaFree(p);
+}
+
+// The Allocator the runtime calls for Device::cuda(i) tensors. Copies and
+// fills run on the legacy default stream and wait for it, so they are
+// complete (DMA included) when they return.
 class CudaAllocator final : public Allocator {
  public:
-  void* allocate(std::size_t nbytes, Device device) override {
-    if (nbytes == 0) return nullptr;
-    const std::size_t rounded = (nbytes + 511) / 512 * 512;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      auto& pool = free_[{device.index, rounded}];
-      if (!pool.empty()) {
-        void* p = pool.back();
-        pool.pop_back();
-        return p;
-      }
-    }
-    int prev = 0;
-    check(cudaGetDevice(&prev), "cudaGetDevice");
-    check(cudaSetDevice(device.index), "cudaSetDevice");
-    void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, rounded);
-    if (err == cudaErrorMemoryAllocation) {
-      release_all();
-      err = cudaMalloc(&p, rounded);
-    }
-    cudaSetDevice(prev);
-    check(err, "cudaMalloc");
-    std::lock_guard<std::mutex> g(mutex_);
-    held_[device.index] += rounded;
-    return p;
-  }
+  void* allocate(std::size_t nbytes, Device device) override { return pool_.allocate(nbytes, device.index); }
   void deallocate(void* ptr, std::size_t nbytes, Device device) noexcept override {
-    if (!ptr) return;
-    const std::size_t rounded = (nbytes + 511) / 512 * 512;
-    std::lock_guard<std::mutex> g(mutex_);
-    free_[{device.index, rounded}].push_back(ptr);
+    pool_.deallocate(ptr, nbytes, device.index);
   }
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t n) override {
     if (n == 0) return;
-    cudaMemcpyKind kind = dst_dev.is_cuda() ? (src_dev.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                            : cudaMemcpyDeviceToHost;
-    check(cudaMemcpy(dst, src, n, kind), "cudaMemcpy");
+    detail::DeviceGuard dg(dst_dev.is_cuda() ? dst_dev.index : src_dev.index);
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, cudaStreamLegacy), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
   }
-  void memset_zero(void* ptr, Device, std::size_t n) override { check(cudaMemset(ptr, 0, n), "cudaMemset"); }
+  void memset_zero(void* ptr, Device device, std::size_t n) override {
+    if (n == 0) return;
+    detail::DeviceGuard dg(device.index);
+    check(cudaMemsetAsync(ptr, 0, n, cudaStreamLegacy), "cudaMemsetAsync");
+    check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+  }
 
-  unsigned long long held(int device) {
-    std::lock_guard<std::mutex> g(mutex_);
-    return held_[device];
-  }
-  void release_all() {
-    std::lock_guard<std::mutex> g(mutex_);
-    for (auto& [key, blocks] : free_) {
-      for (void* p : blocks) cudaFree(p);
-      held_[key.first] -= key.second * blocks.size();
-      blocks.clear();
-    }
-  }
+  detail::CachingPool& pool() { return pool_; }
 
  private:
-  std::mutex mutex_;
-  std::map<std::pair<int, std::size_t>, std::vector<void*>> free_;
-  std::map<int, unsigned long long> held_;
+  detail::CachingPool pool_{raw_cuda_alloc, raw_cuda_free};
 };
 
 CudaAllocator& allocator() {
@@ -89,7 +70,7 @@ CudaAllocator& allocator() {
 int device_count() noexcept {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
+    cudaGetLastError();  // clear the "no driver" / "no device" error
     return 0;
   }
   return n;
@@ -97,12 +78,20 @@ int device_count() noexcept {
 
 bool init() {
   static std::once_flag once;
-  std::call_once(once, [] { register_allocator(DeviceType::CUDA, &allocator()); });
+  std::call_once(once, [] {
+    register_allocator(DeviceType::CUDA, &allocator());
+    detail::register_nccl_backend();
+  });
   return device_count() > 0;
 }
 
-unsigned long long cached_bytes(int device) noexcept { return allocator().held(device); }
+unsigned long long cached_bytes(int device) noexcept {
+  const auto c = allocator().pool().counts(device);
+  return c.in_use + c.cached;
+}
 
-void empty_cache() { allocator().release_all(); }
+unsigned long long in_use_bytes(int device) noexcept { return allocator().pool().counts(device).in_use; }
+
+void empty_cache() { allocator().pool().release(); }
 
 }  // namespace dopt::gpu

@@ -1,0 +1,112 @@
+#pragma once
+// The NCCL process-group backend: collectives on CUDA tensors.
+//
+// An NcclProcessGroup is one rank's NCCL communicator for the members of a
+// CPU ProcessGroup, on one CUDA device. Two ways to use it:
+//  * Implicitly: after gpu::init(), ProcessGroup collectives whose tensors
+//    are CUDA tensors go to NCCL (dopt/actors/device_backend.hpp). The first
+//    CUDA collective on a group creates that group's communicator on the
+//    tensor's device (make_nccl_group over the group), so it is, like every
+//    collective, called by every member in the same order. Code written for
+//    ProcessGroup (ZeRO, post-local SGD, the reducer, model averagers) then
+//    runs on CUDA tensors unchanged.
+//  * Explicitly: make_nccl_group(cpu_group, device), then its methods.
+//
+// Contract (the ProcessGroup's, with these differences):
+//  * Every member calls the same collectives in the same order; NCCL does not
+//    compare the calls, so a mismatch is not detected (it hangs until the
+//    timeout, then fails as below). send/recv tags are not sent: sends and
+//    receives between two ranks match in the order they are issued.
+//  * Work is enqueued on the calling rank's stream, rank_stream(global rank,
+//    device) (dopt/gpu/stream.hpp); the call returns at once and the future
+//    is filled by the gpu completion thread when the collective has finished
+//    on the device. Tensors must be ready on that stream and stay alive and
+//    untouched until the future is ready. Nothing blocks an actor thread.
+//  * The communicator runs in NCCL's nonblocking mode. Each wait is bounded by
+//    the CPU group's timeout(): when it passes, or NCCL reports an
+//    asynchronous error, the communicator is aborted (ncclCommAbort), the
+//    future fails (TimeoutError; PeerLostError for ncclRemoteError; DeviceError
+//    for CUDA errors; ...), and every later call on this group fails at once
+//    with StateError naming the first failure, like an aborted NCCL
+//    communicator in torch. Nothing hangs.
+//  * Reductions follow NCCL's algorithms, so float results are not bitwise
+//    the CPU backend's rank-order reductions (and may differ run to run when
+//    NCCL picks other algorithms). avg is ncclAvg (floating point only).
+//  * Subgroups: split() makes a subgroup's communicator with ncclCommSplit
+//    (every member of this group calls it; non-members of the subgroup get
+//    nullptr). It is then used for the subgroup's CUDA collectives.
+//
+// Tensors: CUDA tensors on this group's device, float32, float64, float16,
+// bfloat16, int32, int64, int8, uint8 (bool only for broadcast/all_gather/
+// send/recv); shapes as the CPU ProcessGroup checks them. Bad arguments
+// throw synchronously (before anything is enqueued).
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/gpu/stream.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::gpu {
+
+class NcclProcessGroup {
+ public:
+  ~NcclProcessGroup();
+  NcclProcessGroup(const NcclProcessGroup&) = delete;
+  NcclProcessGroup& operator=(const NcclProcessGroup&) = delete;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  int device() const noexcept;
+  /// The CPU group this communicator spans (its timeout bounds every wait).
+  const ProcessGroup& cpu_group() const noexcept;
+  /// The stream this rank's NCCL work is enqueued on.
+  Stream& stream() const noexcept;
+
+  Future<void> broadcast(const Tensor& tensor, int src);
+  Future<void> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  Future<void> reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum);
+  Future<void> all_gather(const std::vector<Tensor>& outputs, const Tensor& input);
+  Future<void> all_gather_into_tensor(const Tensor& output, const Tensor& input);
+  Future<void> reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::sum);
+  Future<void> send(const Tensor& tensor, int dst);
+  Future<void> recv(const Tensor& tensor, int src);
+  /// A one-element all_reduce on the device: ready once every member's earlier work is enqueued and done.
+  Future<void> barrier();
+
+  /// The subgroup's communicator by ncclCommSplit. Every member of this group
+  /// calls it with its handle of the same `subgroup` (made by new_group /
+  /// new_subgroups on the same world); nullptr for ranks outside it.
+  std::shared_ptr<NcclProcessGroup> split(const ProcessGroup& subgroup);
+
+  /// Aborts the communicator (later calls fail with StateError). Idempotent.
+  void abort(const std::string& why = "aborted by the user");
+  bool aborted() const;
+
+  struct Impl;
+  explicit NcclProcessGroup(std::shared_ptr<Impl> impl);
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Creates this rank's communicator for cpu_group's members on `device` (-1:
+/// the calling thread's current CUDA device). A collective over cpu_group:
+/// every member calls it, in the same order as its other collectives. Group
+/// rank 0 makes the ncclUniqueId and broadcasts it over cpu_group; the
+/// communicator is initialised in nonblocking mode and the call returns once
+/// it is ready, or throws (TimeoutError after cpu_group.timeout(), or the NCCL
+/// error) with the communicator aborted.
+std::shared_ptr<NcclProcessGroup> make_nccl_group(ProcessGroup cpu_group, int device = -1);
+
+/// The communicator the implicit backend uses for (group, this rank, device),
+/// creating it (collectively, as make_nccl_group) on first use.
+std::shared_ptr<NcclProcessGroup> nccl_group_for(const ProcessGroup& group, int device);
+
+/// NCCL's version code (e.g. 22809), 0 when the library cannot be asked.
+int nccl_version() noexcept;
+
+}  // namespace dopt::gpu

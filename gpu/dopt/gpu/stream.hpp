@@ -1,0 +1,121 @@
+#pragma once
+// Per-actor CUDA streams and completion futures.
+//
+// The stream contract (docs/gpu.md):
+//  * Every actor that issues GPU work owns one Stream per device it uses: each
+//    rank actor's is rank_stream(global_rank, device); a parameter-owner actor
+//    (or any other actor) makes its own with make_stream(device) and keeps it.
+//    All of that actor's kernels, copies and NCCL calls are enqueued on it, so
+//    they run in the order the actor issued them, and work of different
+//    actors (different streams) overlaps on the device.
+//  * Nobody blocks in a synchronize on an actor thread. Completion comes back
+//    as a dopt::Future<void> (completion()): an event is recorded on the
+//    stream and the gpu completion thread polls it (cudaEventQuery), then
+//    fills the future. Continuations registered with then() run on that
+//    completion thread; they may enqueue more GPU work (they are not CUDA
+//    host callbacks, so CUDA calls are allowed there) but must not block.
+//  * Cross-stream dependencies are explicit: the producer records an Event
+//    (record()), the consumer's stream waits for it (wait(event)). The wait
+//    is enqueued on the device (cudaStreamWaitEvent): the host never blocks,
+//    and the consumer's later kernels start only after the producer's work
+//    recorded before the event has finished.
+//  * A Tensor handed to GPU work on a stream must stay alive (hold a handle)
+//    until that work's completion future is ready; the caching allocator
+//    reuses freed blocks at once, on any stream.
+//
+// This header has no CUDA types: streams and events are opaque handles.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::gpu {
+
+namespace detail {
+struct EventImpl;
+struct StreamImpl;
+}  // namespace detail
+
+/// A recorded point in a stream's work (a pooled cudaEvent_t). Copies share
+/// the event; it returns to its device's pool when the last copy goes.
+class Event {
+ public:
+  Event() = default;
+  bool valid() const noexcept { return impl_ != nullptr; }
+  int device() const;
+  /// Whether the work recorded before the event has finished (never blocks).
+  bool query() const;
+  /// cudaEvent_t, as void*.
+  void* native() const;
+
+  explicit Event(std::shared_ptr<detail::EventImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<detail::EventImpl> impl_;
+};
+
+class Stream {
+ public:
+  /// A new non-blocking stream on device (does not synchronise with the legacy default stream).
+  explicit Stream(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  int device() const noexcept;
+  /// cudaStream_t, as void*.
+  void* native() const noexcept;
+
+  /// Records an event after everything enqueued so far.
+  Event record();
+  /// Work enqueued on this stream after this call waits (on the device) for `event`.
+  void wait(const Event& event);
+  /// Filled once everything enqueued so far has finished; with an error (DeviceError
+  /// naming the CUDA error) when the work failed, or TimeoutError when `timeout`
+  /// (0: none) passes first. Never blocks the caller.
+  Future<void> completion(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  /// Blocks the calling thread until the stream is idle. For tests and tools only:
+  /// never call it on an actor thread.
+  void synchronize();
+
+  /// dst <- src, enqueued on this stream (same dtype and numel; either side may be
+  /// CPU). Host memory that is not pinned makes CUDA stage the copy, so the call
+  /// can return before or after the transfer; src/dst must stay alive and
+  /// untouched until completion().
+  void copy_async(const Tensor& dst, const Tensor& src);
+  /// tensor <- 0, enqueued on this stream.
+  void zero_async(const Tensor& tensor);
+
+ private:
+  std::unique_ptr<detail::StreamImpl> impl_;
+};
+
+/// The stream owned by the rank actor of `global_rank` on `device`: created on
+/// first use, lives until the process exits. Simulated ranks in one process
+/// get distinct streams, so their work overlaps.
+Stream& rank_stream(int global_rank, int device);
+/// A stream for another actor (a parameter owner): the caller owns it.
+std::unique_ptr<Stream> make_stream(int device);
+
+/// The calling thread's current stream for device: the one set by the
+/// innermost StreamGuard, else this thread's own stream (one per thread and
+/// device, created on first use), so two threads never share a stream by
+/// accident.
+Stream& current_stream(int device);
+
+/// Makes `stream` the calling thread's current stream for its device while it lives.
+class StreamGuard {
+ public:
+  explicit StreamGuard(Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream* previous_;
+  int device_;
+};
+
+}  // namespace dopt::gpu

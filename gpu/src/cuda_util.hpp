@@ -1,0 +1,68 @@
+#pragma once
+// Internal to dopt_gpu: CUDA error checks, the device guard and the
+// completion thread that turns recorded events into filled futures.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/gpu/stream.hpp"
+#include "dopt/runtime/error.hpp"
+
+namespace dopt::gpu::detail {
+
+/// Throws DeviceError "op: <cuda error name>: <string>" for a failed call.
+inline void check(cudaError_t err, const char* op) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear non-sticky errors
+    throw DeviceError(op, std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err));
+  }
+}
+
+/// Switches the calling thread's current device while it lives.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    changed_ = previous_ != device;
+  }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+cudaStream_t native(Stream& s);
+
+/// What the completion thread watches: `event` done -> promise filled.
+struct Watch {
+  Event event;
+  Promise<void> promise;
+  /// steady_clock deadline; time_point::max() for none.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  /// Polled while the event is not done; a non-null result fails the promise
+  /// (the NCCL backend reports an asynchronous communicator error here).
+  std::function<std::exception_ptr()> poll_error;
+  /// Called when the deadline passes first; returns the error to fail with
+  /// (the NCCL backend aborts the communicator here).
+  std::function<std::exception_ptr()> on_timeout;
+  /// Name of the operation for error messages.
+  std::string op;
+  /// Tensors the work uses (temporaries), released once the watch is decided.
+  std::vector<Tensor> keep;
+};
+
+/// Hands a watch to the completion thread (started on first use). Never blocks.
+void watch(Watch w);
+
+}  // namespace dopt::gpu::detail

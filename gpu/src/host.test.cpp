@@ -1,0 +1,175 @@
+// Host-side parts of gpu/ that need no device: the multi-tensor plan, the
+// caching allocator's bookkeeping (with a fake driver), NCCL error mapping.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+
+#include "caching_pool.hpp"
+#include "multi_tensor.hpp"
+#include "nccl_errors.hpp"
+
+using namespace dopt;
+using namespace dopt::gpu::detail;
+
+namespace {
+
+// Checks that the plan covers every element of every tensor exactly once, in
+// order, within the limits.
+void check_plan(const std::vector<std::int64_t>& numels, int max_t, int max_b, std::int64_t chunk) {
+  const auto plans = plan_multi_tensor(numels, max_t, max_b, chunk);
+  std::map<int, std::set<int>> seen;  // tensor -> chunks
+  for (const auto& p : plans) {
+    REQUIRE(!p.blocks.empty());
+    REQUIRE(static_cast<int>(p.tensors.size()) <= max_t);
+    REQUIRE(static_cast<int>(p.blocks.size()) <= max_b);
+    for (auto [slot, c] : p.blocks) {
+      REQUIRE(slot >= 0);
+      REQUIRE(slot < static_cast<int>(p.tensors.size()));
+      const int t = p.tensors[static_cast<std::size_t>(slot)];
+      REQUIRE(c >= 0);
+      REQUIRE(static_cast<std::int64_t>(c) * chunk < numels[static_cast<std::size_t>(t)]);
+      REQUIRE(seen[t].insert(c).second);  // no chunk twice
+    }
+  }
+  for (std::size_t t = 0; t < numels.size(); ++t) {
+    const std::int64_t chunks = numels[t] <= 0 ? 0 : (numels[t] + chunk - 1) / chunk;
+    CHECK(static_cast<std::int64_t>(seen[static_cast<int>(t)].size()) == chunks);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("multi-tensor plan: every chunk of every tensor in exactly one block", "[gpu][host]") {
+  SECTION("defaults, a mix of sizes") {
+    check_plan({1, 65536, 65537, 0, 3, 1 << 20, 100'000'000}, kMaxTensors, kMaxBlocks, kChunk);
+  }
+  SECTION("small limits force tensors to continue in the next launch") {
+    check_plan({10, 25, 7, 0, 31, 1, 64}, 2, 3, 4);
+    check_plan({100}, 1, 1, 7);
+  }
+  SECTION("random lists") {
+    std::mt19937 rng(12345);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<std::int64_t> n(rng() % 40);
+      for (auto& x : n) x = static_cast<std::int64_t>(rng() % 5) == 0 ? 0 : static_cast<std::int64_t>(rng() % 300);
+      const int mt = 1 + static_cast<int>(rng() % 5), mb = 1 + static_cast<int>(rng() % 9);
+      check_plan(n, mt, mb, 1 + static_cast<std::int64_t>(rng() % 17));
+    }
+  }
+  SECTION("a tensor split across launches keeps its chunks in order") {
+    const auto plans = plan_multi_tensor({10}, 4, 2, 1);
+    REQUIRE(plans.size() == 5);
+    int next = 0;
+    for (const auto& p : plans) {
+      REQUIRE(p.tensors == std::vector<int>{0});
+      for (auto [slot, c] : p.blocks) {
+        CHECK(slot == 0);
+        CHECK(c == next++);
+      }
+    }
+  }
+  SECTION("nothing to do") {
+    CHECK(plan_multi_tensor({}).empty());
+    CHECK(plan_multi_tensor({0, 0}).empty());
+  }
+}
+
+TEST_CASE("caching pool: reuse, rounding, release and out-of-memory retry (fake driver)", "[gpu][host]") {
+  std::map<void*, std::pair<std::size_t, int>> live;  // what the fake driver handed out
+  std::size_t budget = 4096;                          // bytes the fake device has
+  std::size_t used = 0;
+  int frees = 0;
+  CachingPool pool(
+      [&](std::size_t n, int dev) -> void* {
+        if (used + n > budget) return nullptr;
+        used += n;
+        void* p = std::malloc(n);
+        live[p] = {n, dev};
+        return p;
+      },
+      [&](void* p, int) {
+        used -= live.at(p).first;
+        live.erase(p);
+        std::free(p);
+        ++frees;
+      });
+  CHECK(pool.allocate(0, 0) == nullptr);
+  void* a = pool.allocate(100, 0);  // rounds to 512
+  REQUIRE(a);
+  CHECK(live.at(a).first == 512);
+  CHECK(pool.counts(0).in_use == 512);
+  pool.deallocate(a, 100, 0);
+  CHECK(pool.counts(0).in_use == 0);
+  CHECK(pool.counts(0).cached == 512);
+  void* b = pool.allocate(512, 0);  // same rounded size: reused
+  CHECK(b == a);
+  CHECK(pool.counts(0).reused == 1);
+  CHECK(pool.counts(0).raw_allocs == 1);
+  void* c = pool.allocate(512, 1);  // other device: not reused across devices
+  CHECK(c != a);
+  CHECK(pool.counts(1).in_use == 512);
+  // Cache a 1024-byte block, then ask for more than is left: the cache goes back first.
+  void* d = pool.allocate(1000, 0);
+  pool.deallocate(d, 1000, 0);
+  CHECK(pool.counts(0).cached == 1024);
+  void* e = pool.allocate(1536, 0);  // 512 + 512 + 1024 (cached) + 1536 of 4096 -> fits
+  REQUIRE(e);
+  void* f = pool.allocate(1536, 0);  // no cached 1536 block; fits only once the cached 1024 is released
+  REQUIRE(f);
+  CHECK(pool.counts(0).cached == 0);
+  CHECK(frees == 1);
+  CHECK_THROWS_AS(pool.allocate(4096, 0), DeviceError);  // nothing cached, still too big
+  pool.deallocate(b, 512, 0);
+  pool.deallocate(c, 512, 1);
+  pool.deallocate(e, 1536, 0);
+  pool.deallocate(f, 1536, 0);
+  pool.release();
+  CHECK(live.empty());
+  CHECK(used == 0);
+  CHECK(pool.counts(0).cached == 0);
+  CHECK(pool.counts(1).cached == 0);
+}
+
+TEST_CASE("NCCL results map to dopt errors naming the op and the rank", "[gpu][host]") {
+  CHECK(nccl_error(0, "op", 0) == nullptr);
+  CHECK(nccl_error(7, "op", 0) == nullptr);  // in progress is not an error
+  auto kind = [](int code) {
+    try {
+      std::rethrow_exception(nccl_error(code, "NcclProcessGroup.all_reduce", 3, "peer 2 closed"));
+    } catch (const PeerLostError&) {
+      return std::string("PeerLostError");
+    } catch (const DeviceError&) {
+      return std::string("DeviceError");
+    } catch (const IOError&) {
+      return std::string("IOError");
+    } catch (const ValueError&) {
+      return std::string("ValueError");
+    } catch (const StateError&) {
+      return std::string("StateError");
+    } catch (const Error& e) {
+      return std::string("Error");
+    }
+    return std::string("none");
+  };
+  CHECK(kind(1) == "DeviceError");
+  CHECK(kind(2) == "IOError");
+  CHECK(kind(3) == "Error");
+  CHECK(kind(4) == "ValueError");
+  CHECK(kind(5) == "StateError");
+  CHECK(kind(6) == "PeerLostError");
+  CHECK(kind(42) == "Error");
+  try {
+    std::rethrow_exception(nccl_error(6, "NcclProcessGroup.all_reduce", 3, "peer 2 closed"));
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("NcclProcessGroup.all_reduce") != std::string::npos);
+    CHECK(what.find("ncclRemoteError") != std::string::npos);
+    CHECK(what.find("peer 2 closed") != std::string::npos);
+    REQUIRE(e.rank().has_value());
+    CHECK(*e.rank() == 3);
+  }
+  CHECK(std::string(nccl_result_name(2)) == "ncclSystemError");
+}

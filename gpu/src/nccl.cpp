@@ -1,0 +1,587 @@
+#include "dopt/gpu/nccl.hpp"
+
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "cuda_util.hpp"
+#include "dopt/actors/device_backend.hpp"
+#include "nccl_errors.hpp"
+
+namespace dopt::gpu {
+namespace detail {
+
+void register_nccl_group(const ProcessGroup& group, int device, std::shared_ptr<NcclProcessGroup> g);
+
+static_assert(ncclSuccess == 0 && ncclUnhandledCudaError == 1 && ncclSystemError == 2 && ncclInternalError == 3 &&
+                  ncclInvalidArgument == 4 && ncclInvalidUsage == 5 && ncclRemoteError == 6 && ncclInProgress == 7,
+              "nccl_errors.hpp assumes these ncclResult_t values");
+
+const char* nccl_result_name(int code) noexcept {
+  switch (code) {
+    case 0: return "ncclSuccess";
+    case 1: return "ncclUnhandledCudaError";
+    case 2: return "ncclSystemError";
+    case 3: return "ncclInternalError";
+    case 4: return "ncclInvalidArgument";
+    case 5: return "ncclInvalidUsage";
+    case 6: return "ncclRemoteError";
+    case 7: return "ncclInProgress";
+  }
+  return "unknown ncclResult_t";
+}
+
+std::exception_ptr nccl_error(int code, const std::string& op, int rank, const std::string& detail) {
+  if (code == 0 || code == 7) return nullptr;
+  std::string what = std::string("NCCL ") + nccl_result_name(code) + " (" + std::to_string(code) + ")";
+  if (!detail.empty()) what += ": " + detail;
+  switch (code) {
+    case 1: return std::make_exception_ptr(DeviceError(op, what, rank));
+    case 2: return std::make_exception_ptr(IOError(op, what, rank));
+    case 4: return std::make_exception_ptr(ValueError(op, what, rank));
+    case 5: return std::make_exception_ptr(StateError(op, what, rank));
+    case 6: return std::make_exception_ptr(PeerLostError(op, what, rank));
+    default: return std::make_exception_ptr(Error(op, what, rank));
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using detail::check;
+
+ncclDataType_t nccl_dtype(DType d) {
+  switch (d) {
+    case DType::float32: return ncclFloat32;
+    case DType::float64: return ncclFloat64;
+    case DType::float16: return ncclFloat16;
+    case DType::bfloat16: return ncclBfloat16;
+    case DType::int32: return ncclInt32;
+    case DType::int64: return ncclInt64;
+    case DType::int8: return ncclInt8;
+    case DType::uint8: return ncclUint8;
+    case DType::bool_: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::product: return ncclProd;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+std::string label(const char* op) { return std::string("NcclProcessGroup.") + op; }
+
+std::string last_error(ncclComm_t comm) {
+  const char* s = ncclGetLastError(comm);
+  return s ? std::string(s) : std::string();
+}
+
+}  // namespace
+
+struct NcclProcessGroup::Impl {
+  ProcessGroup cpu;
+  int rank = 0, size = 0, device = 0, grank = 0;
+  Stream* stream = nullptr;
+  ncclComm_t comm = nullptr;
+  std::mutex mutex;  // guards comm calls and abort
+  std::atomic<bool> is_aborted{false};
+  std::string abort_reason;
+
+  std::chrono::milliseconds timeout() const { return cpu.timeout(); }
+
+  // Aborts with mutex held.
+  void abort_locked(const std::string& why) {
+    if (is_aborted.exchange(true)) return;
+    abort_reason = why;
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> g(mutex);
+    abort_locked(why);
+  }
+
+  std::exception_ptr aborted_error(const std::string& op) const {
+    return std::make_exception_ptr(
+        StateError(op, "the NCCL communicator was aborted earlier (" + abort_reason + ")", grank));
+  }
+
+  // Polls a nonblocking communicator until its last call is no longer in
+  // progress; with mutex held. Aborts and throws on error or timeout.
+  void wait_ready_locked(ncclResult_t r, const std::string& op, Clock::time_point deadline) {
+    while (r == ncclInProgress) {
+      if (Clock::now() >= deadline) {
+        abort_locked(op + " timed out after " + std::to_string(timeout().count()) + " ms");
+        throw TimeoutError(op, "the NCCL call did not finish within the group's timeout (" +
+                                   std::to_string(timeout().count()) + " ms); the communicator was aborted",
+                           grank);
+      }
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+    }
+    if (r != ncclSuccess) {
+      const std::string detail = last_error(comm);
+      abort_locked(op + " failed: " + detail::nccl_result_name(r));
+      std::rethrow_exception(detail::nccl_error(r, op, grank, detail));
+    }
+  }
+
+  // Enqueues `issue` (NCCL calls on comm/stream), then `after` (e.g. copies),
+  // and returns a future filled when the stream has passed them.
+  template <class Issue, class After>
+  Future<void> run(const char* opname, std::vector<Tensor> keep, Issue issue, After after,
+                   const std::shared_ptr<Impl>& self) {
+    const std::string op = label(opname);
+    std::lock_guard<std::mutex> g(mutex);
+    if (is_aborted) return make_failed_future(aborted_error(op));
+    const auto deadline = Clock::now() + timeout();
+    detail::DeviceGuard dg(device);
+    cudaStream_t s = detail::native(*stream);
+    try {
+      wait_ready_locked(issue(comm, s), op, deadline);
+      after(s);
+    } catch (...) {
+      return make_failed_future(std::current_exception());
+    }
+    detail::Watch w;
+    w.op = op;
+    w.event = stream->record();
+    w.deadline = deadline;
+    w.keep = std::move(keep);
+    std::weak_ptr<Impl> weak = self;
+    w.poll_error = [weak, op]() -> std::exception_ptr {
+      auto me = weak.lock();
+      if (!me) return nullptr;
+      std::unique_lock<std::mutex> lock(me->mutex, std::try_to_lock);
+      if (!lock.owns_lock()) return nullptr;  // an issuing thread holds it; ask next round
+      if (me->is_aborted) return me->aborted_error(op);
+      ncclResult_t r = ncclSuccess;
+      if (ncclCommGetAsyncError(me->comm, &r) != ncclSuccess || r == ncclSuccess || r == ncclInProgress)
+        return nullptr;
+      const std::string detail = last_error(me->comm);
+      me->abort_locked(op + " failed: " + detail::nccl_result_name(r));
+      return detail::nccl_error(r, op, me->grank, detail);
+    };
+    w.on_timeout = [weak, op]() -> std::exception_ptr {
+      auto me = weak.lock();
+      const long long ms = me ? me->timeout().count() : 0;
+      if (me) me->abort(op + " timed out after " + std::to_string(ms) + " ms");
+      return std::make_exception_ptr(TimeoutError(
+          op,
+          "the collective did not finish within the group's timeout (" + std::to_string(ms) +
+              " ms): a member did not make the matching call, or failed; the communicator was aborted",
+          me ? me->grank : -1));
+    };
+    Future<void> f = w.promise.get_future();
+    detail::watch(std::move(w));
+    return f;
+  }
+
+  // --- argument checks (the CPU ProcessGroup's) ---------------------------------------
+
+  void check_tensor(const Tensor& t, const char* opname, const std::string& what) const {
+    const std::string op = label(opname);
+    if (!t.defined()) throw ValueError(op, what + " is undefined", grank);
+    if (!t.device().is_cuda() || t.device().index != device)
+      throw DeviceError(op, what + " is on " + t.device().str() + "; this communicator is on cuda:" +
+                                std::to_string(device), grank);
+  }
+  void check_reducible(const Tensor& t, ReduceOp rop, const char* opname) const {
+    if (t.dtype() == DType::bool_) throw DTypeError(label(opname), "reductions do not support bool tensors", grank);
+    if (rop == ReduceOp::avg && !is_floating_point(t.dtype()))
+      throw DTypeError(label(opname), "ReduceOp avg needs a floating point tensor, got " +
+                                          std::string(dtype_name(t.dtype())), grank);
+  }
+  void check_same(const Tensor& ref, const Tensor& t, const char* opname, const std::string& what) const {
+    if (t.dtype() != ref.dtype())
+      throw DTypeError(label(opname), what + " has dtype " + std::string(dtype_name(t.dtype())) + ", expected " +
+                                          std::string(dtype_name(ref.dtype())), grank);
+    if (t.shape() != ref.shape())
+      throw ShapeError(label(opname),
+                       what + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(ref.shape()), grank);
+  }
+  void check_rank(int r, const char* opname, const char* what) const {
+    if (r < 0 || r >= size)
+      throw ValueError(label(opname), std::string(what) + " " + std::to_string(r) +
+                                          " is out of range for a group of size " + std::to_string(size), grank);
+  }
+};
+
+namespace {
+
+void check_nccl(ncclResult_t r, const std::string& op, int rank) {
+  if (r != ncclSuccess && r != ncclInProgress) std::rethrow_exception(detail::nccl_error(r, op, rank));
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+int resolve_device(int device) {
+  if (device >= 0) return device;
+  int d = 0;
+  check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+std::shared_ptr<NcclProcessGroup::Impl> new_impl(const ProcessGroup& cpu, int device) {
+  auto impl = std::make_shared<NcclProcessGroup::Impl>();
+  impl->cpu = cpu;
+  impl->rank = cpu.rank();
+  impl->size = cpu.size();
+  impl->device = device;
+  impl->grank = cpu.global_rank(cpu.rank());
+  impl->stream = &rank_stream(impl->grank, device);
+  return impl;
+}
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  if (!impl_) return;
+  std::lock_guard<std::mutex> g(impl_->mutex);
+  if (impl_->is_aborted || !impl_->comm) return;
+  // Finalize (bounded), then destroy; abort when it does not finish.
+  detail::DeviceGuard dg(impl_->device);
+  ncclResult_t r = ncclCommFinalize(impl_->comm);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (r == ncclInProgress && Clock::now() < deadline) {
+    std::this_thread::yield();
+    if (ncclCommGetAsyncError(impl_->comm, &r) != ncclSuccess) break;
+  }
+  if (r == ncclSuccess) ncclCommDestroy(impl_->comm);
+  else ncclCommAbort(impl_->comm);
+  impl_->comm = nullptr;
+}
+
+int NcclProcessGroup::rank() const noexcept { return impl_->rank; }
+int NcclProcessGroup::size() const noexcept { return impl_->size; }
+int NcclProcessGroup::device() const noexcept { return impl_->device; }
+const ProcessGroup& NcclProcessGroup::cpu_group() const noexcept { return impl_->cpu; }
+Stream& NcclProcessGroup::stream() const noexcept { return *impl_->stream; }
+bool NcclProcessGroup::aborted() const { return impl_->is_aborted; }
+void NcclProcessGroup::abort(const std::string& why) { impl_->abort(why); }
+
+std::shared_ptr<NcclProcessGroup> make_nccl_group(ProcessGroup cpu_group, int device) {
+  const char* op = "make_nccl_group";
+  if (!cpu_group.valid() || !cpu_group.is_member())
+    throw StateError(op, "this rank is not a member of the group");
+  device = resolve_device(device);
+  auto impl = new_impl(cpu_group, device);
+  // The unique id: made by group rank 0, broadcast over the CPU group.
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  Tensor bytes = Tensor::zeros({static_cast<std::int64_t>(sizeof(id))}, DType::uint8);
+  if (impl->rank == 0) {
+    check_nccl(ncclGetUniqueId(&id), op, impl->grank);
+    std::memcpy(bytes.data_ptr(), &id, sizeof(id));
+  }
+  cpu_group.broadcast(bytes, 0);
+  std::memcpy(&id, bytes.data_ptr(), sizeof(id));
+  {
+    std::lock_guard<std::mutex> g(impl->mutex);
+    detail::DeviceGuard dg(device);
+    ncclConfig_t config = nonblocking_config();
+    ncclResult_t r = ncclCommInitRankConfig(&impl->comm, impl->size, id, impl->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (impl->comm) ncclCommAbort(impl->comm);
+      impl->comm = nullptr;
+      impl->is_aborted = true;
+      std::rethrow_exception(detail::nccl_error(r, op, impl->grank));
+    }
+    impl->wait_ready_locked(r, op, Clock::now() + impl->timeout());
+  }
+  return std::make_shared<NcclProcessGroup>(impl);
+}
+
+std::shared_ptr<NcclProcessGroup> NcclProcessGroup::split(const ProcessGroup& subgroup) {
+  const std::string op = label("split");
+  if (!subgroup.valid()) throw ValueError(op, "the subgroup handle is invalid", impl_->grank);
+  for (int r : subgroup.ranks())
+    if (impl_->cpu.group_rank(r) < 0)
+      throw ValueError(op, "global rank " + std::to_string(r) + " of the subgroup is not in this group",
+                       impl_->grank);
+  const bool member = subgroup.is_member();
+  const int color = member ? subgroup.ranks().front() : NCCL_SPLIT_NOCOLOR;
+  const int key = member ? subgroup.rank() : 0;
+  std::shared_ptr<Impl> child = member ? new_impl(subgroup, impl_->device) : nullptr;
+  {
+    std::lock_guard<std::mutex> g(impl_->mutex);
+    if (impl_->is_aborted) std::rethrow_exception(impl_->aborted_error(op));
+    detail::DeviceGuard dg(impl_->device);
+    ncclConfig_t config = nonblocking_config();
+    ncclComm_t out = nullptr;
+    ncclResult_t r = ncclCommSplit(impl_->comm, color, key, &out, &config);
+    impl_->wait_ready_locked(r, op, Clock::now() + impl_->timeout());
+    if (child) {
+      // The new communicator may itself still be initialising.
+      child->comm = out;
+      std::lock_guard<std::mutex> cg(child->mutex);
+      ncclResult_t cr = ncclInProgress;
+      if (ncclCommGetAsyncError(out, &cr) != ncclSuccess) cr = ncclInternalError;
+      child->wait_ready_locked(cr, op, Clock::now() + child->timeout());
+    }
+  }
+  if (!child) return nullptr;
+  auto made = std::make_shared<NcclProcessGroup>(child);
+  detail::register_nccl_group(subgroup, impl_->device, made);
+  return made;
+}
+
+// --- collectives -------------------------------------------------------------------------
+
+namespace {
+auto no_after = [](cudaStream_t) {};
+}
+
+Future<void> NcclProcessGroup::broadcast(const Tensor& tensor, int src) {
+  auto& g = *impl_;
+  g.check_tensor(tensor, "broadcast", "tensor");
+  g.check_rank(src, "broadcast", "src");
+  return g.run("broadcast", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                         nccl_dtype(tensor.dtype()), src, c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
+  auto& g = *impl_;
+  g.check_tensor(tensor, "all_reduce", "tensor");
+  g.check_reducible(tensor, op, "all_reduce");
+  return g.run("all_reduce", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                         nccl_dtype(tensor.dtype()), nccl_op(op), c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::reduce(const Tensor& tensor, int dst, ReduceOp op) {
+  auto& g = *impl_;
+  g.check_tensor(tensor, "reduce", "tensor");
+  g.check_reducible(tensor, op, "reduce");
+  g.check_rank(dst, "reduce", "dst");
+  return g.run("reduce", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                      nccl_dtype(tensor.dtype()), nccl_op(op), dst, c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::all_gather_into_tensor(const Tensor& output, const Tensor& input) {
+  auto& g = *impl_;
+  g.check_tensor(input, "all_gather_into_tensor", "input");
+  g.check_tensor(output, "all_gather_into_tensor", "output");
+  if (output.dtype() != input.dtype())
+    throw DTypeError(label("all_gather_into_tensor"), "output has dtype " + std::string(dtype_name(output.dtype())) +
+                                                          ", input has " + std::string(dtype_name(input.dtype())),
+                     g.grank);
+  if (output.numel() != input.numel() * g.size)
+    throw ShapeError(label("all_gather_into_tensor"),
+                     "output has " + std::to_string(output.numel()) + " elements, expected group size " +
+                         std::to_string(g.size) + " x " + std::to_string(input.numel()),
+                     g.grank);
+  return g.run("all_gather_into_tensor", {input, output}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
+                         nccl_dtype(input.dtype()), c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
+  auto& g = *impl_;
+  g.check_tensor(input, "all_gather", "input");
+  if (static_cast<int>(outputs.size()) != g.size)
+    throw ValueError(label("all_gather"), "got " + std::to_string(outputs.size()) +
+                                              " output tensors for a group of size " + std::to_string(g.size),
+                     g.grank);
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const std::string what = "outputs[" + std::to_string(i) + "]";
+    g.check_tensor(outputs[i], "all_gather", what);
+    g.check_same(input, outputs[i], "all_gather", what);
+  }
+  Tensor flat = Tensor::empty({input.numel() * g.size}, input.dtype(), input.device());
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  keep.push_back(flat);
+  const std::size_t bytes = input.nbytes();
+  return g.run("all_gather", std::move(keep), [&](ncclComm_t c, cudaStream_t s) {
+    return ncclAllGather(input.data_ptr(), flat.data_ptr(), static_cast<size_t>(input.numel()),
+                         nccl_dtype(input.dtype()), c, s);
+  }, [&](cudaStream_t s) {
+    for (std::size_t k = 0; k < outputs.size(); ++k)
+      if (bytes)
+        check(cudaMemcpyAsync(outputs[k].data_ptr(), static_cast<char*>(flat.data_ptr()) + k * bytes, bytes,
+                              cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync");
+  }, impl_);
+}
+
+Future<void> NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
+  auto& g = *impl_;
+  g.check_tensor(output, "reduce_scatter", "output");
+  g.check_reducible(output, op, "reduce_scatter");
+  if (static_cast<int>(inputs.size()) != g.size)
+    throw ValueError(label("reduce_scatter"), "got " + std::to_string(inputs.size()) +
+                                                  " input tensors for a group of size " + std::to_string(g.size),
+                     g.grank);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::string what = "inputs[" + std::to_string(i) + "]";
+    g.check_tensor(inputs[i], "reduce_scatter", what);
+    g.check_same(output, inputs[i], "reduce_scatter", what);
+  }
+  Tensor flat = Tensor::empty({output.numel() * g.size}, output.dtype(), output.device());
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  keep.push_back(flat);
+  const std::size_t bytes = output.nbytes();
+  return g.run("reduce_scatter", std::move(keep), [&](ncclComm_t c, cudaStream_t s) {
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (bytes)
+        check(cudaMemcpyAsync(static_cast<char*>(flat.data_ptr()) + k * bytes, inputs[k].data_ptr(), bytes,
+                              cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync");
+    return ncclReduceScatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
+                             nccl_dtype(output.dtype()), nccl_op(op), c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::send(const Tensor& tensor, int dst) {
+  auto& g = *impl_;
+  g.check_tensor(tensor, "send", "tensor");
+  g.check_rank(dst, "send", "dst");
+  if (dst == g.rank) throw ValueError(label("send"), "a rank cannot send to itself", g.grank);
+  return g.run("send", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), nccl_dtype(tensor.dtype()), dst, c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::recv(const Tensor& tensor, int src) {
+  auto& g = *impl_;
+  g.check_tensor(tensor, "recv", "tensor");
+  g.check_rank(src, "recv", "src");
+  if (src == g.rank) throw ValueError(label("recv"), "a rank cannot receive from itself", g.grank);
+  return g.run("recv", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), nccl_dtype(tensor.dtype()), src, c, s);
+  }, no_after, impl_);
+}
+
+Future<void> NcclProcessGroup::barrier() {
+  auto& g = *impl_;
+  Tensor one = Tensor::zeros({1}, DType::float32, Device::cuda(g.device));
+  return g.run("barrier", {one}, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, c, s);
+  }, no_after, impl_);
+}
+
+int nccl_version() noexcept {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return 0;
+  return v;
+}
+
+// --- the implicit backend ------------------------------------------------------------------
+
+namespace detail {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  // Keyed by the rank's group handle (each simulated rank has its own) and device.
+  // Entries hold the group, so a key is never reused while its entry lives.
+  std::map<std::pair<const void*, int>, std::shared_ptr<NcclProcessGroup>> groups;
+};
+Registry& registry() {
+  static Registry* r = new Registry();  // communicators live until exit
+  return *r;
+}
+
+}  // namespace
+
+void register_nccl_group(const ProcessGroup& group, int device, std::shared_ptr<NcclProcessGroup> g) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.groups[{group.impl().get(), device}] = std::move(g);
+}
+
+}  // namespace detail
+
+std::shared_ptr<NcclProcessGroup> nccl_group_for(const ProcessGroup& group, int device) {
+  auto& r = detail::registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.groups.find({group.impl().get(), device});
+    if (it != r.groups.end()) return it->second;
+  }
+  // Collective over the group (its members all reach this call in the same
+  // order, as for any collective); the lock is not held meanwhile.
+  auto made = make_nccl_group(group, device);
+  detail::register_nccl_group(group, device, made);
+  return made;
+}
+
+namespace detail {
+namespace {
+
+int cuda_device_of(const Tensor& t) { return t.device().index; }
+
+class NcclBackend final : public dopt::detail::DeviceBackend {
+ public:
+  Future<void> broadcast(ProcessGroup& g, const Tensor& t, int src) override {
+    return group(g, t, "broadcast")->broadcast(t, src);
+  }
+  Future<void> all_reduce(ProcessGroup& g, const Tensor& t, ReduceOp op) override {
+    return group(g, t, "all_reduce")->all_reduce(t, op);
+  }
+  Future<void> reduce(ProcessGroup& g, const Tensor& t, int dst, ReduceOp op) override {
+    return group(g, t, "reduce")->reduce(t, dst, op);
+  }
+  Future<void> all_gather(ProcessGroup& g, const std::vector<Tensor>& outputs, const Tensor& input) override {
+    return group(g, input, "all_gather")->all_gather(outputs, input);
+  }
+  Future<void> all_gather_into_tensor(ProcessGroup& g, const Tensor& output, const Tensor& input) override {
+    return group(g, input, "all_gather_into_tensor")->all_gather_into_tensor(output, input);
+  }
+  Future<void> reduce_scatter(ProcessGroup& g, const Tensor& output, const std::vector<Tensor>& inputs,
+                              ReduceOp op) override {
+    return group(g, output, "reduce_scatter")->reduce_scatter(output, inputs, op);
+  }
+  Future<void> send(ProcessGroup& g, const Tensor& t, int dst, int /*tag*/) override {
+    return group(g, t, "send")->send(t, dst);
+  }
+  Future<void> recv(ProcessGroup& g, const Tensor& t, int src, int /*tag*/) override {
+    return group(g, t, "recv")->recv(t, src);
+  }
+
+ private:
+  static std::shared_ptr<NcclProcessGroup> group(ProcessGroup& g, const Tensor& t, const char* op) {
+    if (!g.valid()) throw StateError(std::string("ProcessGroup.") + op, "the process group is invalid");
+    if (!g.is_member())
+      throw StateError(std::string("ProcessGroup.") + op,
+                       "this rank is not a member of group " + std::to_string(g.id()));
+    return nccl_group_for(g, cuda_device_of(t));
+  }
+};
+
+}  // namespace
+
+void register_nccl_backend() {
+  static NcclBackend* backend = new NcclBackend();  // lives until exit
+  dopt::detail::register_device_backend(DeviceType::CUDA, backend);
+}
+
+}  // namespace detail
+}  // namespace dopt::gpu
