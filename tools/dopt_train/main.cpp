@@ -321,9 +321,8 @@ int main(int argc, char** argv) {
   if (o.resume && !o.resume_from.empty()) return usage_error("--resume and --resume-from exclude each other");
   if (o.resume && o.checkpoint_dir.empty()) return usage_error("--resume needs --checkpoint-dir");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) return usage_error("--checkpoint-every needs --checkpoint-dir");
-  if (o.optim != "post-local-sgd" && (app.count("--plsgd-warmup") || app.count("--plsgd-period") ||
-                                      app.count("--plsgd-local-group")))
-    return usage_error("--plsgd-* flags need --optim post-local-sgd");
+  for (const char* f : {"--plsgd-warmup", "--plsgd-period", "--plsgd-local-group"})
+    if (o.optim != "post-local-sgd" && app.count(f)) return usage_error(std::string(f) + " needs --optim post-local-sgd");
 
   if (std::string why; !mode_available(o.optim, &why)) {
     std::fprintf(stderr, "dopt-train: error: %s\n", why.c_str());

@@ -1,0 +1,6 @@
+# dopt-train run as a process (tests/train.test.cpp, tags [train], and
+# [train][multiprocess] for the runs under dopt-run, which get the label
+# "multiprocess" and a 60 s timeout from tests/rendezvous.cmake).
+if(TARGET dopt_tests AND TARGET dopt-train)
+  add_dependencies(dopt_tests dopt-train dopt-run)
+endif()

@@ -1,0 +1,267 @@
+// dopt-train (tools/dopt_train, docs/dopt-train.md) run as a process: in each
+// mode the loss falls, with simulated ranks and under dopt-run; a run resumed
+// from a checkpoint ends bitwise where an uninterrupted run ends (parameters
+// of every rank and every step's loss); processes and simulated ranks train
+// identically; bad flags exit 2 and bad checkpoints exit 1 with a clear line.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "process_util.hpp"
+
+namespace {
+
+using namespace dopt_test;
+namespace fs = std::filesystem;
+
+const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}, {"RANK", ""}, {"WORLD_SIZE", ""}};
+
+Done train(std::vector<std::string> args) {
+  args.insert(args.begin(), kTrain);
+  return wait(start(args, kEnv));
+}
+
+Done train_under_dopt_run(int n, const std::vector<std::string>& args) {
+  return run_through_dopt_run(kDoptRun, kTrain, n, args, kEnv);
+}
+
+/// (step, loss) of every line of a --metrics file.
+std::vector<std::pair<long, double>> losses(const fs::path& metrics) {
+  std::vector<std::pair<long, double>> out;
+  for (const std::string& line : lines_of(slurp(metrics.string()))) {
+    const auto j = nlohmann::json::parse(line);
+    out.emplace_back(j.at("step").get<long>(), j.at("loss").get<double>());
+  }
+  return out;
+}
+
+/// The loss fell: the mean of the last 10 steps is below half the first step's.
+void require_loss_falls(const fs::path& metrics, long steps) {
+  const auto l = losses(metrics);
+  REQUIRE(static_cast<long>(l.size()) == steps);
+  double tail = 0;
+  for (std::size_t i = l.size() - 10; i < l.size(); ++i) tail += l[i].second / 10;
+  INFO("first loss " << l.front().second << ", mean of the last 10 " << tail);
+  CHECK(l.front().second > 1.5);  // about ln(10): an untrained 10-class model
+  CHECK(tail < 0.5 * l.front().second);
+}
+
+const std::vector<std::string> kSmall{"--hidden", "64", "--layers", "3"};
+
+std::vector<std::string> args_of(const std::string& mode, int ranks, long steps, std::vector<std::string> more) {
+  std::vector<std::string> a{"--optim", mode, "--ranks", std::to_string(ranks), "--steps", std::to_string(steps)};
+  a.insert(a.end(), kSmall.begin(), kSmall.end());
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("dopt-train: the loss falls in each mode with simulated ranks (3, and 5 for ZeRO)", "[train]") {
+  const std::string mode = GENERATE("zero", "ddp", "post-local-sgd");
+  const int ranks = mode == std::string("zero") ? GENERATE(3, 5) : 3;
+  INFO(mode << " with " << ranks << " ranks");
+  TempDir dir("dopt-train", mode + std::to_string(ranks));
+  const Done d = train(args_of(mode, ranks, 200, {"--metrics", (dir.path / "m.jsonl").string(), "--svg",
+                                                  (dir.path / "loss.svg").string()}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  CHECK(contains(d.out, "optimizer state per rank after the first step"));
+  CHECK(contains(d.out, "rank " + std::to_string(ranks - 1) + ": "));
+  CHECK(contains(d.out, "steps/s"));
+  require_loss_falls(dir.path / "m.jsonl", 200);
+  const std::string svg = slurp((dir.path / "loss.svg").string());
+  CHECK(contains(svg, "<svg"));
+  CHECK(contains(svg, "<polyline"));
+  CHECK(contains(svg, "</svg>"));
+}
+
+TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on every rank", "[train]") {
+  const Done z = train(args_of("zero", 3, 2, {}));
+  const Done p = train(args_of("ddp", 3, 2, {}));
+  INFO(z.out << p.out);
+  REQUIRE(z.ok());
+  REQUIRE(p.ok());
+  CHECK(contains(z.out, "without ZeRO every rank would hold all"));
+  CHECK(contains(p.out, "each holds a full copy"));
+  // 64-64-64 with 32 inputs and 10 classes: 4,096 + 4,096 + 2,048 + 650 + 192 = 11,082 parameters.
+  CHECK(contains(p.out, "rank 2: 86.6 KiB (state of 11,082 of 11,082 parameters)"));
+  CHECK_FALSE(contains(z.out, "of 11,082 of 11,082"));
+}
+
+TEST_CASE("dopt-train: a resumed run ends bitwise where an uninterrupted one ends (simulated, each mode)", "[train]") {
+  const std::string mode = GENERATE("zero", "ddp", "post-local-sgd");
+  INFO(mode);
+  TempDir dir("dopt-train-resume", mode);
+  const fs::path ck = dir.path / "ck", full = dir.path / "full.st", resumed = dir.path / "resumed.st";
+  // post-local SGD: the interruption falls inside warm-up (step 20 < 25), the end after it.
+  std::vector<std::string> pl;
+  if (mode == std::string("post-local-sgd")) pl = {"--plsgd-warmup", "25", "--plsgd-period", "3"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), pl.begin(), pl.end());
+    return a;
+  };
+  const Done a = train(args_of(mode, 3, 50, with({"--dump-params", full.string(), "--metrics",
+                                                  (dir.path / "full.jsonl").string()})));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const Done b = train(args_of(mode, 3, 20, with({"--checkpoint-dir", ck.string(), "--checkpoint-every", "10",
+                                                  "--metrics", (dir.path / "part.jsonl").string()})));
+  INFO(b.out);
+  REQUIRE(b.ok());
+  CHECK(fs::exists(ck / "step-00000010" / "checkpoint.json"));
+  CHECK(fs::exists(ck / "step-00000020" / "optim-rank2-of-3.safetensors"));
+  CHECK(fs::exists(ck / "step-00000020" / "model-rank2-of-3.safetensors"));
+  const Done c = train(args_of(mode, 3, 50, with({"--checkpoint-dir", ck.string(), "--resume", "--dump-params",
+                                                  resumed.string(), "--metrics",
+                                                  (dir.path / "part.jsonl").string()})));
+  INFO(c.out);
+  REQUIRE(c.ok());
+  CHECK(contains(c.out, "at step 20"));
+  REQUIRE(fs::exists(resumed));
+  CHECK(slurp(full.string()) == slurp(resumed.string()));  // every rank's parameters, bitwise
+  CHECK(losses(dir.path / "full.jsonl") == losses(dir.path / "part.jsonl"));  // every step's loss
+}
+
+TEST_CASE("dopt-train: --resume-from an earlier checkpoint also continues exactly", "[train]") {
+  TempDir dir("dopt-train-resume-from", "zero5");
+  const fs::path ck = dir.path / "ck";
+  const Done a = train(args_of("zero", 5, 30, {"--checkpoint-dir", ck.string(), "--checkpoint-every", "10",
+                                               "--dump-params", (dir.path / "a.st").string()}));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const Done b = train(args_of("zero", 5, 30, {"--resume-from", (ck / "step-00000010").string(), "--dump-params",
+                                               (dir.path / "b.st").string()}));
+  INFO(b.out);
+  REQUIRE(b.ok());
+  CHECK(slurp((dir.path / "a.st").string()) == slurp((dir.path / "b.st").string()));
+}
+
+TEST_CASE("dopt-train: bad flags exit 2 with CLI11's message", "[train]") {
+  const std::vector<std::vector<std::string>> bad = {{"--optim", "adam"},  {"--inner", "lbfgs"},
+                                                     {"--ranks", "0"},     {"--steps", "many"},
+                                                     {"--no-such-flag"},   {"--resume"},
+                                                     {"--checkpoint-every", "5"},
+                                                     {"--plsgd-period", "2"},
+                                                     {"--batch", "100000"}};
+  for (const auto& args : bad) {
+    const Done d = train(args);
+    INFO(args.front() << ": " << d.out);
+    CHECK(WIFEXITED(d.status));
+    CHECK(WEXITSTATUS(d.status) == 2);
+    CHECK(contains(d.out, args.front() == "--no-such-flag" ? "no-such-flag" : args.front()));
+  }
+  const Done h = train({"--help"});
+  CHECK(h.ok());
+  CHECK(contains(h.out, "--checkpoint-every"));
+}
+
+TEST_CASE("dopt-train: --optim remote says it is not available in this build", "[train]") {
+  const Done d = train({"--optim", "remote"});
+  INFO(d.out);
+  CHECK(d.failed());
+  CHECK(contains(d.out, "dopt-train: error: --optim remote"));
+  CHECK(contains(d.out, "not available in this build"));
+}
+
+TEST_CASE("dopt-train: wrong and corrupt checkpoints give one clear error and exit 1", "[train]") {
+  TempDir dir("dopt-train-bad", "ck");
+  const fs::path ck = dir.path / "ck", step = ck / "step-00000004";
+  const Done a = train(args_of("zero", 3, 4, {"--checkpoint-dir", ck.string()}));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  REQUIRE(fs::exists(step / "checkpoint.json"));
+  auto resume = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = args_of("zero", 3, 8, {"--resume-from", step.string()});
+    a.insert(a.end(), more.begin(), more.end());
+    return train(a);
+  };
+  SECTION("another mode, another rank count, another seed") {
+    Done d = train(args_of("ddp", 3, 8, {"--resume-from", step.string()}));
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "different run (--optim: checkpoint \"zero\", this run \"ddp\")"));
+    d = train(args_of("zero", 2, 8, {"--resume-from", step.string()}));
+    CHECK(d.failed());
+    CHECK(contains(d.out, "--ranks: checkpoint 3, this run 2"));
+    d = resume({"--seed", "7"});
+    CHECK(d.failed());
+    CHECK(contains(d.out, "--seed: checkpoint 0, this run 7"));
+  }
+  SECTION("a truncated optimizer shard names the file") {
+    const fs::path f = step / "optim-rank1-of-3.safetensors";
+    fs::resize_file(f, fs::file_size(f) / 2);
+    const Done d = resume({});
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "dopt-train: error: "));
+    CHECK(contains(d.out, "optim-rank1-of-3.safetensors"));
+  }
+  SECTION("a garbled model file names the file") {
+    std::ofstream(step / "model-rank2-of-3.safetensors", std::ios::trunc) << "not a safetensors file";
+    const Done d = resume({});
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "model-rank2-of-3.safetensors"));
+  }
+  SECTION("a corrupt or missing checkpoint.json") {
+    std::ofstream(step / "checkpoint.json", std::ios::trunc) << "{\"format\": ";
+    Done d = resume({});
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "checkpoint.json is corrupt"));
+    fs::remove(step / "checkpoint.json");
+    d = resume({});
+    CHECK(d.failed());
+    CHECK(contains(d.out, "not a complete dopt-train checkpoint"));
+    d = train(args_of("zero", 3, 8, {"--checkpoint-dir", (dir.path / "empty").string(), "--resume"}));
+    CHECK(d.failed());
+    CHECK(contains(d.out, "no complete checkpoint in"));
+  }
+}
+
+TEST_CASE("dopt-train multiprocess: under dopt-run the loss falls and processes train exactly like simulated ranks",
+          "[train][multiprocess]") {
+  const std::string mode = GENERATE("zero", "ddp", "post-local-sgd");
+  INFO(mode);
+  TempDir dir("dopt-train-mp", mode);
+  const Done p = train_under_dopt_run(3, args_of(mode, 3, 120, {"--metrics", (dir.path / "m.jsonl").string(),
+                                                                "--dump-params", (dir.path / "p.st").string()}));
+  INFO(p.out);
+  REQUIRE(p.ok());
+  CHECK(contains(p.out, "[rank 0] dopt-train: MLP"));
+  CHECK(contains(p.out, "3 processes"));
+  require_loss_falls(dir.path / "m.jsonl", 120);
+  const Done s = train(args_of(mode, 3, 120, {"--metrics", (dir.path / "s.jsonl").string(), "--dump-params",
+                                              (dir.path / "s.st").string()}));
+  INFO(s.out);
+  REQUIRE(s.ok());
+  CHECK(slurp((dir.path / "p.st").string()) == slurp((dir.path / "s.st").string()));
+  CHECK(losses(dir.path / "m.jsonl") == losses(dir.path / "s.jsonl"));
+}
+
+TEST_CASE("dopt-train multiprocess: a run resumed under dopt-run ends bitwise where an uninterrupted run ends",
+          "[train][multiprocess]") {
+  const std::string mode = GENERATE("zero", "ddp", "post-local-sgd");
+  INFO(mode);
+  TempDir dir("dopt-train-mp-resume", mode);
+  const fs::path ck = dir.path / "ck";
+  const Done a = train_under_dopt_run(3, args_of(mode, 3, 40, {"--dump-params", (dir.path / "full.st").string()}));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const Done b = train_under_dopt_run(3, args_of(mode, 3, 25, {"--checkpoint-dir", ck.string(), "--checkpoint-every", "10"}));
+  INFO(b.out);
+  REQUIRE(b.ok());
+  CHECK(fs::exists(ck / "step-00000020" / "checkpoint.json"));
+  CHECK(fs::exists(ck / "step-00000025" / "checkpoint.json"));  // the one at the end
+  const Done c = train_under_dopt_run(3, args_of(mode, 3, 40, {"--checkpoint-dir", ck.string(), "--resume",
+                                                               "--dump-params", (dir.path / "resumed.st").string()}));
+  INFO(c.out);
+  REQUIRE(c.ok());
+  CHECK(contains(c.out, "at step 25"));
+  CHECK(slurp((dir.path / "full.st").string()) == slurp((dir.path / "resumed.st").string()));
+}
