@@ -2,6 +2,8 @@
 
 #include <unordered_set>
 
+#include "dopt/optim/device_step.hpp"
+
 namespace dopt::optim {
 
 FunctionalOptimizer::FunctionalOptimizer(std::string optimizer_name, std::vector<Tensor> params,
@@ -50,10 +52,23 @@ void FunctionalOptimizer::step(const std::vector<Tensor>& grads) {
                              std::to_string(grads.size()));
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (grads[i].defined()) check_param_grad(params_[i], grads[i], op);
+  // Parameters on a device with a registered stepper (gpu/) go to it in one batch.
+  std::vector<Tensor> dev_params, dev_grads;
+  std::vector<ParamState*> dev_states;
+  detail::DeviceStepper* stepper = nullptr;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;  // None: no state, no update
+    detail::DeviceStepper* s = params_[i].device().is_cpu() ? nullptr : detail::device_stepper_for(params_[i]);
+    if (s && (!stepper || s == stepper)) {
+      stepper = s;
+      dev_params.push_back(params_[i]);
+      dev_grads.push_back(grads[i]);
+      dev_states.push_back(&state_for(params_[i]));
+      continue;
+    }
     update_param(*options_, params_[i], grads[i], state_for(params_[i]));
   }
+  if (stepper) stepper->step(*options_, dev_params, dev_grads, dev_states);
 }
 
 void FunctionalOptimizer::step_param(const Tensor& param, const Tensor& grad) {
@@ -65,6 +80,10 @@ void FunctionalOptimizer::step_param(const Tensor& param, const Tensor& grad) {
     bool known = false;
     for (const Tensor& p : params_) known = known || p.is_same(param);
     if (!known) extra_params_.push_back(param);
+  }
+  if (detail::DeviceStepper* s = param.device().is_cpu() ? nullptr : detail::device_stepper_for(param)) {
+    s->step(*options_, {param}, {grad}, {&state_for(param)});
+    return;
   }
   update_param(*options_, param, grad, state_for(param));
 }

@@ -3,6 +3,7 @@
 #include <typeinfo>
 #include <unordered_set>
 
+#include "dopt/optim/device_step.hpp"
 #include "dopt/runtime/parallel.hpp"
 
 namespace dopt::optim {
@@ -86,8 +87,31 @@ std::optional<double> Optimizer::step(const LossClosure& closure) {
       items.push_back(Item{g.options.get(), p, std::move(grad), &st});
     }
   }
-  parallel_for(static_cast<std::int64_t>(items.size()), num_threads_, [&](std::int64_t i) {
-    const Item& it = items[static_cast<std::size_t>(i)];
+  // Parameters on a device with a registered stepper (gpu/: fused CUDA
+  // kernels) go to it, one batch per group; the rest take the CPU kernels.
+  struct Batch {
+    const OptimizerOptions* options;
+    detail::DeviceStepper* stepper;
+    std::vector<Tensor> params, grads;
+    std::vector<ParamState*> states;
+  };
+  std::vector<Batch> batches;
+  std::vector<Item> host;
+  for (auto& it : items) {
+    detail::DeviceStepper* s = it.param.device().is_cpu() ? nullptr : detail::device_stepper_for(it.param);
+    if (!s) {
+      host.push_back(std::move(it));
+      continue;
+    }
+    if (batches.empty() || batches.back().options != it.options || batches.back().stepper != s)
+      batches.push_back(Batch{it.options, s, {}, {}, {}});
+    batches.back().params.push_back(it.param);
+    batches.back().grads.push_back(it.grad);
+    batches.back().states.push_back(it.state);
+  }
+  for (const Batch& b : batches) b.stepper->step(*b.options, b.params, b.grads, b.states);
+  parallel_for(static_cast<std::int64_t>(host.size()), num_threads_, [&](std::int64_t i) {
+    const Item& it = host[static_cast<std::size_t>(i)];
     update(*it.options, it.param, it.grad, *it.state);
   });
   return loss;
