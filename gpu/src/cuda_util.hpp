@@ -65,4 +65,9 @@ struct Watch {
 /// Hands a watch to the completion thread (started on first use). Never blocks.
 void watch(Watch w);
 
+/// Holds `tensors` until the work enqueued on `stream` so far has finished, so
+/// that the caching allocator cannot hand their memory to anyone else while a
+/// kernel or copy still uses it (a handle dropped early by the caller is safe).
+void keep_until_done(Stream& stream, std::vector<Tensor> tensors, const char* op);
+
 }  // namespace dopt::gpu::detail

@@ -8,7 +8,8 @@
 
 namespace dopt::gpu {
 namespace detail {
-void register_nccl_backend();  // nccl.cpp
+void register_nccl_backend();   // nccl.cpp
+void register_fused_stepper();  // fused.cpp
 }
 
 namespace {
@@ -81,6 +82,7 @@ bool init() {
   std::call_once(once, [] {
     register_allocator(DeviceType::CUDA, &allocator());
     detail::register_nccl_backend();
+    detail::register_fused_stepper();
   });
   return device_count() > 0;
 }

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cuda_util.hpp"
+#include "dopt/optim/device_step.hpp"
 #include "dopt/optim/adadelta.hpp"
 #include "dopt/optim/adagrad.hpp"
 #include "dopt/optim/adam.hpp"
@@ -94,6 +95,15 @@ class Stepper {
           .push_back(&it);
     detail::DeviceGuard dg(stream.device());
     for (auto& [key, list] : buckets) launch(list, scalars(std::get<3>(key), std::get<4>(key)), stream);
+    // The kernels' tensors stay allocated until the kernels are done.
+    std::vector<Tensor> keep;
+    for (const Item& it : items) {
+      keep.push_back(it.param);
+      keep.push_back(it.grad);
+      for (const auto& [k, t] : *it.st)
+        if (t.defined() && t.device().is_cuda()) keep.push_back(t);
+    }
+    detail::keep_until_done(stream, std::move(keep), kind_.name);
   }
 
  private:
@@ -447,5 +457,32 @@ Future<void> fused_step_async(Optimizer& opt, Stream& stream, const FusedOptions
   fused_step(opt, stream, fused);
   return stream.completion();
 }
+
+namespace detail {
+namespace {
+
+// What Optimizer::step / FunctionalOptimizer::step use for CUDA parameters
+// (dopt/optim/device_step.hpp): the fused kernels on the calling thread's
+// current stream, then a wait for them, so step() keeps its synchronous
+// contract. Asynchronous stepping is fused_step / fused_step_async.
+class FusedStepper final : public optim::detail::DeviceStepper {
+ public:
+  void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+            const std::vector<ParamState*>& states) override {
+    if (params.empty()) return;
+    Stream& stream = current_stream(params.front().device().index);
+    fused_step(options, params, grads, states, stream);
+    stream.completion().get();
+  }
+};
+
+}  // namespace
+
+void register_fused_stepper() {
+  static FusedStepper* stepper = new FusedStepper();  // lives until exit
+  optim::detail::register_device_stepper(DeviceType::CUDA, stepper);
+}
+
+}  // namespace detail
 
 }  // namespace dopt::gpu

@@ -317,7 +317,7 @@ TEST_CASE("fused_step rejects what the CPU path rejects, before changing anythin
   stream.synchronize();
 }
 
-TEST_CASE("fused_step(Optimizer&) steps every param group like Optimizer::step", "[gpu][fused]") {
+TEST_CASE("fused_step(Optimizer&) and Optimizer::step on CUDA parameters match the CPU Optimizer::step", "[gpu][fused]") {
   DOPT_REQUIRE_CUDA();
   std::mt19937 rng(5);
   std::vector<Tensor> cpu_p, gpu_p;
@@ -332,24 +332,33 @@ TEST_CASE("fused_step(Optimizer&) steps every param group like Optimizer::step",
     gs.emplace_back(std::vector<Tensor>{ps[2]}, optim::AdamOptions(0.1).amsgrad(true));
     return gs;
   };
+  std::vector<Tensor> hook_p;  // stepped through Optimizer::step (the device-stepper hook)
+  for (const Tensor& p : gpu_p) hook_p.push_back(p.clone());
   optim::Adam cpu_opt(groups(cpu_p), optim::AdamOptions(1e-2).weight_decay(0.01));
   optim::Adam gpu_opt(groups(gpu_p), optim::AdamOptions(1e-2).weight_decay(0.01));
+  optim::Adam hook_opt(groups(hook_p), optim::AdamOptions(1e-2).weight_decay(0.01));
   gpu::Stream& stream = gpu::rank_stream(0, 0);
   for (int s = 0; s < 3; ++s) {
     for (std::size_t i = 0; i < cpu_p.size(); ++i) {
       if (s == 1 && i == 1) {  // no gradient: skipped, no state change
         cpu_p[i].set_grad(Tensor());
         gpu_p[i].set_grad(Tensor());
+        hook_p[i].set_grad(Tensor());
         continue;
       }
       Tensor g = random_tensor(rng, cpu_p[i].numel(), DType::float32);
       cpu_p[i].set_grad(g);
       gpu_p[i].set_grad(g.to(Device::cuda(0)));
+      hook_p[i].set_grad(g.to(Device::cuda(0)));
     }
     cpu_opt.step();
     gpu::fused_step_async(gpu_opt, stream).get();
+    hook_opt.step();  // returns once the kernels are done
   }
-  for (std::size_t i = 0; i < cpu_p.size(); ++i) CHECK(same_values(gpu_p[i], cpu_p[i]));
+  for (std::size_t i = 0; i < cpu_p.size(); ++i) {
+    CHECK(same_values(gpu_p[i], cpu_p[i]));
+    CHECK(same_values(hook_p[i], cpu_p[i]));
+  }
   CHECK(gpu_opt.state_dict().state.size() == cpu_opt.state_dict().state.size());
 }
 

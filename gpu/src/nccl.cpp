@@ -129,7 +129,7 @@ struct NcclProcessGroup::Impl {
                                    std::to_string(timeout().count()) + " ms); the communicator was aborted",
                            grank);
       }
-      std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::microseconds(10));
       if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
     }
     if (r != ncclSuccess) {

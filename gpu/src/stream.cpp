@@ -136,6 +136,15 @@ void watch(Watch w) {
   c->add(std::move(w));
 }
 
+void keep_until_done(Stream& stream, std::vector<Tensor> tensors, const char* op) {
+  if (tensors.empty()) return;
+  Watch w;
+  w.event = stream.record();
+  w.op = op;
+  w.keep = std::move(tensors);
+  watch(std::move(w));
+}
+
 }  // namespace detail
 
 // --- Event ------------------------------------------------------------------------------
@@ -212,6 +221,7 @@ void Stream::copy_async(const Tensor& dst, const Tensor& src) {
   if (dst.nbytes() == 0) return;
   detail::check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDefault, impl_->stream),
                 "cudaMemcpyAsync");
+  detail::keep_until_done(*this, {dst, src}, op);
 }
 
 void Stream::zero_async(const Tensor& tensor) {
@@ -221,6 +231,7 @@ void Stream::zero_async(const Tensor& tensor) {
                                                std::to_string(impl_->device));
   if (tensor.nbytes() == 0) return;
   detail::check(cudaMemsetAsync(tensor.data_ptr(), 0, tensor.nbytes(), impl_->stream), "cudaMemsetAsync");
+  detail::keep_until_done(*this, {tensor}, "Stream.zero_async");
 }
 
 // --- stream registries -----------------------------------------------------------------

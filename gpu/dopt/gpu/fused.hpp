@@ -27,9 +27,10 @@
 // Streams: the kernels are enqueued on `stream` (normally the calling actor's,
 // see dopt/gpu/stream.hpp); the call returns without waiting. Parameters,
 // gradients and state must be ready on that stream (produced on it, or after
-// stream.wait(event)), and stay alive and untouched by other streams until
-// stream.completion() is ready. Step counters (CPU scalars) are updated on
-// the host before the call returns.
+// stream.wait(event)), and must not be read or written elsewhere until
+// stream.completion() is ready (their handles are held until the kernels are
+// done, so dropping them early is safe). Step counters (CPU scalars) are
+// updated on the host before the call returns.
 //
 // Errors (before anything is enqueued or any state changes): DeviceError for
 // a parameter, gradient or state that is not on the stream's CUDA device;

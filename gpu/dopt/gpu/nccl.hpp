@@ -20,8 +20,10 @@
 //  * Work is enqueued on the calling rank's stream, rank_stream(global rank,
 //    device) (dopt/gpu/stream.hpp); the call returns at once and the future
 //    is filled by the gpu completion thread when the collective has finished
-//    on the device. Tensors must be ready on that stream and stay alive and
-//    untouched until the future is ready. Nothing blocks an actor thread.
+//    on the device. Tensors must be ready on that stream and untouched
+//    elsewhere until the future is ready (their handles are held until then).
+//    Nothing blocks an actor thread; the calling thread may wait briefly
+//    while NCCL enqueues (nonblocking mode), bounded by the timeout.
 //  * The communicator runs in NCCL's nonblocking mode. Each wait is bounded by
 //    the CPU group's timeout(): when it passes, or NCCL reports an
 //    asynchronous error, the communicator is aborted (ncclCommAbort), the

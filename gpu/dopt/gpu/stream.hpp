@@ -19,9 +19,16 @@
 //    is enqueued on the device (cudaStreamWaitEvent): the host never blocks,
 //    and the consumer's later kernels start only after the producer's work
 //    recorded before the event has finished.
-//  * A Tensor handed to GPU work on a stream must stay alive (hold a handle)
-//    until that work's completion future is ready; the caching allocator
-//    reuses freed blocks at once, on any stream.
+//  * The GPU operations of dopt/gpu (copy_async, zero_async, fused_step, NCCL
+//    collectives) hold handles to their tensors until the stream has passed
+//    them, so dropping a handle early never lets the caching allocator hand
+//    the memory to someone else while a kernel still uses it. What they do
+//    not do is order other access: do not read (to(), copy_(), at()) or write
+//    a tensor that queued work writes until that work's completion future is
+//    ready (or another stream waits on an event recorded after it).
+//  * Tensor-level copies and fills (Tensor::to, copy_, zeros on a CUDA
+//    device) are synchronous and complete when they return, so work enqueued
+//    afterwards on any stream sees their results.
 //
 // This header has no CUDA types: streams and events are opaque handles.
 #include <chrono>
@@ -82,8 +89,8 @@ class Stream {
 
   /// dst <- src, enqueued on this stream (same dtype and numel; either side may be
   /// CPU). Host memory that is not pinned makes CUDA stage the copy, so the call
-  /// can return before or after the transfer; src/dst must stay alive and
-  /// untouched until completion().
+  /// can return before or after the transfer; do not touch src/dst until
+  /// completion() (the handles are held until then).
   void copy_async(const Tensor& dst, const Tensor& src);
   /// tensor <- 0, enqueued on this stream.
   void zero_async(const Tensor& tensor);
