@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <set>
 #include <string>
@@ -451,4 +453,69 @@ TEST_CASE("ZeRO overlap: errors and the contract's checks", "[zero][overlap]") {
       },
       short_timeout());
   require_clean(log, 12);
+}
+
+TEST_CASE("ZeRO overlap: state dicts and sharded checkpoints cross between overlap and none, at other world sizes",
+          "[zero][overlap]") {
+  Model m;
+  const OptCase opt = all_optimizers()[1];  // Adam
+  const auto ropts = ReducerOptions().first_bucket_cap(24).bucket_cap(64);
+  char tmpl[] = "/tmp/dopt-zero-overlap-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  // Saved by an overlapped ZeRO at 3 ranks after 3 iterations.
+  StateDict saved;
+  simulate(
+      3,
+      [&](RankContext& ctx) {
+        auto ps = make_params(m);
+        ZeroRedundancyOptimizer z(make_groups(m, ps, opt.spec, opt.group1), opt.spec,
+                                  ZeroOptions{ctx.world(), false, true});
+        Reducer red(ps, ctx.world(), ropts);
+        red.register_comm_hook(hook_with_zero_step(allreduce_hook(ctx.world()), red, z));
+        for (int t = 0; t < 3; ++t) {
+          for (std::size_t k = m.n(); k-- > 0;) {
+            ps[k].set_grad(grad_value(m, t, ctx.rank(), k));
+            red.mark_ready(ps[k]);
+          }
+          red.finalize();
+        }
+        z.save_sharded(dir);
+        z.consolidate_state_dict(0);
+        if (ctx.rank() == 0) saved = z.state_dict();
+      },
+      short_timeout());
+  REQUIRE(saved.state.size() == m.n());
+  // Loaded at 2 ranks without overlap, at 5 ranks with overlap (sharded), and
+  // through load_state_dict at 2 ranks with overlap: the same global state.
+  struct Load {
+    int world;
+    bool overlap;
+    bool sharded;
+  };
+  for (const Load& l : {Load{2, false, true}, Load{5, true, true}, Load{2, true, false}}) {
+    INFO("W=" << l.world << (l.overlap ? " overlap" : "") << (l.sharded ? " load_sharded" : " load_state_dict"));
+    StateDict got;
+    std::int64_t steps = -1;
+    simulate(
+        l.world,
+        [&](RankContext& ctx) {
+          auto ps = make_params(m);
+          ZeroRedundancyOptimizer z(make_groups(m, ps, opt.spec, opt.group1), opt.spec,
+                                    ZeroOptions{ctx.world(), false, l.overlap});
+          Reducer red(ps, ctx.world(), ropts);
+          if (l.overlap) red.register_comm_hook(hook_with_zero_step(allreduce_hook(ctx.world()), red, z));
+          if (l.sharded) z.load_sharded(dir);
+          else z.load_state_dict(saved);
+          z.consolidate_state_dict(0);
+          if (ctx.rank() == 0) {
+            got = z.state_dict();
+            steps = z.step_count();
+          }
+        },
+        short_timeout());
+    CHECK(state_mismatch(got, saved).empty());
+    if (l.sharded) CHECK(steps == 3);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
