@@ -206,6 +206,18 @@ class Stepper {
       if (!st.count(key) || !st.at(key).defined())
         throw StateError(kind_.name, std::string("parameter state has no '") + key + "' entry");
     }
+    // One kernel instance per (param dtype, state dtype): the used state tensors share a dtype.
+    const Tensor* first = nullptr;
+    for (int s = 0; s < 3; ++s) {
+      if (!slot_used(s)) continue;
+      auto f = st.find(kind_.state_keys[static_cast<std::size_t>(s)]);
+      if (f == st.end() || !f->second.defined()) continue;
+      if (first && f->second.dtype() != first->dtype())
+        throw StateError(kind_.name, std::string("state '") + f->first + "' is " +
+                                         std::string(dtype_name(f->second.dtype())) + ", the other state " +
+                                         std::string(dtype_name(first->dtype())) + "; they must share a dtype");
+      if (!first) first = &f->second;
+    }
   }
 
   DType new_state_dtype(const Tensor& p) const {
