@@ -80,6 +80,16 @@ TEST_CASE("dopt-train: the loss falls in each mode with simulated ranks (3, and 
   CHECK(contains(svg, "</svg>"));
 }
 
+TEST_CASE("dopt-train: every --inner optimizer trains under ZeRO (3 simulated ranks)", "[train]") {
+  const std::string inner = GENERATE("adam", "adamw", "sgd", "adagrad", "rmsprop", "adamax", "adadelta", "rprop");
+  INFO(inner);
+  TempDir dir("dopt-train-inner", inner);
+  const Done d = train(args_of("zero", 3, 300, {"--inner", inner, "--quiet", "--metrics", (dir.path / "m.jsonl").string()}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_loss_falls(dir.path / "m.jsonl", 300);
+}
+
 TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on every rank", "[train]") {
   const Done z = train(args_of("zero", 3, 2, {}));
   const Done p = train(args_of("ddp", 3, 2, {}));
