@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "Train until this many steps are done")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--lr", o.lr, "Learning rate (default: one that suits --inner)")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "Samples per rank per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--hidden", o.hidden, "Units of each of the two hidden layers")
+  app.add_option("--hidden", o.hidden, "Units of each hidden layer")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--layers", o.layers, "Hidden layers")->check(CLI::Range(1, 64))->capture_default_str();
