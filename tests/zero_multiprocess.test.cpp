@@ -115,3 +115,11 @@ TEST_CASE("zero multiprocess: overlap_with_ddp under Join, the joined rank owns 
   INFO(n << " processes");
   through_dopt_run(n, {"overlap-join"}, kOverlapJoinChecks);
 }
+
+TEST_CASE("zero multiprocess: overlap_with_ddp over the TCP data plane (DOPT_TRANSPORT=tcp), 3 processes, with Join",
+          "[zero][overlap][multiprocess]") {
+  auto env = kEnv;
+  env["DOPT_TRANSPORT"] = "tcp";
+  require_ok_through_dopt_run(kDoptRun, kPeer, 3, {"overlap"}, env, kParityChecks);
+  require_ok_through_dopt_run(kDoptRun, kPeer, 3, {"overlap-join"}, env, kOverlapJoinChecks);
+}
