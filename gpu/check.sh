@@ -90,7 +90,7 @@ else
 fi
 
 say "all unit tests (ctest -L unit)"
-(cd "$BUILD" && limited 150 ctest -L unit -j"$JOBS" --timeout 120 >"$RESULTS/ctest_unit.log" 2>&1)
+(cd "$BUILD" && limited 150 ctest -L unit -j"$(( JOBS > 8 ? 8 : JOBS ))" --timeout 120 >"$RESULTS/ctest_unit.log" 2>&1)
 rc=$?
 line="$(grep -E "tests passed" "$RESULTS/ctest_unit.log" | tail -1)"
 nskip=$(grep -c "(Skipped)" "$RESULTS/ctest_unit.log" || true)
