@@ -56,6 +56,12 @@
 //     So when finalize() returns the parameters hold the new values on every
 //     rank, p.grad() holds the averaged gradients (as without overlap), and
 //     step() has nothing left to wait for.
+// Why a thread of its own and not Future::then: a then() callback runs on the
+// thread that fills the future (a CAF worker of the runtime) and must stay
+// short and never block (future.hpp), while a bucket's step is milliseconds
+// of memory-bound work, and broadcasts issued from such callbacks would be
+// issued in completion order, which differs between ranks. So nothing blocks
+// the rank thread (it only hands futures over), and the worker waits on them.
 // The parameters of each bucket are views into one flat buffer per bucket
 // (Tensor::set_data; grads are kept): one broadcast per bucket.
 //
