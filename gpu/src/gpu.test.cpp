@@ -73,11 +73,13 @@ Tensor random_tensor(std::mt19937& rng, std::int64_t n, DType dt, double zero_fr
   return Tensor::from_vector(v).to(dt);
 }
 
-// Sizes: one element, a few under and over a chunk (65536), and 30 small ones
-// so that a step needs more than one launch (24 tensors per launch).
+// Sizes: one element, a few under and over a chunk (32768) and two chunks,
+// and 60 small ones so that a step needs more than one launch (48 tensors
+// per launch). Splitting a tensor's chunks across launches (over 1280
+// chunks) is covered by the host-side plan tests.
 std::vector<std::int64_t> test_sizes() {
-  std::vector<std::int64_t> s{1, 1000, 65535, 65536, 65537, 3 * 65536 + 11};
-  for (int i = 0; i < 30; ++i) s.push_back(17 + i);
+  std::vector<std::int64_t> s{1, 1000, 32767, 32768, 32769, 65536, 65537, 3 * 65536 + 11};
+  for (int i = 0; i < 60; ++i) s.push_back(17 + i);
   return s;
 }
 

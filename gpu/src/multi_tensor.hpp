@@ -3,7 +3,11 @@
 // kernel launch: the tensors are cut into chunks of kChunk elements, each
 // thread block does one chunk, and the launch's metadata (the tensors'
 // pointers and sizes, and which block does which chunk of which tensor) is a
-// kernel argument (TensorListMeta, under the 4 KiB argument limit).
+// kernel argument (TensorListMeta, about 9 KiB: CUDA 12.1+ takes up to
+// 32 764 bytes of kernel arguments on every architecture CUDA 13 supports).
+// A launch holds up to 1280 blocks, more than an H100/H200 keeps resident
+// (132 SMs x 4 blocks of 512 threads), so a large step is a few launches that
+// each fill the device.
 //
 // plan_multi_tensor() is the host-side plan (no CUDA here, so it is tested
 // on every machine): it walks the tensors in order and starts a new launch
@@ -17,9 +21,9 @@
 namespace dopt::gpu::detail {
 
 constexpr int kMaxDepth = 6;      // pointers per tensor: param, grad, up to 3 states, fp32 master
-constexpr int kMaxTensors = 24;   // tensors per launch
-constexpr int kMaxBlocks = 320;   // blocks (chunks) per launch
-constexpr std::int64_t kChunk = 65536;  // elements per block
+constexpr int kMaxTensors = 48;   // tensors per launch
+constexpr int kMaxBlocks = 1280;  // blocks (chunks) per launch
+constexpr std::int64_t kChunk = 32768;  // elements per block
 constexpr int kThreads = 512;     // threads per block
 
 struct TensorListMeta {
@@ -28,7 +32,7 @@ struct TensorListMeta {
   int block_chunk[kMaxBlocks];
   unsigned char block_tensor[kMaxBlocks];
 };
-static_assert(sizeof(TensorListMeta) + 256 <= 4096, "kernel arguments must stay under 4 KiB");
+static_assert(sizeof(TensorListMeta) + 256 <= 32764, "kernel arguments must stay under CUDA's 32 764-byte limit");
 
 struct LaunchPlan {
   /// Indices into the caller's tensor list, in launch-slot order.

@@ -2,7 +2,7 @@
 // Fused multi-tensor optimizer steps on CUDA parameters.
 //
 // One call updates many parameters with few kernel launches (multi-tensor
-// apply: up to 24 tensors and 320 chunks of 64 Ki elements per launch), one
+// apply: up to 48 tensors and 1280 chunks of 32 Ki elements per launch), one
 // pass over memory: each element of param, grad and state is read once and
 // written once. All eight optimizers: SGD (momentum, dampening, nesterov,
 // weight decay, maximize), Adam and AdamW (amsgrad), Adagrad, RMSprop
