@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -65,6 +66,15 @@ bool same_values(const Tensor& got, const Tensor& want) {
   return true;
 }
 
+// Fresh random inputs on every run; DOPT_TEST_SEED=<n> repeats a run (the seed is in every failure message).
+std::uint32_t base_seed() {
+  static const std::uint32_t seed = [] {
+    if (const char* e = std::getenv("DOPT_TEST_SEED")) return static_cast<std::uint32_t>(std::strtoul(e, nullptr, 10));
+    return static_cast<std::uint32_t>(std::random_device{}());
+  }();
+  return seed;
+}
+
 Tensor random_tensor(std::mt19937& rng, std::int64_t n, DType dt, double zero_fraction = 0.0) {
   std::normal_distribution<double> nd(0.0, 1.0);
   std::uniform_real_distribution<double> u(0.0, 1.0);
@@ -112,8 +122,9 @@ const std::vector<optim::OptimizerSpec>& specs() {
 // kernels) from the same random values, then compares parameters and every
 // state tensor. `nan_at` puts NaN into the gradients of the first tensor.
 void compare_with_cpu(const optim::OptimizerSpec& spec, DType dt, int steps, std::uint32_t seed, bool with_nan) {
-  INFO(spec.to_json() << " " << dtype_name(dt) << (with_nan ? " with NaN gradients" : ""));
-  std::mt19937 rng(seed);
+  INFO(spec.to_json() << " " << dtype_name(dt) << (with_nan ? " with NaN gradients" : "") << ", DOPT_TEST_SEED="
+                        << base_seed());
+  std::mt19937 rng(base_seed() + seed);
   const auto sizes = test_sizes();
   std::vector<Tensor> cpu_params, gpu_params, before;
   for (auto n : sizes) {
@@ -202,8 +213,8 @@ TEST_CASE("fused kernels on 16-bit parameters: fp32 master weights and state fol
   DOPT_REQUIRE_CUDA();
   for (DType dt : {DType::bfloat16, DType::float16}) {
     for (const auto& spec : specs()) {
-      INFO(spec.to_json() << " " << dtype_name(dt));
-      std::mt19937 rng(77);
+      INFO(spec.to_json() << " " << dtype_name(dt) << ", DOPT_TEST_SEED=" << base_seed());
+      std::mt19937 rng(base_seed() + 77);
       const auto sizes = test_sizes();
       std::vector<Tensor> ref, low;
       for (auto n : sizes) {
@@ -257,8 +268,8 @@ TEST_CASE("fused kernels on 16-bit parameters with 16-bit state: one step rounds
   DOPT_REQUIRE_CUDA();
   for (DType dt : {DType::bfloat16, DType::float16}) {
     for (const auto& spec : specs()) {
-      INFO(spec.to_json() << " " << dtype_name(dt));
-      std::mt19937 rng(99);
+      INFO(spec.to_json() << " " << dtype_name(dt) << ", DOPT_TEST_SEED=" << base_seed());
+      std::mt19937 rng(base_seed() + 99);
       std::vector<Tensor> ref, low;
       std::vector<Tensor> cg, gg;
       for (auto n : test_sizes()) {
@@ -321,7 +332,8 @@ TEST_CASE("fused_step rejects what the CPU path rejects, before changing anythin
 
 TEST_CASE("fused_step(Optimizer&) and Optimizer::step on CUDA parameters match the CPU Optimizer::step", "[gpu][fused]") {
   DOPT_REQUIRE_CUDA();
-  std::mt19937 rng(5);
+  INFO("DOPT_TEST_SEED=" << base_seed());
+  std::mt19937 rng(base_seed() + 5);
   std::vector<Tensor> cpu_p, gpu_p;
   for (std::int64_t n : {10, 70000, 3}) {
     Tensor p = random_tensor(rng, n, DType::float32);

@@ -2,6 +2,7 @@
 // caching allocator's bookkeeping (with a fake driver), NCCL error mapping.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -172,4 +173,25 @@ TEST_CASE("NCCL results map to dopt errors naming the op and the rank", "[gpu][h
     CHECK(*e.rank() == 3);
   }
   CHECK(std::string(nccl_result_name(2)) == "ncclSystemError");
+}
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/gpu/device.hpp"
+#include "dopt/gpu/nccl.hpp"
+
+TEST_CASE("without a CUDA device, NCCL groups and CUDA tensors fail with errors instead of hanging", "[gpu][host]") {
+  if (dopt::gpu::init()) {
+    SUCCEED("a device is present: the [gpu][nccl] tests cover the working path");
+    return;
+  }
+  std::atomic<int> threw{0};
+  dopt::simulate(2, [&](dopt::RankContext& ctx) {
+    try {
+      dopt::gpu::make_nccl_group(ctx.world(), 0);
+    } catch (const dopt::Error&) {
+      ++threw;
+    }
+  });
+  CHECK(threw == 2);
+  CHECK_THROWS_AS(Tensor::empty({4}, DType::float32, Device::cuda(0)), Error);
 }

@@ -285,15 +285,26 @@ std::shared_ptr<NcclProcessGroup> make_nccl_group(ProcessGroup cpu_group, int de
     throw StateError(op, "this rank is not a member of the group");
   device = resolve_device(device);
   auto impl = new_impl(cpu_group, device);
-  // The unique id: made by group rank 0, broadcast over the CPU group.
+  // The unique id: made by group rank 0, broadcast over the CPU group. The
+  // last byte says whether rank 0 got one: when it did not, every member
+  // fails here (instead of the others waiting for an id that never comes).
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
-  Tensor bytes = Tensor::zeros({static_cast<std::int64_t>(sizeof(id))}, DType::uint8);
+  Tensor bytes = Tensor::zeros({static_cast<std::int64_t>(sizeof(id)) + 1}, DType::uint8);
+  std::exception_ptr id_error;
   if (impl->rank == 0) {
-    check_nccl(ncclGetUniqueId(&id), op, impl->grank);
-    std::memcpy(bytes.data_ptr(), &id, sizeof(id));
+    try {
+      check_nccl(ncclGetUniqueId(&id), op, impl->grank);
+      std::memcpy(bytes.data_ptr(), &id, sizeof(id));
+      static_cast<unsigned char*>(bytes.data_ptr())[sizeof(id)] = 1;
+    } catch (...) {
+      id_error = std::current_exception();
+    }
   }
   cpu_group.broadcast(bytes, 0);
+  if (id_error) std::rethrow_exception(id_error);
+  if (static_cast<unsigned char*>(bytes.data_ptr())[sizeof(id)] != 1)
+    throw StateError(op, "group rank 0 could not make an NCCL unique id", impl->grank);
   std::memcpy(&id, bytes.data_ptr(), sizeof(id));
   {
     std::lock_guard<std::mutex> g(impl->mutex);
