@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "completion.hpp"
 #include "dopt/actors/future.hpp"
 #include "dopt/gpu/stream.hpp"
 #include "dopt/runtime/error.hpp"
@@ -43,27 +44,6 @@ class DeviceGuard {
 };
 
 cudaStream_t native(Stream& s);
-
-/// What the completion thread watches: `event` done -> promise filled.
-struct Watch {
-  Event event;
-  Promise<void> promise;
-  /// steady_clock deadline; time_point::max() for none.
-  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  /// Polled while the event is not done; a non-null result fails the promise
-  /// (the NCCL backend reports an asynchronous communicator error here).
-  std::function<std::exception_ptr()> poll_error;
-  /// Called when the deadline passes first; returns the error to fail with
-  /// (the NCCL backend aborts the communicator here).
-  std::function<std::exception_ptr()> on_timeout;
-  /// Name of the operation for error messages.
-  std::string op;
-  /// Tensors the work uses (temporaries), released once the watch is decided.
-  std::vector<Tensor> keep;
-};
-
-/// Hands a watch to the completion thread (started on first use). Never blocks.
-void watch(Watch w);
 
 /// Holds `tensors` until the work enqueued on `stream` so far has finished, so
 /// that the caching allocator cannot hand their memory to anyone else while a

@@ -195,3 +195,109 @@ TEST_CASE("without a CUDA device, NCCL groups and CUDA tensors fail with errors 
   CHECK(threw == 2);
   CHECK_THROWS_AS(Tensor::empty({4}, DType::float32, Device::cuda(0)), Error);
 }
+
+#include <thread>
+
+#include "completion.hpp"
+
+TEST_CASE("completion thread: done, failed, async error, deadline; continuations may watch again", "[gpu][host]") {
+  using dopt::gpu::detail::Probe;
+  using dopt::gpu::detail::Watch;
+  using dopt::gpu::detail::watch;
+  SECTION("pending until the probe says done; then() runs; kept tensors are released afterwards") {
+    std::atomic<bool> done{false};
+    Tensor t = Tensor::zeros({16});
+    std::weak_ptr<Storage> storage = t.storage();
+    Watch w;
+    w.op = "test.op";
+    w.probe = [&](std::string&) { return done ? Probe::done : Probe::pending; };
+    w.keep = {t};
+    t = Tensor();
+    Future<void> f = w.promise.get_future();
+    std::atomic<bool> ran{false};
+    Future<void> g = f.then([&](Future<void> r) {
+      r.get();
+      ran = true;
+    });
+    watch(std::move(w));
+    CHECK(!f.is_ready());  // the probe cannot say done before `done` is set
+    CHECK(!storage.expired());
+    done = true;
+    g.get();
+    CHECK(ran);
+    // Released by the completion thread right after filling: wait (bounded) for it.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!storage.expired() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    CHECK(storage.expired());
+  }
+  SECTION("a failed probe is a DeviceError naming the op and the error") {
+    Watch w;
+    w.op = "Stream.completion";
+    w.probe = [](std::string& why) {
+      why = "cudaErrorIllegalAddress: an illegal memory access was encountered";
+      return Probe::failed;
+    };
+    Future<void> f = w.promise.get_future();
+    watch(std::move(w));
+    try {
+      f.get();
+      FAIL("no error");
+    } catch (const DeviceError& e) {
+      const std::string what = e.what();
+      CHECK(what.find("Stream.completion") != std::string::npos);
+      CHECK(what.find("cudaErrorIllegalAddress") != std::string::npos);
+    }
+  }
+  SECTION("poll_error fails the watch with its error") {
+    std::atomic<int> polls{0};
+    Watch w;
+    w.op = "NcclProcessGroup.all_reduce";
+    w.probe = [](std::string&) { return Probe::pending; };
+    w.poll_error = [&]() -> std::exception_ptr {
+      if (++polls < 3) return nullptr;
+      return std::make_exception_ptr(PeerLostError("NcclProcessGroup.all_reduce", "rank 2 is gone", 0));
+    };
+    Future<void> f = w.promise.get_future();
+    watch(std::move(w));
+    CHECK_THROWS_AS(f.get(), PeerLostError);
+    CHECK(polls >= 3);
+  }
+  SECTION("a passed deadline calls on_timeout once and fails with its error; TimeoutError without one") {
+    std::atomic<int> calls{0};
+    Watch w;
+    w.op = "x";
+    w.probe = [](std::string&) { return Probe::pending; };
+    w.deadline = std::chrono::steady_clock::now() - std::chrono::milliseconds(1);
+    w.on_timeout = [&]() -> std::exception_ptr {
+      ++calls;
+      return std::make_exception_ptr(TimeoutError("x", "aborted", 1));
+    };
+    Future<void> f = w.promise.get_future();
+    watch(std::move(w));
+    CHECK_THROWS_AS(f.get(), TimeoutError);
+    CHECK(calls == 1);
+    Watch v;
+    v.op = "y";
+    v.probe = [](std::string&) { return Probe::pending; };
+    v.deadline = std::chrono::steady_clock::now();
+    Future<void> h = v.promise.get_future();
+    watch(std::move(v));
+    CHECK_THROWS_AS(h.get(), TimeoutError);
+  }
+  SECTION("a continuation that hands in another watch does not deadlock") {
+    Watch a;
+    a.probe = [](std::string&) { return Probe::done; };
+    Promise<void> second;
+    Future<void> fa = a.promise.get_future();
+    Future<void> chained = fa.then([second](Future<void>) {
+      Watch b;
+      b.probe = [](std::string&) { return Probe::done; };
+      b.promise = second;
+      watch(std::move(b));
+    });
+    watch(std::move(a));
+    chained.get();
+    second.get_future().get();
+    SUCCEED();
+  }
+}

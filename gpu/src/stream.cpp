@@ -62,6 +62,16 @@ cudaStream_t native(Stream& s) { return static_cast<cudaStream_t>(s.native()); }
 
 // --- the completion thread --------------------------------------------------------------
 
+Probe probe(Watch& w, std::string& why) {
+  if (w.probe) return w.probe(why);
+  const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(w.event.native()));
+  if (q == cudaSuccess) return Probe::done;
+  if (q == cudaErrorNotReady) return Probe::pending;
+  cudaGetLastError();
+  why = std::string(cudaGetErrorName(q)) + ": " + cudaGetErrorString(q);
+  return Probe::failed;
+}
+
 class Completions {
  public:
   void add(Watch w) {
@@ -91,16 +101,14 @@ class Completions {
       std::vector<Watch> keep;
       keep.reserve(mine.size());
       for (auto& w : mine) {
-        const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(w.event.native()));
-        if (q == cudaSuccess) {
+        std::string why;
+        const Probe q = probe(w, why);
+        if (q == Probe::done) {
           w.promise.set_value();
           continue;
         }
-        if (q != cudaErrorNotReady) {
-          cudaGetLastError();
-          w.promise.set_exception(std::make_exception_ptr(
-              DeviceError(w.op, std::string("the GPU work failed: ") + cudaGetErrorName(q) + ": " +
-                                    cudaGetErrorString(q))));
+        if (q == Probe::failed) {
+          w.promise.set_exception(std::make_exception_ptr(DeviceError(w.op, "the GPU work failed: " + why)));
           continue;
         }
         if (w.poll_error) {
