@@ -18,6 +18,7 @@
 #include "dopt/gpu/nccl.hpp"
 #include "dopt/gpu/stream.hpp"
 #include "dopt/optim/registry.hpp"
+#include "dopt/optim/zero.hpp"
 #include "test_kernels.hpp"
 
 using namespace dopt;
@@ -531,4 +532,48 @@ TEST_CASE("an NCCL collective that a peer never joins times out and aborts the c
   }, so);
   CHECK(timed_out == 1);
   CHECK(later_failed == 1);
+}
+
+TEST_CASE("ZeRO on CUDA parameters: NCCL broadcasts and fused steps give the CPU optimizer's values", "[gpu][nccl]") {
+  DOPT_REQUIRE_CUDA();
+  const int world = std::min(gpu::device_count(), 4);  // one rank per GPU
+  const std::vector<std::int64_t> sizes{70000, 5, 1000, 33000, 1};
+  INFO("DOPT_TEST_SEED=" << base_seed());
+  for (bool bucket_view : {false, true}) {
+    INFO("parameters_as_bucket_view " << bucket_view);
+    // The reference: plain Adam on the CPU with the same gradients.
+    std::mt19937 rng(base_seed() + 11);
+    std::vector<Tensor> init, ref;
+    std::vector<std::vector<Tensor>> grads(3);
+    for (auto n : sizes) init.push_back(random_tensor(rng, n, DType::float32));
+    for (auto& gs : grads)
+      for (auto n : sizes) gs.push_back(random_tensor(rng, n, DType::float32));
+    for (const Tensor& p : init) ref.push_back(p.clone());
+    optim::Adam adam(ref, optim::AdamOptions(1e-2).weight_decay(1e-2));
+    for (auto& gs : grads) {
+      for (std::size_t i = 0; i < ref.size(); ++i) ref[i].set_grad(gs[i]);
+      adam.step();
+    }
+    std::mutex m;
+    std::vector<std::string> failures;
+    simulate(world, [&](RankContext& ctx) {
+      const Device dev = Device::cuda(ctx.rank());
+      std::vector<Tensor> ps;
+      for (const Tensor& p : init) ps.push_back(p.to(dev));
+      optim::ZeroOptions zo{ctx.world()};
+      zo.parameters_as_bucket_view = bucket_view;
+      optim::ZeroRedundancyOptimizer zero(ps, optim::OptimizerSpec{"Adam", {{"lr", 1e-2}, {"weight_decay", 1e-2}}}, zo);
+      for (auto& gs : grads) {
+        for (std::size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(gs[i].to(dev));
+        zero.step();
+      }
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        if (!same_values(ps[i], ref[i])) {
+          std::lock_guard<std::mutex> l(m);
+          failures.push_back("rank " + std::to_string(ctx.rank()) + ": parameter " + std::to_string(i));
+        }
+    });
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
 }
