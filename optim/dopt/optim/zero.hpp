@@ -209,7 +209,8 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// buckets()[k][r]: the flat buffer of kind k (device, dtype) of rank r.
   const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
-  /// Bytes of the local optimizer's state on this rank.
+  /// Bytes of the local optimizer's state on this rank (with overlap: call it
+  /// between iterations; mid-iteration the state is with the worker).
   std::int64_t local_state_bytes() const;
   /// step() calls made so far (restored by load_sharded); with overlap: the
   /// overlapped iterations completed.
