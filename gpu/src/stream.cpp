@@ -192,12 +192,14 @@ Event Stream::record() {
   auto e = std::make_shared<detail::EventImpl>();
   e->device = impl_->device;
   e->event = detail::event_pool().take(impl_->device);
+  detail::DeviceGuard dg(impl_->device);
   detail::check(cudaEventRecord(e->event, impl_->stream), "cudaEventRecord");
   return Event(std::move(e));
 }
 
 void Stream::wait(const Event& event) {
   if (!event.valid()) throw ValueError("Stream.wait", "the event is invalid (default-constructed)");
+  detail::DeviceGuard dg(impl_->device);
   detail::check(cudaStreamWaitEvent(impl_->stream, static_cast<cudaEvent_t>(event.native()), 0),
                 "cudaStreamWaitEvent");
 }
@@ -227,6 +229,7 @@ void Stream::copy_async(const Tensor& dst, const Tensor& src) {
       throw DeviceError(op, "tensor on " + t->device().str() + " used on a stream of cuda:" +
                                 std::to_string(impl_->device));
   if (dst.nbytes() == 0) return;
+  detail::DeviceGuard dg(impl_->device);
   detail::check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDefault, impl_->stream),
                 "cudaMemcpyAsync");
   detail::keep_until_done(*this, {dst, src}, op);
@@ -238,6 +241,7 @@ void Stream::zero_async(const Tensor& tensor) {
     throw DeviceError("Stream.zero_async", "tensor on " + tensor.device().str() + " used on a stream of cuda:" +
                                                std::to_string(impl_->device));
   if (tensor.nbytes() == 0) return;
+  detail::DeviceGuard dg(impl_->device);
   detail::check(cudaMemsetAsync(tensor.data_ptr(), 0, tensor.nbytes(), impl_->stream), "cudaMemsetAsync");
   detail::keep_until_done(*this, {tensor}, "Stream.zero_async");
 }
