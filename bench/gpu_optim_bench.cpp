@@ -3,6 +3,7 @@
 // GPU when there are several. One JSON object per line on stdout:
 //   {"bench":"fused_step","optimizer":"Adam","params":10000000,"tensors":10,
 //    "dtype":"float32","steps":20,"ms_per_step":...,"gb_per_s":...}
+//   {"bench":"fused_step_streams","optimizer":"Adam","params":...,"streams":1|2,"ms_per_step":...}
 //   {"bench":"copy","method":"cudaMemcpyAsync D2D"|"copy kernel","bytes":...,"gb_per_s":...}
 //   {"bench":"nccl_all_reduce","ranks":2,"bytes":...,"ms":...,"algbw_gb_per_s":...,"busbw_gb_per_s":...}
 // gb_per_s of a step counts the bytes the step must move (Adam: read param,
@@ -79,6 +80,50 @@ void bench_step(const char* name, const optim::OptimizerOptions& options, std::i
       "\"steps\":%d,\"ms_per_step\":%.4f,\"gb_per_s\":%.1f}\n",
       name, static_cast<long long>(total), params.size(), steps, ms, gbps);
   std::fflush(stdout);
+}
+
+// Two actors, each with its own stream and half of the parameters, stepping
+// at the same time (their kernels may overlap on the device), against one
+// stream doing both halves: the per-actor stream contract in numbers.
+void bench_two_streams(std::int64_t total, std::int64_t per_tensor, int steps) {
+  const optim::AdamOptions options(1e-3);
+  std::vector<Tensor> params = make_params(total, per_tensor, 0.5f);
+  std::vector<Tensor> grads = make_params(total, per_tensor, 1e-3f);
+  std::vector<ParamState> states(params.size());
+  const std::size_t half = params.size() / 2;
+  auto part = [&](std::size_t b, std::size_t e, std::vector<Tensor>& ps, std::vector<Tensor>& gs,
+                  std::vector<ParamState*>& ss) {
+    for (std::size_t i = b; i < e; ++i) {
+      ps.push_back(params[i]);
+      gs.push_back(grads[i]);
+      ss.push_back(&states[i]);
+    }
+  };
+  std::vector<Tensor> pa, ga, pb, gb;
+  std::vector<ParamState*> sa, sb;
+  part(0, half, pa, ga, sa);
+  part(half, params.size(), pb, gb, sb);
+  auto a = gpu::make_stream(0), b = gpu::make_stream(0);
+  for (int mode = 0; mode < 2; ++mode) {
+    gpu::Stream& second = mode == 0 ? *a : *b;  // mode 0: one stream for both halves
+    for (int i = 0; i < 3; ++i) {
+      gpu::fused_step(options, pa, ga, sa, *a);
+      gpu::fused_step(options, pb, gb, sb, second);
+    }
+    a->synchronize();
+    second.synchronize();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) {
+      gpu::fused_step(options, pa, ga, sa, *a);
+      gpu::fused_step(options, pb, gb, sb, second);
+    }
+    a->synchronize();
+    second.synchronize();
+    std::printf("{\"bench\":\"fused_step_streams\",\"optimizer\":\"Adam\",\"params\":%lld,\"streams\":%d,"
+                "\"ms_per_step\":%.4f}\n",
+                static_cast<long long>(total), mode + 1, ms_since(t0) / steps);
+    std::fflush(stdout);
+  }
 }
 
 void bench_copy(std::int64_t bytes, int reps) {
@@ -165,6 +210,8 @@ int main(int argc, char** argv) {
     bench_step("SGD", optim::SGDOptions(1e-2).momentum(0.9), n, per_tensor, steps, 20.0);
     gpu::empty_cache();
   }
+  bench_two_streams(sizes.front(), per_tensor, steps);
+  gpu::empty_cache();
   bench_copy(1LL << 30, 10);
   gpu::empty_cache();
   const int devs = gpu::device_count();

@@ -147,6 +147,8 @@ if steps:
 for s in tskip:
     print("torch:", s)
 for r in dopt:
+    if r.get("bench") == "fused_step_streams":
+        print(f"Adam {r['params']} params as two halves on {r['streams']} stream(s): {r['ms_per_step']:.3f} ms per step")
     if r.get("bench") == "copy":
         print(f"copy {r['method']:<20} {r['bytes'] / 2**30:.0f} GiB: {r['gb_per_s']:.1f} GB/s (read + write)")
     if r.get("bench") == "nccl_all_reduce":
