@@ -68,42 +68,49 @@ struct Restore {
 TEST_CASE("ProcessGroup hands collectives on CUDA tensors to the registered device backend", "[actors][device]") {
   std::vector<float> probe(1);
   Restore restore{detail::device_backend_for(fake_cuda(probe))};
-  FakeBackend fake;
-  detail::register_device_backend(DeviceType::CUDA, &fake);
-  std::atomic<int> cpu_ok{0};
-  simulate(2, [&](RankContext& ctx) {
-    ProcessGroup& w = ctx.world();
-    std::vector<float> a(4), b(8), c(4);
-    Tensor t = fake_cuda(a), flat = fake_cuda(b), u = fake_cuda(c);
-    w.broadcast(t, 1);
-    w.all_reduce(t, ReduceOp::max);
-    w.reduce(t, 0);
-    w.all_gather({t, u}, t);
-    w.all_gather_into_tensor(flat, t);
-    w.reduce_scatter(t, {t, u});
-    if (ctx.rank() == 0) w.send(t, 1, 7);
-    else w.recv(t, 0, 7);
-    // CPU tensors and barrier still run on the rank actors.
-    Tensor cpu = Tensor::full({3}, ctx.rank() + 1.0);
-    w.all_reduce(cpu);
-    w.barrier();
-    if (cpu.at(0) == 3.0) ++cpu_ok;
-  });
-  CHECK(cpu_ok == 2);
-  auto calls = fake.calls();
-  for (int r = 0; r < 2; ++r) {
-    const std::string p = std::to_string(r) + ":";
-    auto has = [&](const std::string& s) { return std::find(calls.begin(), calls.end(), p + s) != calls.end(); };
-    CHECK(has("broadcast:1"));
-    CHECK(has("all_reduce:" + std::to_string(static_cast<int>(ReduceOp::max))));
-    CHECK(has("reduce:0"));
-    CHECK(has("all_gather:2"));
-    CHECK(has("all_gather_into_tensor:0"));
-    CHECK(has("reduce_scatter:2"));
+  for (int world : {2, 3, 5}) {
+    INFO("world " << world);
+    FakeBackend fake;
+    detail::register_device_backend(DeviceType::CUDA, &fake);
+    std::atomic<int> cpu_ok{0};
+    simulate(world, [&](RankContext& ctx) {
+      ProcessGroup& w = ctx.world();
+      const int n = ctx.world_size();
+      std::vector<float> a(4), b(4 * static_cast<std::size_t>(n));
+      std::vector<std::vector<float>> parts(static_cast<std::size_t>(n), std::vector<float>(4));
+      Tensor t = fake_cuda(a), flat = fake_cuda(b);
+      std::vector<Tensor> list;
+      for (auto& p : parts) list.push_back(fake_cuda(p));
+      w.broadcast(t, n - 1);
+      w.all_reduce(t, ReduceOp::max);
+      w.reduce(t, 0);
+      w.all_gather(list, t);
+      w.all_gather_into_tensor(flat, t);
+      w.reduce_scatter(t, list);
+      if (ctx.rank() == 0) w.send(t, 1, 7);
+      if (ctx.rank() == 1) w.recv(t, 0, 7);
+      // CPU tensors and barrier still run on the rank actors.
+      Tensor cpu = Tensor::full({3}, ctx.rank() + 1.0);
+      w.all_reduce(cpu);
+      w.barrier();
+      if (cpu.at(0) == n * (n + 1) / 2.0) ++cpu_ok;
+    });
+    CHECK(cpu_ok == world);
+    auto calls = fake.calls();
+    for (int r = 0; r < world; ++r) {
+      const std::string p = std::to_string(r) + ":";
+      auto has = [&](const std::string& s) { return std::find(calls.begin(), calls.end(), p + s) != calls.end(); };
+      CHECK(has("broadcast:" + std::to_string(world - 1)));
+      CHECK(has("all_reduce:" + std::to_string(static_cast<int>(ReduceOp::max))));
+      CHECK(has("reduce:0"));
+      CHECK(has("all_gather:" + std::to_string(world)));
+      CHECK(has("all_gather_into_tensor:0"));
+      CHECK(has("reduce_scatter:" + std::to_string(world)));
+    }
+    CHECK(std::count(calls.begin(), calls.end(), "0:send:107") == 1);
+    CHECK(std::count(calls.begin(), calls.end(), "1:recv:7") == 1);
+    CHECK(calls.size() == static_cast<std::size_t>(6 * world + 2));
   }
-  CHECK(std::count(calls.begin(), calls.end(), "0:send:107") == 1);
-  CHECK(std::count(calls.begin(), calls.end(), "1:recv:7") == 1);
-  CHECK(calls.size() == 14);
 }
 
 TEST_CASE("without a device backend a CUDA tensor is a DeviceError", "[actors][device]") {
