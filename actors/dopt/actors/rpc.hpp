@@ -1,0 +1,606 @@
+#pragma once
+// dopt::rpc: remote calls between named workers, remote references (RRef)
+// and gradient contexts, on actors (torch.distributed.rpc + dist_autograd's
+// context, without thread-local state). docs/rpc.md has the guide.
+//
+//   // every process (or simulated worker):
+//   dopt::rpc::register_function("add", [](dopt::Tensor a, double b) { ... return t; });
+//   dopt::Runtime rt;
+//   dopt::rpc::Agent agent = dopt::rpc::init(rt, "trainer0", rank, world_size);
+//   dopt::Tensor t = agent.rpc_sync<dopt::Tensor>("ps0", "add", x, 2.0);
+//   dopt::rpc::RRef<Model> m = agent.remote<Model>("ps0", "make_model", 16);
+//   agent.shutdown();                                   // graceful: waits for everybody
+//
+// Workers and agents
+//   * Every worker has one agent: an actor that sends and receives the calls
+//     of that worker. Agent is a handle to it (copies share it). There is no
+//     process-global agent: simulated workers (rpc::simulate) share one
+//     process, each with its own Agent.
+//   * Workers have names (unique, checked at init) and ranks 0..world_size-1;
+//     every call addresses a worker by name or rank (rpc::To).
+//   * Functions are registered by name, process-wide (register_function,
+//     register_method): they are code, so every process registers the same
+//     ones (typically at the top of main, or from a static initialiser).
+//
+// Calls
+//   * rpc_async<R>(to, fn, args...) returns Future<R>; rpc_sync waits for it;
+//     remote<T>(to, fn, args...) runs fn on `to` and keeps its result there,
+//     returning an RRef<T> at once (torch's rpc.remote).
+//   * Arguments and results are serialised (rpc_serialize.hpp), also between
+//     simulated workers: a Tensor argument arrives as a copy.
+//   * User functions never run on the agent actor: free functions run on the
+//     worker's thread pool (RpcOptions::num_worker_threads threads at most;
+//     they may block, e.g. make nested calls, as long as fewer than that many
+//     block at once). Calls on one RRef's value (RRef::rpc_async, to_here)
+//     run one at a time, in the order the owner received them: every owned
+//     value has its own queue (a strand), so the value is an actor.
+//   * Every call has a deadline: Fn::timeout, else RpcOptions::rpc_timeout.
+//     The future fails with
+//       TimeoutError   no reply in time (names the function, the destination
+//                      worker and the caller);
+//       KeyError       the function is not registered on the destination
+//                      (names the function and the worker);
+//       TypeError      the arguments do not fit the function's parameters, a
+//                      method called on a value of another type;
+//       PeerLostError  the destination worker died (at once when the worker
+//                      is already known dead), naming it and its rank;
+//       StateError     this agent was shut down or killed first;
+//       any dopt::Error subclass the function threw, with its type kept
+//       (other exceptions arrive as dopt::Error with their what()).
+//   * Idempotency: every request carries (caller rank, call id). The callee
+//     remembers the last RpcOptions::dedup_window completed ids per caller
+//     and answers a repeated request with the cached reply without running
+//     the function again; a repeat while it still runs is dropped (its reply
+//     comes once). So a resend never applies an update twice.
+//
+// RRefs (remote references)
+//   * RRef<T> names a value owned by one worker (owner()); to_here() copies
+//     it to the caller (T must be encodable), local_value() is the value
+//     itself on the owner (StateError elsewhere), rpc_async/rpc_sync call a
+//     method registered with register_method<T> on it, in its strand.
+//   * Reference counting across workers: the owner counts, per worker, the
+//     RRef handles that worker holds (a handle and its copies inside one
+//     process count once; every RRef received in a message is a new count).
+//     Sending an RRef in a message (argument or result) tells the owner the
+//     receiver holds it, and the sender keeps its own count until the owner
+//     has confirmed (torch's fork protocol). When every worker's count is
+//     zero the owner frees the value. A worker that dies stops holding.
+//
+// Gradient contexts (torch's dist_autograd context, as an explicit handle)
+//   * agent.new_context() makes a context with an id unique across workers.
+//     ctx.deposit(rref, grad) adds grad into the context on rref's owner
+//     (gradients deposited twice for one parameter are summed);
+//     deposit_all batches them, one message per owner. Owners hand a
+//     context's gradients to the DistributedOptimizer (context_grad()).
+//   * A context lives until the last handle of its creator is destroyed or
+//     release() is called: then every owner that got a deposit drops it. An
+//     owner also drops the contexts of a creator that died.
+//   * A remote backward deposits with attach_context(id) (a handle that does
+//     not release the context).
+//
+// Shutdown
+//   * shutdown() is graceful and collective: it waits for this worker's own
+//     outstanding calls, tells every other worker it is done, waits until
+//     every live worker has said the same (serving their calls meanwhile),
+//     waits for the last replies, then stops the agent and frees the values
+//     it owns. Dead workers count as done. Bounded by shutdown_timeout
+//     (TimeoutError naming the workers that did not finish; the agent is
+//     stopped anyway). Idempotent.
+//   * kill() stops the agent at once, as if the process died (tests).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/runtime.hpp"
+#include "dopt/actors/rpc_serialize.hpp"
+#include "dopt/runtime/launch_env.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::rpc {
+
+struct RpcOptions {
+  /// Default deadline of every call.
+  std::chrono::milliseconds rpc_timeout{std::chrono::seconds(60)};
+  /// Bounds rpc::init (rendezvous and connecting).
+  std::chrono::milliseconds init_timeout{std::chrono::seconds(300)};
+  /// Bounds shutdown().
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(300)};
+  /// Threads that run user functions (grown on demand up to this many).
+  int num_worker_threads = 16;
+  /// Completed call ids remembered per caller (idempotency window).
+  std::size_t dedup_window = 4096;
+  /// Real processes: where rank 0 listens (MASTER_ADDR / MASTER_PORT; rank
+  /// and world size come from init's arguments). Empty: the environment.
+  std::optional<LaunchEnv> launch;
+};
+
+struct WorkerInfo {
+  std::string name;
+  int rank = -1;
+  bool operator==(const WorkerInfo&) const = default;
+};
+
+/// A destination: worker name or rank.
+struct To {
+  std::string name;
+  int rank = -1;
+  To(const char* n) : name(n) {}
+  To(std::string n) : name(std::move(n)) {}
+  To(int r) : rank(r) {}
+  To(const WorkerInfo& w) : rank(w.rank) {}
+};
+
+/// A function name plus per-call settings.
+struct Fn {
+  std::string name;
+  std::optional<std::chrono::milliseconds> timeout;
+  /// Testing: send the request this many times with the same call id (the
+  /// callee must run it once). Normal calls: 1.
+  int copies = 1;
+  Fn(const char* n) : name(n) {}
+  Fn(std::string n) : name(std::move(n)) {}
+  Fn& with_timeout(std::chrono::milliseconds t) {
+    timeout = t;
+    return *this;
+  }
+  Fn& duplicate_for_testing(int n) {
+    copies = n;
+    return *this;
+  }
+};
+
+class Agent;
+class GradContext;
+
+namespace detail {
+
+/// A value owned by a worker, type-erased.
+struct ObjectValue {
+  std::shared_ptr<void> value;
+  std::string type;  // typeid(T).name()
+  /// Writes the value (TypeError when T is not encodable).
+  std::function<void(const void*, Encoder&)> encode;
+};
+
+struct FunctionEntry {
+  /// Methods: typeid(T).name() of the value they run on; free functions: "".
+  std::string target_type;
+  /// Runs the function and writes its result.
+  std::function<void(Agent&, void* target, Decoder& args, Encoder& result)> call;
+  /// Free functions with a result: runs it and keeps the result (remote()).
+  std::function<ObjectValue(Agent&, Decoder& args)> make_object;
+};
+
+void register_entry(const std::string& name, FunctionEntry entry);
+
+enum class Mode : int { call = 0, remote = 1, method = 2 };
+
+struct CallSpec {
+  To to{-1};
+  std::string fn;
+  Mode mode = Mode::call;
+  std::uint64_t target = 0;      // method: the object
+  std::uint64_t new_object = 0;  // remote: the object to create
+  std::vector<char> args;
+  std::vector<std::shared_ptr<RRefState>> rrefs;  // handed on to the receiver
+  std::optional<std::chrono::milliseconds> timeout;
+  int copies = 1;
+};
+
+/// Posts the call to the agent; the future holds the encoded result.
+Future<std::vector<char>> send_call(const std::shared_ptr<AgentCore>& core, CallSpec spec);
+int resolve_rank(const AgentCore& core, const To& to, const char* op);
+std::uint64_t new_object_id(AgentCore& core);
+int core_rank(const AgentCore& core);
+WorkerInfo core_worker(const AgentCore& core, int rank);
+
+/// One worker's counted hold on an object (see the top of this file). The
+/// destructor tells the owner.
+struct RRefState {
+  std::shared_ptr<AgentCore> core;
+  int owner = -1;
+  std::uint64_t id = 0;
+  std::string type;
+  ~RRefState();
+};
+/// A state for an RRef that arrived in a message (counted by its sender).
+std::shared_ptr<RRefState> adopt_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
+                                      const std::string& type);
+/// A state for `id`, created here by remote() (counted by the owner on receipt).
+std::shared_ptr<RRefState> created_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
+                                        const std::string& type);
+/// Stores v as a new object owned here, held by the returned state.
+std::shared_ptr<RRefState> own_value(const std::shared_ptr<AgentCore>& core, ObjectValue v);
+/// The owned object's value (StateError when not owned here / not there yet,
+/// TypeError for another type).
+void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, const char* op);
+
+template <class F> struct fn_traits : fn_traits<decltype(&std::remove_cvref_t<F>::operator())> {};
+template <class R, class... A> struct fn_traits<R (*)(A...)> {
+  using result = R;
+  using args = std::tuple<A...>;
+};
+template <class R, class... A> struct fn_traits<R(A...)> : fn_traits<R (*)(A...)> {};
+template <class C, class R, class... A> struct fn_traits<R (C::*)(A...) const> : fn_traits<R (*)(A...)> {};
+template <class C, class R, class... A> struct fn_traits<R (C::*)(A...)> : fn_traits<R (*)(A...)> {};
+
+template <class T>
+auto normalise_arg(const T& x) {
+  if constexpr (std::is_convertible_v<const T&, std::string> && !std::is_same_v<T, std::string>)
+    return std::string(x);
+  else
+    return std::cref(x);
+}
+
+template <class... A>
+CallSpec make_spec(const To& to, const Fn& fn, Mode mode, const A&... a) {
+  CallSpec s{to};
+  s.fn = fn.name;
+  s.mode = mode;
+  s.timeout = fn.timeout;
+  s.copies = fn.copies;
+  Encoder e;
+  e.put_tag(tag::tuple);
+  e.put_pod<std::uint64_t>(sizeof...(A));
+  auto one = [&](const auto& x) {
+    auto n = normalise_arg(x);
+    if constexpr (std::is_same_v<decltype(n), std::string>)
+      write(e, n);
+    else
+      write(e, n.get());
+  };
+  (one(a), ...);
+  s.rrefs = std::move(e.rrefs);
+  s.args = e.take();
+  return s;
+}
+
+template <class R>
+Future<R> typed_result(const std::shared_ptr<AgentCore>& core, Future<std::vector<char>> f, std::string what) {
+  return f.then([core, what](Future<std::vector<char>> b) -> R {
+    std::vector<char> bytes = b.get();
+    if constexpr (std::is_void_v<R>) {
+      return;
+    } else {
+      Decoder d(bytes, core, what);
+      R r{};
+      read(d, r);
+      return r;
+    }
+  });
+}
+
+template <class Args, std::size_t Skip, std::size_t... I>
+auto decode_params(Decoder& d, std::index_sequence<I...>) {
+  std::tuple<std::remove_cvref_t<std::tuple_element_t<Skip + I, Args>>...> vals;
+  d.expect_tag(tag::tuple, "argument list");
+  const auto n = d.get_pod<std::uint64_t>();
+  if (n != sizeof...(I))
+    d.fail("the function takes " + std::to_string(sizeof...(I)) + " argument(s) but the caller sent " +
+           std::to_string(n));
+  (read(d, std::get<I>(vals)), ...);
+  if (!d.at_end()) d.fail("trailing bytes after the arguments");
+  return vals;
+}
+
+template <class T, bool Method, class F>
+FunctionEntry make_entry(F f) {
+  using Tr = fn_traits<F>;
+  using Args = typename Tr::args;
+  using R = typename Tr::result;
+  constexpr std::size_t N = std::tuple_size_v<Args>;
+  constexpr bool has_agent = [] {
+    if constexpr (N > 0) return std::is_same_v<std::remove_cvref_t<std::tuple_element_t<0, Args>>, Agent>;
+    else return false;
+  }();
+  constexpr std::size_t skip = (has_agent ? 1 : 0) + (Method ? 1 : 0);
+  static_assert(N >= skip, "a method takes the value (T&) first, after an optional Agent&");
+  auto run = [f](Agent& a, void* target, Decoder& d) -> R {
+    auto vals = decode_params<Args, skip>(d, std::make_index_sequence<N - skip>());
+    return [&]<std::size_t... I>(std::index_sequence<I...>) -> R {
+      auto arg = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) -> decltype(auto) {
+        return static_cast<std::tuple_element_t<skip + J, Args>&&>(std::get<J>(vals));
+      };
+      if constexpr (Method) {
+        T& obj = *static_cast<T*>(target);
+        if constexpr (has_agent) return f(a, obj, arg(std::integral_constant<std::size_t, I>{})...);
+        else return f(obj, arg(std::integral_constant<std::size_t, I>{})...);
+      } else {
+        (void)target;
+        if constexpr (has_agent) return f(a, arg(std::integral_constant<std::size_t, I>{})...);
+        else return f(arg(std::integral_constant<std::size_t, I>{})...);
+      }
+    }(std::make_index_sequence<N - skip>());
+  };
+  FunctionEntry e;
+  if constexpr (Method) e.target_type = typeid(T).name();
+  e.call = [run](Agent& a, void* target, Decoder& d, Encoder& out) {
+    if constexpr (std::is_void_v<R>) {
+      run(a, target, d);
+    } else if constexpr (encodable<R>()) {
+      write(out, run(a, target, d));
+    } else {
+      throw TypeError("rpc", std::string("the result type ") + typeid(R).name() +
+                                 " cannot travel; call this function with remote() instead");
+    }
+  };
+  if constexpr (!Method && !std::is_void_v<R>) {
+    e.make_object = [run](Agent& a, Decoder& d) {
+      ObjectValue v;
+      v.value = std::make_shared<std::remove_cvref_t<R>>(run(a, nullptr, d));
+      v.type = typeid(std::remove_cvref_t<R>).name();
+      v.encode = [](const void* p, Encoder& out) {
+        if constexpr (encodable<R>())
+          write(out, *static_cast<const std::remove_cvref_t<R>*>(p));
+        else
+          throw TypeError("RRef.to_here", std::string("the value type ") + typeid(R).name() + " cannot travel");
+      };
+      return v;
+    };
+  }
+  return e;
+}
+
+}  // namespace detail
+
+/// Registers f under name, process-wide (a later registration of the same
+/// name replaces it). f's parameters and result are deduced; the parameters
+/// (after an optional leading `Agent&`: the worker it runs on) must be
+/// encodable, the result too unless f is only used with remote().
+template <class F>
+void register_function(const std::string& name, F f) {
+  detail::register_entry(name, detail::make_entry<void, false>(std::move(f)));
+}
+/// Registers a method of values of type T (called through RRef<T>):
+/// f(T&, args...) or f(Agent&, T&, args...). It runs in the value's strand.
+template <class T, class F>
+void register_method(const std::string& name, F f) {
+  detail::register_entry(name, detail::make_entry<T, true>(std::move(f)));
+}
+/// Whether name is registered in this process.
+bool is_registered(const std::string& name);
+
+template <class T>
+class RRef {
+ public:
+  using value_type = T;
+  RRef() = default;
+  explicit RRef(std::shared_ptr<detail::RRefState> s) : s_(std::move(s)) {}
+
+  bool valid() const noexcept { return s_ != nullptr; }
+  /// The owner worker.
+  WorkerInfo owner() const { return detail::core_worker(*state("RRef.owner").core, s_->owner); }
+  int owner_rank() const { return state("RRef.owner_rank").owner; }
+  /// Whether this worker owns the value.
+  bool is_owner() const { return detail::core_rank(*state("RRef.is_owner").core) == s_->owner; }
+  /// The value's id (unique across workers).
+  std::uint64_t id() const { return state("RRef.id").id; }
+
+  /// A copy of the value, fetched from the owner (in the value's strand,
+  /// so after every call the owner received before). T must be encodable.
+  Future<T> to_here_async(std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+    static_assert(encodable<T>(), "RRef::to_here needs an encodable value type");
+    Fn fn("__rref.fetch");
+    fn.timeout = timeout;
+    return call<T>(fn);
+  }
+  T to_here(std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+    return to_here_async(timeout).get();
+  }
+  /// The value itself; only on the owner (StateError elsewhere). Valid while
+  /// any RRef to it lives. Not synchronised with the value's strand.
+  T& local_value() const {
+    auto& s = state("RRef.local_value");
+    return *static_cast<T*>(detail::local_object(*s.core, s.id, typeid(T).name(), "RRef.local_value"));
+  }
+
+  /// Calls method (register_method<T>) on the value, on the owner.
+  template <class R = void, class... A>
+  Future<R> rpc_async(const Fn& method, const A&... args) const {
+    return call<R>(method, args...);
+  }
+  template <class R = void, class... A>
+  R rpc_sync(const Fn& method, const A&... args) const {
+    return call<R>(method, args...).get();
+  }
+
+  const std::shared_ptr<detail::RRefState>& state_ptr() const noexcept { return s_; }
+
+ private:
+  template <class R, class... A>
+  Future<R> call(const Fn& method, const A&... args) const {
+    auto& s = state("RRef.rpc_async");
+    auto spec = detail::make_spec(To(s.owner), method, detail::Mode::method, args...);
+    spec.target = s.id;
+    auto f = detail::send_call(s.core, std::move(spec));
+    // The value must outlive the call: the future keeps this handle.
+    auto keep = s_;
+    return detail::typed_result<R>(s.core, f.then([keep](Future<std::vector<char>> b) { return b.get(); }),
+                                   "result of '" + method.name + "'");
+  }
+  const detail::RRefState& state(const char* op) const {
+    if (!s_) throw StateError(op, "the RRef is empty (default-constructed)");
+    return *s_;
+  }
+  std::shared_ptr<detail::RRefState> s_;
+};
+
+template <class T>
+void write_rref(Encoder& e, const RRef<T>& r) {
+  if (!r.valid()) throw ValueError("rpc", "an empty RRef cannot be sent");
+  const auto& s = *r.state_ptr();
+  e.put_tag(tag::rref);
+  e.put_pod<std::int64_t>(s.owner);
+  e.put_pod<std::uint64_t>(s.id);
+  write(e, s.type);
+  e.rrefs.push_back(r.state_ptr());
+}
+template <class T>
+void read_rref(Decoder& d, RRef<T>& r) {
+  d.expect_tag(tag::rref, "RRef");
+  const auto owner = d.get_pod<std::int64_t>();
+  const auto id = d.get_pod<std::uint64_t>();
+  std::string type;
+  read(d, type);
+  if (type != typeid(T).name())
+    d.fail("an RRef to a value of type " + type + " cannot be read as an RRef to " + typeid(T).name());
+  if (!d.core()) d.fail("RRefs can only be read by an agent");
+  r = RRef<T>(detail::adopt_rref(d.core(), static_cast<int>(owner), id, type));
+}
+
+namespace detail {
+struct ContextState;
+}
+
+/// A gradient context (see the top of this file). Copies share it.
+class GradContext {
+ public:
+  GradContext() = default;
+  explicit GradContext(std::shared_ptr<detail::ContextState> s) : s_(std::move(s)) {}
+  bool valid() const noexcept { return s_ != nullptr; }
+  std::uint64_t id() const;
+  /// The rank of the worker that made it.
+  int creator_rank() const;
+  /// Adds grad into the context on param's owner. The future completes once
+  /// the owner holds it.
+  Future<void> deposit(const RRef<Tensor>& param, const Tensor& grad);
+  /// Many at once: one message per owner.
+  Future<void> deposit_all(const std::vector<std::pair<RRef<Tensor>, Tensor>>& grads);
+  /// Completes when every deposit made through this context's handles so
+  /// far completed; fails with the first failure.
+  Future<void> deposits_done() const;
+  /// Drops the context on every owner that got a deposit (idempotent).
+  /// Done by the destructor of the creator's last handle.
+  void release();
+  bool released() const;
+
+ private:
+  std::shared_ptr<detail::ContextState> s_;
+};
+
+class Agent {
+ public:
+  explicit Agent(std::shared_ptr<detail::AgentCore> core);
+
+  const std::string& name() const;
+  int rank() const;
+  int world_size() const;
+  WorkerInfo worker_info() const;
+  /// KeyError for an unknown name, ValueError for a rank out of range.
+  WorkerInfo worker_info(const std::string& name) const;
+  WorkerInfo worker_info(int rank) const;
+  std::vector<WorkerInfo> workers() const;
+  const RpcOptions& options() const;
+
+  template <class R = void, class... A>
+  Future<R> rpc_async(const To& to, const Fn& fn, const A&... args) const {
+    auto f = detail::send_call(core_, detail::make_spec(to, fn, detail::Mode::call, args...));
+    return detail::typed_result<R>(core_, std::move(f), "result of '" + fn.name + "'");
+  }
+  template <class R = void, class... A>
+  R rpc_sync(const To& to, const Fn& fn, const A&... args) const {
+    return rpc_async<R>(to, fn, args...).get();
+  }
+  /// Runs fn(args...) on `to` and keeps the result (of type T) there. The
+  /// RRef is returned at once; a failure of fn shows on the first use.
+  template <class T, class... A>
+  RRef<T> remote(const To& to, const Fn& fn, const A&... args) const {
+    auto spec = detail::make_spec(to, fn, detail::Mode::remote, args...);
+    const int owner = detail::resolve_rank(*core_, to, "remote");
+    spec.new_object = detail::new_object_id(*core_);
+    auto state = detail::created_rref(core_, owner, spec.new_object, typeid(T).name());
+    // The creation's own reply carries only errors; uses of the RRef see them.
+    (void)detail::send_call(core_, std::move(spec));
+    return RRef<T>(std::move(state));
+  }
+  /// An RRef to a value owned by this worker (torch: RRef(value)).
+  template <class T>
+  RRef<T> make_rref(T value) const {
+    detail::ObjectValue v;
+    v.value = std::make_shared<T>(std::move(value));
+    v.type = typeid(T).name();
+    v.encode = [](const void* p, Encoder& out) {
+      if constexpr (encodable<T>())
+        write(out, *static_cast<const T*>(p));
+      else
+        throw TypeError("RRef.to_here", std::string("the value type ") + typeid(T).name() + " cannot travel");
+    };
+    return RRef<T>(detail::own_value(core_, std::move(v)));
+  }
+
+  GradContext new_context() const;
+  /// A handle to an existing context (made elsewhere) that deposits into it
+  /// but does not release it.
+  GradContext attach_context(std::uint64_t id) const;
+  /// Owner side: the gradient deposited in context ctx for the owned value
+  /// obj (undefined when there is none).
+  Tensor context_grad(std::uint64_t ctx, std::uint64_t obj) const;
+  /// Owner side: drops the gradients of ctx for the given owned values.
+  void drop_context_grads(std::uint64_t ctx, const std::vector<std::uint64_t>& objs) const;
+  /// Contexts with gradients held here (tests).
+  std::size_t num_contexts() const;
+  /// Values owned here (tests).
+  std::size_t num_owned() const;
+
+  /// Graceful collective shutdown (see the top of this file).
+  void shutdown() const;
+  /// Stops the agent at once, as if its process died (tests).
+  void kill() const;
+  /// Whether the agent still runs (not shut down or killed).
+  bool alive() const;
+  /// Waits until this agent has seen `worker` die (its pending calls failed,
+  /// its contexts and holds dropped); false after timeout. For tests and
+  /// supervisors.
+  bool wait_until_lost(const To& worker, std::chrono::milliseconds timeout) const;
+
+  const std::shared_ptr<detail::AgentCore>& core() const noexcept { return core_; }
+
+ private:
+  std::shared_ptr<detail::AgentCore> core_;
+};
+
+/// Real processes: joins the world through the runtime's rendezvous
+/// (MASTER_ADDR / MASTER_PORT, see rendezvous.hpp); a collective of all
+/// world_size processes. Names must be unique (ValueError naming the
+/// ranks). Throws like rendezvous().
+Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, const RpcOptions& options = {});
+
+struct SimulateRpcOptions {
+  /// Runtime to use; null: simulate starts (and stops) its own.
+  Runtime* runtime = nullptr;
+  RuntimeOptions runtime_options = RuntimeOptions::from_env();
+  RpcOptions rpc;
+  /// Worker names, index rank; empty: "worker0", "worker1", ...
+  std::vector<std::string> names;
+};
+
+/// n simulated workers in this process, each running fn(agent) on its own
+/// thread, then shutdown() (graceful) unless fn killed its agent. A worker
+/// whose fn throws is killed (its peers see it die) and simulate rethrows
+/// the first exception after every worker finished (like dopt::simulate).
+void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateRpcOptions& options = {});
+
+/// Programs that run either way: launched (dopt-run, torchrun, ...) it runs
+/// fn once as this process's worker, named names(rank); alone it simulates
+/// `simulated_workers` workers.
+void run(const std::function<void(Agent&)>& fn, int simulated_workers,
+         const std::function<std::string(int)>& names = {}, const SimulateRpcOptions& options = {});
+
+/// The name of e's dopt::Error subclass ("TimeoutError", ..., "Error").
+std::string error_kind(const Error& e);
+/// An exception of the subclass named kind (as error_kind writes it).
+std::exception_ptr make_error(const std::string& kind, const std::string& op, const std::string& what,
+                              std::optional<int> rank);
+
+}  // namespace dopt::rpc
