@@ -570,6 +570,29 @@ class Agent {
   std::shared_ptr<detail::AgentCore> core_;
 };
 
+/// Remote modules (torch's RemoteModule.remote_parameters): M is a type
+/// with `std::vector<Tensor> parameters()`. register_module<M>() (in every
+/// process, like a function) registers the method remote_parameters calls.
+template <class M>
+std::string module_parameters_method() {
+  return std::string("dopt.rpc.remote_parameters/") + typeid(M).name();
+}
+template <class M>
+void register_module() {
+  register_method<M>(module_parameters_method<M>(), [](Agent& a, M& m) {
+    std::vector<RRef<Tensor>> out;
+    for (const Tensor& p : m.parameters()) out.push_back(a.make_rref(p));
+    return out;
+  });
+}
+/// RRefs to the parameters of the module `module` holds (each one shares the
+/// module's tensor: a DistributedOptimizer over them updates the module).
+/// Every call makes new RRefs (new ids) to the same tensors.
+template <class M>
+std::vector<RRef<Tensor>> remote_parameters(const RRef<M>& module) {
+  return module.template rpc_sync<std::vector<RRef<Tensor>>>(module_parameters_method<M>());
+}
+
 /// Real processes: joins the world through the runtime's rendezvous
 /// (MASTER_ADDR / MASTER_PORT, see rendezvous.hpp); a collective of all
 /// world_size processes. Names must be unique (ValueError naming the
