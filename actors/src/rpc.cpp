@@ -268,6 +268,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::unique_ptr<Pool> pool;
 
   std::mutex obj_mutex;
+  std::condition_variable obj_cv;  // an object was created
   std::map<std::uint64_t, ObjectPtr> objects;
   std::set<std::uint64_t> freed;
   std::atomic<std::uint64_t> next_object{1};
@@ -411,6 +412,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     }
     keep.reset();
     st_cv.notify_all();
+    obj_cv.notify_all();
   }
 };
 
@@ -566,12 +568,17 @@ std::shared_ptr<RRefState> own_value(const std::shared_ptr<AgentCore>& core, Obj
 }
 
 void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, const char* op) {
-  std::lock_guard<std::mutex> lock(core.obj_mutex);
+  std::unique_lock<std::mutex> lock(core.obj_mutex);
   auto it = core.objects.find(id);
   if (it == core.objects.end())
     throw StateError(op, "the value is not owned by " + core.who(core.rank) + " (or was freed)", core.rank);
-  auto& o = *it->second;
-  if (!o.created) throw StateError(op, "the value is still being created", core.rank);
+  ObjectPtr keep = it->second;
+  auto& o = *keep;
+  // A remote() still running here (e.g. a parameter made just before): wait for it.
+  if (!core.obj_cv.wait_for(lock, core.options.rpc_timeout, [&] { return o.created || core.stopped; }))
+    throw TimeoutError(op, "the value is still being created after " + std::to_string(core.options.rpc_timeout.count()) +
+                               " ms", core.rank);
+  if (!o.created) throw StateError(op, "the agent stopped", core.rank);
   if (o.error) std::rethrow_exception(o.error);
   if (o.v.type != type) throw TypeError(op, "the value has type " + o.v.type + ", not " + type, core.rank);
   return o.v.value.get();
@@ -805,6 +812,7 @@ void dispatch(Self* self, int caller, std::uint64_t id, int mode, const std::str
         obj->created = true;
         drop = core->maybe_free_locked(obj);
       }
+      core->obj_cv.notify_all();
       core->strand_open(obj);
       if (drop) AgentCore::release_object(drop);
     };

@@ -399,7 +399,8 @@ class RRef {
     return to_here_async(timeout).get();
   }
   /// The value itself; only on the owner (StateError elsewhere). Valid while
-  /// any RRef to it lives. Not synchronised with the value's strand.
+  /// any RRef to it lives. Waits while a remote() that makes it still runs
+  /// here; not synchronised with the value's strand otherwise.
   T& local_value() const {
     auto& s = state("RRef.local_value");
     return *static_cast<T*>(detail::local_object(*s.core, s.id, typeid(T).name(), "RRef.local_value"));
