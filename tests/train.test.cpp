@@ -170,6 +170,7 @@ TEST_CASE("dopt-train: bad flags exit 2 with CLI11's message", "[train]") {
   CHECK(contains(h.out, "--checkpoint-every"));
 }
 
+#ifndef DOPT_TRAIN_HAVE_REMOTE
 TEST_CASE("dopt-train: --optim remote says it is not available in this build", "[train]") {
   const Done d = train({"--optim", "remote"});
   INFO(d.out);
@@ -177,6 +178,45 @@ TEST_CASE("dopt-train: --optim remote says it is not available in this build", "
   CHECK(contains(d.out, "dopt-train: error: --optim remote"));
   CHECK(contains(d.out, "not available in this build"));
 }
+#else
+TEST_CASE("dopt-train: --optim remote (DistributedOptimizer with parameter owners) trains, bitwise like DDP",
+          "[train][remote]") {
+  TempDir dir("dopt-train-remote", "sim");
+  const Done d = train(args_of("remote", 3, 200, {"--metrics", (dir.path / "m.jsonl").string(), "--dump-params",
+                                                  (dir.path / "r.st").string()}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  CHECK(contains(d.out, "parameter owners"));
+  CHECK(contains(d.out, "rank 2: "));
+  require_loss_falls(dir.path / "m.jsonl", 200);
+  // The owners' Adam on the rank-order average (sum_r g_r / n) is the DDP
+  // reducer's average and Adam: the same bits.
+  const Done p = train(args_of("ddp", 3, 200, {"--quiet", "--metrics", (dir.path / "d.jsonl").string(),
+                                               "--dump-params", (dir.path / "d.st").string()}));
+  INFO(p.out);
+  REQUIRE(p.ok());
+  CHECK(slurp((dir.path / "r.st").string()) == slurp((dir.path / "d.st").string()));
+  CHECK(losses(dir.path / "m.jsonl") == losses(dir.path / "d.jsonl"));
+  const Done c = train({"--optim", "remote", "--checkpoint-dir", (dir.path / "ck").string()});
+  CHECK(WIFEXITED(c.status));
+  CHECK(WEXITSTATUS(c.status) == 2);
+  CHECK(contains(c.out, "checkpoints are not available with --optim remote"));
+}
+
+TEST_CASE("dopt-train multiprocess: --optim remote under dopt-run trains exactly like simulated workers",
+          "[train][remote][multiprocess]") {
+  TempDir dir("dopt-train-remote", "mp");
+  const Done p = train_under_dopt_run(3, args_of("remote", 3, 120, {"--metrics", (dir.path / "m.jsonl").string(),
+                                                                    "--dump-params", (dir.path / "p.st").string()}));
+  INFO(p.out);
+  REQUIRE(p.ok());
+  require_loss_falls(dir.path / "m.jsonl", 120);
+  const Done s = train(args_of("remote", 3, 120, {"--quiet", "--dump-params", (dir.path / "s.st").string()}));
+  INFO(s.out);
+  REQUIRE(s.ok());
+  CHECK(slurp((dir.path / "p.st").string()) == slurp((dir.path / "s.st").string()));
+}
+#endif
 
 TEST_CASE("dopt-train: wrong and corrupt checkpoints give one clear error and exit 1", "[train]") {
   TempDir dir("dopt-train-bad", "ck");

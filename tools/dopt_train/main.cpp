@@ -30,6 +30,8 @@
 #include "dopt/runtime/safetensors.hpp"
 #include "model.hpp"
 #include "report.hpp"
+#include "plan.hpp"
+#include "remote.hpp"
 #include "strategy.hpp"
 
 namespace fs = std::filesystem;
@@ -37,56 +39,6 @@ using namespace dopt_train;
 using dopt::Tensor;
 
 namespace {
-
-struct Options {
-  std::string optim = "zero";
-  std::string inner = "adam";
-  int ranks = 4;
-  std::int64_t steps = 2000;
-  double lr = 0;  // 0: the inner optimizer's default below
-  int batch = 32;
-  int hidden = 256;
-  int layers = 4;
-  DataSpec data;
-  std::int64_t checkpoint_every = 0;
-  std::string checkpoint_dir;
-  bool resume = false;
-  std::string resume_from;
-  std::string metrics, svg, dump_params;
-  bool quiet = false;
-  std::int64_t log_every = 0;
-  std::int64_t plsgd_warmup = 20, plsgd_period = 4;
-  int plsgd_local_group = 1;
-};
-
-// Inner optimizers: the torch class name and a learning rate that trains this MLP well.
-const std::map<std::string, std::pair<std::string, double>> kInner = {
-    {"adam", {"Adam", 3e-3}},         {"adamw", {"AdamW", 3e-3}},   {"sgd", {"SGD", 0.1}},
-    {"adagrad", {"Adagrad", 0.05}},   {"rmsprop", {"RMSprop", 1e-3}}, {"adamax", {"Adamax", 6e-3}},
-    {"adadelta", {"Adadelta", 1.0}},  {"rprop", {"Rprop", 1e-3}}};
-
-dopt::optim::OptimizerSpec inner_spec(const Options& o) {
-  const auto& [name, lr] = kInner.at(o.inner);
-  dopt::optim::OptimizerSpec spec{name, {}};
-  spec.hyperparameters["lr"] = o.lr > 0 ? o.lr : lr;
-  if (o.inner == "sgd") spec.hyperparameters["momentum"] = 0.9;
-  return spec;
-}
-
-struct Plan {
-  Options opt;
-  RunInfo run;
-  StrategyConfig strategy;
-  int world_size = 1;
-  bool launched = false;
-  std::optional<CheckpointInfo> resume;
-};
-
-std::string thousands(std::int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
-  return s;
-}
 
 /// Writes every rank's parameters (gathered to rank 0) to one safetensors file,
 /// tensors "rank{r}.{name}" (for comparing runs bitwise).
@@ -324,6 +276,9 @@ int main(int argc, char** argv) {
   for (const char* f : {"--plsgd-warmup", "--plsgd-period", "--plsgd-local-group"})
     if (o.optim != "post-local-sgd" && app.count(f)) return usage_error(std::string(f) + " needs --optim post-local-sgd");
 
+  if (o.optim == "remote" && (!o.checkpoint_dir.empty() || !o.resume_from.empty()))
+    return usage_error("checkpoints are not available with --optim remote: the optimizer state lives on the "
+                       "parameter owners inside DistributedOptimizer, which has no state_dict");
   if (std::string why; !mode_available(o.optim, &why)) {
     std::fprintf(stderr, "dopt-train: error: %s\n", why.c_str());
     return 1;
@@ -375,9 +330,15 @@ int main(int argc, char** argv) {
       check_compatible(*plan.resume, plan.run);
     }
 
-    dopt::RunOptions ro;
-    ro.simulated_ranks = o.ranks;
-    dopt::run_distributed([&](dopt::RankContext& ctx) { train_rank(ctx, plan); }, ro);
+    if (o.optim == "remote") {
+#ifdef DOPT_TRAIN_HAVE_REMOTE
+      run_remote(plan);  // over dopt::rpc
+#endif
+    } else {
+      dopt::RunOptions ro;
+      ro.simulated_ranks = o.ranks;
+      dopt::run_distributed([&](dopt::RankContext& ctx) { train_rank(ctx, plan); }, ro);
+    }
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "dopt-train: error: %s\n", e.what());

@@ -23,6 +23,12 @@ std::string format_duration(double s) {
   return buf;
 }
 
+std::string thousands(std::int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
 std::string format_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;

@@ -41,6 +41,8 @@ class Progress {
 
 /// "1m05s", "12s".
 std::string format_duration(double seconds);
+/// "208,394".
+std::string thousands(std::int64_t v);
 /// "12.5 KiB".
 std::string format_bytes(double bytes);
 

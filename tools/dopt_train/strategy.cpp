@@ -141,6 +141,9 @@ std::vector<std::string> available_modes() { return {"zero", "post-local-sgd", "
 
 bool mode_available(const std::string& mode, std::string* why) {
   if (mode == "remote") {
+#ifdef DOPT_TRAIN_HAVE_REMOTE
+    return true;  // remote.cpp: not a Strategy (it runs over dopt::rpc, without a process group)
+#endif
     if (why)
       *why = "--optim remote (DistributedOptimizer with parameter owners) is not available in this build: "
              "dopt's RPC layer (dopt/actors/rpc.hpp, dopt/optim/distributed_optimizer.hpp) is not built in yet; "
@@ -154,6 +157,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::ve
                                         dopt::ProcessGroup world) {
   std::string why;
   if (!mode_available(cfg.mode, &why)) throw dopt::NotSupportedError("dopt-train", why);
+  if (cfg.mode == "remote") throw dopt::NotSupportedError("dopt-train", "--optim remote runs run_remote(), not a Strategy");
   if (cfg.mode == "zero") return std::make_unique<ZeroStrategy>(cfg, params, world);
   if (cfg.mode == "ddp") return std::make_unique<DdpStrategy>(cfg, params, world);
   return std::make_unique<PostLocalSgdStrategy>(cfg, params, world);

@@ -1,0 +1,62 @@
+#pragma once
+// What dopt-train was asked to do (parsed flags) and the plan main() derives
+// from them; shared by the training loops (main.cpp, remote.cpp).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "checkpoint.hpp"
+#include "dopt/optim/registry.hpp"
+#include "model.hpp"
+#include "strategy.hpp"
+
+namespace dopt_train {
+
+struct Options {
+  std::string optim = "zero";
+  std::string inner = "adam";
+  int ranks = 4;
+  std::int64_t steps = 2000;
+  double lr = 0;  // 0: the inner optimizer's default below
+  int batch = 32;
+  int hidden = 256;
+  int layers = 4;
+  DataSpec data;
+  std::int64_t checkpoint_every = 0;
+  std::string checkpoint_dir;
+  bool resume = false;
+  std::string resume_from;
+  std::string metrics, svg, dump_params;
+  bool quiet = false;
+  std::int64_t log_every = 0;
+  std::int64_t plsgd_warmup = 20, plsgd_period = 4;
+  int plsgd_local_group = 1;
+};
+
+// Inner optimizers: the torch class name and a learning rate that trains this MLP well.
+inline const std::map<std::string, std::pair<std::string, double>> kInner = {
+    {"adam", {"Adam", 3e-3}},         {"adamw", {"AdamW", 3e-3}},   {"sgd", {"SGD", 0.1}},
+    {"adagrad", {"Adagrad", 0.05}},   {"rmsprop", {"RMSprop", 1e-3}}, {"adamax", {"Adamax", 6e-3}},
+    {"adadelta", {"Adadelta", 1.0}},  {"rprop", {"Rprop", 1e-3}}};
+
+inline dopt::optim::OptimizerSpec inner_spec(const Options& o) {
+  const auto& [name, lr] = kInner.at(o.inner);
+  dopt::optim::OptimizerSpec spec{name, {}};
+  spec.hyperparameters["lr"] = o.lr > 0 ? o.lr : lr;
+  if (o.inner == "sgd") spec.hyperparameters["momentum"] = 0.9;
+  return spec;
+}
+
+struct Plan {
+  Options opt;
+  RunInfo run;
+  StrategyConfig strategy;
+  int world_size = 1;
+  bool launched = false;
+  std::optional<CheckpointInfo> resume;
+};
+
+
+}  // namespace dopt_train
