@@ -1,0 +1,76 @@
+// dopt::rpc and DistributedOptimizer between real processes on loopback:
+// tests/rpc_peer.cpp is one worker; every worker prints "ok R CHECKS" after
+// its graceful shutdown. Launched through dopt-run and by hand. CTest label
+// "multiprocess", 60 s timeout (tests/rendezvous.cmake).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "process_util.hpp"
+
+namespace {
+
+using namespace dopt_test;
+
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_rpc_peer";
+const std::map<std::string, std::string> kEnv{};
+
+}  // namespace
+
+TEST_CASE("rpc multiprocess: DistributedOptimizer equals local optimizers bit for bit (3 and 5 processes)",
+          "[rpc][multiprocess]") {
+  const int n = GENERATE(3, 5);
+  INFO(n << " processes");
+  // rank 0: 4 optimizers x 4 steps x 4 parameters compared (3 checks each, + shutdown)
+  const Done d = run_through_dopt_run(kDoptRun, kPeer, n, {"parity"}, kEnv);
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_all_ok(d.out, n, 1);
+  CHECK(contains(d.out, "ok 0 193"));
+}
+
+TEST_CASE("rpc multiprocess: three trainers on two shared parameter servers lose no update", "[rpc][multiprocess]") {
+  require_ok_by_hand(kPeer, 5, {"concurrent"}, kEnv, 1);
+}
+
+TEST_CASE("rpc multiprocess: deadlines, unknown functions, remote errors, duplicated requests", "[rpc][multiprocess]") {
+  const Done d = run_through_dopt_run(kDoptRun, kPeer, 3, {"errors"}, kEnv);
+  INFO(d.out);
+  REQUIRE(d.ok());
+  require_all_ok(d.out, 3, 1);
+  CHECK(contains(d.out, "ok 0 7"));  // six checks + the graceful shutdown
+}
+
+TEST_CASE("rpc multiprocess: an RRef's value lives until its last holder process lets go", "[rpc][multiprocess]") {
+  std::string all;
+  for (const Done& d : run_ranks_by_hand(kPeer, 3, {"lifetime"}, kEnv)) {
+    CHECK(d.ok());
+    all += d.out;
+  }
+  require_all_ok(all, 3, 1);
+  CHECK(contains(all, "ok 0 7"));
+}
+
+TEST_CASE("rpc multiprocess: an owner SIGKILLed mid-step fails the trainer's step naming it", "[rpc][multiprocess]") {
+  const int n = GENERATE(3, 4);
+  INFO(n << " processes");
+  const auto ds = run_ranks_by_hand(kPeer, n, {"kill"}, kEnv);
+  std::string all;
+  for (int r = 0; r < n; ++r) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    if (r == n - 1) {
+      CHECK(WIFSIGNALED(d.status));
+      if (WIFSIGNALED(d.status)) CHECK(WTERMSIG(d.status) == SIGKILL);
+    } else {
+      CHECK(d.ok());
+      all += d.out;
+    }
+  }
+  INFO(all);
+  CHECK(contains(all, "kill_failure PeerLostError"));
+  CHECK(contains(all, "'owner" + std::to_string(n - 1) + "' (rank " + std::to_string(n - 1) + ")"));
+  CHECK_FALSE(contains(all, "error "));
+}
