@@ -62,9 +62,11 @@
 //     RRef handles that worker holds (a handle and its copies inside one
 //     process count once; every RRef received in a message is a new count).
 //     Sending an RRef in a message (argument or result) tells the owner the
-//     receiver holds it, and the sender keeps its own count until the owner
-//     has confirmed (torch's fork protocol). When every worker's count is
-//     zero the owner frees the value. A worker that dies stops holding.
+//     receiver holds it, and the call completes only once the owner has
+//     confirmed, the sender keeping its own count until then (torch's fork
+//     protocol, simplified). A release may overtake the matching add (a
+//     count below zero for a moment): the owner frees the value only when
+//     every worker's count is zero. A worker that dies stops holding.
 //
 // Gradient contexts (torch's dist_autograd context, as an explicit handle)
 //   * agent.new_context() makes a context with an id unique across workers.
