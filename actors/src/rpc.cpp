@@ -727,6 +727,7 @@ struct AgentState {
   std::uint64_t next_call = 1;
   std::map<int, std::map<std::uint64_t, ReplyPtr>> done;
   std::map<int, std::deque<std::uint64_t>> done_order;
+  std::map<int, std::size_t> done_bytes;
   std::set<std::pair<int, std::uint64_t>> running;
   static const char* name;
 };
@@ -748,9 +749,17 @@ void finish(Self* self, int caller, std::uint64_t id, ReplyPtr r) {
   st.running.erase({caller, id});
   st.done[caller][id] = r;
   auto& order = st.done_order[caller];
+  auto& bytes = st.done_bytes[caller];
   order.push_back(id);
-  while (order.size() > std::max<std::size_t>(1, st.core->options.dedup_window)) {
-    st.done[caller].erase(order.front());
+  bytes += r->bytes.size();
+  // The window: dedup_window ids or dedup_window_bytes of results, whichever is less.
+  while (order.size() > std::max<std::size_t>(1, st.core->options.dedup_window) ||
+         (order.size() > 1 && bytes > st.core->options.dedup_window_bytes)) {
+    auto& m = st.done[caller];
+    if (auto it = m.find(order.front()); it != m.end()) {
+      bytes -= it->second->bytes.size();
+      m.erase(it);
+    }
     order.pop_front();
   }
   send_reply(self, caller, id, r);
@@ -884,6 +893,7 @@ void on_lost(Self* self, int r, const std::string& what) {
   }
   st.done.erase(r);
   st.done_order.erase(r);
+  st.done_bytes.erase(r);
   for (auto it = st.running.begin(); it != st.running.end();) it = it->first == r ? st.running.erase(it) : std::next(it);
   c.drop_worker(r);
   {

@@ -49,6 +49,7 @@
 //       (other exceptions arrive as dopt::Error with their what()).
 //   * Idempotency: every request carries (caller rank, call id). The callee
 //     remembers the last RpcOptions::dedup_window completed ids per caller
+//     (fewer when their results exceed dedup_window_bytes)
 //     and answers a repeated request with the cached reply without running
 //     the function again; a repeat while it still runs is dropped (its reply
 //     comes once). So a resend never applies an update twice.
@@ -120,8 +121,11 @@ struct RpcOptions {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(300)};
   /// Threads that run user functions (grown on demand up to this many).
   int num_worker_threads = 16;
-  /// Completed call ids remembered per caller (idempotency window).
+  /// Completed calls remembered per caller (idempotency window): at most
+  /// this many ids, and older ones also go while their cached results
+  /// exceed dedup_window_bytes (the newest is always kept).
   std::size_t dedup_window = 4096;
+  std::size_t dedup_window_bytes = std::size_t(64) << 20;
   /// Real processes: where rank 0 listens (MASTER_ADDR / MASTER_PORT; rank
   /// and world size come from init's arguments). Empty: the environment.
   std::optional<LaunchEnv> launch;
