@@ -137,6 +137,31 @@ TEST_CASE("dopt-train: a resumed run ends bitwise where an uninterrupted one end
   CHECK(losses(dir.path / "full.jsonl") == losses(dir.path / "part.jsonl"));  // every step's loss
 }
 
+TEST_CASE("dopt-train: Ctrl-C checkpoints the step it stops at; --resume continues exactly", "[train]") {
+  const std::string mode = GENERATE("zero", "post-local-sgd");
+  INFO(mode);
+  TempDir dir("dopt-train-sigint", mode);
+  const fs::path ck = dir.path / "ck";
+  const Done a = train(args_of(mode, 3, 40, {"--quiet", "--dump-params", (dir.path / "a.st").string()}));
+  REQUIRE(a.ok());
+  // --interrupt-at-step raises SIGINT in rank 0 at that step: the ranks agree
+  // (through the step's all_reduce) to stop after it and save a checkpoint.
+  const Done b = train(args_of(mode, 3, 40, {"--checkpoint-dir", ck.string(), "--checkpoint-every", "10",
+                                             "--interrupt-at-step", "17"}));
+  INFO(b.out);
+  CHECK(WIFEXITED(b.status));
+  CHECK(WEXITSTATUS(b.status) == 130);
+  CHECK(contains(b.out, "interrupted after step 17 of 40"));
+  CHECK(fs::exists(ck / "step-00000017" / "checkpoint.json"));
+  CHECK_FALSE(fs::exists(ck / "step-00000040"));
+  const Done c = train(args_of(mode, 3, 40, {"--checkpoint-dir", ck.string(), "--resume", "--dump-params",
+                                             (dir.path / "c.st").string()}));
+  INFO(c.out);
+  REQUIRE(c.ok());
+  CHECK(contains(c.out, "at step 17"));
+  CHECK(slurp((dir.path / "a.st").string()) == slurp((dir.path / "c.st").string()));
+}
+
 TEST_CASE("dopt-train: --resume-from an earlier checkpoint also continues exactly", "[train]") {
   TempDir dir("dopt-train-resume-from", "zero5");
   const fs::path ck = dir.path / "ck";
@@ -292,6 +317,24 @@ TEST_CASE("dopt-train multiprocess: under dopt-run the loss falls and processes 
   REQUIRE(s.ok());
   CHECK(slurp((dir.path / "p.st").string()) == slurp((dir.path / "s.st").string()));
   CHECK(losses(dir.path / "m.jsonl") == losses(dir.path / "s.jsonl"));
+}
+
+TEST_CASE("dopt-train multiprocess: a SIGINT in one process stops every rank after the same step, with a checkpoint",
+          "[train][multiprocess]") {
+  TempDir dir("dopt-train-mp-sigint", "zero");
+  const fs::path ck = dir.path / "ck";
+  const Done a = train_under_dopt_run(3, args_of("zero", 3, 30, {"--quiet", "--dump-params", (dir.path / "a.st").string()}));
+  REQUIRE(a.ok());
+  const Done b = train_under_dopt_run(3, args_of("zero", 3, 30, {"--checkpoint-dir", ck.string(), "--interrupt-at-step", "12"}));
+  INFO(b.out);
+  CHECK(WIFEXITED(b.status));
+  CHECK(WEXITSTATUS(b.status) == 130);
+  CHECK(fs::exists(ck / "step-00000012" / "checkpoint.json"));
+  const Done c = train_under_dopt_run(3, args_of("zero", 3, 30, {"--checkpoint-dir", ck.string(), "--resume",
+                                                                 "--dump-params", (dir.path / "c.st").string()}));
+  INFO(c.out);
+  REQUIRE(c.ok());
+  CHECK(slurp((dir.path / "a.st").string()) == slurp((dir.path / "c.st").string()));
 }
 
 TEST_CASE("dopt-train multiprocess: a run resumed under dopt-run ends bitwise where an uninterrupted run ends",

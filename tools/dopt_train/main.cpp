@@ -11,11 +11,14 @@
 //
 // Exit status: 0 on success, 2 for bad flags, 1 for any other error (one line
 // on stderr: "dopt-train: error: ...").
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -39,6 +42,25 @@ using namespace dopt_train;
 using dopt::Tensor;
 
 namespace {
+
+// Ctrl-C / SIGTERM: the first one asks every rank to stop after the current
+// step (and to checkpoint there); a second one kills the process.
+std::atomic<int> g_signal{0};
+std::atomic<int> g_exit_code{0};
+
+void on_signal(int sig) {
+  g_signal.store(sig);
+  ::signal(sig, SIG_DFL);
+}
+
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 /// Writes every rank's parameters (gathered to rank 0) to one safetensors file,
 /// tensors "rank{r}.{name}" (for comparing runs bitwise).
@@ -126,7 +148,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     world.barrier();
   };
 
-  Tensor stats = Tensor::zeros({2}, dopt::DType::float64);
+  Tensor stats = Tensor::zeros({3}, dopt::DType::float64);
+  std::int64_t saved_at = -1, interrupted_at = -1;
   const auto t0 = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
   for (std::int64_t s = first; s < o.steps; ++s) {
@@ -139,7 +162,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     double* st = stats.data<double>();
     st[0] = r.loss;
     st[1] = double(r.correct) / o.batch;
+    if (lead && o.interrupt_at_step == s + 1) std::raise(SIGINT);  // tests: a Ctrl-C at a known step
+    st[2] = g_signal.load() != 0 ? 1 : 0;  // summed: every rank sees the same decision
     world.all_reduce(stats);
+    const bool stop = stats.data<double>()[2] > 0;
 
     if (s == first) {  // optimizer state exists from the first step on
       Tensor mine = Tensor::from_vector(std::vector<double>{double(strategy->state_bytes()),
@@ -179,12 +205,19 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       if (metrics) metrics->write(rec);
       progress.update(rec);
     }
-    if (o.checkpoint_every > 0 && (s + 1) % o.checkpoint_every == 0) save_checkpoint(s + 1);
+    if (o.checkpoint_every > 0 && (s + 1) % o.checkpoint_every == 0) save_checkpoint(s + 1), saved_at = s + 1;
+    if (stop) {
+      interrupted_at = s + 1;
+      if (!o.checkpoint_dir.empty() && saved_at != s + 1) save_checkpoint(s + 1), saved_at = s + 1;
+      break;
+    }
   }
-  if (!o.checkpoint_dir.empty() && o.steps > first && (o.checkpoint_every <= 0 || o.steps % o.checkpoint_every != 0))
+  if (interrupted_at < 0 && !o.checkpoint_dir.empty() && o.steps > first && saved_at != o.steps)
     save_checkpoint(o.steps);
   progress.finish();
-  if (!o.dump_params.empty()) dump_params(world, model, o.dump_params, std::max(first, o.steps));
+  if (!o.dump_params.empty())
+    dump_params(world, model, o.dump_params, interrupted_at >= 0 ? interrupted_at : std::max(first, o.steps));
+  if (interrupted_at >= 0) g_exit_code = 130;
 
   if (!lead) return;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -195,7 +228,14 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     write_loss_svg(o.svg, points, "dopt-train: " + strategy->describe() + ", " + std::to_string(world_size) +
                                       " ranks, MLP " + model.describe());
   }
-  if (o.steps <= first) {
+  if (interrupted_at >= 0) {
+    std::printf("dopt-train: interrupted after step %lld of %lld; %s\n", static_cast<long long>(interrupted_at),
+                static_cast<long long>(o.steps),
+                o.checkpoint_dir.empty() ? "no --checkpoint-dir, so nothing was saved"
+                                         : ("checkpoint saved: continue with --checkpoint-dir " + o.checkpoint_dir +
+                                            " --resume")
+                                               .c_str());
+  } else if (o.steps <= first) {
     std::printf("dopt-train: the checkpoint is at step %lld, --steps is %lld: nothing to train\n",
                 static_cast<long long>(first), static_cast<long long>(o.steps));
   } else {
@@ -254,6 +294,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Plain progress line every N steps when not on a terminal")
       ->check(CLI::PositiveNumber);
   app.add_flag("--quiet", o.quiet, "Print only the summary");
+  app.add_option("--interrupt-at-step", o.interrupt_at_step, "Testing: act as if Ctrl-C came at step N")
+      ->group("");  // hidden
   app.add_option("--plsgd-warmup", o.plsgd_warmup, "post-local-sgd: steps of global gradient averaging first")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -335,6 +377,7 @@ int main(int argc, char** argv) {
       run_remote(plan);  // over dopt::rpc
 #endif
     } else {
+      install_signal_handlers();
       dopt::RunOptions ro;
       ro.simulated_ranks = o.ranks;
       dopt::run_distributed([&](dopt::RankContext& ctx) { train_rank(ctx, plan); }, ro);
@@ -344,5 +387,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dopt-train: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return g_exit_code.load();
 }

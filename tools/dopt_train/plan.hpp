@@ -31,6 +31,7 @@ struct Options {
   std::string metrics, svg, dump_params;
   bool quiet = false;
   std::int64_t log_every = 0;
+  std::int64_t interrupt_at_step = 0;  // testing: raise SIGINT at this step
   std::int64_t plsgd_warmup = 20, plsgd_period = 4;
   int plsgd_local_group = 1;
 };
