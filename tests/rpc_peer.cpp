@@ -5,8 +5,8 @@
 // scenario:
 //
 //   dopt_rpc_peer parity       rank 0 trains over parameters on every other
-//                              rank with DistributedOptimizer(SGD momentum,
-//                              Adam, Adagrad, RMSprop), some gradients
+//                              rank with DistributedOptimizer of every
+//                              registered class (SGD twice), some gradients
 //                              missing; after every step every parameter
 //                              equals a local optimizer's bit for bit
 //   dopt_rpc_peer concurrent   ranks 0, 1 own three parameters; every other
@@ -127,10 +127,16 @@ void register_functions() {
 void parity(Agent& a, Checker& c) {
   if (a.rank() != 0) return;
   const int n = a.world_size();
-  const std::vector<optim::OptimizerSpec> specs{{"SGD", {{"lr", 0.05}, {"momentum", 0.9}}},
-                                                {"Adam", {{"lr", 0.01}}},
-                                                {"Adagrad", {{"lr", 0.1}}},
-                                                {"RMSprop", {{"lr", 0.01}, {"centered", true}}}};
+  const std::vector<optim::OptimizerSpec> specs{
+      {"SGD", {{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}}},
+      {"SGD", {{"lr", 0.1}}},
+      {"Adam", {{"lr", 0.01}, {"amsgrad", true}}},
+      {"AdamW", {{"lr", 0.01}}},
+      {"Adagrad", {{"lr", 0.1}}},
+      {"RMSprop", {{"lr", 0.01}, {"centered", true}}},
+      {"Adamax", {{"lr", 0.01}}},
+      {"Adadelta", {{"lr", 0.5}}},
+      {"Rprop", {{"lr", 0.02}}}};
   const std::vector<Shape> shapes{{37}, {4, 3}, {5}, {1000}};
   for (const auto& spec : specs) {
     std::vector<Tensor> local;
