@@ -403,7 +403,7 @@ TEST_CASE("rpc shutdown is graceful: work sent just before it still completes", 
   SCHECK(g_count_once == 5);
 }
 
-TEST_CASE("rpc simulate rethrows a worker's failure; its peers see it die", "[rpc]") {
+TEST_CASE("rpc simulate rethrows a worker's failure and its peers see it die", "[rpc]") {
   register_test_functions();
   CHECK_THROWS_AS(simulate(3,
                            [](Agent& a) {
