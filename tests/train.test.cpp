@@ -5,6 +5,10 @@
 // identically; bad flags exit 2 and bad checkpoints exit 1 with a clear line.
 #include <catch2/catch.hpp>
 
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -88,6 +92,49 @@ TEST_CASE("dopt-train: every --inner optimizer trains under ZeRO (3 simulated ra
   INFO(d.out);
   REQUIRE(d.ok());
   require_loss_falls(dir.path / "m.jsonl", 300);
+}
+
+TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place; in a file, plain lines", "[train]") {
+  // stdout a pseudo-terminal: the bar.
+  int master = -1;
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::unsetenv("RANK");
+    ::unsetenv("WORLD_SIZE");
+    ::execl(kTrain.c_str(), kTrain.c_str(), "--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2",
+            static_cast<char*>(nullptr));
+    ::_exit(126);
+  }
+  std::string tty;
+  char buf[4096];
+  for (;;) {
+    const ssize_t k = ::read(master, buf, sizeof buf);
+    if (k <= 0) break;  // EIO once the child is gone
+    tty.append(buf, static_cast<std::size_t>(k));
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  ::close(master);
+  INFO(tty);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(contains(tty, "\r[##############################] step 30/30  loss "));
+  CHECK(contains(tty, "steps/s  ETA "));
+  CHECK_FALSE(contains(tty, "\nstep 1/30"));
+  // stdout a file: plain lines every --log-every steps (and the first and last).
+  const Done d = train({"--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2", "--log-every", "10"});
+  INFO(d.out);
+  REQUIRE(d.ok());
+  CHECK_FALSE(contains(d.out, "\r"));
+  for (const char* line : {"\nstep 1/30  loss ", "\nstep 10/30  loss ", "\nstep 20/30  loss ", "\nstep 30/30  loss "})
+    CHECK(contains(d.out, line));
+  CHECK_FALSE(contains(d.out, "step 11/30"));
+  // --quiet: the summary only.
+  const Done q = train({"--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2", "--quiet"});
+  REQUIRE(q.ok());
+  CHECK(lines_of(q.out).size() == 1);
+  CHECK(contains(q.out, "dopt-train: 30 steps in "));
 }
 
 TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on every rank", "[train]") {
