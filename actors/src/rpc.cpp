@@ -29,6 +29,7 @@ namespace dopt::rpc::detail {
 
 struct OutCall {
   int dest = -1;
+  int attempts = 0;
   CallSpec spec;
   Promise<std::vector<char>> promise;
   ~OutCall() {
@@ -873,6 +874,18 @@ void dispatch(Self* self, int caller, std::uint64_t id, int mode, const std::str
   });
 }
 
+/// Sends (or resends: same id) the request and arms its deadline.
+void send_request(Self* self, std::uint64_t id, OutCall& call, int copies) {
+  auto& st = self->state;
+  const auto& s = call.spec;
+  ++call.attempts;
+  for (int k = 0; k < copies; ++k)
+    self->send(st.peers[static_cast<std::size_t>(call.dest)], caf::atom("rpcreq"), st.core->rank, id,
+               static_cast<int>(s.mode), s.fn, s.target, s.new_object, s.args);
+  self->delayed_send(self, s.timeout.value_or(st.core->options.rpc_timeout), caf::atom("rpctmo"), id,
+                     call.attempts);
+}
+
 void on_lost(Self* self, int r, const std::string& what) {
   auto& st = self->state;
   auto& c = *st.core;
@@ -935,12 +948,7 @@ caf::behavior agent_actor(Self* self, std::shared_ptr<AgentCore> core) {
         }
         const std::uint64_t id = st.next_call++;
         st.pending[id] = call;
-        const auto& s = call->spec;
-        for (int k = 0; k < std::max(1, s.copies); ++k)
-          self->send(st.peers[static_cast<std::size_t>(d)], caf::atom("rpcreq"), c.rank, id, static_cast<int>(s.mode),
-                     s.fn, s.target, s.new_object, s.args);
-        const auto timeout = s.timeout.value_or(c.options.rpc_timeout);
-        self->delayed_send(self, timeout, caf::atom("rpctmo"), id);
+        send_request(self, id, *call, std::max(1, call->spec.copies));
       },
       [self](caf::atom_constant<caf::atom("rpcreq")>, int caller, std::uint64_t id, int mode, const std::string& fn,
              std::uint64_t target, std::uint64_t newobj, std::vector<char>& args) {
@@ -966,17 +974,23 @@ caf::behavior agent_actor(Self* self, std::shared_ptr<AgentCore> core) {
         else
           fail_call(call, make_error(kind, op, detail, err_rank >= 0 ? std::optional<int>(err_rank) : std::nullopt));
       },
-      [self](caf::atom_constant<caf::atom("rpctmo")>, std::uint64_t id) {
+      [self](caf::atom_constant<caf::atom("rpctmo")>, std::uint64_t id, int attempt) {
         auto& st = self->state;
         auto it = st.pending.find(id);
-        if (it == st.pending.end()) return;
+        if (it == st.pending.end() || it->second->attempts != attempt) return;
         auto call = it->second;
+        if (call->attempts <= call->spec.retries) {
+          send_request(self, id, *call, 1);  // the callee runs it at most once
+          return;
+        }
         st.pending.erase(it);
         auto& c = *st.core;
         const auto ms = call->spec.timeout.value_or(c.options.rpc_timeout).count();
         fail_call(call, std::make_exception_ptr(TimeoutError(
                             "rpc", "call of '" + call->spec.fn + "' from " + c.who(c.rank) + " to " +
-                                       c.who(call->dest) + " got no reply within " + std::to_string(ms) + " ms",
+                                       c.who(call->dest) + " got no reply within " + std::to_string(ms) + " ms" +
+                                       (call->attempts > 1 ? " (each of " + std::to_string(call->attempts) + " attempts)"
+                                                           : std::string()),
                             c.rank)));
       },
   };

@@ -97,6 +97,16 @@ void register_test_functions() {
       f.wait();
       return 1;
     });
+    register_function("t.count_then_wait_gate", [] {
+      ++g_count_once;
+      std::shared_future<void> f;
+      {
+        std::lock_guard<std::mutex> lock(g_gate_mutex);
+        f = g_gate_future;
+      }
+      f.wait();
+      return 1;
+    });
     register_function("t.open_gate", [] {
       std::lock_guard<std::mutex> lock(g_gate_mutex);
       g_gate->set_value();
@@ -262,6 +272,28 @@ TEST_CASE("rpc idempotency: a request sent three times with one call id runs onc
     SCHECK(a.rpc_sync<int>("worker2", "t.read_count") == 2);
   });
   SCHECK(g_count_once == 2);
+}
+
+TEST_CASE("rpc retries: a call resent after its deadline runs once on the callee", "[rpc]") {
+  register_test_functions();
+  g_count_once = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_gate_mutex);
+    g_gate.emplace();
+    g_gate_future = g_gate->get_future().share();
+  }
+  simulate(3, [](Agent& a) {
+    if (a.rank() != 0) return;
+    auto fn = Fn("t.count_then_wait_gate").with_timeout(std::chrono::milliseconds(50)).with_retries(3);
+    std::string e = error_of([&] { a.rpc_sync<int>("worker2", fn); });
+    SCHECK_THAT(e, Contains("TimeoutError") && Contains("4 attempts"));
+    a.rpc_sync("worker1", "t.open_gate");
+    // all four requests reached worker2 before this call: it ran once
+    SCHECK(a.rpc_sync<int>("worker2", "t.read_count") == 1);
+    // a call that finishes is answered from the first attempt's reply
+    SCHECK(a.rpc_sync<int>("worker2", Fn("t.count_once").with_retries(2)) == 2);
+  });
+  CHECK(g_count_once == 2);
 }
 
 TEST_CASE("rpc dead worker: pending and later calls fail with PeerLostError naming it", "[rpc]") {

@@ -155,6 +155,7 @@ DistributedOptimizer::DistributedOptimizer(rpc::Agent agent, OptimizerSpec spec,
   const std::string json = spec_.to_json();
   rpc::Fn create("dopt.optim.create");
   create.timeout = options_.timeout;
+  create.retries = options_.retries;
   for (auto& [rank, ps] : by_owner)
     owners_.push_back(Owner{rank, agent_.remote<OwnerOptimizer>(rank, create, json, ps)});
   num_params_ = params.size();
@@ -167,6 +168,7 @@ Future<void> DistributedOptimizer::fan_out(const std::string& what, const std::s
                                            const A&... args) const {
   rpc::Fn fn(method);
   fn.timeout = options_.timeout;
+  fn.retries = options_.retries;
   std::vector<Future<void>> fs;
   std::vector<rpc::WorkerInfo> who;
   for (const auto& o : owners_) {

@@ -316,7 +316,7 @@ TEST_CASE("DistributedOptimizer: an owner killed mid-step fails the step with an
   dopt::optim::detail::set_owner_step_hook({});
 }
 
-TEST_CASE("DistributedOptimizer: a step whose owner does not answer in time fails with TimeoutError",
+TEST_CASE("DistributedOptimizer: a step whose owner does not answer in time fails with TimeoutError, its retries apply once",
           "[distributed_optimizer]") {
   register_test_functions();
   {
@@ -339,17 +339,26 @@ TEST_CASE("DistributedOptimizer: a step whose owner does not answer in time fail
     auto p1 = a.remote<Tensor>(1, "dt.make_param", std::vector<float>{1}, std::vector<std::int64_t>{1});
     auto p2 = a.remote<Tensor>(2, "dt.make_param", std::vector<float>{1}, std::vector<std::int64_t>{1});
     DistributedOptimizerOptions o;
-    o.timeout = std::chrono::milliseconds(200);
+    o.timeout = std::chrono::milliseconds(500);  // also bounds the construction: not too short under load
+    o.retries = 2;
     DistributedOptimizer dist(a, {"SGD", {{"lr", 0.1}}}, {p1, p2}, o);
     GradContext ctx = a.new_context();
     (void)ctx.deposit_all({{p1, Tensor::full({1}, 1.0)}, {p2, Tensor::full({1}, 1.0)}});
     const std::string e = error_of([&] { dist.step(ctx); });
     SCHECK_THAT(e, Contains("TimeoutError") && Contains("1 of 2 owners failed") && Contains("'worker1' (rank 1)") &&
-                       Contains("200 ms"));
+                       Contains("500 ms") && Contains("3 attempts"));
     {
       std::lock_guard<std::mutex> lock(g_gate_mutex);
       g_gate->set_value();
     }
+    // The three requests ran as one step: after it (lrs() queues behind it
+    // on the owner), p1 moved by exactly one SGD step.
+    (void)dist.lrs();
+    Tensor l1 = Tensor::from_vector(std::vector<float>{1});
+    auto lopt = make_optimizer({"SGD", {{"lr", 0.1}}}, {OptimizerParamGroup({l1})});
+    l1.set_grad(Tensor::full({1}, 1.0));
+    lopt->step();
+    SCHECK(bits_mismatch(p1.to_here(), l1) == "");
   });
   dopt::optim::detail::set_owner_step_hook({});
 }

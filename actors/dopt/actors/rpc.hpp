@@ -52,7 +52,8 @@
 //     (fewer when their results exceed dedup_window_bytes)
 //     and answers a repeated request with the cached reply without running
 //     the function again; a repeat while it still runs is dropped (its reply
-//     comes once). So a resend never applies an update twice.
+//     comes once). So a resend (Fn::with_retries) never applies an update
+//     twice.
 //
 // RRefs (remote references)
 //   * RRef<T> names a value owned by one worker (owner()); to_here() copies
@@ -154,10 +155,18 @@ struct Fn {
   /// Testing: send the request this many times with the same call id (the
   /// callee must run it once). Normal calls: 1.
   int copies = 1;
+  /// Resends (same call id) after a deadline passes without a reply, each
+  /// with a fresh deadline, before failing with TimeoutError. The callee
+  /// runs the call at most once (see Idempotency above).
+  int retries = 0;
   Fn(const char* n) : name(n) {}
   Fn(std::string n) : name(std::move(n)) {}
   Fn& with_timeout(std::chrono::milliseconds t) {
     timeout = t;
+    return *this;
+  }
+  Fn& with_retries(int n) {
+    retries = n;
     return *this;
   }
   Fn& duplicate_for_testing(int n) {
@@ -202,6 +211,7 @@ struct CallSpec {
   std::vector<std::shared_ptr<RRefState>> rrefs;  // handed on to the receiver
   std::optional<std::chrono::milliseconds> timeout;
   int copies = 1;
+  int retries = 0;
 };
 
 /// Posts the call to the agent; the future holds the encoded result.
@@ -256,6 +266,7 @@ CallSpec make_spec(const To& to, const Fn& fn, Mode mode, const A&... a) {
   s.mode = mode;
   s.timeout = fn.timeout;
   s.copies = fn.copies;
+  s.retries = fn.retries;
   Encoder e;
   e.put_tag(tag::tuple);
   e.put_pod<std::uint64_t>(sizeof...(A));

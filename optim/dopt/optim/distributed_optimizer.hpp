@@ -52,6 +52,9 @@ namespace dopt::optim {
 struct DistributedOptimizerOptions {
   /// Deadline of each message to the owners; empty: the agent's rpc_timeout.
   std::optional<std::chrono::milliseconds> timeout;
+  /// Resends of each message after its deadline (same call id: an owner
+  /// applies a step at most once, rpc.hpp's idempotency).
+  int retries = 0;
 };
 
 /// The value each owner keeps (local functional optimizer + its parameters).
