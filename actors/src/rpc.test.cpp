@@ -137,6 +137,10 @@ void register_test_functions() {
       }
       return a.rpc_sync<std::int64_t>(owner, "t.owned");
     });
+    register_function("t.wait_lost_then_owned", [](Agent& a, int rank) {
+      if (!a.wait_until_lost(rank, std::chrono::seconds(30))) throw TimeoutError("test", "never saw it die");
+      return static_cast<std::int64_t>(a.num_owned());
+    });
     register_function("t.owned", [](Agent& a) { return static_cast<std::int64_t>(a.num_owned()); });
     register_function("t.contexts", [](Agent& a) { return static_cast<std::int64_t>(a.num_contexts()); });
     register_function("t.make_param", [](int n) { return Tensor::full({n}, 0.5); });
@@ -362,7 +366,7 @@ TEST_CASE("rpc RRefs: remote values, to_here, methods in the owner's strand, loc
   });
 }
 
-TEST_CASE("rpc RRef lifetime: the owner frees the value when the last holder lets go", "[rpc]") {
+TEST_CASE("rpc RRef lifetime: the owner frees the value when the last holder lets go or dies", "[rpc]") {
   register_test_functions();
   Tracked::live = 0;
   simulate(3, [](Agent& a) {
@@ -387,6 +391,21 @@ TEST_CASE("rpc RRef lifetime: the owner frees the value when the last holder let
     SCHECK(a.rpc_sync<std::int64_t>("worker1", "t.drop_kept_then_count", 0) == 0);
     SCHECK(Tracked::live == 0);
   });
+  SCHECK(Tracked::live == 0);
+  // A holder that dies stops holding: owned by worker1, held by worker3 only, which dies.
+  simulate(4, [](Agent& a) {
+    if (a.rank() != 0) return;
+    RRef<Tracked> r = a.remote<Tracked>("worker1", "t.make_tracked", 11);
+    a.rpc_sync("worker3", "t.keep", r);
+    r = RRef<Tracked>();
+    SCHECK(a.rpc_sync<std::int64_t>("worker1", "t.owned") == 1);
+    SCHECK_THAT(error_of([&] { a.rpc_sync("worker3", "t.die"); }), Contains("PeerLostError"));
+    SCHECK(a.rpc_sync<std::int64_t>("worker1", "t.wait_lost_then_owned", 3) == 0);
+  });
+  {
+    std::lock_guard<std::mutex> lock(g_kept_mutex);
+    g_kept.reset();  // worker3's handle (its agent is gone: the release goes nowhere)
+  }
   SCHECK(Tracked::live == 0);
 }
 
