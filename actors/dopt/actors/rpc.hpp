@@ -34,6 +34,10 @@
 //     block at once). Calls on one RRef's value (RRef::rpc_async, to_here)
 //     run one at a time, in the order the owner received them: every owned
 //     value has its own queue (a strand), so the value is an actor.
+//   * The futures are filled on the agent actor's thread: a then()
+//     continuation runs there and must not block (wait on the future from
+//     your own thread instead). Only bookkeeping (reference counts, context
+//     deposits, shutdown notes) runs on the agent itself.
 //   * Every call has a deadline: Fn::timeout, else RpcOptions::rpc_timeout.
 //     The future fails with
 //       TimeoutError   no reply in time (names the function, the destination
