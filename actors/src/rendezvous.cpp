@@ -12,6 +12,7 @@
 #include "caf/io/all.hpp"
 #include "dopt/runtime/error.hpp"
 #include "internal.hpp"
+#include "caf_thread.hpp"
 #include "rendezvous_internal.hpp"
 
 namespace dopt::detail {
@@ -212,6 +213,7 @@ struct RendezvousImpl {
       if (stopped) throw StateError("rendezvous", "the runtime has been shut down", rank);
       c = coord;
     }
+    UserThreadCafScope caf_scope;
     caf::scoped_actor self{*sys};
     Table out;
     int kind = k_ok;
@@ -282,6 +284,7 @@ const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { re
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, milliseconds timeout, caf::actor payload,
                                  const std::function<std::string()>& make_info) {
+  detail::UserThreadCafScope caf_scope;
   const int rank = env.rank;
   if (timeout.count() <= 0) throw ValueError("rendezvous", "timeout must be positive", rank);
   if (env.world_size < 1 || rank < 0 || rank >= env.world_size)

@@ -22,6 +22,7 @@
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
+#include "caf_thread.hpp"
 #include "internal.hpp"
 #include "rendezvous_internal.hpp"
 
@@ -1008,6 +1009,7 @@ std::shared_ptr<AgentCore> make_core(caf::actor_system& sys, const std::string& 
   core->options = options;
   core->sys = &sys;
   core->pool = std::make_unique<Pool>(options.num_worker_threads);
+  ::dopt::detail::UserThreadCafScope caf_scope;
   core->actor = sys.spawn(agent_actor, core);
   return core;
 }
@@ -1015,6 +1017,7 @@ std::shared_ptr<AgentCore> make_core(caf::actor_system& sys, const std::string& 
 void start_agent(caf::actor_system& sys, const std::shared_ptr<AgentCore>& core, std::vector<caf::actor> peers) {
   auto p = std::make_shared<AgentPeers>();
   p->actors = std::move(peers);
+  ::dopt::detail::UserThreadCafScope caf_scope;
   caf::scoped_actor self{sys};
   self->request(core->handle(), caf::infinite, caf::atom("rpcinit"), AgentPeersPtr(p))
       .receive([](bool) {},
@@ -1250,6 +1253,7 @@ bool is_registered(const std::string& name) { return detail::find_function(name)
 // --- starting workers ----------------------------------------------------------------------
 
 Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, const RpcOptions& options) {
+  ::dopt::detail::UserThreadCafScope caf_scope;
   if (world_size < 1 || rank < 0 || rank >= world_size)
     throw ValueError("rpc.init", "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
                      rank);

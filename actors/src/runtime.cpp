@@ -23,6 +23,7 @@
 #include "rendezvous_internal.hpp"
 #include "ring.hpp"
 #include "dopt/runtime/tcp_transport.hpp"
+#include "caf_thread.hpp"
 #include "internal.hpp"
 #include "kernels.hpp"
 
@@ -1171,6 +1172,7 @@ class RuntimeImpl {
     cfg_.add_message_type<P2PReply>("dopt.P2PReply");
     cfg_.add_message_type<NetArrival>("dopt.NetArrival");
     cfg_.add_message_type<NetP2P>("dopt.NetP2P");
+    UserThreadCafScope caf_scope;  // the thread that makes the runtime need not be the one that ends it
     system_ = std::make_unique<caf::actor_system>(cfg_);
   }
   ~RuntimeImpl() { shutdown(); }
@@ -1271,6 +1273,7 @@ void runtime_add_stopper(RuntimeImpl& rt, std::function<void()> stop) { rt.add_s
 std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& sys, int world_size,
                                                               std::chrono::milliseconds timeout,
                                                               std::vector<caf::actor>* actors) {
+  UserThreadCafScope caf_scope;
   auto peers = std::make_shared<Peers>();
   for (int r = 0; r < world_size; ++r) peers->actors.push_back(sys.spawn(rank_actor, r, world_size));
   PeersPtr pp = peers;
@@ -1310,6 +1313,7 @@ std::string host_info() {
 }  // namespace
 
 ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
+  UserThreadCafScope caf_scope;
   const char* op = "init_process_group";
   std::string plane_choice = options.transport;
   if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) plane_choice = t;

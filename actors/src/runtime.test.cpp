@@ -159,3 +159,56 @@ TEST_CASE("Runtime shutdown fails operations of groups that outlive simulate", "
   rt.shutdown();
   CHECK_THROWS_AS(kept.barrier(), dopt::StateError);
 }
+
+// CAF 0.17 pins its logger in a thread-local of any thread that spawns an
+// actor; ~actor_system waits for the logger, so a live user thread that ran
+// simulate() (or made the Runtime) used to hang the shutdown forever.
+TEST_CASE("Runtime shuts down while threads that used it are still alive", "[actors]") {
+  const bool make_on_other_thread = GENERATE(false, true);
+  std::atomic<bool> release{false};
+  std::atomic<bool> simulated{false};
+  std::unique_ptr<dopt::Runtime> rt;
+  std::thread maker;
+  if (make_on_other_thread) {
+    // The runtime is made on a thread that stays alive and ended on this one.
+    std::atomic<bool> made{false};
+    maker = std::thread([&] {
+      rt = std::make_unique<dopt::Runtime>(dopt::RuntimeOptions{});
+      made = true;
+      while (!release) std::this_thread::yield();
+    });
+    while (!made) std::this_thread::yield();
+  } else {
+    rt = std::make_unique<dopt::Runtime>(dopt::RuntimeOptions{});
+  }
+  std::thread user([&] {
+    dopt::SimulateOptions o;
+    o.runtime = rt.get();
+    dopt::simulate(3, [](dopt::RankContext& ctx) {
+      auto t = dopt::Tensor::full({4}, 1.0f);
+      ctx.world().all_reduce(t);
+    }, o);
+    simulated = true;
+    while (!release) std::this_thread::yield();  // alive while the runtime shuts down
+  });
+  while (!simulated) std::this_thread::yield();
+
+  // A hang here is the bug; bound it so the test fails instead of blocking CTest.
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    rt->shutdown();
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!done) {
+    FAIL_CHECK("Runtime::shutdown did not return within 60 s while a user thread was alive");
+    std::_Exit(1);  // the stopper cannot be joined
+  }
+  stopper.join();
+  CHECK_FALSE(rt->running());
+  release = true;
+  user.join();
+  if (maker.joinable()) maker.join();
+  rt.reset();
+}
