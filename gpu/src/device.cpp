@@ -83,6 +83,7 @@ bool init() {
     register_allocator(DeviceType::CUDA, &allocator());
     detail::register_nccl_backend();
     detail::register_fused_stepper();
+    void register_ddp_ops(); register_ddp_ops();  // ddp_ops.cpp: reducer / comm hook / averager device ops
   });
   return device_count() > 0;
 }

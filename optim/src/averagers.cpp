@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 
+#include "dopt/optim/device_ops.hpp"
 #include "plsgd_util.hpp"
 
 namespace dopt::optim {
@@ -30,33 +32,37 @@ Future<void> average_parameters_async(const std::vector<Tensor>& params, Process
   if (!group.valid()) throw ValueError(op, "the process group is invalid");
   for (const auto& p : params) {
     check_defined(p, op, "parameter");
-    check_cpu(p, op);
     if (!is_floating_point(p.dtype()))
       throw TypeError(op, "can only average floating-point parameters, got " + p.str());
   }
   if (!group.is_member() || params.empty()) return make_ready_future();
-  // One flat buffer per dtype, in order of first appearance.
-  std::vector<DType> dtypes;
-  for (const auto& p : params)
-    if (std::find(dtypes.begin(), dtypes.end(), p.dtype()) == dtypes.end()) dtypes.push_back(p.dtype());
+  // One flat buffer per (dtype, device), in order of first appearance (on
+  // the CPU: one per dtype, as before).
+  std::vector<std::pair<DType, Device>> kinds;
+  for (const auto& p : params) {
+    const std::pair<DType, Device> k{p.dtype(), p.device()};
+    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
+  }
   std::vector<Future<void>> futures;
-  for (DType dt : dtypes) {
+  for (const auto& [dt, dev] : kinds) {
     std::vector<Tensor> members;
     std::int64_t total = 0;
     for (const auto& p : params)
-      if (p.dtype() == dt) {
+      if (p.dtype() == dt && p.device() == dev) {
         members.push_back(p);
         total += p.numel();
       }
-    Tensor flat = Tensor::empty({total}, dt);
+    Tensor flat = Tensor::empty({total}, dt, dev);
     std::int64_t off = 0;
     for (const auto& p : members) {
       if (p.numel()) flat.flat_slice(off, p.numel()).copy_(p);
       off += p.numel();
     }
-    detail::divide_(flat, group.size(), op);
-    if (group.size() >= 3 && (dt == DType::float32 || dt == DType::float64)) {
+    detail::divide_any_(flat, group.size(), op);
+    if (dev.is_cpu() && group.size() >= 3 && (dt == DType::float32 || dt == DType::float64)) {
       // torch (gloo) adds the ranks' values in ring order; match it bitwise.
+      // Device tensors take the device backend's all_reduce below (NCCL's
+      // order, as torch on CUDA).
       detail::ring_all_reduce_sum(group, flat);
       std::int64_t o = 0;
       for (const auto& p : members) {

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "dopt/optim/device_ops.hpp"
 #include "plsgd_util.hpp"
 
 namespace dopt::optim {
@@ -40,7 +41,7 @@ std::vector<Tensor> GradBucket::gradients() const {
 Future<Tensor> allreduce_fut(ProcessGroup group, const Tensor& tensor) {
   if (!group.valid()) throw ValueError("allreduce_hook", "the process group is invalid");
   check_defined(tensor, "allreduce_hook", "tensor");
-  detail::divide_(tensor, group.size(), "allreduce_hook");
+  detail::divide_any_(tensor, group.size(), "allreduce_hook");
   return group.all_reduce_async(tensor, ReduceOp::sum).then([tensor](Future<void> f) {
     f.get();
     return tensor;
@@ -58,11 +59,14 @@ CommHook compress_hook(ProcessGroup process_group, DType wire, const char* op) {
   if (!process_group.valid()) throw ValueError(op, "the process group is invalid");
   return [pg = std::move(process_group), wire, op](GradBucket& bucket) mutable -> Future<Tensor> {
     Tensor buffer = bucket.buffer();
-    Tensor compressed = buffer.to(wire);
-    detail::divide_(compressed, pg.size(), op);
+    // On a device, the cast, the division and the decompression run there
+    // (detail::DeviceOps), bitwise the CPU path's conversions and arithmetic.
+    Tensor compressed = Tensor::empty(buffer.shape(), wire, buffer.device());
+    detail::convert_any_(compressed, buffer);
+    detail::divide_any_(compressed, pg.size(), op);
     return pg.all_reduce_async(compressed, ReduceOp::sum).then([buffer, compressed](Future<void> f) {
       f.get();
-      buffer.copy_(compressed);  // decompress in place
+      detail::convert_any_(buffer, compressed);  // decompress in place
       return buffer;
     });
   };

@@ -4,6 +4,8 @@
 #include <map>
 #include <string>
 
+#include "dopt/optim/device_ops.hpp"
+
 namespace dopt::optim {
 
 namespace {
@@ -28,7 +30,9 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     if (!p.defined()) throw ValueError(kOp, "parameter " + std::to_string(i) + " is undefined");
-    if (!p.device().is_cpu()) throw ValueError(kOp, "parameter " + std::to_string(i) + " is not on the CPU: " + p.str());
+    if (p.device() != params_.front().device())
+      throw ValueError(kOp, "parameter " + std::to_string(i) + " is on " + p.device().str() + ", parameter 0 on " +
+                                params_.front().device().str() + ": all parameters must be on one device");
     if (!is_floating_point(p.dtype()))
       throw TypeError(kOp, "parameter " + std::to_string(i) + " is not floating point: " + p.str());
     if (!index_of_.emplace(p.key(), i).second)
@@ -75,7 +79,7 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
       bucket.offsets.push_back(off);
       off += params_[i].numel();
     }
-    bucket.buffer = Tensor::zeros({off}, params_[bucket.params.front()].dtype());
+    bucket.buffer = Tensor::zeros({off}, params_[bucket.params.front()].dtype(), params_.front().device());
     bucket.pending = bucket.params.size();
     buckets_.push_back(std::move(bucket));
   }
@@ -214,10 +218,10 @@ void Reducer::finalize() {
         Tensor src = flat.flat_slice(b.offsets[s], p.numel());
         Tensor g = p.grad();
         if (!g.defined()) {
-          g = Tensor::empty(p.shape(), p.dtype());
+          g = Tensor::empty(p.shape(), p.dtype(), p.device());
           p.set_grad(g);
         }
-        g.copy_(src);
+        detail::convert_any_(g, src);  // a plain copy unless a custom hook returned another dtype
       }
     } catch (...) {
       if (!error) error = std::current_exception();

@@ -36,6 +36,14 @@
 // ordered std::map, so periods are always ascending; its subgroups are real
 // dopt subgroups, also on CPU (torch 1.13 requires CUDA for new_subgroups).
 //
+// Devices: parameters may live on a device (CUDA after gpu::init()): the flat
+// buffer is then allocated there (one per dtype and device), filled and read
+// back with device copies and divided there (detail::DeviceOps, bitwise the
+// CPU arithmetic); the sum is one all_reduce_async(SUM) through the device
+// backend for every group size (NCCL's order, as torch on CUDA, not the
+// ring above). PostLocalSGDOptimizer on device parameters thus runs the
+// fused optimizer step and this average. The CPU path is unchanged.
+//
 // Not thread-safe: one thread per rank at a time.
 #include <cstdint>
 #include <map>
@@ -54,12 +62,12 @@ namespace dopt::optim {
 std::vector<Tensor> get_params_to_average(const std::vector<Tensor>& params);
 std::vector<Tensor> get_params_to_average(const std::vector<OptimizerParamGroup>& groups);
 
-/// Averages `params` over `group` (no gradient filter here): per dtype, in
+/// Averages `params` over `group` (no gradient filter here): per dtype (and device), in
 /// order of first appearance, one flat buffer, divided by group.size(), one
 /// SUM reduction (see the header: ring order for >= 3 ranks). The returned future completes once every
 /// parameter holds its average; until then the parameters must not be
 /// touched. A non-member of the group gets a ready future and nothing
-/// changes. Floating-point CPU tensors only (TypeError otherwise; float16 and
+/// changes. Floating-point tensors only, on any device (TypeError otherwise; float16 and
 /// bfloat16 are divided in float32 and rounded, like torch's Half math).
 Future<void> average_parameters_async(const std::vector<Tensor>& params, ProcessGroup group);
 /// Blocking form: average_parameters_async(...).get().

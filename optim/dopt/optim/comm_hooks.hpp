@@ -19,6 +19,11 @@
 //
 // Arithmetic (bitwise torch's): every built-in averaging hook divides first,
 // then all-reduces with SUM (sum_r g_r / n, not (sum_r g_r) / n).
+//
+// Devices: on a device bucket (CUDA after gpu::init()) the built-in hooks
+// divide and cast on the device (detail::DeviceOps, device_ops.hpp: bitwise
+// the CPU path's arithmetic and conversions; without registered ops they
+// stage through host memory) and all-reduce through the device backend.
 #include <cstddef>
 #include <cstdint>
 #include <functional>

@@ -51,9 +51,17 @@
 // marked twice in one iteration (StateError); a gradient of the wrong shape
 // or dtype (ShapeError/DTypeError); a second register_comm_hook or one after
 // the first iteration began (StateError); duplicate or undefined parameters,
-// non-CPU or non-floating parameters, an invalid group, a zero bucket cap
+// parameters on different devices, non-floating parameters, an invalid group, a zero bucket cap
 // (ValueError / TypeError) at construction. A hook's or a collective's
 // failure is rethrown by finalize().
+//
+// Devices: the parameters may live on any one device (all on the same; CUDA
+// after gpu::init()). The buckets are allocated there, gradients are copied
+// into them and back with device copies, the built-in hooks divide and cast
+// there (detail::DeviceOps, device_ops.hpp: bitwise the CPU arithmetic) and
+// their all-reduces go to the device backend (NCCL: NCCL's summation order,
+// as torch's DDP on CUDA). Join's own all-reduces stay on the CPU
+// (join_device()). The CPU path is unchanged.
 //
 // Not thread-safe: one thread per rank calls every method.
 #include <cstddef>
