@@ -383,6 +383,8 @@ def driver(a):
                 rec.setdefault("optimizer", o)
                 if (rec["owners"], rec["numel_per_owner"], rec["optimizer"]) != (k, n, o):
                     raise SystemExit(f"record does not match the launch: {rec}")
+                if impl == "dopt" and rec.get("simulated"):
+                    raise SystemExit(f"the dopt record says it ran simulated, not under dopt-run: {rec}")
                 if impl == "torch":
                     meta["torch_functional_path"] = rec.get("is_functional_optim")
                 records.append(rec)
