@@ -1,24 +1,16 @@
 #include "dopt/actors/device_backend.hpp"
 
-#include <array>
-#include <atomic>
+#include "dopt/runtime/device_registry.hpp"
 
 namespace dopt::detail {
 namespace {
-std::array<std::atomic<DeviceBackend*>, 2> g_backends{};
+DeviceRegistry<DeviceBackend> g_backends;
 }  // namespace
 
 void register_device_backend(DeviceType type, DeviceBackend* backend) {
-  if (type == DeviceType::CPU)
-    throw ValueError("register_device_backend", "CPU tensors always use the rank actors' collectives");
-  g_backends.at(static_cast<std::size_t>(type)).store(backend);
+  g_backends.set(type, backend, "register_device_backend", "CPU tensors always use the rank actors' collectives");
 }
 
-DeviceBackend* device_backend_for(const Tensor& tensor) noexcept {
-  if (!tensor.defined()) return nullptr;
-  const auto type = static_cast<std::size_t>(tensor.device().type);
-  if (type == 0 || type >= g_backends.size()) return nullptr;
-  return g_backends[type].load();
-}
+DeviceBackend* device_backend_for(const Tensor& tensor) noexcept { return g_backends.find(tensor); }
 
 }  // namespace dopt::detail

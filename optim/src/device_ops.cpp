@@ -1,27 +1,21 @@
 #include "dopt/optim/device_ops.hpp"
 
-#include <array>
-#include <atomic>
 #include <string>
+
+#include "dopt/runtime/device_registry.hpp"
 
 #include "plsgd_util.hpp"
 
 namespace dopt::optim::detail {
 namespace {
-std::array<std::atomic<DeviceOps*>, 2> g_ops{};
+dopt::detail::DeviceRegistry<DeviceOps> g_ops;
 }  // namespace
 
 void register_device_ops(DeviceType type, DeviceOps* ops) {
-  if (type == DeviceType::CPU) throw ValueError("register_device_ops", "CPU tensors always use the host loops");
-  g_ops.at(static_cast<std::size_t>(type)).store(ops);
+  g_ops.set(type, ops, "register_device_ops", "CPU tensors always use the host loops");
 }
 
-DeviceOps* device_ops_for(const Tensor& t) noexcept {
-  if (!t.defined()) return nullptr;
-  const auto type = static_cast<std::size_t>(t.device().type);
-  if (type == 0 || type >= g_ops.size()) return nullptr;
-  return g_ops[type].load();
-}
+DeviceOps* device_ops_for(const Tensor& t) noexcept { return g_ops.find(t); }
 
 void divide_any_(const Tensor& t, std::int64_t n, const char* op) {
   check_defined(t, op, "tensor");

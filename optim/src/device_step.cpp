@@ -1,24 +1,16 @@
 #include "dopt/optim/device_step.hpp"
 
-#include <array>
-#include <atomic>
+#include "dopt/runtime/device_registry.hpp"
 
 namespace dopt::optim::detail {
 namespace {
-std::array<std::atomic<DeviceStepper*>, 2> g_steppers{};
+dopt::detail::DeviceRegistry<DeviceStepper> g_steppers;
 }  // namespace
 
 void register_device_stepper(DeviceType type, DeviceStepper* stepper) {
-  if (type == DeviceType::CPU)
-    throw ValueError("register_device_stepper", "CPU parameters always use the CPU kernels");
-  g_steppers.at(static_cast<std::size_t>(type)).store(stepper);
+  g_steppers.set(type, stepper, "register_device_stepper", "CPU parameters always use the CPU kernels");
 }
 
-DeviceStepper* device_stepper_for(const Tensor& param) noexcept {
-  if (!param.defined()) return nullptr;
-  const auto type = static_cast<std::size_t>(param.device().type);
-  if (type == 0 || type >= g_steppers.size()) return nullptr;
-  return g_steppers[type].load();
-}
+DeviceStepper* device_stepper_for(const Tensor& param) noexcept { return g_steppers.find(param); }
 
 }  // namespace dopt::optim::detail

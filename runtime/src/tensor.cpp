@@ -1,4 +1,5 @@
 #include "dopt/runtime/tensor.hpp"
+#include "dopt/runtime/device_registry.hpp"
 
 #include <dlpack/dlpack.h>
 
@@ -62,7 +63,7 @@ class CpuAllocator final : public Allocator {
 };
 
 CpuAllocator g_cpu_allocator;
-std::array<std::atomic<Allocator*>, 2> g_allocators{&g_cpu_allocator, nullptr};
+std::array<std::atomic<Allocator*>, detail::kDeviceTypeCount> g_allocators{&g_cpu_allocator, nullptr};
 
 }  // namespace
 
