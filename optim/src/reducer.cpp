@@ -228,11 +228,7 @@ void Reducer::finalize() {
     }
   }
   if (join_notify_.valid()) {
-    try {
-      join_notify_.get();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
+    wait_keeping_first_error(join_notify_, error);
     join_notify_ = Future<void>();
   }
   reset_iteration();
@@ -247,11 +243,7 @@ void Reducer::shadow_iteration() {
   }
   std::exception_ptr error;
   for (auto& b : buckets_) {
-    try {
-      b.result.get();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
+    wait_keeping_first_error(b.result, error);
     b.result = Future<Tensor>();
   }
   if (error) std::rethrow_exception(error);

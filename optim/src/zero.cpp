@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "dopt/runtime/safetensors.hpp"
+#include "agreement.hpp"
 #include "zero_overlap_internal.hpp"
 
 namespace dopt::optim {
@@ -194,37 +195,28 @@ void ZeroRedundancyOptimizer::add_group_checked(OptimizerParamGroup group, const
 }
 
 void ZeroRedundancyOptimizer::check_same_params_everywhere(const char* op) {
-  // FNV-1a over the structure: groups, sizes, dtypes, shapes.
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](std::uint64_t v) {
-    for (int b = 0; b < 8; ++b) {
-      h ^= (v >> (8 * b)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
+  // A hash of the structure: groups, sizes, dtypes, shapes.
+  detail::StructureHash h;
   std::int64_t numel = 0;
-  mix(groups_.size());
+  h.mix(groups_.size());
   for (const auto& g : groups_) {
-    mix(g.params.size());
+    h.mix(g.params.size());
     for (const auto& p : g.params) {
-      mix(static_cast<std::uint64_t>(p.dtype()));
-      mix(static_cast<std::uint64_t>(p.dim()));
-      for (auto d : p.shape()) mix(static_cast<std::uint64_t>(d));
+      h.mix(static_cast<std::uint64_t>(p.dtype()));
+      h.mix(static_cast<std::uint64_t>(p.dim()));
+      for (auto d : p.shape()) h.mix(static_cast<std::uint64_t>(d));
       numel += p.numel();
     }
   }
-  const std::vector<std::int64_t> mine{static_cast<std::int64_t>(h >> 1), static_cast<std::int64_t>(groups_.size()),
-                                       static_cast<std::int64_t>(all_params_.size()), numel};
-  std::vector<Tensor> outs;
-  for (int r = 0; r < world_size_; ++r) outs.push_back(Tensor::zeros({4}, DType::int64));
-  group_.all_gather(outs, Tensor::from_vector(mine));
+  const auto all = detail::all_gather_descriptors(
+      group_, {h.value(), static_cast<std::int64_t>(groups_.size()), static_cast<std::int64_t>(all_params_.size()), numel});
   auto describe = [](const std::vector<std::int64_t>& d) {
     return std::to_string(d[1]) + " groups, " + std::to_string(d[2]) + " parameters, " + std::to_string(d[3]) +
            " elements, structure hash " + std::to_string(d[0]);
   };
-  const auto ref = outs[0].to_vector<std::int64_t>();
+  const auto& ref = all[0];
   for (int r = 1; r < world_size_; ++r) {
-    const auto other = outs[static_cast<std::size_t>(r)].to_vector<std::int64_t>();
+    const auto& other = all[static_cast<std::size_t>(r)];
     if (other != ref)
       throw ValueError(op,
                        "the parameter lists differ across ranks: rank 0 has " + describe(ref) + ", rank " +
@@ -342,13 +334,7 @@ void ZeroRedundancyOptimizer::sync_params() {
   } catch (...) {
     first = std::current_exception();
   }
-  for (auto& w : works) {
-    try {
-      w.get();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
+  for (auto& w : works) wait_keeping_first_error(w, first);
   if (first) std::rethrow_exception(first);
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dopt/actors/join.hpp"
+#include "agreement.hpp"
 #include "zero_overlap_internal.hpp"
 
 namespace dopt::optim {
@@ -115,29 +116,19 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
   }
 
   // Agreement: every rank's descriptor must equal rank 0's.
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](std::uint64_t v) {
-    for (int k = 0; k < 8; ++k) {
-      h ^= (v >> (8 * k)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
+  detail::StructureHash h;
   std::int64_t total = 0;
   for (const auto& bk : buckets) {
-    mix(bk.params.size());
-    mix(static_cast<std::uint64_t>(bk.owner));
-    mix(static_cast<std::uint64_t>(bk.dtype));
-    for (const auto& p : bk.params) mix(static_cast<std::uint64_t>(zero_.global_index(p)));
+    h.mix(bk.params.size());
+    h.mix(static_cast<std::uint64_t>(bk.owner));
+    h.mix(static_cast<std::uint64_t>(bk.dtype));
+    for (const auto& p : bk.params) h.mix(static_cast<std::uint64_t>(zero_.global_index(p)));
     total += bk.numel;
   }
-  const std::vector<std::int64_t> mine{static_cast<std::int64_t>(h >> 1), static_cast<std::int64_t>(buckets.size()),
-                                       total, world};
-  std::vector<Tensor> outs;
-  for (int r = 0; r < world; ++r) outs.push_back(Tensor::zeros({4}, DType::int64));
-  zero_.group_.all_gather(outs, Tensor::from_vector(mine));
-  const auto ref = outs[0].to_vector<std::int64_t>();
+  const auto all = detail::all_gather_descriptors(
+      zero_.group_, {h.value(), static_cast<std::int64_t>(buckets.size()), total, static_cast<std::int64_t>(world)});
   for (int r = 1; r < world; ++r)
-    if (outs[static_cast<std::size_t>(r)].to_vector<std::int64_t>() != ref)
+    if (all[static_cast<std::size_t>(r)] != all[0])
       throw ValueError(op, "the overlap plans differ across ranks: rank " + std::to_string(r) +
                                " has another bucket layout than rank 0 (every rank's reducer must have the same "
                                "parameters and bucket caps)", rank);
@@ -311,20 +302,8 @@ void ZeroOverlap::run() {
     Future<void> notify = notify_;
     const bool owner_of_last = buckets_[nb - 1].owner == rank;
     lock.unlock();
-    for (auto& f : bcasts) {
-      try {
-        f.get();
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    }
-    if (notify.valid()) {
-      try {
-        notify.get();
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    }
+    for (auto& f : bcasts) wait_keeping_first_error(f, error);
+    if (notify.valid()) wait_keeping_first_error(notify, error);
     if (!owner_of_last) {
       try {
         last_value = last_reduced.get();

@@ -189,6 +189,18 @@ class Promise {
   std::shared_ptr<detail::FutureState<T>> state_;
 };
 
+/// Waits for f and, when it failed and `first` holds no error yet, keeps its
+/// error in `first`. For waiting on every future of a batch (no work left
+/// running), then rethrowing the first failure.
+template <class T>
+void wait_keeping_first_error(const Future<T>& f, std::exception_ptr& first) noexcept {
+  try {
+    f.get();
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+}
+
 /// A future that is already filled with a value.
 template <class T>
 Future<T> make_ready_future(T value) {
