@@ -31,13 +31,11 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return -1.0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using dopt::bench::median;
 
 }  // namespace
 
@@ -71,19 +69,7 @@ int main(int argc, char** argv) {
     ro.simulated_ranks = ranks;
     dopt::run_distributed(
         [&](dopt::RankContext& ctx) {
-          std::vector<std::int64_t> numels;
-          if (sizes == "torch") {  // bench_postlocal.py's tensor_sizes
-            std::int64_t wsum = 0;
-            for (std::int64_t k = 0; k < tensors; ++k) wsum += 1 + k % 10;
-            std::int64_t used = 0;
-            for (std::int64_t k = 0; k < tensors; ++k) {
-              numels.push_back(params * (1 + k % 10) / wsum);
-              used += numels.back();
-            }
-            numels.back() += params - used;
-          } else {
-            for (std::int64_t k = 0; k < tensors; ++k) numels.push_back(params / tensors + (k < params % tensors ? 1 : 0));
-          }
+          const std::vector<std::int64_t> numels = dopt::bench::tensor_sizes(params, tensors, sizes == "torch");
           std::vector<dopt::Tensor> ps;
           for (std::int64_t k = 0; k < tensors; ++k) {
             const std::int64_t n = numels[static_cast<std::size_t>(k)];

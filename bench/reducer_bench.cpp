@@ -26,6 +26,8 @@
 #include "dopt/optim/reducer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
 void spin_us(int us) {
@@ -68,19 +70,7 @@ int main(int argc, char** argv) {
     ro.simulated_ranks = ranks;
     dopt::run_distributed(
         [&](dopt::RankContext& ctx) {
-          std::vector<std::int64_t> numels;
-          if (sizes == "torch") {
-            std::int64_t wsum = 0;
-            for (std::int64_t k = 0; k < tensors; ++k) wsum += 1 + k % 10;
-            std::int64_t used = 0;
-            for (std::int64_t k = 0; k < tensors; ++k) {
-              numels.push_back(params * (1 + k % 10) / wsum);
-              used += numels.back();
-            }
-            numels.back() += params - used;
-          } else {
-            for (std::int64_t k = 0; k < tensors; ++k) numels.push_back(params / tensors + (k < params % tensors ? 1 : 0));
-          }
+          const std::vector<std::int64_t> numels = dopt::bench::tensor_sizes(params, tensors, sizes == "torch");
           std::vector<dopt::Tensor> ps;
           for (std::int64_t n : numels) ps.push_back(dopt::Tensor::full({n}, 0.5));
           std::vector<dopt::Tensor> grads;
@@ -105,12 +95,9 @@ int main(int argc, char** argv) {
               const auto t1 = std::chrono::steady_clock::now();
               if (s >= 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
             }
-            dopt::Tensor times = dopt::Tensor::from_vector(ms);
-            ctx.world().all_reduce(times, dopt::ReduceOp::max);
-            ms = times.to_vector<double>();
-            std::sort(ms.begin(), ms.end());
-            const double median =
-                ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+            ms = dopt::bench::slowest(ctx.world(), ms);
+            std::sort(ms.begin(), ms.end());  // ms.front() is the minimum
+            const double median = dopt::bench::median(ms);
             if (ctx.rank() == 0) {
               std::printf(
                   "{\"benchmark\": \"reducer_iteration\", \"ms\": %.4f, \"min_ms\": %.4f, \"overlap\": %s, "

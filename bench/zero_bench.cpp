@@ -46,24 +46,10 @@
 #include "dopt/optim/zero.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
-std::vector<std::int64_t> tensor_sizes(std::int64_t numel, std::int64_t k, bool torch_like) {
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(k));
-  if (!torch_like) {
-    for (std::int64_t i = 0; i < k; ++i) sizes[static_cast<std::size_t>(i)] = numel / k + (i < numel % k ? 1 : 0);
-    return sizes;
-  }
-  std::int64_t wsum = 0;
-  for (std::int64_t i = 0; i < k; ++i) wsum += 1 + i % 10;
-  std::int64_t used = 0;
-  for (std::int64_t i = 0; i < k; ++i) {
-    sizes[static_cast<std::size_t>(i)] = numel * (1 + i % 10) / wsum;
-    used += sizes[static_cast<std::size_t>(i)];
-  }
-  sizes.back() += numel - used;
-  return sizes;
-}
 
 }  // namespace
 
@@ -98,7 +84,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool simulated = !dopt::launch_env_from_environment().has_value();
-  const auto sizes = tensor_sizes(params, tensors, sizes_kind == "torch");
+  const auto sizes = dopt::bench::tensor_sizes(params, tensors, sizes_kind == "torch");
 
   try {
     dopt::RunOptions ro;
@@ -136,11 +122,9 @@ int main(int argc, char** argv) {
           }
           // Per step, the slowest rank (as torch's script); median over steps.
           auto slowest_median = [&](std::vector<double>& v) {
-            dopt::Tensor times = dopt::Tensor::from_vector(v);
-            ctx.world().all_reduce(times, dopt::ReduceOp::max);
-            v = times.to_vector<double>();
+            v = dopt::bench::slowest(ctx.world(), v);
             std::sort(v.begin(), v.end());
-            return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+            return dopt::bench::median(v);
           };
           const double median = slowest_median(ms);
           const double local_median = slowest_median(local_ms);

@@ -53,6 +53,8 @@
 #include "dopt/optim/zero_overlap.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
+#include "bench_util.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -72,17 +74,8 @@ void compute(double ms, bool spin) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-/// Per-step max over ranks.
-std::vector<double> slowest(dopt::ProcessGroup& g, const std::vector<double>& v) {
-  dopt::Tensor t = dopt::Tensor::from_vector(v);
-  g.all_reduce(t, dopt::ReduceOp::max);
-  return t.to_vector<double>();
-}
+using dopt::bench::median;
+using dopt::bench::slowest;
 
 std::vector<double> parse_list(const std::string& s) {
   std::vector<double> out;
