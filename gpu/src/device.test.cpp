@@ -2,15 +2,12 @@
 
 #include "dopt/gpu/device.hpp"
 #include "dopt/runtime/tensor.hpp"
+#include "gpu_test.hpp"
 
 using namespace dopt;
 
 TEST_CASE("CUDA tensors round-trip through device memory", "[gpu]") {
-  if (!gpu::init()) {
-    WARN("skipped: no CUDA device");
-    SUCCEED("skipped: no CUDA device");
-    return;
-  }
+  DOPT_REQUIRE_CUDA();
   Tensor host = Tensor::from_vector<float>({1, 2, 3, 4, 5});
   Tensor dev = host.to(Device::cuda(0));
   CHECK(dev.device().is_cuda());

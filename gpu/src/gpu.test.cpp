@@ -20,18 +20,10 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
 #include "test_kernels.hpp"
+#include "gpu_test.hpp"
 
 using namespace dopt;
 using V = std::vector<double>;
-
-#define DOPT_REQUIRE_CUDA()                        \
-  do {                                             \
-    if (!gpu::init()) {                            \
-      WARN("skipped: no CUDA device");             \
-      SUCCEED("skipped: no CUDA device");          \
-      return;                                      \
-    }                                              \
-  } while (0)
 
 namespace {
 

@@ -27,18 +27,10 @@
 #include "dopt/optim/post_local_sgd.hpp"
 #include "dopt/optim/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
+#include "gpu_test.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-
-#define DOPT_REQUIRE_CUDA()               \
-  do {                                    \
-    if (!gpu::init()) {                   \
-      WARN("skipped: no CUDA device");    \
-      SUCCEED("skipped: no CUDA device"); \
-      return;                             \
-    }                                     \
-  } while (0)
 
 namespace {
 
