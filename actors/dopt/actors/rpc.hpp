@@ -265,7 +265,8 @@ auto normalise_arg(const T& x) {
 
 template <class... A>
 CallSpec make_spec(const To& to, const Fn& fn, Mode mode, const A&... a) {
-  CallSpec s{to};
+  CallSpec s;
+  s.to = to;
   s.fn = fn.name;
   s.mode = mode;
   s.timeout = fn.timeout;
@@ -274,7 +275,7 @@ CallSpec make_spec(const To& to, const Fn& fn, Mode mode, const A&... a) {
   Encoder e;
   e.put_tag(tag::tuple);
   e.put_pod<std::uint64_t>(sizeof...(A));
-  auto one = [&](const auto& x) {
+  [[maybe_unused]] auto one = [&](const auto& x) {
     auto n = normalise_arg(x);
     if constexpr (std::is_same_v<decltype(n), std::string>)
       write(e, n);
