@@ -24,9 +24,14 @@ std::string format_duration(double s) {
 }
 
 std::string thousands(std::int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(static_cast<std::size_t>(i), ",");
-  return s;
+  const std::string digits = std::to_string(v);
+  const std::size_t sign = v < 0 ? 1 : 0;
+  std::string out = digits.substr(0, sign);
+  for (std::size_t i = sign; i < digits.size(); ++i) {
+    if (i > sign && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 std::string format_bytes(double b) {
