@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <tuple>
 
@@ -24,8 +25,11 @@
 #include "ring.hpp"
 #include "dopt/runtime/tcp_transport.hpp"
 #include "caf_thread.hpp"
+#include "engine/failure.hpp"
+#include "engine/peer_table.hpp"
 #include "internal.hpp"
 #include "kernels.hpp"
+#include "planes/shm/shm_plane.hpp"
 
 namespace dopt::detail {
 
@@ -67,14 +71,6 @@ struct P2PArrival {
   bool over_mesh = false;  // tcp: the bytes come on the mesh, not in `tensor`
 };
 using P2PArrivalPtr = std::shared_ptr<const P2PArrival>;
-
-enum class FailKind : int { timeout = 1, peer_lost, mismatch, state };
-
-struct Failure {
-  FailKind kind = FailKind::state;
-  std::string op;
-  std::string msg;
-};
 
 struct P2PReply {
   P2PKey key;
@@ -139,10 +135,9 @@ typename Inspector::result_type inspect(Inspector& f, NetP2P& x) {
 
 struct Peers {
   std::vector<caf::actor> actors;  // index: global rank
+  std::shared_ptr<PeerTable> table;  // what the data planes' waits read
 };
 using PeersPtr = std::shared_ptr<const Peers>;
-using OpPtr = std::shared_ptr<Op>;
-
 /// What a ring collective's completion tells its rank actor (local message).
 struct RingResult {
   std::uint64_t gid = 0;
@@ -185,17 +180,6 @@ using hbtick_atom = caf::atom_constant<caf::atom("hbtick")>;
 
 namespace {
 
-std::exception_ptr to_exception(const Failure& f, int rank) {
-  switch (f.kind) {
-    case FailKind::timeout: return std::make_exception_ptr(TimeoutError(f.op, f.msg, rank));
-    case FailKind::peer_lost: return std::make_exception_ptr(PeerLostError(f.op, f.msg, rank));
-    case FailKind::mismatch:
-      return std::make_exception_ptr(CollectiveMismatchError(f.op, f.msg, rank));
-    case FailKind::state: break;
-  }
-  return std::make_exception_ptr(StateError(f.op, f.msg, rank));
-}
-
 std::exception_ptr current_as_error(const std::string& op, int rank) {
   try {
     throw;
@@ -207,8 +191,6 @@ std::exception_ptr current_as_error(const std::string& op, int rank) {
     return std::make_exception_ptr(Error(op, "unknown exception", rank));
   }
 }
-
-std::string group_str(std::uint64_t gid) { return gid == 0 ? "world group" : "group " + std::to_string(gid); }
 
 /// How a rank actor reaches its peers' buffers.
 ///   in_process: simulated ranks; an Arrival carries the peer's own tensors.
@@ -269,6 +251,7 @@ struct RankState {
   int rank = 0;
   int world = 0;
   std::vector<caf::actor> peers;
+  std::shared_ptr<PeerTable> table;  // liveness as the data planes see it
   Plane plane = Plane::in_process;
   std::unique_ptr<shm::ShmArena> arena;  // shm: blocks peers map
   std::shared_ptr<transport::TcpMesh> mesh;  // tcp: connections to every peer
@@ -809,6 +792,7 @@ struct RankState {
   /// if it would first see a survivor exit.
   void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false) {
     if (peer == rank) return;
+    if (table) table->mark(peer, actor_dead || gone ? PeerTable::lost : PeerTable::failed, what);
     const bool first = lost.emplace(peer, what).second;
     if (first) lost_order.push_back(peer);
     if (actor_dead) dead.insert(peer);
@@ -1099,6 +1083,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       [self](init_atom, const PeersPtr& p) {
         auto& st = self->state;
         st.peers = p->actors;
+        st.table = p->table;
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
       },
@@ -1108,6 +1093,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         // memory, or over the TCP mesh when there is one.
         auto& st = self->state;
         st.peers = p->actors;
+        st.table = p->table;
         st.plane = mesh ? Plane::tcp : Plane::shm;
         st.mesh = mesh;
         for (int r = 0; r < st.world; ++r)
@@ -1212,8 +1198,9 @@ class RuntimeImpl {
 
 class LocalEndpoint final : public RankEndpoint {
  public:
-  LocalEndpoint(caf::actor a, int rank, int world, std::chrono::milliseconds timeout)
-      : actor_(std::move(a)), rank_(rank), world_(world), timeout_(timeout) {}
+  LocalEndpoint(caf::actor a, int rank, int world, std::chrono::milliseconds timeout,
+                std::shared_ptr<PeerTable> table)
+      : actor_(std::move(a)), rank_(rank), world_(world), timeout_(timeout), table_(std::move(table)) {}
   ~LocalEndpoint() override { stop(); }
 
   void post(std::shared_ptr<Op> op) override {
@@ -1226,6 +1213,9 @@ class LocalEndpoint final : public RankEndpoint {
     caf::anon_send(actor_, call_atom::value, OpPtr(std::move(op)));
   }
   void report_failure(std::string what) override {
+    // The data planes' waits on this rank see it at once (threads of this
+    // process); other processes learn it from the rank actor.
+    if (table_) table_->mark(rank_, PeerTable::failed, what);
     std::lock_guard<std::mutex> lock(mutex_);
     if (actor_) caf::anon_send(actor_, failed_atom::value, std::move(what));
   }
@@ -1249,6 +1239,7 @@ class LocalEndpoint final : public RankEndpoint {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<PeerTable> table_;
 };
 
 void RuntimeImpl::shutdown() noexcept {
@@ -1272,28 +1263,41 @@ void runtime_add_stopper(RuntimeImpl& rt, std::function<void()> stop) { rt.add_s
 
 std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& sys, int world_size,
                                                               std::chrono::milliseconds timeout,
-                                                              std::vector<caf::actor>* actors) {
+                                                              std::vector<caf::actor>* actors,
+                                                              std::shared_ptr<PeerTable> table) {
   UserThreadCafScope caf_scope;
   auto peers = std::make_shared<Peers>();
+  peers->table = table ? std::move(table) : std::make_shared<PeerTable>(world_size);
   for (int r = 0; r < world_size; ++r) peers->actors.push_back(sys.spawn(rank_actor, r, world_size));
   PeersPtr pp = peers;
   std::vector<std::shared_ptr<RankEndpoint>> out;
   for (int r = 0; r < world_size; ++r) {
     auto& a = peers->actors[static_cast<std::size_t>(r)];
     caf::anon_send(a, init_atom::value, pp);
-    out.push_back(std::make_shared<LocalEndpoint>(a, r, world_size, timeout));
+    out.push_back(std::make_shared<LocalEndpoint>(a, r, world_size, timeout, peers->table));
   }
   if (actors) *actors = peers->actors;
   return out;
 }
 
-std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(RuntimeImpl& rt, int world_size) {
-  auto out = spawn_rank_actors(rt.system("simulate"), world_size, rt.options_.collective_timeout, nullptr);
-  for (auto& ep : out) rt.add_endpoint(std::static_pointer_cast<LocalEndpoint>(ep));
-  return out;
+LocalWorld spawn_local_world(RuntimeImpl& rt, int world_size) {
+  LocalWorld w;
+  w.table = std::make_shared<PeerTable>(world_size);
+  w.endpoints = spawn_rank_actors(rt.system("simulate"), world_size, rt.options_.collective_timeout, nullptr, w.table);
+  for (auto& ep : w.endpoints) rt.add_endpoint(std::static_pointer_cast<LocalEndpoint>(ep));
+  return w;
 }
 
 namespace {
+
+/// A token of this job on this host, the same on every rank (rank 0's is
+/// taken): names of the shared-memory regions carry it.
+std::string job_token() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
 
 /// "host=<hostname> boot=<boot id>": ranks with equal infos share a kernel,
 /// hence /dev/shm.
@@ -1326,7 +1330,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
   caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
-  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout);
+  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout, nullptr);
   rt.add_endpoint(ep);
   // Every rank actor listens on a port of its own, so that every pair of
   // ranks gets a direct connection: a peer's death is then seen by all
@@ -1343,7 +1347,8 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     char hostname[256] = {};
     ::gethostname(hostname, sizeof hostname - 1);
     return host + " addr=" + hostname + " port=" + std::to_string(*port) +
-           " tcp=" + std::to_string(listener ? listener->port() : 0);
+           " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
+           " job=" + job_token();
   };
   RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
   const auto& infos = rendezvous_infos(rdv);
@@ -1368,6 +1373,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
       throw ValueError(op, "rank " + std::to_string(r) + " has no TCP data plane (DOPT_TRANSPORT=shm there?) but " +
                                "this world needs one; set the same DOPT_TRANSPORT on every rank", env.rank);
   auto peers = std::make_shared<Peers>();
+  peers->table = std::make_shared<PeerTable>(env.world_size);
   peers->actors = rendezvous_payloads(rdv);
   peers->actors[static_cast<std::size_t>(env.rank)] = a;
   // Direct connections: rank i (> 0) connects to every rank above it; rank 0
@@ -1415,16 +1421,41 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
                  });
     (void)ok;
   }
+  // The shared-memory plane (every rank on this host): this rank's region of
+  // the world group exists before the barrier, the peers' are mapped after
+  // it, and once everybody mapped every region their names go (a crash
+  // leaves nothing in /dev/shm).
+  std::shared_ptr<shm_plane::ShmPlane> shm;
+  shm_plane::Mapped mine;
+  auto members = std::make_shared<std::vector<int>>();
+  for (int r = 0; r < env.world_size; ++r) members->push_back(r);
+  if (!use_tcp) {
+    std::vector<int> pids;
+    for (int r = 0; r < env.world_size; ++r)
+      pids.push_back(std::atoi(field(infos[static_cast<std::size_t>(r)], "pid").c_str()));
+    auto dir = std::make_shared<shm_plane::ShmDirectory>(std::move(pids), field(infos[0], "job"));
+    shm = std::make_shared<shm_plane::ShmPlane>(env.rank, dir, peers->table,
+                                                shm_plane::ShmPlane::Options::from_env(env.local_world_size > 0
+                                                                                           ? env.local_world_size
+                                                                                           : env.world_size));
+    mine = shm->create_region(0);
+    runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
+  }
   // Nobody sends collective messages before every rank actor knows its peers.
   rdv.barrier(options.timeout);
+  std::shared_ptr<GroupPlane> world_plane;
+  if (shm) {
+    world_plane = shm->attach(0, members, mine);
+    rdv.barrier(options.timeout);
+    shm->directory().seal(0, env.rank);
+  }
   // The rank actors hold the peer handles now; the rendezvous actors can go
   // when rdv does.
   auto g = std::make_shared<GroupImpl>();
   g->endpoint = ep;
   g->gid = 0;
-  auto members = std::make_shared<std::vector<int>>();
-  for (int r = 0; r < env.world_size; ++r) members->push_back(r);
   g->members = std::move(members);
+  g->plane = std::move(world_plane);
   g->my_grank = env.rank;
   g->is_world = true;
   g->local_world_size = env.local_world_size;
