@@ -25,7 +25,7 @@ namespace dopt::optim::test {
 constexpr Device kDev = Device::cuda(0);
 
 // A CPU view of a (fake) device tensor's bytes.
-Tensor host_view(const Tensor& t) { return Tensor::from_blob(t.data_ptr(), t.shape(), t.dtype(), Device::cpu()); }
+inline Tensor host_view(const Tensor& t) { return Tensor::from_blob(t.data_ptr(), t.shape(), t.dtype(), Device::cpu()); }
 
 class FakeAllocator final : public Allocator {
  public:
