@@ -193,8 +193,10 @@ TEST_CASE("SGD on a tensor of more than 2^31 elements updates every element up t
   gpu::empty_cache();
 }
 
+// [abort]: aborts a communicator while work is queued; the device check runs
+// these in a process of their own, after the others (gpu/device_check/run.sh).
 TEST_CASE("a collective whose input producer is late times out, aborts, and later calls fail with StateError",
-          "[gpu][nccl]") {
+          "[gpu][nccl][abort]") {
   DOPT_REQUIRE_CUDA();
   std::atomic<int> timed_out{0}, state_errors{0};
   std::atomic<long> elapsed_ms{0};
