@@ -86,6 +86,12 @@ if [ -n "$PY" ]; then
   d="$("$PY" -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)"
   [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && NCCL_DIR="$d"
 fi
+if [ -z "$NCCL_DIR" ] && [ -n "$PY" ]; then  # another wheel layout (nvidia/cu13/lib, ...)
+  for sp in $("$PY" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    f="$(timeout 20 find "$sp/nvidia" "$sp/torch/lib" -name 'libnccl.so.2' 2>/dev/null | head -1)"
+    [ -n "$f" ] && { NCCL_DIR="$(dirname "$f")"; break; }
+  done
+fi
 if [ -z "$NCCL_DIR" ]; then
   for d in /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
     [ -e "$d/libnccl.so.2" ] && { NCCL_DIR="$d"; break; }
