@@ -430,7 +430,7 @@ TEST_CASE("memory of a tensor re-pointed with set_data is not reused while queue
   CHECK(reused);
 }
 
-TEST_CASE("each communicator has its own stream; two groups used in opposite orders by two threads do not deadlock",
+TEST_CASE("each communicator has its own stream, two groups used in opposite orders by two threads do not deadlock",
           "[gpu][nccl]") {
   DOPT_REQUIRE_CUDA();
   std::atomic<int> distinct{0};

@@ -206,7 +206,7 @@ TEST_CASE("without a CUDA device, NCCL groups and CUDA tensors fail with errors 
 
 #include "completion.hpp"
 
-TEST_CASE("completion thread: done, failed, async error, deadline; continuations may watch again", "[gpu][host]") {
+TEST_CASE("completion thread: done, failed, async error, deadline, continuations may watch again", "[gpu][host]") {
   using dopt::gpu::detail::Probe;
   using dopt::gpu::detail::Watch;
   using dopt::gpu::detail::watch;
@@ -308,7 +308,7 @@ TEST_CASE("completion thread: done, failed, async error, deadline; continuations
   }
 }
 
-TEST_CASE("NCCL: a failure never becomes a null exception; the wait loop reports query failures and timeouts",
+TEST_CASE("NCCL: a failure never becomes a null exception, the wait loop reports query failures and timeouts",
           "[gpu][host]") {
   // What a failed async-error query left behind (in progress, success) is still an error.
   for (int code : {0, 7}) {
@@ -398,7 +398,7 @@ TEST_CASE("GPU tests compare with the CPU bit for bit, a NaN matching any NaN", 
   CHECK(!same_bits_nan_as_class(d, e.to(DType::float32)));  // dtypes differ
 }
 
-TEST_CASE("completion thread: kept storages outlive set_data; deadlines start with the work; blocking "
+TEST_CASE("completion thread: kept storages outlive set_data, deadlines start with the work, blocking "
           "continuations do not stall the others",
           "[gpu][host]") {
   using dopt::gpu::detail::Probe;
