@@ -1438,7 +1438,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
                                                 shm_plane::ShmPlane::Options::from_env(env.local_world_size > 0
                                                                                            ? env.local_world_size
                                                                                            : env.world_size));
-    mine = shm->create_region(0);
+    mine = shm->create_region(0, env.world_size);
     runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
   }
   // Nobody sends collective messages before every rank actor knows its peers.

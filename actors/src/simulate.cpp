@@ -86,7 +86,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     std::vector<detail::shm_plane::Mapped> regions;
     for (int r = 0; r < world_size; ++r) {
       planes.push_back(std::make_shared<detail::shm_plane::ShmPlane>(r, dir, world.table, opts));
-      regions.push_back(planes.back()->create_region(0));
+      regions.push_back(planes.back()->create_region(0, world_size));
     }
     for (int r = 0; r < world_size; ++r)
       world_planes[static_cast<std::size_t>(r)] = planes[static_cast<std::size_t>(r)]->attach(0, cmembers, regions[static_cast<std::size_t>(r)]);

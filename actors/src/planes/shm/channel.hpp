@@ -69,9 +69,11 @@ class Channel {
   int global(int g) const { return (*members_)[static_cast<std::size_t>(g)]; }
   int my_global() const { return global(me_); }
   ControlBlock& ctl(int g) const { return *static_cast<ControlBlock*>(memory_.base[static_cast<std::size_t>(g)]); }
-  char* buf(int g, std::uint64_t round) const {
-    return region_buf(memory_.base[static_cast<std::size_t>(g)], memory_.buf_bytes, round);
-  }
+  char* buf(int g, std::uint64_t round) const { return layout_.buf_of(memory_.base[static_cast<std::size_t>(g)], round); }
+  void* base(int g) const { return memory_.base[static_cast<std::size_t>(g)]; }
+  const Layout& layout() const noexcept { return layout_; }
+  bool shared() const noexcept { return memory_.shared; }
+  const WaitPolicy& policy() const noexcept { return policy_; }
   std::size_t buf_bytes() const noexcept { return memory_.buf_bytes; }
   std::size_t small_bytes() const noexcept { return memory_.small_bytes; }
   bool in_process() const noexcept { return memory_.in_process; }
@@ -118,6 +120,7 @@ class Channel {
   GroupMemory memory_;
   std::shared_ptr<PeerTable> peers_;
   WaitPolicy policy_;
+  Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
 };
