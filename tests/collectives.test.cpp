@@ -138,8 +138,11 @@ TEST_CASE("collectives: a process that stops answering (SIGSTOP) is lost after t
     CHECK(contains(d.out, "error PeerLostError"));
     CHECK(contains(d.out, "rank 1 was lost"));
     const long ms = elapsed_ms(d.out);
-    CHECK(contains(d.out, "no word from its process for 3000 ms"));
-    CHECK(ms >= 3000);
-    CHECK(ms < 15000);
+    // The message gives the silence measured, and detection comes within a
+    // tenth of the peer timeout of it.
+    CHECK(contains(d.out, "no word from its process for 3"));
+    CHECK(contains(d.out, "the limit is 3000 ms"));
+    CHECK(ms >= 2700);
+    CHECK(ms < 6000);
   }
 }
