@@ -16,6 +16,10 @@
 //   dopt_collectives_peer stop       the same, but rank 1 stops (SIGSTOP): its
 //                                    connections stay open and only the missing
 //                                    heartbeats tell (the test kills it after)
+//   dopt_collectives_peer p2pkill    rank 1 sends 8 MiB to rank 0 (tag 5) and
+//                                    kills itself; rank 0 waits in a recv of
+//                                    tag 6 from rank 1, the others in a barrier:
+//                                    all must get PeerLostError naming rank 1
 //
 // stdout: "ok R <checks>" on success, otherwise "error KIND: MESSAGE" (and
 // "elapsed_ms N" for the failure scenarios) and exit status 1.
@@ -28,6 +32,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dopt/actors/distributed.hpp"
@@ -220,8 +225,17 @@ int main(int argc, char** argv) {
             ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
           }
           world.all_reduce(t);
+        } else if (mode == "p2pkill") {
+          world.barrier();
+          if (rank == 1) {
+            auto f = world.send_async(Tensor::full({2 << 20}, 1.0), 0, 5);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));  // published
+            ::kill(::getpid(), SIGKILL);
+          }
+          if (rank == 0) world.recv(Tensor::zeros({4}), 1, 6);
+          else world.barrier();
         } else {
-          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop"};
+          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop | p2pkill"};
         }
         return c.checks;
       },

@@ -5,6 +5,7 @@
 // plane here and on the data planes through the PeerTable.
 #include <algorithm>
 
+#include "dopt/runtime/shm.hpp"
 #include "engine/rank_state.hpp"
 
 namespace dopt::detail {
@@ -33,6 +34,8 @@ void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool
   const bool first = lost.emplace(peer, what).second;
   if (first) lost_order.push_back(peer);
   if (actor_dead) dead.insert(peer);
+  // What a dead process left in /dev/shm (segments named after its pid).
+  if (net && first && (actor_dead || gone)) shm::remove_stale_segments();
   if (gone && mesh && !mesh->peer_lost(peer))
     mesh->fail_peer(peer, "rank " + std::to_string(peer) + " is lost: " + what);
   if (pass_on && first && net)

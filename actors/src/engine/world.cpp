@@ -165,9 +165,9 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
       pids.push_back(std::atoi(field(infos[static_cast<std::size_t>(r)], "pid").c_str()));
     auto dir = std::make_shared<shm_plane::ShmDirectory>(std::move(pids), field(infos[0], "job"));
     shm = std::make_shared<shm_plane::ShmPlane>(env.rank, dir, peers->table,
-                                                shm_plane::ShmPlane::Options::from_env(env.local_world_size > 0
-                                                                                           ? env.local_world_size
-                                                                                           : env.world_size));
+                                                shm_plane::ShmPlane::Options::from_env(
+                                                    env.local_world_size > 0 ? env.local_world_size : env.world_size,
+                                                    true));
     mine = shm->create_region(0, env.world_size);
     runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
   }

@@ -62,7 +62,7 @@ Channel::Channel(std::uint64_t gid, int me, std::shared_ptr<const std::vector<in
       memory_(std::move(memory)),
       peers_(std::move(peers)),
       policy_(policy),
-      layout_(Layout::of(static_cast<int>(members_->size()), memory_.buf_bytes)) {}
+      layout_(Layout::of(static_cast<int>(members_->size()), memory_.buf_bytes, memory_.heap_bytes)) {}
 
 std::string Channel::group_str() const { return detail::group_str(gid_); }
 

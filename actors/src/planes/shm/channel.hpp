@@ -43,6 +43,7 @@ struct GroupMemory {
   std::vector<void*> base;  // index: group rank
   std::size_t buf_bytes = 0;
   std::size_t small_bytes = 0;  // calls with at most this much data per member take the small path
+  std::size_t heap_bytes = 0;   // send/recv staging (processes)
   bool shared = false;      // regions of other processes (futexes are shared)
   bool in_process = false;  // members are threads of this process: their tensors are addressable
   std::shared_ptr<void> keep;  // keeps the mappings / allocations

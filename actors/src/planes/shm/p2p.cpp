@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstring>
 
 #include "engine/failure.hpp"
@@ -54,6 +57,8 @@ struct P2PEngine::State {
     Clock::time_point deadline;
     std::uint64_t id = 0;             // 0: not yet published
     Tensor stage;                     // processes: the staged copy (an arena block)
+    std::size_t heap_off = static_cast<std::size_t>(-1);  // processes: or a block of the send heap
+    std::size_t heap_len = 0;
     bool timed_out = false;           // withdrawn: only waiting for the ack to free the stage
   };
   struct Recv {
@@ -76,8 +81,44 @@ struct P2PEngine::State {
   std::vector<std::uint64_t> read_next;        // [src]
   std::vector<std::deque<Header>> unexpected;  // [src]: headers not yet matched
   std::vector<Recv> recvs;                     // posted, in post order
-  std::unique_ptr<shm::ShmArena> arena;
+  std::unique_ptr<shm::ShmArena> arena;  // messages larger than the heap's free space
   shm::ShmMapCache maps;
+  std::map<std::size_t, std::size_t> heap_free;  // offset -> bytes, of this rank's send heap
+
+  /// A block of this rank's send heap (npos when none is free), first fit.
+  std::size_t heap_alloc(std::size_t bytes) {
+    bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+    for (auto it = heap_free.begin(); it != heap_free.end(); ++it) {
+      if (it->second < bytes) continue;
+      const std::size_t off = it->first, left = it->second - bytes;
+      heap_free.erase(it);
+      if (left) heap_free.emplace(off + bytes, left);
+      return off;
+    }
+    return static_cast<std::size_t>(-1);
+  }
+  void heap_release(std::size_t off, std::size_t bytes) {
+    bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+    // Large blocks give their memory back (the peer read them already).
+    if (bytes >= (1u << 20)) {
+      char* p = layout.heap_of(bases[static_cast<std::size_t>(me)]) + off;
+      char* lo = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(p) + 4095) / 4096 * 4096);
+      char* hi = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(p + bytes)) / 4096 * 4096);
+      if (hi > lo) ::madvise(lo, static_cast<std::size_t>(hi - lo), MADV_REMOVE);
+    }
+    auto it = heap_free.emplace(off, bytes).first;
+    if (auto next = std::next(it); next != heap_free.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      heap_free.erase(next);
+    }
+    if (it != heap_free.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        heap_free.erase(it);
+      }
+    }
+  }
 
   int grank_of(int global) const {
     return static_cast<int>(std::find(members.begin(), members.end(), global) - members.begin());
@@ -110,6 +151,7 @@ P2PEngine::P2PEngine(const Channel& ch) : s_(std::make_shared<State>()) {
   s.next_id.assign(n, 1);
   s.read_next.assign(n, 1);
   s.unexpected.resize(n);
+  if (s.layout.heap_bytes) s.heap_free.emplace(0, s.layout.heap_bytes);
 }
 
 P2PEngine::~P2PEngine() {
@@ -233,14 +275,22 @@ bool P2PEngine::State::publish(int d, Send& s) {
   m->shape_hash = shape_hash(t.shape());
   m->nbytes = t.nbytes();
   if (shared) {
-    if (!arena) arena = std::make_unique<shm::ShmArena>("p" + std::to_string(members[static_cast<std::size_t>(me)]));
-    auto blk = arena->allocate(t.nbytes());
-    if (t.nbytes()) std::memcpy(blk->ptr, t.data_ptr(), t.nbytes());
     std::memset(m->segment, 0, sizeof m->segment);
-    std::strncpy(m->segment, blk->ref.segment.c_str(), sizeof m->segment - 1);
-    m->offset = blk->ref.offset;
-    void* p = blk->ptr;
-    s.stage = Tensor::from_blob(p, t.shape(), t.dtype(), Device::cpu(), std::shared_ptr<void>(std::move(blk)));
+    const std::size_t off = heap_alloc(t.nbytes());
+    if (off != static_cast<std::size_t>(-1)) {  // the send heap (mapped by every member, nameless)
+      if (t.nbytes()) std::memcpy(layout.heap_of(bases[static_cast<std::size_t>(me)]) + off, t.data_ptr(), t.nbytes());
+      m->offset = off;
+      s.heap_off = off;
+      s.heap_len = t.nbytes();
+    } else {  // larger than what is free: a segment of its own
+      if (!arena) arena = std::make_unique<shm::ShmArena>("p" + std::to_string(members[static_cast<std::size_t>(me)]));
+      auto blk = arena->allocate(t.nbytes());
+      if (t.nbytes()) std::memcpy(blk->ptr, t.data_ptr(), t.nbytes());
+      std::strncpy(m->segment, blk->ref.segment.c_str(), sizeof m->segment - 1);
+      m->offset = blk->ref.offset;
+      void* p = blk->ptr;
+      s.stage = Tensor::from_blob(p, t.shape(), t.dtype(), Device::cpu(), std::shared_ptr<void>(std::move(blk)));
+    }
   } else {
     m->addr = reinterpret_cast<std::uint64_t>(t.data_ptr());
   }
@@ -276,8 +326,9 @@ void P2PEngine::State::complete_recv(const Recv& r, int src, const Header& h) {
   try {
     const void* from = nullptr;
     std::shared_ptr<void> keep;
-    if (shared) from = maps.resolve(shm::BlockRef{h.segment, h.offset, h.nbytes}, &keep);
-    else from = reinterpret_cast<const void*>(h.addr);
+    if (!shared) from = reinterpret_cast<const void*>(h.addr);
+    else if (h.segment.empty()) from = layout.heap_of(bases[static_cast<std::size_t>(src)]) + h.offset;
+    else from = maps.resolve(shm::BlockRef{h.segment, h.offset, h.nbytes}, &keep);
     if (h.nbytes) std::memcpy(dst.data_ptr(), from, h.nbytes);
   } catch (const std::exception& e) {
     const std::string msg = std::string("cannot read the sent bytes: ") + e.what();
@@ -348,6 +399,7 @@ bool P2PEngine::State::step(Clock::time_point now) {
             break;
         }
       }
+      if (s.heap_off != static_cast<std::size_t>(-1)) heap_release(s.heap_off, s.heap_len);
       it = sent[gi].erase(it);
       busy = true;
     }
@@ -419,7 +471,15 @@ bool P2PEngine::State::step(Clock::time_point now) {
       return false;
     };
     for (auto it = queued[gi].begin(); it != queued[gi].end();) it = send_fail(*it) ? queued[gi].erase(it) : std::next(it);
-    for (auto it = sent[gi].begin(); it != sent[gi].end();) it = send_fail(it->second) ? sent[gi].erase(it) : std::next(it);
+    for (auto it = sent[gi].begin(); it != sent[gi].end();) {
+      if (!send_fail(it->second)) {
+        ++it;
+        continue;
+      }
+      // Dropped only when the peer is lost: nobody reads the block any more.
+      if (it->second.heap_off != static_cast<std::size_t>(-1)) heap_release(it->second.heap_off, it->second.heap_len);
+      it = sent[gi].erase(it);
+    }
   }
   for (auto it = recvs.begin(); it != recvs.end();) {
     const Op& op = *it->op;

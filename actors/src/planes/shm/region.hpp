@@ -94,8 +94,8 @@ struct alignas(64) MailSlot {
   std::uint64_t shape_hash = 0;
   std::uint64_t nbytes = 0;
   std::uint64_t addr = 0;    // threads: the sender's data
-  std::uint64_t offset = 0;  // processes: the block's offset in `segment`
-  char segment[64] = {};     // processes: the sender's arena segment
+  std::uint64_t offset = 0;  // processes: the block's offset in the sender's heap, or in `segment`
+  char segment[64] = {};     // processes: "" (the block is in the sender's heap) or an arena segment
 };
 
 enum class AckStatus : std::uint32_t { ok = 0, mismatch = 1, cancelled = 2, receiver_failed = 3 };
@@ -114,9 +114,11 @@ struct alignas(64) ReadLine {
 struct Layout {
   int n = 0;
   std::size_t buf_bytes = 0;
-  std::size_t doorbell = 0, mail = 0, ack = 0, read = 0, buf = 0, total = 0;
+  std::size_t heap_bytes = 0;
+  std::size_t doorbell = 0, mail = 0, ack = 0, read = 0, buf = 0, heap = 0, total = 0;
 
-  static Layout of(int n, std::size_t buf_bytes) {
+  /// heap_bytes: where a process stages the bytes it sends (0 between threads).
+  static Layout of(int n, std::size_t buf_bytes, std::size_t heap_bytes) {
     auto page = [](std::size_t x) { return (x + 4095) / 4096 * 4096; };
     Layout l;
     l.n = n;
@@ -131,7 +133,9 @@ struct Layout {
     l.read = at;  // [src]
     at += static_cast<std::size_t>(n) * sizeof(ReadLine);
     l.buf = page(at);
-    l.total = l.buf + 2 * buf_bytes;
+    l.heap = l.buf + 2 * buf_bytes;
+    l.heap_bytes = heap_bytes;
+    l.total = l.heap + heap_bytes;
     return l;
   }
   char* at(void* base, std::size_t off) const { return static_cast<char*>(base) + off; }
@@ -145,6 +149,7 @@ struct Layout {
   ReadLine* read_line(void* base, int src) const {
     return reinterpret_cast<ReadLine*>(at(base, read)) + static_cast<std::size_t>(src);
   }
+  char* heap_of(void* base) const { return at(base, heap); }
   /// Staging buffer of round `round`.
   char* buf_of(void* base, std::uint64_t round) const { return at(base, buf) + (round % 2) * buf_bytes; }
 };

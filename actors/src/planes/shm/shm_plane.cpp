@@ -22,8 +22,9 @@ std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t lo) {
 
 }  // namespace
 
-ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host) {
+ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes) {
   Options o;
+  o.heap_bytes = processes ? env_bytes("DOPT_SHM_HEAP_BYTES", 256u << 20, 0) / 4096 * 4096 : 0;
   o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
   o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
   if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
@@ -103,7 +104,7 @@ ShmPlane::ShmPlane(int global_rank, std::shared_ptr<RegionDirectory> directory, 
     : rank_(global_rank), dir_(std::move(directory)), peers_(std::move(peers)), options_(options) {}
 
 Mapped ShmPlane::create_region(std::uint64_t gid, int n) {
-  Mapped m = dir_->create(gid, rank_, Layout::of(n, options_.buf_bytes).total);
+  Mapped m = dir_->create(gid, rank_, Layout::of(n, options_.buf_bytes, options_.heap_bytes).total);
   static_cast<ControlBlock*>(m.base)->group_size = static_cast<std::uint32_t>(n);
   return m;
 }
@@ -116,13 +117,15 @@ std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<co
   GroupMemory mem;
   auto keeps = std::make_shared<std::vector<std::shared_ptr<void>>>();
   for (int r : m) {
-    Mapped x = r == rank_ ? mine : dir_->open(gid, r, Layout::of(static_cast<int>(m.size()), options_.buf_bytes).total);
+    Mapped x = r == rank_ ? mine
+                          : dir_->open(gid, r, Layout::of(static_cast<int>(m.size()), options_.buf_bytes, options_.heap_bytes).total);
     mem.base.push_back(x.base);
     keeps->push_back(x.keep);
   }
   mem.keep = keeps;
   mem.buf_bytes = options_.buf_bytes;
   mem.small_bytes = options_.small_bytes;
+  mem.heap_bytes = options_.heap_bytes;
   mem.shared = dir_->shared();
   mem.in_process = dir_->in_process() && !options_.staged_only;
   auto ch = std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem),
