@@ -79,6 +79,7 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
     std::vector<dopt::Tensor> parts;
     dopt::Tensor out;
     if (cfg.op == "all_gather") out = dopt::Tensor::zeros({part * n});
+    if (cfg.op == "memcpy") out = dopt::Tensor::zeros({numel});  // the machine's copy rate, for the floors
     if (cfg.op == "reduce_scatter") {
       for (int r = 0; r < n; ++r) parts.push_back(dopt::Tensor::full({part}, 1.0));
       out = dopt::Tensor::zeros({part});
@@ -89,6 +90,7 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
       else if (cfg.op == "all_gather") pg.all_gather_into_tensor(out, t);
       else if (cfg.op == "reduce_scatter") pg.reduce_scatter(out, parts);
       else if (cfg.op == "barrier") pg.barrier();
+      else if (cfg.op == "memcpy") std::memcpy(out.data_ptr(), t.data_ptr(), t.nbytes());
       else throw dopt::ValueError("dopt_bench_collectives", "unknown --op '" + cfg.op + "'", me);
     };
     const int iters = iters_for(bytes, cfg.iters);
@@ -127,8 +129,8 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
 int main(int argc, char** argv) {
   CLI::App app{"Time dopt's collectives (JSON lines from rank 0)"};
   Config cfg;
-  app.add_option("--op", cfg.op, "all_reduce | broadcast | all_gather | reduce_scatter | barrier")
-      ->check(CLI::IsMember({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"}));
+  app.add_option("--op", cfg.op, "all_reduce | broadcast | all_gather | reduce_scatter | barrier | memcpy (one rank)")
+      ->check(CLI::IsMember({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "memcpy"}));
   app.add_option("--bytes", cfg.bytes, "Tensor size(s) in bytes (default: a sweep 4 KiB .. 256 MiB)")
       ->check(CLI::PositiveNumber);
   app.add_option("--iters", cfg.iters, "Timed calls per size (default: 200 up to 1 MiB, 30 up to 16 MiB, else 10)")
