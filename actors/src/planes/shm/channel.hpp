@@ -31,7 +31,7 @@ namespace dopt::detail::shm_plane {
 /// How a waiting member burns (or saves) CPU: poll, then yield, then sleep
 /// on the peer's futex in slices, checking liveness and the deadline between.
 struct WaitPolicy {
-  int spins = 2000;
+  std::chrono::nanoseconds spin{20000};  // polling, before yielding
   int yields = 4;
   std::chrono::microseconds slice{2000};
   /// Less polling when more ranks share this host than it has CPUs.
@@ -121,6 +121,11 @@ class Channel {
   GroupMemory memory_;
   std::shared_ptr<PeerTable> peers_;
   WaitPolicy policy_;
+  /// How long waits poll before yielding: adapted to what waits took lately
+  /// (halved after a wait that had to sleep, doubled after one that polling
+  /// served, within [1 us, policy_.spin]), so a rank whose peers are busy or
+  /// descheduled stops taking the CPU from them.
+  std::chrono::nanoseconds spin_{0};
   Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
