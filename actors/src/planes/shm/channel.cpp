@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -43,6 +44,10 @@ bool same(const Desc& a, const Desc& b) {
 
 WaitPolicy WaitPolicy::for_ranks(int ranks_on_host) {
   WaitPolicy p;
+  if (const char* v = std::getenv("DOPT_SHM_SPIN_US"); v && *v) {  // tuning experiments
+    p.spin = std::chrono::microseconds(std::atol(v));
+    return p;
+  }
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   cpu_set_t set;
   int usable = static_cast<int>(cpus);
@@ -111,12 +116,13 @@ void Channel::wait(int g, std::uint64_t step, Call& c) {
   SyncLine& s = ctl(g).sync;
   if (s.step.load(std::memory_order_acquire) >= step) return;
   // Poll for up to spin_ (the clock is read every 64 polls).
+  if (++waits_ % 64 == 0) spin_ = policy_.spin;
   const auto spin_end = std::chrono::steady_clock::now() + spin_;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
       if (s.step.load(std::memory_order_acquire) >= step) {
-        spin_ = std::min<std::chrono::nanoseconds>(policy_.spin, spin_ * 2);
+        spin_ = policy_.spin;
         return;
       }
     }

@@ -121,11 +121,12 @@ class Channel {
   GroupMemory memory_;
   std::shared_ptr<PeerTable> peers_;
   WaitPolicy policy_;
-  /// How long waits poll before yielding: adapted to what waits took lately
-  /// (halved after a wait that had to sleep, doubled after one that polling
-  /// served, within [1 us, policy_.spin]), so a rank whose peers are busy or
+  /// How long waits poll before yielding: halved after a wait that polling
+  /// did not serve (down to 1 us), back to policy_.spin after one it did and
+  /// every 64th wait (to look again), so a rank whose peers are busy or
   /// descheduled stops taking the CPU from them.
   std::chrono::nanoseconds spin_{0};
+  std::uint32_t waits_ = 0;
   Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
