@@ -30,7 +30,7 @@ class SmallAllReduceOp : public RingOp {
   void on_complete() override {  // every send is out: buf may be overwritten
     std::vector<const void*> ins(static_cast<std::size_t>(n_));
     for (int k = 0; k < n_; ++k) ins[k] = k == me_ ? static_cast<const void*>(buf_) : slot(k);
-    reduce_range(op_, dtype_, ins, {buf_}, 0, numel_);
+    reduce_members(ReduceSpec{op_, dtype_, opt_.order, opt_.pre_divisor, numel_}, ins, {buf_}, 0, numel_);
   }
 
  private:
@@ -61,8 +61,8 @@ void ring_all_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::in
   const std::size_t bytes = std::size_t(numel) * itemsize(dtype);
   if (n == 1 || numel == 0) {
     // Nothing to exchange; avg of one rank is x / 1 (bit-identical to x).
-    if (op == ReduceOp::avg && numel > 0)
-      reduce_range(op, dtype, {buf}, {buf}, 0, numel);
+    if ((op == ReduceOp::avg || opt.pre_divisor > 0) && numel > 0)
+      reduce_members(ReduceSpec{op, dtype, opt.order, opt.pre_divisor, numel}, {buf}, {buf}, 0, numel);
     g.mesh->post([done = std::move(done)] { done(nullptr); });
     return;
   }

@@ -32,7 +32,7 @@ class ReduceScatterOp : public RingOp {
  protected:
   void start() override {
     if (n_ == 1) {
-      reduce_range(op_, dtype_, {inputs_[0]}, {output_}, 0, counts_[0]);
+      reduce_members(spec(), {inputs_[0]}, {output_}, 0, counts_[0]);
       return;
     }
     // 1. My contribution to every other segment, straight to its owner.
@@ -103,9 +103,19 @@ class ReduceScatterOp : public RingOp {
       std::vector<const void*> ins(static_cast<std::size_t>(n_));
       for (int k = 0; k < n_; ++k)
         ins[k] = k == me_ ? static_cast<const std::byte*>(inputs_[me_]) + off : slot(c, peer_index(me_, k));
-      reduce_range(op_, dtype_, ins, {out}, 0, std::int64_t(len(me_, c)));
+      // The chunk's place in the whole buffer (all_reduce: my segment's start).
+      const std::int64_t seg_lo =
+          all_gather_ ? std::int64_t((static_cast<std::byte*>(segments_[me_]) - static_cast<std::byte*>(segments_[0])) / isz_)
+                      : 0;
+      reduce_members(spec(), ins, {out}, seg_lo + std::int64_t(c) * ce_, std::int64_t(len(me_, c)));
     }
     if (all_gather_) send(next(), tag(k_ag, std::uint64_t(me_)), out, len(me_, c) * isz_, code_[c]);
+  }
+
+  ReduceSpec spec() const {
+    std::int64_t total = 0;
+    for (auto k : counts_) total += k;
+    return ReduceSpec{op_, dtype_, opt_.order, opt_.pre_divisor, all_gather_ ? total : counts_[me_]};
   }
 
   std::vector<const void*> inputs_;

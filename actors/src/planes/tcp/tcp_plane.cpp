@@ -28,9 +28,12 @@ void RankState::start_ring(CollKey key, CollState& st) {
     caf::anon_send(me_, ringdone_atom::value, RingResultPtr(std::move(r)));
   };
   const Tensor& t0 = op.tensors[0];
+  RingOptions ro;
+  ro.order = op.desc.order;
+  ro.pre_divisor = op.desc.pre_divisor;
   switch (op.desc.kind) {
     case CollKind::all_reduce:
-      ring_all_reduce(g, id, t0.data_ptr(), t0.numel(), op.desc.dtype, op.desc.op, done);
+      ring_all_reduce(g, id, t0.data_ptr(), t0.numel(), op.desc.dtype, op.desc.op, done, ro);
       break;
     case CollKind::reduce: {
       // Every rank computes the reduction; only dst keeps it.
@@ -39,7 +42,7 @@ void RankState::start_ring(CollKey key, CollState& st) {
         *scratch = t0.clone();
         buf = scratch->data_ptr();
       }
-      ring_all_reduce(g, id, buf, t0.numel(), op.desc.dtype, op.desc.op, done);
+      ring_all_reduce(g, id, buf, t0.numel(), op.desc.dtype, op.desc.op, done, ro);
       break;
     }
     case CollKind::broadcast:
