@@ -194,14 +194,19 @@ void battery(dopt::ProcessGroup& world, Checker& c) {
     o.order = dopt::ReduceOrder::ring;
     o.pre_divisor = n;
     world.all_reduce_coalesced(parts, o);
-    // gloo's ring: 2n segments of ceil(4 * total / 2n) bytes; rank c's pair of
-    // segments is summed from rank c + 1 round to rank c.
-    const std::int64_t seg = (4 * total + 2 * n - 1) / (2 * n) / 4 + ((4 * total + 2 * n - 1) / (2 * n) % 4 ? 1 : 0);
+    // gloo's ring (measured against torch 1.13): segments of at most 1 MiB, at
+    // least 2n of them and a multiple of n, of ceil(bytes / segments) bytes;
+    // run b of (segments / n) segments is summed from rank b - 1 down to rank b.
+    auto up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+    const std::int64_t bytes = 4 * total;
+    const std::int64_t seg0 = up(std::min<std::int64_t>((bytes + 2 * n - 1) / (2 * n), 1 << 20), 4);
+    const std::int64_t nseg = up(std::max<std::int64_t>((bytes + seg0 - 1) / seg0, 2 * n), n);
+    const std::int64_t span = std::max<std::int64_t>(1, (nseg / n) * up((bytes + nseg - 1) / nseg, 4) / 4);
     auto want = [&](std::int64_t g) {
-      const int start = n < 3 ? 0 : static_cast<int>(std::min<std::int64_t>(g / std::max<std::int64_t>(1, 2 * seg), n - 1) + 1) % n;
+      const int b = static_cast<int>(std::min<std::int64_t>(g / span, n - 1));
       float acc = 0;
       for (int j = 0; j < n; ++j) {
-        const int r = (start + j) % n;
+        const int r = n < 3 ? j : ((b - 1 - j) % n + n) % n;
         const float x = static_cast<float>(input(r, g)) / static_cast<float>(n);
         acc = j == 0 ? x : acc + x;
       }

@@ -125,21 +125,29 @@ void reduce_members(const ReduceSpec& spec, const std::vector<const void*>& ins,
     run(ins, outs, 0, count);
     return;
   }
-  // gloo's ring: the flat buffer is cut into 2n segments of ceil(bytes / 2n)
-  // bytes (whole elements); rank c owns segments 2c and 2c + 1, and their sum
-  // starts at rank c + 1 and goes round the ring to rank c.
+  // gloo's ring (torch 1.13's CPU all_reduce), measured against it: the
+  // buffer of T bytes is cut into segments of at most 1 MiB, at least 2n of
+  // them and a multiple of n (numSegments), each of ceil(T / numSegments)
+  // bytes rounded up to whole elements; rank b finishes the b-th run of
+  // numSegments / n segments, whose sum starts at rank b - 1 and goes down the
+  // ring to rank b (each rank adds its own values to what it received).
   const std::int64_t es = static_cast<std::int64_t>(itemsize(spec.dtype));
-  std::int64_t seg_bytes = (spec.total * es + 2 * n - 1) / (2 * n);
-  seg_bytes = (seg_bytes + es - 1) / es * es;
-  const std::int64_t span = std::max<std::int64_t>(1, 2 * (seg_bytes / es));  // elements of one rank's pair
+  const std::int64_t T = spec.total * es;
+  auto round_up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+  const std::int64_t max_seg = es * ((std::int64_t{1} << 20) / es);
+  const std::int64_t seg0 = round_up(std::min((T + 2 * n - 1) / (2 * n), max_seg), es);
+  const std::int64_t nseg = round_up(std::max((T + seg0 - 1) / seg0, 2 * n), n);
+  const std::int64_t seg = round_up((T + nseg - 1) / nseg, es);
+  const std::int64_t span = std::max<std::int64_t>(1, (nseg / n) * seg / es);  // elements rank b finishes
   std::vector<const void*> rot(ins.size());
   std::int64_t done = 0;
   while (done < count) {
     const std::int64_t g = global_lo + done;
-    const std::int64_t c = std::min<std::int64_t>(g / span, n - 1);
-    const std::int64_t end = c == n - 1 ? global_lo + count : std::min(global_lo + count, (c + 1) * span);
+    const std::int64_t b = std::min<std::int64_t>(g / span, n - 1);
+    const std::int64_t end = b == n - 1 ? global_lo + count : std::min(global_lo + count, (b + 1) * span);
     const std::int64_t cnt = end - g;
-    for (std::int64_t j = 0; j < n; ++j) rot[static_cast<std::size_t>(j)] = ins[static_cast<std::size_t>((c + 1 + j) % n)];
+    for (std::int64_t j = 0; j < n; ++j)
+      rot[static_cast<std::size_t>(j)] = ins[static_cast<std::size_t>(((b - 1 - j) % n + n) % n)];
     run(rot, outs, done, cnt);
     done += cnt;
   }

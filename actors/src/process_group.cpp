@@ -34,6 +34,8 @@ const char* coll_name(CollKind k) noexcept {
     case CollKind::new_group: return "new_group";
     case CollKind::send: return "send";
     case CollKind::recv: return "recv";
+    case CollKind::all_reduce_coalesced: return "all_reduce_coalesced";
+    case CollKind::broadcast_coalesced: return "broadcast_coalesced";
   }
   return "?";
 }

@@ -60,9 +60,10 @@ enum class ReduceOrder : std::uint8_t {
   /// Group rank 0, 1, ..., n-1: dopt's order, on every plane.
   rank,
   /// gloo's ring all_reduce order, what torch 1.13 computes for CPU tensors:
-  /// the flat buffer is cut into 2n segments, and the sum of rank c's pair of
-  /// segments starts at rank c + 1 and goes round to rank c. Bitwise torch's
-  /// result for float sums at 3 or more ranks (at 2 ranks both orders agree).
+  /// the flat buffer is cut into n runs of segments (segments of at most
+  /// 1 MiB), and the sum of run b starts at rank b - 1 and goes down the ring
+  /// to rank b. Bitwise torch's result for float32/float64 sums at 3 or more
+  /// ranks (at 2 ranks both orders agree; 16-bit floats keep rank order).
   ring,
 };
 

@@ -6,15 +6,15 @@
 //   PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100, ctx.world());
 //   for (...) { ...; opt.step(); averager.average_parameters(opt.param_groups()); }
 //
-// Arithmetic (bitwise torch's): the parameters of one dtype are copied into
-// one flat buffer, the buffer is divided in place by the group size, then
-// summed over the ranks; each parameter gets its slice back. So the result is
-// sum_r (p_r / n), not (sum_r p_r) / n (spec 2.5 step 3, section 6 item 9).
-// For 3 or more ranks (float32/float64) the sum is a ring reduce-scatter +
-// all-gather over send/recv that adds the ranks' values in gloo's ring order
-// (what torch 1.13 runs on CPU), so results match torch bitwise; it runs on
-// the caller's thread and the async form then returns a ready future. With 2
-// ranks, and for float16/bfloat16, it is one all_reduce_async(SUM).
+// Arithmetic (bitwise torch's): the result is sum_r (p_r / n), not
+// (sum_r p_r) / n: every rank's parameters of one dtype, seen as one flat
+// buffer, are divided by the group size in their dtype and summed over the
+// ranks in gloo's ring order (what torch 1.13 runs on CPU; for 3 or more
+// ranks of float32/float64 this order matters). On CPU tensors this is one
+// ProcessGroup::all_reduce_coalesced per dtype, reading and writing the
+// parameters themselves (no flat copy); the async form returns at once and
+// its future completes when every dtype's call has. Device tensors take one
+// flat buffer through the device backend.
 //
 // Collective contract. average_parameters (on an averager or the free
 // functions) is a collective over the selected group when it averages: every
