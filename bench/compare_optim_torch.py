@@ -19,10 +19,10 @@ import sys
 import time
 
 BYTES = {"SGD": 20, "Adam": 28, "AdamW": 28, "Adagrad": 20, "RMSprop": 20,
-         "Adamax": 28, "Adadelta": 28, "Rprop": 28}
+         "Adamax": 28, "Adadelta": 28, "Rprop": 28, "NAdam": 28, "RAdam": 28}
 KW = {"SGD": dict(lr=0.01, momentum=0.9), "Adam": dict(lr=1e-3), "AdamW": dict(lr=1e-3, weight_decay=1e-2),
       "Adagrad": dict(lr=1e-2), "RMSprop": dict(lr=1e-2), "Adamax": dict(lr=2e-3), "Adadelta": dict(lr=1.0),
-      "Rprop": dict(lr=1e-2)}
+      "Rprop": dict(lr=1e-2), "NAdam": dict(lr=2e-3), "RAdam": dict(lr=1e-3)}
 
 
 def torch_step_ms(torch, cls, numel, tensors, foreach, target_s=0.5):
