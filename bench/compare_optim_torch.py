@@ -80,7 +80,8 @@ def main():
                 row = dict(optim=cls, numel=n, tensors=k, threads=1, torch_ms=round(t, 4), dopt_ms=round(d, 4),
                            speedup=round(t / d, 2), bytes_per_elem=BYTES[cls],
                            dopt_gbs=round(BYTES[cls] * n / (d * 1e-3) / 1e9, 2),
-                           torch_gbs=round(BYTES[cls] * n / (t * 1e-3) / 1e9, 2), torch=torch.__version__)
+                           torch_gbs=round(BYTES[cls] * n / (t * 1e-3) / 1e9, 2), torch=torch.__version__,
+                           date=time.strftime("%Y-%m-%d"))
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 if args.out:
