@@ -19,10 +19,10 @@ import sys
 import time
 
 BYTES = {"SGD": 20, "Adam": 28, "AdamW": 28, "Adagrad": 20, "RMSprop": 20,
-         "Adamax": 28, "Adadelta": 28, "Rprop": 28}
+         "Adamax": 28, "Adadelta": 28, "Rprop": 28, "NAdam": 28, "RAdam": 28}
 KW = {"SGD": dict(lr=0.01, momentum=0.9), "Adam": dict(lr=1e-3), "AdamW": dict(lr=1e-3, weight_decay=1e-2),
       "Adagrad": dict(lr=1e-2), "RMSprop": dict(lr=1e-2), "Adamax": dict(lr=2e-3), "Adadelta": dict(lr=1.0),
-      "Rprop": dict(lr=1e-2)}
+      "Rprop": dict(lr=1e-2), "NAdam": dict(lr=2e-3), "RAdam": dict(lr=1e-3)}
 
 
 def torch_step_ms(torch, cls, numel, tensors, foreach, target_s=0.5):
@@ -80,7 +80,8 @@ def main():
                 row = dict(optim=cls, numel=n, tensors=k, threads=1, torch_ms=round(t, 4), dopt_ms=round(d, 4),
                            speedup=round(t / d, 2), bytes_per_elem=BYTES[cls],
                            dopt_gbs=round(BYTES[cls] * n / (d * 1e-3) / 1e9, 2),
-                           torch_gbs=round(BYTES[cls] * n / (t * 1e-3) / 1e9, 2), torch=torch.__version__)
+                           torch_gbs=round(BYTES[cls] * n / (t * 1e-3) / 1e9, 2), torch=torch.__version__,
+                           date=time.strftime("%Y-%m-%d"))
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 if args.out:

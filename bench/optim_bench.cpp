@@ -2,6 +2,7 @@
 //
 //   OptimStep/<Class>/<numel>/<num_tensors>              one thread
 //   OptimStepThreads/<Class>/<numel>/<num_tensors>/<threads>  multi-tensor path
+//   ClipGradNorm/<numel>/<num_tensors>/<threads>/<clip|noclip> clip_grad_norm
 //
 // bytes_per_second counts the minimal bytes an exact step must move per
 // element (float32): SGD with momentum, Adagrad, RMSprop 20 B (read p, g, one
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/registry.hpp"
 
 namespace {
@@ -35,6 +37,8 @@ std::vector<Case> cases() {
       {"Adamax", {{"lr", 2e-3}}, 28},
       {"Adadelta", {{"lr", 1.0}}, 28},
       {"Rprop", {{"lr", 1e-2}}, 28},
+      {"NAdam", {{"lr", 2e-3}}, 28},
+      {"RAdam", {{"lr", 1e-3}}, 28},
   };
 }
 
@@ -76,7 +80,42 @@ void run_step(benchmark::State& state, const Case& c, std::int64_t numel, std::i
   state.counters["threads"] = threads;
 }
 
+/// clip_grad_norm over `tensors` gradients of `numel` elements in all, with
+/// `threads`; max_norm 1 clips (the coefficient is < 1: a norm pass and a
+/// scaling pass), max_norm 1e30 does not (the coefficient is 1: dopt skips
+/// the multiplication by 1, which changes no bit). The gradients keep their
+/// values: each iteration restores them first (outside the timed region).
+void run_clip(benchmark::State& state, std::int64_t numel, std::int64_t tensors, int threads, double max_norm) {
+  auto params = make_params(numel, tensors);
+  std::vector<dopt::Tensor> saved;
+  for (const auto& p : params) saved.push_back(p.grad().clone());
+  dopt::optim::ClipGradNormOptions o;
+  o.num_threads = threads;
+  double total = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].grad().copy_(saved[i]);
+    state.ResumeTiming();
+    total = dopt::optim::clip_grad_norm(params, max_norm, o);
+    benchmark::ClobberMemory();
+  }
+  // norm pass reads 4 B per element; clipping also reads and writes them (8 B)
+  state.SetBytesProcessed(state.iterations() * numel * (max_norm < 1e29 ? 12 : 4));
+  state.counters["total_norm"] = total;
+  state.counters["threads"] = threads;
+}
+
 int register_all() {
+  for (std::int64_t tensors : {1, 100})
+    for (int threads : {1, 2})
+      for (double max_norm : {1.0, 1e30}) {
+        const std::int64_t n = 10000000;
+        const std::string name = std::string("ClipGradNorm/") + std::to_string(n) + "/" + std::to_string(tensors) +
+                                 "/" + std::to_string(threads) + (max_norm < 1e29 ? "/clip" : "/noclip");
+        benchmark::RegisterBenchmark(name.c_str(), [n, tensors, threads, max_norm](benchmark::State& s) {
+          run_clip(s, n, tensors, threads, max_norm);
+        })->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+      }
   const std::vector<std::int64_t> sizes = {1000000, 10000000, 100000000};
   const std::vector<std::int64_t> splits = {1, 1000};
   for (const auto& c : cases()) {

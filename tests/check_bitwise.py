@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Stricter than check_replay.py: every expected param.*/state.* tensor of a
-conformance case must be byte-identical in the replay output (torch's own
-values, not a tolerance). Standard library only.
+conformance case, and its sched.* (learning-rate schedule) and grad_norm.*
+(clip_grad_norm totals) tensors, must be byte-identical in the replay output
+(torch's own values, not a tolerance). Standard library only.
 
   check_bitwise.py CASE_DIR PRODUCED.safetensors
 """
@@ -28,7 +29,7 @@ def main():
         return 2
     expected = read(pathlib.Path(sys.argv[1]) / "tensors.safetensors")
     produced = read(sys.argv[2])
-    keys = [k for k in expected if k.startswith(("param.", "state."))]
+    keys = [k for k in expected if k.startswith(("param.", "state.", "sched.", "grad_norm."))]
     bad = [k for k in keys if produced.get(k) != expected[k]]
     for k in bad[:20]:
         print(f"not bitwise identical: {k}")

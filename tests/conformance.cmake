@@ -1,5 +1,5 @@
-# Conformance tests: one CTest per case under ${DOPT_SHARED_DIR}/conformance/cases
-# (format: ../shared/conformance/FORMAT.md). Each runs dopt-replay on the case
+# Conformance tests: one CTest per case under ${DOPT_SHARED_DIR}/conformance/cases,
+# and per listed case of cases-next (below) (format: ../shared/conformance/FORMAT.md). Each runs dopt-replay on the case
 # and then check_replay.py --quiet on its output (tests/run_conformance.sh).
 #
 # Cases are registered for the wrapper kinds in DOPT_REPLAY_WRAPPERS (the
@@ -61,6 +61,41 @@ else()
     set_tests_properties("conformance: ${_case}" PROPERTIES LABELS conformance TIMEOUT 120)
     math(EXPR _conf_registered "${_conf_registered} + 1")
   endforeach()
+  # Cases of cases-next/ (FORMAT.md: features newer than cases/) that
+  # dopt-replay supports, by name: they run exactly like the cases above.
+  # To add one: make it pass (run_conformance.sh: dopt-replay, check_replay.py
+  # and check_bitwise.py), add its name on its own line below, and copy its
+  # folder into tests/shared-snapshot/conformance/cases-next/ so that a clone
+  # without ../shared checks it too. A listed case that is missing fails.
+  set(DOPT_CONFORMANCE_NEXT_CASES
+    # learning-rate schedulers, clip_grad_norm, NAdam, RAdam
+    adam_multisteplr
+    adam_onecyclelr
+    adam_reduce_lr_on_plateau
+    adam_two_groups_chained_scheduler
+    adamw_exponentiallr_clip_l2
+    nadam_default
+    nadam_polynomiallr_clip_inf
+    radam_weight_decay
+    rmsprop_linearlr_clip_l1
+    sgd_cosine_warm_restarts
+    sgd_cycliclr_momentum
+    sgd_nesterov_cosineannealinglr
+    sgd_sequentiallr
+    sgd_steplr
+    zero_adam_ws3_bucket_clip_steplr
+  )
+  foreach(_case IN LISTS DOPT_CONFORMANCE_NEXT_CASES)
+    set(_case_dir "${DOPT_SHARED_DIR}/conformance/cases-next/${_case}")
+    add_test(NAME "conformance: ${_case}"
+             COMMAND sh "${CMAKE_CURRENT_SOURCE_DIR}/run_conformance.sh"
+                     $<TARGET_FILE:dopt-replay> "${DOPT_PYTHON3}" "${_conf_checker}"
+                     "${_case_dir}" "${CMAKE_CURRENT_BINARY_DIR}/conformance/${_case}.safetensors"
+                     "${CMAKE_CURRENT_SOURCE_DIR}/check_bitwise.py")
+    set_tests_properties("conformance: ${_case}" PROPERTIES LABELS "conformance;conformance-next" TIMEOUT 120)
+    math(EXPR _conf_registered "${_conf_registered} + 1")
+  endforeach()
+
   # The replayer's own error paths. While 'zero' is unsupported, replaying a
   # zero case must say so and exit non-zero (dropped once 'zero' is supported).
   if(_conf_zero AND NOT "zero" IN_LIST DOPT_REPLAY_WRAPPERS)

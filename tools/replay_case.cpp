@@ -1,5 +1,6 @@
 #include "replay_case.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -7,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/registry.hpp"
 
 namespace dopt::replay {
@@ -146,6 +148,45 @@ Case load_case(const std::string& dir) {
   if (!kind.is_string()) bad(file, "wrapper.kind must be a string");
   c.wrapper_kind = kind.get<std::string>();
   if (c.wrapper_kind == "local" && c.world_size != 1) bad(file, "wrapper 'local' needs world_size 1");
+  // A field this replayer does not know must refuse the case, not be ignored.
+  std::set<std::string> known = {"kind"};
+  if (c.wrapper_kind == "local" || c.wrapper_kind == "zero") known.insert({"lr_scheduler", "clip_grad_norm"});
+  if (c.wrapper_kind == "zero") known.insert("parameters_as_bucket_view");
+  if (c.wrapper_kind == "post_local_sgd") known.insert("averager");
+  if (c.wrapper_kind == "local" || c.wrapper_kind == "zero" || c.wrapper_kind == "post_local_sgd")
+    for (auto it = wrapper.begin(); it != wrapper.end(); ++it)
+      if (!known.count(it.key()))
+        throw UnsupportedCase("load_case", "wrapper field '" + it.key() + "' of wrapper '" + c.wrapper_kind +
+                                               "' is not supported");
+  if (auto it = wrapper.find("lr_scheduler"); it != wrapper.end()) {
+    if (!it->is_object() || !it->contains("class") || !it->contains("args"))
+      bad(file, "wrapper.lr_scheduler must be an object with 'class' and 'args'");
+    c.lr_scheduler = it->dump();
+  }
+  if (auto it = wrapper.find("clip_grad_norm"); it != wrapper.end()) {
+    if (!it->is_object()) bad(file, "wrapper.clip_grad_norm must be an object");
+    for (auto k = it->begin(); k != it->end(); ++k)
+      if (k.key() != "max_norm" && k.key() != "norm_type" && k.key() != "error_if_nonfinite")
+        throw UnsupportedCase("load_case", "clip_grad_norm field '" + k.key() + "' is not supported");
+    Case::Clip clip;
+    const json& mn = field(*it, "max_norm", file, "wrapper.clip_grad_norm");
+    if (!mn.is_number()) bad(file, "wrapper.clip_grad_norm.max_norm must be a number");
+    clip.max_norm = mn.get<double>();
+    if (auto nt = it->find("norm_type"); nt != it->end()) {
+      if (nt->is_string() && nt->get<std::string>() == "inf") clip.norm_type = optim::kInfNorm;
+      else if (nt->is_number()) clip.norm_type = nt->get<double>();
+      else bad(file, "wrapper.clip_grad_norm.norm_type must be a number or \"inf\"");
+    }
+    if (auto e = it->find("error_if_nonfinite"); e != it->end() && !(e->is_boolean() && !e->get<bool>()))
+      throw UnsupportedCase("load_case", "clip_grad_norm with error_if_nonfinite true is not supported");
+    c.clip_grad_norm = clip;
+  }
+  {
+    // An optimizer class the registry does not know: a case this build cannot replay.
+    const auto names = optim::registered_optimizers();
+    if (std::find(names.begin(), names.end(), c.optimizer_class) == names.end())
+      throw UnsupportedCase("load_case", "optimizer class '" + c.optimizer_class + "' is not supported");
+  }
 
   const std::string tfile = (fs::path(dir) / "tensors.safetensors").string();
   c.tensors = read_safetensors(tfile).tensors;
@@ -176,6 +217,18 @@ void set_case_grads(const Case& c, int t, int r, const std::vector<Tensor>& para
   }
 }
 
+void record_grad_norm(const Case& c, int t, int r, double total, std::map<std::string, Tensor>& out) {
+  out["grad_norm." + std::to_string(t) + "." + std::to_string(r)] = Tensor::scalar(total, c.dtype);
+}
+
+void clip_case_grads(const Case& c, int t, int r, const std::vector<Tensor>& params,
+                     std::map<std::string, Tensor>& out) {
+  if (!c.clip_grad_norm) return;
+  optim::ClipGradNormOptions o;
+  o.norm_type = c.clip_grad_norm->norm_type;
+  record_grad_norm(c, t, r, optim::clip_grad_norm(params, c.clip_grad_norm->max_norm, o), out);
+}
+
 void record_case_params(int t, int r, const std::vector<Tensor>& params, std::map<std::string, Tensor>& out) {
   for (std::size_t i = 0; i < params.size(); ++i)
     out["param." + std::to_string(t) + "." + std::to_string(r) + "." + std::to_string(i)] = params[i].clone();
@@ -195,9 +248,19 @@ ReplayOutput replay_case(const Case& c, int num_threads) {
 
   ReplayOutput out;
   const int r = 0;
+  std::unique_ptr<CaseScheduler> sched;
+  if (!c.lr_scheduler.empty()) {
+    sched = std::make_unique<CaseScheduler>(c, optim::ScheduleTarget(*opt));
+    sched->record("init", out.tensors);
+  }
   for (int t = 0; t < c.steps; ++t) {
     set_case_grads(c, t, r, params);
+    clip_case_grads(c, t, r, params, out.tensors);
     opt->step();
+    if (sched) {
+      sched->step(t);
+      sched->record(std::to_string(t), out.tensors);
+    }
     record_case_params(t, r, params, out.tensors);
   }
 

@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/runtime/hyperparams.hpp"
 #include "dopt/runtime/safetensors.hpp"
@@ -30,7 +32,15 @@ struct Case {
   Hyperparams defaults;
   std::vector<CaseGroup> groups;
   std::string wrapper_kind;  // "local", "zero", "post_local_sgd"
-  std::map<std::string, Tensor> tensors;  // init.*, grad.*, and the expected values
+  /// wrapper.lr_scheduler as JSON text ({"class": ..., "args": {...}}); empty: none.
+  std::string lr_scheduler;
+  /// wrapper.clip_grad_norm: max_norm and norm_type (infinity for "inf").
+  struct Clip {
+    double max_norm = 0;
+    double norm_type = 2.0;
+  };
+  std::optional<Clip> clip_grad_norm;
+  std::map<std::string, Tensor> tensors;  // init.*, grad.*, metric.*, and the expected values
 };
 
 /// Reads CASE_DIR/case.json and CASE_DIR/tensors.safetensors and checks their
@@ -69,6 +79,32 @@ struct ReplayOutput {
 /// "post_local_sgd" below; an unknown kind throws UnsupportedCase).
 /// num_threads is passed to Optimizer::set_num_threads.
 ReplayOutput replay_case(const Case& c, int num_threads = 1);
+
+/// A case's learning-rate scheduler (wrapper.lr_scheduler) built on `target`,
+/// stepped after every optimizer step and recorded as sched.* (replay_schedule.cpp).
+class CaseScheduler {
+ public:
+  /// Builds it (the construction steps it once); throws UnsupportedCase for a
+  /// class or argument it does not know. `has_momentum` / `has_betas`: the
+  /// optimizer's hyperparameters, which decide the recorded names.
+  CaseScheduler(const Case& c, optim::ScheduleTarget target);
+  ~CaseScheduler();
+  /// scheduler.step() after optimizer step t (ReduceLROnPlateau: with metric.{t}).
+  void step(int t);
+  /// out["sched.{tag}.{g}.{name}"] for every group and recorded name (F64 0-d).
+  void record(const std::string& tag, std::map<std::string, Tensor>& out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Clips the gradients of `params` (index order) as the case says and
+/// records grad_norm.{t}.{r} in the case dtype; nothing without clip_grad_norm.
+void clip_case_grads(const Case& c, int t, int r, const std::vector<Tensor>& params,
+                     std::map<std::string, Tensor>& out);
+/// out["grad_norm.{t}.{r}"] = total as a 0-d tensor of the case dtype.
+void record_grad_norm(const Case& c, int t, int r, double total, std::map<std::string, Tensor>& out);
 
 /// Wrapper "zero": ZeroRedundancyOptimizer with world_size simulated ranks
 /// (tools/replay_zero.cpp).

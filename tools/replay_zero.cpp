@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dopt/actors/simulate.hpp"
+#include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
 #include "replay_case.hpp"
@@ -54,9 +55,29 @@ ReplayOutput replay_zero(const Case& c, int num_threads) {
     zero.optim().set_num_threads(num_threads);
 
     std::map<std::string, Tensor> mine;
+    // The scheduler is built on the ZeRO object on every rank (as a ZeRO
+    // user does); its values are the same everywhere, rank 0 records them.
+    std::unique_ptr<CaseScheduler> sched;
+    std::map<std::string, Tensor> discard;
+    if (!c.lr_scheduler.empty()) {
+      sched = std::make_unique<CaseScheduler>(c, optim::ScheduleTarget(zero));
+      sched->record("init", r == 0 ? mine : discard);
+    }
     for (int t = 0; t < c.steps; ++t) {
       set_case_grads(c, t, r, params);
+      if (c.clip_grad_norm) {
+        // Sharded: each rank the norms of the gradients it owns, one all-reduce.
+        // The total runs over ZeRO's global order (the chain of groups), which
+        // is the case's index order when the groups list ascending indices.
+        optim::ClipGradNormOptions o;
+        o.norm_type = c.clip_grad_norm->norm_type;
+        record_grad_norm(c, t, r, optim::clip_grad_norm(zero, c.clip_grad_norm->max_norm, o), mine);
+      }
       zero.step();
+      if (sched) {
+        sched->step(t);
+        sched->record(std::to_string(t), r == 0 ? mine : discard);
+      }
       record_case_params(t, r, params, mine);
     }
     // The state this rank holds: its local optimizer's, by parameter.

@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   int steps = 500, hidden = 32, samples = 256;
   std::string checkpoint = "";
   bool check = false, quiet = false;
-  app.add_option("--optim", optim, "sgd|adam|adamw|adagrad|rmsprop|adamax|adadelta|rprop")->capture_default_str();
+  app.add_option("--optim", optim, "sgd|adam|adamw|adagrad|rmsprop|adamax|adadelta|rprop|nadam|radam")->capture_default_str();
   app.add_option("--lr", lr, "learning rate (default: a sensible one per optimizer)");
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--hidden", hidden, "hidden units")->check(CLI::PositiveNumber)->capture_default_str();
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
 
   static const std::map<std::string, double> default_lr = {
       {"sgd", 0.1}, {"adam", 1e-2}, {"adamw", 1e-2}, {"adagrad", 0.1},
-      {"rmsprop", 3e-3}, {"adamax", 2e-2}, {"adadelta", 1.0}, {"rprop", 1e-3}};
+      {"rmsprop", 3e-3}, {"adamax", 2e-2}, {"adadelta", 1.0}, {"rprop", 1e-3}, {"nadam", 1e-2}, {"radam", 1e-2}};
   try {
     auto it = default_lr.find(optim);
     dopt::optim::OptimizerSpec spec{optim, {}};

@@ -161,7 +161,13 @@ DistributedOptimizer::DistributedOptimizer(rpc::Agent agent, OptimizerSpec spec,
   num_params_ = params.size();
   // Every owner has built its optimizer (or its error comes out here).
   fan_out("DistributedOptimizer", "dopt.optim.lr").get();
+  hyper_ = make_options(spec_)->to_hyperparams();
 }
+
+DistributedOptimizer::DistributedOptimizer(rpc::Agent agent, const OptimizerOptions& optimizer,
+                                           const std::vector<rpc::RRef<Tensor>>& params,
+                                           DistributedOptimizerOptions options)
+    : DistributedOptimizer(agent, spec_of(optimizer, "DistributedOptimizer"), params, options) {}
 
 template <class... A>
 Future<void> DistributedOptimizer::fan_out(const std::string& what, const std::string& method,
@@ -208,10 +214,36 @@ void DistributedOptimizer::zero_grad(const rpc::GradContext& ctx) {
   fan_out("DistributedOptimizer.zero_grad", "dopt.optim.zero_grad", ctx.id()).get();
 }
 
-void DistributedOptimizer::set_lr(double lr) { fan_out("DistributedOptimizer.set_lr", "dopt.optim.set_lr", lr).get(); }
+void DistributedOptimizer::set_lr(double lr) {
+  fan_out("DistributedOptimizer.set_lr", "dopt.optim.set_lr", lr).get();
+  hyper_["lr"] = lr;
+  staged_.erase("lr");
+}
 
 void DistributedOptimizer::set_hyperparameters(const Hyperparams& h) {
-  fan_out("DistributedOptimizer.set_hyperparameters", "dopt.optim.set_hyperparameters", hyper_to_json(h)).get();
+  Hyperparams all = staged_;
+  for (const auto& [k, v] : h) all[k] = v;
+  fan_out("DistributedOptimizer.set_hyperparameters", "dopt.optim.set_hyperparameters", hyper_to_json(all)).get();
+  for (const auto& [k, v] : h) hyper_[k] = v;
+  staged_.clear();
+}
+
+void DistributedOptimizer::stage_hyperparameters(const Hyperparams& h) {
+  // Validated here, so that a bad value fails on this worker, not on the owners.
+  auto o = make_options(OptimizerSpec{spec_.name, hyper_});
+  o->set_hyperparams(h);
+  o->validate("DistributedOptimizer.stage_hyperparameters");
+  for (const auto& [k, v] : h) {
+    hyper_[k] = v;
+    staged_[k] = v;
+  }
+}
+
+void DistributedOptimizer::commit_hyperparameters() {
+  if (staged_.empty()) return;
+  fan_out("DistributedOptimizer.commit_hyperparameters", "dopt.optim.set_hyperparameters", hyper_to_json(staged_))
+      .get();
+  staged_.clear();
 }
 
 std::vector<double> DistributedOptimizer::lrs() const {

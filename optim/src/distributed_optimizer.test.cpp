@@ -14,6 +14,7 @@
 
 #include "dopt/actors/rpc.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/optim/lr_scheduler.hpp"
 #include "test_util.hpp"
 
 using namespace dopt;
@@ -139,6 +140,8 @@ TEST_CASE("DistributedOptimizer equals the local optimizer bit for bit, for ever
       {"Adamax", {{"lr", 0.01}}},
       {"Adadelta", {{"lr", 0.5}}},
       {"Rprop", {{"lr", 0.02}}},
+      {"NAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}},
+      {"RAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}},
   };
   for (const auto& spec : specs) {
     INFO(spec.to_json());
@@ -361,4 +364,69 @@ TEST_CASE("DistributedOptimizer: a step whose owner does not answer in time fail
     SCHECK(bits_mismatch(p1.to_here(), l1) == "");
   });
   dopt::optim::detail::set_owner_step_hook({});
+}
+
+TEST_CASE("DistributedOptimizer: one schedule reaches all 3 remote owners (OneCycleLR with beta1, ChainedScheduler)",
+          "[distributed_optimizer][lr_scheduler]") {
+  register_test_functions();
+  std::atomic<int> checked{0};
+  rpc::simulate(4, [&](Agent& a) {
+    if (a.rank() != 0) return;
+    const std::vector<Shape> shapes{{7}, {2, 3}, {5}, {4}, {1}, {3}};
+    std::vector<Tensor> local;
+    std::vector<RRef<Tensor>> remote;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const auto v = values<float>(static_cast<std::size_t>(shape_numel(shapes[k])), 70 + k);
+      remote.push_back(a.remote<Tensor>(1 + static_cast<int>(k % 3), "dt.make_param", v, shapes[k]));
+      local.push_back(Tensor::from_vector(v, shapes[k]));
+    }
+    // typed options, as for a local optimizer
+    DistributedOptimizer dist(a, AdamOptions(0.01), remote);
+    SCHECK(dist.owners().size() == 3u);
+    Adam lopt(local, AdamOptions(0.01));
+    OneCycleLROptions oc;
+    oc.max_lr = {0.05};
+    oc.total_steps = 8;
+    OneCycleLR remote_sched(dist, oc), local_sched(lopt, oc);
+    // the construction's values are already on every owner
+    SCHECK(dist.lrs() == std::vector<double>(3, lopt.param_groups()[0].options->get_lr()));
+    for (int t = 0; t < 8; ++t) {
+      GradContext ctx = a.new_context();
+      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        Tensor g = Tensor::from_vector(values<float>(static_cast<std::size_t>(shape_numel(shapes[k])), 900 + 10 * t + k, 2.0),
+                                       shapes[k]);
+        local[k].set_grad(g.clone());
+        deps.emplace_back(remote[k], g);
+      }
+      (void)ctx.deposit_all(deps);
+      dist.step(ctx);
+      lopt.step();
+      remote_sched.step();
+      local_sched.step();
+      const double lr = lopt.param_groups()[0].options->get_lr();
+      SCHECK(remote_sched.get_last_lr() == local_sched.get_last_lr());
+      SCHECK(dist.lrs() == std::vector<double>(3, lr));  // every owner, asked by message
+      SCHECK(dist.hyperparameters().at("betas") == lopt.param_groups()[0].options->to_hyperparams().at("betas"));
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        const std::string m = bits_mismatch(remote[k].to_here(), local[k]);
+        std::lock_guard<std::mutex> l(g_catch_mutex);
+        INFO("step " << t << " param " << k);
+        CHECK(m == "");
+        ++checked;
+      }
+    }
+    // a composite on the same optimizer: one round of messages per step, all owners follow
+    std::vector<std::unique_ptr<LRScheduler>> kids;
+    kids.push_back(std::make_unique<ConstantLR>(dist, 0.5, 2));
+    kids.push_back(std::make_unique<ExponentialLR>(dist, 0.9));
+    ChainedScheduler chained(std::move(kids));
+    chained.step();
+    chained.step();
+    SCHECK(dist.lrs() == std::vector<double>(3, chained.get_last_lr()[0]));
+    // the state dict of a remote schedule restores like a local one
+    const auto sd = chained.state_dict();
+    SCHECK(std::get<double>(sd.at("_schedulers")) == 2.0);
+  });
+  CHECK(checked == 48);
 }

@@ -32,6 +32,12 @@ void FunctionalOptimizer::check_param(const Tensor& p, const std::string& op, st
                             " is " + std::string(dtype_name(p.dtype())));
 }
 
+void FunctionalOptimizer::check_device(const Tensor& p, const std::string& op) const {
+  if (!p.device().is_cpu() && !has_device_kernels())
+    throw NotSupportedError(op, optimizer_name_ + " has no kernel for parameters on " + p.device().str() +
+                                    " (it runs on the CPU only)");
+}
+
 void FunctionalOptimizer::init_all_state() {
   for (const Tensor& p : params_) {
     ParamState& st = state_[p.key()];
@@ -52,7 +58,10 @@ void FunctionalOptimizer::step(const std::vector<Tensor>& grads) {
                              std::to_string(params_.size()) + ". Gradients length: " +
                              std::to_string(grads.size()));
   for (std::size_t i = 0; i < params_.size(); ++i)
-    if (grads[i].defined()) check_param_grad(params_[i], grads[i], op);
+    if (grads[i].defined()) {
+      check_param_grad(params_[i], grads[i], op);
+      check_device(params_[i], op);
+    }
   // Parameters on a device with a registered stepper (gpu/) go to it in one batch.
   std::vector<Tensor> dev_params, dev_grads;
   std::vector<ParamState*> dev_states;
@@ -77,6 +86,7 @@ void FunctionalOptimizer::step_param(const Tensor& param, const Tensor& grad) {
   check_param(param, op, 0);
   if (!grad.defined()) return;
   check_param_grad(param, grad, op);
+  check_device(param, op);
   if (!state_.count(param.key())) {
     bool known = false;
     for (const Tensor& p : params_) known = known || p.is_same(param);
@@ -176,5 +186,10 @@ FunctionalAdadelta::FunctionalAdadelta(std::vector<Tensor> params, const Adadelt
     : BasicFunctional("Adadelta", std::move(params), options, allow_empty) {}
 FunctionalRprop::FunctionalRprop(std::vector<Tensor> params, const RpropOptions& options, bool allow_empty)
     : BasicFunctional("Rprop", std::move(params), options, allow_empty) {}
+
+FunctionalNAdam::FunctionalNAdam(std::vector<Tensor> params, const NAdamOptions& options, bool allow_empty)
+    : BasicFunctional("NAdam", std::move(params), options, allow_empty) {}
+FunctionalRAdam::FunctionalRAdam(std::vector<Tensor> params, const RAdamOptions& options, bool allow_empty)
+    : BasicFunctional("RAdam", std::move(params), options, allow_empty) {}
 
 }  // namespace dopt::optim

@@ -94,6 +94,13 @@ std::optional<double> Optimizer::step(const LossClosure& closure) {
     ParamState* state;
   };
   std::vector<Item> items;
+  if (!has_device_kernels()) {
+    for (auto& g : param_groups_)
+      for (auto& p : g.params)
+        if (p.grad().defined() && !p.device().is_cpu())
+          throw NotSupportedError(name_ + ".step", name_ + " has no kernel for parameters on " + p.device().str() +
+                                                       " (it runs on the CPU only)");
+  }
   for (auto& g : param_groups_) {
     for (auto& p : g.params) {
       Tensor grad = p.grad();

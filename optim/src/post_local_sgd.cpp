@@ -38,6 +38,15 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, s
 void PostLocalSGDOptimizer::step() {
   optim_->step();
   averager_->average_parameters(optim_->param_groups());
+  ++steps_taken_;
+}
+
+void PostLocalSGDOptimizer::skip_step() {
+  // No local update, but the averager keeps its schedule: it averages when
+  // this step is due (every rank skips together, so the collective matches)
+  // and counts the step.
+  averager_->average_parameters(optim_->param_groups());
+  ++steps_skipped_;
 }
 
 StateDict PostLocalSGDOptimizer::state_dict() const {

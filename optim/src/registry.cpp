@@ -84,6 +84,8 @@ Registry& registry() {
     reg->entries.emplace("Adamax", optimizer_factories<Adamax, FunctionalAdamax>());
     reg->entries.emplace("Adadelta", optimizer_factories<Adadelta, FunctionalAdadelta>());
     reg->entries.emplace("Rprop", optimizer_factories<Rprop, FunctionalRprop>());
+    reg->entries.emplace("NAdam", optimizer_factories<NAdam, FunctionalNAdam>());
+    reg->entries.emplace("RAdam", optimizer_factories<RAdam, FunctionalRAdam>());
     return reg;
   }();
   return *r;
@@ -146,6 +148,15 @@ std::vector<std::string> registered_optimizers() {
   std::vector<std::string> names;
   for (const auto& [name, f] : r.entries) names.push_back(name);
   return names;
+}
+
+OptimizerSpec spec_of(const OptimizerOptions& options, const char* op) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& [name, f] : r.entries)
+    if (f.options_type && *f.options_type == typeid(options)) return OptimizerSpec{name, options.to_hyperparams()};
+  throw TypeError(op, std::string("no registered optimizer takes options of type ") + typeid(options).name() +
+                          " (register it with register_optimizer and optimizer_factories)");
 }
 
 std::unique_ptr<OptimizerOptions> make_options(const OptimizerSpec& spec) {

@@ -29,6 +29,8 @@ std::vector<OptimizerSpec> builtin_specs() {
       {"Adamax", {{"lr", 0.01}, {"betas", V{0.5, 0.6}}}},
       {"Adadelta", {{"rho", 0.8}, {"eps", 1e-5}}},
       {"Rprop", {{"etas", V{0.4, 1.3}}, {"step_sizes", V{1e-4, 10.0}}}},
+      {"NAdam", {{"lr", 0.01}, {"momentum_decay", 0.01}, {"weight_decay", 0.1}}},
+      {"RAdam", {{"lr", 0.01}, {"betas", V{0.8, 0.99}}}},
   };
 }
 
@@ -41,9 +43,9 @@ Hyperparams merged(const Hyperparams& full, const Hyperparams& given) {
 
 }  // namespace
 
-TEST_CASE("Registry knows the eight torch optimizers", "[optB][registry]") {
+TEST_CASE("Registry knows the ten torch optimizers", "[optB][registry]") {
   const auto names = registered_optimizers();
-  for (const char* n : {"Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "RMSprop", "Rprop", "SGD"})
+  for (const char* n : {"Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "RMSprop", "Rprop", "SGD", "NAdam", "RAdam"})
     CHECK(std::count(names.begin(), names.end(), n) == 1);
   CHECK(std::is_sorted(names.begin(), names.end()));
 }
@@ -227,4 +229,38 @@ TEST_CASE("OptimizerSpec JSON: format and errors", "[optB][registry]") {
   CHECK_THROWS_AS(nan_spec.to_json(), ValueError);
   const OptimizerSpec inf_spec{"Adam", {{"betas", std::vector<double>{0.9, INFINITY}}}};
   CHECK_THROWS_WITH(inf_spec.to_json(), Contains("'betas'"));
+}
+
+TEST_CASE("spec_of: typed options name their registered optimizer, with every hyperparameter", "[registry]") {
+  CHECK(spec_of(AdamOptions(1e-3)) == OptimizerSpec{"Adam", AdamOptions(1e-3).to_hyperparams()});
+  CHECK(spec_of(AdamWOptions(0.5)).name == "AdamW");
+  CHECK(spec_of(SGDOptions(0.1).momentum(0.9)).hyperparameters.at("momentum") == HyperValue(0.9));
+  CHECK(spec_of(NAdamOptions()).name == "NAdam");
+  CHECK(spec_of(RAdamOptions()).name == "RAdam");
+  // the spec builds the same options back
+  const OptimizerSpec s = spec_of(RMSpropOptions(0.02).centered(true));
+  CHECK(make_options(s)->to_hyperparams() == RMSpropOptions(0.02).centered(true).to_hyperparams());
+  struct Unregistered : OptionsCRTP<Unregistered> {
+    double lr_ = 0.1;
+    double lr() const { return lr_; }
+    Unregistered& lr(double v) { lr_ = v; return *this; }
+    Hyperparams to_hyperparams() const override { return {{"lr", lr_}}; }
+    void set_hyperparams(const Hyperparams&) override {}
+    void validate(const std::string&) const override {}
+  };
+  CHECK_THROWS_AS(spec_of(Unregistered()), TypeError);
+  CHECK_THROWS_WITH(spec_of(Unregistered(), "ZeroRedundancyOptimizer"), Contains("ZeroRedundancyOptimizer"));
+}
+
+TEST_CASE("Hyperparameters accept integer literals as numbers", "[registry]") {
+  // {"momentum", 0} is 0.0 (a plain std::variant would refuse the int).
+  const Hyperparams h{{"lr", 1}, {"momentum", 0}, {"nesterov", false}, {"dampening", 0L}};
+  CHECK(std::get<double>(h.at("lr")) == 1.0);
+  CHECK(std::get<double>(h.at("momentum")) == 0.0);
+  CHECK(std::get<bool>(h.at("nesterov")) == false);
+  auto o = make_options({"SGD", {{"lr", 2}, {"momentum", 0}, {"weight_decay", 0}}});
+  CHECK(o->get_lr() == 2.0);
+  CHECK(make_options({"SGD", {{"lr", 1}, {"momentum", 1}}})->to_hyperparams().at("momentum") == HyperValue(1.0));
+  // the JSON form is the same as for a double
+  CHECK(OptimizerSpec{"SGD", {{"lr", 1}}}.to_json() == OptimizerSpec{"SGD", {{"lr", 1.0}}}.to_json());
 }

@@ -150,6 +150,14 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   if (bucket_view_) build_buckets();
 }
 
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, const OptimizerOptions& optimizer,
+                                                 ZeroOptions options)
+    : ZeroRedundancyOptimizer(std::move(params), spec_of(optimizer, kName), std::move(options)) {}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups,
+                                                 const OptimizerOptions& optimizer, ZeroOptions options)
+    : ZeroRedundancyOptimizer(std::move(groups), spec_of(optimizer, kName), std::move(options)) {}
+
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
   overlap_.reset();  // stops the worker before anything it uses goes
 }

@@ -92,6 +92,9 @@ Scenario base_scenario(const std::string& optimizer) {
   if (optimizer == "Adam") {
     s.spec = OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
     s.overrides = {{{"lr", 0.05}}, {}};
+  } else if (optimizer == "NAdam" || optimizer == "RAdam") {
+    s.spec = OptimizerSpec{optimizer, {{"lr", 0.01}, {"weight_decay", 0.1}}};
+    s.overrides = {{{"lr", 0.05}}, {}};
   } else {
     s.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
     s.overrides = {{}, {{"lr", 0.02}, {"nesterov", true}}};
@@ -289,7 +292,7 @@ TEST_CASE("ZeRO add_param_group re-partitions; ranks that get nothing get an emp
 }
 
 TEST_CASE("ZeRO equals a plain optimizer on the averaged gradients, bitwise", "[zero]") {
-  for (const std::string opt : {"Adam", "SGD"}) {
+  for (const std::string opt : {"Adam", "SGD", "NAdam", "RAdam"}) {
     for (bool bucket : {false, true}) {
       for (bool later : {false, true}) {
         for (int world : {1, 2, 3, 5}) {

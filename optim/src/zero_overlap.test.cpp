@@ -99,6 +99,8 @@ std::vector<OptCase> all_optimizers() {
       {{"Adamax", {{"lr", 0.02}}}, {{"lr", 0.01}, {"weight_decay", 0.05}}},
       {{"Adadelta", {{"lr", 1.0}}}, {{"lr", 0.5}, {"rho", 0.8}}},
       {{"Rprop", {{"lr", 0.01}}}, {{"lr", 0.02}, {"etas", std::vector<double>{0.4, 1.3}}}},
+      {{"NAdam", {{"lr", 0.01}}}, {{"lr", 0.02}, {"weight_decay", 0.05}}},
+      {{"RAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}}, {{"lr", 0.03}}},
   };
 }
 

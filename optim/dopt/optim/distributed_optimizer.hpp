@@ -35,7 +35,9 @@
 //   * Beyond torch: zero_grad(ctx) drops the context's gradients of these
 //     parameters on every owner; set_lr / set_hyperparameters change the
 //     local optimizers on every owner (all at once, returns when all have);
-//     LambdaLR below is a schedule over them.
+//     every learning-rate scheduler of lr_scheduler.hpp drives them (one
+//     round of messages per scheduler step); DistributedLambdaLR below is
+//     the older LambdaLR-only form.
 //   * The object is used by one thread at a time; its calls may overlap with
 //     other trainers' calls on the same owners.
 #include <chrono>
@@ -69,6 +71,10 @@ class DistributedOptimizer {
  public:
   DistributedOptimizer(rpc::Agent agent, OptimizerSpec spec, const std::vector<rpc::RRef<Tensor>>& params,
                        DistributedOptimizerOptions options = {});
+  /// Typed options instead of a spec: DistributedOptimizer(agent,
+  /// AdamOptions(1e-3), params) is DistributedOptimizer(agent, spec_of(AdamOptions(1e-3)), params).
+  DistributedOptimizer(rpc::Agent agent, const OptimizerOptions& optimizer,
+                       const std::vector<rpc::RRef<Tensor>>& params, DistributedOptimizerOptions options = {});
 
   /// One step on every owner with the gradients of ctx (see the header).
   void step(const rpc::GradContext& ctx);
@@ -85,6 +91,19 @@ class DistributedOptimizer {
   void set_hyperparameters(const Hyperparams& h);
   /// Every owner's learning rate, in owners() order.
   std::vector<double> lrs() const;
+
+  /// The hyperparameters this object last gave the owners (every key, the
+  /// class's defaults filled in), plus staged ones; local, no message.
+  const Hyperparams& hyperparameters() const noexcept { return hyper_; }
+  /// Changes hyperparameters here only; commit_hyperparameters() sends every
+  /// staged key to every owner in one round (how schedulers reach the
+  /// owners: lr_scheduler.hpp). set_lr / set_hyperparameters stage and commit.
+  void stage_hyperparameters(const Hyperparams& h);
+  /// Sends the staged keys (nothing to do when none are staged). On failure
+  /// they stay staged and the error is thrown.
+  void commit_hyperparameters();
+  /// torch's param_group['initial_lr'] of the one group (schedulers).
+  std::optional<double>& initial_lr() noexcept { return initial_lr_; }
 
   /// The owners, by rank.
   std::vector<rpc::WorkerInfo> owners() const;
@@ -110,6 +129,9 @@ class DistributedOptimizer {
   DistributedOptimizerOptions options_;
   std::vector<Owner> owners_;
   std::size_t num_params_ = 0;
+  Hyperparams hyper_;
+  Hyperparams staged_;
+  std::optional<double> initial_lr_;
 };
 
 /// torch's LambdaLR over a DistributedOptimizer: lr = base_lr * lambda(epoch)

@@ -1,6 +1,7 @@
 #pragma once
 // Functional optimizers: torch.distributed.optim's _FunctionalSGD, ...Adam,
 // ...AdamW, ...Adagrad, ...RMSprop, ...Adamax, ...Adadelta, ...Rprop (1.13;
+// plus FunctionalNAdam and FunctionalRAdam, which torch 1.13 lacks;
 // spec sections 2.8 and 3.10). Used where gradients do not live in
 // param.grad(): DistributedOptimizer's remote side, ZeRO with
 // overlap_with_ddp, DDP optimizer-overlap hooks.
@@ -39,7 +40,9 @@
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/adamax.hpp"
 #include "dopt/optim/adamw.hpp"
+#include "dopt/optim/nadam.hpp"
 #include "dopt/optim/optimizer.hpp"
+#include "dopt/optim/radam.hpp"
 #include "dopt/optim/rmsprop.hpp"
 #include "dopt/optim/rprop.hpp"
 #include "dopt/optim/sgd.hpp"
@@ -111,9 +114,14 @@ class FunctionalOptimizer {
   virtual void update_param(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const = 0;
   /// Creates the state of every parameter now (Adagrad's constructor).
   void init_all_state();
+  /// Whether parameters off the CPU may go to a registered device stepper
+  /// (false for NAdam and RAdam: step() and step_param() then refuse them
+  /// with NotSupportedError naming the optimizer, before any update).
+  virtual bool has_device_kernels() const noexcept { return true; }
 
  private:
   void check_param(const Tensor& p, const std::string& op, std::size_t index) const;
+  void check_device(const Tensor& p, const std::string& op) const;
   ParamState& state_for(const Tensor& p);
   /// params_ followed by extra_params_.
   std::vector<Tensor> all_params() const;
@@ -146,6 +154,10 @@ class BasicFunctional : public FunctionalOptimizer {
   }
   void update_param(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override {
     Opt::update_param(static_cast<const Options&>(o), p, g, st);
+  }
+  bool has_device_kernels() const noexcept override {
+    if constexpr (requires { Opt::kDeviceKernels; }) return Opt::kDeviceKernels;
+    else return true;
   }
 };
 
@@ -202,6 +214,20 @@ class FunctionalAdadelta final : public BasicFunctional<Adadelta> {
 class FunctionalRprop final : public BasicFunctional<Rprop> {
  public:
   explicit FunctionalRprop(std::vector<Tensor> params, const RpropOptions& options = RpropOptions(),
+                           bool allow_empty_param_list = false);
+};
+
+/// The functional form of NAdam (torch 1.13 has none); CPU parameters only.
+class FunctionalNAdam final : public BasicFunctional<NAdam> {
+ public:
+  explicit FunctionalNAdam(std::vector<Tensor> params, const NAdamOptions& options = NAdamOptions(),
+                           bool allow_empty_param_list = false);
+};
+
+/// The functional form of RAdam (torch 1.13 has none); CPU parameters only.
+class FunctionalRAdam final : public BasicFunctional<RAdam> {
+ public:
+  explicit FunctionalRAdam(std::vector<Tensor> params, const RAdamOptions& options = RAdamOptions(),
                            bool allow_empty_param_list = false);
 };
 

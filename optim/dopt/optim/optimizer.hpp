@@ -50,6 +50,9 @@ class OptimizerOptions {
 struct OptimizerParamGroup {
   std::vector<Tensor> params;
   std::unique_ptr<OptimizerOptions> options;
+  /// torch's param_group['initial_lr']: set by the first learning-rate
+  /// scheduler built on the optimizer (lr_scheduler.hpp), read by later ones.
+  std::optional<double> initial_lr;
 
   OptimizerParamGroup(std::vector<Tensor> p) : params(std::move(p)) {}  // NOLINT(implicit)
   OptimizerParamGroup(std::vector<Tensor> p, std::unique_ptr<OptimizerOptions> o)
@@ -58,10 +61,11 @@ struct OptimizerParamGroup {
   OptimizerParamGroup(std::vector<Tensor> p, const Opt& o)
       : params(std::move(p)), options(std::make_unique<Opt>(o)) {}
   OptimizerParamGroup(const OptimizerParamGroup& o)
-      : params(o.params), options(o.options ? o.options->clone() : nullptr) {}
+      : params(o.params), options(o.options ? o.options->clone() : nullptr), initial_lr(o.initial_lr) {}
   OptimizerParamGroup& operator=(const OptimizerParamGroup& o) {
     params = o.params;
     options = o.options ? o.options->clone() : nullptr;
+    initial_lr = o.initial_lr;
     return *this;
   }
   OptimizerParamGroup(OptimizerParamGroup&&) noexcept = default;
@@ -137,6 +141,11 @@ class Optimizer {
   /// Called for each group as it is added, after defaults are filled in
   /// (Adagrad creates its state here).
   virtual void on_group_added(OptimizerParamGroup& /*group*/) {}
+  /// Whether parameters off the CPU may go to a registered device stepper
+  /// (gpu/). An optimizer without device kernels (NAdam, RAdam) returns
+  /// false: step() then refuses such parameters with NotSupportedError
+  /// naming the optimizer, before changing anything.
+  virtual bool has_device_kernels() const noexcept { return true; }
 
  private:
   std::string name_;

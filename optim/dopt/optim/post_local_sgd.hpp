@@ -76,6 +76,18 @@ class PostLocalSGDOptimizer {
 
   /// The local step, then averager().average_parameters(param_groups()).
   void step();
+  /// A step without the local update, for a step that every rank skips (a
+  /// loss scaler found inf/NaN gradients on some rank, GradScaler::step):
+  /// the averager still runs, averaging the parameters if this step is one
+  /// of its averaging steps, and its counter advances. So the schedule stays
+  /// aligned with the iterations on every rank, and with the comm hook's
+  /// start_localSGD_iter (torch skips the whole step(), so a rank that skips
+  /// falls one step behind the others' averaging schedule and later averages
+  /// against different steps). A collective on averaging steps, like step().
+  void skip_step();
+  /// How many calls of step() / skip_step() there were.
+  std::int64_t steps_taken() const noexcept { return steps_taken_; }
+  std::int64_t steps_skipped() const noexcept { return steps_skipped_; }
   void zero_grad(bool set_to_none = false) { optim_->zero_grad(set_to_none); }
   void add_param_group(OptimizerParamGroup group) { optim_->add_param_group(std::move(group)); }
 
@@ -102,6 +114,8 @@ class PostLocalSGDOptimizer {
  private:
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<ModelAverager> averager_;
+  std::int64_t steps_taken_ = 0;
+  std::int64_t steps_skipped_ = 0;
 };
 
 }  // namespace dopt::optim

@@ -4,14 +4,15 @@
 // optimizers and options from a serialisable spec (sent over the network by
 // DistributedOptimizer and ZeRO).
 //
-// Built in: SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, Adadelta, Rprop, each
-// with its functional form. The registry is process-wide and thread-safe.
+// Built in: SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, Adadelta, Rprop,
+// NAdam, RAdam, each with its functional form. The registry is process-wide and thread-safe.
 // Names are looked up exactly first, then case-insensitively ("adamw" finds
 // AdamW), for command-line flags and config files.
 #include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "dopt/optim/functional.hpp"
@@ -52,6 +53,9 @@ struct OptimizerFactories {
   std::function<std::unique_ptr<FunctionalOptimizer>(std::vector<Tensor> params, const OptimizerOptions& options,
                                                      bool allow_empty_param_list)>
       functional;
+  /// typeid of the options type (set by optimizer_factories): lets spec_of
+  /// find the optimizer of typed options. May be left null.
+  const std::type_info* options_type = nullptr;
 };
 
 /// Factories for an optimizer class Opt (with Opt::Options, constructors from
@@ -62,6 +66,7 @@ template <class Opt, class F = void>
 OptimizerFactories optimizer_factories() {
   using O = typename Opt::Options;
   OptimizerFactories f;
+  f.options_type = &typeid(O);
   if constexpr (std::is_default_constructible_v<O>) {
     f.options = [](const Hyperparams& h) -> std::unique_ptr<OptimizerOptions> {
       auto o = std::make_unique<O>();
@@ -88,6 +93,12 @@ OptimizerFactories optimizer_factories() {
 bool register_optimizer(const std::string& name, OptimizerFactories factories);
 /// Every registered name, sorted.
 std::vector<std::string> registered_optimizers();
+
+/// The spec of typed options (AdamOptions(1e-3) -> {"Adam", {"lr": 0.001,
+/// ...}}): the registered optimizer whose options type is the dynamic type
+/// of `options`, with every hyperparameter. Options of a type no registered
+/// optimizer uses are a dopt::TypeError naming `op`.
+OptimizerSpec spec_of(const OptimizerOptions& options, const char* op = "spec_of");
 
 /// The validated options of spec. Unknown name: dopt::ValueError "unknown
 /// optimizer 'X' (known: Adadelta, Adagrad, ...)"; a bad key or value:

@@ -140,6 +140,11 @@ class ZeroRedundancyOptimizer : public Joinable {
   ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerSpec spec, ZeroOptions options);
   /// Several groups; a group without options takes the spec's hyperparameters.
   ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, OptimizerSpec spec, ZeroOptions options);
+  /// Typed options instead of a spec: ZeroRedundancyOptimizer(params,
+  /// AdamOptions(1e-3), zo) is ZeroRedundancyOptimizer(params, spec_of(AdamOptions(1e-3)), zo).
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, const OptimizerOptions& optimizer, ZeroOptions options);
+  ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, const OptimizerOptions& optimizer,
+                          ZeroOptions options);
   ~ZeroRedundancyOptimizer() override;
   ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;

@@ -2,6 +2,7 @@
 // Hyperparameter values as torch keeps them in a param group dict: numbers,
 // flags, pairs (betas, etas, step_sizes) and strings. Integers are doubles,
 // like JSON. Ordered by key so that serialisation is deterministic.
+#include <concepts>
 #include <map>
 #include <string>
 #include <variant>
@@ -9,7 +10,18 @@
 
 namespace dopt {
 
-using HyperValue = std::variant<bool, double, std::vector<double>, std::string>;
+/// One hyperparameter value: a flag, a number, a list of numbers or a string.
+/// A std::variant that also takes integer literals as numbers, so that
+/// `{"momentum", 0}` means 0.0 (a plain variant refuses an int: it would
+/// narrow to both bool and double).
+struct HyperValue : std::variant<bool, double, std::vector<double>, std::string> {
+  using Base = std::variant<bool, double, std::vector<double>, std::string>;
+  using Base::Base;
+  HyperValue() = default;
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  HyperValue(I v) : Base(static_cast<double>(v)) {}  // NOLINT(implicit): integer literals are numbers
+};
 using Hyperparams = std::map<std::string, HyperValue>;
 
 /// Typed access; throws dopt::TypeError naming `op` and `key` on a kind mismatch

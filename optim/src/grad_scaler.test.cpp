@@ -1,0 +1,300 @@
+// GradScaler: unscaling, growth and back-off (torch's arithmetic), the state
+// dict, misuse; the agreement of all ranks on a skipped step at 2, 3 and 5
+// ranks with an inf planted on one rank (ZeRO, PostLocalSGDOptimizer, a
+// plain optimizer over a group); averagers staying on schedule through
+// skipped steps.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/optim/adam.hpp"
+#include "dopt/optim/grad_scaler.hpp"
+#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/optim/sgd.hpp"
+#include "dopt/optim/zero.hpp"
+#include "test_util.hpp"
+
+using namespace dopt;
+using namespace dopt::optim;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+GradScalerOptions small_scaler() {
+  GradScalerOptions o;
+  o.init_scale = 8.0;
+  o.growth_factor = 2.0;
+  o.backoff_factor = 0.25;
+  o.growth_interval = 3;
+  return o;
+}
+
+std::vector<Tensor> make_params(int n, int seed) {
+  std::vector<Tensor> ps;
+  for (int k = 0; k < n; ++k)
+    ps.push_back(test::tensor_of(test::values<float>(static_cast<std::size_t>(3 + 2 * k), static_cast<std::uint64_t>(seed + k))));
+  return ps;
+}
+
+/// Gradients (scaled by `scale`) of step t on rank r (rank -1: the same on every rank).
+void set_grads(const std::vector<Tensor>& ps, int t, int r, double scale) {
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    auto v = test::values<float>(static_cast<std::size_t>(ps[k].numel()), 7000 + 100 * static_cast<std::uint64_t>(t) +
+                                                                               13 * static_cast<std::uint64_t>(r + 1) + k);
+    for (auto& x : v) x = static_cast<float>(x * scale);
+    ps[k].set_grad(test::tensor_of(v));
+  }
+}
+
+bool all_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  for (std::size_t k = 0; k < a.size(); ++k)
+    if (!a[k].equal(b[k])) return false;
+  return true;
+}
+
+std::vector<Tensor> clones(const std::vector<Tensor>& ps) {
+  std::vector<Tensor> out;
+  for (const auto& p : ps) out.push_back(p.clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GradScaler: scale, unscale, growth after growth_interval good steps, back-off after an inf", "[grad_scaler]") {
+  GradScaler scaler(small_scaler());
+  CHECK(scaler.get_scale() == 8.0);
+  CHECK(scaler.scale(1.5) == 12.0);
+  auto ps = make_params(2, 1);
+  SGD opt(ps, SGDOptions(0.1));
+  auto ref = clones(ps);
+  SGD ref_opt(ref, SGDOptions(0.1));
+  for (int t = 0; t < 3; ++t) {
+    set_grads(ps, t, -1, 8.0);
+    set_grads(ref, t, -1, 1.0);
+    CHECK(scaler.step(opt));  // unscales (x 1/8, exact), steps
+    ref_opt.step();
+    CHECK(all_equal(ps, ref));
+    CHECK(ps[0].grad().equal(ref[0].grad()));
+    scaler.update();
+  }
+  CHECK(scaler.get_scale() == 16.0);  // grown after 3 good steps
+  CHECK(scaler.growth_tracker() == 0);
+  // An inf: the step is skipped, the scale backs off, the streak restarts.
+  set_grads(ps, 3, -1, 16.0);
+  ps[1].grad().data<float>()[0] = kInf;
+  const auto before = clones(ps);
+  CHECK_FALSE(scaler.step(opt));
+  CHECK(scaler.found_inf());
+  CHECK(all_equal(ps, before));
+  scaler.update();
+  CHECK(scaler.get_scale() == 4.0);
+  CHECK(scaler.growth_tracker() == 0);
+  // NaN counts too; unscale_ first (e.g. to clip), then step.
+  set_grads(ps, 4, -1, 4.0);
+  ps[0].grad().data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  scaler.unscale_(opt);
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.get_scale() == 1.0);
+  // update(new_scale)
+  set_grads(ps, 5, -1, 1.0);
+  CHECK(scaler.step(opt));
+  scaler.update(1024.0);
+  CHECK(scaler.get_scale() == 1024.0);
+}
+
+TEST_CASE("GradScaler: the scale does not grow past float32's range, and 16-bit gradients", "[grad_scaler]") {
+  GradScalerOptions o;
+  o.init_scale = 3e38;
+  o.growth_interval = 1;
+  GradScaler scaler(o);
+  auto ps = make_params(1, 3);
+  SGD opt(ps, SGDOptions(0.1));
+  set_grads(ps, 0, -1, 1.0);
+  scaler.step(opt);
+  scaler.update();
+  CHECK(scaler.get_scale() == static_cast<double>(3e38f));
+  CHECK(scaler.growth_tracker() == 0);
+
+  GradScaler half_scaler;
+  Tensor p = Tensor::zeros({2}, DType::float16);
+  p.set_grad(Tensor::full({2}, 65536.0 * 0.5, DType::float16));
+  SGD hopt({p}, SGDOptions(1.0));
+  half_scaler.unscale_(hopt);
+  CHECK(p.grad().at(0) == 0.5);
+  Tensor q = Tensor::zeros({2}, DType::float16);
+  q.set_grad(Tensor::full({2}, 70000.0, DType::float16));  // overflows float16: inf
+  SGD qopt({q}, SGDOptions(1.0));
+  CHECK_FALSE(half_scaler.step(qopt));
+}
+
+TEST_CASE("GradScaler: state dict round trip, misuse errors, disabled", "[grad_scaler]") {
+  GradScaler a(small_scaler());
+  auto ps = make_params(1, 2);
+  SGD opt(ps, SGDOptions(0.1));
+  set_grads(ps, 0, -1, 1.0);
+  a.step(opt);
+  a.update();
+  const Hyperparams sd = a.state_dict();
+  CHECK(sd.at("scale") == HyperValue(8.0));
+  CHECK(sd.at("_growth_tracker") == HyperValue(1.0));
+  GradScaler b;
+  b.load_state_dict(sd);
+  CHECK(b.state_dict() == sd);
+  CHECK_THROWS_AS(b.load_state_dict({}), ValueError);
+  CHECK_THROWS_AS(b.load_state_dict({{"scale", 2.0}}), KeyError);
+
+  set_grads(ps, 1, -1, 1.0);
+  a.unscale_(opt);
+  CHECK_THROWS_WITH(a.unscale_(opt), Contains("unscale_() has already been called"));
+  a.step(opt);
+  CHECK_THROWS_WITH(a.step(opt), Contains("step() has already been called since the last update()"));
+  CHECK_THROWS_WITH(a.unscale_(opt), Contains("after step()"));
+  a.update();
+  CHECK_THROWS_WITH(a.update(), Contains("No inf checks were recorded prior to update."));
+  CHECK_THROWS_AS(GradScaler(GradScalerOptions{.growth_factor = 1.0}), ValueError);
+  CHECK_THROWS_AS(GradScaler(GradScalerOptions{.backoff_factor = 1.0}), ValueError);
+
+  GradScaler off(GradScalerOptions{.enabled = false});
+  CHECK(off.scale(3.0) == 3.0);
+  CHECK(off.get_scale() == 1.0);
+  ps[0].grad().data<float>()[0] = kInf;
+  CHECK(off.step(opt));  // disabled: plain step
+  CHECK(off.state_dict().empty());
+}
+
+TEST_CASE("GradScaler + ZeRO: an inf on one rank's shard skips the step on every rank (2, 3, 5 ranks)",
+          "[grad_scaler][zero]") {
+  for (int world : {2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      // Reference: a local Adam that skips step 1 and takes the others.
+      auto ref = make_params(6, 40);
+      Adam ref_opt(ref, AdamOptions(0.05));
+      for (int t = 0; t < 4; ++t) {
+        set_grads(ref, t, -1, 1.0);
+        if (t != 1) ref_opt.step();
+      }
+      std::mutex m;
+      std::vector<std::vector<bool>> stepped(static_cast<std::size_t>(world));
+      std::vector<double> scales;
+      int mismatches = 0;
+      simulate(world, [&](RankContext& ctx) {
+        auto ps = make_params(6, 40);
+        ZeroOptions zo;
+        zo.process_group = ctx.world();
+        ZeroRedundancyOptimizer zero(ps, AdamOptions(0.05), zo);
+        GradScaler scaler(small_scaler());
+        // the planted rank: the last one, in a gradient it owns
+        const int planted = world - 1;
+        std::size_t owned = 0;
+        while (zero.param_owners()[owned] != planted) ++owned;
+        std::vector<bool> mine;
+        for (int t = 0; t < 4; ++t) {
+          set_grads(ps, t, -1, scaler.get_scale());
+          if (t == 1 && ctx.rank() == planted) ps[owned].grad().data<float>()[0] = kInf;
+          mine.push_back(scaler.step(zero));
+          scaler.update();
+        }
+        std::lock_guard<std::mutex> lock(m);
+        stepped[static_cast<std::size_t>(ctx.rank())] = mine;
+        scales.push_back(scaler.get_scale());
+        mismatches += !all_equal(ps, ref);
+      });
+      for (const auto& s : stepped) CHECK(s == std::vector<bool>{true, false, true, true});
+      for (double s : scales) CHECK(s == 8.0 * 0.25);  // backed off at step 1; 2 good steps since: no growth yet
+      CHECK(mismatches == 0);
+    }
+  }
+}
+
+TEST_CASE("GradScaler + PostLocalSGDOptimizer: skipped on every rank, the averager stays on schedule (2, 3, 5 ranks)",
+          "[grad_scaler][post_local_sgd]") {
+  for (int world : {2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      std::mutex m;
+      std::vector<std::vector<bool>> stepped;
+      std::vector<std::int64_t> averager_steps;
+      std::vector<std::vector<Tensor>> after_skip, final_params;
+      int manual_mismatch = 0;
+      simulate(world, [&](RankContext& ctx) {
+        const int r = ctx.rank();
+        auto ps = make_params(3, 60);
+        PostLocalSGDOptimizer opt(std::make_unique<SGD>(ps, SGDOptions(0.05).momentum(0.5)),
+                                  std::make_unique<PeriodicModelAverager>(2, 0, ctx.world()));
+        // The same schedule written out: SGD, then the averager, skipping the local step at t = 2.
+        auto ref = make_params(3, 60);
+        SGD ref_sgd(ref, SGDOptions(0.05).momentum(0.5));
+        PeriodicModelAverager ref_avg(2, 0, ctx.world());
+        GradScaler scaler(small_scaler());
+        std::vector<bool> mine;
+        std::vector<Tensor> snap;
+        for (int t = 0; t < 5; ++t) {  // the last step (4) averages
+          const double s = scaler.get_scale();
+          set_grads(ps, t, r, s);
+          set_grads(ref, t, r, 1.0);
+          // step 2 is an averaging step (period 2, warm-up 0): one rank sees an inf there
+          if (t == 2 && r == 1) ps[2].grad().data<float>()[1] = kInf;
+          mine.push_back(scaler.step(opt));
+          scaler.update();
+          if (t != 2) ref_sgd.step();
+          ref_avg.average_parameters(ref_sgd.param_groups());
+          if (t == 2) snap = clones(ps);
+        }
+        std::lock_guard<std::mutex> lock(m);
+        stepped.push_back(mine);
+        averager_steps.push_back(opt.averager().step());
+        after_skip.push_back(snap);
+        final_params.push_back(clones(ps));
+        manual_mismatch += !all_equal(ps, ref);
+        manual_mismatch += opt.steps_skipped() != 1 || opt.steps_taken() != 4;
+      });
+      for (const auto& s : stepped) CHECK(s == std::vector<bool>{true, true, false, true, true});
+      for (auto n : averager_steps) CHECK(n == 5);  // one per iteration, skipped ones included
+      // The skipped step still averaged: every rank holds the same parameters after it, and at the end.
+      for (std::size_t r = 1; r < after_skip.size(); ++r) {
+        CHECK(all_equal(after_skip[r], after_skip[0]));
+        CHECK(all_equal(final_params[r], final_params[0]));
+      }
+      CHECK(manual_mismatch == 0);
+    }
+  }
+}
+
+TEST_CASE("GradScaler with a plain optimizer agrees over GradScalerOptions::process_group", "[grad_scaler]") {
+  std::mutex m;
+  std::vector<bool> decisions;
+  simulate(3, [&](RankContext& ctx) {
+    auto ps = make_params(2, 80);
+    SGD opt(ps, SGDOptions(0.1));
+    GradScalerOptions o = small_scaler();
+    o.process_group = ctx.world();
+    GradScaler scaler(o);
+    set_grads(ps, 0, -1, 8.0);
+    if (ctx.rank() == 0) ps[0].grad().data<float>()[0] = kInf;
+    const bool s = scaler.step(opt);
+    std::lock_guard<std::mutex> lock(m);
+    decisions.push_back(s);
+  });
+  CHECK(decisions == std::vector<bool>{false, false, false});
+}
+
+TEST_CASE("has_nonfinite and any_rank", "[grad_scaler]") {
+  CHECK_FALSE(has_nonfinite({Tensor::full({5}, 1.0), Tensor(), Tensor::full({2}, -3.0, DType::float64)}));
+  Tensor t = Tensor::full({9}, 1.0);
+  t.data<float>()[8] = -kInf;
+  CHECK(has_nonfinite({t}));
+  CHECK(any_rank(true, ProcessGroup{}));
+  std::mutex m;
+  int yes = 0;
+  simulate(5, [&](RankContext& ctx) {
+    const bool any = any_rank(ctx.rank() == 3, ctx.world());
+    std::lock_guard<std::mutex> lock(m);
+    yes += any;
+  });
+  CHECK(yes == 5);
+}

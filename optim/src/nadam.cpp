@@ -1,0 +1,158 @@
+#include "dopt/optim/nadam.hpp"
+
+#include "kernel_support.hpp"
+#include "optim_extra.hpp"
+
+namespace dopt::optim {
+
+Hyperparams NAdamOptions::to_hyperparams() const {
+  return {{"lr", lr_},
+          {"betas", detail::from_pair(betas_)},
+          {"eps", eps_},
+          {"weight_decay", weight_decay_},
+          {"momentum_decay", momentum_decay_}};
+}
+
+void NAdamOptions::set_hyperparams(const Hyperparams& h) {
+  const char* op = "NAdamOptions";
+  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "momentum_decay"}, op);
+  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
+  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
+  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
+  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+  if (h.count("momentum_decay")) momentum_decay_ = hyper_number(h, "momentum_decay", op);
+}
+
+void NAdamOptions::validate(const std::string& op) const {
+  using detail::py_float;
+  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
+  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + py_float(eps_));
+  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
+    throw ValueError(op, "Invalid beta parameter at index 0: " + py_float(betas_[0]));
+  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
+    throw ValueError(op, "Invalid beta parameter at index 1: " + py_float(betas_[1]));
+  if (!(weight_decay_ >= 0.0)) throw ValueError(op, "Invalid weight_decay value: " + py_float(weight_decay_));
+  if (!(momentum_decay_ >= 0.0))
+    throw ValueError(op, "Invalid momentum_decay value: " + py_float(momentum_decay_));
+}
+
+namespace kernels {
+namespace {
+
+template <class T>
+struct NAdamScalars {
+  T wd, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2, eps, grad_coef, avg_coef;
+};
+
+// torch 1.13's single-tensor NAdam, one pass (no control flow in the loop):
+//   g = g + wd * p                       (grad.add(p, alpha=wd): one FMA)
+//   m = m * beta1; m = m + (1 - beta1) * g          (mul_, add_ with alpha: FMA)
+//   v = v * beta2; v = v + ((1 - beta2) * g) * g    (mul_, addcmul_: FMA)
+//   d = sqrt(v / bc2) + eps                          (div, sqrt, add_)
+//   p = p + (grad_coef * g) / d; p = p + (avg_coef * m) / d   (two addcdiv_)
+template <class T, bool Wd>
+DOPT_INLINE void nadam_body(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, i64 n,
+                            const NAdamScalars<T>& s) {
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v) {
+    T pi = p[i];
+    T gi = g[i];
+    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    T mi = m[i] * s.beta1;
+    mi = std::fma(s.one_minus_beta1, gi, mi);
+    T vi = v[i] * s.beta2;
+    vi = std::fma(s.one_minus_beta2 * gi, gi, vi);
+    const T denom = std::sqrt(vi / s.bc2) + s.eps;
+    pi = pi + (s.grad_coef * gi) / denom;
+    pi = pi + (s.avg_coef * mi) / denom;
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+template <class T>
+DOPT_INLINE void nadam_select(T* p, const T* g, T* m, T* v, i64 n, const NAdamScalars<T>& s, bool wd) {
+  if (wd) nadam_body<T, true>(p, g, m, v, n, s);
+  else nadam_body<T, false>(p, g, m, v, n, s);
+}
+
+DOPT_KERNEL void nadam_f32(float* p, const float* g, float* m, float* v, i64 n, const NAdamScalars<float>& s,
+                           bool wd) {
+  nadam_select(p, g, m, v, n, s, wd);
+}
+DOPT_KERNEL void nadam_f64(double* p, const double* g, double* m, double* v, i64 n,
+                           const NAdamScalars<double>& s, bool wd) {
+  nadam_select(p, g, m, v, n, s, wd);
+}
+inline void nadam_kernel(float* p, const float* g, float* m, float* v, i64 n, const NAdamScalars<float>& s,
+                         bool wd) {
+  nadam_f32(p, g, m, v, n, s, wd);
+}
+inline void nadam_kernel(double* p, const double* g, double* m, double* v, i64 n, const NAdamScalars<double>& s,
+                         bool wd) {
+  nadam_f64(p, g, m, v, n, s, wd);
+}
+
+}  // namespace
+}  // namespace kernels
+
+void NAdam::init_param_state(const NAdamOptions& /*o*/, const Tensor& p, ParamState& st) {
+  st["step"] = Tensor::scalar(0.0, DType::float32);
+  st["mu_product"] = Tensor::scalar(1.0, DType::float32);
+  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  st["exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+}
+
+void NAdam::update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  const char* op = "NAdam.step";
+  if (!p.device().is_cpu())
+    throw NotSupportedError(op, "NAdam has no kernel for parameters on " + p.device().str() +
+                                    " (it runs on the CPU only)");
+  // Look everything up before changing anything: a bad state leaves it untouched.
+  Tensor& step_t = detail::state_at(st, "step", op);
+  Tensor& mu_product_t = detail::state_at(st, "mu_product", op);
+  if (mu_product_t.dim() != 0) throw StateError(op, "state 'mu_product' must be a 0-d tensor, got " + mu_product_t.str());
+  Tensor& m = detail::matching_state_at(st, "exp_avg", p, op);
+  Tensor& v = detail::matching_state_at(st, "exp_avg_sq", p, op);
+  kernels::dispatch_float(p, op, [](auto) {});  // dtype errors before any change
+  const double s = detail::increment_step(step_t);
+  const double beta1 = o.betas()[0], beta2 = o.betas()[1];
+  const double bc2 = 1.0 - std::pow(beta2, s);
+  const double mu = beta1 * (1.0 - 0.5 * std::pow(0.96, s * o.momentum_decay()));
+  const double mu_next = beta1 * (1.0 - 0.5 * std::pow(0.96, (s + 1.0) * o.momentum_decay()));
+  // torch keeps mu_product as a float32 0-d tensor: `mu_product *= mu`, then
+  // `mu_product * mu * mu_next` with the already updated product (mu enters
+  // twice; that is torch 1.13's single-tensor code), each product in float32.
+  const float mu_product = static_cast<float>(mu_product_t.item()) * static_cast<float>(mu);
+  const float mu_product_next = (mu_product * static_cast<float>(mu)) * static_cast<float>(mu_next);
+  mu_product_t.fill_(static_cast<double>(mu_product));
+  const double grad_coef = -o.lr() * (1.0 - mu) / (1.0 - static_cast<double>(mu_product));
+  const double avg_coef = -o.lr() * mu_next / (1.0 - static_cast<double>(mu_product_next));
+  kernels::dispatch_float(p, op, [&](auto tag) {
+    using T = decltype(tag);
+    using kernels::sc;
+    kernels::NAdamScalars<T> k{sc<T>(o.weight_decay()), sc<T>(beta1), sc<T>(1.0 - beta1),
+                               sc<T>(beta2),            sc<T>(1.0 - beta2), sc<T>(bc2),
+                               sc<T>(o.eps()),          sc<T>(grad_coef),   sc<T>(avg_coef)};
+    kernels::nadam_kernel(p.data<T>(), g.data<T>(), m.template data<T>(), v.template data<T>(), p.numel(), k,
+                          o.weight_decay() != 0.0);
+  });
+}
+
+NAdam::NAdam(std::vector<Tensor> params, NAdamOptions defaults)
+    : NAdam(single_group(std::move(params), "NAdam"), std::move(defaults)) {}
+
+NAdam::NAdam(std::vector<OptimizerParamGroup> groups, NAdamOptions defaults)
+    : Optimizer("NAdam", {}, std::make_unique<NAdamOptions>(std::move(defaults))) {
+  init_groups(std::move(groups));
+}
+
+void NAdam::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
+  init_param_state(static_cast<const NAdamOptions&>(o), p, st);
+}
+
+void NAdam::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
+  update_param(static_cast<const NAdamOptions&>(o), p, g, st);
+}
+
+}  // namespace dopt::optim
