@@ -1,4 +1,5 @@
 #include "dopt/optim/functional.hpp"
+#include "dopt/optim/state_check.hpp"
 
 #include <unordered_set>
 
@@ -134,6 +135,7 @@ void FunctionalOptimizer::load_state_dict(const StateDict& sd) {
     ParamState st;
     for (const auto& [k, v] : it->second) {
       if (!v.defined()) throw StateDictError(op, "state '" + k + "' of parameter " + std::to_string(ids[i]) + " is undefined");
+      check_state_value(op, "state '" + k + "' of parameter " + std::to_string(ids[i]), k, v);
       st[k] = (k == "step" || !is_floating_point(v.dtype())) ? v.clone() : v.to(all[i].dtype());
     }
     fresh[all[i].key()] = std::move(st);
