@@ -216,9 +216,6 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
   if (peer_.job_id != mine_.job_id)
     return refuse(k_refused, "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
                                  job_text(peer_.job_id));
-  if (peer_.purpose != purpose_)
-    return refuse(k_refused, std::string("this is ") + purpose_name(purpose_) + " of rank " +
-                                 std::to_string(mine_.rank) + ", not " + purpose_name(peer_.purpose));
   if (!mine_.secret.empty() && !client_secret)
     return refuse(k_auth_refused, "this job requires its secret and the connecting process has none (set "
                                   "DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)");
@@ -245,6 +242,10 @@ std::string ServerHandshake::on_proof(const std::string& proof) {
   if (refused_) return refuse(k_refused, refusal_);
   if (!mine_.secret.empty() && !same(proof, hmac(mine_.secret, "dopt-hs1 client" + hello_ + reply_)))
     return refuse(k_auth_refused, "authentication failed: the connecting process does not know this job's secret");
+  // Told only to a client that proved itself.
+  if (peer_.purpose != purpose_)
+    return refuse(k_refused, std::string("this is ") + purpose_name(purpose_) + " of rank " +
+                                 std::to_string(mine_.rank) + ", not " + purpose_name(peer_.purpose));
   if (admit_) {
     const std::string why = admit_(peer_);
     if (!why.empty()) return refuse(k_refused, why);
