@@ -679,7 +679,7 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
       states[idx][e.name.substr(dot + 1)] = rd->read(e.name);
       ++report.tensors_read;
     }
-    if (!rd->verified())
+    if (!rd->has_checksums())
       notice_once(rd->path() + " has no checksums (written by an older dopt or another program): its state is "
                                "loaded without verifying the bytes");
     for (const auto& [idx, st] : states) {

@@ -112,7 +112,8 @@ std::uint64_t read_offset(const json& v, const std::string& what, const std::str
 struct ParsedHeader {
   std::vector<SafetensorsEntry> entries;  // sorted by name
   std::map<std::string, std::string> metadata;  // without kSafetensorsChecksumKey
-  std::optional<Checksums> checksums;           // absent: an older or foreign file
+  std::optional<Checksums> checksums;           // absent: an older or foreign file, or not verified
+  bool has_checksums = false;                   // the file carries them
 };
 
 std::uint64_t parse_hex64(const std::string& text, const std::string& what, const std::string& field) {
@@ -267,6 +268,7 @@ ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size,
   std::string text = has_sums ? c->second : std::string();
   if (has_algo) out.metadata.erase(algo);
   if (has_sums) out.metadata.erase(c);
+  out.has_checksums = has_algo || has_sums;
   if ((has_algo || has_sums) && checksums_enabled()) {
     if (!has_algo || !has_sums)
       fail(what, std::string("the header has '") + (has_algo ? kSafetensorsChecksumAlgorithmKey : kSafetensorsChecksumKey) +
@@ -397,6 +399,7 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
   SafetensorsFile out;
   out.metadata = std::move(h.metadata);
   out.verified = h.checksums.has_value();
+  out.has_checksums = h.has_checksums;
   const char* data_section = header + n;
   for (const auto& e : h.entries) {
     verify_tensor(h.checksums, e, data_section + e.begin, what);
@@ -424,6 +427,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
   ParsedHeader h = parse_header(header.data(), header.size(), size - 8 - n, path);
   entries_ = std::move(h.entries);
   metadata_ = std::move(h.metadata);
+  has_checksums_ = h.has_checksums;
   if (h.checksums) {
     checksummed_ = true;
     checksums_ = std::move(h.checksums->tensors);
@@ -485,6 +489,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   SafetensorsFile out;
   out.metadata = r.metadata();
   out.verified = r.verified();
+  out.has_checksums = r.has_checksums();
   for (const auto& e : r.entries()) out.tensors.emplace(e.name, r.read(e.name));
   return out;
 }

@@ -604,3 +604,31 @@ TEST_CASE("state dict files are validated", "[safetensors][state_dict]") {
   sd3.state[0]["step"] = Tensor();
   CHECK_THROWS_AS(save_state_dict(sd3, path), StateDictError);
 }
+
+TEST_CASE("load_state_dict notes a file without checksums once, and not one whose checks are only switched off",
+          "[safetensors][checksum][state_dict]") {
+  TempDir dir;
+  StateDict sd;
+  sd.state[0]["step"] = Tensor::scalar(3.0, DType::float32);
+  sd.param_groups.push_back({{{"lr", 0.1}}, {0}});
+  const std::string old = dir.file("old.safetensors"), fresh = dir.file("new.safetensors");
+  {
+    ChecksumEnv off("off");
+    save_state_dict(sd, old);
+  }
+  save_state_dict(sd, fresh);
+  CaptureNotices notes;
+  (void)load_state_dict(old);
+  (void)load_state_dict(old);
+  REQUIRE(notes.notes.size() == 1);
+  CHECK(notes.notes[0] == old + " has no checksums (written by an older dopt or another program): it is loaded "
+                                "without verifying its bytes");
+  {
+    ChecksumEnv off("off");
+    (void)load_state_dict(fresh);
+    CHECK(read_safetensors(fresh).has_checksums);
+    CHECK_FALSE(read_safetensors(fresh).verified);
+  }
+  (void)load_state_dict(fresh);
+  CHECK(notes.notes.size() == 1);
+}

@@ -144,7 +144,7 @@ void save_state_dict(const StateDict& sd, const std::string& path) {
 
 StateDict load_state_dict(const std::string& path) {
   SafetensorsFile f = read_safetensors(path);
-  if (!f.verified)
+  if (!f.has_checksums)
     notice_once(path + " has no checksums (written by an older dopt or another program): it is loaded without "
                        "verifying its bytes");
   return state_dict_from_safetensors(f, path);

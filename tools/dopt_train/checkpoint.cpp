@@ -195,7 +195,7 @@ void load_model(const std::string& dir, int rank, int world_size, Mlp& model, st
   const std::string path = (fs::path(dir) / model_file_name(rank, world_size)).string();
   if (!fs::exists(path)) throw dopt::IOError("resume", path + " is missing");
   const dopt::SafetensorsFile file = dopt::read_safetensors(path);  // IOError naming the file when malformed
-  if (!file.verified)
+  if (!file.has_checksums)
     dopt::notice_once(path + " has no checksums (written by an older dopt-train): loaded without verifying it");
   auto meta = [&](const char* k) {
     auto it = file.metadata.find(k);

@@ -34,8 +34,9 @@
 // The entries are not part of the metadata the readers return, and callers
 // may not set them (ValueError). A file without them (an older dopt, another
 // program) is read unverified (SafetensorsFile::verified and
-// SafetensorsReader::verified() say so; dopt's checkpoint loaders then raise
-// a dopt::notice()).
+// SafetensorsReader::verified() say so, has_checksums says whether it has
+// them at all; dopt's checkpoint loaders note a file without them through
+// dopt::notice()).
 // The environment variable DOPT_CHECKSUMS=off turns both writing and
 // verifying off (for measurements, or to rescue the data of a damaged file);
 // any value other than on/off/1/0 is a ValueError.
@@ -62,6 +63,8 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
   /// The file carried checksums and every tensor matched them.
   bool verified = false;
+  /// The file carries checksums (verified or not: DOPT_CHECKSUMS=off).
+  bool has_checksums = false;
 };
 
 /// One tensor as described by a header. Offsets are relative to the data section.
@@ -111,6 +114,8 @@ class SafetensorsReader {
   /// and read_into() check each tensor's bytes; the header was checked by
   /// the constructor).
   bool verified() const noexcept { return checksummed_; }
+  /// True when the file carries checksums (also with DOPT_CHECKSUMS=off).
+  bool has_checksums() const noexcept { return has_checksums_; }
   bool contains(const std::string& name) const;
   /// Throws dopt::KeyError naming the file when absent.
   const SafetensorsEntry& entry(const std::string& name) const;
@@ -133,6 +138,7 @@ class SafetensorsReader {
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
   bool checksummed_ = false;
+  bool has_checksums_ = false;
   std::map<std::string, std::uint64_t> checksums_;
 };
 
