@@ -24,6 +24,7 @@ const char* kind_of(const dopt::Error& e) {
   if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
   if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
   if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
+  if (dynamic_cast<const dopt::AuthenticationError*>(&e)) return "AuthenticationError";
   return "Error";
 }
 }  // namespace

@@ -401,8 +401,11 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
       publication = std::make_shared<detail::SecurePublication>(sys, impl->coord, std::move(o));
     } catch (const Error& e) {
       impl->stop();
+      const std::string& d = e.detail();  // "cannot listen on ADDR:PORT: REASON"
+      const auto colon = d.rfind(": ");
       throw IOError("rendezvous", "rank 0 cannot listen on port " + std::to_string(env.master_port) + " of " +
-                                      impl->plan.bind + ": " + e.detail() + " (is the port already in use?)", rank);
+                                      impl->plan.bind + ": " + (colon == std::string::npos ? d : d.substr(colon + 2)) +
+                                      " (is the port already in use?)", rank);
     }
     impl->publication = publication;
     detail::runtime_add_stopper(runtime.impl(), [publication] { publication->close(); });
