@@ -116,6 +116,8 @@ TEST_CASE("dopt-run: every rank sees the launch contract", "[launch]") {
         const std::size_t eq = kv.find('=');
         if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
+      CHECK(env["DOPT_JOB_ID"].rfind("dopt-run-", 0) == 0);
+      env.erase("DOPT_SECRET_FILE");  // removed when dopt-run ended
       const dopt::LaunchEnv le = dopt::parse_launch_env(env);
       CHECK(le.source == "torchrun");
       CHECK(le.rank == rank);
@@ -397,6 +399,10 @@ TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues the
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    // A process group of its own whose parent (this test) is in another
+    // group of the session: not orphaned, so the kernel does not discard
+    // SIGTSTP (as it would for an orphaned group, e.g. under some runners).
+    ::setpgid(0, 0);
     const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(e, STDERR_FILENO);
@@ -404,6 +410,7 @@ TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues the
     ::execv(argv[0], argv);
     ::_exit(126);
   }
+  ::setpgid(pid, pid);
   ::close(out_pipe[1]);
   std::string out;
   std::vector<int> pids;

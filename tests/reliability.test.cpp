@@ -3,7 +3,7 @@
 // and duplicates are told at once. The ranks are tests/rendezvous_peer.cpp
 // (and dopt-train), started by hand or through dopt-run. CTest labels:
 // "reliability" (tests/reliability.cmake), "multiprocess" where processes
-// rendezvous, "slow" where a deadline must run out.
+// rendezvous.
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
