@@ -6,7 +6,8 @@ between two torch.cuda.synchronize() calls. One JSON object per line:
   {"bench":"torch_step","optimizer":"Adam","impl":"fused","params":...,"ms_per_step":...,"gb_per_s":...}
 Without torch, or without CUDA in torch, it prints
   {"bench":"torch","skipped":"torch CUDA not available: <why>"}
-and exits 0 (gpu/check.sh then reports that instead of a comparison)."""
+and exits 0 (gpu/device_check/run.sh then reports that instead of a comparison).
+Run it with the python3 that imports torch."""
 import argparse
 import json
 import sys

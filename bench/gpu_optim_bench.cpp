@@ -6,6 +6,10 @@
 //   {"bench":"fused_step_streams","optimizer":"Adam","params":...,"streams":1|2,"ms_per_step":...}
 //   {"bench":"copy","method":"cudaMemcpyAsync D2D"|"copy kernel","bytes":...,"gb_per_s":...}
 //   {"bench":"nccl_all_reduce","ranks":2,"bytes":...,"ms":...,"algbw_gb_per_s":...,"busbw_gb_per_s":...}
+//   {"bench":"step_check","optimizer":"Adam","params":...,"steps":25,"checked_elements":...,"mismatches":0,"ok":true}
+// step_check: after the timed steps, the first and the last benchmarked tensor
+// are read back and compared bit for bit with the CPU optimizer run for the
+// same number of steps on the same (uniform) values.
 // gb_per_s of a step counts the bytes the step must move (Adam: read param,
 // grad, exp_avg, exp_avg_sq, write param, exp_avg, exp_avg_sq = 28 bytes per
 // float32 element; SGD with momentum: 20). Without a device it prints
@@ -18,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -60,6 +65,38 @@ std::vector<Tensor> make_params(std::int64_t total, std::int64_t per_tensor, flo
   return ps;
 }
 
+// The CPU optimizer's value of a parameter that starts at 0.5 and gets the
+// gradient 1e-3 for `n` steps (what every benchmarked element sees).
+float cpu_reference(const optim::OptimizerOptions& options, int n) {
+  Tensor p = Tensor::full({1}, 0.5f);
+  Tensor g = Tensor::full({1}, 1e-3f);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (auto* a = dynamic_cast<const optim::AdamOptions*>(&options)) opt = std::make_unique<optim::Adam>(std::vector<Tensor>{p}, *a);
+  else opt = std::make_unique<optim::SGD>(std::vector<Tensor>{p}, dynamic_cast<const optim::SGDOptions&>(options));
+  p.set_grad(g);
+  for (int i = 0; i < n; ++i) opt->step();
+  return p.data<float>()[0];
+}
+
+void check_step(const char* name, const optim::OptimizerOptions& options, const std::vector<Tensor>& params,
+                std::int64_t total, int steps_done) {
+  const float want = cpu_reference(options, steps_done);
+  std::int64_t checked = 0, bad = 0;
+  for (const Tensor* t : {&params.front(), &params.back()}) {
+    const Tensor h = t->to(Device::cpu());
+    const float* d = h.data<float>();
+    for (std::int64_t i = 0; i < h.numel(); ++i) {
+      bad += std::memcmp(&d[i], &want, sizeof(float)) != 0;
+      ++checked;
+    }
+  }
+  std::printf("{\"bench\":\"step_check\",\"optimizer\":\"%s\",\"params\":%lld,\"steps\":%d,"
+              "\"checked_elements\":%lld,\"mismatches\":%lld,\"cpu_value\":%.9g,\"ok\":%s}\n",
+              name, static_cast<long long>(total), steps_done, static_cast<long long>(checked),
+              static_cast<long long>(bad), static_cast<double>(want), bad == 0 ? "true" : "false");
+  std::fflush(stdout);
+}
+
 void bench_step(const char* name, const optim::OptimizerOptions& options, std::int64_t total, std::int64_t per_tensor,
                 int steps, double bytes_per_elem) {
   std::vector<Tensor> params = make_params(total, per_tensor, 0.5f);
@@ -80,6 +117,7 @@ void bench_step(const char* name, const optim::OptimizerOptions& options, std::i
       "\"steps\":%d,\"ms_per_step\":%.4f,\"gb_per_s\":%.1f}\n",
       name, static_cast<long long>(total), params.size(), steps, ms, gbps);
   std::fflush(stdout);
+  check_step(name, options, params, total, 5 + steps);
 }
 
 // Two actors, each with its own stream and half of the parameters, stepping

@@ -15,6 +15,9 @@
 #include "dopt/actors/future.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/tensor.hpp"
+#include "engine/op.hpp"
+#include "engine/peer_table.hpp"
+#include "engine/plane.hpp"
 
 namespace caf {
 class actor_system;
@@ -22,61 +25,6 @@ class actor;
 }
 
 namespace dopt::detail {
-
-enum class CollKind : std::uint8_t {
-  broadcast,
-  all_reduce,
-  reduce,
-  all_gather,
-  all_gather_flat,
-  reduce_scatter,
-  barrier,
-  new_group,
-  send,
-  recv,
-};
-const char* coll_name(CollKind k) noexcept;
-
-/// What a rank asked for; ranks of one (group, seq) must agree on all of it.
-struct CollDesc {
-  CollKind kind = CollKind::barrier;
-  ReduceOp op = ReduceOp::sum;
-  DType dtype = DType::float32;
-  Shape shape;             // of the matched tensor (input; output for reduce_scatter)
-  int root = -1;           // group rank: src / dst
-  std::string extra;       // new_group: the member list
-  bool operator==(const CollDesc& o) const {
-    return kind == o.kind && op == o.op && dtype == o.dtype && shape == o.shape &&
-           root == o.root && extra == o.extra;
-  }
-  /// "all_reduce(sum, float32, [4])"
-  std::string str() const;
-  bool has_op() const {
-    return kind == CollKind::all_reduce || kind == CollKind::reduce ||
-           kind == CollKind::reduce_scatter;
-  }
-  bool has_tensor() const { return kind != CollKind::barrier && kind != CollKind::new_group; }
-};
-
-/// One call of one rank, posted by the user thread to its rank actor.
-/// tensors, by kind:
-///   broadcast, all_reduce, reduce: [t]
-///   all_gather:       [input, out_0, ..., out_{n-1}]
-///   all_gather_flat:  [input, output]
-///   reduce_scatter:   [output, in_0, ..., in_{n-1}]
-///   send / recv:      [t]
-struct Op {
-  std::uint64_t gid = 0;
-  std::uint64_t seq = 0;  // group sequence number; for send/recv the per-(peer, tag) one
-  std::shared_ptr<const std::vector<int>> members;  // global ranks, ascending
-  int my_grank = 0;                                 // this rank in the group
-  CollDesc desc;
-  std::vector<Tensor> tensors;
-  std::chrono::milliseconds timeout{0};
-  int peer = -1;  // send/recv: global rank of the other side
-  int tag = 0;
-  Promise<void> promise;
-};
 
 /// A rank's endpoint: how user threads reach their rank actor.
 class RankEndpoint {
@@ -103,11 +51,16 @@ void runtime_add_stopper(class RuntimeImpl& rt, std::function<void()> stop);
 /// their handles. Each endpoint stops its actor when destroyed.
 std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& sys, int world_size,
                                                               std::chrono::milliseconds timeout,
-                                                              std::vector<caf::actor>* actors);
+                                                              std::vector<caf::actor>* actors,
+                                                              std::shared_ptr<PeerTable> table = nullptr);
 
-/// Spawns world_size connected rank actors in rt (in-process transport).
-/// Each endpoint stops its actor when destroyed.
-std::vector<std::shared_ptr<RankEndpoint>> spawn_local_world(class RuntimeImpl& rt, int world_size);
+/// Spawns world_size connected rank actors in rt (in-process transport),
+/// sharing one PeerTable. Each endpoint stops its actor when destroyed.
+struct LocalWorld {
+  std::vector<std::shared_ptr<RankEndpoint>> endpoints;
+  std::shared_ptr<PeerTable> table;
+};
+LocalWorld spawn_local_world(class RuntimeImpl& rt, int world_size);
 
 struct GroupImpl {
   std::shared_ptr<RankEndpoint> endpoint;
@@ -122,7 +75,21 @@ struct GroupImpl {
   std::mutex p2p_mutex;
   std::map<std::pair<int, int>, std::uint64_t> send_seq;  // (dst global, tag)
   std::map<std::pair<int, int>, std::uint64_t> recv_seq;  // (src global, tag)
+  /// Where the group's collectives run (null: the rank actor, through endpoint).
+  std::shared_ptr<GroupPlane> plane;
 };
+
+/// An all_reduce of one tensor with the coalesced call's options (order,
+/// pre-division), on any plane.
+Future<void> all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
+                             bool blocking);
+
+/// ProcessGroup's coalesced calls on a plane that does not run them: one
+/// flat copy of the tensors, one collective, the results copied back.
+Future<void> emulate_all_reduce_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors,
+                                          const AllReduceCoalescedOptions& options, bool blocking);
+Future<void> emulate_broadcast_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors, int src,
+                                         bool blocking);
 
 }  // namespace dopt::detail
 

@@ -19,4 +19,22 @@ namespace dopt::detail {
 void reduce_range(ReduceOp op, DType dtype, const std::vector<const void*>& ins,
                   const std::vector<void*>& outs, std::int64_t lo, std::int64_t count);
 
+/// How a collective combines its members' contributions.
+struct ReduceSpec {
+  ReduceOp op = ReduceOp::sum;
+  DType dtype = DType::float32;
+  ReduceOrder order = ReduceOrder::rank;
+  std::int64_t pre_divisor = 0;  // > 0: each contribution is divided by it first (in its dtype)
+  std::int64_t total = 0;        // elements of the whole flat buffer (ReduceOrder::ring cuts it)
+};
+
+/// Elements [global_lo, global_lo + count) of the flat buffer: ins[g] points
+/// at group rank g's element global_lo, outs[k] where the results go. The
+/// contributions are combined in rank order, or for ReduceOrder::ring (float32
+/// and float64; 16-bit floats accumulate in float32 in rank order) in gloo's
+/// ring order, which depends on the element's position in the whole buffer;
+/// otherwise as reduce_range.
+void reduce_members(const ReduceSpec& spec, const std::vector<const void*>& ins, const std::vector<void*>& outs,
+                    std::int64_t global_lo, std::int64_t count);
+
 }  // namespace dopt::detail

@@ -1,6 +1,7 @@
 #include "dopt/actors/process_group.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "dopt/actors/device_backend.hpp"
@@ -113,10 +114,19 @@ std::shared_ptr<Op> make_op(GroupImpl& g, detail::CollDesc desc, std::vector<Ten
   return op;
 }
 
+/// Hands op to the group's plane (or, for what it does not run, to the
+/// rank actor).
 Future<void> post(GroupImpl& g, std::shared_ptr<Op> op) {
+  if (g.plane && g.plane->supports(op->desc)) return g.plane->run_async(op);
   auto fut = op->promise.get_future();
   g.endpoint->post(std::move(op));
   return fut;
+}
+
+/// post(), then waits; on the shared-memory plane without a thread hand-off.
+void run(GroupImpl& g, std::shared_ptr<Op> op) {
+  if (g.plane && g.plane->supports(op->desc)) return g.plane->run(op);
+  post(g, std::move(op)).get();
 }
 
 detail::CollDesc desc_of(CollKind k, const Tensor& t, int root = -1, ReduceOp rop = ReduceOp::sum) {
@@ -127,6 +137,16 @@ detail::CollDesc desc_of(CollKind k, const Tensor& t, int root = -1, ReduceOp ro
   d.shape = t.shape();
   d.root = root;
   return d;
+}
+
+void wait_blocking(const Future<void>& f) {
+  if (f.valid()) f.get();
+}
+
+Future<void> submit(GroupImpl& g, std::shared_ptr<Op> op, bool blocking) {
+  if (!blocking) return post(g, std::move(op));
+  run(g, std::move(op));
+  return Future<void>();
 }
 
 }  // namespace
@@ -170,32 +190,35 @@ void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
   impl_->timeout_ms.store(timeout.count());
 }
 
-Future<void> ProcessGroup::broadcast_async(const Tensor& tensor, int src) {
+// Every collective: the async form and the blocking one share one body,
+// `blocking` selects how the call is handed over (submit()).
+
+Future<void> ProcessGroup::broadcast_impl(const Tensor& tensor, int src, bool blocking) {
   auto& g = member("ProcessGroup.broadcast");
   if (auto* b = detail::device_backend_for(tensor)) return b->broadcast(*this, tensor, src);
   check_tensor(tensor, CollKind::broadcast, "tensor");
   check_rank(src, size(), CollKind::broadcast, "src");
-  return post(g, make_op(g, desc_of(CollKind::broadcast, tensor, src), {tensor}));
+  return submit(g, make_op(g, desc_of(CollKind::broadcast, tensor, src), {tensor}), blocking);
 }
 
-Future<void> ProcessGroup::all_reduce_async(const Tensor& tensor, ReduceOp op) {
+Future<void> ProcessGroup::all_reduce_impl(const Tensor& tensor, ReduceOp op, bool blocking) {
   auto& g = member("ProcessGroup.all_reduce");
   if (auto* b = detail::device_backend_for(tensor)) return b->all_reduce(*this, tensor, op);
   check_tensor(tensor, CollKind::all_reduce, "tensor");
   check_reducible(tensor, op, CollKind::all_reduce);
-  return post(g, make_op(g, desc_of(CollKind::all_reduce, tensor, -1, op), {tensor}));
+  return submit(g, make_op(g, desc_of(CollKind::all_reduce, tensor, -1, op), {tensor}), blocking);
 }
 
-Future<void> ProcessGroup::reduce_async(const Tensor& tensor, int dst, ReduceOp op) {
+Future<void> ProcessGroup::reduce_impl(const Tensor& tensor, int dst, ReduceOp op, bool blocking) {
   auto& g = member("ProcessGroup.reduce");
   if (auto* b = detail::device_backend_for(tensor)) return b->reduce(*this, tensor, dst, op);
   check_tensor(tensor, CollKind::reduce, "tensor");
   check_reducible(tensor, op, CollKind::reduce);
   check_rank(dst, size(), CollKind::reduce, "dst");
-  return post(g, make_op(g, desc_of(CollKind::reduce, tensor, dst, op), {tensor}));
+  return submit(g, make_op(g, desc_of(CollKind::reduce, tensor, dst, op), {tensor}), blocking);
 }
 
-Future<void> ProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input) {
+Future<void> ProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs, const Tensor& input, bool blocking) {
   auto& g = member("ProcessGroup.all_gather");
   if (auto* b = detail::device_backend_for(input)) return b->all_gather(*this, outputs, input);
   const CollKind k = CollKind::all_gather;
@@ -210,10 +233,10 @@ Future<void> ProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, 
     check_same(input, outputs[i], k, what);
     ts.push_back(outputs[i]);
   }
-  return post(g, make_op(g, desc_of(k, input), std::move(ts)));
+  return submit(g, make_op(g, desc_of(k, input), std::move(ts)), blocking);
 }
 
-Future<void> ProcessGroup::all_gather_into_tensor_async(const Tensor& output, const Tensor& input) {
+Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, const Tensor& input, bool blocking) {
   auto& g = member("ProcessGroup.all_gather_into_tensor");
   if (auto* b = detail::device_backend_for(input)) return b->all_gather_into_tensor(*this, output, input);
   const CollKind k = CollKind::all_gather_flat;
@@ -226,11 +249,11 @@ Future<void> ProcessGroup::all_gather_into_tensor_async(const Tensor& output, co
     throw ShapeError(op_label(k), "output has " + std::to_string(output.numel()) +
                                       " elements, expected group size " + std::to_string(size()) +
                                       " x " + std::to_string(input.numel()));
-  return post(g, make_op(g, desc_of(k, input), {input, output}));
+  return submit(g, make_op(g, desc_of(k, input), {input, output}), blocking);
 }
 
-Future<void> ProcessGroup::reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs,
-                                                ReduceOp op) {
+Future<void> ProcessGroup::reduce_scatter_impl(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op,
+                                               bool blocking) {
   auto& g = member("ProcessGroup.reduce_scatter");
   if (auto* b = detail::device_backend_for(output)) return b->reduce_scatter(*this, output, inputs, op);
   const CollKind k = CollKind::reduce_scatter;
@@ -246,14 +269,128 @@ Future<void> ProcessGroup::reduce_scatter_async(const Tensor& output, const std:
     check_same(output, inputs[i], k, what);
     ts.push_back(inputs[i]);
   }
-  return post(g, make_op(g, desc_of(k, output, -1, op), std::move(ts)));
+  return submit(g, make_op(g, desc_of(k, output, -1, op), std::move(ts)), blocking);
 }
 
-Future<void> ProcessGroup::barrier_async() {
+Future<void> ProcessGroup::barrier_impl(bool blocking) {
   auto& g = member("ProcessGroup.barrier");
   detail::CollDesc d;
   d.kind = CollKind::barrier;
-  return post(g, make_op(g, d, {}));
+  return submit(g, make_op(g, d, {}), blocking);
+}
+
+namespace {
+
+/// "[2, 3] [4]": the shapes of a coalesced call (every rank must agree).
+std::string shapes_str(const std::vector<Tensor>& ts) {
+  std::string s;
+  for (const auto& t : ts) s += (s.empty() ? "" : " ") + shape_str(t.shape());
+  return s;
+}
+
+}  // namespace
+
+Future<void> ProcessGroup::all_reduce_coalesced_impl(const std::vector<Tensor>& tensors,
+                                                     const AllReduceCoalescedOptions& options, bool blocking) {
+  auto& g = member("ProcessGroup.all_reduce_coalesced");
+  const CollKind k = CollKind::all_reduce_coalesced;
+  if (tensors.empty()) return blocking ? Future<void>() : make_ready_future();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    std::string what = "tensors[" + std::to_string(i) + "]";
+    check_tensor(tensors[i], k, what.c_str());
+    if (tensors[i].dtype() != tensors[0].dtype())
+      throw DTypeError(op_label(k), what + " has dtype " + std::string(dtype_name(tensors[i].dtype())) +
+                                        ", tensors[0] has " + std::string(dtype_name(tensors[0].dtype())));
+  }
+  check_reducible(tensors[0], options.op, k);
+  if (options.pre_divisor < 0)
+    throw ValueError(op_label(k), "pre_divisor must be >= 0, got " + std::to_string(options.pre_divisor));
+  if (options.pre_divisor > 0 && (options.op != ReduceOp::sum || !is_floating_point(tensors[0].dtype())))
+    throw ValueError(op_label(k), "pre_divisor needs ReduceOp sum of floating-point tensors");
+  std::int64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
+  detail::CollDesc d;
+  d.kind = k;
+  d.op = options.op;
+  d.dtype = tensors[0].dtype();
+  d.shape = {total};
+  d.extra = shapes_str(tensors);
+  d.order = options.order;
+  d.pre_divisor = options.pre_divisor;
+  if (!g.plane || !g.plane->supports(d))  // a plane without it: flatten, reduce, copy back
+    return detail::emulate_all_reduce_coalesced(*this, tensors, options, blocking);
+  return submit(g, make_op(g, std::move(d), tensors), blocking);
+}
+
+Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking) {
+  auto& g = member("ProcessGroup.broadcast_coalesced");
+  const CollKind k = CollKind::broadcast_coalesced;
+  check_rank(src, size(), k, "src");
+  if (tensors.empty()) return blocking ? Future<void>() : make_ready_future();
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    std::string what = "tensors[" + std::to_string(i) + "]";
+    check_tensor(tensors[i], k, what.c_str());
+    total += static_cast<std::int64_t>(tensors[i].nbytes());
+  }
+  detail::CollDesc d;
+  d.kind = k;
+  d.dtype = DType::uint8;
+  d.shape = {total};
+  d.root = src;
+  d.extra = shapes_str(tensors);
+  for (const auto& t : tensors) d.extra += " " + std::string(dtype_name(t.dtype()));
+  if (!g.plane || !g.plane->supports(d)) return detail::emulate_broadcast_coalesced(*this, tensors, src, blocking);
+  return submit(g, make_op(g, std::move(d), tensors), blocking);
+}
+
+Future<void> detail::all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
+                                     bool blocking) {
+  auto& g = *pg.impl();
+  detail::CollDesc d = desc_of(CollKind::all_reduce, t, -1, options.op);
+  d.order = options.order;
+  d.pre_divisor = options.pre_divisor;
+  return submit(g, make_op(g, std::move(d), {t}), blocking);
+}
+
+Future<void> ProcessGroup::broadcast_async(const Tensor& t, int src) { return broadcast_impl(t, src, false); }
+void ProcessGroup::broadcast(const Tensor& t, int src) { wait_blocking(broadcast_impl(t, src, true)); }
+Future<void> ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) { return all_reduce_impl(t, op, false); }
+void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) { wait_blocking(all_reduce_impl(t, op, true)); }
+Future<void> ProcessGroup::reduce_async(const Tensor& t, int dst, ReduceOp op) { return reduce_impl(t, dst, op, false); }
+void ProcessGroup::reduce(const Tensor& t, int dst, ReduceOp op) { wait_blocking(reduce_impl(t, dst, op, true)); }
+Future<void> ProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input) {
+  return all_gather_impl(outputs, input, false);
+}
+void ProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
+  wait_blocking(all_gather_impl(outputs, input, true));
+}
+Future<void> ProcessGroup::all_gather_into_tensor_async(const Tensor& output, const Tensor& input) {
+  return all_gather_into_tensor_impl(output, input, false);
+}
+void ProcessGroup::all_gather_into_tensor(const Tensor& output, const Tensor& input) {
+  wait_blocking(all_gather_into_tensor_impl(output, input, true));
+}
+Future<void> ProcessGroup::reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
+  return reduce_scatter_impl(output, inputs, op, false);
+}
+void ProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
+  wait_blocking(reduce_scatter_impl(output, inputs, op, true));
+}
+Future<void> ProcessGroup::barrier_async() { return barrier_impl(false); }
+void ProcessGroup::barrier() { wait_blocking(barrier_impl(true)); }
+Future<void> ProcessGroup::all_reduce_coalesced_async(const std::vector<Tensor>& tensors,
+                                                      const AllReduceCoalescedOptions& options) {
+  return all_reduce_coalesced_impl(tensors, options, false);
+}
+void ProcessGroup::all_reduce_coalesced(const std::vector<Tensor>& tensors, const AllReduceCoalescedOptions& options) {
+  wait_blocking(all_reduce_coalesced_impl(tensors, options, true));
+}
+Future<void> ProcessGroup::broadcast_coalesced_async(const std::vector<Tensor>& tensors, int src) {
+  return broadcast_coalesced_impl(tensors, src, false);
+}
+void ProcessGroup::broadcast_coalesced(const std::vector<Tensor>& tensors, int src) {
+  wait_blocking(broadcast_coalesced_impl(tensors, src, true));
 }
 
 Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
@@ -309,13 +446,18 @@ std::string ranks_str(const std::vector<int>& r) {
 }
 
 // Runs the world collective that creates groups; returns its sequence number.
-std::uint64_t group_creation_barrier(GroupImpl& world, const std::string& what) {
+// The groups' ids derive from the call's sequence number, so every rank
+// computes the same ones: (seq + 1) << 16, plus k + 1 for subgroup k.
+// make_specs(seq) lists the groups (so the plane can set them up in the call).
+std::uint64_t group_creation_barrier(GroupImpl& world, const std::string& what,
+                                     const std::function<std::vector<detail::GroupSpec>(std::uint64_t)>& make_specs) {
   detail::CollDesc d;
   d.kind = CollKind::new_group;
   d.extra = what;
   auto op = make_op(world, d, {});
   std::uint64_t seq = op->seq;
-  post(world, std::move(op)).get();
+  op->creates = make_specs(seq);
+  run(world, std::move(op));
   return seq;
 }
 
@@ -329,6 +471,7 @@ std::shared_ptr<GroupImpl> make_group(const GroupImpl& world, std::uint64_t gid,
   g->members = std::make_shared<const std::vector<int>>(std::move(ranks));
   g->timeout_ms.store(world.timeout_ms.load());
   g->local_world_size = world.local_world_size;
+  if (g->my_grank >= 0 && world.plane) g->plane = world.plane->made_group(gid);
   return g;
 }
 
@@ -347,7 +490,9 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
     if (i && ranks[i] == ranks[i - 1])
       throw ValueError("ProcessGroup.new_group", "rank " + std::to_string(ranks[i]) + " is listed twice");
   }
-  std::uint64_t seq = group_creation_barrier(w, "ranks " + ranks_str(ranks));
+  std::uint64_t seq = group_creation_barrier(w, "ranks " + ranks_str(ranks), [&](std::uint64_t s) {
+    return std::vector<detail::GroupSpec>{{(s + 1) << 16, ranks}};
+  });
   return ProcessGroup(make_group(w, (seq + 1) << 16, std::move(ranks)));
 }
 
@@ -363,7 +508,17 @@ Subgroups ProcessGroup::new_subgroups(int group_size) {
     throw ValueError("ProcessGroup.new_subgroups", "the world size " + std::to_string(size()) +
                                                        " must be divisible by group_size " +
                                                        std::to_string(group_size));
-  std::uint64_t seq = group_creation_barrier(w, "group_size " + std::to_string(group_size));
+  auto members_of = [&](int k) {
+    std::vector<int> ranks;
+    for (int r = k * group_size; r < (k + 1) * group_size; ++r) ranks.push_back(r);
+    return ranks;
+  };
+  std::uint64_t seq = group_creation_barrier(w, "group_size " + std::to_string(group_size), [&](std::uint64_t s) {
+    std::vector<detail::GroupSpec> specs;
+    for (int k = 0; k * group_size < size(); ++k)
+      specs.push_back({((s + 1) << 16) | static_cast<std::uint64_t>(k + 1), members_of(k)});
+    return specs;
+  });
   Subgroups out;
   for (int k = 0; k * group_size < size(); ++k) {
     std::vector<int> ranks;

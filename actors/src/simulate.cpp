@@ -1,5 +1,6 @@
 #include "dopt/actors/simulate.hpp"
 
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "internal.hpp"
+#include "planes/shm/shm_plane.hpp"
 
 namespace dopt {
 namespace {
@@ -64,10 +66,48 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (timeout.count() <= 0)
     throw ValueError("simulate", "timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
 
-  auto endpoints = detail::spawn_local_world(rt->impl(), world_size);
+  std::string plane = options.plane;
+  if (const char* p = std::getenv("DOPT_PLANE"); p && *p) plane = p;
+  if (plane != "shm" && plane != "actor")
+    throw ValueError("simulate", "plane must be 'shm' or 'actor', got '" + plane + "'");
+
+  auto world = detail::spawn_local_world(rt->impl(), world_size);
+  auto& endpoints = world.endpoints;
   auto members = std::make_shared<std::vector<int>>();
   for (int r = 0; r < world_size; ++r) members->push_back(r);
   std::shared_ptr<const std::vector<int>> cmembers = members;
+
+  // The shared-memory plane: one per rank, over one directory of regions.
+  std::vector<std::shared_ptr<detail::shm_plane::ShmPlane>> planes;
+  std::vector<std::shared_ptr<detail::GroupPlane>> world_planes(static_cast<std::size_t>(world_size));
+  if (plane == "shm") {
+    auto dir = std::make_shared<detail::shm_plane::LocalDirectory>();
+    const auto opts = detail::shm_plane::ShmPlane::Options::from_env(world_size, false);
+    std::vector<detail::shm_plane::Mapped> regions;
+    for (int r = 0; r < world_size; ++r) {
+      planes.push_back(std::make_shared<detail::shm_plane::ShmPlane>(r, dir, world.table, opts));
+      regions.push_back(planes.back()->create_region(0, world_size));
+    }
+    for (int r = 0; r < world_size; ++r)
+      world_planes[static_cast<std::size_t>(r)] = planes[static_cast<std::size_t>(r)]->attach(0, cmembers, regions[static_cast<std::size_t>(r)]);
+    for (int r = 0; r < world_size; ++r) dir->seal(0, r);
+    for (auto& p : planes) {  // groups kept beyond simulate fail with StateError once the runtime stops
+      std::weak_ptr<detail::shm_plane::ShmPlane> weak = p;
+      detail::runtime_add_stopper(rt->impl(), [weak] {
+        if (auto q = weak.lock()) q->shutdown("the runtime shut down");
+      });
+    }
+  }
+  planes.clear();  // the groups keep their plane
+  // When simulate ends every rank is gone: calls on groups kept beyond it,
+  // and calls still queued, end with PeerLostError instead of waiting.
+  struct EndRanks {
+    detail::PeerTable& table;
+    ~EndRanks() {
+      for (int r = 0; r < table.world_size(); ++r)
+        table.mark(r, detail::PeerTable::lost, "rank " + std::to_string(r) + " ended with simulate");
+    }
+  } end_ranks{*world.table};
 
   std::mutex mutex;
   std::optional<std::pair<int, std::exception_ptr>> first;
@@ -79,6 +119,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     g->my_grank = r;
     g->is_world = true;
     g->timeout_ms.store(timeout.count());
+    g->plane = world_planes[static_cast<std::size_t>(r)];
     try {
       RankContext ctx(r, world_size, ProcessGroup(std::move(g)));
       fn(ctx);

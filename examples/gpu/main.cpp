@@ -1,15 +1,18 @@
-// GPU: ZeRO(Adam) on CUDA parameters. Each simulated rank (or process, under
-// dopt-run) uses GPU rank % device_count; the gradients are summed with an
+// GPU: ZeRO(Adam) on CUDA parameters, one rank per GPU (NCCL puts no two
+// ranks of one communicator on the same GPU): as many simulated ranks as
+// there are GPUs, or, under dopt-run, the GPU of the process's local rank
+// (LOCAL_RANK). The gradients are summed with an
 // NCCL all_reduce (ProcessGroup picks the NCCL backend for CUDA tensors), the
 // fused Adam kernels step each rank's shard on its stream and ZeRO
 // broadcasts the shards over NCCL. The result is checked against the same
 // training on the CPU (bitwise: the kernels follow the CPU path's operation
 // order).
 //
-//   dopt-example-gpu            (or: dopt-run --nproc-per-node 2 dopt-example-gpu)
+//   dopt-example-gpu            (or, with two GPUs: dopt-run --nproc-per-node 2 dopt-example-gpu)
 //
 // Built only with -DDOPT_ENABLE_CUDA=ON. Without a CUDA device it says so
 // and exits with status 77 (CTest reports the test as skipped).
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/gpu/device.hpp"
 #include "dopt/optim/zero.hpp"
+#include "dopt/runtime/launch_env.hpp"
 
 using dopt::Device;
 using dopt::Tensor;
@@ -72,12 +76,19 @@ int main() {
       return kSkipped;
     }
     const int devices = dopt::gpu::device_count();
+    // Launched: this process's GPU is its local rank's. Simulated: rank r uses GPU r.
+    const auto launched = dopt::launch_env_from_environment();
+    if (launched && launched->local_rank >= devices) {
+      std::fprintf(stderr, "error: local rank %d but only %d CUDA device(s): start one process per GPU\n",
+                   launched->local_rank, devices);
+      return 1;
+    }
     dopt::RunOptions options;
-    options.simulated_ranks = devices > 1 ? devices : 2;
-    int mismatches = 0;
+    options.simulated_ranks = devices;
+    std::atomic<int> mismatches{0};  // rank threads add to it concurrently
     dopt::run_distributed(
         [&](dopt::RankContext& ctx) {
-          const Device dev = Device::cuda(ctx.rank() % devices);
+          const Device dev = Device::cuda(launched ? launched->local_rank : ctx.rank());
           const std::vector<Tensor> gpu = train(ctx, dev);
           const std::vector<Tensor> cpu = train(ctx, Device::cpu());
           int bad = 0;
@@ -85,11 +96,11 @@ int main() {
             if (std::memcmp(gpu[k].data<float>(), cpu[k].data<float>(), gpu[k].numel() * sizeof(float)) != 0) ++bad;
           std::printf("rank %d on cuda:%d: %zu parameters after 5 ZeRO(Adam) steps, %d differ from the CPU run\n",
                       ctx.rank(), dev.index, gpu.size(), bad);
-          if (bad) mismatches += bad;  // only read after every rank has finished
+          mismatches += bad;
         },
         options);
-    if (mismatches) {
-      std::fprintf(stderr, "error: %d parameter(s) differ between the GPU and the CPU run\n", mismatches);
+    if (mismatches.load()) {
+      std::fprintf(stderr, "error: %d parameter(s) differ between the GPU and the CPU run\n", mismatches.load());
       return 1;
     }
     std::printf("GPU and CPU runs agree bit for bit\n");

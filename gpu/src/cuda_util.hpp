@@ -50,4 +50,9 @@ cudaStream_t native(Stream& s);
 /// kernel or copy still uses it (a handle dropped early by the caller is safe).
 void keep_until_done(Stream& stream, std::vector<Tensor> tensors, const char* op);
 
+/// Blocks the calling thread until the work recorded before `event` has
+/// finished (cudaEventSynchronize); DeviceError naming `op` when it failed.
+/// Needs no completion thread, so it is safe inside a continuation.
+void wait_for_event(const Event& event, const char* op);
+
 }  // namespace dopt::gpu::detail

@@ -477,6 +477,10 @@ namespace {
 // (dopt/optim/device_step.hpp): the fused kernels on the calling thread's
 // current stream, then a wait for them, so step() keeps its synchronous
 // contract. Asynchronous stepping is fused_step / fused_step_async.
+//
+// The wait is on the kernels' event on this thread, not through a completion
+// future: step() may be called inside a continuation, i.e. on the gpu
+// completion dispatcher, which would otherwise wait for itself.
 class FusedStepper final : public optim::detail::DeviceStepper {
  public:
   void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -484,7 +488,7 @@ class FusedStepper final : public optim::detail::DeviceStepper {
     if (params.empty()) return;
     Stream& stream = current_stream(params.front().device().index);
     fused_step(options, params, grads, states, stream);
-    stream.completion().get();
+    wait_for_event(stream.record(), "Optimizer.step");
   }
 };
 

@@ -496,7 +496,7 @@ TEST_CASE("ProcessGroup collectives on CUDA tensors run on NCCL", "[gpu][nccl]")
   CHECK(failures.empty());
 }
 
-TEST_CASE("an NCCL collective that a peer never joins times out and aborts the communicator", "[gpu][nccl]") {
+TEST_CASE("an NCCL collective that a peer never joins times out and aborts the communicator", "[gpu][nccl][abort]") {
   DOPT_REQUIRE_CUDA();
   if (gpu::device_count() < 2) {
     WARN("skipped: needs two CUDA devices");

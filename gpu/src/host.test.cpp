@@ -1,8 +1,14 @@
 // Host-side parts of gpu/ that need no device: the multi-tensor plan, the
-// caching allocator's bookkeeping (with a fake driver), NCCL error mapping.
+// caching allocator's bookkeeping (with a fake driver), NCCL error mapping,
+// waiting for nonblocking NCCL calls, the default device, the completion
+// thread (fake probes) and the tests' NaN-as-a-class comparison.
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -200,7 +206,7 @@ TEST_CASE("without a CUDA device, NCCL groups and CUDA tensors fail with errors 
 
 #include "completion.hpp"
 
-TEST_CASE("completion thread: done, failed, async error, deadline; continuations may watch again", "[gpu][host]") {
+TEST_CASE("completion thread: done, failed, async error, deadline, continuations may watch again", "[gpu][host]") {
   using dopt::gpu::detail::Probe;
   using dopt::gpu::detail::Watch;
   using dopt::gpu::detail::watch;
@@ -211,7 +217,7 @@ TEST_CASE("completion thread: done, failed, async error, deadline; continuations
     Watch w;
     w.op = "test.op";
     w.probe = [&](std::string&) { return done ? Probe::done : Probe::pending; };
-    w.keep = {t};
+    w.keep = storages_of({t});
     t = Tensor();
     Future<void> f = w.promise.get_future();
     std::atomic<bool> ran{false};
@@ -299,5 +305,227 @@ TEST_CASE("completion thread: done, failed, async error, deadline; continuations
     chained.get();
     second.get_future().get();
     SUCCEED();
+  }
+}
+
+TEST_CASE("NCCL: a failure never becomes a null exception, the wait loop reports query failures and timeouts",
+          "[gpu][host]") {
+  // What a failed async-error query left behind (in progress, success) is still an error.
+  for (int code : {0, 7}) {
+    std::exception_ptr e = nccl_failure(code, "NcclProcessGroup.all_reduce", 2, "ncclCommGetAsyncError failed");
+    REQUIRE(e != nullptr);
+    CHECK_THROWS_AS(std::rethrow_exception(e), Error);
+  }
+  CHECK_THROWS_AS(std::rethrow_exception(nccl_failure(6, "op", 0)), PeerLostError);
+  const auto far = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  SECTION("the query itself fails while the call is in progress") {
+    int calls = 0;
+    const NcclWaitResult w = wait_nccl(7, [&](int& r) { ++calls; r = 7; return 3; }, far);
+    CHECK(w.query_failed);
+    CHECK(w.code == 3);
+    CHECK(!w.timed_out);
+    CHECK(calls == 1);
+  }
+  SECTION("a query that fails with 'in progress' is an internal error, not success") {
+    const NcclWaitResult w = wait_nccl(7, [](int& r) { r = 7; return 7; }, far);
+    CHECK(w.query_failed);
+    CHECK(w.code == 3);
+  }
+  SECTION("in progress until done") {
+    int calls = 0;
+    const NcclWaitResult w = wait_nccl(7, [&](int& r) { r = ++calls < 3 ? 7 : 0; return 0; }, far);
+    CHECK(w.code == 0);
+    CHECK(!w.query_failed);
+    CHECK(calls == 3);
+  }
+  SECTION("an asynchronous error ends the wait with its code") {
+    const NcclWaitResult w = wait_nccl(7, [](int& r) { r = 6; return 0; }, far);
+    CHECK(w.code == 6);
+    CHECK(!w.query_failed);
+  }
+  SECTION("still in progress at the deadline") {
+    const NcclWaitResult w =
+        wait_nccl(7, [](int& r) { r = 7; return 0; }, std::chrono::steady_clock::now() + std::chrono::milliseconds(5));
+    CHECK(w.timed_out);
+  }
+  SECTION("a first result that is final is returned as it is") {
+    CHECK(wait_nccl(0, [](int&) { return 0; }, far).code == 0);
+    CHECK(wait_nccl(4, [](int&) { return 0; }, far).code == 4);
+  }
+}
+
+TEST_CASE("NCCL's default device is the launcher's local rank, else the current device", "[gpu][host]") {
+  CHECK(default_nccl_device(std::nullopt, 0, 8) == 0);
+  CHECK(default_nccl_device(std::nullopt, 3, 8) == 3);
+  CHECK(default_nccl_device(5, 0, 8) == 5);  // cudaGetDevice() says 0 in every fresh process
+  CHECK(default_nccl_device(0, 2, 1) == 0);
+  CHECK_THROWS_AS(default_nccl_device(2, 0, 2), ValueError);
+  CHECK_THROWS_AS(default_nccl_device(0, 0, 0), ValueError);
+  try {
+    default_nccl_device(4, 0, 2);
+  } catch (const ValueError& e) {
+    CHECK(std::string(e.what()).find("local rank is 4") != std::string::npos);
+  }
+}
+
+#include "gpu_test.hpp"
+
+TEST_CASE("GPU tests compare with the CPU bit for bit, a NaN matching any NaN", "[gpu][host]") {
+  using dopt::gpu::test::same_bits_nan_as_class;
+  auto f32 = [](std::uint32_t bits) {
+    Tensor t = Tensor::empty({1}, DType::float32);
+    std::memcpy(t.data_ptr(), &bits, 4);
+    return t;
+  };
+  CHECK(same_bits_nan_as_class(f32(0x7fc00000u), f32(0xffc00001u)));   // NaNs of other sign and payload
+  CHECK(same_bits_nan_as_class(f32(0x7fffffffu), f32(0x7f800001u)));   // canonical CUDA NaN vs a signalling one
+  CHECK(!same_bits_nan_as_class(f32(0x7fc00000u), f32(0x7f800000u)));  // NaN vs infinity
+  CHECK(!same_bits_nan_as_class(f32(0x00000000u), f32(0x80000000u)));  // +0 vs -0
+  CHECK(!same_bits_nan_as_class(f32(0x3f800000u), f32(0x3f800001u)));  // one ulp
+  CHECK(same_bits_nan_as_class(f32(0x3f800000u), f32(0x3f800000u)));
+  auto half = [](DType dt, std::uint16_t bits) {
+    Tensor t = Tensor::empty({1}, dt);
+    std::memcpy(t.data_ptr(), &bits, 2);
+    return t;
+  };
+  CHECK(same_bits_nan_as_class(half(DType::float16, 0x7e00), half(DType::float16, 0xfc01)));
+  CHECK(!same_bits_nan_as_class(half(DType::float16, 0x7c00), half(DType::float16, 0x7e00)));
+  CHECK(same_bits_nan_as_class(half(DType::bfloat16, 0x7fc0), half(DType::bfloat16, 0xff81)));
+  CHECK(!same_bits_nan_as_class(half(DType::bfloat16, 0x7f80), half(DType::bfloat16, 0x7fc0)));
+  Tensor d = Tensor::from_vector<double>({1.0, std::nan("1"), -2.0});
+  Tensor e = Tensor::from_vector<double>({1.0, -std::nan("7"), -2.0});
+  CHECK(same_bits_nan_as_class(d, e));
+  CHECK(!same_bits_nan_as_class(d, e.to(DType::float32)));  // dtypes differ
+}
+
+TEST_CASE("completion thread: kept storages outlive set_data, deadlines start with the work, blocking "
+          "continuations do not stall the others",
+          "[gpu][host]") {
+  using dopt::gpu::detail::Probe;
+  using dopt::gpu::detail::Watch;
+  using dopt::gpu::detail::watch;
+  auto wait_ready = [](const Future<void>& f, std::chrono::milliseconds limit) { return f.wait_for(limit); };
+  SECTION("a tensor re-pointed with set_data while its work is queued keeps its old storage until done") {
+    std::atomic<bool> done{false};
+    Tensor t = Tensor::zeros({1024});
+    std::weak_ptr<Storage> old = t.storage();
+    Watch w;
+    w.op = "test.keep";
+    w.probe = [&](std::string&) { return done ? Probe::done : Probe::pending; };
+    w.keep = storages_of({t});
+    Future<void> f = w.promise.get_future();
+    watch(std::move(w));
+    t.set_data(Tensor::zeros({1024}));  // like param.data = other while a kernel still reads the old bytes
+    CHECK(!old.expired());              // a held Tensor handle would have let it go here
+    done = true;
+    f.get();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!old.expired() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    CHECK(old.expired());
+  }
+  SECTION("the timeout counts from the start event, not from the time queued behind earlier work") {
+    std::atomic<bool> started{false}, done{false};
+    Watch w;
+    w.op = "NcclProcessGroup.all_reduce";
+    w.start_probe = [&](std::string&) { return started ? Probe::done : Probe::pending; };
+    w.probe = [&](std::string&) { return done ? Probe::done : Probe::pending; };
+    w.timeout = std::chrono::milliseconds(50);
+    Future<void> f = w.promise.get_future();
+    watch(std::move(w));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // queued: 4x the timeout
+    CHECK(!f.is_ready());
+    started = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    done = true;  // within the timeout after the start
+    REQUIRE(wait_ready(f, std::chrono::seconds(10)));
+    CHECK_NOTHROW(f.get());
+    // Started but never done: times out about `timeout` after the start.
+    Watch v;
+    v.op = "x";
+    v.start_probe = [](std::string&) { return Probe::done; };
+    v.probe = [](std::string&) { return Probe::pending; };
+    v.timeout = std::chrono::milliseconds(30);
+    Future<void> g = v.promise.get_future();
+    const auto t0 = std::chrono::steady_clock::now();
+    watch(std::move(v));
+    CHECK_THROWS_AS(g.get(), TimeoutError);
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(30));
+    // A failed start is a DeviceError.
+    Watch u;
+    u.op = "y";
+    u.start_probe = [](std::string& why) {
+      why = "cudaErrorLaunchFailure";
+      return Probe::failed;
+    };
+    u.probe = [](std::string&) { return Probe::pending; };
+    Future<void> h = u.promise.get_future();
+    watch(std::move(u));
+    CHECK_THROWS_AS(h.get(), DeviceError);
+  }
+  SECTION("a continuation that waits for a later GPU future (a blocking step or collective) does not deadlock") {
+    std::atomic<bool> second_done{false};
+    Promise<void> second_promise;
+    Future<void> second = second_promise.get_future();
+    Watch a;
+    a.op = "a";
+    a.probe = [](std::string&) { return Probe::done; };
+    Future<void> fa = a.promise.get_future();
+    // Inside a's continuation: hand in b and wait for it, as Optimizer::step or
+    // a first collective (NCCL communicator set-up) would.
+    Future<void> chained = fa.then([second_promise, &second_done](Future<void>) {
+      Watch b;
+      b.op = "b";
+      b.probe = [&second_done](std::string&) { return second_done ? Probe::done : Probe::pending; };
+      b.promise = second_promise;
+      Future<void> fb = b.promise.get_future();
+      watch(std::move(b));
+      second_done = true;
+      fb.get();  // filled by another dispatcher: the blocked one is retired
+    });
+    watch(std::move(a));
+    REQUIRE(wait_ready(chained, std::chrono::seconds(10)));
+    CHECK_NOTHROW(chained.get());
+    CHECK(second.is_ready());
+  }
+  SECTION("while one continuation blocks, other completions are still delivered, in order") {
+    std::mutex m;
+    std::condition_variable cv;
+    bool release = false;
+    Watch a;
+    a.op = "blocking";
+    a.probe = [](std::string&) { return Probe::done; };
+    Future<void> blocked = a.promise.get_future().then([&](Future<void>) {
+      std::unique_lock<std::mutex> l(m);
+      cv.wait(l, [&] { return release; });  // e.g. a rank waiting for a peer in NCCL set-up
+    });
+    watch(std::move(a));
+    std::vector<int> order;
+    std::mutex om;
+    std::vector<Future<void>> others;
+    for (int i = 0; i < 5; ++i) {
+      Watch w;
+      w.op = "other";
+      w.probe = [](std::string&) { return Probe::done; };
+      others.push_back(w.promise.get_future().then([&, i](Future<void>) {
+        std::lock_guard<std::mutex> l(om);
+        order.push_back(i);
+      }));
+      watch(std::move(w));
+    }
+    bool all = true;
+    for (auto& f : others) all = all && wait_ready(f, std::chrono::seconds(10));
+    CHECK(all);
+    CHECK(!blocked.is_ready());
+    {
+      std::lock_guard<std::mutex> l(om);
+      CHECK(order == std::vector<int>{0, 1, 2, 3, 4});
+    }
+    {
+      std::lock_guard<std::mutex> l(m);
+      release = true;
+    }
+    cv.notify_all();
+    CHECK(wait_ready(blocked, std::chrono::seconds(10)));
+    CHECK(dopt::gpu::detail::dispatchers_started() >= 2);
   }
 }

@@ -10,6 +10,8 @@
 
 #include "cuda_util.hpp"
 #include "dopt/actors/device_backend.hpp"
+#include "dopt/gpu/device.hpp"
+#include "dopt/runtime/launch_env.hpp"
 #include "nccl_errors.hpp"
 
 namespace dopt::gpu {
@@ -47,6 +49,24 @@ std::exception_ptr nccl_error(int code, const std::string& op, int rank, const s
     case 6: return std::make_exception_ptr(PeerLostError(op, what, rank));
     default: return std::make_exception_ptr(Error(op, what, rank));
   }
+}
+
+std::exception_ptr nccl_failure(int code, const std::string& op, int rank, const std::string& detail) {
+  if (auto e = nccl_error(code, op, rank, detail)) return e;
+  std::string what = std::string("the NCCL communicator's state could not be determined (last result ") +
+                     nccl_result_name(code) + ")";
+  if (!detail.empty()) what += ": " + detail;
+  return std::make_exception_ptr(Error(op, what, rank));
+}
+
+int default_nccl_device(std::optional<int> local_rank, int current_device, int device_count) {
+  if (!local_rank) return current_device;
+  if (*local_rank < 0 || *local_rank >= device_count)
+    throw ValueError("make_nccl_group", "the launcher's local rank is " + std::to_string(*local_rank) + " but " +
+                                            std::to_string(device_count) +
+                                            " CUDA device(s) are visible: start one process per GPU, or pass the "
+                                            "device explicitly");
+  return *local_rank;
 }
 
 }  // namespace detail
@@ -94,6 +114,10 @@ std::string last_error(ncclComm_t comm) {
 struct NcclProcessGroup::Impl {
   ProcessGroup cpu;
   int rank = 0, size = 0, device = 0, grank = 0;
+  // This communicator's own stream (torch: one NCCL stream per group and
+  // device), so that collectives of two groups issued from two threads never
+  // queue behind each other on one stream, which could deadlock across GPUs.
+  std::unique_ptr<Stream> own_stream;
   Stream* stream = nullptr;
   ncclComm_t comm = nullptr;
   std::mutex mutex;  // guards comm calls and abort
@@ -122,36 +146,55 @@ struct NcclProcessGroup::Impl {
   // Polls a nonblocking communicator until its last call is no longer in
   // progress; with mutex held. Aborts and throws on error or timeout.
   void wait_ready_locked(ncclResult_t r, const std::string& op, Clock::time_point deadline) {
-    while (r == ncclInProgress) {
-      if (Clock::now() >= deadline) {
-        abort_locked(op + " timed out after " + std::to_string(timeout().count()) + " ms");
-        throw TimeoutError(op, "the NCCL call did not finish within the group's timeout (" +
-                                   std::to_string(timeout().count()) + " ms); the communicator was aborted",
-                           grank);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(10));
-      if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+    ncclComm_t c = comm;
+    const detail::NcclWaitResult w = detail::wait_nccl(
+        static_cast<int>(r),
+        [c](int& out) {
+          ncclResult_t a = ncclSuccess;
+          const ncclResult_t q = ncclCommGetAsyncError(c, &a);
+          out = static_cast<int>(a);
+          return static_cast<int>(q);
+        },
+        deadline);
+    if (w.timed_out) {
+      abort_locked(op + " timed out after " + std::to_string(timeout().count()) + " ms");
+      throw TimeoutError(op, "the NCCL call did not finish within the group's timeout (" +
+                                 std::to_string(timeout().count()) + " ms); the communicator was aborted",
+                         grank);
     }
-    if (r != ncclSuccess) {
-      const std::string detail = last_error(comm);
-      abort_locked(op + " failed: " + detail::nccl_result_name(r));
-      std::rethrow_exception(detail::nccl_error(r, op, grank, detail));
+    if (w.code != 0) {
+      std::string detail = c ? last_error(c) : std::string();
+      if (w.query_failed) detail = "ncclCommGetAsyncError failed" + (detail.empty() ? "" : ": " + detail);
+      abort_locked(op + " failed: " + detail::nccl_result_name(w.code));
+      std::rethrow_exception(detail::nccl_failure(w.code, op, grank, detail));
     }
   }
 
   // Enqueues `issue` (NCCL calls on comm/stream), then `after` (e.g. copies),
-  // and returns a future filled when the stream has passed them.
+  // and returns a future filled when the stream has passed them. On this
+  // communicator's stream: [start event] [wait for the caller's current
+  // stream] [issue] [after] [end event]. The group's timeout counts from the
+  // start event, i.e. once this group's earlier collectives are done, so it
+  // covers waiting for the inputs' producers and for the peers, not the time
+  // queued behind earlier work.
   template <class Issue, class After>
   Future<void> run(const char* opname, std::vector<Tensor> keep, Issue issue, After after,
                    const std::shared_ptr<Impl>& self) {
     const std::string op = label(opname);
     std::lock_guard<std::mutex> g(mutex);
     if (is_aborted) return make_failed_future(aborted_error(op));
-    const auto deadline = Clock::now() + timeout();
+    const auto enqueue_deadline = Clock::now() + timeout();
     detail::DeviceGuard dg(device);
     cudaStream_t s = detail::native(*stream);
+    Event start;
     try {
-      wait_ready_locked(issue(comm, s), op, deadline);
+      start = stream->record();
+      // The inputs are ready on the caller's stream: the collective starts after
+      // everything the calling thread enqueued there so far (on the device; the
+      // host does not wait).
+      Stream& caller = current_stream(device);
+      if (&caller != stream) stream->wait(caller.record());
+      wait_ready_locked(issue(comm, s), op, enqueue_deadline);
       after(s);
     } catch (...) {
       return make_failed_future(std::current_exception());
@@ -159,8 +202,9 @@ struct NcclProcessGroup::Impl {
     detail::Watch w;
     w.op = op;
     w.event = stream->record();
-    w.deadline = deadline;
-    w.keep = std::move(keep);
+    w.start = std::move(start);
+    w.timeout = timeout();
+    w.keep = detail::storages_of(keep);
     std::weak_ptr<Impl> weak = self;
     w.poll_error = [weak, op]() -> std::exception_ptr {
       auto me = weak.lock();
@@ -236,7 +280,9 @@ int resolve_device(int device) {
   if (device >= 0) return device;
   int d = 0;
   check(cudaGetDevice(&d), "cudaGetDevice");
-  return d;
+  std::optional<int> local;
+  if (auto env = launch_env_from_environment()) local = env->local_rank;
+  return detail::default_nccl_device(local, d, device_count());
 }
 
 std::shared_ptr<NcclProcessGroup::Impl> new_impl(const ProcessGroup& cpu, int device) {
@@ -246,7 +292,8 @@ std::shared_ptr<NcclProcessGroup::Impl> new_impl(const ProcessGroup& cpu, int de
   impl->size = cpu.size();
   impl->device = device;
   impl->grank = cpu.global_rank(cpu.rank());
-  impl->stream = &rank_stream(impl->grank, device);
+  impl->own_stream = make_stream(device);
+  impl->stream = impl->own_stream.get();
   return impl;
 }
 

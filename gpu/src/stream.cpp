@@ -1,6 +1,8 @@
 #include "dopt/gpu/stream.hpp"
 
+#include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -62,15 +64,12 @@ cudaStream_t native(Stream& s) { return static_cast<cudaStream_t>(s.native()); }
 
 // --- the completion thread --------------------------------------------------------------
 
-Probe probe(Watch& w, std::string& why) {
-  if (w.probe) return w.probe(why);
-  const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(w.event.native()));
-  if (q == cudaSuccess) return Probe::done;
-  if (q == cudaErrorNotReady) return Probe::pending;
-  cudaGetLastError();
-  why = std::string(cudaGetErrorName(q)) + ": " + cudaGetErrorString(q);
-  return Probe::failed;
-}
+// One decided watch, waiting for the dispatcher to fill its promise.
+struct Fire {
+  Promise<void> promise;
+  std::exception_ptr error;  // null: success
+  std::vector<std::shared_ptr<Storage>> keep;
+};
 
 class Completions {
  public:
@@ -80,68 +79,182 @@ class Completions {
       pending_.push_back(std::move(w));
       if (!started_) {
         started_ = true;
+        {
+          std::lock_guard<std::mutex> d(dmutex_);
+          start_dispatcher_locked();
+        }
         std::thread([this] { run(); }).detach();
       }
     }
     cv_.notify_one();
   }
 
+  int dispatchers_started() const noexcept { return started_dispatchers_.load(); }
+
  private:
+  struct Pending {
+    Watch w;
+    bool started = false;  // the start event has completed (or there is none)
+  };
+
+  // Poller: decides watches, queues their outcomes for the dispatcher.
   void run() {
-    std::vector<Watch> mine;
+    std::vector<Pending> mine;
     for (;;) {
+      bool queued;
+      {
+        std::lock_guard<std::mutex> d(dmutex_);
+        queued = !fires_.empty();
+      }
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        if (mine.empty()) cv_.wait(lock, [&] { return !pending_.empty(); });
-        for (auto& w : pending_) mine.push_back(std::move(w));
+        if (mine.empty()) {
+          // Nothing to poll: sleep until a watch comes, but wake now and then
+          // while outcomes wait for the dispatcher (it may be blocked).
+          if (queued) cv_.wait_for(lock, kStall / 4, [&] { return !pending_.empty(); });
+          else cv_.wait(lock, [&] { return !pending_.empty(); });
+        }
+        for (auto& w : pending_) {
+          Pending p{std::move(w), false};
+          p.started = !p.w.start.valid() && !p.w.start_probe;
+          if (p.started && p.w.timeout.count() > 0) p.w.deadline = std::chrono::steady_clock::now() + p.w.timeout;
+          mine.push_back(std::move(p));
+        }
         pending_.clear();
       }
-      // Poll every watch once; fill (outside the lock) those that are decided.
-      const auto now = std::chrono::steady_clock::now();
-      std::vector<Watch> keep;
-      keep.reserve(mine.size());
-      for (auto& w : mine) {
-        std::string why;
-        const Probe q = probe(w, why);
-        if (q == Probe::done) {
-          w.promise.set_value();
-          continue;
-        }
-        if (q == Probe::failed) {
-          w.promise.set_exception(std::make_exception_ptr(DeviceError(w.op, "the GPU work failed: " + why)));
-          continue;
-        }
-        if (w.poll_error) {
-          if (auto e = w.poll_error()) {
-            w.promise.set_exception(e);
-            continue;
-          }
-        }
-        if (now >= w.deadline) {
-          std::exception_ptr e = w.on_timeout ? w.on_timeout() : nullptr;
-          if (!e) e = std::make_exception_ptr(TimeoutError(w.op, "the GPU work did not finish in time"));
-          w.promise.set_exception(e);
-          continue;
-        }
-        keep.push_back(std::move(w));
+      std::vector<Fire> decided;
+      std::vector<Pending> left;
+      left.reserve(mine.size());
+      for (auto& p : mine) {
+        if (auto f = decide(p)) decided.push_back(std::move(*f));
+        else left.push_back(std::move(p));
       }
-      mine.swap(keep);
+      mine.swap(left);
+      left.clear();  // the decided watches (moved from), outside any lock
+      dispatch(std::move(decided));
       // A short sleep between rounds: kernel and collective latencies are
-      // tens of microseconds or more; the thread sleeps on the condition
-      // variable when nothing is pending.
+      // tens of microseconds or more.
       if (!mine.empty()) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
+  static std::unique_ptr<Fire> fire(Watch& w, std::exception_ptr e) {
+    auto f = std::make_unique<Fire>();
+    f->promise = w.promise;
+    f->error = std::move(e);
+    f->keep = std::move(w.keep);
+    return f;
+  }
+
+  // One poll of one watch: its outcome, or null while it is pending.
+  static std::unique_ptr<Fire> decide(Pending& p) {
+    Watch& w = p.w;
+    if (!p.started) {
+      std::string why;
+      const Probe s = w.start_probe ? w.start_probe(why) : probe(w.start, why);
+      if (s == Probe::failed)
+        return fire(w, std::make_exception_ptr(DeviceError(w.op, "the GPU work failed: " + why)));
+      if (s == Probe::pending) return nullptr;  // queued behind earlier work: no deadline yet
+      p.started = true;
+      if (w.timeout.count() > 0) w.deadline = std::chrono::steady_clock::now() + w.timeout;
+    }
+    std::string why;
+    const Probe q = w.probe ? w.probe(why) : probe(w.event, why);
+    if (q == Probe::done) return fire(w, nullptr);
+    if (q == Probe::failed) return fire(w, std::make_exception_ptr(DeviceError(w.op, "the GPU work failed: " + why)));
+    if (w.poll_error)
+      if (auto e = w.poll_error()) return fire(w, e);
+    if (std::chrono::steady_clock::now() >= w.deadline) {
+      std::exception_ptr e = w.on_timeout ? w.on_timeout() : nullptr;
+      if (!e) e = std::make_exception_ptr(TimeoutError(w.op, "the GPU work did not finish in time"));
+      return fire(w, e);
+    }
+    return nullptr;
+  }
+
+  static Probe probe(const Event& e, std::string& why) {
+    const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(e.native()));
+    if (q == cudaSuccess) return Probe::done;
+    if (q == cudaErrorNotReady) return Probe::pending;
+    cudaGetLastError();
+    why = std::string(cudaGetErrorName(q)) + ": " + cudaGetErrorString(q);
+    return Probe::failed;
+  }
+
+  // Queues outcomes; retires a dispatcher stuck in one continuation.
+  void dispatch(std::vector<Fire> decided) {
+    {
+      std::lock_guard<std::mutex> d(dmutex_);
+      for (auto& f : decided) fires_.push_back(std::move(f));
+      if (!fires_.empty() && busy_ && std::chrono::steady_clock::now() - busy_since_ >= kStall &&
+          live_dispatchers_ < kMaxDispatchers) {
+        ++generation_;  // the busy one ends after its continuation returns
+        busy_ = false;
+        start_dispatcher_locked();
+      }
+    }
+    dcv_.notify_all();
+  }
+
+  void start_dispatcher_locked() {
+    ++live_dispatchers_;
+    ++started_dispatchers_;
+    const std::uint64_t gen = generation_;
+    std::thread([this, gen] { dispatcher(gen); }).detach();
+  }
+
+  void dispatcher(std::uint64_t gen) {
+    std::unique_lock<std::mutex> lock(dmutex_);
+    for (;;) {
+      dcv_.wait(lock, [&] { return generation_ != gen || !fires_.empty(); });
+      if (generation_ != gen) break;
+      Fire f = std::move(fires_.front());
+      fires_.pop_front();
+      busy_ = true;
+      busy_since_ = std::chrono::steady_clock::now();
+      lock.unlock();
+      // Continuations run here, on this thread.
+      if (f.error) f.promise.set_exception(f.error);
+      else f.promise.set_value();
+      f = Fire{};  // the storages go back after the promise is filled
+      lock.lock();
+      if (generation_ != gen) break;  // retired while blocked: a newer dispatcher has the queue
+      busy_ = false;
+    }
+    --live_dispatchers_;
+  }
+
+  // Poller.
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Watch> pending_;
   bool started_ = false;
+  // Dispatchers (lock order: mutex_ before dmutex_).
+  std::mutex dmutex_;
+  std::condition_variable dcv_;
+  std::deque<Fire> fires_;
+  std::uint64_t generation_ = 0;  // the dispatcher of this generation owns the queue
+  bool busy_ = false;
+  std::chrono::steady_clock::time_point busy_since_;
+  int live_dispatchers_ = 0;
+  std::atomic<int> started_dispatchers_{0};
 };
 
-void watch(Watch w) {
-  static Completions* c = new Completions();  // the thread may outlive statics
-  c->add(std::move(w));
+Completions& completions() {
+  static Completions* c = new Completions();  // the threads may outlive statics
+  return *c;
+}
+
+void watch(Watch w) { completions().add(std::move(w)); }
+
+int dispatchers_started() noexcept { return completions().dispatchers_started(); }
+
+std::vector<std::shared_ptr<Storage>> storages_of(const std::vector<Tensor>& tensors) {
+  std::vector<std::shared_ptr<Storage>> out;
+  out.reserve(tensors.size());
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.storage()) out.push_back(t.storage());
+  return out;
 }
 
 void keep_until_done(Stream& stream, std::vector<Tensor> tensors, const char* op) {
@@ -149,8 +262,16 @@ void keep_until_done(Stream& stream, std::vector<Tensor> tensors, const char* op
   Watch w;
   w.event = stream.record();
   w.op = op;
-  w.keep = std::move(tensors);
+  w.keep = storages_of(tensors);
   watch(std::move(w));
+}
+
+void wait_for_event(const Event& event, const char* op) {
+  const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(event.native()));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw DeviceError(op, std::string("the GPU work failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  }
 }
 
 }  // namespace detail

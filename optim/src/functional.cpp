@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "dopt/optim/device_step.hpp"
+#include "state_load.hpp"
 
 namespace dopt::optim {
 
@@ -136,7 +137,7 @@ void FunctionalOptimizer::load_state_dict(const StateDict& sd) {
     for (const auto& [k, v] : it->second) {
       if (!v.defined()) throw StateDictError(op, "state '" + k + "' of parameter " + std::to_string(ids[i]) + " is undefined");
       check_state_value(op, "state '" + k + "' of parameter " + std::to_string(ids[i]), k, v);
-      st[k] = (k == "step" || !is_floating_point(v.dtype())) ? v.clone() : v.to(all[i].dtype());
+      st[k] = detail::load_state_value(all[i], k, v, /*cast_integers=*/false);
     }
     fresh[all[i].key()] = std::move(st);
   }

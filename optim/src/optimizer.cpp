@@ -6,8 +6,25 @@
 
 #include "dopt/optim/device_step.hpp"
 #include "dopt/runtime/parallel.hpp"
+#include "state_load.hpp"
 
 namespace dopt::optim {
+
+namespace detail {
+
+Tensor load_state_value(const Tensor& param, const std::string& key, const Tensor& value, bool cast_integers) {
+  if (key == "step") return value.clone();
+  const bool low = param.dtype() == DType::float16 || param.dtype() == DType::bfloat16;
+  DType dt = value.dtype();
+  if (key == "master_param") dt = DType::float32;
+  else if (is_floating_point(value.dtype())) dt = low && value.dtype() == DType::float32 ? DType::float32 : param.dtype();
+  else if (cast_integers) dt = param.dtype();
+  Tensor t = Tensor::empty(value.shape(), dt, param.device());
+  t.copy_(value);
+  return t;
+}
+
+}  // namespace detail
 
 void check_param_grad(const Tensor& param, const Tensor& grad, const std::string& op) {
   if (grad.shape() != param.shape())
@@ -199,9 +216,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
         throw StateDictError(op, "state '" + key + "' of parameter id " + std::to_string(id) + " has shape " +
                                      shape_str(value.shape()) + " but the parameter has shape " +
                                      shape_str(p.shape()));
-      Tensor t = Tensor::empty(value.shape(), p.dtype(), p.device());
-      t.copy_(value);
-      copy[key] = std::move(t);
+      copy[key] = detail::load_state_value(p, key, value, /*cast_integers=*/true);
     }
     new_state[p.key()] = std::move(copy);
   }

@@ -75,11 +75,16 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
         throw ValueError(op, "reducer parameter " + std::to_string(i) + " (" + p.str() +
                                  ") is not a parameter of the ZeroRedundancyOptimizer", rank);
       seen[static_cast<std::size_t>(gi)] = true;
-      bk.params.push_back(zero_.all_params_[static_cast<std::size_t>(gi)]);
+      if (!bk.params.empty() && p.device() != bk.device)
+        throw ValueError(op, "reducer bucket " + std::to_string(buckets.size()) + " holds parameters on " +
+                                 bk.device.str() + " and " + p.device().str() +
+                                 "; with overlap_with_ddp every bucket must be on one device", rank);
       bk.offsets.push_back(bk.numel);
       bk.group.push_back(group_of.at(p.key()));
       bk.numel += p.numel();
       bk.dtype = p.dtype();
+      bk.device = p.device();
+      bk.params.push_back(zero_.all_params_[static_cast<std::size_t>(gi)]);
     }
     buckets.push_back(std::move(bk));
   }
@@ -134,9 +139,10 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
                                "parameters and bucket caps)", rank);
   if (planned_) return;
 
-  // One flat buffer per bucket; the parameters become views of it.
+  // One flat buffer per bucket, on the parameters' device; the parameters
+  // become views of it (a CUDA parameter stays in device memory).
   for (auto& bk : buckets) {
-    bk.flat = Tensor::empty({bk.numel}, bk.dtype);
+    bk.flat = Tensor::empty({bk.numel}, bk.dtype, bk.device);
     for (std::size_t s = 0; s < bk.params.size(); ++s) {
       const Tensor& p = bk.params[s];
       Tensor slice = bk.flat.flat_slice(bk.offsets[s], p.numel());
@@ -241,8 +247,8 @@ void ZeroOverlap::step_bucket(std::size_t b, const Tensor& reduced) {
     throw ShapeError(op, "the comm hook returned " + reduced.str() + " for bucket " + std::to_string(b) + " of " +
                              std::to_string(bk.numel) + " elements", zero_.rank_);
   Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
-  if (flat.dtype() != bk.dtype) {  // as Reducer::finalize converts into the grads
-    Tensor c = Tensor::empty({bk.numel}, bk.dtype);
+  if (flat.dtype() != bk.dtype) {  // as Reducer::finalize converts into the grads, on the bucket's device
+    Tensor c = Tensor::empty({bk.numel}, bk.dtype, bk.device);
     c.copy_(flat);
     flat = c;
   }

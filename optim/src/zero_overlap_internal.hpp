@@ -48,8 +48,9 @@ class ZeroOverlap {
     std::vector<std::size_t> group;   // ZeRO group of each param
     std::int64_t numel = 0;
     DType dtype = DType::float32;
+    Device device;                    // the params' device (the reducer's buckets are single-device)
     int owner = -1;
-    Tensor flat;                      // the params' storage; what is broadcast
+    Tensor flat;                      // the params' storage, on their device; what is broadcast
   };
   struct Task {
     Future<Tensor> reduced;

@@ -88,6 +88,11 @@ std::shared_ptr<Segment> Segment::open(const std::string& name, std::size_t byte
   return std::shared_ptr<Segment>(new Segment(name, p, static_cast<std::size_t>(st.st_size), false));
 }
 
+void Segment::unlink() noexcept {
+  if (owner_) ::shm_unlink(name_.c_str());
+  owner_ = false;
+}
+
 Segment::~Segment() {
   ::munmap(data_, size_);
   if (owner_) ::shm_unlink(name_.c_str());

@@ -55,6 +55,27 @@ namespace dopt {
 enum class ReduceOp : std::uint8_t { sum, avg, product, min, max };
 std::string_view reduce_op_name(ReduceOp op) noexcept;
 
+/// The order in which a reduction combines the ranks' contributions.
+enum class ReduceOrder : std::uint8_t {
+  /// Group rank 0, 1, ..., n-1: dopt's order, on every plane.
+  rank,
+  /// gloo's ring all_reduce order, what torch 1.13 computes for CPU tensors:
+  /// the flat buffer is cut into 2n segments, and the sum of rank c's pair of
+  /// segments starts at rank c + 1 and goes round to rank c. Bitwise torch's
+  /// result for float sums at 3 or more ranks (at 2 ranks both orders agree).
+  ring,
+};
+
+struct AllReduceCoalescedOptions {
+  ReduceOp op = ReduceOp::sum;
+  ReduceOrder order = ReduceOrder::rank;
+  /// > 0: every rank's values are divided by this first, in their dtype (as
+  /// torch's `t / d`), then reduced: torch's model averaging (parameters
+  /// divided by the world size, then summed) folded into one pass. Sum of
+  /// floating-point tensors only.
+  std::int64_t pre_divisor = 0;
+};
+
 namespace detail {
 struct GroupImpl;
 }
@@ -103,25 +124,29 @@ class ProcessGroup {
   /// Fills tensor with the matching send of rank src (same dtype and shape).
   Future<void> recv_async(const Tensor& tensor, int src, int tag = 0);
 
-  // --- collectives (blocking: the async form, then get()) -------------------------
-  void broadcast(const Tensor& tensor, int src) { broadcast_async(tensor, src).get(); }
-  void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) {
-    all_reduce_async(tensor, op).get();
-  }
-  void reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum) {
-    reduce_async(tensor, dst, op).get();
-  }
-  void all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
-    all_gather_async(outputs, input).get();
-  }
-  void all_gather_into_tensor(const Tensor& output, const Tensor& input) {
-    all_gather_into_tensor_async(output, input).get();
-  }
-  void reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                      ReduceOp op = ReduceOp::sum) {
-    reduce_scatter_async(output, inputs, op).get();
-  }
-  void barrier() { barrier_async().get(); }
+  /// tensors of every rank, seen as one flat buffer in list order (one dtype;
+  /// every rank passes the same shapes) <- options.op over the ranks'
+  /// buffers, in one call and without a copy into a flat buffer (torch:
+  /// all_reduce_coalesced). See AllReduceCoalescedOptions.
+  Future<void> all_reduce_coalesced_async(const std::vector<Tensor>& tensors,
+                                          const AllReduceCoalescedOptions& options = {});
+  /// Every tensor of the list <- rank src's, in one call (dtypes may differ;
+  /// every rank passes the same dtypes and shapes).
+  Future<void> broadcast_coalesced_async(const std::vector<Tensor>& tensors, int src);
+
+  // --- collectives (blocking) -------------------------------------------------------
+  // The same calls, returning when done (or throwing the error). On the
+  // shared-memory plane the work runs on the calling thread when no earlier
+  // async call of this group is still queued.
+  void broadcast(const Tensor& tensor, int src);
+  void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  void reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum);
+  void all_gather(const std::vector<Tensor>& outputs, const Tensor& input);
+  void all_gather_into_tensor(const Tensor& output, const Tensor& input);
+  void reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::sum);
+  void barrier();
+  void all_reduce_coalesced(const std::vector<Tensor>& tensors, const AllReduceCoalescedOptions& options = {});
+  void broadcast_coalesced(const std::vector<Tensor>& tensors, int src);
   void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag).get(); }
   void recv(const Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag).get(); }
 
@@ -142,6 +167,17 @@ class ProcessGroup {
 
  private:
   detail::GroupImpl& member(const char* op) const;
+  Future<void> broadcast_impl(const Tensor& tensor, int src, bool blocking);
+  Future<void> all_reduce_impl(const Tensor& tensor, ReduceOp op, bool blocking);
+  Future<void> reduce_impl(const Tensor& tensor, int dst, ReduceOp op, bool blocking);
+  Future<void> all_gather_impl(const std::vector<Tensor>& outputs, const Tensor& input, bool blocking);
+  Future<void> all_gather_into_tensor_impl(const Tensor& output, const Tensor& input, bool blocking);
+  Future<void> reduce_scatter_impl(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op,
+                                   bool blocking);
+  Future<void> barrier_impl(bool blocking);
+  Future<void> all_reduce_coalesced_impl(const std::vector<Tensor>& tensors, const AllReduceCoalescedOptions& options,
+                                         bool blocking);
+  Future<void> broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking);
   std::shared_ptr<detail::GroupImpl> impl_;
 };
 

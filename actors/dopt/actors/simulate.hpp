@@ -20,6 +20,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/actors/runtime.hpp"
@@ -32,6 +33,11 @@ struct SimulateOptions {
   RuntimeOptions runtime_options = RuntimeOptions::from_env();
   /// Timeout of the world group (and default of its subgroups); empty: runtime's.
   std::optional<std::chrono::milliseconds> timeout;
+  /// How the ranks' collectives move data: "shm" (lock-free slots in this
+  /// process's memory, run by the calling threads; the default) or "actor"
+  /// (messages between the rank actors). The environment variable
+  /// DOPT_PLANE overrides it. Results are bitwise the same.
+  std::string plane = "shm";
 };
 
 class RankContext {

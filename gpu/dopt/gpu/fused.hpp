@@ -28,7 +28,7 @@
 // see dopt/gpu/stream.hpp); the call returns without waiting. Parameters,
 // gradients and state must be ready on that stream (produced on it, or after
 // stream.wait(event)), and must not be read or written elsewhere until
-// stream.completion() is ready (their handles are held until the kernels are
+// stream.completion() is ready (their storages are held until the kernels are
 // done, so dropping them early is safe). Step counters (CPU scalars) are
 // updated on the host before the call returns.
 //

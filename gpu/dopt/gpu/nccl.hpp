@@ -17,15 +17,25 @@
 //    compare the calls, so a mismatch is not detected (it hangs until the
 //    timeout, then fails as below). send/recv tags are not sent: sends and
 //    receives between two ranks match in the order they are issued.
-//  * Work is enqueued on the calling rank's stream, rank_stream(global rank,
-//    device) (dopt/gpu/stream.hpp); the call returns at once and the future
-//    is filled by the gpu completion thread when the collective has finished
-//    on the device. Tensors must be ready on that stream and untouched
-//    elsewhere until the future is ready (their handles are held until then).
-//    Nothing blocks an actor thread; the calling thread may wait briefly
-//    while NCCL enqueues (nonblocking mode), bounded by the timeout.
-//  * The communicator runs in NCCL's nonblocking mode. Each wait is bounded by
-//    the CPU group's timeout(): when it passes, or NCCL reports an
+//  * Streams: each communicator has its own stream (stream(); torch keeps one
+//    NCCL stream per group and device), so collectives of two groups used
+//    from two threads never queue behind each other. Before a collective,
+//    that stream waits (on the device; the host does not block) for
+//    everything the calling thread has enqueued so far on its
+//    current_stream(device) (dopt/gpu/stream.hpp): produce the inputs there
+//    (or under a StreamGuard of the stream that produces them) and the
+//    collective reads them after the producer. The call returns at once and
+//    the future is filled by the gpu completion thread when the collective
+//    has finished on the device. Tensors must be untouched elsewhere until
+//    the future is ready (their storages are held until then, also when a
+//    tensor is re-pointed with set_data meanwhile). Nothing blocks an actor
+//    thread; the calling thread may wait briefly while NCCL enqueues
+//    (nonblocking mode), bounded by the timeout.
+//  * The communicator runs in NCCL's nonblocking mode. Each collective is
+//    bounded by the CPU group's timeout(), counted from the moment this
+//    communicator's earlier collectives are done (time queued behind them
+//    does not count; waiting for the inputs' producer and for the peers
+//    does): when it passes, or NCCL reports an
 //    asynchronous error, the communicator is aborted (ncclCommAbort), the
 //    future fails (TimeoutError; PeerLostError for ncclRemoteError; DeviceError
 //    for CUDA errors; ...), and every later call on this group fails at once
@@ -65,7 +75,7 @@ class NcclProcessGroup {
   int device() const noexcept;
   /// The CPU group this communicator spans (its timeout bounds every wait).
   const ProcessGroup& cpu_group() const noexcept;
-  /// The stream this rank's NCCL work is enqueued on.
+  /// This communicator's own stream, on which its NCCL work is enqueued.
   Stream& stream() const noexcept;
 
   Future<void> broadcast(const Tensor& tensor, int src);
@@ -96,7 +106,9 @@ class NcclProcessGroup {
 };
 
 /// Creates this rank's communicator for cpu_group's members on `device` (-1:
-/// the calling thread's current CUDA device). A collective over cpu_group:
+/// the launcher's local rank, LOCAL_RANK or the like, when the process was
+/// started by a launcher, else the calling thread's current CUDA device;
+/// ValueError when the local rank names no visible device). A collective over cpu_group:
 /// every member calls it, in the same order as its other collectives. Group
 /// rank 0 makes the ncclUniqueId and broadcasts it over cpu_group; the
 /// communicator is initialised in nonblocking mode and the call returns once

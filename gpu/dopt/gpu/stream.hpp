@@ -5,24 +5,30 @@
 //  * Every actor that issues GPU work owns one Stream per device it uses: each
 //    rank actor's is rank_stream(global_rank, device); a parameter-owner actor
 //    (or any other actor) makes its own with make_stream(device) and keeps it.
-//    All of that actor's kernels, copies and NCCL calls are enqueued on it, so
-//    they run in the order the actor issued them, and work of different
-//    actors (different streams) overlaps on the device.
+//    All of that actor's kernels and copies are enqueued on it, so they run
+//    in the order the actor issued them, and work of different actors
+//    (different streams) overlaps on the device. NCCL collectives run on
+//    their communicator's own stream, which first waits for the calling
+//    thread's current_stream() (dopt/gpu/nccl.hpp).
 //  * Nobody blocks in a synchronize on an actor thread. Completion comes back
 //    as a dopt::Future<void> (completion()): an event is recorded on the
 //    stream and the gpu completion thread polls it (cudaEventQuery), then
-//    fills the future. Continuations registered with then() run on that
-//    completion thread; they may enqueue more GPU work (they are not CUDA
-//    host callbacks, so CUDA calls are allowed there) but must not block.
+//    has the future filled. Continuations registered with then() run on the
+//    gpu completion dispatcher; they may enqueue more GPU work (they are not
+//    CUDA host callbacks, so CUDA calls are allowed there) and should not
+//    block. One that does (Optimizer::step, a blocking collective, get() on
+//    another GPU future) does not deadlock nor hold back the other futures
+//    for more than about a millisecond: a fresh dispatcher takes over.
 //  * Cross-stream dependencies are explicit: the producer records an Event
 //    (record()), the consumer's stream waits for it (wait(event)). The wait
 //    is enqueued on the device (cudaStreamWaitEvent): the host never blocks,
 //    and the consumer's later kernels start only after the producer's work
 //    recorded before the event has finished.
 //  * The GPU operations of dopt/gpu (copy_async, zero_async, fused_step, NCCL
-//    collectives) hold handles to their tensors until the stream has passed
-//    them, so dropping a handle early never lets the caching allocator hand
-//    the memory to someone else while a kernel still uses it. What they do
+//    collectives) hold their tensors' storages until the stream has passed
+//    them, so neither dropping a handle early nor re-pointing a tensor with
+//    set_data() lets the caching allocator hand the memory to someone else
+//    while a kernel still uses it. What they do
 //    not do is order other access: do not read (to(), copy_(), at()) or write
 //    a tensor that queued work writes until that work's completion future is
 //    ready (or another stream waits on an event recorded after it).
@@ -90,7 +96,7 @@ class Stream {
   /// dst <- src, enqueued on this stream (same dtype and numel; either side may be
   /// CPU). Host memory that is not pinned makes CUDA stage the copy, so the call
   /// can return before or after the transfer; do not touch src/dst until
-  /// completion() (the handles are held until then).
+  /// completion() (their storages are held until then).
   void copy_async(const Tensor& dst, const Tensor& src);
   /// tensor <- 0, enqueued on this stream.
   void zero_async(const Tensor& tensor);

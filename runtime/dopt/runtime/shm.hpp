@@ -38,6 +38,10 @@ class Segment {
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
+  /// Removes the segment's name now (peers that mapped it keep their
+  /// mapping); the destructor then only unmaps. Idempotent.
+  void unlink() noexcept;
+
   void* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   const std::string& name() const noexcept { return name_; }

@@ -1,0 +1,116 @@
+#include "engine/executor.hpp"
+
+namespace dopt::detail {
+
+SerialExecutor::SerialExecutor(Body body, int rank) : s_(std::make_shared<State>()) {
+  s_->body = std::move(body);
+  s_->rank = rank;
+}
+
+SerialExecutor::~SerialExecutor() {
+  stop("the process group was destroyed before the operation ran");
+  if (worker_.joinable()) {
+    if (worker_.get_id() == std::this_thread::get_id()) worker_.detach();
+    else worker_.join();
+  }
+}
+
+void SerialExecutor::stop(const std::string& why) {
+  std::map<std::uint64_t, OpPtr> failed;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(s_->mutex);
+    if (!s_->stopping) {
+      s_->stopping = true;
+      s_->stop_why = why;
+    }
+    reason = s_->stop_why;
+    failed.swap(s_->pending);
+  }
+  s_->cv.notify_all();
+  for (auto& [seq, op] : failed)
+    op->promise.set_exception(std::make_exception_ptr(StateError(coll_name(op->desc.kind), reason, s_->rank)));
+}
+
+void SerialExecutor::run(const OpPtr& op) {
+  State& s = *s_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (s.stopping) throw StateError(coll_name(op->desc.kind), s.stop_why, s.rank);
+  if (!s.busy && s.pending.empty() && op->seq == s.next) {
+    s.busy = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      s.body(*op);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    s.busy = false;
+    ++s.next;
+    const bool more = s.next_ready();
+    lock.unlock();
+    if (more) s.cv.notify_all();
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  auto fut = op->promise.get_future();
+  lock.unlock();
+  enqueue(op);
+  fut.get();
+}
+
+Future<void> SerialExecutor::run_async(const OpPtr& op) {
+  auto fut = op->promise.get_future();
+  enqueue(op);
+  return fut;
+}
+
+void SerialExecutor::enqueue(const OpPtr& op) {
+  State& s = *s_;
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.stopping) {
+      refused = s.stop_why;
+    } else {
+      s.pending.emplace(op->seq, op);
+      if (!worker_.joinable()) worker_ = std::thread([st = s_] { worker_loop(st); });
+    }
+  }
+  if (!refused.empty()) {
+    op->promise.set_exception(std::make_exception_ptr(StateError(coll_name(op->desc.kind), refused, s.rank)));
+    return;
+  }
+  s.cv.notify_all();
+}
+
+void SerialExecutor::worker_loop(const std::shared_ptr<State>& sp) {
+  State& s = *sp;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  for (;;) {
+    s.cv.wait(lock, [&] { return s.stopping || s.next_ready(); });
+    if (!s.next_ready()) break;  // stopping, nothing runnable
+    OpPtr op = s.pending.begin()->second;
+    s.pending.erase(s.pending.begin());
+    s.busy = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      s.body(*op);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    s.busy = false;
+    ++s.next;
+    lock.unlock();
+    // Outside the lock: continuations may submit the next calls.
+    if (error) op->promise.set_exception(error);
+    else op->promise.set_value();
+    op.reset();
+    lock.lock();
+  }
+}
+
+}  // namespace dopt::detail

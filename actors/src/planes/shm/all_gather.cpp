@@ -1,0 +1,68 @@
+// all_gather (a list of outputs) and all_gather_into_tensor (one output) on
+// the shared-memory plane.
+#include <algorithm>
+#include <cstring>
+
+#include "planes/shm/algorithms.hpp"
+#include "planes/shm/flat_view.hpp"
+
+namespace dopt::detail::shm_plane {
+
+namespace {
+
+FlatView outputs_of(const Op& op) {
+  // all_gather: [input, out_0, ..., out_{n-1}]; flat: [input, output].
+  return FlatView(op.tensors, 1, op.tensors.size() - 1);
+}
+
+void staged(Channel& ch, Call& c) {
+  const Op& op = *c.op;
+  const int n = ch.size(), me = ch.me();
+  const Tensor& in = op.tensors[0];
+  const char* src = static_cast<const char*>(in.data_ptr());
+  const std::size_t nb = in.nbytes(), per = ch.buf_bytes();
+  const FlatView out = outputs_of(op);
+  std::size_t lo = 0;
+  do {
+    const std::size_t hi = std::min(nb, lo + per);
+    const std::uint64_t k = ch.begin_round(c);
+    if (hi > lo) std::memcpy(ch.buf(me, k), src + lo, hi - lo);
+    if (lo == 0) ch.publish(k, op);
+    ch.signal(Channel::A(k));
+    ch.wait_all(Channel::A(k), c);
+    if (lo == 0) ch.match(k, c);
+    for (int g = 0; g < n; ++g) {
+      const std::size_t base = static_cast<std::size_t>(g) * nb;
+      out.scatter(base + lo, base + hi, g == me ? src + lo : ch.buf(g, k));
+    }
+    lo = hi;
+  } while (lo < nb);
+}
+
+void direct(Channel& ch, Call& c) {
+  const Op& op = *c.op;
+  const int n = ch.size(), me = ch.me();
+  const std::size_t nb = op.tensors[0].nbytes();
+  const std::uint64_t k = ch.begin_round(c);
+  ch.publish(k, op);
+  ch.signal(Channel::A(k));
+  ch.wait_all(Channel::A(k), c);
+  ch.match(k, c);
+  const FlatView out = outputs_of(op);
+  for (int g = 0; g < n; ++g) {
+    const Op& po = g == me ? op : ch.peer_op(g, k);
+    out.scatter(static_cast<std::size_t>(g) * nb, static_cast<std::size_t>(g + 1) * nb,
+                static_cast<const char*>(po.tensors[0].data_ptr()));
+  }
+  ch.signal(Channel::B(k));
+  ch.wait_all(Channel::B(k), c);
+}
+
+}  // namespace
+
+void all_gather(Channel& ch, Call& c) {
+  if (ch.in_process() && c.op->tensors[0].nbytes() > ch.small_bytes()) return direct(ch, c);
+  staged(ch, c);
+}
+
+}  // namespace dopt::detail::shm_plane

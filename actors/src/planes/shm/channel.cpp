@@ -1,0 +1,269 @@
+#include "planes/shm/channel.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "planes/shm/futex.hpp"
+
+namespace dopt::detail::shm_plane {
+
+namespace {
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ULL) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+/// The descriptor back from its shared form (for messages).
+CollDesc to_desc(const Desc& d) {
+  CollDesc c;
+  c.kind = static_cast<CollKind>(d.kind);
+  c.op = static_cast<ReduceOp>(d.op);
+  c.dtype = static_cast<DType>(d.dtype);
+  c.order = static_cast<ReduceOrder>(d.variant & 0x0f);
+  c.root = d.root;
+  for (int i = 0; i < std::min(d.ndim, kMaxDims); ++i) c.shape.push_back(d.shape[i]);
+  c.extra.assign(d.extra, static_cast<std::size_t>(std::clamp<std::int32_t>(d.extra_len, 0, kExtraBytes)));
+  return c;
+}
+
+bool same(const Desc& a, const Desc& b) {
+  return a.seq == b.seq && a.kind == b.kind && a.op == b.op && a.dtype == b.dtype && a.variant == b.variant &&
+         a.root == b.root && a.ndim == b.ndim && a.shape_hash == b.shape_hash && a.extra_hash == b.extra_hash;
+}
+
+}  // namespace
+
+WaitPolicy WaitPolicy::for_ranks(int ranks_on_host) {
+  WaitPolicy p;
+  if (const char* v = std::getenv("DOPT_SHM_SPIN_US"); v && *v) {  // tuning experiments
+    p.spin = std::chrono::microseconds(std::atol(v));
+    return p;
+  }
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  cpu_set_t set;
+  int usable = static_cast<int>(cpus);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) usable = std::max(1, CPU_COUNT(&set));
+  if (ranks_on_host > usable) {  // a spinning waiter would take the CPU from the rank it waits for
+    p.spin = std::chrono::nanoseconds(2000);
+    p.yields = 2;
+  }
+  return p;
+}
+
+Channel::Channel(std::uint64_t gid, int me, std::shared_ptr<const std::vector<int>> members, GroupMemory memory,
+                 std::shared_ptr<PeerTable> peers, WaitPolicy policy)
+    : gid_(gid),
+      me_(me),
+      members_(std::move(members)),
+      memory_(std::move(memory)),
+      peers_(std::move(peers)),
+      policy_(policy),
+      spin_(policy.spin),
+      layout_(Layout::of(static_cast<int>(members_->size()), memory_.buf_bytes, memory_.heap_bytes)) {}
+
+std::string Channel::group_str() const { return detail::group_str(gid_); }
+
+std::string Channel::what(const Call& c) const {
+  return c.op->desc.str() + " in " + group_str() + " (seq " + std::to_string(c.op->seq) + ")";
+}
+
+void Channel::begin_call(Call& c) {
+  if (!broken_) {
+    for (int h = 0; h < size(); ++h) {
+      if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
+      const ControlBlock& cb = ctl(h);
+      break_group(Failure{FailKind::timeout, "", std::string(cb.why, strnlen(cb.why, kWhyBytes))});
+      break;
+    }
+  }
+  if (broken_) {
+    Failure f = *broken_;
+    f.op = c.name;
+    throw_failure(f, my_global());
+  }
+  c.deadline = std::chrono::steady_clock::now() + c.op->timeout;
+  c.first_round = next_round_;
+}
+
+std::uint64_t Channel::begin_round(Call& c) {
+  const std::uint64_t k = next_round_++;
+  if (k >= 1) wait_all(A(k - 1), c);
+  return k;
+}
+
+void Channel::signal(std::uint64_t step) {
+  SyncLine& s = ctl(me_).sync;
+  s.step.store(step, std::memory_order_seq_cst);
+  s.futex.fetch_add(1, std::memory_order_seq_cst);
+  if (s.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.futex, memory_.shared);
+}
+
+void Channel::wait_all(std::uint64_t step, Call& c) {
+  for (int g = 0; g < size(); ++g)
+    if (g != me_) wait(g, step, c);
+}
+
+void Channel::wait(int g, std::uint64_t step, Call& c) {
+  SyncLine& s = ctl(g).sync;
+  if (s.step.load(std::memory_order_acquire) >= step) return;
+  // Poll for up to spin_ (the clock is read every 64 polls).
+  if (++waits_ % 64 == 0) spin_ = policy_.spin;
+  const auto spin_end = std::chrono::steady_clock::now() + spin_;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (s.step.load(std::memory_order_acquire) >= step) {
+        spin_ = policy_.spin;
+        return;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= spin_end) break;
+  }
+  spin_ = std::max<std::chrono::nanoseconds>(std::chrono::nanoseconds(1000), spin_ / 2);
+  for (int i = 0; i < policy_.yields; ++i) {
+    ::sched_yield();
+    if (s.step.load(std::memory_order_acquire) >= step) return;
+  }
+  for (;;) {
+    check_slow(g, step, c);
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(c.deadline - std::chrono::steady_clock::now());
+    const auto nap = std::clamp(left, std::chrono::microseconds(1), policy_.slice);
+    const std::uint32_t f = s.futex.load(std::memory_order_seq_cst);
+    s.waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (s.step.load(std::memory_order_seq_cst) >= step) {
+      s.waiters.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    futex_wait(&s.futex, f, nap, memory_.shared);
+    s.waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (s.step.load(std::memory_order_acquire) >= step) return;
+  }
+}
+
+void Channel::check_slow(int g, std::uint64_t step, Call& c) {
+  if (peers_->shutting_down())
+    throw StateError(c.name, "the runtime shut down before the operation finished", my_global());
+  for (int h = 0; h < size(); ++h) {
+    if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
+    const ControlBlock& cb = ctl(h);
+    std::string why(cb.why, strnlen(cb.why, kWhyBytes));
+    Failure f{FailKind::timeout, c.name, why};
+    break_group(f);
+    throw_failure(f, my_global());
+  }
+  // A lost member (the awaited one, or any other: name the first lost).
+  const int pg = global(g);
+  const auto st = peers_->state(pg);
+  if (st == PeerTable::lost ||
+      (st == PeerTable::failed && ctl(g).status.submitted.load(std::memory_order_acquire) <= c.op->seq))
+    fail_lost(pg, c);
+  if (std::chrono::steady_clock::now() >= c.deadline) fail_timeout(step, c);
+}
+
+void Channel::fail_lost(int peer_global, Call& c) {
+  // Name the first member that was lost (the cause), not merely the one
+  // this wait was on.
+  for (int q : peers_->order()) {
+    if (q == my_global() || std::find(members_->begin(), members_->end(), q) == members_->end()) continue;
+    peer_global = q;
+    break;
+  }
+  const int pg = static_cast<int>(std::find(members_->begin(), members_->end(), peer_global) - members_->begin());
+  const bool joined = pg < size() && ctl(pg).sync.step.load(std::memory_order_acquire) >= A(c.first_round);
+  const std::string msg = "rank " + std::to_string(peer_global) + " was lost " + (joined ? "during " : "before it joined ") +
+                          what(c) + ": " + peers_->why(peer_global);
+  Failure f{FailKind::peer_lost, c.name, msg};
+  break_group(Failure{FailKind::peer_lost, "", msg});
+  throw_failure(f, my_global());
+}
+
+void Channel::fail_timeout(std::uint64_t step, Call& c) {
+  std::string who;
+  for (int g = 0; g < size(); ++g)
+    if (g != me_ && ctl(g).sync.step.load(std::memory_order_acquire) < A(c.first_round))
+      who += " " + std::to_string(global(g));
+  who = who.empty() ? std::string("peers did not finish") : "rank(s)" + who + " did not join";
+  (void)step;
+  const std::string msg = "timed out after " + std::to_string(c.op->timeout.count()) + " ms in " + c.op->desc.str() +
+                          " (" + group_str() + ", seq " + std::to_string(c.op->seq) + "): " + who;
+  const std::string later =
+      group_str() + " is unusable after a timeout on rank " + std::to_string(my_global()) + ": " + msg;
+  // Tell the peers first: their waits on this group end with our reason.
+  ControlBlock& mine = ctl(me_);
+  const std::size_t n = std::min(later.size(), kWhyBytes - 1);
+  std::memcpy(mine.why, later.data(), n);
+  mine.why[n] = '\0';
+  mine.abort.aborted.store(1, std::memory_order_release);
+  signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
+  break_group(Failure{FailKind::timeout, "", later});
+  throw TimeoutError(c.name, msg, my_global());
+}
+
+void Channel::publish(std::uint64_t round, const Op& op) {
+  Desc& d = ctl(me_).desc[round % 2];
+  d.seq = op.seq;
+  d.kind = static_cast<std::uint8_t>(op.desc.kind);
+  d.op = static_cast<std::uint8_t>(op.desc.op);
+  d.dtype = static_cast<std::uint8_t>(op.desc.dtype);
+  d.variant = static_cast<std::uint8_t>(static_cast<unsigned>(op.desc.order) | (op.desc.pre_divisor > 0 ? 0x10u : 0u));
+  d.root = op.desc.root;
+  d.ndim = static_cast<std::int32_t>(op.desc.shape.size());
+  std::uint64_t h = fnv1a(&d.ndim, sizeof d.ndim);
+  for (std::size_t i = 0; i < op.desc.shape.size(); ++i) {
+    if (i < static_cast<std::size_t>(kMaxDims)) d.shape[i] = op.desc.shape[i];
+    h = fnv1a(&op.desc.shape[i], sizeof op.desc.shape[i], h);
+  }
+  h = fnv1a(&op.desc.pre_divisor, sizeof op.desc.pre_divisor, h);
+  d.shape_hash = h;
+  d.extra_hash = fnv1a(op.desc.extra.data(), op.desc.extra.size());
+  d.extra_len = static_cast<std::int32_t>(std::min(op.desc.extra.size(), kExtraBytes));
+  std::memcpy(d.extra, op.desc.extra.data(), static_cast<std::size_t>(d.extra_len));
+  d.op_ptr = reinterpret_cast<std::uint64_t>(&op);
+}
+
+void Channel::match(std::uint64_t round, Call& c) {
+  const Desc& ref = ctl(0).desc[round % 2];
+  for (int g = 1; g < size(); ++g) {
+    const Desc& d = ctl(g).desc[round % 2];
+    if (same(ref, d)) continue;
+    if (d.seq != ref.seq) {
+      Failure f{FailKind::state, c.name,
+                group_str() + ": ranks out of step (rank " + std::to_string(global(0)) + " at seq " +
+                    std::to_string(ref.seq) + ", rank " + std::to_string(global(g)) + " at seq " + std::to_string(d.seq) +
+                    ")"};
+      break_group(f);
+      throw_failure(f, my_global());
+    }
+    throw CollectiveMismatchError(c.name,
+                                  "collective mismatch in " + group_str() + " at seq " + std::to_string(c.op->seq) +
+                                      ": rank " + std::to_string(global(0)) + " called " + to_desc(ref).str() +
+                                      " but rank " + std::to_string(global(g)) + " called " + to_desc(d).str(),
+                                  my_global());
+  }
+}
+
+const Op& Channel::peer_op(int g, std::uint64_t round) const {
+  return *reinterpret_cast<const Op*>(ctl(g).desc[round % 2].op_ptr);
+}
+
+void Channel::note_submitted(std::uint64_t seq) {
+  auto& s = ctl(me_).status.submitted;
+  std::uint64_t cur = s.load(std::memory_order_relaxed);
+  while (cur < seq + 1 && !s.compare_exchange_weak(cur, seq + 1, std::memory_order_release)) {
+  }
+}
+
+void Channel::break_group(const Failure& f) {
+  if (!broken_) broken_ = f;
+}
+
+}  // namespace dopt::detail::shm_plane

@@ -1,0 +1,74 @@
+#pragma once
+// Where the members' regions of a group live. A member creates its own
+// region before it announces a group (world set-up, new_group), maps its
+// peers' regions once they announced theirs, and seals its own once every
+// member mapped it (from then on nothing of the group has a name that a
+// crash could leave behind).
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dopt::detail::shm_plane {
+
+struct Mapped {
+  void* base = nullptr;
+  std::shared_ptr<void> keep;  // the mapping lives while this does
+};
+
+class RegionDirectory {
+ public:
+  virtual ~RegionDirectory() = default;
+  /// This rank's new, zeroed region of group gid.
+  virtual Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes) = 0;
+  /// Member global_rank's region of gid (it called create() before).
+  virtual Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) = 0;
+  /// Every member mapped global_rank's region of gid: drop its name.
+  virtual void seal(std::uint64_t gid, int global_rank) = 0;
+  /// Regions of other processes (futexes must be shared).
+  virtual bool shared() const = 0;
+  /// Members are threads of this process (their tensors are addressable).
+  virtual bool in_process() const = 0;
+};
+
+/// Simulated ranks: regions are anonymous memory of this process, found by
+/// (group, rank) in a table.
+class LocalDirectory final : public RegionDirectory {
+ public:
+  Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  void seal(std::uint64_t gid, int global_rank) override;
+  bool shared() const override { return false; }
+  bool in_process() const override { return true; }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<std::uint64_t, int>, Mapped> regions_;
+};
+
+/// Processes on one host: regions are /dev/shm segments named
+/// "/dopt-<creator pid>-<job>-g<gid>".
+class ShmDirectory final : public RegionDirectory {
+ public:
+  /// pids: every rank's process id (index: global rank); job: the same
+  /// token on every rank, unique to this job on this host.
+  ShmDirectory(std::vector<int> pids, std::string job);
+  Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  void seal(std::uint64_t gid, int global_rank) override;
+  bool shared() const override { return true; }
+  bool in_process() const override { return false; }
+  std::string name(std::uint64_t gid, int global_rank) const;
+
+ private:
+  std::vector<int> pids_;
+  std::string job_;
+  std::mutex mutex_;
+  std::map<std::uint64_t, std::shared_ptr<void>> own_;  // gid -> this rank's segment, until sealed
+};
+
+}  // namespace dopt::detail::shm_plane

@@ -1,0 +1,193 @@
+#include "planes/shm/shm_plane.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "planes/shm/algorithms.hpp"
+
+namespace dopt::detail::shm_plane {
+
+namespace {
+
+std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t lo) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (*end != '\0' || x < lo || x > (1ULL << 34))
+    throw ValueError("shm", std::string(name) + " must be a byte count in [" + std::to_string(lo) + ", 2^34], got '" +
+                                v + "'");
+  return static_cast<std::size_t>(x);
+}
+
+}  // namespace
+
+ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes) {
+  Options o;
+  o.heap_bytes = processes ? env_bytes("DOPT_SHM_HEAP_BYTES", 256u << 20, 0) / 4096 * 4096 : 0;
+  o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
+  o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
+  if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
+  o.policy = WaitPolicy::for_ranks(ranks_on_host);
+  return o;
+}
+
+// --- ShmGroup ---------------------------------------------------------------------
+
+ShmGroup::ShmGroup(std::shared_ptr<ShmPlane> plane, std::unique_ptr<Channel> channel)
+    : plane_(std::move(plane)),
+      ch_(std::move(channel)),
+      exec_([this](const Op& op) { execute(op); }, ch_->my_global()) {}
+
+namespace {
+bool is_p2p(const Op& op) { return op.desc.kind == CollKind::send || op.desc.kind == CollKind::recv; }
+}  // namespace
+
+void ShmGroup::run(const OpPtr& op) {
+  if (is_p2p(*op)) return p2p().post(op).get();
+  ch_->note_submitted(op->seq);
+  exec_.run(op);
+}
+
+Future<void> ShmGroup::run_async(const OpPtr& op) {
+  if (is_p2p(*op)) return p2p().post(op);
+  ch_->note_submitted(op->seq);
+  return exec_.run_async(op);
+}
+
+bool ShmGroup::supports(const CollDesc&) const { return true; }
+
+P2PEngine& ShmGroup::p2p() {
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  if (!p2p_) {
+    p2p_ = std::make_unique<P2PEngine>(*ch_);
+    if (!stopped_.empty()) p2p_->stop(stopped_);
+  }
+  return *p2p_;
+}
+
+void ShmGroup::stop(const std::string& why) {
+  exec_.stop(why);
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  stopped_ = why;
+  if (p2p_) p2p_->stop(why);
+}
+
+std::shared_ptr<GroupPlane> ShmGroup::made_group(std::uint64_t gid) const { return plane_->take_group(gid); }
+
+void ShmGroup::execute(const Op& op) {
+  Call c;
+  c.op = &op;
+  c.name = coll_name(op.desc.kind);
+  ch_->begin_call(c);
+  switch (op.desc.kind) {
+    case CollKind::all_reduce:
+    case CollKind::all_reduce_coalesced: return all_reduce(*ch_, c);
+    case CollKind::reduce: return reduce(*ch_, c);
+    case CollKind::broadcast:
+    case CollKind::broadcast_coalesced: return broadcast(*ch_, c);
+    case CollKind::all_gather:
+    case CollKind::all_gather_flat: return all_gather(*ch_, c);
+    case CollKind::reduce_scatter: return reduce_scatter(*ch_, c);
+    case CollKind::barrier: return barrier(*ch_, c);
+    case CollKind::new_group: return plane_->new_groups(*ch_, c);
+    case CollKind::send:
+    case CollKind::recv: break;
+  }
+  throw StateError(c.name, "not a collective of the shared-memory plane", ch_->my_global());
+}
+
+// --- ShmPlane ---------------------------------------------------------------------
+
+ShmPlane::ShmPlane(int global_rank, std::shared_ptr<RegionDirectory> directory, std::shared_ptr<PeerTable> peers,
+                   Options options)
+    : rank_(global_rank), dir_(std::move(directory)), peers_(std::move(peers)), options_(options) {}
+
+Mapped ShmPlane::create_region(std::uint64_t gid, int n) {
+  Mapped m = dir_->create(gid, rank_, Layout::of(n, options_.buf_bytes, options_.heap_bytes).total);
+  static_cast<ControlBlock*>(m.base)->group_size = static_cast<std::uint32_t>(n);
+  return m;
+}
+
+std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
+                                           const Mapped& mine) {
+  const auto& m = *members;
+  auto pos = std::find(m.begin(), m.end(), rank_);
+  if (pos == m.end()) throw StateError("shm", "rank " + std::to_string(rank_) + " is not in group " + std::to_string(gid));
+  GroupMemory mem;
+  auto keeps = std::make_shared<std::vector<std::shared_ptr<void>>>();
+  for (int r : m) {
+    Mapped x = r == rank_ ? mine
+                          : dir_->open(gid, r, Layout::of(static_cast<int>(m.size()), options_.buf_bytes, options_.heap_bytes).total);
+    mem.base.push_back(x.base);
+    keeps->push_back(x.keep);
+  }
+  mem.keep = keeps;
+  mem.buf_bytes = options_.buf_bytes;
+  mem.small_bytes = options_.small_bytes;
+  mem.heap_bytes = options_.heap_bytes;
+  mem.shared = dir_->shared();
+  mem.in_process = dir_->in_process() && !options_.staged_only;
+  auto ch = std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem),
+                                      peers_, options_.policy);
+  auto g = std::make_shared<ShmGroup>(shared_from_this(), std::move(ch));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (down_) g->stop("the runtime shut down");
+  groups_[gid] = g;
+  return g;
+}
+
+std::shared_ptr<ShmGroup> ShmPlane::take_group(std::uint64_t gid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = fresh_.find(gid);
+  if (it == fresh_.end()) return nullptr;
+  auto g = std::move(it->second);
+  fresh_.erase(it);
+  return g;
+}
+
+void ShmPlane::new_groups(Channel& world, Call& c) {
+  const Op& op = *c.op;
+  // Regions first, so that they exist once this rank announces the call.
+  std::vector<std::pair<const GroupSpec*, Mapped>> mine;
+  auto drop = [&] {
+    for (auto& [spec, m] : mine) dir_->seal(spec->gid, rank_);
+  };
+  try {
+    for (const auto& spec : op.creates)
+      if (std::find(spec.members.begin(), spec.members.end(), rank_) != spec.members.end())
+        mine.emplace_back(&spec, create_region(spec.gid, static_cast<int>(spec.members.size())));
+    const std::uint64_t k = world.begin_round(c);
+    world.publish(k, op);
+    world.signal(Channel::A(k));
+    world.wait_all(Channel::A(k), c);
+    world.match(k, c);
+    for (auto& [spec, m] : mine) {
+      auto g = attach(spec->gid, std::make_shared<const std::vector<int>>(spec->members), m);
+      std::lock_guard<std::mutex> lock(mutex_);
+      fresh_[spec->gid] = std::move(g);
+    }
+    world.signal(Channel::B(k));
+    world.wait_all(Channel::B(k), c);  // every member mapped every region
+  } catch (...) {
+    drop();
+    throw;
+  }
+  drop();  // sealed: the names go, the mappings stay
+}
+
+void ShmPlane::shutdown(const std::string& why) {
+  std::map<std::uint64_t, std::weak_ptr<ShmGroup>> groups;
+  std::map<std::uint64_t, std::shared_ptr<ShmGroup>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    down_ = true;
+    groups.swap(groups_);
+    fresh.swap(fresh_);
+  }
+  peers_->shut_down();
+  for (auto& [gid, w] : groups)
+    if (auto g = w.lock()) g->stop(why);
+}
+
+}  // namespace dopt::detail::shm_plane

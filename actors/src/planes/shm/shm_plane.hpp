@@ -1,0 +1,96 @@
+#pragma once
+// The shared-memory plane of one rank: its groups' channels and executors.
+// Ranks on one host (processes through /dev/shm, or simulated ranks as
+// threads) run every collective here without a message: see channel.hpp.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/executor.hpp"
+#include "engine/peer_table.hpp"
+#include "engine/plane.hpp"
+#include "planes/shm/channel.hpp"
+#include "planes/shm/directory.hpp"
+#include "planes/shm/p2p.hpp"
+
+namespace dopt::detail::shm_plane {
+
+class ShmPlane;
+
+/// One rank's calls in one group.
+class ShmGroup final : public GroupPlane {
+ public:
+  ShmGroup(std::shared_ptr<ShmPlane> plane, std::unique_ptr<Channel> channel);
+  void run(const OpPtr& op) override;
+  Future<void> run_async(const OpPtr& op) override;
+  bool supports(const CollDesc& desc) const override;
+  const char* name() const noexcept override { return "shm"; }
+  std::shared_ptr<GroupPlane> made_group(std::uint64_t gid) const override;
+  /// Fails queued and later calls with StateError(why).
+  void stop(const std::string& why);
+
+ private:
+  void execute(const Op& op);
+  P2PEngine& p2p();
+  std::shared_ptr<ShmPlane> plane_;  // the plane lives while any of its groups does
+  std::unique_ptr<Channel> ch_;
+  SerialExecutor exec_;
+  std::mutex p2p_mutex_;
+  std::unique_ptr<P2PEngine> p2p_;  // made on the first send or recv
+  std::string stopped_;
+};
+
+class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
+ public:
+  struct Options {
+    /// Bytes of each of a region's two staging buffers (a round's chunk).
+    std::size_t buf_bytes = 4u << 20;
+    /// Calls with at most this much data per member take the small path.
+    std::size_t small_bytes = 32u << 10;
+    /// Threads of one process use the staged algorithms too (tests).
+    bool staged_only = false;
+    /// Processes: where sends stage their bytes (sparse: only what is in
+    /// flight takes memory). Larger messages use a named arena segment.
+    std::size_t heap_bytes = 0;
+    WaitPolicy policy;
+    /// Defaults, overridden by DOPT_SHM_BUFFER_BYTES (at least 64 KiB),
+    /// DOPT_SHM_SMALL_BYTES, DOPT_SHM_HEAP_BYTES and DOPT_SHM_STAGED=1.
+    /// processes: ranks are processes (a send heap is needed).
+    static Options from_env(int ranks_on_host, bool processes);
+  };
+  ShmPlane(int global_rank, std::shared_ptr<RegionDirectory> directory, std::shared_ptr<PeerTable> peers,
+           Options options);
+
+  int rank() const noexcept { return rank_; }
+  RegionDirectory& directory() const noexcept { return *dir_; }
+  const std::shared_ptr<PeerTable>& peers() const noexcept { return peers_; }
+
+  /// This rank's region of group gid (of n members), made before the group is announced.
+  Mapped create_region(std::uint64_t gid, int n);
+  /// Maps the other members' regions of gid (they created theirs before
+  /// announcing it) and makes the group's plane; `mine` from create_region.
+  std::shared_ptr<ShmGroup> attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
+                                   const Mapped& mine);
+  /// A group that new_groups made and nobody took yet (null when unknown);
+  /// the caller keeps it.
+  std::shared_ptr<ShmGroup> take_group(std::uint64_t gid);
+  /// The new_group call (on the world group's channel): makes the groups it lists.
+  void new_groups(Channel& world, Call& c);
+  /// Every wait ends (StateError), every queued call fails. Idempotent.
+  void shutdown(const std::string& why);
+
+ private:
+  int rank_;
+  std::shared_ptr<RegionDirectory> dir_;
+  std::shared_ptr<PeerTable> peers_;
+  Options options_;
+  mutable std::mutex mutex_;
+  std::map<std::uint64_t, std::weak_ptr<ShmGroup>> groups_;   // every group (to stop them)
+  std::map<std::uint64_t, std::shared_ptr<ShmGroup>> fresh_;  // made by new_groups, not yet taken
+  bool down_ = false;
+};
+
+}  // namespace dopt::detail::shm_plane

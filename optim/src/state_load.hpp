@@ -1,0 +1,22 @@
+#pragma once
+// Internal to dopt_optim: how a saved state tensor is placed next to its
+// parameter by Optimizer::load_state_dict and FunctionalOptimizer::load_state_dict.
+//   * "step" is cloned as saved (a CPU scalar, as torch keeps it).
+//   * Every other tensor goes to the parameter's device (a CUDA parameter's
+//     state is on its GPU, where the fused kernels read it).
+//   * Floating-point state takes the parameter's dtype (torch's rule), except
+//     float32 state of a float16/bfloat16 parameter and "master_param", which
+//     stay float32: they are the fp32 state and master weights that
+//     dopt::gpu::FusedOptions asks for, and rounding them to 16 bits would
+//     lose what they are kept for.
+//   * Integer state takes the parameter's dtype when `cast_integers` (the
+//     Optimizer's rule, torch's), else keeps its dtype.
+#include <string>
+
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::optim::detail {
+
+Tensor load_state_value(const Tensor& param, const std::string& key, const Tensor& value, bool cast_integers);
+
+}  // namespace dopt::optim::detail
