@@ -43,8 +43,8 @@ endfunction()
 
 # dopt_catch_test_properties(<tag> <labels> <timeout>)
 #
-# Gives every test of dopt_tests whose Catch tag is <tag> the CTest labels
-# <labels> (a ;-list) and a TIMEOUT. catch_discover_tests registers the names
+# Adds the CTest labels <labels> (a ;-list) to every test of dopt_tests whose
+# Catch tag is <tag>, and gives it a TIMEOUT. catch_discover_tests registers the names
 # (as "it: <name>") only when ctest runs, so the properties are set by a script
 # that ctest includes after that registration; it lists the tagged test names
 # from the binary itself.
@@ -70,7 +70,16 @@ if(EXISTS "${_exe}")
       foreach(_full IN ITEMS "it: ${_name}" "it:${_name}")
         string(FIND "${_registered}" "[==[${_full}]==]" _at)
         if(_name AND _at GREATER_EQUAL 0)
-          set_tests_properties("${_full}" PROPERTIES TIMEOUT @TIMEOUT@ LABELS "@LABELS@")
+          # Labels add up over the calls (a test with several tags gets every
+          # tag's labels, after catch_discover_tests' "integration"); the
+          # timeout of the last matching call wins.
+          string(MAKE_C_IDENTIFIER "${_full}" _key)
+          if(NOT DEFINED _dopt_labels_${_key})
+            set(_dopt_labels_${_key} integration)
+          endif()
+          list(APPEND _dopt_labels_${_key} @LABELS@)
+          list(REMOVE_DUPLICATES _dopt_labels_${_key})
+          set_tests_properties("${_full}" PROPERTIES TIMEOUT @TIMEOUT@ LABELS "${_dopt_labels_${_key}}")
         endif()
       endforeach()
     endforeach()

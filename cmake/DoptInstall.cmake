@@ -20,4 +20,5 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/doptConfigVersion.cmake"
 install(FILES "${PROJECT_BINARY_DIR}/doptConfig.cmake"
               "${PROJECT_BINARY_DIR}/doptConfigVersion.cmake"
               "${PROJECT_SOURCE_DIR}/cmake/FindCAF.cmake"
+              "${PROJECT_SOURCE_DIR}/cmake/Findxxhash.cmake"
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dopt)

@@ -4,7 +4,8 @@
 #   --with-torch  also install python3-torch (the reference peer for benchmarks)
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
-      nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libdlpack-dev libeigen3-dev)
+      nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libdlpack-dev libeigen3-dev
+      libxxhash-dev libssl-dev)
 if [[ "${1:-}" == "--with-torch" ]]; then pkgs+=(python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -116,6 +116,8 @@ TEST_CASE("dopt-run: every rank sees the launch contract", "[launch]") {
         const std::size_t eq = kv.find('=');
         if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
+      CHECK(env["DOPT_JOB_ID"].rfind("dopt-run-", 0) == 0);
+      env.erase("DOPT_SECRET_FILE");  // removed when dopt-run ended
       const dopt::LaunchEnv le = dopt::parse_launch_env(env);
       CHECK(le.source == "torchrun");
       CHECK(le.rank == rank);
@@ -127,9 +129,9 @@ TEST_CASE("dopt-run: every rank sees the launch contract", "[launch]") {
       CHECK(env["GROUP_RANK"] == "0");
     }
   }
-  SECTION("second of two nodes, free port, master address") {
+  SECTION("second of two nodes, master address") {
     const Result r = run_dopt_run({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-                                   "10.1.2.3", "--master-port", "0", "/bin/sh", "-c",
+                                   "10.1.2.3", "--master-port", "31556", "/bin/sh", "-c",
                                    "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
                                    "$MASTER_ADDR $MASTER_PORT\""});
     INFO(r.err);
@@ -154,7 +156,16 @@ TEST_CASE("dopt-run: every rank sees the launch contract", "[launch]") {
       CHECK(addr == "10.1.2.3");
     }
     CHECK(port[0] == port[1]);
-    const int p = std::atoi(port[0].c_str());
+    CHECK(port[0] == "31556");
+  }
+  SECTION("one node, free port") {
+    const Result r = run_dopt_run({"--nproc-per-node", "2", "--master-port", "0", "/bin/sh", "-c", "echo $MASTER_PORT"});
+    REQUIRE(r.exited());
+    CHECK(r.code() == 0);
+    const auto ranks = by_rank(r.out);
+    REQUIRE(ranks.size() == 2);
+    CHECK(ranks.at(0) == ranks.at(1));
+    const int p = std::atoi(ranks.at(0).at(0).c_str());
     CHECK(p >= 1);
     CHECK(p <= 65535);
   }
@@ -300,6 +311,7 @@ TEST_CASE("dopt-run: usage errors exit 2, a missing program is reported", "[laun
            {"--nproc-per-node", "2"},
            {"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "/bin/true"},
            {"--nproc-per-node", "1", "--master-port", "70000", "/bin/true"},
+           {"--nproc-per-node", "1", "--nnodes", "2", "--master-port", "0", "/bin/true"},
        }) {
     const Result r = run_dopt_run(args);
     INFO(args[0] << " ... " << args.back() << ": " << r.err);
@@ -309,6 +321,9 @@ TEST_CASE("dopt-run: usage errors exit 2, a missing program is reported", "[laun
   }
   const Result bogus = run_dopt_run({"--nproc-per-node", "2", "--bogus", "/bin/true"});
   CHECK(contains(bogus.err, "--bogus"));
+  const Result port0 = run_dopt_run({"--nproc-per-node", "1", "--nnodes", "2", "--master-port", "0", "/bin/true"});
+  CHECK(contains(port0.err, "--master-port 0 picks a free port on this node only; with --nnodes > 1 give every node "
+                            "the same port"));
 
   const Result missing = run_dopt_run({"--nproc-per-node", "2", "/nonexistent/dopt-program", "x"});
   INFO(missing.err);
@@ -323,4 +338,118 @@ TEST_CASE("dopt-run: usage errors exit 2, a missing program is reported", "[laun
   REQUIRE(passthrough.exited());
   CHECK(passthrough.code() == 0);
   CHECK(passthrough.out == "[rank 0] --nproc-per-node --bogus\n");
+}
+
+TEST_CASE("dopt-run: one node gets a job id and a secret file only the user can read, removed at the end",
+          "[launch][reliability]") {
+  const Result r = run_dopt_run({"--nproc-per-node", "2", "/bin/sh", "-c",
+                                 "echo \"$DOPT_JOB_ID $DOPT_SECRET_FILE $(stat -c %a \"$DOPT_SECRET_FILE\") "
+                                 "$(stat -c %a \"$(dirname \"$DOPT_SECRET_FILE\")\") $(wc -c < \"$DOPT_SECRET_FILE\")\""});
+  INFO(r.err);
+  REQUIRE(r.exited());
+  CHECK(r.code() == 0);
+  const auto ranks = by_rank(r.out);
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks.at(0) == ranks.at(1));  // the same job, the same secret
+  std::istringstream ss(ranks.at(0).at(0));
+  std::string job, file, mode, dir_mode;
+  long bytes = 0;
+  ss >> job >> file >> mode >> dir_mode >> bytes;
+  CHECK(job.rfind("dopt-run-", 0) == 0);
+  CHECK(job.size() == 9 + 16);
+  CHECK(mode == "600");
+  CHECK(dir_mode == "700");
+  CHECK(bytes == 64);
+  CHECK(::access(file.c_str(), F_OK) != 0);  // gone with dopt-run
+  // A second launch is another job.
+  const Result r2 = run_dopt_run({"--nproc-per-node", "1", "/bin/sh", "-c", "echo $DOPT_JOB_ID"});
+  CHECK(by_rank(r2.out).at(0).at(0) != job);
+  // What the environment sets wins; --no-secret makes none.
+  ::setenv("DOPT_JOB_ID", "nightly-42", 1);
+  const Result r3 = run_dopt_run({"--nproc-per-node", "1", "--no-secret", "/bin/sh", "-c",
+                                  "echo \"$DOPT_JOB_ID [$DOPT_SECRET_FILE]\""});
+  ::unsetenv("DOPT_JOB_ID");
+  CHECK(by_rank(r3.out).at(0).at(0) == "nightly-42 []");
+}
+
+TEST_CASE("dopt-run: a rank stopped by someone else is blamed when another rank then fails", "[launch][reliability]") {
+  // Rank 1 stops itself (as a SIGSTOP from outside would); rank 0 fails after
+  // it, as a rank that loses a stopped peer does.
+  const Result r = run_dopt_run({"--nproc-per-node", "2", "--grace", "2", "/bin/sh", "-c",
+                                 "if [ \"$RANK\" = 1 ]; then kill -STOP $$; sleep 30; fi; sleep 0.5; "
+                                 "echo 'lost rank 1' >&2; exit 1"});
+  INFO(r.err);
+  REQUIRE(r.exited());
+  CHECK(r.code() == 1);
+  CHECK(contains(r.err, "dopt-run: rank 0 failed with exit code 1\n"));
+  CHECK(contains(r.err, "dopt-run: rank 1 was stopped by signal 19 (SIGSTOP) "));
+  CHECK(contains(r.err, " before: it failed first, the others followed\n"));
+  // SIGTERM reaches the stopped rank (dopt-run continues it), no SIGKILL needed.
+  CHECK(contains(r.err, "dopt-run: rank 1 stopped: signal 15 (SIGTERM)\n"));
+  CHECK_FALSE(contains(r.err, "sending SIGKILL"));
+}
+
+TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues them", "[launch][reliability]") {
+  int out_pipe[2];
+  REQUIRE(::pipe(out_pipe) == 0);
+  const std::string err_path = temp_path("tstperr");
+  std::string exe = kDoptRun, a1 = "--nproc-per-node", a2 = "2", sh = "/bin/sh", c = "-c",
+              script = "echo pid $$; sleep 1; echo done";
+  char* argv[] = {exe.data(), a1.data(), a2.data(), sh.data(), c.data(), script.data(), nullptr};
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // A process group of its own whose parent (this test) is in another
+    // group of the session: not orphaned, so the kernel does not discard
+    // SIGTSTP (as it would for an orphaned group, e.g. under some runners).
+    ::setpgid(0, 0);
+    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(e, STDERR_FILENO);
+    ::close(out_pipe[0]);
+    ::execv(argv[0], argv);
+    ::_exit(126);
+  }
+  ::setpgid(pid, pid);
+  ::close(out_pipe[1]);
+  std::string out;
+  std::vector<int> pids;
+  char buf[4096];
+  while (pids.size() < 2) {
+    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    pids.clear();
+    for (const std::string& line : lines_of(out))
+      if (auto p = line.find("] pid "); p != std::string::npos) pids.push_back(std::atoi(line.c_str() + p + 6));
+  }
+  REQUIRE(pids.size() == 2);
+  REQUIRE(::kill(pid, SIGTSTP) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, WUNTRACED) == pid);
+  CHECK(WIFSTOPPED(status));
+  auto state_of = [](int p) {
+    const std::string stat = slurp("/proc/" + std::to_string(p) + "/stat");
+    const auto close = stat.rfind(')');
+    return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+  };
+  for (int p : pids) CHECK(state_of(p) == 'T');
+  ::usleep(1500 * 1000);  // longer than the ranks' sleep: stopped, they print nothing
+  REQUIRE(::kill(pid, SIGCONT) == 0);
+  for (;;) {
+    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(out_pipe[0]);
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  const std::string err = slurp(err_path);
+  ::unlink(err_path.c_str());
+  INFO(err << out);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(contains(err, "dopt-run: got SIGTSTP, stopping the ranks (continue them with fg or bg)\n"));
+  CHECK(contains(err, "dopt-run: continuing the ranks\n"));
+  CHECK(contains(out, "[rank 0] done\n"));
+  CHECK(contains(out, "[rank 1] done\n"));
 }

@@ -25,6 +25,7 @@ inline const char* kind_of(const dopt::Error& e) {
   if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
   if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
   if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
+  if (dynamic_cast<const dopt::AuthenticationError*>(&e)) return "AuthenticationError";
   return "Error";
 }
 

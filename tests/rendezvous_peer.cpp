@@ -1,7 +1,8 @@
 // Helper process for tests/rendezvous.test.cpp: joins the rendezvous
 // described by its environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 // prints what it saw and runs a few more barriers.
-//   usage: dopt_rendezvous_peer TIMEOUT_MS
+//   usage: dopt_rendezvous_peer TIMEOUT_MS [HOLD_MS]
+// HOLD_MS: stay up that long after "done" (rank 0 keeps its port open).
 // stdout: "self R NAME", then "table R r NAME" for every rank r, then "done R";
 // on failure "error KIND: MESSAGE" (KIND: TimeoutError, ValueError, IOError,
 // PeerLostError, StateError, Error) and exit status 1.
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "dopt/actors/rendezvous.hpp"
 #include "dopt/actors/runtime.hpp"
@@ -22,6 +24,7 @@ const char* kind_of(const dopt::Error& e) {
   if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
   if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
   if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
+  if (dynamic_cast<const dopt::AuthenticationError*>(&e)) return "AuthenticationError";
   return "Error";
 }
 }  // namespace
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 3; ++i) rdv.barrier(std::chrono::milliseconds(timeout_ms));
     std::printf("done %d\n", me);
     std::fflush(stdout);
+    if (argc > 2) std::this_thread::sleep_for(std::chrono::milliseconds(std::strtol(argv[2], nullptr, 10)));
     return 0;
   } catch (const dopt::Error& e) {
     std::printf("error %s: %s\n", kind_of(e), e.what());

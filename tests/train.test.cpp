@@ -6,13 +6,18 @@
 #include <catch2/catch.hpp>
 
 #include <pty.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dopt/runtime/safetensors.hpp"
 #include "process_util.hpp"
 
 namespace {
@@ -340,9 +345,9 @@ TEST_CASE("dopt-train: wrong and corrupt checkpoints give one clear error and ex
     d = resume({});
     CHECK(d.failed());
     CHECK(contains(d.out, "not a complete dopt-train checkpoint"));
-    d = train(args_of("zero", 3, 8, {"--checkpoint-dir", (dir.path / "empty").string(), "--resume"}));
+    d = train(args_of("zero", 3, 8, {"--checkpoint-dir", (dir.path / "empty").string(), "--resume=required"}));
     CHECK(d.failed());
-    CHECK(contains(d.out, "no complete checkpoint in"));
+    CHECK(contains(d.out, "--resume=required but there is no complete checkpoint in"));
   }
 }
 
@@ -404,4 +409,178 @@ TEST_CASE("dopt-train multiprocess: a run resumed under dopt-run ends bitwise wh
   REQUIRE(c.ok());
   CHECK(contains(c.out, "at step 25"));
   CHECK(slurp((dir.path / "full.st").string()) == slurp((dir.path / "resumed.st").string()));
+}
+
+// --- checks before hours of work, checkpoints that prove their contents ------------------
+
+TEST_CASE("dopt-train: an unusable --checkpoint-dir fails before the first step", "[train][reliability]") {
+  TempDir dir("dopt-train-ckdir", "probe");
+  const fs::path file = dir.path / "a-file";
+  std::ofstream(file) << "x";
+  struct Bad {
+    std::string path, why;
+  };
+  std::vector<Bad> bad{{file.string(), file.string() + " exists but is not a folder"},
+                       {(file / "sub").string(), "cannot create " + (file / "sub").string() + ": Not a directory"},
+                       {"/proc/dopt-no-such-dir/ck", "cannot create /proc/dopt-no-such-dir/ck: "}};
+  if (::geteuid() != 0) {  // root writes into a mode-000 folder anyway
+    const fs::path ro = dir.path / "read-only";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::none);
+    bad.push_back({ro.string(), "cannot create a file in " + ro.string() + ": Permission denied"});
+  }
+  for (const Bad& b : bad) {
+    INFO(b.path);
+    const Done d = train(args_of("zero", 3, 3000, {"--checkpoint-dir", b.path, "--metrics",
+                                                   (dir.path / "m.jsonl").string()}));
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "dopt-train: error: checkpoint [rank "));
+    CHECK(contains(d.out, "--checkpoint-dir cannot be used: " + b.why));
+    CHECK(contains(d.out, "(checked before the first step)"));
+    CHECK(slurp((dir.path / "m.jsonl").string()).empty());  // not one step was trained
+  }
+  fs::permissions(dir.path, fs::perms::owner_all);
+}
+
+TEST_CASE("dopt-train: --resume starts fresh when there is no checkpoint yet, --resume=required does not",
+          "[train][reliability]") {
+  TempDir dir("dopt-train-resume-mode", "x");
+  const fs::path ck = dir.path / "ck";
+  Done d = train(args_of("zero", 3, 4, {"--checkpoint-dir", ck.string(), "--resume"}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  CHECK(contains(d.out, "dopt-train: note: no checkpoint in " + ck.string() + " yet: starting at step 0"));
+  CHECK(fs::exists(ck / "step-00000004" / "checkpoint.json"));
+  d = train(args_of("zero", 3, 6, {"--checkpoint-dir", ck.string(), "--resume=required"}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  CHECK(contains(d.out, "resuming from " + (ck / "step-00000004").string() + " at step 4"));
+  d = train(args_of("zero", 3, 6, {"--checkpoint-dir", ck.string(), "--resume=maybe"}));
+  CHECK(WEXITSTATUS(d.status) == 2);
+}
+
+TEST_CASE("dopt-train: --keep-last N keeps the newest N checkpoints", "[train][reliability]") {
+  TempDir dir("dopt-train-keep", "x");
+  const fs::path ck = dir.path / "ck";
+  fs::create_directories(ck / "step-00000001.tmp");  // left behind by a crash
+  const Done d = train(args_of("zero", 3, 20, {"--checkpoint-dir", ck.string(), "--checkpoint-every", "3",
+                                               "--keep-last", "2"}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(ck)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"step-00000018", "step-00000020"});
+  CHECK(contains(d.out, "removed " + (ck / "step-00000003").string() + " (--keep-last 2)"));
+  const Done u = train({"--keep-last", "2"});
+  CHECK(WEXITSTATUS(u.status) == 2);
+  CHECK(contains(u.out, "--keep-last needs --checkpoint-dir"));
+}
+
+TEST_CASE("dopt-train: a NaN loss stops the run with exit 1 and no NaN checkpoint, --nonfinite warn goes on without "
+          "writing one",
+          "[train][reliability]") {
+  TempDir dir("dopt-train-nan", "x");
+  const fs::path ck = dir.path / "ck", ck2 = dir.path / "ck2";
+  // SGD with lr 1e38 overflows within a few steps.
+  const Done d = train(args_of("ddp", 3, 30, {"--inner", "sgd", "--lr", "1e38", "--checkpoint-dir", ck.string(),
+                                              "--checkpoint-every", "1", "--quiet"}));
+  INFO(d.out);
+  CHECK(d.failed());
+  CHECK(contains(d.out, "dopt-train: error: train [rank "));
+  CHECK(contains(d.out, ": non-finite values on 3 of 3 ranks"));
+  CHECK(contains(d.out, "stopped without writing a checkpoint of it"));
+  CHECK(contains(d.out, "pass --nonfinite warn to keep going"));
+  // Every checkpoint that was written holds finite parameters and loads.
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(ck)) {
+    for (int r = 0; r < 3; ++r) {
+      const auto f = dopt::read_safetensors((e.path() / ("model-rank" + std::to_string(r) + "-of-3.safetensors")).string());
+      CHECK(f.verified);
+      for (const auto& [name, t] : f.tensors) {
+        const auto v = t.to_vector<float>();
+        CHECK(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }));
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked >= 3);
+  const Done w = train(args_of("ddp", 3, 30, {"--inner", "sgd", "--lr", "1e38", "--checkpoint-dir", ck2.string(),
+                                              "--checkpoint-every", "5", "--nonfinite", "warn"}));
+  INFO(w.out);
+  CHECK(w.ok());
+  CHECK(contains(w.out, "dopt-train: warning: step "));
+  CHECK(contains(w.out, "going on (--nonfinite warn)"));
+  CHECK(contains(w.out, "dopt-train: warning: no checkpoint at step 30: the parameters hold non-finite values"));
+  CHECK_FALSE(fs::exists(ck2 / "step-00000030"));
+}
+
+TEST_CASE("dopt-train: a flipped bit or a planted NaN in any checkpoint tensor is refused at resume, naming the file "
+          "and the tensor",
+          "[train][reliability]") {
+  TempDir dir("dopt-train-tamper", "x");
+  const fs::path ck = dir.path / "ck", step = ck / "step-00000004";
+  const Done a = train(args_of("zero", 3, 4, {"--checkpoint-dir", ck.string(), "--quiet"}));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  int cases = 0;
+  for (const std::string file : {"model-rank1-of-3.safetensors", "optim-rank2-of-3.safetensors"}) {
+    const fs::path path = step / file;
+    const std::string good = slurp(path.string());
+    dopt::SafetensorsReader rd(path.string());
+    for (const auto& e : rd.entries()) {
+      const bool model = file.rfind("model", 0) == 0;
+      for (const std::string kind : {"flip", "nan"}) {
+        INFO(kind << " in " << file << " / " << e.name);
+        if (kind == "flip") {
+          std::string bad = good;
+          bad[rd.data_offset() + e.begin + e.nbytes() / 2] ^= 0x01;
+          std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+        } else {
+          dopt::SafetensorsFile f = dopt::read_safetensors(path.string());
+          dopt::Tensor t = f.tensors.at(e.name).clone();
+          t.flatten().flat_slice(0, 1).fill_(std::nan(""));
+          f.tensors[e.name] = t;
+          dopt::write_safetensors(path.string(), f.tensors, f.metadata);  // with a valid checksum
+        }
+        const Done d = train(args_of("zero", 3, 8, {"--checkpoint-dir", ck.string(), "--resume", "--quiet"}));
+        INFO(d.out);
+        CHECK(d.failed());
+        if (kind == "flip") {
+          CHECK(contains(d.out, path.string() + ": tensor '" + e.name + "' does not match its checksum"));
+        } else {
+          const std::string tensor = model ? e.name : e.name;
+          CHECK(contains(d.out, path.string() + ": tensor '" + tensor + "' holds NaN at element 0"));
+        }
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases >= 2 * (8 + 3));
+  const Done ok = train(args_of("zero", 3, 6, {"--checkpoint-dir", ck.string(), "--resume", "--quiet"}));
+  INFO(ok.out);
+  CHECK(ok.ok());
+}
+
+TEST_CASE("dopt-train multiprocess: a rank waiting in the rendezvous ends at once on the first SIGTERM or SIGINT",
+          "[train][multiprocess][reliability]") {
+  for (int sig : {SIGTERM, SIGINT}) {
+    INFO("signal " << sig);
+    auto env = rank_env(1, 2, free_port());  // rank 0 never comes
+    env.insert(kEnv.begin(), kEnv.end());
+    env["RANK"] = "1";
+    env["WORLD_SIZE"] = "2";
+    const Proc p = start({kTrain, "--steps", "5"}, env);
+    ::usleep(300 * 1000);
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(::kill(p.pid, sig) == 0);
+    const Done d = wait(p);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(d.out);
+    CHECK(WIFSIGNALED(d.status));
+    CHECK(WTERMSIG(d.status) == sig);
+    CHECK(secs < 2.0);
+  }
 }

@@ -6,7 +6,16 @@
 //
 // Each of the N processes gets RANK = K*N + i, WORLD_SIZE = N*M, LOCAL_RANK =
 // i, LOCAL_WORLD_SIZE = N, GROUP_RANK = K, GROUP_WORLD_SIZE = M, MASTER_ADDR,
-// MASTER_PORT. --master-port 0 picks a free port on 127.0.0.1.
+// MASTER_PORT. --master-port 0 picks a free port on 127.0.0.1 (one node only:
+// with --nnodes > 1 every node must be given the same port).
+//
+// Job identity (docs/launching.md, "Who may join"): on one node, dopt-run
+// gives the ranks a job id of its own (DOPT_JOB_ID=dopt-run-<random>) unless
+// DOPT_JOB_ID is set already, and a fresh random secret in a file only the
+// user can read (DOPT_SECRET_FILE, removed when dopt-run ends) unless
+// DOPT_SECRET or DOPT_SECRET_FILE is set or --no-secret is given. Ranks of
+// several nodes need the same DOPT_JOB_ID and secret on every node: dopt-run
+// cannot make those up, so it passes on what the environment has.
 //
 // Every line a rank writes to stdout / stderr is written to dopt-run's
 // stdout / stderr as "[rank R] line"; a last line without a newline is
@@ -14,11 +23,17 @@
 // /dev/null. Each rank runs in its own process group, so that stopping a rank
 // also stops what it started.
 //
-// SIGINT / SIGTERM / SIGHUP sent to dopt-run are forwarded to every rank. When
-// a rank exits non-zero or is killed by a signal, dopt-run prints
+// SIGINT / SIGTERM / SIGHUP sent to dopt-run are forwarded to every rank.
+// Ctrl-Z (SIGTSTP) stops every rank (SIGSTOP) and then dopt-run; SIGCONT
+// (fg, bg) continues the ranks with it. When a rank exits non-zero or is
+// killed by a signal, dopt-run prints
 //   dopt-run: rank R failed with exit code C    (or: killed by signal S)
-// sends SIGTERM to the other ranks and SIGKILL to those still running after
-// the grace period (--grace, default 5 s).
+// sends SIGTERM (and SIGCONT) to the other ranks and SIGKILL to those still
+// running after the grace period (--grace, default 5 s). Blame goes to the
+// rank that failed first in time: a rank stopped by someone else (SIGSTOP)
+// before the failure is named ("rank 1 was stopped by signal 19 (SIGSTOP)
+// 10.2 s before: it failed first"), and among ranks that end together, one
+// killed by a signal comes before one that exited with an error.
 //
 // Exit status: 0 when every rank exits 0; the first failed rank's exit code
 // (128 + S when killed by signal S); 128 + S when dopt-run itself got signal
@@ -29,7 +44,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -39,6 +56,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -139,6 +157,9 @@ struct Rank {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
+  // Stopped by someone other than dopt-run (SIGSTOP, a debugger): since when.
+  std::optional<Clock::time_point> stopped_since;
+  int stop_signal = 0;
   Stream out, err;
 };
 
@@ -178,6 +199,7 @@ int pick_free_port() {
 std::size_t find_program(int argc, char** argv) {
   static const std::set<std::string> with_value = {"--nproc-per-node", "--nnodes",      "--node-rank",
                                                    "--master-addr",    "--master-port", "--grace"};
+  // (--no-secret and --no-prefix take no value)
   int i = 1;
   while (i < argc) {
     const std::string a = argv[i];
@@ -192,6 +214,9 @@ std::size_t find_program(int argc, char** argv) {
 }
 
 struct Config {
+  bool no_secret = false;
+  std::string job_id;       // DOPT_JOB_ID for the ranks ("" = pass the environment's on)
+  std::string secret_file;  // DOPT_SECRET_FILE for the ranks ("" = none made here)
   int nproc_per_node = 0;
   int nnodes = 1;
   int node_rank = 0;
@@ -213,17 +238,84 @@ std::vector<std::string> child_environment(const Config& c, int local_rank) {
       {"MASTER_ADDR", c.master_addr},
       {"MASTER_PORT", std::to_string(c.master_port)},
   };
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (!c.job_id.empty()) extra.emplace_back("DOPT_JOB_ID", c.job_id);
+  if (!c.secret_file.empty()) extra.emplace_back("DOPT_SECRET_FILE", c.secret_file);
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string kv = *e;
     const std::string key = kv.substr(0, kv.find('='));
     bool replaced = false;
     for (const auto& [k, v] : ours) replaced = replaced || k == key;
+    for (const auto& [k, v] : extra) replaced = replaced || k == key;
     if (!replaced) env.push_back(kv);
   }
   for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
+  for (const auto& [k, v] : extra) env.push_back(k + "=" + v);
   return env;
 }
+
+/// The state letter of /proc/PID/stat ('R', 'S', 'T', ...), '?' when unknown.
+char process_state(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return '?';
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close = nullptr;
+  for (std::size_t i = 0; i < n; ++i)
+    if (buf[i] == ')') close = buf + i;
+  return close && close + 2 < buf + n ? close[2] : '?';
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> b(bytes);
+  std::size_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = ::getrandom(b.data() + got, bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(std::string("getrandom: ") + std::strerror(errno));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) out += digits[c >> 4], out += digits[c & 15];
+  return out;
+}
+
+/// A fresh random secret in a new folder only this user can enter; removed
+/// by the destructor.
+class SecretFile {
+ public:
+  SecretFile() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dopt-run-XXXXXX";
+    if (!::mkdtemp(templ.data())) throw std::runtime_error("cannot create a folder for the job's secret in " + templ +
+                                                           ": " + std::strerror(errno));
+    dir_ = templ;
+    path_ = dir_ + "/secret";
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error("cannot create " + path_ + ": " + std::strerror(errno));
+    const std::string secret = random_hex(32);
+    const bool ok = ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
+    ::close(fd);
+    if (!ok) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+  }
+  ~SecretFile() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  SecretFile(const SecretFile&) = delete;
+  SecretFile& operator=(const SecretFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_, path_;
+};
 
 class Launcher {
  public:
@@ -238,8 +330,8 @@ class Launcher {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_NOCLDSTOP;
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+    sa.sa_flags = 0;  // SIGCHLD also when a rank stops or continues
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGTSTP, SIGCONT}) ::sigaction(sig, &sa, nullptr);
 
     ranks_.resize(static_cast<std::size_t>(cfg_.nproc_per_node));
     for (int i = 0; i < cfg_.nproc_per_node; ++i) {
@@ -292,7 +384,7 @@ class Launcher {
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       sigemptyset(&dfl.sa_mask);
-      for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+      for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGTSTP, SIGCONT}) ::sigaction(sig, &dfl, nullptr);
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -337,7 +429,10 @@ class Launcher {
 
   void stop_all(int sig) {
     for (Rank& r : ranks_) {
-      if (r.running) ::kill(-r.pid, sig);
+      if (!r.running) continue;
+      ::kill(-r.pid, sig);
+      // A stopped rank acts on SIGTERM only once it runs again.
+      if (sig != SIGKILL && sig != SIGSTOP && sig != SIGCONT) ::kill(-r.pid, SIGCONT);
     }
   }
 
@@ -349,40 +444,74 @@ class Launcher {
   }
 
   void reap() {
+    // Everything that ended since the last look, then blame in order of time:
+    // a rank that someone else stopped earlier, then ranks killed by a
+    // signal, then ranks that exited with an error.
+    std::vector<std::pair<Rank*, int>> ended;
     for (;;) {
       int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
       if (pid <= 0) {
         if (pid < 0 && errno == EINTR) continue;
-        return;
+        break;
       }
       for (Rank& r : ranks_) {
         if (r.pid != pid || !r.running) continue;
-        r.running = false;
-        --running_;
-        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (exec_failed_) {
-          // the reason was printed already
-        } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
-          first_failure_ = std::make_pair(r.rank, status);
-          if (WIFEXITED(status)) {
-            say("rank " + std::to_string(r.rank) + " failed with exit code " +
-                std::to_string(WEXITSTATUS(status)));
-          } else {
-            say("rank " + std::to_string(r.rank) + " killed by signal " + std::to_string(WTERMSIG(status)) +
-                " (" + signal_name(WTERMSIG(status)) + ")");
+        if (WIFSTOPPED(status)) {
+          if (!suspending_ && !r.stopped_since) {
+            r.stopped_since = Clock::now();
+            r.stop_signal = WSTOPSIG(status);
           }
-          if (running_ > 0) {
-            say("stopping the other ranks (SIGTERM, SIGKILL after " + fmt_seconds(cfg_.grace_s) + ")");
-            stopping_ = true;
-            stop_all(SIGTERM);
-            start_grace();
-          }
-        } else if (stopping_ || got_signal_) {
-          say("rank " + std::to_string(r.rank) + " stopped: " + describe(status));
+        } else if (WIFCONTINUED(status)) {
+          r.stopped_since.reset();
+        } else {
+          ended.emplace_back(&r, status);
         }
       }
     }
+    std::stable_sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) {
+      return WIFSIGNALED(a.second) && !WIFSIGNALED(b.second);
+    });
+    for (auto& [rp, status] : ended) {
+      Rank& r = *rp;
+      r.running = false;
+      --running_;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (exec_failed_) {
+        // the reason was printed already
+      } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
+        first_failure_ = std::make_pair(r.rank, status);
+        if (WIFEXITED(status)) {
+          say("rank " + std::to_string(r.rank) + " failed with exit code " + std::to_string(WEXITSTATUS(status)));
+        } else {
+          say("rank " + std::to_string(r.rank) + " killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+              signal_name(WTERMSIG(status)) + ")");
+        }
+        blame_stopped_rank();
+        if (running_ > 0) {
+          say("stopping the other ranks (SIGTERM, SIGKILL after " + fmt_seconds(cfg_.grace_s) + ")");
+          stopping_ = true;
+          stop_all(SIGTERM);
+          start_grace();
+        }
+      } else if (stopping_ || got_signal_) {
+        say("rank " + std::to_string(r.rank) + " stopped: " + describe(status));
+      }
+    }
+  }
+
+  /// The first failure may be a consequence: a rank that was stopped (not by
+  /// dopt-run) before it is what the others lost first.
+  void blame_stopped_rank() {
+    const Rank* first = nullptr;
+    for (const Rank& r : ranks_)
+      if (r.running && r.stopped_since && (!first || *r.stopped_since < *first->stopped_since)) first = &r;
+    if (!first) return;
+    const double ago = std::chrono::duration<double>(Clock::now() - *first->stopped_since).count();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f s", ago);
+    say("rank " + std::to_string(first->rank) + " was stopped by signal " + std::to_string(first->stop_signal) +
+        " (" + signal_name(first->stop_signal) + ") " + buf + " before: it failed first, the others followed");
   }
 
   static std::string fmt_seconds(double s) {
@@ -399,6 +528,14 @@ class Launcher {
       for (ssize_t i = 0; i < n; ++i) {
         const int sig = buf[i];
         if (sig == SIGCHLD) continue;  // reaped below
+        if (sig == SIGTSTP) {
+          suspend();
+          continue;
+        }
+        if (sig == SIGCONT) {
+          resume();
+          continue;
+        }
         if (!got_signal_) got_signal_ = sig;
         if (running_ > 0) {
           say("got " + signal_name(sig) + ", forwarding it to the ranks");
@@ -407,6 +544,38 @@ class Launcher {
         }
       }
     }
+  }
+
+  /// Ctrl-Z: stop the ranks, then this process (as the terminal asked).
+  void suspend() {
+    if (running_ == 0) return;
+    say("got SIGTSTP, stopping the ranks (continue them with fg or bg)");
+    suspending_ = true;
+    stop_all(SIGSTOP);
+    // Stop only once the ranks have (signals are delivered asynchronously).
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    for (Rank& r : ranks_) {
+      while (r.running && Clock::now() < until) {
+        const char st = process_state(r.pid);
+        if (st == 'T' || st == 't' || st == 'Z' || st == '?') break;
+        ::usleep(1000);
+      }
+    }
+    struct sigaction dfl {}, ours {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGTSTP, &dfl, &ours);
+    ::raise(SIGTSTP);  // stops here until SIGCONT
+    ::sigaction(SIGTSTP, &ours, nullptr);
+    resume();
+  }
+
+  /// SIGCONT (fg, bg, kill -CONT): the ranks go on too.
+  void resume() {
+    if (!suspending_) return;
+    suspending_ = false;
+    say("continuing the ranks");
+    stop_all(SIGCONT);
   }
 
   void loop() {
@@ -464,6 +633,7 @@ class Launcher {
   std::vector<Rank> ranks_;
   int running_ = 0;
   bool stopping_ = false;
+  bool suspending_ = false;  // the ranks were stopped by us (Ctrl-Z)
   bool exec_failed_ = false;
   bool kill_sent_ = false;
   int got_signal_ = 0;
@@ -491,6 +661,8 @@ int main(int argc, char** argv) {
   app.add_option("--grace", cfg.grace_s,
                  "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-secret", cfg.no_secret,
+               "Do not make a secret for the ranks (connections between them are then not authenticated)");
   app.add_flag("--no-prefix", cfg.no_prefix,
                "Pass the ranks' output through as it is (whole lines), without the \"[rank R] \" prefix");
   app.add_option("program", program, "Program to run, followed by its arguments")->required();
@@ -507,6 +679,9 @@ int main(int argc, char** argv) {
                                                      " must be less than --nnodes " + std::to_string(cfg.nnodes));
     }
     if (cfg.master_addr.empty()) throw CLI::ValidationError("--master-addr", "--master-addr must not be empty");
+    if (cfg.master_port == 0 && cfg.nnodes > 1)
+      throw CLI::ValidationError("--master-port", "--master-port 0 picks a free port on this node only; with "
+                                                  "--nnodes > 1 give every node the same port");
     if (!std::isfinite(cfg.grace_s)) throw CLI::ValidationError("--grace", "--grace must be finite");
     if (static_cast<long long>(cfg.nproc_per_node) * cfg.nnodes > 1 << 20) {
       throw CLI::ValidationError("--nproc-per-node", "--nproc-per-node * --nnodes is too large");
@@ -522,6 +697,27 @@ int main(int argc, char** argv) {
       say(std::string("cannot pick a free port on 127.0.0.1: ") + std::strerror(errno));
       return 1;
     }
+  }
+  // The job's identity and secret (see the top of this file).
+  std::optional<SecretFile> secret;
+  const auto set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v;
+  };
+  try {
+    if (cfg.nnodes == 1) {
+      if (!set("DOPT_JOB_ID")) cfg.job_id = "dopt-run-" + random_hex(8);
+      if (!cfg.no_secret && !set("DOPT_SECRET") && !set("DOPT_SECRET_FILE")) {
+        secret.emplace();
+        cfg.secret_file = secret->path();
+      }
+    } else if (!set("DOPT_SECRET") && !set("DOPT_SECRET_FILE") && !cfg.no_secret) {
+      say("note: the ranks of this job are not authenticated: give every node the same DOPT_SECRET_FILE "
+          "(or --no-secret to silence this note)");
+    }
+  } catch (const std::exception& e) {
+    say(e.what());
+    return 1;
   }
   return Launcher(std::move(cfg)).run();
 }

@@ -88,8 +88,12 @@ Case load_case(const std::string& dir) {
   else if (dtype == "float64") c.dtype = DType::float64;
   else bad(file, "dtype must be \"float32\" or \"float64\", got " + dtype.dump());
 
-  c.world_size = static_cast<int>(as_int(field(j, "world_size", file, "case"), file, "world_size"));
-  if (c.world_size < 1) bad(file, "world_size must be >= 1");
+  // Checked before narrowing: 2^32 + 2 must not pass as 2. Every simulated
+  // rank is a thread with its own actor, so the count is bounded too.
+  const std::int64_t world = as_int(field(j, "world_size", file, "case"), file, "world_size");
+  if (world < 1 || world > kMaxReplayWorldSize)
+    bad(file, "world_size must be in 1.." + std::to_string(kMaxReplayWorldSize) + ", got " + std::to_string(world));
+  c.world_size = static_cast<int>(world);
   const std::int64_t steps = as_int(field(j, "steps", file, "case"), file, "steps");
   if (steps < 0 || steps > 1000000) bad(file, "steps out of range: " + std::to_string(steps));
   c.steps = static_cast<int>(steps);

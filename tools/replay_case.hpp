@@ -16,6 +16,9 @@
 
 namespace dopt::replay {
 
+/// The largest world_size a case may ask for (each simulated rank is a thread).
+inline constexpr int kMaxReplayWorldSize = 1024;
+
 struct CaseGroup {
   std::vector<std::int64_t> params;  // global indices, in the group's order
   Hyperparams overrides;             // every key except "params"
@@ -25,7 +28,7 @@ struct Case {
   std::string dir;
   std::string name;
   DType dtype = DType::float32;
-  int world_size = 1;
+  int world_size = 1;  // 1..kMaxReplayWorldSize
   int steps = 0;
   std::vector<Shape> shapes;  // params[i].shape
   std::string optimizer_class;

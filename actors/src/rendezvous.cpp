@@ -14,6 +14,7 @@
 #include "internal.hpp"
 #include "caf_thread.hpp"
 #include "rendezvous_internal.hpp"
+#include "secure_link.hpp"
 
 namespace dopt::detail {
 
@@ -22,6 +23,8 @@ using rdv_bar_atom = caf::atom_constant<caf::atom("rdvbar")>;
 using rdv_tmo_atom = caf::atom_constant<caf::atom("rdvtmo")>;
 using rdv_btmo_atom = caf::atom_constant<caf::atom("rdvbtmo")>;
 using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
+using rdv_fail_atom = caf::atom_constant<caf::atom("rdvfail")>;
+using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
 
 namespace {
 
@@ -29,7 +32,7 @@ namespace {
 // Table payloads, std::vector<std::string> infos): the rendezvous actors, and
 // what each rank registered alongside (its rank actor and host info, for
 // init_process_group; the rendezvous actor itself and "" for rendezvous()).
-enum ReplyKind : int { k_ok = 0, k_timeout = 1, k_value = 2, k_state = 3 };
+enum ReplyKind : int { k_ok = 0, k_timeout = 1, k_value = 2, k_state = 3, k_peer = 4 };
 
 using Table = std::vector<caf::actor>;
 
@@ -57,6 +60,12 @@ struct CoordState {
   std::string fail_msg;
   std::map<std::uint64_t, BarrierState> barriers;
   std::map<std::uint64_t, std::string> failed_barriers;
+  // The first failure a rank reported after the registration (it could not
+  // connect to a peer, ...): every barrier from then on fails with it.
+  std::string setup_failure;
+  // Set once the world is complete: the rendezvous port then turns every
+  // newcomer away in its handshake.
+  std::shared_ptr<std::atomic<bool>> closed;
   static const char* name;
 
   void fail_all(int kind, std::string msg) {
@@ -68,9 +77,11 @@ struct CoordState {
 };
 const char* CoordState::name = "dopt.rendezvous";
 
-caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms) {
+caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms,
+                          std::shared_ptr<std::atomic<bool>> closed) {
   auto& s = self->state;
   s.world = world;
+  s.closed = std::move(closed);
   s.table.resize(static_cast<std::size_t>(world));
   s.payloads.resize(static_cast<std::size_t>(world));
   s.infos.resize(static_cast<std::size_t>(world));
@@ -94,7 +105,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
           problem = "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(st.world) + ")";
         else if (st.have[static_cast<std::size_t>(rank)])
           problem = "rank " + std::to_string(rank) +
-                    " registered twice: two processes were started with the same RANK=" + std::to_string(rank);
+                    " registered twice: two processes were started with the same RANK=" + std::to_string(rank) +
+                    " (rank " + std::to_string(rank) + " is already taken)";
         if (!problem.empty()) {
           if (st.done) {  // the others are through already: only the newcomer fails
             rp.deliver(static_cast<int>(k_value), problem, Table{}, Table{}, std::vector<std::string>{});
@@ -112,6 +124,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         st.pending.push_back(rp);
         if (st.arrived == st.world) {
           st.done = true;
+          if (st.closed) st.closed->store(true);
           for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table, st.payloads, st.infos);
           st.pending.clear();
         }
@@ -128,6 +141,10 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
       [self](rdv_bar_atom, std::uint64_t seq, int rank, std::int64_t ms) {
         auto& st = self->state;
         auto rp = self->make_response_promise();
+        if (!st.setup_failure.empty()) {
+          rp.deliver(static_cast<int>(k_peer), st.setup_failure, Table{}, Table{}, std::vector<std::string>{});
+          return;
+        }
         if (auto f = st.failed_barriers.find(seq); f != st.failed_barriers.end()) {
           rp.deliver(static_cast<int>(k_timeout), f->second, Table{}, Table{}, std::vector<std::string>{});
           return;
@@ -156,6 +173,18 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         st.barriers.erase(it);
         st.failed_barriers.emplace(seq, msg);
       },
+      [self](rdv_fail_atom, int rank, const std::string& what) {
+        auto& st = self->state;
+        if (!st.setup_failure.empty()) return;
+        st.setup_failure = "rank " + std::to_string(rank) + " failed while the ranks connected to each other: " + what;
+        for (auto& [seq, b] : st.barriers) {
+          for (auto& p : b.waiting)
+            p.deliver(static_cast<int>(k_peer), st.setup_failure, Table{}, Table{}, std::vector<std::string>{});
+          st.failed_barriers.emplace(seq, st.setup_failure);
+        }
+        st.barriers.clear();
+      },
+      [self](rdv_why_atom) { return self->state.setup_failure; },
       [](rdv_ping_atom) { return 0; },
   };
 }
@@ -166,6 +195,7 @@ caf::behavior member(caf::event_based_actor*) {
 
 [[noreturn]] void throw_reply(int kind, const std::string& msg, int rank) {
   if (kind == k_timeout) throw TimeoutError("rendezvous", msg, rank);
+  if (kind == k_peer) throw PeerLostError("rendezvous", msg, rank);
   if (kind == k_value) throw ValueError("rendezvous", msg, rank);
   throw StateError("rendezvous", msg, rank);
 }
@@ -188,13 +218,22 @@ struct RendezvousImpl {
   int rank = 0;
   int world = 1;
   int port = 0;
+  net::BindPlan plan;
+  net::Credentials creds;
+  std::chrono::milliseconds handshake_timeout{kDefaultHandshakeTimeoutMs};
   mutable std::atomic<std::uint64_t> next_barrier{0};
   bool stopped = false;
+
+  // Rank 0: the rendezvous port (closed by stop() only when the rendezvous
+  // failed; otherwise at runtime shutdown).
+  std::shared_ptr<SecurePublication> publication;
+  bool completed = false;
 
   void stop() noexcept {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopped) return;
     stopped = true;
+    if (publication && !completed) publication->close();
     if (mine) caf::anon_send_exit(mine, caf::exit_reason::user_shutdown);
     mine = nullptr;
     coord = nullptr;
@@ -280,6 +319,34 @@ namespace dopt::detail {
 using namespace std::chrono;
 
 const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { return r.impl().payloads; }
+const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r) { return r.impl().plan; }
+
+void rendezvous_report_failure(const RendezvousResult& r, const std::string& what) noexcept {
+  try {
+    caf::actor c;
+    {
+      std::lock_guard<std::mutex> lock(r.impl().mutex);
+      c = r.impl().coord;
+    }
+    if (c) caf::anon_send(c, rdv_fail_atom::value, r.impl().rank, what);
+  } catch (...) {
+  }
+}
+
+std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseconds wait) {
+  caf::actor c;
+  {
+    std::lock_guard<std::mutex> lock(r.impl().mutex);
+    c = r.impl().coord;
+  }
+  if (!c) return {};
+  UserThreadCafScope caf_scope;
+  caf::scoped_actor self{*r.impl().sys};
+  std::string out;
+  self->request(c, caf::duration(wait), rdv_why_atom::value)
+      .receive([&](std::string& why) { out = std::move(why); }, [](caf::error&) {});
+  return out;
+}
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return r.impl().infos; }
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, milliseconds timeout, caf::actor payload,
@@ -304,34 +371,54 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
     if (auto p = weak.lock()) p->stop();
   });
 
+  impl->plan = net::choose_bind_address(env);
+  impl->creds = net::Credentials::from(env);
+  impl->handshake_timeout = env.handshake_timeout;
   if (rank == 0) {
-    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()));
+    auto closed = std::make_shared<std::atomic<bool>>(false);
+    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed);
     impl->coord = impl->mine;
-    auto port = sys.middleman().publish(impl->coord, static_cast<std::uint16_t>(env.master_port), nullptr, false);
-    if (!port) {
-      std::string why = sys.render(port.error());
+    // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
+    // listening until the runtime shuts down, to turn latecomers away.
+    net::AuthListener::Options o;
+    o.bind_addr = impl->plan.bind;
+    o.port = env.master_port;
+    o.purpose = net::Purpose::rendezvous;
+    o.credentials = impl->creds;
+    o.handshake_timeout = env.handshake_timeout;
+    o.what = "rank 0's rendezvous port";
+    const int world = env.world_size;
+    const std::string job = env.describe_job();
+    // (A differing world size is left to the coordinator: it fails every rank.)
+    o.admit = [closed, world, job](const net::PeerHello& p) -> std::string {
+      if (closed->load())
+        return "the world is already closed: all " + std::to_string(world) + " ranks of " + job +
+               " have joined, so rank " + std::to_string(p.rank) + " is already taken";
+      return {};
+    };
+    std::shared_ptr<detail::SecurePublication> publication;
+    try {
+      publication = std::make_shared<detail::SecurePublication>(sys, impl->coord, std::move(o));
+    } catch (const Error& e) {
       impl->stop();
-      throw IOError("rendezvous", "rank 0 cannot listen on port " + std::to_string(env.master_port) + ": " + why +
+      const std::string& d = e.detail();  // "cannot listen on ADDR:PORT: REASON"
+      const auto colon = d.rfind(": ");
+      throw IOError("rendezvous", "rank 0 cannot listen on port " + std::to_string(env.master_port) + " of " +
+                                      impl->plan.bind + ": " + (colon == std::string::npos ? d : d.substr(colon + 2)) +
                                       " (is the port already in use?)", rank);
     }
+    impl->publication = publication;
+    detail::runtime_add_stopper(runtime.impl(), [publication] { publication->close(); });
   } else {
     impl->mine = sys.spawn(detail::member);
-    std::string last;
-    for (;;) {
-      auto c = sys.middleman().remote_actor(env.master_addr, static_cast<std::uint16_t>(env.master_port));
-      if (c) {
-        impl->coord = *c;
-        break;
-      }
-      last = sys.render(c.error());
-      if (steady_clock::now() >= deadline) {
-        impl->stop();
-        throw TimeoutError("rendezvous", "could not reach rank 0 at " + env.master_addr + ":" +
-                                             std::to_string(env.master_port) + " within " +
-                                             std::to_string(timeout.count()) + " ms (last error: " + last + ")",
-                           rank);
-      }
-      std::this_thread::sleep_for(milliseconds(50));
+    try {
+      impl->coord = detail::secure_remote_actor(
+          sys, env.master_addr, env.master_port, net::Purpose::rendezvous, impl->creds, env.handshake_timeout,
+          deadline, /*retry_until_deadline=*/true, "rank 0 at " + env.master_addr + ":" + std::to_string(env.master_port),
+          "rendezvous");
+    } catch (...) {
+      impl->stop();
+      throw;
     }
   }
 
@@ -354,6 +441,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
     for (auto& a : impl->table) impl->names.push_back(detail::describe(a));
     RendezvousResult result(impl);
     result.barrier(remaining());
+    impl->completed = true;
     return result;
   } catch (...) {
     impl->stop();

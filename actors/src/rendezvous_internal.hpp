@@ -8,6 +8,7 @@
 
 #include "caf/actor.hpp"
 #include "dopt/actors/rendezvous.hpp"
+#include "dopt/runtime/handshake.hpp"
 
 namespace dopt::detail {
 
@@ -20,5 +21,16 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, std::ch
 /// Index: rank.
 const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r);
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r);
+/// Where this rank's listeners bind, and what its peers connect to.
+const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r);
+
+/// After the rendezvous, while the ranks connect to each other: tells rank 0
+/// that this rank failed (best effort). Every barrier of every rank fails
+/// from then on with PeerLostError "rank R failed while the ranks connected
+/// to each other: WHAT", so no rank waits out a timeout for it.
+void rendezvous_report_failure(const RendezvousResult& r, const std::string& what) noexcept;
+/// The failure some rank reported ("" when none, or rank 0 did not answer
+/// within `wait`): for a rank whose own step timed out because of it.
+std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseconds wait);
 
 }  // namespace dopt::detail

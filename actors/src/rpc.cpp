@@ -25,6 +25,7 @@
 #include "caf_thread.hpp"
 #include "internal.hpp"
 #include "rendezvous_internal.hpp"
+#include "world_setup.hpp"
 
 namespace dopt::rpc::detail {
 
@@ -1277,9 +1278,10 @@ Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, 
     ::gethostname(hostname, sizeof hostname - 1);
     const std::string host = hostname;
     auto make_info = [&] {
-      auto port = sys.middleman().publish(a, 0, nullptr, true);
-      if (!port) throw IOError("rpc.init", "the agent cannot listen on a port: " + sys.render(port.error()), rank);
-      return "host=" + host + " port=" + std::to_string(*port) + " name=" + name;
+      // The agent's port is behind dopt's handshake (job id, secret): only the
+      // job's own workers reach its functions.
+      return "host=" + host + dopt::detail::publish_control_port(runtime.impl(), sys, a, env, "rpc.init") +
+             " name=" + name;
     };
     RendezvousResult rdv = dopt::detail::rendezvous_with(runtime, env, options.init_timeout, a, make_info);
     const auto& infos = dopt::detail::rendezvous_infos(rdv);
@@ -1296,16 +1298,11 @@ Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, 
     peers[static_cast<std::size_t>(rank)] = a;
     // Direct connections (as init_process_group): rank i > 0 connects to
     // every rank above it, so that every death is seen by every worker.
-    for (int r = std::max(1, rank + 1); rank > 0 && r < world_size; ++r) {
-      const std::string& info = infos[static_cast<std::size_t>(r)];
-      const std::string addr = field(info, "host", false) == host ? std::string("127.0.0.1") : field(info, "host", false);
-      const int port = std::atoi(field(info, "port", false).c_str());
-      auto h = sys.middleman().remote_actor(addr, static_cast<std::uint16_t>(port));
-      if (!h)
-        throw PeerLostError("rpc.init", "cannot connect to " + core->who(r) + " at " + addr + ":" +
-                                            std::to_string(port) + ": " + sys.render(h.error()), rank);
-      peers[static_cast<std::size_t>(r)] = *h;
-    }
+    dopt::detail::setup_step(rdv, rank, "rpc.init", [&] {
+      for (int r = std::max(1, rank + 1); rank > 0 && r < world_size; ++r)
+        peers[static_cast<std::size_t>(r)] = dopt::detail::connect_control_port(
+            sys, env, r, "host=" + host, infos[static_cast<std::size_t>(r)], "rpc.init");
+    });
     detail::start_agent(sys, core, std::move(peers));
     rdv.barrier(options.init_timeout);
     core->keep = std::make_shared<RendezvousResult>(rdv);

@@ -1,4 +1,5 @@
 #include "dopt/optim/functional.hpp"
+#include "dopt/optim/state_check.hpp"
 
 #include <unordered_set>
 
@@ -145,6 +146,7 @@ void FunctionalOptimizer::load_state_dict(const StateDict& sd) {
     ParamState st;
     for (const auto& [k, v] : it->second) {
       if (!v.defined()) throw StateDictError(op, "state '" + k + "' of parameter " + std::to_string(ids[i]) + " is undefined");
+      check_state_value(op, "state '" + k + "' of parameter " + std::to_string(ids[i]), k, v);
       st[k] = detail::load_state_value(all[i], k, v, /*cast_integers=*/false);
     }
     fresh[all[i].key()] = std::move(st);

@@ -1,4 +1,5 @@
 #include "dopt/optim/optimizer.hpp"
+#include "dopt/optim/state_check.hpp"
 
 #include <typeinfo>
 #include <unordered_set>
@@ -213,6 +214,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     ParamState copy;
     for (const auto& [key, value] : st) {
       if (!value.defined()) continue;
+      check_state_value(op, "state '" + key + "' of parameter id " + std::to_string(id), key, value);
       if (key == "step") {
         copy[key] = value.clone();
         continue;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -12,7 +13,9 @@
 #include <typeinfo>
 #include <unordered_set>
 
+#include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
+#include "dopt/optim/state_check.hpp"
 #include "agreement.hpp"
 #include "zero_overlap_internal.hpp"
 
@@ -61,10 +64,14 @@ std::string param_descr(const Tensor& p) {
 
 /// Copy of a loaded state entry for parameter p: `step` as is, other tensors
 /// cast to p's dtype on p's device (shape checked); 0-d tensors on the CPU.
-ParamState copy_state_for(const ParamState& st, const Tensor& p, std::int64_t index, const std::string& op) {
+/// `source(key)` names a state tensor in errors (the file and entry, or the
+/// parameter index).
+ParamState copy_state_for(const ParamState& st, const Tensor& p, std::int64_t index, const std::string& op,
+                          const std::function<std::string(const std::string&)>& source) {
   ParamState out;
   for (const auto& [key, value] : st) {
     if (!value.defined()) continue;
+    check_state_value(op, source(key), key, value);
     if (key == "step") {
       out[key] = value.to(Device::cpu());
       continue;
@@ -520,7 +527,9 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
                                    std::to_string(all_params_.size()) + " parameters", rank_);
     if (owner_[static_cast<std::size_t>(index)] != rank_) continue;
     const Tensor& p = all_params_[static_cast<std::size_t>(index)];
-    local[p.key()] = copy_state_for(st, p, index, op);
+    local[p.key()] = copy_state_for(st, p, index, op, [&](const std::string& key) {
+      return "state '" + key + "' of parameter " + std::to_string(index);
+    });
   }
   optim_->state() = std::move(local);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
@@ -690,9 +699,14 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
       states[idx][e.name.substr(dot + 1)] = rd->read(e.name);
       ++report.tensors_read;
     }
+    if (!rd->has_checksums())
+      notice_once(rd->path() + " has no checksums (written by an older dopt or another program): its state is "
+                               "loaded without verifying the bytes");
     for (const auto& [idx, st] : states) {
       const Tensor& p = all_params_[static_cast<std::size_t>(idx)];
-      local[p.key()] = copy_state_for(st, p, idx, op);
+      local[p.key()] = copy_state_for(st, p, idx, op, [&](const std::string& key) {
+        return rd->path() + ": tensor 'state." + std::to_string(idx) + "." + key + "'";
+      });
     }
   }
   optim_->state() = std::move(local);

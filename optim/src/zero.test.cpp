@@ -5,7 +5,9 @@
 // independently (ZeRO runs the same kernels, so the bits must match).
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -16,7 +18,9 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/registry.hpp"
+#include "dopt/optim/state_check.hpp"
 #include "dopt/optim/zero.hpp"
+#include "dopt/runtime/safetensors.hpp"
 #include "test_util.hpp"
 
 using namespace dopt;
@@ -860,4 +864,110 @@ TEST_CASE("ZeRO errors", "[zero]") {
     CHECK(got[1] == "abcde");
     for (const auto& d : {empty, mixed, a}) fs::remove_all(d);
   }
+}
+
+TEST_CASE("ZeRO load_sharded refuses a flipped bit or a planted NaN / negative in any state tensor, naming the file "
+          "and the tensor",
+          "[zero][checksum]") {
+  const std::string dir = temp_dir("corrupt");
+  // World 3 writes 3 shards of Adam state (step, exp_avg, exp_avg_sq per parameter).
+  simulate(3, [&](RankContext& ctx) {
+    std::vector<Tensor> ps{Tensor::full({4}, 0.5), Tensor::full({3}, -0.25), Tensor::full({5}, 1.0)};
+    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"Adam", {}}, ZeroOptions{ctx.world()});
+    for (auto& p : ps) p.set_grad(Tensor::full(p.shape(), 0.1));
+    z.step();
+    z.save_sharded(dir);
+  }, short_timeout());
+  struct Case {
+    std::string file, tensor, kind;
+  };
+  std::vector<Case> cases;
+  for (int r = 0; r < 3; ++r) {
+    const std::string f = (fs::path(dir) / ZeroRedundancyOptimizer::shard_file_name(r, 3)).string();
+    SafetensorsReader rd(f);
+    REQUIRE(rd.verified());
+    for (const auto& e : rd.entries()) {
+      cases.push_back({f, e.name, "flip"});
+      cases.push_back({f, e.name, "nan"});
+      if (e.name.find("exp_avg_sq") != std::string::npos || e.name.find("step") != std::string::npos)
+        cases.push_back({f, e.name, "negative"});
+    }
+  }
+  REQUIRE(cases.size() >= 3 * 3 + 3 * 3 + 2 * 3);
+  std::vector<std::string> errors(cases.size());
+  bool clean_ok = false;
+  simulate(1, [&](RankContext& ctx) {
+    std::vector<Tensor> ps{Tensor::full({4}, 0.5), Tensor::full({3}, -0.25), Tensor::full({5}, 1.0)};
+    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"Adam", {}}, ZeroOptions{ctx.world()});
+    z.load_sharded(dir);
+    clean_ok = z.step_count() == 1;
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      std::ifstream in(c.file, std::ios::binary);
+      const std::string good((std::istreambuf_iterator<char>(in)), {});
+      in.close();
+      if (c.kind == "flip") {
+        SafetensorsReader rd(c.file);
+        const auto& e = rd.entry(c.tensor);
+        std::string bad = good;
+        bad[rd.data_offset() + e.begin] ^= 0x10;
+        std::ofstream(c.file, std::ios::binary | std::ios::trunc).write(bad.data(), static_cast<std::streamsize>(bad.size()));
+      } else {  // rewritten with valid checksums: only the plausibility checks can catch it
+        SafetensorsFile f = read_safetensors(c.file);
+        Tensor t = f.tensors.at(c.tensor).clone();
+        t.flatten().flat_slice(t.numel() - 1, 1).fill_(c.kind == "nan" ? std::nan("") : -1.0);
+        f.tensors[c.tensor] = t;
+        write_safetensors(c.file, f.tensors, f.metadata);
+      }
+      try {
+        z.load_sharded(dir);
+        errors[k] = "loaded";
+      } catch (const Error& e) {
+        errors[k] = std::string(dynamic_cast<const StateDictError*>(&e) ? "StateDictError: "
+                                : dynamic_cast<const IOError*>(&e)      ? "IOError: "
+                                                                         : "Error: ") +
+                    e.what();
+      }
+      std::ofstream(c.file, std::ios::binary | std::ios::trunc).write(good.data(), static_cast<std::streamsize>(good.size()));
+    }
+  }, short_timeout());
+  CHECK(clean_ok);
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    INFO(c.kind << " in " << c.file << " / " << c.tensor << ": " << errors[k]);
+    if (c.kind == "flip") {
+      CHECK_THAT(errors[k], Catch::StartsWith("IOError: "));
+      CHECK_THAT(errors[k], Catch::Contains(c.file + ": tensor '" + c.tensor + "' does not match its checksum"));
+    } else {
+      CHECK_THAT(errors[k], Catch::StartsWith("StateDictError: "));
+      CHECK_THAT(errors[k], Catch::Contains(c.file + ": tensor '" + c.tensor + "' holds " +
+                                            (c.kind == "nan" ? "NaN" : "-1")));
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("optimizer state checks: non-finite values and negative second moments are refused", "[zero][checksum]") {
+  CHECK(find_impossible_state("exp_avg", Tensor::from_vector<float>({1.f, -2.f})).empty());
+  CHECK(find_impossible_state("exp_avg_sq", Tensor::from_vector<float>({0.f, 2.f})).empty());
+  CHECK(find_impossible_state("exp_avg_sq", Tensor::from_vector<float>({-0.f})).empty());
+  CHECK(find_impossible_state("exp_avg", Tensor::from_vector<float>({1.f, NAN})) == "holds NaN at element 1 of 2");
+  CHECK(find_impossible_state("momentum_buffer", Tensor::from_vector<double>({INFINITY})) ==
+        "holds inf at element 0 of 1");
+  CHECK(find_impossible_state("exp_avg_sq", Tensor::from_vector<float>({1.f, 2.f, -1.f})) ==
+        "holds -1 at element 2 of 3, but 'exp_avg_sq' is never negative");
+  CHECK(find_impossible_state("step", Tensor::scalar(-3.0, DType::int64)) ==
+        "holds -3 at element 0 of 1, but 'step' is never negative");
+  CHECK(find_impossible_state("sum", Tensor::from_vector<float>({1.f}).to(DType::bfloat16)).empty());
+  CHECK(find_impossible_state("sum", Tensor::from_vector<float>({-1.f}).to(DType::float16)) ==
+        "holds -1 at element 0 of 1, but 'sum' is never negative");
+  // Adam.load_state_dict from a state dict in memory
+  std::vector<Tensor> ps{Tensor::zeros({3})};
+  auto adam = make_optimizer(OptimizerSpec{"Adam", {}}, std::vector<OptimizerParamGroup>{OptimizerParamGroup(ps)});
+  ps[0].set_grad(Tensor::full({3}, 1.0));
+  adam->step();
+  StateDict sd = adam->state_dict();
+  sd.state.at(0).at("exp_avg_sq").flatten().flat_slice(1, 1).fill_(std::nan(""));
+  CHECK_THROWS_WITH(adam->load_state_dict(sd), Catch::Contains("state 'exp_avg_sq' of parameter id 0 holds NaN at "
+                                                               "element 1 of 3"));
 }

@@ -1,8 +1,15 @@
 #include "dopt/runtime/launch_env.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
@@ -220,11 +227,136 @@ LaunchEnv parse_family(const Env& env, const Family& f) {
   return le;
 }
 
+constexpr std::size_t kMaxJobId = 255;
+constexpr std::size_t kMinSecret = 16;
+
+std::string trimmed(const std::string& v) {
+  std::size_t b = v.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  return v.substr(b, v.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+void read_job_id(const Env& env, LaunchEnv& le) {
+  auto take = [&](const char* name, const std::string& value) {
+    const std::string v = trimmed(value);
+    if (v.size() > kMaxJobId)
+      throw ValueError(kOp, std::string(name) + " is " + std::to_string(v.size()) + " characters long (at most " +
+                                std::to_string(kMaxJobId) + ")");
+    for (char c : v)
+      if (c < 0x21 || c > 0x7e)
+        throw ValueError(kOp, std::string(name) + "=" + quoted(value) +
+                                  " holds a blank or a character that is not printable ASCII");
+    le.job_id = v;
+    le.job_id_source = name;
+  };
+  if (const std::string* v = find(env, "DOPT_JOB_ID")) {
+    if (trimmed(*v).empty()) throw ValueError(kOp, "DOPT_JOB_ID is set but empty");
+    return take("DOPT_JOB_ID", *v);
+  }
+  if (const std::string* v = find(env, "TORCHELASTIC_RUN_ID"); v && !trimmed(*v).empty() && trimmed(*v) != "none")
+    return take("TORCHELASTIC_RUN_ID", *v);
+  for (const char* name : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
+    if (const std::string* v = find(env, name); v && !trimmed(*v).empty()) return take(name, *v);
+  if (const std::string* v = find(env, "SLURM_JOB_ID"); v && !trimmed(*v).empty()) {
+    std::string id = trimmed(*v);
+    if (const std::string* step = find(env, "SLURM_STEP_ID"); step && !trimmed(*step).empty())
+      id += "." + trimmed(*step);
+    return take("SLURM_JOB_ID", id);
+  }
+}
+
+std::string read_secret_file(const std::string& path) {
+  const std::string name = "DOPT_SECRET_FILE=" + quoted(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw ValueError(kOp, name + " cannot be opened: " + std::strerror(errno));
+  struct stat st {};
+  std::string out;
+  std::string problem;
+  if (::fstat(fd, &st) != 0) problem = std::string("cannot stat it: ") + std::strerror(errno);
+  else if (!S_ISREG(st.st_mode)) problem = "is not a regular file";
+  else if (st.st_uid != ::geteuid()) problem = "belongs to another user (uid " + std::to_string(st.st_uid) + ")";
+  else if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    problem = std::string("can be read or written by others (mode ") + mode + "): chmod 600 it";
+  } else if (st.st_size > 65536) {
+    problem = "is larger than 64 KiB";
+  } else {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        problem = std::string("cannot be read: ") + std::strerror(errno);
+        break;
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  if (!problem.empty()) throw ValueError(kOp, name + " " + problem);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ' || out.back() == '\t'))
+    out.pop_back();
+  return out;
+}
+
+void read_network(const Env& env, LaunchEnv& le) {
+  const std::string* file = find(env, "DOPT_SECRET_FILE");
+  const std::string* value = find(env, "DOPT_SECRET");
+  if (file && value) throw ValueError(kOp, "DOPT_SECRET and DOPT_SECRET_FILE are both set; set one of them");
+  if (file) {
+    if (file->empty()) throw ValueError(kOp, "DOPT_SECRET_FILE is set but empty");
+    le.secret = read_secret_file(*file);
+    le.secret_source = "DOPT_SECRET_FILE=" + *file;
+  } else if (value) {
+    le.secret = *value;
+    le.secret_source = "DOPT_SECRET";
+  }
+  if (!le.secret_source.empty() && le.secret.size() < kMinSecret)
+    throw ValueError(kOp, (file ? "the secret in " + le.secret_source : std::string("DOPT_SECRET")) + " is " +
+                              std::to_string(le.secret.size()) + " bytes long; use at least " +
+                              std::to_string(kMinSecret) + " (e.g. 32 random bytes as hex)");
+  const std::string* bind = find(env, "DOPT_BIND_ADDR");
+  const std::string* ifname = find(env, "DOPT_SOCKET_IFNAME");
+  if (bind && ifname) throw ValueError(kOp, "DOPT_BIND_ADDR and DOPT_SOCKET_IFNAME are both set; set one of them");
+  if (bind) {
+    le.bind_addr = trimmed(*bind);
+    if (le.bind_addr.empty()) throw ValueError(kOp, "DOPT_BIND_ADDR is set but empty");
+  }
+  if (ifname) {
+    le.socket_ifname = trimmed(*ifname);
+    if (le.socket_ifname.empty()) throw ValueError(kOp, "DOPT_SOCKET_IFNAME is set but empty");
+  }
+  if (const std::string* adv = find(env, "DOPT_ADVERTISE_ADDR")) {
+    le.advertise_addr = trimmed(*adv);
+    if (le.advertise_addr.empty()) throw ValueError(kOp, "DOPT_ADVERTISE_ADDR is set but empty");
+  }
+  if (const std::string* t = find(env, "DOPT_HANDSHAKE_TIMEOUT_MS")) {
+    const long long ms = parse_integer("DOPT_HANDSHAKE_TIMEOUT_MS", *t);
+    if (ms < 1 || ms > 24LL * 3600 * 1000)
+      throw ValueError(kOp, "DOPT_HANDSHAKE_TIMEOUT_MS=" + quoted(*t) + " is out of range (expected 1..86400000)");
+    le.handshake_timeout = std::chrono::milliseconds(ms);
+  }
+}
+
+LaunchEnv parse_all(const Env& env, const Family& f) {
+  LaunchEnv le = parse_family(env, f);
+  read_job_id(env, le);
+  read_network(env, le);
+  return le;
+}
+
 }  // namespace
+
+std::string LaunchEnv::describe_job() const {
+  if (job_id.empty()) return "no job id";
+  return "job '" + job_id + "' (from " + job_id_source + ")";
+}
 
 LaunchEnv parse_launch_env(const std::map<std::string, std::string>& env) {
   for (const Family* f : {&kTorchrun, &kOpenMpi, &kSlurm}) {
-    if (present(env, *f)) return parse_family(env, *f);
+    if (present(env, *f)) return parse_all(env, *f);
   }
   throw ValueError(kOp,
                    "no launch contract in the environment: set RANK and WORLD_SIZE (torchrun, dopt-run), "
@@ -241,7 +373,7 @@ std::optional<LaunchEnv> launch_env_from_environment() {
     env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
   for (const Family* f : {&kTorchrun, &kOpenMpi, &kSlurm}) {
-    if (present(env, *f)) return parse_family(env, *f);
+    if (present(env, *f)) return parse_all(env, *f);
   }
   return std::nullopt;
 }

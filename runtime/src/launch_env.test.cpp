@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "dopt/runtime/error.hpp"
@@ -190,4 +194,94 @@ TEST_CASE("launch_env: from this process's environment", "[launch]") {
   CHECK_THROWS_AS(launch_env_from_environment(), ValueError);
   for (const char* n : names) ::unsetenv(n);
   for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
+TEST_CASE("launch_env: the job id comes from DOPT_JOB_ID or the launcher", "[launch][security]") {
+  const Env base{{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  auto with = [&](Env extra) {
+    Env e = base;
+    e.insert(extra.begin(), extra.end());
+    return parse_launch_env(e);
+  };
+  CHECK(with({}).job_id.empty());
+  CHECK(with({}).describe_job() == "no job id");
+  LaunchEnv le = with({{"DOPT_JOB_ID", "nightly-7"}, {"SLURM_JOB_ID", "123"}});
+  CHECK(le.job_id == "nightly-7");
+  CHECK(le.job_id_source == "DOPT_JOB_ID");
+  CHECK(le.describe_job() == "job 'nightly-7' (from DOPT_JOB_ID)");
+  CHECK(with({{"TORCHELASTIC_RUN_ID", "abc"}, {"SLURM_JOB_ID", "9"}}).job_id == "abc");
+  CHECK(with({{"TORCHELASTIC_RUN_ID", "none"}, {"SLURM_JOB_ID", "9"}}).job_id == "9");  // torchrun's default
+  CHECK(with({{"OMPI_MCA_ess_base_jobid", "1745027073"}, {"SLURM_JOB_ID", "9"}}).job_id == "1745027073");
+  CHECK(with({{"PMIX_NAMESPACE", "prterun-n1-4242@1"}}).job_id_source == "PMIX_NAMESPACE");
+  le = with({{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}});
+  CHECK(le.job_id == "77.3");
+  CHECK(le.job_id_source == "SLURM_JOB_ID");
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"DOPT_JOB_ID", "two words"}}),
+             Catch::Contains("DOPT_JOB_ID='two words' holds a blank"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"DOPT_JOB_ID", std::string(256, 'x')}}),
+             Catch::Contains("DOPT_JOB_ID is 256 characters long (at most 255)"));
+  CHECK_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"DOPT_JOB_ID", ""}}),
+             Catch::Contains("DOPT_JOB_ID is set but empty"));
+}
+
+TEST_CASE("launch_env: the secret comes from a private file or DOPT_SECRET", "[launch][security]") {
+  const std::string dir = "/tmp/dopt_launch_env_test_" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  const std::string file = dir + "/secret";
+  auto write = [&](const std::string& text, mode_t mode) {
+    ::unlink(file.c_str());
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+    ::close(fd);
+    REQUIRE(::chmod(file.c_str(), mode) == 0);
+  };
+  const Env base{{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  auto with = [&](Env extra) {
+    Env e = base;
+    e.insert(extra.begin(), extra.end());
+    return e;
+  };
+  CHECK(parse_launch_env(base).secret.empty());
+  write("0123456789abcdef0123\n", 0600);
+  LaunchEnv le = parse_launch_env(with({{"DOPT_SECRET_FILE", file}}));
+  CHECK(le.secret == "0123456789abcdef0123");
+  CHECK(le.secret_source == "DOPT_SECRET_FILE=" + file);
+  le = parse_launch_env(with({{"DOPT_SECRET", "a-long-enough-secret"}}));
+  CHECK(le.secret == "a-long-enough-secret");
+  CHECK(le.secret_source == "DOPT_SECRET");
+  write("0123456789abcdef0123\n", 0640);
+  CHECK_THAT(error_of(with({{"DOPT_SECRET_FILE", file}})),
+             Catch::Contains("DOPT_SECRET_FILE='" + file + "' can be read or written by others (mode 0640): chmod 600 it"));
+  write("short", 0600);
+  CHECK_THAT(error_of(with({{"DOPT_SECRET_FILE", file}})), Catch::Contains("is 5 bytes long; use at least 16"));
+  CHECK_THAT(error_of(with({{"DOPT_SECRET_FILE", dir + "/none"}})),
+             Catch::Contains("cannot be opened: No such file or directory"));
+  CHECK_THAT(error_of(with({{"DOPT_SECRET_FILE", dir}})), Catch::Contains("is not a regular file"));
+  CHECK_THAT(error_of(with({{"DOPT_SECRET_FILE", file}, {"DOPT_SECRET", "x"}})),
+             Catch::Contains("DOPT_SECRET and DOPT_SECRET_FILE are both set"));
+  ::unlink(file.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("launch_env: bind address, interface, advertised address and hand-shake timeout", "[launch][security]") {
+  const Env base{{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  auto with = [&](Env extra) {
+    Env e = base;
+    e.insert(extra.begin(), extra.end());
+    return e;
+  };
+  LaunchEnv le = parse_launch_env(base);
+  CHECK(le.bind_addr.empty());
+  CHECK(le.handshake_timeout == std::chrono::milliseconds(10000));
+  le = parse_launch_env(with({{"DOPT_BIND_ADDR", "10.0.0.5"}, {"DOPT_ADVERTISE_ADDR", "node5"},
+                              {"DOPT_HANDSHAKE_TIMEOUT_MS", "2500"}}));
+  CHECK(le.bind_addr == "10.0.0.5");
+  CHECK(le.advertise_addr == "node5");
+  CHECK(le.handshake_timeout == std::chrono::milliseconds(2500));
+  CHECK(parse_launch_env(with({{"DOPT_SOCKET_IFNAME", "eth0"}})).socket_ifname == "eth0");
+  CHECK_THAT(error_of(with({{"DOPT_BIND_ADDR", "a"}, {"DOPT_SOCKET_IFNAME", "eth0"}})),
+             Catch::Contains("DOPT_BIND_ADDR and DOPT_SOCKET_IFNAME are both set"));
+  CHECK_THAT(error_of(with({{"DOPT_HANDSHAKE_TIMEOUT_MS", "0"}})),
+             Catch::Contains("DOPT_HANDSHAKE_TIMEOUT_MS='0' is out of range"));
 }

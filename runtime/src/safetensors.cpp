@@ -11,10 +11,13 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "dopt/runtime/error.hpp"
 
@@ -34,6 +37,39 @@ constexpr int kMaxJsonDepth = 8;
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+// --- checksums (see the header) ------------------------------------------------
+
+constexpr const char* kChecksumAlgorithm = "xxh3-64";
+
+std::string hex64(std::uint64_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int k = 15; k >= 0; --k, v >>= 4) s[static_cast<std::size_t>(k)] = digits[v & 0xf];
+  return s;
+}
+
+std::uint64_t digest(const void* p, std::size_t n) { return XXH3_64bits(p, n); }
+
+bool checksums_enabled() {
+  const char* v = std::getenv("DOPT_CHECKSUMS");
+  if (!v || !*v || std::strcmp(v, "on") == 0 || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0) return false;
+  throw ValueError(kOp, std::string("DOPT_CHECKSUMS must be 'on' or 'off', got '") + v + "'");
+}
+
+/// The digest of a header without its checksum entry: the compact JSON dump
+/// of the header object (keys in sorted order, as nlohmann::json keeps them).
+std::uint64_t header_digest(const json& header_without_checksums) {
+  const std::string text = header_without_checksums.dump();
+  return digest(text.data(), text.size());
+}
+
+/// What the header's "dopt.checksum" entry says.
+struct Checksums {
+  std::uint64_t header = 0;
+  std::map<std::string, std::uint64_t> tensors;
+};
 
 std::uint64_t read_u64_le(const unsigned char* p) {
   std::uint64_t v = 0;
@@ -75,8 +111,40 @@ std::uint64_t read_offset(const json& v, const std::string& what, const std::str
 
 struct ParsedHeader {
   std::vector<SafetensorsEntry> entries;  // sorted by name
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;  // without kSafetensorsChecksumKey
+  std::optional<Checksums> checksums;           // absent: an older or foreign file, or not verified
+  bool has_checksums = false;                   // the file carries them
 };
+
+std::uint64_t parse_hex64(const std::string& text, const std::string& what, const std::string& field) {
+  if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
+    fail(what, std::string(kSafetensorsChecksumKey) + ": " + field + " is not 16 lower-case hex digits");
+  return std::stoull(text, nullptr, 16);
+}
+
+/// Parses the checksum entry; j is the whole header (the entry is removed
+/// from it, so that what remains can be digested as the writer did).
+Checksums take_checksums(json& j, const std::string& text, const std::string& what) {
+  json c;
+  try {
+    c = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(what, std::string(kSafetensorsChecksumKey) + " is not valid JSON: " + e.what());
+  }
+  if (!c.is_object() || !c.contains("header") || !c.contains("tensors") || !c["header"].is_string() ||
+      !c["tensors"].is_object())
+    fail(what, std::string(kSafetensorsChecksumKey) + " must be {\"header\": digest, \"tensors\": {name: digest}}");
+  Checksums out;
+  out.header = parse_hex64(c["header"].get<std::string>(), what, "header");
+  for (auto it = c["tensors"].begin(); it != c["tensors"].end(); ++it) {
+    if (!it.value().is_string()) fail(what, std::string(kSafetensorsChecksumKey) + ": tensor '" + it.key() + "'");
+    out.tensors.emplace(it.key(), parse_hex64(it.value().get<std::string>(), what, "tensor '" + it.key() + "'"));
+  }
+  auto& meta = j["__metadata__"];
+  meta.erase(kSafetensorsChecksumKey);
+  if (meta.empty()) j.erase("__metadata__");
+  return out;
+}
 
 /// Parses and validates a header of n bytes; data_size is the length of the
 /// data section that follows it.
@@ -190,8 +258,53 @@ ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size,
       fail(what, "tensors '" + by_offset[k - 1]->name + "' and '" + by_offset[k]->name + "' overlap");
   }
   // json objects iterate in key order, so entries are sorted by name already.
+  // Two entries, so that no single damaged key name can pass the file off
+  // as one without checksums: the algorithm (covered by the header digest)
+  // and the digests.
+  auto algo = out.metadata.find(kSafetensorsChecksumAlgorithmKey);
+  auto c = out.metadata.find(kSafetensorsChecksumKey);
+  const bool has_algo = algo != out.metadata.end(), has_sums = c != out.metadata.end();
+  std::string algorithm = has_algo ? algo->second : std::string();
+  std::string text = has_sums ? c->second : std::string();
+  if (has_algo) out.metadata.erase(algo);
+  if (has_sums) out.metadata.erase(c);
+  out.has_checksums = has_algo || has_sums;
+  if ((has_algo || has_sums) && checksums_enabled()) {
+    if (!has_algo || !has_sums)
+      fail(what, std::string("the header has '") + (has_algo ? kSafetensorsChecksumAlgorithmKey : kSafetensorsChecksumKey) +
+                     "' but not '" + (has_algo ? kSafetensorsChecksumKey : kSafetensorsChecksumAlgorithmKey) +
+                     "': the header is damaged");
+    if (algorithm != kChecksumAlgorithm)
+      fail(what, "unknown checksum algorithm '" + algorithm + "' (this dopt knows " + kChecksumAlgorithm +
+                     "; a damaged header?)");
+    {
+      out.checksums = take_checksums(j, text, what);
+      if (header_digest(j) != out.checksums->header)
+        fail(what, "the header (tensor names, dtypes, shapes, offsets or metadata) does not match its checksum: "
+                   "the file is corrupt");
+      for (const auto& e : out.entries)
+        if (!out.checksums->tensors.count(e.name)) fail(what, "tensor '" + e.name + "' has no checksum");
+      if (out.checksums->tensors.size() != out.entries.size())
+        fail(what, std::string(kSafetensorsChecksumKey) + " lists a tensor the file does not hold");
+    }
+  }
   return out;
 }
+
+/// Compares the bytes of tensor e with its checksum.
+void verify_bytes(std::uint64_t want, const SafetensorsEntry& e, const void* bytes, const std::string& what) {
+  const std::uint64_t got = digest(bytes, e.nbytes());
+  if (got != want)
+    fail(what, "tensor '" + e.name + "' does not match its checksum (" + std::to_string(e.nbytes()) +
+                   " bytes at data offset " + std::to_string(e.begin) + "; stored " + hex64(want) + ", read " +
+                   hex64(got) + "): the file is corrupt");
+}
+
+void verify_tensor(const std::optional<Checksums>& sums, const SafetensorsEntry& e, const void* bytes,
+                   const std::string& what) {
+  if (sums) verify_bytes(sums->tensors.at(e.name), e, bytes, what);
+}
+
 
 void check_bools(const Tensor& t, const std::string& what, const std::string& name) {
   if (t.dtype() != DType::bool_) return;
@@ -210,12 +323,23 @@ Tensor tensor_from_bytes(const SafetensorsEntry& e, const char* bytes) {
 
 using Sink = std::function<void(const void*, std::size_t)>;
 
-void check_writable(const std::map<std::string, Tensor>& tensors) {
+void check_writable(const std::map<std::string, Tensor>& tensors, const std::map<std::string, std::string>& metadata) {
   for (const auto& [name, t] : tensors) {
     if (name.empty()) throw ValueError(kOp, "a tensor name must not be empty");
     if (name == "__metadata__") throw ValueError(kOp, "'__metadata__' is reserved and cannot name a tensor");
     if (!t.defined()) throw ValueError(kOp, "tensor '" + name + "' is undefined");
   }
+  for (const char* key : {kSafetensorsChecksumKey, kSafetensorsChecksumAlgorithmKey})
+    if (metadata.count(key))
+      throw ValueError(kOp, std::string("the metadata key '") + key + "' is reserved (the writer fills it in)");
+}
+
+/// The tensors as host tensors (device tensors are copied once, so that the
+/// checksum and the written bytes come from the same copy).
+std::map<std::string, Tensor> on_host(const std::map<std::string, Tensor>& tensors) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : tensors) out.emplace(name, t.device().is_cpu() ? t : t.to(Device::cpu()));
+  return out;
 }
 
 std::string make_header(const std::map<std::string, Tensor>& tensors,
@@ -232,6 +356,13 @@ std::string make_header(const std::map<std::string, Tensor>& tensors,
   if (!metadata.empty()) j["__metadata__"] = metadata;
   std::string header;
   try {
+    if (checksums_enabled()) {
+      json sums = json::object();
+      for (const auto& [name, t] : tensors) sums[name] = hex64(digest(t.data_ptr(), t.nbytes()));
+      j["__metadata__"][kSafetensorsChecksumAlgorithmKey] = kChecksumAlgorithm;
+      const json c = {{"header", hex64(header_digest(j))}, {"tensors", sums}};
+      j["__metadata__"][kSafetensorsChecksumKey] = c.dump();
+    }
     header = j.dump();
   } catch (const json::exception& e) {
     fail(what, std::string("cannot encode the header (names and metadata must be UTF-8): ") + e.what());
@@ -240,23 +371,17 @@ std::string make_header(const std::map<std::string, Tensor>& tensors,
   return header;
 }
 
-void emit(const std::map<std::string, Tensor>& tensors, const std::map<std::string, std::string>& metadata,
+void emit(const std::map<std::string, Tensor>& input, const std::map<std::string, std::string>& metadata,
           const std::string& what, const Sink& sink) {
-  check_writable(tensors);
+  check_writable(input, metadata);
+  const std::map<std::string, Tensor> tensors = on_host(input);
   const std::string header = make_header(tensors, metadata, what);
   unsigned char len[8];
   write_u64_le(len, header.size());
   sink(len, 8);
   sink(header.data(), header.size());
-  for (const auto& [name, t] : tensors) {
-    if (t.nbytes() == 0) continue;
-    if (t.device().is_cpu()) {
-      sink(t.data_ptr(), t.nbytes());
-    } else {
-      Tensor host = t.to(Device::cpu());
-      sink(host.data_ptr(), host.nbytes());
-    }
-  }
+  for (const auto& [name, t] : tensors)
+    if (t.nbytes() > 0) sink(t.data_ptr(), t.nbytes());
 }
 
 std::atomic<unsigned> g_tmp_counter{0};
@@ -273,8 +398,11 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
   ParsedHeader h = parse_header(header, static_cast<std::size_t>(n), size - 8 - n, what);
   SafetensorsFile out;
   out.metadata = std::move(h.metadata);
+  out.verified = h.checksums.has_value();
+  out.has_checksums = h.has_checksums;
   const char* data_section = header + n;
   for (const auto& e : h.entries) {
+    verify_tensor(h.checksums, e, data_section + e.begin, what);
     Tensor t = tensor_from_bytes(e, data_section + e.begin);
     check_bools(t, what, e.name);
     out.tensors.emplace(e.name, std::move(t));
@@ -299,6 +427,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
   ParsedHeader h = parse_header(header.data(), header.size(), size - 8 - n, path);
   entries_ = std::move(h.entries);
   metadata_ = std::move(h.metadata);
+  has_checksums_ = h.has_checksums;
+  if (h.checksums) {
+    checksummed_ = true;
+    checksums_ = std::move(h.checksums->tensors);
+  }
   data_offset_ = 8 + n;
 }
 
@@ -347,6 +480,7 @@ void SafetensorsReader::read_into(const std::string& name, const Tensor& t) {
     fail(path_, "cannot seek to tensor '" + name + "': " + errno_text());
   if (std::fread(t.data_ptr(), 1, e.nbytes(), file_.get()) != e.nbytes())
     fail(path_, "file ends inside tensor '" + name + "' (truncated file?)");
+  if (checksummed_) verify_bytes(checksums_.at(name), e, t.data_ptr(), path_);
   check_bools(t, path_, name);
 }
 
@@ -354,6 +488,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   SafetensorsReader r(path);
   SafetensorsFile out;
   out.metadata = r.metadata();
+  out.verified = r.verified();
+  out.has_checksums = r.has_checksums();
   for (const auto& e : r.entries()) out.tensors.emplace(e.name, r.read(e.name));
   return out;
 }
@@ -370,7 +506,7 @@ std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  check_writable(tensors);
+  check_writable(tensors, metadata);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
                           std::to_string(g_tmp_counter.fetch_add(1));
   std::FILE* f = std::fopen(tmp.c_str(), "wb");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/state_dict.hpp"
 
 namespace fs = std::filesystem;
@@ -329,8 +330,32 @@ TEST_CASE("safetensors: every truncation of a valid file throws IOError", "[safe
   }
 }
 
-TEST_CASE("safetensors: random byte flips parse or throw dopt::Error", "[safetensors]") {
-  const std::string valid = small_valid_file();
+namespace {
+
+/// DOPT_CHECKSUMS set to value for the scope (restored after).
+struct ChecksumEnv {
+  std::string old;
+  bool had = false;
+  explicit ChecksumEnv(const char* value) {
+    if (const char* v = std::getenv("DOPT_CHECKSUMS")) had = true, old = v;
+    ::setenv("DOPT_CHECKSUMS", value, 1);
+  }
+  ~ChecksumEnv() {
+    if (had) ::setenv("DOPT_CHECKSUMS", old.c_str(), 1);
+    else ::unsetenv("DOPT_CHECKSUMS");
+  }
+};
+
+/// Notes raised in the scope.
+struct CaptureNotices {
+  std::vector<std::string> notes;
+  NoticeHandler old;
+  CaptureNotices() { old = set_notice_handler([this](const std::string& t) { notes.push_back(t); }); }
+  ~CaptureNotices() { set_notice_handler(old); }
+};
+
+/// Flips random bytes (and sometimes truncates) 4000 times; counts what parsed.
+std::pair<int, int> flip_bytes(const std::string& valid) {
   std::uint64_t s = 0x9e3779b97f4a7c15ull;
   auto next = [&] {  // xorshift64*
     s ^= s >> 12;
@@ -361,8 +386,122 @@ TEST_CASE("safetensors: random byte flips parse or throw dopt::Error", "[safeten
       FAIL("iteration " << iter << ": non-dopt exception: " << e.what());
     }
   }
-  CHECK(rejected > 0);
-  CHECK(parsed > 0);  // flips in the data section leave a valid file
+  return {parsed, rejected};
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: random byte flips parse or throw dopt::Error", "[safetensors]") {
+  SECTION("with checksums every damaged file is refused") {
+    const auto [parsed, rejected] = flip_bytes(small_valid_file());
+    CHECK(parsed == 0);
+    CHECK(rejected == 4000);
+  }
+  SECTION("without checksums (DOPT_CHECKSUMS=off) the parser alone stays sound") {
+    ChecksumEnv off("off");
+    const std::string valid = small_valid_file();
+    CHECK(valid.find(kSafetensorsChecksumKey) == std::string::npos);
+    const auto [parsed, rejected] = flip_bytes(valid);
+    CHECK(rejected > 0);
+    CHECK(parsed > 0);  // flips in the data section leave a valid file
+  }
+}
+
+TEST_CASE("safetensors: a flipped bit in any tensor is refused, naming the file and the tensor", "[safetensors][checksum]") {
+  TempDir dir;
+  const std::string path = dir.file("model.safetensors");
+  const auto tensors = every_dtype();
+  write_safetensors(path, tensors, {{"step", "50"}});
+  const std::string good = slurp(path);
+  CHECK(read_safetensors(path).verified);
+  SafetensorsReader clean(path);
+  CHECK(clean.verified());
+  CHECK(clean.metadata().count(kSafetensorsChecksumKey) == 0);  // not returned to callers
+  int flipped = 0;
+  for (const SafetensorsEntry& e : clean.entries()) {
+    if (e.nbytes() == 0) continue;
+    for (int bit : {0, 7}) {
+      INFO(e.name << " bit " << bit);
+      std::string bad = good;
+      const std::size_t pos = clean.data_offset() + e.begin + (e.nbytes() - 1) / 2;
+      bad[pos] = static_cast<char>(static_cast<unsigned char>(bad[pos]) ^ (1u << bit));
+      {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out.write(bad.data(), static_cast<std::streamsize>(bad.size()));
+      }
+      const std::string want = path + ": tensor '" + e.name + "' does not match its checksum";
+      try {
+        (void)read_safetensors(path);
+        FAIL("read_safetensors accepted a flipped bit");
+      } catch (const IOError& err) {
+        CHECK_THAT(err.what(), Catch::Contains(want));
+        CHECK_THAT(err.what(), Catch::Contains("the file is corrupt"));
+      }
+      SafetensorsReader r(path);  // the header is intact
+      CHECK_THROWS_WITH(r.read(e.name), Catch::Contains(want));
+      for (const SafetensorsEntry& other : r.entries())
+        if (other.name != e.name) CHECK_NOTHROW(r.read(other.name));  // only the damaged one fails
+      CHECK_THROWS_WITH(parse_safetensors(bad.data(), bad.size(), "in-memory copy"),
+                        Catch::Contains("in-memory copy: tensor '" + e.name + "' does not match its checksum"));
+      ++flipped;
+    }
+  }
+  CHECK(flipped >= 20);
+}
+
+TEST_CASE("safetensors: a changed header is refused even when it stays valid JSON", "[safetensors][checksum]") {
+  const std::string good = serialize_safetensors({{"w", Tensor::from_vector<float>({1.f, 2.f}, {2})}}, {{"step", "50"}});
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"50\"", "\"51\""},                 // metadata value
+           {"\"F32\"", "\"I32\""},               // dtype of the same size
+           {"\"shape\":[2]", "\"shape\":[1]"}}) {  // (caught before: byte count)
+    INFO(from << " -> " << to);
+    std::string bad = good;
+    const auto at = bad.find(from);
+    REQUIRE(at != std::string::npos);
+    bad.replace(at, from.size(), to);
+    CHECK_THROWS_AS(parse_safetensors(bad.data(), bad.size(), "f"), IOError);
+  }
+  std::string bad = good;
+  bad.replace(bad.find("\"50\""), 4, "\"51\"");
+  CHECK_THROWS_WITH(parse_safetensors(bad.data(), bad.size(), "f"),
+                    Catch::Contains("f: the header (tensor names, dtypes, shapes, offsets or metadata) does not "
+                                    "match its checksum"));
+}
+
+TEST_CASE("safetensors: a file without checksums still loads, unverified", "[safetensors][checksum]") {
+  TempDir dir;
+  const std::string path = dir.file("old.safetensors");
+  const std::map<std::string, Tensor> tensors{{"a", Tensor::from_vector<float>({1.f, 2.f}, {2})}};
+  {
+    ChecksumEnv off("off");
+    write_safetensors(path, tensors, {{"k", "v"}});
+  }
+  CHECK(slurp(path).find(kSafetensorsChecksumKey) == std::string::npos);
+  SafetensorsFile f = read_safetensors(path);
+  check_same(tensors, f.tensors);
+  CHECK(f.metadata == std::map<std::string, std::string>{{"k", "v"}});
+  CHECK_FALSE(f.verified);
+  CHECK(read_safetensors(dir.file("old.safetensors")).tensors.size() == 1);
+  SafetensorsReader r(path);
+  CHECK_FALSE(r.verified());
+  CHECK(r.read("a").equal(tensors.at("a")));
+}
+
+TEST_CASE("safetensors: DOPT_CHECKSUMS=off skips verification; bad values and the reserved key are errors",
+          "[safetensors][checksum]") {
+  std::string bytes = serialize_safetensors({{"a", Tensor::from_vector<float>({1.f, 2.f}, {2})}});
+  bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 1);
+  CHECK_THROWS_AS(parse(bytes), IOError);
+  {
+    ChecksumEnv off("off");
+    CHECK_FALSE(parse(bytes).verified);
+  }
+  {
+    ChecksumEnv bad("maybe");
+    CHECK_THROWS_WITH(parse(bytes), Catch::Contains("DOPT_CHECKSUMS must be 'on' or 'off', got 'maybe'"));
+  }
+  CHECK_THROWS_AS(serialize_safetensors({}, {{kSafetensorsChecksumKey, "x"}}), ValueError);
 }
 
 TEST_CASE("state dict round trip through a file", "[safetensors][state_dict]") {
@@ -464,4 +603,32 @@ TEST_CASE("state dict files are validated", "[safetensors][state_dict]") {
   StateDict sd3;
   sd3.state[0]["step"] = Tensor();
   CHECK_THROWS_AS(save_state_dict(sd3, path), StateDictError);
+}
+
+TEST_CASE("load_state_dict notes a file without checksums once, and not one whose checks are only switched off",
+          "[safetensors][checksum][state_dict]") {
+  TempDir dir;
+  StateDict sd;
+  sd.state[0]["step"] = Tensor::scalar(3.0, DType::float32);
+  sd.param_groups.push_back({{{"lr", 0.1}}, {0}});
+  const std::string old = dir.file("old.safetensors"), fresh = dir.file("new.safetensors");
+  {
+    ChecksumEnv off("off");
+    save_state_dict(sd, old);
+  }
+  save_state_dict(sd, fresh);
+  CaptureNotices notes;
+  (void)load_state_dict(old);
+  (void)load_state_dict(old);
+  REQUIRE(notes.notes.size() == 1);
+  CHECK(notes.notes[0] == old + " has no checksums (written by an older dopt or another program): it is loaded "
+                                "without verifying its bytes");
+  {
+    ChecksumEnv off("off");
+    (void)load_state_dict(fresh);
+    CHECK(read_safetensors(fresh).has_checksums);
+    CHECK_FALSE(read_safetensors(fresh).verified);
+  }
+  (void)load_state_dict(fresh);
+  CHECK(notes.notes.size() == 1);
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
 
 namespace dopt {
@@ -142,7 +143,11 @@ void save_state_dict(const StateDict& sd, const std::string& path) {
 }
 
 StateDict load_state_dict(const std::string& path) {
-  return state_dict_from_safetensors(read_safetensors(path), path);
+  SafetensorsFile f = read_safetensors(path);
+  if (!f.has_checksums)
+    notice_once(path + " has no checksums (written by an older dopt or another program): it is loaded without "
+                       "verifying its bytes");
+  return state_dict_from_safetensors(f, path);
 }
 
 }  // namespace dopt

@@ -12,6 +12,7 @@
 #include <boost/asio.hpp>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
 
 namespace dopt::transport {
 
@@ -439,13 +440,20 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     asio::steady_timer retry;
     Hello out{}, in{};
     std::chrono::milliseconds backoff{5};
+    std::unique_ptr<net::ClientHandshake> hs;
+    std::string reply, proof, verdict;
     Conn(asio::io_context& io) : sock(io), retry(io) {}
   };
   struct Accepted {
     tcp::socket sock;
     Hello in{}, out{};
+    std::unique_ptr<net::ServerHandshake> hs;
+    std::string buf, rest, reply, verdict;
     explicit Accepted(tcp::socket s) : sock(std::move(s)) {}
   };
+  net::Credentials creds = opts.credentials;
+  creds.rank = rank;
+  creds.world_size = world;
 
   // Resolve every peer we connect to first (synchronously; names a bad endpoint).
   std::vector<std::unique_ptr<Conn>> conns;
@@ -501,37 +509,123 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
       if (!e2 && !done) try_connect(c);
     });
   };
+  // After the handshake (below): the hello.
+  std::function<void(Conn*)> send_hello = [&](Conn* c) {
+    c->out = Hello{k_hello_magic, k_version, rank, world};
+    asio::async_write(c->sock, asio::buffer(&c->out, sizeof(Hello)),
+                      [&, c](const boost::system::error_code& ec2, std::size_t) {
+      if (done) return;
+      if (ec2) return retry(c, "hello not sent: " + describe(ec2));
+      asio::async_read(c->sock, asio::buffer(&c->in, sizeof(Hello)),
+                       [&, c](const boost::system::error_code& ec3, std::size_t) {
+        if (done) return;
+        if (ec3) return retry(c, "no hello reply: " + describe(ec3));
+        if (c->in.magic != k_hello_magic || c->in.version != k_version || c->in.rank != c->peer ||
+            c->in.world != world) {
+          return finish(std::make_exception_ptr(IOError(
+              k_op,
+              "endpoint " + endpoints[c->peer] + " of rank " + std::to_string(c->peer) +
+                  " answered as rank " + std::to_string(c->in.rank) + " of a world of " +
+                  std::to_string(c->in.world) + " (expected rank " + std::to_string(c->peer) +
+                  " of " + std::to_string(world) + ")",
+              rank)));
+        }
+        established(c->peer, std::move(c->sock));
+      });
+    });
+  };
+  // The client side of dopt's handshake; a refusal (or a peer that fails to
+  // prove itself) is fatal, a connection that breaks is retried.
   try_connect = [&](Conn* c) {
     asio::async_connect(c->sock, c->addrs, [&, c](const boost::system::error_code& ec, const tcp::endpoint&) {
       if (done) return;
       if (ec) return retry(c, ec.message());
       set_socket_options(c->sock);
-      c->out = Hello{k_hello_magic, k_version, rank, world};
-      asio::async_write(c->sock, asio::buffer(&c->out, sizeof(Hello)),
-                        [&, c](const boost::system::error_code& ec2, std::size_t) {
+      c->hs = std::make_unique<net::ClientHandshake>(
+          net::Purpose::data, creds, "rank " + std::to_string(c->peer) + " at " + endpoints[c->peer], k_op);
+      asio::async_write(c->sock, asio::buffer(c->hs->hello()), [&, c](const boost::system::error_code& e1, std::size_t) {
         if (done) return;
-        if (ec2) return retry(c, "hello not sent: " + describe(ec2));
-        asio::async_read(c->sock, asio::buffer(&c->in, sizeof(Hello)),
-                         [&, c](const boost::system::error_code& ec3, std::size_t) {
+        if (e1) return retry(c, "handshake not sent: " + describe(e1));
+        c->reply.assign(net::kReplySize, '\0');
+        asio::async_read(c->sock, asio::buffer(c->reply), [&, c](const boost::system::error_code& e2, std::size_t) {
           if (done) return;
-          if (ec3) return retry(c, "no hello reply: " + describe(ec3));
-          if (c->in.magic != k_hello_magic || c->in.version != k_version || c->in.rank != c->peer ||
-              c->in.world != world) {
-            return finish(std::make_exception_ptr(IOError(
-                k_op,
-                "endpoint " + endpoints[c->peer] + " of rank " + std::to_string(c->peer) +
-                    " answered as rank " + std::to_string(c->in.rank) + " of a world of " +
-                    std::to_string(c->in.world) + " (expected rank " + std::to_string(c->peer) +
-                    " of " + std::to_string(world) + ")",
-                rank)));
+          if (e2) return retry(c, "no handshake reply: " + describe(e2));
+          try {
+            c->proof = c->hs->on_reply(c->reply);
+          } catch (...) {
+            return finish(std::current_exception());
           }
-          established(c->peer, std::move(c->sock));
+          asio::async_write(c->sock, asio::buffer(c->proof), [&, c](const boost::system::error_code& e3, std::size_t) {
+            if (done) return;
+            if (e3) return retry(c, "handshake proof not sent: " + describe(e3));
+            c->verdict.assign(net::kVerdictSize, '\0');
+            asio::async_read(c->sock, asio::buffer(c->verdict), [&, c](const boost::system::error_code& e4,
+                                                                       std::size_t) {
+              if (done) return;
+              if (e4) return retry(c, "no handshake verdict: " + describe(e4));
+              try {
+                c->hs->on_verdict(c->verdict);
+              } catch (...) {
+                return finish(std::current_exception());
+              }
+              send_hello(c);
+            });
+          });
         });
       });
     });
   };
 
-  // Accept every lower rank.
+  // Accept every lower rank: dopt's handshake first (a connection that fails
+  // it is dropped and reported, not fatal: it was not one of our peers), then
+  // the hello.
+  auto drop = [&](const std::shared_ptr<Accepted>& a, const std::string& why) {
+    boost::system::error_code ignore;
+    std::string from = "an unknown address";
+    if (auto ep = a->sock.remote_endpoint(ignore); !ignore)
+      from = ep.address().to_string() + ":" + std::to_string(ep.port());
+    a->sock.close(ignore);
+    if (!why.empty())
+      notice("refused a connection from " + from + " to rank " + std::to_string(rank) + "'s data port: " + why);
+  };
+  std::function<void(std::shared_ptr<Accepted>)> read_hello = [&](std::shared_ptr<Accepted> a) {
+    asio::async_read(a->sock, asio::buffer(&a->in, sizeof(Hello)),
+                     [&, a](const boost::system::error_code& ec2, std::size_t) {
+      if (done) return;
+      boost::system::error_code ignore;
+      if (ec2 || a->in.magic != k_hello_magic) {  // a stray client
+        a->sock.close(ignore);
+        return;
+      }
+      const int peer = a->in.rank;
+      if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= rank) {
+        return finish(std::make_exception_ptr(IOError(
+            k_op,
+            "a peer connected as rank " + std::to_string(peer) + " of a world of " +
+                std::to_string(a->in.world) + " (protocol " + std::to_string(a->in.version) +
+                "); expected a rank below " + std::to_string(rank) + " of " + std::to_string(world),
+            rank)));
+      }
+      if (peers[peer]->sock)
+        return finish(std::make_exception_ptr(
+            IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
+      set_socket_options(a->sock);
+      a->out = Hello{k_hello_magic, k_version, rank, world};
+      asio::async_write(a->sock, asio::buffer(&a->out, sizeof(Hello)),
+                        [&, a, peer](const boost::system::error_code& ec3, std::size_t) {
+        if (done) return;
+        boost::system::error_code ignore2;
+        if (ec3) {  // the peer retries
+          a->sock.close(ignore2);
+          return;
+        }
+        if (peers[peer]->sock)
+          return finish(std::make_exception_ptr(
+              IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
+        established(peer, std::move(a->sock));
+      });
+    });
+  };
   std::function<void()> do_accept = [&]() {
     acceptor.async_accept([&](const boost::system::error_code& ec, tcp::socket s) {
       if (done) return;
@@ -542,40 +636,33 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
       auto a = std::make_shared<Accepted>(std::move(s));
       accepting.push_back(a);
       do_accept();
-      asio::async_read(a->sock, asio::buffer(&a->in, sizeof(Hello)),
-                       [&, a](const boost::system::error_code& ec2, std::size_t) {
+      a->hs = std::make_unique<net::ServerHandshake>(net::Purpose::data, creds, net::Admit{});
+      a->buf.assign(net::kMagicSize, '\0');
+      asio::async_read(a->sock, asio::buffer(a->buf), [&, a](const boost::system::error_code& e1, std::size_t) {
         if (done) return;
-        boost::system::error_code ignore;
-        if (ec2 || a->in.magic != k_hello_magic) {  // a stray client
-          a->sock.close(ignore);
-          return;
-        }
-        const int peer = a->in.rank;
-        if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= rank) {
-          return finish(std::make_exception_ptr(IOError(
-              k_op,
-              "a peer connected as rank " + std::to_string(peer) + " of a world of " +
-                  std::to_string(a->in.world) + " (protocol " + std::to_string(a->in.version) +
-                  "); expected a rank below " + std::to_string(rank) + " of " + std::to_string(world),
-              rank)));
-        }
-        if (peers[peer]->sock)
-          return finish(std::make_exception_ptr(
-              IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
-        set_socket_options(a->sock);
-        a->out = Hello{k_hello_magic, k_version, rank, world};
-        asio::async_write(a->sock, asio::buffer(&a->out, sizeof(Hello)),
-                          [&, a, peer](const boost::system::error_code& ec3, std::size_t) {
+        if (e1) return drop(a, "");
+        if (!net::ServerHandshake::magic_ok(a->buf)) return drop(a, "not a dopt handshake");
+        a->rest.assign(net::kHelloSize - net::kMagicSize, '\0');
+        asio::async_read(a->sock, asio::buffer(a->rest), [&, a](const boost::system::error_code& e2, std::size_t) {
           if (done) return;
-          boost::system::error_code ignore2;
-          if (ec3) {  // the peer retries
-            a->sock.close(ignore2);
-            return;
-          }
-          if (peers[peer]->sock)
-            return finish(std::make_exception_ptr(
-                IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
-          established(peer, std::move(a->sock));
+          if (e2) return drop(a, "");
+          a->reply = a->hs->on_hello(a->buf + a->rest);
+          asio::async_write(a->sock, asio::buffer(a->reply), [&, a](const boost::system::error_code& e3, std::size_t) {
+            if (done) return;
+            if (e3 || a->hs->refused()) return drop(a, a->hs->refused() ? a->hs->refusal() : "");
+            a->buf.assign(net::kProofSize, '\0');
+            asio::async_read(a->sock, asio::buffer(a->buf), [&, a](const boost::system::error_code& e4, std::size_t) {
+              if (done) return;
+              if (e4) return drop(a, "");
+              a->verdict = a->hs->on_proof(a->buf);
+              asio::async_write(a->sock, asio::buffer(a->verdict), [&, a](const boost::system::error_code& e5,
+                                                                          std::size_t) {
+                if (done) return;
+                if (e5 || !a->hs->admitted()) return drop(a, a->hs->admitted() ? "" : a->hs->refusal());
+                read_hello(a);
+              });
+            });
+          });
         });
       });
     });

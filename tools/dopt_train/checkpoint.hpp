@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,8 +47,19 @@ struct CheckpointInfo {
 
 /// "step-00000050".
 std::string step_dir_name(std::int64_t step);
-/// The complete checkpoint of the highest step under checkpoint_dir, if any.
+/// The complete checkpoint of the highest step under checkpoint_dir, if any
+/// (none when the folder does not exist). IOError when the folder exists but
+/// cannot be listed, or is not a folder.
 std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir);
+/// Creates checkpoint_dir (and its parents) and writes, syncs and removes a
+/// small probe file in it (named after rank and process, so simulated ranks
+/// do not collide). "" when that works, else what went wrong, for a message
+/// ("cannot create /x/ck: Permission denied").
+std::string probe_checkpoint_dir(const std::string& checkpoint_dir, int rank);
+/// Removes the complete checkpoints of checkpoint_dir but the newest
+/// keep_last (and leftover step-*.tmp folders older than the newest
+/// complete one); returns the folders removed. keep_last <= 0 keeps all.
+std::vector<std::string> prune_checkpoints(const std::string& checkpoint_dir, int keep_last);
 /// Reads dir/checkpoint.json. IOError (naming the file) when it is missing or
 /// not a dopt-train checkpoint.
 CheckpointInfo read_checkpoint_info(const std::string& dir);

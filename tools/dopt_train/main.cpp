@@ -10,7 +10,8 @@
 // srun), as one rank per process: dopt::run_distributed decides.
 //
 // Exit status: 0 on success, 2 for bad flags, 1 for any other error (one line
-// on stderr: "dopt-train: error: ...").
+// on stderr: "dopt-train: error: ..."), 130 after Ctrl-C / SIGTERM (with a
+// checkpoint when --checkpoint-dir is set).
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -53,6 +55,8 @@ void on_signal(int sig) {
   ::signal(sig, SIG_DFL);
 }
 
+/// Installed once the ranks are connected (train_rank): during the
+/// rendezvous a signal keeps its default action and ends the process at once.
 void install_signal_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -89,12 +93,45 @@ void dump_params(dopt::ProcessGroup& world, const Mlp& model, const std::string&
   dopt::write_safetensors(path, tensors, {{"step", std::to_string(step)}});
 }
 
+/// "parameter 'fc1.weight' holds NaN at element 3", or "" when all are finite.
+std::string nonfinite_parameter(const Mlp& model) {
+  for (std::size_t i = 0; i < model.params().size(); ++i) {
+    const Tensor& p = model.params()[i];
+    const float* d = p.data<float>();
+    for (std::int64_t k = 0; k < p.numel(); ++k)
+      if (!std::isfinite(d[k]))
+        return "parameter '" + model.names()[i] + "' holds " + (std::isnan(d[k]) ? "NaN" : "inf") + " at element " +
+               std::to_string(k);
+  }
+  return {};
+}
+
+/// Every rank probes the checkpoint folder before the first step; all fail
+/// together, each naming the ranks that cannot write.
+void check_checkpoint_dir(dopt::ProcessGroup& world, const std::string& dir, int rank) {
+  const std::string why = probe_checkpoint_dir(dir, rank);
+  std::vector<Tensor> all;
+  for (int k = 0; k < world.size(); ++k) all.push_back(Tensor::zeros({1}, dopt::DType::float64));
+  world.all_gather(all, Tensor::full({1}, why.empty() ? 0.0 : 1.0, dopt::DType::float64));
+  std::string bad;
+  for (int k = 0; k < world.size(); ++k)
+    if (all[static_cast<std::size_t>(k)].at(0) != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(k);
+  if (!why.empty())
+    throw dopt::IOError("checkpoint", "--checkpoint-dir cannot be used: " + why + " (checked before the first step)",
+                        rank);
+  if (!bad.empty())
+    throw dopt::IOError("checkpoint", "--checkpoint-dir " + dir + " cannot be used on rank(s) " + bad +
+                                          " (see their error; checked before the first step)", rank);
+}
+
 /// One rank's training loop.
 void train_rank(dopt::RankContext& ctx, const Plan& plan) {
+  install_signal_handlers();
   const Options& o = plan.opt;
   const int rank = ctx.rank(), world_size = ctx.world_size();
   dopt::ProcessGroup world = ctx.world();
   const bool lead = rank == 0;
+  if (!o.checkpoint_dir.empty()) check_checkpoint_dir(world, o.checkpoint_dir, rank);
 
   Shard shard(o.data, rank, world_size);
   Mlp model(o.data.input_dim, o.hidden, o.layers, o.data.classes, o.data.seed);
@@ -127,7 +164,14 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   Progress progress(first, o.steps, tty, o.quiet || !lead,
                     o.log_every > 0 ? o.log_every : std::max<std::int64_t>(1, o.steps / 20));
 
+  bool params_nonfinite = false;  // after the latest step, on some rank (--nonfinite warn)
   auto save_checkpoint = [&](std::int64_t step) {
+    if (params_nonfinite) {
+      if (lead)
+        progress.note("dopt-train: warning: no checkpoint at step " + std::to_string(step) +
+                      ": the parameters hold non-finite values");
+      return;
+    }
     const fs::path final_dir = fs::path(o.checkpoint_dir) / step_dir_name(step);
     const fs::path tmp = final_dir.string() + ".tmp";
     if (lead) {
@@ -144,12 +188,15 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       fs::rename(tmp, final_dir);
       if (metrics) metrics->flush();
       progress.note("checkpoint: " + final_dir.string() + " (step " + std::to_string(step) + ")");
+      for (const std::string& gone : prune_checkpoints(o.checkpoint_dir, o.keep_last))
+        progress.note("removed " + gone + " (--keep-last " + std::to_string(o.keep_last) + ")");
     }
     world.barrier();
   };
 
-  Tensor stats = Tensor::zeros({3}, dopt::DType::float64);
+  Tensor stats = Tensor::zeros({4}, dopt::DType::float64);
   std::int64_t saved_at = -1, interrupted_at = -1;
+  bool warned_nonfinite = false;
   const auto t0 = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
   for (std::int64_t s = first; s < o.steps; ++s) {
@@ -164,8 +211,31 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     st[1] = double(r.correct) / o.batch;
     if (lead && o.interrupt_at_step == s + 1) std::raise(SIGINT);  // tests: a Ctrl-C at a known step
     st[2] = g_signal.load() != 0 ? 1 : 0;  // summed: every rank sees the same decision
+    // A non-finite loss or parameter: every rank learns how many ranks have one.
+    std::string mine;
+    if (!std::isfinite(r.loss)) mine = "the loss is " + std::string(std::isnan(r.loss) ? "NaN" : "inf");
+    else mine = nonfinite_parameter(model);
+    st[3] = mine.empty() ? 0 : 1;
     world.all_reduce(stats);
     const bool stop = stats.data<double>()[2] > 0;
+    const int nonfinite_ranks = static_cast<int>(stats.data<double>()[3]);
+    params_nonfinite = nonfinite_ranks > 0;
+    if (nonfinite_ranks > 0) {
+      const std::string what = "step " + std::to_string(s + 1) + ": non-finite values on " +
+                               std::to_string(nonfinite_ranks) + " of " + std::to_string(world_size) + " ranks" +
+                               (mine.empty() ? "" : " (here: " + mine + ")");
+      if (o.nonfinite == "error") {
+        progress.finish();
+        throw dopt::ValueError("train", what + "; stopped without writing a checkpoint of it" +
+                                                 (saved_at > 0 ? " (the last one is step " + std::to_string(saved_at) + ")"
+                                                               : std::string()) +
+                                                 ". Lower --lr, or pass --nonfinite warn to keep going", rank);
+      }
+      if (lead && !warned_nonfinite)
+        progress.note("dopt-train: warning: " + what + "; going on (--nonfinite warn), without checkpoints while "
+                      "the parameters are not finite");
+      warned_nonfinite = true;
+    }
 
     if (s == first) {  // optimizer state exists from the first step on
       Tensor mine = Tensor::from_vector(std::vector<double>{double(strategy->state_bytes()),
@@ -286,7 +356,16 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "Save a checkpoint every K steps (needs --checkpoint-dir)")
       ->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Folder of the checkpoints (also gets one at the end)");
-  app.add_flag("--resume", o.resume, "Resume from the latest checkpoint in --checkpoint-dir");
+  app.add_flag("--resume{auto}", o.resume_mode,
+               "Resume from the latest checkpoint in --checkpoint-dir, or start at step 0 when there is none yet; "
+               "--resume=required: there must be one")
+      ->check(CLI::IsMember({"auto", "required"}));
+  app.add_option("--keep-last", o.keep_last, "Keep only the newest N checkpoints (default: all)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nonfinite", o.nonfinite,
+                 "A NaN/inf loss or parameter: error (stop, exit 1) or warn (go on, no checkpoints while not finite)")
+      ->check(CLI::IsMember({"error", "warn"}))
+      ->capture_default_str();
   app.add_option("--resume-from", o.resume_from, "Resume from this checkpoint folder (DIR/step-XXXXXXXX)");
   app.add_option("--metrics", o.metrics, "Write one JSON line per step here (step, loss, accuracy, lr, steps_per_s, time_s)");
   app.add_option("--svg", o.svg, "Draw the loss curve into this SVG file");
@@ -312,9 +391,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   for (char& c : o.inner) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  o.resume = app.count("--resume") > 0;
   if (o.resume && !o.resume_from.empty()) return usage_error("--resume and --resume-from exclude each other");
   if (o.resume && o.checkpoint_dir.empty()) return usage_error("--resume needs --checkpoint-dir");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) return usage_error("--checkpoint-every needs --checkpoint-dir");
+  if (o.keep_last > 0 && o.checkpoint_dir.empty()) return usage_error("--keep-last needs --checkpoint-dir");
   for (const char* f : {"--plsgd-warmup", "--plsgd-period", "--plsgd-local-group"})
     if (o.optim != "post-local-sgd" && app.count(f)) return usage_error(std::string(f) + " needs --optim post-local-sgd");
 
@@ -363,9 +444,15 @@ int main(int argc, char** argv) {
 
     std::string resume_dir = o.resume_from;
     if (o.resume) {
-      auto latest = find_latest_checkpoint(o.checkpoint_dir);
-      if (!latest) throw dopt::IOError("resume", "no complete checkpoint in " + o.checkpoint_dir);
-      resume_dir = *latest;
+      auto latest = find_latest_checkpoint(o.checkpoint_dir);  // IOError: not a folder, cannot be listed
+      if (latest) {
+        resume_dir = *latest;
+      } else if (o.resume_mode == "required") {
+        throw dopt::IOError("resume", "--resume=required but there is no complete checkpoint in " + o.checkpoint_dir);
+      } else if (!env || env->rank == 0) {
+        std::printf("dopt-train: note: no checkpoint in %s yet: starting at step 0\n", o.checkpoint_dir.c_str());
+        std::fflush(stdout);
+      }
     }
     if (!resume_dir.empty()) {
       plan.resume = read_checkpoint_info(resume_dir);
@@ -377,7 +464,6 @@ int main(int argc, char** argv) {
       run_remote(plan);  // over dopt::rpc
 #endif
     } else {
-      install_signal_handlers();
       dopt::RunOptions ro;
       ro.simulated_ranks = o.ranks;
       dopt::run_distributed([&](dopt::RankContext& ctx) { train_rank(ctx, plan); }, ro);

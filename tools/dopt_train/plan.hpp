@@ -26,8 +26,11 @@ struct Options {
   DataSpec data;
   std::int64_t checkpoint_every = 0;
   std::string checkpoint_dir;
-  bool resume = false;
+  bool resume = false;               // --resume given (resume_mode says how)
+  std::string resume_mode = "auto";  // auto: the latest checkpoint if any, else from scratch; required
   std::string resume_from;
+  int keep_last = 0;                 // 0: keep every checkpoint
+  std::string nonfinite = "error";   // error | warn
   std::string metrics, svg, dump_params;
   bool quiet = false;
   std::int64_t log_every = 0;

@@ -9,7 +9,9 @@
 // init_process_group must be called once by every rank of the world (it is a
 // collective: it returns on no rank before every rank has called it). It runs
 // the rendezvous (rendezvous.hpp), spawns this process's rank actor, exchanges
-// the rank actors and opens the data plane between the ranks:
+// the rank actors and opens the data plane between the ranks (every
+// connection behind dopt's handshake: the job id, and the secret when the job
+// has one; docs/launching.md):
 //   * ranks on the same host move tensors through POSIX shared memory;
 //   * ranks on different hosts through Boost.Asio TCP connections;
 //   * CAF's middleman carries only control messages (who arrived, which
@@ -34,8 +36,10 @@
 namespace dopt {
 
 struct InitOptions {
-  /// Bounds the rendezvous (connecting included). The world group's timeout
-  /// is the runtime's collective_timeout.
+  /// Bounds the rendezvous (connecting included). Connecting the ranks to
+  /// each other afterwards is bounded by env.handshake_timeout
+  /// (DOPT_HANDSHAKE_TIMEOUT_MS). The world group's timeout is the runtime's
+  /// collective_timeout.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   /// "auto" (shared memory when every rank is on this host, else TCP),
   /// "shm" or "tcp". The environment variable DOPT_TRANSPORT overrides it.

@@ -3,23 +3,38 @@
 //
 // Protocol (control plane only; tensors never travel here):
 //  * every rank spawns one rendezvous actor in its Runtime; rank 0's actor is
-//    also the coordinator and is published on MASTER_PORT (all interfaces);
+//    also the coordinator and listens on MASTER_PORT, on the address
+//    net::choose_bind_address(env) picks (not every interface unless asked);
+//  * every connection first passes dopt's handshake (dopt/runtime/
+//    handshake.hpp): the same job id (env.job_id) and, when env.secret is
+//    set, proof of the secret; only then does CAF's middleman see the socket;
 //  * ranks != 0 connect to MASTER_ADDR:MASTER_PORT, retrying every 50 ms until
-//    the timeout while rank 0 is not up yet;
+//    the timeout while nothing listens there yet (or the name does not
+//    resolve yet);
 //  * every rank (rank 0 too) registers (rank, world_size, its actor);
 //  * the coordinator checks each registration: a world size that differs from
 //    rank 0's, or a rank that registered already, fails the whole rendezvous
 //    (every waiting and every later rank gets the same error). Once all
 //    world_size ranks arrived it replies to all with the full table;
-//  * a barrier closes it, so nobody returns before everybody has the table.
+//  * a barrier closes it, so nobody returns before everybody has the table;
+//  * rank 0 keeps listening until its Runtime shuts down and turns every later
+//    process away in the handshake ("the world is already closed ... rank r
+//    is already taken").
 //
 // Errors (op "rendezvous", rank = this process's rank):
 //  * ValueError   a world size that differs from rank 0's, a duplicate rank
-//                 (the message names the rank(s));
+//                 (the message names the rank(s)); refused by rank 0: another
+//                 job (both job ids named), the world already closed;
+//  * AuthenticationError  the secret is missing on one side or differs;
 //  * IOError      rank 0 cannot listen on MASTER_PORT (e.g. already in use);
+//                 MASTER_PORT answers with something that is not dopt;
 //  * TimeoutError not all ranks arrived within the timeout; the message names
 //                 the missing ranks ("missing ranks: 1, 3"). A rank that
-//                 cannot reach rank 0 in time says so.
+//                 cannot reach rank 0 in time says so. MASTER_PORT accepted
+//                 the connection but did not answer the handshake within
+//                 env.handshake_timeout (another program holds the port);
+//  * PeerLostError (barrier) a rank reported that it failed while the ranks
+//                 connected to each other (init_process_group).
 // No CAF types appear in this header.
 #include <chrono>
 #include <memory>

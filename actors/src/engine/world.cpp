@@ -15,6 +15,7 @@
 #include "engine/runtime_impl.hpp"
 #include "planes/shm/shm_plane.hpp"
 #include "rendezvous_internal.hpp"
+#include "world_setup.hpp"
 
 namespace dopt::detail {
 
@@ -70,14 +71,10 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   const std::string host = host_info();
   std::optional<transport::TcpListener> listener;
   auto make_info = [&] {
-    auto port = sys.middleman().publish(a, 0, nullptr, true);
-    if (!port)
-      throw IOError(op, "the rank actor cannot listen on a port: " + sys.render(port.error()), env.rank);
-    if (plane_choice != "shm") listener.emplace(transport::TcpMesh::listen());
-    char hostname[256] = {};
-    ::gethostname(hostname, sizeof hostname - 1);
-    return host + " addr=" + hostname + " port=" + std::to_string(*port) +
-           " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
+    // Ports behind dopt's handshake (job id, secret), on the chosen interface.
+    std::string info = host + publish_control_port(rt, sys, a, env, op);
+    if (plane_choice != "shm") listener.emplace(transport::TcpMesh::listen(info_field(info, "bind")));
+    return info + " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
            " job=" + job_token();
   };
   RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
@@ -107,33 +104,30 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   peers->actors = rendezvous_payloads(rdv);
   peers->actors[static_cast<std::size_t>(env.rank)] = a;
   // Direct connections: rank i (> 0) connects to every rank above it; rank 0
-  // has one to everybody from the rendezvous.
-  for (int r = std::max(1, env.rank + 1); env.rank > 0 && r < env.world_size; ++r) {
-    const std::string& pinfo = infos[static_cast<std::size_t>(r)];
-    const std::string addr = std::find(elsewhere.begin(), elsewhere.end(), r) == elsewhere.end()
-                                 ? std::string("127.0.0.1")
-                                 : field(pinfo, "addr");
-    const int pport = std::atoi(field(pinfo, "port").c_str());
-    auto h = sys.middleman().remote_actor(addr, static_cast<std::uint16_t>(pport));
-    if (!h)
-      throw PeerLostError(op, "cannot connect to rank " + std::to_string(r) + " at " + addr + ":" +
-                                  std::to_string(pport) + ": " + sys.render(h.error()), env.rank);
-    peers->actors[static_cast<std::size_t>(r)] = *h;
-  }
+  // has one to everybody from the rendezvous. Each is bounded by the
+  // handshake timeout; a rank that fails tells the others (setup_step), so
+  // every rank stops at the barrier below naming it.
+  setup_step(rdv, env.rank, op, [&] {
+    for (int r = std::max(1, env.rank + 1); env.rank > 0 && r < env.world_size; ++r)
+      peers->actors[static_cast<std::size_t>(r)] =
+          connect_control_port(sys, env, r, host, infos[static_cast<std::size_t>(r)], op);
+  });
+  rdv.barrier(options.timeout);
   std::shared_ptr<transport::TcpMesh> mesh;
   if (use_tcp) {
     std::vector<std::string> endpoints;
-    for (int r = 0; r < env.world_size; ++r) {
-      const std::string& pinfo = infos[static_cast<std::size_t>(r)];
-      const bool here = std::find(elsewhere.begin(), elsewhere.end(), r) == elsewhere.end();
-      endpoints.push_back((here ? std::string("127.0.0.1") : field(pinfo, "addr")) + ":" + field(pinfo, "tcp"));
-    }
+    for (int r = 0; r < env.world_size; ++r) endpoints.push_back(data_endpoint(host, infos[static_cast<std::size_t>(r)]));
     // A connection of the mesh that ends is not taken as the peer's loss: a
     // peer that finished and exited closes it before its last control
     // messages (on CAF's connection) may have arrived. Collectives that still
     // need its bytes fail by themselves; the loss itself is CAF's down_msg.
-    mesh = std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
-                                                options.timeout);
+    // Every rank is here now: connecting is bounded by the handshake timeout.
+    transport::TcpMeshOptions mesh_options;
+    mesh_options.credentials = net::Credentials::from(env);
+    mesh = setup_step(rdv, env.rank, op, [&] {
+      return std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
+                                                  env.handshake_timeout, mesh_options);
+    });
     // The rank actor owns it; the runtime closes it at shutdown (after the actor is gone).
     std::weak_ptr<transport::TcpMesh> weak = mesh;
     runtime_add_stopper(rt, [weak] {

@@ -55,6 +55,9 @@ DOPT_DEFINE_ERROR(TimeoutError, Error);
 DOPT_DEFINE_ERROR(CollectiveMismatchError, Error);
 /// A peer (rank or worker) died or was cut off.
 DOPT_DEFINE_ERROR(PeerLostError, Error);
+/// A connection between ranks whose other end could not prove it belongs to
+/// the job: the secret is missing on one side, or differs.
+DOPT_DEFINE_ERROR(AuthenticationError, Error);
 
 #undef DOPT_DEFINE_ERROR
 

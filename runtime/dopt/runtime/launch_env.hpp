@@ -24,11 +24,44 @@
 // world size larger than the world size, an empty MASTER_ADDR, a MASTER_PORT
 // outside 1..65535, a SLURM_TASKS_PER_NODE that does not add up to the number
 // of tasks.
+//
+// Who may join, and where to listen (every family; docs/launching.md):
+//   job_id       DOPT_JOB_ID, else TORCHELASTIC_RUN_ID (unless "none"), else
+//                OpenMPI's job (OMPI_MCA_ess_base_jobid, or PMIX_NAMESPACE),
+//                else SLURM_JOB_ID (".SLURM_STEP_ID" appended when set); ""
+//                when none is set. Ranks of different job ids never join
+//                each other: every connection between ranks presents it.
+//                At most 255 printable ASCII characters.
+//   secret       the content of the file DOPT_SECRET_FILE (a regular file
+//                of this user that nobody else may read or write, trailing
+//                blanks and newlines dropped), or DOPT_SECRET; at least 16
+//                bytes; both set is an error. "" = no authentication. When
+//                set, every connection between ranks proves knowledge of
+//                it (HMAC-SHA256 challenge-response, never sent in clear).
+//                A missing, unreadable or too open file is a ValueError.
+//   bind_addr    DOPT_BIND_ADDR: the address (or host name) every listener
+//                of this rank binds to ("0.0.0.0" or "::" for every
+//                interface); "" = chosen from MASTER_ADDR (docs).
+//   socket_ifname DOPT_SOCKET_IFNAME: bind to this interface's address
+//                instead (exclusive with DOPT_BIND_ADDR).
+//   advertise_addr DOPT_ADVERTISE_ADDR: the address peers connect to for this
+//                rank when it differs from the bind address.
+//   handshake_timeout DOPT_HANDSHAKE_TIMEOUT_MS (default 10000): how long a
+//                connection between ranks may take to answer its handshake,
+//                and how long the ranks may take to connect to each other
+//                once all have arrived.
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
 
 namespace dopt {
+
+/// Default MASTER_ADDR / MASTER_PORT when the environment does not set them.
+inline constexpr const char* kDefaultMasterAddr = "127.0.0.1";
+inline constexpr int kDefaultMasterPort = 29500;
+/// Default DOPT_HANDSHAKE_TIMEOUT_MS.
+inline constexpr int kDefaultHandshakeTimeoutMs = 10000;
 
 struct LaunchEnv {
   int rank = 0;
@@ -39,15 +72,27 @@ struct LaunchEnv {
   int master_port = 29500;
   /// Which family of variables it was read from: "torchrun", "openmpi" or "slurm".
   std::string source;
+
+  // --- who may join, where to listen (see the top of this file) ---
+  std::string job_id;
+  /// The variable job_id came from ("DOPT_JOB_ID", "SLURM_JOB_ID", ...); "" when none.
+  std::string job_id_source;
+  std::string secret;
+  /// "DOPT_SECRET_FILE=<path>" or "DOPT_SECRET"; "" when there is no secret.
+  std::string secret_source;
+  std::string bind_addr;
+  std::string socket_ifname;
+  std::string advertise_addr;
+  std::chrono::milliseconds handshake_timeout{kDefaultHandshakeTimeoutMs};
+
+  /// "job 'x' (from DOPT_JOB_ID)" or "no job id", for messages.
+  std::string describe_job() const;
 };
 
-/// Default MASTER_ADDR / MASTER_PORT when the environment does not set them.
-inline constexpr const char* kDefaultMasterAddr = "127.0.0.1";
-inline constexpr int kDefaultMasterPort = 29500;
 
-/// Parses the launch contract from `env` (variable name -> value).
-/// Throws ValueError when no family's variables are present, or when a value
-/// is malformed or contradicts another (see above).
+/// Parses the launch contract from `env` (variable name -> value); reads the
+/// file DOPT_SECRET_FILE names. Throws ValueError when no family's variables
+/// are present, or when a value is malformed or contradicts another (see above).
 LaunchEnv parse_launch_env(const std::map<std::string, std::string>& env);
 
 /// Reads this process's environment. std::nullopt when none of the rank/size

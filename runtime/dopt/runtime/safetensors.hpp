@@ -20,6 +20,26 @@
 // data section in the same order with no holes, the header padded with spaces
 // to a multiple of 8 bytes, so equal inputs give byte-identical files. Tensors
 // on another device are copied to the host first.
+//
+// Checksums: the writer adds two metadata entries, "dopt.checksum.algorithm"
+// = "xxh3-64" and "dopt.checksum", a JSON object {"header": H, "tensors":
+// {name: T}} where T is the XXH3-64 digest of a tensor's data bytes and H the
+// digest of the header without the "dopt.checksum" entry (so names, dtypes,
+// shapes, offsets and the other metadata are covered too), each as 16
+// lower-case hex digits. One entry without the other is a damaged header.
+// Every reader
+// below verifies them: a header or a tensor whose bytes differ from what was
+// written raises dopt::IOError naming the file and the tensor ("tensor
+// 'state.3.exp_avg_sq' does not match its checksum ... the file is corrupt").
+// The entries are not part of the metadata the readers return, and callers
+// may not set them (ValueError). A file without them (an older dopt, another
+// program) is read unverified (SafetensorsFile::verified and
+// SafetensorsReader::verified() say so, has_checksums says whether it has
+// them at all; dopt's checkpoint loaders note a file without them through
+// dopt::notice()).
+// The environment variable DOPT_CHECKSUMS=off turns both writing and
+// verifying off (for measurements, or to rescue the data of a damaged file);
+// any value other than on/off/1/0 is a ValueError.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -34,10 +54,17 @@ namespace dopt {
 
 /// Largest header accepted by the readers (bytes).
 inline constexpr std::uint64_t kSafetensorsMaxHeader = 100ull * 1024 * 1024;
+/// The metadata entries holding the checksums (see above).
+inline constexpr const char* kSafetensorsChecksumKey = "dopt.checksum";
+inline constexpr const char* kSafetensorsChecksumAlgorithmKey = "dopt.checksum.algorithm";
 
 struct SafetensorsFile {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
+  /// The file carried checksums and every tensor matched them.
+  bool verified = false;
+  /// The file carries checksums (verified or not: DOPT_CHECKSUMS=off).
+  bool has_checksums = false;
 };
 
 /// One tensor as described by a header. Offsets are relative to the data section.
@@ -83,11 +110,18 @@ class SafetensorsReader {
   /// Entries sorted by name.
   const std::vector<SafetensorsEntry>& entries() const noexcept { return entries_; }
   const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  /// True when the file carries checksums and they are verified (read()
+  /// and read_into() check each tensor's bytes; the header was checked by
+  /// the constructor).
+  bool verified() const noexcept { return checksummed_; }
+  /// True when the file carries checksums (also with DOPT_CHECKSUMS=off).
+  bool has_checksums() const noexcept { return has_checksums_; }
   bool contains(const std::string& name) const;
   /// Throws dopt::KeyError naming the file when absent.
   const SafetensorsEntry& entry(const std::string& name) const;
   /// Reads one tensor (a new CPU tensor). Throws dopt::KeyError when absent,
-  /// dopt::IOError when the file is shorter than its header claims or the data is invalid.
+  /// dopt::IOError when the file is shorter than its header claims, the data
+  /// is invalid or does not match its checksum.
   Tensor read(const std::string& name);
   /// Reads one tensor into dst (CPU, same dtype and element count; the shape
   /// may differ, e.g. a flat view of a shard). Throws dopt::KeyError when
@@ -103,6 +137,9 @@ class SafetensorsReader {
   std::uint64_t data_offset_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
+  bool checksummed_ = false;
+  bool has_checksums_ = false;
+  std::map<std::string, std::uint64_t> checksums_;
 };
 
 }  // namespace dopt

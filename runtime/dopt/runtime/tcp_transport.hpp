@@ -11,15 +11,22 @@
 //      (the rendezvous), so every rank knows every rank's endpoint;
 //   3. TcpMesh mesh(rank, world, std::move(l), endpoints, timeout);
 //      blocks until this rank is connected to every other rank. Rank i
-//      connects to every rank j > i and accepts every rank j < i; each side
-//      sends a hello carrying (rank, world size) and checks the other's.
+//      connects to every rank j > i and accepts every rank j < i; every
+//      connection first passes dopt's handshake (handshake.hpp, purpose
+//      "data port", TcpMeshOptions::credentials: the same job id, and proof
+//      of the job's secret when there is one; a connection that fails it is
+//      dropped and reported through dopt::notice(), one refused by a peer
+//      is fatal), then each side sends a hello carrying (rank, world size)
+//      and checks the other's.
 //      Connections get TCP_NODELAY. A refused connection is retried until
 //      `timeout`. Failure throws (and closes everything it opened):
 //        TimeoutError  - a peer was not connected in time; names every missing
 //                        peer rank, its endpoint and the last error seen;
 //        IOError       - an endpoint that cannot be parsed or resolved, a hello
 //                        from the wrong rank / world size, two connections
-//                        claiming one rank.
+//                        claiming one rank;
+//        ValueError / AuthenticationError - a peer refused this rank's
+//                        handshake (another job, a missing or wrong secret).
 //      The listener must stay alive between 1 and 3 (peers may connect early:
 //      the kernel queues them in the listen backlog).
 //
@@ -77,6 +84,8 @@
 #include <string>
 #include <vector>
 
+#include "dopt/runtime/handshake.hpp"
+
 namespace dopt::transport {
 
 /// Message tag. hi: which operation (e.g. a collective's id); lo: which
@@ -98,6 +107,9 @@ struct TcpMeshOptions {
   /// Told (on the I/O thread) when the connection to a peer fails, once per
   /// peer, before the pending operations' callbacks. Not called by close().
   std::function<void(int peer, std::exception_ptr why)> on_peer_lost;
+  /// Job id and secret every connection presents in its handshake (rank and
+  /// world size are the mesh's). Default: no job id, no secret.
+  net::Credentials credentials;
 };
 
 /// A bound, listening TCP socket (step 1 of the setup). Move-only.

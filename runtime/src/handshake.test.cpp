@@ -1,0 +1,287 @@
+// dopt::net's handshake: the protocol on its own, over real loopback sockets
+// (AuthListener + connect_authenticated), and inside TcpMesh.
+#include "dopt/runtime/handshake.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
+#include "dopt/runtime/tcp_transport.hpp"
+
+using namespace dopt;
+using namespace dopt::net;
+using namespace std::chrono_literals;
+
+namespace {
+
+Credentials creds(std::string job, std::string secret, int rank = 0, int world = 2) {
+  Credentials c;
+  c.job_id = std::move(job);
+  c.secret = std::move(secret);
+  c.rank = rank;
+  c.world_size = world;
+  return c;
+}
+
+const std::string kSecret = "0123456789abcdef-job-secret";
+
+/// Runs the four steps in memory; returns "" or "<ErrorType>: message" of the
+/// client, and the server's refusal in *server_refusal.
+std::string run(Purpose cp, const Credentials& c, Purpose sp, const Credentials& s, Admit admit = {},
+                std::string* server_refusal = nullptr, PeerHello* seen = nullptr) {
+  ClientHandshake client(cp, c, "rank 0 at test:1", "test");
+  ServerHandshake server(sp, s, std::move(admit));
+  try {
+    const std::string reply = server.on_hello(client.hello());
+    const std::string proof = client.on_reply(reply);
+    const std::string verdict = server.on_proof(proof);
+    if (server_refusal) *server_refusal = server.refusal();
+    if (seen) *seen = server.peer();
+    client.on_verdict(verdict);
+    CHECK(server.admitted());
+    return "";
+  } catch (const AuthenticationError& e) {
+    if (server_refusal) *server_refusal = server.refusal();
+    return std::string("AuthenticationError: ") + e.what();
+  } catch (const ValueError& e) {
+    if (server_refusal) *server_refusal = server.refusal();
+    return std::string("ValueError: ") + e.what();
+  }
+}
+
+struct CaptureNotices {
+  std::mutex m;
+  std::vector<std::string> notes;
+  NoticeHandler old;
+  CaptureNotices() {
+    old = set_notice_handler([this](const std::string& t) {
+      std::lock_guard<std::mutex> l(m);
+      notes.push_back(t);
+    });
+  }
+  ~CaptureNotices() { set_notice_handler(old); }
+  std::vector<std::string> get() {
+    std::lock_guard<std::mutex> l(m);
+    return notes;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("handshake: the same job and secret pass; the server learns who connected", "[handshake][security]") {
+  PeerHello seen;
+  CHECK(run(Purpose::rendezvous, creds("A", kSecret, 3, 5), Purpose::rendezvous, creds("A", kSecret, 0, 5), {}, nullptr,
+            &seen) == "");
+  CHECK(seen.rank == 3);
+  CHECK(seen.world_size == 5);
+  CHECK(seen.job_id == "A");
+  CHECK(seen.purpose == Purpose::rendezvous);
+  CHECK(run(Purpose::control, creds("", ""), Purpose::control, creds("", "")) == "");  // no job id, no secret
+}
+
+TEST_CASE("handshake: another job, a missing or wrong secret, the wrong port are refused with the reason",
+          "[handshake][security]") {
+  std::string refusal;
+  CHECK(run(Purpose::rendezvous, creds("B", ""), Purpose::rendezvous, creds("A", ""), {}, &refusal) ==
+        "ValueError: test [rank 0]: rank 0 at test:1 belongs to job 'A' but this process belongs to job 'B': two "
+        "jobs use the same address and port (give each job its own MASTER_PORT, or the same DOPT_JOB_ID if they are "
+        "one job)");
+  CHECK(refusal == "this port belongs to job 'A', the connecting process to job 'B'");
+  CHECK_THAT(run(Purpose::rendezvous, creds("", ""), Purpose::rendezvous, creds("A", "")),
+             Catch::Contains("belongs to job 'A' but this process belongs to no job id"));
+
+  CHECK_THAT(run(Purpose::control, creds("A", ""), Purpose::control, creds("A", kSecret), {}, &refusal),
+             Catch::StartsWith("AuthenticationError: test [rank 0]: rank 0 at test:1 refused this process: this job "
+                               "requires its secret and the connecting process has none"));
+  CHECK_THAT(run(Purpose::control, creds("A", kSecret), Purpose::control, creds("A", "")),
+             Catch::Contains("the connecting process has a secret but this one has none"));
+  CHECK(run(Purpose::control, creds("A", kSecret + "x"), Purpose::control, creds("A", kSecret), {}, &refusal) ==
+        "AuthenticationError: test [rank 0]: rank 0 at test:1 could not prove that it knows this job's secret: "
+        "refusing it (a process of another job, or a different DOPT_SECRET_FILE?)");
+
+  CHECK_THAT(run(Purpose::rendezvous, creds("A", ""), Purpose::control, creds("A", "")),
+             Catch::EndsWith("refused this process: this is a control port of rank 0, not the rendezvous"));
+  const Admit closed = [](const PeerHello& p) {
+    return "the world is already closed: rank " + std::to_string(p.rank) + " is already taken";
+  };
+  CHECK_THAT(run(Purpose::rendezvous, creds("A", kSecret, 1), Purpose::rendezvous, creds("A", kSecret), closed, &refusal),
+             Catch::EndsWith("refused this process: the world is already closed: rank 1 is already taken"));
+}
+
+TEST_CASE("handshake: a client that does not know the secret fails the server's check", "[handshake][security]") {
+  // A client that forges the proof (it cannot compute the HMAC) is refused
+  // after step 3, before anything else is accepted.
+  ClientHandshake client(Purpose::control, creds("A", kSecret), "p", "test");
+  ServerHandshake server(Purpose::control, creds("A", kSecret), {});
+  const std::string reply = server.on_hello(client.hello());
+  REQUIRE_FALSE(server.refused());
+  const std::string verdict = server.on_proof(std::string(kProofSize, 'x'));
+  CHECK_FALSE(server.admitted());
+  CHECK(server.refusal() == "authentication failed: the connecting process does not know this job's secret");
+  CHECK_THROWS_AS(client.on_verdict(verdict), AuthenticationError);
+  // Replaying an earlier proof against a fresh server nonce fails too.
+  ClientHandshake c2(Purpose::control, creds("A", kSecret), "p", "test");
+  ServerHandshake s1(Purpose::control, creds("A", kSecret), {}), s2(Purpose::control, creds("A", kSecret), {});
+  const std::string proof1 = c2.on_reply(s1.on_hello(c2.hello()));
+  (void)s1.on_proof(proof1);
+  CHECK(s1.admitted());
+  (void)s2.on_hello(c2.hello());
+  (void)s2.on_proof(proof1);
+  CHECK_FALSE(s2.admitted());
+}
+
+TEST_CASE("handshake over sockets: AuthListener hands over authenticated connections only", "[handshake][security]") {
+  CaptureNotices notes;
+  std::mutex m;
+  std::vector<PeerHello> ready;
+  std::vector<int> fds;
+  AuthListener::Options o;
+  o.bind_addr = "127.0.0.1";
+  o.purpose = Purpose::control;
+  o.credentials = creds("A", kSecret, 0, 3);
+  o.handshake_timeout = 500ms;
+  o.what = "the test listener";
+  o.on_ready = [&](int fd, const PeerHello& p) {
+    std::lock_guard<std::mutex> l(m);
+    ready.push_back(p);
+    fds.push_back(fd);
+  };
+  AuthListener l(o);
+  REQUIRE(l.port() > 0);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  RetryLater retry;
+  auto fd = connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", kSecret, 2, 3), 2s, deadline,
+                                  "rank 0", "test", &retry);
+  REQUIRE(fd);
+  CHECK(*fd >= 0);
+  ::close(*fd);
+  CHECK_THROWS_WITH(connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", "wrong-secret-0123456"),
+                                          2s, deadline, "rank 0", "test", &retry),
+                    Catch::Contains("rank 0 could not prove that it knows this job's secret"));
+  CHECK_THROWS_AS(connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", ""), 2s, deadline, "rank 0",
+                                        "test", &retry),
+                  AuthenticationError);
+  CHECK_THROWS_AS(connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("B", kSecret), 2s, deadline,
+                                        "rank 0", "test", &retry),
+                  ValueError);
+  // Garbage: dropped after the first 8 bytes.
+  {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(l.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+    REQUIRE(::write(s, junk, sizeof junk - 1) > 0);
+    char c;
+    CHECK(::read(s, &c, 1) <= 0);  // closed (or reset) by the listener
+    ::close(s);
+  }
+  {
+    std::lock_guard<std::mutex> lk(m);
+    REQUIRE(ready.size() == 1);
+    CHECK(ready[0].rank == 2);
+    for (int f : fds) ::close(f);
+  }
+  l.close();
+  const auto n = notes.get();
+  REQUIRE(n.size() >= 4);
+  CHECK_THAT(n[0], Catch::StartsWith("refused a connection from 127.0.0.1:"));
+  // The client with the wrong secret rejects the listener's proof first and leaves.
+  CHECK_THAT(n[0], Catch::EndsWith("to the test listener: the connecting process left during the handshake (it did not "
+                                   "accept this side's proof: another job's secret?)"));
+  CHECK_THAT(n[1], Catch::EndsWith("to the test listener: this job requires its secret and the connecting process has "
+                                   "none (set DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)"));
+  CHECK_THAT(n[2], Catch::EndsWith("to the test listener: this port belongs to job 'A', the connecting process to job 'B'"));
+  CHECK_THAT(n[3], Catch::EndsWith("to the test listener: not a dopt handshake"));
+  // Closed: nobody listens any more.
+  retry = {};
+  CHECK_FALSE(connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", kSecret), 1s,
+                                    std::chrono::steady_clock::now() + 1s, "rank 0", "test", &retry));
+  CHECK(retry.reason == "Connection refused");
+}
+
+TEST_CASE("handshake over sockets: a port that accepts and never answers is a TimeoutError after the handshake timeout",
+          "[handshake][security]") {
+  // A listening socket that never accepts: the kernel completes the
+  // connection from its backlog, and nothing ever answers.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(s, 4) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  RetryLater retry;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(connect_authenticated("127.0.0.1", port, Purpose::rendezvous, creds("A", ""), 300ms, t0 + 10s,
+                                          "rank 0 at 127.0.0.1:" + std::to_string(port), "rendezvous", &retry),
+                    Catch::Contains("rank 0 at 127.0.0.1:" + std::to_string(port) +
+                                    " accepted the connection but did not answer dopt's handshake within 300 ms"));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(secs >= 0.25);
+  CHECK(secs < 2.0);
+  ::close(s);
+}
+
+TEST_CASE("handshake: TcpMesh ranks with different secrets do not connect", "[handshake][security]") {
+  using dopt::transport::TcpMesh;
+  using dopt::transport::TcpMeshOptions;
+  CaptureNotices notes;
+  auto l0 = TcpMesh::listen("127.0.0.1");
+  auto l1 = TcpMesh::listen("127.0.0.1");
+  const std::vector<std::string> eps{"127.0.0.1:" + std::to_string(l0.port()), "127.0.0.1:" + std::to_string(l1.port())};
+  TcpMeshOptions o0, o1;
+  o0.credentials = creds("A", kSecret);
+  o1.credentials = creds("A", "another-secret-of-16");
+  auto f0 = std::async(std::launch::async, [&] { TcpMesh m(0, 2, std::move(l0), eps, 1500ms, o0); });
+  auto f1 = std::async(std::launch::async, [&] { TcpMesh m(1, 2, std::move(l1), eps, 1500ms, o1); });
+  CHECK_THROWS_WITH(f0.get(), Catch::Contains("rank 1 at " + eps[1] + " could not prove that it knows this job's secret"));
+  CHECK_THROWS_AS(f1.get(), TimeoutError);  // it never heard from a rank that proved itself
+  // and the same credentials connect
+  auto m0 = TcpMesh::listen("127.0.0.1");
+  auto m1 = TcpMesh::listen("127.0.0.1");
+  const std::vector<std::string> eps2{"127.0.0.1:" + std::to_string(m0.port()), "127.0.0.1:" + std::to_string(m1.port())};
+  o1.credentials = o0.credentials;
+  auto g0 = std::async(std::launch::async, [&] { TcpMesh m(0, 2, std::move(m0), eps2, 5s, o0); });
+  auto g1 = std::async(std::launch::async, [&] { TcpMesh m(1, 2, std::move(m1), eps2, 5s, o1); });
+  CHECK_NOTHROW(g0.get());
+  CHECK_NOTHROW(g1.get());
+}
+
+TEST_CASE("handshake: the bind address follows DOPT_BIND_ADDR, DOPT_SOCKET_IFNAME or MASTER_ADDR",
+          "[handshake][security]") {
+  LaunchEnv env;
+  env.master_addr = "127.0.0.1";
+  BindPlan p = choose_bind_address(env);
+  CHECK(p.bind == "127.0.0.1");
+  CHECK(p.advertise == "127.0.0.1");
+  CHECK_FALSE(p.wildcard);
+  env.master_addr = "localhost";
+  CHECK(choose_bind_address(env).bind.rfind("127.", 0) == 0);
+  env.bind_addr = "0.0.0.0";
+  p = choose_bind_address(env);
+  CHECK(p.wildcard);
+  CHECK(p.advertise != "0.0.0.0");  // the host name
+  env.advertise_addr = "node7";
+  CHECK(choose_bind_address(env).advertise == "node7");
+  env = LaunchEnv{};
+  env.socket_ifname = "lo";
+  CHECK(choose_bind_address(env).bind == "127.0.0.1");
+  env.socket_ifname = "no-such-if0";
+  CHECK_THROWS_WITH(choose_bind_address(env), Catch::Contains("DOPT_SOCKET_IFNAME=no-such-if0 is not a network interface"));
+}

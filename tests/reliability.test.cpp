@@ -1,0 +1,325 @@
+// Reliability of real processes: every wait is bounded and names its cause,
+// ranks of another job (or without the job's secret) never join, latecomers
+// and duplicates are told at once. The ranks are tests/rendezvous_peer.cpp
+// (and dopt-train), started by hand or through dopt-run. CTest labels:
+// "reliability" (tests/reliability.cmake), "multiprocess" where processes
+// rendezvous.
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/handshake.hpp"
+#include "process_util.hpp"
+
+namespace {
+
+using namespace dopt_test;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const std::string kReplay = std::string(DOPT_BINARY_DIR) + "/tools/dopt-replay";
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_rendezvous_peer";
+const std::string kColl = std::string(DOPT_BINARY_DIR) + "/tests/dopt_collectives_peer";
+const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::map<std::string, std::string> with(std::map<std::string, std::string> a,
+                                        const std::map<std::string, std::string>& b) {
+  for (const auto& [k, v] : b) a[k] = v;
+  return a;
+}
+
+/// The processes whose parent is `pid`.
+std::vector<int> children_of(int pid) {
+  std::vector<int> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const int p = std::atoi(e->d_name);
+    if (p <= 0) continue;
+    const std::string stat = slurp("/proc/" + std::to_string(p) + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream ss(stat.substr(close + 2));
+    char state;
+    int ppid = 0;
+    ss >> state >> ppid;
+    if (ppid == pid) out.push_back(p);
+  }
+  ::closedir(d);
+  return out;
+}
+
+struct ListenSocket {
+  std::string addr_hex;  // as /proc/net/tcp writes the local address ("0100007F" = 127.0.0.1)
+  int port = 0;
+};
+
+/// The TCP sockets process `pid` listens on.
+std::vector<ListenSocket> listening(int pid) {
+  std::set<std::string> inodes;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  if (DIR* d = ::opendir(fd_dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      char buf[256] = {};
+      const ssize_t n = ::readlink((fd_dir + "/" + e->d_name).c_str(), buf, sizeof buf - 1);
+      if (n > 0 && std::string(buf).rfind("socket:[", 0) == 0)
+        inodes.insert(std::string(buf + 8, static_cast<std::size_t>(n) - 9));
+    }
+    ::closedir(d);
+  }
+  std::vector<ListenSocket> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    const auto rows = lines_of(slurp(table));
+    for (std::size_t i = 1; i < rows.size(); ++i) {
+      std::istringstream ss(rows[i]);
+      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
+      ss >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
+      if (st != "0A" || !inodes.count(inode)) continue;
+      const auto colon = local.find(':');
+      out.push_back({local.substr(0, colon), std::stoi(local.substr(colon + 1), nullptr, 16)});
+    }
+  }
+  return out;
+}
+
+std::string env_of(int pid, const std::string& key) {
+  const std::string all = slurp("/proc/" + std::to_string(pid) + "/environ");
+  std::size_t at = 0;
+  while (at < all.size()) {
+    const std::size_t end = all.find('\0', at);
+    const std::string kv = all.substr(at, end - at);
+    if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return {};
+}
+
+/// Connects to 127.0.0.1:port and sends `bytes`; true when the other side
+/// then closed the connection (without answering anything but maybe a
+/// refusal).
+bool closed_after(int port, const std::string& bytes) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return true;
+  }
+  (void)::write(s, bytes.data(), bytes.size());
+  timeval tv{5, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::read(s, buf, sizeof buf)) > 0) {
+  }
+  ::close(s);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+}  // namespace
+
+TEST_CASE("dopt-replay: a world_size that does not fit is refused before narrowing", "[reliability]") {
+  const std::string src = std::string(DOPT_SHARED_DIR) + "/conformance/cases/zero_adam_ws2";
+  if (!fs::exists(src)) {
+    WARN("no conformance case at " << src << "; skipped");
+    return;
+  }
+  TempDir dir("dopt-replay-world", "x");
+  const fs::path c = dir.path / "case";
+  fs::copy(src, c);
+  const std::string json = slurp((c / "case.json").string());
+  for (const std::string w : {"4294967298", "100000", "0", "-2"}) {
+    INFO(w);
+    std::string j = json;
+    const auto at = j.find("\"world_size\": 2");
+    REQUIRE(at != std::string::npos);
+    j.replace(at, 15, "\"world_size\": " + w);
+    std::ofstream(c / "case.json", std::ios::trunc) << j;
+    const Done d = wait(start({kReplay, c.string(), "--out", (dir.path / "out.safetensors").string()}, {}));
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "world_size must be in 1..1024, got " + w));
+  }
+}
+
+// --- no one joins who does not belong --------------------------------------------------
+
+TEST_CASE("reliability: a rank of another job on the same port is refused at once naming both jobs, the job goes on",
+          "[reliability][multiprocess][security]") {
+  const int port = free_port();
+  const Proc a0 = start({kPeer, "20000"}, with(rank_env(0, 2, port), {{"DOPT_JOB_ID", "job-A"}}));
+  ::usleep(300 * 1000);
+  const auto t0 = Clock::now();
+  const Done b1 = wait(start({kPeer, "20000"}, with(rank_env(1, 2, port), {{"DOPT_JOB_ID", "job-B"}})));
+  INFO(b1.out);
+  CHECK(b1.failed());
+  CHECK(seconds_since(t0) < 5.0);
+  CHECK(contains(b1.out, "error ValueError: rendezvous [rank 1]: rank 0 at 127.0.0.1:" + std::to_string(port) +
+                             " belongs to job 'job-A' but this process belongs to job 'job-B': two jobs use the same "
+                             "address and port"));
+  // No job id at all is not job A either.
+  const Done n1 = wait(start({kPeer, "20000"}, with(rank_env(1, 2, port), {{"DOPT_JOB_ID", ""}})));
+  CHECK(contains(n1.out, "belongs to job 'job-A' but this process belongs to no job id"));
+  const Done a1 = wait(start({kPeer, "20000"}, with(rank_env(1, 2, port), {{"DOPT_JOB_ID", "job-A"}})));
+  const Done a0d = wait(a0);
+  INFO(a0d.out << a1.out);
+  CHECK(a0d.ok());
+  CHECK(a1.ok());
+  CHECK(contains(a0d.out, "refused a connection from 127.0.0.1:"));  // rank 0's note, on stderr
+}
+
+TEST_CASE("reliability: two dopt-run jobs on one port never train together", "[reliability][multiprocess][security]") {
+  const int port = free_port();
+  const Proc first = start({kDoptRun, "--nproc-per-node", "2", "--master-port", std::to_string(port), kPeer, "20000",
+                            "4000"},
+                           {});
+  ::usleep(1000 * 1000);
+  const Done second = wait(start({kDoptRun, "--nproc-per-node", "2", "--master-port", std::to_string(port), kPeer,
+                                  "20000"},
+                                 {}));
+  const Done one = wait(first);
+  INFO("second: " << second.out << "\nfirst: " << one.out);
+  CHECK_FALSE(second.ok());
+  // Whichever of its ranks fails first names the cause: its rank 0 cannot
+  // listen, or its rank 1 reached the first job's rank 0 and was refused.
+  const bool no_listen = contains(second.out, "[rank 0] error IOError: rendezvous [rank 0]: rank 0 cannot listen on "
+                                              "port " + std::to_string(port));
+  const bool refused = contains(second.out, "[rank 1] error ValueError: rendezvous [rank 1]: rank 0 at 127.0.0.1:" +
+                                                std::to_string(port) + " belongs to job 'dopt-run-");
+  CHECK((no_listen || refused));
+  CHECK_FALSE(contains(second.out, "done "));
+  CHECK(one.ok());
+  CHECK(contains(one.out, "[rank 0] done 0"));
+  CHECK(contains(one.out, "[rank 1] done 1"));
+}
+
+TEST_CASE("reliability: a latecomer after the world closed is told at once, and the job goes on",
+          "[reliability][multiprocess]") {
+  const int port = free_port();
+  const std::map<std::string, std::string> job{{"DOPT_JOB_ID", "job-late"}};
+  const Proc r0 = start({kPeer, "20000", "3000"}, with(rank_env(0, 2, port), job));
+  const Proc r1 = start({kPeer, "20000", "3000"}, with(rank_env(1, 2, port), job));
+  // Wait until rank 0 printed done (then the world is complete).
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (!contains(slurp(r0.out_path), "done 0") && Clock::now() < until) ::usleep(20 * 1000);
+  const auto t0 = Clock::now();
+  const Done late = wait(start({kPeer, "20000"}, with(rank_env(1, 2, port), job)));
+  INFO(late.out);
+  CHECK(late.failed());
+  CHECK(seconds_since(t0) < 3.0);
+  CHECK(contains(late.out, "error ValueError: rendezvous [rank 1]: rank 0 at 127.0.0.1:" + std::to_string(port) +
+                               " refused this process: the world is already closed: all 2 ranks of job 'job-late' "
+                               "(from DOPT_JOB_ID) have joined, so rank 1 is already taken"));
+  CHECK(wait(r0).ok());
+  CHECK(wait(r1).ok());
+}
+
+TEST_CASE("reliability: MASTER_PORT held by a program that accepts and never answers fails within the handshake "
+          "timeout",
+          "[reliability][multiprocess]") {
+  Listener silent;  // listens, never accepts, never answers
+  const auto t0 = Clock::now();
+  const Done d = wait(start({kPeer, "300000"}, with(rank_env(1, 2, silent.port), {{"DOPT_HANDSHAKE_TIMEOUT_MS", "1000"}})));
+  INFO(d.out);
+  CHECK(d.failed());
+  CHECK(seconds_since(t0) < 5.0);
+  CHECK(contains(d.out, "error TimeoutError: rendezvous [rank 1]: rank 0 at 127.0.0.1:" + std::to_string(silent.port) +
+                            " accepted the connection but did not answer dopt's handshake within 1000 ms "
+                            "(DOPT_HANDSHAKE_TIMEOUT_MS): is another program (not a dopt rank) listening on that port"));
+}
+
+TEST_CASE("reliability: a peer that cannot be reached while the ranks connect fails every rank, naming it",
+          "[reliability][multiprocess]") {
+  // Rank 2 advertises an address that does not resolve: rank 1 (which
+  // connects to it) fails, and ranks 0 and 2 learn why at once.
+  const int port = free_port();
+  std::vector<Proc> ps;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < 3; ++r) {
+    auto env = with(rank_env(r, 3, port), {{"DOPT_TIMEOUT_MS", "60000"}});
+    if (r == 2) env["DOPT_ADVERTISE_ADDR"] = "no-such-host.invalid";
+    ps.push_back(start({kColl, "battery"}, env));
+  }
+  for (int r = 0; r < 3; ++r) {
+    const Done d = wait(ps[static_cast<std::size_t>(r)]);
+    INFO("rank " << r << ": " << d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "cannot connect to rank 2 at no-such-host.invalid:"));
+    CHECK(contains(d.out, "cannot resolve 'no-such-host.invalid'"));
+    if (r != 1) CHECK(contains(d.out, "rank 1 failed while the ranks connected to each other"));
+  }
+  CHECK(seconds_since(t0) < 15.0);
+}
+
+TEST_CASE("reliability: with a secret, every port refuses processes without it and the job goes on",
+          "[reliability][multiprocess][security]") {
+  TempDir dir("dopt-reliability", "knock");
+  // dopt-run makes the job's id and secret; DOPT_TRANSPORT=tcp adds the data plane.
+  const Proc job = start({kDoptRun, "--nproc-per-node", "2", kTrain, "--steps", "300", "--hidden", "64", "--layers", "2",
+                          "--quiet", "--metrics", (dir.path / "m.jsonl").string()},
+                         {{"DOPT_TRANSPORT", "tcp"}, {"DOPT_TIMEOUT_MS", "60000"}});
+  // The ranks and their listening ports, once training runs.
+  std::vector<int> ranks;
+  std::vector<ListenSocket> ports;
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < until) {
+    ranks = children_of(job.pid);
+    ports.clear();
+    for (int p : ranks)
+      for (const auto& l : listening(p)) ports.push_back(l);
+    if (ranks.size() == 2 && ports.size() >= 3 && !slurp((dir.path / "m.jsonl").string()).empty()) break;
+    ::usleep(20 * 1000);
+  }
+  REQUIRE(ranks.size() == 2);
+  REQUIRE(ports.size() >= 3);  // rank 0's rendezvous port, each rank's control port
+  const std::string job_id = env_of(ranks[0], "DOPT_JOB_ID");
+  REQUIRE(job_id.rfind("dopt-run-", 0) == 0);
+  int refused = 0;
+  for (const ListenSocket& l : ports) {
+    INFO("port " << l.port);
+    CHECK(l.addr_hex == "0100007F");  // 127.0.0.1, not every interface
+    CHECK(closed_after(l.port, "garbage that is not a handshake\r\n"));
+    for (const dopt::net::Purpose purpose : {dopt::net::Purpose::rendezvous, dopt::net::Purpose::control}) {
+      for (const std::string secret : {"", "a-guessed-secret-0123"}) {
+        dopt::net::Credentials c;
+        c.job_id = job_id;  // even knowing the job id
+        c.secret = secret;
+        c.rank = 1;
+        c.world_size = 2;
+        dopt::net::RetryLater retry;
+        try {
+          (void)dopt::net::connect_authenticated("127.0.0.1", l.port, purpose, c, std::chrono::seconds(5),
+                                                 Clock::now() + std::chrono::seconds(5), "the job", "intruder", &retry);
+          FAIL("a process without the secret was admitted");
+        } catch (const dopt::AuthenticationError&) {
+          ++refused;
+        }
+      }
+    }
+  }
+  CHECK(refused == static_cast<int>(ports.size()) * 4);
+  const Done d = wait(job);
+  INFO(d.out);
+  CHECK(d.ok());
+  CHECK(contains(d.out, "[rank 0] dopt-train: 300 steps in "));
+  CHECK(contains(d.out, "refused a connection from 127.0.0.1:"));
+  CHECK(contains(d.out, ": not a dopt handshake"));
+  CHECK(contains(d.out, "this job requires its secret and the connecting process has none"));
+}
