@@ -185,7 +185,12 @@ class GroupedOptimizer(torch.optim.Optimizer):
         self._synced = []
         self._binding = ParamBinding()
         self._hooks_init()
-        return [self._prepare_group(g) for g in normalise_groups(params)]
+        prepared = [self._prepare_group(g) for g in normalise_groups(params)]
+        if self.defaults.get("lr") is _REQUIRED:
+            # torch.optim.SGD(groups) with an lr in every group: dopt's spec needs a default lr
+            # for the C++ side; every group overrides it.
+            self._dopt_defaults = dict(self._dopt_defaults, lr=self.param_groups[0]["lr"])
+        return prepared
 
     def _hooks_init(self):
         self._zero_grad_profile_name = f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"
@@ -194,6 +199,8 @@ class GroupedOptimizer(torch.optim.Optimizer):
         """(dopt tensors, overrides for C++ or None); appends the Python dict."""
         ours, theirs = split_hyperparams(self._name, self._torch_cls,
                                          {k: v for k, v in group.items() if k != "params"}, self._where)
+        if self.defaults.get("lr") is _REQUIRED and "lr" not in ours:
+            raise _C.ValueError("parameter group didn't specify a value of required optimization parameter lr")
         seen = set()
         params = []
         for p in group["params"]:
