@@ -69,6 +69,15 @@ class ProcessGroup:
     def all_reduce(self, tensor, op="sum"):
         self.c.all_reduce(to_dopt(tensor), op)
 
+    def all_reduce_coalesced(self, tensors, op="sum", order="rank", pre_divisor=0):
+        """The tensors (one dtype) as one flat buffer, reduced in one call without a copy.
+        order "ring" adds in gloo's order (torch's CPU results, bitwise); pre_divisor > 0
+        divides every rank's values first (torch's model averaging in one pass)."""
+        self.c.all_reduce_coalesced([to_dopt(t) for t in tensors], op, order, int(pre_divisor))
+
+    def broadcast_coalesced(self, tensors, src):
+        self.c.broadcast_coalesced([to_dopt(t) for t in tensors], src)
+
     def new_group(self, ranks):
         """A world collective: every rank calls it with the same ranks."""
         return ProcessGroup(self.c.new_group(sorted(ranks)))

@@ -102,6 +102,20 @@ void bind_distributed(py::module_& m) {
             g.all_reduce(t, r);
           },
           py::arg("tensor"), py::arg("op") = "sum")
+      .def(
+          "all_reduce_coalesced",
+          [](ProcessGroup& g, const std::vector<Tensor>& ts, const std::string& op, const std::string& order,
+             std::int64_t pre_divisor) {
+            AllReduceCoalescedOptions o;
+            o.op = reduce_op(op);
+            if (order == "ring") o.order = ReduceOrder::ring;
+            else if (order != "rank")
+              throw ValueError("ProcessGroup.all_reduce_coalesced", "order must be 'rank' or 'ring', got '" + order + "'");
+            o.pre_divisor = pre_divisor;
+            py::gil_scoped_release release;
+            g.all_reduce_coalesced(ts, o);
+          },
+          py::arg("tensors"), py::arg("op") = "sum", py::arg("order") = "rank", py::arg("pre_divisor") = 0)
       .def("all_gather", &ProcessGroup::all_gather, py::call_guard<py::gil_scoped_release>())
       .def("broadcast_coalesced", &ProcessGroup::broadcast_coalesced, py::call_guard<py::gil_scoped_release>());
 }
