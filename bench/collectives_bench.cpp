@@ -9,7 +9,10 @@
 // time of call k is the largest over the ranks (one all_reduce(max) of the
 // per-call times after the loop). Rank 0 prints one JSON object per line:
 //   {"op", "world_size", "bytes", "iters", "median_us", "min_us", "max_us",
-//    "algbw_gbs", "mode"}   algbw = bytes / median time.
+//    "algbw_gbs", "extra_rss_mib", "mode"}   algbw = bytes / median time;
+//   extra_rss_mib: the largest, over the ranks, peak resident memory during
+//   the calls of this size minus the resident memory before them (tensors
+//   already allocated and touched): what the collective itself costs.
 // Sizes follow nccl-tests (and ../shared/baselines/gloo): `bytes` is the whole
 // buffer: the tensor of all_reduce and broadcast, the output of all_gather
 // (each rank contributes bytes / world_size), the input of reduce_scatter
@@ -17,6 +20,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +32,27 @@
 #include "dopt/runtime/tensor.hpp"
 
 namespace {
+
+/// Resident memory of this process in KiB ("VmRSS" or the peak "VmHWM").
+long status_kib(const char* key) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long v = -1;
+  const std::size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, n) == 0 && line[n] == ':') v = std::atol(line + n + 1);
+  std::fclose(f);
+  return v;
+}
+
+/// Resets the peak resident memory (VmHWM) to the current one.
+void reset_peak_rss() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
 
 struct Config {
   std::string op = "all_reduce";
@@ -53,6 +79,7 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
     std::vector<dopt::Tensor> parts;
     dopt::Tensor out;
     if (cfg.op == "all_gather") out = dopt::Tensor::zeros({part * n});
+    if (cfg.op == "memcpy") out = dopt::Tensor::zeros({numel});  // the machine's copy rate, for the floors
     if (cfg.op == "reduce_scatter") {
       for (int r = 0; r < n; ++r) parts.push_back(dopt::Tensor::full({part}, 1.0));
       out = dopt::Tensor::zeros({part});
@@ -63,9 +90,13 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
       else if (cfg.op == "all_gather") pg.all_gather_into_tensor(out, t);
       else if (cfg.op == "reduce_scatter") pg.reduce_scatter(out, parts);
       else if (cfg.op == "barrier") pg.barrier();
+      else if (cfg.op == "memcpy") std::memcpy(out.data_ptr(), t.data_ptr(), t.nbytes());
       else throw dopt::ValueError("dopt_bench_collectives", "unknown --op '" + cfg.op + "'", me);
     };
     const int iters = iters_for(bytes, cfg.iters);
+    pg.barrier();
+    reset_peak_rss();
+    const long rss_before = status_kib("VmRSS");
     for (int i = 0; i < cfg.warmup; ++i) once();
     pg.barrier();
     std::vector<double> us(static_cast<std::size_t>(iters));
@@ -75,16 +106,20 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
       us[static_cast<std::size_t>(i)] =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     }
+    const double extra_mib = static_cast<double>(status_kib("VmHWM") - rss_before) / 1024.0;
     dopt::Tensor times = dopt::Tensor::from_vector(us);
     pg.all_reduce(times, dopt::ReduceOp::max);
+    dopt::Tensor extra = dopt::Tensor::from_vector(std::vector<double>{extra_mib});
+    pg.all_reduce(extra, dopt::ReduceOp::max);
     if (me != 0) continue;
     std::vector<double> v(times.data<double>(), times.data<double>() + iters);
     std::sort(v.begin(), v.end());
     const double median = v[v.size() / 2];
     std::printf(
         "{\"op\": \"%s\", \"world_size\": %d, \"bytes\": %lld, \"iters\": %d, \"median_us\": %.2f, "
-        "\"min_us\": %.2f, \"max_us\": %.2f, \"algbw_gbs\": %.4f, \"mode\": \"%s\"}\n",
-        cfg.op.c_str(), n, bytes, iters, median, v.front(), v.back(), median > 0 ? bytes / median / 1e3 : 0.0, mode);
+        "\"min_us\": %.2f, \"max_us\": %.2f, \"algbw_gbs\": %.4f, \"extra_rss_mib\": %.1f, \"mode\": \"%s\"}\n",
+        cfg.op.c_str(), n, bytes, iters, median, v.front(), v.back(), median > 0 ? bytes / median / 1e3 : 0.0,
+        extra.data<double>()[0], mode);
     std::fflush(stdout);
   }
 }
@@ -94,8 +129,8 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
 int main(int argc, char** argv) {
   CLI::App app{"Time dopt's collectives (JSON lines from rank 0)"};
   Config cfg;
-  app.add_option("--op", cfg.op, "all_reduce | broadcast | all_gather | reduce_scatter | barrier")
-      ->check(CLI::IsMember({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"}));
+  app.add_option("--op", cfg.op, "all_reduce | broadcast | all_gather | reduce_scatter | barrier | memcpy (one rank)")
+      ->check(CLI::IsMember({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "memcpy"}));
   app.add_option("--bytes", cfg.bytes, "Tensor size(s) in bytes (default: a sweep 4 KiB .. 256 MiB)")
       ->check(CLI::PositiveNumber);
   app.add_option("--iters", cfg.iters, "Timed calls per size (default: 200 up to 1 MiB, 30 up to 16 MiB, else 10)")

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "../actors/src/ring.hpp"
+#include "../actors/src/planes/tcp/ring.hpp"
 
 using dopt::DType;
 using dopt::ReduceOp;

@@ -16,6 +16,10 @@
 //   dopt_collectives_peer stop       the same, but rank 1 stops (SIGSTOP): its
 //                                    connections stay open and only the missing
 //                                    heartbeats tell (the test kills it after)
+//   dopt_collectives_peer p2pkill    rank 1 sends 8 MiB to rank 0 (tag 5) and
+//                                    kills itself; rank 0 waits in a recv of
+//                                    tag 6 from rank 1, the others in a barrier:
+//                                    all must get PeerLostError naming rank 1
 //
 // stdout: "ok R <checks>" on success, otherwise "error KIND: MESSAGE" (and
 // "elapsed_ms N" for the failure scenarios) and exit status 1.
@@ -28,6 +32,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dopt/actors/distributed.hpp"
@@ -173,6 +178,47 @@ void battery(dopt::ProcessGroup& world, Checker& c) {
       c.values(ts[static_cast<std::size_t>(k)], [&](std::int64_t i) { return reduce_expected(ReduceOp::sum, n, i); },
                "in-flight all_reduce " + std::to_string(k));
   }
+  // Coalesced calls over tensors of several shapes (one flat buffer): torch's
+  // averaging (x / n, then summed in gloo's ring order), and a broadcast.
+  for (std::int64_t len : {std::int64_t{5}, std::int64_t{90001}}) {
+    const std::vector<std::int64_t> shapes{len, 3, len / 2 + 1};
+    std::int64_t total = 0;
+    for (auto k : shapes) total += k;
+    std::vector<Tensor> parts;
+    std::int64_t off = 0;
+    for (auto k : shapes) {
+      parts.push_back(make_input(me, k, DType::float32, off));
+      off += k;
+    }
+    dopt::AllReduceCoalescedOptions o;
+    o.order = dopt::ReduceOrder::ring;
+    o.pre_divisor = n;
+    world.all_reduce_coalesced(parts, o);
+    // gloo's ring: 2n segments of ceil(4 * total / 2n) bytes; rank c's pair of
+    // segments is summed from rank c + 1 round to rank c.
+    const std::int64_t seg = (4 * total + 2 * n - 1) / (2 * n) / 4 + ((4 * total + 2 * n - 1) / (2 * n) % 4 ? 1 : 0);
+    auto want = [&](std::int64_t g) {
+      const int start = n < 3 ? 0 : static_cast<int>(std::min<std::int64_t>(g / std::max<std::int64_t>(1, 2 * seg), n - 1) + 1) % n;
+      float acc = 0;
+      for (int j = 0; j < n; ++j) {
+        const int r = (start + j) % n;
+        const float x = static_cast<float>(input(r, g)) / static_cast<float>(n);
+        acc = j == 0 ? x : acc + x;
+      }
+      return static_cast<double>(acc);
+    };
+    off = 0;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      c.values(parts[k], [&](std::int64_t i) { return want(off + i); },
+               "all_reduce_coalesced(ring, x / n) part " + std::to_string(k) + " of " + std::to_string(total));
+      off += shapes[k];
+    }
+    std::vector<Tensor> b{me == 0 ? make_input(0, len, DType::float64) : Tensor::zeros({len}, DType::float64),
+                          me == 0 ? make_input(0, 3, DType::int32, 7) : Tensor::zeros({3}, DType::int32)};
+    world.broadcast_coalesced(b, 0);
+    c.values(b[0], [&](std::int64_t i) { return input(0, i); }, "broadcast_coalesced part 0");
+    c.values(b[1], [&](std::int64_t i) { return input(0, i + 7); }, "broadcast_coalesced part 1");
+  }
   world.barrier();
   // Subgroups: the even ranks, and pairs (when the world size is even).
   {
@@ -220,8 +266,17 @@ int main(int argc, char** argv) {
             ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
           }
           world.all_reduce(t);
+        } else if (mode == "p2pkill") {
+          world.barrier();
+          if (rank == 1) {
+            auto f = world.send_async(Tensor::full({2 << 20}, 1.0), 0, 5);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));  // published
+            ::kill(::getpid(), SIGKILL);
+          }
+          if (rank == 0) world.recv(Tensor::zeros({4}), 1, 6);
+          else world.barrier();
         } else {
-          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop"};
+          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop | p2pkill"};
         }
         return c.checks;
       },

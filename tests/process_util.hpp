@@ -44,6 +44,7 @@ struct Proc {
 struct Done {
   int status = -1;
   std::string out;
+  int pid = 0;
   bool ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
   bool failed() const { return WIFEXITED(status) && WEXITSTATUS(status) == 1; }
 };
@@ -170,6 +171,19 @@ inline std::vector<Done> run_ranks_by_hand(const std::string& peer, int n, const
   if (kill_last >= 0) {
     ::kill(ps[static_cast<std::size_t>(kill_last)].pid, SIGKILL);
     out[static_cast<std::size_t>(kill_last)] = wait(ps[static_cast<std::size_t>(kill_last)]);
+  }
+  for (int r = 0; r < n; ++r) out[static_cast<std::size_t>(r)].pid = ps[static_cast<std::size_t>(r)].pid;
+  return out;
+}
+
+/// Names under /dev/shm that processes `ds` created ("dopt-<pid>-..."): what
+/// a job left behind.
+inline std::vector<std::string> shm_left_by(const std::vector<Done>& ds) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string n = e.path().filename().string();
+    for (const auto& d : ds)
+      if (d.pid > 0 && n.rfind("dopt-" + std::to_string(d.pid) + "-", 0) == 0) out.push_back(n);
   }
   return out;
 }

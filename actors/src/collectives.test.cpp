@@ -78,9 +78,10 @@ void check_values(Log& log, const Tensor& t, const std::function<double(std::int
                                       std::to_string(t.at(bad)) + ", want " + std::to_string(want(bad))));
 }
 
-dopt::SimulateOptions with_runtime(dopt::Runtime& rt) {
+dopt::SimulateOptions with_runtime(dopt::Runtime& rt, const std::string& plane = "shm") {
   dopt::SimulateOptions o;
   o.runtime = &rt;
+  o.plane = plane;
   return o;
 }
 
@@ -88,8 +89,9 @@ dopt::SimulateOptions with_runtime(dopt::Runtime& rt) {
 
 TEST_CASE("every collective, dtype and reduce op matches the reference", "[actors]") {
   dopt::Runtime rt(dopt::RuntimeOptions{});
+  const std::string plane = GENERATE(as<std::string>{}, "shm", "actor");
   for (int world : {1, 2, 3, 5}) {
-    DYNAMIC_SECTION("world size " << world) {
+    DYNAMIC_SECTION("plane " << plane << ", world size " << world) {
       Log log;
       const std::int64_t n = 37;  // not divisible by the world sizes
       dopt::simulate(world, [&](dopt::RankContext& ctx) {
@@ -144,7 +146,7 @@ TEST_CASE("every collective, dtype and reduce op matches the reference", "[actor
           check_values(log, in, [&](std::int64_t i) { return round_to(input_value(r, i), dt); }, "gather input " + dn);
           pg.barrier();
         }
-      }, with_runtime(rt));
+      }, with_runtime(rt, plane));
       // 6 dtypes: 4 float x 5 ops + 2 int x 4 ops reductions, each 3 checks; plus world + 3 per dtype
       const long per_rank = (4 * 5 + 2 * 4) * 3 + 6 * (world + 3);
       CHECK(log.checks == per_rank * world);

@@ -79,6 +79,11 @@ struct GroupImpl {
   std::shared_ptr<GroupPlane> plane;
 };
 
+/// An all_reduce of one tensor with the coalesced call's options (order,
+/// pre-division), on any plane.
+Future<void> all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
+                             bool blocking);
+
 /// ProcessGroup's coalesced calls on a plane that does not run them: one
 /// flat copy of the tensors, one collective, the results copied back.
 Future<void> emulate_all_reduce_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors,

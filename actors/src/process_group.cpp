@@ -344,6 +344,15 @@ Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& t
   return submit(g, make_op(g, std::move(d), tensors), blocking);
 }
 
+Future<void> detail::all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
+                                     bool blocking) {
+  auto& g = *pg.impl();
+  detail::CollDesc d = desc_of(CollKind::all_reduce, t, -1, options.op);
+  d.order = options.order;
+  d.pre_divisor = options.pre_divisor;
+  return submit(g, make_op(g, std::move(d), {t}), blocking);
+}
+
 Future<void> ProcessGroup::broadcast_async(const Tensor& t, int src) { return broadcast_impl(t, src, false); }
 void ProcessGroup::broadcast(const Tensor& t, int src) { wait_blocking(broadcast_impl(t, src, true)); }
 Future<void> ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) { return all_reduce_impl(t, op, false); }

@@ -82,11 +82,11 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   std::vector<std::shared_ptr<detail::GroupPlane>> world_planes(static_cast<std::size_t>(world_size));
   if (plane == "shm") {
     auto dir = std::make_shared<detail::shm_plane::LocalDirectory>();
-    const auto opts = detail::shm_plane::ShmPlane::Options::from_env(world_size);
+    const auto opts = detail::shm_plane::ShmPlane::Options::from_env(world_size, false);
     std::vector<detail::shm_plane::Mapped> regions;
     for (int r = 0; r < world_size; ++r) {
       planes.push_back(std::make_shared<detail::shm_plane::ShmPlane>(r, dir, world.table, opts));
-      regions.push_back(planes.back()->create_region(0));
+      regions.push_back(planes.back()->create_region(0, world_size));
     }
     for (int r = 0; r < world_size; ++r)
       world_planes[static_cast<std::size_t>(r)] = planes[static_cast<std::size_t>(r)]->attach(0, cmembers, regions[static_cast<std::size_t>(r)]);

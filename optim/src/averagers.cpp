@@ -52,6 +52,19 @@ Future<void> average_parameters_async(const std::vector<Tensor>& params, Process
         members.push_back(p);
         total += p.numel();
       }
+    if (dev.is_cpu()) {
+      // torch's arithmetic (every rank's parameters divided by the world
+      // size, then summed; gloo's ring order at 3+ ranks) in one pass that
+      // reads and writes the parameters themselves.
+      AllReduceCoalescedOptions o;
+      o.op = ReduceOp::sum;
+      o.order = ReduceOrder::ring;
+      o.pre_divisor = group.size();
+      futures.push_back(group.all_reduce_coalesced_async(members, o));
+      continue;
+    }
+    // Device tensors: one flat buffer through the device backend (NCCL's
+    // order, as torch on CUDA).
     Tensor flat = Tensor::empty({total}, dt, dev);
     std::int64_t off = 0;
     for (const auto& p : members) {
@@ -59,18 +72,6 @@ Future<void> average_parameters_async(const std::vector<Tensor>& params, Process
       off += p.numel();
     }
     detail::divide_any_(flat, group.size(), op);
-    if (dev.is_cpu() && group.size() >= 3 && (dt == DType::float32 || dt == DType::float64)) {
-      // torch (gloo) adds the ranks' values in ring order; match it bitwise.
-      // Device tensors take the device backend's all_reduce below (NCCL's
-      // order, as torch on CUDA).
-      detail::ring_all_reduce_sum(group, flat);
-      std::int64_t o = 0;
-      for (const auto& p : members) {
-        if (p.numel()) p.copy_(flat.flat_slice(o, p.numel()));
-        o += p.numel();
-      }
-      continue;
-    }
     futures.push_back(group.all_reduce_async(flat, ReduceOp::sum).then([flat, members](Future<void> f) {
       f.get();  // rethrows the collective's error into the returned future
       std::int64_t o = 0;

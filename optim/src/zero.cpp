@@ -355,9 +355,21 @@ void ZeroRedundancyOptimizer::sync_params() {
       const auto ur = static_cast<std::size_t>(r);
       if (bucket_view_) {
         for (auto& kind : buckets_) works.push_back(group_.broadcast_async(kind[ur], r));
+        continue;
+      }
+      // One call for all of rank r's parameters (on the shared-memory plane
+      // without a flat copy); device tensors go one by one to their backend.
+      std::vector<Tensor> mine;
+      bool cpu = true;
+      for (const auto& g : partition_[ur])
+        for (const auto& p : g) {
+          mine.push_back(p);
+          cpu = cpu && p.device().is_cpu();
+        }
+      if (cpu) {
+        if (!mine.empty()) works.push_back(group_.broadcast_coalesced_async(mine, r));
       } else {
-        for (const auto& g : partition_[ur])
-          for (const auto& p : g) works.push_back(group_.broadcast_async(p, r));
+        for (const auto& p : mine) works.push_back(group_.broadcast_async(p, r));
       }
     }
   } catch (...) {

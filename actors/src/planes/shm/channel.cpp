@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -43,12 +44,16 @@ bool same(const Desc& a, const Desc& b) {
 
 WaitPolicy WaitPolicy::for_ranks(int ranks_on_host) {
   WaitPolicy p;
+  if (const char* v = std::getenv("DOPT_SHM_SPIN_US"); v && *v) {  // tuning experiments
+    p.spin = std::chrono::microseconds(std::atol(v));
+    return p;
+  }
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   cpu_set_t set;
   int usable = static_cast<int>(cpus);
   if (::sched_getaffinity(0, sizeof set, &set) == 0) usable = std::max(1, CPU_COUNT(&set));
   if (ranks_on_host > usable) {  // a spinning waiter would take the CPU from the rank it waits for
-    p.spins = 50;
+    p.spin = std::chrono::nanoseconds(2000);
     p.yields = 2;
   }
   return p;
@@ -61,7 +66,9 @@ Channel::Channel(std::uint64_t gid, int me, std::shared_ptr<const std::vector<in
       members_(std::move(members)),
       memory_(std::move(memory)),
       peers_(std::move(peers)),
-      policy_(policy) {}
+      policy_(policy),
+      spin_(policy.spin),
+      layout_(Layout::of(static_cast<int>(members_->size()), memory_.buf_bytes, memory_.heap_bytes)) {}
 
 std::string Channel::group_str() const { return detail::group_str(gid_); }
 
@@ -108,10 +115,20 @@ void Channel::wait_all(std::uint64_t step, Call& c) {
 void Channel::wait(int g, std::uint64_t step, Call& c) {
   SyncLine& s = ctl(g).sync;
   if (s.step.load(std::memory_order_acquire) >= step) return;
-  for (int i = 0; i < policy_.spins; ++i) {
-    cpu_relax();
-    if (s.step.load(std::memory_order_acquire) >= step) return;
+  // Poll for up to spin_ (the clock is read every 64 polls).
+  if (++waits_ % 64 == 0) spin_ = policy_.spin;
+  const auto spin_end = std::chrono::steady_clock::now() + spin_;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (s.step.load(std::memory_order_acquire) >= step) {
+        spin_ = policy_.spin;
+        return;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= spin_end) break;
   }
+  spin_ = std::max<std::chrono::nanoseconds>(std::chrono::nanoseconds(1000), spin_ / 2);
   for (int i = 0; i < policy_.yields; ++i) {
     ::sched_yield();
     if (s.step.load(std::memory_order_acquire) >= step) return;

@@ -31,7 +31,7 @@ namespace dopt::detail::shm_plane {
 /// How a waiting member burns (or saves) CPU: poll, then yield, then sleep
 /// on the peer's futex in slices, checking liveness and the deadline between.
 struct WaitPolicy {
-  int spins = 2000;
+  std::chrono::nanoseconds spin{20000};  // polling, before yielding
   int yields = 4;
   std::chrono::microseconds slice{2000};
   /// Less polling when more ranks share this host than it has CPUs.
@@ -43,6 +43,7 @@ struct GroupMemory {
   std::vector<void*> base;  // index: group rank
   std::size_t buf_bytes = 0;
   std::size_t small_bytes = 0;  // calls with at most this much data per member take the small path
+  std::size_t heap_bytes = 0;   // send/recv staging (processes)
   bool shared = false;      // regions of other processes (futexes are shared)
   bool in_process = false;  // members are threads of this process: their tensors are addressable
   std::shared_ptr<void> keep;  // keeps the mappings / allocations
@@ -69,9 +70,11 @@ class Channel {
   int global(int g) const { return (*members_)[static_cast<std::size_t>(g)]; }
   int my_global() const { return global(me_); }
   ControlBlock& ctl(int g) const { return *static_cast<ControlBlock*>(memory_.base[static_cast<std::size_t>(g)]); }
-  char* buf(int g, std::uint64_t round) const {
-    return region_buf(memory_.base[static_cast<std::size_t>(g)], memory_.buf_bytes, round);
-  }
+  char* buf(int g, std::uint64_t round) const { return layout_.buf_of(memory_.base[static_cast<std::size_t>(g)], round); }
+  void* base(int g) const { return memory_.base[static_cast<std::size_t>(g)]; }
+  const Layout& layout() const noexcept { return layout_; }
+  bool shared() const noexcept { return memory_.shared; }
+  const WaitPolicy& policy() const noexcept { return policy_; }
   std::size_t buf_bytes() const noexcept { return memory_.buf_bytes; }
   std::size_t small_bytes() const noexcept { return memory_.small_bytes; }
   bool in_process() const noexcept { return memory_.in_process; }
@@ -118,6 +121,13 @@ class Channel {
   GroupMemory memory_;
   std::shared_ptr<PeerTable> peers_;
   WaitPolicy policy_;
+  /// How long waits poll before yielding: halved after a wait that polling
+  /// did not serve (down to 1 us), back to policy_.spin after one it did and
+  /// every 64th wait (to look again), so a rank whose peers are busy or
+  /// descheduled stops taking the CPU from them.
+  std::chrono::nanoseconds spin_{0};
+  std::uint32_t waits_ = 0;
+  Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
 };

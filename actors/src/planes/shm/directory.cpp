@@ -23,7 +23,7 @@ void init_region(void* base, std::uint64_t gid, int global_rank, std::size_t byt
   cb->gid = gid;
   cb->global_rank = static_cast<std::uint32_t>(global_rank);
   cb->pid = static_cast<std::int32_t>(::getpid());
-  cb->buf_bytes = (bytes - kControlBytes) / 2;
+  cb->bytes = bytes;
 }
 
 void check_region(void* base, std::uint64_t gid, const std::string& what) {

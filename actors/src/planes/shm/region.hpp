@@ -59,7 +59,7 @@ struct ControlBlock {
   std::uint32_t global_rank = 0;
   std::uint32_t group_size = 0;
   std::int32_t pid = 0;
-  std::uint64_t buf_bytes = 0;
+  std::uint64_t bytes = 0;  // of the whole region
   SyncLine sync;
   StatusLine status;
   AbortLine abort;
@@ -67,14 +67,91 @@ struct ControlBlock {
   alignas(64) Desc desc[2];  // index: round % 2
 };
 
-/// Bytes before the staging buffers (page aligned).
-inline constexpr std::size_t kControlBytes = (sizeof(ControlBlock) + 4095) / 4096 * 4096;
+// --- point to point ----------------------------------------------------------------
+// A sender publishes a message to member d in its own mailbox for d (a ring
+// of kMailSlots headers; the bytes stay with the sender: its tensor between
+// threads, a block of its shared-memory arena between processes). The
+// receiver copies headers out as they come (and says so in its read line),
+// matches them with its recvs by (tag, sequence number), copies the bytes
+// and acknowledges in its ack ring for the sender. Both ring the other's
+// doorbell, on which an idle member's point-to-point engine sleeps.
 
-inline std::size_t region_bytes(std::size_t buf_bytes) { return kControlBytes + 2 * buf_bytes; }
+inline constexpr std::uint64_t kMailSlots = 32;
 
-/// Staging buffer of round `round` in a region starting at base.
-inline char* region_buf(void* base, std::size_t buf_bytes, std::uint64_t round) {
-  return static_cast<char*>(base) + kControlBytes + (round % 2) * buf_bytes;
-}
+struct alignas(64) Doorbell {
+  std::atomic<std::uint32_t> ring{0};
+  std::atomic<std::uint32_t> sleepers{0};
+};
+
+struct alignas(64) MailSlot {
+  std::atomic<std::uint64_t> id{0};         // message id (from 1) once published
+  std::atomic<std::uint32_t> cancelled{0};  // the sender gave up on it (timeout)
+  std::int32_t tag = 0;
+  std::uint64_t seq = 0;
+  std::uint8_t dtype = 0;
+  std::int8_t ndim = 0;
+  std::int64_t shape[kMaxDims] = {};
+  std::uint64_t shape_hash = 0;
+  std::uint64_t nbytes = 0;
+  std::uint64_t addr = 0;    // threads: the sender's data
+  std::uint64_t offset = 0;  // processes: the block's offset in the sender's heap, or in `segment`
+  char segment[64] = {};     // processes: "" (the block is in the sender's heap) or an arena segment
+};
+
+enum class AckStatus : std::uint32_t { ok = 0, mismatch = 1, cancelled = 2, receiver_failed = 3 };
+
+struct alignas(64) AckSlot {
+  std::atomic<std::uint64_t> id{0};  // the message id this acknowledges
+  std::uint32_t status = 0;          // AckStatus
+  char why[244] = {};
+};
+
+struct alignas(64) ReadLine {
+  std::atomic<std::uint64_t> read_upto{0};  // headers of ids <= this were copied out
+};
+
+/// Where the parts of a region lie, for a group of n members.
+struct Layout {
+  int n = 0;
+  std::size_t buf_bytes = 0;
+  std::size_t heap_bytes = 0;
+  std::size_t doorbell = 0, mail = 0, ack = 0, read = 0, buf = 0, heap = 0, total = 0;
+
+  /// heap_bytes: where a process stages the bytes it sends (0 between threads).
+  static Layout of(int n, std::size_t buf_bytes, std::size_t heap_bytes) {
+    auto page = [](std::size_t x) { return (x + 4095) / 4096 * 4096; };
+    Layout l;
+    l.n = n;
+    l.buf_bytes = buf_bytes;
+    std::size_t at = (sizeof(ControlBlock) + 63) / 64 * 64;
+    l.doorbell = at;
+    at += sizeof(Doorbell);
+    l.mail = at;  // [dst][slot]
+    at += static_cast<std::size_t>(n) * kMailSlots * sizeof(MailSlot);
+    l.ack = at;  // [src][slot]
+    at += static_cast<std::size_t>(n) * kMailSlots * sizeof(AckSlot);
+    l.read = at;  // [src]
+    at += static_cast<std::size_t>(n) * sizeof(ReadLine);
+    l.buf = page(at);
+    l.heap = l.buf + 2 * buf_bytes;
+    l.heap_bytes = heap_bytes;
+    l.total = l.heap + heap_bytes;
+    return l;
+  }
+  char* at(void* base, std::size_t off) const { return static_cast<char*>(base) + off; }
+  Doorbell* doorbell_of(void* base) const { return reinterpret_cast<Doorbell*>(at(base, doorbell)); }
+  MailSlot* mail_slot(void* base, int dst, std::uint64_t id) const {
+    return reinterpret_cast<MailSlot*>(at(base, mail)) + static_cast<std::size_t>(dst) * kMailSlots + id % kMailSlots;
+  }
+  AckSlot* ack_slot(void* base, int src, std::uint64_t id) const {
+    return reinterpret_cast<AckSlot*>(at(base, ack)) + static_cast<std::size_t>(src) * kMailSlots + id % kMailSlots;
+  }
+  ReadLine* read_line(void* base, int src) const {
+    return reinterpret_cast<ReadLine*>(at(base, read)) + static_cast<std::size_t>(src);
+  }
+  char* heap_of(void* base) const { return at(base, heap); }
+  /// Staging buffer of round `round`.
+  char* buf_of(void* base, std::uint64_t round) const { return at(base, buf) + (round % 2) * buf_bytes; }
+};
 
 }  // namespace dopt::detail::shm_plane

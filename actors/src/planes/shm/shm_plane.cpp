@@ -22,8 +22,9 @@ std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t lo) {
 
 }  // namespace
 
-ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host) {
+ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes) {
   Options o;
+  o.heap_bytes = processes ? env_bytes("DOPT_SHM_HEAP_BYTES", 256u << 20, 0) / 4096 * 4096 : 0;
   o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
   o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
   if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
@@ -38,18 +39,38 @@ ShmGroup::ShmGroup(std::shared_ptr<ShmPlane> plane, std::unique_ptr<Channel> cha
       ch_(std::move(channel)),
       exec_([this](const Op& op) { execute(op); }, ch_->my_global()) {}
 
+namespace {
+bool is_p2p(const Op& op) { return op.desc.kind == CollKind::send || op.desc.kind == CollKind::recv; }
+}  // namespace
+
 void ShmGroup::run(const OpPtr& op) {
+  if (is_p2p(*op)) return p2p().post(op).get();
   ch_->note_submitted(op->seq);
   exec_.run(op);
 }
 
 Future<void> ShmGroup::run_async(const OpPtr& op) {
+  if (is_p2p(*op)) return p2p().post(op);
   ch_->note_submitted(op->seq);
   return exec_.run_async(op);
 }
 
-bool ShmGroup::supports(const CollDesc& desc) const {
-  return desc.kind != CollKind::send && desc.kind != CollKind::recv;
+bool ShmGroup::supports(const CollDesc&) const { return true; }
+
+P2PEngine& ShmGroup::p2p() {
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  if (!p2p_) {
+    p2p_ = std::make_unique<P2PEngine>(*ch_);
+    if (!stopped_.empty()) p2p_->stop(stopped_);
+  }
+  return *p2p_;
+}
+
+void ShmGroup::stop(const std::string& why) {
+  exec_.stop(why);
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  stopped_ = why;
+  if (p2p_) p2p_->stop(why);
 }
 
 std::shared_ptr<GroupPlane> ShmGroup::made_group(std::uint64_t gid) const { return plane_->take_group(gid); }
@@ -82,7 +103,11 @@ ShmPlane::ShmPlane(int global_rank, std::shared_ptr<RegionDirectory> directory, 
                    Options options)
     : rank_(global_rank), dir_(std::move(directory)), peers_(std::move(peers)), options_(options) {}
 
-Mapped ShmPlane::create_region(std::uint64_t gid) { return dir_->create(gid, rank_, region_bytes(options_.buf_bytes)); }
+Mapped ShmPlane::create_region(std::uint64_t gid, int n) {
+  Mapped m = dir_->create(gid, rank_, Layout::of(n, options_.buf_bytes, options_.heap_bytes).total);
+  static_cast<ControlBlock*>(m.base)->group_size = static_cast<std::uint32_t>(n);
+  return m;
+}
 
 std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
                                            const Mapped& mine) {
@@ -92,13 +117,15 @@ std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<co
   GroupMemory mem;
   auto keeps = std::make_shared<std::vector<std::shared_ptr<void>>>();
   for (int r : m) {
-    Mapped x = r == rank_ ? mine : dir_->open(gid, r, region_bytes(options_.buf_bytes));
+    Mapped x = r == rank_ ? mine
+                          : dir_->open(gid, r, Layout::of(static_cast<int>(m.size()), options_.buf_bytes, options_.heap_bytes).total);
     mem.base.push_back(x.base);
     keeps->push_back(x.keep);
   }
   mem.keep = keeps;
   mem.buf_bytes = options_.buf_bytes;
   mem.small_bytes = options_.small_bytes;
+  mem.heap_bytes = options_.heap_bytes;
   mem.shared = dir_->shared();
   mem.in_process = dir_->in_process() && !options_.staged_only;
   auto ch = std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem),
@@ -129,7 +156,7 @@ void ShmPlane::new_groups(Channel& world, Call& c) {
   try {
     for (const auto& spec : op.creates)
       if (std::find(spec.members.begin(), spec.members.end(), rank_) != spec.members.end())
-        mine.emplace_back(&spec, create_region(spec.gid));
+        mine.emplace_back(&spec, create_region(spec.gid, static_cast<int>(spec.members.size())));
     const std::uint64_t k = world.begin_round(c);
     world.publish(k, op);
     world.signal(Channel::A(k));

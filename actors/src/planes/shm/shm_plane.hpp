@@ -14,6 +14,7 @@
 #include "engine/plane.hpp"
 #include "planes/shm/channel.hpp"
 #include "planes/shm/directory.hpp"
+#include "planes/shm/p2p.hpp"
 
 namespace dopt::detail::shm_plane {
 
@@ -29,13 +30,17 @@ class ShmGroup final : public GroupPlane {
   const char* name() const noexcept override { return "shm"; }
   std::shared_ptr<GroupPlane> made_group(std::uint64_t gid) const override;
   /// Fails queued and later calls with StateError(why).
-  void stop(const std::string& why) { exec_.stop(why); }
+  void stop(const std::string& why);
 
  private:
   void execute(const Op& op);
+  P2PEngine& p2p();
   std::shared_ptr<ShmPlane> plane_;  // the plane lives while any of its groups does
   std::unique_ptr<Channel> ch_;
   SerialExecutor exec_;
+  std::mutex p2p_mutex_;
+  std::unique_ptr<P2PEngine> p2p_;  // made on the first send or recv
+  std::string stopped_;
 };
 
 class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
@@ -47,10 +52,14 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
     std::size_t small_bytes = 32u << 10;
     /// Threads of one process use the staged algorithms too (tests).
     bool staged_only = false;
+    /// Processes: where sends stage their bytes (sparse: only what is in
+    /// flight takes memory). Larger messages use a named arena segment.
+    std::size_t heap_bytes = 0;
     WaitPolicy policy;
     /// Defaults, overridden by DOPT_SHM_BUFFER_BYTES (at least 64 KiB),
-    /// DOPT_SHM_SMALL_BYTES and DOPT_SHM_STAGED=1.
-    static Options from_env(int ranks_on_host);
+    /// DOPT_SHM_SMALL_BYTES, DOPT_SHM_HEAP_BYTES and DOPT_SHM_STAGED=1.
+    /// processes: ranks are processes (a send heap is needed).
+    static Options from_env(int ranks_on_host, bool processes);
   };
   ShmPlane(int global_rank, std::shared_ptr<RegionDirectory> directory, std::shared_ptr<PeerTable> peers,
            Options options);
@@ -59,8 +68,8 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
   RegionDirectory& directory() const noexcept { return *dir_; }
   const std::shared_ptr<PeerTable>& peers() const noexcept { return peers_; }
 
-  /// This rank's region of group gid, made before the group is announced.
-  Mapped create_region(std::uint64_t gid);
+  /// This rank's region of group gid (of n members), made before the group is announced.
+  Mapped create_region(std::uint64_t gid, int n);
   /// Maps the other members' regions of gid (they created theirs before
   /// announcing it) and makes the group's plane; `mine` from create_region.
   std::shared_ptr<ShmGroup> attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,

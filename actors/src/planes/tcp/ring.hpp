@@ -60,6 +60,11 @@ struct RingGroup {
 };
 
 struct RingOptions {
+  /// all_reduce: the order in which the ranks' contributions are combined
+  /// (kernels.hpp's reduce_members), and a division of each contribution
+  /// before it (0: none). Must be the same on every rank.
+  ReduceOrder order = ReduceOrder::rank;
+  std::int64_t pre_divisor = 0;
   /// Bytes per message of the pipelined algorithms (rounded down to whole
   /// elements). Must be the same on every rank.
   std::size_t chunk_bytes = std::size_t(1) << 20;

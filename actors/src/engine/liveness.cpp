@@ -1,0 +1,121 @@
+// Liveness of the peers as the rank actor sees it: peers whose user code
+// failed (lost), whose process is gone (down messages, passed on as gone),
+// or that fell silent (no heartbeat for peer_timeout). Every pending call
+// that needs such a peer fails with PeerLostError naming it, on the actor
+// plane here and on the data planes through the PeerTable.
+#include <algorithm>
+
+#include "dopt/runtime/shm.hpp"
+#include "engine/rank_state.hpp"
+
+namespace dopt::detail {
+
+/// PeerLostError for call `key`, naming the first of its members that was
+/// lost (`peer` when none was before it).
+Failure RankState::lost_failure_of(CollKey key, const CollState& st, int peer) const {
+  for (int q : lost_order) {
+    if (q == rank || std::find(st.members->begin(), st.members->end(), q) == st.members->end()) continue;
+    peer = q;
+    break;
+  }
+  return Failure{FailKind::peer_lost, coll_name(st.local->desc.kind),
+                 "rank " + std::to_string(peer) + " was lost during " + st.local->desc.str() + " in " +
+                     group_str(key.first) + " (seq " + std::to_string(key.second) + "): " + lost.at(peer)};
+}
+
+/// A peer is lost. actor_dead: its actor is gone too (it will finish
+/// nothing). gone: its process is gone (seen here or by another rank), so
+/// the TCP connection to it is cut and ring collectives with it fail.
+/// pass_on: tell the other ranks (net), so that each names this peer even
+/// if it would first see a survivor exit.
+void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool gone, bool pass_on) {
+  if (peer == rank) return;
+  if (table) table->mark(peer, actor_dead || gone ? PeerTable::lost : PeerTable::failed, what);
+  const bool first = lost.emplace(peer, what).second;
+  if (first) lost_order.push_back(peer);
+  if (actor_dead) dead.insert(peer);
+  // What a dead process left in /dev/shm (segments named after its pid).
+  if (net && first && (actor_dead || gone)) shm::remove_stale_segments();
+  if (gone && mesh && !mesh->peer_lost(peer))
+    mesh->fail_peer(peer, "rank " + std::to_string(peer) + " is lost: " + what);
+  if (pass_on && first && net)
+    for (int k = 0; k < world; ++k)
+      if (k != rank && k != peer && !dead.count(k))
+        self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, peer, what);
+  for (auto it = colls.begin(); it != colls.end();) {
+    auto& st = it->second;
+    bool fails = false;
+    if (st.local && st.members) {
+      auto& m = *st.members;
+      auto pos = std::find(m.begin(), m.end(), peer);
+      if (pos != m.end()) {
+        auto g = static_cast<std::size_t>(pos - m.begin());
+        // A peer that joined still does its share, unless its actor is dead
+        // and a share was left to do (kinds without a done phase, and
+        // small net calls, need nothing more of it once it arrived; a ring
+        // collective ends by itself, with an error if bytes are missing).
+        const bool owes_work = needs_done_phase(st.local->desc.kind) && !st.small && !st.ring;
+        fails = !st.arrivals[g] || (actor_dead && owes_work);
+      }
+    }
+    if (fails) {
+      fail(st.local, lost_failure_of(it->first, st, peer));
+      failed.insert(it->first);
+      it = colls.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = recvs.begin(); it != recvs.end();) {
+    if (it->first.src == peer) {
+      fail(it->second, Failure{FailKind::peer_lost, "recv",
+                               "rank " + std::to_string(peer) + " was lost before sending: " + what});
+      it = recvs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (actor_dead) {
+    for (auto it = sends.begin(); it != sends.end();) {
+      if (it->first.dst == peer) {
+        fail(it->second, Failure{FailKind::peer_lost, "send",
+                                 "rank " + std::to_string(peer) + " was lost before receiving: " + what});
+        it = sends.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+/// Net: heartbeat every peer_timeout / 4; a peer silent for peer_timeout is lost.
+/// Heartbeats go out every peer_timeout / 10 and silence is checked as
+/// often, so a stopped peer is declared lost between 0.9 and 1.1
+/// peer_timeouts after it stopped, and the message gives the silence measured.
+void RankState::on_heartbeat_tick() {
+  const auto now = std::chrono::steady_clock::now();
+  for (int r = 0; r < world; ++r) {
+    if (r == rank || dead.count(r)) continue;
+    self->send(peers[static_cast<std::size_t>(r)], hb_atom::value, rank);
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard[static_cast<std::size_t>(r)]);
+    if (silent > peer_timeout) {
+      const std::string what = "no word from its process for " + std::to_string(silent.count()) +
+                               " ms (stopped, hung or cut off; the limit is " + std::to_string(peer_timeout.count()) +
+                               " ms)";
+      on_lost(r, what, true, true, true);
+    }
+  }
+  self->delayed_send(self, heartbeat_period(peer_timeout), hbtick_atom::value);
+}
+
+void RankState::on_self_failed(const std::string& what) {
+  if (self_failed) return;
+  self_failed = true;
+  self_failed_what = what;
+  for (int peer = 0; peer < world; ++peer)
+    if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], lost_atom::value, rank, what);
+  for (auto& [key, a] : unmatched) reply_lost(a->key);
+  unmatched.clear();
+}
+
+}  // namespace dopt::detail

@@ -1,0 +1,196 @@
+// A process's rank joins the world (init_process_group): rendezvous, the
+// rank actors' direct connections, the data plane (shared memory when every
+// rank is on this host, else the TCP mesh), liveness.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+
+#include "dopt/actors/distributed.hpp"
+#include "dopt/runtime/shm.hpp"
+#include "engine/rank_state.hpp"
+#include "engine/runtime_impl.hpp"
+#include "planes/shm/shm_plane.hpp"
+#include "rendezvous_internal.hpp"
+
+namespace dopt::detail {
+
+namespace {
+
+/// A token of this job on this host, the same on every rank (rank 0's is
+/// taken): names of the shared-memory regions carry it.
+std::string job_token() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+/// "host=<hostname> boot=<boot id>": ranks with equal infos share a kernel,
+/// hence /dev/shm.
+std::string host_info() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) boot = buf;
+    std::fclose(f);
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  }
+  return std::string("host=") + host + " boot=" + boot;
+}
+
+}  // namespace
+
+ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
+  UserThreadCafScope caf_scope;
+  const char* op = "init_process_group";
+  std::string plane_choice = options.transport;
+  if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) plane_choice = t;
+  if (plane_choice != "auto" && plane_choice != "shm" && plane_choice != "tcp")
+    throw ValueError(op, "transport must be 'auto', 'shm' or 'tcp', got '" + plane_choice + "'", env.rank);
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+    throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
+                     env.rank);
+  auto& rt = runtime.impl();
+  auto& sys = rt.system(op);
+  if (env.local_rank == 0) shm::remove_stale_segments();
+  caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
+  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout, nullptr);
+  rt.add_endpoint(ep);
+  // Every rank actor listens on a port of its own, so that every pair of
+  // ranks gets a direct connection: a peer's death is then seen by all
+  // (BASP would otherwise route through rank 0, and lose sight of the dead
+  // peer when rank 0 goes). The TCP data plane listens too. Both ports are
+  // opened inside the rendezvous, once rank 0 holds MASTER_PORT.
+  const std::string host = host_info();
+  std::optional<transport::TcpListener> listener;
+  auto make_info = [&] {
+    auto port = sys.middleman().publish(a, 0, nullptr, true);
+    if (!port)
+      throw IOError(op, "the rank actor cannot listen on a port: " + sys.render(port.error()), env.rank);
+    if (plane_choice != "shm") listener.emplace(transport::TcpMesh::listen());
+    char hostname[256] = {};
+    ::gethostname(hostname, sizeof hostname - 1);
+    return host + " addr=" + hostname + " port=" + std::to_string(*port) +
+           " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
+           " job=" + job_token();
+  };
+  RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
+  const auto& infos = rendezvous_infos(rdv);
+  std::vector<int> elsewhere;
+  auto field = [](const std::string& text, const std::string& key) {
+    auto p = text.find(" " + key + "=");
+    if (p == std::string::npos) return std::string();
+    p += key.size() + 2;
+    return text.substr(p, text.find(' ', p) - p);
+  };
+  for (int r = 0; r < env.world_size; ++r)
+    if (infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0) elsewhere.push_back(r);
+  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty();
+  if (use_tcp && plane_choice == "shm") {
+    std::string who;
+    for (int r : elsewhere) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    throw ValueError(op, "transport 'shm' needs every rank on this host, but ranks " + who + " are on another host",
+                     env.rank);
+  }
+  for (int r = 0; use_tcp && r < env.world_size; ++r)
+    if (field(infos[static_cast<std::size_t>(r)], "tcp") == "0")
+      throw ValueError(op, "rank " + std::to_string(r) + " has no TCP data plane (DOPT_TRANSPORT=shm there?) but " +
+                               "this world needs one; set the same DOPT_TRANSPORT on every rank", env.rank);
+  auto peers = std::make_shared<Peers>();
+  peers->table = std::make_shared<PeerTable>(env.world_size);
+  peers->actors = rendezvous_payloads(rdv);
+  peers->actors[static_cast<std::size_t>(env.rank)] = a;
+  // Direct connections: rank i (> 0) connects to every rank above it; rank 0
+  // has one to everybody from the rendezvous.
+  for (int r = std::max(1, env.rank + 1); env.rank > 0 && r < env.world_size; ++r) {
+    const std::string& pinfo = infos[static_cast<std::size_t>(r)];
+    const std::string addr = std::find(elsewhere.begin(), elsewhere.end(), r) == elsewhere.end()
+                                 ? std::string("127.0.0.1")
+                                 : field(pinfo, "addr");
+    const int pport = std::atoi(field(pinfo, "port").c_str());
+    auto h = sys.middleman().remote_actor(addr, static_cast<std::uint16_t>(pport));
+    if (!h)
+      throw PeerLostError(op, "cannot connect to rank " + std::to_string(r) + " at " + addr + ":" +
+                                  std::to_string(pport) + ": " + sys.render(h.error()), env.rank);
+    peers->actors[static_cast<std::size_t>(r)] = *h;
+  }
+  std::shared_ptr<transport::TcpMesh> mesh;
+  if (use_tcp) {
+    std::vector<std::string> endpoints;
+    for (int r = 0; r < env.world_size; ++r) {
+      const std::string& pinfo = infos[static_cast<std::size_t>(r)];
+      const bool here = std::find(elsewhere.begin(), elsewhere.end(), r) == elsewhere.end();
+      endpoints.push_back((here ? std::string("127.0.0.1") : field(pinfo, "addr")) + ":" + field(pinfo, "tcp"));
+    }
+    // A connection of the mesh that ends is not taken as the peer's loss: a
+    // peer that finished and exited closes it before its last control
+    // messages (on CAF's connection) may have arrived. Collectives that still
+    // need its bytes fail by themselves; the loss itself is CAF's down_msg.
+    mesh = std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
+                                                options.timeout);
+    // The rank actor owns it; the runtime closes it at shutdown (after the actor is gone).
+    std::weak_ptr<transport::TcpMesh> weak = mesh;
+    runtime_add_stopper(rt, [weak] {
+      if (auto m = weak.lock()) m->close();
+    });
+  }
+  {
+    caf::scoped_actor self{sys};
+    bool ok = false;
+    self->request(a, caf::infinite, initnet_atom::value, PeersPtr(peers),
+                  static_cast<std::int64_t>(rt.options_.peer_timeout.count()), mesh)
+        .receive([&](bool) { ok = true; },
+                 [&](caf::error& e) {
+                   throw StateError(op, "the rank actor did not start: " + sys.render(e), env.rank);
+                 });
+    (void)ok;
+  }
+  // The shared-memory plane (every rank on this host): this rank's region of
+  // the world group exists before the barrier, the peers' are mapped after
+  // it, and once everybody mapped every region their names go (a crash
+  // leaves nothing in /dev/shm).
+  std::shared_ptr<shm_plane::ShmPlane> shm;
+  shm_plane::Mapped mine;
+  auto members = std::make_shared<std::vector<int>>();
+  for (int r = 0; r < env.world_size; ++r) members->push_back(r);
+  if (!use_tcp) {
+    std::vector<int> pids;
+    for (int r = 0; r < env.world_size; ++r)
+      pids.push_back(std::atoi(field(infos[static_cast<std::size_t>(r)], "pid").c_str()));
+    auto dir = std::make_shared<shm_plane::ShmDirectory>(std::move(pids), field(infos[0], "job"));
+    shm = std::make_shared<shm_plane::ShmPlane>(env.rank, dir, peers->table,
+                                                shm_plane::ShmPlane::Options::from_env(
+                                                    env.local_world_size > 0 ? env.local_world_size : env.world_size,
+                                                    true));
+    mine = shm->create_region(0, env.world_size);
+    runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
+  }
+  // Nobody sends collective messages before every rank actor knows its peers.
+  rdv.barrier(options.timeout);
+  std::shared_ptr<GroupPlane> world_plane;
+  if (shm) {
+    world_plane = shm->attach(0, members, mine);
+    rdv.barrier(options.timeout);
+    shm->directory().seal(0, env.rank);
+  }
+  // The rank actors hold the peer handles now; the rendezvous actors can go
+  // when rdv does.
+  auto g = std::make_shared<GroupImpl>();
+  g->endpoint = ep;
+  g->gid = 0;
+  g->members = std::move(members);
+  g->plane = std::move(world_plane);
+  g->my_grank = env.rank;
+  g->is_world = true;
+  g->local_world_size = env.local_world_size;
+  g->timeout_ms.store(rt.options_.collective_timeout.count());
+  return ProcessGroup(std::move(g));
+}
+
+}  // namespace dopt::detail
