@@ -86,8 +86,10 @@ class Checker:
 
     def report(self, case, before):
         ok = len(self.failures) == before
-        print(f"torch_parity [rank {self.rank}]: {'PASS' if ok else 'FAIL'} {case}"
-              + ("" if ok else ": " + "; ".join(self.failures[before:])), flush=True)
+        if ok:
+            print(f"torch_parity [rank {self.rank}]: PASS {case}", flush=True)
+        for f in self.failures[before:]:  # each names its case
+            print(f"torch_parity [rank {self.rank}]: FAIL {f}", flush=True)
 
 
 def zero_case(chk, rank, tmp, bucket_view, optimizer, kwargs, groups=False, scheduler=False):
