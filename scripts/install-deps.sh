@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs dopt's build and test dependencies from Debian when they are missing.
 # Usage: scripts/install-deps.sh [--with-torch]
-#   --with-torch  also install python3-torch (the reference peer for benchmarks)
+# Besides the C++ toolchain and libraries, it installs what the optional
+# components and their tests need: the Python package (pybind11-dev,
+# python3-dev; its tests compare with python3-torch, which is also the
+# benchmarks' peer) and the libtorch interop (libtorch-dev). --with-torch is
+# accepted for compatibility (torch is always installed now).
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libdlpack-dev libeigen3-dev
-      libxxhash-dev libssl-dev)
-if [[ "${1:-}" == "--with-torch" ]]; then pkgs+=(python3-torch python3-numpy); fi
+      libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy libtorch-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Checks the layering runtime <- actors <- optim (gpu/ is a leaf above all):
+"""Checks the layering runtime <- actors <- optim (gpu/ and libtorch/ are leaves above all):
 no file of a layer includes a header of a layer above it."""
 import pathlib, re, sys
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-rank = {"runtime": 0, "actors": 1, "optim": 2, "gpu": 3}
+rank = {"runtime": 0, "actors": 1, "optim": 2, "gpu": 3, "libtorch": 3}
 inc = re.compile(r'#\s*include\s*[<"]dopt/(\w+)/')
 bad = []
 for comp, level in rank.items():

@@ -108,7 +108,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, OptimizerSpec spec,
                                                  ZeroOptions options)
     : spec_(std::move(spec)), group_(std::move(options.process_group)),
-      bucket_view_(options.parameters_as_bucket_view) {
+      bucket_view_(options.parameters_as_bucket_view), rebind_(std::move(options.rebind_parameter)) {
   if (!group_.valid() || !group_.is_member())
     throw ValueError(kName, "a valid process group this rank is a member of is required");
   rank_ = group_.rank();
@@ -117,6 +117,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   if (groups.empty()) throw ValueError(kName, "ZeroRedundancyOptimizer got an empty parameter list");
   for (auto& g : groups) add_group_checked(std::move(g), kName);
   if (all_params_.empty()) throw ValueError(kName, "ZeroRedundancyOptimizer got an empty parameter list");
+  if (options.overlap_with_ddp)
+    check_repointable(all_params_, kName, "overlap_with_ddp makes each reducer bucket's parameters views of one flat buffer");
+  else if (bucket_view_)
+    check_repointable(all_params_, kName, "parameters_as_bucket_view makes the parameters views of one flat buffer per rank");
   std::unique_ptr<FunctionalOptimizer> functional;
   if (options.overlap_with_ddp) {
     bucket_view_ = false;  // torch: ignored with overlap (each reducer bucket is one flat buffer)
@@ -175,6 +179,31 @@ void ZeroRedundancyOptimizer::require_overlap_idle(const std::string& op) const 
 
 std::vector<int> ZeroRedundancyOptimizer::overlap_bucket_owners() const {
   return overlap_ ? overlap_->bucket_owners() : std::vector<int>{};
+}
+
+void ZeroRedundancyOptimizer::check_repointable(const std::vector<Tensor>& params, const char* op,
+                                                const char* why) const {
+  if (rebind_) return;
+  for (const auto& p : params) {
+    const auto& st = p.storage();
+    const bool foreign = !st->owned();
+    if (!foreign && st.use_count() == 1) continue;
+    const std::int64_t index = global_index(p);
+    throw ValueError(op,
+                     std::string("parameter ") + std::to_string(index) + " (" + param_descr(p) + ") " +
+                         (foreign ? "is a view of memory dopt does not own (Tensor::from_blob / from_dlpack)"
+                                  : "shares its memory with another tensor (e.g. it is a view of a larger buffer)") +
+                         ", and " + why + " that ZeRO owns: the caller's tensor over the old memory would stop "
+                         "seeing the updates. Set ZeroOptions::rebind_parameter to a hook that makes the caller's "
+                         "tensor a view of the parameter's new memory (as torch's `p.data = bucket_view`), or "
+                         "pass parameters with memory of their own",
+                     rank_);
+  }
+}
+
+void ZeroRedundancyOptimizer::repoint(const Tensor& p, const Tensor& to) const {
+  p.set_data(to);
+  if (rebind_) rebind_(p);
 }
 
 void ZeroRedundancyOptimizer::add_group_checked(OptimizerParamGroup group, const char* op) {
@@ -300,7 +329,7 @@ void ZeroRedundancyOptimizer::build_buckets() {
       std::int64_t total = 0;
       for (const auto& p : per[r][k]) {
         if (p.requires_grad()) total += p.numel();
-        else p.set_data(p.clone());  // frozen: own storage, outside any bucket
+        else repoint(p, p.clone());  // frozen: own storage, outside any bucket
       }
       if (total == 0) {
         buckets_[k][r] = Tensor::zeros({1}, kinds[k].second, kinds[k].first);
@@ -313,7 +342,7 @@ void ZeroRedundancyOptimizer::build_buckets() {
         const std::int64_t n = p.numel();
         Tensor slice = bucket.flat_slice(off, n);
         slice.copy_(p);
-        p.set_data(slice.view(p.shape()));
+        repoint(p, slice.view(p.shape()));
         off += n;
       }
       buckets_[k][r] = std::move(bucket);
@@ -414,6 +443,10 @@ void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) {
   const auto saved_params_size = all_params_.size();
   try {
     add_group_checked(std::move(group), op.c_str());
+    if (bucket_view_)
+      check_repointable(std::vector<Tensor>(all_params_.begin() + static_cast<std::ptrdiff_t>(saved_params_size),
+                                            all_params_.end()),
+                        op.c_str(), "parameters_as_bucket_view makes the parameters views of one flat buffer per rank");
     check_same_params_everywhere(op.c_str());
   } catch (...) {
     for (std::size_t i = saved_params_size; i < all_params_.size(); ++i) index_of_.erase(all_params_[i].key());

@@ -147,7 +147,7 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
       const Tensor& p = bk.params[s];
       Tensor slice = bk.flat.flat_slice(bk.offsets[s], p.numel());
       slice.copy_(p);
-      p.set_data(slice.view(p.shape()));
+      zero_.repoint(p, slice.view(p.shape()));
     }
   }
 

@@ -67,6 +67,24 @@
 // hold some of its parameters, one at a time, and reads only those
 // parameters' tensors.
 //
+// Caller-owned memory. parameters_as_bucket_view and overlap_with_ddp
+// re-point parameters (Tensor::set_data) at memory ZeRO owns: every handle to
+// the parameter's tensor object follows, but another tensor object over the
+// old memory (the caller's own view, a torch tensor the parameter was
+// imported from with from_dlpack, a flat buffer the parameter was sliced
+// from) would silently stop seeing the updates. So with either option, a
+// parameter that is a view of memory dopt does not own (from_blob,
+// from_dlpack) or that shares its memory with another tensor object is
+// refused at construction (and by add_param_group) with a ValueError naming
+// it, unless ZeroOptions::rebind_parameter is set: then ZeRO calls
+// rebind_parameter(param) right after each re-pointing (frozen parameters'
+// own copies included), and the hook makes the caller's tensor a view of
+// param's new memory (torch: `p.data = bucket_view`). The hook runs on the
+// thread that re-pointed: the constructor's, add_param_group's, step()'s (a
+// rebuild after the set of trainable parameters changed) or, with overlap,
+// the rank thread running hook_with_zero_step*'s plan. An exception from the
+// hook propagates out of that call.
+//
 // overlap_with_ddp (zero_overlap.hpp has the whole contract): the optimizer
 // must have a functional form (the registry's; ValueError otherwise, before
 // any collective). The constructor also makes the broadcast group
@@ -85,6 +103,7 @@
 // every group to the constructor). The join hook does nothing (the reducer's
 // shadow iteration drives ZeRO through the comm hook).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -110,6 +129,13 @@ struct ZeroOptions {
   /// constructor makes one with process_group.new_group(ranks), which needs
   /// process_group to be the world group (ValueError otherwise).
   ProcessGroup overlap_broadcast_group = {};
+  /// Called after ZeRO re-pointed `param` at memory it owns (bucket view,
+  /// overlap buffers, a frozen parameter's own copy); it re-points the
+  /// caller's tensor over the parameter's old memory at param's new memory
+  /// (see "Caller-owned memory" above). Empty: parameters over memory dopt
+  /// does not own, or shared with another tensor, are refused with those
+  /// options.
+  std::function<void(const Tensor& param)> rebind_parameter = {};
 };
 
 class ZeroOverlap;
@@ -237,6 +263,11 @@ class ZeroRedundancyOptimizer : public Joinable {
   void sync_params();
   /// overlap: StateError unless the plan exists and no iteration is in flight.
   void require_overlap_idle(const std::string& op) const;
+  /// ValueError (naming op and the parameter) for a parameter over memory
+  /// that re-pointing would cut off from its owner, when no rebind hook is set.
+  void check_repointable(const std::vector<Tensor>& params, const char* op, const char* why) const;
+  /// p.set_data(to), then the rebind hook.
+  void repoint(const Tensor& p, const Tensor& to) const;
   friend class ZeroOverlap;
   friend struct ZeroOverlapAccess;
 
@@ -257,6 +288,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::vector<StateDict> all_state_dicts_;
   std::int64_t steps_ = 0;
   std::shared_ptr<ZeroOverlap> overlap_;  // overlap_with_ddp only
+  std::function<void(const Tensor&)> rebind_;
 };
 
 }  // namespace dopt::optim

@@ -1,0 +1,324 @@
+"""Optimizer classes, hyperparameters, parameter groups and state dicts in
+torch's layout, shared by the local optimizers and ZeroRedundancyOptimizer."""
+import inspect
+
+import torch
+import torch.optim.optimizer as _torch_optimizer_module
+
+from . import _C
+from ._tensor import ParamBinding, to_dopt, to_torch
+
+# torch.optim classes whose `step` state is a Python int (dopt keeps an int64 0-d tensor).
+_INT_STEP = {"RMSprop", "Adadelta", "Rprop"}
+_KEYS = {}
+_REQUIRED = _torch_optimizer_module.required
+
+
+def registered_optimizers():
+    """Names of dopt's optimizers (torch.optim's class names)."""
+    return list(_C.registered_optimizers())
+
+
+def resolve_optimizer_class(optimizer_class):
+    """(dopt name, torch.optim class or None) for a torch.optim class, a
+    dopt.optim class, torch's functional class (_FunctionalAdam) or a name."""
+    from . import optim as _optim
+    if isinstance(optimizer_class, str):
+        name = optimizer_class
+    elif isinstance(optimizer_class, type) and issubclass(optimizer_class, _optim.Optimizer):
+        name = optimizer_class._dopt_name
+    elif isinstance(optimizer_class, type):
+        name = optimizer_class.__name__
+        if name.startswith("_Functional"):
+            name = name[len("_Functional"):]
+    else:
+        raise TypeError("optimizer_class must be a torch.optim class, a dopt.optim class or a name, got "
+                        + type(optimizer_class).__name__)
+    known = registered_optimizers()
+    if name not in known:
+        lower = {k.lower(): k for k in known}
+        if name.lower() not in lower:
+            raise _C.ValueError(f"dopt has no optimizer '{name}' (known: {', '.join(known)})")
+        name = lower[name.lower()]
+    torch_cls = getattr(torch.optim, name, None)
+    if not (isinstance(torch_cls, type) and issubclass(torch_cls, torch.optim.Optimizer)):
+        torch_cls = None
+    return name, torch_cls
+
+
+def dopt_keys(name):
+    """The hyperparameter names dopt's `name` has (torch's names)."""
+    keys = _KEYS.get(name)
+    if keys is None:
+        try:
+            keys = frozenset(_C.optimizer_hyperparams(name, {}))
+        except _C.ValueError:  # SGD: lr is required
+            keys = frozenset(_C.optimizer_hyperparams(name, {"lr": 1.0}))
+        _KEYS[name] = keys
+    return keys
+
+
+def torch_only_defaults(name, torch_cls):
+    """torch's constructor arguments that dopt does not have (foreach,
+    capturable, differentiable, fused, ...) with torch's defaults."""
+    if torch_cls is None:
+        return {}
+    out = {}
+    for k, p in inspect.signature(torch_cls.__init__).parameters.items():
+        if k in ("self", "params") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or k in dopt_keys(name):
+            continue
+        out[k] = p.default
+    return out
+
+
+def bind_arguments(name, torch_cls, args, kwargs):
+    """Keyword hyperparameters from torch-style positional + keyword arguments."""
+    if not args:
+        return dict(kwargs)
+    if torch_cls is None:
+        raise TypeError(f"dopt {name}: pass hyperparameters by keyword")
+    sig = inspect.signature(torch_cls.__init__)
+    bound = sig.bind_partial(None, None, *args, **kwargs)
+    out = dict(bound.arguments)
+    out.pop("self", None)
+    out.pop("params", None)
+    return out
+
+
+def split_hyperparams(name, torch_cls, hp, where):
+    """(dopt's hyperparameters, torch-only ones). A torch-only argument with a
+    value other than torch's default is refused: dopt runs torch's
+    single-tensor CPU arithmetic and has nothing to switch."""
+    keys = dopt_keys(name)
+    extra = torch_only_defaults(name, torch_cls)
+    ours, theirs = {}, {}
+    for k, v in hp.items():
+        if k in keys:
+            if v is not None and v is not _REQUIRED:
+                ours[k] = v
+        elif k in extra:
+            if v is not None and v is not False and v != extra[k]:
+                raise _C.NotSupportedError(
+                    f"dopt {where}: {name}({k}={v!r}) is not supported (dopt computes torch's single-tensor "
+                    f"arithmetic; leave {k} at {extra[k]!r})")
+            theirs[k] = v
+        else:
+            ours[k] = v  # dopt names the unknown key
+    return ours, theirs
+
+
+def normalise_groups(params):
+    """torch.optim.Optimizer's reading of `params`: a list of group dicts."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                        "but got " + torch.typename(params))
+    groups = list(params)
+    if len(groups) == 0:
+        raise _C.ValueError("optimizer got an empty parameter list")
+    if not isinstance(groups[0], dict):
+        groups = [{"params": groups}]
+    return [normalise_group(g) for g in groups]
+
+
+def normalise_group(group):
+    if not isinstance(group, dict):
+        raise TypeError("param group must be a dict")
+    group = dict(group)
+    params = group["params"]
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    elif isinstance(params, set):
+        raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering of "
+                        "tensors in sets will change between runs. Please use a list instead.")
+    group["params"] = list(params)
+    for p in group["params"]:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError("optimizer can only optimize Tensors, but one of the params is " + torch.typename(p))
+    return group
+
+
+def state_value_to_torch(name, key, t):
+    x = to_torch(t)
+    if key == "step" and name in _INT_STEP and x.dim() == 0 and not x.is_floating_point():
+        return int(x)
+    return x
+
+
+def state_value_to_dopt(v):
+    if torch.is_tensor(v):
+        return to_dopt(v.detach().contiguous(), requires_grad=False)
+    if isinstance(v, bool):
+        raise TypeError("dopt: a bool optimizer state value is not supported")
+    if isinstance(v, int):
+        return to_dopt(torch.tensor(v, dtype=torch.int64), requires_grad=False)
+    if isinstance(v, float):
+        return to_dopt(torch.tensor(v, dtype=torch.float64), requires_grad=False)
+    raise TypeError(f"dopt: an optimizer state value of type {type(v).__name__} is not supported")
+
+
+class GroupedOptimizer(torch.optim.Optimizer):
+    """What dopt's local optimizers and ZeroRedundancyOptimizer share: torch
+    parameter groups as dicts (so LR schedulers work), the torch <-> dopt
+    parameter binding, the hyperparameters pushed to C++ before each step,
+    and state dicts in torch's layout.
+
+    torch.optim.Optimizer.__init__ is not called: the state lives in C++."""
+
+    def _setup(self, name, torch_cls, params, defaults, where):
+        self._name = name
+        self._torch_cls = torch_cls
+        self._where = where
+        ours, theirs = split_hyperparams(name, torch_cls, defaults, where)
+        self._dopt_defaults = ours
+        self._keys = dopt_keys(name)
+        full = dict(torch_only_defaults(name, torch_cls))
+        full.update(theirs)
+        try:
+            full.update(_C.optimizer_hyperparams(name, ours))
+        except _C.ValueError:
+            if "lr" in ours:
+                raise
+            full.update(_C.optimizer_hyperparams(name, dict(ours, lr=1.0)))
+            full["lr"] = _REQUIRED
+        self.defaults = full
+        self.param_groups = []
+        self._synced = []
+        self._binding = ParamBinding()
+        self._hooks_init()
+        prepared = [self._prepare_group(g) for g in normalise_groups(params)]
+        if self.defaults.get("lr") is _REQUIRED:
+            # torch.optim.SGD(groups) with an lr in every group: dopt's spec needs a default lr
+            # for the C++ side; every group overrides it.
+            self._dopt_defaults = dict(self._dopt_defaults, lr=self.param_groups[0]["lr"])
+        return prepared
+
+    def _hooks_init(self):
+        self._zero_grad_profile_name = f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"
+
+    def _prepare_group(self, group):
+        """(dopt tensors, overrides for C++ or None); appends the Python dict."""
+        ours, theirs = split_hyperparams(self._name, self._torch_cls,
+                                         {k: v for k, v in group.items() if k != "params"}, self._where)
+        if self.defaults.get("lr") is _REQUIRED and "lr" not in ours:
+            raise _C.ValueError("parameter group didn't specify a value of required optimization parameter lr")
+        seen = set()
+        params = []
+        for p in group["params"]:
+            if p in self._binding:
+                raise _C.ValueError("some parameters appear in more than one parameter group")
+            if id(p) not in seen:  # a duplicate inside one group is kept once
+                seen.add(id(p))
+                params.append(p)
+        dts = [self._binding.add(p) for p in params]
+        d = dict(self.defaults)
+        d.update(theirs)
+        d.update(ours)
+        d["params"] = params
+        self.param_groups.append(d)
+        self._synced.append(None)
+        return dts, (ours if ours else None)
+
+    def _after_groups_built(self, c):
+        """Fills the Python group dicts from C++ (every dopt key, validated)."""
+        self._c = c
+        for i, d in enumerate(self.param_groups):
+            hp = c.group_hyperparams(i)
+            d.update(hp)
+            self._synced[i] = dict(hp)
+
+    def _push_hyperparams(self):
+        c = self._c
+        for i, d in enumerate(self.param_groups):
+            last = self._synced[i]
+            changed = {}
+            for k in self._keys:
+                v = d.get(k)
+                if v is None:
+                    continue
+                if isinstance(v, list):
+                    v = tuple(v)
+                if v != last.get(k):
+                    changed[k] = v
+            if changed:
+                c.set_group_hyperparams(i, changed)
+                last.update(changed)
+
+    def _pull_hyperparams(self):
+        for i, d in enumerate(self.param_groups):
+            hp = self._c.group_hyperparams(i)
+            d.update(hp)
+            self._synced[i] = dict(hp)
+
+    def zero_grad(self, set_to_none: bool = False):
+        """torch.optim.Optimizer.zero_grad over every parameter (the gradients are torch's)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        if p.grad.grad_fn is not None:
+                            p.grad.detach_()
+                        else:
+                            p.grad.requires_grad_(False)
+                        p.grad.zero_()
+
+    def _closure_loss(self, closure):
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def _torch_layout(self, sd):
+        """A state dict from C++ (dopt tensors) in torch's layout (torch tensors)."""
+        state = {}
+        for idx, st in sd["state"].items():
+            state[int(idx)] = {k: state_value_to_torch(self._name, k, t) for k, t in st.items()}
+        groups = []
+        for i, g in enumerate(sd["param_groups"]):
+            d = {k: v for k, v in self.param_groups[i].items() if k != "params"} if i < len(self.param_groups) else {}
+            for k, v in g.items():
+                if k != "params":
+                    d[k] = v
+            if d.get("lr") is _REQUIRED:
+                d.pop("lr")
+            d["params"] = list(g["params"])
+            groups.append(d)
+        return {"state": state, "param_groups": groups}
+
+    def _dopt_layout(self, state_dict):
+        """torch's layout -> the C++ form (dopt tensors; dopt's keys only)."""
+        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise _C.StateDictError(f"{self._where}.load_state_dict: a state dict needs 'state' and 'param_groups'")
+        state = {}
+        for idx, st in state_dict["state"].items():
+            if st is None:
+                continue
+            state[int(idx)] = {k: state_value_to_dopt(v) for k, v in st.items() if v is not None}
+        groups = []
+        for g in state_dict["param_groups"]:
+            d = {k: v for k, v in g.items() if k in self._keys}
+            d["params"] = [int(i) for i in g["params"]]
+            groups.append(d)
+        return {"state": state, "param_groups": groups, "metadata": {}}
+
+    def _adopt_groups(self, state_dict):
+        """After a load: every key of the loaded groups (torch's extras too)."""
+        for d, g in zip(self.param_groups, state_dict["param_groups"]):
+            for k, v in g.items():
+                if k != "params" and k not in self._keys:
+                    d[k] = v
+        self._pull_hyperparams()
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} cannot be pickled; save its state_dict()")
+
+    def __repr__(self):
+        lines = [type(self).__name__ + " ("]
+        for i, g in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for k in sorted(g):
+                if k != "params":
+                    lines.append(f"    {k}: {g[k]}")
+        lines.append(")")
+        return "\n".join(lines)

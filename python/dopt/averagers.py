@@ -1,0 +1,118 @@
+"""Model averagers: torch.distributed.algorithms.model_averaging.averagers
+and hierarchical_model_averager, computed by dopt.
+
+``import dopt.averagers as averagers`` in place of
+``import torch.distributed.algorithms.model_averaging.averagers as averagers``.
+The parameters are averaged in place (torch re-points ``p.data`` at a flat
+buffer; dopt writes the averages into each parameter's own memory, with the
+same values, bit for bit: gloo's ring summation order at 3 or more ranks).
+"""
+import weakref
+
+import torch
+
+from . import _C
+from ._tensor import to_dopt
+from .distributed import resolve_process_group
+
+__all__ = ["ModelAverager", "PeriodicModelAverager", "HierarchicalModelAverager", "get_params_to_average",
+           "average_parameters", "average_parameters_or_parameter_groups"]
+
+
+def get_params_to_average(params):
+    """torch's filter: the parameters (or those of param groups) with a gradient."""
+    out = []
+    for p in params:
+        if isinstance(p, dict):
+            out.extend(q for q in p["params"] if q.grad is not None)
+        elif isinstance(p, torch.Tensor):
+            if p.grad is not None:
+                out.append(p)
+        else:
+            raise NotImplementedError(f"Parameter input of type {type(p)} is not supported")
+    return out
+
+
+class _DoptTensors:
+    """dopt tensors for torch tensors, made once per tensor (while its memory stays)."""
+
+    def __init__(self):
+        self._cache = {}
+
+    def __call__(self, tensors):
+        out = []
+        for t in tensors:
+            hit = self._cache.get(id(t))
+            if hit is None or hit[0]() is not t or hit[2] != t.data_ptr():
+                hit = (weakref.ref(t), to_dopt(t, requires_grad=False), t.data_ptr())
+                self._cache[id(t)] = hit
+            out.append(hit[1])
+        if len(self._cache) > 4 * max(len(tensors), 64):
+            self._cache = {k: v for k, v in self._cache.items() if v[0]() is not None}
+        return out
+
+
+class ModelAverager:
+    """Base class: ``average_parameters(params)`` averages the parameters that
+    have a gradient when the schedule says so, then ``step += 1``."""
+
+    def __init__(self, c):
+        self._c = c
+        self._tensors = _DoptTensors()
+
+    @property
+    def step(self):
+        return self._c.step
+
+    @step.setter
+    def step(self, value):
+        self._c.step = int(value)
+
+    @property
+    def warmup_steps(self):
+        return self._c.warmup_steps
+
+    def will_average(self):
+        """dopt only: whether the next call averages."""
+        return self._c.will_average()
+
+    def average_parameters(self, params):
+        """Collective on averaging steps (every rank of the group, same
+        parameters with gradients)."""
+        self._c.average(self._tensors(get_params_to_average(params)))
+
+    def _average_dopt(self, dopt_tensors):
+        self._c.average(dopt_tensors)
+
+
+class PeriodicModelAverager(ModelAverager):
+    """Averages every ``period`` steps after ``warmup_steps`` (torch's)."""
+
+    def __init__(self, period, warmup_steps=0, process_group=None):
+        self.process_group = resolve_process_group(process_group)
+        super().__init__(_C.PeriodicModelAverager(int(period), int(warmup_steps), self.process_group.c))
+        self.period = int(period)
+
+
+class HierarchicalModelAverager(ModelAverager):
+    """Averages within subgroups of increasing size at increasing periods
+    (torch's; subgroups made with ``new_subgroups``, which works on CPU)."""
+
+    def __init__(self, period_group_size_dict=None, warmup_steps=0, process_group=None):
+        if not period_group_size_dict:
+            raise _C.ValueError("Arg ``period_group_size_dict`` must not be empty.")
+        self.process_group = resolve_process_group(process_group)
+        super().__init__(_C.HierarchicalModelAverager({int(k): int(v) for k, v in period_group_size_dict.items()},
+                                                      int(warmup_steps), self.process_group.c))
+        self.period_group_size_dict = dict(period_group_size_dict)
+
+
+def average_parameters(params, process_group=None):
+    """Averages ``params`` (an iterable of tensors) over the group, in place."""
+    group = resolve_process_group(process_group)
+    _C.average_parameters([to_dopt(p, requires_grad=False) for p in params], group.c)
+
+
+def average_parameters_or_parameter_groups(params, process_group=None):
+    """torch's: averages the parameters (or those of param groups) that have a gradient."""
+    average_parameters(get_params_to_average(params), process_group)

@@ -1,0 +1,70 @@
+"""dopt.PostLocalSGDOptimizer: torch.distributed.optim.PostLocalSGDOptimizer
+with dopt's local optimizer and model averager."""
+import warnings
+
+import torch
+
+from . import optim as _optim
+from .averagers import ModelAverager
+
+__all__ = ["PostLocalSGDOptimizer"]
+
+
+class PostLocalSGDOptimizer(torch.optim.Optimizer):
+    r"""Runs the local optimizer at every step and, from the averager's
+    warm-up on, averages the parameters on its schedule (torch's).
+
+    ``optim`` is a dopt local optimizer (``dopt.optim.SGD(...)``) or a
+    torch.optim optimizer, which is converted to dopt's optimizer of the
+    same class (same parameters, groups and state; use the wrapper
+    afterwards, not the torch optimizer). ``averager`` is a dopt averager
+    (``dopt.averagers.PeriodicModelAverager``).
+
+    ``state_dict()`` is the local optimizer's plus ``'step'``, the averager's
+    step, exactly as torch's, so torch's and dopt's load each other's.
+    """
+
+    def __init__(self, optim, averager):
+        if not isinstance(averager, ModelAverager):
+            raise TypeError("dopt.PostLocalSGDOptimizer needs a dopt averager (dopt.averagers.PeriodicModelAverager "
+                            "or HierarchicalModelAverager), got " + type(averager).__name__)
+        self.optim = _optim.from_torch(optim)
+        self.param_groups = self.optim.param_groups
+        self.averager = averager
+        self.defaults = self.optim.defaults
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    def __repr__(self):
+        return self.optim.__repr__()
+
+    def state_dict(self):
+        sd = self.optim.state_dict()
+        sd["step"] = self.averager.step
+        return sd
+
+    def load_state_dict(self, state_dict):
+        self.optim.load_state_dict(state_dict)
+        if "step" in state_dict:
+            self.averager.step = state_dict["step"]
+        else:
+            warnings.warn("Loaded state dict does not contain a step counter for an averager. "
+                          "Setting step counter to 0.")
+            self.averager.step = 0
+
+    def step(self):
+        """The local step, then averaging on the averager's schedule (a
+        collective over its group on averaging steps)."""
+        self.optim.step()
+        # The parameters the local step just bound, with their gradients:
+        # no conversion per step (torch's filter: those with a gradient).
+        dts = [e.dt for e in self.optim._binding.entries if e.param.grad is not None]
+        self.averager._average_dopt(dts)
+
+    def zero_grad(self, set_to_none: bool = False):
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        self.optim.add_param_group(param_group)

@@ -1,0 +1,219 @@
+"""The dopt Python package in one process, against torch.optim (bitwise):
+every local optimizer, state dicts crossing both ways, an LR scheduler, the
+functional forms, ZeRO on a world of one with bucket views (the torch
+parameters must stay views of dopt's buckets), and the errors.
+
+    PYTHONPATH=build/python python3 python/tests/test_local.py
+
+Prints one line per test and exits non-zero on a failure (77 without torch).
+"""
+import copy
+import os
+import sys
+import traceback
+
+try:
+    import torch
+except ImportError as e:  # CTest: skipped
+    print(f"skipped: no torch in {sys.executable}: {e}")
+    sys.exit(77)
+
+import dopt
+
+CONFIGS = {
+    "SGD": dict(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
+    "Adam": dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True),
+    "AdamW": dict(lr=0.01, weight_decay=0.05),
+    "Adagrad": dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
+    "RMSprop": dict(lr=0.01, momentum=0.5, centered=True),
+    "Adamax": dict(lr=0.02),
+    "Adadelta": dict(lr=0.5, rho=0.8),
+    "Rprop": dict(lr=0.02),
+}
+
+
+def make_params(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_() for s in [(7,), (3, 4), (5,), (1,)]]
+
+
+def grads_for(params, step):
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in params]
+
+
+def run(opt, params, steps, first=0, skip=None):
+    for t in range(first, first + steps):
+        opt.zero_grad(set_to_none=(t % 2 == 0))
+        for i, (p, g) in enumerate(zip(params, grads_for(params, t))):
+            if skip is None or not skip(t, i):
+                p.grad = g
+        opt.step()
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_every_optimizer_bitwise():
+    for name, hp in CONFIGS.items():
+        for dtype in (torch.float32, torch.float64):
+            pt, pd = make_params(dtype), make_params(dtype)
+            ot = getattr(torch.optim, name)(pt, **hp)
+            od = getattr(dopt.optim, name)(pd, **hp)
+            skip = lambda t, i: t == 3 and i == 1  # noqa: E731  (a parameter without a gradient)
+            run(ot, pt, 8, skip=skip)
+            run(od, pd, 8, skip=skip)
+            assert same(pt, pd), f"{name} {dtype}: parameters differ from torch.optim.{name}"
+            st, sd = ot.state_dict(), od.state_dict()
+            for i in st["state"]:
+                for k, v in st["state"][i].items():
+                    w = sd["state"][i][k]
+                    assert (torch.equal(v, w) if torch.is_tensor(v) else v == w), f"{name}: state {i}.{k}"
+                    assert type(v) is type(w), f"{name}: state {i}.{k} is {type(w)} in dopt, {type(v)} in torch"
+
+
+def test_state_dicts_cross_both_ways():
+    for name, hp in CONFIGS.items():
+        pt, pd = make_params(torch.float32), make_params(torch.float32)
+        ot, od = getattr(torch.optim, name)(pt, **hp), getattr(dopt.optim, name)(pd, **hp)
+        run(ot, pt, 4)
+        run(od, pd, 4)
+        # torch -> dopt and dopt -> torch through torch.save / torch.load.
+        import io
+        bt, bd = io.BytesIO(), io.BytesIO()
+        torch.save(ot.state_dict(), bt)
+        torch.save(od.state_dict(), bd)
+        bt.seek(0)
+        bd.seek(0)
+        qt, qd = [p.detach().clone().requires_grad_() for p in pt], [p.detach().clone().requires_grad_() for p in pd]
+        ot2, od2 = getattr(torch.optim, name)(qt, **hp), getattr(dopt.optim, name)(qd, **hp)
+        ot2.load_state_dict(torch.load(bd))
+        od2.load_state_dict(torch.load(bt))
+        run(ot2, qt, 4, first=4)
+        run(od2, qd, 4, first=4)
+        run(ot, pt, 4, first=4)
+        assert same(qt, pt), f"{name}: torch loading dopt's state dict did not resume like the uninterrupted run"
+        assert same(qd, pt), f"{name}: dopt loading torch's state dict did not resume like torch"
+
+
+def test_lr_scheduler_and_param_groups():
+    pt, pd = make_params(torch.float32), make_params(torch.float32)
+    groups = lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05, "momentum": 0.5}]  # noqa: E731
+    ot, od = torch.optim.SGD(groups(pt), lr=0.1, momentum=0.9), dopt.optim.SGD(groups(pd), lr=0.1, momentum=0.9)
+    st = torch.optim.lr_scheduler.MultiStepLR(ot, [2, 5], 0.3)
+    sd = torch.optim.lr_scheduler.MultiStepLR(od, [2, 5], 0.3)
+    for t in range(8):
+        for o, ps, s in ((ot, pt, st), (od, pd, sd)):
+            o.zero_grad()
+            for p, g in zip(ps, grads_for(ps, t)):
+                p.grad = g
+            o.step()
+            s.step()
+    assert same(pt, pd), "SGD with two groups and MultiStepLR differs from torch"
+    assert [g["lr"] for g in ot.param_groups] == [g["lr"] for g in od.param_groups]
+    assert "initial_lr" in od.state_dict()["param_groups"][0]
+
+
+def test_functional():
+    for name in ("Adam", "SGD", "RMSprop"):
+        hp = CONFIGS[name]
+        pt, pd = make_params(torch.float32), make_params(torch.float32)
+        ot = getattr(torch.optim, name)(pt, **hp)
+        f = dopt.as_functional_optim(getattr(torch.optim, name), **hp)
+        for t in range(5):
+            ot.zero_grad()
+            for p, g in zip(pt, grads_for(pt, t)):
+                p.grad = g
+            ot.step()
+            for p, g in zip(pd, grads_for(pd, t)):
+                f.step_param(p, g)
+        assert same(pt, pd), f"as_functional_optim({name}) differs from torch.optim.{name}"
+        assert len(f.state) == len(pd)
+
+
+def test_zero_world_of_one_bucket_view():
+    if not dopt.is_initialized():
+        dopt.init_process_group()  # not launched: a world of one on a free port
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    ref = copy.deepcopy(model)
+    zero = dopt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, parameters_as_bucket_view=True,
+                                        lr=0.01)
+    plain = torch.optim.Adam(ref.parameters(), lr=0.01)
+    ranges = [(b.data_ptr, b.data_ptr + 4 * b.numel) for kind in zero._c.buckets for b in kind]
+    for i, p in enumerate(model.parameters()):
+        assert any(lo <= p.data_ptr() < hi for lo, hi in ranges), f"parameter {i} is not a view of a bucket"
+    x = torch.randn(16, 6, generator=torch.Generator().manual_seed(3))
+    for _ in range(6):
+        for m, o in ((model, zero), (ref, plain)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    assert same(list(model.parameters()), list(ref.parameters())), "ZeRO(bucket view) differs from torch.optim.Adam"
+    zero.consolidate_state_dict(0)
+    assert zero.state_dict()["param_groups"][0]["params"] == [0, 1, 2, 3]
+    # Freezing a parameter rebuilds the buckets; the torch parameters follow.
+    model[0].weight.requires_grad_(False)
+    ref[0].weight.requires_grad_(False)
+    for m, o in ((model, zero), (ref, plain)):
+        o.zero_grad(set_to_none=True)
+        m(x).square().sum().backward()
+        o.step()
+    assert same(list(model.parameters()), list(ref.parameters())), "after a rebuild of the buckets"
+
+
+def expect(exc, fn, text):
+    try:
+        fn()
+    except exc as e:
+        assert text in str(e), f"{exc.__name__} without '{text}': {e}"
+        return
+    raise AssertionError(f"no {exc.__name__} ('{text}')")
+
+
+def test_errors():
+    p = [torch.zeros(3, requires_grad=True)]
+    expect(dopt.NotSupportedError, lambda: dopt.optim.Adam(p, foreach=True), "Adam(foreach=True) is not supported")
+    expect(ValueError, lambda: dopt.optim.Adam(p, lr=-1.0), "Invalid learning rate")
+    expect(ValueError, lambda: dopt.optim.Adam(p, bogus=1.0), "bogus")
+    expect(ValueError, lambda: dopt.optim.Adam([]), "empty parameter list")
+    expect(TypeError, lambda: dopt.optim.Adam([{"params": set(p)}]), "ordered collections")
+    expect(ValueError, lambda: dopt.optim.SGD(p), "required optimization parameter lr")
+    expect(ValueError, lambda: dopt.optim.SGD([torch.zeros(4, 4).t()], lr=0.1), "not contiguous")
+    expect(ValueError, lambda: dopt.ZeroRedundancyOptimizer(p, "NoSuchOptimizer", lr=0.1), "no optimizer")
+    expect(dopt.NotSupportedError, lambda: dopt.ZeroRedundancyOptimizer(p, torch.optim.Adam, overlap_with_ddp=True),
+           "overlap_with_ddp")
+    z = dopt.ZeroRedundancyOptimizer([torch.zeros(2, requires_grad=True)], torch.optim.SGD, lr=0.1)
+    expect(RuntimeError, z.state_dict, "consolidate_state_dict")
+
+
+def test_rendezvous_port_rules():
+    from dopt import distributed as d
+    env = d._LaunchEnv()
+    os.environ["DOPT_MASTER_PORT"] = "40123"
+    try:
+        assert d.rendezvous_port(env, None, "pg", 10) == 40123
+        assert d.rendezvous_port(env, 40999, "pg", 10) == 40999
+    finally:
+        del os.environ["DOPT_MASTER_PORT"]
+    env.launched, env.master_port = True, 29511
+    assert d.rendezvous_port(env, None, "pg", 10) == 29512, "without a torch store: MASTER_PORT + 1"
+
+
+def main():
+    torch.set_num_threads(1)
+    failed = 0
+    tests = [v for k, v in globals().items() if k.startswith("test_")]
+    for t in tests:
+        try:
+            t()
+            print(f"test_local: PASS {t.__name__}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"test_local: FAIL {t.__name__}\n{traceback.format_exc()}", flush=True)
+    print(f"test_local: {len(tests) - failed}/{len(tests)} passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
