@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <sstream>
+#include <thread>
 
 #include "process_util.hpp"
 
@@ -147,6 +148,29 @@ TEST_CASE("collectives: 2 processes through OpenMPI's mpirun", "[collectives][mu
   require_all_ok(d.out, 2, 300);
 }
 #endif
+
+TEST_CASE("collectives: ranks suspended together for longer than the peer timeout go on when continued",
+          "[collectives][multiprocess]") {
+  // As dopt-run does on Ctrl-Z: every rank stopped, 3 s (three peer
+  // timeouts), then continued: nobody may take the others' silence during
+  // its own suspension for a loss.
+  const int port = free_port();
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    auto e = rank_env(r, 2, port);
+    e["DOPT_PEER_TIMEOUT_MS"] = "1000";
+    ps.push_back(start({kPeer, "loop"}, e));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (auto& p : ps) ::kill(p.pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  for (auto& p : ps) ::kill(p.pid, SIGCONT);
+  for (int r = 0; r < 2; ++r) {
+    const Done d = wait(ps[static_cast<std::size_t>(r)]);
+    INFO("rank " << r << ": " << d.out);
+    CHECK(d.ok());
+  }
+}
 
 TEST_CASE("collectives: a process that stops answering (SIGSTOP) is lost after the peer timeout",
           "[collectives][multiprocess]") {

@@ -16,6 +16,8 @@
 //   dopt_collectives_peer stop       the same, but rank 1 stops (SIGSTOP): its
 //                                    connections stay open and only the missing
 //                                    heartbeats tell (the test kills it after)
+//   dopt_collectives_peer loop       small all_reduces for 4 seconds (the test
+//                                    suspends and continues the ranks meanwhile)
 //   dopt_collectives_peer p2pkill    rank 1 sends 8 MiB to rank 0 (tag 5) and
 //                                    kills itself; rank 0 waits in a recv of
 //                                    tag 6 from rank 1, the others in a barrier:
@@ -271,6 +273,19 @@ int main(int argc, char** argv) {
             ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
           }
           world.all_reduce(t);
+        } else if (mode == "loop") {
+          const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+          Tensor t = Tensor::full({16}, 1.0);
+          bool go = true;
+          while (go) {
+            world.all_reduce(t);
+            Tensor flag = Tensor::full({1}, std::chrono::steady_clock::now() < end ? 1.0 : 0.0);
+            world.all_reduce(flag, ReduceOp::min);  // every rank stops after the same call
+            go = flag.data<float>()[0] > 0;
+            // Rank 0 lags, so the others' waits check liveness on every call.
+            std::this_thread::sleep_for(std::chrono::milliseconds(world.rank() == 0 ? 20 : 1));
+          }
+          c.expect(true, "loop");
         } else if (mode == "p2pkill") {
           world.barrier();
           if (rank == 1) {
@@ -281,7 +296,7 @@ int main(int argc, char** argv) {
           if (rank == 0) world.recv(Tensor::zeros({4}), 1, 6);
           else world.barrier();
         } else {
-          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop | p2pkill"};
+          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop | loop | p2pkill"};
         }
         return c.checks;
       },

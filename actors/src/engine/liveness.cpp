@@ -94,6 +94,12 @@ void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool
 /// peer_timeouts after it stopped, and the message gives the silence measured.
 void RankState::on_heartbeat_tick() {
   const auto now = std::chrono::steady_clock::now();
+  // A tick far later than planned means this process did not run (suspended
+  // with Ctrl-Z or SIGSTOP, or starved): its peers' silence meanwhile says
+  // nothing about them, so it starts counting again.
+  if (last_tick.time_since_epoch().count() != 0 && now - last_tick > 3 * heartbeat_period(peer_timeout))
+    std::fill(last_heard.begin(), last_heard.end(), now);
+  last_tick = now;
   for (int r = 0; r < world; ++r) {
     if (r == rank || dead.count(r)) continue;
     self->send(peers[static_cast<std::size_t>(r)], hb_atom::value, rank);

@@ -97,6 +97,7 @@ struct RankState {
   // tells at once); one that is stopped or cut off only falls silent.
   std::chrono::milliseconds peer_timeout{0};
   std::vector<std::chrono::steady_clock::time_point> last_heard;
+  std::chrono::steady_clock::time_point last_tick;  // when the last heartbeat tick ran
 
   std::map<CollKey, CollState> colls;
   std::set<CollKey> failed;                 // failed here; late messages are dropped
