@@ -115,9 +115,12 @@ void Channel::wait_all(std::uint64_t step, Call& c) {
 void Channel::wait(int g, std::uint64_t step, Call& c) {
   SyncLine& s = ctl(g).sync;
   if (s.step.load(std::memory_order_acquire) >= step) return;
-  // Poll for up to spin_ (the clock is read every 64 polls).
+  // Poll for up to spin_ (the clock is read every 64 polls), yielding the
+  // CPU every few microseconds: a peer that shares this core then runs.
   if (++waits_ % 64 == 0) spin_ = policy_.spin;
-  const auto spin_end = std::chrono::steady_clock::now() + spin_;
+  auto t = std::chrono::steady_clock::now();
+  const auto spin_end = t + spin_;
+  auto next_yield = t + std::chrono::microseconds(2);
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
@@ -126,7 +129,12 @@ void Channel::wait(int g, std::uint64_t step, Call& c) {
         return;
       }
     }
-    if (std::chrono::steady_clock::now() >= spin_end) break;
+    t = std::chrono::steady_clock::now();
+    if (t >= spin_end) break;
+    if (t >= next_yield) {
+      ::sched_yield();
+      next_yield = t + std::chrono::microseconds(2);
+    }
   }
   spin_ = std::max<std::chrono::nanoseconds>(std::chrono::nanoseconds(1000), spin_ / 2);
   for (int i = 0; i < policy_.yields; ++i) {
@@ -197,15 +205,21 @@ void Channel::fail_timeout(std::uint64_t step, Call& c) {
                           " (" + group_str() + ", seq " + std::to_string(c.op->seq) + "): " + who;
   const std::string later =
       group_str() + " is unusable after a timeout on rank " + std::to_string(my_global()) + ": " + msg;
+  abort_group(later);
+  throw TimeoutError(c.name, msg, my_global());
+}
+
+void Channel::abort_group(const std::string& later) {
   // Tell the peers first: their waits on this group end with our reason.
   ControlBlock& mine = ctl(me_);
-  const std::size_t n = std::min(later.size(), kWhyBytes - 1);
-  std::memcpy(mine.why, later.data(), n);
-  mine.why[n] = '\0';
-  mine.abort.aborted.store(1, std::memory_order_release);
-  signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
+  if (mine.abort.aborted.load(std::memory_order_acquire) == 0) {
+    const std::size_t n = std::min(later.size(), kWhyBytes - 1);
+    std::memcpy(mine.why, later.data(), n);
+    mine.why[n] = '\0';
+    mine.abort.aborted.store(1, std::memory_order_release);
+    signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
+  }
   break_group(Failure{FailKind::timeout, "", later});
-  throw TimeoutError(c.name, msg, my_global());
 }
 
 void Channel::publish(std::uint64_t round, const Op& op) {
@@ -231,6 +245,24 @@ void Channel::publish(std::uint64_t round, const Op& op) {
 }
 
 void Channel::match(std::uint64_t round, Call& c) {
+  const std::string m = mismatch(round, c);
+  if (!m.empty()) throw CollectiveMismatchError(c.name, m, my_global());
+}
+
+void Channel::check(Call& c) {
+  if (peers_->shutting_down())
+    throw StateError(c.name, "the runtime shut down before the operation finished", my_global());
+  for (int h = 0; h < size(); ++h) {
+    if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
+    const ControlBlock& cb = ctl(h);
+    Failure f{FailKind::timeout, c.name, std::string(cb.why, strnlen(cb.why, kWhyBytes))};
+    break_group(f);
+    throw_failure(f, my_global());
+  }
+  if (std::chrono::steady_clock::now() >= c.deadline) fail_timeout(0, c);
+}
+
+std::string Channel::mismatch(std::uint64_t round, Call& c) {
   const Desc& ref = ctl(0).desc[round % 2];
   for (int g = 1; g < size(); ++g) {
     const Desc& d = ctl(g).desc[round % 2];
@@ -243,12 +275,11 @@ void Channel::match(std::uint64_t round, Call& c) {
       break_group(f);
       throw_failure(f, my_global());
     }
-    throw CollectiveMismatchError(c.name,
-                                  "collective mismatch in " + group_str() + " at seq " + std::to_string(c.op->seq) +
-                                      ": rank " + std::to_string(global(0)) + " called " + to_desc(ref).str() +
-                                      " but rank " + std::to_string(global(g)) + " called " + to_desc(d).str(),
-                                  my_global());
+    return "collective mismatch in " + group_str() + " at seq " + std::to_string(c.op->seq) + ": rank " +
+           std::to_string(global(0)) + " called " + to_desc(ref).str() + " but rank " + std::to_string(global(g)) +
+           " called " + to_desc(d).str();
   }
+  return "";
 }
 
 const Op& Channel::peer_op(int g, std::uint64_t round) const {

@@ -99,6 +99,16 @@ class Channel {
   /// After wait_all(A(round)) of a call's first round: every member compares
   /// all descriptors, so all of them fail alike on a mismatch.
   void match(std::uint64_t round, Call& c);
+  /// match() without throwing a mismatch: its message, or "" when all agree.
+  std::string mismatch(std::uint64_t round, Call& c);
+  /// The checks of a wait that is not on a member's step (shutdown, aborts,
+  /// the deadline); throws as wait() does.
+  void check(Call& c);
+  /// This member gives up the group (a timeout it saw elsewhere): `later` is
+  /// what every member's later calls (and waits in progress) fail with.
+  void abort_group(const std::string& later);
+  /// Number of rounds this channel ran.
+  std::uint64_t rounds() const noexcept { return next_round_; }
   /// The peer's Op (threads only), from its descriptor of `round`.
   const Op& peer_op(int g, std::uint64_t round) const;
 

@@ -109,8 +109,8 @@ Mapped ShmPlane::create_region(std::uint64_t gid, int n) {
   return m;
 }
 
-std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
-                                           const Mapped& mine) {
+std::unique_ptr<Channel> ShmPlane::make_channel(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
+                                                const Mapped& mine) {
   const auto& m = *members;
   auto pos = std::find(m.begin(), m.end(), rank_);
   if (pos == m.end()) throw StateError("shm", "rank " + std::to_string(rank_) + " is not in group " + std::to_string(gid));
@@ -128,9 +128,13 @@ std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<co
   mem.heap_bytes = options_.heap_bytes;
   mem.shared = dir_->shared();
   mem.in_process = dir_->in_process() && !options_.staged_only;
-  auto ch = std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem),
-                                      peers_, options_.policy);
-  auto g = std::make_shared<ShmGroup>(shared_from_this(), std::move(ch));
+  return std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem), peers_,
+                                   options_.policy);
+}
+
+std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
+                                           const Mapped& mine) {
+  auto g = std::make_shared<ShmGroup>(shared_from_this(), make_channel(gid, std::move(members), mine));
   std::lock_guard<std::mutex> lock(mutex_);
   if (down_) g->stop("the runtime shut down");
   groups_[gid] = g;

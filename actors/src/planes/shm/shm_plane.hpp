@@ -74,6 +74,10 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
   /// announcing it) and makes the group's plane; `mine` from create_region.
   std::shared_ptr<ShmGroup> attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
                                    const Mapped& mine);
+  /// The channel over `members` (this rank among them) of group gid: maps the
+  /// other members' regions (they created theirs before announcing it).
+  std::unique_ptr<Channel> make_channel(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
+                                        const Mapped& mine);
   /// A group that new_groups made and nobody took yet (null when unknown);
   /// the caller keeps it.
   std::shared_ptr<ShmGroup> take_group(std::uint64_t gid);
