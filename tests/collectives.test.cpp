@@ -149,6 +149,72 @@ TEST_CASE("collectives: 2 processes through OpenMPI's mpirun", "[collectives][mu
 }
 #endif
 
+/// n_hosts x per_host ranks on this machine, each "host" a DOPT_HOST_ID of its
+/// own: the hierarchical plane over the TCP mesh on loopback.
+std::vector<Done> run_as_hosts(int n_hosts, int per_host, const std::string& mode,
+                               std::map<std::string, std::string> extra = {}) {
+  const int n = n_hosts * per_host, port = free_port();
+  std::vector<Proc> ps;
+  for (int r = 0; r < n; ++r) {
+    auto e = rank_env(r, n, port);
+    e["LOCAL_RANK"] = std::to_string(r % per_host);
+    e["LOCAL_WORLD_SIZE"] = std::to_string(per_host);
+    e["DOPT_HOST_ID"] = "host" + std::to_string(r / per_host);
+    for (const auto& [k, v] : extra) e[k] = v;
+    ps.push_back(start({kPeer, mode}, e));
+  }
+  std::vector<Done> out;
+  for (auto& p : ps) {
+    out.push_back(wait(p));
+    out.back().pid = p.pid;
+  }
+  return out;
+}
+
+TEST_CASE("collectives: hosts of 2 ranks (DOPT_HOST_ID) run on the hierarchical plane, every op and dtype",
+          "[collectives][multiprocess]") {
+  const int hosts = GENERATE(2, 3);
+  INFO(hosts << " hosts of 2 ranks");
+  auto ds = run_as_hosts(hosts, 2, "battery", {{"DOPT_TIMEOUT_MS", "60000"}});
+  for (std::size_t r = 0; r < ds.size(); ++r) {
+    INFO("rank " << r << ": " << ds[r].out);
+    CHECK(ds[r].ok());
+    // The same values as on one host (the battery checks them against its own
+    // references), and the two-level path taken: bytes crossed between hosts.
+    CHECK(contains(ds[r].out, "plane hier "));
+    const auto p = ds[r].out.find("plane hier ");
+    CHECK((p != std::string::npos && std::stoull(ds[r].out.substr(p + 11)) > 0));
+  }
+  CHECK(shm_left_by(ds).empty());
+}
+
+TEST_CASE("collectives: on the hierarchical plane, a mismatch between hosts fails every rank, a killed rank is named",
+          "[collectives][multiprocess]") {
+  {
+    auto ds = run_as_hosts(2, 2, "mismatch", {{"DOPT_TIMEOUT_MS", "20000"}});
+    for (std::size_t r = 0; r < ds.size(); ++r) {
+      INFO("rank " << r << ": " << ds[r].out);
+      CHECK(ds[r].failed());
+      CHECK(contains(ds[r].out, "error CollectiveMismatchError"));
+    }
+  }
+  {
+    auto ds = run_as_hosts(2, 2, "kill", {{"DOPT_TIMEOUT_MS", "20000"}});
+    for (std::size_t r = 0; r < ds.size(); ++r) {
+      INFO("rank " << r << ": " << ds[r].out);
+      if (r == 1) {
+        CHECK(WIFSIGNALED(ds[r].status));
+        continue;
+      }
+      CHECK(ds[r].failed());
+      CHECK(contains(ds[r].out, "error PeerLostError"));
+      CHECK(contains(ds[r].out, "rank 1"));
+      CHECK(elapsed_ms(ds[r].out) < 20000);
+    }
+    CHECK(shm_left_by(ds).empty());
+  }
+}
+
 TEST_CASE("collectives: ranks suspended together for longer than the peer timeout go on when continued",
           "[collectives][multiprocess]") {
   // As dopt-run does on Ctrl-Z: every rank stopped, 3 s (three peer

@@ -261,6 +261,8 @@ int main(int argc, char** argv) {
         Checker c{rank};
         if (mode == "battery") {
           battery(world, c);
+          const auto st = world.plane_stats();
+          std::printf("plane %s %llu\n", st.plane.c_str(), static_cast<unsigned long long>(st.bytes_to_other_hosts));
         } else if (mode == "mismatch") {
           Tensor t = Tensor::full({8}, 1.0);
           if (rank == 0) world.all_reduce(t);

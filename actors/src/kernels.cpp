@@ -102,7 +102,114 @@ void reduce_dispatch(ReduceOp op, const std::vector<const void*>& ins, const std
   }
 }
 
+template <class T, ReduceOp Op>
+void accumulate_typed(std::int64_t pre_divisor, const void* acc_in, const std::vector<const void*>& ins, void* acc_out,
+                      std::int64_t count) {
+  using A = acc_t<T>;
+  const A* a_in = static_cast<const A*>(acc_in);
+  A* a_out = static_cast<A*>(acc_out);
+  auto contribution = [&](const T* p, std::int64_t i) { return pre_divisor > 0 ? divided(p[i], pre_divisor) : load(p[i]); };
+  std::size_t k0 = 0;
+  if (!a_in) {
+    const T* in0 = static_cast<const T*>(ins[0]);
+    for (std::int64_t i = 0; i < count; ++i) a_out[i] = contribution(in0, i);
+    k0 = 1;
+  } else if (a_in != a_out) {
+    for (std::int64_t i = 0; i < count; ++i) a_out[i] = a_in[i];
+  }
+  for (std::size_t k = k0; k < ins.size(); ++k) {
+    const T* in = static_cast<const T*>(ins[k]);
+    for (std::int64_t i = 0; i < count; ++i) a_out[i] = combine<Op, A>(a_out[i], contribution(in, i));
+  }
+}
+
+template <class T, ReduceOp Op>
+void finalize_typed(std::int64_t n, const void* acc, void* out, std::int64_t count) {
+  using A = acc_t<T>;
+  const A* a = static_cast<const A*>(acc);
+  T* o = static_cast<T*>(out);
+  for (std::int64_t i = 0; i < count; ++i) {
+    A v = a[i];
+    if constexpr (!std::is_integral_v<A>) {
+      if constexpr (Op == ReduceOp::avg) v = v / static_cast<A>(n);
+    }
+    o[i] = store<T>(v);
+  }
+}
+
 }  // namespace
+
+std::size_t acc_itemsize(DType dtype) {
+  return dtype == DType::float16 || dtype == DType::bfloat16 ? sizeof(float) : itemsize(dtype);
+}
+
+void accumulate(ReduceOp op, DType dtype, std::int64_t pre_divisor, const void* acc_in,
+                const std::vector<const void*>& ins, void* acc_out, std::int64_t count) {
+  if (count <= 0 || (ins.empty() && !acc_in)) return;
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw DTypeError("reduce", "bool tensors cannot be reduced");
+    } else {
+      switch (op) {
+        case ReduceOp::sum: return accumulate_typed<T, ReduceOp::sum>(pre_divisor, acc_in, ins, acc_out, count);
+        case ReduceOp::avg: return accumulate_typed<T, ReduceOp::avg>(pre_divisor, acc_in, ins, acc_out, count);
+        case ReduceOp::product: return accumulate_typed<T, ReduceOp::product>(pre_divisor, acc_in, ins, acc_out, count);
+        case ReduceOp::min: return accumulate_typed<T, ReduceOp::min>(pre_divisor, acc_in, ins, acc_out, count);
+        case ReduceOp::max: return accumulate_typed<T, ReduceOp::max>(pre_divisor, acc_in, ins, acc_out, count);
+      }
+    }
+  });
+}
+
+void finalize(ReduceOp op, DType dtype, std::int64_t n, const void* acc, void* out, std::int64_t count) {
+  if (count <= 0) return;
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw DTypeError("reduce", "bool tensors cannot be reduced");
+    } else {
+      switch (op) {
+        case ReduceOp::sum: return finalize_typed<T, ReduceOp::sum>(n, acc, out, count);
+        case ReduceOp::avg: return finalize_typed<T, ReduceOp::avg>(n, acc, out, count);
+        case ReduceOp::product: return finalize_typed<T, ReduceOp::product>(n, acc, out, count);
+        case ReduceOp::min: return finalize_typed<T, ReduceOp::min>(n, acc, out, count);
+        case ReduceOp::max: return finalize_typed<T, ReduceOp::max>(n, acc, out, count);
+      }
+    }
+  });
+}
+
+std::vector<RankRun> reduction_order(const ReduceSpec& spec, int n, std::int64_t lo, std::int64_t count) {
+  std::vector<RankRun> out;
+  const bool ring = spec.order == ReduceOrder::ring && n >= 3 &&
+                    (spec.dtype == DType::float32 || spec.dtype == DType::float64);
+  if (!ring) {
+    RankRun r{lo, count, {}};
+    for (int g = 0; g < n; ++g) r.order.push_back(g);
+    out.push_back(std::move(r));
+    return out;
+  }
+  const std::int64_t es = static_cast<std::int64_t>(itemsize(spec.dtype));
+  const std::int64_t T = spec.total * es;
+  auto round_up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+  const std::int64_t max_seg = es * ((std::int64_t{1} << 20) / es);
+  const std::int64_t seg0 = round_up(std::min((T + 2 * n - 1) / (2 * n), max_seg), es);
+  const std::int64_t nseg = round_up(std::max((T + seg0 - 1) / seg0, std::int64_t{2} * n), n);
+  const std::int64_t seg = round_up((T + nseg - 1) / nseg, es);
+  const std::int64_t span = std::max<std::int64_t>(1, (nseg / n) * seg / es);
+  std::int64_t done = 0;
+  while (done < count) {
+    const std::int64_t g = lo + done;
+    const std::int64_t b = std::min<std::int64_t>(g / span, n - 1);
+    const std::int64_t end = b == n - 1 ? lo + count : std::min(lo + count, (b + 1) * span);
+    RankRun r{g, end - g, {}};
+    for (std::int64_t j = 0; j < n; ++j) r.order.push_back(static_cast<int>(((b - 1 - j) % n + n) % n));
+    out.push_back(std::move(r));
+    done = end - lo;
+  }
+  return out;
+}
 
 void reduce_members(const ReduceSpec& spec, const std::vector<const void*>& ins, const std::vector<void*>& outs,
                     std::int64_t global_lo, std::int64_t count) {

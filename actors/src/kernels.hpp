@@ -1,6 +1,7 @@
 #pragma once
 // Reduction kernels of the in-process (direct memory) collective algorithms.
 #include <cstdint>
+#include <cstddef>
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
@@ -36,5 +37,24 @@ struct ReduceSpec {
 /// otherwise as reduce_range.
 void reduce_members(const ReduceSpec& spec, const std::vector<const void*>& ins, const std::vector<void*>& outs,
                     std::int64_t global_lo, std::int64_t count);
+
+/// The order reduce_members combines the members' contributions in, for
+/// elements [lo, lo + count): runs of elements with the group ranks in order.
+struct RankRun {
+  std::int64_t lo = 0, count = 0;
+  std::vector<int> order;
+};
+std::vector<RankRun> reduction_order(const ReduceSpec& spec, int n, std::int64_t lo, std::int64_t count);
+
+// A reduction computed in pieces (the hierarchical plane's chain of hosts):
+// the accumulator is of the accumulation type (float for float16/bfloat16,
+// else the dtype), so the pieces give reduce_members' bits.
+std::size_t acc_itemsize(DType dtype);
+/// acc_out = (acc_in, or ins[0] when acc_in is null) op ins[k] ... in order;
+/// every contribution divided by pre_divisor first (> 0). acc_out may alias acc_in.
+void accumulate(ReduceOp op, DType dtype, std::int64_t pre_divisor, const void* acc_in,
+                const std::vector<const void*>& ins, void* acc_out, std::int64_t count);
+/// out = acc (avg: divided by n, the number of contributions) in the dtype.
+void finalize(ReduceOp op, DType dtype, std::int64_t n, const void* acc, void* out, std::int64_t count);
 
 }  // namespace dopt::detail

@@ -184,6 +184,12 @@ std::uint64_t ProcessGroup::id() const { return impl_ ? impl_->gid : 0; }
 std::chrono::milliseconds ProcessGroup::timeout() const {
   return std::chrono::milliseconds(impl_ ? impl_->timeout_ms.load() : 0);
 }
+PlaneStats ProcessGroup::plane_stats() const {
+  if (!impl_) return {};
+  if (!impl_->plane) return PlaneStats{"actor", 0};
+  return PlaneStats{impl_->plane->name(), impl_->plane->bytes_to_other_hosts()};
+}
+
 void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
   if (!impl_) throw StateError("ProcessGroup.set_timeout", "the process group is invalid");
   if (timeout.count() <= 0)

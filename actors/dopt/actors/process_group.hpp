@@ -83,6 +83,16 @@ struct GroupImpl;
 
 struct Subgroups;
 
+/// What a group runs on (diagnostics): "shm" (shared memory, ranks on one
+/// host), "hier" (shared memory within hosts, TCP between them), "actor"
+/// (messages between rank actors: simulated ranks with the actor plane, or
+/// processes over TCP), and how many bytes this rank sent to other hosts
+/// through it (the hierarchical plane; 0 elsewhere).
+struct PlaneStats {
+  std::string plane;
+  std::uint64_t bytes_to_other_hosts = 0;
+};
+
 class ProcessGroup {
  public:
   /// An invalid group (valid() == false).
@@ -102,6 +112,8 @@ class ProcessGroup {
   std::uint64_t id() const;
 
   std::chrono::milliseconds timeout() const;
+  /// Which plane this rank's part of the group runs on, and its traffic.
+  PlaneStats plane_stats() const;
   /// Sets the timeout for this rank's later calls on this group.
   void set_timeout(std::chrono::milliseconds timeout);
 

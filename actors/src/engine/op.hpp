@@ -81,4 +81,15 @@ struct Op {
 };
 using OpPtr = std::shared_ptr<Op>;
 
+/// Tag hi word of a collective's messages on the TCP mesh: unique among the
+/// calls in flight, the same on every rank. (p2p messages set the top bit,
+/// the hierarchical plane bit 62.)
+inline std::uint64_t mesh_op_id(std::uint64_t gid, std::uint64_t seq) {
+  std::uint64_t x = gid * 0x9E3779B97F4A7C15ULL + seq;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 29;
+  return x & ~(std::uint64_t{1} << 63) & ~(std::uint64_t{1} << 62);
+}
+
 }  // namespace dopt::detail

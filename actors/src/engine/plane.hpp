@@ -34,6 +34,8 @@ class GroupPlane {
   /// ProcessGroup emulates them with calls it does run).
   virtual bool supports(const CollDesc& desc) const = 0;
   virtual const char* name() const noexcept = 0;
+  /// Bytes this rank sent to other hosts through the plane.
+  virtual std::uint64_t bytes_to_other_hosts() const noexcept { return 0; }
   /// The plane of a group that a new_group call on this plane made (null:
   /// this plane makes none, or this rank is not a member).
   virtual std::shared_ptr<GroupPlane> made_group(std::uint64_t /*gid*/) const { return nullptr; }

@@ -29,17 +29,6 @@
 
 namespace dopt::detail {
 
-/// Tag hi word of a collective's messages on the mesh (ring.hpp): unique
-/// among the calls in flight, the same on every rank. p2p messages set the
-/// top bit.
-inline std::uint64_t mesh_op_id(std::uint64_t gid, std::uint64_t seq) {
-  std::uint64_t x = gid * 0x9E3779B97F4A7C15ULL + seq;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 29;
-  return x & ~(std::uint64_t{1} << 63);
-}
-
 /// Between processes, buffers of at most this many bytes travel inside the
 /// control message, and every rank computes its whole result itself (no done
 /// phase): latency wins. Larger ones go over the TCP mesh.

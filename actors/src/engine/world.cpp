@@ -13,6 +13,7 @@
 #include "dopt/runtime/shm.hpp"
 #include "engine/rank_state.hpp"
 #include "engine/runtime_impl.hpp"
+#include "planes/hier/hier_plane.hpp"
 #include "planes/shm/shm_plane.hpp"
 #include "rendezvous_internal.hpp"
 #include "world_setup.hpp"
@@ -31,8 +32,10 @@ std::string job_token() {
 }
 
 /// "host=<hostname> boot=<boot id>": ranks with equal infos share a kernel,
-/// hence /dev/shm.
+/// hence /dev/shm. DOPT_HOST_ID replaces both (set-ups where the hostname
+/// lies, and tests that play several hosts on one).
 std::string host_info() {
+  if (const char* id = std::getenv("DOPT_HOST_ID"); id && *id) return std::string("host=") + id + " boot=set";
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   std::string boot;
@@ -165,14 +168,44 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     mine = shm->create_region(0, env.world_size);
     runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
   }
-  // Nobody sends collective messages before every rank actor knows its peers.
+  // Several hosts with the same number of ranks each (and no forced flat
+  // TCP): the hierarchical plane, shared memory within each host and the
+  // TCP mesh between hosts.
+  std::shared_ptr<hier::HierPlane> hierarchical;
+  if (use_tcp && plane_choice == "auto") {
+    std::vector<std::string> host_ids;
+    std::vector<int> pids;
+    for (int r = 0; r < env.world_size; ++r) {
+      const std::string& info = infos[static_cast<std::size_t>(r)];
+      host_ids.push_back(info.substr(0, info.find(" addr=")));
+      pids.push_back(std::atoi(field(info, "pid").c_str()));
+    }
+    const int here = static_cast<int>(
+        std::count(host_ids.begin(), host_ids.end(), host_ids[static_cast<std::size_t>(env.rank)]));
+    auto dir = std::make_shared<shm_plane::ShmDirectory>(std::move(pids), field(infos[0], "job"));
+    auto local = std::make_shared<shm_plane::ShmPlane>(env.rank, dir, peers->table,
+                                                       shm_plane::ShmPlane::Options::from_env(here, true));
+    auto h = std::make_shared<hier::HierPlane>(env.rank, std::move(host_ids), local, mesh, peers->table);
+    if (h->spans_hosts_evenly(*members)) {
+      hierarchical = h;
+      mine = hierarchical->create_region(0, *members);
+      runtime_add_stopper(rt, [h] { h->shutdown("the runtime shut down"); });
+    }
+  }
+  // Nobody sends collective messages before every rank actor knows its peers
+  // (and every rank's region exists).
   rdv.barrier(options.timeout);
   std::shared_ptr<GroupPlane> world_plane;
-  if (shm) {
-    world_plane = shm->attach(0, members, mine);
-    rdv.barrier(options.timeout);
-    shm->directory().seal(0, env.rank);
+  if (shm || hierarchical) {
+    world_plane = shm ? std::static_pointer_cast<GroupPlane>(shm->attach(0, members, mine))
+                      : hierarchical->attach(0, *members, mine);
+    rdv.barrier(options.timeout);  // every rank mapped its host's regions
+    if (shm) shm->directory().seal(0, env.rank);
+    else hierarchical->seal(0);
   }
+  if (const char* d = std::getenv("DOPT_DEBUG"); d && *d && std::string(d) != "0")
+    std::fprintf(stderr, "dopt [rank %d]: the world group runs on the %s plane\n", env.rank,
+                 world_plane ? world_plane->name() : (use_tcp ? "tcp" : "actor"));
   // The rank actors hold the peer handles now; the rendezvous actors can go
   // when rdv does.
   auto g = std::make_shared<GroupImpl>();

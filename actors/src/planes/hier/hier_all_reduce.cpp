@@ -1,0 +1,166 @@
+// all_reduce on the hierarchical plane (also all_reduce_coalesced, and
+// reduce and reduce_scatter, which are all_reduces whose result only part
+// of the ranks keep).
+//
+// Rounds of buffer-sized chunks. In each, every member stages its chunk in
+// its shared-memory buffer; member j of each host owns slice j of the chunk.
+// For each run of elements with one reduction order (reduce_members'), the
+// order is cut into runs of ranks on one host: the first host's member j
+// accumulates its host's values of the slice (from the staged buffers), sends
+// the accumulator to member j of the next host in the order, which adds its
+// host's values, and so on; the last host finishes the result and sends it to
+// member j of every other host. Then every member has its slice of the
+// result, and the host's members gather the other slices from each other's
+// buffers.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels.hpp"
+#include "planes/hier/hier_group.hpp"
+#include "planes/shm/flat_view.hpp"
+
+namespace dopt::detail::hier {
+
+namespace {
+
+using shm_plane::Channel;
+using shm_plane::FlatView;
+
+constexpr std::uint32_t kChain = 2;   // accumulators along the hosts
+constexpr std::uint32_t kResult = 3;  // finished slices back
+
+/// The all_reduce of `v` (every member passes the same layout).
+void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op) {
+  const Op& call = *c.local.op;
+  const Topology& t = g.topo();
+  Channel& ch = g.local();
+  const int L = t.per_host(), me_host = t.host(), j = t.local();
+  const int n = static_cast<int>(t.members.size());
+  const std::int64_t es = static_cast<std::int64_t>(itemsize(dtype));
+  const std::size_t aes = acc_itemsize(dtype);
+  const std::int64_t total = static_cast<std::int64_t>(v.bytes()) / es;
+  const std::int64_t per = std::max<std::int64_t>(1, static_cast<std::int64_t>(ch.buf_bytes()) / es);
+  const ReduceSpec spec{op, dtype, call.desc.order, call.desc.pre_divisor, total};
+  std::int64_t c0 = 0;
+  std::uint64_t chunk = 0;
+  do {
+    const std::int64_t m = std::min(per, total - c0);
+    const std::uint64_t k = ch.begin_round(c.local);
+    char* mine = ch.buf(ch.me(), k);
+    auto at = [&](std::int64_t e) { return static_cast<std::size_t>((e - c0) * es); };
+    if (m > 0) v.gather(static_cast<std::size_t>(c0 * es), static_cast<std::size_t>((c0 + m) * es), mine);
+    if (c0 == 0) ch.publish(k, call);
+    ch.signal(Channel::A(k));
+    ch.wait_all(Channel::A(k), c.local);
+    if (c0 == 0) g.match(k, c);
+    // My slice of the chunk, run by run.
+    const std::int64_t lo = c0 + m * j / L, hi = c0 + m * (j + 1) / L;
+    // Runs of at most 256 KiB of accumulator each, so that the hosts work on
+    // one while the next travels.
+    std::vector<RankRun> runs;
+    if (hi > lo) {
+      const std::int64_t sub = std::max<std::int64_t>(1, static_cast<std::int64_t>((256u << 10) / aes));
+      for (auto& whole : reduction_order(spec, n, lo, hi - lo))
+        for (std::int64_t a = 0; a < whole.count; a += sub)
+          runs.push_back(RankRun{whole.lo + a, std::min(sub, whole.count - a), whole.order});
+    }
+    Transfers sends(g.mesh()), results(g.mesh());
+    std::vector<int> cross;  // who this chunk waits for
+    auto accs = std::make_shared<std::vector<std::vector<char>>>(runs.size());  // outlives a failed wait
+    std::vector<bool> finished_here(runs.size(), false);
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      const RankRun& run = runs[r];
+      // The order cut into same-host pieces.
+      std::vector<std::pair<int, std::vector<int>>> pieces;  // (host, group ranks)
+      for (int gr : run.order) {
+        const int h = t.host_of[static_cast<std::size_t>(gr)];
+        if (pieces.empty() || pieces.back().first != h) pieces.push_back({h, {}});
+        pieces.back().second.push_back(gr);
+      }
+      auto& acc = (*accs)[r];
+      acc.resize(static_cast<std::size_t>(run.count) * aes);
+      for (std::size_t p = 0; p < pieces.size(); ++p) {
+        if (pieces[p].first != me_host) continue;
+        const void* acc_in = nullptr;
+        if (p > 0) {  // the accumulator from the previous host
+          Transfers in(g.mesh());
+          const int from = t.at(pieces[p - 1].first, j);
+          in.recv(g.global(from), g.tag(c, kChain, chunk, (r << 8) | p), acc.data(), acc.size(), accs);
+          g.wait(in, c, {from});
+          acc_in = acc.data();
+        }
+        std::vector<const void*> ins;
+        for (int gr : pieces[p].second)
+          ins.push_back(ch.buf(t.local_of[static_cast<std::size_t>(gr)], k) + at(run.lo));
+        accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc.data(), run.count);
+        if (p + 1 < pieces.size()) {
+          const int to = t.at(pieces[p + 1].first, j);
+          sends.send(g.global(to), g.tag(c, kChain, chunk, (r << 8) | (p + 1)), acc.data(), acc.size(), accs);
+          g.count_cross(acc.size());
+          if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
+        } else {  // the last piece: the result, for every other host
+          finalize(op, dtype, n, acc.data(), mine + at(run.lo), run.count);
+          finished_here[r] = true;
+          for (int h = 0; h < t.num_hosts(); ++h) {
+            if (h == me_host) continue;
+            const int to = t.at(h, j);
+            sends.send(g.global(to), g.tag(c, kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
+            g.count_cross(static_cast<std::size_t>(run.count * es));
+            if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
+          }
+        }
+      }
+      if (!finished_here[r]) {  // the result comes from the last host
+        const int from = t.at(pieces.back().first, j);
+        results.recv(g.global(from), g.tag(c, kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
+        if (std::find(cross.begin(), cross.end(), from) == cross.end()) cross.push_back(from);
+      }
+    }
+    g.wait(results, c, cross);
+    g.wait(sends, c, cross);  // the mesh no longer reads this buffer
+    ch.signal(Channel::B(k));
+    ch.wait_all(Channel::B(k), c.local);
+    // Every slice of the chunk, from its owner's buffer (mine included).
+    for (int i = 0; i < L; ++i) {
+      const std::int64_t slo = c0 + m * i / L, shi = c0 + m * (i + 1) / L;
+      if (shi > slo)
+        v.scatter(static_cast<std::size_t>(slo * es), static_cast<std::size_t>(shi * es), ch.buf(i, k) + at(slo));
+    }
+    c0 += per;
+    ++chunk;
+  } while (c0 < total);
+}
+
+}  // namespace
+
+void all_reduce(HierGroup& g, HierCall& c) {
+  const Op& op = *c.local.op;
+  switch (op.desc.kind) {
+    case CollKind::all_reduce:
+    case CollKind::all_reduce_coalesced:
+      return run(g, c, FlatView(op.tensors, 0, op.tensors.size()), op.desc.dtype, op.desc.op);
+    case CollKind::reduce: {
+      // Every member computes the result; only dst keeps it.
+      const bool dst = g.topo().me == op.desc.root;
+      const Tensor& t = op.tensors[0];
+      Tensor work = dst ? t : t.clone();
+      return run(g, c, FlatView(work), op.desc.dtype, op.desc.op);
+    }
+    case CollKind::reduce_scatter: {
+      // [output, in_0, ..., in_{n-1}]: all_reduce the inputs as one buffer
+      // (a copy), keep this member's part.
+      const int n = static_cast<int>(g.topo().members.size());
+      const Tensor& out = op.tensors[0];
+      Tensor all = Tensor::empty({out.numel() * n}, out.dtype());
+      for (int r = 0; r < n; ++r) all.flat_slice(out.numel() * r, out.numel()).copy_(op.tensors[static_cast<std::size_t>(1 + r)]);
+      run(g, c, FlatView(all), op.desc.dtype, op.desc.op);
+      out.copy_(all.flat_slice(out.numel() * g.topo().me, out.numel()).view(out.shape()));
+      return;
+    }
+    default: break;
+  }
+  throw StateError(c.local.name, "not an all_reduce", g.global(g.topo().me));
+}
+
+}  // namespace dopt::detail::hier

@@ -1,0 +1,274 @@
+#include "planes/hier/hier_group.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "engine/failure.hpp"
+#include "planes/hier/hier_plane.hpp"
+
+namespace dopt::detail::hier {
+
+// --- Topology -------------------------------------------------------------------------
+
+Topology Topology::make(std::vector<int> members, const std::vector<std::string>& host_ids, int me) {
+  Topology t;
+  t.members = std::move(members);
+  t.me = me;
+  const auto n = t.members.size();
+  t.host_of.assign(n, -1);
+  t.local_of.assign(n, -1);
+  std::map<std::string, int> index;
+  for (std::size_t g = 0; g < n; ++g) {
+    const std::string& id = host_ids[g];
+    auto it = index.find(id);
+    if (it == index.end()) {
+      it = index.emplace(id, static_cast<int>(t.hosts.size())).first;
+      t.hosts.emplace_back();
+    }
+    t.host_of[g] = it->second;
+    t.local_of[g] = static_cast<int>(t.hosts[static_cast<std::size_t>(it->second)].size());
+    t.hosts[static_cast<std::size_t>(it->second)].push_back(static_cast<int>(g));
+  }
+  for (const auto& h : t.hosts)
+    if (h.size() != t.hosts[0].size())
+      throw StateError("hier", "the hosts hold different numbers of the group's members");
+  return t;
+}
+
+// --- Transfers ------------------------------------------------------------------------
+
+void Transfers::send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep) {
+  {
+    std::lock_guard<std::mutex> lock(s_->m);
+    ++s_->pending;
+  }
+  mesh_.send(peer, tag, data, n, [s = s_, keep](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(s->m);
+    if (e && !s->error) s->error = e;
+    --s->pending;
+    s->cv.notify_all();
+  });
+}
+
+void Transfers::recv(int peer, transport::Tag tag, void* data, std::size_t n, std::shared_ptr<void> keep) {
+  {
+    std::lock_guard<std::mutex> lock(s_->m);
+    ++s_->pending;
+  }
+  mesh_.recv(peer, tag, data, n, [s = s_, keep](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(s->m);
+    if (e && !s->error) s->error = e;
+    --s->pending;
+    s->cv.notify_all();
+  });
+}
+
+bool Transfers::pending() const {
+  std::lock_guard<std::mutex> lock(s_->m);
+  return s_->pending > 0;
+}
+
+void Transfers::wait(const std::function<void()>& check) {
+  std::unique_lock<std::mutex> lock(s_->m);
+  while (s_->pending > 0 && !s_->error) {
+    if (s_->cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return s_->pending == 0 || s_->error; })) break;
+    lock.unlock();
+    check();  // throws to end the wait
+    lock.lock();
+  }
+  if (s_->error) std::rethrow_exception(s_->error);
+}
+
+// --- HierGroup ------------------------------------------------------------------------
+
+HierGroup::HierGroup(std::shared_ptr<HierPlane> plane, std::uint64_t gid, Topology topo,
+                     std::unique_ptr<shm_plane::Channel> local, std::shared_ptr<transport::TcpMesh> mesh,
+                     std::shared_ptr<PeerTable> peers)
+    : plane_(std::move(plane)),
+      gid_(gid),
+      topo_(std::move(topo)),
+      local_(std::move(local)),
+      mesh_(std::move(mesh)),
+      peers_(std::move(peers)),
+      exec_([this](const Op& op) { execute(op); }, topo_.members[static_cast<std::size_t>(topo_.me)]) {}
+
+HierGroup::~HierGroup() = default;
+
+void HierGroup::run(const OpPtr& op) {
+  local_->note_submitted(op->seq);
+  exec_.run(op);
+}
+
+Future<void> HierGroup::run_async(const OpPtr& op) {
+  local_->note_submitted(op->seq);
+  return exec_.run_async(op);
+}
+
+bool HierGroup::supports(const CollDesc& desc) const {
+  return desc.kind != CollKind::send && desc.kind != CollKind::recv;
+}
+
+std::shared_ptr<GroupPlane> HierGroup::made_group(std::uint64_t gid) const { return plane_->take_group(gid); }
+
+transport::Tag HierGroup::tag(const HierCall& c, std::uint32_t phase, std::uint64_t a, std::uint64_t b) const {
+  return transport::Tag{c.op_id, (static_cast<std::uint64_t>(phase) << 56) | ((a & 0xFFFFFFFFULL) << 20) | (b & 0xFFFFF)};
+}
+
+void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting_for) {
+  // A failed wait leaves its transfers behind (their buffers are the
+  // group's regions, or kept alive by the transfers): the group is broken,
+  // and the connections stay up for the other groups.
+  const int me = global(topo_.me);
+  auto lost_member = [&]() -> int {
+    for (int q : peers_->order())
+      if (q != me && std::find(topo_.members.begin(), topo_.members.end(), q) != topo_.members.end()) return q;
+    return -1;
+  };
+  auto lost_error = [&](int q) {
+    const std::string msg = "rank " + std::to_string(q) + " was lost during " + c.local.op->desc.str() + " in " +
+                            group_str(gid_) + " (seq " + std::to_string(c.local.op->seq) + "): " + peers_->why(q);
+    local_->break_group(Failure{FailKind::peer_lost, "", msg});
+    return PeerLostError(c.local.name, msg, me);
+  };
+  std::map<int, std::chrono::steady_clock::time_point> lost_since;
+  try {
+    ts.wait([&] {
+      if (std::chrono::steady_clock::now() >= c.local.deadline) {
+        std::string who;
+        for (int p : waiting_for) who += " " + std::to_string(global(p));
+        const Op& op = *c.local.op;
+        const std::string msg = "timed out after " + std::to_string(op.timeout.count()) + " ms in " + op.desc.str() +
+                                " (" + group_str(gid_) + ", seq " + std::to_string(op.seq) + "): rank(s)" + who +
+                                " on other hosts did not answer";
+        local_->abort_group(group_str(gid_) + " is unusable after a timeout on rank " + std::to_string(me) + ": " + msg);
+        throw TimeoutError(c.local.name, msg, me);
+      }
+      local_->check(c.local);
+      // A peer that died closed its connection: the mesh ends its transfers
+      // itself (with the bytes that had arrived, or an error). One that is
+      // stopped or cut off keeps it open: give up on it once the control
+      // plane declared it lost and the mesh still hears nothing.
+      for (int p : waiting_for) {
+        if (peers_->state(global(p)) == PeerTable::alive || mesh_->peer_lost(global(p))) continue;
+        auto& since = lost_since[p];
+        const auto now = std::chrono::steady_clock::now();
+        if (since.time_since_epoch().count() == 0) since = now;
+        if (now - since > std::chrono::milliseconds(500)) throw lost_error(lost_member() >= 0 ? lost_member() : global(p));
+      }
+    });
+  } catch (const PeerLostError& e) {
+    if (std::string(e.detail()).find(" was lost during ") != std::string::npos) throw;
+    // The mesh lost a connection: name the member whose loss caused it (the
+    // control plane tells within moments; the connection may only have been
+    // closed by a survivor that gave up).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (lost_member() < 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (const int q = lost_member(); q >= 0) throw lost_error(q);
+    local_->break_group(Failure{FailKind::peer_lost, "", e.detail()});
+    throw;
+  } catch (const TimeoutError& e) {
+    local_->break_group(Failure{FailKind::timeout, "", e.detail()});
+    throw;
+  }
+}
+
+namespace {
+
+/// What a member tells its cross peers about a call (fixed size).
+struct Record {
+  std::uint64_t seq = 0;
+  std::uint64_t hash = 0;
+  std::uint32_t local_bad = 0;
+  std::int32_t rank = 0;
+  char desc[240] = {};
+  char why[496] = {};
+};
+
+std::uint64_t hash_of(const CollDesc& d) {
+  const std::string s = d.str() + "|" + d.extra + "|" + std::to_string(static_cast<int>(d.order)) + "|" +
+                        std::to_string(d.pre_divisor);
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ULL;
+  return h;
+}
+
+void copy_str(char* dst, std::size_t cap, const std::string& s) {
+  const std::size_t n = std::min(s.size(), cap - 1);
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+}  // namespace
+
+void HierGroup::match(std::uint64_t round, HierCall& c) {
+  const Op& op = *c.local.op;
+  const std::string local_bad = local_->mismatch(round, c.local);
+  struct Records {
+    Record mine;
+    std::vector<Record> theirs;
+  };
+  auto recs = std::make_shared<Records>();  // outlives a failed wait
+  Record& mine = recs->mine;
+  mine.seq = op.seq;
+  mine.hash = hash_of(op.desc);
+  mine.local_bad = local_bad.empty() ? 0 : 1;
+  mine.rank = global(topo_.me);
+  copy_str(mine.desc, sizeof mine.desc, op.desc.str());
+  copy_str(mine.why, sizeof mine.why, local_bad);
+  const int H = topo_.num_hosts(), j = topo_.local();
+  recs->theirs.resize(static_cast<std::size_t>(H));
+  std::vector<Record>& theirs = recs->theirs;
+  std::vector<int> peers;
+  Transfers ts(*mesh_);
+  for (int h = 0; h < H; ++h) {
+    if (h == topo_.host()) continue;
+    const int p = topo_.at(h, j);
+    peers.push_back(p);
+    ts.recv(global(p), tag(c, 1, 0), &theirs[static_cast<std::size_t>(h)], sizeof(Record), recs);
+    ts.send(global(p), tag(c, 1, 0), &mine, sizeof(Record), recs);
+  }
+  wait(ts, c, peers);
+  const std::string where = "collective mismatch in " + group_str(gid_) + " at seq " + std::to_string(op.seq) + ": ";
+  if (!local_bad.empty()) throw CollectiveMismatchError(c.local.name, local_bad, global(topo_.me));
+  for (int h = 0; h < H; ++h) {
+    if (h == topo_.host()) continue;
+    const Record& r = theirs[static_cast<std::size_t>(h)];
+    if (r.local_bad)
+      throw CollectiveMismatchError(c.local.name, std::string(r.why, strnlen(r.why, sizeof r.why)), global(topo_.me));
+    if (r.seq != op.seq || r.hash != mine.hash)
+      throw CollectiveMismatchError(c.local.name,
+                                    where + "rank " + std::to_string(mine.rank) + " called " + op.desc.str() +
+                                        " but rank " + std::to_string(r.rank) + " called " +
+                                        std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
+                                        (r.seq != op.seq ? " at seq " + std::to_string(r.seq) : std::string()),
+                                    global(topo_.me));
+  }
+}
+
+void HierGroup::execute(const Op& op) {
+  HierCall c;
+  c.local.op = &op;
+  c.local.name = coll_name(op.desc.kind);
+  local_->begin_call(c.local);
+  c.op_id = (mesh_op_id(gid_, op.seq) ^ (std::uint64_t{1} << 62)) & ~(std::uint64_t{1} << 63);
+  switch (op.desc.kind) {
+    case CollKind::all_reduce:
+    case CollKind::all_reduce_coalesced:
+    case CollKind::reduce:
+    case CollKind::reduce_scatter: return all_reduce(*this, c);
+    case CollKind::broadcast:
+    case CollKind::broadcast_coalesced: return broadcast(*this, c);
+    case CollKind::all_gather:
+    case CollKind::all_gather_flat: return all_gather(*this, c);
+    case CollKind::barrier: return barrier(*this, c);
+    case CollKind::new_group: return plane_->new_groups(*this, c);
+    case CollKind::send:
+    case CollKind::recv: break;
+  }
+  throw StateError(c.local.name, "not a collective of the hierarchical plane", global(topo_.me));
+}
+
+}  // namespace dopt::detail::hier

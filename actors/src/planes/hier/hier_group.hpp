@@ -1,0 +1,148 @@
+#pragma once
+// The hierarchical plane: a group whose members are on several hosts, each
+// host with the same number L of them. Within a host the members meet on the
+// shared-memory plane's rounds (a Channel over the host's members); between
+// hosts the member with local index j talks to the members with local index
+// j of the other hosts (its "cross peers") over the TCP mesh. Every
+// collective is two-level: the bytes that cross hosts are split L ways, each
+// of a host's members carrying its own slice in parallel, so a job on two
+// hosts is limited by the network, not by copies of same-host traffic.
+//
+// Reductions keep dopt's order bit for bit: element i is combined in the
+// group's order (rank order, or gloo's ring order) by passing an accumulator
+// (float32 for 16-bit floats) along the hosts in that order, each host adding
+// its members' values; the last host finishes it and sends the result back.
+//
+// Matching: the members of a host compare their calls on the shared-memory
+// plane; then every member swaps a record of its call and of its host's
+// verdict with its cross peers, so every member sees every host's verdict and
+// all of them fail alike on a mismatch. Waits are bounded by the call's
+// timeout and by the peers' liveness, as on the shared-memory plane.
+//
+// Threads: as the shared-memory plane (SerialExecutor); the TCP mesh's
+// completions wake the waiting thread.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dopt/runtime/tcp_transport.hpp"
+#include "engine/executor.hpp"
+#include "engine/plane.hpp"
+#include "planes/shm/channel.hpp"
+
+namespace dopt::detail::hier {
+
+/// Who is where: the group's members by host.
+struct Topology {
+  std::vector<int> members;                 // global ranks, ascending (group rank = index)
+  std::vector<std::vector<int>> hosts;      // group ranks on each host (hosts ordered by their lowest member)
+  std::vector<int> host_of;                 // group rank -> host index
+  std::vector<int> local_of;                // group rank -> index on its host
+  int me = 0;                               // my group rank
+  int host() const { return host_of[static_cast<std::size_t>(me)]; }
+  int local() const { return local_of[static_cast<std::size_t>(me)]; }
+  int per_host() const { return static_cast<int>(hosts[0].size()); }
+  int num_hosts() const { return static_cast<int>(hosts.size()); }
+  /// The member with local index j on host h (group rank).
+  int at(int h, int j) const { return hosts[static_cast<std::size_t>(h)][static_cast<std::size_t>(j)]; }
+  /// Groups of members per host (host ids per group rank); throws if the
+  /// hosts hold different numbers of members.
+  static Topology make(std::vector<int> members, const std::vector<std::string>& host_ids, int me);
+};
+
+/// Transfers on the TCP mesh whose completion a thread waits for.
+class Transfers {
+ public:
+  explicit Transfers(transport::TcpMesh& mesh) : mesh_(mesh), s_(std::make_shared<State>()) {}
+  /// keep: what must outlive the transfer (its completion may come after a
+  /// failed wait gave up on it).
+  void send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
+  void recv(int peer, transport::Tag tag, void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
+  /// Waits for every posted transfer; `check` runs between naps (it throws to
+  /// end the wait: timeout, a lost peer, shutdown). Rethrows a transfer's error.
+  void wait(const std::function<void()>& check);
+  bool pending() const;
+
+ private:
+  struct State {
+    std::mutex m;
+    std::condition_variable cv;
+    int pending = 0;
+    std::exception_ptr error;
+  };
+  transport::TcpMesh& mesh_;
+  std::shared_ptr<State> s_;
+};
+
+class HierGroup;
+class HierPlane;
+
+/// One call while it runs on the hierarchical plane.
+struct HierCall {
+  shm_plane::Call local;       // for the host's channel (deadline, op)
+  std::uint64_t op_id = 0;     // tag hi word on the mesh
+  std::uint64_t next_lo = 0;   // (unused)
+};
+
+class HierGroup final : public GroupPlane, public std::enable_shared_from_this<HierGroup> {
+ public:
+  /// local: the channel over this host's members (their regions mapped);
+  /// mesh: connections to every rank of the world (global ranks).
+  HierGroup(std::shared_ptr<HierPlane> plane, std::uint64_t gid, Topology topo,
+            std::unique_ptr<shm_plane::Channel> local, std::shared_ptr<transport::TcpMesh> mesh,
+            std::shared_ptr<PeerTable> peers);
+  ~HierGroup() override;
+
+  void run(const OpPtr& op) override;
+  Future<void> run_async(const OpPtr& op) override;
+  /// Collectives; send/recv go to the rank actor (their own sequence numbers).
+  bool supports(const CollDesc& desc) const override;
+  const char* name() const noexcept override { return "hier"; }
+  std::shared_ptr<GroupPlane> made_group(std::uint64_t gid) const override;
+  void stop(const std::string& why) { exec_.stop(why); }
+
+  // --- for the algorithms (hier_*.cpp) ------------------------------------------------
+  const Topology& topo() const noexcept { return topo_; }
+  shm_plane::Channel& local() noexcept { return *local_; }
+  transport::TcpMesh& mesh() noexcept { return *mesh_; }
+  std::uint64_t gid() const noexcept { return gid_; }
+  int global(int grank) const { return topo_.members[static_cast<std::size_t>(grank)]; }
+  /// Mesh tag of message stream (phase, a, b) of call c.
+  transport::Tag tag(const HierCall& c, std::uint32_t phase, std::uint64_t a, std::uint64_t b = 0) const;
+  /// Waits for ts; bounded by c's deadline and the liveness of `waiting_for`
+  /// (group ranks); a failure breaks the group (later calls fail alike).
+  void wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting_for);
+  /// Bytes this rank sent to other hosts (tests assert the two-level path).
+  std::uint64_t bytes_to_other_hosts() const noexcept override { return cross_bytes_.load(std::memory_order_relaxed); }
+  void count_cross(std::uint64_t n) noexcept { cross_bytes_.fetch_add(n, std::memory_order_relaxed); }
+  /// The first round of a call on this host, then the exchange of records
+  /// with the cross peers: throws CollectiveMismatchError on every member alike.
+  /// Stages nothing: the algorithms stage their first chunk themselves, before.
+  void match(std::uint64_t round, HierCall& c);
+
+ private:
+  void execute(const Op& op);
+
+  std::shared_ptr<HierPlane> plane_;  // lives while any of its groups does
+  std::uint64_t gid_;
+  Topology topo_;
+  std::unique_ptr<shm_plane::Channel> local_;
+  std::shared_ptr<transport::TcpMesh> mesh_;
+  std::shared_ptr<PeerTable> peers_;
+  std::atomic<std::uint64_t> cross_bytes_{0};
+  SerialExecutor exec_;
+};
+
+// The collectives (hier_*.cpp). Every member calls the same one.
+void all_reduce(HierGroup& g, HierCall& c);   // also reduce, reduce_scatter, all_reduce_coalesced
+void broadcast(HierGroup& g, HierCall& c);    // also broadcast_coalesced
+void all_gather(HierGroup& g, HierCall& c);   // list and flat
+void barrier(HierGroup& g, HierCall& c);
+
+}  // namespace dopt::detail::hier
