@@ -5,7 +5,10 @@
 //   dopt_bench_collectives --ranks 4 --op broadcast            (simulated ranks in one process)
 //
 // Without --bytes it sweeps 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB, 256 MiB.
-// Each size: `--warmup` calls, then `--iters` timed calls back to back; the
+// Each size: `--warmup` calls (default: a tenth of --iters, as the OpenMPI
+// baseline, and at least 100 ms: right after start the OS may keep two ranks
+// on one core until its load balancer moves one, which a steady job never
+// sees), then `--iters` timed calls back to back; the
 // time of call k is the largest over the ranks (one all_reduce(max) of the
 // per-call times after the loop). Rank 0 prints one JSON object per line:
 //   {"op", "world_size", "bytes", "iters", "median_us", "min_us", "max_us",
@@ -58,7 +61,7 @@ struct Config {
   std::string op = "all_reduce";
   std::vector<long long> bytes;
   int iters = 0;  // 0: by size
-  int warmup = 3;
+  int warmup = -1;  // -1: iters / 10 and at least 100 ms
   int ranks = 2;
 };
 
@@ -97,7 +100,18 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
     pg.barrier();
     reset_peak_rss();
     const long rss_before = status_kib("VmRSS");
-    for (int i = 0; i < cfg.warmup; ++i) once();
+    if (cfg.warmup >= 0) {
+      for (int i = 0; i < cfg.warmup; ++i) once();
+    } else {  // every rank makes the same number of calls: rank 0 decides when to stop
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      for (int done = 0;; done += 8) {
+        dopt::Tensor go = dopt::Tensor::from_vector(std::vector<double>{
+            (done >= iters / 10 && std::chrono::steady_clock::now() >= until) ? 0.0 : 1.0});
+        pg.broadcast(go, 0);
+        if (go.data<double>()[0] == 0.0) break;
+        for (int i = 0; i < 8; ++i) once();
+      }
+    }
     pg.barrier();
     std::vector<double> us(static_cast<std::size_t>(iters));
     for (int i = 0; i < iters; ++i) {
@@ -135,7 +149,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--iters", cfg.iters, "Timed calls per size (default: 200 up to 1 MiB, 30 up to 16 MiB, else 10)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--warmup", cfg.warmup, "Untimed calls first")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", cfg.warmup, "Untimed calls first (default: iters / 10, and at least 100 ms)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--ranks", cfg.ranks, "Simulated ranks when not started by a launcher")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (cfg.bytes.empty()) cfg.bytes = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};

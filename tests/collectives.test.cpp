@@ -51,6 +51,17 @@ TEST_CASE("collectives: 2 processes over the TCP data plane", "[collectives][mul
   battery_through_dopt_run(2, "tcp");
 }
 
+TEST_CASE("collectives: 1 process and 3 processes over the TCP data plane started by hand", "[collectives][multiprocess]") {
+  for (auto [n, transport] : {std::pair<int, const char*>{1, "auto"}, {3, "tcp"}}) {
+    INFO(n << " processes, transport " << transport);
+    auto ds = run_by_hand(n, "battery", {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}});
+    for (auto& d : ds) {
+      INFO(d.out);
+      CHECK(d.ok());
+    }
+  }
+}
+
 TEST_CASE("collectives: 5 processes over the TCP data plane", "[collectives][multiprocess]") {
   battery_through_dopt_run(5, "tcp");
 }
