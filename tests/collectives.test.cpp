@@ -51,10 +51,20 @@ TEST_CASE("collectives: 2 processes over the TCP data plane", "[collectives][mul
   battery_through_dopt_run(2, "tcp");
 }
 
-TEST_CASE("collectives: 1 process and 3 processes over the TCP data plane started by hand", "[collectives][multiprocess]") {
-  for (auto [n, transport] : {std::pair<int, const char*>{1, "auto"}, {3, "tcp"}}) {
-    INFO(n << " processes, transport " << transport);
-    auto ds = run_by_hand(n, "battery", {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}});
+TEST_CASE("collectives: 1 process and 3 processes over TCP and staged shared memory started by hand",
+          "[collectives][multiprocess]") {
+  // Staged: no cross-memory reads, and 64 KiB buffers, so large calls take many rounds.
+  const std::map<std::string, std::string> staged{{"DOPT_SHM_CMA", "0"}, {"DOPT_SHM_BUFFER_BYTES", "65536"}};
+  const std::map<std::string, std::string> none;
+  for (auto [n, transport, extra] : {std::tuple<int, const char*, const std::map<std::string, std::string>*>{
+                                         1, "auto", &none},
+                                     {3, "tcp", &none},
+                                     {3, "auto", &staged}}) {
+    INFO(n << " processes, transport " << transport << (extra->empty() ? "" : ", staged"));
+    auto env = *extra;
+    env["DOPT_TIMEOUT_MS"] = "30000";
+    env["DOPT_TRANSPORT"] = transport;
+    auto ds = run_by_hand(n, "battery", env);
     for (auto& d : ds) {
       INFO(d.out);
       CHECK(d.ok());

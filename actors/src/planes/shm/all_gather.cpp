@@ -58,10 +58,41 @@ void direct(Channel& ch, Call& c) {
   ch.wait_all(Channel::B(k), c);
 }
 
+/// Processes that may read each other's memory: each reads every peer's
+/// input straight into its output (one copy, process_vm_readv); nobody
+/// returns before all have read its input.
+void cross_memory(Channel& ch, Call& c) {
+  const Op& op = *c.op;
+  const int n = ch.size(), me = ch.me();
+  const std::size_t nb = op.tensors[0].nbytes();
+  const std::uint64_t k = ch.begin_round(c);
+  ch.publish(k, op);
+  ch.signal(Channel::A(k));
+  ch.wait_all(Channel::A(k), c);
+  ch.match(k, c);
+  const FlatView out = outputs_of(op);
+  for (int i = 1; i <= n; ++i) {
+    const int g = (me + i) % n;  // peers in turn from the next one, so that not all read the same one at once
+    const std::size_t base = static_cast<std::size_t>(g) * nb;
+    if (g == me) {
+      out.scatter(base, base + nb, static_cast<const char*>(op.tensors[0].data_ptr()));
+      continue;
+    }
+    const std::uint64_t remote = ch.peer_data(g, k);
+    out.for_each(base, base + nb, [&](char* p, std::size_t at, std::size_t len) {
+      ch.cma_read(g, remote + (at - base), p, len, c);
+    });
+  }
+  ch.signal(Channel::B(k));
+  ch.wait_all(Channel::B(k), c);
+}
+
 }  // namespace
 
 void all_gather(Channel& ch, Call& c) {
-  if (ch.in_process() && c.op->tensors[0].nbytes() > ch.small_bytes()) return direct(ch, c);
+  const std::size_t nb = c.op->tensors[0].nbytes();
+  if (ch.in_process() && nb > ch.small_bytes()) return direct(ch, c);
+  if (nb > ch.small_bytes() && ch.cma_ready()) return cross_memory(ch, c);
   staged(ch, c);
 }
 

@@ -1,6 +1,9 @@
 #include "planes/shm/channel.hpp"
 
 #include <sched.h>
+#include <sys/uio.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdlib>
@@ -242,6 +245,7 @@ void Channel::publish(std::uint64_t round, const Op& op) {
   d.extra_len = static_cast<std::int32_t>(std::min(op.desc.extra.size(), kExtraBytes));
   std::memcpy(d.extra, op.desc.extra.data(), static_cast<std::size_t>(d.extra_len));
   d.op_ptr = reinterpret_cast<std::uint64_t>(&op);
+  d.data_addr = op.tensors.empty() ? 0 : reinterpret_cast<std::uint64_t>(op.tensors[0].data_ptr());
 }
 
 void Channel::match(std::uint64_t round, Call& c) {
@@ -295,6 +299,53 @@ void Channel::note_submitted(std::uint64_t seq) {
 
 void Channel::break_group(const Failure& f) {
   if (!broken_) broken_ = f;
+}
+
+// --- cross-memory attach ---------------------------------------------------------
+
+void Channel::probe_cma(bool wanted) {
+  bool ok = wanted && memory_.shared && !memory_.in_process;
+  for (int g = 0; ok && g < size(); ++g) {
+    if (g == me_) continue;
+    const ControlBlock& cb = ctl(g);
+    std::uint64_t magic = 0;
+    iovec local{&magic, sizeof magic};
+    iovec remote{reinterpret_cast<void*>(cb.self_addr), sizeof magic};
+    ok = cb.self_addr != 0 && ::process_vm_readv(cb.pid, &local, 1, &remote, 1, 0) == sizeof magic &&
+         magic == kRegionMagic;
+  }
+  ctl(me_).cma.store(ok ? 1u : 2u, std::memory_order_release);
+}
+
+bool Channel::cma_ready() {
+  if (cma_all_) return true;
+  if (next_round_ == 0) return false;
+  for (int g = 0; g < size(); ++g)
+    if (ctl(g).cma.load(std::memory_order_acquire) != 1) return false;
+  return cma_all_ = true;
+}
+
+std::uint64_t Channel::peer_data(int g, std::uint64_t round) const { return ctl(g).desc[round % 2].data_addr; }
+
+void Channel::cma_read(int g, std::uint64_t remote, char* dst, std::size_t n, Call& c) {
+  const pid_t pid = ctl(g).pid;
+  while (n > 0) {
+    // At most 64 MiB a call, so that a lost peer is noticed between calls.
+    const std::size_t part = std::min<std::size_t>(n, std::size_t{64} << 20);
+    iovec local{dst, part};
+    iovec rem{reinterpret_cast<void*>(remote), part};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &rem, 1, 0);
+    if (got <= 0) {
+      const int err = errno;
+      check_slow(g, 0, c);  // a lost or aborted member: its own error
+      throw StateError(c.name, "cannot read rank " + std::to_string(global(g)) + "'s memory in " + what(c) + ": " +
+                                   std::strerror(err) + " (set DOPT_SHM_CMA=0 to copy through shared memory)",
+                       my_global());
+    }
+    dst += got;
+    remote += static_cast<std::uint64_t>(got);
+    n -= static_cast<std::size_t>(got);
+  }
 }
 
 }  // namespace dopt::detail::shm_plane

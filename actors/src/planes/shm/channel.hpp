@@ -107,6 +107,19 @@ class Channel {
   /// This member gives up the group (a timeout it saw elsewhere): `later` is
   /// what every member's later calls (and waits in progress) fail with.
   void abort_group(const std::string& later);
+  /// Processes: tries process_vm_readv (cross-memory attach, one copy from a
+  /// peer's memory into this one's) on every peer's region and publishes
+  /// whether all worked. Called once, before this member's first step.
+  void probe_cma(bool wanted);
+  /// Every member can read every other's memory with cma_read(). Called at
+  /// the start of a call; every member gets the same answer (false until the
+  /// group ran a call: the flags are set before any member's first step).
+  bool cma_ready();
+  /// Copies n bytes at `remote` (an address in member g's process) to dst.
+  /// Throws what a wait would when g is gone, else StateError.
+  void cma_read(int g, std::uint64_t remote, char* dst, std::size_t n, Call& c);
+  /// The data address member g published for `round` (Desc::data_addr).
+  std::uint64_t peer_data(int g, std::uint64_t round) const;
   /// Number of rounds this channel ran.
   std::uint64_t rounds() const noexcept { return next_round_; }
   /// The peer's Op (threads only), from its descriptor of `round`.
@@ -140,6 +153,7 @@ class Channel {
   Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
+  bool cma_all_ = false;
 };
 
 }  // namespace dopt::detail::shm_plane

@@ -24,6 +24,7 @@ void init_region(void* base, std::uint64_t gid, int global_rank, std::size_t byt
   cb->global_rank = static_cast<std::uint32_t>(global_rank);
   cb->pid = static_cast<std::int32_t>(::getpid());
   cb->bytes = bytes;
+  cb->self_addr = reinterpret_cast<std::uint64_t>(base);
 }
 
 void check_region(void* base, std::uint64_t gid, const std::string& what) {

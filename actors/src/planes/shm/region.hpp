@@ -13,7 +13,7 @@
 namespace dopt::detail::shm_plane {
 
 inline constexpr std::uint64_t kRegionMagic = 0x31676572746f6f64ULL;  // "doopreg1" (little-endian)
-inline constexpr std::uint32_t kRegionVersion = 1;
+inline constexpr std::uint32_t kRegionVersion = 2;
 inline constexpr int kMaxDims = 8;
 inline constexpr std::size_t kExtraBytes = 192;
 inline constexpr std::size_t kWhyBytes = 1024;
@@ -49,6 +49,7 @@ struct Desc {
   std::uint64_t shape_hash = 0;  // every dimension, also beyond kMaxDims
   std::uint64_t extra_hash = 0;
   std::uint64_t op_ptr = 0;      // threads only: the owner's Op (direct algorithms)
+  std::uint64_t data_addr = 0;   // the owner's first tensor, in its address space (processes: read with CMA)
   char extra[kExtraBytes] = {};
 };
 
@@ -60,6 +61,10 @@ struct ControlBlock {
   std::uint32_t group_size = 0;
   std::int32_t pid = 0;
   std::uint64_t bytes = 0;  // of the whole region
+  std::uint64_t self_addr = 0;  // where the owner maps this region (what a peer's CMA probe reads)
+  /// Set by the owner before its first step: 1 when it can read every peer's
+  /// memory with process_vm_readv (cross-memory attach), 2 when it cannot.
+  std::atomic<std::uint32_t> cma{0};
   SyncLine sync;
   StatusLine status;
   AbortLine abort;

@@ -28,6 +28,8 @@ ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes)
   o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
   o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
   if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
+  if (const char* v = std::getenv("DOPT_SHM_CMA"); v && std::string(v) == "0") o.cma = false;
+  if (o.staged_only) o.cma = false;
   o.policy = WaitPolicy::for_ranks(ranks_on_host);
   return o;
 }
@@ -128,8 +130,10 @@ std::unique_ptr<Channel> ShmPlane::make_channel(std::uint64_t gid, std::shared_p
   mem.heap_bytes = options_.heap_bytes;
   mem.shared = dir_->shared();
   mem.in_process = dir_->in_process() && !options_.staged_only;
-  return std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem), peers_,
-                                   options_.policy);
+  auto ch = std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem), peers_,
+                                      options_.policy);
+  ch->probe_cma(options_.cma);
+  return ch;
 }
 
 std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
