@@ -8,7 +8,7 @@
 # accepted for compatibility (torch is always installed now).
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
-      nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libdlpack-dev libeigen3-dev
+      nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
       libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy libtorch-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,3 +1,4 @@
+#include "dopt/runtime/notice.hpp"
 #include "dopt/actors/join.hpp"
 
 #include <cstdio>
@@ -56,10 +57,9 @@ void Join::finish() {
     for (;;) {
       if (iterations_ > 1000 && !warned) {
         warned = true;
-        std::fprintf(stderr,
-                     "dopt Join [rank %d]: detected uneven input skew of greater than 1000; this may be "
-                     "indicative of an error\n",
-                     group_.rank());
+        notice("Join [rank " + std::to_string(group_.rank()) +
+               "]: more than 1000 shadow iterations after this rank joined (uneven inputs that large may be "
+               "an error)");
       }
       Tensor n = Tensor::zeros({1}, DType::float32, device_);
       group_.all_reduce(n, ReduceOp::sum);

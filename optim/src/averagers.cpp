@@ -1,3 +1,4 @@
+#include "dopt/runtime/notice.hpp"
 #include "dopt/optim/averagers.hpp"
 
 #include <algorithm>
@@ -128,11 +129,9 @@ PeriodicModelAverager::PeriodicModelAverager(std::int64_t period, std::int64_t w
     throw ValueError(op, "Arg ``warmup_steps`` must be a non-negative number, got " + std::to_string(warmup_steps));
   if (period < 1) throw ValueError(op, "Arg ``period`` must be a positive value, got " + std::to_string(period));
   if (period == 1)
-    std::fprintf(stderr,
-                 "dopt warning: PeriodicModelAverager: when period is 1, no need to use model averaging because "
-                 "the communication cost of all-reducing parameters will be no less than the cost of all-reducing "
-                 "gradients by DistributedDataParallel in the backward pass. Therefore, only DistributedDataParallel "
-                 "should be used for this case.\n");
+    notice("PeriodicModelAverager [rank " + std::to_string(this->process_group().rank()) +
+           "]: period 1 averages after every step, which costs no less than all-reducing the gradients "
+           "(DistributedDataParallel); use gradient all-reduce alone for that");
 }
 
 std::optional<ProcessGroup> PeriodicModelAverager::group_for_step(std::int64_t step) const {
@@ -153,11 +152,9 @@ HierarchicalModelAverager::HierarchicalModelAverager(std::map<std::int64_t, int>
                              std::to_string(first_period) + ".");
   const std::int64_t last_period = period_group_size.rbegin()->first;
   if (last_period == 1)
-    std::fprintf(stderr,
-                 "dopt warning: HierarchicalModelAverager: when the maximum period in arg ``period_group_size_dict`` "
-                 "is 1, no need to use model averaging because the communication cost of all-reducing parameters "
-                 "will be no less than the cost of all-reducing gradients by DistributedDataParallel in the backward "
-                 "pass. Therefore, only DistributedDataParallel should be used for this case.\n");
+    notice("HierarchicalModelAverager [rank " + std::to_string(this->process_group().rank()) +
+           "]: the largest period is 1, so parameters are averaged after every step, which costs no less than "
+           "all-reducing the gradients (DistributedDataParallel); use gradient all-reduce alone for that");
   const int overall = this->process_group().size();
   const int last_size = period_group_size.rbegin()->second;
   if (last_size != overall)

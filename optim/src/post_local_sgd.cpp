@@ -1,3 +1,4 @@
+#include "dopt/runtime/notice.hpp"
 #include "dopt/optim/post_local_sgd.hpp"
 
 #include <cstdio>
@@ -75,9 +76,8 @@ void PostLocalSGDOptimizer::load_state_dict(const StateDict& sd) {
   if (step) {
     averager_->set_step(*step);
   } else {
-    std::fprintf(stderr,
-                 "dopt warning: Loaded state dict does not contain a step counter for an averager. "
-                 "Setting step counter to 0.\n");
+    notice("PostLocalSGDOptimizer.load_state_dict: the state dict has no step counter for the averager; "
+           "the averager starts again at step 0");
     averager_->set_step(0);
   }
 }

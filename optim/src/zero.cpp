@@ -407,9 +407,8 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
   const auto mask = trainable_mask();
   if (mask != trainable_) {
     if (bucket_view_) {
-      std::fprintf(stderr,
-                   "dopt %s [rank %d]: the trainable parameters changed; rebuilding the parameter buckets\n",
-                   kName, rank_);
+      notice(std::string(kName) + " [rank " + std::to_string(rank_) +
+             "]: the trainable parameters changed; rebuilding the parameter buckets");
       build_buckets();
     }
     trainable_ = mask;

@@ -1,6 +1,7 @@
 // A process's rank joins the world (init_process_group): rendezvous, the
 // rank actors' direct connections, the data plane (shared memory when every
 // rank is on this host, else the TCP mesh), liveness.
+#include "dopt/runtime/notice.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -204,8 +205,8 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     else hierarchical->seal(0);
   }
   if (const char* d = std::getenv("DOPT_DEBUG"); d && *d && std::string(d) != "0")
-    std::fprintf(stderr, "dopt [rank %d]: the world group runs on the %s plane\n", env.rank,
-                 world_plane ? world_plane->name() : (use_tcp ? "tcp" : "actor"));
+    notice("[rank " + std::to_string(env.rank) + "]: the world group runs on the " +
+           (world_plane ? std::string(world_plane->name()) : std::string(use_tcp ? "tcp" : "actor")) + " plane");
   // The rank actors hold the peer handles now; the rendezvous actors can go
   // when rdv does.
   auto g = std::make_shared<GroupImpl>();
