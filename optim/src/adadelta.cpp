@@ -5,26 +5,20 @@
 
 namespace dopt::optim {
 
-Hyperparams AdadeltaOptions::to_hyperparams() const {
-  return {{"lr", lr_}, {"rho", rho_}, {"eps", eps_}, {"weight_decay", weight_decay_}, {"maximize", maximize_}};
-}
-
-void AdadeltaOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "AdadeltaOptions";
-  detail::check_known_keys(h, {"lr", "rho", "eps", "weight_decay", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("rho")) rho_ = hyper_number(h, "rho", op);
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<AdadeltaOptions>> AdadeltaOptions::fields() {
+  return {{"lr", &AdadeltaOptions::lr_},
+          {"rho", &AdadeltaOptions::rho_},
+          {"eps", &AdadeltaOptions::eps_},
+          {"weight_decay", &AdadeltaOptions::weight_decay_},
+          {"maximize", &AdadeltaOptions::maximize_}};
 }
 
 void AdadeltaOptions::validate(const std::string& op) const {
   using detail::py_float;
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
+  detail::require_nonnegative(op, "learning rate", lr_);
   if (!(rho_ >= 0.0 && rho_ <= 1.0)) throw ValueError(op, "Invalid rho value: " + py_float(rho_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + py_float(eps_));
-  if (!(weight_decay_ >= 0.0)) throw ValueError(op, "Invalid weight_decay value: " + py_float(weight_decay_));
+  detail::require_nonnegative(op, "epsilon value", eps_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
 }
 
 namespace kernels {
@@ -62,22 +56,9 @@ DOPT_INLINE void adadelta_select(T* p, const T* g, T* sq, T* acc, i64 n, const A
   else adadelta_body<T, false>(p, g, sq, acc, n, s);
 }
 
-DOPT_KERNEL void adadelta_f32(float* p, const float* g, float* sq, float* acc, i64 n,
-                              const AdadeltaScalars<float>& s, bool wd) {
-  adadelta_select(p, g, sq, acc, n, s, wd);
-}
-DOPT_KERNEL void adadelta_f64(double* p, const double* g, double* sq, double* acc, i64 n,
-                              const AdadeltaScalars<double>& s, bool wd) {
-  adadelta_select(p, g, sq, acc, n, s, wd);
-}
-inline void adadelta_kernel(float* p, const float* g, float* sq, float* acc, i64 n,
-                            const AdadeltaScalars<float>& s, bool wd) {
-  adadelta_f32(p, g, sq, acc, n, s, wd);
-}
-inline void adadelta_kernel(double* p, const double* g, double* sq, double* acc, i64 n,
-                            const AdadeltaScalars<double>& s, bool wd) {
-  adadelta_f64(p, g, sq, acc, n, s, wd);
-}
+#define DOPT_ADADELTA_PARAMS(T) T* p, const T* g, T* sq, T* acc, i64 n, const AdadeltaScalars<T>& s, bool wd
+DOPT_KERNEL_ENTRY(adadelta_kernel, adadelta_select, DOPT_ADADELTA_PARAMS, (p, g, sq, acc, n, s, wd))
+#undef DOPT_ADADELTA_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -102,22 +83,6 @@ void Adadelta::update_param(const AdadeltaOptions& o, const Tensor& p, const Ten
     kernels::adadelta_kernel(p.data<T>(), g.data<T>(), sq.template data<T>(), acc.template data<T>(), p.numel(), k,
                              o.weight_decay() != 0.0);
   });
-}
-
-Adadelta::Adadelta(std::vector<Tensor> params, AdadeltaOptions defaults)
-    : Adadelta(single_group(std::move(params), "Adadelta"), std::move(defaults)) {}
-
-Adadelta::Adadelta(std::vector<OptimizerParamGroup> groups, AdadeltaOptions defaults)
-    : Optimizer("Adadelta", {}, std::make_unique<AdadeltaOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void Adadelta::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const AdadeltaOptions&>(o), p, st);
-}
-
-void Adadelta::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const AdadeltaOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

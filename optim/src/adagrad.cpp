@@ -6,36 +6,21 @@
 
 namespace dopt::optim {
 
-Hyperparams AdagradOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"lr_decay", lr_decay_},
-          {"weight_decay", weight_decay_},
-          {"initial_accumulator_value", initial_accumulator_value_},
-          {"eps", eps_},
-          {"maximize", maximize_}};
-}
-
-void AdagradOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "AdagradOptions";
-  detail::check_known_keys(h, {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"},
-                           op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("lr_decay")) lr_decay_ = hyper_number(h, "lr_decay", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("initial_accumulator_value"))
-    initial_accumulator_value_ = hyper_number(h, "initial_accumulator_value", op);
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<AdagradOptions>> AdagradOptions::fields() {
+  return {{"lr", &AdagradOptions::lr_},
+          {"lr_decay", &AdagradOptions::lr_decay_},
+          {"weight_decay", &AdagradOptions::weight_decay_},
+          {"initial_accumulator_value", &AdagradOptions::initial_accumulator_value_},
+          {"eps", &AdagradOptions::eps_},
+          {"maximize", &AdagradOptions::maximize_}};
 }
 
 void AdagradOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
-  if (!(lr_decay_ >= 0.0)) throw ValueError(op, "Invalid lr_decay value: " + detail::py_float(lr_decay_));
-  if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
-  if (!(initial_accumulator_value_ >= 0.0))
-    throw ValueError(op, "Invalid initial_accumulator_value value: " + detail::py_float(initial_accumulator_value_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + detail::py_float(eps_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "lr_decay value", lr_decay_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
+  detail::require_nonnegative(op, "initial_accumulator_value value", initial_accumulator_value_);
+  detail::require_nonnegative(op, "epsilon value", eps_);
 }
 
 namespace kernels {
@@ -69,18 +54,9 @@ inline __attribute__((always_inline)) void adagrad_select(T* p, const T* g, T* s
   else adagrad_body<T, false>(p, g, sum, n, s);
 }
 
-DOPT_KERNEL void adagrad_f32(float* p, const float* g, float* sum, i64 n, const AdagradScalars<float>& s) {
-  adagrad_select(p, g, sum, n, s);
-}
-DOPT_KERNEL void adagrad_f64(double* p, const double* g, double* sum, i64 n, const AdagradScalars<double>& s) {
-  adagrad_select(p, g, sum, n, s);
-}
-inline void adagrad_kernel(float* p, const float* g, float* sum, i64 n, const AdagradScalars<float>& s) {
-  adagrad_f32(p, g, sum, n, s);
-}
-inline void adagrad_kernel(double* p, const double* g, double* sum, i64 n, const AdagradScalars<double>& s) {
-  adagrad_f64(p, g, sum, n, s);
-}
+#define DOPT_ADAGRAD_PARAMS(T) T* p, const T* g, T* sum, i64 n, const AdagradScalars<T>& s
+DOPT_KERNEL_ENTRY(adagrad_kernel, adagrad_select, DOPT_ADAGRAD_PARAMS, (p, g, sum, n, s))
+#undef DOPT_ADAGRAD_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -111,7 +87,7 @@ Adagrad::Adagrad(std::vector<Tensor> params, AdagradOptions defaults)
     : Adagrad(single_group(std::move(params), "Adagrad"), std::move(defaults)) {}
 
 Adagrad::Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults)
-    : Optimizer("Adagrad", {}, std::make_unique<AdagradOptions>(std::move(defaults))) {
+    : BasicOptimizer(DeferGroups{}, std::move(defaults)) {
   init_groups(std::move(groups));
 }
 
@@ -135,10 +111,6 @@ void Adagrad::on_group_added(OptimizerParamGroup& group) {
 
 void Adagrad::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
   init_param_state(with_default_iav(o, defaults()), p, st);
-}
-
-void Adagrad::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const AdagradOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

@@ -6,35 +6,20 @@
 
 namespace dopt::optim {
 
-Hyperparams AdamOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"betas", detail::from_pair(betas_)},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"amsgrad", amsgrad_},
-          {"maximize", maximize_}};
-}
-
-void AdamOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "AdamOptions";
-  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("amsgrad")) amsgrad_ = hyper_flag(h, "amsgrad", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<AdamOptions>> AdamOptions::fields() {
+  return {{"lr", &AdamOptions::lr_},
+          {"betas", &AdamOptions::betas_},
+          {"eps", &AdamOptions::eps_},
+          {"weight_decay", &AdamOptions::weight_decay_},
+          {"amsgrad", &AdamOptions::amsgrad_},
+          {"maximize", &AdamOptions::maximize_}};
 }
 
 void AdamOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + detail::py_float(eps_));
-  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 0: " + detail::py_float(betas_[0]));
-  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 1: " + detail::py_float(betas_[1]));
-  if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "epsilon value", eps_);
+  detail::require_betas(op, betas_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
 }
 
 namespace kernels {
@@ -97,22 +82,9 @@ inline __attribute__((always_inline)) void adam_select(T* p, const T* g, T* m, T
   }
 }
 
-DOPT_KERNEL void adam_f32(float* p, const float* g, float* m, float* v, float* vmax, i64 n,
-                          const AdamScalars<float>& s) {
-  adam_select(p, g, m, v, vmax, n, s);
-}
-DOPT_KERNEL void adam_f64(double* p, const double* g, double* m, double* v, double* vmax, i64 n,
-                          const AdamScalars<double>& s) {
-  adam_select(p, g, m, v, vmax, n, s);
-}
-inline void adam_kernel(float* p, const float* g, float* m, float* v, float* vmax, i64 n,
-                        const AdamScalars<float>& s) {
-  adam_f32(p, g, m, v, vmax, n, s);
-}
-inline void adam_kernel(double* p, const double* g, double* m, double* v, double* vmax, i64 n,
-                        const AdamScalars<double>& s) {
-  adam_f64(p, g, m, v, vmax, n, s);
-}
+#define DOPT_ADAM_PARAMS(T) T* p, const T* g, T* m, T* v, T* vmax, i64 n, const AdamScalars<T>& s
+DOPT_KERNEL_ENTRY(adam_kernel, adam_select, DOPT_ADAM_PARAMS, (p, g, m, v, vmax, n, s))
+#undef DOPT_ADAM_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -154,19 +126,6 @@ void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, 
     kernels::adam_kernel(p.data<T>(), g.data<T>(), exp_avg.template data<T>(),
                          exp_avg_sq.template data<T>(), vmax, p.numel(), k);
   });
-}
-
-Adam::Adam(std::vector<OptimizerParamGroup> groups, AdamOptions defaults)
-    : Optimizer("Adam", {}, std::make_unique<AdamOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void Adam::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const AdamOptions&>(o), p, st);
-}
-
-void Adam::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const AdamOptions&>(o), p, g, st, false);
 }
 
 }  // namespace dopt::optim

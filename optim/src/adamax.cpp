@@ -5,33 +5,19 @@
 
 namespace dopt::optim {
 
-Hyperparams AdamaxOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"betas", detail::from_pair(betas_)},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"maximize", maximize_}};
-}
-
-void AdamaxOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "AdamaxOptions";
-  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<AdamaxOptions>> AdamaxOptions::fields() {
+  return {{"lr", &AdamaxOptions::lr_},
+          {"betas", &AdamaxOptions::betas_},
+          {"eps", &AdamaxOptions::eps_},
+          {"weight_decay", &AdamaxOptions::weight_decay_},
+          {"maximize", &AdamaxOptions::maximize_}};
 }
 
 void AdamaxOptions::validate(const std::string& op) const {
-  using detail::py_float;
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + py_float(eps_));
-  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 0: " + py_float(betas_[0]));
-  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 1: " + py_float(betas_[1]));
-  if (!(weight_decay_ >= 0.0)) throw ValueError(op, "Invalid weight_decay value: " + py_float(weight_decay_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "epsilon value", eps_);
+  detail::require_betas(op, betas_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
 }
 
 namespace kernels {
@@ -70,22 +56,9 @@ DOPT_INLINE void adamax_select(T* p, const T* g, T* m, T* u, i64 n, const Adamax
   else adamax_body<T, false>(p, g, m, u, n, s);
 }
 
-DOPT_KERNEL void adamax_f32(float* p, const float* g, float* m, float* u, i64 n, const AdamaxScalars<float>& s,
-                            bool wd) {
-  adamax_select(p, g, m, u, n, s, wd);
-}
-DOPT_KERNEL void adamax_f64(double* p, const double* g, double* m, double* u, i64 n,
-                            const AdamaxScalars<double>& s, bool wd) {
-  adamax_select(p, g, m, u, n, s, wd);
-}
-inline void adamax_kernel(float* p, const float* g, float* m, float* u, i64 n, const AdamaxScalars<float>& s,
-                          bool wd) {
-  adamax_f32(p, g, m, u, n, s, wd);
-}
-inline void adamax_kernel(double* p, const double* g, double* m, double* u, i64 n,
-                          const AdamaxScalars<double>& s, bool wd) {
-  adamax_f64(p, g, m, u, n, s, wd);
-}
+#define DOPT_ADAMAX_PARAMS(T) T* p, const T* g, T* m, T* u, i64 n, const AdamaxScalars<T>& s, bool wd
+DOPT_KERNEL_ENTRY(adamax_kernel, adamax_select, DOPT_ADAMAX_PARAMS, (p, g, m, u, n, s, wd))
+#undef DOPT_ADAMAX_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -113,22 +86,6 @@ void Adamax::update_param(const AdamaxOptions& o, const Tensor& p, const Tensor&
     kernels::adamax_kernel(p.data<T>(), g.data<T>(), m.template data<T>(), u.template data<T>(), p.numel(), k,
                            o.weight_decay() != 0.0);
   });
-}
-
-Adamax::Adamax(std::vector<Tensor> params, AdamaxOptions defaults)
-    : Adamax(single_group(std::move(params), "Adamax"), std::move(defaults)) {}
-
-Adamax::Adamax(std::vector<OptimizerParamGroup> groups, AdamaxOptions defaults)
-    : Optimizer("Adamax", {}, std::make_unique<AdamaxOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void Adamax::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const AdamaxOptions&>(o), p, st);
-}
-
-void Adamax::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const AdamaxOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

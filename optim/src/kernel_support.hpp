@@ -24,6 +24,16 @@
 
 #define DOPT_INLINE inline __attribute__((always_inline))
 
+/// A kernel's entry points: NAME_f32 and NAME_f64, compiled for each CPU
+/// level (target_clones cannot apply to a template), and NAME(...)
+/// overloaded on them. PARAMS(T) is the parameter list with element type T,
+/// ARGS the parenthesised argument names, BODY the template they call.
+#define DOPT_KERNEL_ENTRY(NAME, BODY, PARAMS, ARGS)      \
+  DOPT_KERNEL void NAME##_f32(PARAMS(float)) { BODY ARGS; }  \
+  DOPT_KERNEL void NAME##_f64(PARAMS(double)) { BODY ARGS; } \
+  inline void NAME(PARAMS(float)) { NAME##_f32 ARGS; }       \
+  inline void NAME(PARAMS(double)) { NAME##_f64 ARGS; }
+
 namespace dopt::optim::kernels {
 
 using i64 = std::int64_t;

@@ -5,35 +5,20 @@
 
 namespace dopt::optim {
 
-Hyperparams NAdamOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"betas", detail::from_pair(betas_)},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"momentum_decay", momentum_decay_}};
-}
-
-void NAdamOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "NAdamOptions";
-  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay", "momentum_decay"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("momentum_decay")) momentum_decay_ = hyper_number(h, "momentum_decay", op);
+std::vector<HyperField<NAdamOptions>> NAdamOptions::fields() {
+  return {{"lr", &NAdamOptions::lr_},
+          {"betas", &NAdamOptions::betas_},
+          {"eps", &NAdamOptions::eps_},
+          {"weight_decay", &NAdamOptions::weight_decay_},
+          {"momentum_decay", &NAdamOptions::momentum_decay_}};
 }
 
 void NAdamOptions::validate(const std::string& op) const {
-  using detail::py_float;
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + py_float(eps_));
-  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 0: " + py_float(betas_[0]));
-  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 1: " + py_float(betas_[1]));
-  if (!(weight_decay_ >= 0.0)) throw ValueError(op, "Invalid weight_decay value: " + py_float(weight_decay_));
-  if (!(momentum_decay_ >= 0.0))
-    throw ValueError(op, "Invalid momentum_decay value: " + py_float(momentum_decay_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "epsilon value", eps_);
+  detail::require_betas(op, betas_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
+  detail::require_nonnegative(op, "momentum_decay value", momentum_decay_);
 }
 
 namespace kernels {
@@ -76,22 +61,9 @@ DOPT_INLINE void nadam_select(T* p, const T* g, T* m, T* v, i64 n, const NAdamSc
   else nadam_body<T, false>(p, g, m, v, n, s);
 }
 
-DOPT_KERNEL void nadam_f32(float* p, const float* g, float* m, float* v, i64 n, const NAdamScalars<float>& s,
-                           bool wd) {
-  nadam_select(p, g, m, v, n, s, wd);
-}
-DOPT_KERNEL void nadam_f64(double* p, const double* g, double* m, double* v, i64 n,
-                           const NAdamScalars<double>& s, bool wd) {
-  nadam_select(p, g, m, v, n, s, wd);
-}
-inline void nadam_kernel(float* p, const float* g, float* m, float* v, i64 n, const NAdamScalars<float>& s,
-                         bool wd) {
-  nadam_f32(p, g, m, v, n, s, wd);
-}
-inline void nadam_kernel(double* p, const double* g, double* m, double* v, i64 n, const NAdamScalars<double>& s,
-                         bool wd) {
-  nadam_f64(p, g, m, v, n, s, wd);
-}
+#define DOPT_NADAM_PARAMS(T) T* p, const T* g, T* m, T* v, i64 n, const NAdamScalars<T>& s, bool wd
+DOPT_KERNEL_ENTRY(nadam_kernel, nadam_select, DOPT_NADAM_PARAMS, (p, g, m, v, n, s, wd))
+#undef DOPT_NADAM_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -137,22 +109,6 @@ void NAdam::update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g
     kernels::nadam_kernel(p.data<T>(), g.data<T>(), m.template data<T>(), v.template data<T>(), p.numel(), k,
                           o.weight_decay() != 0.0);
   });
-}
-
-NAdam::NAdam(std::vector<Tensor> params, NAdamOptions defaults)
-    : NAdam(single_group(std::move(params), "NAdam"), std::move(defaults)) {}
-
-NAdam::NAdam(std::vector<OptimizerParamGroup> groups, NAdamOptions defaults)
-    : Optimizer("NAdam", {}, std::make_unique<NAdamOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void NAdam::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const NAdamOptions&>(o), p, st);
-}
-
-void NAdam::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const NAdamOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

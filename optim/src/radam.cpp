@@ -5,28 +5,18 @@
 
 namespace dopt::optim {
 
-Hyperparams RAdamOptions::to_hyperparams() const {
-  return {{"lr", lr_}, {"betas", detail::from_pair(betas_)}, {"eps", eps_}, {"weight_decay", weight_decay_}};
-}
-
-void RAdamOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "RAdamOptions";
-  detail::check_known_keys(h, {"lr", "betas", "eps", "weight_decay"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("betas")) betas_ = detail::to_pair(hyper_pair(h, "betas", op));
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
+std::vector<HyperField<RAdamOptions>> RAdamOptions::fields() {
+  return {{"lr", &RAdamOptions::lr_},
+          {"betas", &RAdamOptions::betas_},
+          {"eps", &RAdamOptions::eps_},
+          {"weight_decay", &RAdamOptions::weight_decay_}};
 }
 
 void RAdamOptions::validate(const std::string& op) const {
-  using detail::py_float;
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + py_float(eps_));
-  if (!(betas_[0] >= 0.0 && betas_[0] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 0: " + py_float(betas_[0]));
-  if (!(betas_[1] >= 0.0 && betas_[1] < 1.0))
-    throw ValueError(op, "Invalid beta parameter at index 1: " + py_float(betas_[1]));
-  if (!(weight_decay_ >= 0.0)) throw ValueError(op, "Invalid weight_decay value: " + py_float(weight_decay_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "epsilon value", eps_);
+  detail::require_betas(op, betas_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
 }
 
 namespace kernels {
@@ -79,22 +69,9 @@ DOPT_INLINE void radam_select(T* p, const T* g, T* m, T* v, i64 n, const RAdamSc
   }
 }
 
-DOPT_KERNEL void radam_f32(float* p, const float* g, float* m, float* v, i64 n, const RAdamScalars<float>& s,
-                           bool wd, bool rect) {
-  radam_select(p, g, m, v, n, s, wd, rect);
-}
-DOPT_KERNEL void radam_f64(double* p, const double* g, double* m, double* v, i64 n,
-                           const RAdamScalars<double>& s, bool wd, bool rect) {
-  radam_select(p, g, m, v, n, s, wd, rect);
-}
-inline void radam_kernel(float* p, const float* g, float* m, float* v, i64 n, const RAdamScalars<float>& s,
-                         bool wd, bool rect) {
-  radam_f32(p, g, m, v, n, s, wd, rect);
-}
-inline void radam_kernel(double* p, const double* g, double* m, double* v, i64 n, const RAdamScalars<double>& s,
-                         bool wd, bool rect) {
-  radam_f64(p, g, m, v, n, s, wd, rect);
-}
+#define DOPT_RADAM_PARAMS(T) T* p, const T* g, T* m, T* v, i64 n, const RAdamScalars<T>& s, bool wd, bool rect
+DOPT_KERNEL_ENTRY(radam_kernel, radam_select, DOPT_RADAM_PARAMS, (p, g, m, v, n, s, wd, rect))
+#undef DOPT_RADAM_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -134,22 +111,6 @@ void RAdam::update_param(const RAdamOptions& o, const Tensor& p, const Tensor& g
     kernels::radam_kernel(p.data<T>(), g.data<T>(), m.template data<T>(), v.template data<T>(), p.numel(), k,
                           o.weight_decay() != 0.0, rectified);
   });
-}
-
-RAdam::RAdam(std::vector<Tensor> params, RAdamOptions defaults)
-    : RAdam(single_group(std::move(params), "RAdam"), std::move(defaults)) {}
-
-RAdam::RAdam(std::vector<OptimizerParamGroup> groups, RAdamOptions defaults)
-    : Optimizer("RAdam", {}, std::make_unique<RAdamOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void RAdam::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const RAdamOptions&>(o), p, st);
-}
-
-void RAdam::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const RAdamOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

@@ -6,35 +6,22 @@
 
 namespace dopt::optim {
 
-Hyperparams RMSpropOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"alpha", alpha_},
-          {"eps", eps_},
-          {"weight_decay", weight_decay_},
-          {"momentum", momentum_},
-          {"centered", centered_},
-          {"maximize", maximize_}};
-}
-
-void RMSpropOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "RMSpropOptions";
-  detail::check_known_keys(h, {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("alpha")) alpha_ = hyper_number(h, "alpha", op);
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("momentum")) momentum_ = hyper_number(h, "momentum", op);
-  if (h.count("centered")) centered_ = hyper_flag(h, "centered", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<RMSpropOptions>> RMSpropOptions::fields() {
+  return {{"lr", &RMSpropOptions::lr_},
+          {"alpha", &RMSpropOptions::alpha_},
+          {"eps", &RMSpropOptions::eps_},
+          {"weight_decay", &RMSpropOptions::weight_decay_},
+          {"momentum", &RMSpropOptions::momentum_},
+          {"centered", &RMSpropOptions::centered_},
+          {"maximize", &RMSpropOptions::maximize_}};
 }
 
 void RMSpropOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
-  if (!(eps_ >= 0.0)) throw ValueError(op, "Invalid epsilon value: " + detail::py_float(eps_));
-  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + detail::py_float(momentum_));
-  if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
-  if (!(alpha_ >= 0.0)) throw ValueError(op, "Invalid alpha value: " + detail::py_float(alpha_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "epsilon value", eps_);
+  detail::require_nonnegative(op, "momentum value", momentum_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
+  detail::require_nonnegative(op, "alpha value", alpha_);
 }
 
 namespace kernels {
@@ -99,22 +86,9 @@ inline __attribute__((always_inline)) void rmsprop_select(T* p, const T* g, T* s
   else rmsprop_select2<T, false>(p, g, sq, ga, buf, n, s);
 }
 
-DOPT_KERNEL void rmsprop_f32(float* p, const float* g, float* sq, float* ga, float* buf, i64 n,
-                             const RMSpropScalars<float>& s) {
-  rmsprop_select(p, g, sq, ga, buf, n, s);
-}
-DOPT_KERNEL void rmsprop_f64(double* p, const double* g, double* sq, double* ga, double* buf, i64 n,
-                             const RMSpropScalars<double>& s) {
-  rmsprop_select(p, g, sq, ga, buf, n, s);
-}
-inline void rmsprop_kernel(float* p, const float* g, float* sq, float* ga, float* buf, i64 n,
-                           const RMSpropScalars<float>& s) {
-  rmsprop_f32(p, g, sq, ga, buf, n, s);
-}
-inline void rmsprop_kernel(double* p, const double* g, double* sq, double* ga, double* buf, i64 n,
-                           const RMSpropScalars<double>& s) {
-  rmsprop_f64(p, g, sq, ga, buf, n, s);
-}
+#define DOPT_RMSPROP_PARAMS(T) T* p, const T* g, T* sq, T* ga, T* buf, i64 n, const RMSpropScalars<T>& s
+DOPT_KERNEL_ENTRY(rmsprop_kernel, rmsprop_select, DOPT_RMSPROP_PARAMS, (p, g, sq, ga, buf, n, s))
+#undef DOPT_RMSPROP_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -125,7 +99,6 @@ void RMSprop::init_param_state(const RMSpropOptions& o, const Tensor& p, ParamSt
   if (o.momentum() > 0.0) st["momentum_buffer"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
   if (o.centered()) st["grad_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
 }
-
 
 void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   const char* op = "RMSprop.step";
@@ -158,22 +131,6 @@ void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tenso
                             ga ? ga->template data<T>() : nullptr, buf ? buf->template data<T>() : nullptr,
                             p.numel(), k);
   });
-}
-
-RMSprop::RMSprop(std::vector<Tensor> params, RMSpropOptions defaults)
-    : RMSprop(single_group(std::move(params), "RMSprop"), std::move(defaults)) {}
-
-RMSprop::RMSprop(std::vector<OptimizerParamGroup> groups, RMSpropOptions defaults)
-    : Optimizer("RMSprop", {}, std::make_unique<RMSpropOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void RMSprop::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const RMSpropOptions&>(o), p, st);
-}
-
-void RMSprop::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const RMSpropOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

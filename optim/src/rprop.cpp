@@ -5,25 +5,16 @@
 
 namespace dopt::optim {
 
-Hyperparams RpropOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"etas", detail::from_pair(etas_)},
-          {"step_sizes", detail::from_pair(step_sizes_)},
-          {"maximize", maximize_}};
-}
-
-void RpropOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "RpropOptions";
-  detail::check_known_keys(h, {"lr", "etas", "step_sizes", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("etas")) etas_ = detail::to_pair(hyper_pair(h, "etas", op));
-  if (h.count("step_sizes")) step_sizes_ = detail::to_pair(hyper_pair(h, "step_sizes", op));
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<RpropOptions>> RpropOptions::fields() {
+  return {{"lr", &RpropOptions::lr_},
+          {"etas", &RpropOptions::etas_},
+          {"step_sizes", &RpropOptions::step_sizes_},
+          {"maximize", &RpropOptions::maximize_}};
 }
 
 void RpropOptions::validate(const std::string& op) const {
   using detail::py_float;
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + py_float(lr_));
+  detail::require_nonnegative(op, "learning rate", lr_);
   if (!(0.0 < etas_[0] && etas_[0] < 1.0 && 1.0 < etas_[1]))
     throw ValueError(op, "Invalid eta values: " + py_float(etas_[0]) + ", " + py_float(etas_[1]));
 }
@@ -65,20 +56,9 @@ DOPT_INLINE void rprop_body(T* __restrict p, const T* __restrict g, T* __restric
   }
 }
 
-DOPT_KERNEL void rprop_f32(float* p, const float* g, float* prev, float* ss, i64 n, const RpropScalars<float>& s) {
-  rprop_body(p, g, prev, ss, n, s);
-}
-DOPT_KERNEL void rprop_f64(double* p, const double* g, double* prev, double* ss, i64 n,
-                           const RpropScalars<double>& s) {
-  rprop_body(p, g, prev, ss, n, s);
-}
-inline void rprop_kernel(float* p, const float* g, float* prev, float* ss, i64 n, const RpropScalars<float>& s) {
-  rprop_f32(p, g, prev, ss, n, s);
-}
-inline void rprop_kernel(double* p, const double* g, double* prev, double* ss, i64 n,
-                         const RpropScalars<double>& s) {
-  rprop_f64(p, g, prev, ss, n, s);
-}
+#define DOPT_RPROP_PARAMS(T) T* p, const T* g, T* prev, T* ss, i64 n, const RpropScalars<T>& s
+DOPT_KERNEL_ENTRY(rprop_kernel, rprop_body, DOPT_RPROP_PARAMS, (p, g, prev, ss, n, s))
+#undef DOPT_RPROP_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -102,22 +82,6 @@ void Rprop::update_param(const RpropOptions& o, const Tensor& p, const Tensor& g
                                sc<T>(o.step_sizes()[0]), sc<T>(o.step_sizes()[1])};
     kernels::rprop_kernel(p.data<T>(), g.data<T>(), prev.template data<T>(), ss.template data<T>(), p.numel(), k);
   });
-}
-
-Rprop::Rprop(std::vector<Tensor> params, RpropOptions defaults)
-    : Rprop(single_group(std::move(params), "Rprop"), std::move(defaults)) {}
-
-Rprop::Rprop(std::vector<OptimizerParamGroup> groups, RpropOptions defaults)
-    : Optimizer("Rprop", {}, std::make_unique<RpropOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void Rprop::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const RpropOptions&>(o), p, st);
-}
-
-void Rprop::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const RpropOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

@@ -6,31 +6,19 @@
 
 namespace dopt::optim {
 
-Hyperparams SGDOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"momentum", momentum_},
-          {"dampening", dampening_},
-          {"weight_decay", weight_decay_},
-          {"nesterov", nesterov_},
-          {"maximize", maximize_}};
-}
-
-void SGDOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "SGDOptions";
-  detail::check_known_keys(h, {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}, op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("momentum")) momentum_ = hyper_number(h, "momentum", op);
-  if (h.count("dampening")) dampening_ = hyper_number(h, "dampening", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("nesterov")) nesterov_ = hyper_flag(h, "nesterov", op);
-  if (h.count("maximize")) maximize_ = hyper_flag(h, "maximize", op);
+std::vector<HyperField<SGDOptions>> SGDOptions::fields() {
+  return {{"lr", &SGDOptions::lr_},
+          {"momentum", &SGDOptions::momentum_},
+          {"dampening", &SGDOptions::dampening_},
+          {"weight_decay", &SGDOptions::weight_decay_},
+          {"nesterov", &SGDOptions::nesterov_},
+          {"maximize", &SGDOptions::maximize_}};
 }
 
 void SGDOptions::validate(const std::string& op) const {
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Invalid learning rate: " + detail::py_float(lr_));
-  if (!(momentum_ >= 0.0)) throw ValueError(op, "Invalid momentum value: " + detail::py_float(momentum_));
-  if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "Invalid weight_decay value: " + detail::py_float(weight_decay_));
+  detail::require_nonnegative(op, "learning rate", lr_);
+  detail::require_nonnegative(op, "momentum value", momentum_);
+  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
   if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0))
     throw ValueError(op, "Nesterov momentum requires a momentum and zero dampening");
 }
@@ -92,18 +80,9 @@ inline __attribute__((always_inline)) void sgd_select(T* p, const T* g, T* buf, 
   }
 }
 
-DOPT_KERNEL void sgd_f32(float* p, const float* g, float* buf, i64 n, const SGDScalars<float>& s) {
-  sgd_select(p, g, buf, n, s);
-}
-DOPT_KERNEL void sgd_f64(double* p, const double* g, double* buf, i64 n, const SGDScalars<double>& s) {
-  sgd_select(p, g, buf, n, s);
-}
-inline void sgd_kernel(float* p, const float* g, float* buf, i64 n, const SGDScalars<float>& s) {
-  sgd_f32(p, g, buf, n, s);
-}
-inline void sgd_kernel(double* p, const double* g, double* buf, i64 n, const SGDScalars<double>& s) {
-  sgd_f64(p, g, buf, n, s);
-}
+#define DOPT_SGD_PARAMS(T) T* p, const T* g, T* buf, i64 n, const SGDScalars<T>& s
+DOPT_KERNEL_ENTRY(sgd_kernel, sgd_select, DOPT_SGD_PARAMS, (p, g, buf, n, s))
+#undef DOPT_SGD_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -143,22 +122,6 @@ void SGD::update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, Pa
     kernels::sgd_kernel(p.data<T>(), g.data<T>(), has_momentum ? buf.template data<T>() : nullptr, p.numel(), k);
   });
   if (mom_mode == 1) st["momentum_buffer"] = buf;
-}
-
-SGD::SGD(std::vector<Tensor> params, SGDOptions defaults)
-    : SGD(single_group(std::move(params), "SGD"), std::move(defaults)) {}
-
-SGD::SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults)
-    : Optimizer("SGD", {}, std::make_unique<SGDOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void SGD::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const SGDOptions&>(o), p, st);
-}
-
-void SGD::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const SGDOptions&>(o), p, g, st);
 }
 
 }  // namespace dopt::optim

@@ -5,6 +5,7 @@
 // State (lazy, at a parameter's first step with a gradient): `step` (int64 0-d
 // tensor, torch's Python int; incremented but unused by the math),
 // `square_avg` and `acc_delta`.
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -12,8 +13,8 @@ namespace dopt::optim {
 class AdadeltaOptions : public OptionsCRTP<AdadeltaOptions> {
  public:
   explicit AdadeltaOptions(double lr = 1.0) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "AdadeltaOptions";
+  static std::vector<HyperField<AdadeltaOptions>> fields();
   /// torch's checks: lr >= 0, 0 <= rho <= 1, eps >= 0, weight_decay >= 0.
   void validate(const std::string& op) const override;
 
@@ -24,22 +25,15 @@ class AdadeltaOptions : public OptionsCRTP<AdadeltaOptions> {
   DOPT_ARG(AdadeltaOptions, bool, maximize, false);
 };
 
-class Adadelta : public Optimizer {
+class Adadelta : public BasicOptimizer<Adadelta, AdadeltaOptions> {
  public:
-  using Options = AdadeltaOptions;
-  explicit Adadelta(std::vector<OptimizerParamGroup> groups, AdadeltaOptions defaults = AdadeltaOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit Adadelta(std::vector<Tensor> params, AdadeltaOptions defaults = AdadeltaOptions());
-
+  static constexpr const char* kName = "Adadelta";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalAdadelta).
   /// update_param expects a grad that matches p and the state made by
   /// init_param_state (dopt::StateError otherwise).
   static void init_param_state(const AdadeltaOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const AdadeltaOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

@@ -10,6 +10,7 @@
 // fails with KeyError at their first step), and creates the same fresh state
 // lazily for a parameter whose state a loaded state dict did not contain.
 // Sparse gradients do not exist in dopt.
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -17,8 +18,8 @@ namespace dopt::optim {
 class AdagradOptions : public OptionsCRTP<AdagradOptions> {
  public:
   explicit AdagradOptions(double lr = 1e-2) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "AdagradOptions";
+  static std::vector<HyperField<AdagradOptions>> fields();
   void validate(const std::string& op) const override;
 
   DOPT_ARG(AdagradOptions, double, lr, 1e-2);
@@ -29,9 +30,9 @@ class AdagradOptions : public OptionsCRTP<AdagradOptions> {
   DOPT_ARG(AdagradOptions, bool, maximize, false);
 };
 
-class Adagrad : public Optimizer {
+class Adagrad : public BasicOptimizer<Adagrad, AdagradOptions> {
  public:
-  using Options = AdagradOptions;
+  static constexpr const char* kName = "Adagrad";
   explicit Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults = AdagradOptions());
   /// One group of `params`; an empty list throws dopt::ValueError (as torch).
   explicit Adagrad(std::vector<Tensor> params, AdagradOptions defaults = AdagradOptions());
@@ -43,7 +44,6 @@ class Adagrad : public Optimizer {
 
  protected:
   void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
   /// Creates the state of every parameter of the group (torch's constructor).
   void on_group_added(OptimizerParamGroup& group) override;
 };

@@ -1,6 +1,7 @@
 #pragma once
 // torch.optim.Adam (1.13), float32/float64 results bit-identical to torch's
 // single-tensor path.
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -8,8 +9,8 @@ namespace dopt::optim {
 class AdamOptions : public OptionsCRTP<AdamOptions> {
  public:
   explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "AdamOptions";
+  static std::vector<HyperField<AdamOptions>> fields();
   void validate(const std::string& op) const override;
 
   DOPT_ARG(AdamOptions, double, lr, 1e-3);
@@ -20,21 +21,14 @@ class AdamOptions : public OptionsCRTP<AdamOptions> {
   DOPT_ARG(AdamOptions, bool, maximize, false);
 };
 
-class Adam : public Optimizer {
+class Adam : public BasicOptimizer<Adam, AdamOptions> {
  public:
-  using Options = AdamOptions;
-  explicit Adam(std::vector<OptimizerParamGroup> groups, AdamOptions defaults = AdamOptions());
-  explicit Adam(std::vector<Tensor> params, AdamOptions defaults = AdamOptions())
-      : Adam(single_group(std::move(params), "Adam"), std::move(defaults)) {}
-
+  static constexpr const char* kName = "Adam";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalAdam).
   static void init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st,
                            bool decoupled_weight_decay = false);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

@@ -7,6 +7,7 @@
 // (first moment) and `exp_inf` (exponentially weighted infinity norm). The
 // max in exp_inf = max(exp_inf * beta2, |g| + eps) propagates NaN, like
 // torch.amax.
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -14,8 +15,8 @@ namespace dopt::optim {
 class AdamaxOptions : public OptionsCRTP<AdamaxOptions> {
  public:
   explicit AdamaxOptions(double lr = 2e-3) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "AdamaxOptions";
+  static std::vector<HyperField<AdamaxOptions>> fields();
   /// torch's checks: lr >= 0, eps >= 0, 0 <= betas[i] < 1, weight_decay >= 0.
   void validate(const std::string& op) const override;
 
@@ -26,23 +27,16 @@ class AdamaxOptions : public OptionsCRTP<AdamaxOptions> {
   DOPT_ARG(AdamaxOptions, bool, maximize, false);
 };
 
-class Adamax : public Optimizer {
+class Adamax : public BasicOptimizer<Adamax, AdamaxOptions> {
  public:
-  using Options = AdamaxOptions;
-  explicit Adamax(std::vector<OptimizerParamGroup> groups, AdamaxOptions defaults = AdamaxOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit Adamax(std::vector<Tensor> params, AdamaxOptions defaults = AdamaxOptions());
-
+  static constexpr const char* kName = "Adamax";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalAdamax).
   /// update_param expects a grad that matches p (check_param_grad) and the
   /// state made by init_param_state; a state lacking an entry, or whose
   /// tensors do not match p, is a dopt::StateError.
   static void init_param_state(const AdamaxOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const AdamaxOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

@@ -5,6 +5,7 @@
 // and no L2 term on the gradient. State as Adam: `step` (float32 0-d),
 // `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` (amsgrad).
 #include "dopt/optim/adam.hpp"
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -12,8 +13,8 @@ namespace dopt::optim {
 class AdamWOptions : public OptionsCRTP<AdamWOptions> {
  public:
   explicit AdamWOptions(double lr = 1e-3) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "AdamWOptions";
+  static std::vector<HyperField<AdamWOptions>> fields();
   void validate(const std::string& op) const override;
   /// The same hyperparameters as AdamOptions (for Adam's kernel).
   AdamOptions as_adam_options() const;
@@ -26,20 +27,13 @@ class AdamWOptions : public OptionsCRTP<AdamWOptions> {
   DOPT_ARG(AdamWOptions, bool, maximize, false);
 };
 
-class AdamW : public Optimizer {
+class AdamW : public BasicOptimizer<AdamW, AdamWOptions> {
  public:
-  using Options = AdamWOptions;
-  explicit AdamW(std::vector<OptimizerParamGroup> groups, AdamWOptions defaults = AdamWOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit AdamW(std::vector<Tensor> params, AdamWOptions defaults = AdamWOptions());
-
+  static constexpr const char* kName = "AdamW";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalAdamW).
   static void init_param_state(const AdamWOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const AdamWOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

@@ -12,6 +12,7 @@
 //
 // CPU only: parameters on another device are refused with NotSupportedError
 // naming NAdam (no fused CUDA kernel yet).
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -19,8 +20,8 @@ namespace dopt::optim {
 class NAdamOptions : public OptionsCRTP<NAdamOptions> {
  public:
   explicit NAdamOptions(double lr = 2e-3) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "NAdamOptions";
+  static std::vector<HyperField<NAdamOptions>> fields();
   /// torch's checks: lr >= 0, eps >= 0, 0 <= betas[i] < 1, weight_decay >= 0,
   /// momentum_decay >= 0.
   void validate(const std::string& op) const override;
@@ -32,13 +33,10 @@ class NAdamOptions : public OptionsCRTP<NAdamOptions> {
   DOPT_ARG(NAdamOptions, double, momentum_decay, 4e-3);
 };
 
-class NAdam : public Optimizer {
+class NAdam : public BasicOptimizer<NAdam, NAdamOptions> {
  public:
-  using Options = NAdamOptions;
-  explicit NAdam(std::vector<OptimizerParamGroup> groups, NAdamOptions defaults = NAdamOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit NAdam(std::vector<Tensor> params, NAdamOptions defaults = NAdamOptions());
-
+  static constexpr const char* kName = "NAdam";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalNAdam).
   /// update_param expects a grad that matches p; a state lacking an entry,
   /// or whose tensors do not match p, is a dopt::StateError; a parameter off
@@ -47,11 +45,6 @@ class NAdam : public Optimizer {
   static void update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
   /// NAdam has no device kernels (see the header).
   static constexpr bool kDeviceKernels = false;
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
-  bool has_device_kernels() const noexcept override { return false; }
 };
 
 }  // namespace dopt::optim

@@ -12,6 +12,7 @@
 //
 // CPU only: parameters on another device are refused with NotSupportedError
 // naming RAdam (no fused CUDA kernel yet).
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -19,8 +20,8 @@ namespace dopt::optim {
 class RAdamOptions : public OptionsCRTP<RAdamOptions> {
  public:
   explicit RAdamOptions(double lr = 1e-3) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "RAdamOptions";
+  static std::vector<HyperField<RAdamOptions>> fields();
   /// torch's checks: lr >= 0, eps >= 0, 0 <= betas[i] < 1, weight_decay >= 0.
   void validate(const std::string& op) const override;
 
@@ -30,24 +31,16 @@ class RAdamOptions : public OptionsCRTP<RAdamOptions> {
   DOPT_ARG(RAdamOptions, double, weight_decay, 0.0);
 };
 
-class RAdam : public Optimizer {
+class RAdam : public BasicOptimizer<RAdam, RAdamOptions> {
  public:
-  using Options = RAdamOptions;
-  explicit RAdam(std::vector<OptimizerParamGroup> groups, RAdamOptions defaults = RAdamOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit RAdam(std::vector<Tensor> params, RAdamOptions defaults = RAdamOptions());
-
+  static constexpr const char* kName = "RAdam";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalRAdam);
   /// errors as NAdam's.
   static void init_param_state(const RAdamOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const RAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
   /// RAdam has no device kernels (see the header).
   static constexpr bool kDeviceKernels = false;
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
-  bool has_device_kernels() const noexcept override { return false; }
 };
 
 }  // namespace dopt::optim

@@ -7,6 +7,7 @@
 // `square_avg`, `momentum_buffer` only if momentum > 0 and `grad_avg` only if
 // centered, both decided when the state is created. Turning momentum or
 // centered on after that makes step() throw dopt::StateError (torch: KeyError).
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -14,8 +15,8 @@ namespace dopt::optim {
 class RMSpropOptions : public OptionsCRTP<RMSpropOptions> {
  public:
   explicit RMSpropOptions(double lr = 1e-2) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "RMSpropOptions";
+  static std::vector<HyperField<RMSpropOptions>> fields();
   void validate(const std::string& op) const override;
 
   DOPT_ARG(RMSpropOptions, double, lr, 1e-2);
@@ -27,20 +28,13 @@ class RMSpropOptions : public OptionsCRTP<RMSpropOptions> {
   DOPT_ARG(RMSpropOptions, bool, maximize, false);
 };
 
-class RMSprop : public Optimizer {
+class RMSprop : public BasicOptimizer<RMSprop, RMSpropOptions> {
  public:
-  using Options = RMSpropOptions;
-  explicit RMSprop(std::vector<OptimizerParamGroup> groups, RMSpropOptions defaults = RMSpropOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit RMSprop(std::vector<Tensor> params, RMSpropOptions defaults = RMSpropOptions());
-
+  static constexpr const char* kName = "RMSprop";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalRMSprop).
   static void init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const RMSpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

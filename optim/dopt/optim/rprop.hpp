@@ -12,6 +12,7 @@
 // 0), step_size = clamp(step_size * factor, step_sizes), the gradient is
 // zeroed where the factor is eta-, and p -= sign(g) * step_size (sign(NaN) is
 // 0: a NaN gradient gives no update but is stored in `prev`). No weight decay.
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -19,8 +20,8 @@ namespace dopt::optim {
 class RpropOptions : public OptionsCRTP<RpropOptions> {
  public:
   explicit RpropOptions(double lr = 1e-2) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "RpropOptions";
+  static std::vector<HyperField<RpropOptions>> fields();
   /// torch's checks: lr >= 0 and 0 < etas[0] < 1 < etas[1] ("Invalid eta
   /// values: 0.5, 1.2"); step_sizes are not checked (as torch).
   void validate(const std::string& op) const override;
@@ -31,22 +32,15 @@ class RpropOptions : public OptionsCRTP<RpropOptions> {
   DOPT_ARG(RpropOptions, bool, maximize, false);
 };
 
-class Rprop : public Optimizer {
+class Rprop : public BasicOptimizer<Rprop, RpropOptions> {
  public:
-  using Options = RpropOptions;
-  explicit Rprop(std::vector<OptimizerParamGroup> groups, RpropOptions defaults = RpropOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit Rprop(std::vector<Tensor> params, RpropOptions defaults = RpropOptions());
-
+  static constexpr const char* kName = "Rprop";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state and update (shared with FunctionalRprop).
   /// update_param expects a grad that matches p and the state made by
   /// init_param_state (dopt::StateError otherwise).
   static void init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const RpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

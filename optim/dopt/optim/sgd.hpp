@@ -6,6 +6,7 @@
 // created at the parameter's first step with momentum as a copy of the
 // (maximize-flipped, weight-decayed) gradient. torch stores
 // `momentum_buffer: None` for momentum 0; dopt stores nothing instead.
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
@@ -14,8 +15,8 @@ class SGDOptions : public OptionsCRTP<SGDOptions> {
  public:
   /// lr is required, as in torch 1.13 (there is no default constructor).
   explicit SGDOptions(double lr) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
+  static constexpr const char* kName = "SGDOptions";
+  static std::vector<HyperField<SGDOptions>> fields();
   void validate(const std::string& op) const override;
 
   DOPT_ARG(SGDOptions, double, lr, 0.0);
@@ -26,22 +27,15 @@ class SGDOptions : public OptionsCRTP<SGDOptions> {
   DOPT_ARG(SGDOptions, bool, maximize, false);
 };
 
-class SGD : public Optimizer {
+class SGD : public BasicOptimizer<SGD, SGDOptions> {
  public:
-  using Options = SGDOptions;
-  SGD(std::vector<OptimizerParamGroup> groups, SGDOptions defaults);
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  SGD(std::vector<Tensor> params, SGDOptions defaults);
-
+  static constexpr const char* kName = "SGD";
+  using BasicOptimizer::BasicOptimizer;
   /// One parameter's lazy state (SGD has none up front) and update (shared
   /// with the functional form). update_param creates `momentum_buffer` when
   /// momentum != 0 and it is absent.
   static void init_param_state(const SGDOptions& o, const Tensor& p, ParamState& st);
   static void update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
 };
 
 }  // namespace dopt::optim

@@ -1,0 +1,51 @@
+#pragma once
+// The part every per-parameter optimizer (Adam, SGD, ...) shares: its two
+// constructors and the hooks that hand one parameter to its static
+// init_param_state / update_param (which the functional forms share too).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dopt/optim/optimizer.hpp"
+
+namespace dopt::optim {
+
+/// Derived provides
+///   static constexpr const char* kName;   // torch's class name, e.g. "Adam"
+///   static void init_param_state(const OptionsT&, const Tensor& p, ParamState& st);
+///   static void update_param(const OptionsT&, const Tensor& p, const Tensor& g, ParamState& st);
+/// and optionally `static constexpr bool kDeviceKernels = false` (CPU only).
+/// The constructors check and add the groups (torch's order of checks); a
+/// Derived that must see each group as it is added (eager state) uses the
+/// DeferGroups constructor and calls init_groups itself.
+template <class Derived, class OptionsT>
+class BasicOptimizer : public Optimizer {
+ public:
+  using Options = OptionsT;
+
+  explicit BasicOptimizer(std::vector<OptimizerParamGroup> groups, OptionsT defaults = OptionsT())
+      : Optimizer(Derived::kName, {}, std::make_unique<OptionsT>(std::move(defaults))) {
+    init_groups(std::move(groups));
+  }
+  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
+  explicit BasicOptimizer(std::vector<Tensor> params, OptionsT defaults = OptionsT())
+      : BasicOptimizer(single_group(std::move(params), Derived::kName), std::move(defaults)) {}
+
+ protected:
+  struct DeferGroups {};
+  BasicOptimizer(DeferGroups, OptionsT defaults)
+      : Optimizer(Derived::kName, {}, std::make_unique<OptionsT>(std::move(defaults))) {}
+
+  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override {
+    Derived::init_param_state(static_cast<const OptionsT&>(o), p, st);
+  }
+  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override {
+    Derived::update_param(static_cast<const OptionsT&>(o), p, g, st);
+  }
+  bool has_device_kernels() const noexcept override {
+    if constexpr (requires { Derived::kDeviceKernels; }) return Derived::kDeviceKernels;
+    else return true;
+  }
+};
+
+}  // namespace dopt::optim
