@@ -36,7 +36,8 @@ void clipping(std::vector<dopt::Tensor>& params, std::vector<OptimizerParamGroup
 // Gradients of loss * scale (your trainer's backward).
 void backward(double scaled_loss);
 
-void grad_scaler(Optimizer& opt, std::vector<dopt::Tensor>& params, double loss, int steps) {
+int grad_scaler(Optimizer& opt, std::vector<dopt::Tensor>& params, double loss, int steps) {
+  int skipped = 0;
   GradScaler scaler;  // scale 65536, x2 after 2000 good steps in a row, x0.5 after an inf/NaN
   for (int step = 0; step < steps; ++step) {
     backward(scaler.scale(loss));   // gradients of loss * scale
@@ -44,6 +45,7 @@ void grad_scaler(Optimizer& opt, std::vector<dopt::Tensor>& params, double loss,
     clip_grad_norm(params, 1.0);
     bool stepped = scaler.step(opt);  // false: inf/NaN found, no update
     scaler.update();
-    (void)stepped;
+    if (!stepped) ++skipped;
   }
+  return skipped;
 }
