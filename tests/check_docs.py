@@ -13,7 +13,8 @@
    tools/, python/). The block's lines must appear in that file in the same
    order and next to each other (leading and trailing white space and blank
    lines do not count). A line that is only `...` or `// ...` (any indentation)
-   stands for any number of the file's lines.
+   stands for any number of the file's lines. C++ in an indented (unfenced)
+   code block is refused, as it would escape this check.
 
 2. docs/, README.md and the installed headers stand on their own: they name no
    issue numbers, no spec sections and no paths that a clone of the repository
@@ -77,6 +78,25 @@ def blocks(text: str):
             i += 1
 
 
+def indented_cpp(text: str, rel):
+    """C++ written as an indented code block (four spaces after a blank line),
+    which would escape the quote check: it must be a fenced ```cpp block."""
+    out, fenced, lines = [], False, text.split("\n")
+    for i, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or not line.startswith("    ") or (i > 0 and lines[i - 1].strip()):
+            continue
+        s = line.strip()
+        if s.startswith(("*", "-", "|", "<")):
+            continue
+        if s.startswith("#include") or ("dopt::" in s and s.endswith((";", "{", "}"))):
+            out.append(f"{rel}:{i + 1}: C++ in an indented code block: make it a fenced ```cpp block with a "
+                       f"'<!-- quoted from <file> -->' line before it")
+    return out
+
+
 def quoted_in(block, source_lines):
     """None when the block's lines occur in source_lines as described above,
     else the first block line that could not be matched."""
@@ -136,6 +156,7 @@ def main() -> int:
             missing = quoted_in(block, source.read_text(encoding="utf-8").split("\n"))
             if missing is not None:
                 problems.append(f"{where}: not in {marker} (in this order): {missing!r}")
+        problems += indented_cpp(page.read_text(encoding="utf-8"), rel)
     for path in doc_pages(root) + installed_headers(root):
         rel = path.relative_to(root)
         for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
