@@ -74,7 +74,7 @@ TEST_CASE("ZeRO overlap keeps device parameters and its buckets on their device 
       const OptimizerSpec spec{"SGD", {{"lr", 0.1}}};  // the fake stepper is SGD without momentum
       ZeroRedundancyOptimizer zc(cpu, spec, ZeroOptions{ctx.world(), false, true});
       ZeroRedundancyOptimizer zd(dev, spec, ZeroOptions{ctx.world(), false, true});
-      const auto ro = ReducerOptions().first_bucket_cap(24).bucket_cap(40);
+      const auto ro = ReducerOptions{.bucket_cap_bytes = 40, .first_bucket_cap_bytes = 24};
       Reducer rc(cpu, ctx.world(), ro), rd(dev, ctx.world(), ro);
       rc.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), rc, zc));
       rd.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), rd, zd));
