@@ -20,6 +20,10 @@
    issue numbers, no spec sections and no paths that a clone of the repository
    does not have (../shared, /work/).
 
+3. docs/torch-to-dopt.md names every installed header (every header of a
+   component's dopt/<name>/ tree except those its CMakeLists.txt lists as
+   INTERNAL_HEADERS) in its API index.
+
 Usage: check_docs.py <repository root>. Exit status 0 when all is well, 1 with
 one line per problem otherwise.
 """
@@ -45,10 +49,22 @@ def doc_pages(root: Path):
     return [p for p in pages if p.is_file()]
 
 
+def internal_headers(root: Path):
+    """File names a component's CMakeLists.txt keeps from being installed
+    (dopt_add_component(... INTERNAL_HEADERS a.hpp b.hpp ...))."""
+    names = set()
+    for cm in root.glob("*/CMakeLists.txt"):
+        m = re.search(r"INTERNAL_HEADERS([^)]*)\)", re.sub(r"#[^\n]*", "", cm.read_text(encoding="utf-8")))
+        if m:
+            names |= {(cm.parent.name, n) for n in m.group(1).split()}
+    return names
+
+
 def installed_headers(root: Path):
+    internal = internal_headers(root)
     out = []
     for comp in ("runtime", "actors", "optim", "gpu", "libtorch"):
-        out += sorted((root / comp / "dopt").rglob("*.hpp"))
+        out += [h for h in sorted((root / comp / "dopt").rglob("*.hpp")) if (comp, h.name) not in internal]
     return out
 
 
@@ -163,6 +179,13 @@ def main() -> int:
             for pattern, why in FORBIDDEN:
                 if pattern.search(line):
                     problems.append(f"{rel}:{n}: {why}: {line.strip()}")
+    api_page = root / "docs" / "torch-to-dopt.md"
+    if api_page.is_file():
+        api = api_page.read_text(encoding="utf-8")
+        for h in installed_headers(root):
+            if h.name not in api:
+                problems.append(f"docs/torch-to-dopt.md: the public header {h.relative_to(root)} is not in the "
+                                f"API index (list its entry points there)")
     for p in problems:
         print(p)
     print(f"check_docs: {nblocks} C++ blocks in {len(doc_pages(root))} pages, "
