@@ -105,10 +105,10 @@ void bench_step(const char* name, const optim::OptimizerOptions& options, std::i
   std::vector<ParamState*> sp;
   for (auto& s : states) sp.push_back(&s);
   gpu::Stream& stream = gpu::rank_stream(0, 0);
-  for (int i = 0; i < 5; ++i) gpu::fused_step(options, params, grads, sp, stream);  // warm up, state created
+  for (int i = 0; i < 5; ++i) (void)gpu::fused_step_async(options, params, grads, sp, stream);  // warm up, state created
   stream.synchronize();
   const auto t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) gpu::fused_step(options, params, grads, sp, stream);
+  for (int i = 0; i < steps; ++i) (void)gpu::fused_step_async(options, params, grads, sp, stream);
   stream.synchronize();
   const double ms = ms_since(t0) / steps;
   const double gbps = bytes_per_elem * static_cast<double>(total) / (ms * 1e-3) / 1e9;
@@ -145,15 +145,15 @@ void bench_two_streams(std::int64_t total, std::int64_t per_tensor, int steps) {
   for (int mode = 0; mode < 2; ++mode) {
     gpu::Stream& second = mode == 0 ? *a : *b;  // mode 0: one stream for both halves
     for (int i = 0; i < 3; ++i) {
-      gpu::fused_step(options, pa, ga, sa, *a);
-      gpu::fused_step(options, pb, gb, sb, second);
+      (void)gpu::fused_step_async(options, pa, ga, sa, *a);
+      (void)gpu::fused_step_async(options, pb, gb, sb, second);
     }
     a->synchronize();
     second.synchronize();
     const auto t0 = Clock::now();
     for (int i = 0; i < steps; ++i) {
-      gpu::fused_step(options, pa, ga, sa, *a);
-      gpu::fused_step(options, pb, gb, sb, second);
+      (void)gpu::fused_step_async(options, pa, ga, sa, *a);
+      (void)gpu::fused_step_async(options, pb, gb, sb, second);
     }
     a->synchronize();
     second.synchronize();

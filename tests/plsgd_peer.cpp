@@ -445,8 +445,7 @@ void reducer_hooks(ProcessGroup& world, Checker& c) {
     for (bool overlap : {true, false}) {
       const std::string tag = std::string(hook_name(h)) + (overlap ? " overlap" : " no overlap");
       auto params = initial_params(kRShapes);
-      optim::ReducerOptions o;
-      o.first_bucket_cap(4096).bucket_cap(16 * 1024).set_overlap(overlap);
+      const optim::ReducerOptions o{.bucket_cap_bytes = 16 * 1024, .first_bucket_cap_bytes = 4096, .overlap = overlap};
       optim::Reducer reducer(params, world, o);
       c.expect(reducer.num_buckets() >= 3, tag + ": several buckets (" + std::to_string(reducer.num_buckets()) + ")");
       std::shared_ptr<optim::PostLocalSGDState> state;
@@ -483,8 +482,7 @@ void reducer_no_sync(ProcessGroup& world, Checker& c) {
   for (bool overlap : {true, false}) {
     const std::string tag = std::string("no_sync") + (overlap ? " overlap" : " no overlap");
     auto params = initial_params(kRShapes);
-    optim::ReducerOptions o;
-    o.first_bucket_cap(4096).bucket_cap(16 * 1024).set_overlap(overlap);
+    const optim::ReducerOptions o{.bucket_cap_bytes = 16 * 1024, .first_bucket_cap_bytes = 4096, .overlap = overlap};
     optim::Reducer reducer(params, world, o);
     // Iterations 0 and 1 local (accumulating in p.grad()), 2 synchronised.
     {
@@ -543,7 +541,7 @@ void reducer_post_local_sgd(ProcessGroup& world, Checker& c) {
   const int start = 2, steps = 7;
   const OptimizerSpec spec = spec_of("SGD");
   auto params = initial_params(kRShapes);
-  optim::Reducer reducer(params, world, optim::ReducerOptions{}.first_bucket_cap(4096).bucket_cap(16 * 1024));
+  optim::Reducer reducer(params, world, optim::ReducerOptions{.bucket_cap_bytes = 16 * 1024, .first_bucket_cap_bytes = 4096});
   optim::PostLocalSGDConfig cfg(world);
   cfg.subgroup = world.new_subgroups(subgroup_size(n)).current;
   cfg.start_localSGD_iter = start;
@@ -607,7 +605,7 @@ void join(ProcessGroup& world, Checker& c) {
       ref_opt->step();
     };
     auto params = initial_params(kRShapes);
-    optim::Reducer reducer(params, world, optim::ReducerOptions{}.first_bucket_cap(4096).bucket_cap(16 * 1024).set_overlap(overlap));
+    optim::Reducer reducer(params, world, optim::ReducerOptions{.bucket_cap_bytes = 16 * 1024, .first_bucket_cap_bytes = 4096, .overlap = overlap});
     auto opt = optim::make_optimizer(spec, {OptimizerParamGroup(params)});
     dopt::Join j({&reducer});
     for (int t = 0; t < batches_of(me); ++t) {

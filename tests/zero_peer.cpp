@@ -506,7 +506,7 @@ std::unique_ptr<ZeroRedundancyOptimizer> make_overlap_zero(const Model& m, const
   return std::make_unique<ZeroRedundancyOptimizer>(make_groups(m, spec, params), spec, o);
 }
 
-const auto kOverlapBuckets = dopt::optim::ReducerOptions().first_bucket_cap(100).bucket_cap(1000);
+const auto kOverlapBuckets = dopt::optim::ReducerOptions{.bucket_cap_bytes = 1000, .first_bucket_cap_bytes = 100};
 
 void overlap_one(ProcessGroup& world, Checker& c, const Model& m, const std::string& opt, bool interleaved,
                  dopt::optim::ReducerOptions ropts, const std::string& name) {
@@ -562,7 +562,7 @@ void overlap(ProcessGroup& world, Checker& c) {
     }
   // One bucket for everything: at 3 and 5 ranks the others own nothing.
   overlap_one(world, c, tiny_model(), "Adam", true,
-              dopt::optim::ReducerOptions().first_bucket_cap(1u << 20).bucket_cap(1u << 20), "one bucket");
+              dopt::optim::ReducerOptions{.bucket_cap_bytes = 1u << 20, .first_bucket_cap_bytes = 1u << 20}, "one bucket");
 }
 
 void overlap_join(ProcessGroup& world, Checker& c) {

@@ -22,7 +22,8 @@ Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     ProcessGroup g = joinables_[i]->join_process_group();
     if (!g.valid() || g.id() != group_.id())
       throw ValueError(op, "Using join context manager with multiple process groups (joinable " +
-                               std::to_string(i) + " is on another group than joinable 0)");
+                               std::to_string(i) + " is on another group than joinable 0)",
+                       group_.rank());
   }
   device_ = joinables_.front()->join_device();
   for (auto* j : joinables_) hooks_.push_back(j->join_hook());

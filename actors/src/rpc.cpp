@@ -583,7 +583,9 @@ void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, c
                                " ms", core.rank);
   if (!o.created) throw StateError(op, "the agent stopped", core.rank);
   if (o.error) std::rethrow_exception(o.error);
-  if (o.v.type != type) throw TypeError(op, "the value has type " + o.v.type + ", not " + type, core.rank);
+  if (o.v.type != type)
+    throw TypeError(op, "the value has type " + readable_type_name(o.v.type) + ", not " + readable_type_name(type),
+                    core.rank);
   return o.v.value.get();
 }
 
@@ -867,8 +869,9 @@ void dispatch(Self* self, int caller, std::uint64_t id, int mode, const std::str
                          if (entry->target_type != obj->v.type)
                            throw TypeError("rpc", "method '" + fn + "' is for values of type " +
                                                       (entry->target_type.empty() ? "(none: a free function)"
-                                                                                  : entry->target_type) +
-                                                      ", the RRef holds " + obj->v.type, core->rank);
+                                                                                  : detail::readable_type_name(entry->target_type)) +
+                                                      ", the RRef holds " + detail::readable_type_name(obj->v.type),
+                                           core->rank);
                          entry->call(a, obj->v.value.get(), d, out);
                        },
                        args);

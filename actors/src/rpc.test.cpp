@@ -188,6 +188,11 @@ TEST_CASE("rpc serialisation round-trips values and rejects mismatches", "[rpc]"
   SCHECK_THROWS_AS(from_bytes<std::uint8_t>(to_bytes(300)), TypeError);
   SCHECK_THROWS_AS(from_bytes<std::string>(to_bytes(3)), TypeError);
   SCHECK_THROWS_AS(from_bytes<Tensor>(std::vector<char>{'T', 1}), TypeError);
+  // Error messages name types readably; an unknown string stays as it is.
+  SCHECK(dopt::rpc::detail::readable_type_name(typeid(std::vector<float>).name()) ==
+         "std::vector<float, std::allocator<float> >");
+  SCHECK(dopt::rpc::detail::readable_type_name(typeid(Tracked).name()) == "(anonymous namespace)::Tracked");
+  SCHECK(dopt::rpc::detail::readable_type_name("no such type!") == "no such type!");
   Tracked tr(5);
   SCHECK(from_bytes<Tracked>(to_bytes(tr)).value == 5);
   static_assert(encodable<std::vector<std::pair<std::uint64_t, Tensor>>>());
@@ -337,6 +342,10 @@ TEST_CASE("rpc RRefs: remote values, to_here, methods in the owner's strand, loc
       SCHECK(mine.to_here().value == 9);
       // a method of another type
       SCHECK_THAT(error_of([&] { t.rpc_sync<long>("t.get"); }), Contains("TypeError") && Contains("t.get"));
+      // ... naming both types readably (demangled), not as typeid's mangled names
+      SCHECK_THAT(error_of([&] { t.rpc_sync<long>("t.get"); }),
+                  Contains("is for values of type (anonymous namespace)::Counter, the RRef holds "
+                           "(anonymous namespace)::Tracked"));
       // a remote() whose function fails: the RRef's uses fail
       auto bad = a.remote<Tracked>("worker2", "t.no_such_function", 1);
       SCHECK_THAT(error_of([&] { bad.to_here(); }), Contains("KeyError") && Contains("t.no_such_function"));

@@ -436,12 +436,15 @@ bool has_fused_kernel(const OptimizerOptions& o) noexcept {
          dynamic_cast<const AdadeltaOptions*>(&o) || dynamic_cast<const RpropOptions*>(&o);
 }
 
-void fused_step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<ParamState*>& states, Stream& stream, const FusedOptions& fused) {
+namespace {
+
+// Enqueues the step's kernels on stream (the three forms share it).
+void enqueue_step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                  const std::vector<ParamState*>& states, Stream& stream, const FusedOptions& fused) {
   Stepper(options, fused).run(params, grads, states, stream);
 }
 
-void fused_step(Optimizer& opt, Stream& stream, const FusedOptions& fused) {
+void enqueue_step(Optimizer& opt, Stream& stream, const FusedOptions& fused) {
   for (auto& group : opt.param_groups()) {
     std::vector<Tensor> grads;
     std::vector<ParamState*> states;
@@ -450,11 +453,11 @@ void fused_step(Optimizer& opt, Stream& stream, const FusedOptions& fused) {
       // State only for parameters that step (as Optimizer::step: no empty entries).
       states.push_back(grads.back().defined() ? &opt.state()[p.key()] : nullptr);
     }
-    fused_step(*group.options, group.params, grads, states, stream, fused);
+    enqueue_step(*group.options, group.params, grads, states, stream, fused);
   }
 }
 
-void fused_step(FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream& stream, const FusedOptions& fused) {
+void enqueue_step(FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream& stream, const FusedOptions& fused) {
   if (grads.size() != f.params().size())
     throw ValueError(f.name() + ".step",
                      "the gradients passed in does not equal to the size of the parameters!Params length: " +
@@ -462,12 +465,48 @@ void fused_step(FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream
   std::vector<ParamState*> states;
   for (std::size_t i = 0; i < grads.size(); ++i)
     states.push_back(grads[i].defined() ? &f.state()[f.params()[i].key()] : nullptr);
-  fused_step(f.options(), f.params(), grads, states, stream, fused);
+  enqueue_step(f.options(), f.params(), grads, states, stream, fused);
+}
+
+// The blocking forms wait on the kernels' event on this thread, not through a
+// completion future: they may be called inside a continuation, i.e. on the gpu
+// completion dispatcher, which would otherwise wait for itself.
+void wait_for(Stream& stream) { detail::wait_for_event(stream.record(), "gpu::fused_step"); }
+
+}  // namespace
+
+Future<void> fused_step_async(const OptimizerOptions& options, const std::vector<Tensor>& params,
+                              const std::vector<Tensor>& grads, const std::vector<ParamState*>& states, Stream& stream,
+                              const FusedOptions& fused) {
+  enqueue_step(options, params, grads, states, stream, fused);
+  return stream.completion();
+}
+
+void fused_step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<ParamState*>& states, Stream& stream, const FusedOptions& fused) {
+  enqueue_step(options, params, grads, states, stream, fused);
+  wait_for(stream);
 }
 
 Future<void> fused_step_async(Optimizer& opt, Stream& stream, const FusedOptions& fused) {
-  fused_step(opt, stream, fused);
+  enqueue_step(opt, stream, fused);
   return stream.completion();
+}
+
+void fused_step(Optimizer& opt, Stream& stream, const FusedOptions& fused) {
+  enqueue_step(opt, stream, fused);
+  wait_for(stream);
+}
+
+Future<void> fused_step_async(FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream& stream,
+                              const FusedOptions& fused) {
+  enqueue_step(f, grads, stream, fused);
+  return stream.completion();
+}
+
+void fused_step(FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream& stream, const FusedOptions& fused) {
+  enqueue_step(f, grads, stream, fused);
+  wait_for(stream);
 }
 
 namespace detail {
@@ -476,7 +515,7 @@ namespace {
 // What Optimizer::step / FunctionalOptimizer::step use for CUDA parameters
 // (dopt/optim/device_step.hpp): the fused kernels on the calling thread's
 // current stream, then a wait for them, so step() keeps its synchronous
-// contract. Asynchronous stepping is fused_step / fused_step_async.
+// contract. Asynchronous stepping is fused_step_async.
 //
 // The wait is on the kernels' event on this thread, not through a completion
 // future: step() may be called inside a continuation, i.e. on the gpu
@@ -487,7 +526,7 @@ class FusedStepper final : public optim::detail::DeviceStepper {
             const std::vector<ParamState*>& states) override {
     if (params.empty()) return;
     Stream& stream = current_stream(params.front().device().index);
-    fused_step(options, params, grads, states, stream);
+    enqueue_step(options, params, grads, states, stream, {});
     wait_for_event(stream.record(), "Optimizer.step");
   }
 };

@@ -484,6 +484,13 @@ TEST_CASE("ProcessGroup collectives on CUDA tensors run on NCCL", "[gpu][nccl]")
     if (t2.to(Device::cpu()).at(0) != n) fail("all_reduce_async");
     // Subgroups of the world with ncclCommSplit.
     auto nccl = gpu::nccl_group_for(w, r);
+    // The communicator's own calls, named as ProcessGroup's: op() waits, op_async() returns the future.
+    Tensor t3 = Tensor::full({10}, 2.0, DType::float32).to(dev);
+    nccl->all_reduce(t3);
+    if (t3.to(Device::cpu()).at(9) != 2.0 * n) fail("NcclProcessGroup::all_reduce");
+    nccl->all_reduce_async(t3, ReduceOp::max).get();
+    if (t3.to(Device::cpu()).at(0) != 2.0 * n) fail("NcclProcessGroup::all_reduce_async");
+    nccl->barrier();
     Subgroups subs = w.new_subgroups(1);
     auto sub = nccl->split(subs.current);
     if (!sub || sub->size() != 1) fail("split");

@@ -96,7 +96,7 @@ TEST_CASE("ZeRO overlap on CUDA parameters: buckets stay on the device and match
     const OptimizerSpec spec{"Adam", {{"lr", 1e-2}, {"weight_decay", 1e-2}}};
     ZeroRedundancyOptimizer zc(cpu, spec, ZeroOptions{ctx.world(), false, true});
     ZeroRedundancyOptimizer zg(gpu, spec, ZeroOptions{ctx.world(), false, true});
-    const auto ro = ReducerOptions().first_bucket_cap(64 * 1024).bucket_cap(128 * 1024);
+    const auto ro = ReducerOptions{.bucket_cap_bytes = 128 * 1024, .first_bucket_cap_bytes = 64 * 1024};
     Reducer rc(cpu, ctx.world(), ro), rg(gpu, ctx.world(), ro);
     rc.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), rc, zc));
     rg.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), rg, zg));

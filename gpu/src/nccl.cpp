@@ -409,7 +409,7 @@ namespace {
 auto no_after = [](cudaStream_t) {};
 }
 
-Future<void> NcclProcessGroup::broadcast(const Tensor& tensor, int src) {
+Future<void> NcclProcessGroup::broadcast_async(const Tensor& tensor, int src) {
   auto& g = *impl_;
   g.check_tensor(tensor, "broadcast", "tensor");
   g.check_rank(src, "broadcast", "src");
@@ -419,7 +419,7 @@ Future<void> NcclProcessGroup::broadcast(const Tensor& tensor, int src) {
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
+Future<void> NcclProcessGroup::all_reduce_async(const Tensor& tensor, ReduceOp op) {
   auto& g = *impl_;
   g.check_tensor(tensor, "all_reduce", "tensor");
   g.check_reducible(tensor, op, "all_reduce");
@@ -429,7 +429,7 @@ Future<void> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::reduce(const Tensor& tensor, int dst, ReduceOp op) {
+Future<void> NcclProcessGroup::reduce_async(const Tensor& tensor, int dst, ReduceOp op) {
   auto& g = *impl_;
   g.check_tensor(tensor, "reduce", "tensor");
   g.check_reducible(tensor, op, "reduce");
@@ -440,7 +440,7 @@ Future<void> NcclProcessGroup::reduce(const Tensor& tensor, int dst, ReduceOp op
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::all_gather_into_tensor(const Tensor& output, const Tensor& input) {
+Future<void> NcclProcessGroup::all_gather_into_tensor_async(const Tensor& output, const Tensor& input) {
   auto& g = *impl_;
   g.check_tensor(input, "all_gather_into_tensor", "input");
   g.check_tensor(output, "all_gather_into_tensor", "output");
@@ -459,7 +459,7 @@ Future<void> NcclProcessGroup::all_gather_into_tensor(const Tensor& output, cons
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
+Future<void> NcclProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input) {
   auto& g = *impl_;
   g.check_tensor(input, "all_gather", "input");
   if (static_cast<int>(outputs.size()) != g.size)
@@ -488,7 +488,7 @@ Future<void> NcclProcessGroup::all_gather(const std::vector<Tensor>& outputs, co
   }, impl_);
 }
 
-Future<void> NcclProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
+Future<void> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
   auto& g = *impl_;
   g.check_tensor(output, "reduce_scatter", "output");
   g.check_reducible(output, op, "reduce_scatter");
@@ -517,7 +517,7 @@ Future<void> NcclProcessGroup::reduce_scatter(const Tensor& output, const std::v
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::send(const Tensor& tensor, int dst) {
+Future<void> NcclProcessGroup::send_async(const Tensor& tensor, int dst) {
   auto& g = *impl_;
   g.check_tensor(tensor, "send", "tensor");
   g.check_rank(dst, "send", "dst");
@@ -527,7 +527,7 @@ Future<void> NcclProcessGroup::send(const Tensor& tensor, int dst) {
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::recv(const Tensor& tensor, int src) {
+Future<void> NcclProcessGroup::recv_async(const Tensor& tensor, int src) {
   auto& g = *impl_;
   g.check_tensor(tensor, "recv", "tensor");
   g.check_rank(src, "recv", "src");
@@ -537,7 +537,7 @@ Future<void> NcclProcessGroup::recv(const Tensor& tensor, int src) {
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::barrier() {
+Future<void> NcclProcessGroup::barrier_async() {
   auto& g = *impl_;
   Tensor one = Tensor::zeros({1}, DType::float32, Device::cuda(g.device));
   return g.run("barrier", {one}, [&](ncclComm_t c, cudaStream_t s) {
@@ -599,29 +599,29 @@ int cuda_device_of(const Tensor& t) { return t.device().index; }
 class NcclBackend final : public dopt::detail::DeviceBackend {
  public:
   Future<void> broadcast(ProcessGroup& g, const Tensor& t, int src) override {
-    return group(g, t, "broadcast")->broadcast(t, src);
+    return group(g, t, "broadcast")->broadcast_async(t, src);
   }
   Future<void> all_reduce(ProcessGroup& g, const Tensor& t, ReduceOp op) override {
-    return group(g, t, "all_reduce")->all_reduce(t, op);
+    return group(g, t, "all_reduce")->all_reduce_async(t, op);
   }
   Future<void> reduce(ProcessGroup& g, const Tensor& t, int dst, ReduceOp op) override {
-    return group(g, t, "reduce")->reduce(t, dst, op);
+    return group(g, t, "reduce")->reduce_async(t, dst, op);
   }
   Future<void> all_gather(ProcessGroup& g, const std::vector<Tensor>& outputs, const Tensor& input) override {
-    return group(g, input, "all_gather")->all_gather(outputs, input);
+    return group(g, input, "all_gather")->all_gather_async(outputs, input);
   }
   Future<void> all_gather_into_tensor(ProcessGroup& g, const Tensor& output, const Tensor& input) override {
-    return group(g, input, "all_gather_into_tensor")->all_gather_into_tensor(output, input);
+    return group(g, input, "all_gather_into_tensor")->all_gather_into_tensor_async(output, input);
   }
   Future<void> reduce_scatter(ProcessGroup& g, const Tensor& output, const std::vector<Tensor>& inputs,
                               ReduceOp op) override {
-    return group(g, output, "reduce_scatter")->reduce_scatter(output, inputs, op);
+    return group(g, output, "reduce_scatter")->reduce_scatter_async(output, inputs, op);
   }
   Future<void> send(ProcessGroup& g, const Tensor& t, int dst, int /*tag*/) override {
-    return group(g, t, "send")->send(t, dst);
+    return group(g, t, "send")->send_async(t, dst);
   }
   Future<void> recv(ProcessGroup& g, const Tensor& t, int src, int /*tag*/) override {
-    return group(g, t, "recv")->recv(t, src);
+    return group(g, t, "recv")->recv_async(t, src);
   }
 
  private:

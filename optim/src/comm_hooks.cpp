@@ -91,7 +91,8 @@ PostLocalSGDState::PostLocalSGDState(ProcessGroup process_group_, ProcessGroup s
   if (!process_group.valid()) throw ValueError("PostLocalSGDState", "the process group is invalid");
   if (start_localSGD_iter < 0)
     throw ValueError("PostLocalSGDState",
-                     "start_localSGD_iter must be >= 0, got " + std::to_string(start_localSGD_iter));
+                     "start_localSGD_iter must be >= 0, got " + std::to_string(start_localSGD_iter),
+                     process_group.rank());
 }
 
 void PostLocalSGDState::maybe_increase_iter(const GradBucket& bucket) {

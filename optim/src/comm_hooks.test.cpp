@@ -57,8 +57,11 @@ TEST_CASE("PostLocalSGDState: errors, iteration counting on the last bucket only
     bool threw = false;
     try {
       PostLocalSGDState bad(ctx.world(), ProcessGroup{}, -1);
-    } catch (const ValueError&) {
+    } catch (const ValueError& e) {
       threw = true;
+      if (e.rank() != ctx.rank() ||
+          std::string(e.what()).find("[rank " + std::to_string(ctx.rank()) + "]") == std::string::npos)
+        throw StateError("test", std::string("the error does not name the rank: ") + e.what());
     }
     if (!threw) throw StateError("test", "negative start_localSGD_iter accepted");
     PostLocalSGDState st(ctx.world(), ProcessGroup{}, 2);

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "dopt/optim/device_step.hpp"
+#include "param_checks.hpp"
 #include "state_load.hpp"
 
 namespace dopt::optim {
@@ -31,6 +32,7 @@ void FunctionalOptimizer::check_param(const Tensor& p, const std::string& op, st
   if (!is_floating_point(p.dtype()))
     throw TypeError(op, "can only optimize floating-point tensors, but parameter " + std::to_string(index) +
                             " is " + std::string(dtype_name(p.dtype())));
+  detail::refuse_16bit_cpu_param(p, op, "parameter " + std::to_string(index));
 }
 
 void FunctionalOptimizer::check_device(const Tensor& p, const std::string& op) const {

@@ -6,6 +6,7 @@
 
 #include "dopt/optim/device_step.hpp"
 #include "dopt/runtime/parallel.hpp"
+#include "param_checks.hpp"
 #include "state_load.hpp"
 
 namespace dopt::optim {
@@ -68,6 +69,7 @@ void Optimizer::add_param_group(OptimizerParamGroup group) {
     if (!is_floating_point(p.dtype()))
       throw TypeError(op, "can only optimize floating-point tensors, but parameter " + std::to_string(i) +
                               " is " + std::string(dtype_name(p.dtype())));
+    detail::refuse_16bit_cpu_param(p, op, "parameter " + std::to_string(i) + " of the group");
     if (existing.count(p.key()))
       throw ValueError(op, "some parameters appear in more than one parameter group");
     // torch warns about duplicates inside one group and keeps them; a duplicate

@@ -54,7 +54,7 @@ void require(bool ok, const std::string& what) {
 TEST_CASE("Reducer buckets: per-dtype size caps over registration order, list reversed (DDP)", "[reducer]") {
   simulate(2, [&](RankContext& ctx) {
     auto ps = params_of({4, 4, 4, 4, 4, 4});  // 16 bytes each
-    Reducer r(ps, ctx.world(), ReducerOptions{}.first_bucket_cap(16).bucket_cap(40));
+    Reducer r(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 40, .first_bucket_cap_bytes = 16});
     // forward: [0] (16 >= 16), [1,2,3] (48 >= 40), [4,5]; reversed.
     require(r.bucket_indices() == std::vector<std::vector<std::size_t>>{{4, 5}, {1, 2, 3}, {0}}, "bucket order");
     Reducer big(ps, ctx.world());
@@ -72,7 +72,7 @@ TEST_CASE("Reducer overlap: a full bucket's reduction starts before the last gra
     std::vector<std::vector<std::size_t>> invoked_before;  // per rank: hook calls seen at each mark
     simulate(3, [&](RankContext& ctx) {
       auto ps = params_of({4, 4, 4, 4, 4, 4});
-      Reducer r(ps, ctx.world(), ReducerOptions{}.first_bucket_cap(16).bucket_cap(40).set_overlap(overlap));
+      Reducer r(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 40, .first_bucket_cap_bytes = 16, .overlap = overlap});
       std::vector<std::size_t> order;  // bucket indices in hook-call order
       auto inner = allreduce_hook(ctx.world());
       r.register_comm_hook([&](GradBucket& b) {
@@ -105,7 +105,7 @@ TEST_CASE("allreduce_hook (default): grads = sum_r g_r / n, bitwise (world 2, 3,
     std::map<int, std::vector<std::vector<float>>> out;
     simulate(world, [&](RankContext& ctx) {
       auto ps = params_of({7, 1, 33});
-      Reducer r(ps, ctx.world(), ReducerOptions{}.first_bucket_cap(8).bucket_cap(64));
+      Reducer r(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 8});
       set_grads(ps, ctx.rank(), 3);
       for (int i : {2, 1, 0}) r.mark_ready(ps[static_cast<std::size_t>(i)]);
       r.finalize();
@@ -164,7 +164,7 @@ TEST_CASE("post_localSGD_hook: global until start_localSGD_iter, then the subgro
     std::vector<std::int64_t> iters;
     simulate(4, [&](RankContext& ctx) {
       auto ps = params_of({5, 3});
-      Reducer r(ps, ctx.world(), ReducerOptions{}.first_bucket_cap(20).bucket_cap(20));  // two buckets
+      Reducer r(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 20, .first_bucket_cap_bytes = 20});  // two buckets
       auto pairs = ctx.world().new_subgroups(2);
       auto state = std::make_shared<PostLocalSGDState>(ctx.world(), pairs.current, 3, allreduce_after);
       r.register_comm_hook(post_localSGD_hook(state));
@@ -251,8 +251,8 @@ TEST_CASE("parity: post-local SGD with subgroup = world equals plain data parall
     simulate(world, [&](RankContext& ctx) {
       auto a = params_of({9, 4, 17}, 3);
       auto b = params_of({9, 4, 17}, 3);
-      Reducer ra(a, ctx.world(), ReducerOptions{}.first_bucket_cap(40).bucket_cap(40));
-      Reducer rb(b, ctx.world(), ReducerOptions{}.first_bucket_cap(40).bucket_cap(40));
+      Reducer ra(a, ctx.world(), ReducerOptions{.bucket_cap_bytes = 40, .first_bucket_cap_bytes = 40});
+      Reducer rb(b, ctx.world(), ReducerOptions{.bucket_cap_bytes = 40, .first_bucket_cap_bytes = 40});
       SGD plain(a, SGDOptions(0.05).momentum(0.9));
       PostLocalSGDConfig cfg(ctx.world());
       cfg.subgroup = ctx.world();
@@ -310,7 +310,7 @@ TEST_CASE("Reducer errors: marked twice, unknown param, unmarked at finalize, la
     ps[1].set_grad(Tensor());
     Tensor odd = Tensor::zeros({2, 2});
     Tensor q = Tensor::zeros({3});
-    Reducer r2({q}, ctx.world(), ReducerOptions{}.set_broadcast_parameters(false));
+    Reducer r2({q}, ctx.world(), ReducerOptions{.broadcast_parameters = false});
     q.set_grad(Tensor::zeros({3}));
     q.set_data(odd);  // the parameter changed shape under the reducer (its grad did not)
     try { r2.mark_ready(q); } catch (const ShapeError&) { shape = true; }
@@ -325,7 +325,7 @@ TEST_CASE("Reducer errors: marked twice, unknown param, unmarked at finalize, la
   std::vector<float> got;
   simulate(2, [&](RankContext& ctx) {
     auto ps = params_of({2, 2});
-    Reducer r(ps, ctx.world(), ReducerOptions{}.set_find_unused_parameters(true));
+    Reducer r(ps, ctx.world(), ReducerOptions{.find_unused_parameters = true});
     ps[0].set_grad(Tensor::full({2}, 4.0));
     if (ctx.rank() == 0) ps[1].set_grad(Tensor::full({2}, 2.0));
     r.mark_ready(ps[0]);
@@ -342,7 +342,7 @@ TEST_CASE("Reducer is Joinable: a rank with fewer inputs shadows the bucket all-
   std::map<int, std::vector<float>> out;
   simulate(world, [&](RankContext& ctx) {
     auto ps = params_of({4, 4});
-    Reducer r(ps, ctx.world(), ReducerOptions{}.first_bucket_cap(16).bucket_cap(16));
+    Reducer r(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 16, .first_bucket_cap_bytes = 16});
     Join join({&r});
     const int my_iters = ctx.rank() == 2 ? 1 : 3;  // rank 2 runs out first
     std::vector<float> mine;

@@ -195,7 +195,7 @@ TEST_CASE("ZeRO overlap_with_ddp with a rebind hook: the caller's tensors view t
         ZeroOptions zo{ctx.world(), false, true};
         zo.rebind_parameter = cm.hook(&calls);
         ZeroRedundancyOptimizer z(cm.params, spec, zo);
-        Reducer red(cm.params, ctx.world(), ReducerOptions().first_bucket_cap(24).bucket_cap(24));
+        Reducer red(cm.params, ctx.world(), ReducerOptions{.bucket_cap_bytes = 24, .first_bucket_cap_bytes = 24});
         red.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), red, z));
         if (calls != static_cast<int>(cm.params.size()))
           bad.push_back("the plan rebound " + std::to_string(calls) + " parameters");

@@ -155,7 +155,7 @@ void run_equality(const EqualityRun& c, Log& log, std::vector<int>* owners_out =
                                    ZeroOptions{ctx.world(), false, true});
         ZeroRedundancyOptimizer zb(make_groups(c.model, pb, c.opt.spec, c.opt.group1), c.opt.spec,
                                    ZeroOptions{ctx.world()});
-        const auto ropts = ReducerOptions().first_bucket_cap(c.first_cap).bucket_cap(c.cap);
+        const auto ropts = ReducerOptions{.bucket_cap_bytes = c.cap, .first_bucket_cap_bytes = c.first_cap};
         Reducer ra(pa, ctx.world(), ropts);
         Reducer rb(pb, ctx.world(), ropts);
         CommHook inner = c.fp16 ? fp16_compress_hook(ctx.world()) : allreduce_hook(ctx.world());
@@ -306,7 +306,7 @@ TEST_CASE("ZeRO overlap plan: whole buckets balanced by bytes, largest first, ti
         auto ps = make_params(m);
         ZeroRedundancyOptimizer z(make_groups(m, ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, {}),
                                   OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world(), false, true});
-        Reducer red(ps, ctx.world(), ReducerOptions().first_bucket_cap(1).bucket_cap(1));  // one param per bucket
+        Reducer red(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 1, .first_bucket_cap_bytes = 1});  // one param per bucket
         red.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), red, z));
         got[static_cast<std::size_t>(ctx.rank())] = z.overlap_bucket_owners();
         layout[static_cast<std::size_t>(ctx.rank())] = red.bucket_indices();
@@ -328,7 +328,7 @@ TEST_CASE("ZeRO overlap under Join: a joined rank keeps stepping and broadcastin
   Model m;
   const OptCase opt = all_optimizers()[1];  // Adam
   auto batches = [](int r) { return r == 1 ? 2 : 5; };
-  const auto ropts = ReducerOptions().first_bucket_cap(24).bucket_cap(64);
+  const auto ropts = ReducerOptions{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 24};
   // Reference: reducer + a plain local optimizer over all parameters under Join.
   std::vector<std::vector<Tensor>> ref(static_cast<std::size_t>(world));
   simulate(
@@ -430,11 +430,11 @@ TEST_CASE("ZeRO overlap: errors and the contract's checks", "[zero][overlap]") {
         // A reducer over other parameters (local check, before any collective).
         {
           std::vector<Tensor> part(ps.begin(), ps.begin() + 3);
-          Reducer rp(part, ctx.world(), ReducerOptions().set_broadcast_parameters(false));
+          Reducer rp(part, ctx.world(), ReducerOptions{.broadcast_parameters = false});
           throws([&] { (void)hook_with_zero_step(allreduce_hook(ctx.world()), rp, z); }, ValueError("", ""),
                  "reducer missing ZeRO parameters");
         }
-        Reducer red(ps, ctx.world(), ReducerOptions().first_bucket_cap(24).bucket_cap(64));
+        Reducer red(ps, ctx.world(), ReducerOptions{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 24});
         red.register_comm_hook(hook_with_zero_step(allreduce_hook(ctx.world()), red, z));
         throws([&] { z.step([] { return 1.0; }); }, ValueError("", ""), "closure");
         // Mid-iteration: step() and the state functions refuse.
@@ -461,7 +461,7 @@ TEST_CASE("ZeRO overlap: state dicts and sharded checkpoints cross between overl
           "[zero][overlap]") {
   Model m;
   const OptCase opt = all_optimizers()[1];  // Adam
-  const auto ropts = ReducerOptions().first_bucket_cap(24).bucket_cap(64);
+  const auto ropts = ReducerOptions{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 24};
   char tmpl[] = "/tmp/dopt-zero-overlap-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   // Saved by an overlapped ZeRO at 3 ranks after 3 iterations.

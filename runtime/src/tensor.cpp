@@ -78,9 +78,11 @@ bool has_allocator(DeviceType type) noexcept {
 Allocator& allocator_for(DeviceType type) {
   Allocator* a = g_allocators.at(static_cast<std::size_t>(type)).load();
   if (!a)
-    throw NotSupportedError("allocate", std::string("no allocator for device type ") +
-                                            (type == DeviceType::CUDA ? "cuda" : "cpu") +
-                                            " (build with DOPT_ENABLE_CUDA and a GPU present)");
+    throw NotSupportedError("allocate", type == DeviceType::CUDA
+                                            ? std::string("CUDA tensors need the GPU backend: call dopt::gpu::init() "
+                                                          "(dopt/gpu/device.hpp) once before making or copying "
+                                                          "one; it is in dopt::gpu, built with DOPT_ENABLE_CUDA")
+                                            : std::string("no allocator for device type cpu"));
   return *a;
 }
 

@@ -133,3 +133,10 @@ TEST_CASE("DLPack export and import share memory and release it", "[tensor][dlpa
   CHECK_THROWS_AS(Tensor::from_dlpack(bad), ShapeError);
   CHECK(deleted);
 }
+
+TEST_CASE("A CUDA tensor without the GPU backend says which call to make", "[tensor]") {
+  if (has_allocator(DeviceType::CUDA)) SUCCEED("a CUDA allocator is registered in this process");
+  else
+    CHECK_THROWS_WITH(Tensor::zeros({2}, DType::float32, Device::cuda(0)),
+                      Catch::Contains("allocate") && Catch::Contains("call dopt::gpu::init()"));
+}

@@ -3,6 +3,7 @@
 //
 //   dopt::Runtime rt;
 //   auto env = dopt::launch_env_from_environment();   // set by dopt-run, torchrun, mpirun, srun
+//   if (!env) { /* not started by a launcher: run_distributed below simulates instead */ }
 //   dopt::ProcessGroup world = dopt::init_process_group(rt, *env);
 //   world.all_reduce(t);
 //

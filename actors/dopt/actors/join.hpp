@@ -1,6 +1,6 @@
 #pragma once
 // dopt::Join / Joinable / JoinHook: training with uneven inputs across ranks
-// (torch 1.13 torch.distributed.algorithms.join; spec section 2.6).
+// (torch 1.13 torch.distributed.algorithms.join).
 //
 //   dopt::Join join({&model, &optimizer});        // the first one notifies
 //   for (auto& batch : my_batches) { ...; optimizer.step(); }

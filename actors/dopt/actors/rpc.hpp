@@ -353,7 +353,7 @@ FunctionEntry make_entry(F f) {
     } else if constexpr (encodable<R>()) {
       write(out, run(a, target, d));
     } else {
-      throw TypeError("rpc", std::string("the result type ") + typeid(R).name() +
+      throw TypeError("rpc", "the result type " + readable_type_name(typeid(R).name()) +
                                  " cannot travel; call this function with remote() instead");
     }
   };
@@ -366,7 +366,7 @@ FunctionEntry make_entry(F f) {
         if constexpr (encodable<R>())
           write(out, *static_cast<const std::remove_cvref_t<R>*>(p));
         else
-          throw TypeError("RRef.to_here", std::string("the value type ") + typeid(R).name() + " cannot travel");
+          throw TypeError("RRef.to_here", "the value type " + readable_type_name(typeid(R).name()) + " cannot travel");
       };
       return v;
     };
@@ -477,7 +477,8 @@ void read_rref(Decoder& d, RRef<T>& r) {
   std::string type;
   read(d, type);
   if (type != typeid(T).name())
-    d.fail("an RRef to a value of type " + type + " cannot be read as an RRef to " + typeid(T).name());
+    d.fail("an RRef to a value of type " + detail::readable_type_name(type) + " cannot be read as an RRef to " +
+           detail::readable_type_name(typeid(T).name()));
   if (!d.core()) d.fail("RRefs can only be read by an agent");
   r = RRef<T>(detail::adopt_rref(d.core(), static_cast<int>(owner), id, type));
 }
@@ -557,7 +558,7 @@ class Agent {
       if constexpr (encodable<T>())
         write(out, *static_cast<const T*>(p));
       else
-        throw TypeError("RRef.to_here", std::string("the value type ") + typeid(T).name() + " cannot travel");
+        throw TypeError("RRef.to_here", "the value type " + detail::readable_type_name(typeid(T).name()) + " cannot travel");
     };
     return RRef<T>(detail::own_value(core_, std::move(v)));
   }

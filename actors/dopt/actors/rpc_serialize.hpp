@@ -53,6 +53,11 @@ template <class T> struct is_tuple : std::false_type {};
 template <class... A> struct is_tuple<std::tuple<A...>> : std::true_type {};
 template <class T> struct is_rref : std::false_type {};
 template <class T> struct is_rref<RRef<T>> : std::true_type {};
+/// The readable (demangled) name of a type given as typeid(T).name(), for
+/// error messages: "std::vector<float, std::allocator<float> >", not "St6vectorIfSaIfEE".
+/// Values keep the mangled name as their identity (compared, sent); only
+/// messages show this one. Falls back to the mangled name.
+std::string readable_type_name(const std::string& mangled);
 }  // namespace detail
 
 /// Tags of the wire format (one byte before every value).

@@ -57,9 +57,18 @@ struct FusedOptions {
 /// Whether `options` belong to an optimizer with a fused kernel (all eight built-in ones).
 bool has_fused_kernel(const optim::OptimizerOptions& options) noexcept;
 
+// As ProcessGroup: fused_step_async() enqueues the step's kernels on
+// `stream` and returns their completion future (work enqueued on the stream
+// afterwards runs after them, whether or not the future is kept);
+// fused_step() does the same and waits for the kernels. Arguments are
+// checked before anything is enqueued (errors throw, nothing changes).
+
 /// One step over params[i] with grads[i] (an undefined grad skips its
 /// parameter, like torch's None) and states[i] (created when empty, like the
 /// optimizer's lazy state). Sizes must match.
+Future<void> fused_step_async(const optim::OptimizerOptions& options, const std::vector<Tensor>& params,
+                              const std::vector<Tensor>& grads, const std::vector<ParamState*>& states,
+                              Stream& stream, const FusedOptions& fused = {});
 void fused_step(const optim::OptimizerOptions& options, const std::vector<Tensor>& params,
                 const std::vector<Tensor>& grads, const std::vector<ParamState*>& states, Stream& stream,
                 const FusedOptions& fused = {});
@@ -67,13 +76,13 @@ void fused_step(const optim::OptimizerOptions& options, const std::vector<Tensor
 /// opt.step() on the fused kernels: every parameter with a gradient, group by
 /// group with the group's options, state in opt.state(). Every parameter with
 /// a gradient must be on the stream's device.
+Future<void> fused_step_async(optim::Optimizer& opt, Stream& stream, const FusedOptions& fused = {});
 void fused_step(optim::Optimizer& opt, Stream& stream, const FusedOptions& fused = {});
 
 /// f.step(grads) on the fused kernels (one gradient per f.params(), undefined = skip).
+Future<void> fused_step_async(optim::FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream& stream,
+                              const FusedOptions& fused = {});
 void fused_step(optim::FunctionalOptimizer& f, const std::vector<Tensor>& grads, Stream& stream,
                 const FusedOptions& fused = {});
-
-/// fused_step(opt, stream) followed by stream.completion().
-Future<void> fused_step_async(optim::Optimizer& opt, Stream& stream, const FusedOptions& fused = {});
 
 }  // namespace dopt::gpu

@@ -78,16 +78,33 @@ class NcclProcessGroup {
   /// This communicator's own stream, on which its NCCL work is enqueued.
   Stream& stream() const noexcept;
 
-  Future<void> broadcast(const Tensor& tensor, int src);
-  Future<void> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
-  Future<void> reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum);
-  Future<void> all_gather(const std::vector<Tensor>& outputs, const Tensor& input);
-  Future<void> all_gather_into_tensor(const Tensor& output, const Tensor& input);
-  Future<void> reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::sum);
-  Future<void> send(const Tensor& tensor, int dst);
-  Future<void> recv(const Tensor& tensor, int src);
+  // As ProcessGroup: op_async() enqueues the collective on stream() and
+  // returns its completion future; op() does the same and waits for it.
+  Future<void> broadcast_async(const Tensor& tensor, int src);
+  Future<void> all_reduce_async(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  Future<void> reduce_async(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum);
+  Future<void> all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input);
+  Future<void> all_gather_into_tensor_async(const Tensor& output, const Tensor& input);
+  Future<void> reduce_scatter_async(const Tensor& output, const std::vector<Tensor>& inputs,
+                                    ReduceOp op = ReduceOp::sum);
+  Future<void> send_async(const Tensor& tensor, int dst);
+  Future<void> recv_async(const Tensor& tensor, int src);
   /// A one-element all_reduce on the device: ready once every member's earlier work is enqueued and done.
-  Future<void> barrier();
+  Future<void> barrier_async();
+
+  void broadcast(const Tensor& tensor, int src) { broadcast_async(tensor, src).get(); }
+  void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) { all_reduce_async(tensor, op).get(); }
+  void reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::sum) { reduce_async(tensor, dst, op).get(); }
+  void all_gather(const std::vector<Tensor>& outputs, const Tensor& input) { all_gather_async(outputs, input).get(); }
+  void all_gather_into_tensor(const Tensor& output, const Tensor& input) {
+    all_gather_into_tensor_async(output, input).get();
+  }
+  void reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(output, inputs, op).get();
+  }
+  void send(const Tensor& tensor, int dst) { send_async(tensor, dst).get(); }
+  void recv(const Tensor& tensor, int src) { recv_async(tensor, src).get(); }
+  void barrier() { barrier_async().get(); }
 
   /// The subgroup's communicator by ncclCommSplit. Every member of this group
   /// calls it with its handle of the same `subgroup` (made by new_group /

@@ -1,6 +1,6 @@
 #pragma once
 // torch.optim.Adagrad (1.13), float32/float64 results bit-identical to torch's
-// single-tensor dense path (spec section 3.5).
+// single-tensor dense path.
 //
 // State: `step` (float32 0-d tensor) and `sum` (full of the optimizer's
 // default initial_accumulator_value, as torch: a group's own value is kept in

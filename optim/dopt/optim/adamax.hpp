@@ -1,6 +1,6 @@
 #pragma once
 // torch.optim.Adamax (1.13), float32/float64 results bit-identical to torch's
-// single-tensor path (spec section 3.7).
+// single-tensor path.
 //
 // State (lazy, at a parameter's first step with a gradient): `step` (float32
 // 0-d tensor, float32 arithmetic like torch: saturates at 2^24), `exp_avg`

@@ -1,6 +1,6 @@
 #pragma once
 // torch.optim.AdamW (1.13), float32/float64 results bit-identical to torch's
-// single-tensor path (spec section 3.4): Adam with the decoupled weight decay
+// single-tensor path: Adam with the decoupled weight decay
 // p = p * (1 - lr * weight_decay) applied unconditionally before the moments,
 // and no L2 term on the gradient. State as Adam: `step` (float32 0-d),
 // `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` (amsgrad).

@@ -1,7 +1,7 @@
 #pragma once
 // Model averaging: torch 1.13's torch.distributed.algorithms.model_averaging
 // (utils.average_parameters, ModelAverager, PeriodicModelAverager,
-// HierarchicalModelAverager; spec section 2.5).
+// HierarchicalModelAverager).
 //
 //   PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100, ctx.world());
 //   for (...) { ...; opt.step(); averager.average_parameters(opt.param_groups()); }

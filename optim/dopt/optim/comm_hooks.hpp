@@ -3,7 +3,7 @@
 // bucket in dopt::optim::Reducer (reducer.hpp). torch 1.13's
 // torch.distributed.algorithms.ddp_comm_hooks default_hooks.allreduce_hook,
 // fp16_compress_hook, bf16_compress_hook and post_localSGD_hook.post_localSGD_hook
-// with PostLocalSGDState (spec sections 2.2 and 2.4).
+// with PostLocalSGDState.
 //
 //   auto state = std::make_shared<PostLocalSGDState>(ctx.world(), ProcessGroup{}, /*start_localSGD_iter=*/100);
 //   reducer.register_comm_hook(post_localSGD_hook(state));

@@ -1,6 +1,6 @@
 #pragma once
 // DistributedOptimizer over dopt::rpc (torch.distributed.optim.DistributedOptimizer,
-// spec section 2.7; docs/rpc.md).
+// docs/rpc.md).
 //
 //   // trainer (any worker):
 //   std::vector<rpc::RRef<Tensor>> params = ...;   // owned by parameter-server workers

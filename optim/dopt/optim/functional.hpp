@@ -2,7 +2,7 @@
 // Functional optimizers: torch.distributed.optim's _FunctionalSGD, ...Adam,
 // ...AdamW, ...Adagrad, ...RMSprop, ...Adamax, ...Adadelta, ...Rprop (1.13;
 // plus FunctionalNAdam and FunctionalRAdam, which torch 1.13 lacks;
-// spec sections 2.8 and 3.10). Used where gradients do not live in
+// see docs/optimizers.md). Used where gradients do not live in
 // param.grad(): DistributedOptimizer's remote side, ZeRO with
 // overlap_with_ddp, DDP optimizer-overlap hooks.
 //

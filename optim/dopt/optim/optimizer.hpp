@@ -1,6 +1,6 @@
 #pragma once
 // The local optimizer base class, with torch 1.13's param-group and
-// state-dict semantics (../shared/spec/torch-optim-spec.md section 1).
+// state-dict semantics (torch.optim.Optimizer).
 //
 // Contract:
 //  - An optimizer holds Tensor handles to its parameters; it updates them in

@@ -1,6 +1,6 @@
 #pragma once
 // dopt::optim::PostLocalSGDOptimizer: torch 1.13's
-// torch.distributed.optim.PostLocalSGDOptimizer (spec section 2.3), plus one
+// torch.distributed.optim.PostLocalSGDOptimizer, plus one
 // checked configuration from which both halves of post-local SGD are built:
 // the gradient side (post_localSGD_hook with PostLocalSGDState, reducer.hpp)
 // and the parameter side (PeriodicModelAverager).

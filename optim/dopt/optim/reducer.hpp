@@ -78,6 +78,8 @@
 
 namespace dopt::optim {
 
+/// A plain aggregate, as the other options structs:
+/// ReducerOptions{.bucket_cap_bytes = 4 << 20, .overlap = false}.
 struct ReducerOptions {
   /// torch's bucket_cap_mb = 25.
   std::size_t bucket_cap_bytes = 25u * 1024u * 1024u;
@@ -90,12 +92,6 @@ struct ReducerOptions {
   /// The constructor broadcasts every parameter from group rank 0 (DDP's
   /// initial module-state sync), one broadcast per parameter in order.
   bool broadcast_parameters = true;
-
-  ReducerOptions& bucket_cap(std::size_t bytes) { bucket_cap_bytes = bytes; return *this; }
-  ReducerOptions& first_bucket_cap(std::size_t bytes) { first_bucket_cap_bytes = bytes; return *this; }
-  ReducerOptions& set_overlap(bool v) { overlap = v; return *this; }
-  ReducerOptions& set_find_unused_parameters(bool v) { find_unused_parameters = v; return *this; }
-  ReducerOptions& set_broadcast_parameters(bool v) { broadcast_parameters = v; return *this; }
 };
 
 class Reducer : public Joinable {

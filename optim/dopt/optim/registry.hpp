@@ -1,6 +1,6 @@
 #pragma once
 // Optimizers by name: torch's functional_optim_map / as_functional_optim /
-// register_functional_optim (spec section 2.8), plus building local
+// register_functional_optim, plus building local
 // optimizers and options from a serialisable spec (sent over the network by
 // DistributedOptimizer and ZeRO).
 //

@@ -1,6 +1,6 @@
 #pragma once
 // torch.optim.RMSprop (1.13), float32/float64 results bit-identical to torch's
-// single-tensor path (spec section 3.6).
+// single-tensor path.
 //
 // State (lazy, at a parameter's first step with a gradient): `step` (int64 0-d
 // tensor, torch's Python int; incremented but unused by the math),

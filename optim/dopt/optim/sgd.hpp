@@ -1,6 +1,6 @@
 #pragma once
 // torch.optim.SGD (1.13), float32/float64 results bit-identical to torch's
-// single-tensor path (spec section 3.2).
+// single-tensor path.
 //
 // State: `momentum_buffer` only when the group's momentum is non-zero; it is
 // created at the parameter's first step with momentum as a copy of the

@@ -1,6 +1,6 @@
 #pragma once
 // dopt::optim::ZeroRedundancyOptimizer: ZeRO stage 1, torch 1.13's
-// torch.distributed.optim.ZeroRedundancyOptimizer (spec section 2.1). With
+// torch.distributed.optim.ZeroRedundancyOptimizer. With
 // ZeroOptions::overlap_with_ddp the steps run bucket by bucket from the
 // gradient reducer's comm hook (zero_overlap.hpp; contract at the end here).
 //

@@ -1,7 +1,7 @@
 #pragma once
 // ZeroRedundancyOptimizer overlapped with the gradient reducer: torch 1.13's
 // overlap_with_ddp=True with hook_with_zero_step / hook_with_zero_step_interleaved
-// (spec sections 2.1.9 and 2.2), without torch's warm-up iterations and its
+// (see docs/zero.md), without torch's warm-up iterations and its
 // single-parameter-group limit.
 //
 //   ZeroRedundancyOptimizer zero(groups, OptimizerSpec{"Adam", {{"lr", 1e-3}}},

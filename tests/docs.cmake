@@ -1,0 +1,7 @@
+# The documentation matches the code: every C++ block in README.md and docs/
+# is quoted from a file the build compiles, and docs/ and the installed
+# headers name nothing a clone lacks (tests/check_docs.py says what exactly).
+add_test(NAME "docs: every C++ snippet is quoted from compiled code; no references outside the repository"
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/check_docs.py ${PROJECT_SOURCE_DIR})
+set_tests_properties("docs: every C++ snippet is quoted from compiled code; no references outside the repository"
+                     PROPERTIES LABELS "docs;lint" TIMEOUT 60)
