@@ -132,8 +132,7 @@ struct DiLoCoAverager::Pending {
 DiLoCoAverager::DiLoCoAverager(std::vector<Tensor> params, DiLoCoOptions options, ProcessGroup process_group)
     : ModelAverager(std::move(process_group), kOp),
       options_(std::move(options)),
-      params_(std::move(params)),
-      worker_bytes_(std::make_shared<std::atomic<std::uint64_t>>(0)) {
+      params_(std::move(params)) {
   const auto n = static_cast<std::int64_t>(params_.size());
   if (params_.empty()) throw ValueError(kOp, "got an empty parameter list");
   std::set<const TensorImpl*> seen_params;
@@ -208,9 +207,7 @@ std::optional<std::size_t> DiLoCoAverager::pending_fragment() const noexcept {
 }
 
 DiLoCoStats DiLoCoAverager::stats() const {
-  DiLoCoStats s = stats_;
-  s.bytes_sent += worker_bytes_->load();
-  return s;
+  return stats_;
 }
 
 void DiLoCoAverager::average_parameters(const std::vector<OptimizerParamGroup>& /*groups*/) {
@@ -287,10 +284,12 @@ void DiLoCoAverager::prepare(std::size_t k) {
     qo.tag = options_.wire_tag;
     Promise<void> promise;
     p->future = promise.get_future();
-    auto bytes = worker_bytes_;
-    p->worker = std::thread([group, flat = p->flat, qo, residual, bytes, promise = std::move(promise)]() mutable {
+    // Counted here (the worker sends exactly this), so that the count does
+    // not depend on when the worker finishes.
+    stats_.bytes_sent += quantized_all_reduce_bytes(total, n, group.rank(), qo);
+    p->worker = std::thread([group, flat = p->flat, qo, residual, promise = std::move(promise)]() mutable {
       try {
-        bytes->fetch_add(quantized_all_reduce(group, flat, qo, residual));
+        quantized_all_reduce(group, flat, qo, residual);
         promise.set_value();
       } catch (...) {
         promise.set_exception(std::current_exception());

@@ -106,7 +106,10 @@ struct DiLoCoOptions {
 struct DiLoCoStats {
   std::int64_t syncs = 0;         ///< completed synchronisations
   std::int64_t failed_syncs = 0;  ///< syncs that raised
-  std::uint64_t bytes_sent = 0;   ///< payload this rank put on the wire (see diloco.md)
+  /// Bytes this rank sends for its averages, counted when each starts:
+  /// quantized formats exactly (quantized_all_reduce_bytes), float32 as a
+  /// ring all-reduce sends them (2 (n - 1) / n of the deltas' bytes).
+  std::uint64_t bytes_sent = 0;
   double seconds_waiting = 0;     ///< time sync calls blocked on the average
   double seconds_preparing = 0;   ///< time prepare calls took (deltas, quantization, start)
 };
@@ -159,7 +162,6 @@ class DiLoCoAverager : public ModelAverager {
   std::vector<Tensor> residuals_;  // error feedback, one float32 flat tensor per fragment (lazy)
   std::unique_ptr<Pending> pending_;
   DiLoCoStats stats_;
-  std::shared_ptr<std::atomic<std::uint64_t>> worker_bytes_;
 };
 
 }  // namespace dopt::optim
