@@ -56,8 +56,14 @@ T lerp1(T self, T end, T w) {
   return std::abs(w) < T(0.5) ? std::fma(w, end - self, self) : std::fma(w - T(1), end - self, end);
 }
 
-/// param <- lerp(global, param, alpha), elementwise.
+/// param <- lerp(global, param, alpha), elementwise. alpha 0 is a copy of
+/// global: fma(0, x, g) == g for every finite x (torch gives NaN where the
+/// local value is infinite; the copy keeps the global value).
 void lerp_into_param(const Tensor& param, const Tensor& global, double alpha) {
+  if (alpha == 0.0) {
+    param.copy_(global);
+    return;
+  }
   dispatch_dtype(param.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -188,6 +194,8 @@ DiLoCoAverager::DiLoCoAverager(std::vector<Tensor> params, DiLoCoOptions options
     outer_.push_back(make_optimizer(o.outer_optimizer, std::move(groups)));
   }
   residuals_.resize(fragments_.size());
+  delta_bufs_.resize(fragments_.size());
+  flat_bufs_.resize(fragments_.size());
 }
 
 DiLoCoAverager::~DiLoCoAverager() {
@@ -233,11 +241,18 @@ void DiLoCoAverager::prepare(std::size_t k) {
   auto p = std::make_unique<Pending>();
   p->fragment = k;
   const auto& frag = fragments_[k];
-  for (auto i : frag) {
-    const Tensor& param = params_[static_cast<std::size_t>(i)];
-    Tensor d = Tensor::empty(param.shape(), param.dtype());
-    sub_into(d, anchors_[static_cast<std::size_t>(i)], param);
-    p->deltas.push_back(d);
+  // The fragment's delta buffers are kept from one sync to the next (no
+  // fresh allocation, no page faults of a new 4 N-byte buffer every time).
+  auto& bufs = delta_bufs_[k];
+  if (bufs.empty())
+    for (auto i : frag) {
+      const Tensor& param = params_[static_cast<std::size_t>(i)];
+      bufs.push_back(Tensor::empty(param.shape(), param.dtype()));
+    }
+  for (std::size_t j = 0; j < frag.size(); ++j) {
+    const auto i = static_cast<std::size_t>(frag[j]);
+    sub_into(bufs[j], anchors_[i], params_[i]);
+    p->deltas.push_back(bufs[j]);
   }
   ProcessGroup group = process_group();
   const int n = group.size();
@@ -267,7 +282,8 @@ void DiLoCoAverager::prepare(std::size_t k) {
   } else {
     std::int64_t total = 0;
     for (const auto& d : p->deltas) total += d.numel();
-    p->flat = Tensor::empty({total}, DType::float32);
+    if (!flat_bufs_[k].defined()) flat_bufs_[k] = Tensor::empty({total}, DType::float32);
+    p->flat = flat_bufs_[k];
     std::int64_t off = 0;
     for (const auto& d : p->deltas) {
       to_float(d, p->flat.data<float>() + off);

@@ -160,6 +160,8 @@ class DiLoCoAverager : public ModelAverager {
   std::vector<std::vector<std::int64_t>> fragments_;
   std::vector<std::unique_ptr<Optimizer>> outer_;
   std::vector<Tensor> residuals_;  // error feedback, one float32 flat tensor per fragment (lazy)
+  std::vector<std::vector<Tensor>> delta_bufs_;  // per fragment, reused by every sync (lazy)
+  std::vector<Tensor> flat_bufs_;                // quantized formats: per fragment (lazy)
   std::unique_ptr<Pending> pending_;
   DiLoCoStats stats_;
 };
