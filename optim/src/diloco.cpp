@@ -37,12 +37,12 @@ void sub_into(const Tensor& out, const Tensor& a, const Tensor& b) {
       T* o = out.data<T>();
       const T* x = a.data<T>();
       const T* y = b.data<T>();
-      for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = x[i] - y[i];
+      for (std::int64_t i = 0, m = out.numel(); i < m; ++i) o[i] = x[i] - y[i];
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       T* o = out.data<T>();
       const T* x = a.data<T>();
       const T* y = b.data<T>();
-      for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = T(float(x[i]) - float(y[i]));
+      for (std::int64_t i = 0, m = out.numel(); i < m; ++i) o[i] = T(float(x[i]) - float(y[i]));
     } else {
       throw TypeError(kOp, "expected a floating-point tensor, got " + out.str());
     }
@@ -70,12 +70,12 @@ void lerp_into_param(const Tensor& param, const Tensor& global, double alpha) {
       T* p = param.data<T>();
       const T* g = global.data<T>();
       const T w = static_cast<T>(alpha);
-      for (std::int64_t i = 0; i < param.numel(); ++i) p[i] = lerp1<T>(g[i], p[i], w);
+      for (std::int64_t i = 0, m = param.numel(); i < m; ++i) p[i] = lerp1<T>(g[i], p[i], w);
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       T* p = param.data<T>();
       const T* g = global.data<T>();
       const float w = static_cast<float>(alpha);
-      for (std::int64_t i = 0; i < param.numel(); ++i) p[i] = T(lerp1<float>(float(g[i]), float(p[i]), w));
+      for (std::int64_t i = 0, m = param.numel(); i < m; ++i) p[i] = T(lerp1<float>(float(g[i]), float(p[i]), w));
     } else {
       throw TypeError(kOp, "expected a floating-point tensor, got " + param.str());
     }
@@ -87,14 +87,14 @@ void to_float(const Tensor& t, float* dst) {
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* s = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = static_cast<float>(to_double(s[i]));
+    for (std::int64_t i = 0, m = t.numel(); i < m; ++i) dst[i] = static_cast<float>(to_double(s[i]));
   });
 }
 void from_float(const float* src, const Tensor& t) {
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* d = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
+    for (std::int64_t i = 0, m = t.numel(); i < m; ++i) {
       if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) d[i] = T(src[i]);
       else d[i] = static_cast<T>(src[i]);
     }

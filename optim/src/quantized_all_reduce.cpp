@@ -44,10 +44,22 @@ float row_scale(const float* x, std::int64_t m, int qmax) {
   return amax / static_cast<float>(qmax);
 }
 
-int quantize(float x, float scale, int qmax) {
-  if (scale == 0.0f || !std::isfinite(scale)) return 0;
-  const float q = std::nearbyint(x / scale);  // round half to even (default rounding mode)
-  return static_cast<int>(std::clamp(q, -static_cast<float>(qmax), static_cast<float>(qmax)));
+/// q[i] = clamp(round-half-even(x[i] / scale), -qmax, qmax) for one row (0
+/// for a zero or non-finite scale). Rounding adds and subtracts 1.5 * 2^23,
+/// which rounds to nearest even for |v| <= qmax in the default rounding
+/// mode (the build does not reassociate floating point); the loop vectorizes.
+void quantize_row(const float* x, std::int64_t m, float scale, int qmax, std::int8_t* q) {
+  if (scale == 0.0f || !std::isfinite(scale)) {
+    std::memset(q, 0, static_cast<std::size_t>(m));
+    return;
+  }
+  const float hi = static_cast<float>(qmax), lo = -hi, magic = 12582912.0f;
+  for (std::int64_t i = 0; i < m; ++i) {
+    float v = x[i] / scale;
+    v = v == v ? v : 0.0f;  // NaN -> 0
+    v = v < lo ? lo : (v > hi ? hi : v);
+    q[i] = static_cast<std::int8_t>((v + magic) - magic);
+  }
 }
 
 }  // namespace
@@ -85,20 +97,23 @@ void encode_chunk(WireFormat f, const float* x, std::int64_t m, std::int64_t row
       const int qmax = qmax_of(f);
       const std::int64_t rows = rows_of(m, row_size);
       std::uint8_t* payload = out + 4 * rows;
-      if (f == WireFormat::int4) std::memset(payload, 0, static_cast<std::size_t>((m + 1) / 2));
+      std::vector<std::int8_t> tmp(f == WireFormat::int4 ? static_cast<std::size_t>(row_size) + 1 : 0);
       for (std::int64_t row = 0; row < rows; ++row) {
         const std::int64_t first = row * row_size, len = std::min(row_size, m - first);
         const float s = row_scale(x + first, len, qmax);
         std::memcpy(out + 4 * row, &s, 4);
-        for (std::int64_t i = first; i < first + len; ++i) {
-          const int q = quantize(x[i], s, qmax);
-          if (f == WireFormat::int8) {
-            const auto b = static_cast<std::int8_t>(q);
-            std::memcpy(payload + i, &b, 1);
-          } else {
-            const auto nib = static_cast<std::uint8_t>(q + 8);
-            payload[i / 2] |= (i % 2 == 0) ? nib : static_cast<std::uint8_t>(nib << 4);
-          }
+        if (f == WireFormat::int8) {
+          quantize_row(x + first, len, s, qmax, reinterpret_cast<std::int8_t*>(payload + first));
+          continue;
+        }
+        // int4: rows start at even elements when row_size is even; pack
+        // element by element otherwise.
+        quantize_row(x + first, len, s, qmax, tmp.data());
+        for (std::int64_t i = 0; i < len; ++i) {
+          const std::int64_t e = first + i;
+          const auto nib = static_cast<std::uint8_t>(tmp[static_cast<std::size_t>(i)] + 8);
+          if (e % 2 == 0) payload[e / 2] = nib;
+          else payload[e / 2] = static_cast<std::uint8_t>(payload[e / 2] | (nib << 4));
         }
       }
       return;
@@ -127,16 +142,14 @@ void decode_chunk(WireFormat f, const std::uint8_t* in, std::int64_t m, std::int
         const std::int64_t first = row * row_size, len = std::min(row_size, m - first);
         float s;
         std::memcpy(&s, in + 4 * row, 4);
+        if (f == WireFormat::int8) {
+          const auto* q = reinterpret_cast<const std::int8_t*>(payload);
+          for (std::int64_t i = first; i < first + len; ++i) x[i] = static_cast<float>(q[i]) * s;
+          continue;
+        }
         for (std::int64_t i = first; i < first + len; ++i) {
-          int q;
-          if (f == WireFormat::int8) {
-            std::int8_t b;
-            std::memcpy(&b, payload + i, 1);
-            q = b;
-          } else {
-            const std::uint8_t byte = payload[i / 2];
-            q = static_cast<int>(i % 2 == 0 ? (byte & 0x0F) : (byte >> 4)) - 8;
-          }
+          const std::uint8_t byte = payload[i / 2];
+          const int q = static_cast<int>(i % 2 == 0 ? (byte & 0x0F) : (byte >> 4)) - 8;
           x[i] = static_cast<float>(q) * s;
         }
       }
@@ -180,29 +193,25 @@ std::uint64_t quantized_all_reduce(ProcessGroup& group, const Tensor& buffer, co
   const std::int64_t numel = buffer.numel();
   float* x = buffer.data<float>();
 
-  // Step 2 input: x (+ residual), encoded chunk by chunk.
-  std::vector<float> in(x, x + numel);
+  // Step 2 input: x (+ residual), in the buffer itself (it is overwritten
+  // with the result at the end), encoded chunk by chunk.
   if (residual.defined()) {
     const float* e = residual.data<float>();
-    for (std::int64_t i = 0; i < numel; ++i) in[static_cast<std::size_t>(i)] += e[i];
+    for (std::int64_t i = 0; i < numel; ++i) x[i] += e[i];
   }
   std::vector<Tensor> mine(static_cast<std::size_t>(n));
+  std::vector<float> back;
   for (int c = 0; c < n; ++c) {
     const auto [a, e] = chunk_range(numel, n, c, o.row_size);
     Tensor enc = Tensor::empty({encoded_bytes(o.format, e - a, o.row_size)}, DType::uint8);
-    encode_chunk(o.format, in.data() + a, e - a, o.row_size, enc.data<std::uint8_t>());
+    encode_chunk(o.format, x + a, e - a, o.row_size, enc.data<std::uint8_t>());
     mine[static_cast<std::size_t>(c)] = enc;
-  }
-  if (residual.defined()) {
-    std::vector<float> back(static_cast<std::size_t>(numel));
-    for (int c = 0; c < n; ++c) {
-      const auto [a, e] = chunk_range(numel, n, c, o.row_size);
-      decode_chunk(o.format, mine[static_cast<std::size_t>(c)].data<std::uint8_t>(), e - a, o.row_size,
-                   back.data() + a);
+    if (residual.defined()) {  // what this chunk's encoding lost
+      back.resize(static_cast<std::size_t>(e - a));
+      decode_chunk(o.format, enc.data<std::uint8_t>(), e - a, o.row_size, back.data());
+      float* res = residual.data<float>() + a;
+      for (std::int64_t i = 0; i < e - a; ++i) res[i] = x[a + i] - back[static_cast<std::size_t>(i)];
     }
-    float* res = residual.data<float>();
-    for (std::int64_t i = 0; i < numel; ++i)
-      res[i] = in[static_cast<std::size_t>(i)] - back[static_cast<std::size_t>(i)];
   }
 
   std::uint64_t sent = 0;
