@@ -16,7 +16,8 @@ tensors (sizes proportional to 1..10, like the other torch baselines):
          the local copies with alpha 0, zero_grad(set_to_none=True).
   dopt   dopt-run --nproc-per-node WS build/bench/dopt_bench_diloco --mode sync
          (DiLoCoAverager, sync_every 1: the same steps), float32 and int8 wire.
-Then, at 2 ranks, dopt's overlap runs (--mode overlap, H 4, delay 0 and 2).
+Then, at 2 ranks, dopt's overlap runs (--mode overlap, H 4, delay 0 and 2), with inner steps
+that load the CPU and with a 60 ms sleep added to each (a stand-in for accelerator compute).
 
 Each timed sync starts after a barrier; the slowest rank's time counts;
 medians over the iterations. JSON lines go to bench/results/diloco_compare.jsonl,
@@ -175,10 +176,11 @@ def main():
                 rows += launch([dopt_run, "--nproc-per-node", str(ws), "--master-port", "0", "--no-prefix", bench,
                                 "--mode", "sync", "--params", str(a.params), "--iters", str(a.iters),
                                 "--wire", wire], dict(tags, impl="dopt"))
-        for delay in (0, 2):
-            rows += launch([dopt_run, "--nproc-per-node", "2", "--master-port", "0", "--no-prefix", bench,
-                            "--mode", "overlap", "--params", str(a.params), "--sync-every", "4", "--delay",
-                            str(delay), "--rounds", "4"], dict(tags, impl="dopt"))
+        for sleep in (0, 60):
+            for delay in (0, 2):
+                rows += launch([dopt_run, "--nproc-per-node", "2", "--master-port", "0", "--no-prefix", bench,
+                                "--mode", "overlap", "--params", str(a.params), "--sync-every", "4", "--delay",
+                                str(delay), "--rounds", "4", "--inner-sleep-ms", str(sleep)], dict(tags, impl="dopt"))
     summarize([r for r in rows if r.get("session") == run_id], run_id)
 
 
@@ -210,15 +212,20 @@ def summarize(rows, run_id):
             out.append(f"| {wire} | {r['bytes_per_sync']:.0f} | {r['ddp_bytes_per_step']} | "
                        f"{r['ddp_over_diloco_bytes_per_inner_step_h100']:.1f}x |")
     out.append("")
-    e0, n0 = med({"benchmark": "diloco_overlap", "delay": 0}, "exposed_ms")
-    e2, n2 = med({"benchmark": "diloco_overlap", "delay": 2}, "exposed_ms")
-    i0, _ = med({"benchmark": "diloco_overlap", "delay": 0}, "inner_ms")
-    if e0 is not None and e2 is not None:
-        out.append("| ws | H | inner steps (ms per round) | exposed sync, delay 0 (ms) | exposed sync, delay 2 (ms) | "
-                   "share hidden | runs |")
-        out.append("|---|---|---|---|---|---|---|")
-        share = 1 - e2 / e0 if e0 > 0 else float("nan")
-        out.append(f"| 2 | 4 | {i0:.1f} | {e0:.1f} | {e2:.1f} | {share:.2f} | {n0}/{n2} |")
+    out.append("| ws | H | inner step | inner steps (ms per round) | exposed sync, delay 0 (ms) | "
+               "exposed sync, delay 2 (ms) | share hidden | wait at sync, delay 0 / 2 (ms) | runs |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for sleep in (0, 60):
+        e0, n0 = med({"benchmark": "diloco_overlap", "delay": 0, "inner_sleep_ms": sleep}, "exposed_ms")
+        e2, n2 = med({"benchmark": "diloco_overlap", "delay": 2, "inner_sleep_ms": sleep}, "exposed_ms")
+        i0, _ = med({"benchmark": "diloco_overlap", "delay": 0, "inner_sleep_ms": sleep}, "inner_ms")
+        w0, _ = med({"benchmark": "diloco_overlap", "delay": 0, "inner_sleep_ms": sleep}, "wait_ms")
+        w2, _ = med({"benchmark": "diloco_overlap", "delay": 2, "inner_sleep_ms": sleep}, "wait_ms")
+        if e0 is not None and e2 is not None:
+            share = 1 - e2 / e0 if e0 > 0 else float("nan")
+            kind = "SGD on the CPU" if sleep == 0 else f"SGD + {sleep} ms sleep"
+            out.append(f"| 2 | 4 | {kind} | {i0:.1f} | {e0:.1f} | {e2:.1f} | {share:.2f} | {w0:.1f} / {w2:.1f} | "
+                       f"{n0}/{n2} |")
     text = "\n".join(out) + "\n"
     with open(SUMMARY, "w") as f:
         f.write(text)

@@ -20,11 +20,14 @@
 //   median of the same H inner steps without DiLoCo (measured first), and
 //   exposed_ms = round_ms - inner_ms the synchronisation cost left on the
 //   critical path. The share hidden by the delay is 1 - exposed(D) /
-//   exposed(0) (bench/compare_diloco_torch.py computes it).
+//   exposed(0) (bench/compare_diloco_torch.py computes it). --inner-sleep-ms
+//   adds a sleep to every inner step: a stand-in for inner steps computed on
+//   an accelerator, which leave the CPU to the background average.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
   std::string wire = "float32";
   std::int64_t sync_every = 4, delay = 0;
   int ranks = 2, iters = 10, rounds = 6;
+  double inner_sleep_ms = 0;
   app.add_option("--mode", mode, "sync | overlap")->check(CLI::IsMember({"sync", "overlap"}));
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
@@ -62,6 +66,10 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "sync: timed syncs")->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "overlap: timed rounds")->check(CLI::PositiveNumber);
+  app.add_option("--inner-sleep-ms", inner_sleep_ms,
+                 "overlap: each inner step also sleeps this long (a stand-in for a step computed on an "
+                 "accelerator, which leaves the CPU free)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   const bool simulated = !dopt::launch_env_from_environment().has_value();
   try {
@@ -135,7 +143,10 @@ int main(int argc, char** argv) {
             for (int r = 0; r < rounds + 1; ++r) {
               world.barrier();
               const auto t0 = Clock::now();
-              for (std::int64_t s = 0; s < sync_every; ++s) inner->step();
+              for (std::int64_t s = 0; s < sync_every; ++s) {
+                inner->step();
+                if (inner_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(inner_sleep_ms));
+              }
               if (r >= 1) inner_ms.push_back(ms_since(t0));
             }
           }
@@ -149,7 +160,10 @@ int main(int argc, char** argv) {
             world.barrier();
             const double w0 = d->stats().seconds_waiting;
             const auto t0 = Clock::now();
-            for (std::int64_t s = 0; s < sync_every; ++s) opt.step();
+            for (std::int64_t s = 0; s < sync_every; ++s) {
+              opt.step();
+              if (inner_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(inner_sleep_ms));
+            }
             if (r >= 1) {
               round_ms.push_back(ms_since(t0));
               wait_ms.push_back(1e3 * (d->stats().seconds_waiting - w0));
@@ -162,9 +176,10 @@ int main(int argc, char** argv) {
             std::printf(
                 "{\"benchmark\": \"diloco_overlap\", \"round_ms\": %.4f, \"inner_ms\": %.4f, \"exposed_ms\": %.4f, "
                 "\"wait_ms\": %.4f, \"sync_every\": %lld, \"delay\": %lld, \"rounds\": %d, \"wire\": \"%s\", "
+                "\"inner_sleep_ms\": %.1f, "
                 "\"params\": %lld, \"tensors\": %lld, \"world_size\": %d, \"simulated\": %s}\n",
                 median(round_ms), median(inner_ms), median(round_ms) - median(inner_ms), median(wait_ms),
-                static_cast<long long>(sync_every), static_cast<long long>(delay), rounds, wire.c_str(),
+                static_cast<long long>(sync_every), static_cast<long long>(delay), rounds, wire.c_str(), inner_sleep_ms,
                 static_cast<long long>(params), static_cast<long long>(tensors), n, simulated ? "true" : "false");
             std::fflush(stdout);
           }
