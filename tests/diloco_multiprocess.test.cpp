@@ -1,5 +1,6 @@
 // DiLoCo between real processes: tests/diloco_peer.cpp is one rank; it checks
-// Streaming DiLoCo against the float64 reference, the agreement of every
+// Streaming DiLoCo against the float64 reference, quantized_all_reduce in
+// every wire format against its float64 reference, the agreement of every
 // rank's anchors for every wire format, and a bitwise resume from a
 // checkpoint with an average in flight, and prints "ok R CHECKS". Launched
 // through dopt-run and by hand. CTest label "multiprocess", 60 s timeout
@@ -19,8 +20,8 @@ const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_diloco_pee
 const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
 
 // Per rank: 13 steps x 4 parameters against the reference, 5 formats x
-// (4 parameters x world + 1), 1 + 8 steps x 2 comparisons of the resumed run.
-long min_checks(int n) { return 13 * 4 + 5 * (4 * n + 1) + 1 + 8 * 2 * 4; }
+// (2 + world) for quantized_all_reduce, 5 formats x (4 parameters x world + 1), 1 + 8 steps x 2 comparisons of the resumed run.
+long min_checks(int n) { return 13 * 4 + 5 * (2 + n) + 5 * (4 * n + 1) + 1 + 8 * 2 * 4; }
 
 struct CaseDir : dopt_test::TempDir {
   explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-diloco-mp", name) {}

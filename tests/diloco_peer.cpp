@@ -5,10 +5,13 @@
 //     1. Streaming DiLoCo (2 fragments, delay 1, alpha 0.5, outer Nesterov SGD)
 //        on float64 parameters against the float64 reference
 //        (optim/src/diloco_reference.hpp), every step, |error| <= 1e-12;
-//     2. every wire format (float32, bfloat16, float16, int8 and int4 with
+//     2. quantized_all_reduce in every wire format against the float64
+//        reference of the same quantization (diloco_reference.hpp), the
+//        result bitwise equal on every rank, the bytes sent as computed;
+//     3. every wire format (float32, bfloat16, float16, int8 and int4 with
 //        error feedback): the anchors are bitwise equal on every rank
 //        (all_gather) after 12 steps;
-//     3. resume from a checkpoint written to DIR (safetensors) between a
+//     4. resume from a checkpoint written to DIR (safetensors) between a
 //        prepare and its sync (an average in flight), int8 with error
 //        feedback: the rest of the run is bitwise the uninterrupted one.
 //
@@ -133,6 +136,39 @@ void wire_formats(ProcessGroup& world, int rank, Checker& ck) {
   }
 }
 
+void wire_reference(ProcessGroup& world, int rank, Checker& ck) {
+  const std::int64_t N = 1000;
+  const int n = world.size();
+  for (auto f : {optim::WireFormat::float32, optim::WireFormat::bfloat16, optim::WireFormat::float16,
+                 optim::WireFormat::int8, optim::WireFormat::int4}) {
+    optim::QuantizedAllReduceOptions o;
+    o.format = f;
+    o.row_size = 64;
+    std::vector<std::vector<float>> inputs(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      for (std::int64_t e = 0; e < N; ++e) inputs[static_cast<std::size_t>(r)].push_back(ref::wire_input(r, e));
+    const ref::WireReference want = ref::wire_reference(inputs, f, o.row_size);
+    Tensor t = Tensor::from_vector(inputs[static_cast<std::size_t>(rank)]);
+    const std::uint64_t sent = optim::quantized_all_reduce(world, t, o);
+    const std::string what = std::string(optim::wire_format_name(f));
+    ck.expect(sent == optim::quantized_all_reduce_bytes(N, n, rank, o), what + ": bytes sent");
+    double worst = 0;
+    bool within = true;
+    for (std::int64_t e = 0; e < N; ++e) {
+      const auto k = static_cast<std::size_t>(e);
+      const double d = std::fabs(t.data<float>()[e] - want.mean[k]);
+      worst = std::max(worst, d);
+      if (d > want.tol1[k] + want.tol2[k] + 1e-6 * (1 + std::fabs(want.mean[k]))) within = false;
+    }
+    ck.expect(within, what + ": against the float64 reference of the same quantization, max error " +
+                          std::to_string(worst));
+    std::vector<Tensor> all;
+    for (int r = 0; r < n; ++r) all.push_back(Tensor::empty({N}));
+    world.all_gather(all, t);
+    for (int r = 0; r < n; ++r) ck.bitwise(all[static_cast<std::size_t>(r)], t, what + ": rank " + std::to_string(r) + "'s result");
+  }
+}
+
 void resume(ProcessGroup& world, int rank, Checker& ck, const fs::path& dir) {
   const ref::Config c = streaming(world.size());
   optim::DiLoCoOptions o = options_of(c);
@@ -173,6 +209,7 @@ int main(int argc, char** argv) {
     Checker ck{rank};
     if (mode != "diloco") throw dopt_test::Usage{"dopt_diloco_peer diloco [DIR]"};
     against_reference(world, rank, ck);
+    wire_reference(world, rank, ck);
     wire_formats(world, rank, ck);
     resume(world, rank, ck, dir);
     return ck.checks;

@@ -199,68 +199,21 @@ TEST_CASE("quantized_all_reduce: each wire format against a float64 reference of
           "(world 2, 3, 5)",
           "[diloco][wire]") {
   const std::int64_t N = 1000;  // not a multiple of the row size: short last rows
-  auto input = [](int r, std::int64_t e) {
-    return static_cast<float>(std::sin(0.37 * e + r) * (1.0 + 0.1 * r) + (e % 17 == 0 ? 3.0 : 0.0));
-  };
   for (WireFormat f : {WireFormat::float32, WireFormat::bfloat16, WireFormat::float16, WireFormat::int8,
                        WireFormat::int4}) {
     for (int world : {2, 3, 5}) {
       QuantizedAllReduceOptions o;
       o.format = f;
       o.row_size = 64;
-      // The reference, in float64: each rank's chunks dequantized with float64
-      // scales, summed and divided in float64, re-quantized and dequantized in
-      // float64. qerr bounds what the float32 implementation may differ by.
-      const int qmax = f == WireFormat::int8 ? 127 : 7;
-      auto quant64 = [&](std::vector<double>& x, std::int64_t a, std::int64_t e, double* step) {
-        if (f == WireFormat::float32) return;
-        if (f == WireFormat::bfloat16 || f == WireFormat::float16) {
-          for (std::int64_t i = a; i < e; ++i) {
-            const double v = x[static_cast<std::size_t>(i)];
-            const double ulp = f == WireFormat::bfloat16 ? std::ldexp(1.0, std::ilogb(v == 0 ? 1e-30 : v) - 7)
-                                                         : std::ldexp(1.0, std::max(std::ilogb(v == 0 ? 1e-30 : v), -14) - 10);
-            x[static_cast<std::size_t>(i)] = std::nearbyint(v / ulp) * ulp;
-            step[i] = std::max(step[i], ulp);
-          }
-          return;
-        }
-        for (std::int64_t row = a; row < e; row += o.row_size) {
-          const std::int64_t end = std::min(e, row + o.row_size);
-          double amax = 0;
-          for (std::int64_t i = row; i < end; ++i) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(i)]));
-          const double s = amax / qmax;
-          for (std::int64_t i = row; i < end; ++i) {
-            double& v = x[static_cast<std::size_t>(i)];
-            v = s == 0 ? 0 : std::clamp(std::nearbyint(v / s), -double(qmax), double(qmax)) * s;
-            step[i] = std::max(step[i], s);
-          }
-        }
-      };
-      std::vector<double> ref(static_cast<std::size_t>(N), 0.0), step1(N, 0.0), step2(N, 0.0), exact(N, 0.0);
-      for (int r = 0; r < world; ++r) {
-        std::vector<double> x(static_cast<std::size_t>(N));
-        for (std::int64_t e = 0; e < N; ++e) x[static_cast<std::size_t>(e)] = input(r, e);
-        for (std::int64_t e = 0; e < N; ++e) exact[static_cast<std::size_t>(e)] += x[static_cast<std::size_t>(e)] / world;
-        for (int c = 0; c < world; ++c) {
-          const auto [a, e] = chunk_range(N, world, c, o.row_size);
-          std::vector<double> s(static_cast<std::size_t>(N), 0.0);
-          quant64(x, a, e, s.data());
-          for (std::int64_t i = a; i < e; ++i) step1[static_cast<std::size_t>(i)] += s[static_cast<std::size_t>(i)];
-        }
-        for (std::int64_t e = 0; e < N; ++e) ref[static_cast<std::size_t>(e)] += x[static_cast<std::size_t>(e)];
-      }
-      for (auto& v : ref) v /= world;
-      for (int c = 0; c < world; ++c) {
-        const auto [a, e] = chunk_range(N, world, c, o.row_size);
-        quant64(ref, a, e, step2.data());
-      }
+      std::vector<std::vector<float>> inputs(static_cast<std::size_t>(world));
+      for (int r = 0; r < world; ++r)
+        for (std::int64_t e = 0; e < N; ++e) inputs[static_cast<std::size_t>(r)].push_back(diloco_ref::wire_input(r, e));
+      const diloco_ref::WireReference ref = diloco_ref::wire_reference(inputs, f, o.row_size);
       std::mutex m;
       std::vector<std::vector<float>> got(static_cast<std::size_t>(world));
       std::vector<std::uint64_t> sent(static_cast<std::size_t>(world));
       simulate(world, [&](RankContext& ctx) {
-        std::vector<float> x(static_cast<std::size_t>(N));
-        for (std::int64_t e = 0; e < N; ++e) x[static_cast<std::size_t>(e)] = input(ctx.rank(), e);
-        Tensor t = Tensor::from_vector(x);
+        Tensor t = Tensor::from_vector(inputs[static_cast<std::size_t>(ctx.rank())]);
         const std::uint64_t b = quantized_all_reduce(ctx.world(), t, o);
         std::lock_guard<std::mutex> lock(m);
         got[static_cast<std::size_t>(ctx.rank())] = t.to_vector<float>();
@@ -271,13 +224,11 @@ TEST_CASE("quantized_all_reduce: each wire format against a float64 reference of
       bool within = true, exact_within = true;
       for (std::int64_t e = 0; e < N; ++e) {
         const auto k = static_cast<std::size_t>(e);
-        const double d = std::fabs(got[0][k] - ref[k]);
-        // One quantum of either stage plus float32 rounding of the sum.
-        const double tol = step1[k] / world + step2[k] + 1e-6 * (1 + std::fabs(ref[k]));
-        if (d > tol) within = false;
+        const double d = std::fabs(got[0][k] - ref.mean[k]);
+        if (d > ref.tol1[k] + ref.tol2[k] + 1e-6 * (1 + std::fabs(ref.mean[k]))) within = false;
         worst = std::max(worst, d);
-        const double de = std::fabs(got[0][k] - exact[k]);
-        if (de > 0.5 * step1[k] / world + 0.5 * step2[k] + 1e-6 * (1 + std::fabs(exact[k]))) exact_within = false;
+        const double de = std::fabs(got[0][k] - ref.exact[k]);
+        if (de > 0.5 * (ref.tol1[k] + ref.tol2[k]) + 1e-6 * (1 + std::fabs(ref.exact[k]))) exact_within = false;
         worst_exact = std::max(worst_exact, de);
       }
       INFO("max |got - float64 reference| " << worst << ", max |got - exact mean| " << worst_exact);

@@ -3,9 +3,12 @@
 // description (diloco.hpp), independent of DiLoCoAverager: every rank's inner
 // SGD and the outer SGD in plain loops, all ranks in one thread. Used by
 // diloco.test.cpp (simulated ranks) and tests/diloco_peer.cpp (processes).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "dopt/optim/quantized_all_reduce.hpp"
 
 namespace dopt::diloco_ref {
 
@@ -102,6 +105,82 @@ inline Trace run(const Config& c) {
     tr.anchors.push_back(anchor);
   }
   return tr;
+}
+
+/// quantized_all_reduce's averaging of inputs[r] (every rank's float32
+/// buffer) in float64: each rank's chunks quantized with float64 scales and
+/// rounding, decoded, summed and divided in float64, re-quantized and
+/// decoded. `mean` is the result, `exact` the plain mean, `tol1` / `tol2` one
+/// quantum of the first stage (summed over the ranks, divided by n) and of
+/// the second, per element: a float32 implementation of the same
+/// quantization is within tol1 + tol2 of `mean` (it may round a value on a
+/// quantum boundary the other way) and, rounding to nearest, within
+/// (tol1 + tol2) / 2 of `exact` (plus float32 rounding).
+struct WireReference {
+  std::vector<double> mean, exact, tol1, tol2;
+};
+
+inline WireReference wire_reference(const std::vector<std::vector<float>>& inputs, optim::WireFormat f,
+                                    std::int64_t row_size) {
+  using optim::WireFormat;
+  const int n = static_cast<int>(inputs.size());
+  const auto N = static_cast<std::int64_t>(inputs[0].size());
+  const int qmax = f == WireFormat::int8 ? 127 : 7;
+  auto quant = [&](std::vector<double>& x, std::int64_t a, std::int64_t e, std::vector<double>& step) {
+    if (f == WireFormat::float32) return;
+    if (f == WireFormat::bfloat16 || f == WireFormat::float16) {
+      for (std::int64_t i = a; i < e; ++i) {
+        double& v = x[static_cast<std::size_t>(i)];
+        const int ex = std::ilogb(v == 0 ? 1e-30 : v);
+        const double ulp = f == WireFormat::bfloat16 ? std::ldexp(1.0, ex - 7) : std::ldexp(1.0, std::max(ex, -14) - 10);
+        v = std::nearbyint(v / ulp) * ulp;
+        step[static_cast<std::size_t>(i)] = std::max(step[static_cast<std::size_t>(i)], ulp);
+      }
+      return;
+    }
+    for (std::int64_t row = a; row < e; row += row_size) {
+      const std::int64_t end = std::min(e, row + row_size);
+      double amax = 0;
+      for (std::int64_t i = row; i < end; ++i) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(i)]));
+      const double s = amax / qmax;
+      for (std::int64_t i = row; i < end; ++i) {
+        double& v = x[static_cast<std::size_t>(i)];
+        v = s == 0 ? 0 : std::clamp(std::nearbyint(v / s), -double(qmax), double(qmax)) * s;
+        step[static_cast<std::size_t>(i)] = std::max(step[static_cast<std::size_t>(i)], s);
+      }
+    }
+  };
+  WireReference ref;
+  const auto sz = static_cast<std::size_t>(N);
+  ref.mean.assign(sz, 0.0);
+  ref.exact.assign(sz, 0.0);
+  ref.tol1.assign(sz, 0.0);
+  ref.tol2.assign(sz, 0.0);
+  for (int r = 0; r < n; ++r) {
+    std::vector<double> x(inputs[static_cast<std::size_t>(r)].begin(), inputs[static_cast<std::size_t>(r)].end());
+    for (std::size_t e = 0; e < sz; ++e) ref.exact[e] += x[e] / n;
+    std::vector<double> s(sz, 0.0);
+    for (int c = 0; c < n; ++c) {
+      const auto [a, e] = optim::chunk_range(N, n, c, row_size);
+      quant(x, a, e, s);
+    }
+    for (std::size_t e = 0; e < sz; ++e) {
+      ref.tol1[e] += s[e] / n;
+      ref.mean[e] += x[e];
+    }
+  }
+  for (auto& v : ref.mean) v /= n;
+  for (int c = 0; c < n; ++c) {
+    const auto [a, e] = optim::chunk_range(N, n, c, row_size);
+    quant(ref.mean, a, e, ref.tol2);
+  }
+  return ref;
+}
+
+/// Rank r's input of the wire-format tests: smooth values with spikes (so
+/// that rows have different scales).
+inline float wire_input(int r, std::int64_t e) {
+  return static_cast<float>(std::sin(0.37 * static_cast<double>(e) + r) * (1.0 + 0.1 * r) + (e % 17 == 0 ? 3.0 : 0.0));
 }
 
 }  // namespace dopt::diloco_ref
