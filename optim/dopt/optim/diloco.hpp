@@ -60,8 +60,12 @@
 // state, the error-feedback residuals and an average in flight (waited for)
 // into the state dict of PostLocalSGDOptimizer, under keys "diloco.*" of the
 // parameters' entries and metadata "diloco.*"; a resumed run continues bit
-// for bit. CPU tensors of float32 or float64 (and float16/bfloat16 for the
-// quantized formats); others are a TypeError at construction.
+// for bit. Each rank's dict holds the whole replicated state (anchors and
+// outer state are the same on every rank); a sharded layout is not offered.
+// Parameters: CPU floating-point tensors (TypeError otherwise, at
+// construction). fragment_update_alpha 0 copies the new global value (torch's
+// lerp with weight 0 gives the same, except NaN where a local value is
+// infinite).
 #include <atomic>
 #include <cstdint>
 #include <memory>
