@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
 #include <utility>
 
+#include "dopt/runtime/state_dict.hpp"
 #include "plsgd_util.hpp"
 
 namespace dopt::optim {
@@ -25,6 +27,8 @@ constexpr const char* kFragmentsMeta = "diloco.fragments";
 constexpr const char* kPendingMeta = "diloco.pending_fragment";
 constexpr const char* kSyncsMeta = "diloco.syncs";
 constexpr const char* kOuterMetaPrefix = "diloco.outer_optimizer.";
+constexpr const char* kShardedMeta = "diloco.sharded";
+constexpr const char* kShardsMeta = "diloco.shards";
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -368,18 +372,30 @@ void DiLoCoAverager::sync(std::size_t k) {
 }
 
 void DiLoCoAverager::save_state(StateDict& sd) const {
+  save_into(sd, !sharded_, true, 0, 1);
+  if (sharded_) sd.metadata[kShardedMeta] = "1";
+}
+
+void DiLoCoAverager::save_into(StateDict& sd, bool replicated, bool local, int shard, int shards) const {
   auto* self = const_cast<DiLoCoAverager*>(this);
   if (pending_) self->finish_pending();  // the average in flight is part of the state
-  for (std::size_t i = 0; i < anchors_.size(); ++i)
-    sd.state[static_cast<std::int64_t>(i)][kAnchorKey] = anchors_[i].clone();
+  auto mine = [&](std::int64_t i) { return i % shards == shard; };
+  if (replicated)
+    for (std::size_t i = 0; i < anchors_.size(); ++i)
+      if (mine(static_cast<std::int64_t>(i))) sd.state[static_cast<std::int64_t>(i)][kAnchorKey] = anchors_[i].clone();
   for (std::size_t k = 0; k < fragments_.size(); ++k) {
-    const StateDict osd = outer_[k]->state_dict();
-    for (const auto& [idx, st] : osd.state)
-      for (const auto& [key, t] : st)
-        if (t.defined()) sd.state[fragments_[k][static_cast<std::size_t>(idx)]][kOuterPrefix + key] = t.clone();
-    sd.metadata[kOuterMetaPrefix + std::to_string(k)] =
-        OptimizerSpec{outer_[k]->name(), osd.param_groups.at(0).hyperparams}.to_json();
-    if (residuals_[k].defined()) {
+    if (replicated) {
+      const StateDict osd = outer_[k]->state_dict();
+      for (const auto& [idx, st] : osd.state) {
+        const std::int64_t i = fragments_[k][static_cast<std::size_t>(idx)];
+        if (!mine(i)) continue;
+        for (const auto& [key, t] : st)
+          if (t.defined()) sd.state[i][kOuterPrefix + key] = t.clone();
+      }
+      sd.metadata[kOuterMetaPrefix + std::to_string(k)] =
+          OptimizerSpec{outer_[k]->name(), osd.param_groups.at(0).hyperparams}.to_json();
+    }
+    if (local && residuals_[k].defined()) {
       std::int64_t off = 0;
       for (auto i : fragments_[k]) {
         const Tensor& p = params_[static_cast<std::size_t>(i)];
@@ -388,9 +404,10 @@ void DiLoCoAverager::save_state(StateDict& sd) const {
       }
     }
   }
-  if (pending_) {
+  if (replicated && pending_) {
     const auto& frag = fragments_[pending_->fragment];
-    for (std::size_t j = 0; j < frag.size(); ++j) sd.state[frag[j]][kPendingKey] = pending_->deltas[j].clone();
+    for (std::size_t j = 0; j < frag.size(); ++j)
+      if (mine(frag[j])) sd.state[frag[j]][kPendingKey] = pending_->deltas[j].clone();
     sd.metadata[kPendingMeta] = std::to_string(pending_->fragment);
   }
   sd.metadata[kFormatMeta] = "1";
@@ -399,6 +416,13 @@ void DiLoCoAverager::save_state(StateDict& sd) const {
 }
 
 void DiLoCoAverager::load_state(StateDict& sd) {
+  // A dict saved with sharded checkpoints holds only this rank's own part
+  // (residuals); load_sharded restores the rest.
+  const bool sharded = sd.metadata.count(kShardedMeta) > 0;
+  load_from(sd, !sharded, true);
+}
+
+void DiLoCoAverager::load_from(StateDict& sd, bool replicated, bool local) {
   static constexpr const char* op = "DiLoCoAverager.load_state";
   if (!sd.metadata.count(kFormatMeta))
     throw StateDictError(op, "the state dict holds no DiLoCo state (no metadata '" + std::string(kFormatMeta) +
@@ -425,9 +449,11 @@ void DiLoCoAverager::load_state(StateDict& sd) {
   };
   // Everything is checked and staged before anything changes.
   std::vector<Tensor> anchors;
-  for (std::size_t i = 0; i < params_.size(); ++i) anchors.push_back(entry(static_cast<std::int64_t>(i), kAnchorKey, true));
+  if (replicated)
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      anchors.push_back(entry(static_cast<std::int64_t>(i), kAnchorKey, true));
   std::vector<StateDict> outer(fragments_.size());
-  for (std::size_t k = 0; k < fragments_.size(); ++k) {
+  for (std::size_t k = 0; k < fragments_.size() && replicated; ++k) {
     const std::string mk = kOuterMetaPrefix + std::to_string(k);
     if (!sd.metadata.count(mk)) throw StateDictError(op, "no metadata '" + mk + "'");
     const OptimizerSpec spec = OptimizerSpec::from_json(sd.metadata.at(mk));
@@ -446,7 +472,7 @@ void DiLoCoAverager::load_state(StateDict& sd) {
     outer[k].param_groups.push_back(std::move(g));
   }
   std::optional<std::size_t> pending_k;
-  if (sd.metadata.count(kPendingMeta)) {
+  if (replicated && sd.metadata.count(kPendingMeta)) {
     const auto v = parse_int(sd.metadata.at(kPendingMeta), "the pending fragment");
     if (v >= static_cast<std::int64_t>(fragments_.size()))
       throw StateDictError(op, "the pending fragment " + std::to_string(v) + " does not exist");
@@ -459,16 +485,19 @@ void DiLoCoAverager::load_state(StateDict& sd) {
   if (sd.metadata.count(kSyncsMeta)) syncs = parse_int(sd.metadata.at(kSyncsMeta), "the sync count");
 
   // Apply.
-  if (pending_) {
+  if (replicated && pending_) {
     try {
       finish_pending();
     } catch (...) {
     }
     pending_.reset();
   }
-  for (std::size_t i = 0; i < params_.size(); ++i) anchors_[i].copy_(anchors[i].to(anchors_[i].dtype()).view(anchors_[i].shape()));
-  for (std::size_t k = 0; k < fragments_.size(); ++k) outer_[k]->load_state_dict(outer[k]);
-  for (std::size_t k = 0; k < fragments_.size(); ++k) {
+  if (replicated) {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      anchors_[i].copy_(anchors[i].to(anchors_[i].dtype()).view(anchors_[i].shape()));
+    for (std::size_t k = 0; k < fragments_.size(); ++k) outer_[k]->load_state_dict(outer[k]);
+  }
+  for (std::size_t k = 0; k < fragments_.size() && local; ++k) {
     residuals_[k] = Tensor();
     std::int64_t total = 0;
     for (auto i : fragments_[k]) total += params_[static_cast<std::size_t>(i)].numel();
@@ -510,6 +539,47 @@ void DiLoCoAverager::load_state(StateDict& sd) {
     if (it->first.rfind("diloco.", 0) == 0) it = sd.metadata.erase(it);
     else ++it;
   }
+}
+
+std::string DiLoCoAverager::shard_file_name(int rank, int world_size) {
+  return "diloco-rank" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".safetensors";
+}
+
+void DiLoCoAverager::save_sharded(const std::string& dir) const {
+  const int n = process_group().size(), r = process_group().rank();
+  StateDict sd;
+  save_into(sd, true, false, r, n);
+  sd.metadata[kShardsMeta] = std::to_string(n);
+  StateDict::Group g;  // every index is listed, so that the file is a valid state dict
+  for (std::size_t i = 0; i < params_.size(); ++i) g.params.push_back(static_cast<std::int64_t>(i));
+  sd.param_groups.push_back(std::move(g));
+  save_state_dict(sd, (std::filesystem::path(dir) / shard_file_name(r, n)).string());
+}
+
+void DiLoCoAverager::load_sharded(const std::string& dir) {
+  static constexpr const char* op = "DiLoCoAverager.load_sharded";
+  // The number of shards: from the first file found (shard 0 of some size).
+  std::optional<int> shards;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("diloco-rank0-of-", 0) == 0) {
+      const std::string rest = name.substr(16);
+      shards = static_cast<int>(parse_int(rest.substr(0, rest.find('.')), "the shard count"));
+      break;
+    }
+  }
+  if (!shards || *shards < 1) throw StateDictError(op, dir + ": no DiLoCo shard (diloco-rank0-of-N.safetensors)");
+  StateDict merged;
+  for (int s = 0; s < *shards; ++s) {
+    const std::string file = (std::filesystem::path(dir) / shard_file_name(s, *shards)).string();
+    StateDict part = dopt::load_state_dict(file);  // IOError / StateDictError name the file
+    if (!part.metadata.count(kShardsMeta) || part.metadata.at(kShardsMeta) != std::to_string(*shards))
+      throw StateDictError(op, file + ": not shard " + std::to_string(s) + " of " + std::to_string(*shards));
+    for (auto& [i, st] : part.state)
+      for (auto& [key, t] : st) merged.state[i][key] = t;
+    if (s == 0) merged.metadata = part.metadata;
+  }
+  load_from(merged, true, false);
 }
 
 }  // namespace dopt::optim

@@ -61,7 +61,8 @@
 // into the state dict of PostLocalSGDOptimizer, under keys "diloco.*" of the
 // parameters' entries and metadata "diloco.*"; a resumed run continues bit
 // for bit. Each rank's dict holds the whole replicated state (anchors and
-// outer state are the same on every rank); a sharded layout is not offered.
+// outer state are the same on every rank), unless sharded checkpoints are
+// chosen (set_sharded_checkpoints, save_sharded, load_sharded below).
 // Parameters: CPU floating-point tensors (TypeError otherwise, at
 // construction). fragment_update_alpha 0 copies the new global value (torch's
 // lerp with weight 0 gives the same, except NaN where a local value is
@@ -140,6 +141,21 @@ class DiLoCoAverager : public ModelAverager {
   void save_state(StateDict& sd) const override;
   void load_state(StateDict& sd) override;
 
+  /// Sharded checkpoints. With set_sharded_checkpoints(true), save_state
+  /// (so PostLocalSGDOptimizer::state_dict) keeps only this rank's own part
+  /// (error-feedback residuals, counters) and leaves out what is the same on
+  /// every rank (anchors, outer state, an average in flight); save_sharded(dir)
+  /// writes this rank's share of that, the parameters i with
+  /// i % group size == group rank, to dir/shard_file_name(rank, size).
+  /// load_sharded(dir) reads every shard of the set (any group size: each
+  /// shard holds whole entries) and restores the anchors, outer state and an
+  /// average in flight; call it after PostLocalSGDOptimizer::load_state_dict.
+  /// Local (no communication); all ranks must see dir.
+  void set_sharded_checkpoints(bool on) noexcept { sharded_ = on; }
+  void save_sharded(const std::string& dir) const;
+  void load_sharded(const std::string& dir);
+  static std::string shard_file_name(int rank, int world_size);
+
   const DiLoCoOptions& options() const noexcept { return options_; }
   const std::vector<Tensor>& params() const noexcept { return params_; }
   const std::vector<Tensor>& anchors() const noexcept { return anchors_; }
@@ -157,6 +173,10 @@ class DiLoCoAverager : public ModelAverager {
   void prepare(std::size_t k);
   void sync(std::size_t k);
   void finish_pending();  // waits; the averaged deltas are then in pending_->deltas
+  // replicated: anchors, outer state, average in flight (only the parameters
+  // i % shards == shard); local: residuals.
+  void save_into(StateDict& sd, bool replicated, bool local, int shard, int shards) const;
+  void load_from(StateDict& sd, bool replicated, bool local);
 
   DiLoCoOptions options_;
   std::vector<Tensor> params_;
@@ -168,6 +188,7 @@ class DiLoCoAverager : public ModelAverager {
   std::vector<Tensor> flat_bufs_;                // quantized formats: per fragment (lazy)
   std::unique_ptr<Pending> pending_;
   DiLoCoStats stats_;
+  bool sharded_ = false;
 };
 
 }  // namespace dopt::optim
