@@ -11,6 +11,7 @@ option(DOPT_CONFORMANCE "Require the conformance cases in DOPT_SHARED_DIR" ON)
 set(DOPT_REPLAY_WRAPPERS local)
 list(APPEND DOPT_REPLAY_WRAPPERS post_local_sgd)
 list(APPEND DOPT_REPLAY_WRAPPERS zero)
+list(APPEND DOPT_REPLAY_WRAPPERS diloco)
 set(_conf_cases_dir "${DOPT_SHARED_DIR}/conformance/cases")
 set(_conf_checker "${DOPT_SHARED_DIR}/conformance/check_replay.py")
 find_program(DOPT_PYTHON3 python3)
@@ -84,6 +85,10 @@ else()
     sgd_sequentiallr
     sgd_steplr
     zero_adam_ws3_bucket_clip_steplr
+    # the diloco wrapper (DiLoCo, Streaming DiLoCo)
+    diloco_adam_ws3_outer_sgd_nesterov
+    diloco_adamw_ws2_outer_sgd_nesterov
+    diloco_sgd_ws2_fragments_delay_alpha
   )
   foreach(_case IN LISTS DOPT_CONFORMANCE_NEXT_CASES)
     set(_case_dir "${DOPT_SHARED_DIR}/conformance/cases-next/${_case}")

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "dopt/runtime/safetensors.hpp"
 #include "process_util.hpp"
@@ -583,4 +584,91 @@ TEST_CASE("dopt-train multiprocess: a rank waiting in the rendezvous ends at onc
     CHECK(WTERMSIG(d.status) == sig);
     CHECK(secs < 2.0);
   }
+}
+
+// --- --optim diloco -----------------------------------------------------------------------
+
+namespace {
+
+const std::vector<std::string> kDiloco{"--diloco-sync-every", "8",  "--diloco-fragments", "2",      "--diloco-delay",
+                                       "1",                   "--diloco-wire", "int8", "--diloco-error-feedback"};
+
+/// (step, bytes_step, bytes_sent) of every line of a --metrics file.
+std::vector<std::tuple<long, double, double>> bytes_of(const fs::path& metrics) {
+  std::vector<std::tuple<long, double, double>> out;
+  for (const std::string& line : lines_of(slurp(metrics.string()))) {
+    const auto j = nlohmann::json::parse(line);
+    out.emplace_back(j.at("step").get<long>(), j.at("bytes_step").get<double>(), j.at("bytes_sent").get<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dopt-train --optim diloco: the loss falls; bytes per step in the metrics and the loss-against-bytes SVG, "
+          "against DDP's",
+          "[train][diloco]") {
+  TempDir dir("dopt-train-diloco", "bytes");
+  const Done d = train(args_of("diloco", 3, 200, {"--diloco-sync-every", "20", "--diloco-wire", "int8", "--metrics",
+                                                  (dir.path / "d.jsonl").string(), "--svg-bytes",
+                                                  (dir.path / "d.svg").string()}));
+  INFO(d.out);
+  REQUIRE(d.ok());
+  CHECK(contains(d.out, "DiLoCo(Adam, sync every 20, 1 fragment(s), delay 0, int8)"));
+  CHECK(contains(d.out, "bytes sent per rank:"));
+  require_loss_falls(dir.path / "d.jsonl", 200);
+  const Done p = train(args_of("ddp", 3, 200, {"--quiet", "--metrics", (dir.path / "p.jsonl").string()}));
+  REQUIRE(p.ok());
+  const auto db = bytes_of(dir.path / "d.jsonl"), pb = bytes_of(dir.path / "p.jsonl");
+  REQUIRE(db.size() == 200);
+  REQUIRE(pb.size() == 200);
+  // DiLoCo sends only at its syncs (steps 20, 40, ...), DDP every step.
+  for (const auto& [step, b, total] : db) CHECK((b > 0) == (step % 20 == 0));
+  const double ddp_total = std::get<2>(pb.back()), diloco_total = std::get<2>(db.back());
+  INFO("bytes per rank: DDP " << ddp_total << ", DiLoCo " << diloco_total);
+  // 20x fewer syncs and int8 instead of float32: about 80x fewer bytes.
+  CHECK(ddp_total > 60 * diloco_total);
+  const std::string svg = slurp((dir.path / "d.svg").string());
+  CHECK(contains(svg, "MB sent per rank"));
+  CHECK(contains(svg, "<polyline"));
+  // Flags of another mode are refused.
+  const Done bad = train(args_of("ddp", 3, 10, {"--diloco-sync-every", "4"}));
+  CHECK(WEXITSTATUS(bad.status) == 2);
+  CHECK(contains(bad.out, "--diloco-sync-every needs --optim diloco"));
+}
+
+TEST_CASE("dopt-train --optim diloco: a run resumed with an average in flight ends bitwise where an uninterrupted "
+          "one ends (simulated and under dopt-run)",
+          "[train][diloco][multiprocess]") {
+  TempDir dir("dopt-train-diloco", "resume");
+  const fs::path ck = dir.path / "ck";
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), kDiloco.begin(), kDiloco.end());
+    return a;
+  };
+  const Done a = train(args_of("diloco", 3, 40, with({"--dump-params", (dir.path / "full.st").string(), "--metrics",
+                                                      (dir.path / "full.jsonl").string()})));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  // H = 8 / 2 = 4, delay 1: a fragment's average starts after steps 3, 7, ..., 19 and
+  // is applied one step later, so the checkpoint at step 19 holds an average in flight.
+  const Done b = train(args_of("diloco", 3, 19, with({"--checkpoint-dir", ck.string(), "--metrics",
+                                                      (dir.path / "part.jsonl").string()})));
+  INFO(b.out);
+  REQUIRE(b.ok());
+  REQUIRE(fs::exists(ck / "step-00000019" / "checkpoint.json"));
+  const Done c = train(args_of("diloco", 3, 40, with({"--checkpoint-dir", ck.string(), "--resume", "--dump-params",
+                                                      (dir.path / "resumed.st").string(), "--metrics",
+                                                      (dir.path / "part.jsonl").string()})));
+  INFO(c.out);
+  REQUIRE(c.ok());
+  CHECK(contains(c.out, "at step 19"));
+  CHECK(slurp((dir.path / "full.st").string()) == slurp((dir.path / "resumed.st").string()));
+  CHECK(losses(dir.path / "full.jsonl") == losses(dir.path / "part.jsonl"));
+  CHECK(bytes_of(dir.path / "full.jsonl") == bytes_of(dir.path / "part.jsonl"));  // the count continues
+  // Processes train exactly like simulated ranks.
+  const Done m = train_under_dopt_run(3, args_of("diloco", 3, 40, with({"--dump-params", (dir.path / "mp.st").string()})));
+  INFO(m.out);
+  REQUIRE(m.ok());
+  CHECK(slurp((dir.path / "full.st").string()) == slurp((dir.path / "mp.st").string()));
 }

@@ -157,7 +157,10 @@ Case load_case(const std::string& dir) {
   if (c.wrapper_kind == "local" || c.wrapper_kind == "zero") known.insert({"lr_scheduler", "clip_grad_norm"});
   if (c.wrapper_kind == "zero") known.insert("parameters_as_bucket_view");
   if (c.wrapper_kind == "post_local_sgd") known.insert("averager");
-  if (c.wrapper_kind == "local" || c.wrapper_kind == "zero" || c.wrapper_kind == "post_local_sgd")
+  if (c.wrapper_kind == "diloco")
+    known.insert({"sync_every", "fragments", "fragment_sync_delay", "fragment_update_alpha", "outer_optimizer"});
+  if (c.wrapper_kind == "local" || c.wrapper_kind == "zero" || c.wrapper_kind == "post_local_sgd" ||
+      c.wrapper_kind == "diloco")
     for (auto it = wrapper.begin(); it != wrapper.end(); ++it)
       if (!known.count(it.key()))
         throw UnsupportedCase("load_case", "wrapper field '" + it.key() + "' of wrapper '" + c.wrapper_kind +
@@ -241,6 +244,7 @@ void record_case_params(int t, int r, const std::vector<Tensor>& params, std::ma
 ReplayOutput replay_case(const Case& c, int num_threads) {
   if (c.wrapper_kind == "zero") return replay_zero(c, num_threads);
   if (c.wrapper_kind == "post_local_sgd") return replay_post_local_sgd(c, num_threads);
+  if (c.wrapper_kind == "diloco") return replay_diloco(c, num_threads);
   if (c.wrapper_kind != "local")
     throw UnsupportedCase("replay", "wrapper '" + c.wrapper_kind + "' is not supported");
   const std::size_t n = c.shapes.size();

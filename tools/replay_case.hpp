@@ -34,7 +34,7 @@ struct Case {
   std::string optimizer_class;
   Hyperparams defaults;
   std::vector<CaseGroup> groups;
-  std::string wrapper_kind;  // "local", "zero", "post_local_sgd"
+  std::string wrapper_kind;  // "local", "zero", "post_local_sgd", "diloco"
   /// wrapper.lr_scheduler as JSON text ({"class": ..., "args": {...}}); empty: none.
   std::string lr_scheduler;
   /// wrapper.clip_grad_norm: max_norm and norm_type (infinity for "inf").
@@ -115,5 +115,8 @@ ReplayOutput replay_zero(const Case& c, int num_threads);
 /// Wrapper "post_local_sgd": PostLocalSGDOptimizer + PeriodicModelAverager
 /// with world_size simulated ranks (tools/replay_post_local_sgd.cpp).
 ReplayOutput replay_post_local_sgd(const Case& c, int num_threads);
+/// Wrapper "diloco": PostLocalSGDOptimizer + DiLoCoAverager with world_size
+/// simulated ranks; also records anchor.* and outer.* (tools/replay_diloco.cpp).
+ReplayOutput replay_diloco(const Case& c, int num_threads);
 
 }  // namespace dopt::replay

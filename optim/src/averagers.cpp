@@ -109,6 +109,9 @@ void ModelAverager::set_step(std::int64_t step) {
   step_ = step;
 }
 
+void ModelAverager::save_state(StateDict& /*sd*/) const {}
+void ModelAverager::load_state(StateDict& /*sd*/) {}
+
 void ModelAverager::average_parameters(const std::vector<Tensor>& params) {
   if (auto g = group_for_step(step_)) average_parameters_or_parameter_groups(params, *g);
   ++step_;

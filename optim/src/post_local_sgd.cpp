@@ -53,6 +53,7 @@ void PostLocalSGDOptimizer::skip_step() {
 StateDict PostLocalSGDOptimizer::state_dict() const {
   StateDict sd = optim_->state_dict();
   sd.metadata[kAveragerStepKey] = std::to_string(averager_->step());
+  averager_->save_state(sd);
   return sd;
 }
 
@@ -72,7 +73,11 @@ void PostLocalSGDOptimizer::load_state_dict(const StateDict& sd) {
       throw StateDictError(op, "the averager step '" + s + "' is not a non-negative integer");
     step = v;
   }
-  optim_->load_state_dict(sd);
+  // The averager's own entries (DiLoCo's anchors, ...) come out first; the
+  // rest is the local optimizer's.
+  StateDict local = sd;
+  averager_->load_state(local);
+  optim_->load_state_dict(local);
   if (step) {
     averager_->set_step(*step);
   } else {

@@ -56,6 +56,16 @@ json RunInfo::to_json() const {
     j["plsgd_period"] = plsgd_period;
     j["plsgd_local_group"] = plsgd_local_group;
   }
+  if (optim == "diloco") {
+    j["diloco_sync_every"] = diloco_sync_every;
+    j["diloco_fragments"] = diloco_fragments;
+    j["diloco_delay"] = diloco_delay;
+    j["diloco_alpha"] = diloco_alpha;
+    j["diloco_outer_lr"] = diloco_outer_lr;
+    j["diloco_outer_momentum"] = diloco_outer_momentum;
+    j["diloco_wire"] = diloco_wire;
+    j["diloco_error_feedback"] = diloco_error_feedback;
+  }
   return j;
 }
 

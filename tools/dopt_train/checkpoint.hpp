@@ -36,6 +36,11 @@ struct RunInfo {
   double lr = 0;
   std::int64_t plsgd_warmup = 0, plsgd_period = 0;
   int plsgd_local_group = 0;
+  std::int64_t diloco_sync_every = 0, diloco_delay = 0;
+  int diloco_fragments = 0;
+  double diloco_alpha = 0, diloco_outer_lr = 0, diloco_outer_momentum = 0;
+  std::string diloco_wire;
+  bool diloco_error_feedback = false;
   nlohmann::json to_json() const;
 };
 

@@ -3,6 +3,7 @@
 //
 //   dopt-train                                   # 4 simulated ranks, ZeRO(Adam)
 //   dopt-train --optim post-local-sgd --inner sgd --ranks 3
+//   dopt-train --optim diloco --diloco-sync-every 50 --diloco-wire int8
 //   dopt-run --nproc-per-node 4 dopt-train --optim ddp
 //
 // The same binary runs its ranks as threads of this process (simulated, the
@@ -195,6 +196,11 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   };
 
   Tensor stats = Tensor::zeros({4}, dopt::DType::float64);
+  // Bytes sent: continued from the kept metrics lines when resuming.
+  double bytes_before = 0;
+  std::vector<std::pair<double, double>> bytes_history;
+  if (metrics && !metrics->bytes_history().empty()) bytes_before = metrics->bytes_history().back().first;
+  std::uint64_t last_bytes = 0;
   std::int64_t saved_at = -1, interrupted_at = -1;
   bool warned_nonfinite = false;
   const auto t0 = std::chrono::steady_clock::now();
@@ -204,6 +210,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     const BatchResult r =
         model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); });
     strategy->finish_step();
+    const std::uint64_t now_bytes = strategy->bytes_sent();
+    const double step_bytes = double(now_bytes - last_bytes);
+    last_bytes = now_bytes;
 
     // The loss and accuracy of this step over all ranks (for the report only).
     double* st = stats.data<double>();
@@ -269,6 +278,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       rec.lr = strategy->lr();
       rec.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rec.steps_per_s = rec.time_s > 0 ? double(s + 1 - first) / rec.time_s : 0;
+      rec.bytes_step = step_bytes;
+      rec.bytes_sent = bytes_before + double(now_bytes);
+      bytes_history.emplace_back(rec.bytes_sent, rec.loss);
       if (s == first) first_loss = rec.loss, first_acc = rec.accuracy;
       last_loss = rec.loss, last_acc = rec.accuracy;
       history.emplace_back(rec.step, rec.loss);
@@ -298,6 +310,13 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     write_loss_svg(o.svg, points, "dopt-train: " + strategy->describe() + ", " + std::to_string(world_size) +
                                       " ranks, MLP " + model.describe());
   }
+  if (!o.svg_bytes.empty()) {
+    std::vector<std::pair<double, double>> points = metrics ? metrics->bytes_history() : bytes_history;
+    for (auto& [b, l] : points) b /= 1e6;
+    write_curve_svg(o.svg_bytes, points,
+                    "dopt-train: " + strategy->describe() + ", " + std::to_string(world_size) + " ranks",
+                    "MB sent per rank");
+  }
   if (interrupted_at >= 0) {
     std::printf("dopt-train: interrupted after step %lld of %lld; %s\n", static_cast<long long>(interrupted_at),
                 static_cast<long long>(o.steps),
@@ -315,6 +334,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   }
   if (!o.metrics.empty()) std::printf("metrics: %s\n", o.metrics.c_str());
   if (!o.svg.empty()) std::printf("loss curve: %s\n", o.svg.c_str());
+  if (!o.svg_bytes.empty()) std::printf("loss against bytes sent: %s\n", o.svg_bytes.c_str());
+  if (o.steps > first && interrupted_at < 0)
+    std::printf("bytes sent per rank: %s in %lld steps (%s per step)\n", format_bytes(double(last_bytes)).c_str(),
+                static_cast<long long>(o.steps - first), format_bytes(double(last_bytes) / double(o.steps - first)).c_str());
   if (!o.dump_params.empty()) std::printf("parameters: %s\n", o.dump_params.c_str());
   std::fflush(stdout);
 }
@@ -333,7 +356,7 @@ int main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
   std::vector<std::string> inner_names;
   for (const auto& [k, v] : kInner) inner_names.push_back(k);
-  app.add_option("--optim", o.optim, "Distributed optimizer: zero | post-local-sgd | ddp | remote")
+  app.add_option("--optim", o.optim, "Distributed optimizer: zero | post-local-sgd | ddp | diloco | remote")
       ->check(CLI::IsMember(available_modes()))
       ->capture_default_str();
   app.add_option("--inner", o.inner, "Local optimizer: adam | adamw | sgd | adagrad | rmsprop | adamax | adadelta | rprop")
@@ -367,8 +390,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"error", "warn"}))
       ->capture_default_str();
   app.add_option("--resume-from", o.resume_from, "Resume from this checkpoint folder (DIR/step-XXXXXXXX)");
-  app.add_option("--metrics", o.metrics, "Write one JSON line per step here (step, loss, accuracy, lr, steps_per_s, time_s)");
+  app.add_option("--metrics", o.metrics,
+                 "Write one JSON line per step here (step, loss, accuracy, lr, steps_per_s, time_s, bytes_step, bytes_sent)");
   app.add_option("--svg", o.svg, "Draw the loss curve into this SVG file");
+  app.add_option("--svg-bytes", o.svg_bytes, "Draw the loss against the bytes sent per rank into this SVG file");
   app.add_option("--dump-params", o.dump_params, "Write every rank's final parameters here (safetensors)");
   app.add_option("--log-every", o.log_every, "Plain progress line every N steps when not on a terminal")
       ->check(CLI::PositiveNumber);
@@ -385,6 +410,31 @@ int main(int argc, char** argv) {
                  "post-local-sgd: after warm-up average gradients in blocks of K ranks (1: not at all)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--diloco-sync-every", o.diloco_sync_every,
+                 "diloco: inner steps between two synchronisations of a fragment (H)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--diloco-fragments", o.diloco_fragments, "diloco: fragments (Streaming DiLoCo), staggered")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--diloco-delay", o.diloco_delay, "diloco: inner steps a fragment's average overlaps (tau)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--diloco-alpha", o.diloco_alpha, "diloco: fragment_update_alpha (0: take the global value)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--diloco-outer-lr", o.diloco_outer_lr, "diloco: outer SGD learning rate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--diloco-outer-momentum", o.diloco_outer_momentum,
+                 "diloco: outer SGD Nesterov momentum (0: plain SGD)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--diloco-wire", o.diloco_wire, "diloco: wire format: float32 | bfloat16 | float16 | int8 | int4")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "int8", "int4"}))
+      ->capture_default_str();
+  app.add_flag("--diloco-error-feedback", o.diloco_error_feedback,
+               "diloco: carry the quantization error to the next sync (int8, int4, bfloat16, float16)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -398,6 +448,19 @@ int main(int argc, char** argv) {
   if (o.keep_last > 0 && o.checkpoint_dir.empty()) return usage_error("--keep-last needs --checkpoint-dir");
   for (const char* f : {"--plsgd-warmup", "--plsgd-period", "--plsgd-local-group"})
     if (o.optim != "post-local-sgd" && app.count(f)) return usage_error(std::string(f) + " needs --optim post-local-sgd");
+  for (const char* f : {"--diloco-sync-every", "--diloco-fragments", "--diloco-delay", "--diloco-alpha",
+                        "--diloco-outer-lr", "--diloco-outer-momentum", "--diloco-wire", "--diloco-error-feedback"})
+    if (o.optim != "diloco" && app.count(f)) return usage_error(std::string(f) + " needs --optim diloco");
+  if (o.optim == "diloco") {
+    if (o.diloco_sync_every % o.diloco_fragments != 0)
+      return usage_error("--diloco-sync-every " + std::to_string(o.diloco_sync_every) +
+                         " must be a multiple of --diloco-fragments " + std::to_string(o.diloco_fragments));
+    if (o.diloco_delay >= o.diloco_sync_every / o.diloco_fragments)
+      return usage_error("--diloco-delay must be smaller than --diloco-sync-every / --diloco-fragments (" +
+                         std::to_string(o.diloco_sync_every / o.diloco_fragments) + ")");
+    if (o.diloco_error_feedback && o.diloco_wire == "float32")
+      return usage_error("--diloco-error-feedback needs a compressed --diloco-wire (bfloat16, float16, int8, int4)");
+  }
 
   if (o.optim == "remote" && (!o.checkpoint_dir.empty() || !o.resume_from.empty()))
     return usage_error("checkpoints are not available with --optim remote: the optimizer state lives on the "
@@ -429,6 +492,14 @@ int main(int argc, char** argv) {
     plan.strategy.plsgd_warmup = o.plsgd_warmup;
     plan.strategy.plsgd_period = o.plsgd_period;
     plan.strategy.plsgd_local_group = o.plsgd_local_group;
+    plan.strategy.diloco_sync_every = o.diloco_sync_every;
+    plan.strategy.diloco_fragments = o.diloco_fragments;
+    plan.strategy.diloco_delay = o.diloco_delay;
+    plan.strategy.diloco_alpha = o.diloco_alpha;
+    plan.strategy.diloco_outer_lr = o.diloco_outer_lr;
+    plan.strategy.diloco_outer_momentum = o.diloco_outer_momentum;
+    plan.strategy.diloco_wire = o.diloco_wire;
+    plan.strategy.diloco_error_feedback = o.diloco_error_feedback;
     plan.run.optim = o.optim;
     plan.run.inner = o.inner;
     plan.run.ranks = plan.world_size;
@@ -441,6 +512,14 @@ int main(int argc, char** argv) {
     plan.run.plsgd_warmup = o.plsgd_warmup;
     plan.run.plsgd_period = o.plsgd_period;
     plan.run.plsgd_local_group = o.plsgd_local_group;
+    plan.run.diloco_sync_every = o.diloco_sync_every;
+    plan.run.diloco_fragments = o.diloco_fragments;
+    plan.run.diloco_delay = o.diloco_delay;
+    plan.run.diloco_alpha = o.diloco_alpha;
+    plan.run.diloco_outer_lr = o.diloco_outer_lr;
+    plan.run.diloco_outer_momentum = o.diloco_outer_momentum;
+    plan.run.diloco_wire = o.diloco_wire;
+    plan.run.diloco_error_feedback = o.diloco_error_feedback;
 
     std::string resume_dir = o.resume_from;
     if (o.resume) {

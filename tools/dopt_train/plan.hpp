@@ -37,6 +37,13 @@ struct Options {
   std::int64_t interrupt_at_step = 0;  // testing: raise SIGINT at this step
   std::int64_t plsgd_warmup = 20, plsgd_period = 4;
   int plsgd_local_group = 1;
+  std::int64_t diloco_sync_every = 50;
+  int diloco_fragments = 1;
+  std::int64_t diloco_delay = 0;
+  double diloco_alpha = 0.0, diloco_outer_lr = 0.7, diloco_outer_momentum = 0.9;
+  std::string diloco_wire = "float32";
+  bool diloco_error_feedback = false;
+  std::string svg_bytes;
 };
 
 // Inner optimizers: the torch class name and a learning rate that trains this MLP well.

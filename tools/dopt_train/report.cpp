@@ -96,6 +96,8 @@ MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) {
         if (s <= keep_up_to) {
           kept.push_back(line);
           history_.emplace_back(s, j.at("loss").get<double>());
+          if (j.contains("bytes_sent"))
+            bytes_history_.emplace_back(j.at("bytes_sent").get<double>(), j.at("loss").get<double>());
         }
       } catch (const json::exception&) {
         // a line the interrupted run left half-written: dropped
@@ -109,9 +111,11 @@ MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) {
 
 void MetricsWriter::write(const StepRecord& r) {
   const json j = {{"step", r.step},           {"loss", r.loss},    {"accuracy", r.accuracy},
-                  {"lr", r.lr},               {"steps_per_s", r.steps_per_s}, {"time_s", r.time_s}};
+                  {"lr", r.lr},               {"steps_per_s", r.steps_per_s}, {"time_s", r.time_s},
+                  {"bytes_step", r.bytes_step}, {"bytes_sent", r.bytes_sent}};
   out_ << j.dump() << "\n";
   history_.emplace_back(r.step, r.loss);
+  bytes_history_.emplace_back(r.bytes_sent, r.loss);
 }
 
 namespace {
@@ -146,12 +150,19 @@ std::string escape(const std::string& s) {
 
 void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
                     const std::string& title) {
+  std::vector<std::pair<double, double>> p;
+  for (const auto& [s, l] : points) p.emplace_back(double(s), l);
+  write_curve_svg(path, p, title, "step");
+}
+
+void write_curve_svg(const std::string& path, const std::vector<std::pair<double, double>>& points,
+                     const std::string& title, const std::string& xlabel) {
   const double W = 720, H = 420, left = 70, right = 20, top = 40, bottom = 50;
   const double pw = W - left - right, ph = H - top - bottom;
   double x0 = 0, x1 = 1, y1 = 1;
   if (!points.empty()) {
-    x1 = std::max<double>(1.0, double(points.back().first));
-    x0 = std::min<double>(double(points.front().first), x1 - 1);
+    x1 = std::max<double>(xlabel == "step" ? 1.0 : 1e-9, points.back().first);
+    x0 = std::min<double>(points.front().first, xlabel == "step" ? x1 - 1 : 0.0);
     y1 = 0;
     for (const auto& [s, l] : points)
       if (std::isfinite(l)) y1 = std::max(y1, l);
@@ -184,13 +195,13 @@ void write_loss_svg(const std::string& path, const std::vector<std::pair<std::in
     << "\" stroke=\"black\"/>\n";
   o << "<line x1=\"" << left << "\" y1=\"" << top + ph << "\" x2=\"" << left + pw << "\" y2=\"" << top + ph
     << "\" stroke=\"black\"/>\n";
-  o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">" << escape(xlabel) << "</text>\n";
   o << "<text x=\"16\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 16 "
     << top + ph / 2 << ")\">loss</text>\n";
   // The curve.
   o << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
   for (const auto& [s, l] : points)
-    if (std::isfinite(l)) o << num(X(double(s))) << "," << num(Y(l)) << " ";
+    if (std::isfinite(l)) o << num(X(s)) << "," << num(Y(l)) << " ";
   o << "\"/>\n</svg>\n";
 
   std::ofstream f(path, std::ios::trunc);

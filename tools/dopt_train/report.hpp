@@ -18,6 +18,10 @@ struct StepRecord {
   double lr = 0;
   double steps_per_s = 0;
   double time_s = 0;  // since this run started
+  /// Bytes rank 0 sent for the optimizer's communication: in this step, and
+  /// in all steps so far (Strategy::bytes_sent; continued across a resume).
+  double bytes_step = 0;
+  double bytes_sent = 0;
 };
 
 /// "\r[#####-----] step 120/600 ..." on a terminal; a plain line every
@@ -57,14 +61,20 @@ class MetricsWriter {
   void flush() { out_.flush(); }
   /// (step, loss) of the kept lines.
   const std::vector<std::pair<std::int64_t, double>>& history() const { return history_; }
+  /// (bytes_sent, loss) of the kept lines (lines without bytes_sent are left out).
+  const std::vector<std::pair<double, double>>& bytes_history() const { return bytes_history_; }
 
  private:
   std::ofstream out_;
   std::vector<std::pair<std::int64_t, double>> history_;
+  std::vector<std::pair<double, double>> bytes_history_;
 };
 
 /// Draws the loss curve (steps on x, loss on y) as a small SVG file.
 void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
                     const std::string& title);
+/// The same plot with any x axis (e.g. megabytes sent per rank), labelled `xlabel`.
+void write_curve_svg(const std::string& path, const std::vector<std::pair<double, double>>& points,
+                     const std::string& title, const std::string& xlabel);
 
 }  // namespace dopt_train

@@ -5,6 +5,7 @@
 
 #include "dopt/optim/averagers.hpp"
 #include "dopt/optim/comm_hooks.hpp"
+#include "dopt/optim/diloco.hpp"
 #include "dopt/optim/post_local_sgd.hpp"
 #include "dopt/optim/reducer.hpp"
 #include "dopt/optim/zero.hpp"
@@ -32,17 +33,37 @@ std::int64_t numel_of(const std::vector<Tensor>& ps) {
   return n;
 }
 
+std::int64_t nbytes_of(const std::vector<Tensor>& ps) {
+  std::int64_t n = 0;
+  for (const Tensor& p : ps) n += static_cast<std::int64_t>(p.nbytes());
+  return n;
+}
+
+/// What a ring all-reduce of `bytes` over n ranks sends per rank.
+std::uint64_t ring_bytes(std::int64_t bytes, int n) {
+  return n <= 1 ? 0 : static_cast<std::uint64_t>(bytes) * 2 * static_cast<std::uint64_t>(n - 1) / static_cast<std::uint64_t>(n);
+}
+
 /// zero: gradients averaged by the reducer, then ZeRO's sharded step.
 class ZeroStrategy : public Strategy {
  public:
   ZeroStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
-      : reducer_(params, world), zero_(params, cfg.inner, ZeroOptions{world}) {}
+      : reducer_(params, world), zero_(params, cfg.inner, ZeroOptions{world}),
+        per_step_(ring_bytes(nbytes_of(params), world.size()) +
+                  (world.size() > 1 ? static_cast<std::uint64_t>(nbytes_of(params)) *
+                                          static_cast<std::uint64_t>(world.size() - 1) /
+                                          static_cast<std::uint64_t>(world.size())
+                                    : 0)) {}
   std::string describe() const override { return "ZeRO(" + zero_.optim().name() + ")"; }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
   void finish_step() override {
     reducer_.finalize();
     zero_.step();
+    sent_ += per_step_;
   }
+  /// The gradient all-reduce plus the parameters' broadcast from their owners
+  /// (counted as a ring all-gather: (n - 1) / n of the parameters).
+  std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return zero_.local_state_bytes(); }
   std::int64_t owned_numel() const override {
     std::int64_t n = 0;
@@ -56,6 +77,7 @@ class ZeroStrategy : public Strategy {
  private:
   Reducer reducer_;
   ZeroRedundancyOptimizer zero_;
+  std::uint64_t per_step_ = 0, sent_ = 0;
 };
 
 /// ddp: gradients averaged by the reducer, every rank steps a full optimizer.
@@ -63,13 +85,15 @@ class DdpStrategy : public Strategy {
  public:
   DdpStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
       : reducer_(params, world), opt_(make_optimizer(cfg.inner, {OptimizerParamGroup(params)})),
-        rank_(world.rank()), world_size_(world.size()) {}
+        rank_(world.rank()), world_size_(world.size()), per_step_(ring_bytes(nbytes_of(params), world.size())) {}
   std::string describe() const override { return "DDP(" + opt_->name() + ")"; }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
   void finish_step() override {
     reducer_.finalize();
     opt_->step();
+    sent_ += per_step_;
   }
+  std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(*opt_); }
   std::int64_t owned_numel() const override { return numel_of(opt_->all_params()); }
   void save(const std::string& dir) override {
@@ -84,6 +108,7 @@ class DdpStrategy : public Strategy {
   Reducer reducer_;
   std::unique_ptr<Optimizer> opt_;
   int rank_, world_size_;
+  std::uint64_t per_step_ = 0, sent_ = 0;
 };
 
 /// post-local-sgd: the reducer's post_localSGD_hook averages gradients
@@ -105,6 +130,9 @@ class PostLocalSgdStrategy : public Strategy {
                                                    pc.make_averager(), *hook_state_);
     warmup_ = cfg.plsgd_warmup;
     period_ = cfg.plsgd_period;
+    grad_global_ = ring_bytes(nbytes_of(params), world.size());
+    grad_local_ = cfg.plsgd_local_group <= 1 ? 0 : ring_bytes(nbytes_of(params), cfg.plsgd_local_group);
+    params_ = grad_global_;
   }
   std::string describe() const override {
     return "PostLocalSGD(" + opt_->optim().name() + ", warm-up " + std::to_string(warmup_) + ", period " +
@@ -112,9 +140,15 @@ class PostLocalSgdStrategy : public Strategy {
   }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
   void finish_step() override {
+    const bool averages = opt_->averager().will_average();
+    const bool warm = steps_++ < warmup_;
     reducer_.finalize();
     opt_->step();
+    sent_ += (warm ? grad_global_ : grad_local_) + (averages ? params_ : 0);
   }
+  /// Gradients: all-reduced over the world during warm-up, then over the
+  /// local group; parameters: all-reduced on the averager's steps.
+  std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(opt_->optim()); }
   std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
   void save(const std::string& dir) override {
@@ -124,6 +158,7 @@ class PostLocalSgdStrategy : public Strategy {
     opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
     // The hook counts warm-up iterations itself (it stops at start_localSGD_iter).
     hook_state_->iter = std::min(step, hook_state_->start_localSGD_iter);
+    steps_ = step;
   }
   double lr() const override { return opt_->param_groups()[0].options->get_lr(); }
 
@@ -133,11 +168,76 @@ class PostLocalSgdStrategy : public Strategy {
   std::unique_ptr<PostLocalSGDOptimizer> opt_;
   int rank_, world_size_;
   std::int64_t warmup_ = 0, period_ = 1;
+  std::uint64_t grad_global_ = 0, grad_local_ = 0, params_ = 0, sent_ = 0;
+  std::int64_t steps_ = 0;
+};
+
+/// diloco: no gradient communication at all; PostLocalSGDOptimizer's
+/// DiLoCoAverager synchronises the parameters through the outer optimizer.
+class DiLoCoStrategy : public Strategy {
+ public:
+  DiLoCoStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
+      : rank_(world.rank()), world_size_(world.size()) {
+    // The same initial parameters on every rank (the reducers of the other
+    // modes broadcast them; here it is done once, explicitly).
+    world.broadcast_coalesced(params, 0);
+    DiLoCoOptions o;
+    o.sync_every = cfg.diloco_sync_every;
+    const auto F = static_cast<std::size_t>(std::max(1, cfg.diloco_fragments));
+    if (F > params.size())
+      throw dopt::ValueError("dopt-train", "--diloco-fragments " + std::to_string(F) + " exceeds the " +
+                                               std::to_string(params.size()) + " parameter tensors of the model");
+    for (std::size_t k = 0; k < F; ++k) {
+      std::vector<std::int64_t> frag;
+      for (std::size_t i = params.size() * k / F; i < params.size() * (k + 1) / F; ++i)
+        frag.push_back(static_cast<std::int64_t>(i));
+      o.fragments.push_back(std::move(frag));
+    }
+    o.fragment_sync_delay = cfg.diloco_delay;
+    o.fragment_update_alpha = cfg.diloco_alpha;
+    o.outer_optimizer = {"SGD", {{"lr", cfg.diloco_outer_lr}, {"momentum", cfg.diloco_outer_momentum},
+                                 {"nesterov", cfg.diloco_outer_momentum > 0}}};
+    o.wire_format = parse_wire_format(cfg.diloco_wire);
+    o.error_feedback = cfg.diloco_error_feedback;
+    auto averager = std::make_unique<DiLoCoAverager>(params, o, world);
+    diloco_ = averager.get();
+    opt_ = std::make_unique<PostLocalSGDOptimizer>(make_optimizer(cfg.inner, {OptimizerParamGroup(params)}),
+                                                   std::move(averager));
+  }
+  std::string describe() const override {
+    const auto& o = diloco_->options();
+    return "DiLoCo(" + opt_->optim().name() + ", sync every " + std::to_string(o.sync_every) + ", " +
+           std::to_string(diloco_->fragments().size()) + " fragment(s), delay " +
+           std::to_string(o.fragment_sync_delay) + ", " + std::string(wire_format_name(o.wire_format)) +
+           (o.error_feedback ? " + error feedback" : "") + ")";
+  }
+  void grad_ready(const Tensor&) override {}
+  void finish_step() override { opt_->step(); }
+  std::uint64_t bytes_sent() const override { return diloco_->stats().bytes_sent; }
+  std::int64_t state_bytes() const override {
+    // The inner optimizer's state plus the anchors and the outer state.
+    std::int64_t b = optimizer_state_bytes(opt_->optim()) + nbytes_of(diloco_->anchors());
+    for (std::size_t k = 0; k < diloco_->fragments().size(); ++k) b += optimizer_state_bytes(diloco_->outer_optimizer(k));
+    return b;
+  }
+  std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
+  void save(const std::string& dir) override {
+    dopt::save_state_dict(opt_->state_dict(), (fs::path(dir) / optim_file_name(rank_, world_size_)).string());
+  }
+  void load(const std::string& dir, std::int64_t) override {
+    opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
+  }
+  double lr() const override { return opt_->param_groups()[0].options->get_lr(); }
+
+ private:
+  std::unique_ptr<PostLocalSGDOptimizer> opt_;
+  DiLoCoAverager* diloco_ = nullptr;
+  int rank_, world_size_;
 };
 
 }  // namespace
 
-std::vector<std::string> available_modes() { return {"zero", "post-local-sgd", "ddp", "remote"}; }
+std::vector<std::string> available_modes() { return {"zero", "post-local-sgd", "ddp", "diloco", "remote"}; }
 
 bool mode_available(const std::string& mode, std::string* why) {
   if (mode == "remote") {
@@ -150,7 +250,7 @@ bool mode_available(const std::string& mode, std::string* why) {
              "use --optim zero, ddp or post-local-sgd";
     return false;
   }
-  return mode == "zero" || mode == "ddp" || mode == "post-local-sgd";
+  return mode == "zero" || mode == "ddp" || mode == "post-local-sgd" || mode == "diloco";
 }
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
@@ -160,6 +260,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::ve
   if (cfg.mode == "remote") throw dopt::NotSupportedError("dopt-train", "--optim remote runs run_remote(), not a Strategy");
   if (cfg.mode == "zero") return std::make_unique<ZeroStrategy>(cfg, params, world);
   if (cfg.mode == "ddp") return std::make_unique<DdpStrategy>(cfg, params, world);
+  if (cfg.mode == "diloco") return std::make_unique<DiLoCoStrategy>(cfg, params, world);
   return std::make_unique<PostLocalSgdStrategy>(cfg, params, world);
 }
 

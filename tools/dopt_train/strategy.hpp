@@ -8,6 +8,10 @@
 //   post-local-sgd  Reducer with post_localSGD_hook + PostLocalSGDOptimizer:
 //                   global averaging for --plsgd-warmup steps, then local steps
 //                   with the parameters averaged every --plsgd-period steps
+//   diloco          PostLocalSGDOptimizer + DiLoCoAverager: local steps only;
+//                   every --diloco-sync-every steps the pseudo-gradients are
+//                   averaged (in --diloco-fragments fragments, in the
+//                   --diloco-wire format) and an outer Nesterov SGD steps
 //   remote          DistributedOptimizer with parameter owners (when built in)
 //
 // Per step, on every rank: grad_ready(p) for each parameter as the backward
@@ -33,6 +37,15 @@ struct StrategyConfig {
   std::int64_t plsgd_warmup = 20;
   std::int64_t plsgd_period = 4;
   int plsgd_local_group = 1;  // 1: purely local gradients after warm-up
+  // diloco
+  std::int64_t diloco_sync_every = 50;
+  int diloco_fragments = 1;  // contiguous runs of the parameter list
+  std::int64_t diloco_delay = 0;
+  double diloco_alpha = 0.0;
+  double diloco_outer_lr = 0.7;
+  double diloco_outer_momentum = 0.9;
+  std::string diloco_wire = "float32";
+  bool diloco_error_feedback = false;
 };
 
 class Strategy {
@@ -54,6 +67,11 @@ class Strategy {
   virtual void load(const std::string& dir, std::int64_t step) = 0;
   /// The current learning rate.
   virtual double lr() const = 0;
+  /// Bytes this rank has sent for the optimizer's communication since the
+  /// strategy was built: a ring all-reduce of B bytes over n ranks counts
+  /// 2 (n - 1) / n * B (what the ring algorithm sends per rank); DiLoCo's
+  /// quantized formats count their exact payload. Local.
+  virtual std::uint64_t bytes_sent() const = 0;
 };
 
 /// The modes this build offers (remote only when the RPC layer is built in).

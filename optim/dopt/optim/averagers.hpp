@@ -86,9 +86,18 @@ class ModelAverager {
 
   /// Averages (when the schedule says so, see the subclasses) the parameters
   /// with a gradient, then advances step() by one. A collective on averaging
-  /// steps (header).
-  void average_parameters(const std::vector<Tensor>& params);
-  void average_parameters(const std::vector<OptimizerParamGroup>& groups);
+  /// steps (header). Virtual so that an averager may do more than average
+  /// (DiLoCoAverager, diloco.hpp, runs an outer optimizer).
+  virtual void average_parameters(const std::vector<Tensor>& params);
+  virtual void average_parameters(const std::vector<OptimizerParamGroup>& groups);
+
+  /// The averager's own state beyond step(), for PostLocalSGDOptimizer's
+  /// state dict: save_state adds it to sd (entries of the parameters' state
+  /// and metadata under a prefix of its own); load_state restores it and
+  /// removes those entries from sd, leaving the local optimizer's part.
+  /// Both do nothing here (the averagers above keep only their step).
+  virtual void save_state(StateDict& sd) const;
+  virtual void load_state(StateDict& sd);
 
   /// The group averaging would use at the current step; empty when this step
   /// does not average. Local, no communication.

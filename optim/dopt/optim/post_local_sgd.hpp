@@ -97,7 +97,8 @@ class PostLocalSGDOptimizer {
   std::unordered_map<const TensorImpl*, ParamState>& state() noexcept { return optim_->state(); }
   const std::unordered_map<const TensorImpl*, ParamState>& state() const noexcept { return optim_->state(); }
 
-  /// The local optimizer's dict plus metadata["step"] = averager().step().
+  /// The local optimizer's dict plus metadata["step"] = averager().step(),
+  /// plus the averager's own state (ModelAverager::save_state).
   StateDict state_dict() const;
   /// Loads the local optimizer's part; restores the averager's step from
   /// metadata["step"], or, when it is missing, warns on stderr ("Loaded state
