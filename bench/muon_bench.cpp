@@ -4,7 +4,8 @@
 // element-count and the Newton-Schulz-cost partition.
 //
 //   dopt_bench_muon [--d-model 768] [--layers 7] [--ranks 2,4] [--steps 2] [--warmup 1]
-//                   [--dtype float32] [--ns-dtype float32] [--skip-adam]
+//                   [--dtype float32] [--ns-dtype float32] [--skip-adam] [--skip-muon]
+//                   [--partition-only]
 //
 // Each layer holds the four matrices of a transformer block: the attention
 // projections [d, 3d] and [d, d] and the MLP's [d, 4d] and [4d, d] (7.1M
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
   std::int64_t d = 768;
   int layers = 7, steps = 2, warmup = 1;
   std::string ranks = "2,4", dtype = "float32", ns_dtype = "float32";
-  bool skip_adam = false;
+  bool skip_adam = false, skip_muon = false, partition_only = false;
   app.add_option("--d-model", d, "model width");
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--ranks", ranks, "world sizes for ZeRO-Muon, comma-separated (empty: none)");
@@ -131,6 +132,9 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "parameter dtype: float32 or float64");
   app.add_option("--ns-dtype", ns_dtype, "Muon's ns_dtype: float64, float32 or bfloat16");
   app.add_flag("--skip-adam", skip_adam, "do not time Adam");
+  app.add_flag("--skip-muon", skip_muon, "do not time single-rank Muon (ratios to it print as -1)");
+  app.add_flag("--partition-only", partition_only,
+               "only build ZeRO at each world size and print the partitions' imbalance (no steps)");
   CLI11_PARSE(app, argc, argv);
   const DType dt = dtype == "float64" ? DType::float64 : DType::float32;
   const auto shapes = transformer_shapes(d, layers);
@@ -145,6 +149,7 @@ int main(int argc, char** argv) {
   };
 
   double adam_cpu_ms = -1;
+  if (partition_only) skip_adam = skip_muon = true, steps = 0, warmup = 0;
   if (!skip_adam) {
     auto p = make_params(shapes, dt);
     Adam adam(p, AdamOptions(1e-3));
@@ -154,8 +159,8 @@ int main(int argc, char** argv) {
                 common("adam").c_str(), bench::median(t), *std::min_element(t.begin(), t.end()), adam_cpu_ms);
     std::fflush(stdout);
   }
-  double muon_ms = 0, muon_cpu_ms = 0;
-  {
+  double muon_ms = -1, muon_cpu_ms = -1;
+  if (!skip_muon) {
     auto p = make_params(shapes, dt);
     Muon muon(p, mo);
     const auto [t, cpu] = time_local(muon, warmup, steps);
@@ -173,7 +178,10 @@ int main(int argc, char** argv) {
       double imbalance = 0, imbalance_elements = 0;
       std::mutex m;
       simulate(world, [&](RankContext& ctx) {
-        auto p = make_params(shapes, dt);
+        std::vector<Tensor> p;
+        if (partition_only)
+          for (const auto& sh : shapes) p.push_back(Tensor::zeros(sh, dt));
+        else p = make_params(shapes, dt);
         ZeroOptions zo;
         zo.process_group = ctx.world();
         zo.partition_weight = weight;
@@ -189,8 +197,8 @@ int main(int argc, char** argv) {
           mine.push_back(ms_since(t0));
         }
         ProcessGroup world_group = ctx.world();
-        const auto slowest = bench::slowest(world_group, mine);
-        const auto slowest_cpu = bench::slowest(world_group, mine_cpu);
+        const auto slowest = steps > 0 ? bench::slowest(world_group, mine) : mine;
+        const auto slowest_cpu = steps > 0 ? bench::slowest(world_group, mine_cpu) : mine_cpu;
         if (ctx.rank() == 0) {
           // Load of each rank: its matrices' Newton-Schulz cost (and elements).
           const auto owners = zero.param_owners();
@@ -210,13 +218,22 @@ int main(int argc, char** argv) {
           imbalance_elements = *std::max_element(elems.begin(), elems.end()) / (total_elems / world);
         }
       });
+      if (partition_only) {
+        std::printf("{\"what\": \"partition\", \"params\": %lld, \"matrices\": %zu, \"world_size\": %d, "
+                    "\"partition\": \"%s\", \"imbalance\": %.3f, \"element_imbalance\": %.3f}\n",
+                    static_cast<long long>(n), shapes.size(), world,
+                    weight == ZeroPartitionWeight::step_cost ? "step_cost" : "element_count", imbalance,
+                    imbalance_elements);
+        continue;
+      }
       const double med = bench::median(step_ms), cpu = bench::median(step_cpu_ms);
       std::printf(
           "{%s, \"world_size\": %d, \"partition\": \"%s\", \"step_ms\": %.1f, \"min_ms\": %.1f, "
           "\"vs_single_rank_muon\": %.3f, \"cpu_ms_slowest_rank\": %.1f, \"cpu_vs_single_rank_muon\": %.3f, "
           "\"imbalance\": %.3f, \"element_imbalance\": %.3f}\n",
           common("zero_muon").c_str(), world, weight == ZeroPartitionWeight::step_cost ? "step_cost" : "element_count",
-          med, *std::min_element(step_ms.begin(), step_ms.end()), med / muon_ms, cpu, cpu / muon_cpu_ms, imbalance,
+          med, *std::min_element(step_ms.begin(), step_ms.end()), muon_ms > 0 ? med / muon_ms : -1.0, cpu,
+          muon_cpu_ms > 0 ? cpu / muon_cpu_ms : -1.0, imbalance,
           imbalance_elements);
       std::fflush(stdout);
     }
