@@ -25,9 +25,12 @@
 // conformance traces use), "float32", or "bfloat16" (torch's: every matrix
 // product's operands and results rounded to bfloat16, products accumulated in
 // float32). The result is rounded to the parameter's dtype before the update.
-// Against float64, bfloat16 moves O by up to about 5e-2 (absolute, per
-// element, with O's entries of order 1/sqrt(min(A, B))... see docs), float32
-// by about 1e-5.
+// Against float64, the largest elementwise difference of O, relative to
+// max|O|, stays below 1e-5 with float32 and below 0.06 with bfloat16.
+//
+// The iteration runs on the calling thread (no thread pool). Built with
+// DOPT_MUON_AVX2 (the default on x86-64) it needs AVX2 and FMA: on a CPU
+// without them step() throws NotSupportedError before changing anything.
 //
 // Exactly one Newton-Schulz iteration runs per parameter with a gradient per
 // step() (muon_orthogonalizations() counts them, process-wide).
