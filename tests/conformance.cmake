@@ -100,6 +100,24 @@ else()
     set_tests_properties("conformance: ${_case}" PROPERTIES LABELS "conformance;conformance-next" TIMEOUT 120)
     math(EXPR _conf_registered "${_conf_registered} + 1")
   endforeach()
+  # Muon's cases: checked with check_replay.py's float64 tolerances only, not
+  # byte for byte: the Newton-Schulz matrix products sum in another order than
+  # torch's BLAS (FORMAT.md: such a replay stays far inside the tolerances).
+  set(DOPT_CONFORMANCE_NEXT_TOLERANCE_CASES
+    muon_default
+    muon_no_nesterov_match_rms_adamw_no_wd
+    muon_two_groups
+    zero_muon_ws2_bucket
+  )
+  foreach(_case IN LISTS DOPT_CONFORMANCE_NEXT_TOLERANCE_CASES)
+    set(_case_dir "${DOPT_SHARED_DIR}/conformance/cases-next/${_case}")
+    add_test(NAME "conformance: ${_case}"
+             COMMAND sh "${CMAKE_CURRENT_SOURCE_DIR}/run_conformance.sh"
+                     $<TARGET_FILE:dopt-replay> "${DOPT_PYTHON3}" "${_conf_checker}"
+                     "${_case_dir}" "${CMAKE_CURRENT_BINARY_DIR}/conformance/${_case}.safetensors")
+    set_tests_properties("conformance: ${_case}" PROPERTIES LABELS "conformance;conformance-next" TIMEOUT 120)
+    math(EXPR _conf_registered "${_conf_registered} + 1")
+  endforeach()
 
   # The replayer's own error paths. While 'zero' is unsupported, replaying a
   # zero case must say so and exit non-zero (dropped once 'zero' is supported).

@@ -7,7 +7,9 @@
 //                                    (one frozen parameter, one gradient left
 //                                    out at one step), plus a 3-parameter model
 //                                    (more ranks than parameters at 5); then
-//                                    consolidate_state_dict on the last rank
+//                                    consolidate_state_dict on the last rank;
+//                                    and ZeRO(Muon) on matrices, partition
+//                                    weighted by Newton-Schulz cost
 //   dopt_zero_peer save DIR          steps 0..2 at this world size N, then
 //                                    save_sharded(DIR/<config>)
 //   dopt_zero_peer load DIR N        at this world size M: load_sharded of a
@@ -121,8 +123,20 @@ Model tiny_model() {
   return m;
 }
 
+/// Matrices only, for Muon: two groups, one gradient left out at one step.
+Model muon_model() {
+  Model m;
+  m.shapes = {{24, 40}, {40, 24}, {16, 64}, {8, 8}, {3, 5}, {64, 16}};
+  m.groups = {{0, 1, 2}, {3, 4, 5}};
+  m.overrides = {{}, {{"lr", 0.01}, {"nesterov", false}, {"adjust_lr_fn", "match_rms_adamw"}}};
+  m.skip_param = 4;
+  m.skip_step = 1;
+  return m;
+}
+
 OptimizerSpec spec_of(const std::string& opt) {
   if (opt == "Adam") return OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
+  if (opt == "Muon") return OptimizerSpec{"Muon", {{"lr", 0.02}, {"weight_decay", 0.05}}};
   return OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
 }
 
@@ -236,6 +250,8 @@ std::unique_ptr<ZeroRedundancyOptimizer> make_zero(const Model& m, const Optimiz
   ZeroOptions o;
   o.process_group = world;
   o.parameters_as_bucket_view = bucket;
+  // Muon: the partition balances the Newton-Schulz work.
+  if (spec.name == "Muon") o.partition_weight = dopt::optim::ZeroPartitionWeight::step_cost;
   return std::make_unique<ZeroRedundancyOptimizer>(make_groups(m, spec, params), spec, o);
 }
 
@@ -312,6 +328,8 @@ void parity(ProcessGroup& world, Checker& c) {
       parity_one(world, c, big_model(opt), opt, bucket, "two groups");
       parity_one(world, c, tiny_model(), opt, bucket, "three params");
     }
+  // Muon: each matrix orthogonalised whole on its owner, the same bits as one Muon.
+  for (bool bucket : {false, true}) parity_one(world, c, muon_model(), "Muon", bucket, "matrices");
 }
 
 // Checkpoint configurations: (optimizer, bucket view).

@@ -33,8 +33,13 @@ std::int64_t as_int(const json& v, const std::string& file, const std::string& w
 }
 
 Hyperparams to_hyper(const json& obj, const std::string& file, const std::string& where) {
+  // JSON null is Python's None. The only hyperparameter that takes it is
+  // Muon's adjust_lr_fn, where None means "original"; anywhere else the
+  // case is refused below (hyper_from_json has no null).
+  json fixed = obj;
+  if (auto it = fixed.find("adjust_lr_fn"); it != fixed.end() && it->is_null()) *it = "original";
   try {
-    return hyper_from_json(obj.dump(), "load_case");
+    return hyper_from_json(fixed.dump(), "load_case");
   } catch (const Error& e) {
     bad(file, where + ": " + e.detail());
   }

@@ -1,5 +1,6 @@
 // Trains a small MLP (hand-written forward and backward) on a synthetic,
-// learnable regression task with any of dopt's eight local optimizers, saves
+// learnable regression task with any of dopt's local optimizers (or Muon for
+// the weight matrix with AdamW for the rest, --optim muon), saves
 // the optimizer state to a safetensors checkpoint, and resumes from it.
 //
 //   dopt-example-local-training --optim adam --lr 1e-2 --steps 500
@@ -7,9 +8,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "dopt/optim/adamw.hpp"
+#include "dopt/optim/muon.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/state_dict.hpp"
 
@@ -102,7 +106,7 @@ int main(int argc, char** argv) {
   int steps = 500, hidden = 32, samples = 256;
   std::string checkpoint = "";
   bool check = false, quiet = false;
-  app.add_option("--optim", optim, "sgd|adam|adamw|adagrad|rmsprop|adamax|adadelta|rprop|nadam|radam")->capture_default_str();
+  app.add_option("--optim", optim, "sgd|adam|adamw|adagrad|rmsprop|adamax|adadelta|rprop|nadam|radam|muon")->capture_default_str();
   app.add_option("--lr", lr, "learning rate (default: a sensible one per optimizer)");
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--hidden", hidden, "hidden units")->check(CLI::PositiveNumber)->capture_default_str();
@@ -114,7 +118,8 @@ int main(int argc, char** argv) {
 
   static const std::map<std::string, double> default_lr = {
       {"sgd", 0.1}, {"adam", 1e-2}, {"adamw", 1e-2}, {"adagrad", 0.1},
-      {"rmsprop", 3e-3}, {"adamax", 2e-2}, {"adadelta", 1.0}, {"rprop", 1e-3}, {"nadam", 1e-2}, {"radam", 1e-2}};
+      {"rmsprop", 3e-3}, {"adamax", 2e-2}, {"adadelta", 1.0}, {"rprop", 1e-3}, {"nadam", 1e-2}, {"radam", 1e-2},
+      {"muon", 2e-2}};
   try {
     auto it = default_lr.find(optim);
     dopt::optim::OptimizerSpec spec{optim, {}};
@@ -124,13 +129,25 @@ int main(int argc, char** argv) {
 
     Data data = make_data(samples, 8, 1234);
     Mlp model(8, hidden, 42);
-    auto opt = dopt::optim::make_optimizer(spec, {dopt::optim::OptimizerParamGroup(model.params())});
+    std::unique_ptr<dopt::optim::Optimizer> opt, aux;
+    if (optim == "muon") {
+      // Muon takes the weight matrix; the vectors (biases, the output
+      // weights) go to AdamW, as one sets Muon up for any model.
+      opt = std::make_unique<dopt::optim::Muon>(std::vector<Tensor>{model.w1},
+                                                dopt::optim::MuonOptions(hyper_number(spec.hyperparameters, "lr", "example")));
+      aux = std::make_unique<dopt::optim::AdamW>(std::vector<Tensor>{model.b1, model.w2, model.b2},
+                                                 dopt::optim::AdamWOptions(1e-2));
+    } else {
+      opt = dopt::optim::make_optimizer(spec, {dopt::optim::OptimizerParamGroup(model.params())});
+    }
     double first = 0, last = 0;
     for (int s = 0; s < steps; ++s) {
       opt->zero_grad(true);
+      if (aux) aux->zero_grad(true);
       last = model.forward_backward(data);
       if (s == 0) first = last;
       opt->step();
+      if (aux) aux->step();
       if (!quiet && (s % std::max(1, steps / 10) == 0 || s == steps - 1))
         std::printf("step %5d  loss %.6f\n", s, last);
     }

@@ -85,7 +85,9 @@ void check_parity(const OptimizerSpec& spec, int n) {
   std::atomic<int> compared{0};
   rpc::simulate(n, [&](Agent& a) {
     if (a.rank() != 0) return;
-    const std::vector<Shape> shapes{{37}, {2, 3}, {5}, {16}, {1}};
+    // Muon takes matrices only.
+    const std::vector<Shape> shapes = spec.name == "Muon" ? std::vector<Shape>{{4, 6}, {2, 3}, {6, 4}, {3, 3}, {1, 5}}
+                                                          : std::vector<Shape>{{37}, {2, 3}, {5}, {16}, {1}};
     std::vector<Tensor> local;
     std::vector<RRef<Tensor>> remote;
     for (std::size_t k = 0; k < shapes.size(); ++k) {
@@ -142,6 +144,7 @@ TEST_CASE("DistributedOptimizer equals the local optimizer bit for bit, for ever
       {"Rprop", {{"lr", 0.02}}},
       {"NAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}},
       {"RAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}},
+      {"Muon", {{"lr", 0.02}, {"weight_decay", 0.05}, {"ns_dtype", "float32"}}},
   };
   for (const auto& spec : specs) {
     INFO(spec.to_json());

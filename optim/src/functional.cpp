@@ -33,6 +33,7 @@ void FunctionalOptimizer::check_param(const Tensor& p, const std::string& op, st
     throw TypeError(op, "can only optimize floating-point tensors, but parameter " + std::to_string(index) +
                             " is " + std::string(dtype_name(p.dtype())));
   detail::refuse_16bit_cpu_param(p, op, "parameter " + std::to_string(index));
+  options_->check_param(p, op);
 }
 
 void FunctionalOptimizer::check_device(const Tensor& p, const std::string& op) const {
@@ -195,5 +196,7 @@ FunctionalNAdam::FunctionalNAdam(std::vector<Tensor> params, const NAdamOptions&
     : BasicFunctional("NAdam", std::move(params), options, allow_empty) {}
 FunctionalRAdam::FunctionalRAdam(std::vector<Tensor> params, const RAdamOptions& options, bool allow_empty)
     : BasicFunctional("RAdam", std::move(params), options, allow_empty) {}
+FunctionalMuon::FunctionalMuon(std::vector<Tensor> params, const MuonOptions& options, bool allow_empty)
+    : BasicFunctional("Muon", std::move(params), options, allow_empty) {}
 
 }  // namespace dopt::optim

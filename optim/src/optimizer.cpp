@@ -83,6 +83,7 @@ void Optimizer::add_param_group(OptimizerParamGroup group) {
     throw TypeError(op, "the group's options are not " + name_ + "'s options type");
   }
   group.options->validate(name_);
+  for (const auto& p : group.params) group.options->check_param(p, name_);
   param_groups_.push_back(std::move(group));
   on_group_added(param_groups_.back());
 }

@@ -86,6 +86,7 @@ Registry& registry() {
     reg->entries.emplace("Rprop", optimizer_factories<Rprop, FunctionalRprop>());
     reg->entries.emplace("NAdam", optimizer_factories<NAdam, FunctionalNAdam>());
     reg->entries.emplace("RAdam", optimizer_factories<RAdam, FunctionalRAdam>());
+    reg->entries.emplace("Muon", optimizer_factories<Muon, FunctionalMuon>());
     return reg;
   }();
   return *r;

@@ -1,6 +1,7 @@
 #include "dopt/optim/zero.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -108,7 +109,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, OptimizerSpec spec,
                                                  ZeroOptions options)
     : spec_(std::move(spec)), group_(std::move(options.process_group)),
-      bucket_view_(options.parameters_as_bucket_view), rebind_(std::move(options.rebind_parameter)) {
+      bucket_view_(options.parameters_as_bucket_view), partition_weight_(options.partition_weight),
+      rebind_(std::move(options.rebind_parameter)) {
   if (!group_.valid() || !group_.is_member())
     throw ValueError(kName, "a valid process group this rank is a member of is required");
   rank_ = group_.rank();
@@ -231,6 +233,7 @@ void ZeroRedundancyOptimizer::add_group_checked(OptimizerParamGroup group, const
   else if (typeid(*group.options) != typeid(*defaults_))
     throw TypeError(op, "the group's options are not " + spec_.name + "'s options type", rank_);
   group.options->validate(op);
+  for (const auto& p : group.params) group.options->check_param(p, op);
   for (const auto& p : group.params) {
     index_of_.emplace(p.key(), static_cast<std::int64_t>(all_params_.size()));
     all_params_.push_back(p);
@@ -243,6 +246,7 @@ void ZeroRedundancyOptimizer::check_same_params_everywhere(const char* op) {
   detail::StructureHash h;
   std::int64_t numel = 0;
   h.mix(groups_.size());
+  h.mix(static_cast<std::uint64_t>(partition_weight_));
   for (const auto& g : groups_) {
     h.mix(g.params.size());
     for (const auto& p : g.params) {
@@ -275,20 +279,34 @@ void ZeroRedundancyOptimizer::partition_parameters() {
   const std::size_t ng = groups_.size();
   partition_.assign(static_cast<std::size_t>(world_size_), std::vector<std::vector<Tensor>>(ng));
   owner_.assign(all_params_.size(), -1);
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(world_size_), 0);
+  // Weights are whole numbers far below 2^53 (elements, or multiply-adds),
+  // so the double sums are exact and every rank gets the same partition.
+  const std::vector<double> weight = partition_weights();
+  std::vector<double> sizes(static_cast<std::size_t>(world_size_), 0.0);
   for (std::size_t g = 0; g < ng; ++g) {
     std::vector<Tensor> sorted = groups_[g].params;
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const Tensor& a, const Tensor& b) { return a.numel() > b.numel(); });
+    auto w = [&](const Tensor& p) { return weight[static_cast<std::size_t>(index_of_.at(p.key()))]; };
+    std::stable_sort(sorted.begin(), sorted.end(), [&](const Tensor& a, const Tensor& b) { return w(a) > w(b); });
     for (const auto& p : sorted) {
       std::size_t r = 0;
       for (std::size_t k = 1; k < sizes.size(); ++k)
         if (sizes[k] < sizes[r]) r = k;
       partition_[r][g].push_back(p);
-      sizes[r] += p.numel();
+      sizes[r] += w(p);
       owner_[static_cast<std::size_t>(index_of_.at(p.key()))] = static_cast<int>(r);
     }
   }
+}
+
+std::vector<double> ZeroRedundancyOptimizer::partition_weights() const {
+  std::vector<double> out(all_params_.size(), 0.0);
+  for (const auto& g : groups_)
+    for (const auto& p : g.params) {
+      const auto i = static_cast<std::size_t>(index_of_.at(p.key()));
+      out[i] = partition_weight_ == ZeroPartitionWeight::step_cost ? std::floor(g.options->step_cost(p.shape()))
+                                                                    : static_cast<double>(p.numel());
+    }
+  return out;
 }
 
 std::vector<OptimizerParamGroup> ZeroRedundancyOptimizer::local_groups(std::size_t first_group) const {

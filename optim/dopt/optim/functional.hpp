@@ -1,8 +1,8 @@
 #pragma once
 // Functional optimizers: torch.distributed.optim's _FunctionalSGD, ...Adam,
 // ...AdamW, ...Adagrad, ...RMSprop, ...Adamax, ...Adadelta, ...Rprop (1.13;
-// plus FunctionalNAdam and FunctionalRAdam, which torch 1.13 lacks;
-// see docs/optimizers.md). Used where gradients do not live in
+// plus FunctionalNAdam, FunctionalRAdam and FunctionalMuon, which torch 1.13
+// lacks; see docs/optimizers.md). Used where gradients do not live in
 // param.grad(): DistributedOptimizer's remote side, ZeRO with
 // overlap_with_ddp, DDP optimizer-overlap hooks.
 //
@@ -40,6 +40,7 @@
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/adamax.hpp"
 #include "dopt/optim/adamw.hpp"
+#include "dopt/optim/muon.hpp"
 #include "dopt/optim/nadam.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/optim/radam.hpp"
@@ -229,6 +230,13 @@ class FunctionalRAdam final : public BasicFunctional<RAdam> {
  public:
   explicit FunctionalRAdam(std::vector<Tensor> params, const RAdamOptions& options = RAdamOptions(),
                            bool allow_empty_param_list = false);
+};
+
+/// The functional form of Muon (torch has none); 2-D CPU parameters only.
+class FunctionalMuon final : public BasicFunctional<Muon> {
+ public:
+  explicit FunctionalMuon(std::vector<Tensor> params, const MuonOptions& options = MuonOptions(),
+                          bool allow_empty_param_list = false);
 };
 
 }  // namespace dopt::optim

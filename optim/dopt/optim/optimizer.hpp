@@ -43,6 +43,14 @@ class OptimizerOptions {
   virtual void validate(const std::string& op) const = 0;
   virtual double get_lr() const = 0;
   virtual void set_lr(double lr) = 0;
+  /// Throws dopt::ValueError, naming `op`, for a parameter this optimizer
+  /// cannot take (Muon: anything but a matrix). Called for every parameter
+  /// added to an optimizer, a functional optimizer or ZeRO. Default: any.
+  virtual void check_param(const Tensor& /*param*/, const std::string& /*op*/) const {}
+  /// The relative work of one step on a parameter of this shape, in
+  /// multiply-adds (ZeRO's cost-weighted partition). Default: the element
+  /// count; Muon: its Newton-Schulz iteration.
+  virtual double step_cost(const Shape& shape) const { return static_cast<double>(shape_numel(shape)); }
 };
 
 /// A parameter group: parameters plus (optionally) their own options. Options

@@ -5,7 +5,7 @@
 // DistributedOptimizer and ZeRO).
 //
 // Built in: SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, Adadelta, Rprop,
-// NAdam, RAdam, each with its functional form. The registry is process-wide and thread-safe.
+// NAdam, RAdam, Muon, each with its functional form. The registry is process-wide and thread-safe.
 // Names are looked up exactly first, then case-insensitively ("adamw" finds
 // AdamW), for command-line flags and config files.
 #include <functional>

@@ -25,9 +25,13 @@
 // zero_grad(), param_groups(), join_hook(), the accessors.
 // Not thread-safe: one thread per rank at a time.
 //
-// Partition (spec 2.1.2, exact): groups in order; in each, the parameters sorted
-// by numel descending (stable); each goes to the first rank with the smallest
-// running total of elements; the totals carry over between groups. Frozen
+// Partition (torch's, exact): groups in order; in each, the parameters sorted
+// by weight descending (stable); each goes to the first rank with the smallest
+// running total of weights; the totals carry over between groups. The weight
+// is the element count (torch's, the default) or, with
+// ZeroOptions::partition_weight = step_cost, the optimizer's cost of stepping
+// the parameter (Muon: its Newton-Schulz work, which grows as m^2 n, so that
+// a few large matrices no longer land on one rank). Frozen
 // parameters (requires_grad false) are partitioned like the others. A rank's
 // parameters are kept in assignment order: that is the local optimizer's order
 // and the broadcast order. Ranks beyond the number of parameters own nothing
@@ -118,6 +122,17 @@
 
 namespace dopt::optim {
 
+/// What the partition balances across ranks (see "Partition" above).
+enum class ZeroPartitionWeight {
+  /// Elements (torch's partition): balances optimizer state memory.
+  element_count,
+  /// OptimizerOptions::step_cost of each parameter under its group's
+  /// options: balances the work of step(). For Muon this is the
+  /// Newton-Schulz cost, ns_steps * (2 m^2 n + m^3) for an [m, n] matrix
+  /// (m <= n); for the elementwise optimizers it is the element count.
+  step_cost,
+};
+
 struct ZeroOptions {
   /// The ranks that share the optimizer state (required).
   ProcessGroup process_group;
@@ -136,6 +151,11 @@ struct ZeroOptions {
   /// does not own, or shared with another tensor, are refused with those
   /// options.
   std::function<void(const Tensor& param)> rebind_parameter = {};
+  /// (Last, so that positional initialisation of the fields above keeps
+  /// working.) The weight of a parameter in the partition; every rank must pass the
+  /// same (the constructor's cross-rank check covers it). Not used with
+  /// overlap_with_ddp (the reducer's buckets are assigned whole).
+  ZeroPartitionWeight partition_weight = ZeroPartitionWeight::element_count;
 };
 
 class ZeroOverlap;
@@ -228,6 +248,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return world_size_; }
   bool parameters_as_bucket_view() const noexcept { return bucket_view_; }
+  ZeroPartitionWeight partition_weight() const noexcept { return partition_weight_; }
+  /// The weight of every parameter in the partition, by global index.
+  std::vector<double> partition_weights() const;
   /// partition()[r][g]: rank r's parameters of group g, in assignment order.
   const std::vector<std::vector<std::vector<Tensor>>>& partition() const noexcept { return partition_; }
   /// Owner rank of each parameter, by global index (position in the chain of groups).
@@ -277,6 +300,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   int rank_ = 0;
   int world_size_ = 1;
   bool bucket_view_ = false;
+  ZeroPartitionWeight partition_weight_ = ZeroPartitionWeight::element_count;
   std::vector<OptimizerParamGroup> groups_;
   std::vector<Tensor> all_params_;
   std::unordered_map<const TensorImpl*, std::int64_t> index_of_;
