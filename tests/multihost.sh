@@ -211,29 +211,52 @@ case $scenario in
     ;;
   cut)
     export DOPT_TIMEOUT_MS=20000 DOPT_PEER_TIMEOUT_MS=3000
-    start_hosts -- "$peers/dopt_collectives_peer" cut
-    for ((k = 0; k < 200; k++)); do
-      [ "$(cat "$work"/h*.out | grep -c "cut: running")" -ge 4 ] && break
-      sleep 0.1
+    # cut_link LOGPREFIX: waits until every rank runs, takes host 1's link down
+    cut_link() {
+      for ((k = 0; k < 200; k++)); do
+        [ "$(cat "$work"/$1*.out 2>/dev/null | grep -c "cut: running")" -ge 4 ] && break
+        sleep 0.1
+      done
+      sleep 1
+      ip -n "${tag}sw" link set p1 down
+      tcut=$(date +%s)
+    }
+    names_other_host() {  # LINE RANK
+      if [ "$2" -lt 2 ]; then echo "$1" | grep -q "rank [23]"; else echo "$1" | grep -q "rank [01]"; fi
+    }
+    # 1. ranks started directly (no launcher that stops the others after the
+    #    first failure): every rank must fail by itself, naming the other host
+    for ((r = 0; r < 4; r++)); do
+      in_host $((r / 2)) env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=$master \
+        MASTER_PORT=$port "$peers/dopt_collectives_peer" cut >"$work/r$r.out" 2>"$work/r$r.err" &
+      rpid[$r]=$!
+      pids+=($!)
     done
-    sleep 1
-    ip -n "${tag}sw" link set p1 down
-    tcut=$(date +%s)
-    echo "link of host 1 cut"
-    rc=0
-    for ((i = 0; i < hosts; i++)); do
-      if wait "${hpid[$i]}"; then fail "host $i: dopt-run exited 0 after the link was cut"; fi
+    cut_link r
+    echo "link of host 1 cut (ranks started directly)"
+    for ((r = 0; r < 4; r++)); do
+      if wait "${rpid[$r]}"; then fail "rank $r exited 0 after the link was cut"; fi
+      line=$(grep "^error " "$work/r$r.out")
+      echo "rank $r after $(($(date +%s) - tcut)) s: $line"
+      names_other_host "$line" $r || fail "rank $r's error does not name a rank of the other host"
     done
     took=$(($(date +%s) - tcut))
-    echo "every dopt-run exited non-zero, $took s after the cut"
     [ "$took" -le 30 ] || fail "the ranks took $took s to fail (bound: 20 s collective timeout + 10 s)"
-    for ((r = 0; r < 4; r++)); do
-      line=$(cat "$work"/h*.out | grep "^\[rank $r\] error ")
-      [ -n "$line" ] || fail "rank $r reported no error"
-      echo "rank $r: $line"
-      if [ $r -lt 2 ]; then other="rank [23]"; else other="rank [01]"; fi
-      echo "$line" | grep -q "$other" || fail "rank $r's error does not name a rank of the other host"
+    # 2. under dopt-run on each host: each dopt-run exits non-zero, its first
+    #    failed rank names the other host
+    ip -n "${tag}sw" link set p1 up
+    port=$((port + 1))
+    start_hosts -- "$peers/dopt_collectives_peer" cut
+    cut_link h
+    echo "link of host 1 cut (dopt-run on each host)"
+    for ((i = 0; i < hosts; i++)); do
+      if wait "${hpid[$i]}"; then fail "host $i: dopt-run exited 0 after the link was cut"; fi
+      line=$(grep "error " "$work/h$i.out" | head -n 1)
+      echo "host $i: dopt-run exited non-zero after $(($(date +%s) - tcut)) s; $line"
+      names_other_host "$line" $((2 * i)) || fail "host $i: the error does not name a rank of the other host"
     done
+    took=$(($(date +%s) - tcut))
+    [ "$took" -le 30 ] || fail "dopt-run took $took s to fail"
     ;;
   samename)
     start_hosts --same-name -- "$peers/dopt_collectives_peer" battery
