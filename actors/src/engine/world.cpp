@@ -53,7 +53,9 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     throw ValueError(op, "DOPT_BACKEND must be 'dopt' or 'mpi', got '" + backend + "'", env.rank);
   const bool use_mpi = backend == "mpi";
   if (use_mpi && !mpi::available()) (void)mpi::make_world_plane(env, nullptr, {});  // throws: not built
-  if (use_mpi) plane_choice = "shm";  // no TCP mesh; the MPI plane replaces the shm/hier planes below
+  // The TCP mesh still carries send/recv (the actor plane's); the MPI plane
+  // replaces the shm/hier planes below for the collectives.
+  if (use_mpi) plane_choice = "tcp";
   auto& rt = runtime.impl();
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
@@ -87,7 +89,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   };
   for (int r = 0; r < env.world_size; ++r)
     if (infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0) elsewhere.push_back(r);
-  const bool use_tcp = !use_mpi && (plane_choice == "tcp" || !elsewhere.empty());
+  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty();
   if (use_tcp && plane_choice == "shm") {
     std::string who;
     for (int r : elsewhere) who += (who.empty() ? "" : ", ") + std::to_string(r);

@@ -44,6 +44,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// How long a wait goes on after a member was lost (see wait()).
+constexpr auto kLostGrace = std::chrono::seconds(3);
+
 /// Bytes of one round of all_reduce / reduce_scatter / all_gather: the
 /// scratch memory of a call (DOPT_MPI_CHUNK_BYTES, default 16 MiB).
 std::size_t chunk_bytes() {
@@ -136,7 +139,9 @@ class MpiGroup final : public GroupPlane {
 
 void MpiGroup::wait(std::vector<MPI_Request>& reqs, const Op& op, Clock::time_point deadline) {
   const char* what = coll_name(op.desc.kind);
-  std::uint64_t seen = sh_->peers->generation();
+  std::uint64_t seen = ~std::uint64_t{0};  // look at the peers on the first poll
+  Clock::time_point lost_at{};
+  int lost_rank = -1;
   for (int polls = 0;; ++polls) {
     int done = 0;
     MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
@@ -150,10 +155,20 @@ void MpiGroup::wait(std::vector<MPI_Request>& reqs, const Op& op, Clock::time_po
       for (int q : sh_->peers->order()) {
         if (sh_->peers->state(q) != PeerTable::lost) continue;
         if (std::find(members_.begin(), members_.end(), q) == members_.end()) continue;
-        broken_ = "rank " + std::to_string(q) + " was lost during " + op.desc.str() + " in " + where() + ": " +
-                  sh_->peers->why(q);
-        throw PeerLostError(what, broken_, sh_->rank);
+        // A peer that finished this call and shut down may still owe MPI
+        // the last bytes of it (they leave when its MPI progresses, at the
+        // latest in MPI_Finalize at its exit): give it a grace period.
+        if (lost_at == Clock::time_point{}) {
+          lost_at = Clock::now();
+          lost_rank = q;
+        }
       }
+    }
+    if (lost_at != Clock::time_point{} && Clock::now() - lost_at > kLostGrace) {
+      const int q = lost_rank;
+      broken_ = "rank " + std::to_string(q) + " was lost during " + op.desc.str() + " in " + where() + ": " +
+                sh_->peers->why(q);
+      throw PeerLostError(what, broken_, sh_->rank);
     }
     if (Clock::now() >= deadline) {
       broken_ = op.desc.str() + " in " + where() + " (seq " + std::to_string(op.seq) + ") did not complete within " +
