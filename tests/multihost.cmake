@@ -17,7 +17,7 @@ if(TARGET dopt_collectives_peer AND TARGET dopt-run)
     "sharedshm|two network namespaces sharing /dev/shm: the shared-memory plane"
     "ipc|two processes in separate IPC namespaces on one network: hierarchical plane"
     "unreachable|an advertised address nobody has: every rank fails naming it"
-    "mpirun|the battery under mpirun across the namespaces")
+    "mpirun|mpirun across the namespaces: the battery, and DOPT_BACKEND=mpi bit for bit as one host")
   foreach(_t IN LISTS _mh_tests)
     string(REPLACE "|" ";" _parts "${_t}")
     list(GET _parts 0 _scenario)

@@ -29,8 +29,10 @@
 #              namespaces with their own /dev/shm: hierarchical plane
 #   unreachable host 1's ranks advertise an address nobody has: every rank
 #              fails naming it, within the handshake bound
-#   mpirun     the battery under OpenMPI's mpirun across the namespaces
-#              (its ranks started through an rsh agent that enters them)
+#   mpirun     OpenMPI's mpirun across the namespaces (its daemons started
+#              through an rsh agent that enters them): the battery on the
+#              hierarchical plane, then DOPT_BACKEND=mpi: every collective bit
+#              for bit as on one host, bytes crossed through MPI
 set -u
 scenario=${1:?scenario}
 build=${2:?build dir}
@@ -325,15 +327,35 @@ exec ip netns exec ${tag}h\$i unshare --uts --ipc --mount --propagation private 
   bash -c "hostname host\$i; mount -t tmpfs tmpfs /dev/shm; \$*"
 EOF
     chmod +x "$agent"
-    ip netns exec "${tag}sw" timeout 120 mpirun --allow-run-as-root --oversubscribe -np 4 --host host0:2,host1:2 \
-      --mca plm_rsh_agent "$agent" --mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24 \
-      --mca btl self,tcp -x MASTER_ADDR=10.231.0.1 -x MASTER_PORT=$port -x DOPT_DEBUG=1 -x DOPT_TIMEOUT_MS \
-      -x PATH -x LD_LIBRARY_PATH ${MPI_EXTRA:-} \
-      "$peers/dopt_collectives_peer" battery >"$work/h0.out" 2>"$work/h0.err" || fail "mpirun failed"
+    # mpirun in the switch namespace; its daemons and ranks in the hosts'
+    mpi_run() {  # OUT ARGS...
+      local out=$1
+      shift
+      ip netns exec "${tag}sw" timeout 120 mpirun --allow-run-as-root --oversubscribe -np 4 --host host0:2,host1:2 \
+        --mca plm_rsh_agent "$agent" --mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24 \
+        --mca btl self,vader,tcp -x MASTER_ADDR=10.231.0.1 -x MASTER_PORT=$port -x DOPT_DEBUG=1 -x DOPT_TIMEOUT_MS \
+        -x DOPT_JOB_ID -x DOPT_SECRET_FILE -x PATH -x LD_LIBRARY_PATH "$@" >"$out" 2>&1
+    }
+    # 1. dopt's own planes under mpirun: the hierarchical plane
+    mpi_run "$work/h0.out" "$peers/dopt_collectives_peer" battery || { cat "$work/h0.out"; fail "mpirun failed"; }
+    for ((r = 0; r < 4; r++)); do grep -q "^ok $r " "$work/h0.out" || fail "rank $r did not finish"; done
+    [ "$(grep -c "runs on the hier plane" "$work/h0.out")" = 4 ] || fail "not every rank ran on the hier plane"
+    # 2. DOPT_BACKEND=mpi: every collective through MPI across the hosts, bit
+    #    for bit the results of 4 ranks on one host's shared memory
+    port=$((port + 1))
+    mpi_run "$work/mpi.out" -x DOPT_BACKEND=mpi "$peers/dopt_collectives_peer" digest ||
+      { cat "$work/mpi.out"; fail "mpirun (DOPT_BACKEND=mpi) failed"; }
+    [ "$(grep -c "runs on the mpi plane" "$work/mpi.out")" = 4 ] || fail "not every rank ran on the mpi plane"
+    grep "^plane mpi " "$work/mpi.out" | awk '$3 == 0 {exit 1}' || fail "a rank sent no bytes to the other host"
+    echo "bytes to other hosts on the mpi plane: $(grep "^plane mpi " "$work/mpi.out" | awk '{print $3}' | tr '\n' ' ')"
+    in_host 0 "$run" --nproc-per-node 4 --master-addr 127.0.0.1 --master-port 29512 \
+      "$peers/dopt_collectives_peer" digest >"$work/one.out" 2>&1 || { cat "$work/one.out"; fail "one host failed"; }
     for ((r = 0; r < 4; r++)); do
-      grep -q "^ok $r " "$work/h0.out" || fail "rank $r did not finish"
+      a=$(sed -n "s/^digest $r \([0-9a-f]*\)$/\1/p" "$work/mpi.out")
+      b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.out")
+      [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r: digest on the mpi plane across hosts '$a' != on one host '$b'"
+      echo "rank $r: digest $a over MPI across the hosts and on one host"
     done
-    grep -c "runs on the hier plane" "$work/h0.err" | grep -q '^4$' || fail "not every rank ran on the hier plane"
     ;;
   *)
     echo "unknown scenario $scenario"
