@@ -280,7 +280,7 @@ case $scenario in
   ipc)
     # two single-rank "hosts" in this machine's network, each its own IPC
     # namespace and /dev/shm
-    port=29514
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     for r in 0 1; do
       RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
         unshare --ipc --mount --propagation private bash -c 'mount -t tmpfs tmpfs /dev/shm; exec "$@"' _ \
