@@ -10,7 +10,8 @@
 #   standalone    torchrun --standalone, 3 ranks
 #   slurm         3 ranks started with SLURM's variables only (as srun sets them)
 #   mpi-battery   DOPT_BACKEND=mpi under mpirun, 3 ranks: every collective exact,
-#                 on the mpi plane
+#                 on the mpi plane; a mismatch fails every rank; without
+#                 mpirun it fails saying so
 #   mpi-digest    DOPT_BACKEND=mpi under mpirun, 4 ranks: every result bit for bit
 #                 that of 4 ranks on the shared-memory plane
 #   mpi-zero      ZeroRedundancyOptimizer parity, and ZeRO with Join, on the mpi plane
@@ -75,6 +76,15 @@ case $scenario in
     all_ok 3
     on_mpi_plane 3
     grep -q "plane mpi " "$work/out" || fail "plane_stats() does not name the mpi plane"
+    # a mismatch (rank 0 all_reduce, the others broadcast) fails every rank
+    mpi 3 "$peer" mismatch >"$work/out" 2>&1 && fail "mpirun exited 0 after a mismatch"
+    [ "$(grep -c "error CollectiveMismatchError: .*collective mismatch in world group at seq 0" "$work/out")" = 3 ] ||
+      fail "not every rank got CollectiveMismatchError"
+    grep -m1 "error CollectiveMismatchError" "$work/out"
+    # DOPT_BACKEND=mpi without mpirun: every rank says so
+    "$build/tools/dopt-run" --nproc-per-node 2 --master-port 0 env DOPT_BACKEND=mpi "$peer" battery >"$work/out" 2>&1 &&
+      fail "DOPT_BACKEND=mpi under dopt-run did not fail"
+    grep -q "start the ranks with mpirun or srun" "$work/out" || fail "no error saying to start the ranks with mpirun"
     ;;
   mpi-digest)
     mpi 4 "$peer" digest >"$work/out" 2>&1 || fail "mpirun failed"
