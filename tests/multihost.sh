@@ -14,7 +14,8 @@
 #   digest     every collective on random floats: each rank's digest equal to
 #              the same ranks on one host (4 processes, shared memory)
 #   zero       ZeroRedundancyOptimizer parity;  plsgd: post-local SGD parity
-#   slow       the battery with each host's link limited to 100 Mbit/s (tbf)
+#   slow       the battery with each host's link limited to 100 Mbit/s (tbf;
+#              plus 2 ms delay and 0.1 % loss where the kernel has netem)
 #   cut        the link of host 1 taken down during all_reduces: every rank
 #              fails within the bound naming a rank of the other host, each
 #              dopt-run exits non-zero
@@ -160,8 +161,14 @@ case $scenario in
     env_extra=()
     if [ "$scenario" = slow ]; then
       for ((i = 0; i < hosts; i++)); do
-        tc -n "${tag}h$i" qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 100ms 2>"$work/err" ||
+        tc -n "${tag}h$i" qdisc add dev eth0 root handle 1: tbf rate 100mbit burst 64kb latency 100ms 2>"$work/err" ||
           skip "cannot limit a link with tc tbf: $(cat "$work/err")"
+        # delay and loss too where the kernel has netem
+        if tc -n "${tag}h$i" qdisc add dev eth0 parent 1:1 handle 10: netem delay 2ms loss 0.1% 2>"$work/err"; then
+          echo "host $i: 100 Mbit/s, 2 ms delay, 0.1 % loss"
+        else
+          echo "host $i: 100 Mbit/s (no netem in this kernel: $(head -c 80 "$work/err"))"
+        fi
       done
       # the default bounds: no spurious timeout at 100 Mbit/s
       unset DOPT_TIMEOUT_MS
