@@ -105,18 +105,21 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   peers->table = std::make_shared<PeerTable>(env.world_size);
   peers->actors = rendezvous_payloads(rdv);
   peers->actors[static_cast<std::size_t>(env.rank)] = a;
+  // Every rank first checks the probes of the ranks it takes for its host;
+  // nobody goes on (and may fail and remove its probe) before all did.
+  setup_step(rdv, env.rank, op, [&] { identity.verify(infos, env.rank, op); });
+  rdv.barrier(options.timeout);
+  identity.release();
   // Direct connections: rank i (> 0) connects to every rank above it; rank 0
   // has one to everybody from the rendezvous. Each is bounded by the
   // handshake timeout; a rank that fails tells the others (setup_step), so
   // every rank stops at the barrier below naming it.
   setup_step(rdv, env.rank, op, [&] {
-    identity.verify(infos, env.rank, op);
     for (int r = std::max(1, env.rank + 1); env.rank > 0 && r < env.world_size; ++r)
       peers->actors[static_cast<std::size_t>(r)] =
           connect_control_port(sys, env, r, host, infos[static_cast<std::size_t>(r)], op);
   });
   rdv.barrier(options.timeout);
-  identity.release();  // every rank checked the probes
   std::shared_ptr<transport::TcpMesh> mesh;
   if (use_tcp) {
     std::vector<std::string> endpoints;
