@@ -18,6 +18,15 @@
 //                                    heartbeats tell (the test kills it after)
 //   dopt_collectives_peer loop       small all_reduces for 4 seconds (the test
 //                                    suspends and continues the ranks meanwhile)
+//   dopt_collectives_peer digest     every collective on pseudo-random floats
+//                                    (sums that round differently in another
+//                                    order), every float dtype, small and large
+//                                    (several chunks); prints "digest R HEX", a
+//                                    hash of every result of this rank: runs of
+//                                    one world size on any planes must print
+//                                    the same digests (tests/multihost.sh)
+//   dopt_collectives_peer cut        8 MiB all_reduces for up to 60 s (the
+//                                    multi-host test cuts a link meanwhile)
 //   dopt_collectives_peer p2pkill    rank 1 sends 8 MiB to rank 0 (tag 5) and
 //                                    kills itself; rank 0 waits in a recv of
 //                                    tag 6 from rank 1, the others in a barrier:
@@ -251,6 +260,65 @@ void battery(dopt::ProcessGroup& world, Checker& c) {
   world.barrier();
 }
 
+/// FNV-1a over the bytes of every tensor this rank got back.
+struct Digest {
+  std::uint64_t h = 1469598103934665603ULL;
+  void add(const Tensor& t) {
+    const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+    for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  }
+};
+
+/// Pseudo-random values in [-1, 1) with many mantissa bits (rank, stream).
+Tensor random_input(int r, int stream, std::int64_t n, DType dt) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  std::uint64_t x = 0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(r + 1) + 7919ULL * static_cast<std::uint64_t>(stream);
+  for (auto& e : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    e = static_cast<double>(x >> 11) / static_cast<double>(1ULL << 53) * 2.0 - 1.0;
+  }
+  return Tensor::from_vector(v, {n}).to(dt);
+}
+
+void digest(dopt::ProcessGroup& world, Checker& c) {
+  const int n = world.size(), me = world.rank();
+  Digest d;
+  int stream = 0;
+  for (DType dt : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
+    for (std::int64_t len : {std::int64_t{1000}, std::int64_t{70001}, std::int64_t{1300007}}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        Tensor t = random_input(me, ++stream, len, dt);
+        world.all_reduce(t, op);
+        d.add(t);
+      }
+      std::vector<Tensor> parts{random_input(me, ++stream, len / 3, dt), random_input(me, ++stream, len - len / 3, dt)};
+      dopt::AllReduceCoalescedOptions o;
+      o.order = dopt::ReduceOrder::ring;
+      world.all_reduce_coalesced(parts, o);
+      for (auto& p : parts) d.add(p);
+      Tensor r = random_input(me, ++stream, len, dt);
+      world.reduce(r, n - 1);
+      if (me == n - 1) d.add(r);
+      Tensor b = random_input(me, ++stream, len, dt);
+      world.broadcast(b, 1 % n);
+      d.add(b);
+      std::vector<Tensor> outs;
+      for (int k = 0; k < n; ++k) outs.push_back(Tensor::zeros({len / n + 1}, dt));
+      world.all_gather(outs, random_input(me, ++stream, len / n + 1, dt));
+      for (auto& o2 : outs) d.add(o2);
+      std::vector<Tensor> ins;
+      for (int k = 0; k < n; ++k) ins.push_back(random_input(me, ++stream, len / n + 1, dt));
+      Tensor out = Tensor::zeros({len / n + 1}, dt);
+      world.reduce_scatter(out, ins);
+      d.add(out);
+    }
+  }
+  std::printf("digest %d %016llx\n", me, static_cast<unsigned long long>(d.h));
+  c.expect(true, "digest");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -263,6 +331,18 @@ int main(int argc, char** argv) {
           battery(world, c);
           const auto st = world.plane_stats();
           std::printf("plane %s %llu\n", st.plane.c_str(), static_cast<unsigned long long>(st.bytes_to_other_hosts));
+        } else if (mode == "digest") {
+          digest(world, c);
+          const auto st = world.plane_stats();
+          std::printf("plane %s %llu\n", st.plane.c_str(), static_cast<unsigned long long>(st.bytes_to_other_hosts));
+        } else if (mode == "cut") {
+          Tensor t = Tensor::full({2 << 20}, 1.0);
+          world.barrier();
+          std::printf("cut: running\n");
+          std::fflush(stdout);
+          const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+          while (std::chrono::steady_clock::now() < end) world.all_reduce(t);
+          c.expect(false, "the link was cut, yet every all_reduce of 60 s completed");
         } else if (mode == "mismatch") {
           Tensor t = Tensor::full({8}, 1.0);
           if (rank == 0) world.all_reduce(t);
@@ -298,9 +378,9 @@ int main(int argc, char** argv) {
           if (rank == 0) world.recv(Tensor::zeros({4}), 1, 6);
           else world.barrier();
         } else {
-          throw dopt_test::Usage{"dopt_collectives_peer battery | mismatch | kill | stop | loop | p2pkill"};
+          throw dopt_test::Usage{"dopt_collectives_peer battery | digest | cut | mismatch | kill | stop | loop | p2pkill"};
         }
         return c.checks;
       },
-      mode == "battery");
+      mode == "battery" || mode == "digest");
 }

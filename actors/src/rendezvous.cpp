@@ -14,6 +14,7 @@
 #include "internal.hpp"
 #include "caf_thread.hpp"
 #include "rendezvous_internal.hpp"
+#include "dopt/runtime/torch_store.hpp"
 #include "secure_link.hpp"
 
 namespace dopt::detail {
@@ -349,9 +350,10 @@ std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseco
 }
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return r.impl().infos; }
 
-RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, milliseconds timeout, caf::actor payload,
-                                 const std::function<std::string()>& make_info) {
+RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
+                                 caf::actor payload, const std::function<std::string()>& make_info) {
   detail::UserThreadCafScope caf_scope;
+  LaunchEnv env = launch_env;
   const int rank = env.rank;
   if (timeout.count() <= 0) throw ValueError("rendezvous", "timeout must be positive", rank);
   if (env.world_size < 1 || rank < 0 || rank >= env.world_size)
@@ -374,6 +376,23 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
   impl->plan = net::choose_bind_address(env);
   impl->creds = net::Credentials::from(env);
   impl->handshake_timeout = env.handshake_timeout;
+  // torchrun's static rendezvous: its agent's store holds MASTER_PORT. Rank 0
+  // listens on a port of its own and publishes it there; the others read it.
+  std::unique_ptr<net::TorchStoreClient> store;
+  std::string store_key;
+  if (env.agent_store) {
+    static std::atomic<int> calls{0};
+    store_key = "dopt/cpp/attempt_" + std::to_string(env.restart_count) + "/" + std::to_string(++calls) + "/port";
+    try {
+      store = std::make_unique<net::TorchStoreClient>(env.master_addr, env.master_port, timeout);
+      if (rank != 0) env.master_port = std::stoi(store->get(store_key));
+    } catch (const std::exception& e) {
+      throw IOError("rendezvous", "torchrun's agent store at " + env.master_addr + ":" +
+                                      std::to_string(launch_env.master_port) + " (TORCHELASTIC_USE_AGENT_STORE=True) " +
+                                      "did not give rank 0's port: " + e.what(), rank);
+    }
+    impl->port = env.master_port;
+  }
   if (rank == 0) {
     auto closed = std::make_shared<std::atomic<bool>>(false);
     impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed);
@@ -382,7 +401,11 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
     // listening until the runtime shuts down, to turn latecomers away.
     net::AuthListener::Options o;
     o.bind_addr = impl->plan.bind;
-    o.port = env.master_port;
+    o.port = store ? 0 : env.master_port;
+    if (store) {
+      o.port_lo = env.port_range_lo;
+      o.port_hi = env.port_range_hi;
+    }
     o.purpose = net::Purpose::rendezvous;
     o.credentials = impl->creds;
     o.handshake_timeout = env.handshake_timeout;
@@ -408,6 +431,11 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, millise
                                       " (is the port already in use?)", rank);
     }
     impl->publication = publication;
+    if (store) {
+      env.master_port = publication->port();
+      impl->port = env.master_port;
+      store->set(store_key, std::to_string(env.master_port));
+    }
     detail::runtime_add_stopper(runtime.impl(), [publication] { publication->close(); });
   } else {
     impl->mine = sys.spawn(detail::member);

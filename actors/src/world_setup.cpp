@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "engine/host_identity.hpp"
 #include "internal.hpp"
 #include "rendezvous_internal.hpp"
 #include "secure_link.hpp"
@@ -15,6 +16,8 @@ std::string publish_control_port(RuntimeImpl& rt, caf::actor_system& sys, caf::a
   net::AuthListener::Options o;
   o.bind_addr = plan.bind;
   o.port = 0;
+  o.port_lo = env.port_range_lo;
+  o.port_hi = env.port_range_hi;
   o.purpose = net::Purpose::control;
   o.credentials = net::Credentials::from(env);
   o.handshake_timeout = env.handshake_timeout;
@@ -34,8 +37,9 @@ std::string publish_control_port(RuntimeImpl& rt, caf::actor_system& sys, caf::a
   }
   runtime_add_stopper(rt, [pub] { pub->close(); });
   // advx=1: DOPT_ADVERTISE_ADDR was given, so peers use it even on this host.
+  // net: this rank's network namespace (peers in it may dial loopback).
   return " addr=" + plan.advertise + " bind=" + plan.bind + (env.advertise_addr.empty() ? "" : " advx=1") +
-         " port=" + std::to_string(pub->port());
+         " port=" + std::to_string(pub->port()) + " net=" + network_namespace_id();
 }
 
 std::string info_field(const std::string& info, const std::string& key) {
@@ -47,7 +51,11 @@ std::string info_field(const std::string& info, const std::string& key) {
 
 namespace {
 std::string connect_address(const std::string& host_prefix, const std::string& peer_info) {
-  const bool same_host = !host_prefix.empty() && peer_info.rfind(host_prefix + " ", 0) == 0;
+  // Loopback reaches a peer only in this network namespace: a host name (or
+  // DOPT_HOST_ID) shared by namespaces on one machine is not enough.
+  const std::string net = info_field(peer_info, "net");
+  const bool same_host = net.empty() ? !host_prefix.empty() && peer_info.rfind(host_prefix + " ", 0) == 0
+                                     : net == network_namespace_id();
   if (info_field(peer_info, "advx") == "1") return info_field(peer_info, "addr");
   return peer_connect_address(same_host, info_field(peer_info, "addr"), info_field(peer_info, "bind"));
 }

@@ -22,8 +22,9 @@ class RuntimeImpl;
 /// Publishes `a` on an authenticated control port of this rank (bound as
 /// choose_bind_address(env) says; open until the runtime shuts down; only
 /// ranks of this job and world get through). Returns the info fields its
-/// peers need: " addr=ADVERTISED bind=BIND [advx=1] port=PORT" (advx: the
-/// address was given by DOPT_ADVERTISE_ADDR and is used even on one host).
+/// peers need: " addr=ADVERTISED bind=BIND [advx=1] port=PORT net=NETNS" (advx:
+/// the address was given by DOPT_ADVERTISE_ADDR and is used even on one host;
+/// net: this rank's network namespace, network_namespace_id()).
 /// Throws IOError.
 std::string publish_control_port(RuntimeImpl& rt, caf::actor_system& sys, caf::actor a, const LaunchEnv& env,
                                  const char* op);
@@ -32,8 +33,9 @@ std::string publish_control_port(RuntimeImpl& rt, caf::actor_system& sys, caf::a
 std::string info_field(const std::string& info, const std::string& key);
 
 /// Connects to the control port rank `r` advertised in `peer_info` (this
-/// rank's own info is `my_info`; equal "host=... boot=..." prefixes mean the
-/// same host). Bounded by env.handshake_timeout; throws PeerLostError /
+/// rank's own info starts with `host_prefix`). Loopback is dialled only for a
+/// peer in this rank's network namespace (its "net" field) that listens on
+/// loopback or every interface; otherwise its advertised address. Bounded by env.handshake_timeout; throws PeerLostError /
 /// TimeoutError / the handshake's errors, naming rank r and its address.
 caf::actor connect_control_port(caf::actor_system& sys, const LaunchEnv& env, int r, const std::string& host_prefix,
                                 const std::string& peer_info, const char* op);

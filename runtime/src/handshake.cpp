@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -542,31 +543,40 @@ AuthListener::AuthListener(Options options) : impl_(std::make_shared<Impl>(std::
   if (!im.opts.on_ready) throw ValueError("AuthListener", "on_ready is required");
   boost::system::error_code ec;
   tcp::resolver resolver(im.io);
-  auto results = resolver.resolve(im.opts.bind_addr, std::to_string(im.opts.port), tcp::resolver::passive, ec);
+  auto results = resolver.resolve(im.opts.bind_addr, "0", tcp::resolver::passive, ec);
   const std::string where = im.opts.bind_addr + ":" + std::to_string(im.opts.port);
   if (ec || results.empty())
     throw IOError("listen", "cannot resolve the bind address '" + im.opts.bind_addr + "': " + ec.message());
   std::string last;
   bool ok = false;
-  for (const auto& entry : results) {
-    im.acceptor.open(entry.endpoint().protocol(), ec);
-    if (ec) {
-      last = ec.message();
-      continue;
+  const std::vector<int> ports = listen_ports(im.opts.port, im.opts.port_lo, im.opts.port_hi);
+  for (int port : ports) {
+    for (const auto& entry : results) {
+      tcp::endpoint ep = entry.endpoint();
+      ep.port(static_cast<std::uint16_t>(port));
+      im.acceptor.open(ep.protocol(), ec);
+      if (ec) {
+        last = ec.message();
+        continue;
+      }
+      im.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+      ::fcntl(im.acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
+      im.acceptor.bind(ep, ec);
+      if (!ec) im.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) {
+        last = ec.message();
+        boost::system::error_code ignore;
+        im.acceptor.close(ignore);
+        continue;
+      }
+      ok = true;
+      break;
     }
-    im.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-    ::fcntl(im.acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
-    im.acceptor.bind(entry.endpoint(), ec);
-    if (!ec) im.acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      last = ec.message();
-      boost::system::error_code ignore;
-      im.acceptor.close(ignore);
-      continue;
-    }
-    ok = true;
-    break;
+    if (ok) break;
   }
+  if (!ok && ports.size() > 1)
+    throw IOError("listen", port_range_text(im.opts.port_lo, im.opts.port_hi) + " on " + im.opts.bind_addr +
+                                " (every port is in use; last error: " + last + ")");
   if (!ok) throw IOError("listen", "cannot listen on " + where + ": " + last);
   im.port = im.acceptor.local_endpoint().port();
   im.accept();
@@ -601,6 +611,21 @@ void AuthListener::close() {
 
 // --- where to listen ------------------------------------------------------------------
 
+std::vector<int> listen_ports(int port, int lo, int hi) {
+  if (port != 0 || lo <= 0 || hi < lo) return {port};
+  std::vector<int> out;
+  const int n = hi - lo + 1;
+  std::random_device rd;
+  const int start = static_cast<int>(rd() % static_cast<unsigned>(n));
+  for (int i = 0; i < n; ++i) out.push_back(lo + (start + i) % n);
+  return out;
+}
+
+std::string port_range_text(int lo, int hi) {
+  if (lo <= 0) return {};
+  return "no free port in DOPT_PORT_RANGE=" + std::to_string(lo) + "-" + std::to_string(hi);
+}
+
 namespace {
 
 bool is_loopback(const sockaddr* sa) {
@@ -622,6 +647,33 @@ std::string hostname() {
   return h;
 }
 
+/// The local address the kernel sends from to reach host (a loopback
+/// address of its family when host is loopback, and then *loopback = true,
+/// or "" for it when loopback is null); "" when host does not resolve.
+std::string route_source(std::string host, int port, bool* loopback) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return {};
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(res, ::freeaddrinfo);
+  if (is_loopback(res->ai_addr)) {
+    if (!loopback) return {};
+    *loopback = true;
+    return res->ai_family == AF_INET6 ? "::1" : "127.0.0.1";
+  }
+  std::string out;
+  const int s = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  if (s >= 0 && ::connect(s, res->ai_addr, res->ai_addrlen) == 0 &&
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&local), &len) == 0)
+    out = numeric(reinterpret_cast<sockaddr*>(&local), len);
+  if (s >= 0) ::close(s);
+  return out;
+}
+
 }  // namespace
 
 BindPlan choose_bind_address(const LaunchEnv& env) {
@@ -634,6 +686,7 @@ BindPlan choose_bind_address(const LaunchEnv& env) {
       throw ValueError("launch_env", std::string("cannot list the network interfaces: ") + std::strerror(errno),
                        env.rank);
     bool exists = false;
+    std::string v6_global, v6_link;
     for (ifaddrs* i = ifs; i; i = i->ifa_next) {
       if (!i->ifa_name || env.socket_ifname != i->ifa_name) continue;
       exists = true;
@@ -641,39 +694,40 @@ BindPlan choose_bind_address(const LaunchEnv& env) {
         plan.bind = numeric(i->ifa_addr, sizeof(sockaddr_in));
         break;
       }
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6) {
+        const auto* a6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+        std::string text = numeric(i->ifa_addr, sizeof(sockaddr_in6));  // link-local: "fe80::1%eth0"
+        if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) {
+          if (v6_link.empty()) v6_link = text;
+        } else if (v6_global.empty()) {
+          v6_global = text;
+        }
+      }
     }
+    if (plan.bind.empty()) plan.bind = !v6_global.empty() ? v6_global : v6_link;
     ::freeifaddrs(ifs);
     if (plan.bind.empty())
       throw ValueError("launch_env", "DOPT_SOCKET_IFNAME=" + env.socket_ifname +
-                                         (exists ? " has no IPv4 address" : " is not a network interface of this host"),
+                                         (exists ? " has no IPv4 or IPv6 address" : " is not a network interface of this host"),
                        env.rank);
   } else {
     // From MASTER_ADDR: loopback stays on loopback; otherwise the address the
     // kernel would send from to reach MASTER_ADDR (rank 0: MASTER_ADDR itself).
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_DGRAM;
-    addrinfo* res = nullptr;
-    if (::getaddrinfo(env.master_addr.c_str(), std::to_string(env.master_port).c_str(), &hints, &res) == 0 && res) {
-      std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(res, ::freeaddrinfo);
-      if (is_loopback(res->ai_addr)) {
-        plan.bind = res->ai_family == AF_INET6 ? "::1" : "127.0.0.1";
-      } else {
-        const int s = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        sockaddr_storage local{};
-        socklen_t len = sizeof local;
-        if (s >= 0 && ::connect(s, res->ai_addr, res->ai_addrlen) == 0 &&
-            ::getsockname(s, reinterpret_cast<sockaddr*>(&local), &len) == 0)
-          plan.bind = numeric(reinterpret_cast<sockaddr*>(&local), len);
-        if (s >= 0) ::close(s);
-      }
-    }
+    bool loopback = false;
+    plan.bind = route_source(env.master_addr, env.master_port, &loopback);
     if (plan.bind.empty()) plan.bind = "0.0.0.0";  // MASTER_ADDR does not resolve here (yet)
   }
   plan.wildcard = plan.bind == "0.0.0.0" || plan.bind == "::" || plan.bind == "*";
   if (plan.bind == "*") plan.bind = "0.0.0.0";
   if (!env.advertise_addr.empty()) plan.advertise = env.advertise_addr;
-  else plan.advertise = plan.wildcard ? hostname() : plan.bind;
+  else if (!plan.wildcard) plan.advertise = plan.bind;
+  else {
+    // Every interface: advertise the one that reaches MASTER_ADDR (peers on
+    // other hosts route back the same way); a host name only when MASTER_ADDR
+    // does not resolve or is loopback (every rank is then on this host).
+    plan.advertise = route_source(env.master_addr, env.master_port, nullptr);
+    if (plan.advertise.empty()) plan.advertise = hostname();
+  }
   return plan;
 }
 

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -284,4 +285,55 @@ TEST_CASE("handshake: the bind address follows DOPT_BIND_ADDR, DOPT_SOCKET_IFNAM
   CHECK(choose_bind_address(env).bind == "127.0.0.1");
   env.socket_ifname = "no-such-if0";
   CHECK_THROWS_WITH(choose_bind_address(env), Catch::Contains("DOPT_SOCKET_IFNAME=no-such-if0 is not a network interface"));
+}
+
+TEST_CASE("handshake: listeners take their ports from DOPT_PORT_RANGE, and say so when it is full",
+          "[handshake][network]") {
+  CHECK(listen_ports(0, 0, 0) == std::vector<int>{0});
+  CHECK(listen_ports(29500, 30000, 30009) == std::vector<int>{29500});
+  auto ps = listen_ports(0, 30000, 30009);
+  REQUIRE(ps.size() == 10);
+  std::sort(ps.begin(), ps.end());
+  for (int i = 0; i < 10; ++i) CHECK(ps[static_cast<std::size_t>(i)] == 30000 + i);
+  // a range of two free ports: two listeners fit, the third is told
+  int lo = 0;
+  for (int base = 41000; base < 60000 && !lo; base += 7) {
+    dopt::transport::TcpListener a, b;
+    try {
+      a = dopt::transport::TcpMesh::listen("127.0.0.1", base, base);
+      b = dopt::transport::TcpMesh::listen("127.0.0.1", base + 1, base + 1);
+    } catch (const IOError&) {
+      continue;
+    }
+    lo = base;
+  }
+  REQUIRE(lo > 0);
+  AuthListener::Options o;
+  o.bind_addr = "127.0.0.1";
+  o.port_lo = lo;
+  o.port_hi = lo + 1;
+  o.on_ready = [](int fd, const PeerHello&) { ::close(fd); };
+  AuthListener first(o);
+  CHECK((first.port() == lo || first.port() == lo + 1));
+  auto second = dopt::transport::TcpMesh::listen("127.0.0.1", lo, lo + 1);
+  CHECK(second.port() == (first.port() == lo ? lo + 1 : lo));
+  CHECK_THROWS_WITH(AuthListener(o), Catch::Contains("no free port in DOPT_PORT_RANGE=" + std::to_string(lo) + "-" +
+                                                     std::to_string(lo + 1) + " on 127.0.0.1"));
+  CHECK_THROWS_WITH(dopt::transport::TcpMesh::listen("127.0.0.1", lo, lo + 1),
+                    Catch::Contains("no free port in DOPT_PORT_RANGE"));
+}
+
+TEST_CASE("handshake: IPv6 loopback binds and advertises ::1; every interface advertises the route to MASTER_ADDR",
+          "[handshake][network]") {
+  LaunchEnv env;
+  env.master_addr = "::1";
+  BindPlan p = choose_bind_address(env);
+  CHECK(p.bind == "::1");
+  CHECK(p.advertise == "::1");
+  env.bind_addr = "::";
+  CHECK(choose_bind_address(env).wildcard);
+  env = LaunchEnv{};
+  env.master_addr = "127.0.0.2";  // not the loopback address itself: still loopback
+  env.bind_addr = "0.0.0.0";
+  CHECK_FALSE(choose_bind_address(env).advertise.empty());
 }

@@ -338,6 +338,24 @@ void read_network(const Env& env, LaunchEnv& le) {
       throw ValueError(kOp, "DOPT_HANDSHAKE_TIMEOUT_MS=" + quoted(*t) + " is out of range (expected 1..86400000)");
     le.handshake_timeout = std::chrono::milliseconds(ms);
   }
+  if (const std::string* r = find(env, "DOPT_PORT_RANGE")) {
+    const std::string v = trimmed(*r);
+    const auto dash = v.find_first_of("-:");
+    if (dash == std::string::npos)
+      throw ValueError(kOp, "DOPT_PORT_RANGE=" + quoted(*r) + " is not a range LOW-HIGH (e.g. 29600-29699)");
+    const long long lo = parse_integer("DOPT_PORT_RANGE", v.substr(0, dash));
+    const long long hi = parse_integer("DOPT_PORT_RANGE", v.substr(dash + 1));
+    if (lo < 1 || hi > 65535 || lo > hi)
+      throw ValueError(kOp, "DOPT_PORT_RANGE=" + quoted(*r) + " is not a range of ports 1 <= LOW <= HIGH <= 65535");
+    le.port_range_lo = static_cast<int>(lo);
+    le.port_range_hi = static_cast<int>(hi);
+  }
+  // torchrun's default (static) rendezvous: its agent's store holds MASTER_PORT.
+  if (const std::string* s = find(env, "TORCHELASTIC_USE_AGENT_STORE"); s && trimmed(*s) == "True") {
+    le.agent_store = true;
+    if (const std::string* c = find(env, "TORCHELASTIC_RESTART_COUNT"); c && !trimmed(*c).empty())
+      le.restart_count = static_cast<int>(parse_integer("TORCHELASTIC_RESTART_COUNT", *c));
+  }
 }
 
 LaunchEnv parse_all(const Env& env, const Family& f) {

@@ -285,3 +285,28 @@ TEST_CASE("launch_env: bind address, interface, advertised address and hand-shak
   CHECK_THAT(error_of(with({{"DOPT_HANDSHAKE_TIMEOUT_MS", "0"}})),
              Catch::Contains("DOPT_HANDSHAKE_TIMEOUT_MS='0' is out of range"));
 }
+
+TEST_CASE("launch_env: DOPT_PORT_RANGE and torchrun's agent store", "[launch][network]") {
+  const Env base{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
+  auto with = [&](Env extra) {
+    Env e = base;
+    e.insert(extra.begin(), extra.end());
+    return e;
+  };
+  LaunchEnv le = parse_launch_env(base);
+  CHECK(le.port_range_lo == 0);
+  CHECK(le.port_range_hi == 0);
+  CHECK_FALSE(le.agent_store);
+  le = parse_launch_env(with({{"DOPT_PORT_RANGE", "29600-29699"}}));
+  CHECK(le.port_range_lo == 29600);
+  CHECK(le.port_range_hi == 29699);
+  CHECK(parse_launch_env(with({{"DOPT_PORT_RANGE", " 40000:40000 "}})).port_range_hi == 40000);
+  CHECK_THAT(error_of(with({{"DOPT_PORT_RANGE", "29600"}})), Catch::Contains("is not a range LOW-HIGH"));
+  CHECK_THAT(error_of(with({{"DOPT_PORT_RANGE", "29700-29600"}})), Catch::Contains("is not a range of ports"));
+  CHECK_THAT(error_of(with({{"DOPT_PORT_RANGE", "0-10"}})), Catch::Contains("is not a range of ports"));
+  CHECK_THAT(error_of(with({{"DOPT_PORT_RANGE", "a-b"}})), Catch::Contains("DOPT_PORT_RANGE"));
+  le = parse_launch_env(with({{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  CHECK(le.agent_store);
+  CHECK(le.restart_count == 2);
+  CHECK_FALSE(parse_launch_env(with({{"TORCHELASTIC_USE_AGENT_STORE", "False"}})).agent_store);
+}

@@ -90,7 +90,9 @@ TcpListener& TcpListener::operator=(TcpListener&&) noexcept = default;
 TcpListener::~TcpListener() = default;
 std::uint16_t TcpListener::port() const { return impl_ ? impl_->port : 0; }
 
-TcpListener TcpMesh::listen(const std::string& bind_host) {
+TcpListener TcpMesh::listen(const std::string& bind_host) { return listen(bind_host, 0, 0); }
+
+TcpListener TcpMesh::listen(const std::string& bind_host, int port_lo, int port_hi) {
   auto impl = std::make_unique<TcpListener::Impl>();
   boost::system::error_code ec;
   tcp::resolver resolver(impl->io);
@@ -98,22 +100,30 @@ TcpListener TcpMesh::listen(const std::string& bind_host) {
   if (ec || results.empty())
     throw IOError(k_op, "cannot resolve the bind address \"" + bind_host + "\": " + ec.message());
   std::string last;
-  for (const auto& entry : results) {
-    tcp::acceptor& a = impl->acceptor;
-    a.open(entry.endpoint().protocol(), ec);
-    if (ec) { last = ec.message(); continue; }
-    a.set_option(asio::socket_base::reuse_address(true), ec);
-    a.bind(entry.endpoint(), ec);
-    if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      last = ec.message();
-      boost::system::error_code ignore;
-      a.close(ignore);
-      continue;
+  const std::vector<int> ports = net::listen_ports(0, port_lo, port_hi);
+  for (int port : ports) {
+    for (const auto& entry : results) {
+      tcp::acceptor& a = impl->acceptor;
+      tcp::endpoint ep = entry.endpoint();
+      ep.port(static_cast<std::uint16_t>(port));
+      a.open(ep.protocol(), ec);
+      if (ec) { last = ec.message(); continue; }
+      a.set_option(asio::socket_base::reuse_address(true), ec);
+      a.bind(ep, ec);
+      if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) {
+        last = ec.message();
+        boost::system::error_code ignore;
+        a.close(ignore);
+        continue;
+      }
+      impl->port = a.local_endpoint().port();
+      return TcpListener(std::move(impl));
     }
-    impl->port = a.local_endpoint().port();
-    return TcpListener(std::move(impl));
   }
+  if (ports.size() > 1)
+    throw IOError(k_op, net::port_range_text(port_lo, port_hi) + " on \"" + bind_host +
+                            "\" (every port is in use; last error: " + last + ")");
   throw IOError(k_op, "cannot listen on \"" + bind_host + "\": " + last);
 }
 

@@ -12,9 +12,11 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/shm.hpp"
+#include "engine/host_identity.hpp"
 #include "engine/rank_state.hpp"
 #include "engine/runtime_impl.hpp"
 #include "planes/hier/hier_plane.hpp"
+#include "planes/mpi/mpi_plane.hpp"
 #include "planes/shm/shm_plane.hpp"
 #include "rendezvous_internal.hpp"
 #include "world_setup.hpp"
@@ -32,23 +34,6 @@ std::string job_token() {
   return buf;
 }
 
-/// "host=<hostname> boot=<boot id>": ranks with equal infos share a kernel,
-/// hence /dev/shm. DOPT_HOST_ID replaces both (set-ups where the hostname
-/// lies, and tests that play several hosts on one).
-std::string host_info() {
-  if (const char* id = std::getenv("DOPT_HOST_ID"); id && *id) return std::string("host=") + id + " boot=set";
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string boot;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f)) boot = buf;
-    std::fclose(f);
-    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
-  }
-  return std::string("host=") + host + " boot=" + boot;
-}
-
 }  // namespace
 
 ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
@@ -61,6 +46,17 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
     throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
                      env.rank);
+  // DOPT_BACKEND=mpi: the collectives go through MPI (planes/mpi); the rank
+  // actors still connect (liveness, send/recv, subgroups' bookkeeping).
+  const char* backend_env = std::getenv("DOPT_BACKEND");
+  const std::string backend = backend_env && *backend_env ? backend_env : "dopt";
+  if (backend != "dopt" && backend != "mpi")
+    throw ValueError(op, "DOPT_BACKEND must be 'dopt' or 'mpi', got '" + backend + "'", env.rank);
+  const bool use_mpi = backend == "mpi";
+  if (use_mpi && !mpi::available()) (void)mpi::make_world_plane(env, nullptr, {});  // throws: not built
+  // The TCP mesh still carries send/recv (the actor plane's); the MPI plane
+  // replaces the shm/hier planes below for the collectives.
+  if (use_mpi) plane_choice = "tcp";
   auto& rt = runtime.impl();
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
@@ -72,14 +68,17 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   // (BASP would otherwise route through rank 0, and lose sight of the dead
   // peer when rank 0 goes). The TCP data plane listens too. Both ports are
   // opened inside the rendezvous, once rank 0 holds MASTER_PORT.
-  const std::string host = host_info();
+  // Which ranks share this host's /dev/shm: measured (engine/host_identity.hpp).
+  HostIdentity identity;
+  const std::string& host = identity.host_field();
   std::optional<transport::TcpListener> listener;
   auto make_info = [&] {
     // Ports behind dopt's handshake (job id, secret), on the chosen interface.
     std::string info = host + publish_control_port(rt, sys, a, env, op);
-    if (plane_choice != "shm") listener.emplace(transport::TcpMesh::listen(info_field(info, "bind")));
+    if (plane_choice != "shm")
+      listener.emplace(transport::TcpMesh::listen(info_field(info, "bind"), env.port_range_lo, env.port_range_hi));
     return info + " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
-           " job=" + job_token();
+           " job=" + job_token() + identity.probe_fields();
   };
   RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
   const auto& infos = rendezvous_infos(rdv);
@@ -107,6 +106,11 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   peers->table = std::make_shared<PeerTable>(env.world_size);
   peers->actors = rendezvous_payloads(rdv);
   peers->actors[static_cast<std::size_t>(env.rank)] = a;
+  // Every rank first checks the probes of the ranks it takes for its host;
+  // nobody goes on (and may fail and remove its probe) before all did.
+  setup_step(rdv, env.rank, op, [&] { identity.verify(infos, env.rank, op); });
+  rdv.barrier(options.timeout);
+  identity.release();
   // Direct connections: rank i (> 0) connects to every rank above it; rank 0
   // has one to everybody from the rendezvous. Each is bounded by the
   // handshake timeout; a rank that fails tells the others (setup_step), so
@@ -157,7 +161,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   shm_plane::Mapped mine;
   auto members = std::make_shared<std::vector<int>>();
   for (int r = 0; r < env.world_size; ++r) members->push_back(r);
-  if (!use_tcp) {
+  if (!use_tcp && !use_mpi) {
     std::vector<int> pids;
     for (int r = 0; r < env.world_size; ++r)
       pids.push_back(std::atoi(field(infos[static_cast<std::size_t>(r)], "pid").c_str()));
@@ -197,6 +201,11 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   // (and every rank's region exists).
   rdv.barrier(options.timeout);
   std::shared_ptr<GroupPlane> world_plane;
+  if (use_mpi) {
+    std::vector<std::string> host_ids;
+    for (const auto& info : infos) host_ids.push_back(info.substr(0, info.find(" addr=")));
+    world_plane = setup_step(rdv, env.rank, op, [&] { return mpi::make_world_plane(env, peers->table, host_ids); });
+  }
   if (shm || hierarchical) {
     world_plane = shm ? std::static_pointer_cast<GroupPlane>(shm->attach(0, members, mine))
                       : hierarchical->attach(0, *members, mine);

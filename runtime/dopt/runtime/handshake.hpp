@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dopt/runtime/launch_env.hpp"
 
@@ -159,7 +160,8 @@ class AuthListener {
   struct Options {
     /// Numeric address or host name; "0.0.0.0" / "::" = every interface.
     std::string bind_addr = "127.0.0.1";
-    int port = 0;  // 0: the kernel picks one
+    int port = 0;  // 0: the kernel picks one, or one of [port_lo, port_hi]
+    int port_lo = 0, port_hi = 0;  // DOPT_PORT_RANGE (LaunchEnv::port_range_*); 0: none
     Purpose purpose = Purpose::control;
     Credentials credentials;
     std::chrono::milliseconds handshake_timeout{kDefaultHandshakeTimeoutMs};
@@ -186,6 +188,15 @@ class AuthListener {
   std::shared_ptr<Impl> impl_;
 };
 
+/// The ports a listener tries in turn: {port} when port != 0 or there is no
+/// range (lo == 0; {0} lets the kernel pick), else every port of [lo, hi]
+/// once, starting at a random one (ranks on one host spread over the range).
+std::vector<int> listen_ports(int port, int lo, int hi);
+
+/// "no free port in DOPT_PORT_RANGE=lo-hi on ADDR (...)" for listeners that
+/// tried every port of the range; "" when there is no range.
+std::string port_range_text(int lo, int hi);
+
 /// The address a rank's listeners bind to and the one its peers connect to.
 struct BindPlan {
   std::string bind;       // "127.0.0.1", "10.0.0.5", "0.0.0.0"
@@ -193,12 +204,14 @@ struct BindPlan {
   bool wildcard = false;  // bind is every interface
 };
 
-/// From env: DOPT_BIND_ADDR, else DOPT_SOCKET_IFNAME's IPv4 address, else
-/// 127.0.0.1 when MASTER_ADDR is a loopback address, else the local address
-/// the kernel routes MASTER_ADDR through. advertise: DOPT_ADVERTISE_ADDR, else
-/// the bind address, else (every interface) this host's name. Throws
-/// ValueError for an interface without an IPv4 address or that does not
-/// exist.
+/// From env: DOPT_BIND_ADDR, else DOPT_SOCKET_IFNAME's address (IPv4, else a
+/// global IPv6 one, else a link-local IPv6 one as "fe80::..%ifname"), else
+/// the loopback address of MASTER_ADDR's family when MASTER_ADDR is a
+/// loopback address, else the local address the kernel routes MASTER_ADDR
+/// through (IPv4 or IPv6). advertise: DOPT_ADVERTISE_ADDR, else the bind
+/// address, else (every interface) the address the kernel routes MASTER_ADDR
+/// through, else this host's name. Throws ValueError for an interface
+/// without an address or that does not exist.
 BindPlan choose_bind_address(const LaunchEnv& env);
 
 }  // namespace dopt::net

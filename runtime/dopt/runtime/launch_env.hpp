@@ -50,6 +50,14 @@
 //                connection between ranks may take to answer its handshake,
 //                and how long the ranks may take to connect to each other
 //                once all have arrived.
+//   port_range   DOPT_PORT_RANGE=LOW-HIGH: every port a rank listens on
+//                besides MASTER_PORT (control, data, RPC ports) is taken
+//                from this range (for firewalls); unset: ephemeral ports.
+//   agent_store  TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent holds
+//                MASTER_PORT with its own store (torchrun's default static
+//                rendezvous); dopt's rendezvous then listens on a port that
+//                rank 0 publishes in that store (restart_count from
+//                TORCHELASTIC_RESTART_COUNT keys it).
 #include <chrono>
 #include <map>
 #include <optional>
@@ -84,6 +92,11 @@ struct LaunchEnv {
   std::string socket_ifname;
   std::string advertise_addr;
   std::chrono::milliseconds handshake_timeout{kDefaultHandshakeTimeoutMs};
+  /// DOPT_PORT_RANGE; 0, 0 = ephemeral ports.
+  int port_range_lo = 0;
+  int port_range_hi = 0;
+  bool agent_store = false;
+  int restart_count = 0;
 
   /// "job 'x' (from DOPT_JOB_ID)" or "no job id", for messages.
   std::string describe_job() const;

@@ -138,6 +138,10 @@ class TcpMesh {
   /// interface, "::" = every interface) on an ephemeral port and listens.
   /// Throws IOError naming the host.
   static TcpListener listen(const std::string& bind_host = "0.0.0.0");
+  /// The same on a port of [port_lo, port_hi] (DOPT_PORT_RANGE; tried from a
+  /// random one on; 0, 0: ephemeral). Throws IOError "no free port in
+  /// DOPT_PORT_RANGE=..." when every port of the range is taken.
+  static TcpListener listen(const std::string& bind_host, int port_lo, int port_hi);
 
   /// Connects this rank to every other rank (see the setup contract above).
   /// endpoints[r] = "host:port" of rank r ("[v6addr]:port" for IPv6);

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# A dopt program under the launchers people use, and on the MPI plane. Each
+# scenario skips itself (exit 77, with the reason) when its launcher is not
+# installed.
+#
+#   tests/launchers.sh SCENARIO BUILD_DIR
+#
+#   torchrun      plain torchrun (static rendezvous: its agent holds MASTER_PORT
+#                 with its own store), 2 ranks
+#   standalone    torchrun --standalone, 3 ranks
+#   slurm         3 ranks started with SLURM's variables only (as srun sets them)
+#   mpi-battery   DOPT_BACKEND=mpi under mpirun, 3 ranks: every collective exact,
+#                 on the mpi plane; a mismatch fails every rank; without
+#                 mpirun it fails saying so
+#   mpi-digest    DOPT_BACKEND=mpi under mpirun, 4 ranks: every result bit for bit
+#                 that of 4 ranks on the shared-memory plane
+#   mpi-zero      ZeroRedundancyOptimizer parity, and ZeRO with Join, on the mpi plane
+#   mpi-plsgd     post-local SGD (both averagers) and the reducer's hooks, on the mpi plane
+set -u
+scenario=${1:?scenario}
+build=$(cd "${2:?build dir}" && pwd)
+peer=$build/tests/dopt_collectives_peer
+work=$(mktemp -d /tmp/dopt-launchers.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+skip() { echo "skipped: $*"; exit 77; }
+fail() { echo "FAIL: $*"; echo "--- output:"; tail -n 30 "$work/out"; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# every rank 0..N-1 printed "ok R" (anywhere on its line: launchers prefix lines)
+all_ok() { for ((r = 0; r < $1; r++)); do grep -Eq "(^|[] :])ok $r [0-9]+" "$work/out" || fail "rank $r did not finish"; done; }
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
+export DOPT_TIMEOUT_MS=${DOPT_TIMEOUT_MS:-60000}
+torchrun() {
+  /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || skip "torch (python3-torch) is not installed: no torchrun"
+  /usr/bin/python3 -m torch.distributed.run "$@"
+}
+mpi() {
+  command -v mpirun >/dev/null || skip "OpenMPI's mpirun is not installed"
+  grep -q "MPI plane enabled\|DOPT_HAVE_MPI:INTERNAL=ON" "$build/CMakeCache.txt" || skip "this build has no MPI plane"
+  local np=$1
+  shift
+  timeout 120 mpirun --allow-run-as-root --oversubscribe -np "$np" --mca btl self,vader,tcp \
+    -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" -x DOPT_BACKEND=mpi -x DOPT_DEBUG=1 -x DOPT_TIMEOUT_MS \
+    "$@"
+}
+on_mpi_plane() { [ "$(grep -c "the world group runs on the mpi plane" "$work/out")" = "$1" ] || fail "not every rank ran on the mpi plane"; }
+
+case $scenario in
+  torchrun)
+    # Debian's torch 1.13: --nproc_per_node, --no_python for a binary, and
+    # --redirects 1 --tee 1 (Python 3.11 crashes in its log handling without)
+    torchrun --nproc_per_node 2 --master_port "$(free_port)" --no_python --redirects 1 --tee 1 \
+      "$peer" battery >"$work/out" 2>&1 || fail "torchrun failed"
+    all_ok 2
+    ;;
+  standalone)
+    torchrun --standalone --nproc_per_node 3 --no_python --redirects 1 --tee 1 \
+      "$peer" battery >"$work/out" 2>&1 || fail "torchrun --standalone failed"
+    all_ok 3
+    ;;
+  slurm)
+    port=$(free_port)
+    pids=()
+    for r in 0 1 2; do
+      env -u RANK SLURM_PROCID=$r SLURM_NTASKS=3 SLURM_LOCALID=$r SLURM_TASKS_PER_NODE=3 SLURM_NODEID=0 \
+        SLURM_JOB_ID=4242 SLURM_STEP_ID=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$peer" battery >"$work/out$r" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    cat "$work"/out? >"$work/out"
+    [ $rc = 0 ] || fail "a rank failed"
+    all_ok 3
+    ;;
+  mpi-battery)
+    mpi 3 "$peer" battery >"$work/out" 2>&1 || fail "mpirun failed"
+    all_ok 3
+    on_mpi_plane 3
+    grep -q "plane mpi " "$work/out" || fail "plane_stats() does not name the mpi plane"
+    # a mismatch (rank 0 all_reduce, the others broadcast) fails every rank
+    mpi 3 "$peer" mismatch >"$work/out" 2>&1 && fail "mpirun exited 0 after a mismatch"
+    [ "$(grep -c "error CollectiveMismatchError: .*collective mismatch in world group at seq 0" "$work/out")" = 3 ] ||
+      fail "not every rank got CollectiveMismatchError"
+    grep -m1 "error CollectiveMismatchError" "$work/out"
+    # DOPT_BACKEND=mpi without mpirun: every rank says so
+    "$build/tools/dopt-run" --nproc-per-node 2 --master-port 0 env DOPT_BACKEND=mpi "$peer" battery >"$work/out" 2>&1 &&
+      fail "DOPT_BACKEND=mpi under dopt-run did not fail"
+    grep -q "start the ranks with mpirun or srun" "$work/out" || fail "no error saying to start the ranks with mpirun"
+    ;;
+  mpi-digest)
+    mpi 4 "$peer" digest >"$work/out" 2>&1 || fail "mpirun failed"
+    all_ok 4
+    on_mpi_plane 4
+    cp "$work/out" "$work/mpi"
+    "$build/tools/dopt-run" --nproc-per-node 4 --master-port 0 "$peer" digest >"$work/out" 2>&1 || fail "dopt-run failed"
+    for ((r = 0; r < 4; r++)); do
+      a=$(sed -n "s/.*digest $r \([0-9a-f]*\)$/\1/p" "$work/mpi")
+      b=$(sed -n "s/.*digest $r \([0-9a-f]*\)$/\1/p" "$work/out")
+      [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r: digest on the mpi plane '$a' != on shared memory '$b'"
+      echo "rank $r: digest $a on the mpi plane and on shared memory"
+    done
+    ;;
+  mpi-zero)
+    mpi 3 "$build/tests/dopt_zero_peer" parity >"$work/out" 2>&1 || fail "mpirun (parity) failed"
+    all_ok 3
+    on_mpi_plane 3
+    mpi 3 "$build/tests/dopt_zero_peer" join >"$work/out" 2>&1 || fail "mpirun (join) failed"
+    all_ok 3
+    ;;
+  mpi-plsgd)
+    for mode in periodic hierarchical reducer; do
+      mpi 4 "$build/tests/dopt_plsgd_peer" $mode >"$work/out" 2>&1 || fail "mpirun ($mode) failed"
+      all_ok 4
+      on_mpi_plane 4
+    done
+    ;;
+  *)
+    echo "unknown scenario $scenario"
+    exit 2
+    ;;
+esac
+echo "passed: $scenario"
