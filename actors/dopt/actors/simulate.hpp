@@ -24,6 +24,7 @@
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/actors/runtime.hpp"
+#include "dopt/actors/sim.hpp"
 
 namespace dopt {
 
@@ -38,6 +39,19 @@ struct SimulateOptions {
   /// (messages between the rank actors). The environment variable
   /// DOPT_PLANE overrides it. Results are bitwise the same.
   std::string plane = "shm";
+
+  /// Deterministic simulation (dopt/actors/sim.hpp, docs/testing.md): one
+  /// thread runs at a time, the next one chosen at every collective, send,
+  /// recv and future wait by a generator seeded with `seed`; time is
+  /// virtual. DOPT_SIM_SEED in the environment turns it on with its seed.
+  bool deterministic = false;
+  std::uint64_t seed = 0;
+  /// Faults to inject (deterministic only; else ValueError).
+  FaultPlan faults;
+  /// When set, filled with what the run did (trace hash, faults, virtual time).
+  SimReport* report = nullptr;
+  /// Keep the trace's lines in `report` (for comparing runs; costs memory).
+  bool keep_trace = false;
 };
 
 class RankContext {
