@@ -383,8 +383,9 @@ void join(std::thread& th) {
 }
 
 Task* Scheduler::find(std::thread::id id) {
-  for (auto& up : tasks_)
-    if (up->tid == id) return up.get();
+  // The newest: ids of threads that ended are reused.
+  for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it)
+    if ((*it)->tid == id) return it->get();
   return nullptr;
 }
 
