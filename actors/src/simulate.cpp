@@ -84,6 +84,18 @@ void run_deterministic(int world_size, std::uint64_t seed, const SimulateOptions
   for (auto& t : threads) t.join();
   threads.clear();
   if (options.report) sched->fill(*options.report);
+  // For comparing whole test runs of a seed (the CTest swarm): one line per simulation.
+  if (const char* log = std::getenv("DOPT_SIM_TRACE_LOG"); log && *log) {
+    SimReport r;
+    sched->fill(r);
+    if (std::FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx faults %zu\n",
+                   static_cast<unsigned long long>(seed), world_size, static_cast<unsigned long long>(r.decisions),
+                   static_cast<long long>(r.virtual_time.count()), static_cast<unsigned long long>(r.trace_hash),
+                   r.faults.size());
+      std::fclose(f);
+    }
+  }
 }
 
 }  // namespace
