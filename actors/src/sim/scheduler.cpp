@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/read_faults.hpp"
 
 namespace dopt::detail::sim {
 
@@ -42,6 +43,12 @@ std::string task_str(const Task& t) {
   return "rank " + std::to_string(t.rank) + " " + t.name + " #" + std::to_string(t.id);
 }
 
+/// The checkpoint-read hook of the runtime: the fault plan of the calling task's simulation.
+int read_fault(const std::string& path) {
+  if (!active()) return 0;
+  return tl_task->sched->on_read(path);
+}
+
 }  // namespace
 
 Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, std::shared_ptr<PeerTable> peers,
@@ -69,6 +76,9 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
     auto& v = f.kind == FaultPlan::Kind::crash ? crash_at_ : f.kind == FaultPlan::Kind::stop ? stop_at_ : drop_at_;
     v[static_cast<std::size_t>(f.rank)] = at;
   }
+  for (const auto& f : plan_.faults)
+    if (f.kind == FaultPlan::Kind::fail_read || f.kind == FaultPlan::Kind::corrupt_read)
+      g_read_fault_hook.store(&read_fault, std::memory_order_release);  // stays: it asks active() first
   calls_.assign(static_cast<std::size_t>(world_size), 0);
   messages_.assign(static_cast<std::size_t>(world_size), 0);
 }

@@ -3,9 +3,12 @@
 // check. Rank functions record; assertions run after simulate() returned.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
@@ -14,6 +17,7 @@
 
 #include "dopt/actors/sim.hpp"
 #include "dopt/actors/simulate.hpp"
+#include "dopt/runtime/safetensors.hpp"
 
 using namespace dopt;
 
@@ -340,4 +344,41 @@ TEST_CASE("swarm: a nondeterministic body is caught by the determinism check", "
   CHECK(*res.failing_seed == 1);
   CHECK(res.nondeterministic);
   CHECK(res.failure.find("not deterministic") != std::string::npos);
+}
+
+TEST_CASE("fault plan: a checkpoint read fails or comes back corrupted", "[sim]") {
+  const std::string path = "/tmp/dopt_sim_ckpt_" + std::to_string(::getpid()) + ".safetensors";
+  write_safetensors(path, {{"w", Tensor::full({8}, 1.5, DType::float32)}});
+  for (const bool corrupt : {false, true}) {
+    SimReport rep;
+    auto o = det(9, &rep);
+    if (corrupt) o.faults.corrupt_read("dopt_sim_ckpt_");
+    else o.faults.fail_read("dopt_sim_ckpt_");
+    std::vector<std::string> got(3);
+    simulate(3, [&](RankContext& ctx) {
+      ctx.world().barrier();  // the ranks read in an order the seed picks; one read is hit
+      std::string& g = got[static_cast<std::size_t>(ctx.rank())];
+      try {
+        auto f = read_safetensors(path);
+        auto v = f.tensors.at("w").to_vector<float>();
+        g = std::all_of(v.begin(), v.end(), [](float x) { return x == 1.5f; }) ? "ok" : "damaged";
+      } catch (const IOError& e) {
+        g = std::string("IOError: ") + e.what();
+      }
+      ctx.world().barrier();
+    }, o);
+    int hit = 0;
+    for (const auto& g : got) {
+      if (g == "ok") continue;
+      ++hit;
+      if (corrupt) CHECK((g == "damaged" || g.find("checksum") != std::string::npos));
+      else CHECK(g.find("injected read failure") != std::string::npos);
+    }
+    CHECK(hit == 1);
+    REQUIRE(rep.faults.size() == 1);
+    CHECK(rep.faults[0].find(corrupt ? "corrupted" : "failed") != std::string::npos);
+  }
+  // Outside a simulation the hook does nothing.
+  CHECK(read_safetensors(path).tensors.at("w").to_vector<float>() == std::vector<float>(8, 1.5f));
+  std::remove(path.c_str());
 }
