@@ -81,6 +81,12 @@ void run_deterministic(int world_size, std::uint64_t seed, const SimulateOptions
                  static_cast<unsigned long long>(seed), deadlock.c_str(), static_cast<unsigned long long>(seed));
     throw StateError("simulate", "seed " + std::to_string(seed) + ": " + deadlock);
   }
+  if (sched->any_frozen()) {
+    // The frozen threads (a stopped rank, a crashed rank's helpers) go on as
+    // ordinary threads now: whatever they wait for ends at once.
+    for (int r = 0; r < world_size; ++r)
+      table->mark(r, detail::PeerTable::lost, "rank " + std::to_string(r) + " ended with simulate");
+  }
   for (auto& t : threads) t.join();
   threads.clear();
   if (options.report) sched->fill(*options.report);

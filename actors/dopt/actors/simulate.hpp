@@ -17,6 +17,11 @@
 //
 // A rank whose fn *returns* while its peers still wait for it is not an error
 // of that rank; the peers' calls end with TimeoutError after the group timeout.
+//
+// With options.deterministic (or DOPT_SIM_SEED set) the threads run one at a
+// time in an order drawn from options.seed, in virtual time, with the faults
+// of options.faults: dopt/actors/sim.hpp has the contract, docs/testing.md
+// the guide.
 #include <chrono>
 #include <functional>
 #include <optional>

@@ -277,16 +277,26 @@ void Scheduler::on_call(Task* me, const char* what) {
   if (over() || me->released) return;
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++calls_[r];
-  if (crash_at_[r] == k) {
+  // Crashes and stops happen on the rank's own thread: at its k-th call, or
+  // at the first one after it when the k-th came from a helper thread.
+  if (!me->is_rank) {
+    yield(me, what);
+    return;
+  }
+  if (crash_at_[r] > 0 && k >= crash_at_[r]) {
+    crash_at_[r] = 0;
     const std::string why = "rank " + std::to_string(me->rank) + " crashed at its call " + std::to_string(k) + " (" +
                             what + "): injected by the fault plan";
     fault(why);
     freeze_rank(me->rank);
+    any_frozen_ = true;
     peers_->mark(me->rank, PeerTable::lost, why);
     me->crashed = true;
     throw RankCrashed{me->rank, why};
   }
-  if (stop_at_[r] == k) {
+  if (stop_at_[r] > 0 && k >= stop_at_[r]) {
+    stop_at_[r] = 0;
+    any_frozen_ = true;
     fault("rank " + std::to_string(me->rank) + " stopped at its call " + std::to_string(k) + " (" + what +
           "): injected by the fault plan");
     freeze_rank(me->rank);

@@ -110,6 +110,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Task* find(std::thread::id id);
 
   bool over() const noexcept { return over_.load(std::memory_order_acquire); }
+  /// A fault plan crashed or stopped a rank (its threads were frozen).
+  bool any_frozen() const noexcept { return any_frozen_; }
   /// A deadlock the scheduler found ("" when none).
   std::string deadlock() const;
   /// The run's report (call after wait_over()).
@@ -134,6 +136,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::vector<bool> read_fault_used_;
   std::vector<int> calls_, messages_;  // per rank
   bool started_ = false;
+  bool any_frozen_ = false;
   int world_size_;
   std::shared_ptr<PeerTable> peers_;
   bool keep_trace_;

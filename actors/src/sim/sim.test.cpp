@@ -211,7 +211,7 @@ TEST_CASE("fault plan: late and lost protocol messages", "[sim]") {
   SimReport rep;
   auto o = det(3, &rep);
   o.timeout = std::chrono::seconds(30);
-  o.faults.drop_message(0, 2);  // rank 0's B step of its only all_reduce
+  o.faults.drop_message(0, 2);  // rank 0's second protocol step
   std::atomic<int> timeouts{0};
   simulate(3, [&](RankContext& ctx) {
     Tensor t = Tensor::full({2}, 1.0);
