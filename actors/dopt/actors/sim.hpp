@@ -43,6 +43,8 @@ struct SimulateOptions;
 
 /// Faults injected into a deterministic simulation. Calls are counted per
 /// rank from 1: every collective, send and recv the rank's code starts.
+/// Crashes and stops happen on the rank's own thread: when the k-th call
+/// comes from a helper thread (ZeRO's overlap worker), at the rank's next one.
 struct FaultPlan {
   enum class Kind { crash, stop, delay, drop, fail_read, corrupt_read };
   struct Fault {
