@@ -1,5 +1,6 @@
 #include "dopt/actors/simulate.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -9,6 +10,7 @@
 
 #include "internal.hpp"
 #include "planes/shm/shm_plane.hpp"
+#include "sim/scheduler.hpp"
 
 namespace dopt {
 namespace {
@@ -53,6 +55,55 @@ std::string describe(const std::exception_ptr& e) {
   }
 }
 
+/// Runs body(r) for every rank as tasks of one deterministic scheduler
+/// (threads are left to join); throws StateError on a deadlock.
+void run_deterministic(int world_size, std::uint64_t seed, const SimulateOptions& options,
+                       const std::shared_ptr<detail::PeerTable>& table, const std::function<void(int)>& body,
+                       std::vector<std::thread>& threads) {
+  auto sched = std::make_shared<detail::sim::Scheduler>(seed, options.faults, world_size, table, options.keep_trace);
+  std::vector<detail::sim::Task*> tasks;
+  for (int r = 0; r < world_size; ++r) tasks.push_back(sched->add(r, true, "main"));
+  for (int r = 0; r < world_size; ++r)
+    threads.emplace_back([&body, sched, t = tasks[static_cast<std::size_t>(r)], r] {
+      sched->enter(t);
+      body(r);
+      sched->exit(t);
+    });
+  sched->start();
+  sched->wait_over();
+  const std::string deadlock = sched->deadlock();
+  if (!deadlock.empty()) {
+    // The threads that wait stay parked for good; they keep the scheduler alive.
+    for (auto& t : threads) t.detach();
+    threads.clear();
+    if (options.report) sched->fill(*options.report);
+    std::fprintf(stderr, "dopt simulate: seed %llu: %s; replay with DOPT_SIM_SEED=%llu\n",
+                 static_cast<unsigned long long>(seed), deadlock.c_str(), static_cast<unsigned long long>(seed));
+    throw StateError("simulate", "seed " + std::to_string(seed) + ": " + deadlock);
+  }
+  if (sched->any_frozen()) {
+    // The frozen threads (a stopped rank, a crashed rank's helpers) go on as
+    // ordinary threads now: whatever they wait for ends at once.
+    for (int r = 0; r < world_size; ++r)
+      table->mark(r, detail::PeerTable::lost, "rank " + std::to_string(r) + " ended with simulate");
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  if (options.report) sched->fill(*options.report);
+  // For comparing whole test runs of a seed (the CTest swarm): one line per simulation.
+  if (const char* log = std::getenv("DOPT_SIM_TRACE_LOG"); log && *log) {
+    SimReport r;
+    sched->fill(r);
+    if (std::FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx faults %zu\n",
+                   static_cast<unsigned long long>(seed), world_size, static_cast<unsigned long long>(r.decisions),
+                   static_cast<long long>(r.virtual_time.count()), static_cast<unsigned long long>(r.trace_hash),
+                   r.faults.size());
+      std::fclose(f);
+    }
+  }
+}
+
 }  // namespace
 
 void simulate(int world_size, const std::function<void(RankContext&)>& fn, const SimulateOptions& options) {
@@ -70,6 +121,16 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (const char* p = std::getenv("DOPT_PLANE"); p && *p) plane = p;
   if (plane != "shm" && plane != "actor")
     throw ValueError("simulate", "plane must be 'shm' or 'actor', got '" + plane + "'");
+  // Deterministic mode: asked for, or replayed from DOPT_SIM_SEED (which
+  // leaves runs on the actor plane as they are).
+  const auto env_seed = sim::env_seed();
+  const bool deterministic = options.deterministic || (env_seed && plane == "shm");
+  const std::uint64_t seed = env_seed ? *env_seed : options.seed;
+  if (deterministic && plane != "shm")
+    throw ValueError("simulate", "deterministic simulation runs on the shared-memory plane only, not on plane '" +
+                                     plane + "'");
+  if (!deterministic && !options.faults.empty())
+    throw ValueError("simulate", "fault plans need deterministic = true");
 
   auto world = detail::spawn_local_world(rt->impl(), world_size);
   auto& endpoints = world.endpoints;
@@ -123,6 +184,10 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     try {
       RankContext ctx(r, world_size, ProcessGroup(std::move(g)));
       fn(ctx);
+    } catch (const detail::sim::RankCrashed&) {
+      // A fault plan crashed this rank: its peers see it lost (the scheduler marked it).
+    } catch (const detail::sim::RankStopped&) {
+      // A fault plan stopped this rank; the simulation is over.
     } catch (...) {
       auto e = std::current_exception();
       {
@@ -136,7 +201,9 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
 
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
-  try {
+  if (deterministic) {
+    run_deterministic(world_size, seed, options, world.table, body, threads);
+  } else try {
     for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   } catch (...) {
     // Could not start every thread: fail the started ones' peers, then join.
@@ -148,7 +215,13 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   for (auto& t : threads) t.join();
   endpoints.clear();  // each endpoint stops its rank actor
   if (own) own->shutdown();
-  if (first) rethrow_with_rank(first->second, first->first);
+  if (first) {
+    if (deterministic)
+      std::fprintf(stderr, "dopt simulate: seed %llu failed: rank %d: %s; replay with DOPT_SIM_SEED=%llu\n",
+                   static_cast<unsigned long long>(seed), first->first, describe(first->second).c_str(),
+                   static_cast<unsigned long long>(seed));
+    rethrow_with_rank(first->second, first->first);
+  }
 }
 
 }  // namespace dopt

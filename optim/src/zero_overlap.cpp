@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dopt/actors/join.hpp"
+#include "dopt/actors/sim_hooks.hpp"
 #include "agreement.hpp"
 #include "zero_overlap_internal.hpp"
 
@@ -32,7 +33,7 @@ ZeroOverlap::~ZeroOverlap() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  if (worker_.joinable()) ::dopt::detail::sim::join_thread(worker_);
   std::lock_guard<std::mutex> lock(mutex_);
   if (in_flight_) {
     // Whatever the worker did not finish: the reducer must not wait forever.
@@ -164,7 +165,7 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
   zero_.sync_to_local();
   buckets_ = std::move(buckets);
   planned_ = true;
-  worker_ = std::thread([this] { run(); });
+  worker_ = ::dopt::detail::sim::make_thread([this] { run(); }, "zero overlap");
 }
 
 std::vector<int> ZeroOverlap::bucket_owners() const {
@@ -235,7 +236,7 @@ void ZeroOverlap::wait_step() {
       throw StateError(op, "the reducer's iteration is not complete (" + std::to_string(tasks_.size()) + " of " +
                                std::to_string(buckets_.size()) + " buckets handed over): call Reducer::finalize() "
                                "before step()", zero_.rank_);
-    idle_.wait(lock, [&] { return !in_flight_; });
+    ::dopt::detail::sim::cv_wait(idle_, lock, [&] { return !in_flight_; }, "zero overlap step");
   }
   if (last_error_) std::rethrow_exception(last_error_);
 }
@@ -267,13 +268,14 @@ void ZeroOverlap::run() {
   const std::size_t nb = buckets_.size();
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || (in_flight_ && !tasks_.empty()); });
+    ::dopt::detail::sim::cv_wait(cv_, lock, [&] { return stop_ || (in_flight_ && !tasks_.empty()); }, "zero overlap");
     if (stop_) return;
     std::exception_ptr error;
     std::vector<Future<void>> bcasts;
     Tensor last_value;
     for (std::size_t b = 0; b < nb; ++b) {
-      cv_.wait(lock, [&] { return stop_ || (tasks_.size() > b && (interleaved_ || tasks_.size() == nb)); });
+      ::dopt::detail::sim::cv_wait(cv_, lock, [&] { return stop_ || (tasks_.size() > b && (interleaved_ || tasks_.size() == nb)); },
+                           "zero overlap");
       if (stop_) {
         lock.unlock();
         for (auto& f : bcasts) f.wait();  // nothing may still write into the buffers

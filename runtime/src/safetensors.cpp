@@ -20,6 +20,7 @@
 #include <xxhash.h>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/read_faults.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "dopt's safetensors I/O assumes a little-endian host");
@@ -410,7 +411,17 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
   return out;
 }
 
+namespace {
+/// The reader whose next tensor is to be damaged (read faults; one per thread).
+thread_local const void* t_damage_next = nullptr;
+}  // namespace
+
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), file_(nullptr, &std::fclose) {
+  if (auto hook = detail::g_read_fault_hook.load(std::memory_order_acquire)) [[unlikely]] {
+    const int fault = hook(path);
+    if (fault == 1) fail(path, "cannot open for reading: injected read failure");
+    if (fault == 2) t_damage_next = this;
+  }
   file_.reset(std::fopen(path.c_str(), "rb"));
   if (!file_) fail(path, "cannot open for reading: " + errno_text());
   struct stat st {};
@@ -480,6 +491,11 @@ void SafetensorsReader::read_into(const std::string& name, const Tensor& t) {
     fail(path_, "cannot seek to tensor '" + name + "': " + errno_text());
   if (std::fread(t.data_ptr(), 1, e.nbytes(), file_.get()) != e.nbytes())
     fail(path_, "file ends inside tensor '" + name + "' (truncated file?)");
+  if (t_damage_next == this) [[unlikely]] {
+    t_damage_next = nullptr;
+    auto* b = static_cast<unsigned char*>(t.data_ptr());
+    b[e.nbytes() - 1] ^= 0x7f;  // the top byte of the last element (little endian): a large change
+  }
   if (checksummed_) verify_bytes(checksums_.at(name), e, t.data_ptr(), path_);
   check_bools(t, path_, name);
 }

@@ -33,6 +33,7 @@
 #include <variant>
 #include <vector>
 
+#include "dopt/actors/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
 
 namespace dopt {
@@ -91,6 +92,8 @@ class Future {
 
   void wait() const {
     auto& s = state("Future.wait");
+    if (detail::sim::active()) [[unlikely]]  // deterministic simulation: a scheduling point
+      detail::sim::block([&] { std::lock_guard<std::mutex> g(s.mutex); return s.ready; }, std::nullopt, "future");
     std::unique_lock<std::mutex> lock(s.mutex);
     s.cv.wait(lock, [&] { return s.ready; });
   }
@@ -99,6 +102,15 @@ class Future {
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
     auto& s = state("Future.wait_for");
+    if (detail::sim::active()) [[unlikely]] {  // virtual time
+      const bool simulated = detail::sim::block([&] { std::lock_guard<std::mutex> g(s.mutex); return s.ready; },
+                                                detail::sim::now() + std::chrono::duration_cast<detail::sim::Clock::duration>(timeout),
+                                                "future");
+      if (simulated) {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        return s.ready;
+      }
+    }
     std::unique_lock<std::mutex> lock(s.mutex);
     return s.cv.wait_for(lock, timeout, [&] { return s.ready; });
   }

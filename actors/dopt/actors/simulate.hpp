@@ -17,6 +17,11 @@
 //
 // A rank whose fn *returns* while its peers still wait for it is not an error
 // of that rank; the peers' calls end with TimeoutError after the group timeout.
+//
+// With options.deterministic (or DOPT_SIM_SEED set) the threads run one at a
+// time in an order drawn from options.seed, in virtual time, with the faults
+// of options.faults: dopt/actors/sim.hpp has the contract, docs/testing.md
+// the guide.
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -24,6 +29,7 @@
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/actors/runtime.hpp"
+#include "dopt/actors/sim.hpp"
 
 namespace dopt {
 
@@ -38,6 +44,19 @@ struct SimulateOptions {
   /// (messages between the rank actors). The environment variable
   /// DOPT_PLANE overrides it. Results are bitwise the same.
   std::string plane = "shm";
+
+  /// Deterministic simulation (dopt/actors/sim.hpp, docs/testing.md): one
+  /// thread runs at a time, the next one chosen at every collective, send,
+  /// recv and future wait by a generator seeded with `seed`; time is
+  /// virtual. DOPT_SIM_SEED in the environment turns it on with its seed.
+  bool deterministic = false;
+  std::uint64_t seed = 0;
+  /// Faults to inject (deterministic only; else ValueError).
+  FaultPlan faults;
+  /// When set, filled with what the run did (trace hash, faults, virtual time).
+  SimReport* report = nullptr;
+  /// Keep the trace's lines in `report` (for comparing runs; costs memory).
+  bool keep_trace = false;
 };
 
 class RankContext {

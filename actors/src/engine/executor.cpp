@@ -1,5 +1,7 @@
 #include "engine/executor.hpp"
 
+#include "dopt/actors/sim_hooks.hpp"
+
 namespace dopt::detail {
 
 SerialExecutor::SerialExecutor(Body body, int rank) : s_(std::make_shared<State>()) {
@@ -11,7 +13,7 @@ SerialExecutor::~SerialExecutor() {
   stop("the process group was destroyed before the operation ran");
   if (worker_.joinable()) {
     if (worker_.get_id() == std::this_thread::get_id()) worker_.detach();
-    else worker_.join();
+    else sim::join_thread(worker_);
   }
 }
 
@@ -75,7 +77,7 @@ void SerialExecutor::enqueue(const OpPtr& op) {
       refused = s.stop_why;
     } else {
       s.pending.emplace(op->seq, op);
-      if (!worker_.joinable()) worker_ = std::thread([st = s_] { worker_loop(st); });
+      if (!worker_.joinable()) worker_ = sim::make_thread([st = s_] { worker_loop(st); }, "executor");
     }
   }
   if (!refused.empty()) {
@@ -89,7 +91,7 @@ void SerialExecutor::worker_loop(const std::shared_ptr<State>& sp) {
   State& s = *sp;
   std::unique_lock<std::mutex> lock(s.mutex);
   for (;;) {
-    s.cv.wait(lock, [&] { return s.stopping || s.next_ready(); });
+    sim::cv_wait(s.cv, lock, [&] { return s.stopping || s.next_ready(); }, "executor queue");
     if (!s.next_ready()) break;  // stopping, nothing runnable
     OpPtr op = s.pending.begin()->second;
     s.pending.erase(s.pending.begin());

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "dopt/actors/sim_hooks.hpp"
 #include "planes/shm/futex.hpp"
 
 namespace dopt::detail::shm_plane {
@@ -93,7 +94,7 @@ void Channel::begin_call(Call& c) {
     f.op = c.name;
     throw_failure(f, my_global());
   }
-  c.deadline = std::chrono::steady_clock::now() + c.op->timeout;
+  c.deadline = sim::clock_now() + c.op->timeout;
   c.first_round = next_round_;
 }
 
@@ -104,6 +105,9 @@ std::uint64_t Channel::begin_round(Call& c) {
 }
 
 void Channel::signal(std::uint64_t step) {
+  if (sim::active()) [[unlikely]] {  // deterministic simulation: a scheduling point (fault plans: late or lost)
+    if (sim::on_message("shm step").count() < 0) return;
+  }
   SyncLine& s = ctl(me_).sync;
   s.step.store(step, std::memory_order_seq_cst);
   s.futex.fetch_add(1, std::memory_order_seq_cst);
@@ -118,6 +122,9 @@ void Channel::wait_all(std::uint64_t step, Call& c) {
 void Channel::wait(int g, std::uint64_t step, Call& c) {
   SyncLine& s = ctl(g).sync;
   if (s.step.load(std::memory_order_acquire) >= step) return;
+  if (sim::active()) [[unlikely]] {
+    if (wait_simulated(g, step, c)) return;
+  }
   // Poll for up to spin_ (the clock is read every 64 polls), yielding the
   // CPU every few microseconds: a peer that shares this core then runs.
   if (++waits_ % 64 == 0) spin_ = policy_.spin;
@@ -160,6 +167,23 @@ void Channel::wait(int g, std::uint64_t step, Call& c) {
   }
 }
 
+bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
+  SyncLine& s = ctl(g).sync;
+  for (;;) {
+    const std::uint64_t gen = peers_->generation();
+    const std::function<bool()> ready = [&] {
+      if (s.step.load(std::memory_order_acquire) >= step || peers_->generation() != gen) return true;
+      for (int h = 0; h < size(); ++h)
+        if (h != me_ && ctl(h).abort.aborted.load(std::memory_order_acquire) != 0) return true;
+      return false;
+    };
+    const bool simulated = sim::block(ready, c.deadline, "shm wait");
+    if (s.step.load(std::memory_order_acquire) >= step) return true;
+    if (!simulated) return false;  // the simulation let go: wait as usual
+    check_slow(g, step, c);        // throws on an abort, a lost peer, the deadline
+  }
+}
+
 void Channel::check_slow(int g, std::uint64_t step, Call& c) {
   if (peers_->shutting_down())
     throw StateError(c.name, "the runtime shut down before the operation finished", my_global());
@@ -177,7 +201,7 @@ void Channel::check_slow(int g, std::uint64_t step, Call& c) {
   if (st == PeerTable::lost ||
       (st == PeerTable::failed && ctl(g).status.submitted.load(std::memory_order_acquire) <= c.op->seq))
     fail_lost(pg, c);
-  if (std::chrono::steady_clock::now() >= c.deadline) fail_timeout(step, c);
+  if (sim::clock_now() >= c.deadline) fail_timeout(step, c);
 }
 
 void Channel::fail_lost(int peer_global, Call& c) {
@@ -263,7 +287,7 @@ void Channel::check(Call& c) {
     break_group(f);
     throw_failure(f, my_global());
   }
-  if (std::chrono::steady_clock::now() >= c.deadline) fail_timeout(0, c);
+  if (sim::clock_now() >= c.deadline) fail_timeout(0, c);
 }
 
 std::string Channel::mismatch(std::uint64_t round, Call& c) {

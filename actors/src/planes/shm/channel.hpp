@@ -135,6 +135,9 @@ class Channel {
   [[noreturn]] void fail_lost(int peer_global, Call& c);
   [[noreturn]] void fail_timeout(std::uint64_t step, Call& c);
   void check_slow(int g, std::uint64_t step, Call& c);
+  /// wait() under the deterministic scheduler: true once the step is
+  /// there, false when the simulation let go (then wait() goes on as usual).
+  bool wait_simulated(int g, std::uint64_t step, Call& c);
   std::string group_str() const;
   std::string what(const Call& c) const;
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "dopt/actors/sim_hooks.hpp"
 #include "engine/failure.hpp"
 #include "planes/shm/futex.hpp"
 
@@ -127,6 +128,9 @@ struct P2PEngine::State {
 
   void loop();
   bool step(Clock::time_point now);
+  /// The doorbell sleep under the deterministic scheduler: until a ring, a
+  /// change of liveness or the earliest deadline (false: the simulation let go).
+  bool sleep_simulated(std::uint32_t seen);
   void fail(const OpPtr& op, const Failure& f) { op->promise.set_exception(to_exception(f, members[static_cast<std::size_t>(me)])); }
   bool publish(int d, Send& s);
   void complete_recv(const Recv& r, int src, const Header& h);
@@ -158,7 +162,7 @@ P2PEngine::~P2PEngine() {
   stop("the process group was destroyed before the operation finished");
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-    else thread_.join();
+    else sim::join_thread(thread_);
   }
 }
 
@@ -183,7 +187,7 @@ Future<void> P2PEngine::post(const OpPtr& op) {
       refused = s_->stop_why;
     } else {
       s_->incoming.push_back(op);
-      if (!thread_.joinable()) thread_ = std::thread([st = s_] { st->loop(); });
+      if (!thread_.joinable()) thread_ = sim::make_thread([st = s_] { st->loop(); }, "p2p engine");
     }
   }
   if (!refused.empty()) {
@@ -235,7 +239,7 @@ void P2PEngine::State::loop() {
       fail_all(stop_why);
       return;
     }
-    const auto now = Clock::now();
+    const auto now = sim::clock_now();
     for (auto& op : fresh) {
       const int peer = grank_of(op->peer);
       if (op->desc.kind == CollKind::send) queued[static_cast<std::size_t>(peer)].push_back(Send{op, now + op->timeout, 0, {}, false});
@@ -243,6 +247,9 @@ void P2PEngine::State::loop() {
     }
     bool busy = step(now);
     if (busy) continue;
+    if (sim::active()) [[unlikely]] {
+      if (sleep_simulated(seen)) continue;
+    }
     // Idle: sleep on the doorbell until a peer (or a local post) rings it,
     // or until the next liveness / deadline check.
     bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -253,6 +260,25 @@ void P2PEngine::State::loop() {
     }
     bell->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+bool P2PEngine::State::sleep_simulated(std::uint32_t seen) {
+  std::optional<Clock::time_point> deadline;
+  auto earlier = [&](Clock::time_point t) {
+    if (!deadline || t < *deadline) deadline = t;
+  };
+  for (auto& q : queued)
+    for (auto& x : q) earlier(x.deadline);
+  for (auto& m : sent)
+    for (auto& [id, x] : m)
+      if (!x.timed_out) earlier(x.deadline);
+  for (auto& r : recvs) earlier(r.deadline);
+  Doorbell* bell = doorbell(me);
+  const std::uint64_t gen = peers->generation();
+  const std::function<bool()> ready = [&] {
+    return bell->ring.load(std::memory_order_acquire) != seen || peers->generation() != gen;
+  };
+  return sim::block(ready, deadline, "p2p doorbell");
 }
 
 bool P2PEngine::State::publish(int d, Send& s) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "dopt/actors/sim_hooks.hpp"
 #include "planes/shm/algorithms.hpp"
 
 namespace dopt::detail::shm_plane {
@@ -46,12 +47,14 @@ bool is_p2p(const Op& op) { return op.desc.kind == CollKind::send || op.desc.kin
 }  // namespace
 
 void ShmGroup::run(const OpPtr& op) {
+  if (sim::active()) [[unlikely]] sim::on_call(coll_name(op->desc.kind));  // a scheduling point; fault plans
   if (is_p2p(*op)) return p2p().post(op).get();
   ch_->note_submitted(op->seq);
   exec_.run(op);
 }
 
 Future<void> ShmGroup::run_async(const OpPtr& op) {
+  if (sim::active()) [[unlikely]] sim::on_call(coll_name(op->desc.kind));
   if (is_p2p(*op)) return p2p().post(op);
   ch_->note_submitted(op->seq);
   return exec_.run_async(op);

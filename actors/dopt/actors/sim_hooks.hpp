@@ -1,0 +1,86 @@
+#pragma once
+// Internal: the points where dopt's waits hand control to the deterministic
+// scheduler of dopt::simulate({.deterministic = true}). Not part of the API.
+//
+// Outside deterministic mode every hook is one relaxed load of a global
+// counter (no simulation anywhere in the process: 0) and does nothing else.
+// Inside it, the thread holds the scheduler's baton: it must call the hooks
+// without holding a mutex that another simulated thread could need.
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <thread>
+
+namespace dopt::detail::sim {
+
+struct Task;
+
+/// Number of deterministic simulations running in this process.
+inline std::atomic<int> g_running{0};
+/// The simulated task this thread runs as (null: an ordinary thread).
+inline thread_local Task* tl_task = nullptr;
+
+/// This thread runs under a deterministic scheduler.
+inline bool active() noexcept {
+  return g_running.load(std::memory_order_relaxed) != 0 && tl_task != nullptr;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// The out-of-line parts (actors/src/sim/scheduler.cpp); call only when active().
+
+/// Gives up the baton until ready() holds or the (virtual) deadline passed.
+/// ready() runs on whichever simulated thread schedules next: it only reads.
+/// Returns false when the scheduler let go of this thread (the simulation
+/// ended or gave up): the caller then waits as it would without simulation.
+bool block(const std::function<bool()>& ready, std::optional<Clock::time_point> deadline, const char* what);
+/// A scheduling point: another runnable thread may run first.
+void yield(const char* what);
+/// Virtual time (real time once the scheduler let go).
+Clock::time_point now();
+/// A thread that runs as a simulated task of the calling task's rank.
+std::thread spawn(std::function<void()> fn, const char* what);
+/// Joins t, letting the scheduler run t's task to its end first.
+void join(std::thread& t);
+/// A collective, send or recv of the calling rank starts: fault plans may
+/// crash or stop the rank here. `what` names the call.
+void on_call(const char* what);
+/// This rank publishes a protocol step: returns the virtual delay to apply
+/// first (fault plans: delayed messages), or a negative value to drop it.
+std::chrono::nanoseconds on_message(const char* what);
+
+/// The time the plane's waits measure deadlines against.
+inline Clock::time_point clock_now() { return active() ? now() : Clock::now(); }
+
+/// std::thread(fn), or a simulated task when the caller is one.
+template <class F>
+std::thread make_thread(F&& fn, const char* what) {
+  if (active()) [[unlikely]]
+    return spawn(std::function<void()>(std::forward<F>(fn)), what);
+  return std::thread(std::forward<F>(fn));
+}
+
+/// t.join(), cooperating with the scheduler when the caller is simulated.
+inline void join_thread(std::thread& t) {
+  if (active()) [[unlikely]]
+    return join(t);
+  t.join();
+}
+
+/// cv.wait(lock, pred), yielding to the scheduler first when simulated.
+template <class Lock, class Cv, class Pred>
+void cv_wait(Cv& cv, Lock& lock, Pred pred, const char* what) {
+  if (active() && !pred()) [[unlikely]] {
+    auto* m = lock.mutex();
+    lock.unlock();
+    block([&] {
+      std::lock_guard<std::remove_pointer_t<decltype(m)>> g(*m);
+      return pred();
+    }, std::nullopt, what);
+    lock.lock();
+  }
+  cv.wait(lock, pred);
+}
+
+}  // namespace dopt::detail::sim

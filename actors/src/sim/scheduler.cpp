@@ -1,0 +1,421 @@
+#include "sim/scheduler.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/read_faults.hpp"
+
+namespace dopt::detail::sim {
+
+namespace {
+
+std::uint64_t splitmix(std::uint64_t& x) {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::uint64_t mix_str(std::uint64_t h, const char* s) {
+  for (; *s; ++s) {
+    h ^= static_cast<unsigned char>(*s);
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+const std::function<bool()>& never() {
+  static const std::function<bool()> f = [] { return false; };
+  return f;
+}
+
+std::string task_str(const Task& t) {
+  return "rank " + std::to_string(t.rank) + " " + t.name + " #" + std::to_string(t.id);
+}
+
+/// The checkpoint-read hook of the runtime: the fault plan of the calling task's simulation.
+int read_fault(const std::string& path) {
+  if (!active()) return 0;
+  return tl_task->sched->on_read(path);
+}
+
+}  // namespace
+
+Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, std::shared_ptr<PeerTable> peers,
+                     bool keep_trace)
+    : seed_(seed),
+      rng_(seed),
+      fault_rng_(seed ^ 0x5eed5eed5eed5eedULL),
+      plan_(plan),
+      crash_at_(static_cast<std::size_t>(world_size), 0),
+      stop_at_(static_cast<std::size_t>(world_size), 0),
+      drop_at_(static_cast<std::size_t>(world_size), 0),
+      read_fault_used_(plan.faults.size(), false),
+      world_size_(world_size),
+      peers_(std::move(peers)),
+      keep_trace_(keep_trace),
+      epoch_(Clock::now()) {
+  const int limit = std::max(1, plan_.random_call_limit);
+  for (const auto& f : plan_.faults) {
+    if (f.kind != FaultPlan::Kind::crash && f.kind != FaultPlan::Kind::stop && f.kind != FaultPlan::Kind::drop)
+      continue;
+    if (f.rank < 0 || f.rank >= world_size)
+      throw ValueError("simulate", "fault plan names rank " + std::to_string(f.rank) + " of a world of " +
+                                       std::to_string(world_size));
+    const int at = f.at > 0 ? f.at : 1 + static_cast<int>(splitmix(fault_rng_) % static_cast<std::uint64_t>(limit));
+    auto& v = f.kind == FaultPlan::Kind::crash ? crash_at_ : f.kind == FaultPlan::Kind::stop ? stop_at_ : drop_at_;
+    v[static_cast<std::size_t>(f.rank)] = at;
+  }
+  for (const auto& f : plan_.faults)
+    if (f.kind == FaultPlan::Kind::fail_read || f.kind == FaultPlan::Kind::corrupt_read)
+      g_read_fault_hook.store(&read_fault, std::memory_order_release);  // stays: it asks active() first
+  calls_.assign(static_cast<std::size_t>(world_size), 0);
+  messages_.assign(static_cast<std::size_t>(world_size), 0);
+}
+
+Scheduler::~Scheduler() {
+  if (started_ && !over()) let_go("");
+}
+
+std::uint64_t Scheduler::next_random() { return splitmix(rng_); }
+
+Task* Scheduler::add(int rank, bool is_rank, const char* name) {
+  auto t = std::make_unique<Task>();
+  t->sched = this;
+  t->id = static_cast<int>(tasks_.size());
+  t->rank = rank;
+  t->is_rank = is_rank;
+  t->name = name;
+  tasks_.push_back(std::move(t));
+  return tasks_.back().get();
+}
+
+void Scheduler::enter(Task* t) {
+  tl_task = t;
+  wait_go(t);
+}
+
+void Scheduler::exit(Task* t) {
+  if (over()) return;
+  t->state = Task::done;
+  pass(t, "exit");
+}
+
+void Scheduler::start() {
+  started_ = true;
+  g_running.fetch_add(1, std::memory_order_relaxed);
+  Task* first = choose("start");
+  if (first) hand(first);
+}
+
+void Scheduler::wait_over() {
+  std::unique_lock<std::mutex> lock(over_m_);
+  over_cv_.wait(lock, [&] { return over(); });
+}
+
+void Scheduler::record(Task* t, const char* what) {
+  ++decisions_;
+  hash_ = mix(mix(mix_str(hash_, what), static_cast<std::uint64_t>(t->id)), static_cast<std::uint64_t>(now_));
+  if (keep_trace_ && events_.size() < (4u << 20)) events_.push_back(Event{t->id, what, now_});
+}
+
+Task* Scheduler::choose(const char* why) {
+  scratch_.clear();
+  for (auto& up : tasks_) {
+    Task* t = up.get();
+    if (t->state == Task::runnable || (t->state == Task::blocked && (*t->ready)())) scratch_.push_back(t);
+  }
+  if (!scratch_.empty()) {
+    Task* t = scratch_.size() == 1 ? scratch_[0] : scratch_[next_random() % scratch_.size()];
+    t->state = Task::runnable;
+    t->timed_out = false;
+    record(t, why);
+    return t;
+  }
+  // Nobody can run: time moves on to the earliest deadline.
+  Task* best = nullptr;
+  for (auto& up : tasks_) {
+    Task* t = up.get();
+    if (t->state == Task::blocked && t->deadline && (!best || *t->deadline < *best->deadline)) best = t;
+  }
+  if (best) {
+    now_ = std::max(now_, *best->deadline);
+    best->state = Task::runnable;
+    best->timed_out = true;
+    record(best, "timeout");
+    return best;
+  }
+  bool ranks_left = false;
+  for (auto& up : tasks_)
+    if (up->is_rank && up->state != Task::done && up->state != Task::frozen) ranks_left = true;
+  if (!ranks_left) {
+    let_go("");
+    return nullptr;
+  }
+  // A wait on something outside the simulation (e.g. a future an actor
+  // fills): give it a moment of real time before calling it a deadlock.
+  for (int i = 0; i < 2000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (auto& up : tasks_) {
+      Task* t = up.get();
+      if (t->state == Task::blocked && (*t->ready)()) {
+        t->state = Task::runnable;
+        record(t, "external");
+        return t;
+      }
+    }
+  }
+  std::string msg = "deadlock at virtual time " + std::to_string(now_ / 1000000) + " ms: nothing can progress;";
+  for (auto& up : tasks_)
+    if (up->state == Task::blocked) msg += " " + task_str(*up) + " waits on " + up->waits_on + ";";
+  msg.pop_back();
+  let_go(msg);
+  return nullptr;
+}
+
+void Scheduler::hand(Task* t) {
+  {
+    std::lock_guard<std::mutex> lock(t->m);
+    t->go = true;
+  }
+  t->cv.notify_one();
+}
+
+bool Scheduler::wait_go(Task* t) {
+  std::unique_lock<std::mutex> lock(t->m);
+  t->cv.wait(lock, [&] { return t->go || t->released; });
+  t->go = false;
+  return !t->released;
+}
+
+void Scheduler::pass(Task* me, const char* why) {
+  Task* next = choose(why);
+  if (next == me) return;
+  if (next) hand(next);
+  if (me->state == Task::done) return;
+  wait_go(me);
+}
+
+void Scheduler::let_go(const std::string& deadlock) {
+  {
+    std::lock_guard<std::mutex> lock(over_m_);
+    if (over_.load(std::memory_order_relaxed)) return;
+    deadlock_ = deadlock;
+    over_.store(true, std::memory_order_release);
+  }
+  if (started_) g_running.fetch_sub(1, std::memory_order_relaxed);
+  // After a deadlock the ranks' threads stay parked for good (what they
+  // wait on will never come; simulate() abandons them); helper threads go
+  // on as ordinary threads, so that their groups can stop them.
+  for (auto& up : tasks_) {
+    if (!deadlock.empty() && up->is_rank) continue;
+    {
+      std::lock_guard<std::mutex> lock(up->m);
+      up->released = true;
+    }
+    up->cv.notify_all();
+  }
+  over_cv_.notify_all();
+}
+
+std::string Scheduler::deadlock() const {
+  std::lock_guard<std::mutex> lock(over_m_);
+  return deadlock_;
+}
+
+bool Scheduler::block(Task* me, const std::function<bool()>& ready, std::optional<Clock::time_point> deadline,
+                      const char* what) {
+  if (over() || me->released) return false;
+  me->ready = &ready;
+  me->deadline.reset();
+  if (deadline) me->deadline = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - epoch_).count();
+  me->waits_on = what;
+  me->state = Task::blocked;
+  pass(me, what);
+  me->ready = nullptr;
+  me->deadline.reset();
+  if (me->state == Task::blocked) me->state = Task::runnable;  // let go while blocked
+  return !me->released;
+}
+
+void Scheduler::yield(Task* me, const char* what) {
+  if (over() || me->released) return;
+  me->state = Task::runnable;
+  pass(me, what);
+}
+
+void Scheduler::sleep(Task* me, std::int64_t ns, const char* what) {
+  block(me, never(), epoch_ + std::chrono::nanoseconds(now_ + ns), what);
+}
+
+Clock::time_point Scheduler::now() const {
+  if (over()) return Clock::now();
+  return epoch_ + std::chrono::nanoseconds(now_);
+}
+
+void Scheduler::fault(std::string what) {
+  hash_ = mix_str(hash_, what.c_str());
+  faults_.push_back(std::move(what));
+}
+
+void Scheduler::freeze_rank(int rank) {
+  for (auto& up : tasks_)
+    if (up->rank == rank && up->state != Task::done && up.get() != tl_task) up->state = Task::frozen;
+}
+
+void Scheduler::on_call(Task* me, const char* what) {
+  if (over() || me->released) return;
+  const auto r = static_cast<std::size_t>(me->rank);
+  const int k = ++calls_[r];
+  // Crashes and stops happen on the rank's own thread: at its k-th call, or
+  // at the first one after it when the k-th came from a helper thread.
+  if (!me->is_rank) {
+    yield(me, what);
+    return;
+  }
+  if (crash_at_[r] > 0 && k >= crash_at_[r]) {
+    crash_at_[r] = 0;
+    const std::string why = "rank " + std::to_string(me->rank) + " crashed at its call " + std::to_string(k) + " (" +
+                            what + "): injected by the fault plan";
+    fault(why);
+    freeze_rank(me->rank);
+    any_frozen_ = true;
+    peers_->mark(me->rank, PeerTable::lost, why);
+    me->crashed = true;
+    throw RankCrashed{me->rank, why};
+  }
+  if (stop_at_[r] > 0 && k >= stop_at_[r]) {
+    stop_at_[r] = 0;
+    any_frozen_ = true;
+    fault("rank " + std::to_string(me->rank) + " stopped at its call " + std::to_string(k) + " (" + what +
+          "): injected by the fault plan");
+    freeze_rank(me->rank);
+    me->state = Task::frozen;
+    pass(me, "stop");
+    throw RankStopped{me->rank};
+  }
+  yield(me, what);
+}
+
+std::chrono::nanoseconds Scheduler::on_message(Task* me, const char* what) {
+  if (over() || me->released) return std::chrono::nanoseconds(0);
+  const auto r = static_cast<std::size_t>(me->rank);
+  const int k = ++messages_[r];
+  if (drop_at_[r] == k) {
+    fault("message " + std::to_string(k) + " of rank " + std::to_string(me->rank) + " (" + what +
+          ") dropped by the fault plan");
+    return std::chrono::nanoseconds(-1);
+  }
+  for (const auto& f : plan_.faults) {
+    if (f.kind != FaultPlan::Kind::delay || (f.rank >= 0 && f.rank != me->rank) || f.delay.count() <= 0) continue;
+    const double u = static_cast<double>(splitmix(fault_rng_) >> 11) * 0x1.0p-53;
+    if (u >= f.probability) continue;
+    const auto max_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(f.delay).count());
+    const auto d = static_cast<std::int64_t>(1 + splitmix(fault_rng_) % max_ns);
+    sleep(me, d, "delayed message");
+    return std::chrono::nanoseconds(0);
+  }
+  yield(me, what);
+  return std::chrono::nanoseconds(0);
+}
+
+int Scheduler::on_read(const std::string& path) {
+  if (over()) return 0;
+  for (std::size_t i = 0; i < plan_.faults.size(); ++i) {
+    const auto& f = plan_.faults[i];
+    if (f.kind != FaultPlan::Kind::fail_read && f.kind != FaultPlan::Kind::corrupt_read) continue;
+    if (read_fault_used_[i] || path.find(f.path) == std::string::npos) continue;
+    read_fault_used_[i] = true;
+    const bool fail = f.kind == FaultPlan::Kind::fail_read;
+    fault(std::string("checkpoint read of ") + path + (fail ? " failed" : " corrupted") + " by the fault plan");
+    return fail ? 1 : 2;
+  }
+  return 0;
+}
+
+void Scheduler::fill(SimReport& r) const {
+  r.seed = seed_;
+  r.trace_hash = r.decisions == 0 && r.trace_hash == 0 ? hash_ : mix(r.trace_hash, hash_);
+  r.decisions += decisions_;
+  r.virtual_time += std::chrono::nanoseconds(now_);
+  r.faults.insert(r.faults.end(), faults_.begin(), faults_.end());
+  if (keep_trace_)
+    for (const auto& e : events_)
+      r.trace.push_back("t=" + std::to_string(e.vt) + " run " + task_str(*tasks_[static_cast<std::size_t>(e.task)]) +
+                        " after " + e.what);
+}
+
+// --- the hooks -------------------------------------------------------------------
+
+bool block(const std::function<bool()>& ready, std::optional<Clock::time_point> deadline, const char* what) {
+  Task* me = tl_task;
+  return me ? me->sched->block(me, ready, deadline, what) : false;
+}
+
+void yield(const char* what) {
+  if (Task* me = tl_task) me->sched->yield(me, what);
+}
+
+Clock::time_point now() {
+  Task* me = tl_task;
+  return me ? me->sched->now() : Clock::now();
+}
+
+std::thread spawn(std::function<void()> fn, const char* what) {
+  Task* me = tl_task;
+  if (!me || me->sched->over()) return std::thread(std::move(fn));
+  Scheduler* s = me->sched;
+  Task* t = s->add(me->rank, false, what);
+  auto keep = s->shared_from_this();
+  std::thread th([keep, t, fn = std::move(fn)] {
+    keep->enter(t);
+    struct Exit {
+      Scheduler* s;
+      Task* t;
+      ~Exit() { s->exit(t); }
+    } on_exit{keep.get(), t};
+    fn();
+  });
+  t->tid = th.get_id();
+  return th;
+}
+
+void join(std::thread& th) {
+  Task* me = tl_task;
+  if (!me || me->sched->over()) return th.join();
+  Task* t = me->sched->find(th.get_id());
+  if (!t) return th.join();
+  if (t->state == Task::frozen) return th.detach();  // a crashed rank's thread: never runs again here
+  const std::function<bool()> done = [t] { return t->state == Task::done || t->state == Task::frozen; };
+  me->sched->block(me, done, std::nullopt, "join");
+  if (t->state == Task::frozen) return th.detach();
+  th.join();
+}
+
+Task* Scheduler::find(std::thread::id id) {
+  // The newest: ids of threads that ended are reused.
+  for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it)
+    if ((*it)->tid == id) return it->get();
+  return nullptr;
+}
+
+void on_call(const char* what) {
+  if (Task* me = tl_task) me->sched->on_call(me, what);
+}
+
+std::chrono::nanoseconds on_message(const char* what) {
+  Task* me = tl_task;
+  return me ? me->sched->on_message(me, what) : std::chrono::nanoseconds(0);
+}
+
+}  // namespace dopt::detail::sim

@@ -1,0 +1,157 @@
+#pragma once
+// The deterministic scheduler behind simulate({.deterministic = true}).
+//
+// Every thread of a simulation is a Task backed by its own OS thread; one
+// baton passes between them and only its holder runs. A task gives the
+// baton up at the hooks of dopt/actors/sim_hooks.hpp (block, yield, the end
+// of its thread); the giving thread then picks the next holder itself (there
+// is no scheduler thread): among the runnable tasks (yielded, new, or blocked
+// with a ready() that now holds) one drawn by the seeded generator; when none
+// is runnable, the blocked task with the earliest virtual deadline (the
+// clock jumps to it); when none has a deadline and every rank's thread has
+// ended, the simulation is over; otherwise it is a deadlock.
+//
+// Once over (or deadlocked) the scheduler lets go: every task that still
+// waits for the baton returns from its hook with `false` and continues as an
+// ordinary thread (the hooks' callers then wait as without simulation).
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dopt/actors/sim.hpp"
+#include "dopt/actors/sim_hooks.hpp"
+#include "engine/peer_table.hpp"
+
+namespace dopt::detail::sim {
+
+class Scheduler;
+
+/// Thrown at the call where a fault plan crashes a rank (not a std::exception:
+/// the rank's code is not meant to catch it).
+struct RankCrashed {
+  int rank;
+  std::string why;
+};
+/// Thrown on a stopped rank's thread when the simulation ends.
+struct RankStopped {
+  int rank;
+};
+
+struct Task {
+  enum State { runnable, blocked, done, frozen };
+  Scheduler* sched = nullptr;
+  int id = 0;
+  int rank = 0;
+  bool is_rank = false;  // the rank's own thread (runs fn)
+  const char* name = "";
+  State state = runnable;
+  // While blocked (owned by the blocked thread's frame).
+  const std::function<bool()>* ready = nullptr;
+  std::optional<std::int64_t> deadline;  // virtual ns
+  const char* waits_on = "";
+  bool timed_out = false;
+  // Hand-off of the baton.
+  std::mutex m;
+  std::condition_variable cv;
+  bool go = false;
+  bool released = false;  // the scheduler let go of this thread
+  bool crashed = false;   // a fault plan crashed this rank thread
+  std::thread::id tid;    // helper threads: their std::thread
+};
+
+struct Event {
+  int task;
+  const char* what;
+  std::int64_t vt;
+};
+
+class Scheduler : public std::enable_shared_from_this<Scheduler> {
+ public:
+  Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, std::shared_ptr<PeerTable> peers,
+            bool keep_trace);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  /// A new task (before start(), or by the baton holder).
+  Task* add(int rank, bool is_rank, const char* name);
+  /// On the task's own thread, first: waits for the baton.
+  void enter(Task* t);
+  /// On the task's own thread, last: passes the baton on.
+  void exit(Task* t);
+  /// Main thread: hands the baton to the first task.
+  void start();
+  /// Main thread: waits until the scheduler let go (all ranks ended, or a deadlock).
+  void wait_over();
+
+  bool block(Task* me, const std::function<bool()>& ready, std::optional<Clock::time_point> deadline,
+             const char* what);
+  void yield(Task* me, const char* what);
+  Clock::time_point now() const;
+  std::int64_t vnow() const noexcept { return now_; }
+  void sleep(Task* me, std::int64_t ns, const char* what);
+
+  /// Fault plans: a call / a protocol message of `me`'s rank.
+  void on_call(Task* me, const char* what);
+  std::chrono::nanoseconds on_message(Task* me, const char* what);
+  /// Rank r crashed: its other tasks never run again.
+  void freeze_rank(int rank);
+  /// Fault plan of checkpoint reads: 0 ok, 1 fail, 2 corrupt.
+  int on_read(const std::string& path);
+  /// The helper task running on thread id (null: none).
+  Task* find(std::thread::id id);
+
+  bool over() const noexcept { return over_.load(std::memory_order_acquire); }
+  /// A fault plan crashed or stopped a rank (its threads were frozen).
+  bool any_frozen() const noexcept { return any_frozen_; }
+  /// A deadlock the scheduler found ("" when none).
+  std::string deadlock() const;
+  /// The run's report (call after wait_over()).
+  void fill(SimReport& r) const;
+  std::uint64_t seed() const noexcept { return seed_; }
+
+ private:
+  std::uint64_t next_random();
+  Task* choose(const char* why);
+  void pass(Task* me, const char* why);
+  void hand(Task* t);
+  bool wait_go(Task* t);
+  void let_go(const std::string& deadlock);
+  void record(Task* t, const char* what);
+  void fault(std::string what);
+
+  std::uint64_t seed_;
+  std::uint64_t rng_;
+  std::uint64_t fault_rng_;
+  FaultPlan plan_;
+  std::vector<int> crash_at_, stop_at_, drop_at_;  // per rank; 0: none
+  std::vector<bool> read_fault_used_;
+  std::vector<int> calls_, messages_;  // per rank
+  bool started_ = false;
+  bool any_frozen_ = false;
+  int world_size_;
+  std::shared_ptr<PeerTable> peers_;
+  bool keep_trace_;
+  Clock::time_point epoch_;
+  std::int64_t now_ = 0;
+  std::deque<std::unique_ptr<Task>> tasks_;
+  std::vector<Task*> scratch_;
+  std::vector<Event> events_;
+  std::uint64_t hash_ = 1469598103934665603ULL;
+  std::uint64_t decisions_ = 0;
+  std::vector<std::string> faults_;
+  std::atomic<bool> over_{false};
+  mutable std::mutex over_m_;
+  std::condition_variable over_cv_;
+  std::string deadlock_;
+};
+
+}  // namespace dopt::detail::sim

@@ -1,0 +1,113 @@
+// The swarm runner, replay from DOPT_SIM_SEED and the determinism check.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/runtime/error.hpp"
+
+namespace dopt::sim {
+
+std::optional<std::uint64_t> env_seed() {
+  const char* v = std::getenv("DOPT_SIM_SEED");
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v, &end, 0);
+  if (*end != '\0' || errno != 0 || *v == '-')
+    throw ValueError("simulate", std::string("DOPT_SIM_SEED must be an unsigned integer, got '") + v + "'");
+  return static_cast<std::uint64_t>(x);
+}
+
+std::string compare_traces(const SimReport& a, const SimReport& b) {
+  if (a.trace_hash == b.trace_hash && a.decisions == b.decisions && a.faults == b.faults) return "";
+  std::string out = "seed " + std::to_string(a.seed) + " is not deterministic: trace hashes " +
+                    std::to_string(a.trace_hash) + " and " + std::to_string(b.trace_hash) + ", " +
+                    std::to_string(a.decisions) + " and " + std::to_string(b.decisions) + " scheduling points";
+  const std::size_t n = std::min(a.trace.size(), b.trace.size());
+  for (std::size_t i = 0; i < n; ++i)
+    if (a.trace[i] != b.trace[i])
+      return out + "; first difference at point " + std::to_string(i) + ": '" + a.trace[i] + "' vs '" + b.trace[i] + "'";
+  if (a.faults != b.faults) return out + "; the faults that fired differ";
+  return out;
+}
+
+namespace {
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+SwarmResult swarm(const std::function<void(const SimulateOptions&)>& body, const SwarmOptions& options,
+                  const SimulateOptions& base) {
+  if (!body) throw ValueError("sim::swarm", "body is empty");
+  if (options.seeds < 1) throw ValueError("sim::swarm", "seeds must be >= 1, got " + std::to_string(options.seeds));
+  SwarmResult result;
+  const auto replay = env_seed();
+  const auto start = std::chrono::steady_clock::now();
+  const int n = replay ? 1 : options.seeds;
+  for (int i = 0; i < n; ++i) {
+    if (i > 0 && std::chrono::steady_clock::now() - start >= options.budget) break;
+    const std::uint64_t seed = replay ? *replay : options.first_seed + static_cast<std::uint64_t>(i);
+    ++result.tried;
+    auto run = [&](SimReport& rep, bool keep) -> std::exception_ptr {
+      SimulateOptions o = base;
+      o.deterministic = true;
+      o.seed = seed;
+      o.report = &rep;
+      o.keep_trace = keep;
+      try {
+        body(o);
+      } catch (...) {
+        return std::current_exception();
+      }
+      return nullptr;
+    };
+    SimReport first;
+    if (auto e = run(first, false)) {
+      result.failing_seed = seed;
+      result.failure = what_of(e);
+    } else if (options.check_determinism) {
+      SimReport second;
+      auto e2 = run(second, false);
+      std::string diff = compare_traces(first, second);
+      if (!diff.empty()) {
+        // Again with the traces kept, to say where the runs part.
+        SimReport a, b;
+        run(a, true);
+        run(b, true);
+        if (const std::string d = compare_traces(a, b); !d.empty()) diff = d;
+        result.nondeterministic = true;
+      } else if (e2) {
+        diff = "seed " + std::to_string(seed) + " passed once and failed when run again: " + what_of(e2);
+        result.nondeterministic = true;
+      }
+      if (!diff.empty()) {
+        result.failing_seed = seed;
+        result.failure = diff;
+      }
+    }
+    if (result.failing_seed) {
+      if (options.print)
+        std::fprintf(stderr, "dopt sim::swarm: seed %llu failed (%d seed(s) tried): %s\n  replay with DOPT_SIM_SEED=%llu\n",
+                     static_cast<unsigned long long>(seed), result.tried, result.failure.c_str(),
+                     static_cast<unsigned long long>(seed));
+      return result;
+    }
+  }
+  return result;
+}
+
+SwarmResult swarm(const std::function<void(const SimulateOptions&)>& body, const SwarmOptions& options) {
+  return swarm(body, options, SimulateOptions{});
+}
+
+}  // namespace dopt::sim

@@ -1,0 +1,13 @@
+# Deterministic simulation (actors/src/sim/): the library's multi-rank tests
+# of ZeRO (with its overlap and Join), Join, the model averagers, post-local
+# SGD and the Reducer with its comm hooks, under a bounded swarm of seeds.
+# Each seed runs the tests twice under DOPT_SIM_SEED and compares the traces
+# (tests/sim_swarm.sh). Label: sim. More seeds: DOPT_SIM_SWARM_SEEDS.
+set(DOPT_SIM_SWARM_SEEDS "1;2;3;4;5;6" CACHE STRING "Seeds of the CTest swarm (label sim)")
+set(_dopt_sim_filter "[zero],[join],[averagers],[reducer],[post_local_sgd],[comm_hooks]")
+foreach(_seed IN LISTS DOPT_SIM_SWARM_SEEDS)
+  add_test(NAME "sim: swarm seed ${_seed}"
+           COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/sim_swarm.sh" $<TARGET_FILE:dopt_unit_tests> ${_seed}
+                   "${_dopt_sim_filter}")
+  set_tests_properties("sim: swarm seed ${_seed}" PROPERTIES LABELS sim TIMEOUT 300)
+endforeach()
