@@ -62,14 +62,22 @@ std::vector<Entry> parse(const std::string& text) {
   return out;
 }
 
-/// Blocking broadcast of a string from group rank src.
-std::string broadcast_string(ProcessGroup& g, const std::string& s, int src) {
-  Tensor len = Tensor::full({1}, static_cast<double>(s.size()), DType::int64);
-  g.broadcast(len, src);
+/// A string to group rank dst (its length, then its bytes), and back.
+void send_string(ProcessGroup& g, const std::string& s, int dst, int tag) {
+  g.send(Tensor::full({1}, static_cast<double>(s.size()), DType::int64), dst, tag);
+  if (s.empty()) return;
+  Tensor bytes = Tensor::empty({static_cast<std::int64_t>(s.size())}, DType::uint8);
+  std::memcpy(bytes.data_ptr(), s.data(), s.size());
+  g.send(bytes, dst, tag);
+}
+
+std::string recv_string(ProcessGroup& g, int src, int tag) {
+  Tensor len = Tensor::zeros({1}, DType::int64);
+  g.recv(len, src, tag);
   const std::int64_t n = len.data<std::int64_t>()[0];
-  Tensor bytes = Tensor::empty({std::max<std::int64_t>(n, 1)}, DType::uint8);
-  if (g.rank() == src && n > 0) std::memcpy(bytes.data_ptr(), s.data(), s.size());
-  if (n > 0) g.broadcast(bytes, src);
+  if (n <= 0) return "";
+  Tensor bytes = Tensor::empty({n}, DType::uint8);
+  g.recv(bytes, src, tag);
   return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(n));
 }
 
@@ -242,36 +250,51 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       for (int o = 0; o < old_world; ++o) {
         const auto uo = static_cast<std::size_t>(o);
         const int s = source[uo];
-        bool needed = false;  // by a rank other than the holder (the same answer everywhere)
-        for (auto i : shard[uo])
-          for (int r = 0; r < nw && !needed; ++r) needed = r != s && held_by(static_cast<std::size_t>(i), r);
-        if (!needed) continue;
-        std::vector<Entry> entries;
-        std::vector<Tensor> tensors;
+        // Point to point: the holder sends each rank only the state of the
+        // parameters it keeps from now on (as new owner or buddy). Every rank
+        // takes the shards in the same order, so the sends cannot wait on
+        // each other in a cycle.
+        std::vector<int> receivers;
+        for (int r = 0; r < nw; ++r) {
+          bool any = false;
+          for (auto i : shard[uo]) any = any || held_by(static_cast<std::size_t>(i), r);
+          if (r != s && any) receivers.push_back(r);
+        }
+        const int tag = o;
+        std::vector<Future<void>> works;
+        std::exception_ptr first;
         if (me == s) {
-          for (auto i : shard[uo]) {
-            const Tensor& p = all_params_[static_cast<std::size_t>(i)];
-            auto it = avail.find(p.key());
-            if (it == avail.end()) continue;
-            for (const auto& [key, t] : it->second) {
-              if (!t.defined()) continue;
-              entries.push_back(Entry{i, key, t.dtype(), t.shape()});
-              tensors.push_back(t);
+          for (int r : receivers) {
+            std::vector<Entry> entries;
+            std::vector<Tensor> tensors;
+            for (auto i : shard[uo]) {
+              if (!held_by(static_cast<std::size_t>(i), r)) continue;
+              auto it = avail.find(all_params_[static_cast<std::size_t>(i)].key());
+              if (it == avail.end()) continue;
+              for (const auto& [key, t] : it->second) {
+                if (!t.defined()) continue;
+                entries.push_back(Entry{i, key, t.dtype(), t.shape()});
+                tensors.push_back(t);
+              }
             }
+            send_string(ng, describe(entries), r, tag);
+            for (const auto& t : tensors) works.push_back(ng.send_async(t, r, tag));
           }
-        }
-        entries = parse(broadcast_string(ng, describe(entries), s));
-        if (me != s)
-          for (const auto& e : entries)
+        } else if (std::find(receivers.begin(), receivers.end(), me) != receivers.end()) {
+          const auto entries = parse(recv_string(ng, s, tag));
+          std::vector<Tensor> tensors;
+          for (const auto& e : entries) {
             tensors.push_back(Tensor::empty(e.shape, e.dtype, all_params_[static_cast<std::size_t>(e.index)].device()));
-        broadcast_all(ng, tensors, s);
-        if (me == s) continue;
-        for (std::size_t j = 0; j < entries.size(); ++j) {
-          const auto i = static_cast<std::size_t>(entries[j].index);
-          if (!held_by(i, me)) continue;
-          const auto key = all_params_[i].key();
-          avail[key][entries[j].key] = tensors[j];
+            works.push_back(ng.recv_async(tensors.back(), s, tag));
+          }
+          for (auto& w : works) wait_keeping_first_error(w, first);
+          works.clear();
+          if (first) std::rethrow_exception(first);
+          for (std::size_t j = 0; j < entries.size(); ++j)
+            avail[all_params_[static_cast<std::size_t>(entries[j].index)].key()][entries[j].key] = tensors[j];
         }
+        for (auto& w : works) wait_keeping_first_error(w, first);
+        if (first) std::rethrow_exception(first);
       }
 
       // 5. Commit: ZeRO over the survivors.
