@@ -70,6 +70,8 @@ ShrinkResult ProcessGroup::shrink() {
     std::vector<int> alive;
     for (int r : old)
       if (r == me || g.peers->state(r) == PeerTable::alive) alive.push_back(r);
+    if (alive.size() == old.size())  // (so a line of groups never names one twice: it only loses members)
+      throw StateError(op, "no member of " + ranks_str(old) + " was lost (this rank sees all of them alive)", me);
     const int my_new = static_cast<int>(std::find(alive.begin(), alive.end(), me) - alive.begin());
     auto members = std::make_shared<const std::vector<int>>(alive);
     const std::uint64_t gid = shrunk_gid(origin, alive);

@@ -189,3 +189,19 @@ TEST_CASE("shrink: a subgroup made before the loss shrinks apart from the world"
   for (int r : {0, 2}) CHECK(seen[static_cast<std::size_t>(r)] == "sub lost; sub=0,2 [] distinct=1 world lost; world=0,2,3,4 []");
   for (int r : {3, 4}) CHECK(seen[static_cast<std::size_t>(r)] == " world lost; world=0,2,3,4 []");
 }
+
+TEST_CASE("shrink: refused when no member was lost", "[shrink]") {
+  std::mutex mu;
+  std::vector<std::string> seen(3);
+  dopt::simulate(3, [&](dopt::RankContext& ctx) {
+    std::string out;
+    try {
+      ctx.world().shrink();
+    } catch (const dopt::StateError& e) {
+      out = e.what();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    seen[static_cast<std::size_t>(ctx.rank())] = out;
+  });
+  for (const auto& s : seen) CHECK(s.find("no member of [0, 1, 2] was lost") != std::string::npos);
+}
