@@ -92,3 +92,37 @@ TEST_CASE("survive multiprocess: without --on-failure continue, dopt-run stops t
   CHECK(contains(d.out, "dopt-run: rank 1 killed by signal 9 (SIGKILL)"));
   CHECK(contains(d.out, "stopping the other ranks"));
 }
+
+TEST_CASE("survive multiprocess: on the hierarchical plane (2 hosts x 2 processes), survivors on both hosts recover",
+          "[survive][multiprocess]") {
+  // Each "host" is a DOPT_HOST_ID of its own on this machine.
+  const std::vector<std::string> args = GENERATE(std::vector<std::string>{"shrink", "1"},
+                                                 std::vector<std::string>{"zero", "2:2:broadcast:1"},
+                                                 std::vector<std::string>{"zero", "1:2:between"});
+  const int victim = std::stoi(args[1].substr(0, 1));
+  INFO(args[0] << " " << args[1]);
+  const int port = free_port();
+  std::vector<Proc> ps;
+  for (int r = 0; r < 4; ++r) {
+    auto e = rank_env(r, 4, port);
+    e["LOCAL_RANK"] = std::to_string(r % 2);
+    e["LOCAL_WORLD_SIZE"] = "2";
+    e["DOPT_HOST_ID"] = "host" + std::to_string(r / 2);
+    e["DOPT_DEBUG"] = "1";
+    e.insert(kEnv.begin(), kEnv.end());
+    std::vector<std::string> argv{kPeer};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ps.push_back(start(argv, e));
+  }
+  for (int r = 0; r < 4; ++r) {
+    const Done d = wait(ps[static_cast<std::size_t>(r)]);
+    INFO("rank " << r << ": " << d.out);
+    CHECK(contains(d.out, "runs on the hier plane"));
+    if (r == victim) {
+      CHECK(WIFSIGNALED(d.status));
+      continue;
+    }
+    CHECK(d.ok());
+    CHECK(contains(d.out, "ok " + std::to_string(r) + " "));
+  }
+}
