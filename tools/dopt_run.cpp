@@ -35,6 +35,13 @@
 // 10.2 s before: it failed first"), and among ranks that end together, one
 // killed by a signal comes before one that exited with an error.
 //
+// With --on-failure continue, a rank that fails is reported ("rank R killed
+// by signal S ...; the other ranks continue") and the others go on (programs
+// that survive the loss of a rank: ProcessGroup::shrink, ZeRO's
+// redundancy); once all ended: "N rank(s) failed (...), M finished", and the
+// exit status is the first failed rank's exit code if one exited non-zero (an
+// error of its own), else 0 when some rank finished.
+//
 // Exit status: 0 when every rank exits 0; the first failed rank's exit code
 // (128 + S when killed by signal S); 128 + S when dopt-run itself got signal
 // S; 2 for a usage error; 127 when PROGRAM cannot be executed; 1 for other
@@ -198,7 +205,8 @@ int pick_free_port() {
 // the argument after "--".
 std::size_t find_program(int argc, char** argv) {
   static const std::set<std::string> with_value = {"--nproc-per-node", "--nnodes",      "--node-rank",
-                                                   "--master-addr",    "--master-port", "--grace"};
+                                                   "--master-addr",    "--master-port", "--grace",
+                                                   "--on-failure"};
   // (--no-secret and --no-prefix take no value)
   int i = 1;
   while (i < argc) {
@@ -224,6 +232,7 @@ struct Config {
   int master_port = 29500;
   double grace_s = 5.0;
   bool no_prefix = false;
+  bool continue_on_failure = false;  // --on-failure continue
   std::vector<std::string> command;
 };
 
@@ -343,6 +352,7 @@ class Launcher {
       }
     }
     loop();
+    if (cfg_.continue_on_failure && !lost_.empty() && !got_signal_) return continued_status();
     if (first_failure_) {
       const int st = first_failure_->second;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -479,6 +489,10 @@ class Launcher {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (exec_failed_) {
         // the reason was printed already
+      } else if (!ok && cfg_.continue_on_failure && !stopping_ && !got_signal_) {
+        lost_.emplace_back(r.rank, status);
+        say("rank " + std::to_string(r.rank) + " " + describe_end(status) +
+            (running_ > 0 ? "; the other ranks continue (--on-failure continue)" : ""));
       } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
         first_failure_ = std::make_pair(r.rank, status);
         if (WIFEXITED(status)) {
@@ -498,6 +512,26 @@ class Launcher {
         say("rank " + std::to_string(r.rank) + " stopped: " + describe(status));
       }
     }
+  }
+
+  static std::string describe_end(int status) {
+    if (WIFEXITED(status)) return "failed with exit code " + std::to_string(WEXITSTATUS(status));
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + signal_name(WTERMSIG(status)) + ")";
+  }
+
+  /// --on-failure continue, once every rank ended: the first rank that exited
+  /// with a non-zero code (an error of its own: e.g. it could not recover)
+  /// gives the status; else 0 when some rank finished; else (every rank was
+  /// killed) 128 + the first one's signal.
+  int continued_status() const {
+    const int finished = static_cast<int>(ranks_.size()) - static_cast<int>(lost_.size());
+    std::string who;
+    for (const auto& [rank, st] : lost_) who += (who.empty() ? "" : ", ") + std::to_string(rank);
+    say(std::to_string(lost_.size()) + " rank(s) failed (" + who + "), " + std::to_string(finished) + " finished");
+    for (const auto& [rank, st] : lost_)
+      if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (finished > 0) return 0;
+    return 128 + WTERMSIG(lost_.front().second);
   }
 
   /// The first failure may be a consequence: a rank that was stopped (not by
@@ -638,6 +672,7 @@ class Launcher {
   bool kill_sent_ = false;
   int got_signal_ = 0;
   std::optional<std::pair<int, int>> first_failure_;  // rank, wait status
+  std::vector<std::pair<int, int>> lost_;             // --on-failure continue: rank, wait status
   std::optional<Clock::time_point> kill_deadline_;
 };
 
@@ -665,6 +700,11 @@ int main(int argc, char** argv) {
                "Do not make a secret for the ranks (connections between them are then not authenticated)");
   app.add_flag("--no-prefix", cfg.no_prefix,
                "Pass the ranks' output through as it is (whole lines), without the \"[rank R] \" prefix");
+  std::string on_failure = "stop";
+  app.add_option("--on-failure", on_failure,
+                 "stop: when a rank fails, stop the others (default); continue: report it and let the others "
+                 "go on (programs that survive the loss of a rank)")
+      ->check(CLI::IsMember({"stop", "continue"}));
   app.add_option("program", program, "Program to run, followed by its arguments")->required();
   app.footer("Everything from PROGRAM on is passed to it unparsed; use -- before a PROGRAM that starts with '-'.");
 
@@ -690,6 +730,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   cfg.command.assign(argv + prog, argv + argc);
+  cfg.continue_on_failure = on_failure == "continue";
 
   if (cfg.master_port == 0) {
     cfg.master_port = pick_free_port();

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,10 @@ struct GroupImpl {
   std::map<std::pair<int, int>, std::uint64_t> recv_seq;  // (src global, tag)
   /// Where the group's collectives run (null: the rank actor, through endpoint).
   std::shared_ptr<GroupPlane> plane;
+  /// This process's view of every rank's liveness (shrink() reads it).
+  std::shared_ptr<PeerTable> peers;
+  /// A group made by shrink(): the id of the group its line started from.
+  std::optional<std::uint64_t> origin;
 };
 
 /// An all_reduce of one tensor with the coalesced call's options (order,

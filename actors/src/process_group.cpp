@@ -479,6 +479,7 @@ std::shared_ptr<GroupImpl> make_group(const GroupImpl& world, std::uint64_t gid,
   g->members = std::make_shared<const std::vector<int>>(std::move(ranks));
   g->timeout_ms.store(world.timeout_ms.load());
   g->local_world_size = world.local_world_size;
+  g->peers = world.peers;
   if (g->my_grank >= 0 && world.plane) g->plane = world.plane->made_group(gid);
   return g;
 }

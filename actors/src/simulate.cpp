@@ -181,6 +181,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     g->is_world = true;
     g->timeout_ms.store(timeout.count());
     g->plane = world_planes[static_cast<std::size_t>(r)];
+    g->peers = world.table;
     try {
       RankContext ctx(r, world_size, ProcessGroup(std::move(g)));
       fn(ctx);

@@ -110,11 +110,16 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
                                                  ZeroOptions options)
     : spec_(std::move(spec)), group_(std::move(options.process_group)),
       bucket_view_(options.parameters_as_bucket_view), partition_weight_(options.partition_weight),
-      rebind_(std::move(options.rebind_parameter)) {
+      rebind_(std::move(options.rebind_parameter)), redundancy_(options.redundancy),
+      on_membership_change_(std::move(options.on_membership_change)), probe_(std::move(options.probe)) {
   if (!group_.valid() || !group_.is_member())
     throw ValueError(kName, "a valid process group this rank is a member of is required");
   rank_ = group_.rank();
   world_size_ = group_.size();
+  if (redundancy_ < 0)
+    throw ValueError(kName, "redundancy must be >= 0, got " + std::to_string(redundancy_), rank_);
+  if (redundancy_ > 0 && options.overlap_with_ddp)
+    throw NotSupportedError(kName, "redundancy is not available with overlap_with_ddp=true", rank_);
   defaults_ = make_options(spec_);
   if (groups.empty()) throw ValueError(kName, "ZeroRedundancyOptimizer got an empty parameter list");
   for (auto& g : groups) add_group_checked(std::move(g), kName);
@@ -159,6 +164,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   }
   partition_parameters();
   optim_ = make_optimizer(spec_, local_groups(0));
+  if (redundancy_ > 0) make_buddy_copies();
   trainable_ = trainable_mask();
   if (bucket_view_) build_buckets();
 }
@@ -383,11 +389,15 @@ void ZeroRedundancyOptimizer::sync_from_local() {
 void ZeroRedundancyOptimizer::sync_params() {
   std::vector<Future<void>> works;
   std::exception_ptr first;
+  auto post = [&](Future<void> f) {
+    works.push_back(std::move(f));
+    if (probe_) probe_("broadcast", steps_, static_cast<int>(works.size()) - 1);
+  };
   try {
     for (int r = 0; r < world_size_; ++r) {
       const auto ur = static_cast<std::size_t>(r);
       if (bucket_view_) {
-        for (auto& kind : buckets_) works.push_back(group_.broadcast_async(kind[ur], r));
+        for (auto& kind : buckets_) post(group_.broadcast_async(kind[ur], r));
         continue;
       }
       // One call for all of rank r's parameters (on the shared-memory plane
@@ -400,9 +410,9 @@ void ZeroRedundancyOptimizer::sync_params() {
           cpu = cpu && p.device().is_cpu();
         }
       if (cpu) {
-        if (!mine.empty()) works.push_back(group_.broadcast_coalesced_async(mine, r));
+        if (!mine.empty()) post(group_.broadcast_coalesced_async(mine, r));
       } else {
-        for (const auto& p : mine) works.push_back(group_.broadcast_async(p, r));
+        for (const auto& p : mine) post(group_.broadcast_async(p, r));
       }
     }
   } catch (...) {
@@ -421,6 +431,10 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
     overlap_->wait_step();
     return std::nullopt;
   }
+  if (redundancy_ > 0 && closure)
+    throw ValueError(std::string(kName) + ".step",
+                     "a closure cannot be used with redundancy (the buddies step their copies with the gradients "
+                     "step() is called with)", rank_);
   Future<void> notify = Join::notify_join_context(*this);
   const auto mask = trainable_mask();
   if (mask != trainable_) {
@@ -431,12 +445,33 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
     }
     trainable_ = mask;
   }
+  if (probe_) probe_("begin", steps_, 0);
   sync_to_local();
   std::optional<double> loss = optim_->step(closure);
+  if (redundancy_ > 0) step_buddy_copies();
   sync_from_local();
-  sync_params();
-  notify.get();
-  ++steps_;
+  if (probe_) probe_("computed", steps_, 0);
+  if (redundancy_ == 0) {
+    sync_params();
+    notify.get();
+    ++steps_;
+    return loss;
+  }
+  ZeroRecovery rec;
+  try {
+    sync_params();
+    notify.get();
+    ++steps_;
+    return loss;
+  } catch (const PeerLostError&) {
+    rec = recover_from_loss(/*in_step=*/true);
+  }
+  if (!on_membership_change_)
+    throw MembershipChangedError(std::string(kName) + ".step",
+                                 "recovered from the loss of rank(s) of the group; the step was completed, " +
+                                     std::to_string(rec.group.size()) + " rank(s) continue",
+                                 rec, rank_);
+  on_membership_change_(rec);
   return loss;
 }
 
@@ -454,6 +489,9 @@ void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) {
   if (overlap_)
     throw NotSupportedError(op, "ZeroRedundancyOptimizer with overlap_with_ddp=true cannot add parameter groups "
                                 "(the reducer's buckets are fixed); pass every group to the constructor", rank_);
+  if (redundancy_ > 0)
+    throw NotSupportedError(op, "ZeroRedundancyOptimizer with redundancy cannot add parameter groups; pass every "
+                                "group to the constructor", rank_);
   // Validate into a scratch copy of the bookkeeping first, so a failure
   // (local or the cross-rank check) leaves the optimizer unchanged.
   const auto saved_groups_size = groups_.size();
@@ -575,11 +613,21 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
     if (index < 0 || index >= static_cast<std::int64_t>(all_params_.size()))
       throw StateDictError(op, "state for parameter index " + std::to_string(index) + " but the optimizer has " +
                                    std::to_string(all_params_.size()) + " parameters", rank_);
-    if (owner_[static_cast<std::size_t>(index)] != rank_) continue;
+    if (!keeps_state_of(static_cast<std::size_t>(index))) continue;
     const Tensor& p = all_params_[static_cast<std::size_t>(index)];
     local[p.key()] = copy_state_for(st, p, index, op, [&](const std::string& key) {
       return "state '" + key + "' of parameter " + std::to_string(index);
     });
+  }
+  for (auto& [r, copy] : buddy_copies_) copy->state().clear();
+  for (auto it = local.begin(); it != local.end();) {  // the buddies' part
+    const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
+    if (o == rank_) {
+      ++it;
+      continue;
+    }
+    buddy_copies_.at(o)->state()[it->first] = std::move(it->second);
+    it = local.erase(it);
   }
   optim_->state() = std::move(local);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
@@ -707,7 +755,7 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
   // The shards holding this rank's parameters, ascending.
   std::set<int> needed;
   for (std::size_t i = 0; i < all_params_.size(); ++i)
-    if (owner_[i] == rank_) {
+    if (keeps_state_of(i)) {
       const auto o = old_owner[i];
       if (o < 0 || o >= n) throw StateDictError(op, "the checkpoint's partition names rank " + std::to_string(o), rank_);
       needed.insert(static_cast<int>(o));
@@ -745,7 +793,7 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
           old_owner[static_cast<std::size_t>(idx)] != s)
         throw StateDictError(op, rd->path() + ": tensor '" + e.name + "' is not a parameter this shard owns",
                              rank_);
-      if (owner_[static_cast<std::size_t>(idx)] != rank_) continue;
+      if (!keeps_state_of(static_cast<std::size_t>(idx))) continue;
       states[idx][e.name.substr(dot + 1)] = rd->read(e.name);
       ++report.tensors_read;
     }
@@ -758,6 +806,16 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
         return rd->path() + ": tensor 'state." + std::to_string(idx) + "." + key + "'";
       });
     }
+  }
+  for (auto& [r, copy] : buddy_copies_) copy->state().clear();
+  for (auto it = local.begin(); it != local.end();) {  // the buddies' part
+    const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
+    if (o == rank_) {
+      ++it;
+      continue;
+    }
+    buddy_copies_.at(o)->state()[it->first] = std::move(it->second);
+    it = local.erase(it);
   }
   optim_->state() = std::move(local);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);

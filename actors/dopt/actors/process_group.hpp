@@ -82,6 +82,7 @@ struct GroupImpl;
 }
 
 struct Subgroups;
+struct ShrinkResult;
 
 /// What a group runs on (diagnostics): "shm" (shared memory, ranks on one
 /// host), "hier" (shared memory within hosts, TCP between them), "actor"
@@ -174,6 +175,35 @@ class ProcessGroup {
   /// divisible by group_size.
   Subgroups new_subgroups(int group_size = 0);
 
+  // --- losing members ---------------------------------------------------------------
+  /// The surviving members of this group agree on a new group without the
+  /// members that were lost (process exit, kill, liveness silence) or whose
+  /// user code failed, and return it. Call it on every surviving member,
+  /// typically after a call failed with PeerLostError; it is a collective of
+  /// the survivors (this group's own calls are not used: it may be broken).
+  ///
+  /// The survivors meet on their rank actors, which outlive a lost peer:
+  /// each proposes the members it sees alive; a member that sees a further
+  /// loss while they meet proposes again without it, until every survivor
+  /// proposed the same members. The new group has a fresh id, sequence
+  /// numbers from 0 and fresh data-plane state (on the shared-memory plane:
+  /// new regions), so nothing of this group (its rounds, its messages) can be
+  /// taken for the new one's. Two survivors that saw a second loss at
+  /// different moments still meet: the id depends only on the first group
+  /// of the line (this group, or the one it was shrunk from) and the members.
+  /// Every member of the new group has the same ranks(), in ascending global
+  /// rank order; group ranks are renumbered 0..n-1 (result.new_rank).
+  ///
+  /// Planes: a group on the shared-memory plane gets a shared-memory group;
+  /// one on the actor plane (simulated ranks with plane "actor", processes
+  /// over TCP) an actor-plane group; one on the hierarchical plane an
+  /// actor-plane group (its messages and ring collectives over the TCP mesh).
+  /// A shrunk group cannot make subgroups (new_group, new_subgroups): shrink
+  /// the subgroups made before the loss instead. Bounded by this group's
+  /// timeout (TimeoutError naming the members that did not come). This
+  /// group stays as it is (broken where a member was lost).
+  ShrinkResult shrink();
+
   /// Internal.
   explicit ProcessGroup(std::shared_ptr<detail::GroupImpl> impl) : impl_(std::move(impl)) {}
   const std::shared_ptr<detail::GroupImpl>& impl() const { return impl_; }
@@ -192,6 +222,16 @@ class ProcessGroup {
                                          bool blocking);
   Future<void> broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking);
   std::shared_ptr<detail::GroupImpl> impl_;
+};
+
+/// What ProcessGroup::shrink() made.
+struct ShrinkResult {
+  /// The group of the surviving members.
+  ProcessGroup group;
+  /// new_rank[r]: the rank in `group` of rank r of the old group (-1: lost).
+  std::vector<int> new_rank;
+  /// Ranks of the old group that were left out, ascending.
+  std::vector<int> lost;
 };
 
 struct Subgroups {

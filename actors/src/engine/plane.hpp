@@ -14,11 +14,30 @@
 // or simulated ranks). See docs/architecture.md.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dopt/actors/future.hpp"
 #include "engine/op.hpp"
 
 namespace dopt::detail {
+
+class GroupPlane;
+
+/// A plane's part of a new group among some members of an existing one
+/// (ProcessGroup::shrink), made in three steps that the caller separates
+/// with barriers among the new group's members (on the rank actors, which
+/// outlive a lost peer): create() this rank's own state (its shared-memory
+/// region), attach() the others' (every member created its own) and make
+/// the group's plane, seal() once every member attached (names go, so a
+/// crash leaves nothing behind). Destroyed unsealed (a failed attempt), it
+/// drops what create() made.
+class GroupBuilder {
+ public:
+  virtual ~GroupBuilder() = default;
+  virtual void create() = 0;
+  virtual std::shared_ptr<GroupPlane> attach() = 0;
+  virtual void seal() = 0;
+};
 
 class GroupPlane {
  public:
@@ -39,6 +58,13 @@ class GroupPlane {
   /// The plane of a group that a new_group call on this plane made (null:
   /// this plane makes none, or this rank is not a member).
   virtual std::shared_ptr<GroupPlane> made_group(std::uint64_t /*gid*/) const { return nullptr; }
+  /// Builds this plane's part of group gid over `members` (global ranks,
+  /// this rank among them, all members of this group). Null: this plane
+  /// makes no such group, the new one runs on the actor plane.
+  virtual std::unique_ptr<GroupBuilder> builder(std::uint64_t /*gid*/,
+                                                std::shared_ptr<const std::vector<int>> /*members*/) const {
+    return nullptr;
+  }
 };
 
 }  // namespace dopt::detail

@@ -223,6 +223,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   g->gid = 0;
   g->members = std::move(members);
   g->plane = std::move(world_plane);
+  g->peers = peers->table;
   g->my_grank = env.rank;
   g->is_world = true;
   g->local_world_size = env.local_world_size;

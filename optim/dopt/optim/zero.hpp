@@ -89,6 +89,35 @@
 // the rank thread running hook_with_zero_step*'s plan. An exception from the
 // hook propagates out of that call.
 //
+// Redundancy and recovery (dopt only; docs/fault-tolerance.md): with
+// ZeroOptions::redundancy = k > 0 the optimizer state of each rank's shard is
+// also kept by its k buddies (group ranks r+1 .. r+k, cyclically; k is capped
+// at size() - 1). Buddies keep it current by stepping their copy in step(),
+// with the same averaged gradients and hyperparameters, right after their own
+// shard: no bytes move, and the copy is bitwise the owner's. This needs the
+// gradients to be the same on every rank when step() is called (averaged, as
+// a gradient all_reduce or the Reducer leaves them); a closure is a
+// ValueError; overlap_with_ddp and add_param_group are NotSupportedError.
+// When a member of the group is lost (PeerLostError):
+//   * inside step(): step() recovers by itself on every survivor (below),
+//     completes the step with the gradients it was given, and then calls
+//     ZeroOptions::on_membership_change(recovery) and returns, or, without a
+//     callback, throws MembershipChangedError carrying the recovery;
+//   * elsewhere (e.g. the trainer's gradient all_reduce): the trainer catches
+//     the PeerLostError and calls recover() on every survivor; no step is
+//     taken (recompute the batch's gradients over recovery.group).
+// Recovery (a collective of the survivors): ProcessGroup::shrink() of ZeRO's
+// group; the survivors check that they stopped at the same step; each lost
+// shard's state comes from its first surviving buddy; the parameters of every
+// shard are broadcast from their holder; the parameters are re-partitioned
+// over the survivors exactly as a new ZeroRedundancyOptimizer over them would
+// do, every state tensor goes to its new owner and buddies, and ZeRO's group
+// becomes recovery.group (use it for the gradients too). When a rank and all
+// its buddies are lost, recovery throws ShardLostError naming the state that
+// is gone (fall back to the last checkpoint: a new ZeroRedundancyOptimizer over
+// error.recovery().group, load_sharded(), the model's parameters from its own
+// checkpoint).
+//
 // overlap_with_ddp (zero_overlap.hpp has the whole contract): the optimizer
 // must have a functional form (the registry's; ValueError otherwise, before
 // any collective). The constructor also makes the broadcast group
@@ -108,6 +137,7 @@
 // shadow iteration drives ZeRO through the comm hook).
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -133,6 +163,49 @@ enum class ZeroPartitionWeight {
   step_cost,
 };
 
+/// What ZeRO's recovery from a lost rank did (see "Redundancy and recovery").
+struct ZeroRecovery {
+  /// The survivors' group; ZeRO's group from now on.
+  ProcessGroup group;
+  /// Ranks of the old group that were lost, ascending.
+  std::vector<int> lost;
+  /// new_rank[r]: the new group rank of old group rank r (-1: lost).
+  std::vector<int> new_rank;
+  /// step_count() after the recovery.
+  std::int64_t step = 0;
+  /// True when the loss came during step() and that step was completed with
+  /// the gradients it was given (the trainer goes on with the next batch);
+  /// false after recover(): no step was taken.
+  bool step_completed = false;
+};
+
+/// Thrown by ZeroRedundancyOptimizer::step() (redundancy > 0, no
+/// on_membership_change callback) on every survivor after it recovered from
+/// a lost rank: the step was completed, the optimizer is usable over
+/// recovery().group.
+class MembershipChangedError : public Error {
+ public:
+  MembershipChangedError(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
+      : Error(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
+  const ZeroRecovery& recovery() const noexcept { return recovery_; }
+
+ private:
+  ZeroRecovery recovery_;
+};
+
+/// Recovery found a shard whose owner and buddies were all lost: the message
+/// names the ranks and parameters whose state is gone. The optimizer is
+/// unusable; recovery().group is the survivors' group to fall back on.
+class ShardLostError : public StateError {
+ public:
+  ShardLostError(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
+      : StateError(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
+  const ZeroRecovery& recovery() const noexcept { return recovery_; }
+
+ private:
+  ZeroRecovery recovery_;
+};
+
 struct ZeroOptions {
   /// The ranks that share the optimizer state (required).
   ProcessGroup process_group;
@@ -156,6 +229,19 @@ struct ZeroOptions {
   /// same (the constructor's cross-rank check covers it). Not used with
   /// overlap_with_ddp (the reducer's buckets are assigned whole).
   ZeroPartitionWeight partition_weight = ZeroPartitionWeight::element_count;
+  /// Redundancy: each rank's optimizer state is also kept (and stepped) by
+  /// this many buddies, so that training survives the loss of a rank (see
+  /// "Redundancy and recovery" above). 0: off (torch's behaviour).
+  int redundancy = 0;
+  /// Redundancy: called on every survivor when step() recovered from a lost
+  /// rank (then step() returns normally). Empty: step() throws
+  /// MembershipChangedError instead.
+  std::function<void(const ZeroRecovery&)> on_membership_change = {};
+  /// Testing aid: called on this rank's thread at points of step():
+  /// ("begin", step, 0) before the local step, ("computed", step, 0) after it
+  /// (and the buddies' copies), ("broadcast", step, i) after posting the
+  /// i-th broadcast. Fault-injection tests lose their rank there.
+  std::function<void(const char* point, std::int64_t step, int index)> probe = {};
 };
 
 class ZeroOverlap;
@@ -226,6 +312,16 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// IOError for missing/unreadable shards or several world sizes in dir, and
   /// StateDictError when the checkpoint's parameters or groups do not match.
   ShardLoadReport load_sharded(const std::string& dir);
+  /// Redundancy: collective of the survivors after a PeerLostError outside
+  /// step() (see the header). Throws ShardLostError when state is gone.
+  ZeroRecovery recover();
+  /// Redundancy in effect (ZeroOptions::redundancy capped at size() - 1).
+  int redundancy() const noexcept;
+  /// The group ranks that keep rank r's shard (its buddies), in order.
+  std::vector<int> buddies(int r) const;
+  /// Bytes of the copies of other ranks' state this rank keeps.
+  std::int64_t buddy_state_bytes() const;
+
   /// The shard file name of rank r of n.
   static std::string shard_file_name(int rank, int world_size);
 
@@ -284,6 +380,15 @@ class ZeroRedundancyOptimizer : public Joinable {
   void sync_to_local();
   void sync_from_local();
   void sync_params();
+  /// Redundancy (zero_redundancy.cpp): the buddy copies of the current
+  /// partition, with empty state.
+  void make_buddy_copies();
+  /// Steps every buddy copy with the current hyperparameters.
+  void step_buddy_copies();
+  /// The recovery (see the header); in_step: the loss came during step().
+  ZeroRecovery recover_from_loss(bool in_step);
+  /// Whether this rank keeps the state of global parameter i (owner or buddy).
+  bool keeps_state_of(std::size_t i) const;
   /// overlap: StateError unless the plan exists and no iteration is in flight.
   void require_overlap_idle(const std::string& op) const;
   /// ValueError (naming op and the parameter) for a parameter over memory
@@ -313,6 +418,11 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::int64_t steps_ = 0;
   std::shared_ptr<ZeroOverlap> overlap_;  // overlap_with_ddp only
   std::function<void(const Tensor&)> rebind_;
+  int redundancy_ = 0;  // requested (ZeroOptions::redundancy)
+  std::function<void(const ZeroRecovery&)> on_membership_change_;
+  std::function<void(const char*, std::int64_t, int)> probe_;
+  /// Redundancy: the copies of the shards this rank is a buddy of, by group rank.
+  std::map<int, std::unique_ptr<Optimizer>> buddy_copies_;
 };
 
 }  // namespace dopt::optim

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "engine/failure.hpp"
@@ -129,10 +130,13 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
   auto lost_error = [&](int q) {
     const std::string msg = "rank " + std::to_string(q) + " was lost during " + c.local.op->desc.str() + " in " +
                             group_str(gid_) + " (seq " + std::to_string(c.local.op->seq) + "): " + peers_->why(q);
-    local_->break_group(Failure{FailKind::peer_lost, "", msg});
+    // This host's other members may wait on this one in the host's channel,
+    // unaware of a loss on another host: they fail alike.
+    local_->abort_group(msg, FailKind::peer_lost);
     return PeerLostError(c.local.name, msg, me);
   };
   std::map<int, std::chrono::steady_clock::time_point> lost_since;
+  std::optional<std::chrono::steady_clock::time_point> member_lost_since;
   try {
     ts.wait([&] {
       if (std::chrono::steady_clock::now() >= c.local.deadline) {
@@ -156,6 +160,18 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
         const auto now = std::chrono::steady_clock::now();
         if (since.time_since_epoch().count() == 0) since = now;
         if (now - since > std::chrono::milliseconds(500)) throw lost_error(lost_member() >= 0 ? lost_member() : global(p));
+      }
+      // Another member of the group lost (on another host than the peers
+      // awaited): every call needs every member, and the awaited peer may be
+      // a survivor that gave up on it already. So the survivors on every
+      // host fail with PeerLostError (and can shrink the group) instead of
+      // waiting for the timeout.
+      if (peers_->generation() != 0) {
+        if (const int q = lost_member(); q >= 0) {
+          const auto now = std::chrono::steady_clock::now();
+          if (!member_lost_since) member_lost_since = now;
+          if (now - *member_lost_since > std::chrono::milliseconds(500)) throw lost_error(q);
+        }
       }
     });
   } catch (const PeerLostError& e) {

@@ -44,6 +44,13 @@ bool same(const Desc& a, const Desc& b) {
          a.root == b.root && a.ndim == b.ndim && a.shape_hash == b.shape_hash && a.extra_hash == b.extra_hash;
 }
 
+/// The abort flag's value for a member lost elsewhere (1: a timeout).
+constexpr std::uint32_t kAbortLost = 2;
+
+FailKind abort_kind(const ControlBlock& cb) {
+  return cb.abort.aborted.load(std::memory_order_acquire) == kAbortLost ? FailKind::peer_lost : FailKind::timeout;
+}
+
 }  // namespace
 
 WaitPolicy WaitPolicy::for_ranks(int ranks_on_host) {
@@ -85,7 +92,7 @@ void Channel::begin_call(Call& c) {
     for (int h = 0; h < size(); ++h) {
       if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
       const ControlBlock& cb = ctl(h);
-      break_group(Failure{FailKind::timeout, "", std::string(cb.why, strnlen(cb.why, kWhyBytes))});
+      break_group(Failure{abort_kind(cb), "", std::string(cb.why, strnlen(cb.why, kWhyBytes))});
       break;
     }
   }
@@ -191,7 +198,7 @@ void Channel::check_slow(int g, std::uint64_t step, Call& c) {
     if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
     const ControlBlock& cb = ctl(h);
     std::string why(cb.why, strnlen(cb.why, kWhyBytes));
-    Failure f{FailKind::timeout, c.name, why};
+    Failure f{abort_kind(cb), c.name, why};
     break_group(f);
     throw_failure(f, my_global());
   }
@@ -236,17 +243,17 @@ void Channel::fail_timeout(std::uint64_t step, Call& c) {
   throw TimeoutError(c.name, msg, my_global());
 }
 
-void Channel::abort_group(const std::string& later) {
+void Channel::abort_group(const std::string& later, FailKind kind) {
   // Tell the peers first: their waits on this group end with our reason.
   ControlBlock& mine = ctl(me_);
   if (mine.abort.aborted.load(std::memory_order_acquire) == 0) {
     const std::size_t n = std::min(later.size(), kWhyBytes - 1);
     std::memcpy(mine.why, later.data(), n);
     mine.why[n] = '\0';
-    mine.abort.aborted.store(1, std::memory_order_release);
+    mine.abort.aborted.store(kind == FailKind::peer_lost ? kAbortLost : 1, std::memory_order_release);
     signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
   }
-  break_group(Failure{FailKind::timeout, "", later});
+  break_group(Failure{kind, "", later});
 }
 
 void Channel::publish(std::uint64_t round, const Op& op) {
@@ -283,7 +290,7 @@ void Channel::check(Call& c) {
   for (int h = 0; h < size(); ++h) {
     if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
     const ControlBlock& cb = ctl(h);
-    Failure f{FailKind::timeout, c.name, std::string(cb.why, strnlen(cb.why, kWhyBytes))};
+    Failure f{abort_kind(cb), c.name, std::string(cb.why, strnlen(cb.why, kWhyBytes))};
     break_group(f);
     throw_failure(f, my_global());
   }

@@ -105,8 +105,10 @@ class Channel {
   /// the deadline); throws as wait() does.
   void check(Call& c);
   /// This member gives up the group (a timeout it saw elsewhere): `later` is
-  /// what every member's later calls (and waits in progress) fail with.
-  void abort_group(const std::string& later);
+  /// what every member's later calls (and waits in progress) fail with, as a
+  /// TimeoutError, or a PeerLostError with kind peer_lost (a member on
+  /// another host was lost: the hierarchical plane).
+  void abort_group(const std::string& later, FailKind kind = FailKind::timeout);
   /// Processes: tries process_vm_readv (cross-memory attach, one copy from a
   /// peer's memory into this one's) on every peer's region and publishes
   /// whether all worked. Called once, before this member's first step.

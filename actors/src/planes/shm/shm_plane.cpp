@@ -80,6 +80,46 @@ void ShmGroup::stop(const std::string& why) {
 
 std::shared_ptr<GroupPlane> ShmGroup::made_group(std::uint64_t gid) const { return plane_->take_group(gid); }
 
+namespace {
+
+/// A shrunk group on the shared-memory plane: fresh regions under a fresh
+/// group id, so nothing of the old group's rounds can be read as the new one's.
+class ShmBuilder final : public GroupBuilder {
+ public:
+  ShmBuilder(std::shared_ptr<ShmPlane> plane, std::uint64_t gid, std::shared_ptr<const std::vector<int>> members)
+      : plane_(std::move(plane)), gid_(gid), members_(std::move(members)) {}
+  ~ShmBuilder() override {
+    try {
+      seal();
+    } catch (...) {
+    }
+  }
+  void create() override {
+    mine_ = plane_->create_region(gid_, static_cast<int>(members_->size()));
+    created_ = true;
+  }
+  std::shared_ptr<GroupPlane> attach() override { return plane_->attach(gid_, members_, mine_); }
+  void seal() override {
+    if (!created_) return;
+    created_ = false;
+    plane_->directory().seal(gid_, plane_->rank());
+  }
+
+ private:
+  std::shared_ptr<ShmPlane> plane_;
+  std::uint64_t gid_;
+  std::shared_ptr<const std::vector<int>> members_;
+  Mapped mine_;
+  bool created_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<GroupBuilder> ShmGroup::builder(std::uint64_t gid,
+                                                std::shared_ptr<const std::vector<int>> members) const {
+  return std::make_unique<ShmBuilder>(plane_, gid, std::move(members));
+}
+
 void ShmGroup::execute(const Op& op) {
   Call c;
   c.op = &op;

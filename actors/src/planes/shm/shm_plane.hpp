@@ -29,6 +29,9 @@ class ShmGroup final : public GroupPlane {
   bool supports(const CollDesc& desc) const override;
   const char* name() const noexcept override { return "shm"; }
   std::shared_ptr<GroupPlane> made_group(std::uint64_t gid) const override;
+  /// A group of some of this group's members on this plane (new regions).
+  std::unique_ptr<GroupBuilder> builder(std::uint64_t gid,
+                                        std::shared_ptr<const std::vector<int>> members) const override;
   /// Fails queued and later calls with StateError(why).
   void stop(const std::string& why);
 

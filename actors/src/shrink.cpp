@@ -1,0 +1,110 @@
+// ProcessGroup::shrink: the surviving members of a group agree on a new group
+// without the lost ones (contract in process_group.hpp, design in
+// docs/fault-tolerance.md).
+#include <algorithm>
+#include <string>
+
+#include "dopt/actors/process_group.hpp"
+#include "internal.hpp"
+
+namespace dopt {
+namespace {
+
+using detail::GroupImpl;
+using detail::PeerTable;
+
+std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Ids of shrunk groups have the top bit set (new_group's ids, (seq + 1) << 16
+// plus a small index, never reach it); bit 62 tells the survivors' meeting
+// (actor plane only) from the group itself.
+constexpr std::uint64_t kShrunkBit = 1ull << 63;
+constexpr std::uint64_t kMeetingBit = 1ull << 62;
+
+/// The id of the group of `members` in the line that started with group
+/// `origin`: the same on every survivor, whichever group of the line it
+/// shrinks. A line only ever loses members, so it never names a group twice.
+std::uint64_t shrunk_gid(std::uint64_t origin, const std::vector<int>& members) {
+  std::uint64_t h = mix64(origin ^ 0x5368726bull);
+  for (int r : members) h = mix64(h ^ static_cast<std::uint64_t>(r));
+  h = mix64(h ^ members.size());
+  return kShrunkBit | (h & ~(kShrunkBit | kMeetingBit));
+}
+
+std::string ranks_str(const std::vector<int>& r) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
+  return s + "]";
+}
+
+std::shared_ptr<GroupImpl> group_over(const GroupImpl& from, std::uint64_t gid,
+                                      std::shared_ptr<const std::vector<int>> members, int my_grank) {
+  auto g = std::make_shared<GroupImpl>();
+  g->endpoint = from.endpoint;
+  g->gid = gid;
+  g->members = std::move(members);
+  g->my_grank = my_grank;
+  g->timeout_ms.store(from.timeout_ms.load());
+  g->local_world_size = from.local_world_size;
+  g->peers = from.peers;
+  return g;
+}
+
+}  // namespace
+
+ShrinkResult ProcessGroup::shrink() {
+  const char* op = "ProcessGroup.shrink";
+  auto& g = member(op);
+  if (!g.peers) throw NotSupportedError(op, "this group has no view of its members' liveness", rank());
+  const std::uint64_t origin = g.origin ? *g.origin : g.gid;
+  const std::vector<int>& old = *g.members;
+  const int me = old[static_cast<std::size_t>(g.my_grank)];
+  std::string why;
+  // Each attempt leaves out at least one more member than the one before.
+  for (std::size_t attempt = 0; attempt <= old.size(); ++attempt) {
+    std::vector<int> alive;
+    for (int r : old)
+      if (r == me || g.peers->state(r) == PeerTable::alive) alive.push_back(r);
+    if (alive.size() == old.size())  // (so a line of groups never names one twice: it only loses members)
+      throw StateError(op, "no member of " + ranks_str(old) + " was lost (this rank sees all of them alive)", me);
+    const int my_new = static_cast<int>(std::find(alive.begin(), alive.end(), me) - alive.begin());
+    auto members = std::make_shared<const std::vector<int>>(alive);
+    const std::uint64_t gid = shrunk_gid(origin, alive);
+    // The meeting: barriers on the rank actors among the proposed members.
+    ProcessGroup meeting(group_over(g, gid | kMeetingBit, members, my_new));
+    std::unique_ptr<detail::GroupBuilder> builder;
+    try {
+      meeting.barrier();  // everybody proposed these members
+      std::shared_ptr<detail::GroupPlane> plane;
+      if (g.plane) builder = g.plane->builder(gid, members);
+      if (builder) {
+        builder->create();
+        meeting.barrier();  // every member's state exists
+        plane = builder->attach();
+        meeting.barrier();  // every member attached every member's
+        builder->seal();
+      }
+      auto ng = group_over(g, gid, members, my_new);
+      ng->plane = std::move(plane);
+      ng->origin = origin;
+      ShrinkResult out;
+      out.group = ProcessGroup(std::move(ng));
+      for (std::size_t r = 0; r < old.size(); ++r) {
+        auto it = std::find(alive.begin(), alive.end(), old[r]);
+        out.new_rank.push_back(it == alive.end() ? -1 : static_cast<int>(it - alive.begin()));
+        if (it == alive.end()) out.lost.push_back(static_cast<int>(r));
+      }
+      return out;
+    } catch (const PeerLostError& e) {
+      why = e.detail();  // a proposed member was lost meanwhile: propose again without it
+    }
+  }
+  throw PeerLostError(op, "the survivors of " + ranks_str(old) + " could not agree on a group: " + why, me);
+}
+
+}  // namespace dopt

@@ -1,0 +1,182 @@
+// dopt_bench_survive: what ZeRO's redundancy costs, and how fast a lost rank
+// is recovered from, against a restart from a sharded checkpoint.
+//
+//   dopt_bench_survive [--params N] [--tensors K] [--ranks R] [--steps S]
+//
+// R simulated ranks (default 4) hold ZeroRedundancyOptimizer(Adam) over N
+// float32 parameters (default 50,000,000) in K tensors (default 64), bucket
+// view on, the same gradients on every rank. Timed per step, from a barrier
+// to the slowest rank's end, median of S steps:
+//   * step_ms_r0 / step_ms_r1: step() with redundancy 0 and 1 (the buddy's
+//     extra optimizer step over 1/R of the parameters);
+//   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce of all N
+//     (what a data-parallel training step adds);
+//   * shard_copy_ms: the alternative to recomputing: every rank sends its
+//     shard's state to its buddy (send/recv of the state tensors);
+// then, with redundancy 1, after save_sharded of the state:
+//   * recovery_ms: rank R-1 is lost after its local step (its function
+//     throws); from that moment to the end of the survivors' step() that
+//     recovered (the step in flight completed over R-1 ranks);
+//   * kill_to_next_step_ms: from the loss to the end of the next full step;
+//   * restart_ms: over the survivors, a new ZeroRedundancyOptimizer,
+//     load_sharded of the checkpoint (page cache) and one step: what a restart
+//     from the last checkpoint costs at least (without starting processes,
+//     the rendezvous, reloading the model, or the steps since the checkpoint).
+// One JSON line.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/optim/zero.hpp"
+
+#include "bench_util.hpp"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using dopt::Tensor;
+using namespace dopt::optim;
+
+namespace {
+struct Lost : std::runtime_error {
+  Lost() : std::runtime_error("lost on purpose") {}
+};
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dopt: ZeRO redundancy overhead and recovery time"};
+  std::int64_t params = 50'000'000;
+  std::int64_t tensors = 64;
+  int ranks = 4;
+  int steps = 5;
+  std::string dir = (fs::temp_directory_path() / ("dopt-bench-survive-" + std::to_string(::getpid()))).string();
+  app.add_option("--params", params, "float32 parameters in all")->check(CLI::PositiveNumber);
+  app.add_option("--tensors", tensors, "parameter tensors")->check(CLI::PositiveNumber);
+  app.add_option("--ranks", ranks, "simulated ranks")->check(CLI::Range(2, 64));
+  app.add_option("--steps", steps, "timed steps per measurement")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
+  std::vector<double> step0, step1, train0, train1, copy;
+  double recovery_ms = 0, next_ms = 0, restart_ms = 0;
+  std::atomic<std::int64_t> lost_at{0};
+  dopt::SimulateOptions so;
+  so.timeout = std::chrono::minutes(10);
+  auto make = [&] {
+    std::vector<Tensor> ps;
+    for (std::int64_t n : sizes) {
+      ps.push_back(Tensor::full({n}, 0.5));
+      ps.back().set_requires_grad(true);
+      ps.back().set_grad(Tensor::full({n}, 0.01));
+    }
+    return ps;
+  };
+  try {
+    dopt::simulate(ranks, [&](dopt::RankContext& ctx) {
+      dopt::ProcessGroup world = ctx.world();
+      auto timed = [&](dopt::ProcessGroup& g, const std::function<void()>& f) {
+        g.barrier();
+        const auto t0 = Clock::now();
+        f();
+        return dopt::bench::slowest(g, {ms_since(t0)})[0];
+      };
+      for (int k : {0, 1}) {
+        auto ps = make();
+        ZeroOptions zo{world};
+        zo.parameters_as_bucket_view = true;
+        zo.redundancy = k;
+        ZeroRedundancyOptimizer zero(ps, OptimizerSpec{"Adam", {}}, zo);
+        zero.step();  // warm-up: state exists
+        for (int s = 0; s < steps; ++s) {
+          const double a = timed(world, [&] { zero.step(); });
+          const double b = timed(world, [&] {
+            for (auto& p : ps) world.all_reduce(p.grad());
+            zero.step();
+          });
+          if (ctx.rank() == 0) {
+            (k ? step1 : step0).push_back(a);
+            (k ? train1 : train0).push_back(b);
+          }
+        }
+        if (k == 0) {  // the alternative: ship the shard's state (Adam: two moments) to the buddy every step
+          const std::int64_t n = 2 * params / ranks;
+          Tensor out = Tensor::full({n}, 1.0), in = Tensor::empty({n});
+          for (int s = 0; s < steps; ++s) {
+            const double c = timed(world, [&] {
+              auto f = world.send_async(out, (ctx.rank() + 1) % ranks);
+              world.recv(in, (ctx.rank() + ranks - 1) % ranks);
+              f.get();
+            });
+            if (ctx.rank() == 0) copy.push_back(c);
+          }
+        }
+        if (k == 1) {
+          zero.save_sharded(dir);
+          dopt::ProcessGroup survivors;
+          world.barrier();
+          const int victim = ranks - 1;
+          auto probe_zero = [&](const char* point, std::int64_t, int) {
+            if (ctx.rank() == victim && std::string(point) == "computed") {
+              lost_at.store(Clock::now().time_since_epoch().count());
+              throw Lost();
+            }
+          };
+          // A second optimizer over the same parameters with the probe armed
+          // (the options cannot change after construction).
+          ZeroOptions zp{world};
+          zp.parameters_as_bucket_view = true;
+          zp.redundancy = 1;
+          zp.probe = probe_zero;
+          auto ps2 = make();
+          ZeroRedundancyOptimizer z2(ps2, OptimizerSpec{"Adam", {}}, zp);
+          world.barrier();
+          try {
+            z2.step();
+          } catch (const MembershipChangedError& e) {
+            const auto t_lost = Clock::time_point(Clock::duration(lost_at.load()));
+            const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+            survivors = e.recovery().group;
+            z2.step();
+            const double nxt = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+            const auto worst = dopt::bench::slowest(survivors, {rec, nxt});
+            const double rs = timed(survivors, [&] {
+              ZeroOptions zr{survivors};
+              zr.parameters_as_bucket_view = true;
+              auto ps3 = make();
+              ZeroRedundancyOptimizer fresh(ps3, OptimizerSpec{"Adam", {}}, zr);
+              fresh.load_sharded(dir);
+              fresh.step();
+            });
+            if (survivors.rank() == 0) {
+              recovery_ms = worst[0];
+              next_ms = worst[1];
+              restart_ms = rs;
+            }
+          }
+        }
+      }
+    }, so);
+  } catch (const dopt::Error& e) {
+    if (std::string(e.what()).find("lost on purpose") == std::string::npos) throw;
+  }
+  fs::remove_all(dir);
+  const double s0 = dopt::bench::median(step0), s1 = dopt::bench::median(step1);
+  const double t0 = dopt::bench::median(train0), t1 = dopt::bench::median(train1);
+  std::printf("{\"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
+              "\"step_ms_r0\": %.1f, \"step_ms_r1\": %.1f, \"step_overhead\": %.3f, "
+              "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, \"shard_copy_ms\": %.1f, "
+              "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f}\n",
+              static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps, s0, s1, s1 / s0 - 1.0,
+              t0, t1, t1 / t0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms);
+  return 0;
+}

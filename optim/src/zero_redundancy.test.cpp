@@ -1,0 +1,366 @@
+// ZeroRedundancyOptimizer with redundancy over simulated ranks: ranks are
+// lost (their function throws) at every point of a step, the survivors
+// recover and go on, and their final parameters are compared bitwise with a
+// reference run defined here.
+//
+// The reference run. Rank r's gradient of parameter i at step t, element k,
+// is grad_elem(r, t, i, k): a multiple of 1/256 in [-2, 2), so a sum over up
+// to 5 ranks is exact in float32 whatever the order. M_t, the members whose
+// gradients are averaged at step t, is the initial world minus every rank
+// killed at a step < t, and minus the ranks killed at step t "between" steps
+// (before the gradient all_reduce): a rank killed inside step t (at its
+// beginning, after its local step, or after posting some broadcasts) had
+// already contributed to step t, which the survivors complete with those
+// gradients. The reference is a plain local optimizer (same spec) stepped
+// T times with grad_t = (sum over M_t in rank order) / |M_t| (float32
+// division): the run in which the same membership change is applied at the
+// same step without a crash. ZeRO runs the same kernels, so the bits match.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/optim/zero.hpp"
+
+using namespace dopt;
+using namespace dopt::optim;
+
+namespace {
+
+struct Killed : std::runtime_error {
+  Killed() : std::runtime_error("killed by the test") {}
+};
+
+std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+float grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
+                                      static_cast<std::uint64_t>(i)) +
+                                static_cast<std::uint64_t>(k));
+  return static_cast<float>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0f;
+}
+
+float init_elem(std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
+  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300, 1, 70001, 12};
+
+std::vector<Tensor> make_params() {
+  std::vector<Tensor> ps;
+  for (std::size_t i = 0; i < kSizes.size(); ++i) {
+    std::vector<float> v(static_cast<std::size_t>(kSizes[i]));
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) v[static_cast<std::size_t>(k)] = init_elem(i, k);
+    Tensor p = Tensor::from_vector(v);
+    p.set_requires_grad(true);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+struct Kill {
+  int rank;             // global rank
+  std::int64_t step;    // step_count() when it dies
+  std::string point;    // "between", "begin", "computed", "broadcast"
+  int index = 0;        // broadcast: after posting this one
+};
+
+struct Scenario {
+  int n = 3;
+  int redundancy = 1;
+  std::vector<Kill> kills;
+  std::int64_t steps = 5;
+  OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
+  bool bucket_view = false;
+  bool callback = false;
+};
+
+/// M_t of the header.
+std::vector<std::vector<int>> expected_members(const Scenario& sc) {
+  std::vector<std::vector<int>> out;
+  for (std::int64_t t = 0; t < sc.steps; ++t) {
+    std::vector<int> m;
+    for (int r = 0; r < sc.n; ++r) {
+      bool gone = false;
+      for (const auto& k : sc.kills)
+        gone = gone || (k.rank == r && (k.step < t || (k.step == t && k.point == "between")));
+      if (!gone) m.push_back(r);
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> reference(const Scenario& sc) {
+  auto ps = make_params();
+  std::vector<OptimizerParamGroup> gs;
+  gs.emplace_back(ps);
+  auto opt = make_optimizer(sc.spec, std::move(gs));
+  const auto members = expected_members(sc);
+  for (std::int64_t t = 0; t < sc.steps; ++t) {
+    const auto& m = members[static_cast<std::size_t>(t)];
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      std::vector<float> g(static_cast<std::size_t>(kSizes[i]), 0.0f);
+      for (std::int64_t k = 0; k < kSizes[i]; ++k) {
+        float s = 0.0f;
+        for (int r : m) s += grad_elem(r, t, i, k);
+        g[static_cast<std::size_t>(k)] = s / static_cast<float>(m.size());
+      }
+      ps[i].set_grad(Tensor::from_vector(g));
+    }
+    opt->step();
+  }
+  std::vector<std::vector<float>> out;
+  for (const auto& p : ps) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+struct RankResult {
+  bool survived = false;
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<int>> members;  // per completed step: whose gradients it averaged
+  std::string log;                        // recoveries and errors, in order
+  int final_size = 0;
+};
+
+std::string ranks_str(const std::vector<int>& r) {
+  std::string s;
+  for (int x : r) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+std::vector<RankResult> run(const Scenario& sc) {
+  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
+  std::mutex mu;
+  SimulateOptions so;
+  so.timeout = std::chrono::seconds(30);
+  auto fn = [&](RankContext& ctx) {
+    const int me = ctx.rank();
+    RankResult out;
+    auto dies = [&](std::int64_t step, const std::string& point, int index) {
+      for (const auto& k : sc.kills)
+        if (k.rank == me && k.step == step && k.point == point && (point != "broadcast" || k.index == index))
+          return true;
+      return false;
+    };
+    ProcessGroup world = ctx.world();
+    auto params = make_params();
+    ZeroOptions zo{world};
+    zo.redundancy = sc.redundancy;
+    zo.parameters_as_bucket_view = sc.bucket_view;
+    zo.probe = [&](const char* point, std::int64_t step, int index) {
+      if (dies(step, point, index)) throw Killed();
+    };
+    bool changed = false;
+    if (sc.callback)
+      zo.on_membership_change = [&](const ZeroRecovery& r) {
+        world = r.group;
+        changed = true;
+        out.log += "callback lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) + ";";
+      };
+    ZeroRedundancyOptimizer zero(params, sc.spec, zo);
+    while (zero.step_count() < sc.steps) {
+      const std::int64_t t = zero.step_count();
+      const std::vector<int> members = world.ranks();
+      try {
+        if (dies(t, "between", 0)) throw Killed();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          std::vector<float> g(static_cast<std::size_t>(kSizes[i]));
+          for (std::int64_t k = 0; k < kSizes[i]; ++k) g[static_cast<std::size_t>(k)] = grad_elem(me, t, i, k);
+          Tensor gt = Tensor::from_vector(g);
+          world.all_reduce(gt);
+          float* d = gt.data<float>();
+          for (std::int64_t k = 0; k < kSizes[i]; ++k) d[k] /= static_cast<float>(world.size());
+          params[i].set_grad(gt);
+        }
+        changed = false;
+        zero.step();
+        out.members.push_back(members);
+      } catch (const MembershipChangedError& e) {
+        world = e.recovery().group;
+        out.members.push_back(members);
+        out.log += "changed lost=" + ranks_str(e.recovery().lost) + " step=" + std::to_string(e.recovery().step) +
+                   (e.recovery().step_completed ? " completed" : " not completed") + ";";
+      } catch (const ShardLostError& e) {
+        out.log += std::string("shard lost: ") + e.what();
+        std::lock_guard<std::mutex> lock(mu);
+        res[static_cast<std::size_t>(me)] = out;
+        return;
+      } catch (const PeerLostError&) {
+        try {
+          auto r = zero.recover();
+          world = r.group;
+          out.log += "recovered lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) +
+                     (r.step_completed ? " completed" : " not completed") + ";";
+        } catch (const ShardLostError& e) {
+          out.log += std::string("shard lost: ") + e.what();
+          std::lock_guard<std::mutex> lock(mu);
+          res[static_cast<std::size_t>(me)] = out;
+          return;
+        }
+      }
+      (void)changed;
+    }
+    out.survived = true;
+    out.final_size = world.size();
+    for (const auto& p : params) out.params.push_back(p.to_vector<float>());
+    std::lock_guard<std::mutex> lock(mu);
+    res[static_cast<std::size_t>(me)] = std::move(out);
+  };
+  try {
+    simulate(sc.n, fn, so);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("killed by the test") == std::string::npos) throw;
+  }
+  return res;
+}
+
+bool killed(const Scenario& sc, int r) {
+  for (const auto& k : sc.kills)
+    if (k.rank == r) return true;
+  return false;
+}
+
+/// Every survivor: trained to the end, averaged over the expected members,
+/// parameters bitwise the reference's.
+void check_bitwise(const Scenario& sc) {
+  const auto res = run(sc);
+  const auto ref = reference(sc);
+  const auto members = expected_members(sc);
+  for (int r = 0; r < sc.n; ++r) {
+    if (killed(sc, r)) continue;
+    const auto& x = res[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << x.log);
+    REQUIRE(x.survived);
+    CHECK(x.members == members);
+    REQUIRE(x.params.size() == ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(std::memcmp(x.params[i].data(), ref[i].data(), ref[i].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO redundancy: without a loss, buddies change nothing (bitwise the plain optimizer)", "[zero][survive]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.redundancy = GENERATE(1, 2);
+  INFO(sc.n << " ranks, redundancy " << sc.redundancy);
+  check_bitwise(sc);
+}
+
+TEST_CASE("ZeRO redundancy: a rank lost at each point of a step; the survivors finish bitwise the reference",
+          "[zero][survive]") {
+  const int n = GENERATE(3, 5);
+  const std::string point = GENERATE(std::string("between"), std::string("begin"), std::string("computed"),
+                                     std::string("broadcast0"), std::string("broadcast1"));
+  Scenario sc;
+  sc.n = n;
+  Kill k{n == 3 ? 1 : 2, 2, point, 0};
+  if (point.rfind("broadcast", 0) == 0) {
+    k.point = "broadcast";
+    k.index = point.back() - '0';
+  }
+  sc.kills = {k};
+  INFO(n << " ranks, rank " << k.rank << " lost at step 2, point " << point);
+  check_bitwise(sc);
+}
+
+TEST_CASE("ZeRO redundancy: two losses in a row", "[zero][survive]") {
+  SECTION("5 ranks: rank 4 during the broadcasts of step 1, then rank 0 between steps 3 and 4") {
+    Scenario sc;
+    sc.n = 5;
+    sc.steps = 6;
+    sc.kills = {{4, 1, "broadcast", 1}, {0, 3, "between", 0}};
+    check_bitwise(sc);
+  }
+  SECTION("3 ranks down to 1: rank 2 after its local step 1, then rank 0 at the beginning of step 3") {
+    Scenario sc;
+    sc.n = 3;
+    sc.kills = {{2, 1, "computed", 0}, {0, 3, "begin", 0}};
+    check_bitwise(sc);
+  }
+  SECTION("redundancy 2 at 5 ranks: ranks 1 and 2 (one's buddy) at once") {
+    Scenario sc;
+    sc.n = 5;
+    sc.redundancy = 2;
+    sc.kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}};
+    check_bitwise(sc);
+  }
+}
+
+TEST_CASE("ZeRO redundancy: SGD with momentum, bucket view, the callback", "[zero][survive]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
+  sc.bucket_view = true;
+  sc.callback = true;
+  sc.kills = {{3, 2, "broadcast", 2}};
+  check_bitwise(sc);
+  const auto res = run(sc);
+  CHECK(res[0].log == "callback lost=3 step=3;");
+}
+
+TEST_CASE("ZeRO redundancy: a rank lost with its buddy names the state that is gone", "[zero][survive]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}};
+  const auto res = run(sc);
+  for (int r : {0, 3, 4}) {
+    const auto& log = res[static_cast<std::size_t>(r)].log;
+    INFO("rank " << r << ": " << log);
+    CHECK(log.find("shard lost: ") == 0);
+    CHECK(log.find("the optimizer state of rank 1's shard") != std::string::npos);
+    CHECK(log.find("its buddies (rank(s) 2) were lost (redundancy 1)") != std::string::npos);
+    CHECK(log.find("Fall back to the last checkpoint") != std::string::npos);
+    CHECK(log.find("rank 2's shard") == std::string::npos);  // rank 2's own shard is with rank 3
+  }
+}
+
+TEST_CASE("ZeRO redundancy: argument checks", "[zero][survive]") {
+  std::mutex mu;
+  std::vector<std::string> seen(2);
+  simulate(2, [&](RankContext& ctx) {
+    std::string out;
+    auto ps = make_params();
+    ZeroOptions zo{ctx.world()};
+    zo.redundancy = -1;
+    try {
+      ZeroRedundancyOptimizer z(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, zo);
+    } catch (const ValueError& e) {
+      out += "negative;";
+    }
+    zo.redundancy = 0;
+    ZeroRedundancyOptimizer plain(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, zo);
+    try {
+      plain.recover();
+    } catch (const StateError& e) {
+      out += "recover without redundancy;";
+    }
+    zo.redundancy = 3;
+    ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"SGD", {{"lr", 0.1}}}, zo);
+    out += "capped " + std::to_string(z.redundancy()) + " buddies of 0: " + ranks_str(z.buddies(0)) + ";";
+    try {
+      z.step([] { return 0.0; });
+    } catch (const ValueError& e) {
+      out += "closure;";
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    seen[static_cast<std::size_t>(ctx.rank())] = out;
+  });
+  for (const auto& s : seen)
+    CHECK(s == "negative;recover without redundancy;capped 1 buddies of 0: 1;closure;");
+}

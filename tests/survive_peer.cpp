@@ -1,0 +1,229 @@
+// One rank of the real-process fault-tolerance tests
+// (tests/survive_multiprocess.test.cpp). Started by hand or by dopt-run
+// --on-failure continue; the lost rank kills itself with SIGKILL at the
+// point the command line names, the others recover and go on:
+//
+//   dopt_survive_peer shrink VICTIM
+//       after a barrier VICTIM dies; the others' all_reduce fails with
+//       PeerLostError, they shrink the world and check collectives on the new
+//       group (a small and a staged all_reduce, a broadcast).
+//   dopt_survive_peer zero KILL [KILL]     KILL = RANK:STEP:POINT[:INDEX]
+//       ZeroRedundancyOptimizer(Adam), redundancy 1, 5 steps; RANK dies at
+//       step STEP at POINT ("between" steps, before its gradient all_reduce;
+//       "begin" of step(); "computed" after its local step; "broadcast" after
+//       posting broadcast INDEX). The survivors' final parameters must equal,
+//       bit for bit, a plain Adam stepped with the gradients of the members
+//       that contributed to each step (the reference run of
+//       optim/src/zero_redundancy.test.cpp).
+//
+// stdout: "ok R <checks>" on success, "error KIND: MESSAGE" otherwise.
+#include <signal.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/distributed.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/optim/zero.hpp"
+#include "peer_util.hpp"
+
+namespace {
+
+using dopt::ProcessGroup;
+using dopt::Tensor;
+using namespace dopt::optim;
+
+[[noreturn]] void die() {
+  std::fflush(stdout);
+  ::raise(SIGKILL);
+  for (;;) {
+  }
+}
+
+std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+float grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
+                                      static_cast<std::uint64_t>(i)) +
+                                static_cast<std::uint64_t>(k));
+  return static_cast<float>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0f;
+}
+
+float init_elem(std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
+  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+// 70001 and 300000 elements take the shared-memory plane's staged path.
+const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300000, 1, 70001, 12};
+constexpr std::int64_t kSteps = 5;
+
+std::vector<Tensor> make_params() {
+  std::vector<Tensor> ps;
+  for (std::size_t i = 0; i < kSizes.size(); ++i) {
+    std::vector<float> v(static_cast<std::size_t>(kSizes[i]));
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) v[static_cast<std::size_t>(k)] = init_elem(i, k);
+    Tensor p = Tensor::from_vector(v);
+    p.set_requires_grad(true);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+OptimizerSpec spec() { return OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}}; }
+
+struct Kill {
+  int rank = -1;
+  std::int64_t step = 0;
+  std::string point;
+  int index = 0;
+};
+
+Kill parse_kill(const std::string& s) {
+  Kill k;
+  std::vector<std::string> parts;
+  std::size_t a = 0;
+  for (;;) {
+    auto b = s.find(':', a);
+    parts.push_back(s.substr(a, b - a));
+    if (b == std::string::npos) break;
+    a = b + 1;
+  }
+  if (parts.size() < 3) throw dopt_test::Usage{"KILL is RANK:STEP:POINT[:INDEX]"};
+  k.rank = std::stoi(parts[0]);
+  k.step = std::stoll(parts[1]);
+  k.point = parts[2];
+  if (parts.size() > 3) k.index = std::stoi(parts[3]);
+  return k;
+}
+
+/// The reference run (see the header): members of step t are the world minus
+/// the ranks killed before step t, or at step t between steps.
+std::vector<Tensor> reference(int n, const std::vector<Kill>& kills) {
+  auto ps = make_params();
+  std::vector<OptimizerParamGroup> gs;
+  gs.emplace_back(ps);
+  auto opt = make_optimizer(spec(), std::move(gs));
+  for (std::int64_t t = 0; t < kSteps; ++t) {
+    std::vector<int> m;
+    for (int r = 0; r < n; ++r) {
+      bool gone = false;
+      for (const auto& k : kills) gone = gone || (k.rank == r && (k.step < t || (k.step == t && k.point == "between")));
+      if (!gone) m.push_back(r);
+    }
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      std::vector<float> g(static_cast<std::size_t>(kSizes[i]));
+      for (std::int64_t k = 0; k < kSizes[i]; ++k) {
+        float s = 0.0f;
+        for (int r : m) s += grad_elem(r, t, i, k);
+        g[static_cast<std::size_t>(k)] = s / static_cast<float>(m.size());
+      }
+      ps[i].set_grad(Tensor::from_vector(g));
+    }
+    opt->step();
+  }
+  return ps;
+}
+
+long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills) {
+  dopt_test::Checker c{me};
+  auto dies = [&](std::int64_t step, const std::string& point, int index) {
+    for (const auto& k : kills)
+      if (k.rank == me && k.step == step && k.point == point && (point != "broadcast" || k.index == index)) return true;
+    return false;
+  };
+  ProcessGroup world = start;
+  auto params = make_params();
+  ZeroOptions zo{world};
+  zo.redundancy = 1;
+  zo.probe = [&](const char* point, std::int64_t step, int index) {
+    if (dies(step, point, index)) die();
+  };
+  ZeroRedundancyOptimizer zero(params, spec(), zo);
+  int recoveries = 0;
+  while (zero.step_count() < kSteps) {
+    const std::int64_t t = zero.step_count();
+    try {
+      if (dies(t, "between", 0)) die();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        std::vector<float> g(static_cast<std::size_t>(kSizes[i]));
+        for (std::int64_t k = 0; k < kSizes[i]; ++k) g[static_cast<std::size_t>(k)] = grad_elem(me, t, i, k);
+        Tensor gt = Tensor::from_vector(g);
+        world.all_reduce(gt);
+        float* d = gt.data<float>();
+        for (std::int64_t k = 0; k < kSizes[i]; ++k) d[k] /= static_cast<float>(world.size());
+        params[i].set_grad(gt);
+      }
+      zero.step();
+    } catch (const MembershipChangedError& e) {
+      world = e.recovery().group;
+      c.expect(e.recovery().step_completed, "the step in flight was completed");
+      ++recoveries;
+    } catch (const dopt::PeerLostError&) {
+      auto r = zero.recover();
+      world = r.group;
+      c.expect(!r.step_completed, "recover() takes no step");
+      ++recoveries;
+    }
+  }
+  c.expect(recoveries == static_cast<int>(kills.size()), "one recovery per loss");
+  c.expect(world.size() == start.size() - static_cast<int>(kills.size()), "the survivors' group");
+  c.params(params, reference(start.size(), kills), "parameters after recovery vs the reference run");
+  world.barrier();
+  return c.checks;
+}
+
+long shrink_scenario(ProcessGroup& world, int me, int victim) {
+  dopt_test::Checker c{me};
+  world.barrier();
+  if (me == victim) die();
+  bool lost = false;
+  try {
+    Tensor t = Tensor::full({16}, 1.0);
+    world.all_reduce(t);
+  } catch (const dopt::PeerLostError&) {
+    lost = true;
+  }
+  c.expect(lost, "the all_reduce fails with PeerLostError");
+  auto s = world.shrink();
+  c.expect(s.group.size() == world.size() - 1, "one rank less");
+  c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+  const std::string plane = world.plane_stats().plane;  // hier: the shrunk group runs on the actor plane
+  c.expect(s.group.plane_stats().plane == (plane == "hier" ? std::string("actor") : plane), "the shrunk group's plane");
+  double want = 0;
+  for (int r : s.group.ranks()) want += r + 1;
+  for (std::int64_t n : {std::int64_t{7}, std::int64_t{3000000}}) {
+    Tensor t = Tensor::full({n}, me + 1.0);
+    s.group.all_reduce(t);
+    c.expect(t.at(0) == want && t.at(n - 1) == want, "all_reduce on the new group");
+  }
+  Tensor b = Tensor::full({1000000}, s.group.rank() == 0 ? 7.0 : 0.0);
+  s.group.broadcast(b, 0);
+  c.expect(b.at(999999) == 7.0, "broadcast on the new group");
+  s.group.barrier();
+  return c.checks;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  return dopt_test::run_peer(
+      [&](ProcessGroup& world, int rank) -> long {
+        if (mode == "shrink" && argc > 2) return shrink_scenario(world, rank, std::stoi(argv[2]));
+        if (mode == "zero" && argc > 2) {
+          std::vector<Kill> kills;
+          for (int a = 2; a < argc; ++a) kills.push_back(parse_kill(argv[a]));
+          return zero_scenario(world, rank, kills);
+        }
+        throw dopt_test::Usage{"dopt_survive_peer shrink VICTIM | zero RANK:STEP:POINT[:INDEX] ..."};
+      },
+      /*leave_together=*/false);
+}
