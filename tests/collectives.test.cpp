@@ -51,16 +51,18 @@ TEST_CASE("collectives: 2 processes over the TCP data plane", "[collectives][mul
   battery_through_dopt_run(2, "tcp");
 }
 
-TEST_CASE("collectives: 1 process and 3 processes over TCP and staged shared memory started by hand",
+TEST_CASE("collectives: 1 process and 3 processes over TCP and staged and cross-memory shared memory started by hand",
           "[collectives][multiprocess]") {
-  // Staged: no cross-memory reads, and 64 KiB buffers, so large calls take many rounds.
-  const std::map<std::string, std::string> staged{{"DOPT_SHM_CMA", "0"}, {"DOPT_SHM_BUFFER_BYTES", "65536"}};
+  // Staged with 64 KiB buffers (large calls take many rounds), and the cross-memory path (opt-in).
+  const std::map<std::string, std::string> staged{{"DOPT_SHM_BUFFER_BYTES", "65536"}};
+  const std::map<std::string, std::string> cma{{"DOPT_SHM_CMA", "1"}};
   const std::map<std::string, std::string> none;
   for (auto [n, transport, extra] : {std::tuple<int, const char*, const std::map<std::string, std::string>*>{
                                          1, "auto", &none},
                                      {3, "tcp", &none},
-                                     {3, "auto", &staged}}) {
-    INFO(n << " processes, transport " << transport << (extra->empty() ? "" : ", staged"));
+                                     {3, "auto", &staged},
+                                     {3, "auto", &cma}}) {
+    INFO(n << " processes, transport " << transport << (extra->empty() ? "" : extra->count("DOPT_SHM_CMA") ? ", cross-memory" : ", staged"));
     auto env = *extra;
     env["DOPT_TIMEOUT_MS"] = "30000";
     env["DOPT_TRANSPORT"] = transport;

@@ -144,7 +144,7 @@ expect_ok() {
   local plane=$1
   for ((r = 0; r < 2 * hosts; r++)); do
     cat "$work"/h*.out | grep -q "^\[rank $r\] ok $r " || fail "rank $r did not finish"
-    cat "$work"/h*.err | grep -q "^\[rank $r\] dopt \[rank $r\]: the world group runs on the $plane plane" ||
+    cat "$work"/h*.err | grep -q "^\[rank $r\] dopt: note: \[rank $r\]: the world group runs on the $plane plane" ||
       fail "rank $r did not run on the $plane plane"
   done
   if [ "${2:-}" = crossed ]; then

@@ -368,6 +368,13 @@ void Channel::cma_read(int g, std::uint64_t remote, char* dst, std::size_t n, Ca
     const ssize_t got = ::process_vm_readv(pid, &local, 1, &rem, 1, 0);
     if (got <= 0) {
       const int err = errno;
+      // The process is gone (ESRCH) or its memory is (EFAULT): it died. Wait
+      // for the liveness verdict, so that every survivor fails the same way
+      // (PeerLostError naming it), bounded by the call's deadline.
+      while (err == ESRCH || err == EFAULT) {
+        check_slow(g, 0, c);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       check_slow(g, 0, c);  // a lost or aborted member: its own error
       throw StateError(c.name, "cannot read rank " + std::to_string(global(g)) + "'s memory in " + what(c) + ": " +
                                    std::strerror(err) + " (set DOPT_SHM_CMA=0 to copy through shared memory)",

@@ -29,7 +29,7 @@ ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes)
   o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
   o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
   if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
-  if (const char* v = std::getenv("DOPT_SHM_CMA"); v && std::string(v) == "0") o.cma = false;
+  if (const char* v = std::getenv("DOPT_SHM_CMA"); v && *v) o.cma = std::string(v) != "0";
   if (o.staged_only) o.cma = false;
   o.policy = WaitPolicy::for_ranks(ranks_on_host);
   return o;

@@ -56,15 +56,17 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
     /// Threads of one process use the staged algorithms too (tests).
     bool staged_only = false;
     /// Processes: large all_gather and broadcast read peers' tensors with
-    /// process_vm_readv (one copy) where every member can.
-    bool cma = true;
+    /// process_vm_readv (one copy) where every member can. Opt-in
+    /// (DOPT_SHM_CMA=1): ZeRO's recovery from a rank lost during its
+    /// broadcasts does not survive it yet.
+    bool cma = false;
     /// Processes: where sends stage their bytes (sparse: only what is in
     /// flight takes memory). Larger messages use a named arena segment.
     std::size_t heap_bytes = 0;
     WaitPolicy policy;
     /// Defaults, overridden by DOPT_SHM_BUFFER_BYTES (at least 64 KiB),
     /// DOPT_SHM_SMALL_BYTES, DOPT_SHM_HEAP_BYTES, DOPT_SHM_STAGED=1 and
-    /// DOPT_SHM_CMA=0.
+    /// DOPT_SHM_CMA=1.
     /// processes: ranks are processes (a send heap is needed).
     static Options from_env(int ranks_on_host, bool processes);
   };
