@@ -2,6 +2,8 @@
 // without the lost ones (contract in process_group.hpp, design in
 // docs/fault-tolerance.md).
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <string>
 
 #include "dopt/actors/process_group.hpp"
@@ -68,8 +70,19 @@ ShrinkResult ProcessGroup::shrink() {
   // Each attempt leaves out at least one more member than the one before.
   for (std::size_t attempt = 0; attempt <= old.size(); ++attempt) {
     std::vector<int> alive;
-    for (int r : old)
-      if (r == me || g.peers->state(r) == PeerTable::alive) alive.push_back(r);
+    auto view = [&] {
+      alive.clear();
+      for (int r : old)
+        if (r == me || g.peers->state(r) == PeerTable::alive) alive.push_back(r);
+    };
+    view();
+    // A PeerLostError can come before this rank's own liveness verdict (a
+    // host-mate aborted the hierarchical plane's channel): give the verdict
+    // up to 3 s before refusing.
+    for (int i = 0; i < 600 && alive.size() == old.size(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      view();
+    }
     if (alive.size() == old.size())  // (so a line of groups never names one twice: it only loses members)
       throw StateError(op, "no member of " + ranks_str(old) + " was lost (this rank sees all of them alive)", me);
     const int my_new = static_cast<int>(std::find(alive.begin(), alive.end(), me) - alive.begin());

@@ -43,11 +43,7 @@ void direct(Channel& ch, Call& c) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
   const std::size_t nb = op.tensors[0].nbytes();
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
+  const std::uint64_t k = ch.meet(c);
   const FlatView out = outputs_of(op);
   for (int g = 0; g < n; ++g) {
     const Op& po = g == me ? op : ch.peer_op(g, k);
@@ -65,11 +61,7 @@ void cross_memory(Channel& ch, Call& c) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
   const std::size_t nb = op.tensors[0].nbytes();
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
+  const std::uint64_t k = ch.meet(c);
   const FlatView out = outputs_of(op);
   for (int i = 1; i <= n; ++i) {
     const int g = (me + i) % n;  // peers in turn from the next one, so that not all read the same one at once

@@ -3,12 +3,6 @@
 
 namespace dopt::detail::shm_plane {
 
-void barrier(Channel& ch, Call& c) {
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, *c.op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
-}
+void barrier(Channel& ch, Call& c) { ch.meet(c); }
 
 }  // namespace dopt::detail::shm_plane

@@ -39,11 +39,7 @@ void staged(Channel& ch, Call& c, const FlatView& v) {
 void direct(Channel& ch, Call& c, const FlatView& v) {
   const Op& op = *c.op;
   const int me = ch.me(), root = op.desc.root;
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
+  const std::uint64_t k = ch.meet(c);
   if (me != root) {
     const Op& ro = ch.peer_op(root, k);
     const FlatView src(ro.tensors, 0, ro.tensors.size());
@@ -61,11 +57,7 @@ void direct(Channel& ch, Call& c, const FlatView& v) {
 void cross_memory(Channel& ch, Call& c, const FlatView& v) {
   const Op& op = *c.op;
   const int me = ch.me(), root = op.desc.root;
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
+  const std::uint64_t k = ch.meet(c);
   if (me != root) {
     const std::uint64_t remote = ch.peer_data(root, k);
     v.for_each(0, v.bytes(), [&](char* p, std::size_t at, std::size_t nb) { ch.cma_read(root, remote + at, p, nb, c); });

@@ -279,6 +279,15 @@ void Channel::publish(std::uint64_t round, const Op& op) {
   d.data_addr = op.tensors.empty() ? 0 : reinterpret_cast<std::uint64_t>(op.tensors[0].data_ptr());
 }
 
+std::uint64_t Channel::meet(Call& c) {
+  const std::uint64_t k = begin_round(c);
+  publish(k, *c.op);
+  signal(A(k));
+  wait_all(A(k), c);
+  match(k, c);
+  return k;
+}
+
 void Channel::match(std::uint64_t round, Call& c) {
   const std::string m = mismatch(round, c);
   if (!m.empty()) throw CollectiveMismatchError(c.name, m, my_global());

@@ -99,6 +99,9 @@ class Channel {
   /// After wait_all(A(round)) of a call's first round: every member compares
   /// all descriptors, so all of them fail alike on a mismatch.
   void match(std::uint64_t round, Call& c);
+  /// A call's first round without staged data: begin_round, publish, A,
+  /// wait for every member's A, match. Returns the round.
+  std::uint64_t meet(Call& c);
   /// match() without throwing a mismatch: its message, or "" when all agree.
   std::string mismatch(std::uint64_t round, Call& c);
   /// The checks of a wait that is not on a member's step (shutdown, aborts,
