@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Large all_gather and broadcast between processes: dopt reading peers'
-# tensors with process_vm_readv (the default), dopt copying through the
-# shared staging buffers (DOPT_SHM_CMA=0), and OpenMPI over shared memory
+# tensors with process_vm_readv (DOPT_SHM_CMA=1), dopt copying through the
+# shared staging buffers (the default), and OpenMPI over shared memory
 # (which reads peers' memory with CMA too), interleaved in one run.
 #
 #   bench/compare_cma.sh BUILD_DIR [RUNS] [OUT.jsonl]
@@ -23,9 +23,9 @@ for r in $(seq 1 "$runs"); do
     "${launch[@]}" --tag impl=mpi_shm -- mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ws" \
       /tmp/dopt-mpi/mpi_coll "$r" shm >/dev/null
     for op in all_gather broadcast; do
-      "${launch[@]}" --tag impl=dopt_cma --tag run="$r" -- "$build/tools/dopt-run" --nproc-per-node "$ws" \
-        --master-port 0 --no-prefix "$build/bench/dopt_bench_collectives" --op "$op" --bytes "${bytes[@]}" >/dev/null
-      "${launch[@]}" --tag impl=dopt_staged --tag run="$r" -- env DOPT_SHM_CMA=0 "$build/tools/dopt-run" \
+      "${launch[@]}" --tag impl=dopt_cma --tag run="$r" -- env DOPT_SHM_CMA=1 "$build/tools/dopt-run" \
+        --nproc-per-node "$ws" --master-port 0 --no-prefix "$build/bench/dopt_bench_collectives" --op "$op" --bytes "${bytes[@]}" >/dev/null
+      "${launch[@]}" --tag impl=dopt_staged --tag run="$r" -- "$build/tools/dopt-run" \
         --nproc-per-node "$ws" --master-port 0 --no-prefix "$build/bench/dopt_bench_collectives" --op "$op" \
         --bytes "${bytes[@]}" >/dev/null
     done

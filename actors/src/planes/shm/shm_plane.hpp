@@ -55,10 +55,9 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
     std::size_t small_bytes = 32u << 10;
     /// Threads of one process use the staged algorithms too (tests).
     bool staged_only = false;
-    /// Processes: large all_gather and broadcast read peers' tensors with
+    /// Processes: large all_gather reads peers' tensors with
     /// process_vm_readv (one copy) where every member can. Opt-in
-    /// (DOPT_SHM_CMA=1): ZeRO's recovery from a rank lost during its
-    /// broadcasts does not survive it yet.
+    /// (DOPT_SHM_CMA=1) until it has been through the whole test suite.
     bool cma = false;
     /// Processes: where sends stage their bytes (sparse: only what is in
     /// flight takes memory). Larger messages use a named arena segment.
