@@ -90,16 +90,24 @@ void reduce_typed(const std::vector<const void*>& ins, const std::vector<void*>&
   }
 }
 
-template <class T>
-void reduce_dispatch(ReduceOp op, const std::vector<const void*>& ins, const std::vector<void*>& outs,
-                     std::int64_t lo, std::int64_t count, std::int64_t pre_divisor) {
-  switch (op) {
-    case ReduceOp::sum: return reduce_typed<T, ReduceOp::sum>(ins, outs, lo, count, pre_divisor);
-    case ReduceOp::avg: return reduce_typed<T, ReduceOp::avg>(ins, outs, lo, count, pre_divisor);
-    case ReduceOp::product: return reduce_typed<T, ReduceOp::product>(ins, outs, lo, count, pre_divisor);
-    case ReduceOp::min: return reduce_typed<T, ReduceOp::min>(ins, outs, lo, count, pre_divisor);
-    case ReduceOp::max: return reduce_typed<T, ReduceOp::max>(ins, outs, lo, count, pre_divisor);
-  }
+/// f.template operator()<T, Op>() for the dtype's C++ type T and the op
+/// (a templated lambda); bool tensors cannot be reduced.
+template <class F>
+void dispatch_reduce(ReduceOp op, DType dtype, F&& f) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw DTypeError("reduce", "bool tensors cannot be reduced");
+    } else {
+      switch (op) {
+        case ReduceOp::sum: return f.template operator()<T, ReduceOp::sum>();
+        case ReduceOp::avg: return f.template operator()<T, ReduceOp::avg>();
+        case ReduceOp::product: return f.template operator()<T, ReduceOp::product>();
+        case ReduceOp::min: return f.template operator()<T, ReduceOp::min>();
+        case ReduceOp::max: return f.template operator()<T, ReduceOp::max>();
+      }
+    }
+  });
 }
 
 template <class T, ReduceOp Op>
@@ -146,38 +154,14 @@ std::size_t acc_itemsize(DType dtype) {
 void accumulate(ReduceOp op, DType dtype, std::int64_t pre_divisor, const void* acc_in,
                 const std::vector<const void*>& ins, void* acc_out, std::int64_t count) {
   if (count <= 0 || (ins.empty() && !acc_in)) return;
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      throw DTypeError("reduce", "bool tensors cannot be reduced");
-    } else {
-      switch (op) {
-        case ReduceOp::sum: return accumulate_typed<T, ReduceOp::sum>(pre_divisor, acc_in, ins, acc_out, count);
-        case ReduceOp::avg: return accumulate_typed<T, ReduceOp::avg>(pre_divisor, acc_in, ins, acc_out, count);
-        case ReduceOp::product: return accumulate_typed<T, ReduceOp::product>(pre_divisor, acc_in, ins, acc_out, count);
-        case ReduceOp::min: return accumulate_typed<T, ReduceOp::min>(pre_divisor, acc_in, ins, acc_out, count);
-        case ReduceOp::max: return accumulate_typed<T, ReduceOp::max>(pre_divisor, acc_in, ins, acc_out, count);
-      }
-    }
+  dispatch_reduce(op, dtype, [&]<class T, ReduceOp Op>() {
+    accumulate_typed<T, Op>(pre_divisor, acc_in, ins, acc_out, count);
   });
 }
 
 void finalize(ReduceOp op, DType dtype, std::int64_t n, const void* acc, void* out, std::int64_t count) {
   if (count <= 0) return;
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      throw DTypeError("reduce", "bool tensors cannot be reduced");
-    } else {
-      switch (op) {
-        case ReduceOp::sum: return finalize_typed<T, ReduceOp::sum>(n, acc, out, count);
-        case ReduceOp::avg: return finalize_typed<T, ReduceOp::avg>(n, acc, out, count);
-        case ReduceOp::product: return finalize_typed<T, ReduceOp::product>(n, acc, out, count);
-        case ReduceOp::min: return finalize_typed<T, ReduceOp::min>(n, acc, out, count);
-        case ReduceOp::max: return finalize_typed<T, ReduceOp::max>(n, acc, out, count);
-      }
-    }
-  });
+  dispatch_reduce(op, dtype, [&]<class T, ReduceOp Op>() { finalize_typed<T, Op>(n, acc, out, count); });
 }
 
 std::vector<RankRun> reduction_order(const ReduceSpec& spec, int n, std::int64_t lo, std::int64_t count) {
@@ -216,13 +200,8 @@ void reduce_members(const ReduceSpec& spec, const std::vector<const void*>& ins,
   if (count <= 0 || ins.empty()) return;
   auto run = [&](const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t off,
                  std::int64_t cnt) {
-    dispatch_dtype(spec.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (std::is_same_v<T, bool>) {
-        throw DTypeError("reduce", "bool tensors cannot be reduced");
-      } else {
-        reduce_dispatch<T>(spec.op, in, out, off, cnt, spec.pre_divisor);
-      }
+    dispatch_reduce(spec.op, spec.dtype, [&]<class T, ReduceOp Op>() {
+      reduce_typed<T, Op>(in, out, off, cnt, spec.pre_divisor);
     });
   };
   const std::int64_t n = static_cast<std::int64_t>(ins.size());
@@ -263,20 +242,7 @@ void reduce_members(const ReduceSpec& spec, const std::vector<const void*>& ins,
 void reduce_range(ReduceOp op, DType dtype, const std::vector<const void*>& ins,
                   const std::vector<void*>& outs, std::int64_t lo, std::int64_t count) {
   if (count <= 0 || ins.empty()) return;
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      throw DTypeError("reduce", "bool tensors cannot be reduced");
-    } else {
-      switch (op) {
-        case ReduceOp::sum: return reduce_typed<T, ReduceOp::sum>(ins, outs, lo, count);
-        case ReduceOp::avg: return reduce_typed<T, ReduceOp::avg>(ins, outs, lo, count);
-        case ReduceOp::product: return reduce_typed<T, ReduceOp::product>(ins, outs, lo, count);
-        case ReduceOp::min: return reduce_typed<T, ReduceOp::min>(ins, outs, lo, count);
-        case ReduceOp::max: return reduce_typed<T, ReduceOp::max>(ins, outs, lo, count);
-      }
-    }
-  });
+  dispatch_reduce(op, dtype, [&]<class T, ReduceOp Op>() { reduce_typed<T, Op>(ins, outs, lo, count); });
 }
 
 }  // namespace dopt::detail
