@@ -45,20 +45,11 @@ std::shared_ptr<GroupPlane> HierPlane::attach(std::uint64_t gid, const std::vect
   const int me = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
   auto g = std::make_shared<HierGroup>(shared_from_this(), gid, Topology::make(members, ids, me),
                                        local_->make_channel(gid, local_members, mine), mesh_, peers_);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (down_) g->stop("the runtime shut down");
-  groups_[gid] = g;
+  groups_.add(gid, g);
   return g;
 }
 
-std::shared_ptr<GroupPlane> HierPlane::take_group(std::uint64_t gid) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = fresh_.find(gid);
-  if (it == fresh_.end()) return nullptr;
-  auto g = std::move(it->second);
-  fresh_.erase(it);
-  return g;
-}
+std::shared_ptr<GroupPlane> HierPlane::take_group(std::uint64_t gid) { return groups_.take(gid); }
 
 void HierPlane::new_groups(HierGroup& world, HierCall& c) {
   const Op& op = *c.local.op;
@@ -80,9 +71,7 @@ void HierPlane::new_groups(HierGroup& world, HierCall& c) {
     ch.wait_all(shm_plane::Channel::A(k), c.local);
     world.match(k, c);
     for (auto& [spec, m] : mine) {
-      auto g = attach(spec->gid, spec->members, m);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (g) fresh_[spec->gid] = std::move(g);
+      if (auto g = attach(spec->gid, spec->members, m)) groups_.add_fresh(spec->gid, std::move(g));
     }
     ch.signal(shm_plane::Channel::B(k));
     ch.wait_all(shm_plane::Channel::B(k), c.local);
@@ -94,17 +83,7 @@ void HierPlane::new_groups(HierGroup& world, HierCall& c) {
 }
 
 void HierPlane::shutdown(const std::string& why) {
-  std::map<std::uint64_t, std::weak_ptr<HierGroup>> groups;
-  std::map<std::uint64_t, std::shared_ptr<GroupPlane>> fresh;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    down_ = true;
-    groups.swap(groups_);
-    fresh.swap(fresh_);
-  }
-  local_->shutdown(why);
-  for (auto& [gid, w] : groups)
-    if (auto g = w.lock()) g->stop(why);
+  groups_.shutdown(why, [&] { local_->shutdown(why); });
 }
 
 }  // namespace dopt::detail::hier

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/group_registry.hpp"
 #include "dopt/runtime/tcp_transport.hpp"
 #include "engine/peer_table.hpp"
 #include "engine/plane.hpp"
@@ -53,10 +54,7 @@ class HierPlane : public std::enable_shared_from_this<HierPlane> {
   std::shared_ptr<shm_plane::ShmPlane> local_;
   std::shared_ptr<transport::TcpMesh> mesh_;
   std::shared_ptr<PeerTable> peers_;
-  std::mutex mutex_;
-  std::map<std::uint64_t, std::weak_ptr<HierGroup>> groups_;
-  std::map<std::uint64_t, std::shared_ptr<GroupPlane>> fresh_;
-  bool down_ = false;
+  GroupRegistry<HierGroup, GroupPlane> groups_;
 };
 
 }  // namespace dopt::detail::hier

@@ -182,20 +182,11 @@ std::unique_ptr<Channel> ShmPlane::make_channel(std::uint64_t gid, std::shared_p
 std::shared_ptr<ShmGroup> ShmPlane::attach(std::uint64_t gid, std::shared_ptr<const std::vector<int>> members,
                                            const Mapped& mine) {
   auto g = std::make_shared<ShmGroup>(shared_from_this(), make_channel(gid, std::move(members), mine));
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (down_) g->stop("the runtime shut down");
-  groups_[gid] = g;
+  groups_.add(gid, g);
   return g;
 }
 
-std::shared_ptr<ShmGroup> ShmPlane::take_group(std::uint64_t gid) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = fresh_.find(gid);
-  if (it == fresh_.end()) return nullptr;
-  auto g = std::move(it->second);
-  fresh_.erase(it);
-  return g;
-}
+std::shared_ptr<ShmGroup> ShmPlane::take_group(std::uint64_t gid) { return groups_.take(gid); }
 
 void ShmPlane::new_groups(Channel& world, Call& c) {
   const Op& op = *c.op;
@@ -214,9 +205,7 @@ void ShmPlane::new_groups(Channel& world, Call& c) {
     world.wait_all(Channel::A(k), c);
     world.match(k, c);
     for (auto& [spec, m] : mine) {
-      auto g = attach(spec->gid, std::make_shared<const std::vector<int>>(spec->members), m);
-      std::lock_guard<std::mutex> lock(mutex_);
-      fresh_[spec->gid] = std::move(g);
+      groups_.add_fresh(spec->gid, attach(spec->gid, std::make_shared<const std::vector<int>>(spec->members), m));
     }
     world.signal(Channel::B(k));
     world.wait_all(Channel::B(k), c);  // every member mapped every region
@@ -228,17 +217,7 @@ void ShmPlane::new_groups(Channel& world, Call& c) {
 }
 
 void ShmPlane::shutdown(const std::string& why) {
-  std::map<std::uint64_t, std::weak_ptr<ShmGroup>> groups;
-  std::map<std::uint64_t, std::shared_ptr<ShmGroup>> fresh;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    down_ = true;
-    groups.swap(groups_);
-    fresh.swap(fresh_);
-  }
-  peers_->shut_down();
-  for (auto& [gid, w] : groups)
-    if (auto g = w.lock()) g->stop(why);
+  groups_.shutdown(why, [&] { peers_->shut_down(); });
 }
 
 }  // namespace dopt::detail::shm_plane

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/group_registry.hpp"
 #include "engine/executor.hpp"
 #include "engine/peer_table.hpp"
 #include "engine/plane.hpp"
@@ -99,10 +100,7 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
   std::shared_ptr<RegionDirectory> dir_;
   std::shared_ptr<PeerTable> peers_;
   Options options_;
-  mutable std::mutex mutex_;
-  std::map<std::uint64_t, std::weak_ptr<ShmGroup>> groups_;   // every group (to stop them)
-  std::map<std::uint64_t, std::shared_ptr<ShmGroup>> fresh_;  // made by new_groups, not yet taken
-  bool down_ = false;
+  GroupRegistry<ShmGroup> groups_;
 };
 
 }  // namespace dopt::detail::shm_plane
