@@ -233,6 +233,14 @@ struct TcpMesh::Impl {
     bool failed = false;
     std::function<void(bool failed)> finish;
   };
+  // A recv matched to its message, waiting to complete in the order of the
+  // messages of its tag (a striped message completes later than a small one
+  // sent after it on the same tag; callers rely on FIFO completion per tag).
+  struct Slot {
+    Completion done;
+    std::exception_ptr error;
+    bool ready = false;
+  };
   struct Peer {
     int rank = -1;
     std::unique_ptr<tcp::socket> sock;  // the control connection
@@ -251,6 +259,7 @@ struct TcpMesh::Impl {
     std::uint32_t recv_seq = 0;
     std::map<Tag, std::deque<RecvOp>> posted;
     std::map<Tag, std::deque<std::shared_ptr<Early>>> early;
+    std::map<Tag, std::deque<std::shared_ptr<Slot>>> inorder;
   };
 
   std::unique_ptr<TcpListener::Impl> lis;  // owns the io_context (declared first: dies last)
@@ -441,10 +450,31 @@ struct TcpMesh::Impl {
     });
   }
 
+  // A recv matched to a message of tag: its completion waits for the recvs
+  // matched before it on the tag.
+  Completion ordered(Peer& p, Tag tag, Completion done) {
+    auto slot = std::make_shared<Slot>();
+    slot->done = std::move(done);
+    p.inorder[tag].push_back(slot);
+    return [this, &p, tag, slot](std::exception_ptr e) {
+      slot->error = std::move(e);
+      slot->ready = true;
+      auto it = p.inorder.find(tag);
+      if (it == p.inorder.end()) return;
+      auto& q = it->second;
+      while (!q.empty() && q.front()->ready) {
+        call(q.front()->done, std::move(q.front()->error));
+        q.pop_front();
+      }
+      if (q.empty()) p.inorder.erase(it);
+    };
+  }
+
   void do_recv(int peer, Tag tag, RecvOp op) {
     Peer& p = *peers[peer];
     auto e = p.early.find(tag);
     if (e != p.early.end()) {
+      op.done = ordered(p, tag, std::move(op.done));
       std::shared_ptr<Early> msg = std::move(e->second.front());
       e->second.pop_front();
       if (e->second.empty()) p.early.erase(e);
@@ -513,6 +543,7 @@ struct TcpMesh::Impl {
       RecvOp op = std::move(it->second.front());
       it->second.pop_front();
       if (it->second.empty()) p.posted.erase(it);
+      op.done = ordered(p, tag, std::move(op.done));
       if (op.n == len) {
         if (op.aux_out) *op.aux_out = p.rhdr.aux;
         if (len == 0) {
@@ -558,6 +589,7 @@ struct TcpMesh::Impl {
       RecvOp op = std::move(it->second.front());
       it->second.pop_front();
       if (it->second.empty()) p.posted.erase(it);
+      op.done = ordered(p, tag, std::move(op.done));
       if (op.n == len) {
         if (op.aux_out) *op.aux_out = p.rhdr.aux;
         dest = static_cast<std::byte*>(op.data);

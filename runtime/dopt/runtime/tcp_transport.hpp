@@ -50,6 +50,9 @@
 //     caller's buffer (no copy). Concurrent collectives therefore need
 //     distinct tags, and each collective must post its sends per tag in a
 //     deterministic order; the ring algorithms do.
+//   * The recvs of one (peer, tag) complete in the order of their messages
+//     (a striped message's recv holds back the completions of the recvs
+//     matched after it on its tag, not those of other tags).
 //   * Calls take effect in the order they are made from one thread; they may be
 //     made from any thread (also from completion callbacks).
 //   * Flow control: a send is written straight from the caller's buffer (no
