@@ -10,7 +10,10 @@
 #
 # SIZES: comma-separated bytes (default 4 KiB, 1, 16, 64, 256 MiB; nccl-tests
 # convention: all_reduce's tensor, all_gather's output). PER_HOST: ranks per
-# host (default 1 2). Every line of OUT is tagged "impl", "hosts", "per_host";
+# host (default 1 2). IMPLS (environment) narrows the run to some of
+# "raw_tcp dopt dopt_mpi mpi_tcp gloo" (the default: all); DOPT_TCP_STREAMS
+# and the other settings of the environment reach dopt's ranks (and are
+# recorded as "streams" on dopt's lines). Every line of OUT is tagged "impl", "hosts", "per_host";
 #   python3 bench/multihost/summarize.py OUT.jsonl
 # prints the table of docs/performance.md.
 set -u
@@ -20,6 +23,8 @@ out=${2:-$here/results/multihost_compare.jsonl}
 sizes=${3:-4096,1048576,16777216,67108864,268435456}
 shift 3 2>/dev/null || shift $#
 pers=("$@")
+impls=" ${IMPLS:-raw_tcp dopt dopt_mpi mpi_tcp gloo} "
+want() { [[ "$impls" == *" $1 "* ]]; }
 [ ${#pers[@]} -gt 0 ] || pers=(1 2)
 shared="${DOPT_SHARED_DIR:-$here/../../shared}"
 py=/usr/bin/python3
@@ -79,6 +84,8 @@ for line in sys.stdin:
         continue
     r = json.loads(line)
     r.update(impl=impl, hosts=2, per_host=per, loadavg_before=load)
+    if impl.startswith("dopt") and "DOPT_TCP_STREAMS" in __import__("os").environ:
+        r.update(streams=int(__import__("os").environ["DOPT_TCP_STREAMS"]))
     print(json.dumps(r))' "$1" "$2" "$(load)" | tee -a "$out"
 }
 port=29600
@@ -93,12 +100,15 @@ IFS=, read -ra bytes <<<"$sizes"
 for per in "${pers[@]}"; do
   echo "compare_multihost: 2 hosts x $per ranks, load $(load)" >&2
   # raw TCP: both directions at once, one stream per rank of a host
-  in_host 0 "$build/bench/dopt_bench_raw_tcp" server 29599 "$per" "$sizes" | record raw_tcp "$per" &
-  sleep 0.3
-  in_host 1 "$build/bench/dopt_bench_raw_tcp" client 10.231.0.1 29599 "$per" "$sizes" >/dev/null
-  wait
+  if want raw_tcp; then
+    in_host 0 "$build/bench/dopt_bench_raw_tcp" server 29599 "$per" "$sizes" | record raw_tcp "$per" &
+    sleep 0.3
+    in_host 1 "$build/bench/dopt_bench_raw_tcp" client 10.231.0.1 29599 "$per" "$sizes" >/dev/null
+    wait
+  fi
   for op in all_reduce all_gather; do
     port=$((port + 1))
+    want dopt || continue
     for i in 0 1; do
       in_host "$i" "$build/tools/dopt-run" --nproc-per-node "$per" --nnodes 2 --node-rank "$i" --master-addr 10.231.0.1 \
         --master-port $port --no-prefix "$build/bench/dopt_bench_collectives" --op $op --bytes "${bytes[@]}" \
@@ -107,12 +117,14 @@ for per in "${pers[@]}"; do
     wait
     record dopt "$per" <"$work/dopt0"
     port=$((port + 1))
+    want dopt_mpi || continue
     mpirun_ "$per" -x DOPT_BACKEND=mpi -x MASTER_ADDR=10.231.0.1 -x MASTER_PORT=$port -x DOPT_JOB_ID \
       -x DOPT_SECRET_FILE "$build/bench/dopt_bench_collectives" --op $op --bytes "${bytes[@]}" 2>"$work/dmpi.err" |
       record dopt_mpi "$per"
   done
-  mpirun_ "$per" /tmp/dopt-mpi/mpi_coll 1 tcp 2>"$work/mpi.err" | record mpi_tcp "$per"
+  want mpi_tcp && mpirun_ "$per" /tmp/dopt-mpi/mpi_coll 1 tcp 2>"$work/mpi.err" | record mpi_tcp "$per"
   port=$((port + 1))
+  want gloo || continue
   for ((r = 0; r < 2 * per; r++)); do
     in_host $((r / per)) env RANK=$r WORLD_SIZE=$((2 * per)) MASTER_ADDR=10.231.0.1 MASTER_PORT=$port \
       GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "$py" "$here/multihost/gloo_rank.py" "$sizes" \

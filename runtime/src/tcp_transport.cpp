@@ -1,7 +1,11 @@
 #include "dopt/runtime/tcp_transport.hpp"
 
+#include <array>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -21,9 +25,13 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-constexpr std::uint32_t k_magic = 0x31745064u;        // "dPt1"
+constexpr std::uint32_t k_magic = 0x32745064u;        // "dPt2"
+constexpr std::uint32_t k_piece_magic = 0x70745064u;  // "dPtp"
 constexpr std::uint32_t k_hello_magic = 0x6f6c6548u;  // "Helo"
-constexpr std::uint32_t k_version = 1;
+constexpr std::uint32_t k_version = 2;
+constexpr int k_default_streams = 2;
+constexpr int k_max_streams = 16;
+constexpr std::size_t k_default_stripe_min = 256 * 1024;
 constexpr const char* k_op = "tcp mesh";
 // Queued messages coalesced into one writev: at most this many, and small ones.
 constexpr std::size_t k_max_batch = 32;
@@ -35,16 +43,57 @@ struct Header {
   std::uint64_t hi;
   std::uint64_t lo;
   std::uint64_t len;
+  std::uint32_t pieces;  // 0: the payload follows; else striped over the data connections
+  std::uint32_t seq;     // striped messages: their number (per peer and direction)
 };
-static_assert(sizeof(Header) == 32);
+static_assert(sizeof(Header) == 40);
+
+// Before each piece of a striped message on a data connection.
+struct PieceHeader {
+  std::uint32_t magic;
+  std::uint32_t seq;
+  std::uint64_t len;
+};
+static_assert(sizeof(PieceHeader) == 16);
 
 struct Hello {
   std::uint32_t magic;
   std::uint32_t version;
   std::int32_t rank;
   std::int32_t world;
+  std::int32_t conn;     // 0: control connection; k > 0: data connection k - 1
+  std::int32_t streams;  // data connections per pair on the sender's side
 };
-static_assert(sizeof(Hello) == 16);
+static_assert(sizeof(Hello) == 24);
+
+// Piece i of a message of len bytes cut into `pieces`: [offset, offset + size).
+std::pair<std::size_t, std::size_t> piece_of(std::size_t len, std::uint32_t pieces, std::uint32_t i) {
+  const std::size_t lo = std::size_t((unsigned __int128)len * i / pieces);
+  const std::size_t hi = std::size_t((unsigned __int128)len * (i + 1) / pieces);
+  return {lo, hi - lo};
+}
+
+// An integer setting from the environment (K, M, G suffixes: binary units).
+long long env_setting(const char* name, long long lo, long long hi, long long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v, &end, 10);
+  bool ok = errno == 0 && end != v;
+  if (ok && *end) {
+    const char u = *end++;
+    const int shift = (u == 'K' || u == 'k') ? 10 : (u == 'M' || u == 'm') ? 20 : (u == 'G' || u == 'g') ? 30 : -1;
+    if (shift < 0 || (*end && !((*end == 'i' || *end == 'B') && (end[1] == 0 || (end[1] == 'B' && !end[2])))))
+      ok = false;
+    else
+      x <<= shift;
+  }
+  if (!ok || x < lo || x > hi)
+    throw ValueError(k_op, std::string(name) + "=\"" + v + "\" is not a whole number in [" + std::to_string(lo) +
+                               ", " + std::to_string(hi) + "]");
+  return x;
+}
 
 std::string describe(const boost::system::error_code& ec) {
   if (ec == asio::error::eof) return "end of stream (the peer closed the connection)";
@@ -136,6 +185,8 @@ struct TcpMesh::Impl {
     std::size_t n;
     Completion done;
     std::uint32_t aux;
+    std::uint32_t pieces = 0;  // > 0: only the header goes on the control connection
+    std::uint32_t seq = 0;
   };
   struct RecvOp {
     void* data;
@@ -152,9 +203,48 @@ struct TcpMesh::Impl {
     bool has_waiter = false;
     RecvOp waiter;
   };
+  // One piece of a striped message on a data connection. done runs on the
+  // mesh's I/O thread with "" (success) or why it failed.
+  using PieceDone = std::function<void(const std::string&)>;
+  struct Piece {
+    PieceHeader hdr;
+    std::byte* data;
+    std::size_t n;
+    PieceDone done;
+  };
+  // A data connection; after setup, touched only on its lane's thread.
+  struct DataConn {
+    std::unique_ptr<tcp::socket> sock;
+    std::deque<Piece> wq, rq;  // front is in flight while writing / reading
+    bool writing = false, reading = false, dead = false;
+    std::string dead_why;
+    PieceHeader rhdr{};
+  };
+  // Data connection index k of every peer is served by lane k's thread.
+  struct Lane {
+    asio::io_context io{1};
+    std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+    std::thread thread;
+  };
+  // A striped message in flight (I/O thread): its parts left, and what runs
+  // when the last one is done.
+  struct Striped {
+    int left = 0;
+    bool failed = false;
+    std::function<void(bool failed)> finish;
+  };
+  // A recv matched to its message, waiting to complete in the order of the
+  // messages of its tag (a striped message completes later than a small one
+  // sent after it on the same tag; callers rely on FIFO completion per tag).
+  struct Slot {
+    Completion done;
+    std::exception_ptr error;
+    bool ready = false;
+  };
   struct Peer {
     int rank = -1;
-    std::unique_ptr<tcp::socket> sock;
+    std::unique_ptr<tcp::socket> sock;  // the control connection
+    std::vector<std::unique_ptr<DataConn>> data;
     std::exception_ptr lost;
     std::atomic<bool> lost_flag{false};
     // send side
@@ -163,10 +253,13 @@ struct TcpMesh::Impl {
     std::vector<Header> whdrs;
     std::vector<asio::const_buffer> wbufs;
     bool writing = false;
+    std::uint32_t send_seq = 0;
     // receive side
     Header rhdr{};
+    std::uint32_t recv_seq = 0;
     std::map<Tag, std::deque<RecvOp>> posted;
     std::map<Tag, std::deque<std::shared_ptr<Early>>> early;
+    std::map<Tag, std::deque<std::shared_ptr<Slot>>> inorder;
   };
 
   std::unique_ptr<TcpListener::Impl> lis;  // owns the io_context (declared first: dies last)
@@ -174,6 +267,8 @@ struct TcpMesh::Impl {
   int rank;
   int world;
   TcpMeshOptions opts;
+  int streams;
+  std::vector<std::unique_ptr<Lane>> lanes;  // before peers: their sockets die first
   std::vector<std::unique_ptr<Peer>> peers;
 
   std::mutex m;            // guards closed_ and posting from foreign threads
@@ -184,11 +279,13 @@ struct TcpMesh::Impl {
   std::thread thread;
 
   Impl(std::unique_ptr<TcpListener::Impl> l, int r, int w, TcpMeshOptions o)
-      : lis(std::move(l)), io(lis->io), rank(r), world(w), opts(std::move(o)) {
+      : lis(std::move(l)), io(lis->io), rank(r), world(w), opts(std::move(o)), streams(opts.streams) {
+    for (int k = 0; k < streams; ++k) lanes.push_back(std::make_unique<Lane>());
     peers.resize(world);
     for (int i = 0; i < world; ++i) {
       peers[i] = std::make_unique<Peer>();
       peers[i]->rank = i;
+      for (int k = 0; k < streams; ++k) peers[i]->data.push_back(std::make_unique<DataConn>());
     }
     closed_err = std::make_exception_ptr(
         StateError(k_op, "the mesh was closed while the operation was pending", rank));
@@ -196,18 +293,23 @@ struct TcpMesh::Impl {
 
   ~Impl() {
     boost::system::error_code ec;
-    for (auto& p : peers)
+    for (auto& p : peers) {
       if (p->sock) p->sock->close(ec);
+      for (auto& c : p->data)
+        if (c->sock) c->sock->close(ec);
+    }
   }
 
   void deliver(Completion cb, std::exception_ptr e) {
     asio::post(io, [cb = std::move(cb), e = std::move(e)]() mutable { call(cb, std::move(e)); });
   }
 
-  void set_socket_options(tcp::socket& s) {
+  // conn 0: the control connection (its buffers are tuned only when it is the
+  // only one); conn k > 0: a data connection.
+  void set_socket_options(tcp::socket& s, int conn) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
-    if (opts.socket_buffer_bytes > 0) {
+    if (opts.socket_buffer_bytes > 0 && (conn > 0 || streams == 0)) {
       s.set_option(asio::socket_base::send_buffer_size(int(opts.socket_buffer_bytes)), ec);
       s.set_option(asio::socket_base::receive_buffer_size(int(opts.socket_buffer_bytes)), ec);
     }
@@ -215,6 +317,14 @@ struct TcpMesh::Impl {
 
   // ---- setup (runs the io_context on the constructing thread) -------------------
   void establish(const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout);
+  bool connected(int peer, int conn) const {
+    return conn == 0 ? bool(peers[peer]->sock) : bool(peers[peer]->data[conn - 1]->sock);
+  }
+  bool fully_connected(int peer) const {
+    for (int c = 0; c <= streams; ++c)
+      if (!connected(peer, c)) return false;
+    return true;
+  }
 
   // ---- I/O thread ------------------------------------------------------------
   std::exception_ptr failure(Peer& p) const { return p.lost ? p.lost : closed_err; }
@@ -229,8 +339,17 @@ struct TcpMesh::Impl {
       p.sock->shutdown(tcp::socket::shutdown_both, ec);
       p.sock->close(ec);
     }
+    kill_data(p, "the connection to rank " + std::to_string(p.rank) + " was lost");
     if (opts.on_peer_lost) opts.on_peer_lost(p.rank, p.lost);
     fail_queued(p, p.lost);
+  }
+
+  // Closes p's data connections (on their lanes); their pieces in flight fail.
+  void kill_data(Peer& p, const std::string& why) {
+    for (int k = 0; k < streams; ++k) {
+      DataConn* c = p.data[std::size_t(k)].get();
+      asio::post(lanes[std::size_t(k)]->io, [this, c, why] { lane_kill(*c, why); });
+    }
   }
 
   // Fails what is queued but not in flight (in-flight ops fail in their handlers).
@@ -248,13 +367,52 @@ struct TcpMesh::Impl {
       Peer& p = *pp;
       boost::system::error_code ec;
       if (p.sock) p.sock->close(ec);
+      kill_data(p, "the mesh was closed");
       fail_queued(p, p.lost ? p.lost : closed_err);
     }
+  }
+
+  // A part of a striped message is done (why: "" on success; a reason to
+  // give up on the peer, or "-" for a failure already accounted for).
+  void part_done(Peer& p, const std::shared_ptr<Striped>& st, const std::string& why) {
+    if (!why.empty()) {
+      st->failed = true;
+      if (why != "-") lose(p, why);
+    }
+    if (--st->left == 0) st->finish(st->failed);
+  }
+
+  std::uint32_t pieces_for(std::size_t n) const {
+    if (streams == 0 || n < opts.stripe_min_bytes) return 0;
+    return std::uint32_t(std::min<std::size_t>(std::size_t(streams), n / opts.stripe_min_bytes));
   }
 
   void do_send(int peer, SendOp op) {
     Peer& p = *peers[peer];
     if (closing_ || p.lost) return deliver(std::move(op.done), failure(p));
+    const std::uint32_t pieces = pieces_for(op.n);
+    if (pieces > 0) {
+      // The header on the control connection, piece i on data connection i,
+      // each written straight from the caller's buffer.
+      auto st = std::make_shared<Striped>();
+      st->left = int(pieces) + 1;
+      st->finish = [this, &p, done = std::move(op.done)](bool failed) mutable {
+        deliver(std::move(done), failed ? failure(p) : nullptr);
+      };
+      op.pieces = pieces;
+      op.seq = p.send_seq++;
+      op.done = [this, &p, st](std::exception_ptr e) { part_done(p, st, e ? "-" : ""); };
+      const auto* base = static_cast<const std::byte*>(op.data);
+      for (std::uint32_t i = 0; i < pieces; ++i) {
+        const auto [off, len] = piece_of(op.n, pieces, i);
+        DataConn* c = p.data[i].get();
+        Piece pc{PieceHeader{k_piece_magic, op.seq, len}, const_cast<std::byte*>(base + off), len,
+                 [this, &p, st, i](const std::string& why) {
+                   part_done(p, st, why.empty() ? why : "data connection " + std::to_string(i) + ": " + why);
+                 }};
+        asio::post(lanes[i]->io, [this, c, pc = std::move(pc)]() mutable { lane_send(*c, std::move(pc)); });
+      }
+    }
     p.sendq.push_back(std::move(op));
     if (!p.writing) start_write(p);
   }
@@ -265,7 +423,7 @@ struct TcpMesh::Impl {
     p.wbufs.clear();
     std::size_t bytes = 0;
     while (!p.sendq.empty() && p.batch.size() < k_max_batch) {
-      const std::size_t n = p.sendq.front().n;
+      const std::size_t n = p.sendq.front().pieces ? 0 : p.sendq.front().n;
       if (!p.batch.empty() && bytes + n > k_batch_bytes) break;
       bytes += n;
       p.batch.push_back(std::move(p.sendq.front()));
@@ -273,9 +431,9 @@ struct TcpMesh::Impl {
     }
     p.whdrs.reserve(p.batch.size());
     for (const SendOp& op : p.batch) {
-      p.whdrs.push_back(Header{k_magic, op.aux, op.tag.hi, op.tag.lo, op.n});
+      p.whdrs.push_back(Header{k_magic, op.aux, op.tag.hi, op.tag.lo, op.n, op.pieces, op.seq});
       p.wbufs.emplace_back(&p.whdrs.back(), sizeof(Header));
-      if (op.n > 0) p.wbufs.emplace_back(op.data, op.n);
+      if (op.n > 0 && op.pieces == 0) p.wbufs.emplace_back(op.data, op.n);
     }
     p.writing = true;
     asio::async_write(*p.sock, p.wbufs, [this, &p](const boost::system::error_code& ec, std::size_t) {
@@ -292,10 +450,31 @@ struct TcpMesh::Impl {
     });
   }
 
+  // A recv matched to a message of tag: its completion waits for the recvs
+  // matched before it on the tag.
+  Completion ordered(Peer& p, Tag tag, Completion done) {
+    auto slot = std::make_shared<Slot>();
+    slot->done = std::move(done);
+    p.inorder[tag].push_back(slot);
+    return [this, &p, tag, slot](std::exception_ptr e) {
+      slot->error = std::move(e);
+      slot->ready = true;
+      auto it = p.inorder.find(tag);
+      if (it == p.inorder.end()) return;
+      auto& q = it->second;
+      while (!q.empty() && q.front()->ready) {
+        call(q.front()->done, std::move(q.front()->error));
+        q.pop_front();
+      }
+      if (q.empty()) p.inorder.erase(it);
+    };
+  }
+
   void do_recv(int peer, Tag tag, RecvOp op) {
     Peer& p = *peers[peer];
     auto e = p.early.find(tag);
     if (e != p.early.end()) {
+      op.done = ordered(p, tag, std::move(op.done));
       std::shared_ptr<Early> msg = std::move(e->second.front());
       e->second.pop_front();
       if (e->second.empty()) p.early.erase(e);
@@ -317,6 +496,25 @@ struct TcpMesh::Impl {
     deliver(std::move(op.done), nullptr);
   }
 
+  // An early message that failed to arrive: it leaves the queue (when still
+  // there) and fails the recv that waits for it.
+  void drop_early(Peer& p, Tag tag, const std::shared_ptr<Early>& msg) {
+    auto e = p.early.find(tag);
+    if (e != p.early.end()) {
+      auto& q = e->second;
+      for (auto i = q.begin(); i != q.end(); ++i)
+        if (*i == msg) {
+          q.erase(i);
+          break;
+        }
+      if (q.empty()) p.early.erase(e);
+    }
+    if (msg->has_waiter) {
+      msg->has_waiter = false;
+      deliver(std::move(msg->waiter.done), failure(p));
+    }
+  }
+
   std::exception_ptr mismatch(const Peer& p, Tag tag, std::size_t got, std::size_t want) const {
     return std::make_exception_ptr(CollectiveMismatchError(
         k_op,
@@ -332,6 +530,7 @@ struct TcpMesh::Impl {
                        if (closing_ || p.lost) return;
                        if (ec) return lose(p, describe(ec));
                        if (p.rhdr.magic != k_magic) return lose(p, "corrupt message header");
+                       if (p.rhdr.pieces > 0) return on_striped_header(p);
                        on_header(p);
                      });
   }
@@ -344,6 +543,7 @@ struct TcpMesh::Impl {
       RecvOp op = std::move(it->second.front());
       it->second.pop_front();
       if (it->second.empty()) p.posted.erase(it);
+      op.done = ordered(p, tag, std::move(op.done));
       if (op.n == len) {
         if (op.aux_out) *op.aux_out = p.rhdr.aux;
         if (len == 0) {
@@ -369,6 +569,66 @@ struct TcpMesh::Impl {
     read_early(p, tag, len, /*queue=*/true);
   }
 
+  // The header of a striped message: its pieces are read on the data
+  // connections (straight into a posted recv's buffer when there is one),
+  // while this connection reads on.
+  void on_striped_header(Peer& p) {
+    const Tag tag{p.rhdr.hi, p.rhdr.lo};
+    const std::size_t len = p.rhdr.len;
+    const std::uint32_t pieces = p.rhdr.pieces, seq = p.rhdr.seq;
+    if (pieces > std::uint32_t(streams) || pieces > len || seq != p.recv_seq)
+      return lose(p, "corrupt message header (striped message " + std::to_string(seq) + " in " +
+                         std::to_string(pieces) + " pieces; expected message " + std::to_string(p.recv_seq) +
+                         " in at most " + std::to_string(streams) + ")");
+    ++p.recv_seq;
+    auto st = std::make_shared<Striped>();
+    st->left = int(pieces);
+    std::byte* dest = nullptr;
+    auto it = p.posted.find(tag);
+    if (it != p.posted.end()) {
+      RecvOp op = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) p.posted.erase(it);
+      op.done = ordered(p, tag, std::move(op.done));
+      if (op.n == len) {
+        if (op.aux_out) *op.aux_out = p.rhdr.aux;
+        dest = static_cast<std::byte*>(op.data);
+        st->finish = [this, &p, done = std::move(op.done)](bool failed) mutable {
+          deliver(std::move(done), failed ? failure(p) : nullptr);
+        };
+      } else {  // wrong size: the recv fails, the pieces are read and dropped
+        deliver(std::move(op.done), mismatch(p, tag, len, op.n));
+        std::shared_ptr<std::byte[]> junk(new std::byte[len]);
+        dest = junk.get();
+        st->finish = [junk](bool) {};
+      }
+    } else {
+      auto msg = std::make_shared<Early>();
+      msg->n = len;
+      msg->aux = p.rhdr.aux;
+      msg->data.reset(new std::byte[len]);
+      p.early[tag].push_back(msg);
+      dest = msg->data.get();
+      st->finish = [this, &p, msg, tag](bool failed) {
+        if (failed) return drop_early(p, tag, msg);
+        msg->complete = true;
+        if (msg->has_waiter) {
+          msg->has_waiter = false;
+          finish_early(p, tag, *msg, std::move(msg->waiter));
+        }
+      };
+    }
+    for (std::uint32_t i = 0; i < pieces; ++i) {
+      const auto [off, n] = piece_of(len, pieces, i);
+      DataConn* c = p.data[i].get();
+      Piece pc{PieceHeader{k_piece_magic, seq, n}, dest + off, n, [this, &p, st, i](const std::string& why) {
+                 part_done(p, st, why.empty() ? why : "data connection " + std::to_string(i) + ": " + why);
+               }};
+      asio::post(lanes[i]->io, [this, c, pc = std::move(pc)]() mutable { lane_expect(*c, std::move(pc)); });
+    }
+    read_header(p);
+  }
+
   void read_early(Peer& p, Tag tag, std::size_t len, bool queue) {
     auto msg = std::make_shared<Early>();
     msg->n = len;
@@ -383,16 +643,7 @@ struct TcpMesh::Impl {
                      [this, &p, msg, tag, queue](const boost::system::error_code& ec, std::size_t) {
                        if (ec || closing_ || p.lost) {
                          if (ec && !closing_) lose(p, describe(ec));
-                         if (queue) {  // drop the partial message
-                           auto e = p.early.find(tag);
-                           if (e != p.early.end()) {
-                             auto& q = e->second;
-                             for (auto i = q.begin(); i != q.end(); ++i)
-                               if (*i == msg) { q.erase(i); break; }
-                             if (q.empty()) p.early.erase(e);
-                           }
-                         }
-                         if (msg->has_waiter) deliver(std::move(msg->waiter.done), failure(p));
+                         if (queue) return drop_early(p, tag, msg);
                          return;
                        }
                        msg->complete = true;
@@ -404,12 +655,95 @@ struct TcpMesh::Impl {
                      });
   }
 
+  // ---- lane threads (a data connection's socket and queues) --------------------
+  void post_done(PieceDone done, std::string why) {
+    asio::post(io, [done = std::move(done), why = std::move(why)] { done(why); });
+  }
+
+  // Closes c; fails its queued pieces (those in flight fail in their handlers).
+  void lane_kill(DataConn& c, const std::string& why) {
+    if (!c.dead) {
+      c.dead = true;
+      c.dead_why = why;
+      boost::system::error_code ec;
+      if (c.sock) {
+        c.sock->shutdown(tcp::socket::shutdown_both, ec);
+        c.sock->close(ec);
+      }
+    }
+    auto fail = [&](std::deque<Piece>& q, bool busy) {
+      while (q.size() > (busy ? 1u : 0u)) {
+        post_done(std::move(q.back().done), c.dead_why);
+        q.pop_back();
+      }
+    };
+    fail(c.wq, c.writing);
+    fail(c.rq, c.reading);
+  }
+
+  void lane_send(DataConn& c, Piece pc) {
+    if (c.dead) return post_done(std::move(pc.done), c.dead_why);
+    c.wq.push_back(std::move(pc));
+    if (!c.writing) lane_write(c);
+  }
+
+  void lane_write(DataConn& c) {
+    c.writing = true;
+    Piece& pc = c.wq.front();
+    const std::array<asio::const_buffer, 2> bufs{asio::buffer(&pc.hdr, sizeof(PieceHeader)),
+                                                 asio::const_buffer(pc.data, pc.n)};
+    asio::async_write(*c.sock, bufs, [this, &c](const boost::system::error_code& ec, std::size_t) {
+      c.writing = false;
+      Piece done = std::move(c.wq.front());
+      c.wq.pop_front();
+      if (ec || c.dead) {
+        lane_kill(c, "write failed: " + describe(ec));
+        return post_done(std::move(done.done), c.dead_why);
+      }
+      post_done(std::move(done.done), "");
+      if (!c.wq.empty()) lane_write(c);
+    });
+  }
+
+  void lane_expect(DataConn& c, Piece pc) {
+    if (c.dead) return post_done(std::move(pc.done), c.dead_why);
+    c.rq.push_back(std::move(pc));
+    if (!c.reading) lane_read(c);
+  }
+
+  void lane_read(DataConn& c) {
+    c.reading = true;
+    Piece& pc = c.rq.front();
+    const std::array<asio::mutable_buffer, 2> bufs{asio::buffer(&c.rhdr, sizeof(PieceHeader)),
+                                                   asio::mutable_buffer(pc.data, pc.n)};
+    asio::async_read(*c.sock, bufs, [this, &c](const boost::system::error_code& ec, std::size_t) {
+      c.reading = false;
+      Piece done = std::move(c.rq.front());
+      c.rq.pop_front();
+      std::string why;
+      if (ec) why = describe(ec);
+      else if (c.rhdr.magic != k_piece_magic || c.rhdr.seq != done.hdr.seq || c.rhdr.len != done.n)
+        why = "corrupt piece header";
+      if (!why.empty() || c.dead) {
+        lane_kill(c, why.empty() ? "closed" : why);
+        return post_done(std::move(done.done), c.dead_why);
+      }
+      post_done(std::move(done.done), "");
+      if (!c.rq.empty()) lane_read(c);
+    });
+  }
+
   // ---- any thread ------------------------------------------------------------
-  bool in_io_thread() const noexcept { return io.get_executor().running_in_this_thread(); }
+  bool in_io_thread() const noexcept {
+    if (io.get_executor().running_in_this_thread()) return true;
+    for (const auto& l : lanes)
+      if (l->io.get_executor().running_in_this_thread()) return true;
+    return false;
+  }
 
   template <class F>
   void submit(F&& fn) {
-    if (in_io_thread()) return fn();
+    if (io.get_executor().running_in_this_thread()) return fn();
     std::lock_guard<std::mutex> lock(m);
     if (closed_) throw StateError(k_op, "the mesh is closed", rank);
     asio::post(io, std::forward<F>(fn));
@@ -423,14 +757,36 @@ struct TcpMesh::Impl {
                        rank);
   }
 
+  void start_threads() {
+    for (auto& l : lanes) {
+      l->guard.emplace(asio::make_work_guard(l->io));
+      l->thread = std::thread([lp = l.get()] { lp->io.run(); });
+    }
+    guard.emplace(asio::make_work_guard(io));
+    for (int j = 0; j < world; ++j)
+      if (j != rank) read_header(*peers[j]);
+    thread = std::thread([this] { io.run(); });
+  }
+
   void close() {
     if (in_io_thread())
       throw StateError(k_op, "close() called from a completion callback of the mesh", rank);
+    std::promise<void> shut;
     {
       std::lock_guard<std::mutex> lock(m);
       if (closed_) return;
       closed_ = true;
-      asio::post(io, [this] { shutdown_all(); });
+      asio::post(io, [this, &shut] {
+        shutdown_all();
+        shut.set_value();
+      });
+    }
+    // The lanes first (their failed pieces are reported to the I/O thread,
+    // which runs until they are joined), then the I/O thread.
+    shut.get_future().wait();
+    for (auto& l : lanes) {
+      l->guard.reset();
+      if (l->thread.joinable()) l->thread.join();
     }
     guard.reset();
     if (thread.joinable()) thread.join();
@@ -444,6 +800,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
   if (world == 1) return;
   struct Conn {
     int peer;
+    int conn = 0;  // 0: control, k > 0: data connection k - 1
     Endpoint ep;
     tcp::resolver::results_type addrs;
     tcp::socket sock;
@@ -468,19 +825,24 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
   // Resolve every peer we connect to first (synchronously; names a bad endpoint).
   std::vector<std::unique_ptr<Conn>> conns;
   for (int j = rank + 1; j < world; ++j) {
-    auto c = std::make_unique<Conn>(io);
-    c->peer = j;
-    c->ep = parse_endpoint(endpoints[j], j, rank);
+    const Endpoint ep = parse_endpoint(endpoints[j], j, rank);
     boost::system::error_code ec;
     tcp::resolver resolver(io);
-    c->addrs = resolver.resolve(c->ep.host, c->ep.port, tcp::resolver::numeric_service, ec);
-    if (ec || c->addrs.empty())
+    auto addrs = resolver.resolve(ep.host, ep.port, tcp::resolver::numeric_service, ec);
+    if (ec || addrs.empty())
       throw IOError(k_op, "cannot resolve \"" + endpoints[j] + "\" of rank " + std::to_string(j) +
                               ": " + ec.message(), rank);
-    conns.push_back(std::move(c));
+    for (int k = 0; k <= streams; ++k) {
+      auto c = std::make_unique<Conn>(io);
+      c->peer = j;
+      c->conn = k;
+      c->ep = ep;
+      c->addrs = addrs;
+      conns.push_back(std::move(c));
+    }
   }
 
-  const int expected = world - 1;
+  const int expected = (world - 1) * (streams + 1);
   int have = 0;
   bool done = false;
   std::exception_ptr fatal;
@@ -502,9 +864,18 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     }
     for (auto& a : accepting) a->sock.close(ec);
   };
-  auto established = [&](int peer, tcp::socket&& s) {
-    peers[peer]->sock = std::make_unique<tcp::socket>(std::move(s));
+  auto established = [&](int peer, int conn, tcp::socket&& s) {
+    auto& slot = conn == 0 ? peers[peer]->sock : peers[peer]->data[std::size_t(conn - 1)]->sock;
+    slot = std::make_unique<tcp::socket>(std::move(s));
     if (++have == expected) finish(nullptr);
+  };
+  auto streams_differ = [&](int peer, int theirs) {
+    return std::make_exception_ptr(IOError(
+        k_op,
+        "rank " + std::to_string(peer) + " uses " + std::to_string(theirs) +
+            " data connections per peer (DOPT_TCP_STREAMS), this rank " + std::to_string(streams) +
+            "; every rank must use the same number",
+        rank));
   };
 
   // Connect to every higher rank, retrying refused connections.
@@ -521,7 +892,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
   };
   // After the handshake (below): the hello.
   std::function<void(Conn*)> send_hello = [&](Conn* c) {
-    c->out = Hello{k_hello_magic, k_version, rank, world};
+    c->out = Hello{k_hello_magic, k_version, rank, world, c->conn, streams};
     asio::async_write(c->sock, asio::buffer(&c->out, sizeof(Hello)),
                       [&, c](const boost::system::error_code& ec2, std::size_t) {
       if (done) return;
@@ -530,8 +901,10 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
                        [&, c](const boost::system::error_code& ec3, std::size_t) {
         if (done) return;
         if (ec3) return retry(c, "no hello reply: " + describe(ec3));
+        if (c->in.magic == k_hello_magic && c->in.version == k_version && c->in.streams != streams)
+          return finish(streams_differ(c->peer, c->in.streams));
         if (c->in.magic != k_hello_magic || c->in.version != k_version || c->in.rank != c->peer ||
-            c->in.world != world) {
+            c->in.world != world || c->in.conn != c->conn) {
           return finish(std::make_exception_ptr(IOError(
               k_op,
               "endpoint " + endpoints[c->peer] + " of rank " + std::to_string(c->peer) +
@@ -540,7 +913,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
                   " of " + std::to_string(world) + ")",
               rank)));
         }
-        established(c->peer, std::move(c->sock));
+        established(c->peer, c->conn, std::move(c->sock));
       });
     });
   };
@@ -550,7 +923,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     asio::async_connect(c->sock, c->addrs, [&, c](const boost::system::error_code& ec, const tcp::endpoint&) {
       if (done) return;
       if (ec) return retry(c, ec.message());
-      set_socket_options(c->sock);
+      set_socket_options(c->sock, c->conn);
       c->hs = std::make_unique<net::ClientHandshake>(
           net::Purpose::data, creds, "rank " + std::to_string(c->peer) + " at " + endpoints[c->peer], k_op);
       asio::async_write(c->sock, asio::buffer(c->hs->hello()), [&, c](const boost::system::error_code& e1, std::size_t) {
@@ -608,7 +981,9 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
         return;
       }
       const int peer = a->in.rank;
-      if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= rank) {
+      const int conn = a->in.conn;
+      if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= rank ||
+          (a->in.streams == streams && (conn < 0 || conn > streams))) {
         return finish(std::make_exception_ptr(IOError(
             k_op,
             "a peer connected as rank " + std::to_string(peer) + " of a world of " +
@@ -616,23 +991,25 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
                 "); expected a rank below " + std::to_string(rank) + " of " + std::to_string(world),
             rank)));
       }
-      if (peers[peer]->sock)
+      const bool differ = a->in.streams != streams;
+      if (!differ && connected(peer, conn))
         return finish(std::make_exception_ptr(
             IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
-      set_socket_options(a->sock);
-      a->out = Hello{k_hello_magic, k_version, rank, world};
+      set_socket_options(a->sock, differ ? 0 : conn);
+      a->out = Hello{k_hello_magic, k_version, rank, world, conn, streams};
       asio::async_write(a->sock, asio::buffer(&a->out, sizeof(Hello)),
-                        [&, a, peer](const boost::system::error_code& ec3, std::size_t) {
+                        [&, a, peer, conn, differ](const boost::system::error_code& ec3, std::size_t) {
         if (done) return;
+        if (differ) return finish(streams_differ(peer, a->in.streams));  // told the peer first
         boost::system::error_code ignore2;
         if (ec3) {  // the peer retries
           a->sock.close(ignore2);
           return;
         }
-        if (peers[peer]->sock)
+        if (connected(peer, conn))
           return finish(std::make_exception_ptr(
               IOError(k_op, "two connections claim to be rank " + std::to_string(peer), rank)));
-        established(peer, std::move(a->sock));
+        established(peer, conn, std::move(a->sock));
       });
     });
   };
@@ -683,7 +1060,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     if (ec || done) return;
     std::string missing;
     for (int j = 0; j < world; ++j) {
-      if (j == rank || peers[j]->sock) continue;
+      if (j == rank || fully_connected(j)) continue;
       if (!missing.empty()) missing += "; ";
       if (j > rank)
         missing += "rank " + std::to_string(j) + " at " + endpoints[j] + " (" +
@@ -703,10 +1080,22 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
   boost::system::error_code ignore;
   acceptor.close(ignore);
   if (fatal) {
-    for (auto& p : peers)
+    for (auto& p : peers) {
       if (p->sock) p->sock->close(ignore);
+      for (auto& c : p->data)
+        if (c->sock) c->sock->close(ignore);
+    }
     std::rethrow_exception(fatal);
   }
+  // Data connection k moves to lane k's io_context (its thread serves it).
+  for (auto& p : peers)
+    for (int k = 0; k < streams; ++k) {
+      auto& s = p->data[std::size_t(k)]->sock;
+      if (!s) continue;
+      const auto protocol = s->local_endpoint().protocol();
+      const auto fd = s->release();
+      s = std::make_unique<tcp::socket>(lanes[std::size_t(k)]->io, protocol, fd);
+    }
 }
 
 // ---- public --------------------------------------------------------------------
@@ -723,13 +1112,18 @@ TcpMesh::TcpMesh(int rank, int world_size, TcpListener&& listener,
     throw ValueError(k_op, "got " + std::to_string(endpoints.size()) + " endpoints for a world of " +
                                std::to_string(world_size), rank);
   if (!listener.valid()) throw ValueError(k_op, "the listener is not valid (moved from?)", rank);
+  if (options.streams < 0) options.streams = int(env_setting("DOPT_TCP_STREAMS", 0, k_max_streams, k_default_streams));
+  if (options.streams > k_max_streams)
+    throw ValueError(k_op, "streams must be at most " + std::to_string(k_max_streams) + ", got " +
+                               std::to_string(options.streams), rank);
+  if (options.stripe_min_bytes == 0)
+    options.stripe_min_bytes =
+        std::size_t(env_setting("DOPT_TCP_STRIPE_MIN", 1, 1LL << 40, (long long)k_default_stripe_min));
+  if (options.socket_buffer_bytes == 0)
+    options.socket_buffer_bytes = std::size_t(env_setting("DOPT_TCP_SOCKET_BUFFER", 0, 1LL << 30, 0));
   impl_ = std::make_shared<Impl>(std::move(listener.impl_), rank, world_size, std::move(options));
   impl_->establish(endpoints, timeout);
-  Impl& im = *impl_;
-  im.guard.emplace(asio::make_work_guard(im.io));
-  for (int j = 0; j < world_size; ++j)
-    if (j != rank) im.read_header(*im.peers[j]);
-  im.thread = std::thread([&im] { im.io.run(); });
+  impl_->start_threads();
 }
 
 TcpMesh::~TcpMesh() {
@@ -738,6 +1132,7 @@ TcpMesh::~TcpMesh() {
 
 int TcpMesh::rank() const noexcept { return impl_->rank; }
 int TcpMesh::world_size() const noexcept { return impl_->world; }
+int TcpMesh::streams() const noexcept { return impl_->streams; }
 
 void TcpMesh::send(int peer, Tag tag, const void* data, std::size_t n, Completion done,
                    std::uint32_t aux) {

@@ -1,9 +1,16 @@
 #pragma once
 // dopt::transport::TcpMesh: the inter-host data plane (Boost.Asio TCP).
 //
-// One TCP connection per pair of ranks carries tagged, length-prefixed
-// messages in both directions. CAF carries only control messages; the
-// collective algorithms over this mesh live in actors/src/ring.hpp.
+// Every pair of ranks is joined by one control connection, which carries
+// every message's header and the small messages whole, and by `streams` data
+// connections (TcpMeshOptions::streams, DOPT_TCP_STREAMS), across which the
+// payload of a large message is striped (TcpMeshOptions::stripe_min_bytes):
+// piece i of a message goes on data connection i. Data connection k of every
+// peer is served by its own I/O thread (so the kernel's copies of the pieces
+// run in parallel); the control connections, the bookkeeping and every
+// completion callback run on the one I/O thread of the mesh. CAF carries only
+// control messages; the collective algorithms over this mesh live in
+// actors/src/planes/tcp/ring.hpp.
 //
 // Setup (every rank, in this order):
 //   1. auto l = TcpMesh::listen("0.0.0.0");      // binds an ephemeral port
@@ -16,9 +23,11 @@
 //      "data port", TcpMeshOptions::credentials: the same job id, and proof
 //      of the job's secret when there is one; a connection that fails it is
 //      dropped and reported through dopt::notice(), one refused by a peer
-//      is fatal), then each side sends a hello carrying (rank, world size)
-//      and checks the other's.
-//      Connections get TCP_NODELAY. A refused connection is retried until
+//      is fatal), then each side sends a hello carrying (rank, world size,
+//      connection index, streams) and checks the other's (both sides must
+//      use the same number of streams: IOError naming both otherwise).
+//      Connections get TCP_NODELAY; data connections get socket_buffer_bytes
+//      as SO_SNDBUF/SO_RCVBUF. A refused connection is retried until
 //      `timeout`. Failure throws (and closes everything it opened):
 //        TimeoutError  - a peer was not connected in time; names every missing
 //                        peer rank, its endpoint and the last error seen;
@@ -41,13 +50,19 @@
 //     caller's buffer (no copy). Concurrent collectives therefore need
 //     distinct tags, and each collective must post its sends per tag in a
 //     deterministic order; the ring algorithms do.
+//   * The recvs of one (peer, tag) complete in the order of their messages
+//     (a striped message's recv holds back the completions of the recvs
+//     matched after it on its tag, not those of other tags).
 //   * Calls take effect in the order they are made from one thread; they may be
 //     made from any thread (also from completion callbacks).
 //   * Flow control: a send is written straight from the caller's buffer (no
-//     copy); TCP back-pressure throttles the writer. Sends to one peer are
+//     copy: one writev of header and payload, or of a piece's header and the
+//     piece); TCP back-pressure throttles the writer. Sends to one peer are
 //     written one batch at a time (small queued messages are coalesced into one
 //     writev). Unexpected messages are buffered without limit: only send what
-//     the peer will receive.
+//     the peer will receive. The pieces of a large message are received
+//     straight into the recv buffer when the recv was posted before the
+//     message's header arrived (into the mesh's buffer otherwise).
 //   * done(nullptr) on success, done(exception_ptr) on failure, exactly once,
 //     always on the mesh's I/O thread and never from inside send()/recv().
 //     For a send, success means the bytes were handed to the kernel: the
@@ -60,8 +75,9 @@
 //     done runs). The ring algorithms use it to mark forwarded data that is
 //     not valid because an earlier hop failed.
 //   * Errors: a recv whose message has a different size fails with
-//     CollectiveMismatchError (the connection stays usable). When the
-//     connection to a peer fails (end of stream, reset, write error) or
+//     CollectiveMismatchError (the connection stays usable). When any
+//     connection to a peer fails (end of stream, reset, write error, also in
+//     the middle of a striped message) or
 //     fail_peer() is called, every pending and later operation with that peer
 //     fails with PeerLostError "connection to rank P lost: <reason>" (the error's
 //     rank() is this rank); messages that had fully arrived before stay
@@ -72,9 +88,14 @@
 //     completion callback (StateError). send()/recv() after close() throw
 //     StateError.
 //
-// Wire format per message: 32-byte header {u32 magic, u32 aux, u64
-// tag.hi, u64 tag.lo, u64 length} in host byte order (all ranks must share the
-// byte order), then `length` payload bytes.
+// Wire format (host byte order: all ranks must share it), on the control
+// connection per message: a 40-byte header {u32 magic, u32 aux, u64 tag.hi,
+// u64 tag.lo, u64 length, u32 pieces, u32 seq}, then, when pieces == 0, the
+// `length` payload bytes. When pieces > 0 the payload is cut into `pieces`
+// pieces [length*i/pieces, length*(i+1)/pieces), and piece i travels on data
+// connection i as a 16-byte header {u32 magic, u32 seq, u64 piece length} and
+// the piece's bytes; seq numbers the striped messages per peer and direction,
+// and each data connection carries its pieces in the order of the headers.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -101,8 +122,20 @@ struct Tag {
 using Completion = std::function<void(std::exception_ptr)>;
 
 struct TcpMeshOptions {
-  /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps Linux's autotuning (which, on
-  /// loopback, measured as fast as fixed 1-4 MiB buffers).
+  /// Data connections per pair of ranks (each data connection index served by
+  /// an I/O thread of its own); 0: every message travels whole on the control
+  /// connection. -1: DOPT_TCP_STREAMS when set, else 2. At most 16; every rank
+  /// must use the same value. ValueError for a bad value or variable.
+  int streams = -1;
+  /// Messages of at least this many bytes are striped, in
+  /// min(streams, bytes / stripe_min_bytes) pieces; smaller ones travel
+  /// whole on the control connection. 0: DOPT_TCP_STRIPE_MIN when set, else
+  /// 256 KiB.
+  std::size_t stripe_min_bytes = 0;
+  /// SO_SNDBUF / SO_RCVBUF in bytes of the data connections (of every
+  /// connection when streams == 0); 0: DOPT_TCP_SOCKET_BUFFER when set, else
+  /// Linux's autotuning (which, on loopback, measured as fast as fixed 1-4 MiB
+  /// buffers).
   std::size_t socket_buffer_bytes = 0;
   /// Told (on the I/O thread) when the connection to a peer fails, once per
   /// peer, before the pending operations' callbacks. Not called by close().
@@ -144,6 +177,7 @@ class TcpMesh {
   static TcpListener listen(const std::string& bind_host, int port_lo, int port_hi);
 
   /// Connects this rank to every other rank (see the setup contract above).
+  /// The options' environment defaults are read here.
   /// endpoints[r] = "host:port" of rank r ("[v6addr]:port" for IPv6);
   /// endpoints[rank] is not used. world_size == 1 makes no connections.
   /// Throws ValueError for bad arguments, TimeoutError / IOError as above.
@@ -156,6 +190,8 @@ class TcpMesh {
 
   int rank() const noexcept;
   int world_size() const noexcept;
+  /// Data connections per peer in use (options and environment resolved).
+  int streams() const noexcept;
 
   /// Sends n bytes at data to peer (!= rank()). See the messaging contract.
   void send(int peer, Tag tag, const void* data, std::size_t n, Completion done,
