@@ -35,6 +35,7 @@
 #include <optional>
 
 #include "dopt/actors/rpc.hpp"
+#include "rpc/testing.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "peer_util.hpp"
@@ -120,7 +121,7 @@ void register_functions() {
     }
     return a.rpc_sync<std::int64_t>(owner, "mp.owned");
   });
-  rpc::register_function("mp.owned", [](Agent& a) { return static_cast<std::int64_t>(a.num_owned()); });
+  rpc::register_function("mp.owned", [](Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_owned(a)); });
   rpc::register_function("mp.live", [] { return Tracked::live.load(); });
 }
 
@@ -242,7 +243,7 @@ void errors(Agent& a, Checker& c) {
   c.expect(has(e, "ValueError") && has(e, "bad thing"), "remote ValueError: " + e);
   e = error_of([&] { a.rpc_sync<int>(last, "mp.throw_value", 3); });
   c.expect(has(e, "TypeError"), "argument type: " + e);
-  c.expect(a.rpc_sync<int>(1, rpc::Fn("mp.count").duplicate_for_testing(4)) == 1, "duplicated request ran once");
+  c.expect(rpc::testing::rpc_sync_duplicated<int>(a, 1, "mp.count", 4) == 1, "duplicated request ran once");
   c.expect(a.rpc_sync<int>(1, "mp.read_count") == 1, "duplicated request ran once (read back)");
 }
 
