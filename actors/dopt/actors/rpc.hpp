@@ -304,7 +304,8 @@ class GradContext {
   /// Many at once: one message per owner.
   Future<void> deposit_all(const std::vector<std::pair<RRef<Tensor>, Tensor>>& grads);
   /// Completes when every deposit made through this context's handles so
-  /// far completed; fails with the first failure.
+  /// far completed; fails with the first failure (in the order the deposits
+  /// were made: when_all).
   Future<void> deposits_done() const;
   /// Drops the context on every owner that got a deposit (idempotent).
   /// Done by the destructor of the creator's last handle.

@@ -28,35 +28,6 @@ struct ContextState {
   }
 };
 
-namespace {
-Future<void> when_all(std::vector<Future<void>> fs) {
-  if (fs.empty()) return make_ready_future();
-  struct Join {
-    std::mutex m;
-    std::size_t left;
-    std::exception_ptr first;
-    Promise<void> p;
-  };
-  auto j = std::make_shared<Join>();
-  j->left = fs.size();
-  for (auto& f : fs)
-    (void)f.then([j](const Future<void>& g) {
-      bool last;
-      {
-        std::lock_guard<std::mutex> lock(j->m);
-        if (auto e = g.exception(); e && !j->first) j->first = e;
-        last = --j->left == 0;
-      }
-      if (last) {
-        if (j->first)
-          j->p.set_exception(j->first);
-        else
-          j->p.set_value();
-      }
-    });
-  return j->p.get_future();
-}
-}  // namespace
 
 }  // namespace detail
 
@@ -89,7 +60,7 @@ Future<void> GradContext::deposit_all(const std::vector<std::pair<RRef<Tensor>, 
       fs.push_back(f);
     }
   }
-  return detail::when_all(std::move(fs));
+  return when_all(fs);
 }
 
 Future<void> GradContext::deposits_done() const {
@@ -99,7 +70,7 @@ Future<void> GradContext::deposits_done() const {
     std::lock_guard<std::mutex> lock(s_->m);
     fs = s_->deposits;
   }
-  return detail::when_all(std::move(fs));
+  return when_all(fs);
 }
 
 void GradContext::release() {
