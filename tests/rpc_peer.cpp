@@ -232,7 +232,7 @@ void kill(Agent& a, Checker& c) {
 void errors(Agent& a, Checker& c) {
   if (a.rank() != 0) return;
   const int last = a.world_size() - 1;
-  std::string e = error_of([&] { a.rpc_sync<int>(1, rpc::Fn("mp.wait_gate").with_timeout(std::chrono::milliseconds(300))); });
+  std::string e = error_of([&] { a.rpc_sync<int>(1, rpc::Fn("mp.wait_gate", {.timeout = std::chrono::milliseconds(300)})); });
   c.expect(has(e, "TimeoutError") && has(e, "mp.wait_gate") && has(e, "'owner1'") && has(e, "'trainer'") &&
                has(e, "300 ms"),
            "timeout: " + e);
@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
       name = (rank < 2 ? "ps" : "trainer") + std::to_string(rank);
     else
       name = rank == 0 ? "trainer" : "owner" + std::to_string(rank);
-    Agent agent = rpc::init(rt, name, env->rank, env->world_size, opts);
+    Agent agent = rpc::init(rt, *env, name, opts);
     Checker c{rank};
     if (mode == "parity") parity(agent, c);
     else if (mode == "concurrent") concurrent(agent, c);

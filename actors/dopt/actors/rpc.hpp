@@ -6,7 +6,7 @@
 //   // every process (or simulated worker):
 //   dopt::rpc::register_function("add", [](dopt::Tensor a, double b) { ... return t; });
 //   dopt::Runtime rt;
-//   dopt::rpc::Agent agent = dopt::rpc::init(rt, "trainer0", rank, world_size);
+//   dopt::rpc::Agent agent = dopt::rpc::init(rt, env, "trainer0");  // env: a LaunchEnv
 //   dopt::Tensor t = agent.rpc_sync<dopt::Tensor>("ps0", "add", x, 2.0);
 //   dopt::rpc::RRef<Model> m = agent.remote<Model>("ps0", "make_model", 16);
 //   agent.shutdown();                                   // graceful: waits for everybody
@@ -56,7 +56,7 @@
 //     (fewer when their results exceed dedup_window_bytes)
 //     and answers a repeated request with the cached reply without running
 //     the function again; a repeat while it still runs is dropped (its reply
-//     comes once). So a resend (Fn::with_retries) never applies an update
+//     comes once). So a resend (Fn::retries) never applies an update
 //     twice.
 //
 // RRefs (remote references)
@@ -126,9 +126,6 @@ struct RpcOptions {
   /// exceed dedup_window_bytes (the newest is always kept).
   std::size_t dedup_window = 4096;
   std::size_t dedup_window_bytes = std::size_t(64) << 20;
-  /// Real processes: where rank 0 listens (MASTER_ADDR / MASTER_PORT; rank
-  /// and world size come from init's arguments). Empty: the environment.
-  std::optional<LaunchEnv> launch;
 };
 
 struct WorkerInfo {
@@ -147,24 +144,24 @@ struct To {
   To(const WorkerInfo& w) : rank(w.rank) {}
 };
 
-/// A function name plus per-call settings.
-struct Fn {
-  std::string name;
+/// Per-call settings.
+struct CallOptions {
+  /// The call's deadline; empty: RpcOptions::rpc_timeout.
   std::optional<std::chrono::milliseconds> timeout;
   /// Resends (same call id) after a deadline passes without a reply, each
   /// with a fresh deadline, before failing with TimeoutError. The callee
   /// runs the call at most once (see Idempotency above).
   int retries = 0;
+};
+
+/// A function name plus per-call settings:
+///   agent.rpc_sync<int>("ps0", "step");                                  // defaults
+///   agent.rpc_sync<int>("ps0", {"step", {.timeout = 500ms, .retries = 2}});
+struct Fn : CallOptions {
+  std::string name;
   Fn(const char* n) : name(n) {}
   Fn(std::string n) : name(std::move(n)) {}
-  Fn& with_timeout(std::chrono::milliseconds t) {
-    timeout = t;
-    return *this;
-  }
-  Fn& with_retries(int n) {
-    retries = n;
-    return *this;
-  }
+  Fn(std::string n, CallOptions options) : CallOptions(options), name(std::move(n)) {}
 };
 
 class Agent;
@@ -414,14 +411,19 @@ std::vector<RRef<Tensor>> remote_parameters(const RRef<M>& module) {
   return module.template rpc_sync<std::vector<RRef<Tensor>>>(module_parameters_method<M>());
 }
 
-/// Real processes: joins the world through the runtime's rendezvous
-/// (MASTER_ADDR / MASTER_PORT, see rendezvous.hpp); a collective of all
-/// world_size processes. Names must be unique (ValueError naming the
-/// ranks). Throws like rendezvous().
-Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, const RpcOptions& options = {});
+// The entry points take their configuration as dopt's collective ones do
+// (init_process_group, simulate, run_distributed): what to join or how many
+// workers first, then one options struct.
 
-struct SimulateRpcOptions {
-  /// Runtime to use; null: simulate starts (and stops) its own.
+/// Real processes: joins the world that env describes (env.rank,
+/// env.world_size; rank 0 listens on env.master_addr / env.master_port, see
+/// rendezvous.hpp) as the worker called `name`; a collective of all
+/// env.world_size processes. Names must be unique (ValueError naming the
+/// ranks). Throws like rendezvous().
+Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, const RpcOptions& options = {});
+
+struct SimulateOptions {
+  /// Runtime to use; null: simulate starts (and stops) its own with `runtime_options`.
   Runtime* runtime = nullptr;
   RuntimeOptions runtime_options = RuntimeOptions::from_env();
   RpcOptions rpc;
@@ -429,17 +431,28 @@ struct SimulateRpcOptions {
   std::vector<std::string> names;
 };
 
-/// n simulated workers in this process, each running fn(agent) on its own
-/// thread, then shutdown() (graceful) unless fn killed its agent. A worker
-/// whose fn throws is killed (its peers see it die) and simulate rethrows
-/// the first exception after every worker finished (like dopt::simulate).
-void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateRpcOptions& options = {});
+/// world_size simulated workers in this process, each running fn(agent) on
+/// its own thread, then shutdown() (graceful). A worker whose fn throws is
+/// stopped at once (its peers see it die) and simulate rethrows the first
+/// exception after every worker finished (like dopt::simulate).
+void simulate(int world_size, const std::function<void(Agent&)>& fn, const SimulateOptions& options = {});
 
-/// Programs that run either way: launched (dopt-run, torchrun, ...) it runs
-/// fn once as this process's worker, named names(rank); alone it simulates
-/// `simulated_workers` workers.
-void run(const std::function<void(Agent&)>& fn, int simulated_workers,
-         const std::function<std::string(int)>& names = {}, const SimulateRpcOptions& options = {});
+struct RunOptions {
+  /// Workers to simulate when the process was not started by a launcher.
+  int simulated_workers = 1;
+  /// The name of the worker of each rank; empty: "worker<rank>".
+  std::function<std::string(int)> names;
+  RpcOptions rpc;
+  /// Options of the runtime that run starts.
+  RuntimeOptions runtime_options = RuntimeOptions::from_env();
+};
+
+/// Programs that run either way (like dopt::run_distributed): launched
+/// (dopt-run, torchrun, ...) it runs fn once as this process's worker;
+/// alone it simulates options.simulated_workers workers.
+void run(const std::function<void(Agent&)>& fn, const RunOptions& options = {});
+/// The same as run(fn, {.simulated_workers = simulated_workers}).
+void run(const std::function<void(Agent&)>& fn, int simulated_workers);
 
 /// The name of e's dopt::Error subclass ("TimeoutError", ..., "Error").
 std::string error_kind(const Error& e);

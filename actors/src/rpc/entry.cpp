@@ -30,19 +30,13 @@ void check_names(const std::vector<std::string>& names, int rank) {
 }  // namespace
 }  // namespace detail
 
-Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, const RpcOptions& options) {
+Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, const RpcOptions& options) {
   ::dopt::detail::UserThreadCafScope caf_scope;
+  const int rank = env.rank, world_size = env.world_size;
   if (world_size < 1 || rank < 0 || rank >= world_size)
     throw ValueError("rpc.init", "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
                      rank);
   if (name.empty()) throw ValueError("rpc.init", "the worker name is empty", rank);
-  LaunchEnv env;
-  if (options.launch)
-    env = *options.launch;
-  else if (auto e = launch_env_from_environment())
-    env = *e;
-  env.rank = rank;
-  env.world_size = world_size;
   auto& sys = dopt::detail::runtime_system(runtime.impl(), "rpc.init");
   auto core = detail::make_core(sys, name, rank, world_size, options);
   std::weak_ptr<detail::AgentCore> weak = core;
@@ -90,7 +84,7 @@ Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, 
   return Agent(core);
 }
 
-void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateRpcOptions& options) {
+void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOptions& options) {
   if (n < 1) throw ValueError("rpc.simulate", "n must be >= 1, got " + std::to_string(n));
   if (!fn) throw ValueError("rpc.simulate", "fn is empty");
   std::vector<std::string> names = options.names;
@@ -141,20 +135,26 @@ void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateRpcOpt
     if (e) std::rethrow_exception(e);
 }
 
-void run(const std::function<void(Agent&)>& fn, int simulated_workers, const std::function<std::string(int)>& names,
-         const SimulateRpcOptions& options) {
-  auto name_of = [&](int r) { return names ? names(r) : "worker" + std::to_string(r); };
+void run(const std::function<void(Agent&)>& fn, const RunOptions& options) {
+  auto name_of = [&](int r) { return options.names ? options.names(r) : "worker" + std::to_string(r); };
   if (auto env = launch_env_from_environment()) {
     Runtime rt(options.runtime_options);
-    Agent agent = init(rt, name_of(env->rank), env->rank, env->world_size, options.rpc);
+    Agent agent = init(rt, *env, name_of(env->rank), options.rpc);
     fn(agent);
     agent.shutdown();
     return;
   }
-  SimulateRpcOptions o = options;
-  o.names.clear();
-  for (int r = 0; r < simulated_workers; ++r) o.names.push_back(name_of(r));
-  simulate(simulated_workers, fn, o);
+  SimulateOptions o;
+  o.runtime_options = options.runtime_options;
+  o.rpc = options.rpc;
+  for (int r = 0; r < options.simulated_workers; ++r) o.names.push_back(name_of(r));
+  simulate(options.simulated_workers, fn, o);
+}
+
+void run(const std::function<void(Agent&)>& fn, int simulated_workers) {
+  RunOptions o;
+  o.simulated_workers = simulated_workers;
+  run(fn, o);
 }
 
 }  // namespace dopt::rpc

@@ -260,7 +260,7 @@ TEST_CASE("rpc deadlines: a call without a reply in time fails with TimeoutError
   }
   simulate(3, [](Agent& a) {
     if (a.rank() != 1) return;
-    auto f = a.rpc_async<int>("worker2", Fn("t.wait_gate").with_timeout(std::chrono::milliseconds(100)));
+    auto f = a.rpc_async<int>("worker2", Fn("t.wait_gate", {.timeout = std::chrono::milliseconds(100)}));
     std::string e = error_of([&] { f.get(); });
     SCHECK_THAT(e, Contains("TimeoutError") && Contains("t.wait_gate") && Contains("worker2") &&
                       Contains("worker1") && Contains("100 ms"));
@@ -294,14 +294,14 @@ TEST_CASE("rpc retries: a call resent after its deadline runs once on the callee
   }
   simulate(3, [](Agent& a) {
     if (a.rank() != 0) return;
-    auto fn = Fn("t.count_then_wait_gate").with_timeout(std::chrono::milliseconds(50)).with_retries(3);
+    auto fn = Fn("t.count_then_wait_gate", {.timeout = std::chrono::milliseconds(50), .retries = 3});
     std::string e = error_of([&] { a.rpc_sync<int>("worker2", fn); });
     SCHECK_THAT(e, Contains("TimeoutError") && Contains("4 attempts"));
     a.rpc_sync("worker1", "t.open_gate");
     // all four requests reached worker2 before this call: it ran once
     SCHECK(a.rpc_sync<int>("worker2", "t.read_count") == 1);
     // a call that finishes is answered from the first attempt's reply
-    SCHECK(a.rpc_sync<int>("worker2", Fn("t.count_once").with_retries(2)) == 2);
+    SCHECK(a.rpc_sync<int>("worker2", Fn("t.count_once", {.retries = 2})) == 2);
   });
   CHECK(g_count_once == 2);
 }
