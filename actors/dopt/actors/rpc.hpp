@@ -147,7 +147,7 @@ struct To {
 /// Per-call settings.
 struct CallOptions {
   /// The call's deadline; empty: RpcOptions::rpc_timeout.
-  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
   /// Resends (same call id) after a deadline passes without a reply, each
   /// with a fresh deadline, before failing with TimeoutError. The callee
   /// runs the call at most once (see Idempotency above).
