@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
 
   dopt::rpc::register_function("bench.make_param", [](std::int64_t n) { return dopt::Tensor::full({n}, 0.5); });
   try {
-    dopt::rpc::SimulateRpcOptions so;
+    dopt::rpc::RunOptions so;
+    so.simulated_workers = owners + 1;
+    so.names = [](int r) { return r == 0 ? std::string("trainer") : "owner" + std::to_string(r); };
     so.runtime_options.threads = std::max(2, std::min(owners + 1, 8));
     dopt::rpc::run(
         [&](dopt::rpc::Agent& a) {
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
               env ? "false" : "true");
           std::fflush(stdout);
         },
-        owners + 1, [](int r) { return r == 0 ? std::string("trainer") : "owner" + std::to_string(r); }, so);
+        so);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dopt_bench_distributed_optimizer: %s\n", e.what());
     return 1;

@@ -5,5 +5,7 @@
 if(TARGET dopt_tests)
   add_executable(dopt_rpc_peer rpc_peer.cpp)
   target_link_libraries(dopt_rpc_peer PRIVATE dopt::dopt)
+  # rpc/testing.hpp (test hooks, not installed)
+  target_include_directories(dopt_rpc_peer PRIVATE "${PROJECT_SOURCE_DIR}/actors/src")
   add_dependencies(dopt_tests dopt_rpc_peer)
 endif()

@@ -35,6 +35,7 @@
 #include <optional>
 
 #include "dopt/actors/rpc.hpp"
+#include "rpc/testing.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "peer_util.hpp"
@@ -120,7 +121,7 @@ void register_functions() {
     }
     return a.rpc_sync<std::int64_t>(owner, "mp.owned");
   });
-  rpc::register_function("mp.owned", [](Agent& a) { return static_cast<std::int64_t>(a.num_owned()); });
+  rpc::register_function("mp.owned", [](Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_owned(a)); });
   rpc::register_function("mp.live", [] { return Tracked::live.load(); });
 }
 
@@ -231,7 +232,7 @@ void kill(Agent& a, Checker& c) {
 void errors(Agent& a, Checker& c) {
   if (a.rank() != 0) return;
   const int last = a.world_size() - 1;
-  std::string e = error_of([&] { a.rpc_sync<int>(1, rpc::Fn("mp.wait_gate").with_timeout(std::chrono::milliseconds(300))); });
+  std::string e = error_of([&] { a.rpc_sync<int>(1, rpc::Fn("mp.wait_gate", {.timeout = std::chrono::milliseconds(300)})); });
   c.expect(has(e, "TimeoutError") && has(e, "mp.wait_gate") && has(e, "'owner1'") && has(e, "'trainer'") &&
                has(e, "300 ms"),
            "timeout: " + e);
@@ -242,7 +243,7 @@ void errors(Agent& a, Checker& c) {
   c.expect(has(e, "ValueError") && has(e, "bad thing"), "remote ValueError: " + e);
   e = error_of([&] { a.rpc_sync<int>(last, "mp.throw_value", 3); });
   c.expect(has(e, "TypeError"), "argument type: " + e);
-  c.expect(a.rpc_sync<int>(1, rpc::Fn("mp.count").duplicate_for_testing(4)) == 1, "duplicated request ran once");
+  c.expect(rpc::testing::rpc_sync_duplicated<int>(a, 1, "mp.count", 4) == 1, "duplicated request ran once");
   c.expect(a.rpc_sync<int>(1, "mp.read_count") == 1, "duplicated request ran once (read back)");
 }
 
@@ -282,7 +283,7 @@ int main(int argc, char** argv) {
       name = (rank < 2 ? "ps" : "trainer") + std::to_string(rank);
     else
       name = rank == 0 ? "trainer" : "owner" + std::to_string(rank);
-    Agent agent = rpc::init(rt, name, env->rank, env->world_size, opts);
+    Agent agent = rpc::init(rt, *env, name, opts);
     Checker c{rank};
     if (mode == "parity") parity(agent, c);
     else if (mode == "concurrent") concurrent(agent, c);

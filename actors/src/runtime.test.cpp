@@ -96,6 +96,44 @@ TEST_CASE("Future: errors are carried and rethrown", "[actors]") {
   CHECK_THROWS_AS(thrower.get(), std::runtime_error);
 }
 
+TEST_CASE("when_all waits for every future and carries the first failure in list order", "[actors][future]") {
+  // Empty: ready at once.
+  CHECK(dopt::when_all(std::vector<dopt::Future<void>>{}).is_ready());
+  // All succeed, completed out of order: ready only after the last one.
+  std::vector<dopt::Promise<int>> ps(3);
+  std::vector<dopt::Future<int>> fs;
+  for (auto& p : ps) fs.push_back(p.get_future());
+  auto all = dopt::when_all(fs);
+  ps[2].set_value(2);
+  ps[0].set_value(0);
+  CHECK_FALSE(all.is_ready());
+  ps[1].set_value(1);
+  REQUIRE(all.is_ready());
+  CHECK_NOTHROW(all.get());
+  // Two fail: the later one in the list fails first in time; the combined
+  // future still waits for the third, and carries the first in list order.
+  std::vector<dopt::Promise<void>> qs(3);
+  std::vector<dopt::Future<void>> gs;
+  for (auto& q : qs) gs.push_back(q.get_future());
+  auto some = dopt::when_all(gs);
+  qs[2].set_exception(std::make_exception_ptr(dopt::TimeoutError("op", "third", 2)));
+  qs[0].set_exception(std::make_exception_ptr(dopt::KeyError("op", "first", 0)));
+  CHECK_FALSE(some.is_ready());  // the second has not completed yet
+  qs[1].set_value();
+  REQUIRE(some.is_ready());
+  CHECK_THROWS_AS(some.get(), dopt::KeyError);
+  CHECK_THROWS_WITH(some.get(), Catch::Contains("first"));
+  // Completed from other threads.
+  std::vector<dopt::Promise<void>> rs(8);
+  std::vector<dopt::Future<void>> hs;
+  for (auto& r : rs) hs.push_back(r.get_future());
+  auto threaded = dopt::when_all(hs);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 8; ++i) ts.emplace_back([&rs, i] { rs[static_cast<std::size_t>(i)].set_value(); });
+  for (auto& t : ts) t.join();
+  CHECK_NOTHROW(threaded.get());
+}
+
 TEST_CASE("RuntimeOptions from the environment", "[actors]") {
   {
     EnvGuard g("DOPT_THREADS", "3");

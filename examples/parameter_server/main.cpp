@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
           if (!(last < 0.1 * first)) all_fell = false;
         },
-        5, [](int r) { return r < 2 ? "ps" + std::to_string(r) : "trainer" + std::to_string(r); });
+        {.simulated_workers = 5,
+         .names = [](int r) { return r < 2 ? "ps" + std::to_string(r) : "trainer" + std::to_string(r); }});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "parameter_server: %s\n", e.what());
     return 1;

@@ -26,8 +26,7 @@ int main() {
     return 2;
   }
   Runtime rt;
-  rpc::Agent agent = rpc::init(rt, env->rank == 0 ? "trainer" : "ps" + std::to_string(env->rank),
-                               env->rank, env->world_size);
+  rpc::Agent agent = rpc::init(rt, *env, env->rank == 0 ? "trainer" : "ps" + std::to_string(env->rank));
   if (agent.rank() == 0) {
     Tensor t = agent.rpc_sync<Tensor>("ps1", "add", Tensor::zeros({4}), 2.0);        // blocking
     Future<Tensor> f = agent.rpc_async<Tensor>(1, "add", t, 1.0);                    // by rank

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "dopt/actors/rpc.hpp"
+#include "rpc/testing.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 #include "test_util.hpp"
@@ -295,7 +296,7 @@ TEST_CASE("DistributedOptimizer: an owner killed mid-step fails the step with an
   const int n = GENERATE(3, 5);
   const int victim = n - 1;
   dopt::optim::detail::set_owner_step_hook([victim](Agent& a, long step) {
-    if (a.rank() == victim && step == 1) a.kill();
+    if (a.rank() == victim && step == 1) rpc::testing::kill(a);
   });
   rpc::simulate(n, [n, victim](Agent& a) {
     if (a.rank() != 0) return;

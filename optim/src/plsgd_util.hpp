@@ -53,38 +53,7 @@ inline void divide_(const Tensor& t, std::int64_t n, const char* op) {
   }
 }
 
-/// A future that completes when all of `futures` have; it carries the first
-/// exception (in list order) if any failed.
-inline Future<void> when_all(std::vector<Future<void>> futures) {
-  if (futures.empty()) return make_ready_future();
-  if (futures.size() == 1) return futures.front();
-  struct Shared {
-    std::mutex m;
-    std::size_t left;
-    std::vector<std::exception_ptr> errors;
-    Promise<void> done;
-  };
-  auto s = std::make_shared<Shared>();
-  s->left = futures.size();
-  s->errors.resize(futures.size());
-  for (std::size_t i = 0; i < futures.size(); ++i) {
-    futures[i].then([s, i](Future<void> f) {
-      bool last = false;
-      {
-        std::lock_guard<std::mutex> lock(s->m);
-        s->errors[i] = f.exception();
-        last = --s->left == 0;
-      }
-      if (!last) return;
-      for (auto& e : s->errors)
-        if (e) {
-          s->done.set_exception(e);
-          return;
-        }
-      s->done.set_value();
-    });
-  }
-  return s->done.get_future();
-}
+/// dopt::when_all (future.hpp): waits for all, carries the first failure in list order.
+using ::dopt::when_all;
 
 }  // namespace dopt::optim::detail

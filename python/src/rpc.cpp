@@ -61,7 +61,7 @@ rpc::To to_of(const py::object& to) {
 
 rpc::Fn fn_of(const char* name, double timeout_s) {
   rpc::Fn f(name);
-  if (timeout_s > 0) f.with_timeout(std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
+  if (timeout_s > 0) f.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
   return f;
 }
 
@@ -171,10 +171,9 @@ void bind_rpc(py::module_& m) {
         env.master_addr = master_addr;
         env.master_port = master_port;
         env.source = "python";
-        o.launch = env;
         Runtime& rt = runtime();
         py::gil_scoped_release release;
-        return rpc::init(rt, name, rank, world_size, o);
+        return rpc::init(rt, env, name, o);
       },
       py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
       py::arg("rpc_timeout_s"), py::arg("num_worker_threads"));

@@ -233,4 +233,44 @@ Future<T> make_failed_future(std::exception_ptr e) {
   return p.get_future();
 }
 
+/// A future that completes once every future of `futures` has completed
+/// (it always waits for all of them, also after one failed, so no work of
+/// the batch is left running when it completes). It carries a value when
+/// all succeeded; when several failed it carries the error of the first
+/// failed future in list order (not the first to fail in time, so the
+/// result does not depend on scheduling). An empty list gives a ready
+/// future. The combined future is filled on the thread that completes the
+/// last of them (see then()).
+template <class T>
+Future<void> when_all(const std::vector<Future<T>>& futures) {
+  if (futures.empty()) return make_ready_future();
+  struct Shared {
+    std::mutex m;
+    std::size_t left;
+    std::vector<std::exception_ptr> errors;
+    Promise<void> done;
+  };
+  auto s = std::make_shared<Shared>();
+  s->left = futures.size();
+  s->errors.resize(futures.size());
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    (void)futures[i].then([s, i](const Future<T>& f) {
+      bool last = false;
+      {
+        std::lock_guard<std::mutex> lock(s->m);
+        s->errors[i] = f.exception();
+        last = --s->left == 0;
+      }
+      if (!last) return;
+      for (auto& e : s->errors)
+        if (e) {
+          s->done.set_exception(e);
+          return;
+        }
+      s->done.set_value();
+    });
+  }
+  return s->done.get_future();
+}
+
 }  // namespace dopt

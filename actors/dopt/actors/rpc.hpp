@@ -6,7 +6,7 @@
 //   // every process (or simulated worker):
 //   dopt::rpc::register_function("add", [](dopt::Tensor a, double b) { ... return t; });
 //   dopt::Runtime rt;
-//   dopt::rpc::Agent agent = dopt::rpc::init(rt, "trainer0", rank, world_size);
+//   dopt::rpc::Agent agent = dopt::rpc::init(rt, env, "trainer0");  // env: a LaunchEnv
 //   dopt::Tensor t = agent.rpc_sync<dopt::Tensor>("ps0", "add", x, 2.0);
 //   dopt::rpc::RRef<Model> m = agent.remote<Model>("ps0", "make_model", 16);
 //   agent.shutdown();                                   // graceful: waits for everybody
@@ -56,7 +56,7 @@
 //     (fewer when their results exceed dedup_window_bytes)
 //     and answers a repeated request with the cached reply without running
 //     the function again; a repeat while it still runs is dropped (its reply
-//     comes once). So a resend (Fn::with_retries) never applies an update
+//     comes once). So a resend (Fn::retries) never applies an update
 //     twice.
 //
 // RRefs (remote references)
@@ -94,17 +94,12 @@
 //     it owns. Dead workers count as done. Bounded by shutdown_timeout
 //     (TimeoutError naming the workers that did not finish; the agent is
 //     stopped anyway). Idempotent.
-//   * kill() stops the agent at once, as if the process died (tests).
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
-#include <type_traits>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -131,9 +126,6 @@ struct RpcOptions {
   /// exceed dedup_window_bytes (the newest is always kept).
   std::size_t dedup_window = 4096;
   std::size_t dedup_window_bytes = std::size_t(64) << 20;
-  /// Real processes: where rank 0 listens (MASTER_ADDR / MASTER_PORT; rank
-  /// and world size come from init's arguments). Empty: the environment.
-  std::optional<LaunchEnv> launch;
 };
 
 struct WorkerInfo {
@@ -152,229 +144,36 @@ struct To {
   To(const WorkerInfo& w) : rank(w.rank) {}
 };
 
-/// A function name plus per-call settings.
-struct Fn {
-  std::string name;
-  std::optional<std::chrono::milliseconds> timeout;
-  /// Testing: send the request this many times with the same call id (the
-  /// callee must run it once). Normal calls: 1.
-  int copies = 1;
+/// Per-call settings.
+struct CallOptions {
+  /// The call's deadline; empty: RpcOptions::rpc_timeout.
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
   /// Resends (same call id) after a deadline passes without a reply, each
   /// with a fresh deadline, before failing with TimeoutError. The callee
   /// runs the call at most once (see Idempotency above).
   int retries = 0;
+};
+
+/// A function name plus per-call settings:
+///   agent.rpc_sync<int>("ps0", "step");                                  // defaults
+///   agent.rpc_sync<int>("ps0", {"step", {.timeout = 500ms, .retries = 2}});
+struct Fn : CallOptions {
+  std::string name;
   Fn(const char* n) : name(n) {}
   Fn(std::string n) : name(std::move(n)) {}
-  Fn& with_timeout(std::chrono::milliseconds t) {
-    timeout = t;
-    return *this;
-  }
-  Fn& with_retries(int n) {
-    retries = n;
-    return *this;
-  }
-  Fn& duplicate_for_testing(int n) {
-    copies = n;
-    return *this;
-  }
+  Fn(std::string n, CallOptions options) : CallOptions(options), name(std::move(n)) {}
 };
 
 class Agent;
 class GradContext;
 
-namespace detail {
+}  // namespace dopt::rpc
 
-/// A value owned by a worker, type-erased.
-struct ObjectValue {
-  std::shared_ptr<void> value;
-  std::string type;  // typeid(T).name()
-  /// Writes the value (TypeError when T is not encodable).
-  std::function<void(const void*, Encoder&)> encode;
-};
+// The code the templates below expand to (not an API of its own).
+#define DOPT_RPC_DETAIL_FROM_RPC_HPP
+#include "dopt/actors/rpc_detail.hpp"
 
-struct FunctionEntry {
-  /// Methods: typeid(T).name() of the value they run on; free functions: "".
-  std::string target_type;
-  /// Runs the function and writes its result.
-  std::function<void(Agent&, void* target, Decoder& args, Encoder& result)> call;
-  /// Free functions with a result: runs it and keeps the result (remote()).
-  std::function<ObjectValue(Agent&, Decoder& args)> make_object;
-};
-
-void register_entry(const std::string& name, FunctionEntry entry);
-
-enum class Mode : int { call = 0, remote = 1, method = 2 };
-
-struct CallSpec {
-  To to{-1};
-  std::string fn;
-  Mode mode = Mode::call;
-  std::uint64_t target = 0;      // method: the object
-  std::uint64_t new_object = 0;  // remote: the object to create
-  std::vector<char> args;
-  std::vector<std::shared_ptr<RRefState>> rrefs;  // handed on to the receiver
-  std::optional<std::chrono::milliseconds> timeout;
-  int copies = 1;
-  int retries = 0;
-};
-
-/// Posts the call to the agent; the future holds the encoded result.
-Future<std::vector<char>> send_call(const std::shared_ptr<AgentCore>& core, CallSpec spec);
-int resolve_rank(const AgentCore& core, const To& to, const char* op);
-std::uint64_t new_object_id(AgentCore& core);
-int core_rank(const AgentCore& core);
-WorkerInfo core_worker(const AgentCore& core, int rank);
-
-/// One worker's counted hold on an object (see the top of this file). The
-/// destructor tells the owner.
-struct RRefState {
-  std::shared_ptr<AgentCore> core;
-  int owner = -1;
-  std::uint64_t id = 0;
-  std::string type;
-  ~RRefState();
-};
-/// A state for an RRef that arrived in a message (counted by its sender).
-std::shared_ptr<RRefState> adopt_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
-                                      const std::string& type);
-/// A state for `id`, created here by remote() (counted by the owner on receipt).
-std::shared_ptr<RRefState> created_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
-                                        const std::string& type);
-/// Stores v as a new object owned here, held by the returned state.
-std::shared_ptr<RRefState> own_value(const std::shared_ptr<AgentCore>& core, ObjectValue v);
-/// The owned object's value (StateError when not owned here / not there yet,
-/// TypeError for another type).
-void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, const char* op);
-
-template <class F> struct fn_traits : fn_traits<decltype(&std::remove_cvref_t<F>::operator())> {};
-template <class R, class... A> struct fn_traits<R (*)(A...)> {
-  using result = R;
-  using args = std::tuple<A...>;
-};
-template <class R, class... A> struct fn_traits<R(A...)> : fn_traits<R (*)(A...)> {};
-template <class C, class R, class... A> struct fn_traits<R (C::*)(A...) const> : fn_traits<R (*)(A...)> {};
-template <class C, class R, class... A> struct fn_traits<R (C::*)(A...)> : fn_traits<R (*)(A...)> {};
-
-template <class T>
-auto normalise_arg(const T& x) {
-  if constexpr (std::is_convertible_v<const T&, std::string> && !std::is_same_v<T, std::string>)
-    return std::string(x);
-  else
-    return std::cref(x);
-}
-
-template <class... A>
-CallSpec make_spec(const To& to, const Fn& fn, Mode mode, const A&... a) {
-  CallSpec s;
-  s.to = to;
-  s.fn = fn.name;
-  s.mode = mode;
-  s.timeout = fn.timeout;
-  s.copies = fn.copies;
-  s.retries = fn.retries;
-  Encoder e;
-  e.put_tag(tag::tuple);
-  e.put_pod<std::uint64_t>(sizeof...(A));
-  [[maybe_unused]] auto one = [&](const auto& x) {
-    auto n = normalise_arg(x);
-    if constexpr (std::is_same_v<decltype(n), std::string>)
-      write(e, n);
-    else
-      write(e, n.get());
-  };
-  (one(a), ...);
-  s.rrefs = std::move(e.rrefs);
-  s.args = e.take();
-  return s;
-}
-
-template <class R>
-Future<R> typed_result(const std::shared_ptr<AgentCore>& core, Future<std::vector<char>> f, std::string what) {
-  return f.then([core, what](Future<std::vector<char>> b) -> R {
-    std::vector<char> bytes = b.get();
-    if constexpr (std::is_void_v<R>) {
-      return;
-    } else {
-      Decoder d(bytes, core, what);
-      R r{};
-      read(d, r);
-      return r;
-    }
-  });
-}
-
-template <class Args, std::size_t Skip, std::size_t... I>
-auto decode_params(Decoder& d, std::index_sequence<I...>) {
-  std::tuple<std::remove_cvref_t<std::tuple_element_t<Skip + I, Args>>...> vals;
-  d.expect_tag(tag::tuple, "argument list");
-  const auto n = d.get_pod<std::uint64_t>();
-  if (n != sizeof...(I))
-    d.fail("the function takes " + std::to_string(sizeof...(I)) + " argument(s) but the caller sent " +
-           std::to_string(n));
-  (read(d, std::get<I>(vals)), ...);
-  if (!d.at_end()) d.fail("trailing bytes after the arguments");
-  return vals;
-}
-
-template <class T, bool Method, class F>
-FunctionEntry make_entry(F f) {
-  using Tr = fn_traits<F>;
-  using Args = typename Tr::args;
-  using R = typename Tr::result;
-  constexpr std::size_t N = std::tuple_size_v<Args>;
-  constexpr bool has_agent = [] {
-    if constexpr (N > 0) return std::is_same_v<std::remove_cvref_t<std::tuple_element_t<0, Args>>, Agent>;
-    else return false;
-  }();
-  constexpr std::size_t skip = (has_agent ? 1 : 0) + (Method ? 1 : 0);
-  static_assert(N >= skip, "a method takes the value (T&) first, after an optional Agent&");
-  auto run = [f](Agent& a, void* target, Decoder& d) -> R {
-    auto vals = decode_params<Args, skip>(d, std::make_index_sequence<N - skip>());
-    return [&]<std::size_t... I>(std::index_sequence<I...>) -> R {
-      auto arg = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) -> decltype(auto) {
-        return static_cast<std::tuple_element_t<skip + J, Args>&&>(std::get<J>(vals));
-      };
-      if constexpr (Method) {
-        T& obj = *static_cast<T*>(target);
-        if constexpr (has_agent) return f(a, obj, arg(std::integral_constant<std::size_t, I>{})...);
-        else return f(obj, arg(std::integral_constant<std::size_t, I>{})...);
-      } else {
-        (void)target;
-        if constexpr (has_agent) return f(a, arg(std::integral_constant<std::size_t, I>{})...);
-        else return f(arg(std::integral_constant<std::size_t, I>{})...);
-      }
-    }(std::make_index_sequence<N - skip>());
-  };
-  FunctionEntry e;
-  if constexpr (Method) e.target_type = typeid(T).name();
-  e.call = [run](Agent& a, void* target, Decoder& d, Encoder& out) {
-    if constexpr (std::is_void_v<R>) {
-      run(a, target, d);
-    } else if constexpr (encodable<R>()) {
-      write(out, run(a, target, d));
-    } else {
-      throw TypeError("rpc", "the result type " + readable_type_name(typeid(R).name()) +
-                                 " cannot travel; call this function with remote() instead");
-    }
-  };
-  if constexpr (!Method && !std::is_void_v<R>) {
-    e.make_object = [run](Agent& a, Decoder& d) {
-      ObjectValue v;
-      v.value = std::make_shared<std::remove_cvref_t<R>>(run(a, nullptr, d));
-      v.type = typeid(std::remove_cvref_t<R>).name();
-      v.encode = [](const void* p, Encoder& out) {
-        if constexpr (encodable<R>())
-          write(out, *static_cast<const std::remove_cvref_t<R>*>(p));
-        else
-          throw TypeError("RRef.to_here", "the value type " + readable_type_name(typeid(R).name()) + " cannot travel");
-      };
-      return v;
-    };
-  }
-  return e;
-}
-
-}  // namespace detail
+namespace dopt::rpc {
 
 /// Registers f under name, process-wide (a later registration of the same
 /// name replaces it). f's parameters and result are deduced; the parameters
@@ -502,7 +301,8 @@ class GradContext {
   /// Many at once: one message per owner.
   Future<void> deposit_all(const std::vector<std::pair<RRef<Tensor>, Tensor>>& grads);
   /// Completes when every deposit made through this context's handles so
-  /// far completed; fails with the first failure.
+  /// far completed; fails with the first failure (in the order the deposits
+  /// were made: when_all).
   Future<void> deposits_done() const;
   /// Drops the context on every owner that got a deposit (idempotent).
   /// Done by the destructor of the creator's last handle.
@@ -572,15 +372,8 @@ class Agent {
   Tensor context_grad(std::uint64_t ctx, std::uint64_t obj) const;
   /// Owner side: drops the gradients of ctx for the given owned values.
   void drop_context_grads(std::uint64_t ctx, const std::vector<std::uint64_t>& objs) const;
-  /// Contexts with gradients held here (tests).
-  std::size_t num_contexts() const;
-  /// Values owned here (tests).
-  std::size_t num_owned() const;
-
   /// Graceful collective shutdown (see the top of this file).
   void shutdown() const;
-  /// Stops the agent at once, as if its process died (tests).
-  void kill() const;
   /// Whether the agent still runs (not shut down or killed).
   bool alive() const;
   /// Waits until this agent has seen `worker` die (its pending calls failed,
@@ -588,6 +381,7 @@ class Agent {
   /// supervisors.
   bool wait_until_lost(const To& worker, std::chrono::milliseconds timeout) const;
 
+  /// The agent's shared state (opaque; an identity for maps keyed by agent).
   const std::shared_ptr<detail::AgentCore>& core() const noexcept { return core_; }
 
  private:
@@ -617,14 +411,19 @@ std::vector<RRef<Tensor>> remote_parameters(const RRef<M>& module) {
   return module.template rpc_sync<std::vector<RRef<Tensor>>>(module_parameters_method<M>());
 }
 
-/// Real processes: joins the world through the runtime's rendezvous
-/// (MASTER_ADDR / MASTER_PORT, see rendezvous.hpp); a collective of all
-/// world_size processes. Names must be unique (ValueError naming the
-/// ranks). Throws like rendezvous().
-Agent init(Runtime& runtime, const std::string& name, int rank, int world_size, const RpcOptions& options = {});
+// The entry points take their configuration as dopt's collective ones do
+// (init_process_group, simulate, run_distributed): what to join or how many
+// workers first, then one options struct.
 
-struct SimulateRpcOptions {
-  /// Runtime to use; null: simulate starts (and stops) its own.
+/// Real processes: joins the world that env describes (env.rank,
+/// env.world_size; rank 0 listens on env.master_addr / env.master_port, see
+/// rendezvous.hpp) as the worker called `name`; a collective of all
+/// env.world_size processes. Names must be unique (ValueError naming the
+/// ranks). Throws like rendezvous().
+Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, const RpcOptions& options = {});
+
+struct SimulateOptions {
+  /// Runtime to use; null: simulate starts (and stops) its own with `runtime_options`.
   Runtime* runtime = nullptr;
   RuntimeOptions runtime_options = RuntimeOptions::from_env();
   RpcOptions rpc;
@@ -632,17 +431,28 @@ struct SimulateRpcOptions {
   std::vector<std::string> names;
 };
 
-/// n simulated workers in this process, each running fn(agent) on its own
-/// thread, then shutdown() (graceful) unless fn killed its agent. A worker
-/// whose fn throws is killed (its peers see it die) and simulate rethrows
-/// the first exception after every worker finished (like dopt::simulate).
-void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateRpcOptions& options = {});
+/// world_size simulated workers in this process, each running fn(agent) on
+/// its own thread, then shutdown() (graceful). A worker whose fn throws is
+/// stopped at once (its peers see it die) and simulate rethrows the first
+/// exception after every worker finished (like dopt::simulate).
+void simulate(int world_size, const std::function<void(Agent&)>& fn, const SimulateOptions& options = {});
 
-/// Programs that run either way: launched (dopt-run, torchrun, ...) it runs
-/// fn once as this process's worker, named names(rank); alone it simulates
-/// `simulated_workers` workers.
-void run(const std::function<void(Agent&)>& fn, int simulated_workers,
-         const std::function<std::string(int)>& names = {}, const SimulateRpcOptions& options = {});
+struct RunOptions {
+  /// Workers to simulate when the process was not started by a launcher.
+  int simulated_workers = 1;
+  /// The name of the worker of each rank; empty: "worker<rank>".
+  std::function<std::string(int)> names;
+  RpcOptions rpc;
+  /// Options of the runtime that run starts.
+  RuntimeOptions runtime_options = RuntimeOptions::from_env();
+};
+
+/// Programs that run either way (like dopt::run_distributed): launched
+/// (dopt-run, torchrun, ...) it runs fn once as this process's worker;
+/// alone it simulates options.simulated_workers workers.
+void run(const std::function<void(Agent&)>& fn, const RunOptions& options = {});
+/// The same as run(fn, {.simulated_workers = simulated_workers}).
+void run(const std::function<void(Agent&)>& fn, int simulated_workers);
 
 /// The name of e's dopt::Error subclass ("TimeoutError", ..., "Error").
 std::string error_kind(const Error& e);

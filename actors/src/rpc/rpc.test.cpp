@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "dopt/actors/rpc.hpp"
+#include "rpc/testing.hpp"
 
 using namespace dopt;
 using namespace dopt::rpc;
@@ -111,7 +112,7 @@ void register_test_functions() {
       std::lock_guard<std::mutex> lock(g_gate_mutex);
       g_gate->set_value();
     });
-    register_function("t.die", [](Agent& a) { a.kill(); });
+    register_function("t.die", [](Agent& a) { rpc::testing::kill(a); });
     register_function("t.make_tracked", [](int v) { return Tracked(v); });
     register_function("t.make_counter", [] { return Counter{}; });
     register_method<Counter>("t.bump", [](Counter& c, int by) {
@@ -139,10 +140,10 @@ void register_test_functions() {
     });
     register_function("t.wait_lost_then_owned", [](Agent& a, int rank) {
       if (!a.wait_until_lost(rank, std::chrono::seconds(30))) throw TimeoutError("test", "never saw it die");
-      return static_cast<std::int64_t>(a.num_owned());
+      return static_cast<std::int64_t>(rpc::testing::num_owned(a));
     });
-    register_function("t.owned", [](Agent& a) { return static_cast<std::int64_t>(a.num_owned()); });
-    register_function("t.contexts", [](Agent& a) { return static_cast<std::int64_t>(a.num_contexts()); });
+    register_function("t.owned", [](Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_owned(a)); });
+    register_function("t.contexts", [](Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_contexts(a)); });
     register_function("t.make_param", [](int n) { return Tensor::full({n}, 0.5); });
     register_function("t.ctx_grad", [](Agent& a, std::uint64_t ctx, RRef<Tensor> p) {
       return a.context_grad(ctx, p.id());
@@ -150,11 +151,11 @@ void register_test_functions() {
     register_function("t.deposit_then_die", [](Agent& a, RRef<Tensor> p) {
       g_dead_ctx = a.new_context();
       g_dead_ctx->deposit(p, Tensor::full({4}, 1.0)).get();
-      a.kill();
+      rpc::testing::kill(a);
     });
     register_function("t.wait_lost_then_contexts", [](Agent& a, int rank) {
       if (!a.wait_until_lost(rank, std::chrono::seconds(30))) throw TimeoutError("test", "never saw it die");
-      return static_cast<std::int64_t>(a.num_contexts());
+      return static_cast<std::int64_t>(rpc::testing::num_contexts(a));
     });
     register_function("t.nested", [](Agent& a, int to, int depth) -> int {
       if (depth == 0) return a.rank();
@@ -259,7 +260,7 @@ TEST_CASE("rpc deadlines: a call without a reply in time fails with TimeoutError
   }
   simulate(3, [](Agent& a) {
     if (a.rank() != 1) return;
-    auto f = a.rpc_async<int>("worker2", Fn("t.wait_gate").with_timeout(std::chrono::milliseconds(100)));
+    auto f = a.rpc_async<int>("worker2", Fn("t.wait_gate", {.timeout = std::chrono::milliseconds(100)}));
     std::string e = error_of([&] { f.get(); });
     SCHECK_THAT(e, Contains("TimeoutError") && Contains("t.wait_gate") && Contains("worker2") &&
                       Contains("worker1") && Contains("100 ms"));
@@ -274,10 +275,10 @@ TEST_CASE("rpc idempotency: a request sent three times with one call id runs onc
   g_count_once = 0;
   simulate(3, [](Agent& a) {
     if (a.rank() != 0) return;
-    SCHECK(a.rpc_sync<int>("worker1", Fn("t.count_once").duplicate_for_testing(3)) == 1);
+    SCHECK(rpc::testing::rpc_sync_duplicated<int>(a, "worker1", "t.count_once", 3) == 1);
     // the repeats reached worker1 before this call; none ran
     SCHECK(a.rpc_sync<int>("worker1", "t.read_count") == 1);
-    SCHECK(a.rpc_sync<int>("worker2", Fn("t.count_once").duplicate_for_testing(5)) == 2);
+    SCHECK(rpc::testing::rpc_sync_duplicated<int>(a, "worker2", "t.count_once", 5) == 2);
     SCHECK(a.rpc_sync<int>("worker2", "t.read_count") == 2);
   });
   SCHECK(g_count_once == 2);
@@ -293,14 +294,14 @@ TEST_CASE("rpc retries: a call resent after its deadline runs once on the callee
   }
   simulate(3, [](Agent& a) {
     if (a.rank() != 0) return;
-    auto fn = Fn("t.count_then_wait_gate").with_timeout(std::chrono::milliseconds(50)).with_retries(3);
+    auto fn = Fn("t.count_then_wait_gate", {.timeout = std::chrono::milliseconds(50), .retries = 3});
     std::string e = error_of([&] { a.rpc_sync<int>("worker2", fn); });
     SCHECK_THAT(e, Contains("TimeoutError") && Contains("4 attempts"));
     a.rpc_sync("worker1", "t.open_gate");
     // all four requests reached worker2 before this call: it ran once
     SCHECK(a.rpc_sync<int>("worker2", "t.read_count") == 1);
     // a call that finishes is answered from the first attempt's reply
-    SCHECK(a.rpc_sync<int>("worker2", Fn("t.count_once").with_retries(2)) == 2);
+    SCHECK(a.rpc_sync<int>("worker2", Fn("t.count_once", {.retries = 2})) == 2);
   });
   CHECK(g_count_once == 2);
 }
@@ -396,7 +397,7 @@ TEST_CASE("rpc RRef lifetime: the owner frees the value when the last holder let
     auto mine = a.make_rref(Tracked(3));
     a.rpc_sync("worker1", "t.keep", mine);
     mine = RRef<Tracked>();
-    SCHECK(a.num_owned() == 1);
+    SCHECK(rpc::testing::num_owned(a) == 1);
     SCHECK(a.rpc_sync<std::int64_t>("worker1", "t.drop_kept_then_count", 0) == 0);
     SCHECK(Tracked::live == 0);
   });

@@ -1,0 +1,263 @@
+#pragma once
+// Internal to dopt_actors: what the RPC sources share. An agent's state
+// (AgentCore) is shared by user threads, pool threads and the agent actor.
+//
+// Messages between agents use only types CAF serialises itself (integers,
+// strings, std::vector<char>, actor handles), so nothing has to be announced
+// with add_message_type. Per call:
+//   caller -> callee  (rpcreq, caller rank, call id, mode, fn, target, new object, args)
+//   callee -> caller  (rpcrep, call id, status, error kind, op, detail, error rank, result)
+// Messages from user threads to their own agent carry shared_ptrs (local
+// only, CAF_ALLOW_UNSAFE_MESSAGE_TYPE).
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+#include "dopt/actors/rpc.hpp"
+#include "rpc/pool.hpp"
+
+namespace dopt::rpc::detail {
+
+struct OutCall {
+  int dest = -1;
+  int attempts = 0;
+  CallSpec spec;
+  Promise<std::vector<char>> promise;
+  ~OutCall() {
+    promise.set_exception(std::make_exception_ptr(
+        StateError("rpc", "call of '" + spec.fn + "' was dropped: the calling worker's agent stopped")));
+  }
+};
+using OutCallPtr = std::shared_ptr<OutCall>;
+
+struct Reply {
+  int status = 0;  // 0 ok, 1 error
+  std::string kind, op, detail;
+  int err_rank = -1;
+  std::vector<char> bytes;
+};
+using ReplyPtr = std::shared_ptr<const Reply>;
+
+struct AgentPeers {
+  std::vector<caf::actor> actors;
+};
+using AgentPeersPtr = std::shared_ptr<const AgentPeers>;
+
+}  // namespace dopt::rpc::detail
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::rpc::detail::OutCallPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::rpc::detail::ReplyPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dopt::rpc::detail::AgentPeersPtr)
+
+namespace dopt::rpc::detail {
+
+struct Object {
+  std::uint64_t id = 0;
+  ObjectValue v;
+  bool creation_seen = false;  // remote() request received / made here
+  bool created = false;        // value there, or creation failed (error)
+  std::exception_ptr error;
+  std::map<int, long> counts;  // worker -> holds
+  // strand
+  std::mutex m;
+  std::deque<std::function<void()>> q;
+  bool busy = true;  // blocked until created
+};
+using ObjectPtr = std::shared_ptr<Object>;
+
+struct AgentCore : std::enable_shared_from_this<AgentCore> {
+  std::string name;
+  int rank = 0;
+  int world = 1;
+  std::vector<std::string> names;
+  RpcOptions options;
+  caf::actor_system* sys = nullptr;
+
+  mutable std::mutex mutex;
+  caf::actor actor;
+  bool stopped = false;
+  bool killed = false;
+  std::atomic<bool> shutting_down{false};
+  std::unique_ptr<Pool> pool;
+
+  std::mutex obj_mutex;
+  std::condition_variable obj_cv;  // an object was created
+  std::map<std::uint64_t, ObjectPtr> objects;
+  std::set<std::uint64_t> freed;
+  std::atomic<std::uint64_t> next_object{1};
+  std::atomic<std::uint64_t> next_context{1};
+
+  std::mutex ctx_mutex;
+  std::map<std::uint64_t, std::map<std::uint64_t, Tensor>> contexts;
+
+  std::mutex st_mutex;
+  std::condition_variable st_cv;
+  long outstanding = 0;
+  std::set<int> bye_from;
+  std::set<int> lost;
+
+  std::shared_ptr<void> keep;  // real processes: the rendezvous
+
+  caf::actor handle() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return actor;
+  }
+  std::string who(int r) const {
+    return "worker '" + (r >= 0 && r < world ? names[static_cast<std::size_t>(r)] : std::string("?")) + "' (rank " +
+           std::to_string(r) + ")";
+  }
+  bool is_lost(int r) {
+    std::lock_guard<std::mutex> lock(st_mutex);
+    return lost.count(r) > 0;
+  }
+
+  // objects (callers hold no lock)
+  ObjectPtr get_or_placeholder_locked(std::uint64_t id) {
+    auto& o = objects[id];
+    if (!o) {
+      o = std::make_shared<Object>();
+      o->id = id;
+    }
+    return o;
+  }
+  /// Removes obj when nobody holds it; returns it (to drop outside the lock).
+  ObjectPtr maybe_free_locked(const ObjectPtr& o) {
+    if (!o->creation_seen || !o->created) return nullptr;
+    for (auto& [w, c] : o->counts)
+      if (c != 0) return nullptr;
+    auto it = objects.find(o->id);
+    if (it == objects.end() || it->second != o) return nullptr;
+    ObjectPtr out = it->second;
+    objects.erase(it);
+    freed.insert(o->id);
+    return out;
+  }
+  void count(std::uint64_t id, int holder, long delta) {
+    ObjectPtr drop;
+    {
+      std::lock_guard<std::mutex> lock(obj_mutex);
+      if (freed.count(id)) return;
+      auto o = get_or_placeholder_locked(id);
+      if ((o->counts[holder] += delta) == 0) o->counts.erase(holder);
+      drop = maybe_free_locked(o);
+    }
+    if (drop) release_object(drop);
+  }
+  static void release_object(ObjectPtr& o) {
+    // The value goes when the last running task on it ends.
+    std::lock_guard<std::mutex> lock(o->m);
+    o->q.clear();
+  }
+  void drop_worker(int r) {
+    std::vector<ObjectPtr> drops;
+    {
+      std::lock_guard<std::mutex> lock(obj_mutex);
+      std::vector<ObjectPtr> all;
+      for (auto& [id, o] : objects) all.push_back(o);
+      for (auto& o : all) {
+        o->counts.erase(r);
+        if (auto d = maybe_free_locked(o)) drops.push_back(d);
+      }
+    }
+    for (auto& d : drops) release_object(d);
+    std::lock_guard<std::mutex> lock(ctx_mutex);
+    for (auto it = contexts.begin(); it != contexts.end();)
+      it = static_cast<int>(it->first >> 48) == r ? contexts.erase(it) : std::next(it);
+  }
+
+  // strands
+  void strand_post(const ObjectPtr& o, std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(o->m);
+    o->q.push_back(std::move(task));
+    if (!o->busy) {
+      o->busy = true;
+      pool->post([self = shared_from_this(), o] { self->drain(o); });
+    }
+  }
+  void strand_open(const ObjectPtr& o) {
+    std::lock_guard<std::mutex> lock(o->m);
+    if (o->q.empty())
+      o->busy = false;
+    else
+      pool->post([self = shared_from_this(), o] { self->drain(o); });
+  }
+  void drain(const ObjectPtr& o) {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::lock_guard<std::mutex> lock(o->m);
+        if (o->q.empty()) {
+          o->busy = false;
+          return;
+        }
+        task = std::move(o->q.front());
+        o->q.pop_front();
+      }
+      task();
+    }
+  }
+
+  void stop(bool kill) {
+    caf::actor a;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) return;
+      stopped = true;
+      killed = kill;
+      a = actor;
+      actor = nullptr;
+    }
+    if (a) caf::anon_send_exit(a, kill ? caf::exit_reason::kill : caf::exit_reason::user_shutdown);
+    if (kill)
+      pool->stop();
+    else
+      pool->join();
+    std::map<std::uint64_t, ObjectPtr> objs;
+    {
+      std::lock_guard<std::mutex> lock(obj_mutex);
+      objs.swap(objects);
+    }
+    for (auto& [id, o] : objs) release_object(o);
+    objs.clear();
+    {
+      std::lock_guard<std::mutex> lock(ctx_mutex);
+      contexts.clear();
+    }
+    keep.reset();
+    st_cv.notify_all();
+    obj_cv.notify_all();
+  }
+};
+
+// --- registry.cpp ---
+/// The registered function called `name`, or null.
+std::shared_ptr<const FunctionEntry> find_function(const std::string& name);
+
+// --- calls.cpp ---
+/// Posts one call to the agent (send_call without handing RRefs on).
+Future<std::vector<char>> post_call(const std::shared_ptr<AgentCore>& core, CallSpec spec);
+/// Tells the owners of the RRefs in a message that `to` holds them now; each
+/// future completes once its owner confirmed (the sender holds the RRef
+/// until then).
+std::vector<Future<std::vector<char>>> hand_on_all(const std::shared_ptr<AgentCore>& core,
+                                                   const std::vector<std::shared_ptr<RRefState>>& rrefs, int to);
+
+// --- builtins.cpp: calls that run on the agent actor itself ---
+using Builtin = std::function<void(AgentCore&, int caller, Decoder&)>;
+const std::map<std::string, Builtin>& builtins();
+
+// --- agent_actor.cpp ---
+/// A core with its (not yet started) agent actor.
+std::shared_ptr<AgentCore> make_core(caf::actor_system& sys, const std::string& name, int rank, int world,
+                                     const RpcOptions& options);
+/// Gives the agent its peers (index: rank) and waits until it has them.
+void start_agent(caf::actor_system& sys, const std::shared_ptr<AgentCore>& core, std::vector<caf::actor> peers);
+
+}  // namespace dopt::rpc::detail

@@ -1,0 +1,160 @@
+// Starting workers: rpc::init (real processes, over the runtime's
+// rendezvous), rpc::simulate (workers in this process) and rpc::run.
+#include <unistd.h>
+
+#include <optional>
+#include <thread>
+
+#include "caf/io/all.hpp"
+#include "caf_thread.hpp"
+#include "internal.hpp"
+#include "rendezvous_internal.hpp"
+#include "rpc/core.hpp"
+#include "world_setup.hpp"
+
+namespace dopt::rpc {
+
+namespace detail {
+namespace {
+
+void check_names(const std::vector<std::string>& names, int rank) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) throw ValueError("rpc.init", "rank " + std::to_string(i) + " has an empty name", rank);
+    for (std::size_t j = 0; j < i; ++j)
+      if (names[i] == names[j])
+        throw ValueError("rpc.init", "ranks " + std::to_string(j) + " and " + std::to_string(i) +
+                                         " have the same name '" + names[i] + "' (names must be unique)", rank);
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, const RpcOptions& options) {
+  ::dopt::detail::UserThreadCafScope caf_scope;
+  const int rank = env.rank, world_size = env.world_size;
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    throw ValueError("rpc.init", "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
+                     rank);
+  if (name.empty()) throw ValueError("rpc.init", "the worker name is empty", rank);
+  auto& sys = dopt::detail::runtime_system(runtime.impl(), "rpc.init");
+  auto core = detail::make_core(sys, name, rank, world_size, options);
+  std::weak_ptr<detail::AgentCore> weak = core;
+  dopt::detail::runtime_add_stopper(runtime.impl(), [weak] {
+    if (auto c = weak.lock()) c->stop(false);
+  });
+  try {
+    caf::actor a = core->handle();
+    char hostname[256] = {};
+    ::gethostname(hostname, sizeof hostname - 1);
+    const std::string host = hostname;
+    auto make_info = [&] {
+      // The agent's port is behind dopt's handshake (job id, secret): only the
+      // job's own workers reach its functions.
+      return "host=" + host + dopt::detail::publish_control_port(runtime.impl(), sys, a, env, "rpc.init") +
+             " name=" + name;
+    };
+    RendezvousResult rdv = dopt::detail::rendezvous_with(runtime, env, options.init_timeout, a, make_info);
+    const auto& infos = dopt::detail::rendezvous_infos(rdv);
+    auto field = [](const std::string& text, const std::string& key, bool rest) {
+      auto p = text.find(key + "=");
+      if (p == std::string::npos) return std::string();
+      p += key.size() + 1;
+      return rest ? text.substr(p) : text.substr(p, text.find(' ', p) - p);
+    };
+    core->names.clear();
+    for (const auto& info : infos) core->names.push_back(field(info, "name", true));
+    detail::check_names(core->names, rank);
+    std::vector<caf::actor> peers = dopt::detail::rendezvous_payloads(rdv);
+    peers[static_cast<std::size_t>(rank)] = a;
+    // Direct connections (as init_process_group): rank i > 0 connects to
+    // every rank above it, so that every death is seen by every worker.
+    dopt::detail::setup_step(rdv, rank, "rpc.init", [&] {
+      for (int r = std::max(1, rank + 1); rank > 0 && r < world_size; ++r)
+        peers[static_cast<std::size_t>(r)] = dopt::detail::connect_control_port(
+            sys, env, r, "host=" + host, infos[static_cast<std::size_t>(r)], "rpc.init");
+    });
+    detail::start_agent(sys, core, std::move(peers));
+    rdv.barrier(options.init_timeout);
+    core->keep = std::make_shared<RendezvousResult>(rdv);
+  } catch (...) {
+    core->stop(true);
+    throw;
+  }
+  return Agent(core);
+}
+
+void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOptions& options) {
+  if (n < 1) throw ValueError("rpc.simulate", "n must be >= 1, got " + std::to_string(n));
+  if (!fn) throw ValueError("rpc.simulate", "fn is empty");
+  std::vector<std::string> names = options.names;
+  if (names.empty())
+    for (int r = 0; r < n; ++r) names.push_back("worker" + std::to_string(r));
+  if (static_cast<int>(names.size()) != n)
+    throw ValueError("rpc.simulate", std::to_string(names.size()) + " names for " + std::to_string(n) + " workers");
+  detail::check_names(names, 0);
+  std::optional<Runtime> own;
+  Runtime* rt = options.runtime;
+  if (!rt) rt = &own.emplace(options.runtime_options);
+  auto& sys = dopt::detail::runtime_system(rt->impl(), "rpc.simulate");
+  std::vector<std::shared_ptr<detail::AgentCore>> cores;
+  std::vector<caf::actor> actors;
+  for (int r = 0; r < n; ++r) {
+    cores.push_back(detail::make_core(sys, names[static_cast<std::size_t>(r)], r, n, options.rpc));
+    cores.back()->names = names;
+    actors.push_back(cores.back()->handle());
+    std::weak_ptr<detail::AgentCore> weak = cores.back();
+    dopt::detail::runtime_add_stopper(rt->impl(), [weak] {
+      if (auto c = weak.lock()) c->stop(true);
+    });
+  }
+  for (auto& c : cores) detail::start_agent(sys, c, actors);
+  actors.clear();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      Agent agent(cores[static_cast<std::size_t>(r)]);
+      try {
+        fn(agent);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        agent.core()->stop(true);  // as if its process died: its peers see it
+        return;
+      }
+      try {
+        agent.shutdown();
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& c : cores) c->stop(true);
+  cores.clear();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+void run(const std::function<void(Agent&)>& fn, const RunOptions& options) {
+  auto name_of = [&](int r) { return options.names ? options.names(r) : "worker" + std::to_string(r); };
+  if (auto env = launch_env_from_environment()) {
+    Runtime rt(options.runtime_options);
+    Agent agent = init(rt, *env, name_of(env->rank), options.rpc);
+    fn(agent);
+    agent.shutdown();
+    return;
+  }
+  SimulateOptions o;
+  o.runtime_options = options.runtime_options;
+  o.rpc = options.rpc;
+  for (int r = 0; r < options.simulated_workers; ++r) o.names.push_back(name_of(r));
+  simulate(options.simulated_workers, fn, o);
+}
+
+void run(const std::function<void(Agent&)>& fn, int simulated_workers) {
+  RunOptions o;
+  o.simulated_workers = simulated_workers;
+  run(fn, o);
+}
+
+}  // namespace dopt::rpc

@@ -1,0 +1,64 @@
+// RRef reference counting, worker side: making, adopting and releasing
+// holds, and the owner's values (rpc.hpp, "RRefs").
+#include "rpc/core.hpp"
+
+namespace dopt::rpc::detail {
+
+RRefState::~RRefState() {
+  if (!core) return;
+  try {
+    // Release this worker's hold (fire and forget; counted for shutdown).
+    (void)send_call(core, make_spec(To(owner), Fn("__rref.del"), Mode::call, id, core->rank));
+  } catch (...) {
+  }
+}
+
+std::shared_ptr<RRefState> adopt_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
+                                      const std::string& type) {
+  auto s = std::make_shared<RRefState>();
+  s->core = core;
+  s->owner = owner;
+  s->id = id;
+  s->type = type;
+  return s;
+}
+std::shared_ptr<RRefState> created_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
+                                        const std::string& type) {
+  return adopt_rref(core, owner, id, type);
+}
+
+std::shared_ptr<RRefState> own_value(const std::shared_ptr<AgentCore>& core, ObjectValue v) {
+  const std::uint64_t id = new_object_id(*core);
+  const std::string type = v.type;
+  {
+    std::lock_guard<std::mutex> lock(core->obj_mutex);
+    auto o = core->get_or_placeholder_locked(id);
+    o->v = std::move(v);
+    o->creation_seen = true;
+    o->created = true;
+    o->counts[core->rank] += 1;
+    o->busy = false;
+  }
+  return adopt_rref(core, core->rank, id, type);
+}
+
+void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, const char* op) {
+  std::unique_lock<std::mutex> lock(core.obj_mutex);
+  auto it = core.objects.find(id);
+  if (it == core.objects.end())
+    throw StateError(op, "the value is not owned by " + core.who(core.rank) + " (or was freed)", core.rank);
+  ObjectPtr keep = it->second;
+  auto& o = *keep;
+  // A remote() still running here (e.g. a parameter made just before): wait for it.
+  if (!core.obj_cv.wait_for(lock, core.options.rpc_timeout, [&] { return o.created || core.stopped; }))
+    throw TimeoutError(op, "the value is still being created after " + std::to_string(core.options.rpc_timeout.count()) +
+                               " ms", core.rank);
+  if (!o.created) throw StateError(op, "the agent stopped", core.rank);
+  if (o.error) std::rethrow_exception(o.error);
+  if (o.v.type != type)
+    throw TypeError(op, "the value has type " + readable_type_name(o.v.type) + ", not " + readable_type_name(type),
+                    core.rank);
+  return o.v.value.get();
+}
+
+}  // namespace dopt::rpc::detail
