@@ -1,5 +1,6 @@
 #include "dopt/actors/device_backend.hpp"
 
+#include "access.hpp"
 #include "dopt/runtime/device_registry.hpp"
 
 namespace dopt::detail {
@@ -12,5 +13,7 @@ void register_device_backend(DeviceType type, DeviceBackend* backend) {
 }
 
 DeviceBackend* device_backend_for(const Tensor& tensor) noexcept { return g_backends.find(tensor); }
+
+const void* group_identity(const ProcessGroup& group) noexcept { return Access::impl(group).get(); }
 
 }  // namespace dopt::detail

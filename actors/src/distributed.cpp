@@ -1,5 +1,6 @@
 // init_process_group / run_distributed (distributed.hpp).
 #include "dopt/actors/distributed.hpp"
+#include "access.hpp"
 
 #include "dopt/runtime/error.hpp"
 #include "internal.hpp"
@@ -24,7 +25,7 @@ void run_distributed(const std::function<void(RankContext&)>& fn, const RunOptio
   try {
     fn(ctx);
   } catch (...) {
-    world.impl()->endpoint->report_failure("run_distributed: the rank's function threw");
+    detail::Access::impl(world)->endpoint->report_failure("run_distributed: the rank's function threw");
     throw;
   }
 }

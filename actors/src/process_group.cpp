@@ -1,4 +1,5 @@
 #include "dopt/actors/process_group.hpp"
+#include "access.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -354,7 +355,7 @@ Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& t
 
 Future<void> detail::all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
                                      bool blocking) {
-  auto& g = *pg.impl();
+  auto& g = *detail::Access::impl(pg);
   detail::CollDesc d = desc_of(CollKind::all_reduce, t, -1, options.op);
   d.order = options.order;
   d.pre_divisor = options.pre_divisor;
@@ -502,7 +503,7 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
   std::uint64_t seq = group_creation_barrier(w, "ranks " + ranks_str(ranks), [&](std::uint64_t s) {
     return std::vector<detail::GroupSpec>{{(s + 1) << 16, ranks}};
   });
-  return ProcessGroup(make_group(w, (seq + 1) << 16, std::move(ranks)));
+  return detail::Access::group(make_group(w, (seq + 1) << 16, std::move(ranks)));
 }
 
 Subgroups ProcessGroup::new_subgroups(int group_size) {

@@ -1,5 +1,6 @@
 // Rendezvous of real processes over CAF's middleman (see rendezvous.hpp).
 #include "dopt/actors/rendezvous.hpp"
+#include "access.hpp"
 
 #include <atomic>
 #include <functional>
@@ -319,17 +320,17 @@ namespace dopt::detail {
 
 using namespace std::chrono;
 
-const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { return r.impl().payloads; }
-const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r) { return r.impl().plan; }
+const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { return detail::Access::impl(r).payloads; }
+const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r) { return detail::Access::impl(r).plan; }
 
 void rendezvous_report_failure(const RendezvousResult& r, const std::string& what) noexcept {
   try {
     caf::actor c;
     {
-      std::lock_guard<std::mutex> lock(r.impl().mutex);
-      c = r.impl().coord;
+      std::lock_guard<std::mutex> lock(detail::Access::impl(r).mutex);
+      c = detail::Access::impl(r).coord;
     }
-    if (c) caf::anon_send(c, rdv_fail_atom::value, r.impl().rank, what);
+    if (c) caf::anon_send(c, rdv_fail_atom::value, detail::Access::impl(r).rank, what);
   } catch (...) {
   }
 }
@@ -337,18 +338,18 @@ void rendezvous_report_failure(const RendezvousResult& r, const std::string& wha
 std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseconds wait) {
   caf::actor c;
   {
-    std::lock_guard<std::mutex> lock(r.impl().mutex);
-    c = r.impl().coord;
+    std::lock_guard<std::mutex> lock(detail::Access::impl(r).mutex);
+    c = detail::Access::impl(r).coord;
   }
   if (!c) return {};
   UserThreadCafScope caf_scope;
-  caf::scoped_actor self{*r.impl().sys};
+  caf::scoped_actor self{*detail::Access::impl(r).sys};
   std::string out;
   self->request(c, caf::duration(wait), rdv_why_atom::value)
       .receive([&](std::string& why) { out = std::move(why); }, [](caf::error&) {});
   return out;
 }
-const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return r.impl().infos; }
+const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return detail::Access::impl(r).infos; }
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info) {
@@ -362,14 +363,14 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
   if (env.master_port < 1 || env.master_port > 65535)
     throw ValueError("rendezvous", "MASTER_PORT must be in 1..65535, got " + std::to_string(env.master_port), rank);
   const auto deadline = steady_clock::now() + timeout;
-  auto& sys = detail::runtime_system(runtime.impl(), "rendezvous");
+  auto& sys = detail::runtime_system(detail::Access::impl(runtime), "rendezvous");
   auto impl = std::make_shared<detail::RendezvousImpl>();
   impl->sys = &sys;
   impl->rank = rank;
   impl->world = env.world_size;
   impl->port = env.master_port;
   std::weak_ptr<detail::RendezvousImpl> weak = impl;
-  detail::runtime_add_stopper(runtime.impl(), [weak] {
+  detail::runtime_add_stopper(detail::Access::impl(runtime), [weak] {
     if (auto p = weak.lock()) p->stop();
   });
 
@@ -436,7 +437,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
       impl->port = env.master_port;
       store->set(store_key, std::to_string(env.master_port));
     }
-    detail::runtime_add_stopper(runtime.impl(), [publication] { publication->close(); });
+    detail::runtime_add_stopper(detail::Access::impl(runtime), [publication] { publication->close(); });
   } else {
     impl->mine = sys.spawn(detail::member);
     try {
@@ -467,7 +468,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
       throw StateError("rendezvous", "rank 0 sent a table of " + std::to_string(impl->table.size()) +
                                          " ranks, expected " + std::to_string(env.world_size), rank);
     for (auto& a : impl->table) impl->names.push_back(detail::describe(a));
-    RendezvousResult result(impl);
+    RendezvousResult result = detail::Access::rendezvous(impl);
     result.barrier(remaining());
     impl->completed = true;
     return result;

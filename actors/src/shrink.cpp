@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dopt/actors/process_group.hpp"
+#include "access.hpp"
 #include "internal.hpp"
 
 namespace dopt {
@@ -106,7 +107,7 @@ ShrinkResult ProcessGroup::shrink() {
       ng->plane = std::move(plane);
       ng->origin = origin;
       ShrinkResult out;
-      out.group = ProcessGroup(std::move(ng));
+      out.group = detail::Access::group(std::move(ng));
       for (std::size_t r = 0; r < old.size(); ++r) {
         auto it = std::find(alive.begin(), alive.end(), old[r]);
         out.new_rank.push_back(it == alive.end() ? -1 : static_cast<int>(it - alive.begin()));

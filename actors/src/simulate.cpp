@@ -1,4 +1,5 @@
 #include "dopt/actors/simulate.hpp"
+#include "access.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -183,7 +184,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     g->plane = world_planes[static_cast<std::size_t>(r)];
     g->peers = world.table;
     try {
-      RankContext ctx(r, world_size, ProcessGroup(std::move(g)));
+      RankContext ctx(r, world_size, detail::Access::group(std::move(g)));
       fn(ctx);
     } catch (const detail::sim::RankCrashed&) {
       // A fault plan crashed this rank: its peers see it lost (the scheduler marked it).

@@ -572,7 +572,7 @@ Registry& registry() {
 void register_nccl_group(const ProcessGroup& group, int device, std::shared_ptr<NcclProcessGroup> g) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.groups[{group.impl().get(), device}] = std::move(g);
+  r.groups[{dopt::detail::group_identity(group), device}] = std::move(g);
 }
 
 }  // namespace detail
@@ -581,7 +581,7 @@ std::shared_ptr<NcclProcessGroup> nccl_group_for(const ProcessGroup& group, int 
   auto& r = detail::registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.groups.find({group.impl().get(), device});
+    auto it = r.groups.find({dopt::detail::group_identity(group), device});
     if (it != r.groups.end()) return it->second;
   }
   // Collective over the group (its members all reach this call in the same

@@ -41,5 +41,9 @@ class DeviceBackend {
 void register_device_backend(DeviceType type, DeviceBackend* backend);
 /// The backend for tensor's device, or nullptr (CPU tensors, undefined tensors, none registered).
 DeviceBackend* device_backend_for(const Tensor& tensor) noexcept;
+/// Identifies this rank's handle state of `group` (the same for every copy
+/// of the handle, distinct between live groups, also between simulated ranks
+/// of one process): a key for a backend's per-group resources.
+const void* group_identity(const ProcessGroup& group) noexcept;
 
 }  // namespace dopt::detail

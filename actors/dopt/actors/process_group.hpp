@@ -79,6 +79,7 @@ struct AllReduceCoalescedOptions {
 
 namespace detail {
 struct GroupImpl;
+struct Access;
 }
 
 struct Subgroups;
@@ -204,11 +205,9 @@ class ProcessGroup {
   /// group stays as it is (broken where a member was lost).
   ShrinkResult shrink();
 
-  /// Internal.
-  explicit ProcessGroup(std::shared_ptr<detail::GroupImpl> impl) : impl_(std::move(impl)) {}
-  const std::shared_ptr<detail::GroupImpl>& impl() const { return impl_; }
-
  private:
+  friend struct detail::Access;  // the library's own access to the group's state
+  explicit ProcessGroup(std::shared_ptr<detail::GroupImpl> impl) : impl_(std::move(impl)) {}
   detail::GroupImpl& member(const char* op) const;
   Future<void> broadcast_impl(const Tensor& tensor, int src, bool blocking);
   Future<void> all_reduce_impl(const Tensor& tensor, ReduceOp op, bool blocking);

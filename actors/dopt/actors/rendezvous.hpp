@@ -48,6 +48,7 @@ namespace dopt {
 
 namespace detail {
 struct RendezvousImpl;
+struct Access;
 }
 
 /// What rendezvous() returns: this rank's place and the table of every
@@ -67,11 +68,10 @@ class RendezvousResult {
   /// PeerLostError when rank 0 is gone, StateError after Runtime shutdown.
   void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(300)) const;
 
-  /// Internal (CAF-facing) part.
-  detail::RendezvousImpl& impl() const { return *impl_; }
-  explicit RendezvousResult(std::shared_ptr<detail::RendezvousImpl> impl) : impl_(std::move(impl)) {}
-
  private:
+  friend struct detail::Access;  // the library's own access to the rendezvous state
+  explicit RendezvousResult(std::shared_ptr<detail::RendezvousImpl> impl) : impl_(std::move(impl)) {}
+  detail::RendezvousImpl& impl() const { return *impl_; }
   std::shared_ptr<detail::RendezvousImpl> impl_;
 };
 

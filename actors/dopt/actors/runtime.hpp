@@ -25,6 +25,7 @@ namespace dopt {
 
 namespace detail {
 class RuntimeImpl;
+struct Access;
 }
 
 struct RuntimeOptions {
@@ -69,10 +70,9 @@ class Runtime {
   /// The worker thread count actually configured.
   int threads() const noexcept;
 
-  /// Internal (CAF-facing) part; not part of the public API.
-  detail::RuntimeImpl& impl();
-
  private:
+  friend struct detail::Access;  // the library's own access to the actor system
+  detail::RuntimeImpl& impl();
   std::unique_ptr<detail::RuntimeImpl> impl_;
 };
 

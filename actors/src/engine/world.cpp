@@ -2,6 +2,7 @@
 // rank actors' direct connections, the data plane (shared memory when every
 // rank is on this host, else the TCP mesh), liveness.
 #include "dopt/runtime/notice.hpp"
+#include "access.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,7 +58,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   // The TCP mesh still carries send/recv (the actor plane's); the MPI plane
   // replaces the shm/hier planes below for the collectives.
   if (use_mpi) plane_choice = "tcp";
-  auto& rt = runtime.impl();
+  auto& rt = detail::Access::impl(runtime);
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
   caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
@@ -228,7 +229,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   g->is_world = true;
   g->local_world_size = env.local_world_size;
   g->timeout_ms.store(rt.options_.collective_timeout.count());
-  return ProcessGroup(std::move(g));
+  return detail::Access::group(std::move(g));
 }
 
 }  // namespace dopt::detail

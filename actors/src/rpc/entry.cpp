@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "caf/io/all.hpp"
+#include "access.hpp"
 #include "caf_thread.hpp"
 #include "internal.hpp"
 #include "rendezvous_internal.hpp"
@@ -37,10 +38,10 @@ Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, cons
     throw ValueError("rpc.init", "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
                      rank);
   if (name.empty()) throw ValueError("rpc.init", "the worker name is empty", rank);
-  auto& sys = dopt::detail::runtime_system(runtime.impl(), "rpc.init");
+  auto& sys = dopt::detail::runtime_system(dopt::detail::Access::impl(runtime), "rpc.init");
   auto core = detail::make_core(sys, name, rank, world_size, options);
   std::weak_ptr<detail::AgentCore> weak = core;
-  dopt::detail::runtime_add_stopper(runtime.impl(), [weak] {
+  dopt::detail::runtime_add_stopper(dopt::detail::Access::impl(runtime), [weak] {
     if (auto c = weak.lock()) c->stop(false);
   });
   try {
@@ -51,7 +52,7 @@ Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, cons
     auto make_info = [&] {
       // The agent's port is behind dopt's handshake (job id, secret): only the
       // job's own workers reach its functions.
-      return "host=" + host + dopt::detail::publish_control_port(runtime.impl(), sys, a, env, "rpc.init") +
+      return "host=" + host + dopt::detail::publish_control_port(dopt::detail::Access::impl(runtime), sys, a, env, "rpc.init") +
              " name=" + name;
     };
     RendezvousResult rdv = dopt::detail::rendezvous_with(runtime, env, options.init_timeout, a, make_info);
