@@ -109,7 +109,7 @@ void from_hyper(const Hyperparams& h, const char* key, const char* op, double& o
 void from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out);
 void from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out);
 void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out);
-/// A whole number (TypeError otherwise).
+/// A whole number (ValueError otherwise).
 void from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out);
 void from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out);
 
