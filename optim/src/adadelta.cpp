@@ -5,22 +5,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<AdadeltaOptions>> AdadeltaOptions::fields() {
-  return {{"lr", &AdadeltaOptions::lr_},
-          {"rho", &AdadeltaOptions::rho_},
-          {"eps", &AdadeltaOptions::eps_},
-          {"weight_decay", &AdadeltaOptions::weight_decay_},
-          {"maximize", &AdadeltaOptions::maximize_}};
-}
-
-void AdadeltaOptions::validate(const std::string& op) const {
-  using detail::py_float;
-  detail::require_nonnegative(op, "learning rate", lr_);
-  if (!(rho_ >= 0.0 && rho_ <= 1.0)) throw ValueError(op, "Invalid rho value: " + py_float(rho_));
-  detail::require_nonnegative(op, "epsilon value", eps_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-}
-
 namespace kernels {
 namespace {
 
@@ -50,23 +34,15 @@ DOPT_INLINE void adadelta_body(T* __restrict p, const T* __restrict g, T* __rest
   }
 }
 
-template <class T>
-DOPT_INLINE void adadelta_select(T* p, const T* g, T* sq, T* acc, i64 n, const AdadeltaScalars<T>& s, bool wd) {
-  if (wd) adadelta_body<T, true>(p, g, sq, acc, n, s);
-  else adadelta_body<T, false>(p, g, sq, acc, n, s);
-}
-
-#define DOPT_ADADELTA_PARAMS(T) T* p, const T* g, T* sq, T* acc, i64 n, const AdadeltaScalars<T>& s, bool wd
-DOPT_KERNEL_ENTRY(adadelta_kernel, adadelta_select, DOPT_ADADELTA_PARAMS, (p, g, sq, acc, n, s, wd))
+#define DOPT_ADADELTA_PARAMS(T) T* p, const T* g, T* sq, T* acc, i64 n, const AdadeltaScalars<T>& s
+DOPT_KERNEL_ENTRY_FLAG(adadelta_kernel, adadelta_body, DOPT_ADADELTA_PARAMS, (p, g, sq, acc, n, s))
 #undef DOPT_ADADELTA_PARAMS
 
 }  // namespace
 }  // namespace kernels
 
 void Adadelta::init_param_state(const AdadeltaOptions& /*o*/, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::int64);
-  st["square_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  st["acc_delta"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  detail::init_step_and_zeros(st, p, DType::int64, {"square_avg", "acc_delta"});
 }
 
 void Adadelta::update_param(const AdadeltaOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {

@@ -6,23 +6,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<AdagradOptions>> AdagradOptions::fields() {
-  return {{"lr", &AdagradOptions::lr_},
-          {"lr_decay", &AdagradOptions::lr_decay_},
-          {"weight_decay", &AdagradOptions::weight_decay_},
-          {"initial_accumulator_value", &AdagradOptions::initial_accumulator_value_},
-          {"eps", &AdagradOptions::eps_},
-          {"maximize", &AdagradOptions::maximize_}};
-}
-
-void AdagradOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "lr_decay value", lr_decay_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-  detail::require_nonnegative(op, "initial_accumulator_value value", initial_accumulator_value_);
-  detail::require_nonnegative(op, "epsilon value", eps_);
-}
-
 namespace kernels {
 namespace {
 

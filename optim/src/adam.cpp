@@ -6,22 +6,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<AdamOptions>> AdamOptions::fields() {
-  return {{"lr", &AdamOptions::lr_},
-          {"betas", &AdamOptions::betas_},
-          {"eps", &AdamOptions::eps_},
-          {"weight_decay", &AdamOptions::weight_decay_},
-          {"amsgrad", &AdamOptions::amsgrad_},
-          {"maximize", &AdamOptions::maximize_}};
-}
-
-void AdamOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "epsilon value", eps_);
-  detail::require_betas(op, betas_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-}
-
 namespace kernels {
 namespace {
 
@@ -46,10 +30,8 @@ inline __attribute__((always_inline)) void adam_body(T* __restrict p, const T* _
     T gi = g[i] * gsign;
     if constexpr (WdMode == 2) pi = pi * s.decay_mul;
     if constexpr (WdMode == 1) gi = std::fma(s.wd, pi, gi);
-    T mi = m[i] * s.beta1;
-    mi = std::fma(s.one_minus_beta1, gi, mi);
-    T vi = v[i] * s.beta2;
-    vi = std::fma(s.one_minus_beta2 * gi, gi, vi);
+    T mi = m[i], vi = v[i];
+    kernels::adam_moments(mi, vi, gi, s);
     T base = vi;
     if constexpr (Amsgrad) {
       const T mx = vmax[i];
@@ -90,10 +72,12 @@ DOPT_KERNEL_ENTRY(adam_kernel, adam_select, DOPT_ADAM_PARAMS, (p, g, m, v, vmax,
 }  // namespace kernels
 
 void Adam::init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::float32);
-  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  st["exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  if (o.amsgrad()) st["max_exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  if (o.amsgrad()) detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+  else detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_avg_sq"});
+}
+
+void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+  update_param(o, p, g, st, /*decoupled_weight_decay=*/false);
 }
 
 void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st,

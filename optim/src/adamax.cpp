@@ -5,21 +5,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<AdamaxOptions>> AdamaxOptions::fields() {
-  return {{"lr", &AdamaxOptions::lr_},
-          {"betas", &AdamaxOptions::betas_},
-          {"eps", &AdamaxOptions::eps_},
-          {"weight_decay", &AdamaxOptions::weight_decay_},
-          {"maximize", &AdamaxOptions::maximize_}};
-}
-
-void AdamaxOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "epsilon value", eps_);
-  detail::require_betas(op, betas_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-}
-
 namespace kernels {
 namespace {
 
@@ -50,23 +35,15 @@ DOPT_INLINE void adamax_body(T* __restrict p, const T* __restrict g, T* __restri
   }
 }
 
-template <class T>
-DOPT_INLINE void adamax_select(T* p, const T* g, T* m, T* u, i64 n, const AdamaxScalars<T>& s, bool wd) {
-  if (wd) adamax_body<T, true>(p, g, m, u, n, s);
-  else adamax_body<T, false>(p, g, m, u, n, s);
-}
-
-#define DOPT_ADAMAX_PARAMS(T) T* p, const T* g, T* m, T* u, i64 n, const AdamaxScalars<T>& s, bool wd
-DOPT_KERNEL_ENTRY(adamax_kernel, adamax_select, DOPT_ADAMAX_PARAMS, (p, g, m, u, n, s, wd))
+#define DOPT_ADAMAX_PARAMS(T) T* p, const T* g, T* m, T* u, i64 n, const AdamaxScalars<T>& s
+DOPT_KERNEL_ENTRY_FLAG(adamax_kernel, adamax_body, DOPT_ADAMAX_PARAMS, (p, g, m, u, n, s))
 #undef DOPT_ADAMAX_PARAMS
 
 }  // namespace
 }  // namespace kernels
 
 void Adamax::init_param_state(const AdamaxOptions& /*o*/, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::float32);
-  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  st["exp_inf"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_inf"});
 }
 
 void Adamax::update_param(const AdamaxOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {

@@ -4,17 +4,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<AdamWOptions>> AdamWOptions::fields() {
-  return {{"lr", &AdamWOptions::lr_},
-          {"betas", &AdamWOptions::betas_},
-          {"eps", &AdamWOptions::eps_},
-          {"weight_decay", &AdamWOptions::weight_decay_},
-          {"amsgrad", &AdamWOptions::amsgrad_},
-          {"maximize", &AdamWOptions::maximize_}};
-}
-
-void AdamWOptions::validate(const std::string& op) const { as_adam_options().validate(op); }
-
 AdamOptions AdamWOptions::as_adam_options() const {
   return AdamOptions(lr_).betas(betas_).eps(eps_).weight_decay(weight_decay_).amsgrad(amsgrad_).maximize(maximize_);
 }

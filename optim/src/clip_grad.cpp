@@ -21,11 +21,10 @@ namespace {
 // added left to right, then the remainder one element at a time, where the
 // compiler that built torch multiplied a first block of four apart (product
 // rounded, then added) and fused the rest. Returns the sum of squares.
-DOPT_KERNEL float sumsq_f32(const float* __restrict x, i64 n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  const i64 full = n - n % 8;
-  for (i64 d = 0; d < full; d += 8)
-    for (int j = 0; j < 8; ++j) acc[j] = std::fma(x[d + j], x[d + j], acc[j]);
+//
+// The end of it: the eight lanes of x's first `full` elements (a multiple of
+// eight) added, then the remaining elements of x in torch's order.
+DOPT_INLINE float finish_sumsq_f32(const float* x, i64 n, i64 full, const float* acc) {
   float b = acc[0];
   for (int j = 1; j < 8; ++j) b = b + acc[j];
   i64 d = full;
@@ -38,6 +37,14 @@ DOPT_KERNEL float sumsq_f32(const float* __restrict x, i64 n) {
   }
   for (; d < n; ++d) b = std::fma(x[d], x[d], b);
   return b;
+}
+
+DOPT_KERNEL float sumsq_f32(const float* __restrict x, i64 n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const i64 full = n - n % 8;
+  for (i64 d = 0; d < full; d += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = std::fma(x[d + j], x[d + j], acc[j]);
+  return finish_sumsq_f32(x, n, full, acc);
 }
 
 // Two float32 L2 reductions at once, each in torch's order: the two lane
@@ -57,22 +64,8 @@ DOPT_KERNEL void sumsq2_f32(const float* __restrict x, i64 nx, const float* __re
     for (int j = 0; j < 8; ++j) ax[j] = std::fma(x[e + j], x[e + j], ax[j]);
   for (i64 e = d; e < fy; e += 8)
     for (int j = 0; j < 8; ++j) ay[j] = std::fma(y[e + j], y[e + j], ay[j]);
-  auto finish = [](const float* v, i64 n, i64 full, const float* acc) {
-    float b = acc[0];
-    for (int j = 1; j < 8; ++j) b = b + acc[j];
-    i64 k = full;
-    if (n - k >= 4) {
-      for (int q = 0; q < 4; ++q) {
-        const float sq = v[k + q] * v[k + q];
-        b = b + sq;
-      }
-      k += 4;
-    }
-    for (; k < n; ++k) b = std::fma(v[k], v[k], b);
-    return b;
-  };
-  out[0] = finish(x, nx, fx, ax);
-  out[1] = finish(y, ny, fy, ay);
+  out[0] = finish_sumsq_f32(x, nx, fx, ax);
+  out[1] = finish_sumsq_f32(y, ny, fy, ay);
 }
 
 // float64 L2 (the generic reduction): one fused multiply-add per element.

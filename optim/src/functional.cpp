@@ -172,31 +172,4 @@ void FunctionalOptimizer::set_lr(double lr) {
   options_ = std::move(opts);
 }
 
-FunctionalSGD::FunctionalSGD(std::vector<Tensor> params, const SGDOptions& options, bool allow_empty)
-    : BasicFunctional("SGD", std::move(params), options, allow_empty) {}
-FunctionalAdam::FunctionalAdam(std::vector<Tensor> params, const AdamOptions& options, bool allow_empty)
-    : BasicFunctional("Adam", std::move(params), options, allow_empty) {}
-FunctionalAdamW::FunctionalAdamW(std::vector<Tensor> params, const AdamWOptions& options, bool allow_empty)
-    : BasicFunctional("AdamW", std::move(params), options, allow_empty) {}
-FunctionalAdagrad::FunctionalAdagrad(std::vector<Tensor> params, const AdagradOptions& options, bool allow_empty)
-    : BasicFunctional("Adagrad", std::move(params), options, allow_empty) {
-  init_all_state();  // torch's constructor creates `step` and `sum` for every parameter
-}
-FunctionalRMSprop::FunctionalRMSprop(std::vector<Tensor> params, const RMSpropOptions& options, bool allow_empty)
-    : BasicFunctional("RMSprop", std::move(params), options, allow_empty) {}
-FunctionalAdamax::FunctionalAdamax(std::vector<Tensor> params, const AdamaxOptions& options, bool allow_empty)
-    : BasicFunctional("Adamax", std::move(params), options, allow_empty) {}
-FunctionalAdadelta::FunctionalAdadelta(std::vector<Tensor> params, const AdadeltaOptions& options,
-                                       bool allow_empty)
-    : BasicFunctional("Adadelta", std::move(params), options, allow_empty) {}
-FunctionalRprop::FunctionalRprop(std::vector<Tensor> params, const RpropOptions& options, bool allow_empty)
-    : BasicFunctional("Rprop", std::move(params), options, allow_empty) {}
-
-FunctionalNAdam::FunctionalNAdam(std::vector<Tensor> params, const NAdamOptions& options, bool allow_empty)
-    : BasicFunctional("NAdam", std::move(params), options, allow_empty) {}
-FunctionalRAdam::FunctionalRAdam(std::vector<Tensor> params, const RAdamOptions& options, bool allow_empty)
-    : BasicFunctional("RAdam", std::move(params), options, allow_empty) {}
-FunctionalMuon::FunctionalMuon(std::vector<Tensor> params, const MuonOptions& options, bool allow_empty)
-    : BasicFunctional("Muon", std::move(params), options, allow_empty) {}
-
 }  // namespace dopt::optim

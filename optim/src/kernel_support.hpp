@@ -34,6 +34,24 @@
   inline void NAME(PARAMS(float)) { NAME##_f32 ARGS; }       \
   inline void NAME(PARAMS(double)) { NAME##_f64 ARGS; }
 
+#define DOPT_EXPAND(...) __VA_ARGS__
+
+/// DOPT_KERNEL_ENTRY for a loop BODY<T, bool Flag> with one option that
+/// changes its shape (weight decay on or off): the entry points take it as a
+/// trailing `bool flag` and run BODY<T, true> or BODY<T, false>, so the loop
+/// itself has no control flow.
+#define DOPT_KERNEL_ENTRY_FLAG(NAME, BODY, PARAMS, ARGS)                                       \
+  DOPT_KERNEL void NAME##_f32(PARAMS(float), bool flag) {                                      \
+    if (flag) BODY<float, true> ARGS;                                                          \
+    else BODY<float, false> ARGS;                                                              \
+  }                                                                                            \
+  DOPT_KERNEL void NAME##_f64(PARAMS(double), bool flag) {                                     \
+    if (flag) BODY<double, true> ARGS;                                                         \
+    else BODY<double, false> ARGS;                                                             \
+  }                                                                                            \
+  inline void NAME(PARAMS(float), bool flag) { NAME##_f32(DOPT_EXPAND ARGS, flag); }           \
+  inline void NAME(PARAMS(double), bool flag) { NAME##_f64(DOPT_EXPAND ARGS, flag); }
+
 namespace dopt::optim::kernels {
 
 using i64 = std::int64_t;
@@ -64,6 +82,16 @@ DOPT_INLINE void prefetch_ahead(i64 j, i64 n, Ptrs... ptrs) {
         ::dopt::optim::kernels::prefetch_ahead<T>(dopt_j_, (n), __VA_ARGS__), false) {           \
     } else                                                                                       \
       for (::dopt::optim::kernels::i64 i = dopt_j_; i < dopt_e_; ++i)
+
+/// Adam's two moments of one element, in torch's operations (Adam, NAdam,
+/// RAdam): m = m * beta1 + (1 - beta1) * g, v = v * beta2 + ((1 - beta2) * g) * g,
+/// each sum one fused multiply-add. S has beta1, one_minus_beta1, beta2 and
+/// one_minus_beta2 of type T.
+template <class T, class S>
+DOPT_INLINE void adam_moments(T& m, T& v, T g, const S& s) {
+  m = std::fma(s.one_minus_beta1, g, m * s.beta1);
+  v = std::fma(s.one_minus_beta2 * g, g, v * s.beta2);
+}
 
 /// Rounds a double scalar to the element type once (torch's scalar cast).
 template <class T> inline T sc(double v) noexcept { return static_cast<T>(v); }

@@ -4,6 +4,8 @@
 #include "dopt/optim/lr_scheduler.hpp"
 
 #include <algorithm>
+#include <type_traits>
+#include <variant>
 
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "dopt/optim/post_local_sgd.hpp"
@@ -133,6 +135,39 @@ std::vector<double> LRScheduler::per_group(const std::vector<double>& v, const c
     throw ValueError(name_, "expected " + std::to_string(n) + " values for " + what + ", got " +
                                 std::to_string(v.size()));
   return v;
+}
+
+void LRScheduler::save_fields(SchedulerStateDict& sd) const {
+  // state_fields hands out the members to write as well as to read.
+  for (const auto& f : const_cast<LRScheduler*>(this)->state_fields()) {
+    std::visit(
+        [&](auto* m) {
+          using M = std::remove_pointer_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, double>) sd[f.key] = *m;
+          else if constexpr (std::is_same_v<M, std::int64_t>) sd[f.key] = static_cast<double>(*m);
+          else sd[f.key] = detail::to_doubles(*m);
+        },
+        f.member);
+  }
+}
+
+void LRScheduler::load_fields(const SchedulerStateDict& sd) {
+  const std::string op = name_ + ".load_state_dict";
+  const auto fields = state_fields();
+  // Read every entry before changing any: a bad dict changes nothing.
+  std::vector<std::variant<double, std::int64_t, std::vector<std::int64_t>>> values;
+  for (const auto& f : fields) {
+    std::visit(
+        [&](auto* m) {
+          using M = std::remove_pointer_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, double>) values.emplace_back(detail::sd_number(sd, f.key, op));
+          else if constexpr (std::is_same_v<M, std::int64_t>) values.emplace_back(detail::sd_int(sd, f.key, op));
+          else values.emplace_back(detail::sd_ints(sd, f.key, op));
+        },
+        f.member);
+  }
+  for (std::size_t i = 0; i < fields.size(); ++i)
+    std::visit([&](auto* m) { *m = std::get<std::remove_pointer_t<decltype(m)>>(values[i]); }, fields[i].member);
 }
 
 SchedulerStateDict LRScheduler::state_dict() const {

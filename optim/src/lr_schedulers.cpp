@@ -57,16 +57,7 @@ std::optional<std::vector<double>> StepLR::closed_form_lr() const {
   return out;
 }
 
-void StepLR::save_fields(SchedulerStateDict& sd) const {
-  sd["step_size"] = static_cast<double>(step_size_);
-  sd["gamma"] = gamma_;
-}
-void StepLR::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  const auto step_size = detail::sd_int(sd, "step_size", op);
-  gamma_ = detail::sd_number(sd, "gamma", op);
-  step_size_ = step_size;
-}
+std::vector<SchedulerField> StepLR::state_fields() { return {{"step_size", &step_size_}, {"gamma", &gamma_}}; }
 
 // --- MultiStepLR ---------------------------------------------------------------------
 
@@ -91,16 +82,10 @@ std::optional<std::vector<double>> MultiStepLR::closed_form_lr() const {
   return out;
 }
 
-void MultiStepLR::save_fields(SchedulerStateDict& sd) const {
-  sd["milestones"] = detail::to_doubles(milestones_);
-  sd["gamma"] = gamma_;
-}
+std::vector<SchedulerField> MultiStepLR::state_fields() { return {{"milestones", &milestones_}, {"gamma", &gamma_}}; }
 void MultiStepLR::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  auto m = detail::sd_ints(sd, "milestones", op);
-  gamma_ = detail::sd_number(sd, "gamma", op);
-  std::sort(m.begin(), m.end());
-  milestones_ = std::move(m);
+  LRScheduler::load_fields(sd);
+  std::sort(milestones_.begin(), milestones_.end());
 }
 
 // --- ConstantLR ------------------------------------------------------------------------
@@ -130,15 +115,8 @@ std::optional<std::vector<double>> ConstantLR::closed_form_lr() const {
   return out;
 }
 
-void ConstantLR::save_fields(SchedulerStateDict& sd) const {
-  sd["factor"] = factor_;
-  sd["total_iters"] = static_cast<double>(total_iters_);
-}
-void ConstantLR::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  const double f = detail::sd_number(sd, "factor", op);
-  total_iters_ = detail::sd_int(sd, "total_iters", op);
-  factor_ = f;
+std::vector<SchedulerField> ConstantLR::state_fields() {
+  return {{"factor", &factor_}, {"total_iters", &total_iters_}};
 }
 
 // --- LinearLR ----------------------------------------------------------------------------
@@ -174,17 +152,8 @@ std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
   return out;
 }
 
-void LinearLR::save_fields(SchedulerStateDict& sd) const {
-  sd["start_factor"] = start_factor_;
-  sd["end_factor"] = end_factor_;
-  sd["total_iters"] = static_cast<double>(total_iters_);
-}
-void LinearLR::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  const double s = detail::sd_number(sd, "start_factor", op), e = detail::sd_number(sd, "end_factor", op);
-  total_iters_ = detail::sd_int(sd, "total_iters", op);
-  start_factor_ = s;
-  end_factor_ = e;
+std::vector<SchedulerField> LinearLR::state_fields() {
+  return {{"start_factor", &start_factor_}, {"end_factor", &end_factor_}, {"total_iters", &total_iters_}};
 }
 
 // --- ExponentialLR -------------------------------------------------------------------------
@@ -207,10 +176,7 @@ std::optional<std::vector<double>> ExponentialLR::closed_form_lr() const {
   return out;
 }
 
-void ExponentialLR::save_fields(SchedulerStateDict& sd) const { sd["gamma"] = gamma_; }
-void ExponentialLR::load_fields(const SchedulerStateDict& sd) {
-  gamma_ = detail::sd_number(sd, "gamma", name() + ".load_state_dict");
-}
+std::vector<SchedulerField> ExponentialLR::state_fields() { return {{"gamma", &gamma_}}; }
 
 // --- PolynomialLR ------------------------------------------------------------------------------
 
@@ -239,15 +205,8 @@ std::optional<std::vector<double>> PolynomialLR::closed_form_lr() const {
   return out;
 }
 
-void PolynomialLR::save_fields(SchedulerStateDict& sd) const {
-  sd["total_iters"] = static_cast<double>(total_iters_);
-  sd["power"] = power_;
-}
-void PolynomialLR::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  const auto t = detail::sd_int(sd, "total_iters", op);
-  power_ = detail::sd_number(sd, "power", op);
-  total_iters_ = t;
+std::vector<SchedulerField> PolynomialLR::state_fields() {
+  return {{"total_iters", &total_iters_}, {"power", &power_}};
 }
 
 // --- CosineAnnealingLR ---------------------------------------------------------------------------
@@ -284,16 +243,7 @@ std::optional<std::vector<double>> CosineAnnealingLR::closed_form_lr() const {
   return out;
 }
 
-void CosineAnnealingLR::save_fields(SchedulerStateDict& sd) const {
-  sd["T_max"] = static_cast<double>(T_max_);
-  sd["eta_min"] = eta_min_;
-}
-void CosineAnnealingLR::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  const auto t = detail::sd_int(sd, "T_max", op);
-  eta_min_ = detail::sd_number(sd, "eta_min", op);
-  T_max_ = t;
-}
+std::vector<SchedulerField> CosineAnnealingLR::state_fields() { return {{"T_max", &T_max_}, {"eta_min", &eta_min_}}; }
 
 // --- CosineAnnealingWarmRestarts -------------------------------------------------------------------
 
@@ -347,22 +297,8 @@ void CosineAnnealingWarmRestarts::step_epoch(double epoch) {
   apply(get_lr());
 }
 
-void CosineAnnealingWarmRestarts::save_fields(SchedulerStateDict& sd) const {
-  sd["T_0"] = static_cast<double>(T_0_);
-  sd["T_i"] = T_i_;
-  sd["T_mult"] = static_cast<double>(T_mult_);
-  sd["eta_min"] = eta_min_;
-  sd["T_cur"] = T_cur_;
-}
-void CosineAnnealingWarmRestarts::load_fields(const SchedulerStateDict& sd) {
-  const std::string op = name() + ".load_state_dict";
-  const auto t0 = detail::sd_int(sd, "T_0", op), tm = detail::sd_int(sd, "T_mult", op);
-  const double ti = detail::sd_number(sd, "T_i", op), tc = detail::sd_number(sd, "T_cur", op);
-  eta_min_ = detail::sd_number(sd, "eta_min", op);
-  T_0_ = t0;
-  T_mult_ = tm;
-  T_i_ = ti;
-  T_cur_ = tc;
+std::vector<SchedulerField> CosineAnnealingWarmRestarts::state_fields() {
+  return {{"T_0", &T_0_}, {"T_i", &T_i_}, {"T_mult", &T_mult_}, {"eta_min", &eta_min_}, {"T_cur", &T_cur_}};
 }
 
 // --- CyclicLR -------------------------------------------------------------------------------------

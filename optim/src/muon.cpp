@@ -15,15 +15,6 @@ namespace {
 
 std::atomic<std::int64_t> g_orthogonalizations{0};
 
-Triple hyper_triple(const Hyperparams& h, const char* key, const char* op) {
-  auto it = h.find(key);
-  if (it == h.end()) throw KeyError(op, std::string("no hyperparameter '") + key + "'");
-  const auto* v = std::get_if<std::vector<double>>(&it->second);
-  if (!v || v->size() != 3)
-    throw TypeError(op, std::string("hyperparameter '") + key + "' must be a list of three numbers");
-  return Triple{(*v)[0], (*v)[1], (*v)[2]};
-}
-
 std::string torch_size(const Shape& s) {
   std::string out = "torch.Size([";
   for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -62,49 +53,11 @@ void check_newton_schulz_cpu(const char* op) {
 
 }  // namespace detail
 
-Hyperparams MuonOptions::to_hyperparams() const {
-  return {{"lr", lr_},
-          {"weight_decay", weight_decay_},
-          {"momentum", momentum_},
-          {"nesterov", nesterov_},
-          {"ns_coefficients", std::vector<double>(ns_coefficients_.begin(), ns_coefficients_.end())},
-          {"eps", eps_},
-          {"ns_steps", static_cast<double>(ns_steps_)},
-          {"adjust_lr_fn", adjust_lr_fn_},
-          {"ns_dtype", ns_dtype_}};
-}
-
-void MuonOptions::set_hyperparams(const Hyperparams& h) {
-  const char* op = "MuonOptions";
-  detail::check_known_keys(h,
-                           {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps",
-                            "adjust_lr_fn", "ns_dtype"},
-                           op);
-  if (h.count("lr")) lr_ = hyper_number(h, "lr", op);
-  if (h.count("weight_decay")) weight_decay_ = hyper_number(h, "weight_decay", op);
-  if (h.count("momentum")) momentum_ = hyper_number(h, "momentum", op);
-  if (h.count("nesterov")) nesterov_ = hyper_flag(h, "nesterov", op);
-  if (h.count("ns_coefficients")) ns_coefficients_ = hyper_triple(h, "ns_coefficients", op);
-  if (h.count("eps")) eps_ = hyper_number(h, "eps", op);
-  if (h.count("ns_steps")) {
-    const double n = hyper_number(h, "ns_steps", op);
-    if (!(n >= 0.0 && n <= 100.0) || n != std::floor(n))
-      throw ValueError(op, "ns_steps must be a whole number in 0..100, got " + detail::py_float(n));
-    ns_steps_ = static_cast<std::int64_t>(n);
-  }
-  if (h.count("adjust_lr_fn")) adjust_lr_fn_ = hyper_string(h, "adjust_lr_fn", op);
-  if (h.count("ns_dtype")) ns_dtype_ = hyper_string(h, "ns_dtype", op);
-}
-
 void MuonOptions::validate(const std::string& op) const {
   using detail::py_float;
-  if (!(lr_ >= 0.0)) throw ValueError(op, "Learning rate should be >= 0 but is: " + py_float(lr_));
-  if (!(momentum_ >= 0.0)) throw ValueError(op, "momentum should be >= 0 but is: " + py_float(momentum_));
-  if (!(weight_decay_ >= 0.0))
-    throw ValueError(op, "weight decay should be >= 0 but is: " + py_float(weight_decay_));
+  OptionsCRTP::validate(op);
   if (adjust_lr_fn_ != "original" && adjust_lr_fn_ != "match_rms_adamw")
     throw ValueError(op, "Adjust learning rate function " + adjust_lr_fn_ + " is not supported");
-  if (!(eps_ >= 0.0)) throw ValueError(op, "eps should be >= 0 but is: " + py_float(eps_));
   if (ns_steps_ < 0 || ns_steps_ > 100)
     throw ValueError(op, "ns_steps must be in 0..100, got " + std::to_string(ns_steps_));
   for (double c : ns_coefficients_)
@@ -180,30 +133,12 @@ DOPT_INLINE void apply_body(T* __restrict p, const T* __restrict o, i64 n, T dec
   DOPT_FOR_EACH_ELEMENT(T, n, i, p, o) { p[i] = std::fma(neg_lr, o[i], p[i] * decay); }
 }
 
-DOPT_KERNEL void muon_momentum_f32(float* buf, const float* g, float* u, i64 n, double wb, double wn, bool nes) {
-  momentum_select(buf, g, u, n, wb, wn, nes);
-}
-DOPT_KERNEL void muon_momentum_f64(double* buf, const double* g, double* u, i64 n, double wb, double wn, bool nes) {
-  momentum_select(buf, g, u, n, wb, wn, nes);
-}
-DOPT_KERNEL void muon_apply_f32(float* p, const float* o, i64 n, float decay, float neg_lr) {
-  apply_body(p, o, n, decay, neg_lr);
-}
-DOPT_KERNEL void muon_apply_f64(double* p, const double* o, i64 n, double decay, double neg_lr) {
-  apply_body(p, o, n, decay, neg_lr);
-}
-inline void muon_momentum(float* buf, const float* g, float* u, i64 n, double wb, double wn, bool nes) {
-  muon_momentum_f32(buf, g, u, n, wb, wn, nes);
-}
-inline void muon_momentum(double* buf, const double* g, double* u, i64 n, double wb, double wn, bool nes) {
-  muon_momentum_f64(buf, g, u, n, wb, wn, nes);
-}
-inline void muon_apply(float* p, const float* o, i64 n, float decay, float neg_lr) {
-  muon_apply_f32(p, o, n, decay, neg_lr);
-}
-inline void muon_apply(double* p, const double* o, i64 n, double decay, double neg_lr) {
-  muon_apply_f64(p, o, n, decay, neg_lr);
-}
+#define DOPT_MUON_MOMENTUM_PARAMS(T) T* buf, const T* g, T* u, i64 n, double wb, double wn, bool nes
+DOPT_KERNEL_ENTRY(muon_momentum, momentum_select, DOPT_MUON_MOMENTUM_PARAMS, (buf, g, u, n, wb, wn, nes))
+#undef DOPT_MUON_MOMENTUM_PARAMS
+#define DOPT_MUON_APPLY_PARAMS(T) T* p, const T* o, i64 n, T decay, T neg_lr
+DOPT_KERNEL_ENTRY(muon_apply, apply_body, DOPT_MUON_APPLY_PARAMS, (p, o, n, decay, neg_lr))
+#undef DOPT_MUON_APPLY_PARAMS
 
 }  // namespace
 }  // namespace kernels
@@ -214,9 +149,7 @@ void Muon::init_param_state(const MuonOptions& /*o*/, const Tensor& p, ParamStat
 
 void Muon::update_param(const MuonOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   const char* op = "Muon.step";
-  if (!p.device().is_cpu())
-    throw NotSupportedError(op, "Muon has no kernel for parameters on " + p.device().str() +
-                                    " (it runs on the CPU only)");
+  detail::require_cpu_param(p, op, "Muon");
   o.check_param(p, op);
   Tensor& buf = detail::matching_state_at(st, "momentum_buffer", p, op);
   const detail::NsPrecision precision = detail::parse_ns_precision(o.ns_dtype(), op);
@@ -256,21 +189,5 @@ Tensor muon_newton_schulz(const Tensor& u, const Triple& coefficients, std::int6
 }
 
 std::int64_t muon_orthogonalizations() noexcept { return g_orthogonalizations.load(std::memory_order_relaxed); }
-
-Muon::Muon(std::vector<Tensor> params, MuonOptions defaults)
-    : Muon(single_group(std::move(params), "Muon"), std::move(defaults)) {}
-
-Muon::Muon(std::vector<OptimizerParamGroup> groups, MuonOptions defaults)
-    : Optimizer("Muon", {}, std::make_unique<MuonOptions>(std::move(defaults))) {
-  init_groups(std::move(groups));
-}
-
-void Muon::init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const {
-  init_param_state(static_cast<const MuonOptions&>(o), p, st);
-}
-
-void Muon::update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const {
-  update_param(static_cast<const MuonOptions&>(o), p, g, st);
-}
 
 }  // namespace dopt::optim

@@ -5,22 +5,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<NAdamOptions>> NAdamOptions::fields() {
-  return {{"lr", &NAdamOptions::lr_},
-          {"betas", &NAdamOptions::betas_},
-          {"eps", &NAdamOptions::eps_},
-          {"weight_decay", &NAdamOptions::weight_decay_},
-          {"momentum_decay", &NAdamOptions::momentum_decay_}};
-}
-
-void NAdamOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "epsilon value", eps_);
-  detail::require_betas(op, betas_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-  detail::require_nonnegative(op, "momentum_decay value", momentum_decay_);
-}
-
 namespace kernels {
 namespace {
 
@@ -42,10 +26,8 @@ DOPT_INLINE void nadam_body(T* __restrict p, const T* __restrict g, T* __restric
     T pi = p[i];
     T gi = g[i];
     if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
-    T mi = m[i] * s.beta1;
-    mi = std::fma(s.one_minus_beta1, gi, mi);
-    T vi = v[i] * s.beta2;
-    vi = std::fma(s.one_minus_beta2 * gi, gi, vi);
+    T mi = m[i], vi = v[i];
+    kernels::adam_moments(mi, vi, gi, s);
     const T denom = std::sqrt(vi / s.bc2) + s.eps;
     pi = pi + (s.grad_coef * gi) / denom;
     pi = pi + (s.avg_coef * mi) / denom;
@@ -55,31 +37,21 @@ DOPT_INLINE void nadam_body(T* __restrict p, const T* __restrict g, T* __restric
   }
 }
 
-template <class T>
-DOPT_INLINE void nadam_select(T* p, const T* g, T* m, T* v, i64 n, const NAdamScalars<T>& s, bool wd) {
-  if (wd) nadam_body<T, true>(p, g, m, v, n, s);
-  else nadam_body<T, false>(p, g, m, v, n, s);
-}
-
-#define DOPT_NADAM_PARAMS(T) T* p, const T* g, T* m, T* v, i64 n, const NAdamScalars<T>& s, bool wd
-DOPT_KERNEL_ENTRY(nadam_kernel, nadam_select, DOPT_NADAM_PARAMS, (p, g, m, v, n, s, wd))
+#define DOPT_NADAM_PARAMS(T) T* p, const T* g, T* m, T* v, i64 n, const NAdamScalars<T>& s
+DOPT_KERNEL_ENTRY_FLAG(nadam_kernel, nadam_body, DOPT_NADAM_PARAMS, (p, g, m, v, n, s))
 #undef DOPT_NADAM_PARAMS
 
 }  // namespace
 }  // namespace kernels
 
 void NAdam::init_param_state(const NAdamOptions& /*o*/, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::float32);
+  detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_avg_sq"});
   st["mu_product"] = Tensor::scalar(1.0, DType::float32);
-  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  st["exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
 }
 
 void NAdam::update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   const char* op = "NAdam.step";
-  if (!p.device().is_cpu())
-    throw NotSupportedError(op, "NAdam has no kernel for parameters on " + p.device().str() +
-                                    " (it runs on the CPU only)");
+  detail::require_cpu_param(p, op, "NAdam");
   // Look everything up before changing anything: a bad state leaves it untouched.
   Tensor& step_t = detail::state_at(st, "step", op);
   Tensor& mu_product_t = detail::state_at(st, "mu_product", op);

@@ -3,6 +3,7 @@
 // optimizers.
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include "optim_util.hpp"
@@ -16,6 +17,22 @@ inline Tensor& matching_state_at(ParamState& st, const char* key, const Tensor& 
   if (t.shape() != p.shape() || t.dtype() != p.dtype())
     throw StateError(op, std::string("state '") + key + "' " + t.str() + " does not match parameter " + p.str());
   return t;
+}
+
+/// The usual start of a parameter's state: `step` (a 0-d counter of
+/// step_dtype, as torch keeps it) and, under each name, zeros shaped like p.
+inline void init_step_and_zeros(ParamState& st, const Tensor& p, DType step_dtype,
+                                std::initializer_list<const char*> names) {
+  st["step"] = Tensor::scalar(0.0, step_dtype);
+  for (const char* name : names) st[name] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+}
+
+/// The optimizers without device kernels refuse a parameter off the CPU
+/// (dopt::NotSupportedError naming `optimizer`).
+inline void require_cpu_param(const Tensor& p, const char* op, const char* optimizer) {
+  if (!p.device().is_cpu())
+    throw NotSupportedError(op, std::string(optimizer) + " has no kernel for parameters on " + p.device().str() +
+                                    " (it runs on the CPU only)");
 }
 
 /// Python's repr of a float ("0.5", "1.0", "1e-06", "inf"), for error texts

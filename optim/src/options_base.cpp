@@ -2,7 +2,9 @@
 
 #include "optim_extra.hpp"
 
-namespace dopt::optim::detail {
+namespace dopt::optim {
+
+namespace detail {
 
 void check_known_keys(const Hyperparams& h, const std::vector<const char*>& known, const std::string& op) {
   for (const auto& [k, v] : h) {
@@ -26,15 +28,53 @@ void from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out
 void from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out) {
   out = to_pair(hyper_pair(h, key, op));
 }
-
-void require_nonnegative(const std::string& op, const char* what, double v) {
-  if (!(v >= 0.0)) throw ValueError(op, std::string("Invalid ") + what + ": " + py_float(v));
+void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out) {
+  auto it = h.find(key);
+  if (it == h.end()) throw KeyError(op, std::string("no hyperparameter '") + key + "'");
+  const auto* v = std::get_if<std::vector<double>>(&it->second);
+  if (!v || v->size() != 3)
+    throw TypeError(op, std::string("hyperparameter '") + key + "' must be a list of three numbers");
+  out = Triple{(*v)[0], (*v)[1], (*v)[2]};
+}
+void from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out) {
+  const double n = hyper_number(h, key, op);
+  if (!(std::fabs(n) < 9.007199254740992e15) || n != std::floor(n))
+    throw ValueError(op, std::string("hyperparameter '") + key + "' must be a whole number, got " + py_float(n));
+  out = static_cast<std::int64_t>(n);
+}
+void from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out) {
+  out = hyper_string(h, key, op);
 }
 
-void require_betas(const std::string& op, const Pair& betas) {
+}  // namespace detail
+
+namespace checks {
+
+using detail::py_float;
+
+void apply(const std::string& op, double v, NonNegative rule) {
+  if (!(v >= 0.0)) throw ValueError(op, std::string("Invalid ") + rule.what + ": " + py_float(v));
+}
+
+void apply(const std::string& op, double v, UnitInterval rule) {
+  if (!(v >= 0.0 && v <= 1.0)) throw ValueError(op, std::string("Invalid ") + rule.what + ": " + py_float(v));
+}
+
+void apply(const std::string& op, const Pair& betas, Betas /*rule*/) {
   for (int i = 0; i < 2; ++i)
     if (!(betas[i] >= 0.0 && betas[i] < 1.0))
       throw ValueError(op, "Invalid beta parameter at index " + std::to_string(i) + ": " + py_float(betas[i]));
 }
 
-}  // namespace dopt::optim::detail
+void apply(const std::string& op, const Pair& etas, Etas /*rule*/) {
+  if (!(0.0 < etas[0] && etas[0] < 1.0 && 1.0 < etas[1]))
+    throw ValueError(op, "Invalid eta values: " + py_float(etas[0]) + ", " + py_float(etas[1]));
+}
+
+void apply(const std::string& op, double v, AtLeastZero rule) {
+  if (!(v >= 0.0)) throw ValueError(op, std::string(rule.what) + " should be >= 0 but is: " + py_float(v));
+}
+
+}  // namespace checks
+
+}  // namespace dopt::optim

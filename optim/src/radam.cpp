@@ -5,20 +5,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<RAdamOptions>> RAdamOptions::fields() {
-  return {{"lr", &RAdamOptions::lr_},
-          {"betas", &RAdamOptions::betas_},
-          {"eps", &RAdamOptions::eps_},
-          {"weight_decay", &RAdamOptions::weight_decay_}};
-}
-
-void RAdamOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "epsilon value", eps_);
-  detail::require_betas(op, betas_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-}
-
 namespace kernels {
 namespace {
 
@@ -40,10 +26,8 @@ DOPT_INLINE void radam_body(T* __restrict p, const T* __restrict g, T* __restric
     const T pi = p[i];
     T gi = g[i];
     if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
-    T mi = m[i] * s.beta1;
-    mi = std::fma(s.one_minus_beta1, gi, mi);
-    T vi = v[i] * s.beta2;
-    vi = std::fma(s.one_minus_beta2 * gi, gi, vi);
+    T mi = m[i], vi = v[i];
+    kernels::adam_moments(mi, vi, gi, s);
     const T b = mi / s.bc1;
     T u;
     if constexpr (Rect) {
@@ -77,16 +61,12 @@ DOPT_KERNEL_ENTRY(radam_kernel, radam_select, DOPT_RADAM_PARAMS, (p, g, m, v, n,
 }  // namespace kernels
 
 void RAdam::init_param_state(const RAdamOptions& /*o*/, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::float32);
-  st["exp_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  st["exp_avg_sq"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_avg_sq"});
 }
 
 void RAdam::update_param(const RAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   const char* op = "RAdam.step";
-  if (!p.device().is_cpu())
-    throw NotSupportedError(op, "RAdam has no kernel for parameters on " + p.device().str() +
-                                    " (it runs on the CPU only)");
+  detail::require_cpu_param(p, op, "RAdam");
   Tensor& step_t = detail::state_at(st, "step", op);
   Tensor& m = detail::matching_state_at(st, "exp_avg", p, op);
   Tensor& v = detail::matching_state_at(st, "exp_avg_sq", p, op);

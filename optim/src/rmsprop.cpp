@@ -6,24 +6,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<RMSpropOptions>> RMSpropOptions::fields() {
-  return {{"lr", &RMSpropOptions::lr_},
-          {"alpha", &RMSpropOptions::alpha_},
-          {"eps", &RMSpropOptions::eps_},
-          {"weight_decay", &RMSpropOptions::weight_decay_},
-          {"momentum", &RMSpropOptions::momentum_},
-          {"centered", &RMSpropOptions::centered_},
-          {"maximize", &RMSpropOptions::maximize_}};
-}
-
-void RMSpropOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "epsilon value", eps_);
-  detail::require_nonnegative(op, "momentum value", momentum_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
-  detail::require_nonnegative(op, "alpha value", alpha_);
-}
-
 namespace kernels {
 namespace {
 
@@ -94,8 +76,7 @@ DOPT_KERNEL_ENTRY(rmsprop_kernel, rmsprop_select, DOPT_RMSPROP_PARAMS, (p, g, sq
 }  // namespace kernels
 
 void RMSprop::init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::int64);
-  st["square_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  detail::init_step_and_zeros(st, p, DType::int64, {"square_avg"});
   if (o.momentum() > 0.0) st["momentum_buffer"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
   if (o.centered()) st["grad_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
 }

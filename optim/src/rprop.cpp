@@ -5,20 +5,6 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<RpropOptions>> RpropOptions::fields() {
-  return {{"lr", &RpropOptions::lr_},
-          {"etas", &RpropOptions::etas_},
-          {"step_sizes", &RpropOptions::step_sizes_},
-          {"maximize", &RpropOptions::maximize_}};
-}
-
-void RpropOptions::validate(const std::string& op) const {
-  using detail::py_float;
-  detail::require_nonnegative(op, "learning rate", lr_);
-  if (!(0.0 < etas_[0] && etas_[0] < 1.0 && 1.0 < etas_[1]))
-    throw ValueError(op, "Invalid eta values: " + py_float(etas_[0]) + ", " + py_float(etas_[1]));
-}
-
 namespace kernels {
 namespace {
 
@@ -64,8 +50,7 @@ DOPT_KERNEL_ENTRY(rprop_kernel, rprop_body, DOPT_RPROP_PARAMS, (p, g, prev, ss, 
 }  // namespace kernels
 
 void Rprop::init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::int64);
-  st["prev"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  detail::init_step_and_zeros(st, p, DType::int64, {"prev"});
   st["step_size"] = Tensor::full(p.shape(), o.lr(), p.dtype(), p.device());
 }
 

@@ -6,19 +6,8 @@
 
 namespace dopt::optim {
 
-std::vector<HyperField<SGDOptions>> SGDOptions::fields() {
-  return {{"lr", &SGDOptions::lr_},
-          {"momentum", &SGDOptions::momentum_},
-          {"dampening", &SGDOptions::dampening_},
-          {"weight_decay", &SGDOptions::weight_decay_},
-          {"nesterov", &SGDOptions::nesterov_},
-          {"maximize", &SGDOptions::maximize_}};
-}
-
 void SGDOptions::validate(const std::string& op) const {
-  detail::require_nonnegative(op, "learning rate", lr_);
-  detail::require_nonnegative(op, "momentum value", momentum_);
-  detail::require_nonnegative(op, "weight_decay value", weight_decay_);
+  OptionsCRTP::validate(op);
   if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0))
     throw ValueError(op, "Nesterov momentum requires a momentum and zero dampening");
 }

@@ -16,31 +16,24 @@
 namespace dopt::optim {
 
 class AdagradOptions : public OptionsCRTP<AdagradOptions> {
- public:
-  explicit AdagradOptions(double lr = 1e-2) : lr_(lr) {}
-  static constexpr const char* kName = "AdagradOptions";
-  static std::vector<HyperField<AdagradOptions>> fields();
-  void validate(const std::string& op) const override;
-
-  DOPT_ARG(AdagradOptions, double, lr, 1e-2);
-  DOPT_ARG(AdagradOptions, double, lr_decay, 0.0);
-  DOPT_ARG(AdagradOptions, double, weight_decay, 0.0);
-  DOPT_ARG(AdagradOptions, double, initial_accumulator_value, 0.0);
-  DOPT_ARG(AdagradOptions, double, eps, 1e-10);
+  DOPT_OPTIONS(AdagradOptions);
+  DOPT_ARG(AdagradOptions, double, lr, 1e-2, checks::NonNegative{"learning rate"});
+  DOPT_ARG(AdagradOptions, double, lr_decay, 0.0, checks::NonNegative{"lr_decay value"});
+  DOPT_ARG(AdagradOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_ARG(AdagradOptions, double, initial_accumulator_value, 0.0, checks::NonNegative{"initial_accumulator_value value"});
+  DOPT_ARG(AdagradOptions, double, eps, 1e-10, checks::NonNegative{"epsilon value"});
   DOPT_ARG(AdagradOptions, bool, maximize, false);
 };
 
+/// Unlike the others, Adagrad makes the state of every parameter as its group
+/// is added (`step` = 0, `sum` = full(initial_accumulator_value)), as torch.
 class Adagrad : public BasicOptimizer<Adagrad, AdagradOptions> {
- public:
-  static constexpr const char* kName = "Adagrad";
+  DOPT_OPTIMIZER(Adagrad, AdagradOptions);
+  /// The state of a parameter is made when it is added (also by FunctionalAdagrad).
+  static constexpr bool kEagerState = true;
   explicit Adagrad(std::vector<OptimizerParamGroup> groups, AdagradOptions defaults = AdagradOptions());
   /// One group of `params`; an empty list throws dopt::ValueError (as torch).
   explicit Adagrad(std::vector<Tensor> params, AdagradOptions defaults = AdagradOptions());
-
-  /// One parameter's state (`step` = 0, `sum` = full(initial_accumulator_value))
-  /// and update (shared with FunctionalAdagrad).
-  static void init_param_state(const AdagradOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const AdagradOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
 
  protected:
   void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;

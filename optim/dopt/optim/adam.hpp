@@ -7,28 +7,20 @@
 namespace dopt::optim {
 
 class AdamOptions : public OptionsCRTP<AdamOptions> {
- public:
-  explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
-  static constexpr const char* kName = "AdamOptions";
-  static std::vector<HyperField<AdamOptions>> fields();
-  void validate(const std::string& op) const override;
-
-  DOPT_ARG(AdamOptions, double, lr, 1e-3);
-  DOPT_ARG(AdamOptions, Pair, betas, (Pair{0.9, 0.999}));
-  DOPT_ARG(AdamOptions, double, eps, 1e-8);
-  DOPT_ARG(AdamOptions, double, weight_decay, 0.0);
+  DOPT_OPTIONS(AdamOptions);
+  DOPT_ARG(AdamOptions, double, lr, 1e-3, checks::NonNegative{"learning rate"});
+  DOPT_ARG(AdamOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
+  DOPT_ARG(AdamOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
+  DOPT_ARG(AdamOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
   DOPT_ARG(AdamOptions, bool, amsgrad, false);
   DOPT_ARG(AdamOptions, bool, maximize, false);
 };
 
 class Adam : public BasicOptimizer<Adam, AdamOptions> {
- public:
-  static constexpr const char* kName = "Adam";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state and update (shared with FunctionalAdam).
-  static void init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st);
+  DOPT_OPTIMIZER(Adam, AdamOptions);
+  /// update_param with AdamW's decoupled weight decay when asked (AdamW's step).
   static void update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st,
-                           bool decoupled_weight_decay = false);
+                           bool decoupled_weight_decay);
 };
 
 }  // namespace dopt::optim

@@ -11,29 +11,20 @@
 namespace dopt::optim {
 
 class AdamWOptions : public OptionsCRTP<AdamWOptions> {
- public:
-  explicit AdamWOptions(double lr = 1e-3) : lr_(lr) {}
-  static constexpr const char* kName = "AdamWOptions";
-  static std::vector<HyperField<AdamWOptions>> fields();
-  void validate(const std::string& op) const override;
+  DOPT_OPTIONS(AdamWOptions);
   /// The same hyperparameters as AdamOptions (for Adam's kernel).
   AdamOptions as_adam_options() const;
 
-  DOPT_ARG(AdamWOptions, double, lr, 1e-3);
-  DOPT_ARG(AdamWOptions, Pair, betas, (Pair{0.9, 0.999}));
-  DOPT_ARG(AdamWOptions, double, eps, 1e-8);
-  DOPT_ARG(AdamWOptions, double, weight_decay, 1e-2);
+  DOPT_ARG(AdamWOptions, double, lr, 1e-3, checks::NonNegative{"learning rate"});
+  DOPT_ARG(AdamWOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
+  DOPT_ARG(AdamWOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
+  DOPT_ARG(AdamWOptions, double, weight_decay, 1e-2, checks::NonNegative{"weight_decay value"});
   DOPT_ARG(AdamWOptions, bool, amsgrad, false);
   DOPT_ARG(AdamWOptions, bool, maximize, false);
 };
 
 class AdamW : public BasicOptimizer<AdamW, AdamWOptions> {
- public:
-  static constexpr const char* kName = "AdamW";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state and update (shared with FunctionalAdamW).
-  static void init_param_state(const AdamWOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const AdamWOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
+  DOPT_OPTIMIZER(AdamW, AdamWOptions);
 };
 
 }  // namespace dopt::optim

@@ -8,9 +8,24 @@
 
 #include "dopt/optim/optimizer.hpp"
 
+/// The members every optimizer on BasicOptimizer declares alike: kName
+/// ("Name", torch's class name), the two constructors, and the two static
+/// functions its source defines, which its functional form shares:
+///   init_param_state(o, p, st): the state of parameter p (made at its first
+///     step with a gradient unless the class says otherwise);
+///   update_param(o, p, g, st): one step of p with gradient g (which matches
+///     p); a state lacking an entry or not matching p is a dopt::StateError
+///     and changes nothing.
+#define DOPT_OPTIMIZER(Name, OptionsT)                                                        \
+ public:                                                                                      \
+  static constexpr const char* kName = #Name;                                                 \
+  using ::dopt::optim::BasicOptimizer<Name, OptionsT>::BasicOptimizer;                        \
+  static void init_param_state(const OptionsT& o, const Tensor& p, ParamState& st);           \
+  static void update_param(const OptionsT& o, const Tensor& p, const Tensor& g, ParamState& st)
+
 namespace dopt::optim {
 
-/// Derived provides
+/// Derived provides (DOPT_OPTIMIZER declares them)
 ///   static constexpr const char* kName;   // torch's class name, e.g. "Adam"
 ///   static void init_param_state(const OptionsT&, const Tensor& p, ParamState& st);
 ///   static void update_param(const OptionsT&, const Tensor& p, const Tensor& g, ParamState& st);

@@ -136,20 +136,28 @@ class FunctionalOptimizer {
 };
 
 /// The functional form of optimizer class Opt (Adam, SGD, ...), calling its
-/// static init_param_state/update_param.
+/// static init_param_state/update_param. An Opt with
+/// `static constexpr bool kEagerState = true` (Adagrad) has the state of every
+/// parameter made in the constructor, as torch; a parameter first seen in
+/// step_param gets its state then.
 template <class Opt>
-class BasicFunctional : public FunctionalOptimizer {
+class BasicFunctional final : public FunctionalOptimizer {
  public:
   using OptimizerClass = Opt;
   using Options = typename Opt::Options;
+  explicit BasicFunctional(std::vector<Tensor> params, const Options& options = Options(),
+                           bool allow_empty_param_list = false)
+      : FunctionalOptimizer(Opt::kName, std::move(params), std::make_unique<Options>(options),
+                            allow_empty_param_list) {
+    if constexpr (requires { Opt::kEagerState; }) {
+      if (Opt::kEagerState) init_all_state();
+    }
+  }
   const Options& options() const noexcept {
     return static_cast<const Options&>(FunctionalOptimizer::options());
   }
 
  protected:
-  BasicFunctional(std::string optimizer_name, std::vector<Tensor> params, const Options& o, bool allow_empty)
-      : FunctionalOptimizer(std::move(optimizer_name), std::move(params), std::make_unique<Options>(o),
-                            allow_empty) {}
   void init_param(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override {
     Opt::init_param_state(static_cast<const Options&>(o), p, st);
   }
@@ -164,79 +172,24 @@ class BasicFunctional : public FunctionalOptimizer {
 
 /// torch's _FunctionalSGD. lr is required, as for torch.optim.SGD (torch's
 /// functional form defaults it to 1e-2).
-class FunctionalSGD final : public BasicFunctional<SGD> {
- public:
-  FunctionalSGD(std::vector<Tensor> params, const SGDOptions& options, bool allow_empty_param_list = false);
-};
-
-class FunctionalAdam final : public BasicFunctional<Adam> {
- public:
-  explicit FunctionalAdam(std::vector<Tensor> params, const AdamOptions& options = AdamOptions(),
-                          bool allow_empty_param_list = false);
-};
-
-class FunctionalAdamW final : public BasicFunctional<AdamW> {
- public:
-  explicit FunctionalAdamW(std::vector<Tensor> params, const AdamWOptions& options = AdamWOptions(),
-                           bool allow_empty_param_list = false);
-};
-
-/// torch's _FunctionalAdagrad. State is created for every parameter in the
-/// constructor (as torch); a parameter first seen in step_param gets its
-/// state then. torch's unused warmup_lr_multiplier, warmup_num_iters and
+using FunctionalSGD = BasicFunctional<SGD>;
+using FunctionalAdam = BasicFunctional<Adam>;
+using FunctionalAdamW = BasicFunctional<AdamW>;
+/// torch's _FunctionalAdagrad: state for every parameter from the
+/// constructor. torch's unused warmup_lr_multiplier, warmup_num_iters and
 /// coalesce_grad do not exist here.
-class FunctionalAdagrad final : public BasicFunctional<Adagrad> {
- public:
-  explicit FunctionalAdagrad(std::vector<Tensor> params, const AdagradOptions& options = AdagradOptions(),
-                             bool allow_empty_param_list = false);
-};
-
-class FunctionalRMSprop final : public BasicFunctional<RMSprop> {
- public:
-  explicit FunctionalRMSprop(std::vector<Tensor> params, const RMSpropOptions& options = RMSpropOptions(),
-                             bool allow_empty_param_list = false);
-};
-
+using FunctionalAdagrad = BasicFunctional<Adagrad>;
+using FunctionalRMSprop = BasicFunctional<RMSprop>;
 /// torch's _FunctionalAdamax, with torch.optim.Adamax's lr default 2e-3
 /// (torch's functional form: 1e-3).
-class FunctionalAdamax final : public BasicFunctional<Adamax> {
- public:
-  explicit FunctionalAdamax(std::vector<Tensor> params, const AdamaxOptions& options = AdamaxOptions(),
-                            bool allow_empty_param_list = false);
-};
-
+using FunctionalAdamax = BasicFunctional<Adamax>;
 /// torch's _FunctionalAdadelta; `step` counts (torch 1.13's stays 0).
-class FunctionalAdadelta final : public BasicFunctional<Adadelta> {
- public:
-  explicit FunctionalAdadelta(std::vector<Tensor> params, const AdadeltaOptions& options = AdadeltaOptions(),
-                              bool allow_empty_param_list = false);
-};
-
-class FunctionalRprop final : public BasicFunctional<Rprop> {
- public:
-  explicit FunctionalRprop(std::vector<Tensor> params, const RpropOptions& options = RpropOptions(),
-                           bool allow_empty_param_list = false);
-};
-
-/// The functional form of NAdam (torch 1.13 has none); CPU parameters only.
-class FunctionalNAdam final : public BasicFunctional<NAdam> {
- public:
-  explicit FunctionalNAdam(std::vector<Tensor> params, const NAdamOptions& options = NAdamOptions(),
-                           bool allow_empty_param_list = false);
-};
-
-/// The functional form of RAdam (torch 1.13 has none); CPU parameters only.
-class FunctionalRAdam final : public BasicFunctional<RAdam> {
- public:
-  explicit FunctionalRAdam(std::vector<Tensor> params, const RAdamOptions& options = RAdamOptions(),
-                           bool allow_empty_param_list = false);
-};
-
-/// The functional form of Muon (torch has none); 2-D CPU parameters only.
-class FunctionalMuon final : public BasicFunctional<Muon> {
- public:
-  explicit FunctionalMuon(std::vector<Tensor> params, const MuonOptions& options = MuonOptions(),
-                          bool allow_empty_param_list = false);
-};
+using FunctionalAdadelta = BasicFunctional<Adadelta>;
+using FunctionalRprop = BasicFunctional<Rprop>;
+/// The functional forms of NAdam, RAdam (CPU parameters only) and Muon (2-D
+/// CPU parameters only), which torch 1.13 lacks.
+using FunctionalNAdam = BasicFunctional<NAdam>;
+using FunctionalRAdam = BasicFunctional<RAdam>;
+using FunctionalMuon = BasicFunctional<Muon>;
 
 }  // namespace dopt::optim

@@ -43,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "dopt/optim/optimizer.hpp"
@@ -59,6 +60,13 @@ class DistributedOptimizer;
 /// ChainedScheduler) store their children's entries under
 /// "_schedulers.{i}.{name}". "_class" names the scheduler class.
 using SchedulerStateDict = Hyperparams;
+
+/// One entry of a scheduler's state dict beyond the base's: its key and the
+/// member that holds it (integers are saved as numbers, as torch's JSON).
+struct SchedulerField {
+  const char* key;
+  std::variant<double*, std::int64_t*, std::vector<std::int64_t>*> member;
+};
 
 /// What a scheduler reads and writes: the hyperparameters of each param
 /// group of some optimizer. Implement it to schedule your own optimizer.
@@ -159,10 +167,13 @@ class LRScheduler {
   void apply(const std::vector<double>& lrs);
   /// The current lr of every group.
   std::vector<double> group_lrs() const;
-  /// Subclasses add/read their own fields (called by state_dict/load_state_dict
-  /// after the base's).
-  virtual void save_fields(SchedulerStateDict& /*sd*/) const {}
-  virtual void load_fields(const SchedulerStateDict& /*sd*/) {}
+  /// The subclass's own state-dict entries; save_fields and load_fields
+  /// write and read them (a load reads every entry before it changes any).
+  virtual std::vector<SchedulerField> state_fields() { return {}; }
+  /// Subclasses with entries that are not plain fields add/read them here
+  /// (called by state_dict/load_state_dict after the base's).
+  virtual void save_fields(SchedulerStateDict& sd) const;
+  virtual void load_fields(const SchedulerStateDict& sd);
   /// A per-group value: one value for every group, or one per group
   /// (ValueError naming `what` otherwise).
   std::vector<double> per_group(const std::vector<double>& v, const char* what) const;
@@ -204,8 +215,7 @@ class StepLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   std::int64_t step_size_;
@@ -220,7 +230,8 @@ class MultiStepLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
+  std::vector<SchedulerField> state_fields() override;
+  /// Sorts the loaded milestones.
   void load_fields(const SchedulerStateDict& sd) override;
 
  private:
@@ -236,8 +247,7 @@ class ConstantLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   double factor_;
@@ -254,8 +264,7 @@ class LinearLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   double start_factor_, end_factor_;
@@ -270,8 +279,7 @@ class ExponentialLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   double gamma_;
@@ -285,8 +293,7 @@ class PolynomialLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   std::int64_t total_iters_;
@@ -301,8 +308,7 @@ class CosineAnnealingLR : public LRScheduler {
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   std::int64_t T_max_;
@@ -321,8 +327,7 @@ class CosineAnnealingWarmRestarts : public LRScheduler {
 
  protected:
   std::vector<double> get_lr() override;
-  void save_fields(SchedulerStateDict& sd) const override;
-  void load_fields(const SchedulerStateDict& sd) override;
+  std::vector<SchedulerField> state_fields() override;
 
  private:
   std::int64_t T_0_, T_mult_;

@@ -41,20 +41,16 @@
 #include <cstdint>
 #include <string>
 
+#include "dopt/optim/basic_optimizer.hpp"
 #include "dopt/optim/options_base.hpp"
 
 namespace dopt::optim {
 
-using Triple = std::array<double, 3>;
-
 class MuonOptions : public OptionsCRTP<MuonOptions> {
- public:
-  explicit MuonOptions(double lr = 1e-3) : lr_(lr) {}
-  Hyperparams to_hyperparams() const override;
-  void set_hyperparams(const Hyperparams& h) override;
-  /// torch's checks: lr >= 0, momentum >= 0, weight_decay >= 0, adjust_lr_fn
-  /// "original" or "match_rms_adamw"; and (dopt) eps >= 0, ns_steps a whole
-  /// number in 0..100, ns_dtype "float64", "float32" or "bfloat16".
+  DOPT_OPTIONS(MuonOptions);
+  /// The fields' rules, then: adjust_lr_fn "original" or "match_rms_adamw"
+  /// (torch's), ns_steps in 0..100, finite ns_coefficients and a known
+  /// ns_dtype (dopt's).
   void validate(const std::string& op) const override;
   /// Muon takes 2-D parameters only.
   void check_param(const Tensor& param, const std::string& op) const override;
@@ -62,12 +58,12 @@ class MuonOptions : public OptionsCRTP<MuonOptions> {
   /// n = max(A, B), plus the elementwise work (a few per element).
   double step_cost(const Shape& shape) const override;
 
-  DOPT_ARG(MuonOptions, double, lr, 1e-3);
-  DOPT_ARG(MuonOptions, double, weight_decay, 0.1);
-  DOPT_ARG(MuonOptions, double, momentum, 0.95);
+  DOPT_ARG(MuonOptions, double, lr, 1e-3, checks::AtLeastZero{"Learning rate"});
+  DOPT_ARG(MuonOptions, double, weight_decay, 0.1, checks::AtLeastZero{"weight decay"});
+  DOPT_ARG(MuonOptions, double, momentum, 0.95, checks::AtLeastZero{"momentum"});
   DOPT_ARG(MuonOptions, bool, nesterov, true);
   DOPT_ARG(MuonOptions, Triple, ns_coefficients, (Triple{3.4445, -4.775, 2.0315}));
-  DOPT_ARG(MuonOptions, double, eps, 1e-7);
+  DOPT_ARG(MuonOptions, double, eps, 1e-7, checks::AtLeastZero{"eps"});
   DOPT_ARG(MuonOptions, std::int64_t, ns_steps, 5);
   /// "original" (torch's default, also its None) or "match_rms_adamw".
   DOPT_ARG(MuonOptions, std::string, adjust_lr_fn, "original");
@@ -75,29 +71,14 @@ class MuonOptions : public OptionsCRTP<MuonOptions> {
   DOPT_ARG(MuonOptions, std::string, ns_dtype, "float64");
 };
 
-class Muon : public Optimizer {
- public:
-  using Options = MuonOptions;
-  explicit Muon(std::vector<OptimizerParamGroup> groups, MuonOptions defaults = MuonOptions());
-  /// One group of `params`; an empty list throws dopt::ValueError (as torch).
-  explicit Muon(std::vector<Tensor> params, MuonOptions defaults = MuonOptions());
-
-  /// One parameter's lazy state and update (shared with FunctionalMuon).
-  /// update_param expects a grad that matches p; a state lacking
-  /// `momentum_buffer`, or one that does not match p, is a dopt::StateError
-  /// (nothing changes); a parameter off the CPU is a dopt::NotSupportedError.
-  static void init_param_state(const MuonOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const MuonOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-  /// Muon has no device kernels here (see the header).
+/// update_param refuses a parameter off the CPU with dopt::NotSupportedError
+/// and one that is not 2-D with dopt::ValueError.
+class Muon : public BasicOptimizer<Muon, MuonOptions> {
+  DOPT_OPTIMIZER(Muon, MuonOptions);
   static constexpr bool kDeviceKernels = false;
 
   /// The learning-rate ratio of adjust_lr_fn for a [A, B] matrix.
   static double lr_ratio(const std::string& adjust_lr_fn, std::int64_t rows, std::int64_t cols);
-
- protected:
-  void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override;
-  void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override;
-  bool has_device_kernels() const noexcept override { return false; }
 };
 
 /// The Newton-Schulz iteration of Muon on its own: O = NS(u) for a 2-D

@@ -18,32 +18,17 @@
 namespace dopt::optim {
 
 class NAdamOptions : public OptionsCRTP<NAdamOptions> {
- public:
-  explicit NAdamOptions(double lr = 2e-3) : lr_(lr) {}
-  static constexpr const char* kName = "NAdamOptions";
-  static std::vector<HyperField<NAdamOptions>> fields();
-  /// torch's checks: lr >= 0, eps >= 0, 0 <= betas[i] < 1, weight_decay >= 0,
-  /// momentum_decay >= 0.
-  void validate(const std::string& op) const override;
-
-  DOPT_ARG(NAdamOptions, double, lr, 2e-3);
-  DOPT_ARG(NAdamOptions, Pair, betas, (Pair{0.9, 0.999}));
-  DOPT_ARG(NAdamOptions, double, eps, 1e-8);
-  DOPT_ARG(NAdamOptions, double, weight_decay, 0.0);
-  DOPT_ARG(NAdamOptions, double, momentum_decay, 4e-3);
+  DOPT_OPTIONS(NAdamOptions);
+  DOPT_ARG(NAdamOptions, double, lr, 2e-3, checks::NonNegative{"learning rate"});
+  DOPT_ARG(NAdamOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
+  DOPT_ARG(NAdamOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
+  DOPT_ARG(NAdamOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_ARG(NAdamOptions, double, momentum_decay, 4e-3, checks::NonNegative{"momentum_decay value"});
 };
 
+/// update_param refuses a parameter off the CPU with dopt::NotSupportedError.
 class NAdam : public BasicOptimizer<NAdam, NAdamOptions> {
- public:
-  static constexpr const char* kName = "NAdam";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state and update (shared with FunctionalNAdam).
-  /// update_param expects a grad that matches p; a state lacking an entry,
-  /// or whose tensors do not match p, is a dopt::StateError; a parameter off
-  /// the CPU is a dopt::NotSupportedError.
-  static void init_param_state(const NAdamOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-  /// NAdam has no device kernels (see the header).
+  DOPT_OPTIMIZER(NAdam, NAdamOptions);
   static constexpr bool kDeviceKernels = false;
 };
 

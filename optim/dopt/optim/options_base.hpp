@@ -1,61 +1,131 @@
 #pragma once
 // Helpers for writing OptimizerOptions subclasses, libtorch style:
 //   AdamOptions(1e-3).betas({0.9, 0.999}).weight_decay(0.01)
+// Each hyperparameter is declared once, with DOPT_ARG: its type, name,
+// default and (optionally) the rule validate() checks. OptionsCRTP makes the
+// hyperparameter map, validate, clone, get_lr and set_lr from those lines.
 #include <array>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <typeinfo>
+#include <variant>
 #include <vector>
 
 #include "dopt/optim/optimizer.hpp"
 
-/// Declares a chainable setter `name(v)`, a getter `name()` and the field `name_`.
-#define DOPT_ARG(Self, T, name, init)                     \
- public:                                                  \
-  Self& name(const T& v) {                                \
-    name##_ = v;                                          \
-    return *this;                                         \
-  }                                                       \
-  const T& name() const noexcept { return name##_; }      \
-  T& name() noexcept { return name##_; }                  \
-                                                          \
- private:                                                 \
+/// Starts the hyperparameters of options class Self: kName is "Self", the
+/// constructors are Self() (every field at its default) and Self(lr), and the
+/// DOPT_ARG lines that follow are its fields, in their order (lr among them).
+#define DOPT_OPTIONS(Self)   \
+  DOPT_OPTIONS_LR_REQUIRED(Self); \
+  Self() = default
+
+/// DOPT_OPTIONS without Self(): the learning rate must be given (SGD).
+#define DOPT_OPTIONS_LR_REQUIRED(Self)          \
+ public:                                        \
+  static constexpr const char* kName = #Self;   \
+  explicit Self(double lr) { lr_ = lr; }        \
+  static constexpr int kFirstField = __COUNTER__ + 1
+
+/// Declares the hyperparameter `name` of type T (double, bool, Pair, Triple,
+/// std::int64_t or std::string) with default `init`: a chainable setter
+/// `name(v)`, getters `name()`, the field `name_`, its entry in the
+/// hyperparameter map under "name", and, when a rule follows (one of
+/// dopt::optim::checks), the check validate() makes.
+#define DOPT_ARG(Self, T, name, init, ...)                                                                 \
+ public:                                                                                                   \
+  Self& name(const T& v) {                                                                                 \
+    name##_ = v;                                                                                           \
+    return *this;                                                                                          \
+  }                                                                                                        \
+  const T& name() const noexcept { return name##_; }                                                       \
+  T& name() noexcept { return name##_; }                                                                   \
+  static ::dopt::optim::HyperField<Self> dopt_field(::dopt::optim::detail::FieldIndex<__COUNTER__>) {      \
+    return {#name, &Self::name##_ __VA_OPT__(, [](const Self& s, const std::string& op) {                 \
+              ::dopt::optim::checks::apply(op, s.name##_, __VA_ARGS__);                                     \
+            })};                                                                                           \
+  }                                                                                                        \
+                                                                                                           \
+ private:                                                                                                  \
   T name##_ = init
 
 namespace dopt::optim {
 
 using Pair = std::array<double, 2>;
+using Triple = std::array<double, 3>;
+
+/// The rules a DOPT_ARG can name; each throws dopt::ValueError(op, ...) with
+/// torch's message.
+namespace checks {
+/// "Invalid <what>: <v>" unless v >= 0 (NaN fails).
+struct NonNegative { const char* what; };
+/// "Invalid <what>: <v>" unless 0 <= v <= 1.
+struct UnitInterval { const char* what; };
+/// "Invalid beta parameter at index <i>: <v>" unless 0 <= betas[i] < 1.
+struct Betas {};
+/// "Invalid eta values: <a>, <b>" unless 0 < etas[0] < 1 < etas[1].
+struct Etas {};
+/// torch 2.x's "<what> should be >= 0 but is: <v>" unless v >= 0.
+struct AtLeastZero { const char* what; };
+void apply(const std::string& op, double v, NonNegative rule);
+void apply(const std::string& op, double v, UnitInterval rule);
+void apply(const std::string& op, const Pair& betas, Betas rule);
+void apply(const std::string& op, const Pair& etas, Etas rule);
+void apply(const std::string& op, double v, AtLeastZero rule);
+}  // namespace checks
 
 /// One hyperparameter of an options class: its name (the key in state dicts
-/// and in torch's param_groups) and the member that holds it (one of three
-/// kinds).
+/// and in torch's param_groups), the member that holds it and, optionally,
+/// its check. DOPT_ARG makes these; an options class may instead list them
+/// itself in `static std::vector<HyperField<Self>> fields()` ({"lr", &Self::lr_}, ...).
 template <class Self>
 struct HyperField {
-  HyperField(const char* n, double Self::*m) : name(n), number(m) {}
-  HyperField(const char* n, Pair Self::*m) : name(n), pair(m) {}
-  HyperField(const char* n, bool Self::*m) : name(n), flag(m) {}
+  using Member = std::variant<double Self::*, bool Self::*, Pair Self::*, Triple Self::*, std::int64_t Self::*,
+                              std::string Self::*>;
+  template <class T>
+  HyperField(const char* n, T Self::*m, void (*c)(const Self&, const std::string&) = nullptr)
+      : name(n), member(m), check(c) {}
   const char* name;
-  double Self::*number = nullptr;
-  Pair Self::*pair = nullptr;
-  bool Self::*flag = nullptr;
+  Member member;
+  void (*check)(const Self&, const std::string& op) = nullptr;
 };
 
 namespace detail {
+template <int I>
+struct FieldIndex {};
 void check_known_keys(const Hyperparams& h, const std::vector<const char*>& known, const std::string& op);
-/// Throws dopt::StateError: an options class has neither fields() nor its own hyperparameter map.
+/// Throws dopt::StateError: an options class has neither fields nor its own hyperparameter map.
 [[noreturn]] void no_fields(const char* type);
 inline HyperValue to_hyper(double v) { return v; }
 inline HyperValue to_hyper(bool v) { return v; }
-inline HyperValue to_hyper(const Pair& v) { return std::vector<double>{v[0], v[1]}; }
+inline HyperValue to_hyper(std::int64_t v) { return static_cast<double>(v); }
+inline HyperValue to_hyper(const std::string& v) { return v; }
+template <std::size_t N>
+HyperValue to_hyper(const std::array<double, N>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
 void from_hyper(const Hyperparams& h, const char* key, const char* op, double& out);
 void from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out);
 void from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out);
+void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out);
+/// A whole number (ValueError otherwise).
+void from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out);
+void from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out);
+
+template <class Self, int I>
+void collect_fields(std::vector<HyperField<Self>>& out) {
+  if constexpr (requires { Self::dopt_field(FieldIndex<I>{}); }) {
+    out.push_back(Self::dopt_field(FieldIndex<I>{}));
+    collect_fields<Self, I + 1>(out);
+  }
+}
 }  // namespace detail
 
-/// CRTP base of the optimizers' options: clone, get_lr/set_lr, and the
-/// hyperparameter map, made from Self's
-///   static constexpr const char* kName;                 // e.g. "AdamOptions"
-///   static std::vector<HyperField<Self>> fields();      // every hyperparameter
-/// (a Self without fields() overrides to_hyperparams and set_hyperparams).
+/// CRTP base of the optimizers' options: clone, get_lr/set_lr, validate and
+/// the hyperparameter map, made from Self's fields (DOPT_OPTIONS and DOPT_ARG,
+/// or a static fields() table and kName). A Self with neither overrides
+/// to_hyperparams, set_hyperparams and validate.
 template <class Self>
 class OptionsCRTP : public OptimizerOptions {
  public:
@@ -65,15 +135,29 @@ class OptionsCRTP : public OptimizerOptions {
   double get_lr() const override { return static_cast<const Self&>(*this).lr(); }
   void set_lr(double lr) override { static_cast<Self&>(*this).lr(lr); }
 
+  /// Whether Self lists its fields (DOPT_OPTIONS, or fields() and kName).
+  static constexpr bool has_fields() {
+    return requires { Self::fields(); } || requires { Self::kFirstField; };
+  }
+  /// Self's hyperparameters, in declaration order.
+  static std::vector<HyperField<Self>> hyper_fields() {
+    if constexpr (requires { Self::fields(); }) {
+      return Self::fields();
+    } else if constexpr (requires { Self::kFirstField; }) {
+      std::vector<HyperField<Self>> out;
+      detail::collect_fields<Self, Self::kFirstField>(out);
+      return out;
+    } else {
+      detail::no_fields(typeid(Self).name());
+    }
+  }
+
   Hyperparams to_hyperparams() const override {
     Hyperparams h;
-    if constexpr (requires { Self::fields(); }) {
+    if constexpr (has_fields()) {
       const Self& self = static_cast<const Self&>(*this);
-      for (const auto& f : Self::fields()) {
-        if (f.number) h[f.name] = detail::to_hyper(self.*f.number);
-        if (f.pair) h[f.name] = detail::to_hyper(self.*f.pair);
-        if (f.flag) h[f.name] = detail::to_hyper(self.*f.flag);
-      }
+      for (const auto& f : hyper_fields())
+        std::visit([&](auto m) { h[f.name] = detail::to_hyper(self.*m); }, f.member);
     } else {
       detail::no_fields(typeid(Self).name());
     }
@@ -82,20 +166,25 @@ class OptionsCRTP : public OptimizerOptions {
   /// Sets the keys present in h; an unknown key or a value of the wrong kind
   /// is a dopt::ValueError naming Self::kName.
   void set_hyperparams(const Hyperparams& h) override {
-    if constexpr (requires { Self::fields(); }) {
+    if constexpr (has_fields()) {
       Self& self = static_cast<Self&>(*this);
-      const auto fields = Self::fields();
+      const auto fields = hyper_fields();
       std::vector<const char*> names;
       for (const auto& f : fields) names.push_back(f.name);
       detail::check_known_keys(h, names, Self::kName);
       for (const auto& f : fields) {
         if (!h.count(f.name)) continue;
-        if (f.number) detail::from_hyper(h, f.name, Self::kName, self.*f.number);
-        if (f.pair) detail::from_hyper(h, f.name, Self::kName, self.*f.pair);
-        if (f.flag) detail::from_hyper(h, f.name, Self::kName, self.*f.flag);
+        std::visit([&](auto m) { detail::from_hyper(h, f.name, Self::kName, self.*m); }, f.member);
       }
     } else {
       detail::no_fields(typeid(Self).name());
+    }
+  }
+  /// Each field's rule, in declaration order (the first failure throws).
+  void validate(const std::string& op) const override {
+    if constexpr (has_fields()) {
+      for (const auto& f : hyper_fields())
+        if (f.check) f.check(static_cast<const Self&>(*this), op);
     }
   }
 };
@@ -103,10 +192,6 @@ class OptionsCRTP : public OptimizerOptions {
 namespace detail {
 inline Pair to_pair(const std::vector<double>& v) { return Pair{v[0], v[1]}; }
 inline std::vector<double> from_pair(const Pair& p) { return {p[0], p[1]}; }
-/// torch's argument checks, with torch's messages: "Invalid <what>: <v>"
-/// unless v >= 0 (NaN fails), and each beta in [0, 1).
-void require_nonnegative(const std::string& op, const char* what, double v);
-void require_betas(const std::string& op, const Pair& betas);
 }  // namespace detail
 
 }  // namespace dopt::optim

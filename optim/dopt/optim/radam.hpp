@@ -18,28 +18,16 @@
 namespace dopt::optim {
 
 class RAdamOptions : public OptionsCRTP<RAdamOptions> {
- public:
-  explicit RAdamOptions(double lr = 1e-3) : lr_(lr) {}
-  static constexpr const char* kName = "RAdamOptions";
-  static std::vector<HyperField<RAdamOptions>> fields();
-  /// torch's checks: lr >= 0, eps >= 0, 0 <= betas[i] < 1, weight_decay >= 0.
-  void validate(const std::string& op) const override;
-
-  DOPT_ARG(RAdamOptions, double, lr, 1e-3);
-  DOPT_ARG(RAdamOptions, Pair, betas, (Pair{0.9, 0.999}));
-  DOPT_ARG(RAdamOptions, double, eps, 1e-8);
-  DOPT_ARG(RAdamOptions, double, weight_decay, 0.0);
+  DOPT_OPTIONS(RAdamOptions);
+  DOPT_ARG(RAdamOptions, double, lr, 1e-3, checks::NonNegative{"learning rate"});
+  DOPT_ARG(RAdamOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
+  DOPT_ARG(RAdamOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
+  DOPT_ARG(RAdamOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
 };
 
+/// update_param refuses a parameter off the CPU with dopt::NotSupportedError.
 class RAdam : public BasicOptimizer<RAdam, RAdamOptions> {
- public:
-  static constexpr const char* kName = "RAdam";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state and update (shared with FunctionalRAdam);
-  /// errors as NAdam's.
-  static void init_param_state(const RAdamOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const RAdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
-  /// RAdam has no device kernels (see the header).
+  DOPT_OPTIMIZER(RAdam, RAdamOptions);
   static constexpr bool kDeviceKernels = false;
 };
 

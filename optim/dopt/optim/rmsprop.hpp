@@ -13,28 +13,18 @@
 namespace dopt::optim {
 
 class RMSpropOptions : public OptionsCRTP<RMSpropOptions> {
- public:
-  explicit RMSpropOptions(double lr = 1e-2) : lr_(lr) {}
-  static constexpr const char* kName = "RMSpropOptions";
-  static std::vector<HyperField<RMSpropOptions>> fields();
-  void validate(const std::string& op) const override;
-
-  DOPT_ARG(RMSpropOptions, double, lr, 1e-2);
-  DOPT_ARG(RMSpropOptions, double, alpha, 0.99);
-  DOPT_ARG(RMSpropOptions, double, eps, 1e-8);
-  DOPT_ARG(RMSpropOptions, double, weight_decay, 0.0);
-  DOPT_ARG(RMSpropOptions, double, momentum, 0.0);
+  DOPT_OPTIONS(RMSpropOptions);
+  DOPT_ARG(RMSpropOptions, double, lr, 1e-2, checks::NonNegative{"learning rate"});
+  DOPT_ARG(RMSpropOptions, double, alpha, 0.99, checks::NonNegative{"alpha value"});
+  DOPT_ARG(RMSpropOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
+  DOPT_ARG(RMSpropOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_ARG(RMSpropOptions, double, momentum, 0.0, checks::NonNegative{"momentum value"});
   DOPT_ARG(RMSpropOptions, bool, centered, false);
   DOPT_ARG(RMSpropOptions, bool, maximize, false);
 };
 
 class RMSprop : public BasicOptimizer<RMSprop, RMSpropOptions> {
- public:
-  static constexpr const char* kName = "RMSprop";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state and update (shared with FunctionalRMSprop).
-  static void init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const RMSpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
+  DOPT_OPTIMIZER(RMSprop, RMSpropOptions);
 };
 
 }  // namespace dopt::optim

@@ -18,29 +18,16 @@
 namespace dopt::optim {
 
 class RpropOptions : public OptionsCRTP<RpropOptions> {
- public:
-  explicit RpropOptions(double lr = 1e-2) : lr_(lr) {}
-  static constexpr const char* kName = "RpropOptions";
-  static std::vector<HyperField<RpropOptions>> fields();
-  /// torch's checks: lr >= 0 and 0 < etas[0] < 1 < etas[1] ("Invalid eta
-  /// values: 0.5, 1.2"); step_sizes are not checked (as torch).
-  void validate(const std::string& op) const override;
-
-  DOPT_ARG(RpropOptions, double, lr, 1e-2);
-  DOPT_ARG(RpropOptions, Pair, etas, (Pair{0.5, 1.2}));
+  DOPT_OPTIONS(RpropOptions);
+  DOPT_ARG(RpropOptions, double, lr, 1e-2, checks::NonNegative{"learning rate"});
+  DOPT_ARG(RpropOptions, Pair, etas, (Pair{0.5, 1.2}), checks::Etas{});
+  /// Not checked (as torch).
   DOPT_ARG(RpropOptions, Pair, step_sizes, (Pair{1e-6, 50.0}));
   DOPT_ARG(RpropOptions, bool, maximize, false);
 };
 
 class Rprop : public BasicOptimizer<Rprop, RpropOptions> {
- public:
-  static constexpr const char* kName = "Rprop";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state and update (shared with FunctionalRprop).
-  /// update_param expects a grad that matches p and the state made by
-  /// init_param_state (dopt::StateError otherwise).
-  static void init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const RpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
+  DOPT_OPTIMIZER(Rprop, RpropOptions);
 };
 
 }  // namespace dopt::optim

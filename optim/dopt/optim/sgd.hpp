@@ -12,30 +12,23 @@
 namespace dopt::optim {
 
 class SGDOptions : public OptionsCRTP<SGDOptions> {
- public:
   /// lr is required, as in torch 1.13 (there is no default constructor).
-  explicit SGDOptions(double lr) : lr_(lr) {}
-  static constexpr const char* kName = "SGDOptions";
-  static std::vector<HyperField<SGDOptions>> fields();
+  DOPT_OPTIONS_LR_REQUIRED(SGDOptions);
+  /// The fields' rules, then: nesterov needs a momentum and zero dampening.
   void validate(const std::string& op) const override;
 
-  DOPT_ARG(SGDOptions, double, lr, 0.0);
-  DOPT_ARG(SGDOptions, double, momentum, 0.0);
+  DOPT_ARG(SGDOptions, double, lr, 0.0, checks::NonNegative{"learning rate"});
+  DOPT_ARG(SGDOptions, double, momentum, 0.0, checks::NonNegative{"momentum value"});
   DOPT_ARG(SGDOptions, double, dampening, 0.0);
-  DOPT_ARG(SGDOptions, double, weight_decay, 0.0);
+  DOPT_ARG(SGDOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
   DOPT_ARG(SGDOptions, bool, nesterov, false);
   DOPT_ARG(SGDOptions, bool, maximize, false);
 };
 
+/// SGD has no state up front: update_param creates `momentum_buffer` when
+/// momentum != 0 and it is absent.
 class SGD : public BasicOptimizer<SGD, SGDOptions> {
- public:
-  static constexpr const char* kName = "SGD";
-  using BasicOptimizer::BasicOptimizer;
-  /// One parameter's lazy state (SGD has none up front) and update (shared
-  /// with the functional form). update_param creates `momentum_buffer` when
-  /// momentum != 0 and it is absent.
-  static void init_param_state(const SGDOptions& o, const Tensor& p, ParamState& st);
-  static void update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, ParamState& st);
+  DOPT_OPTIMIZER(SGD, SGDOptions);
 };
 
 }  // namespace dopt::optim

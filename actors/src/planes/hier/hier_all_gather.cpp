@@ -10,12 +10,7 @@
 
 namespace dopt::detail::hier {
 
-namespace {
-constexpr std::uint32_t kGather = 5;
-}
-
 void all_gather(HierGroup& g, HierCall& c) {
-  using shm_plane::Channel;
   const Op& call = *c.local.op;
   const Topology& t = g.topo();
   Channel& ch = g.local();
@@ -42,8 +37,8 @@ void all_gather(HierGroup& g, HierCall& c) {
     for (int h = 0; h < H && m; ++h) {
       if (h == me_host) continue;
       const int peer = t.at(h, j);
-      ts.recv(g.global(peer), g.tag(c, kGather, chunk), mine + static_cast<std::size_t>(h) * per, m);
-      ts.send(g.global(peer), g.tag(c, kGather, chunk), mine + static_cast<std::size_t>(me_host) * per, m);
+      ts.recv(g.global(peer), g.tag(c, HierGroup::kGather, chunk), mine + static_cast<std::size_t>(h) * per, m);
+      ts.send(g.global(peer), g.tag(c, HierGroup::kGather, chunk), mine + static_cast<std::size_t>(me_host) * per, m);
       g.count_cross(m);
       cross.push_back(peer);
     }

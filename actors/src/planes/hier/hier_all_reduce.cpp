@@ -24,11 +24,7 @@ namespace dopt::detail::hier {
 
 namespace {
 
-using shm_plane::Channel;
 using shm_plane::FlatView;
-
-constexpr std::uint32_t kChain = 2;   // accumulators along the hosts
-constexpr std::uint32_t kResult = 3;  // finished slices back
 
 /// The all_reduce of `v` (every member passes the same layout).
 void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op) {
@@ -86,7 +82,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
         if (p > 0) {  // the accumulator from the previous host
           Transfers in(g.mesh());
           const int from = t.at(pieces[p - 1].first, j);
-          in.recv(g.global(from), g.tag(c, kChain, chunk, (r << 8) | p), acc.data(), acc.size(), accs);
+          in.recv(g.global(from), g.tag(c, HierGroup::kChain, chunk, (r << 8) | p), acc.data(), acc.size(), accs);
           g.wait(in, c, {from});
           acc_in = acc.data();
         }
@@ -96,7 +92,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
         accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc.data(), run.count);
         if (p + 1 < pieces.size()) {
           const int to = t.at(pieces[p + 1].first, j);
-          sends.send(g.global(to), g.tag(c, kChain, chunk, (r << 8) | (p + 1)), acc.data(), acc.size(), accs);
+          sends.send(g.global(to), g.tag(c, HierGroup::kChain, chunk, (r << 8) | (p + 1)), acc.data(), acc.size(), accs);
           g.count_cross(acc.size());
           if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
         } else {  // the last piece: the result, for every other host
@@ -105,7 +101,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
           for (int h = 0; h < t.num_hosts(); ++h) {
             if (h == me_host) continue;
             const int to = t.at(h, j);
-            sends.send(g.global(to), g.tag(c, kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
+            sends.send(g.global(to), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
             g.count_cross(static_cast<std::size_t>(run.count * es));
             if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
           }
@@ -113,7 +109,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
       }
       if (!finished_here[r]) {  // the result comes from the last host
         const int from = t.at(pieces.back().first, j);
-        results.recv(g.global(from), g.tag(c, kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
+        results.recv(g.global(from), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
         if (std::find(cross.begin(), cross.end(), from) == cross.end()) cross.push_back(from);
       }
     }

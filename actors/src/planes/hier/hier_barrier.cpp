@@ -6,7 +6,6 @@
 namespace dopt::detail::hier {
 
 void barrier(HierGroup& g, HierCall& c) {
-  using shm_plane::Channel;
   Channel& ch = g.local();
   const std::uint64_t k = ch.begin_round(c.local);
   ch.publish(k, *c.local.op);

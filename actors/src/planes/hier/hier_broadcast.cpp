@@ -10,12 +10,7 @@
 
 namespace dopt::detail::hier {
 
-namespace {
-constexpr std::uint32_t kSlice = 4;
-}
-
 void broadcast(HierGroup& g, HierCall& c) {
-  using shm_plane::Channel;
   const Op& call = *c.local.op;
   const Topology& t = g.topo();
   Channel& ch = g.local();
@@ -43,13 +38,13 @@ void broadcast(HierGroup& g, HierCall& c) {
       for (int h = 0; h < t.num_hosts(); ++h) {
         if (h == root_host || shi == slo) continue;
         const int to = t.at(h, j);
-        ts.send(g.global(to), g.tag(c, kSlice, chunk), ch.buf(root_local, k) + slo, shi - slo);
+        ts.send(g.global(to), g.tag(c, HierGroup::kSlice, chunk), ch.buf(root_local, k) + slo, shi - slo);
         g.count_cross(shi - slo);
         cross.push_back(to);
       }
     } else if (shi > slo) {
       const int from = t.at(root_host, j);
-      ts.recv(g.global(from), g.tag(c, kSlice, chunk), ch.buf(ch.me(), k) + slo, shi - slo);
+      ts.recv(g.global(from), g.tag(c, HierGroup::kSlice, chunk), ch.buf(ch.me(), k) + slo, shi - slo);
       cross.push_back(from);
     }
     g.wait(ts, c, cross);

@@ -40,30 +40,25 @@ Topology Topology::make(std::vector<int> members, const std::vector<std::string>
 
 // --- Transfers ------------------------------------------------------------------------
 
-void Transfers::send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep) {
+transport::Completion Transfers::track(std::shared_ptr<void> keep) {
   {
     std::lock_guard<std::mutex> lock(s_->m);
     ++s_->pending;
   }
-  mesh_.send(peer, tag, data, n, [s = s_, keep](std::exception_ptr e) {
+  return [s = s_, keep = std::move(keep)](std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(s->m);
     if (e && !s->error) s->error = e;
     --s->pending;
     s->cv.notify_all();
-  });
+  };
+}
+
+void Transfers::send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep) {
+  mesh_.send(peer, tag, data, n, track(std::move(keep)));
 }
 
 void Transfers::recv(int peer, transport::Tag tag, void* data, std::size_t n, std::shared_ptr<void> keep) {
-  {
-    std::lock_guard<std::mutex> lock(s_->m);
-    ++s_->pending;
-  }
-  mesh_.recv(peer, tag, data, n, [s = s_, keep](std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(s->m);
-    if (e && !s->error) s->error = e;
-    --s->pending;
-    s->cv.notify_all();
-  });
+  mesh_.recv(peer, tag, data, n, track(std::move(keep)));
 }
 
 bool Transfers::pending() const {
@@ -113,7 +108,7 @@ bool HierGroup::supports(const CollDesc& desc) const {
 
 std::shared_ptr<GroupPlane> HierGroup::made_group(std::uint64_t gid) const { return plane_->take_group(gid); }
 
-transport::Tag HierGroup::tag(const HierCall& c, std::uint32_t phase, std::uint64_t a, std::uint64_t b) const {
+transport::Tag HierGroup::tag(const HierCall& c, Phase phase, std::uint64_t a, std::uint64_t b) const {
   return transport::Tag{c.op_id, (static_cast<std::uint64_t>(phase) << 56) | ((a & 0xFFFFFFFFULL) << 20) | (b & 0xFFFFF)};
 }
 
@@ -243,8 +238,8 @@ void HierGroup::match(std::uint64_t round, HierCall& c) {
     if (h == topo_.host()) continue;
     const int p = topo_.at(h, j);
     peers.push_back(p);
-    ts.recv(global(p), tag(c, 1, 0), &theirs[static_cast<std::size_t>(h)], sizeof(Record), recs);
-    ts.send(global(p), tag(c, 1, 0), &mine, sizeof(Record), recs);
+    ts.recv(global(p), tag(c, kRecords, 0), &theirs[static_cast<std::size_t>(h)], sizeof(Record), recs);
+    ts.send(global(p), tag(c, kRecords, 0), &mine, sizeof(Record), recs);
   }
   wait(ts, c, peers);
   const std::string where = "collective mismatch in " + group_str(gid_) + " at seq " + std::to_string(op.seq) + ": ";

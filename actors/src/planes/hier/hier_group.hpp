@@ -38,6 +38,9 @@
 
 namespace dopt::detail::hier {
 
+/// The plane's local part is the shared-memory plane's channel.
+using shm_plane::Channel;
+
 /// Who is where: the group's members by host.
 struct Topology {
   std::vector<int> members;                 // global ranks, ascending (group rank = index)
@@ -70,6 +73,8 @@ class Transfers {
   bool pending() const;
 
  private:
+  /// Counts a transfer as pending; the completion it returns settles it.
+  transport::Completion track(std::shared_ptr<void> keep);
   struct State {
     std::mutex m;
     std::condition_variable cv;
@@ -113,8 +118,16 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   transport::TcpMesh& mesh() noexcept { return *mesh_; }
   std::uint64_t gid() const noexcept { return gid_; }
   int global(int grank) const { return topo_.members[static_cast<std::size_t>(grank)]; }
+  /// The phases of the plane's message streams, one per use, so that no two collide.
+  enum Phase : std::uint32_t {
+    kRecords = 1,  // the match records the hosts exchange
+    kChain = 2,    // all_reduce: accumulators along the hosts
+    kResult = 3,   // all_reduce: finished slices back
+    kSlice = 4,    // broadcast: the root host's slices
+    kGather = 5,   // all_gather: each host's chunk
+  };
   /// Mesh tag of message stream (phase, a, b) of call c.
-  transport::Tag tag(const HierCall& c, std::uint32_t phase, std::uint64_t a, std::uint64_t b = 0) const;
+  transport::Tag tag(const HierCall& c, Phase phase, std::uint64_t a, std::uint64_t b = 0) const;
   /// Waits for ts; bounded by c's deadline and the liveness of `waiting_for`
   /// (group ranks); a failure breaks the group (later calls fail alike).
   void wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting_for);
