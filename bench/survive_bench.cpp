@@ -11,6 +11,11 @@
 //     extra optimizer step over 1/R of the parameters);
 //   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce of all N
 //     (what a data-parallel training step adds);
+//   * step_cpu_ms_r0 / step_cpu_ms_r1: the CPU time of the whole process (every
+//     rank, their executors, user and system) over the same steps (and
+//     train_cpu_ms_*: over the training steps): what the
+//     step costs whatever else the machine runs (the wall times above grow
+//     with the load; the ranks' waits poll for 20 us, then sleep);
 //   * shard_copy_ms: the alternative to recomputing: every rank sends its
 //     shard's state to its buddy (send/recv of the state tensors);
 // then, with redundancy 1, after save_sharded of the state:
@@ -18,11 +23,15 @@
 //     throws); from that moment to the end of the survivors' step() that
 //     recovered (the step in flight completed over R-1 ranks);
 //   * kill_to_next_step_ms: from the loss to the end of the next full step;
+//   * recovery_cpu_ms / kill_to_next_step_cpu_ms: the process's CPU time
+//     over the same spans (from the loss to the survivors' barrier after the
+//     recovery, and to the end of the next step), and restart_cpu_ms;
 //   * restart_ms: over the survivors, a new ZeroRedundancyOptimizer,
 //     load_sharded of the checkpoint (page cache) and one step: what a restart
 //     from the last checkpoint costs at least (without starting processes,
 //     the rendezvous, reloading the model, or the steps since the checkpoint).
 // One JSON line.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -51,6 +60,13 @@ struct Lost : std::runtime_error {
   Lost() : std::runtime_error("lost on purpose") {}
 };
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+/// CPU time of this process (all threads, user + system), ms.
+double process_cpu_ms() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,9 +83,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
-  std::vector<double> step0, step1, train0, train1, copy;
-  double recovery_ms = 0, next_ms = 0, restart_ms = 0;
+  std::vector<double> step0, step1, train0, train1, copy, cpu0, cpu1, tcpu0, tcpu1;
+  double recovery_ms = 0, next_ms = 0, restart_ms = 0, recovery_cpu_ms = 0, next_cpu_ms = 0, restart_cpu_ms = 0;
   std::atomic<std::int64_t> lost_at{0};
+  std::atomic<double> lost_cpu{0};
   dopt::SimulateOptions so;
   so.timeout = std::chrono::minutes(10);
   auto make = [&] {
@@ -84,11 +101,15 @@ int main(int argc, char** argv) {
   try {
     dopt::simulate(ranks, [&](dopt::RankContext& ctx) {
       dopt::ProcessGroup world = ctx.world();
+      double cpu_ms = 0;  // rank 0: the process's CPU time over the last timed()
       auto timed = [&](dopt::ProcessGroup& g, const std::function<void()>& f) {
         g.barrier();
+        const double c0 = process_cpu_ms();
         const auto t0 = Clock::now();
         f();
-        return dopt::bench::slowest(g, {ms_since(t0)})[0];
+        const double ms = dopt::bench::slowest(g, {ms_since(t0)})[0];
+        cpu_ms = process_cpu_ms() - c0;
+        return ms;
       };
       for (int k : {0, 1}) {
         auto ps = make();
@@ -99,12 +120,16 @@ int main(int argc, char** argv) {
         zero.step();  // warm-up: state exists
         for (int s = 0; s < steps; ++s) {
           const double a = timed(world, [&] { zero.step(); });
+          const double a_cpu = cpu_ms;
           const double b = timed(world, [&] {
             for (auto& p : ps) world.all_reduce(p.grad());
             zero.step();
           });
+          const double b_cpu = cpu_ms;
           if (ctx.rank() == 0) {
             (k ? step1 : step0).push_back(a);
+            (k ? cpu1 : cpu0).push_back(a_cpu);
+            (k ? tcpu1 : tcpu0).push_back(b_cpu);
             (k ? train1 : train0).push_back(b);
           }
         }
@@ -127,6 +152,7 @@ int main(int argc, char** argv) {
           const int victim = ranks - 1;
           auto probe_zero = [&](const char* point, std::int64_t, int) {
             if (ctx.rank() == victim && std::string(point) == "computed") {
+              lost_cpu.store(process_cpu_ms());
               lost_at.store(Clock::now().time_since_epoch().count());
               throw Lost();
             }
@@ -146,9 +172,15 @@ int main(int argc, char** argv) {
             const auto t_lost = Clock::time_point(Clock::duration(lost_at.load()));
             const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
             survivors = e.recovery().group;
+            survivors.barrier();  // every survivor recovered
+            const double rec_cpu_end = process_cpu_ms();
             z2.step();
             const double nxt = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
             const auto worst = dopt::bench::slowest(survivors, {rec, nxt});
+            // The process's CPU time from the loss: whatever the load, the
+            // work the survivors did (rank 0 reads it; the others are done).
+            const double next_cpu = process_cpu_ms() - lost_cpu.load();
+            const double rec_cpu = rec_cpu_end - lost_cpu.load();
             const double rs = timed(survivors, [&] {
               ZeroOptions zr{survivors};
               zr.parameters_as_bucket_view = true;
@@ -159,8 +191,11 @@ int main(int argc, char** argv) {
             });
             if (survivors.rank() == 0) {
               recovery_ms = worst[0];
+              recovery_cpu_ms = rec_cpu;
+              next_cpu_ms = next_cpu;
               next_ms = worst[1];
               restart_ms = rs;
+              restart_cpu_ms = cpu_ms;
             }
           }
         }
@@ -172,11 +207,17 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
   const double s0 = dopt::bench::median(step0), s1 = dopt::bench::median(step1);
   const double t0 = dopt::bench::median(train0), t1 = dopt::bench::median(train1);
+  const double c0 = dopt::bench::median(cpu0), c1 = dopt::bench::median(cpu1);
+  const double tc0 = dopt::bench::median(tcpu0), tc1 = dopt::bench::median(tcpu1);
   std::printf("{\"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
               "\"step_ms_r0\": %.1f, \"step_ms_r1\": %.1f, \"step_overhead\": %.3f, "
-              "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, \"shard_copy_ms\": %.1f, "
-              "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f}\n",
-              static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps, s0, s1, s1 / s0 - 1.0,
-              t0, t1, t1 / t0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms);
+              "\"step_cpu_ms_r0\": %.1f, \"step_cpu_ms_r1\": %.1f, \"step_cpu_overhead\": %.3f, "
+              "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, "
+              "\"train_cpu_ms_r0\": %.1f, \"train_cpu_ms_r1\": %.1f, \"train_cpu_overhead\": %.3f, \"shard_copy_ms\": %.1f, "
+              "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f, "
+              "\"recovery_cpu_ms\": %.1f, \"kill_to_next_step_cpu_ms\": %.1f, \"restart_cpu_ms\": %.1f}\n",
+              static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps, s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
+              t0, t1, t1 / t0 - 1.0, tc0, tc1, tc1 / tc0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms,
+              recovery_cpu_ms, next_cpu_ms, restart_cpu_ms);
   return 0;
 }
