@@ -2,8 +2,10 @@
 // is recovered from, against a restart from a sharded checkpoint.
 //
 //   dopt_bench_survive [--params N] [--tensors K] [--ranks R] [--steps S]
+//   dopt-run --on-failure continue --nproc-per-node R dopt_bench_survive [...]
 //
-// R simulated ranks (default 4) hold ZeroRedundancyOptimizer(Adam) over N
+// R simulated ranks (default 4), or R processes when started by a launcher
+// (the lost one then dies of SIGKILL; --ranks is ignored), hold ZeroRedundancyOptimizer(Adam) over N
 // float32 parameters (default 50,000,000) in K tensors (default 64), bucket
 // view on, the same gradients on every rank. Timed per step, from a barrier
 // to the slowest rank's end, median of S steps:
@@ -11,6 +13,12 @@
 //     extra optimizer step over 1/R of the parameters);
 //   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce of all N
 //     (what a data-parallel training step adds);
+//   * step_cpu_ms_r0 / step_cpu_ms_r1: the CPU time of the ranks (simulated: the
+//     whole process; processes: the sum over them), user and system, with their
+//     executors, over the same steps (and
+//     train_cpu_ms_*: over the training steps): what the
+//     step costs whatever else the machine runs (the wall times above grow
+//     with the load; the ranks' waits poll for 20 us, then sleep);
 //   * shard_copy_ms: the alternative to recomputing: every rank sends its
 //     shard's state to its buddy (send/recv of the state tensors);
 // then, with redundancy 1, after save_sharded of the state:
@@ -18,11 +26,17 @@
 //     throws); from that moment to the end of the survivors' step() that
 //     recovered (the step in flight completed over R-1 ranks);
 //   * kill_to_next_step_ms: from the loss to the end of the next full step;
+//   * recovery_cpu_ms / kill_to_next_step_cpu_ms: the survivors' CPU time from
+//     the start of the step in which the rank is lost to their barrier after
+//     the recovery, and to the end of the next step; restart_cpu_ms;
 //   * restart_ms: over the survivors, a new ZeroRedundancyOptimizer,
 //     load_sharded of the checkpoint (page cache) and one step: what a restart
 //     from the last checkpoint costs at least (without starting processes,
 //     the rendezvous, reloading the model, or the steps since the checkpoint).
 // One JSON line.
+#include <sys/resource.h>
+#include <csignal>
+#include <fstream>
 #include <unistd.h>
 
 #include <atomic>
@@ -36,6 +50,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dopt/actors/distributed.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/zero.hpp"
 
@@ -51,6 +66,13 @@ struct Lost : std::runtime_error {
   Lost() : std::runtime_error("lost on purpose") {}
 };
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+/// CPU time of this process (all threads, user + system), ms.
+double process_cpu_ms() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,7 +81,12 @@ int main(int argc, char** argv) {
   std::int64_t tensors = 64;
   int ranks = 4;
   int steps = 5;
-  std::string dir = (fs::temp_directory_path() / ("dopt-bench-survive-" + std::to_string(::getpid()))).string();
+  // Processes: one folder per dopt-run (its ranks share the port).
+  const auto env = dopt::launch_env_from_environment();
+  const bool procs = env.has_value();
+  std::string dir = (fs::temp_directory_path() /
+                     ("dopt-bench-survive-" + std::to_string(procs ? env->master_port : ::getpid())))
+                        .string();
   app.add_option("--params", params, "float32 parameters in all")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--ranks", ranks, "simulated ranks")->check(CLI::Range(2, 64));
@@ -67,11 +94,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
-  std::vector<double> step0, step1, train0, train1, copy;
-  double recovery_ms = 0, next_ms = 0, restart_ms = 0;
-  std::atomic<std::int64_t> lost_at{0};
-  dopt::SimulateOptions so;
-  so.timeout = std::chrono::minutes(10);
+  std::vector<double> step0, step1, train0, train1, copy, cpu0, cpu1, tcpu0, tcpu1;
+  double recovery_ms = 0, next_ms = 0, restart_ms = 0, recovery_cpu_ms = 0, next_cpu_ms = 0, restart_cpu_ms = 0;
+  std::atomic<std::int64_t> lost_at{0};  // simulated: the moment of the loss (steady clock)
+  const std::string lost_file = dir + "/lost-at";  // processes: the same, written by the lost one
+  dopt::RunOptions ro;
+  ro.simulated_ranks = ranks;
+  ro.runtime_options.collective_timeout = std::chrono::minutes(10);
+  if (procs) ranks = env->world_size;
   auto make = [&] {
     std::vector<Tensor> ps;
     for (std::int64_t n : sizes) {
@@ -82,13 +112,26 @@ int main(int argc, char** argv) {
     return ps;
   };
   try {
-    dopt::simulate(ranks, [&](dopt::RankContext& ctx) {
+    dopt::run_distributed([&](dopt::RankContext& ctx) {
       dopt::ProcessGroup world = ctx.world();
+      // CPU time since c0 of the ranks of g: simulated, this process's (every
+      // rank's; read on rank 0), processes, the sum over them.
+      auto cpu_since = [&](dopt::ProcessGroup& g, double c0) {
+        const double mine = process_cpu_ms() - c0;
+        if (!procs) return mine;
+        Tensor t = Tensor::full({1}, mine, dopt::DType::float64);
+        g.all_reduce(t, dopt::ReduceOp::sum);
+        return t.data<double>()[0];
+      };
+      double cpu_ms = 0;  // rank 0: the process's CPU time over the last timed()
       auto timed = [&](dopt::ProcessGroup& g, const std::function<void()>& f) {
         g.barrier();
+        const double c0 = process_cpu_ms();
         const auto t0 = Clock::now();
         f();
-        return dopt::bench::slowest(g, {ms_since(t0)})[0];
+        const double ms = dopt::bench::slowest(g, {ms_since(t0)})[0];
+        cpu_ms = cpu_since(g, c0);
+        return ms;
       };
       for (int k : {0, 1}) {
         auto ps = make();
@@ -99,12 +142,16 @@ int main(int argc, char** argv) {
         zero.step();  // warm-up: state exists
         for (int s = 0; s < steps; ++s) {
           const double a = timed(world, [&] { zero.step(); });
+          const double a_cpu = cpu_ms;
           const double b = timed(world, [&] {
             for (auto& p : ps) world.all_reduce(p.grad());
             zero.step();
           });
+          const double b_cpu = cpu_ms;
           if (ctx.rank() == 0) {
             (k ? step1 : step0).push_back(a);
+            (k ? cpu1 : cpu0).push_back(a_cpu);
+            (k ? tcpu1 : tcpu0).push_back(b_cpu);
             (k ? train1 : train0).push_back(b);
           }
         }
@@ -127,8 +174,13 @@ int main(int argc, char** argv) {
           const int victim = ranks - 1;
           auto probe_zero = [&](const char* point, std::int64_t, int) {
             if (ctx.rank() == victim && std::string(point) == "computed") {
-              lost_at.store(Clock::now().time_since_epoch().count());
-              throw Lost();
+              const auto now = Clock::now().time_since_epoch().count();
+              if (!procs) {
+                lost_at.store(now);
+                throw Lost();
+              }
+              std::ofstream(lost_file) << now << std::endl;  // the steady clock is the host's
+              ::kill(::getpid(), SIGKILL);
             }
           };
           // A second optimizer over the same parameters with the probe armed
@@ -140,14 +192,20 @@ int main(int argc, char** argv) {
           auto ps2 = make();
           ZeroRedundancyOptimizer z2(ps2, OptimizerSpec{"Adam", {}}, zp);
           world.barrier();
+          const double c_start = process_cpu_ms();
           try {
             z2.step();
           } catch (const MembershipChangedError& e) {
-            const auto t_lost = Clock::time_point(Clock::duration(lost_at.load()));
+            std::int64_t at = lost_at.load();
+            if (procs) std::ifstream(lost_file) >> at;
+            const auto t_lost = Clock::time_point(Clock::duration(at));
             const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
             survivors = e.recovery().group;
+            survivors.barrier();  // every survivor recovered
+            const double rec_cpu = cpu_since(survivors, c_start);
             z2.step();
             const double nxt = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+            const double next_cpu = cpu_since(survivors, c_start);
             const auto worst = dopt::bench::slowest(survivors, {rec, nxt});
             const double rs = timed(survivors, [&] {
               ZeroOptions zr{survivors};
@@ -159,24 +217,34 @@ int main(int argc, char** argv) {
             });
             if (survivors.rank() == 0) {
               recovery_ms = worst[0];
+              recovery_cpu_ms = rec_cpu;
+              next_cpu_ms = next_cpu;
               next_ms = worst[1];
               restart_ms = rs;
+              restart_cpu_ms = cpu_ms;
             }
           }
         }
       }
-    }, so);
+    }, ro);
   } catch (const dopt::Error& e) {
     if (std::string(e.what()).find("lost on purpose") == std::string::npos) throw;
   }
+  if (procs && env->rank != 0) return 0;
   fs::remove_all(dir);
   const double s0 = dopt::bench::median(step0), s1 = dopt::bench::median(step1);
   const double t0 = dopt::bench::median(train0), t1 = dopt::bench::median(train1);
-  std::printf("{\"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
+  const double c0 = dopt::bench::median(cpu0), c1 = dopt::bench::median(cpu1);
+  const double tc0 = dopt::bench::median(tcpu0), tc1 = dopt::bench::median(tcpu1);
+  std::printf("{\"ranks_are\": \"%s\", \"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
               "\"step_ms_r0\": %.1f, \"step_ms_r1\": %.1f, \"step_overhead\": %.3f, "
-              "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, \"shard_copy_ms\": %.1f, "
-              "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f}\n",
-              static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps, s0, s1, s1 / s0 - 1.0,
-              t0, t1, t1 / t0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms);
+              "\"step_cpu_ms_r0\": %.1f, \"step_cpu_ms_r1\": %.1f, \"step_cpu_overhead\": %.3f, "
+              "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, "
+              "\"train_cpu_ms_r0\": %.1f, \"train_cpu_ms_r1\": %.1f, \"train_cpu_overhead\": %.3f, \"shard_copy_ms\": %.1f, "
+              "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f, "
+              "\"recovery_cpu_ms\": %.1f, \"kill_to_next_step_cpu_ms\": %.1f, \"restart_cpu_ms\": %.1f}\n",
+              procs ? "processes" : "simulated", static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps, s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
+              t0, t1, t1 / t0 - 1.0, tc0, tc1, tc1 / tc0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms,
+              recovery_cpu_ms, next_cpu_ms, restart_cpu_ms);
   return 0;
 }

@@ -243,6 +243,12 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
         const auto bs = buddies_in(o, new_k, nw);
         return std::find(bs.begin(), bs.end(), r) != bs.end();
       };
+      auto kept_before = [&](int o, int r) {  // new group rank r kept old rank o's shard
+        if (sr.new_rank[static_cast<std::size_t>(o)] == r) return true;
+        for (int b : buddies_in(o, old_k, old_world))
+          if (sr.new_rank[static_cast<std::size_t>(b)] == r) return true;
+        return false;
+      };
       std::unordered_map<const TensorImpl*, ParamState> avail;
       for (const auto& [k, st] : optim_->state()) avail[k] = st;
       for (const auto& [t, copy] : buddy_copies_)
@@ -254,11 +260,13 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
         // parameters it keeps from now on (as new owner or buddy). Every rank
         // takes the shards in the same order, so the sends cannot wait on
         // each other in a cycle.
+        // A survivor that kept this shard before (its owner or a buddy: the
+        // same bytes as the holder's) needs nothing.
         std::vector<int> receivers;
         for (int r = 0; r < nw; ++r) {
           bool any = false;
           for (auto i : shard[uo]) any = any || held_by(static_cast<std::size_t>(i), r);
-          if (r != s && any) receivers.push_back(r);
+          if (r != s && any && !kept_before(o, r)) receivers.push_back(r);
         }
         const int tag = o;
         std::vector<Future<void>> works;
