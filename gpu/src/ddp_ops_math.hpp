@@ -87,17 +87,12 @@ DOPT_DDP_HD std::uint16_t f32_to_bf16(float f) {
 
 DOPT_DDP_HD float bf16_to_f32(std::uint16_t b) { return float_of(std::uint32_t(b) << 16); }
 
-DOPT_DDP_HD float div_f32(float a, float d) {
+/// a / d (float or double) rounded to nearest, on the device as on the host.
+template <class F>
+DOPT_DDP_HD F div_rn(F a, F d) {
 #if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, d);
-#else
-  return a / d;
-#endif
-}
-
-DOPT_DDP_HD double div_f64(double a, double d) {
-#if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, d);
+  if constexpr (sizeof(F) == sizeof(float)) return __fdiv_rn(a, d);
+  else return __ddiv_rn(a, d);
 #else
   return a / d;
 #endif
@@ -117,22 +112,22 @@ DOPT_DDP_HD void divide_at(void* p, int c, long long i, long long n) {
   switch (c) {
     case kF32: {
       float* q = static_cast<float*>(p);
-      q[i] = div_f32(q[i], static_cast<float>(n));
+      q[i] = div_rn(q[i], static_cast<float>(n));
       return;
     }
     case kF64: {
       double* q = static_cast<double*>(p);
-      q[i] = div_f64(q[i], static_cast<double>(n));
+      q[i] = div_rn(q[i], static_cast<double>(n));
       return;
     }
     case kF16: {
       std::uint16_t* q = static_cast<std::uint16_t*>(p);
-      q[i] = f32_to_f16(div_f32(f16_to_f32(q[i]), static_cast<float>(n)));
+      q[i] = f32_to_f16(div_rn(f16_to_f32(q[i]), static_cast<float>(n)));
       return;
     }
     case kBF16: {
       std::uint16_t* q = static_cast<std::uint16_t*>(p);
-      q[i] = f32_to_bf16(div_f32(bf16_to_f32(q[i]), static_cast<float>(n)));
+      q[i] = f32_to_bf16(div_rn(bf16_to_f32(q[i]), static_cast<float>(n)));
       return;
     }
     default:

@@ -150,12 +150,20 @@ __device__ __forceinline__ void adam_elem(long long i, ParamRef<C, P> p, const P
   store(v, i, vi);
 }
 
+/// The gradient as an update uses it: its sign flipped for maximize, then
+/// plus wd * p (one fma) when the group has weight decay.
+template <class C, class P>
+__device__ __forceinline__ C decayed_grad(const P* g, long long i, C pi, const Scalars<C>& s) {
+  C gi = load<C>(g, i) * s.gsign;
+  if (s.has_wd) gi = fma_rn(s.wd, pi, gi);
+  return gi;
+}
+
 template <class C, class P, class S>
 __device__ __forceinline__ void adagrad_elem(long long i, ParamRef<C, P> p, const P* g, S* sum,
                                              const Scalars<C>& s) {
   const C pi = p.get(i);
-  C gi = load<C>(g, i) * s.gsign;
-  if (s.has_wd) gi = fma_rn(s.wd, pi, gi);
+  const C gi = decayed_grad(g, i, pi, s);
   const C si = fma_rn(gi, gi, load<C>(sum, i));
   const C std_i = sqrt_rn(si) + s.eps;
   p.set(i, pi + div_rn(s.neg_lr * gi, std_i));
@@ -167,8 +175,7 @@ __device__ __forceinline__ void rmsprop_elem(long long i, ParamRef<C, P> p, cons
                                              const Scalars<C>& s) {
   // alpha is carried in beta2 / one_minus_beta2.
   const C pi = p.get(i);
-  C gi = load<C>(g, i) * s.gsign;
-  if (s.has_wd) gi = fma_rn(s.wd, pi, gi);
+  const C gi = decayed_grad(g, i, pi, s);
   C sqi = load<C>(sq, i) * s.beta2;
   sqi = fma_rn(s.one_minus_beta2 * gi, gi, sqi);
   store(sq, i, sqi);
@@ -196,8 +203,7 @@ template <class C, class P, class S>
 __device__ __forceinline__ void adamax_elem(long long i, ParamRef<C, P> p, const P* g, S* m, S* u,
                                             const Scalars<C>& s) {
   const C pi = p.get(i);
-  C gi = load<C>(g, i) * s.gsign;
-  if (s.has_wd) gi = fma_rn(s.wd, pi, gi);
+  const C gi = decayed_grad(g, i, pi, s);
   C mi = load<C>(m, i) * s.beta1;
   mi = fma_rn(s.one_minus_beta1, gi, mi);
   const C a = load<C>(u, i) * s.beta2;
@@ -213,8 +219,7 @@ __device__ __forceinline__ void adadelta_elem(long long i, ParamRef<C, P> p, con
                                               const Scalars<C>& s) {
   // rho is carried in beta2 / one_minus_beta2.
   const C pi = p.get(i);
-  C gi = load<C>(g, i) * s.gsign;
-  if (s.has_wd) gi = fma_rn(s.wd, pi, gi);
+  const C gi = decayed_grad(g, i, pi, s);
   C sqi = load<C>(sq, i) * s.beta2;
   sqi = fma_rn(s.one_minus_beta2 * gi, gi, sqi);
   const C stdv = sqrt_rn(sqi + s.eps);

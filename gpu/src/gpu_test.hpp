@@ -28,29 +28,22 @@
 
 namespace dopt::gpu::test {
 
+/// Whether the Bits at `p` without the sign (`magnitude` masks it off) are
+/// above `inf`, the bits of infinity: a NaN.
+template <class Bits>
+bool above_inf_bits(const unsigned char* p, Bits magnitude, Bits inf) {
+  Bits x;
+  std::memcpy(&x, p, sizeof x);
+  return (x & magnitude) > inf;
+}
+
 /// Whether the element of dtype `dt` at `p` is a NaN (floating dtypes; false otherwise).
 inline bool is_nan_bits(const unsigned char* p, DType dt) {
   switch (dt) {
-    case DType::float32: {
-      std::uint32_t x;
-      std::memcpy(&x, p, 4);
-      return (x & 0x7fffffffu) > 0x7f800000u;
-    }
-    case DType::float64: {
-      std::uint64_t x;
-      std::memcpy(&x, p, 8);
-      return (x & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
-    }
-    case DType::float16: {
-      std::uint16_t x;
-      std::memcpy(&x, p, 2);
-      return (x & 0x7fffu) > 0x7c00u;
-    }
-    case DType::bfloat16: {
-      std::uint16_t x;
-      std::memcpy(&x, p, 2);
-      return (x & 0x7fffu) > 0x7f80u;
-    }
+    case DType::float32: return above_inf_bits<std::uint32_t>(p, 0x7fffffffu, 0x7f800000u);
+    case DType::float64: return above_inf_bits<std::uint64_t>(p, 0x7fffffffffffffffull, 0x7ff0000000000000ull);
+    case DType::float16: return above_inf_bits<std::uint16_t>(p, 0x7fffu, 0x7c00u);
+    case DType::bfloat16: return above_inf_bits<std::uint16_t>(p, 0x7fffu, 0x7f80u);
     default: return false;
   }
 }

@@ -257,11 +257,50 @@ struct NcclProcessGroup::Impl {
       throw ShapeError(label(opname),
                        what + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(ref.shape()), grank);
   }
+  /// A call with one tensor per group rank: checks them (`name` + "s[i]",
+  /// each like `mine`) and stages the call: `flat`, one buffer the size of all
+  /// of them, and `keep`, what the call holds on to (per_rank, mine, flat).
+  struct PerRank {
+    Tensor flat;
+    std::vector<Tensor> keep;
+  };
+  PerRank stage_per_rank(const Tensor& mine, const std::vector<Tensor>& per_rank, const char* opname,
+                         const std::string& name) const {
+    if (static_cast<int>(per_rank.size()) != size)
+      throw ValueError(label(opname), "got " + std::to_string(per_rank.size()) + " " + name +
+                                          " tensors for a group of size " + std::to_string(size), grank);
+    for (std::size_t i = 0; i < per_rank.size(); ++i) {
+      const std::string what = name + "s[" + std::to_string(i) + "]";
+      check_tensor(per_rank[i], opname, what);
+      check_same(mine, per_rank[i], opname, what);
+    }
+    Tensor flat = Tensor::empty({mine.numel() * size}, mine.dtype(), mine.device());
+    std::vector<Tensor> keep = per_rank;
+    keep.push_back(mine);
+    keep.push_back(flat);
+    return {flat, std::move(keep)};
+  }
   void check_rank(int r, const char* opname, const char* what) const {
     if (r < 0 || r >= size)
       throw ValueError(label(opname), std::string(what) + " " + std::to_string(r) +
                                           " is out of range for a group of size " + std::to_string(size), grank);
   }
+  /// A send (send == true) or recv of t with group rank `peer` (checked: in
+  /// range, not this rank), through run().
+  Future<void> p2p(const Tensor& t, int peer, bool send, const std::shared_ptr<Impl>& self) {
+    const char* opname = send ? "send" : "recv";
+    check_tensor(t, opname, "tensor");
+    check_rank(peer, opname, send ? "dst" : "src");
+    if (peer == rank)
+      throw ValueError(label(opname), send ? "a rank cannot send to itself" : "a rank cannot receive from itself",
+                       grank);
+    return run(opname, {t}, [&](ncclComm_t c, cudaStream_t s) {
+      const auto n = static_cast<size_t>(t.numel());
+      return send ? ncclSend(t.data_ptr(), n, nccl_dtype(t.dtype()), peer, c, s)
+                  : ncclRecv(t.data_ptr(), n, nccl_dtype(t.dtype()), peer, c, s);
+    }, [](cudaStream_t) {}, self);
+  }
+
 };
 
 namespace {
@@ -462,21 +501,10 @@ Future<void> NcclProcessGroup::all_gather_into_tensor_async(const Tensor& output
 Future<void> NcclProcessGroup::all_gather_async(const std::vector<Tensor>& outputs, const Tensor& input) {
   auto& g = *impl_;
   g.check_tensor(input, "all_gather", "input");
-  if (static_cast<int>(outputs.size()) != g.size)
-    throw ValueError(label("all_gather"), "got " + std::to_string(outputs.size()) +
-                                              " output tensors for a group of size " + std::to_string(g.size),
-                     g.grank);
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const std::string what = "outputs[" + std::to_string(i) + "]";
-    g.check_tensor(outputs[i], "all_gather", what);
-    g.check_same(input, outputs[i], "all_gather", what);
-  }
-  Tensor flat = Tensor::empty({input.numel() * g.size}, input.dtype(), input.device());
-  std::vector<Tensor> keep = outputs;
-  keep.push_back(input);
-  keep.push_back(flat);
+  auto staged = g.stage_per_rank(input, outputs, "all_gather", "output");
+  const Tensor& flat = staged.flat;
   const std::size_t bytes = input.nbytes();
-  return g.run("all_gather", std::move(keep), [&](ncclComm_t c, cudaStream_t s) {
+  return g.run("all_gather", std::move(staged.keep), [&](ncclComm_t c, cudaStream_t s) {
     return ncclAllGather(input.data_ptr(), flat.data_ptr(), static_cast<size_t>(input.numel()),
                          nccl_dtype(input.dtype()), c, s);
   }, [&](cudaStream_t s) {
@@ -492,21 +520,10 @@ Future<void> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const 
   auto& g = *impl_;
   g.check_tensor(output, "reduce_scatter", "output");
   g.check_reducible(output, op, "reduce_scatter");
-  if (static_cast<int>(inputs.size()) != g.size)
-    throw ValueError(label("reduce_scatter"), "got " + std::to_string(inputs.size()) +
-                                                  " input tensors for a group of size " + std::to_string(g.size),
-                     g.grank);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const std::string what = "inputs[" + std::to_string(i) + "]";
-    g.check_tensor(inputs[i], "reduce_scatter", what);
-    g.check_same(output, inputs[i], "reduce_scatter", what);
-  }
-  Tensor flat = Tensor::empty({output.numel() * g.size}, output.dtype(), output.device());
-  std::vector<Tensor> keep = inputs;
-  keep.push_back(output);
-  keep.push_back(flat);
+  auto staged = g.stage_per_rank(output, inputs, "reduce_scatter", "input");
+  const Tensor& flat = staged.flat;
   const std::size_t bytes = output.nbytes();
-  return g.run("reduce_scatter", std::move(keep), [&](ncclComm_t c, cudaStream_t s) {
+  return g.run("reduce_scatter", std::move(staged.keep), [&](ncclComm_t c, cudaStream_t s) {
     for (std::size_t k = 0; k < inputs.size(); ++k)
       if (bytes)
         check(cudaMemcpyAsync(static_cast<char*>(flat.data_ptr()) + k * bytes, inputs[k].data_ptr(), bytes,
@@ -517,25 +534,9 @@ Future<void> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const 
   }, no_after, impl_);
 }
 
-Future<void> NcclProcessGroup::send_async(const Tensor& tensor, int dst) {
-  auto& g = *impl_;
-  g.check_tensor(tensor, "send", "tensor");
-  g.check_rank(dst, "send", "dst");
-  if (dst == g.rank) throw ValueError(label("send"), "a rank cannot send to itself", g.grank);
-  return g.run("send", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
-    return ncclSend(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), nccl_dtype(tensor.dtype()), dst, c, s);
-  }, no_after, impl_);
-}
+Future<void> NcclProcessGroup::send_async(const Tensor& tensor, int dst) { return impl_->p2p(tensor, dst, true, impl_); }
 
-Future<void> NcclProcessGroup::recv_async(const Tensor& tensor, int src) {
-  auto& g = *impl_;
-  g.check_tensor(tensor, "recv", "tensor");
-  g.check_rank(src, "recv", "src");
-  if (src == g.rank) throw ValueError(label("recv"), "a rank cannot receive from itself", g.grank);
-  return g.run("recv", {tensor}, [&](ncclComm_t c, cudaStream_t s) {
-    return ncclRecv(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), nccl_dtype(tensor.dtype()), src, c, s);
-  }, no_after, impl_);
-}
+Future<void> NcclProcessGroup::recv_async(const Tensor& tensor, int src) { return impl_->p2p(tensor, src, false, impl_); }
 
 Future<void> NcclProcessGroup::barrier_async() {
   auto& g = *impl_;
