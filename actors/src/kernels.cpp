@@ -5,8 +5,13 @@
 #include <type_traits>
 
 #include "dopt/runtime/error.hpp"
+#include "engine/op.hpp"
 
 namespace dopt::detail {
+
+ReduceSpec reduce_spec_of(const Op& op, std::int64_t total) {
+  return ReduceSpec{op.desc.op, op.desc.dtype, op.desc.order, op.desc.pre_divisor, total};
+}
 namespace {
 
 template <class T>

@@ -29,6 +29,11 @@ struct ReduceSpec {
   std::int64_t total = 0;        // elements of the whole flat buffer (ReduceOrder::ring cuts it)
 };
 
+struct Op;
+/// The reduction a call asks for (its descriptor's op, dtype, order and
+/// pre_divisor) over a flat buffer of `total` elements.
+ReduceSpec reduce_spec_of(const Op& op, std::int64_t total);
+
 /// Elements [global_lo, global_lo + count) of the flat buffer: ins[g] points
 /// at group rank g's element global_lo, outs[k] where the results go. The
 /// contributions are combined in rank order, or for ReduceOrder::ring (float32

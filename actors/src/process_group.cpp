@@ -105,6 +105,23 @@ void check_rank(int r, int size, CollKind k, const char* what) {
                                       " is out of range for a group of size " + std::to_string(size));
 }
 
+/// {mine, per_rank...} after checking that per_rank has one tensor per group
+/// rank (`name` + "s[i]"), each like `mine` (dtype and shape).
+std::vector<Tensor> with_one_per_rank(const Tensor& mine, const std::vector<Tensor>& per_rank, int size, CollKind k,
+                                      const std::string& name) {
+  if (static_cast<int>(per_rank.size()) != size)
+    throw ValueError(op_label(k), "got " + std::to_string(per_rank.size()) + " " + name +
+                                      " tensors for a group of size " + std::to_string(size));
+  std::vector<Tensor> ts{mine};
+  for (std::size_t i = 0; i < per_rank.size(); ++i) {
+    const std::string what = name + "s[" + std::to_string(i) + "]";
+    check_tensor(per_rank[i], k, what.c_str());
+    check_same(mine, per_rank[i], k, what);
+    ts.push_back(per_rank[i]);
+  }
+  return ts;
+}
+
 std::shared_ptr<Op> make_op(GroupImpl& g, detail::CollDesc desc, std::vector<Tensor> tensors) {
   auto op = std::make_shared<Op>();
   op->gid = g.gid;
@@ -140,6 +157,30 @@ detail::CollDesc desc_of(CollKind k, const Tensor& t, int root = -1, ReduceOp ro
   d.shape = t.shape();
   d.root = root;
   return d;
+}
+
+/// A send (k == send) or recv with group rank `peer` (checked: in range, not
+/// this rank), numbered per (peer, tag) apart from the collectives.
+std::shared_ptr<Op> make_p2p_op(GroupImpl& g, CollKind k, const Tensor& tensor, int peer, int tag) {
+  const bool send = k == CollKind::send;
+  check_tensor(tensor, k, "tensor");
+  check_rank(peer, static_cast<int>(g.members->size()), k, send ? "dst" : "src");
+  if (peer == g.my_grank)
+    throw ValueError(op_label(k), send ? "a rank cannot send to itself" : "a rank cannot receive from itself");
+  auto op = std::make_shared<Op>();
+  op->gid = g.gid;
+  op->members = g.members;
+  op->my_grank = g.my_grank;
+  op->desc = desc_of(k, tensor);
+  op->tensors = {tensor};
+  op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
+  op->peer = (*g.members)[static_cast<std::size_t>(peer)];
+  op->tag = tag;
+  {
+    std::lock_guard<std::mutex> lock(g.p2p_mutex);
+    op->seq = (send ? g.send_seq : g.recv_seq)[{op->peer, tag}]++;
+  }
+  return op;
 }
 
 void wait_blocking(const Future<void>& f) {
@@ -232,17 +273,7 @@ Future<void> ProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs, c
   if (auto* b = detail::device_backend_for(input)) return b->all_gather(*this, outputs, input);
   const CollKind k = CollKind::all_gather;
   check_tensor(input, k, "input");
-  if (static_cast<int>(outputs.size()) != size())
-    throw ValueError(op_label(k), "got " + std::to_string(outputs.size()) +
-                                      " output tensors for a group of size " + std::to_string(size()));
-  std::vector<Tensor> ts{input};
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    std::string what = "outputs[" + std::to_string(i) + "]";
-    check_tensor(outputs[i], k, what.c_str());
-    check_same(input, outputs[i], k, what);
-    ts.push_back(outputs[i]);
-  }
-  return submit(g, make_op(g, desc_of(k, input), std::move(ts)), blocking);
+  return submit(g, make_op(g, desc_of(k, input), with_one_per_rank(input, outputs, size(), k, "output")), blocking);
 }
 
 Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, const Tensor& input, bool blocking) {
@@ -268,17 +299,8 @@ Future<void> ProcessGroup::reduce_scatter_impl(const Tensor& output, const std::
   const CollKind k = CollKind::reduce_scatter;
   check_tensor(output, k, "output");
   check_reducible(output, op, k);
-  if (static_cast<int>(inputs.size()) != size())
-    throw ValueError(op_label(k), "got " + std::to_string(inputs.size()) +
-                                      " input tensors for a group of size " + std::to_string(size()));
-  std::vector<Tensor> ts{output};
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    std::string what = "inputs[" + std::to_string(i) + "]";
-    check_tensor(inputs[i], k, what.c_str());
-    check_same(output, inputs[i], k, what);
-    ts.push_back(inputs[i]);
-  }
-  return submit(g, make_op(g, desc_of(k, output, -1, op), std::move(ts)), blocking);
+  return submit(g, make_op(g, desc_of(k, output, -1, op), with_one_per_rank(output, inputs, size(), k, "input")),
+                blocking);
 }
 
 Future<void> ProcessGroup::barrier_impl(bool blocking) {
@@ -405,45 +427,13 @@ void ProcessGroup::broadcast_coalesced(const std::vector<Tensor>& tensors, int s
 Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
   auto& g = member("ProcessGroup.send");
   if (auto* b = detail::device_backend_for(tensor)) return b->send(*this, tensor, dst, tag);
-  check_tensor(tensor, CollKind::send, "tensor");
-  check_rank(dst, size(), CollKind::send, "dst");
-  if (dst == g.my_grank) throw ValueError("ProcessGroup.send", "a rank cannot send to itself");
-  auto op = std::make_shared<Op>();
-  op->gid = g.gid;
-  op->members = g.members;
-  op->my_grank = g.my_grank;
-  op->desc = desc_of(CollKind::send, tensor);
-  op->tensors = {tensor};
-  op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
-  op->peer = global_rank(dst);
-  op->tag = tag;
-  {
-    std::lock_guard<std::mutex> lock(g.p2p_mutex);
-    op->seq = g.send_seq[{op->peer, tag}]++;
-  }
-  return post(g, std::move(op));
+  return post(g, make_p2p_op(g, CollKind::send, tensor, dst, tag));
 }
 
 Future<void> ProcessGroup::recv_async(const Tensor& tensor, int src, int tag) {
   auto& g = member("ProcessGroup.recv");
   if (auto* b = detail::device_backend_for(tensor)) return b->recv(*this, tensor, src, tag);
-  check_tensor(tensor, CollKind::recv, "tensor");
-  check_rank(src, size(), CollKind::recv, "src");
-  if (src == g.my_grank) throw ValueError("ProcessGroup.recv", "a rank cannot receive from itself");
-  auto op = std::make_shared<Op>();
-  op->gid = g.gid;
-  op->members = g.members;
-  op->my_grank = g.my_grank;
-  op->desc = desc_of(CollKind::recv, tensor);
-  op->tensors = {tensor};
-  op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
-  op->peer = global_rank(src);
-  op->tag = tag;
-  {
-    std::lock_guard<std::mutex> lock(g.p2p_mutex);
-    op->seq = g.recv_seq[{op->peer, tag}]++;
-  }
-  return post(g, std::move(op));
+  return post(g, make_p2p_op(g, CollKind::recv, tensor, src, tag));
 }
 
 namespace {

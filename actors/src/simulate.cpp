@@ -46,16 +46,6 @@ namespace {
   }
 }
 
-std::string describe(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
 /// Runs body(r) for every rank as tasks of one deterministic scheduler
 /// (threads are left to join); throws StateError on a deadlock.
 void run_deterministic(int world_size, std::uint64_t seed, const SimulateOptions& options,
@@ -197,7 +187,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
         if (!first) first.emplace(r, e);
       }
       // After recording: the root cause is recorded before the PeerLostErrors it causes.
-      endpoints[static_cast<std::size_t>(r)]->report_failure("rank " + std::to_string(r) + " raised: " + describe(e));
+      endpoints[static_cast<std::size_t>(r)]->report_failure("rank " + std::to_string(r) + " raised: " + detail::sim::describe(e));
     }
   };
 
@@ -220,7 +210,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (first) {
     if (deterministic)
       std::fprintf(stderr, "dopt simulate: seed %llu failed: rank %d: %s; replay with DOPT_SIM_SEED=%llu\n",
-                   static_cast<unsigned long long>(seed), first->first, describe(first->second).c_str(),
+                   static_cast<unsigned long long>(seed), first->first, detail::sim::describe(first->second).c_str(),
                    static_cast<unsigned long long>(seed));
     rethrow_with_rank(first->second, first->first);
   }

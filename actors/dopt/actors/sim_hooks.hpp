@@ -68,6 +68,15 @@ inline void join_thread(std::thread& t) {
   t.join();
 }
 
+/// For the owner of thread t when it ends: joins t (join_thread), or
+/// detaches it when the caller is t itself (the owner destroyed from a
+/// continuation on that thread); nothing when t is not joinable.
+inline void release_thread(std::thread& t) {
+  if (!t.joinable()) return;
+  if (t.get_id() == std::this_thread::get_id()) t.detach();
+  else join_thread(t);
+}
+
 /// cv.wait(lock, pred), yielding to the scheduler first when simulated.
 template <class Lock, class Cv, class Pred>
 void cv_wait(Cv& cv, Lock& lock, Pred pred, const char* what) {

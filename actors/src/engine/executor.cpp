@@ -11,10 +11,7 @@ SerialExecutor::SerialExecutor(Body body, int rank) : s_(std::make_shared<State>
 
 SerialExecutor::~SerialExecutor() {
   stop("the process group was destroyed before the operation ran");
-  if (worker_.joinable()) {
-    if (worker_.get_id() == std::this_thread::get_id()) worker_.detach();
-    else sim::join_thread(worker_);
-  }
+  sim::release_thread(worker_);
 }
 
 void SerialExecutor::stop(const std::string& why) {
@@ -34,22 +31,27 @@ void SerialExecutor::stop(const std::string& why) {
     op->promise.set_exception(std::make_exception_ptr(StateError(coll_name(op->desc.kind), reason, s_->rank)));
 }
 
+std::exception_ptr SerialExecutor::run_body(State& s, std::unique_lock<std::mutex>& lock, const Op& op) {
+  s.busy = true;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    s.body(op);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  s.busy = false;
+  ++s.next;
+  return error;
+}
+
 void SerialExecutor::run(const OpPtr& op) {
   State& s = *s_;
   std::unique_lock<std::mutex> lock(s.mutex);
   if (s.stopping) throw StateError(coll_name(op->desc.kind), s.stop_why, s.rank);
   if (!s.busy && s.pending.empty() && op->seq == s.next) {
-    s.busy = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      s.body(*op);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    s.busy = false;
-    ++s.next;
+    const std::exception_ptr error = run_body(s, lock, *op);
     const bool more = s.next_ready();
     lock.unlock();
     if (more) s.cv.notify_all();
@@ -95,17 +97,7 @@ void SerialExecutor::worker_loop(const std::shared_ptr<State>& sp) {
     if (!s.next_ready()) break;  // stopping, nothing runnable
     OpPtr op = s.pending.begin()->second;
     s.pending.erase(s.pending.begin());
-    s.busy = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      s.body(*op);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    s.busy = false;
-    ++s.next;
+    const std::exception_ptr error = run_body(s, lock, *op);
     lock.unlock();
     // Outside the lock: continuations may submit the next calls.
     if (error) op->promise.set_exception(error);

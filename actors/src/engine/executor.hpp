@@ -49,6 +49,9 @@ class SerialExecutor {
     bool next_ready() const { return !busy && !pending.empty() && pending.begin()->first == next; }
   };
   static void worker_loop(const std::shared_ptr<State>& s);
+  /// Runs the body on op with s.mutex released (busy meanwhile); returns
+  /// with `lock` held again and s.next advanced: what the body threw, if anything.
+  static std::exception_ptr run_body(State& s, std::unique_lock<std::mutex>& lock, const Op& op);
   void enqueue(const OpPtr& op);
 
   std::shared_ptr<State> s_;

@@ -66,26 +66,21 @@ void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool
       ++it;
     }
   }
-  for (auto it = recvs.begin(); it != recvs.end();) {
-    if (it->first.src == peer) {
-      fail(it->second, Failure{FailKind::peer_lost, "recv",
-                               "rank " + std::to_string(peer) + " was lost before sending: " + what});
-      it = recvs.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (actor_dead) {
-    for (auto it = sends.begin(); it != sends.end();) {
-      if (it->first.dst == peer) {
-        fail(it->second, Failure{FailKind::peer_lost, "send",
-                                 "rank " + std::to_string(peer) + " was lost before receiving: " + what});
-        it = sends.erase(it);
+  // Fails, and forgets, the point-to-point calls whose other end is peer.
+  const auto fail_p2p = [&](std::map<P2PKey, OpPtr>& calls, int P2PKey::*other_end, const char* kind,
+                            const char* before) {
+    for (auto it = calls.begin(); it != calls.end();) {
+      if (it->first.*other_end == peer) {
+        fail(it->second, Failure{FailKind::peer_lost, kind,
+                                 "rank " + std::to_string(peer) + " was lost before " + before + ": " + what});
+        it = calls.erase(it);
       } else {
         ++it;
       }
     }
-  }
+  };
+  fail_p2p(recvs, &P2PKey::src, "recv", "sending");
+  if (actor_dead) fail_p2p(sends, &P2PKey::dst, "send", "receiving");
 }
 
 /// Net: heartbeat every peer_timeout / 4; a peer silent for peer_timeout is lost.

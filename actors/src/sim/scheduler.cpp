@@ -418,4 +418,14 @@ std::chrono::nanoseconds on_message(const char* what) {
   return me ? me->sched->on_message(me, what) : std::chrono::nanoseconds(0);
 }
 
+std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 }  // namespace dopt::detail::sim

@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -153,5 +154,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::condition_variable over_cv_;
   std::string deadlock_;
 };
+
+/// What a simulation reports for a rank's exception: its what(), or
+/// "unknown exception" when it is not a std::exception.
+std::string describe(const std::exception_ptr& e);
 
 }  // namespace dopt::detail::sim

@@ -5,6 +5,7 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/runtime/error.hpp"
+#include "sim/scheduler.hpp"
 
 namespace dopt::sim {
 
@@ -31,20 +32,6 @@ std::string compare_traces(const SimReport& a, const SimReport& b) {
   if (a.faults != b.faults) return out + "; the faults that fired differ";
   return out;
 }
-
-namespace {
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-}  // namespace
 
 SwarmResult swarm(const std::function<void(const SimulateOptions&)>& body, const SwarmOptions& options,
                   const SimulateOptions& base) {
@@ -74,7 +61,7 @@ SwarmResult swarm(const std::function<void(const SimulateOptions&)>& body, const
     SimReport first;
     if (auto e = run(first, false)) {
       result.failing_seed = seed;
-      result.failure = what_of(e);
+      result.failure = detail::sim::describe(e);
     } else if (options.check_determinism) {
       SimReport second;
       auto e2 = run(second, false);
@@ -87,7 +74,7 @@ SwarmResult swarm(const std::function<void(const SimulateOptions&)>& body, const
         if (const std::string d = compare_traces(a, b); !d.empty()) diff = d;
         result.nondeterministic = true;
       } else if (e2) {
-        diff = "seed " + std::to_string(seed) + " passed once and failed when run again: " + what_of(e2);
+        diff = "seed " + std::to_string(seed) + " passed once and failed when run again: " + detail::sim::describe(e2);
         result.nondeterministic = true;
       }
       if (!diff.empty()) {

@@ -210,12 +210,7 @@ void MpiGroup::match(const Op& op) {
 void MpiGroup::reduce_flat(const Op& op, char* data, std::int64_t total, int root, Clock::time_point deadline) {
   const DType dt = op.desc.dtype;
   const std::size_t item = itemsize(dt);
-  ReduceSpec spec;
-  spec.op = op.desc.op;
-  spec.dtype = dt;
-  spec.order = op.desc.order;
-  spec.pre_divisor = op.desc.pre_divisor;
-  spec.total = total;
+  const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t chunk = std::max<std::int64_t>(n(), static_cast<std::int64_t>(chunk_bytes() / item));
   std::vector<char> scratch, result;
   std::vector<int> counts(static_cast<std::size_t>(n())), displs(static_cast<std::size_t>(n()));
@@ -285,12 +280,7 @@ void MpiGroup::reduce_scatter(const Op& op, Clock::time_point deadline) {
   const std::size_t item = itemsize(dt);
   const Tensor& out = op.tensors[0];
   const std::int64_t total = out.numel();
-  ReduceSpec spec;
-  spec.op = op.desc.op;
-  spec.dtype = dt;
-  spec.order = op.desc.order;
-  spec.pre_divisor = op.desc.pre_divisor;
-  spec.total = total;
+  const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t chunk =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(chunk_bytes() / item / static_cast<std::size_t>(n())));
   std::vector<char> send, recv;

@@ -39,44 +39,43 @@ void staged(Channel& ch, Call& c) {
   } while (lo < nb);
 }
 
-void direct(Channel& ch, Call& c) {
-  const Op& op = *c.op;
-  const int n = ch.size(), me = ch.me();
-  const std::size_t nb = op.tensors[0].nbytes();
-  const std::uint64_t k = ch.meet(c);
-  const FlatView out = outputs_of(op);
-  for (int g = 0; g < n; ++g) {
-    const Op& po = g == me ? op : ch.peer_op(g, k);
-    out.scatter(static_cast<std::size_t>(g) * nb, static_cast<std::size_t>(g + 1) * nb,
-                static_cast<const char*>(po.tensors[0].data_ptr()));
-  }
-  ch.signal(Channel::B(k));
-  ch.wait_all(Channel::B(k), c);
-}
-
-/// Processes that may read each other's memory: each reads every peer's
-/// input straight into its output (one copy, process_vm_readv); nobody
-/// returns before all have read its input.
-void cross_memory(Channel& ch, Call& c) {
+/// The one-round algorithms: after the members met, each member's input goes
+/// to its place in the outputs (this member's own input copied, a peer's by
+/// `place_peer(out, g, k, base, nb)`), peers in turn from the next one so
+/// that not all read the same one at once; nobody returns before all are done.
+template <class PlacePeer>
+void one_round(Channel& ch, Call& c, PlacePeer&& place_peer) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
   const std::size_t nb = op.tensors[0].nbytes();
   const std::uint64_t k = ch.meet(c);
   const FlatView out = outputs_of(op);
   for (int i = 1; i <= n; ++i) {
-    const int g = (me + i) % n;  // peers in turn from the next one, so that not all read the same one at once
+    const int g = (me + i) % n;
     const std::size_t base = static_cast<std::size_t>(g) * nb;
-    if (g == me) {
-      out.scatter(base, base + nb, static_cast<const char*>(op.tensors[0].data_ptr()));
-      continue;
-    }
+    if (g == me) out.scatter(base, base + nb, static_cast<const char*>(op.tensors[0].data_ptr()));
+    else place_peer(out, g, k, base, nb);
+  }
+  ch.signal(Channel::B(k));
+  ch.wait_all(Channel::B(k), c);
+}
+
+void direct(Channel& ch, Call& c) {
+  one_round(ch, c, [&](const FlatView& out, int g, std::uint64_t k, std::size_t base, std::size_t nb) {
+    out.scatter(base, base + nb, static_cast<const char*>(ch.peer_op(g, k).tensors[0].data_ptr()));
+  });
+}
+
+/// Processes that may read each other's memory: each reads every peer's
+/// input straight into its output (one copy, process_vm_readv); nobody
+/// returns before all have read its input.
+void cross_memory(Channel& ch, Call& c) {
+  one_round(ch, c, [&](const FlatView& out, int g, std::uint64_t k, std::size_t base, std::size_t nb) {
     const std::uint64_t remote = ch.peer_data(g, k);
     out.for_each(base, base + nb, [&](char* p, std::size_t at, std::size_t len) {
       ch.cma_read(g, remote + (at - base), p, len, c);
     });
-  }
-  ch.signal(Channel::B(k));
-  ch.wait_all(Channel::B(k), c);
+  });
 }
 
 }  // namespace

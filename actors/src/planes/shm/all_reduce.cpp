@@ -13,10 +13,6 @@ namespace dopt::detail::shm_plane {
 
 namespace {
 
-ReduceSpec spec_of(const Op& op, std::int64_t total) {
-  return ReduceSpec{op.desc.op, op.desc.dtype, op.desc.order, op.desc.pre_divisor, total};
-}
-
 /// Whether this member receives the result.
 bool receives(int me, int root) { return root < 0 || me == root; }
 
@@ -33,7 +29,7 @@ void small(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   ch.wait_all(Channel::A(k), c);
   ch.match(k, c);
   if (!receives(me, root)) return;
-  const ReduceSpec spec = spec_of(op, static_cast<std::int64_t>(bytes / es));
+  const ReduceSpec spec = reduce_spec_of(op, static_cast<std::int64_t>(bytes / es));
   std::vector<const void*> ins(static_cast<std::size_t>(n));
   std::vector<void*> outs(1);
   v.for_each(0, bytes, [&](char* p, std::size_t at, std::size_t nb) {
@@ -50,7 +46,7 @@ void staged(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   const int n = ch.size(), me = ch.me();
   const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
   const std::int64_t per = std::max<std::int64_t>(1, static_cast<std::int64_t>(ch.buf_bytes() / es));
-  const ReduceSpec spec = spec_of(op, total);
+  const ReduceSpec spec = reduce_spec_of(op, total);
   std::vector<const void*> ins(static_cast<std::size_t>(n));
   std::vector<void*> outs;
   auto slice = [&](std::int64_t c0, std::int64_t m, int g) {
@@ -95,11 +91,7 @@ void staged(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
 void direct(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
+  const std::uint64_t k = ch.meet(c);
   std::vector<FlatView> views;
   views.reserve(static_cast<std::size_t>(n));
   for (int g = 0; g < n; ++g) {
@@ -107,7 +99,7 @@ void direct(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
     views.emplace_back(po.tensors, 0, po.tensors.size());
   }
   const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
-  const ReduceSpec spec = spec_of(op, total);
+  const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t lo = total * me / n, hi = total * (me + 1) / n;
   std::vector<const void*> ins(static_cast<std::size_t>(n));
   std::vector<void*> outs;

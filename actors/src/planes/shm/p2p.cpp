@@ -160,10 +160,7 @@ P2PEngine::P2PEngine(const Channel& ch) : s_(std::make_shared<State>()) {
 
 P2PEngine::~P2PEngine() {
   stop("the process group was destroyed before the operation finished");
-  if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-    else sim::join_thread(thread_);
-  }
+  sim::release_thread(thread_);
 }
 
 void P2PEngine::stop(const std::string& why) {

@@ -11,10 +11,6 @@ namespace dopt::detail::shm_plane {
 
 namespace {
 
-ReduceSpec spec_of(const Op& op, std::int64_t total) {
-  return ReduceSpec{op.desc.op, op.desc.dtype, op.desc.order, op.desc.pre_divisor, total};
-}
-
 /// Rounds of chunks: member r stages chunk c of inputs[g] for every g != r
 /// (piece g of its buffer), then reduces piece r over all buffers.
 void staged(Channel& ch, Call& c) {
@@ -24,7 +20,7 @@ void staged(Channel& ch, Call& c) {
   const Tensor& out = op.tensors[0];
   const std::int64_t m = out.numel();
   const std::int64_t per = std::max<std::int64_t>(1, static_cast<std::int64_t>(ch.buf_bytes() / (es * static_cast<std::size_t>(n))));
-  const ReduceSpec spec = spec_of(op, m);
+  const ReduceSpec spec = reduce_spec_of(op, m);
   std::vector<const void*> ins(static_cast<std::size_t>(n));
   std::vector<void*> outs(1);
   std::int64_t c0 = 0;
@@ -58,11 +54,7 @@ void staged(Channel& ch, Call& c) {
 void direct(Channel& ch, Call& c) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
-  const std::uint64_t k = ch.begin_round(c);
-  ch.publish(k, op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c);
-  ch.match(k, c);
+  const std::uint64_t k = ch.meet(c);
   std::vector<const void*> ins(static_cast<std::size_t>(n));
   for (int g = 0; g < n; ++g) {
     const Op& po = g == me ? op : ch.peer_op(g, k);
@@ -70,7 +62,7 @@ void direct(Channel& ch, Call& c) {
   }
   std::vector<void*> outs{op.tensors[0].data_ptr()};
   const std::int64_t m = op.tensors[0].numel();
-  reduce_members(spec_of(op, m), ins, outs, 0, m);
+  reduce_members(reduce_spec_of(op, m), ins, outs, 0, m);
   ch.signal(Channel::B(k));
   ch.wait_all(Channel::B(k), c);
 }
