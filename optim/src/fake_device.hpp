@@ -50,20 +50,10 @@ class FakeAllocator final : public Allocator {
 class FakeBackend final : public dopt::detail::DeviceBackend {
  public:
   Future<void> broadcast(ProcessGroup& g, const Tensor& t, int src) override {
-    ++calls;
-    Tensor h = t.to(Device::cpu());
-    return g.broadcast_async(h, src).then([t, h](Future<void> f) {
-      f.get();
-      t.copy_(h);
-    });
+    return via_host(t, [&](const Tensor& h) { return g.broadcast_async(h, src); });
   }
   Future<void> all_reduce(ProcessGroup& g, const Tensor& t, ReduceOp op) override {
-    ++calls;
-    Tensor h = t.to(Device::cpu());
-    return g.all_reduce_async(h, op).then([t, h](Future<void> f) {
-      f.get();
-      t.copy_(h);
-    });
+    return via_host(t, [&](const Tensor& h) { return g.all_reduce_async(h, op); });
   }
   Future<void> reduce(ProcessGroup&, const Tensor&, int, ReduceOp) override { return unsupported(); }
   Future<void> all_gather(ProcessGroup&, const std::vector<Tensor>&, const Tensor&) override { return unsupported(); }
@@ -76,6 +66,16 @@ class FakeBackend final : public dopt::detail::DeviceBackend {
   std::atomic<long> calls{0};
 
  private:
+  // Runs the collective on a CPU copy of t, then copies the result back.
+  template <class Collective>
+  Future<void> via_host(const Tensor& t, Collective&& collective) {
+    ++calls;
+    Tensor h = t.to(Device::cpu());
+    return collective(h).then([t, h](Future<void> f) {
+      f.get();
+      t.copy_(h);
+    });
+  }
   static Future<void> unsupported() {
     throw NotSupportedError("FakeBackend", "only broadcast and all_reduce are used by the reducer and averagers");
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "dopt/runtime/tensor.hpp"
+#include "optim_util.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
     !defined(__SANITIZE_THREAD__)
@@ -112,3 +113,15 @@ void dispatch_float(const Tensor& p, const char* op, F&& f) {
 }
 
 }  // namespace dopt::optim::kernels
+
+namespace dopt::optim::detail {
+
+/// For a step that reads its scalars before its kernel runs: the dtype and
+/// device errors of kernels::dispatch_float first, so that a bad parameter
+/// leaves the state untouched, then increment_step(step_t).
+inline double check_kernel_then_increment(const Tensor& p, Tensor& step_t, const char* op) {
+  kernels::dispatch_float(p, op, [](auto) {});
+  return increment_step(step_t);
+}
+
+}  // namespace dopt::optim::detail

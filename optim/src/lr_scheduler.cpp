@@ -116,6 +116,11 @@ void LRScheduler::step_to(std::int64_t epoch) {
   apply(closed ? *closed : get_lr());
 }
 
+std::vector<double> LRScheduler::scaled(std::vector<double> lrs, double factor) {
+  for (auto& lr : lrs) lr = lr * factor;
+  return lrs;
+}
+
 std::vector<double> LRScheduler::group_lrs() const {
   std::vector<double> out;
   for (std::size_t g = 0; g < target_.num_groups(); ++g) out.push_back(target_.lr(g));

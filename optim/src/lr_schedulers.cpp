@@ -44,17 +44,13 @@ StepLR::StepLR(ScheduleTarget target, std::int64_t step_size, double gamma)
 }
 
 std::vector<double> StepLR::get_lr() {
-  std::vector<double> out = group_lrs();
-  if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return out;
-  for (auto& lr : out) lr = lr * gamma_;
-  return out;
+  if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return group_lrs();
+  return scaled(group_lrs(), gamma_);
 }
 
 std::optional<std::vector<double>> StepLR::closed_form_lr() const {
-  std::vector<double> out;
   const double k = static_cast<double>(detail::py_floordiv(last_epoch_, step_size_));
-  for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, k));
-  return out;
+  return scaled(base_lrs_, std::pow(gamma_, k));
 }
 
 std::vector<SchedulerField> StepLR::state_fields() { return {{"step_size", &step_size_}, {"gamma", &gamma_}}; }
@@ -68,18 +64,14 @@ MultiStepLR::MultiStepLR(ScheduleTarget target, std::vector<std::int64_t> milest
 }
 
 std::vector<double> MultiStepLR::get_lr() {
-  std::vector<double> out = group_lrs();
   const auto count = std::count(milestones_.begin(), milestones_.end(), last_epoch_);
-  if (count == 0) return out;
-  for (auto& lr : out) lr = lr * std::pow(gamma_, static_cast<double>(count));
-  return out;
+  if (count == 0) return group_lrs();
+  return scaled(group_lrs(), std::pow(gamma_, static_cast<double>(count)));
 }
 
 std::optional<std::vector<double>> MultiStepLR::closed_form_lr() const {
   const auto k = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
-  std::vector<double> out;
-  for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(k)));
-  return out;
+  return scaled(base_lrs_, std::pow(gamma_, static_cast<double>(k)));
 }
 
 std::vector<SchedulerField> MultiStepLR::state_fields() { return {{"milestones", &milestones_}, {"gamma", &gamma_}}; }
@@ -98,21 +90,14 @@ ConstantLR::ConstantLR(ScheduleTarget target, double factor, std::int64_t total_
 }
 
 std::vector<double> ConstantLR::get_lr() {
-  std::vector<double> out = group_lrs();
-  if (last_epoch_ == 0) {
-    for (auto& lr : out) lr = lr * factor_;
-    return out;
-  }
-  if (last_epoch_ > total_iters_ || last_epoch_ != total_iters_) return out;
-  for (auto& lr : out) lr = lr * (1.0 / factor_);
-  return out;
+  if (last_epoch_ == 0) return scaled(group_lrs(), factor_);
+  if (last_epoch_ > total_iters_ || last_epoch_ != total_iters_) return group_lrs();
+  return scaled(group_lrs(), 1.0 / factor_);
 }
 
 std::optional<std::vector<double>> ConstantLR::closed_form_lr() const {
-  std::vector<double> out;
   const double add = last_epoch_ >= total_iters_ ? (1 - factor_) : 0.0;
-  for (double b : base_lrs_) out.push_back(b * (factor_ + add));
-  return out;
+  return scaled(base_lrs_, factor_ + add);
 }
 
 std::vector<SchedulerField> ConstantLR::state_fields() {
@@ -132,24 +117,16 @@ LinearLR::LinearLR(ScheduleTarget target, double start_factor, double end_factor
 }
 
 std::vector<double> LinearLR::get_lr() {
-  std::vector<double> out = group_lrs();
-  if (last_epoch_ == 0) {
-    for (auto& lr : out) lr = lr * start_factor_;
-    return out;
-  }
-  if (last_epoch_ > total_iters_) return out;
+  if (last_epoch_ == 0) return scaled(group_lrs(), start_factor_);
+  if (last_epoch_ > total_iters_) return group_lrs();
   const double d = end_factor_ - start_factor_;
   const double f = 1. + d / (static_cast<double>(total_iters_) * start_factor_ + static_cast<double>(last_epoch_ - 1) * d);
-  for (auto& lr : out) lr = lr * f;
-  return out;
+  return scaled(group_lrs(), f);
 }
 
 std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
-  std::vector<double> out;
   const double m = static_cast<double>(std::min(total_iters_, last_epoch_));
-  const double f = start_factor_ + (end_factor_ - start_factor_) * m / static_cast<double>(total_iters_);
-  for (double b : base_lrs_) out.push_back(b * f);
-  return out;
+  return scaled(base_lrs_, start_factor_ + (end_factor_ - start_factor_) * m / static_cast<double>(total_iters_));
 }
 
 std::vector<SchedulerField> LinearLR::state_fields() {
@@ -164,16 +141,12 @@ ExponentialLR::ExponentialLR(ScheduleTarget target, double gamma)
 }
 
 std::vector<double> ExponentialLR::get_lr() {
-  std::vector<double> out = group_lrs();
-  if (last_epoch_ == 0) return out;
-  for (auto& lr : out) lr = lr * gamma_;
-  return out;
+  if (last_epoch_ == 0) return group_lrs();
+  return scaled(group_lrs(), gamma_);
 }
 
 std::optional<std::vector<double>> ExponentialLR::closed_form_lr() const {
-  std::vector<double> out;
-  for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_)));
-  return out;
+  return scaled(base_lrs_, std::pow(gamma_, static_cast<double>(last_epoch_)));
 }
 
 std::vector<SchedulerField> ExponentialLR::state_fields() { return {{"gamma", &gamma_}}; }
@@ -187,22 +160,17 @@ PolynomialLR::PolynomialLR(ScheduleTarget target, std::int64_t total_iters, doub
 }
 
 std::vector<double> PolynomialLR::get_lr() {
-  std::vector<double> out = group_lrs();
-  if (last_epoch_ == 0 || last_epoch_ > total_iters_) return out;
+  if (last_epoch_ == 0 || last_epoch_ > total_iters_) return group_lrs();
   const double T = static_cast<double>(total_iters_);
   const double decay = std::pow((1.0 - static_cast<double>(last_epoch_) / T) /
                                     (1.0 - static_cast<double>(last_epoch_ - 1) / T),
                                 power_);
-  for (auto& lr : out) lr = lr * decay;
-  return out;
+  return scaled(group_lrs(), decay);
 }
 
 std::optional<std::vector<double>> PolynomialLR::closed_form_lr() const {
-  std::vector<double> out;
   const double m = static_cast<double>(std::min(total_iters_, last_epoch_));
-  for (double b : base_lrs_)
-    out.push_back(b * std::pow(1.0 - m / static_cast<double>(total_iters_), power_));
-  return out;
+  return scaled(base_lrs_, std::pow(1.0 - m / static_cast<double>(total_iters_), power_));
 }
 
 std::vector<SchedulerField> PolynomialLR::state_fields() {

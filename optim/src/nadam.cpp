@@ -58,8 +58,7 @@ void NAdam::update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g
   if (mu_product_t.dim() != 0) throw StateError(op, "state 'mu_product' must be a 0-d tensor, got " + mu_product_t.str());
   Tensor& m = detail::matching_state_at(st, "exp_avg", p, op);
   Tensor& v = detail::matching_state_at(st, "exp_avg_sq", p, op);
-  kernels::dispatch_float(p, op, [](auto) {});  // dtype errors before any change
-  const double s = detail::increment_step(step_t);
+  const double s = detail::check_kernel_then_increment(p, step_t, op);
   const double beta1 = o.betas()[0], beta2 = o.betas()[1];
   const double bc2 = 1.0 - std::pow(beta2, s);
   const double mu = beta1 * (1.0 - 0.5 * std::pow(0.96, s * o.momentum_decay()));

@@ -25,6 +25,19 @@ Tensor load_state_value(const Tensor& param, const std::string& key, const Tenso
   return t;
 }
 
+std::vector<std::unique_ptr<OptimizerOptions>> loaded_options(const std::vector<OptimizerParamGroup>& groups,
+                                                              const std::function<Hyperparams(std::size_t)>& hyper,
+                                                              const std::string& op) {
+  std::vector<std::unique_ptr<OptimizerOptions>> opts;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    auto o = groups[g].options->clone();
+    o->set_hyperparams(hyper(g));
+    o->validate(op);
+    opts.push_back(std::move(o));
+  }
+  return opts;
+}
+
 }  // namespace detail
 
 void check_param_grad(const Tensor& param, const Tensor& grad, const std::string& op) {
@@ -230,13 +243,8 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     }
     new_state[p.key()] = std::move(copy);
   }
-  std::vector<std::unique_ptr<OptimizerOptions>> new_options;
-  for (std::size_t gi = 0; gi < param_groups_.size(); ++gi) {
-    auto o = param_groups_[gi].options->clone();
-    o->set_hyperparams(sd.param_groups[gi].hyperparams);
-    o->validate(op);
-    new_options.push_back(std::move(o));
-  }
+  auto new_options =
+      detail::loaded_options(param_groups_, [&](std::size_t g) { return sd.param_groups[g].hyperparams; }, op);
   state_ = std::move(new_state);
   for (std::size_t gi = 0; gi < param_groups_.size(); ++gi) param_groups_[gi].options = std::move(new_options[gi]);
 }

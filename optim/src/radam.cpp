@@ -70,8 +70,7 @@ void RAdam::update_param(const RAdamOptions& o, const Tensor& p, const Tensor& g
   Tensor& step_t = detail::state_at(st, "step", op);
   Tensor& m = detail::matching_state_at(st, "exp_avg", p, op);
   Tensor& v = detail::matching_state_at(st, "exp_avg_sq", p, op);
-  kernels::dispatch_float(p, op, [](auto) {});  // dtype errors before any change
-  const double s = detail::increment_step(step_t);
+  const double s = detail::check_kernel_then_increment(p, step_t, op);
   const double beta1 = o.betas()[0], beta2 = o.betas()[1];
   const double bc1 = 1.0 - std::pow(beta1, s);
   const double bc2 = 1.0 - std::pow(beta2, s);

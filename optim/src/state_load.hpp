@@ -11,12 +11,24 @@
 //     lose what they are kept for.
 //   * Integer state takes the parameter's dtype when `cast_integers` (the
 //     Optimizer's rule, torch's), else keeps its dtype.
+#include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "dopt/optim/optimizer.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt::optim::detail {
 
 Tensor load_state_value(const Tensor& param, const std::string& key, const Tensor& value, bool cast_integers);
+
+/// Each group's options cloned with the hyperparameters hyper(g) and validated
+/// (errors name op): what a load installs once every check has passed, so a
+/// failed load leaves the optimizer as it was.
+std::vector<std::unique_ptr<OptimizerOptions>> loaded_options(const std::vector<OptimizerParamGroup>& groups,
+                                                              const std::function<Hyperparams(std::size_t)>& hyper,
+                                                              const std::string& op);
 
 }  // namespace dopt::optim::detail

@@ -14,6 +14,7 @@
 #include "dopt/optim/zero.hpp"
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
+#include "state_load.hpp"
 #include "zero_internal.hpp"
 
 namespace dopt::optim {
@@ -162,13 +163,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
                                "optimizer's group (group " + std::to_string(g) + ": " +
                                std::to_string(sd.param_groups[g].params.size()) + " vs " +
                                std::to_string(groups_[g].params.size()) + " parameters)", rank_);
-  std::vector<std::unique_ptr<OptimizerOptions>> opts;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    auto o = groups_[g].options->clone();
-    o->set_hyperparams(sd.param_groups[g].hyperparams);
-    o->validate(op);
-    opts.push_back(std::move(o));
-  }
+  auto opts = detail::loaded_options(groups_, [&](std::size_t g) { return sd.param_groups[g].hyperparams; }, op);
   std::unordered_map<const TensorImpl*, ParamState> local;
   for (const auto& [index, st] : sd.state) {
     if (index < 0 || index >= static_cast<std::int64_t>(all_params_.size()))
@@ -180,6 +175,11 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
       return "state '" + key + "' of parameter " + std::to_string(index);
     });
   }
+  install_loaded(std::move(local), std::move(opts));
+}
+
+void ZeroRedundancyOptimizer::install_loaded(std::unordered_map<const TensorImpl*, ParamState> local,
+                                             std::vector<std::unique_ptr<OptimizerOptions>> opts) {
   for (auto& [r, copy] : buddy_copies_) copy->state().clear();
   for (auto it = local.begin(); it != local.end();) {  // the buddies' part
     const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
@@ -304,13 +304,9 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
   if (old_owner.size() != all_params_.size())
     throw StateDictError(op, "the checkpoint's partition has " + std::to_string(old_owner.size()) +
                                  " entries for " + std::to_string(all_params_.size()) + " parameters", rank_);
-  std::vector<std::unique_ptr<OptimizerOptions>> opts;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    auto o = groups_[g].options->clone();
-    o->set_hyperparams(hyper_from_json(get("dopt.zero.group_hyperparams." + std::to_string(g)), op.c_str()));
-    o->validate(op);
-    opts.push_back(std::move(o));
-  }
+  auto opts = detail::loaded_options(groups_, [&](std::size_t g) {
+    return hyper_from_json(get("dopt.zero.group_hyperparams." + std::to_string(g)), op.c_str());
+  }, op);
   const std::int64_t steps = split_ints(get("dopt.zero.step"), "dopt.zero.step").at(0);
 
   // The shards holding this rank's parameters, ascending.
@@ -368,19 +364,7 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
       });
     }
   }
-  for (auto& [r, copy] : buddy_copies_) copy->state().clear();
-  for (auto it = local.begin(); it != local.end();) {  // the buddies' part
-    const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
-    if (o == rank_) {
-      ++it;
-      continue;
-    }
-    buddy_copies_.at(o)->state()[it->first] = std::move(it->second);
-    it = local.erase(it);
-  }
-  optim_->state() = std::move(local);
-  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
-  sync_to_local();
+  install_loaded(std::move(local), std::move(opts));
   steps_ = steps;
   return report;
 }

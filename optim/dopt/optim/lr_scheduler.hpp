@@ -167,6 +167,8 @@ class LRScheduler {
   void apply(const std::vector<double>& lrs);
   /// The current lr of every group.
   std::vector<double> group_lrs() const;
+  /// Every lr of lrs times factor.
+  static std::vector<double> scaled(std::vector<double> lrs, double factor);
   /// The subclass's own state-dict entries; save_fields and load_fields
   /// write and read them (a load reads every entry before it changes any).
   virtual std::vector<SchedulerField> state_fields() { return {}; }

@@ -179,31 +179,35 @@ struct ZeroRecovery {
   bool step_completed = false;
 };
 
-/// Thrown by ZeroRedundancyOptimizer::step() (redundancy > 0, no
-/// on_membership_change callback) on every survivor after it recovered from
-/// a lost rank: the step was completed, the optimizer is usable over
-/// recovery().group.
-class MembershipChangedError : public Error {
+namespace detail {
+/// An error of kind Base that carries the recovery it was thrown after.
+template <class Base>
+class WithRecovery : public Base {
  public:
-  MembershipChangedError(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
-      : Error(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
+  WithRecovery(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
+      : Base(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
   const ZeroRecovery& recovery() const noexcept { return recovery_; }
 
  private:
   ZeroRecovery recovery_;
 };
+}  // namespace detail
+
+/// Thrown by ZeroRedundancyOptimizer::step() (redundancy > 0, no
+/// on_membership_change callback) on every survivor after it recovered from
+/// a lost rank: the step was completed, the optimizer is usable over
+/// recovery().group.
+class MembershipChangedError : public detail::WithRecovery<Error> {
+ public:
+  using WithRecovery::WithRecovery;
+};
 
 /// Recovery found a shard whose owner and buddies were all lost: the message
 /// names the ranks and parameters whose state is gone. The optimizer is
 /// unusable; recovery().group is the survivors' group to fall back on.
-class ShardLostError : public StateError {
+class ShardLostError : public detail::WithRecovery<StateError> {
  public:
-  ShardLostError(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
-      : StateError(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
-  const ZeroRecovery& recovery() const noexcept { return recovery_; }
-
- private:
-  ZeroRecovery recovery_;
+  using WithRecovery::WithRecovery;
 };
 
 struct ZeroOptions {
@@ -379,6 +383,10 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::vector<bool> trainable_mask() const;
   void sync_to_local();
   void sync_from_local();
+  /// The end of both loads: `local` (this rank's and its buddies' state, by
+  /// parameter) split between optim_ and the buddy copies, `opts` installed.
+  void install_loaded(std::unordered_map<const TensorImpl*, ParamState> local,
+                      std::vector<std::unique_ptr<OptimizerOptions>> opts);
   void sync_params();
   /// Redundancy (zero_redundancy.cpp): the buddy copies of the current
   /// partition, with empty state.
