@@ -95,7 +95,7 @@ void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const
 
 }  // namespace
 
-TEST_CASE("post_local_sgd survive: a rank lost before, during or after the averaging; bitwise the reference",
+TEST_CASE("post_local_sgd survive: a rank lost before, during or after the averaging: bitwise the reference",
           "[post_local_sgd][survive]") {
   Scenario sc;
   sc.n = GENERATE(3, 5);
@@ -121,7 +121,7 @@ TEST_CASE("post_local_sgd survive: a rank lost between averages is noticed at th
   check_bitwise(sc, plsgd_run(sc), plsgd_reference(sc));
 }
 
-TEST_CASE("post_local_sgd survive: without a loss nothing changes; only the periodic averager survives",
+TEST_CASE("post_local_sgd survive: without a loss nothing changes: only the periodic averager survives",
           "[post_local_sgd][survive]") {
   Scenario sc;
   sc.n = 3;
@@ -137,7 +137,7 @@ TEST_CASE("post_local_sgd survive: without a loss nothing changes; only the peri
   });
 }
 
-TEST_CASE("reducer survive: a rank lost before, during or after the bucket reduce; bitwise the reference",
+TEST_CASE("reducer survive: a rank lost before, during or after the bucket reduce: bitwise the reference",
           "[reducer][survive]") {
   Scenario sc;
   sc.n = GENERATE(3, 5);
@@ -152,7 +152,7 @@ TEST_CASE("reducer survive: a rank lost before, during or after the bucket reduc
   check_bitwise(sc, reducer_run(sc), reducer_reference(sc));
 }
 
-TEST_CASE("reducer survive: without a loss bitwise the plain reducer; refusals", "[reducer][survive]") {
+TEST_CASE("reducer survive: without a loss bitwise the plain reducer: refusals", "[reducer][survive]") {
   Scenario sc;
   sc.n = 3;
   sc.point = "";
