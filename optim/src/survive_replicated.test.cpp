@@ -96,7 +96,7 @@ void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const
 }  // namespace
 
 TEST_CASE("post_local_sgd survive: a rank lost before, during or after the averaging: bitwise the reference",
-          "[post_local_sgd][survive]") {
+          "[survive][survive_plsgd]") {
   Scenario sc;
   sc.n = GENERATE(3, 5);
   sc.point = GENERATE(std::string("before"), std::string("during"), std::string("after"));
@@ -110,7 +110,7 @@ TEST_CASE("post_local_sgd survive: a rank lost before, during or after the avera
 }
 
 TEST_CASE("post_local_sgd survive: a rank lost between averages is noticed at the next one",
-          "[post_local_sgd][survive]") {
+          "[survive][survive_plsgd]") {
   Scenario sc;
   sc.n = GENERATE(3, 5);
   sc.victim = 0;
@@ -122,7 +122,7 @@ TEST_CASE("post_local_sgd survive: a rank lost between averages is noticed at th
 }
 
 TEST_CASE("post_local_sgd survive: without a loss nothing changes: only the periodic averager survives",
-          "[post_local_sgd][survive]") {
+          "[survive][survive_plsgd]") {
   Scenario sc;
   sc.n = 3;
   sc.point = "";
@@ -138,7 +138,7 @@ TEST_CASE("post_local_sgd survive: without a loss nothing changes: only the peri
 }
 
 TEST_CASE("reducer survive: a rank lost before, during or after the bucket reduce: bitwise the reference",
-          "[reducer][survive]") {
+          "[survive][survive_reducer]") {
   Scenario sc;
   sc.n = GENERATE(3, 5);
   sc.point = GENERATE(std::string("before"), std::string("during"), std::string("after"));
@@ -152,7 +152,7 @@ TEST_CASE("reducer survive: a rank lost before, during or after the bucket reduc
   check_bitwise(sc, reducer_run(sc), reducer_reference(sc));
 }
 
-TEST_CASE("reducer survive: without a loss bitwise the plain reducer: refusals", "[reducer][survive]") {
+TEST_CASE("reducer survive: without a loss bitwise the plain reducer: refusals", "[survive][survive_reducer]") {
   Scenario sc;
   sc.n = 3;
   sc.point = "";
