@@ -133,7 +133,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (!deterministic && !options.faults.empty())
     throw ValueError("simulate", "fault plans need deterministic = true");
 
-  auto world = detail::spawn_local_world(rt->impl(), world_size);
+  auto world = detail::spawn_local_world(dopt::detail::Access::impl(*rt), world_size);
   auto& endpoints = world.endpoints;
   auto members = std::make_shared<std::vector<int>>();
   for (int r = 0; r < world_size; ++r) members->push_back(r);
@@ -155,7 +155,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     for (int r = 0; r < world_size; ++r) dir->seal(0, r);
     for (auto& p : planes) {  // groups kept beyond simulate fail with StateError once the runtime stops
       std::weak_ptr<detail::shm_plane::ShmPlane> weak = p;
-      detail::runtime_add_stopper(rt->impl(), [weak] {
+      detail::runtime_add_stopper(dopt::detail::Access::impl(*rt), [weak] {
         if (auto q = weak.lock()) q->shutdown("the runtime shut down");
       });
     }

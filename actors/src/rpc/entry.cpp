@@ -97,7 +97,7 @@ void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOption
   std::optional<Runtime> own;
   Runtime* rt = options.runtime;
   if (!rt) rt = &own.emplace(options.runtime_options);
-  auto& sys = dopt::detail::runtime_system(rt->impl(), "rpc.simulate");
+  auto& sys = dopt::detail::runtime_system(dopt::detail::Access::impl(*rt), "rpc.simulate");
   std::vector<std::shared_ptr<detail::AgentCore>> cores;
   std::vector<caf::actor> actors;
   for (int r = 0; r < n; ++r) {
@@ -105,7 +105,7 @@ void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOption
     cores.back()->names = names;
     actors.push_back(cores.back()->handle());
     std::weak_ptr<detail::AgentCore> weak = cores.back();
-    dopt::detail::runtime_add_stopper(rt->impl(), [weak] {
+    dopt::detail::runtime_add_stopper(dopt::detail::Access::impl(*rt), [weak] {
       if (auto c = weak.lock()) c->stop(true);
     });
   }
