@@ -6,13 +6,14 @@
 # python3-dev; its tests compare with python3-torch, which is also the
 # benchmarks' peer), the libtorch interop (libtorch-dev), the MPI plane and
 # its tests (libopenmpi-dev, openmpi-bin) and the multi-host tests' network
-# namespaces (iproute2: ip, tc). --with-torch is
+# namespaces (iproute2: ip, tc), and ccache (CI's second configuration reuses
+# the first one's objects). --with-torch is
 # accepted for compatibility (torch is always installed now).
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
       libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy libtorch-dev
-      libopenmpi-dev openmpi-bin iproute2)
+      libopenmpi-dev openmpi-bin iproute2 ccache)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

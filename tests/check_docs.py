@@ -39,6 +39,7 @@ QUOTABLE_ROOTS = ("examples/", "runtime/", "actors/", "optim/", "gpu/", "libtorc
 FORBIDDEN = [
     (re.compile(r"\bissue\s+#?[0-9]+", re.I), "names an issue number"),
     (re.compile(r"\bspec\s+sections?\b", re.I), "names a spec section"),
+    (re.compile(r"\bspec\s+§?[0-9]+(\.[0-9]+)+"), "names a spec section"),
     (re.compile(r"\.\./shared\b"), "names ../shared, which a clone does not have"),
     (re.compile(r"(?<![\w.])/work/"), "names a /work/ path, which a clone does not have"),
 ]

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     dopt::RuntimeOptions opts;
     opts.threads = 2;
     dopt::Runtime rt(opts);
-    auto rdv = dopt::rendezvous(rt, *env, std::chrono::milliseconds(timeout_ms));
+    auto rdv = dopt::rendezvous(rt, *env, {.timeout = std::chrono::milliseconds(timeout_ms)});
     const int me = rdv.rank();
     std::printf("self %d %s\n", me, rdv.peer(me).c_str());
     for (int r = 0; r < rdv.world_size(); ++r) std::printf("table %d %d %s\n", me, r, rdv.peer(r).c_str());

@@ -3,6 +3,8 @@
 // found, and the test thread asserts after simulate() returned.
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -54,16 +56,7 @@ double expected_reduce(ReduceOp op, DType dt, int n, std::int64_t i, std::int64_
   return round_to(acc, dt);
 }
 
-struct Log {
-  std::mutex m;
-  std::vector<std::string> errors;
-  long checks = 0;
-  void check(bool ok, const std::string& what) {
-    std::lock_guard<std::mutex> l(m);
-    ++checks;
-    if (!ok && errors.size() < 20) errors.push_back(what);
-  }
-};
+using Log = dopt_test::RankLog;
 
 void check_values(Log& log, const Tensor& t, const std::function<double(std::int64_t)>& want, const std::string& what) {
   bool ok = true;
@@ -149,8 +142,8 @@ TEST_CASE("every collective, dtype and reduce op matches the reference", "[actor
       }, with_runtime(rt, plane));
       // 6 dtypes: 4 float x 5 ops + 2 int x 4 ops reductions, each 3 checks; plus world + 3 per dtype
       const long per_rank = (4 * 5 + 2 * 4) * 3 + 6 * (world + 3);
-      CHECK(log.checks == per_rank * world);
-      for (auto& e : log.errors) FAIL_CHECK(e);
+      CHECK(log.checks() == per_rank * world);
+      log.report();
     }
   }
 }
@@ -179,8 +172,8 @@ TEST_CASE("async collectives return futures; then() runs", "[actors]") {
                    "async all_reduce " + std::to_string(k));
     }
   });
-  CHECK(log.checks == 3 * (1 + 16));
-  for (auto& e : log.errors) FAIL_CHECK(e);
+  CHECK(log.checks() == 3 * (1 + 16));
+  log.report();
 }
 
 TEST_CASE("float32 all_reduce is deterministic and in rank order", "[actors]") {
@@ -241,8 +234,8 @@ TEST_CASE("send and recv", "[actors]") {
       }
     });
   }
-  CHECK(log.checks == 6 * (2 + 3 + 5) + 3);
-  for (auto& e : log.errors) FAIL_CHECK(e);
+  CHECK(log.checks() == 6 * (2 + 3 + 5) + 3);
+  log.report();
 }
 
 TEST_CASE("subgroups: new_group and new_subgroups", "[actors]") {
@@ -277,8 +270,8 @@ TEST_CASE("subgroups: new_group and new_subgroups", "[actors]") {
     world.all_reduce(w);
     check_values(log, w, [](std::int64_t) { return 5.0; }, "world after subgroup");
   });
-  CHECK(log.checks == 5 * 3 + 3 * 3 + 2);
-  for (auto& e : log.errors) FAIL_CHECK(e);
+  CHECK(log.checks() == 5 * 3 + 3 * 3 + 2);
+  log.report();
 
   Log log2;
   dopt::simulate(4, [&](dopt::RankContext& ctx) {
@@ -299,8 +292,8 @@ TEST_CASE("subgroups: new_group and new_subgroups", "[actors]") {
     }
     log2.check(threw, "indivisible group size");
   });
-  CHECK(log2.checks == 4 * 5);
-  for (auto& e : log2.errors) FAIL_CHECK(e);
+  CHECK(log2.checks() == 4 * 5);
+  log2.report();
 }
 
 namespace {
@@ -525,7 +518,7 @@ TEST_CASE("bad arguments throw before any message", "[actors]") {
     pg.all_reduce(t);
     log.check(t.at(0) == 2.0, "aligned after errors");
   });
-  CHECK(log.checks == 2 * 10);
-  for (auto& e : log.errors) FAIL_CHECK(e);
+  CHECK(log.checks() == 2 * 10);
+  log.report();
   CHECK_THROWS_AS(dopt::simulate(0, [](dopt::RankContext&) {}), dopt::ValueError);
 }

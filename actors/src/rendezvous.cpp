@@ -309,8 +309,8 @@ void RendezvousResult::barrier(milliseconds timeout) const {
                    timeout + seconds(2), "barrier");
 }
 
-RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, milliseconds timeout) {
-  return detail::rendezvous_with(runtime, env, timeout, caf::actor(), {});
+RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, const RendezvousOptions& options) {
+  return detail::rendezvous_with(runtime, env, options.timeout, caf::actor(), {});
 }
 
 }  // namespace dopt

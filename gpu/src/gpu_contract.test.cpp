@@ -9,6 +9,8 @@
 // tested on every machine (gpu/src/host.test.cpp, optim/src/device_state.test.cpp).
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,18 +43,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct Failures {
-  std::mutex m;
-  std::vector<std::string> list;
-  void add(const std::string& s) {
-    std::lock_guard<std::mutex> l(m);
-    list.push_back(s);
-  }
-  void report() {
-    for (const auto& f : list) FAIL_CHECK(f);
-    CHECK(list.empty());
-  }
-};
+using Failures = dopt_test::RankLog;
 
 // Deterministic float32 values in [-1, 1) (a hash of the index), on the CPU.
 Tensor pattern(std::int64_t n, std::uint32_t seed) {
@@ -115,8 +106,8 @@ TEST_CASE("ZeRO overlap on CUDA parameters: buckets stay on the device and match
       for (std::size_t i = 0; i < gpu.size(); ++i) {
         const std::string what = "rank " + std::to_string(r) + " step " + std::to_string(t) + " parameter " +
                                  std::to_string(i);
-        if (gpu[i].device() != dev) failures.add(what + " is on " + gpu[i].device().str());
-        else if (!same_bits_nan_as_class(gpu[i], cpu[i])) failures.add(what + " differs from the CPU run");
+        if (gpu[i].device() != dev) failures.fail(what + " is on " + gpu[i].device().str());
+        else if (!same_bits_nan_as_class(gpu[i], cpu[i])) failures.fail(what + " differs from the CPU run");
       }
     }
   });

@@ -9,6 +9,8 @@
 // torch's on CUDA) and the tests compare within a tolerance.
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -55,18 +57,7 @@ Tensor random_values(std::mt19937& rng, std::int64_t n, DType dt, int lo = -12, 
   return Tensor::from_vector(v, {n}).to(dt);
 }
 
-struct Failures {
-  std::mutex m;
-  std::vector<std::string> list;
-  void add(const std::string& s) {
-    std::lock_guard<std::mutex> l(m);
-    list.push_back(s);
-  }
-  void report() {
-    for (const auto& f : list) FAIL_CHECK(f);
-    CHECK(list.empty());
-  }
-};
+using Failures = dopt_test::RankLog;
 
 }  // namespace
 
@@ -156,10 +147,10 @@ TEST_CASE("Reducer on CUDA parameters with the built-in comm hooks gives the CPU
         for (std::size_t i = 0; i < sizes.size(); ++i) {
           const std::string where = "rank " + std::to_string(ctx.rank()) + " iteration " + std::to_string(it) +
                                     " grad " + std::to_string(i);
-          if (!(gpu[i].grad().device() == dev)) failures.add(where + " is not on " + dev.str());
+          if (!(gpu[i].grad().device() == dev)) failures.fail(where + " is not on " + dev.str());
           const bool ok = world <= 2 ? bitwise(gpu[i].grad(), cpu[i].grad())
                                      : close(gpu[i].grad(), cpu[i].grad(), hook == 1 || hook == 2 ? 1e-2 : 1e-6);
-          if (!ok) failures.add(where);
+          if (!ok) failures.fail(where);
         }
       }
     });
@@ -198,7 +189,7 @@ TEST_CASE("PostLocalSGDOptimizer and average_parameters on CUDA parameters follo
         const std::string where =
             "rank " + std::to_string(ctx.rank()) + " step " + std::to_string(step) + " parameter " + std::to_string(i);
         const bool ok = world <= 2 ? bitwise(gpu[i], cpu[i]) : close(gpu[i], cpu[i], 1e-5);
-        if (!ok) failures.add(where);
+        if (!ok) failures.fail(where);
       }
     }
     // 16-bit parameters: average_parameters alone (the CPU optimizers reject them).
@@ -207,7 +198,7 @@ TEST_CASE("PostLocalSGDOptimizer and average_parameters on CUDA parameters follo
       average_parameters({c}, w);
       average_parameters({g}, w);
       const bool ok = world <= 2 ? bitwise(g, c) : close(g, c, 1e-2);
-      if (!ok) failures.add("rank " + std::to_string(ctx.rank()) + " average_parameters " + std::string(dtype_name(dt)));
+      if (!ok) failures.fail("rank " + std::to_string(ctx.rank()) + " average_parameters " + std::string(dtype_name(dt)));
     }
   });
   failures.report();

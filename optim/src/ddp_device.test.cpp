@@ -10,6 +10,8 @@
 // of the same code) and on a GPU in gpu/src/gpu_ddp.test.cpp.
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -58,18 +60,7 @@ Tensor random_values(std::mt19937& rng, std::int64_t n, DType dt) {
   return Tensor::from_vector(v, {n}).to(dt);
 }
 
-struct Failures {
-  std::mutex m;
-  std::vector<std::string> list;
-  void add(const std::string& s) {
-    std::lock_guard<std::mutex> l(m);
-    list.push_back(s);
-  }
-  void report() {
-    for (const auto& f : list) FAIL_CHECK(f);
-    CHECK(list.empty());
-  }
-};
+using Failures = dopt_test::RankLog;
 
 enum class Hook { allreduce, fp16, bf16, post_local };
 const char* hook_name(Hook h) {
@@ -154,9 +145,9 @@ TEST_CASE("Reducer with every built-in comm hook on device tensors gives the CPU
             rd.finalize();
             for (std::size_t i = 0; i < sizes.size(); ++i) {
               if (dev[i].grad().device() != kDev)
-                failures.add("rank " + std::to_string(ctx.rank()) + " grad " + std::to_string(i) + " left the device");
+                failures.fail("rank " + std::to_string(ctx.rank()) + " grad " + std::to_string(i) + " left the device");
               if (!bitwise(cpu[i].grad(), dev[i].grad()))
-                failures.add("rank " + std::to_string(ctx.rank()) + " iteration " + std::to_string(it) + " grad " +
+                failures.fail("rank " + std::to_string(ctx.rank()) + " iteration " + std::to_string(it) + " grad " +
                              std::to_string(i));
             }
           }
@@ -214,14 +205,14 @@ TEST_CASE("average_parameters on device tensors gives the CPU path's values bitw
         reference_average(ref, w);
         for (std::size_t i = 0; i < sizes.size(); ++i) {
           const std::string where = "rank " + std::to_string(ctx.rank()) + " parameter " + std::to_string(i);
-          if (!bitwise(dev[i], ref[i])) failures.add(where + ": device != divide + SUM");
+          if (!bitwise(dev[i], ref[i])) failures.fail(where + ": device != divide + SUM");
           // The CPU path itself: the same bits, except gloo's ring order for >= 3 ranks of float32/float64.
           const bool ring = world >= 3 && (dtypes[i] == DType::float32 || dtypes[i] == DType::float64);
-          if (!ring && !bitwise(dev[i], cpu[i])) failures.add(where + ": device != CPU average_parameters");
+          if (!ring && !bitwise(dev[i], cpu[i])) failures.fail(where + ": device != CPU average_parameters");
           if (ring) {
             double scale = 1.0;
             for (double x : cpu[i].to_vector<double>()) scale = std::max(scale, std::fabs(x));
-            if (dev[i].max_abs_diff(cpu[i]) > 1e-6 * scale) failures.add(where + ": device far from the ring sum");
+            if (dev[i].max_abs_diff(cpu[i]) > 1e-6 * scale) failures.fail(where + ": device far from the ring sum");
           }
         }
       });
@@ -264,10 +255,10 @@ TEST_CASE("Periodic and hierarchical model averagers on device tensors follow th
         if (step % 3 == 0) reference_average(ref, w);
         for (std::size_t i = 0; i < ref.size(); ++i)
           if (!bitwise(dev[i], ref[i]))
-            failures.add("rank " + std::to_string(ctx.rank()) + " step " + std::to_string(step) + " parameter " +
+            failures.fail("rank " + std::to_string(ctx.rank()) + " step " + std::to_string(step) + " parameter " +
                          std::to_string(i));
         if (!bitwise(no_grad, Tensor::full({4}, 1.0 + ctx.rank())))
-          failures.add("a parameter without a gradient was averaged");
+          failures.fail("a parameter without a gradient was averaged");
       }
     });
     failures.report();
@@ -309,11 +300,11 @@ TEST_CASE("PostLocalSGDOptimizer on device parameters: device step, then the ave
         for (std::size_t i = 0; i < cpu.size(); ++i) {
           const std::string where =
               "rank " + std::to_string(ctx.rank()) + " step " + std::to_string(step) + " parameter " + std::to_string(i);
-          if (!bitwise(dev[i], ref[i])) failures.add(where + ": device != local step + divide + SUM");
-          if (world == 2 && !bitwise(dev[i], cpu[i])) failures.add(where + ": device != CPU PostLocalSGDOptimizer");
+          if (!bitwise(dev[i], ref[i])) failures.fail(where + ": device != local step + divide + SUM");
+          if (world == 2 && !bitwise(dev[i], cpu[i])) failures.fail(where + ": device != CPU PostLocalSGDOptimizer");
         }
       }
-      if (od.averager().step() != oc.averager().step()) failures.add("averager steps differ");
+      if (od.averager().step() != oc.averager().step()) failures.fail("averager steps differ");
     });
     failures.report();
     CHECK(fake.stepper.steps == world * 7);

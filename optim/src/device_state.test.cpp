@@ -8,6 +8,8 @@
 //     master weights and fp32 state of 16-bit parameters in fp32.
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -42,18 +44,7 @@ Tensor values(std::int64_t n, int seed) {
   return Tensor::from_vector(v);
 }
 
-struct Failures {
-  std::mutex m;
-  std::vector<std::string> list;
-  void add(const std::string& s) {
-    std::lock_guard<std::mutex> l(m);
-    list.push_back(s);
-  }
-  void report() {
-    for (const auto& f : list) FAIL_CHECK(f);
-    CHECK(list.empty());
-  }
-};
+using Failures = dopt_test::RankLog;
 
 }  // namespace
 
@@ -80,7 +71,7 @@ TEST_CASE("ZeRO overlap keeps device parameters and its buckets on their device 
       rd.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), rd, zd));
       const std::string where = "rank " + std::to_string(r);
       for (std::size_t i = 0; i < dev.size(); ++i)
-        if (dev[i].device() != kDev) failures.add(where + ": parameter " + std::to_string(i) + " left the device");
+        if (dev[i].device() != kDev) failures.fail(where + ": parameter " + std::to_string(i) + " left the device");
       for (int t = 0; t < 3; ++t) {
         for (std::size_t k = sizes.size(); k-- > 0;) {
           Tensor g = values(sizes[k], 100 * t + 10 * r + static_cast<int>(k));
@@ -95,11 +86,11 @@ TEST_CASE("ZeRO overlap keeps device parameters and its buckets on their device 
         zd.step();
         for (std::size_t i = 0; i < dev.size(); ++i) {
           const std::string what = where + " iteration " + std::to_string(t) + " parameter " + std::to_string(i);
-          if (dev[i].device() != kDev) failures.add(what + " is on " + dev[i].device().str());
-          if (!same_bits(dev[i], cpu[i])) failures.add(what + " differs from the CPU run");
+          if (dev[i].device() != kDev) failures.fail(what + " is on " + dev[i].device().str());
+          if (!same_bits(dev[i], cpu[i])) failures.fail(what + " differs from the CPU run");
         }
       }
-      if (fake.stepper.steps == 0) failures.add(where + ": the device stepper never ran");
+      if (fake.stepper.steps == 0) failures.fail(where + ": the device stepper never ran");
     });
     failures.report();
   }

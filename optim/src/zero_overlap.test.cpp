@@ -6,6 +6,8 @@
 // record what they found; the test thread asserts after simulate() returned.
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -34,17 +36,7 @@ SimulateOptions short_timeout() {
   return o;
 }
 
-/// Records failures from rank threads.
-struct Log {
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  long checks = 0;
-  void check(bool ok, const std::string& what) {
-    std::lock_guard<std::mutex> lock(mutex);
-    ++checks;
-    if (!ok && errors.size() < 20) errors.push_back(what);
-  }
-};
+using Log = dopt_test::RankLog;
 
 struct Model {
   std::vector<Shape> shapes{{5}, {9}, {9}, {3}, {7}, {1}, {7}, {4, 3}, {}, {6}};
@@ -213,9 +205,8 @@ void run_equality(const EqualityRun& c, Log& log, std::vector<int>* owners_out =
 }
 
 void require_clean(Log& log, long min_checks) {
-  for (const auto& e : log.errors) UNSCOPED_INFO(e);
-  CHECK(log.errors.empty());
-  CHECK(log.checks >= min_checks);
+  log.report();
+  CHECK(log.checks() >= min_checks);
 }
 
 }  // namespace

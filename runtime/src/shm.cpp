@@ -123,7 +123,12 @@ ShmArena::ShmArena(std::string tag) : impl_(std::make_shared<Impl>()) {
   impl_->prefix = "/dopt-" + std::to_string(::getpid()) + "-" + tag + "-";
 }
 
-ShmArena::~ShmArena() = default;
+ShmArena::~ShmArena() {
+  // The names go now, as the contract says; blocks still held keep their
+  // segment mapped (their deleters hold it) until they die.
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (auto& seg : impl_->segments) seg->unlink();
+}
 
 std::shared_ptr<ShmArena::Block> ShmArena::allocate(std::size_t bytes) {
   const std::size_t cls = class_of(bytes == 0 ? 1 : bytes);

@@ -75,9 +75,12 @@ class RendezvousResult {
   std::shared_ptr<detail::RendezvousImpl> impl_;
 };
 
-/// Joins the world described by env (see the top of this file). timeout
-/// bounds the whole rendezvous, connecting included.
-RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env,
-                            std::chrono::milliseconds timeout = std::chrono::seconds(300));
+struct RendezvousOptions {
+  /// Bounds the whole rendezvous, connecting included.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+/// Joins the world described by env (see the top of this file).
+RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, const RendezvousOptions& options = {});
 
 }  // namespace dopt

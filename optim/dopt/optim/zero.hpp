@@ -54,7 +54,7 @@
 // dummy. Every rank holds every rank's buckets (receive buffers). Mixed dtypes
 // are allowed (torch requires one dense type).
 //
-// State dicts (spec 2.1.7): consolidate_state_dict(to) gathers every rank's
+// State dicts: consolidate_state_dict(to) gathers every rank's
 // local state dict on rank `to` (two broadcasts per rank other than `to`:
 // length, then the serialised safetensors bytes); state_dict() is then the
 // layout of an unsharded optimizer over the same groups (global indices), only

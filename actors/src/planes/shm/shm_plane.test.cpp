@@ -4,6 +4,8 @@
 // staged, direct), mismatches, timeouts, lost ranks, many calls in flight.
 #include <catch2/catch.hpp>
 
+#include "rank_checks.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -141,8 +143,7 @@ TEST_CASE("shm plane: every collective, dtype and op against a scalar reference 
     for (std::int64_t numel : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1000}}) {
       CAPTURE(n, numel);
       // Inputs are exact in every dtype, so any order gives the reference.
-      std::mutex m;
-      std::vector<std::string> errors;
+      dopt_test::RankLog log;
       simulate(n, [&](RankContext& ctx) {
         auto& w = ctx.world();
         const int r = ctx.rank();
@@ -162,10 +163,9 @@ TEST_CASE("shm plane: every collective, dtype and op against a scalar reference 
               for (int g = 0; g < n; ++g) xs.push_back(inputs[static_cast<std::size_t>(g)].data<double>()[i]);
               double want = Tensor::from_vector(std::vector<double>{reduce_ref(op, xs, dt)}).to(dt).to(DType::float64).data<double>()[0];
               if (got.data<double>()[i] != want) {
-                std::lock_guard<std::mutex> lock(m);
-                errors.push_back(std::string(dtype_name(dt)) + " " + std::string(reduce_op_name(op)) + " rank " +
-                                 std::to_string(r) + " element " + std::to_string(i) + ": " +
-                                 std::to_string(got.data<double>()[i]) + " != " + std::to_string(want));
+                log.fail(r, std::string(dtype_name(dt)) + " " + std::string(reduce_op_name(op)) + " element " +
+                                std::to_string(i) + ": " + std::to_string(got.data<double>()[i]) + " != " +
+                                std::to_string(want));
                 break;
               }
             }
@@ -174,21 +174,16 @@ TEST_CASE("shm plane: every collective, dtype and op against a scalar reference 
           ++k;
           Tensor b = values(dt, numel, r, k);
           w.broadcast(b, n - 1);
-          if (bytes_of(b) != bytes_of(values(dt, numel, n - 1, k))) {
-            std::lock_guard<std::mutex> lock(m);
-            errors.push_back(std::string("broadcast ") + std::string(dtype_name(dt)));
-          }
+          if (bytes_of(b) != bytes_of(values(dt, numel, n - 1, k)))
+            log.fail(r, std::string("broadcast ") + std::string(dtype_name(dt)));
           Tensor flat = Tensor::zeros({numel * n}, dt);
           w.all_gather_into_tensor(flat, values(dt, numel, r, ++k));
           for (int g = 0; g < n; ++g)
-            if (bytes_of(flat.flat_slice(numel * g, numel)) != bytes_of(values(dt, numel, g, k))) {
-              std::lock_guard<std::mutex> lock(m);
-              errors.push_back(std::string("all_gather ") + std::string(dtype_name(dt)));
-            }
+            if (bytes_of(flat.flat_slice(numel * g, numel)) != bytes_of(values(dt, numel, g, k)))
+              log.fail(r, std::string("all_gather ") + std::string(dtype_name(dt)));
         }
       });
-      INFO((errors.empty() ? std::string() : errors.front()));
-      CHECK(errors.empty());
+      log.report();
     }
   }
 }

@@ -1,0 +1,41 @@
+#pragma once
+// A TcpMesh of n ranks on loopback, all in this process, for tests of the TCP
+// transport and of the algorithms over it.
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/runtime/tcp_transport.hpp"
+
+namespace dopt_test {
+
+using Meshes = std::vector<std::unique_ptr<dopt::transport::TcpMesh>>;
+
+/// n meshes (rank r at index r) connected on 127.0.0.1 within `timeout`;
+/// opts[r] (if given) is rank r's options. The meshes connect concurrently,
+/// as ranks do.
+inline Meshes loopback_meshes(int n, std::vector<dopt::transport::TcpMeshOptions> opts = {},
+                              std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  using dopt::transport::TcpListener;
+  using dopt::transport::TcpMesh;
+  std::vector<TcpListener> ls;
+  std::vector<std::string> eps;
+  for (int r = 0; r < n; ++r) {
+    ls.push_back(TcpMesh::listen("127.0.0.1"));
+    eps.push_back("127.0.0.1:" + std::to_string(ls.back().port()));
+  }
+  opts.resize(static_cast<std::size_t>(n));
+  std::vector<std::future<std::unique_ptr<TcpMesh>>> fs;
+  for (int r = 0; r < n; ++r)
+    fs.push_back(std::async(std::launch::async, [&, r] {
+      const auto i = static_cast<std::size_t>(r);
+      return std::make_unique<TcpMesh>(r, n, std::move(ls[i]), eps, timeout, opts[i]);
+    }));
+  Meshes out;
+  for (auto& f : fs) out.push_back(f.get());
+  return out;
+}
+
+}  // namespace dopt_test
