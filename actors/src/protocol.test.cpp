@@ -29,6 +29,7 @@
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/error.hpp"
+#include "access.hpp"
 #include "internal.hpp"
 
 namespace {
@@ -53,7 +54,7 @@ struct World : test_coordinator_fixture<> {
       g->my_grank = r;
       g->is_world = true;
       g->timeout_ms.store(timeout.count());
-      groups.emplace_back(std::move(g));
+      groups.push_back(dopt::detail::Access::group(std::move(g)));
     }
     sched.run();  // the peer tables (sched.run delivers messages only; timeouts fire when a test triggers them)
   }
