@@ -17,7 +17,28 @@
 #include "zero_internal.hpp"
 
 namespace dopt::optim {
+
 namespace {
+
+// The end of both loads (load_state_dict, load_sharded): `local` holds the
+// state of this rank's parameters and of the shards it keeps for its buddies;
+// each goes to the optimizer that steps it.
+void split_loaded_state(std::unordered_map<const TensorImpl*, ParamState> local, const std::vector<int>& owner,
+                        const std::unordered_map<const TensorImpl*, std::int64_t>& index_of, int rank,
+                        Optimizer& own, std::map<int, std::unique_ptr<Optimizer>>& buddy_copies) {
+  for (auto& [r, copy] : buddy_copies) copy->state().clear();
+  for (auto it = local.begin(); it != local.end();) {
+    const int o = owner[static_cast<std::size_t>(index_of.at(it->first))];
+    if (o == rank) {
+      ++it;
+      continue;
+    }
+    buddy_copies.at(o)->state()[it->first] = std::move(it->second);
+    it = local.erase(it);
+  }
+  own.state() = std::move(local);
+}
+
 
 using zero_detail::kName;
 using zero_detail::param_descr;
@@ -180,17 +201,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
       return "state '" + key + "' of parameter " + std::to_string(index);
     });
   }
-  for (auto& [r, copy] : buddy_copies_) copy->state().clear();
-  for (auto it = local.begin(); it != local.end();) {  // the buddies' part
-    const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
-    if (o == rank_) {
-      ++it;
-      continue;
-    }
-    buddy_copies_.at(o)->state()[it->first] = std::move(it->second);
-    it = local.erase(it);
-  }
-  optim_->state() = std::move(local);
+  split_loaded_state(std::move(local), owner_, index_of_, rank_, *optim_, buddy_copies_);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();
 }
@@ -368,17 +379,7 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
       });
     }
   }
-  for (auto& [r, copy] : buddy_copies_) copy->state().clear();
-  for (auto it = local.begin(); it != local.end();) {  // the buddies' part
-    const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
-    if (o == rank_) {
-      ++it;
-      continue;
-    }
-    buddy_copies_.at(o)->state()[it->first] = std::move(it->second);
-    it = local.erase(it);
-  }
-  optim_->state() = std::move(local);
+  split_loaded_state(std::move(local), owner_, index_of_, rank_, *optim_, buddy_copies_);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();
   steps_ = steps;

@@ -201,15 +201,21 @@ void TcpMesh::Impl::read_header(Peer& p) {
                    });
 }
 
+std::optional<TcpMesh::Impl::RecvOp> TcpMesh::Impl::take_posted(Peer& p, Tag tag) {
+  auto it = p.posted.find(tag);
+  if (it == p.posted.end()) return std::nullopt;
+  RecvOp op = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) p.posted.erase(it);
+  op.done = ordered(p, tag, std::move(op.done));
+  return op;
+}
+
 void TcpMesh::Impl::on_header(Peer& p) {
   const Tag tag{p.rhdr.hi, p.rhdr.lo};
   const std::size_t len = p.rhdr.len;
-  auto it = p.posted.find(tag);
-  if (it != p.posted.end()) {
-    RecvOp op = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) p.posted.erase(it);
-    op.done = ordered(p, tag, std::move(op.done));
+  if (auto posted = take_posted(p, tag)) {
+    RecvOp& op = *posted;
     if (op.n == len) {
       if (op.aux_out) *op.aux_out = p.rhdr.aux;
       if (len == 0) {
@@ -250,12 +256,8 @@ void TcpMesh::Impl::on_striped_header(Peer& p) {
   auto st = std::make_shared<Striped>();
   st->left = int(pieces);
   std::byte* dest = nullptr;
-  auto it = p.posted.find(tag);
-  if (it != p.posted.end()) {
-    RecvOp op = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) p.posted.erase(it);
-    op.done = ordered(p, tag, std::move(op.done));
+  if (auto posted = take_posted(p, tag)) {
+    RecvOp& op = *posted;
     if (op.n == len) {
       if (op.aux_out) *op.aux_out = p.rhdr.aux;
       dest = static_cast<std::byte*>(op.data);

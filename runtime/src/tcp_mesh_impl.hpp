@@ -191,6 +191,9 @@ struct TcpMesh::Impl {
   std::exception_ptr mismatch(const Peer& p, Tag tag, std::size_t got, std::size_t want) const;
   void read_header(Peer& p);
   void on_header(Peer& p);
+  /// The oldest recv posted on p for tag, taken off the queue with its
+  /// completion put in message order; nullopt when none is posted.
+  std::optional<RecvOp> take_posted(Peer& p, Tag tag);
   void on_striped_header(Peer& p);
   void read_early(Peer& p, Tag tag, std::size_t len, bool queue);
 
