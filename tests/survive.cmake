@@ -7,3 +7,11 @@ if(TARGET dopt_tests)
   target_link_libraries(dopt_survive_peer PRIVATE dopt::dopt)
   add_dependencies(dopt_tests dopt_survive_peer)
 endif()
+# PostLocalSGDOptimizer and the Reducer (tests/survive_replicated_peer.cpp):
+# the scenarios of the unit tests (optim/src/survive_replicated_scenarios.hpp).
+if(TARGET dopt_tests)
+  add_executable(dopt_survive_replicated_peer survive_replicated_peer.cpp)
+  target_link_libraries(dopt_survive_replicated_peer PRIVATE dopt::dopt)
+  target_include_directories(dopt_survive_replicated_peer PRIVATE "${PROJECT_SOURCE_DIR}/optim/src")
+  add_dependencies(dopt_tests dopt_survive_replicated_peer)
+endif()

@@ -19,11 +19,13 @@ using namespace dopt_test;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_survive_peer";
+const std::string kReplicatedPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_survive_replicated_peer";
 const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
 
 /// Runs n ranks by hand; `victims` must die of SIGKILL, the others print "ok".
-void survivors_ok(int n, const std::vector<std::string>& args, const std::vector<int>& victims, long min_checks) {
-  const auto ds = run_ranks_by_hand(kPeer, n, args, kEnv);
+void survivors_ok(int n, const std::vector<std::string>& args, const std::vector<int>& victims, long min_checks,
+                  const std::string& peer = kPeer) {
+  const auto ds = run_ranks_by_hand(peer, n, args, kEnv);
   std::string all;
   int oks = 0;
   for (int r = 0; r < n; ++r) {
@@ -62,6 +64,22 @@ TEST_CASE("survive multiprocess: ZeRO with redundancy, a process killed at each 
                                     std::string("2:2:broadcast:0"), std::string("2:2:broadcast:1"));
   INFO(n << " processes, kill " << kill);
   survivors_ok(n, {"zero", kill}, {2}, 25);
+}
+
+TEST_CASE("survive multiprocess: PostLocalSGDOptimizer, a process killed before, during, after the averaging (3, 5)",
+          "[survive][multiprocess][post_local_sgd]") {
+  const int n = GENERATE(3, 5);
+  const std::string kill = GENERATE(std::string("1:3:before"), std::string("1:3:during"), std::string("1:3:after"));
+  INFO(n << " processes, kill " << kill);
+  survivors_ok(n, {"plsgd", kill}, {1}, 12, kReplicatedPeer);
+}
+
+TEST_CASE("survive multiprocess: Reducer, a process killed before, during, after the bucket reduce (3, 5)",
+          "[survive][multiprocess][reducer]") {
+  const int n = GENERATE(3, 5);
+  const std::string kill = GENERATE(std::string("2:2:before"), std::string("2:2:during"), std::string("2:2:after"));
+  INFO(n << " processes, kill " << kill);
+  survivors_ok(n, {"reducer", kill, "callback"}, {2}, 12, kReplicatedPeer);
 }
 
 TEST_CASE("survive multiprocess: two losses in a row (5 processes)", "[survive][multiprocess]") {

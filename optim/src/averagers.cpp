@@ -109,6 +109,19 @@ void ModelAverager::set_step(std::int64_t step) {
   step_ = step;
 }
 
+void ModelAverager::replace_process_group(ProcessGroup /*survivors*/) {
+  throw NotSupportedError("ModelAverager.replace_process_group",
+                          "this averager cannot go on over a shrunk group (only PeriodicModelAverager can): build a "
+                          "new one over the survivors' group",
+                          process_group_.rank());
+}
+
+void PeriodicModelAverager::replace_process_group(ProcessGroup survivors) {
+  if (!survivors.valid())
+    throw ValueError("PeriodicModelAverager.replace_process_group", "the survivors' group is invalid");
+  set_process_group(std::move(survivors));
+}
+
 void ModelAverager::save_state(StateDict& /*sd*/) const {}
 void ModelAverager::load_state(StateDict& /*sd*/) {}
 

@@ -52,7 +52,7 @@ Future<void> join_owners(std::vector<Future<void>> fs, std::vector<rpc::WorkerIn
         last = --j->left == 0;
       }
       if (!last) return;
-      std::string msg, kind;
+      std::string msg, kind, lost;
       std::size_t failed = 0;
       for (std::size_t k = 0; k < j->errors.size(); ++k) {
         if (!j->errors[k]) continue;
@@ -62,6 +62,7 @@ Future<void> join_owners(std::vector<Future<void>> fs, std::vector<rpc::WorkerIn
           std::rethrow_exception(j->errors[k]);
         } catch (const Error& e) {
           if (kind.empty()) kind = rpc::error_kind(e);
+          if (rpc::error_kind(e) == "PeerLostError") lost += (lost.empty() ? "" : ", ") + owner_name(who[k]);
           what = e.what();
         } catch (const std::exception& e) {
           if (kind.empty()) kind = "Error";
@@ -73,6 +74,13 @@ Future<void> join_owners(std::vector<Future<void>> fs, std::vector<rpc::WorkerIn
         j->p.set_value();
         return;
       }
+      // A lost owner took its parameters and their optimizer state with it:
+      // no other owner keeps a copy (docs/fault-tolerance.md).
+      if (!lost.empty())
+        msg += ". The parameters and optimizer state held by " + lost +
+               " are gone: DistributedOptimizer keeps no copy of an owner's state on another owner. Fall back to "
+               "the last checkpoint: restart the owners from the model's checkpoint and build a new "
+               "DistributedOptimizer over them (its optimizer state starts again)";
       j->p.set_exception(rpc::make_error(kind, op,
                                          std::to_string(failed) + " of " + std::to_string(j->errors.size()) +
                                              " owners failed: " + msg,

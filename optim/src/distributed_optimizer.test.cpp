@@ -316,6 +316,8 @@ TEST_CASE("DistributedOptimizer: an owner killed mid-step fails the step with an
     const std::string name = "'worker" + std::to_string(victim) + "' (rank " + std::to_string(victim) + ")";
     SCHECK_THAT(e, Contains("PeerLostError") && Contains("1 of " + std::to_string(n - 1) + " owners failed") &&
                        Contains(name) && Contains("dopt.optim.step"));
+    SCHECK_THAT(e, Contains("optimizer state held by worker " + name + " are gone") &&
+                       Contains("Fall back to the last checkpoint"));
     SCHECK_THAT(e, !Contains("'worker1' (rank 1):"));
     // later steps fail at once, naming it again
     SCHECK_THAT(error_of(step_once), Contains("PeerLostError") && Contains(name));

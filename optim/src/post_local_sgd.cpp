@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string>
 
+#include "survive_util.hpp"
+
 namespace dopt::optim {
 
 void check_post_local_sgd_schedule(const PostLocalSGDState& state, const ModelAverager& averager) {
@@ -38,16 +40,83 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, s
 
 void PostLocalSGDOptimizer::step() {
   optim_->step();
-  averager_->average_parameters(optim_->param_groups());
   ++steps_taken_;
+  average("PostLocalSGDOptimizer.step");
 }
 
 void PostLocalSGDOptimizer::skip_step() {
   // No local update, but the averager keeps its schedule: it averages when
   // this step is due (every rank skips together, so the collective matches)
   // and counts the step.
-  averager_->average_parameters(optim_->param_groups());
   ++steps_skipped_;
+  average("PostLocalSGDOptimizer.skip_step");
+}
+
+void PostLocalSGDOptimizer::enable_survive(std::function<void(const ZeroRecovery&)> on_membership_change) {
+  if (!dynamic_cast<PeriodicModelAverager*>(averager_.get()))
+    throw NotSupportedError("PostLocalSGDOptimizer.enable_survive",
+                            "only a PeriodicModelAverager can go on over the survivors' group (the hierarchical "
+                            "averager's subgroups and DiLoCo's fragments are built over the old group)",
+                            averager_->process_group().rank());
+  survive_ = true;
+  on_membership_change_ = std::move(on_membership_change);
+}
+
+void PostLocalSGDOptimizer::average(const char* op) {
+  if (!survive_ || !averager_->will_average()) return averager_->average_parameters(optim_->param_groups());
+  // The parameters as this rank contributes them, for averaging them again
+  // over the survivors when a member is lost during the average.
+  const std::vector<Tensor> params = get_params_to_average(optim_->param_groups());
+  std::vector<Tensor> kept;
+  kept.reserve(params.size());
+  for (const auto& p : params) kept.push_back(p.clone());
+  try {
+    averager_->average_parameters(optim_->param_groups());
+    return;
+  } catch (const PeerLostError&) {
+    // recovered below (the averager's step was not counted)
+  }
+  ProcessGroup group = averager_->process_group();
+  const std::int64_t at = averager_->step();
+  ZeroRecovery rec = detail::shrink_and_redo(group, op, {at, 1}, [&](ProcessGroup& ng) {
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(kept[i]);
+    average_parameters(params, ng);
+  });
+  averager_->replace_process_group(rec.group);
+  averager_->set_step(at + 1);
+  rec.step = steps_taken_ + steps_skipped_;
+  rec.step_completed = true;
+  if (on_membership_change_) return on_membership_change_(rec);
+  throw MembershipChangedError(op,
+                               "rank(s) of the averager's group were lost; this step's parameters were averaged "
+                               "again over the survivors' group (recovery().group), which averages from now on",
+                               rec, rec.group.rank());
+}
+
+ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) {
+  static constexpr const char* op = "PostLocalSGDOptimizer.recover";
+  if (!survive_) throw StateError(op, "recovery needs enable_survive()", averager_->process_group().rank());
+  const std::int64_t at = averager_->step();
+  ZeroRecovery rec;
+  if (shrunk) {
+    ProcessGroup ng = *shrunk;
+    const auto all = detail::all_gather_descriptors(ng, {at, 0});
+    for (int r = 1; r < ng.size(); ++r)
+      if (all[static_cast<std::size_t>(r)] != all[0])
+        throw StateError(op, "the survivors stopped after different steps (rank " + std::to_string(ng.global_rank(0)) +
+                                 ": " + std::to_string(all[0][0]) + ", rank " + std::to_string(ng.global_rank(r)) +
+                                 ": " + std::to_string(all[static_cast<std::size_t>(r)][0]) +
+                                 "). Fall back to the last checkpoint",
+                         ng.global_rank(ng.rank()));
+    rec.group = ng;
+  } else {
+    ProcessGroup group = averager_->process_group();
+    rec = detail::shrink_and_redo(group, op, {at, 0}, {});
+  }
+  averager_->replace_process_group(rec.group);
+  rec.step = steps_taken_ + steps_skipped_;
+  rec.step_completed = false;
+  return rec;
 }
 
 StateDict PostLocalSGDOptimizer::state_dict() const {

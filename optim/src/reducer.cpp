@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dopt/optim/device_ops.hpp"
+#include "survive_util.hpp"
 
 namespace dopt::optim {
 
@@ -101,6 +102,11 @@ Reducer::~Reducer() {
 
 void Reducer::register_comm_hook(CommHook hook) {
   if (!hook) throw ValueError("Reducer.register_comm_hook", "the hook is empty");
+  if (options_.survive)
+    throw NotSupportedError("Reducer.register_comm_hook",
+                            "a comm hook cannot be registered with ReducerOptions::survive: the hook's state holds "
+                            "the process group, which recovery replaces (survive uses the default allreduce hook)",
+                            group_.rank());
   if (started_)
     throw StateError("Reducer.register_comm_hook",
                      "register_comm_hook can only be called once, before the first iteration");
@@ -146,6 +152,7 @@ void Reducer::launch(std::size_t b) {
   Bucket& bucket = buckets_[b];
   std::vector<Tensor> ps;
   for (auto i : bucket.params) ps.push_back(params_[i]);
+  if (options_.survive) bucket.saved = bucket.buffer.clone();  // what a recovery reduces again
   GradBucket gb(b, buckets_.size(), bucket.buffer, std::move(ps), bucket.offsets);
   try {
     bucket.result = hook_(gb);
@@ -205,6 +212,38 @@ void Reducer::finalize() {
     options_.overlap = overlap;
   }
   launch_ready();
+  std::exception_ptr error = write_results(op);
+  if (join_notify_.valid()) {
+    wait_keeping_first_error(join_notify_, error);
+    join_notify_ = Future<void>();
+  }
+  bool lost = false;
+  if (error && options_.survive) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const PeerLostError&) {
+      lost = true;
+    } catch (...) {
+    }
+  }
+  if (lost) {
+    ZeroRecovery rec = recover_in_finalize();  // throws what it cannot recover from
+    reset_iteration();
+    ++iterations_;
+    rec.step = iterations_;
+    rec.step_completed = true;
+    if (options_.on_membership_change) return options_.on_membership_change(rec);
+    throw MembershipChangedError(op,
+                                 "rank(s) of the reducer's group were lost; the survivors' group took over and this "
+                                 "iteration's gradients were reduced again over it (recovery().group)",
+                                 rec, rec.group.rank());
+  }
+  reset_iteration();
+  ++iterations_;
+  if (error) std::rethrow_exception(error);
+}
+
+std::exception_ptr Reducer::write_results(const char* op) {
   std::exception_ptr error;
   for (auto& b : buckets_) {
     try {
@@ -227,13 +266,64 @@ void Reducer::finalize() {
       if (!error) error = std::current_exception();
     }
   }
-  if (join_notify_.valid()) {
-    wait_keeping_first_error(join_notify_, error);
+  return error;
+}
+
+ZeroRecovery Reducer::recover_in_finalize() {
+  static constexpr const char* op = "Reducer.finalize";
+  // Every bucket again from the local gradients it was launched with, over
+  // the survivors (a bucket that completed had the lost rank's share in it).
+  return detail::shrink_and_redo(group_, op, {iterations_, 1}, [&](ProcessGroup& ng) {
+    CommHook hook = allreduce_hook(ng);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bucket = buckets_[b];
+      bucket.buffer.copy_(bucket.saved);
+      std::vector<Tensor> ps;
+      for (auto i : bucket.params) ps.push_back(params_[i]);
+      GradBucket gb(b, buckets_.size(), bucket.buffer, std::move(ps), bucket.offsets);
+      bucket.result = hook(gb);
+    }
+    std::exception_ptr error = write_results(op);
+    if (error) std::rethrow_exception(error);  // a further loss: shrink_and_redo starts again
+    group_ = ng;
+    hook_ = std::move(hook);
+  });
+}
+
+ZeroRecovery Reducer::recover(std::optional<ProcessGroup> shrunk) {
+  static constexpr const char* op = "Reducer.recover";
+  if (!options_.survive)
+    throw StateError(op, "recovery needs ReducerOptions::survive (no copy of the local gradients is kept)",
+                     group_.rank());
+  if (in_iteration_) {
+    for (auto& b : buckets_)
+      if (b.result.valid()) b.result.wait();
+    if (join_notify_.valid()) join_notify_.wait();
     join_notify_ = Future<void>();
+    reset_iteration();  // the iteration in flight is dropped: the trainer computes it again
   }
-  reset_iteration();
-  ++iterations_;
-  if (error) std::rethrow_exception(error);
+  ZeroRecovery rec;
+  if (shrunk) {
+    ProcessGroup ng = *shrunk;
+    const auto all = detail::all_gather_descriptors(ng, {iterations_, 0});
+    for (int r = 1; r < ng.size(); ++r)
+      if (all[static_cast<std::size_t>(r)] != all[0])
+        throw StateError(op, "the survivors stopped after different iterations (rank " +
+                                 std::to_string(ng.global_rank(0)) + ": " + std::to_string(all[0][0]) + ", rank " +
+                                 std::to_string(ng.global_rank(r)) + ": " +
+                                 std::to_string(all[static_cast<std::size_t>(r)][0]) +
+                                 "). Fall back to the last checkpoint",
+                         ng.global_rank(ng.rank()));
+    rec.group = ng;
+    rec.step = iterations_;
+  } else {
+    rec = detail::shrink_and_redo(group_, op, {iterations_, 0}, {});
+  }
+  group_ = rec.group;
+  hook_ = allreduce_hook(group_);
+  rec.step = iterations_;
+  rec.step_completed = false;
+  return rec;
 }
 
 void Reducer::shadow_iteration() {

@@ -14,6 +14,7 @@
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tcp_transport.hpp"
+#include "loopback_mesh.hpp"
 
 using dopt::transport::Completion;
 using dopt::transport::Tag;
@@ -24,7 +25,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using Meshes = std::vector<std::unique_ptr<TcpMesh>>;
+using dopt_test::Meshes;
 
 TcpMeshOptions striped(int streams, std::size_t stripe_min) {
   TcpMeshOptions o;
@@ -51,10 +52,9 @@ std::vector<std::future<std::unique_ptr<TcpMesh>>> start_meshes(int n, std::vect
   return fs;
 }
 
+// n meshes, every rank with options o.
 Meshes make_meshes(int n, TcpMeshOptions o) {
-  Meshes out;
-  for (auto& f : start_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o))) out.push_back(f.get());
-  return out;
+  return dopt_test::loopback_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o));
 }
 
 // Collects completions; wait() is bounded, so a hang fails the test.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
+#include "loopback_mesh.hpp"
 
 using dopt::transport::Completion;
 using dopt::transport::Tag;
@@ -25,25 +26,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using Meshes = std::vector<std::unique_ptr<TcpMesh>>;
-
-Meshes make_meshes(int n, std::vector<TcpMeshOptions> opts = {}) {
-  std::vector<TcpListener> ls;
-  std::vector<std::string> eps;
-  for (int r = 0; r < n; ++r) {
-    ls.push_back(TcpMesh::listen("127.0.0.1"));
-    eps.push_back("127.0.0.1:" + std::to_string(ls.back().port()));
-  }
-  opts.resize(n);
-  std::vector<std::future<std::unique_ptr<TcpMesh>>> fs;
-  for (int r = 0; r < n; ++r)
-    fs.push_back(std::async(std::launch::async, [&, r] {
-      return std::make_unique<TcpMesh>(r, n, std::move(ls[r]), eps, 20s, opts[r]);
-    }));
-  Meshes out;
-  for (auto& f : fs) out.push_back(f.get());
-  return out;
-}
+using dopt_test::loopback_meshes;
+using dopt_test::Meshes;
 
 // Collects completions; wait() blocks until `expected` have arrived (bounded, so a
 // bug fails the test instead of hanging it).
@@ -107,7 +91,7 @@ std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
 }  // namespace
 
 TEST_CASE("tcp mesh: a world of one has no peers", "[tcp]") {
-  auto ms = make_meshes(1);
+  auto ms = loopback_meshes(1);
   CHECK(ms[0]->world_size() == 1);
   CHECK_THROWS_AS(ms[0]->send(0, nullptr, 0, [](std::exception_ptr) {}), dopt::ValueError);
   std::promise<bool> ran;
@@ -118,7 +102,7 @@ TEST_CASE("tcp mesh: a world of one has no peers", "[tcp]") {
 
 TEST_CASE("tcp mesh: messages of every size arrive intact between every pair", "[tcp]") {
   for (int n : {2, 3, 5}) {
-    auto ms = make_meshes(n);
+    auto ms = loopback_meshes(n);
     const std::vector<std::size_t> sizes = {0, 1, 7, 4096, 65537, (std::size_t(5) << 20) + 3};
     // data[src][dst][k]
     std::vector<std::vector<std::vector<std::vector<unsigned char>>>> sent(n), got(n);
@@ -159,7 +143,7 @@ TEST_CASE("tcp mesh: messages of every size arrive intact between every pair", "
 }
 
 TEST_CASE("tcp mesh: FIFO per tag; tags do not block each other", "[tcp]") {
-  auto ms = make_meshes(2);
+  auto ms = loopback_meshes(2);
   constexpr int K = 500;
   std::vector<std::uint64_t> a(K), b(K), ra(K, 0), rb(K, 0);
   std::iota(a.begin(), a.end(), 1000);
@@ -181,7 +165,7 @@ TEST_CASE("tcp mesh: FIFO per tag; tags do not block each other", "[tcp]") {
 
 TEST_CASE("tcp mesh: many operations in flight between five ranks", "[tcp]") {
   const int n = 5, K = 200;
-  auto ms = make_meshes(n);
+  auto ms = loopback_meshes(n);
   std::vector<std::vector<std::uint32_t>> out(n * n, std::vector<std::uint32_t>(K)),
       in(n * n, std::vector<std::uint32_t>(K, 0));
   Waiter w;
@@ -204,7 +188,7 @@ TEST_CASE("tcp mesh: many operations in flight between five ranks", "[tcp]") {
 }
 
 TEST_CASE("tcp mesh: a size mismatch fails that recv only", "[tcp]") {
-  auto ms = make_meshes(2);
+  auto ms = loopback_meshes(2);
   std::vector<char> big(100, 'x'), small(10, 0);
   int v = 42, r = 0;
   Waiter ws;
@@ -231,7 +215,7 @@ TEST_CASE("tcp mesh: a lost peer fails pending and later operations, naming it",
     std::lock_guard<std::mutex> l(m);
     lost_seen.push_back(peer);
   };
-  auto ms = make_meshes(3, opts);
+  auto ms = loopback_meshes(3, opts);
   std::vector<char> buf(1 << 20);
   Waiter pending;
   ms[0]->recv(2, buf.data(), buf.size(), pending.cb());
@@ -264,7 +248,7 @@ TEST_CASE("tcp mesh: a lost peer fails pending and later operations, naming it",
 }
 
 TEST_CASE("tcp mesh: fail_peer breaks one connection on both sides", "[tcp]") {
-  auto ms = make_meshes(2);
+  auto ms = loopback_meshes(2);
   char c = 0;
   Waiter w0, w1;
   ms[0]->recv(1, &c, 1, w0.cb());
@@ -280,7 +264,7 @@ TEST_CASE("tcp mesh: fail_peer breaks one connection on both sides", "[tcp]") {
 }
 
 TEST_CASE("tcp mesh: close fails pending operations and refuses new ones", "[tcp]") {
-  auto ms = make_meshes(2);
+  auto ms = loopback_meshes(2);
   char c;
   Waiter w;
   std::atomic<bool> close_threw{false};

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -125,11 +127,36 @@ void check_checkpoint_dir(dopt::ProcessGroup& world, const std::string& dir, int
                                           " (see their error; checked before the first step)", rank);
 }
 
+/// --kill-rank: set on the rank that dies (simulated ranks: it throws this).
+std::atomic<bool> g_killed{false};
+struct RankKilled : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// --kill-rank R --kill-at-step S: rank R dies once S steps are done. A
+/// process kills itself (SIGKILL, as a crash would); a simulated rank throws.
+void kill_this_rank(int rank, std::int64_t step, bool process) {
+  std::fflush(stdout);
+  if (process) {
+    ::raise(SIGKILL);
+    for (;;) ::pause();
+  }
+  g_killed = true;
+  throw RankKilled("rank " + std::to_string(rank) + " killed after step " + std::to_string(step) + " (--kill-rank)");
+}
+
+std::string ranks_list(const std::vector<int>& v) {
+  std::string s;
+  for (int r : v) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
 /// One rank's training loop.
 void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   install_signal_handlers();
   const Options& o = plan.opt;
-  const int rank = ctx.rank(), world_size = ctx.world_size();
+  const int rank = ctx.rank();
+  int world_size = ctx.world_size();  // the survivors' count after a loss (--survive)
   dopt::ProcessGroup world = ctx.world();
   const bool lead = rank == 0;
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(world, o.checkpoint_dir, rank);
@@ -206,10 +233,14 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
   for (std::int64_t s = first; s < o.steps; ++s) {
+    if (rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
     const std::vector<int> idx = shard.batch(s, o.batch);
     const BatchResult r =
         model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); });
     strategy->finish_step();
+    // --survive: the ranks the strategy lost and recovered from in this step
+    // (the step was completed over the survivors).
+    std::vector<int> lost = strategy->take_lost();
     const std::uint64_t now_bytes = strategy->bytes_sent();
     const double step_bytes = double(now_bytes - last_bytes);
     last_bytes = now_bytes;
@@ -225,7 +256,32 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     if (!std::isfinite(r.loss)) mine = "the loss is " + std::string(std::isnan(r.loss) ? "NaN" : "inf");
     else mine = nonfinite_parameter(model);
     st[3] = mine.empty() ? 0 : 1;
-    world.all_reduce(stats);
+    const std::vector<double> mine_stats(st, st + 4);
+    for (;;) {
+      try {
+        world.all_reduce(stats);
+        break;
+      } catch (const dopt::PeerLostError&) {
+        if (!o.survive) throw;
+        // The survivors take a world of their own; when the strategy did not
+        // see the loss in this step (it came after finish_step), it recovers
+        // too, between steps. Then this step's report again over them.
+        const std::vector<int> before = world.ranks();
+        dopt::ShrinkResult sr = world.shrink();
+        world = sr.group;
+        world_size = world.size();
+        if (lost.empty()) {
+          strategy->recover();
+          lost = strategy->take_lost();
+        }
+        if (lost.empty())
+          for (int k : sr.lost) lost.push_back(before[static_cast<std::size_t>(k)]);
+        std::copy(mine_stats.begin(), mine_stats.end(), stats.data<double>());
+      }
+    }
+    if (!lost.empty() && world.rank() == 0 && !o.quiet)
+      progress.note("dopt-train: rank(s) " + ranks_list(lost) + " lost during step " + std::to_string(s + 1) + "; " +
+                    std::to_string(world_size) + " ranks go on (--survive)");
     const bool stop = stats.data<double>()[2] > 0;
     const int nonfinite_ranks = static_cast<int>(stats.data<double>()[3]);
     params_nonfinite = nonfinite_ranks > 0;
@@ -398,6 +454,12 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Plain progress line every N steps when not on a terminal")
       ->check(CLI::PositiveNumber);
   app.add_flag("--quiet", o.quiet, "Print only the summary");
+  app.add_flag("--survive", o.survive,
+               "Go on with the survivors when a rank is lost (--optim zero: redundancy 1; ddp); run the processes "
+               "under dopt-run --on-failure continue");
+  app.add_option("--kill-rank", o.kill_rank, "Testing (--survive): this rank (not 0, which prints the curve) dies, SIGKILL as a process, ...")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done")->check(CLI::PositiveNumber);
   app.add_option("--interrupt-at-step", o.interrupt_at_step, "Testing: act as if Ctrl-C came at step N")
       ->group("");  // hidden
   app.add_option("--plsgd-warmup", o.plsgd_warmup, "post-local-sgd: steps of global gradient averaging first")
@@ -462,6 +524,18 @@ int main(int argc, char** argv) {
       return usage_error("--diloco-error-feedback needs a compressed --diloco-wire (bfloat16, float16, int8, int4)");
   }
 
+  if ((app.count("--kill-rank") > 0) != (app.count("--kill-at-step") > 0))
+    return usage_error("--kill-rank and --kill-at-step go together");
+  if (app.count("--kill-rank") && !o.survive) return usage_error("--kill-rank needs --survive");
+  if (o.survive) {
+    if (!mode_survives(o.optim))
+      return usage_error("--survive needs --optim zero or ddp (" + o.optim + " cannot go on over the survivors yet; "
+                         "see docs/fault-tolerance.md)");
+    if (!o.checkpoint_dir.empty() || !o.resume_from.empty())
+      return usage_error("--survive does not take checkpoints yet (the survivors' shard and file names would change)");
+    if (o.kill_rank >= 0 && o.kill_at_step >= o.steps)
+      return usage_error("--kill-at-step must be smaller than --steps");
+  }
   if (o.optim == "remote" && (!o.checkpoint_dir.empty() || !o.resume_from.empty()))
     return usage_error("checkpoints are not available with --optim remote: the optimizer state lives on the "
                        "parameter owners inside DistributedOptimizer, which has no state_dict");
@@ -500,6 +574,10 @@ int main(int argc, char** argv) {
     plan.strategy.diloco_outer_momentum = o.diloco_outer_momentum;
     plan.strategy.diloco_wire = o.diloco_wire;
     plan.strategy.diloco_error_feedback = o.diloco_error_feedback;
+    plan.strategy.survive = o.survive;
+    if (o.kill_rank >= plan.world_size)
+      return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
+                         std::to_string(plan.world_size) + " ranks");
     plan.run.optim = o.optim;
     plan.run.inner = o.inner;
     plan.run.ranks = plan.world_size;
@@ -549,6 +627,12 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    // Simulated ranks: the rank --kill-rank killed is rethrown once the
+    // survivors finished; that is the run going as asked.
+    if (g_killed.load() && std::string(e.what()).find("(--kill-rank)") != std::string::npos) {
+      std::printf("dopt-train: %s; the others finished (--survive)\n", e.what());
+      return g_exit_code.load();
+    }
     std::fprintf(stderr, "dopt-train: error: %s\n", e.what());
     return 1;
   }

@@ -44,6 +44,9 @@ struct Options {
   std::string diloco_wire = "float32";
   bool diloco_error_feedback = false;
   std::string svg_bytes;
+  bool survive = false;           // --survive: go on with the survivors when a rank is lost
+  int kill_rank = -1;             // --kill-rank: this rank dies ...
+  std::int64_t kill_at_step = 0;  // --kill-at-step: ... once this many steps are done
 };
 
 // Inner optimizers: the torch class name and a learning rate that trains this MLP well.

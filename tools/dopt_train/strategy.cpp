@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <utility>
 
 #include "dopt/optim/averagers.hpp"
 #include "dopt/optim/comm_hooks.hpp"
@@ -44,23 +46,75 @@ std::uint64_t ring_bytes(std::int64_t bytes, int n) {
   return n <= 1 ? 0 : static_cast<std::uint64_t>(bytes) * 2 * static_cast<std::uint64_t>(n - 1) / static_cast<std::uint64_t>(n);
 }
 
+/// --survive: the global ranks of `group` that `rec` lost.
+std::vector<int> lost_globals(const std::vector<int>& before, const ZeroRecovery& rec) {
+  std::vector<int> out;
+  for (int r : rec.lost) out.push_back(before[static_cast<std::size_t>(r)]);
+  return out;
+}
+
+/// --survive: a group of its own over the world's ranks (a world collective),
+/// so that the strategy's recovery and the training loop's never shrink the
+/// same group twice.
+dopt::ProcessGroup own_line(dopt::ProcessGroup world, bool survive) {
+  return survive ? world.new_group(world.ranks()) : world;
+}
+
+ReducerOptions reducer_options(bool survive, std::function<void(const ZeroRecovery&)> cb) {
+  ReducerOptions ro;
+  ro.survive = survive;
+  if (survive) ro.on_membership_change = std::move(cb);
+  return ro;
+}
+
+/// Adds the global ranks `lost` to `into` (sorted, once each).
+void note_lost(std::vector<int>& into, const std::vector<int>& lost) {
+  for (int r : lost)
+    if (std::find(into.begin(), into.end(), r) == into.end()) into.push_back(r);
+  std::sort(into.begin(), into.end());
+}
+
 /// zero: gradients averaged by the reducer, then ZeRO's sharded step.
+/// --survive: ZeRO with redundancy 1; the reducer and ZeRO recover by
+/// themselves inside finish_step() (callbacks), each over its own group.
 class ZeroStrategy : public Strategy {
  public:
+  static ZeroOptions zero_options(dopt::ProcessGroup g, bool survive, std::function<void(const ZeroRecovery&)> cb) {
+    ZeroOptions zo{std::move(g)};
+    if (survive) {
+      zo.redundancy = 1;
+      zo.on_membership_change = std::move(cb);
+    }
+    return zo;
+  }
   ZeroStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
-      : reducer_(params, world), zero_(params, cfg.inner, ZeroOptions{world}),
+      : survive_(cfg.survive),
+        reducer_(params, own_line(world, cfg.survive),
+                 reducer_options(cfg.survive, [this](const ZeroRecovery& r) { on_change(r, reducer_ranks_); })),
+        zero_(params, cfg.inner,
+              zero_options(own_line(world, cfg.survive), cfg.survive,
+                           [this](const ZeroRecovery& r) { on_change(r, zero_ranks_); })),
+        reducer_ranks_(reducer_.process_group().ranks()), zero_ranks_(zero_.process_group().ranks()),
         per_step_(ring_bytes(nbytes_of(params), world.size()) +
                   (world.size() > 1 ? static_cast<std::uint64_t>(nbytes_of(params)) *
                                           static_cast<std::uint64_t>(world.size() - 1) /
                                           static_cast<std::uint64_t>(world.size())
                                     : 0)) {}
-  std::string describe() const override { return "ZeRO(" + zero_.optim().name() + ")"; }
+  std::string describe() const override {
+    return "ZeRO(" + zero_.optim().name() + ")" + (survive_ ? ", redundancy 1" : "");
+  }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
   void finish_step() override {
     reducer_.finalize();
     zero_.step();
     sent_ += per_step_;
   }
+  void recover() override {
+    if (!survive_) return;
+    on_change(reducer_.recover(), reducer_ranks_);
+    on_change(zero_.recover(), zero_ranks_);  // ShardLostError when a shard is gone
+  }
+  std::vector<int> take_lost() override { return std::exchange(lost_, {}); }
   /// The gradient all-reduce plus the parameters' broadcast from their owners
   /// (counted as a ring all-gather: (n - 1) / n of the parameters).
   std::uint64_t bytes_sent() const override { return sent_; }
@@ -75,16 +129,28 @@ class ZeroStrategy : public Strategy {
   double lr() const override { return zero_.param_groups()[0].options->get_lr(); }
 
  private:
+  void on_change(const ZeroRecovery& r, std::vector<int>& ranks) {
+    note_lost(lost_, lost_globals(ranks, r));
+    ranks = r.group.ranks();
+  }
+  bool survive_;
   Reducer reducer_;
   ZeroRedundancyOptimizer zero_;
+  std::vector<int> reducer_ranks_, zero_ranks_, lost_;
   std::uint64_t per_step_ = 0, sent_ = 0;
 };
 
 /// ddp: gradients averaged by the reducer, every rank steps a full optimizer.
+/// --survive: the reducer recovers inside finish_step() (the step's gradients
+/// averaged again over the survivors), then the local step.
 class DdpStrategy : public Strategy {
  public:
   DdpStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
-      : reducer_(params, world), opt_(make_optimizer(cfg.inner, {OptimizerParamGroup(params)})),
+      : survive_(cfg.survive),
+        reducer_(params, own_line(world, cfg.survive),
+                 reducer_options(cfg.survive, [this](const ZeroRecovery& r) { on_change(r); })),
+        ranks_(reducer_.process_group().ranks()),
+        opt_(make_optimizer(cfg.inner, {OptimizerParamGroup(params)})),
         rank_(world.rank()), world_size_(world.size()), per_step_(ring_bytes(nbytes_of(params), world.size())) {}
   std::string describe() const override { return "DDP(" + opt_->name() + ")"; }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
@@ -103,9 +169,20 @@ class DdpStrategy : public Strategy {
     opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
   }
   double lr() const override { return opt_->param_groups()[0].options->get_lr(); }
+  void recover() override {
+    if (survive_) on_change(reducer_.recover());
+  }
+  std::vector<int> take_lost() override { return std::exchange(lost_, {}); }
 
  private:
+  void on_change(const ZeroRecovery& r) {
+    note_lost(lost_, lost_globals(ranks_, r));
+    ranks_ = r.group.ranks();
+    per_step_ = ring_bytes(nbytes_of(opt_->all_params()), r.group.size());
+  }
+  bool survive_;
   Reducer reducer_;
+  std::vector<int> ranks_, lost_;
   std::unique_ptr<Optimizer> opt_;
   int rank_, world_size_;
   std::uint64_t per_step_ = 0, sent_ = 0;
@@ -236,6 +313,8 @@ class DiLoCoStrategy : public Strategy {
 };
 
 }  // namespace
+
+bool mode_survives(const std::string& mode) { return mode == "zero" || mode == "ddp"; }
 
 std::vector<std::string> available_modes() { return {"zero", "post-local-sgd", "ddp", "diloco", "remote"}; }
 

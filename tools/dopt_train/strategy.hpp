@@ -46,6 +46,10 @@ struct StrategyConfig {
   double diloco_outer_momentum = 0.9;
   std::string diloco_wire = "float32";
   bool diloco_error_feedback = false;
+  /// --survive (zero, ddp): the strategy goes on over the survivors when a
+  /// rank is lost (docs/fault-tolerance.md). Its groups are its own lines
+  /// (new_group over the world's ranks), apart from the training loop's world.
+  bool survive = false;
 };
 
 class Strategy {
@@ -72,7 +76,19 @@ class Strategy {
   /// 2 (n - 1) / n * B (what the ring algorithm sends per rank); DiLoCo's
   /// quantized formats count their exact payload. Local.
   virtual std::uint64_t bytes_sent() const = 0;
+
+  /// --survive. A rank was lost after finish_step() last recovered (the
+  /// trainer noticed it in its own collectives, and take_lost() was empty):
+  /// a collective of the survivors, between steps, that brings the
+  /// strategy's groups over to them. Nothing when not survive.
+  virtual void recover() {}
+  /// --survive: the lost ranks (global) that finish_step() or recover()
+  /// recovered from since the last call, and clears them.
+  virtual std::vector<int> take_lost() { return {}; }
 };
+
+/// The modes that can run with --survive.
+bool mode_survives(const std::string& mode);
 
 /// The modes this build offers (remote only when the RPC layer is built in).
 std::vector<std::string> available_modes();

@@ -115,9 +115,17 @@ class ModelAverager {
 
   const ProcessGroup& process_group() const noexcept { return process_group_; }
 
+  /// Surviving a lost rank (PostLocalSGDOptimizer's recovery,
+  /// docs/fault-tolerance.md): averages over `survivors` (the shrunk group,
+  /// ProcessGroup::shrink()) from now on. Local. PeriodicModelAverager
+  /// supports it; the others throw NotSupportedError (their subgroups, or
+  /// DiLoCo's in-flight fragments, are built over the old group).
+  virtual void replace_process_group(ProcessGroup survivors);
+
  protected:
   /// An invalid group is a ValueError naming `op`.
   ModelAverager(ProcessGroup process_group, const char* op);
+  void set_process_group(ProcessGroup g) { process_group_ = std::move(g); }
 
  private:
   ProcessGroup process_group_;
@@ -135,6 +143,8 @@ class PeriodicModelAverager : public ModelAverager {
   std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;
   std::int64_t warmup_steps() const noexcept override { return warmup_steps_; }
   std::int64_t period() const noexcept { return period_; }
+  /// Takes the survivors' group (see ModelAverager::replace_process_group).
+  void replace_process_group(ProcessGroup survivors) override;
 
  private:
   std::int64_t period_;

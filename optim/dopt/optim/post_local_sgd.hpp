@@ -21,7 +21,23 @@
 // (as torch); the averager's step lives in StateDict::metadata["step"]
 // (decimal) since dopt's StateDict has no free top-level keys; the schedule
 // check below does not exist in torch.
+//
+// Surviving a lost rank (dopt only; docs/fault-tolerance.md), after
+// enable_survive(): on the steps that average, the parameters to average are
+// copied first. When the average fails with PeerLostError, every survivor
+// shrinks the averager's group (ProcessGroup::shrink()), checks that the
+// survivors stopped in the same step, puts the copied parameters back and
+// averages them again over the survivors' group: the average of that step is
+// the survivors' (divided by their count), whichever dtype's all-reduce had
+// completed before the loss. Then step() calls on_membership_change(recovery)
+// and returns, or throws MembershipChangedError (zero.hpp) carrying it; the
+// step was completed either way and the averager runs over recovery.group
+// from now on. Local steps never communicate, so a rank lost between
+// averaging steps is noticed at the next average (or by the trainer's own
+// collectives: then recover(), below). Only PeriodicModelAverager can go on
+// over a shrunk group (NotSupportedError from enable_survive otherwise).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -30,6 +46,7 @@
 #include "dopt/optim/averagers.hpp"
 #include "dopt/optim/comm_hooks.hpp"
 #include "dopt/optim/optimizer.hpp"
+#include "dopt/optim/zero.hpp"
 
 namespace dopt::optim {
 
@@ -85,6 +102,20 @@ class PostLocalSGDOptimizer {
   /// falls one step behind the others' averaging schedule and later averages
   /// against different steps). A collective on averaging steps, like step().
   void skip_step();
+  /// Survive a lost rank (see the header). `on_membership_change` empty:
+  /// step() throws MembershipChangedError after recovering. The averager
+  /// must be a PeriodicModelAverager (NotSupportedError otherwise).
+  void enable_survive(std::function<void(const ZeroRecovery&)> on_membership_change = {});
+  bool survives() const noexcept { return survive_; }
+  /// After a PeerLostError outside step() (e.g. the trainer's gradient
+  /// all-reduce): a collective of the survivors, between steps. Shrinks the
+  /// averager's group (or takes `shrunk`, the survivors' group when the
+  /// trainer already shrank that same group), checks that every survivor
+  /// stopped after the same step, and averages over the survivors from now
+  /// on. Nothing is averaged (step_completed = false). StateError without
+  /// enable_survive().
+  ZeroRecovery recover(std::optional<ProcessGroup> shrunk = std::nullopt);
+
   /// How many calls of step() / skip_step() there were.
   std::int64_t steps_taken() const noexcept { return steps_taken_; }
   std::int64_t steps_skipped() const noexcept { return steps_skipped_; }
@@ -117,6 +148,11 @@ class PostLocalSGDOptimizer {
   std::unique_ptr<ModelAverager> averager_;
   std::int64_t steps_taken_ = 0;
   std::int64_t steps_skipped_ = 0;
+  bool survive_ = false;
+  std::function<void(const ZeroRecovery&)> on_membership_change_;
+
+  /// The averager's call of this step, with the survive path (header).
+  void average(const char* op);
 };
 
 }  // namespace dopt::optim

@@ -63,10 +63,29 @@
 // as torch's DDP on CUDA). Join's own all-reduces stay on the CPU
 // (join_device()). The CPU path is unchanged.
 //
+// Surviving a lost rank (ReducerOptions::survive; docs/fault-tolerance.md):
+// each bucket's local gradients are kept (one copy of the buckets) when it is
+// launched. When finalize() finds a bucket failed with PeerLostError, every
+// survivor shrinks the reducer's group (ProcessGroup::shrink()), checks that
+// the survivors stopped in the same iteration, and reduces *every* bucket of
+// that iteration again from its kept local gradients over the survivors'
+// group (the default hook: divided by the survivors' count): the iteration's
+// gradients are the survivors' average whichever buckets had completed, and
+// the lost rank's contribution is dropped from all of them. finalize() then
+// calls on_membership_change(recovery) and returns, or, without a callback,
+// throws MembershipChangedError (zero.hpp) carrying it; either way the
+// gradients are written and the reducer runs over recovery.group from now
+// on. A loss that finalize() does not see (elsewhere in the trainer):
+// recover() on every survivor, between iterations. survive needs the default
+// comm hook (register_comm_hook is NotSupportedError: a hook's state holds
+// the old group); no_sync() and Join are not recovered.
+//
 // Not thread-safe: one thread per rank calls every method.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -74,6 +93,7 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/comm_hooks.hpp"
+#include "dopt/optim/zero.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt::optim {
@@ -92,6 +112,12 @@ struct ReducerOptions {
   /// The constructor broadcasts every parameter from group rank 0 (DDP's
   /// initial module-state sync), one broadcast per parameter in order.
   bool broadcast_parameters = true;
+  /// Survive a lost rank (see the header): keeps a copy of each bucket's
+  /// local gradients per iteration. dopt only.
+  bool survive = false;
+  /// survive: called on every survivor when finalize() recovered (then it
+  /// returns normally). Empty: finalize() throws MembershipChangedError.
+  std::function<void(const ZeroRecovery&)> on_membership_change = {};
 };
 
 class Reducer : public Joinable {
@@ -110,6 +136,13 @@ class Reducer : public Joinable {
   void mark_ready(const Tensor& param);
   /// Completes the iteration; see the header.
   void finalize();
+  /// survive: after a PeerLostError outside finalize() (between iterations),
+  /// a collective of the survivors: shrinks the group, checks that they
+  /// stopped after the same iteration, and runs over the survivors' group
+  /// from now on. No gradients are reduced (step_completed = false).
+  /// `shrunk`: the survivors' group when the trainer already shrank this
+  /// reducer's group (then no second shrink). StateError without survive.
+  ZeroRecovery recover(std::optional<ProcessGroup> shrunk = std::nullopt);
 
   /// RAII guard of no_sync(); restores the previous mode when destroyed.
   class NoSync {
@@ -151,6 +184,7 @@ class Reducer : public Joinable {
     Tensor buffer;                        // 1-D, bucket dtype
     std::size_t pending = 0;              // params not yet marked this iteration
     Future<Tensor> result;
+    Tensor saved;                         // survive: the local gradients as launched
   };
   friend class ReducerJoinHook;
 
@@ -159,6 +193,10 @@ class Reducer : public Joinable {
   void reset_iteration();
   /// Runs the hook over zero buckets (a joined rank's shadow iteration).
   void shadow_iteration();
+  /// survive: the iteration's buckets again over the survivors (header).
+  ZeroRecovery recover_in_finalize();
+  /// Waits for every bucket and writes the reduced values into the grads.
+  std::exception_ptr write_results(const char* op);
 
   std::vector<Tensor> params_;
   ProcessGroup group_;

@@ -1,18 +1,14 @@
 #pragma once
 // dopt::optim::ZeroRedundancyOptimizer: ZeRO stage 1, torch 1.13's
-// torch.distributed.optim.ZeroRedundancyOptimizer. With
-// ZeroOptions::overlap_with_ddp the steps run bucket by bucket from the
-// gradient reducer's comm hook (zero_overlap.hpp; contract at the end here).
+// torch.distributed.optim.ZeroRedundancyOptimizer: each rank's local
+// optimizer holds only the parameters it owns; after each step every
+// parameter is broadcast from its owner. docs/zero.md explains the partition,
+// the bucket views, the state dict layouts and the sharded checkpoint format.
 //
 //   auto zero = ZeroRedundancyOptimizer(params, OptimizerSpec{"Adam", {{"lr", 1e-3}}},
 //                                       ZeroOptions{ctx.world()});
 //   ... set grads (averaged over the ranks) ...
 //   zero.step();          // local step on this rank's shard, then broadcasts
-//
-// Every parameter has one owner rank (the sorted-greedy partition, below);
-// each rank's local optimizer (built through the registry from the spec)
-// holds only the parameters it owns, so optimizer state is split across the
-// ranks. After each step every parameter is broadcast from its owner.
 //
 // Collective contract. These calls are collectives over the process group:
 // every rank calls them, in the same order, with the same arguments where
@@ -20,121 +16,37 @@
 //   constructor (an all_gather of a descriptor of the parameter list, which
 //     must match on every rank: same groups, sizes, shapes, dtypes),
 //   step(), add_param_group() (same group on every rank), consolidate_state_dict(),
-//   save_sharded() (ends with a barrier).
-// Local (no communication): state_dict(), load_state_dict(), load_sharded(),
+//   save_sharded() (ends with a barrier), recover().
+// Local (no communication): state_dict() (on the rank consolidate_state_dict
+// gathered to; StateError elsewhere), load_state_dict(), load_sharded(),
 // zero_grad(), param_groups(), join_hook(), the accessors.
-// Not thread-safe: one thread per rank at a time.
+// Not thread-safe: one thread per rank at a time. step() calls
+// Join::notify_join_context(*this) first.
 //
-// Partition (torch's, exact): groups in order; in each, the parameters sorted
-// by weight descending (stable); each goes to the first rank with the smallest
-// running total of weights; the totals carry over between groups. The weight
-// is the element count (torch's, the default) or, with
-// ZeroOptions::partition_weight = step_cost, the optimizer's cost of stepping
-// the parameter (Muon: its Newton-Schulz work, which grows as m^2 n, so that
-// a few large matrices no longer land on one rank). Frozen
-// parameters (requires_grad false) are partitioned like the others. A rank's
-// parameters are kept in assignment order: that is the local optimizer's order
-// and the broadcast order. Ranks beyond the number of parameters own nothing
-// (their local groups are empty) but still take part in every broadcast.
+// Parameters re-pointed at memory ZeRO owns (parameters_as_bucket_view,
+// overlap_with_ddp): a parameter that is a view of memory dopt does not own
+// (from_blob, from_dlpack) or shares its memory with another tensor object is
+// a ValueError at construction and in add_param_group, unless
+// ZeroOptions::rebind_parameter is set; that hook runs on the thread that
+// re-pointed (the constructor's, add_param_group's, step()'s, or the rank
+// thread running the overlap plan) and its exceptions propagate from there.
 //
-// step(closure): Join::notify_join_context(*this) first; then, if the set of
-// trainable parameters changed since the last step, the buckets are rebuilt;
-// hyperparameters are copied ZeRO -> local optimizer, the local optimizer steps
-// (with the closure; its loss is returned), hyperparameters are copied back;
-// then one broadcast per owned parameter of every rank (rank 0's first, in
-// partition order; frozen ones too) or, with parameters_as_bucket_view, one
-// per (device, dtype, rank) bucket; all are posted at once, then all waited.
-//
-// parameters_as_bucket_view: for each (device, dtype) pair, in order of first
-// appearance over ranks 0..W-1, their groups and parameters, and for each rank,
-// one flat buffer holds that rank's trainable parameters of that kind, in
-// partition order; every parameter becomes a view of its slice (set_data, so
-// every handle sees it; grads are kept). Frozen parameters get their own
-// storage. A (kind, rank) with no trainable parameter broadcasts a 1-element
-// dummy. Every rank holds every rank's buckets (receive buffers). Mixed dtypes
-// are allowed (torch requires one dense type).
-//
-// State dicts: consolidate_state_dict(to) gathers every rank's
-// local state dict on rank `to` (two broadcasts per rank other than `to`:
-// length, then the serialised safetensors bytes); state_dict() is then the
-// layout of an unsharded optimizer over the same groups (global indices), only
-// on that rank (StateError elsewhere). load_state_dict(global dict) keeps on
-// each rank the state of the parameters it owns; hyperparameters come from the
-// dict (like torch).
-//
-// Sharded checkpoints (dopt only): save_sharded(dir) writes one file per rank,
-// optim-rank{r}-of-{N}.safetensors, with the state of the parameters it owns
-// under their global indices and, in the metadata, the format version, world
-// size, rank, partition, step count, group sizes and hyperparameters and the
-// parameter shapes. load_sharded(dir) works at any world size M: each rank
-// reads shard 0's header (partition, checks), then opens only the shards that
-// hold some of its parameters, one at a time, and reads only those
-// parameters' tensors.
-//
-// Caller-owned memory. parameters_as_bucket_view and overlap_with_ddp
-// re-point parameters (Tensor::set_data) at memory ZeRO owns: every handle to
-// the parameter's tensor object follows, but another tensor object over the
-// old memory (the caller's own view, a torch tensor the parameter was
-// imported from with from_dlpack, a flat buffer the parameter was sliced
-// from) would silently stop seeing the updates. So with either option, a
-// parameter that is a view of memory dopt does not own (from_blob,
-// from_dlpack) or that shares its memory with another tensor object is
-// refused at construction (and by add_param_group) with a ValueError naming
-// it, unless ZeroOptions::rebind_parameter is set: then ZeRO calls
-// rebind_parameter(param) right after each re-pointing (frozen parameters'
-// own copies included), and the hook makes the caller's tensor a view of
-// param's new memory (torch: `p.data = bucket_view`). The hook runs on the
-// thread that re-pointed: the constructor's, add_param_group's, step()'s (a
-// rebuild after the set of trainable parameters changed) or, with overlap,
-// the rank thread running hook_with_zero_step*'s plan. An exception from the
-// hook propagates out of that call.
-//
-// Redundancy and recovery (dopt only; docs/fault-tolerance.md): with
-// ZeroOptions::redundancy = k > 0 the optimizer state of each rank's shard is
-// also kept by its k buddies (group ranks r+1 .. r+k, cyclically; k is capped
-// at size() - 1). Buddies keep it current by stepping their copy in step(),
-// with the same averaged gradients and hyperparameters, right after their own
-// shard: no bytes move, and the copy is bitwise the owner's. This needs the
-// gradients to be the same on every rank when step() is called (averaged, as
-// a gradient all_reduce or the Reducer leaves them); a closure is a
+// Redundancy (ZeroOptions::redundancy = k > 0; docs/fault-tolerance.md): the
+// gradients must be the same on every rank at step(); a closure is a
 // ValueError; overlap_with_ddp and add_param_group are NotSupportedError.
-// When a member of the group is lost (PeerLostError):
-//   * inside step(): step() recovers by itself on every survivor (below),
-//     completes the step with the gradients it was given, and then calls
-//     ZeroOptions::on_membership_change(recovery) and returns, or, without a
-//     callback, throws MembershipChangedError carrying the recovery;
-//   * elsewhere (e.g. the trainer's gradient all_reduce): the trainer catches
-//     the PeerLostError and calls recover() on every survivor; no step is
-//     taken (recompute the batch's gradients over recovery.group).
-// Recovery (a collective of the survivors): ProcessGroup::shrink() of ZeRO's
-// group; the survivors check that they stopped at the same step; each lost
-// shard's state comes from its first surviving buddy; the parameters of every
-// shard are broadcast from their holder; the parameters are re-partitioned
-// over the survivors exactly as a new ZeroRedundancyOptimizer over them would
-// do, every state tensor goes to its new owner and buddies, and ZeRO's group
-// becomes recovery.group (use it for the gradients too). When a rank and all
-// its buddies are lost, recovery throws ShardLostError naming the state that
-// is gone (fall back to the last checkpoint: a new ZeroRedundancyOptimizer over
-// error.recovery().group, load_sharded(), the model's parameters from its own
-// checkpoint).
+// When a member is lost inside step(), every survivor recovers in step(),
+// completes the step, then calls ZeroOptions::on_membership_change or throws
+// MembershipChangedError; a loss seen elsewhere (a PeerLostError from the
+// trainer's own collective) is answered by recover() on every survivor.
+// When a rank and all its buddies are lost: ShardLostError.
 //
-// overlap_with_ddp (zero_overlap.hpp has the whole contract): the optimizer
-// must have a functional form (the registry's; ValueError otherwise, before
-// any collective). The constructor also makes the broadcast group
-// (ZeroOptions::overlap_broadcast_group, or new_group over ZeRO's ranks when
-// ZeRO's group is the world: then a world collective). parameters_as_bucket_view
-// is ignored (each reducer bucket's parameters become one flat buffer
-// anyway). No partition exists until hook_with_zero_step[_interleaved] makes
-// the plan: before that, consolidate_state_dict, state_dict, load_state_dict,
-// save_sharded and load_sharded throw StateError, and so do they while an
-// overlapped iteration is in flight. step() runs no optimizer: it waits for
-// the iteration in flight (StateError when its buckets have not all been
-// handed over yet, i.e. before Reducer::finalize()), rethrows that
-// iteration's error if it failed, and returns nullopt; a closure is a
-// ValueError. step_count() counts the overlapped iterations.
-// add_param_group is NotSupportedError (the reducer's buckets are fixed: pass
-// every group to the constructor). The join hook does nothing (the reducer's
-// shadow iteration drives ZeRO through the comm hook).
+// overlap_with_ddp (zero_overlap.hpp has the whole contract): needs an
+// optimizer with a functional form (ValueError otherwise, before any
+// collective). Until hook_with_zero_step[_interleaved] made the plan, and
+// while an overlapped iteration is in flight, the state dict and checkpoint
+// calls are StateError; step() waits for the iteration in flight (StateError
+// before Reducer::finalize()), rethrows its error and returns nullopt;
+// add_param_group is NotSupportedError.
 #include <cstdint>
 #include <functional>
 #include <map>

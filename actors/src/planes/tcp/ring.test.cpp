@@ -6,7 +6,6 @@
 
 #include <condition_variable>
 #include <cstring>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,36 +15,20 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
+#include "loopback_mesh.hpp"
 
 using dopt::DType;
 using dopt::ReduceOp;
 using dopt::detail::RingGroup;
 using dopt::detail::RingOptions;
-using dopt::transport::TcpListener;
 using dopt::transport::TcpMesh;
 using namespace std::chrono_literals;
 using Bytes = std::vector<unsigned char>;
 
 namespace {
 
-using Meshes = std::vector<std::unique_ptr<TcpMesh>>;
-
-Meshes ring_meshes(int n) {
-  std::vector<TcpListener> ls;
-  std::vector<std::string> eps;
-  for (int r = 0; r < n; ++r) {
-    ls.push_back(TcpMesh::listen("127.0.0.1"));
-    eps.push_back("127.0.0.1:" + std::to_string(ls.back().port()));
-  }
-  std::vector<std::future<std::unique_ptr<TcpMesh>>> fs;
-  for (int r = 0; r < n; ++r)
-    fs.push_back(std::async(std::launch::async, [&, r] {
-      return std::make_unique<TcpMesh>(r, n, std::move(ls[r]), eps, 20s);
-    }));
-  Meshes out;
-  for (auto& f : fs) out.push_back(f.get());
-  return out;
-}
+using dopt_test::loopback_meshes;
+using dopt_test::Meshes;
 
 RingGroup group_of(const Meshes& ms, std::vector<int> ranks, int me) {
   return RingGroup{ms[ranks[me]].get(), std::move(ranks), me};
@@ -210,7 +193,7 @@ std::vector<RingOptions> option_sets() {
 TEST_CASE("ring all_reduce: every dtype, op, size and world size, bitwise in rank order", "[tcp][ring]") {
   const std::vector<std::int64_t> sizes = {0, 1, 3, 1001, 40009};
   for (int n : {1, 2, 3, 5}) {
-    auto ms = ring_meshes(n);
+    auto ms = loopback_meshes(n);
     for (const RingOptions& opt : option_sets())
       for (DType dt : k_dtypes)
         for (ReduceOp op : k_ops) {
@@ -238,7 +221,7 @@ TEST_CASE("ring all_reduce: every dtype, op, size and world size, bitwise in ran
 
 TEST_CASE("ring all_reduce: 8M floats", "[tcp][ring]") {
   for (int n : {2, 3}) {
-    auto ms = ring_meshes(n);
+    auto ms = loopback_meshes(n);
     const std::int64_t numel = std::int64_t(8) << 20;
     std::vector<Bytes> buf(n);
     std::vector<const unsigned char*> ptrs;
@@ -257,7 +240,7 @@ TEST_CASE("ring all_reduce: 8M floats", "[tcp][ring]") {
 
 TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "[tcp][ring]") {
   for (int n : {1, 2, 3, 5}) {
-    auto ms = ring_meshes(n);
+    auto ms = loopback_meshes(n);
     for (const RingOptions& opt : option_sets())
       for (DType dt : k_dtypes)
         for (ReduceOp op : k_ops) {
@@ -301,7 +284,7 @@ TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "
 
 TEST_CASE("ring all_gather: sizes, flat and per-rank outputs, in place", "[tcp][ring]") {
   for (int n : {1, 2, 3, 5}) {
-    auto ms = ring_meshes(n);
+    auto ms = loopback_meshes(n);
     for (const RingOptions& opt : option_sets())
       for (std::size_t bytes : {std::size_t(0), std::size_t(1), std::size_t(13), std::size_t(70001),
                                 (std::size_t(1) << 20) + 5}) {
@@ -331,7 +314,7 @@ TEST_CASE("ring all_gather: sizes, flat and per-rank outputs, in place", "[tcp][
 
 TEST_CASE("ring broadcast: every root and size", "[tcp][ring]") {
   for (int n : {1, 2, 3, 5}) {
-    auto ms = ring_meshes(n);
+    auto ms = loopback_meshes(n);
     for (const RingOptions& opt : option_sets())
       for (std::size_t bytes : {std::size_t(0), std::size_t(1), std::size_t(1000), std::size_t(70001),
                                 (std::size_t(3) << 20) + 1})
@@ -352,7 +335,7 @@ TEST_CASE("ring broadcast: every root and size", "[tcp][ring]") {
 
 TEST_CASE("ring: many collectives in flight, started in different orders per rank", "[tcp][ring]") {
   const int n = 5, K = 24;
-  auto ms = ring_meshes(n);
+  auto ms = loopback_meshes(n);
   const std::int64_t numel = 30011;
   std::vector<std::uint64_t> ids(K);
   for (auto& id : ids) id = next_op_id();
@@ -384,7 +367,7 @@ TEST_CASE("ring: many collectives in flight, started in different orders per ran
 }
 
 TEST_CASE("ring: subgroups of one mesh run concurrently", "[tcp][ring]") {
-  auto ms = ring_meshes(5);
+  auto ms = loopback_meshes(5);
   const std::vector<std::vector<int>> groups = {{1, 3, 4}, {0, 2}};
   const std::int64_t numel = 100003;
   Waiter w;
@@ -416,7 +399,7 @@ enum class Kind { all_reduce_mid_op, all_gather_absent, broadcast_absent };
 
 void lost_peer_case(int n, Kind kind) {
   const int dead = n == 3 ? 1 : 3;
-  auto ms = ring_meshes(n);
+  auto ms = loopback_meshes(n);
   const std::int64_t numel = std::int64_t(2) << 20;
   std::vector<Bytes> buf(n);
   for (int r = 0; r < n; ++r) buf[r] = make_data(DType::float32, numel, r);
@@ -513,7 +496,7 @@ TEST_CASE("ring: an absent peer fails all_gather everywhere and broadcast downst
 }
 
 TEST_CASE("ring: argument errors throw synchronously", "[tcp][ring]") {
-  auto ms = ring_meshes(2);
+  auto ms = loopback_meshes(2);
   float x = 0;
   auto noop = [](std::exception_ptr) {};
   CHECK_THROWS_AS(dopt::detail::ring_all_reduce(world(ms, 0), 1, &x, 1, DType::bool_, ReduceOp::sum, noop),

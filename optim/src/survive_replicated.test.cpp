@@ -1,0 +1,168 @@
+// PostLocalSGDOptimizer and the Reducer surviving a lost rank, over simulated
+// ranks (3 and 5): a rank is lost before, during and after the averaging (the
+// bucket reduce) of a step, the survivors shrink and go on, and their final
+// parameters are compared bitwise with a reference run.
+//
+// The reference run: the same ranks, the same data, no crash; at step C (the
+// step at which the survivors' recovery applies the membership change, below)
+// every rank, the lost one included, calls world.new_group(survivors); the lost
+// rank then returns, and the survivors average on that subgroup from step C
+// on (the post-local SGD averager's all-reduce, or a Reducer built over the
+// subgroup), exactly as they averaged on the world before. C is
+//   * post-local SGD (averaging at steps 1, 3, 5): the first averaging step
+//     >= t for a rank lost before or during step t, > t for one lost after
+//     step t's averaging (local steps never communicate: the loss is noticed
+//     at the next average, whose all-reduce is then redone over the
+//     survivors from the parameters as every survivor contributed them);
+//   * Reducer: t for a rank lost before or during step t's bucket reduce
+//     (every bucket of step t is reduced again over the survivors), t + 1 for
+//     one lost after it.
+// The lost rank "during" posts part of its collectives (the post-local SGD
+// average of its float32 parameters but not of its float64 one; the reducer
+// bucket 0 but not the others) and dies, so some of the survivors' calls may
+// complete with its share in them and at least one fails on every survivor.
+// "after" dies once every rank finished step t.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "survive_replicated_scenarios.hpp"
+
+using namespace dopt;
+using namespace dopt::optim;
+using namespace dopt::survive_test;
+
+namespace {
+
+struct Killed : std::runtime_error {
+  Killed() : std::runtime_error("killed by the test") {}
+};
+
+/// The survive run over simulated ranks: the lost rank throws; what it
+/// posted stays alive until the run ends.
+std::vector<RankResult> run(const Scenario& sc, RankResult (*rank_fn)(ProcessGroup, int, const Scenario&, const Hooks&)) {
+  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
+  std::mutex mu;
+  std::vector<Tensor> kept;
+  std::vector<Future<void>> posted;
+  std::atomic<int> arrived{0};
+  Hooks h;
+  h.die = [] { throw Killed(); };
+  h.keep = [&](std::vector<Tensor> ts, Future<void> f) {
+    std::lock_guard<std::mutex> lock(mu);
+    kept.insert(kept.end(), ts.begin(), ts.end());
+    if (f.valid()) posted.push_back(std::move(f));
+  };
+  h.arrive = [&] { arrived.fetch_add(1); };
+  h.wait_all = [&] {
+    while (arrived.load() < sc.n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  try {
+    simulate_ranks(sc.n, [&](RankContext& ctx) {
+      RankResult r = rank_fn(ctx.world(), ctx.rank(), sc, h);
+      std::lock_guard<std::mutex> lock(mu);
+      res[static_cast<std::size_t>(ctx.rank())] = std::move(r);
+    });
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("killed by the test") == std::string::npos) throw;
+  }
+  return res;
+}
+
+std::vector<RankResult> plsgd_run(const Scenario& sc) { return run(sc, plsgd_rank); }
+std::vector<RankResult> reducer_run(const Scenario& sc) { return run(sc, reducer_rank); }
+
+void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const std::vector<RankResult>& ref) {
+  const auto alive = survivors(sc);
+  for (int r : alive) {
+    const auto& x = got[static_cast<std::size_t>(r)];
+    const auto& y = ref[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << x.log);
+    REQUIRE(x.done);
+    REQUIRE(y.done);
+    CHECK(x.final_size == static_cast<int>(alive.size()));
+    REQUIRE(x.params.size() == y.params.size());
+    for (std::size_t i = 0; i < y.params.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(x.params[i] == y.params[i]);
+    }
+    if (!sc.point.empty()) CHECK(x.log.find("lost=" + std::to_string(sc.victim)) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("post_local_sgd survive: a rank lost before, during or after the averaging: bitwise the reference",
+          "[survive][survive_plsgd]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.point = GENERATE(std::string("before"), std::string("during"), std::string("after"));
+  sc.callback = GENERATE(false, true);
+  sc.victim = sc.n == 3 ? 1 : 2;
+  sc.step = 3;  // an averaging step
+  sc.change_at = plsgd_change_at(sc);
+  INFO(sc.n << " ranks, rank " << sc.victim << " lost " << sc.point << " step " << sc.step << ", change at step "
+            << sc.change_at << (sc.callback ? ", callback" : ""));
+  check_bitwise(sc, plsgd_run(sc), plsgd_reference(sc));
+}
+
+TEST_CASE("post_local_sgd survive: a rank lost between averages is noticed at the next one",
+          "[survive][survive_plsgd]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.victim = 0;
+  sc.point = "before";
+  sc.step = 2;  // a local step: the survivors notice at step 3's average
+  sc.change_at = plsgd_change_at(sc);
+  REQUIRE(sc.change_at == 3);
+  check_bitwise(sc, plsgd_run(sc), plsgd_reference(sc));
+}
+
+TEST_CASE("post_local_sgd survive: without a loss nothing changes: only the periodic averager survives",
+          "[survive][survive_plsgd]") {
+  Scenario sc;
+  sc.n = 3;
+  sc.point = "";
+  check_bitwise(sc, plsgd_run(sc), plsgd_reference(sc));
+  simulate(2, [](RankContext& ctx) {
+    auto params = make_params(true);
+    PostLocalSGDOptimizer opt(make_optimizer(plsgd_inner(), {OptimizerParamGroup(params)}),
+                              std::make_unique<HierarchicalModelAverager>(std::map<std::int64_t, int>{{2, 2}}, 0,
+                                                                          ctx.world()));
+    CHECK_THROWS_AS(opt.enable_survive(), NotSupportedError);
+    CHECK_THROWS_AS(opt.recover(), StateError);
+  });
+}
+
+TEST_CASE("reducer survive: a rank lost before, during or after the bucket reduce: bitwise the reference",
+          "[survive][survive_reducer]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.point = GENERATE(std::string("before"), std::string("during"), std::string("after"));
+  sc.callback = GENERATE(false, true);
+  sc.victim = sc.n == 3 ? 2 : 1;
+  sc.step = 2;
+  sc.steps = 5;
+  sc.change_at = sc.point == "after" ? sc.step + 1 : sc.step;
+  INFO(sc.n << " ranks, rank " << sc.victim << " lost " << sc.point << " step " << sc.step
+            << (sc.callback ? ", callback" : ""));
+  check_bitwise(sc, reducer_run(sc), reducer_reference(sc));
+}
+
+TEST_CASE("reducer survive: without a loss bitwise the plain reducer: refusals", "[survive][survive_reducer]") {
+  Scenario sc;
+  sc.n = 3;
+  sc.point = "";
+  sc.steps = 3;
+  check_bitwise(sc, reducer_run(sc), reducer_reference(sc));
+  simulate(2, [](RankContext& ctx) {
+    auto params = make_params(false);
+    Reducer plain(params, ctx.world(), small_buckets(false));
+    CHECK_THROWS_AS(plain.recover(), StateError);
+    Reducer r(params, ctx.world(), small_buckets(true));
+    CHECK_THROWS_AS(r.register_comm_hook(allreduce_hook(ctx.world())), NotSupportedError);
+  });
+}

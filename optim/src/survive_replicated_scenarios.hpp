@@ -1,0 +1,312 @@
+#pragma once
+// Test support (not installed): the post-local SGD and Reducer scenarios of
+// surviving a lost rank, shared by optim/src/survive_replicated.test.cpp
+// (simulated ranks) and tests/survive_replicated_peer.cpp (processes). The
+// reference run is described in survive_replicated.test.cpp.
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/optim/averagers.hpp"
+#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/optim/reducer.hpp"
+#include "dopt/optim/registry.hpp"
+
+namespace dopt::survive_test {
+
+using namespace dopt::optim;
+
+
+inline std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+inline double grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
+                                      static_cast<std::uint64_t>(i)) +
+                                static_cast<std::uint64_t>(k));
+  return static_cast<double>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0;
+}
+
+inline double init_elem(std::size_t i, std::int64_t k) {
+  const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
+  return static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+inline const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300, 1, 7001, 12};
+
+/// Parameter 2 is float64 when `mixed` (post-local SGD: two all-reduces).
+inline std::vector<Tensor> make_params(bool mixed) {
+  std::vector<Tensor> ps;
+  for (std::size_t i = 0; i < kSizes.size(); ++i) {
+    const DType dt = mixed && i == 2 ? DType::float64 : DType::float32;
+    Tensor p = Tensor::zeros({kSizes[i]}, dt);
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) {
+      if (dt == DType::float64) p.data<double>()[k] = init_elem(i, k);
+      else p.data<float>()[k] = static_cast<float>(init_elem(i, k));
+    }
+    p.set_requires_grad(true);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+inline void set_grads(const std::vector<Tensor>& ps, int r, std::int64_t t) {
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    Tensor g = Tensor::zeros(ps[i].shape(), ps[i].dtype());
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) {
+      if (g.dtype() == DType::float64) g.data<double>()[k] = grad_elem(r, t, i, k);
+      else g.data<float>()[k] = static_cast<float>(grad_elem(r, t, i, k));
+    }
+    ps[i].set_grad(g);
+  }
+}
+
+inline std::vector<std::vector<unsigned char>> bytes_of(const std::vector<Tensor>& ps) {
+  std::vector<std::vector<unsigned char>> out;
+  for (const auto& p : ps) {
+    const auto* b = static_cast<const unsigned char*>(p.data_ptr());
+    out.emplace_back(b, b + p.nbytes());
+  }
+  return out;
+}
+
+inline std::string ranks_str(const std::vector<int>& r) {
+  std::string s;
+  for (int x : r) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+struct Scenario {
+  int n = 3;
+  int victim = 1;
+  std::int64_t step = 2;   // the step at which it is lost
+  std::string point;       // "before", "during", "after"; "" for no loss
+  std::int64_t steps = 6;
+  bool callback = false;
+  std::int64_t change_at = -1;  // C of the header
+};
+
+struct RankResult {
+  bool done = false;
+  std::vector<std::vector<unsigned char>> params;
+  std::string log;
+  int final_size = 0;
+};
+
+inline std::vector<int> survivors(const Scenario& sc) {
+  std::vector<int> s;
+  for (int r = 0; r < sc.n; ++r)
+    if (r != sc.victim || sc.point.empty()) s.push_back(r);
+  return s;
+}
+
+/// How the lost rank dies and what the survivors' runs need: simulated
+/// ranks throw, processes kill themselves.
+struct Hooks {
+  /// Never returns.
+  std::function<void()> die;
+  /// Keeps what the dying rank posted alive (tensors, a future), simulated only.
+  std::function<void(std::vector<Tensor>, Future<void>)> keep = [](std::vector<Tensor>, Future<void>) {};
+  /// Every rank calls it when it finished the scenario's step.
+  std::function<void()> arrive = [] {};
+  /// "after": the lost rank waits here until every rank finished that step.
+  std::function<void()> wait_all = [] {};
+};
+
+/// Runs fn over n simulated ranks for a reference run.
+inline void simulate_ranks(int n, const std::function<void(RankContext&)>& fn) {
+  SimulateOptions so;
+  so.timeout = std::chrono::seconds(30);
+  simulate(n, fn, so);
+}
+
+// --- post-local SGD ------------------------------------------------------------
+
+constexpr std::int64_t kWarmup = 1, kPeriod = 2;  // averages at steps 1, 3, 5
+inline bool averages(std::int64_t t) { return t >= kWarmup && (t - kWarmup) % kPeriod == 0; }
+
+inline OptimizerSpec plsgd_inner() { return OptimizerSpec{"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}; }
+
+/// One rank of the survive run (post-local SGD).
+inline RankResult plsgd_rank(ProcessGroup world, int me, const Scenario& sc, const Hooks& h) {
+  RankResult out;
+  auto params = make_params(true);
+  PostLocalSGDOptimizer opt(make_optimizer(plsgd_inner(), {OptimizerParamGroup(params)}),
+                            std::make_unique<PeriodicModelAverager>(kPeriod, kWarmup, world));
+  if (sc.callback)
+    opt.enable_survive([&](const ZeroRecovery& r) {
+      world = r.group;
+      out.log += "callback lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) + ";";
+    });
+  else
+    opt.enable_survive();
+  const bool victim = me == sc.victim && !sc.point.empty();
+  for (std::int64_t t = 0; t < sc.steps; ++t) {
+    if (victim && t == sc.step && sc.point == "before") h.die();
+    set_grads(params, me, t);
+    if (victim && t == sc.step && sc.point == "during") {
+      opt.optim().step();
+      std::vector<Tensor> f32;
+      for (const auto& p : params)
+        if (p.dtype() == DType::float32) f32.push_back(p);
+      auto f = average_parameters_async(f32, world);  // its float32 share; never the float64 one
+      h.keep(params, std::move(f));
+      h.die();
+    }
+    try {
+      opt.step();
+    } catch (const MembershipChangedError& e) {
+      world = e.recovery().group;
+      out.log += "changed lost=" + ranks_str(e.recovery().lost) + " step=" + std::to_string(e.recovery().step) +
+                 (e.recovery().step_completed ? " completed" : "") + ";";
+    }
+    if (!sc.point.empty() && t == sc.step) h.arrive();
+    if (victim && t == sc.step && sc.point == "after") {
+      h.wait_all();
+      h.keep(params, {});
+      h.die();
+    }
+  }
+  out.done = true;
+  out.final_size = world.size();
+  out.params = bytes_of(params);
+  return out;
+}
+
+inline std::vector<RankResult> plsgd_reference(const Scenario& sc) {
+  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
+  std::mutex mu;
+  const auto alive = survivors(sc);
+  simulate_ranks(sc.n, [&](RankContext& ctx) {
+    const int me = ctx.rank();
+    RankResult out;
+    ProcessGroup world = ctx.world();
+    ProcessGroup group = world;
+    auto params = make_params(true);
+    std::vector<OptimizerParamGroup> gs{OptimizerParamGroup(params)};
+    auto opt = make_optimizer(plsgd_inner(), std::move(gs));
+    for (std::int64_t t = 0; t < sc.steps; ++t) {
+      if (t == sc.change_at) {
+        group = world.new_group(alive);  // every rank of the world
+        if (me == sc.victim) return;
+      }
+      set_grads(params, me, t);
+      opt->step();
+      if (averages(t)) average_parameters(get_params_to_average(opt->param_groups()), group);
+    }
+    out.done = true;
+    out.final_size = group.size();
+    out.params = bytes_of(params);
+    std::lock_guard<std::mutex> lock(mu);
+    res[static_cast<std::size_t>(me)] = std::move(out);
+  });
+  return res;
+}
+
+inline std::int64_t plsgd_change_at(const Scenario& sc) {
+  std::int64_t c = sc.point == "after" ? sc.step + 1 : sc.step;
+  while (!averages(c)) ++c;
+  return c;
+}
+
+// --- Reducer -------------------------------------------------------------------
+
+inline OptimizerSpec ddp_inner() { return OptimizerSpec{"Adam", {{"lr", 0.01}}}; }
+
+inline ReducerOptions small_buckets(bool survive) {
+  ReducerOptions ro;
+  ro.first_bucket_cap_bytes = 2048;
+  ro.bucket_cap_bytes = 16384;
+  ro.broadcast_parameters = false;  // the same initial parameters everywhere
+  ro.survive = survive;
+  return ro;
+}
+
+/// One rank of the survive run (Reducer + a local Adam).
+inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, const Hooks& h) {
+  RankResult out;
+  auto params = make_params(false);
+  ReducerOptions ro = small_buckets(true);
+  if (sc.callback)
+    ro.on_membership_change = [&](const ZeroRecovery& r) {
+      world = r.group;
+      out.log += "callback lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) + ";";
+    };
+  auto reducer = std::make_unique<Reducer>(params, world, ro);
+  if (reducer->num_buckets() < 3) throw std::logic_error("the scenario needs 3 or more buckets");
+  auto opt = make_optimizer(ddp_inner(), {OptimizerParamGroup(params)});
+  const bool victim = me == sc.victim && !sc.point.empty();
+  for (std::int64_t t = 0; t < sc.steps; ++t) {
+    if (victim && t == sc.step && sc.point == "before") h.die();
+    set_grads(params, me, t);
+    if (victim && t == sc.step && sc.point == "during") {
+      const auto buckets = reducer->bucket_indices();
+      for (auto i : buckets[0]) reducer->mark_ready(params[i]);  // bucket 0 launches
+      h.keep(params, {});
+      reducer.release();  // its buckets stay alive for the collective it posted
+      h.die();
+    }
+    for (std::size_t i = params.size(); i-- > 0;) reducer->mark_ready(params[i]);  // as a backward pass
+    try {
+      reducer->finalize();
+    } catch (const MembershipChangedError& e) {
+      world = e.recovery().group;
+      out.log += "changed lost=" + ranks_str(e.recovery().lost) + " step=" + std::to_string(e.recovery().step) +
+                 (e.recovery().step_completed ? " completed" : "") + ";";
+    }
+    opt->step();
+    if (!sc.point.empty() && t == sc.step) h.arrive();
+    if (victim && t == sc.step && sc.point == "after") {
+      h.wait_all();
+      h.die();
+    }
+  }
+  out.done = true;
+  out.final_size = world.size();
+  out.params = bytes_of(params);
+  return out;
+}
+
+inline std::vector<RankResult> reducer_reference(const Scenario& sc) {
+  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
+  std::mutex mu;
+  const auto alive = survivors(sc);
+  simulate_ranks(sc.n, [&](RankContext& ctx) {
+    const int me = ctx.rank();
+    RankResult out;
+    ProcessGroup world = ctx.world();
+    ProcessGroup group = world;
+    auto params = make_params(false);
+    auto reducer = std::make_unique<Reducer>(params, world, small_buckets(false));
+    auto opt = make_optimizer(ddp_inner(), {OptimizerParamGroup(params)});
+    for (std::int64_t t = 0; t < sc.steps; ++t) {
+      if (t == sc.change_at) {
+        group = world.new_group(alive);  // every rank of the world
+        if (me == sc.victim) return;
+        reducer = std::make_unique<Reducer>(params, group, small_buckets(false));
+      }
+      set_grads(params, me, t);
+      for (std::size_t i = params.size(); i-- > 0;) reducer->mark_ready(params[i]);
+      reducer->finalize();
+      opt->step();
+    }
+    out.done = true;
+    out.final_size = group.size();
+    out.params = bytes_of(params);
+    std::lock_guard<std::mutex> lock(mu);
+    res[static_cast<std::size_t>(me)] = std::move(out);
+  });
+  return res;
+}
+
+}  // namespace dopt::survive_test

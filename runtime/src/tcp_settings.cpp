@@ -1,0 +1,56 @@
+// TcpMesh's settings: the DOPT_TCP_* environment variables.
+#include "tcp_settings.hpp"
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+
+#include "dopt/runtime/error.hpp"
+#include "tcp_wire.hpp"
+
+namespace dopt::transport::tcp_detail {
+
+namespace {
+
+constexpr int k_default_streams = 2;
+constexpr int k_max_streams = 16;
+constexpr std::size_t k_default_stripe_min = 256 * 1024;
+
+// An integer setting from the environment (K, M, G suffixes: binary units).
+long long env_setting(const char* name, long long lo, long long hi, long long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v, &end, 10);
+  bool ok = errno == 0 && end != v;
+  if (ok && *end) {
+    const char u = *end++;
+    const int shift = (u == 'K' || u == 'k') ? 10 : (u == 'M' || u == 'm') ? 20 : (u == 'G' || u == 'g') ? 30 : -1;
+    if (shift < 0 || (*end && !((*end == 'i' || *end == 'B') && (end[1] == 0 || (end[1] == 'B' && !end[2])))))
+      ok = false;
+    else
+      x <<= shift;
+  }
+  if (!ok || x < lo || x > hi)
+    throw ValueError(k_op, std::string(name) + "=\"" + v + "\" is not a whole number in [" + std::to_string(lo) +
+                               ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+}  // namespace
+
+void resolve_settings(TcpMeshOptions& options, int rank) {
+  if (options.streams < 0) options.streams = int(env_setting("DOPT_TCP_STREAMS", 0, k_max_streams, k_default_streams));
+  if (options.streams > k_max_streams)
+    throw ValueError(k_op, "streams must be at most " + std::to_string(k_max_streams) + ", got " +
+                               std::to_string(options.streams), rank);
+  if (options.stripe_min_bytes == 0)
+    options.stripe_min_bytes =
+        std::size_t(env_setting("DOPT_TCP_STRIPE_MIN", 1, 1LL << 40, (long long)k_default_stripe_min));
+  if (options.socket_buffer_bytes == 0)
+    options.socket_buffer_bytes = std::size_t(env_setting("DOPT_TCP_SOCKET_BUFFER", 0, 1LL << 30, 0));
+}
+
+}  // namespace dopt::transport::tcp_detail

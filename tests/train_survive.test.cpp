@@ -1,0 +1,114 @@
+// dopt-train --survive (docs/fault-tolerance.md): a rank is killed mid-training
+// (--kill-rank R --kill-at-step S), the survivors go on, and the loss curve
+// continues through it. As processes under dopt-run --on-failure continue
+// (tags [train][survive][multiprocess]: label "multiprocess", 60 s timeout
+// from tests/rendezvous.cmake), and with simulated ranks.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "process_util.hpp"
+
+namespace {
+
+using namespace dopt_test;
+namespace fs = std::filesystem;
+
+const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}, {"RANK", ""}, {"WORLD_SIZE", ""}};
+
+/// (step, loss) of every line of a --metrics file.
+std::vector<std::pair<long, double>> losses(const fs::path& metrics) {
+  std::vector<std::pair<long, double>> out;
+  for (const std::string& line : lines_of(slurp(metrics.string()))) {
+    const auto j = nlohmann::json::parse(line);
+    out.emplace_back(j.at("step").get<long>(), j.at("loss").get<double>());
+  }
+  return out;
+}
+
+/// The curve continues: one line per step 1..steps, every loss finite, and
+/// the loss after the kill keeps falling (the mean of the last 10 steps is
+/// below half the first step's and below the mean of the 10 steps before
+/// the kill).
+void require_curve_continues(const fs::path& metrics, long steps, long kill_at) {
+  const auto l = losses(metrics);
+  REQUIRE(static_cast<long>(l.size()) == steps);
+  for (long i = 0; i < steps; ++i) {
+    INFO("line " << i);
+    CHECK(l[static_cast<std::size_t>(i)].first == i + 1);
+    CHECK(std::isfinite(l[static_cast<std::size_t>(i)].second));
+  }
+  double before = 0, tail = 0;
+  for (long i = kill_at - 10; i < kill_at; ++i) before += l[static_cast<std::size_t>(i)].second / 10;
+  for (long i = steps - 10; i < steps; ++i) tail += l[static_cast<std::size_t>(i)].second / 10;
+  INFO("first loss " << l.front().second << ", 10 steps before the kill " << before << ", last 10 " << tail);
+  CHECK(tail < 0.5 * l.front().second);
+  CHECK(tail < before);
+}
+
+std::vector<std::string> args_of(const std::string& mode, int ranks, long steps, long kill_rank, long kill_at,
+                                 const fs::path& metrics) {
+  return {"--optim", mode, "--ranks", std::to_string(ranks), "--steps", std::to_string(steps), "--hidden", "64",
+          "--layers", "3", "--survive", "--kill-rank", std::to_string(kill_rank), "--kill-at-step",
+          std::to_string(kill_at), "--metrics", metrics.string(), "--log-every", "10"};
+}
+
+}  // namespace
+
+TEST_CASE("dopt-train --survive: a process killed mid-training, the survivors go on and the loss curve continues",
+          "[train][survive][multiprocess]") {
+  const std::string mode = GENERATE("ddp", "zero");
+  const int n = GENERATE(3, 5);
+  INFO(mode << ", " << n << " processes");
+  TempDir dir("dopt-train-survive", mode + std::to_string(n));
+  const long steps = 120, kill_at = 50;
+  std::vector<std::string> argv{kDoptRun, "--on-failure", "continue", "--nproc-per-node", std::to_string(n),
+                                "--master-port", "0", kTrain};
+  for (auto& a : args_of(mode, n, steps, 1, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  const Done d = wait(start(argv, kEnv));
+  INFO(d.out);
+  CHECK(d.ok());  // exit 0
+  CHECK(contains(d.out, "dopt-run: rank 1 killed by signal 9 (SIGKILL); the other ranks continue"));
+  CHECK(contains(d.out, "dopt-run: 1 rank(s) failed (1), " + std::to_string(n - 1) + " finished"));
+  CHECK(contains(d.out, "dopt-train: rank(s) 1 lost during step " + std::to_string(kill_at + 1) + "; " +
+                            std::to_string(n - 1) + " ranks go on (--survive)"));
+  CHECK(contains(d.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d.out, "error"));
+  require_curve_continues(dir.path / "m.jsonl", steps, kill_at);
+}
+
+TEST_CASE("dopt-train --survive: with simulated ranks the killed rank throws and the others finish", "[train][survive]") {
+  TempDir dir("dopt-train-survive-sim", "ddp");
+  const long steps = 80, kill_at = 30;
+  std::vector<std::string> argv{kTrain};
+  for (auto& a : args_of("ddp", 3, steps, 2, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  const Done d = wait(start(argv, kEnv));
+  INFO(d.out);
+  CHECK(d.ok());
+  CHECK(contains(d.out, "dopt-train: rank(s) 2 lost during step 31; 2 ranks go on (--survive)"));
+  CHECK(contains(d.out, "rank 2 killed after step 30 (--kill-rank); the others finished (--survive)"));
+  require_curve_continues(dir.path / "m.jsonl", steps, kill_at);
+}
+
+TEST_CASE("dopt-train --survive: wrong combinations are usage errors (exit 2)", "[train][survive]") {
+  auto run = [](std::vector<std::string> a) {
+    a.insert(a.begin(), kTrain);
+    return wait(start(a, kEnv));
+  };
+  for (const auto& a : std::vector<std::vector<std::string>>{
+           {"--optim", "post-local-sgd", "--survive"},
+           {"--optim", "ddp", "--kill-rank", "1", "--kill-at-step", "3"},
+           {"--optim", "ddp", "--survive", "--kill-rank", "1"},
+           {"--optim", "ddp", "--survive", "--checkpoint-dir", "/tmp/x"},
+           {"--optim", "ddp", "--survive", "--ranks", "3", "--kill-rank", "3", "--kill-at-step", "2"}}) {
+    const Done d = run(a);
+    INFO(d.out);
+    CHECK(WEXITSTATUS(d.status) == 2);
+  }
+}
