@@ -12,6 +12,7 @@
 
 #include "dopt/runtime/state_dict.hpp"
 #include "plsgd_util.hpp"
+#include "state_load.hpp"
 
 namespace dopt::optim {
 
@@ -115,16 +116,7 @@ std::string fragments_str(const std::vector<std::vector<std::int64_t>>& f) {
 }
 
 std::int64_t parse_int(const std::string& s, const char* what) {
-  std::size_t used = 0;
-  long long v = -1;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (s.empty() || used != s.size() || v < 0)
-    throw StateDictError("DiLoCoAverager.load_state", std::string(what) + " '" + s + "' is not a non-negative integer");
-  return v;
+  return detail::parse_count(s, "DiLoCoAverager.load_state", what);
 }
 
 }  // namespace

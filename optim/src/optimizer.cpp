@@ -13,6 +13,19 @@ namespace dopt::optim {
 
 namespace detail {
 
+std::int64_t parse_count(const std::string& s, const std::string& op, const std::string& what) {
+  std::size_t used = 0;
+  long long v = -1;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size() || v < 0)
+    throw StateDictError(op, what + " '" + s + "' is not a non-negative integer");
+  return v;
+}
+
 Tensor load_state_value(const Tensor& param, const std::string& key, const Tensor& value, bool cast_integers) {
   if (key == "step") return value.clone();
   const bool low = param.dtype() == DType::float16 || param.dtype() == DType::bfloat16;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "state_load.hpp"
 #include "survive_util.hpp"
 
 namespace dopt::optim {
@@ -100,14 +101,7 @@ ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) 
   ZeroRecovery rec;
   if (shrunk) {
     ProcessGroup ng = *shrunk;
-    const auto all = detail::all_gather_descriptors(ng, {at, 0});
-    for (int r = 1; r < ng.size(); ++r)
-      if (all[static_cast<std::size_t>(r)] != all[0])
-        throw StateError(op, "the survivors stopped after different steps (rank " + std::to_string(ng.global_rank(0)) +
-                                 ": " + std::to_string(all[0][0]) + ", rank " + std::to_string(ng.global_rank(r)) +
-                                 ": " + std::to_string(all[static_cast<std::size_t>(r)][0]) +
-                                 "). Fall back to the last checkpoint",
-                         ng.global_rank(ng.rank()));
+    detail::check_same_point(ng, op, {at, 0}, ng.global_rank(ng.rank()));
     rec.group = ng;
   } else {
     ProcessGroup group = averager_->process_group();
@@ -130,17 +124,7 @@ void PostLocalSGDOptimizer::load_state_dict(const StateDict& sd) {
   static constexpr const char* op = "PostLocalSGDOptimizer.load_state_dict";
   std::optional<std::int64_t> step;
   if (auto it = sd.metadata.find(kAveragerStepKey); it != sd.metadata.end()) {
-    const std::string& s = it->second;
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (s.empty() || used != s.size() || v < 0)
-      throw StateDictError(op, "the averager step '" + s + "' is not a non-negative integer");
-    step = v;
+    step = detail::parse_count(it->second, op, "the averager step");
   }
   // The averager's own entries (DiLoCo's anchors, ...) come out first; the
   // rest is the local optimizer's.

@@ -305,15 +305,7 @@ ZeroRecovery Reducer::recover(std::optional<ProcessGroup> shrunk) {
   ZeroRecovery rec;
   if (shrunk) {
     ProcessGroup ng = *shrunk;
-    const auto all = detail::all_gather_descriptors(ng, {iterations_, 0});
-    for (int r = 1; r < ng.size(); ++r)
-      if (all[static_cast<std::size_t>(r)] != all[0])
-        throw StateError(op, "the survivors stopped after different iterations (rank " +
-                                 std::to_string(ng.global_rank(0)) + ": " + std::to_string(all[0][0]) + ", rank " +
-                                 std::to_string(ng.global_rank(r)) + ": " +
-                                 std::to_string(all[static_cast<std::size_t>(r)][0]) +
-                                 "). Fall back to the last checkpoint",
-                         ng.global_rank(ng.rank()));
+    detail::check_same_point(ng, op, {iterations_, 0}, ng.global_rank(ng.rank()));
     rec.group = ng;
     rec.step = iterations_;
   } else {

@@ -12,6 +12,7 @@
 //   * Integer state takes the parameter's dtype when `cast_integers` (the
 //     Optimizer's rule, torch's), else keeps its dtype.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,10 @@
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt::optim::detail {
+
+/// `s` (a state dict's metadata value) as a non-negative integer; StateDictError
+/// naming `op` and `what` ("the averager step") when it is not one.
+std::int64_t parse_count(const std::string& s, const std::string& op, const std::string& what);
 
 Tensor load_state_value(const Tensor& param, const std::string& key, const Tensor& value, bool cast_integers);
 

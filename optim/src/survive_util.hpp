@@ -12,10 +12,29 @@
 
 namespace dopt::optim::detail {
 
-/// A collective of the survivors of `group`: shrinks it, all-gathers `where`
-/// (the caller's position: counters, in/out of a call) over the new group and
-/// throws StateError (naming `op`, both positions and the checkpoint
-/// fall-back) when a survivor stopped elsewhere. Then runs `redo(new group)`;
+/// A collective of the members of `ng`: all-gathers `where` (the caller's
+/// position: counters, in/out of a call) and throws StateError (naming `op`,
+/// the first two positions that differ and the checkpoint fall-back; the
+/// error's rank is `rank`) unless every member passed the same.
+inline void check_same_point(ProcessGroup& ng, const char* op, const std::vector<std::int64_t>& where, int rank) {
+  const auto all = all_gather_descriptors(ng, where);
+  for (int r = 1; r < ng.size(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0]) {
+      auto at = [&](int g) {
+        std::string s = "rank " + std::to_string(ng.global_rank(g)) + " at";
+        for (auto v : all[static_cast<std::size_t>(g)]) s += " " + std::to_string(v);
+        return s;
+      };
+      throw StateError(op, "the survivors stopped at different points (" + at(0) + ", " + at(r) +
+                               "); recovery needs every survivor to stop in the same call. Fall back to "
+                               "the last checkpoint",
+                       rank);
+    }
+}
+
+/// A collective of the survivors of `group`: shrinks it, checks with
+/// check_same_point that every survivor stopped at `where`, then runs
+/// `redo(new group)`;
 /// a further PeerLostError during any of it starts again from the old group
 /// (its shrink then leaves that rank out too). Returns the recovery record
 /// (step = where[0]).
@@ -26,19 +45,7 @@ inline ZeroRecovery shrink_and_redo(ProcessGroup& group, const char* op, const s
     try {
       ShrinkResult sr = group.shrink();
       ProcessGroup ng = sr.group;
-      const auto all = all_gather_descriptors(ng, where);
-      for (int r = 1; r < ng.size(); ++r)
-        if (all[static_cast<std::size_t>(r)] != all[0]) {
-          auto at = [&](int g) {
-            std::string s = "rank " + std::to_string(ng.global_rank(g)) + " at";
-            for (auto v : all[static_cast<std::size_t>(g)]) s += " " + std::to_string(v);
-            return s;
-          };
-          throw StateError(op, "the survivors stopped at different points (" + at(0) + ", " + at(r) +
-                                   "); recovery needs every survivor to stop in the same call. Fall back to "
-                                   "the last checkpoint",
-                           old_rank);
-        }
+      check_same_point(ng, op, where, old_rank);
       if (redo) redo(ng);
       ZeroRecovery rec;
       rec.group = ng;
