@@ -11,7 +11,7 @@
 // host's values, and so on; the last host finishes the result and sends it to
 // member j of every other host. Then every member has its slice of the
 // result, and the host's members gather the other slices from each other's
-// buffers.
+// buffers. With one member per host: the TCP ring instead (hier_ring.cpp).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -135,12 +135,14 @@ void all_reduce(HierGroup& g, HierCall& c) {
   switch (op.desc.kind) {
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:
+      if (whole_all_reduce(g, c, op.tensors, op.desc.dtype, op.desc.op)) return;
       return run(g, c, FlatView(op.tensors, 0, op.tensors.size()), op.desc.dtype, op.desc.op);
     case CollKind::reduce: {
       // Every member computes the result; only dst keeps it.
       const bool dst = g.topo().me == op.desc.root;
       const Tensor& t = op.tensors[0];
       Tensor work = dst ? t : t.clone();
+      if (whole_all_reduce(g, c, {work}, op.desc.dtype, op.desc.op)) return;
       return run(g, c, FlatView(work), op.desc.dtype, op.desc.op);
     }
     case CollKind::reduce_scatter: {
@@ -150,7 +152,7 @@ void all_reduce(HierGroup& g, HierCall& c) {
       const Tensor& out = op.tensors[0];
       Tensor all = Tensor::empty({out.numel() * n}, out.dtype());
       for (int r = 0; r < n; ++r) all.flat_slice(out.numel() * r, out.numel()).copy_(op.tensors[static_cast<std::size_t>(1 + r)]);
-      run(g, c, FlatView(all), op.desc.dtype, op.desc.op);
+      if (!whole_all_reduce(g, c, {all}, op.desc.dtype, op.desc.op)) run(g, c, FlatView(all), op.desc.dtype, op.desc.op);
       out.copy_(all.flat_slice(out.numel() * g.topo().me, out.numel()).view(out.shape()));
       return;
     }

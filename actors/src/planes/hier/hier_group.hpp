@@ -67,6 +67,9 @@ class Transfers {
   /// failed wait gave up on it).
   void send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
   void recv(int peer, transport::Tag tag, void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
+  /// Counts one more pending transfer (a whole collective of planes/tcp/ring.hpp,
+  /// for instance) settled by the completion returned; keep as for send.
+  transport::Completion expect(std::shared_ptr<void> keep = nullptr) { return track(std::move(keep)); }
   /// Waits for every posted transfer; `check` runs between naps (it throws to
   /// end the wait: timeout, a lost peer, shutdown). Rethrows a transfer's error.
   void wait(const std::function<void()>& check);
@@ -157,5 +160,15 @@ void all_reduce(HierGroup& g, HierCall& c);   // also reduce, reduce_scatter, al
 void broadcast(HierGroup& g, HierCall& c);    // also broadcast_coalesced
 void all_gather(HierGroup& g, HierCall& c);   // list and flat
 void barrier(HierGroup& g, HierCall& c);
+
+// One member per host (hier_ring.cpp): the slices that cross are the whole
+// buffer, so there is nothing to stage in shared memory. After the call's
+// match, the TCP ring collectives (planes/tcp/ring.hpp: pipelined, reduction
+// in the group's order, bit for bit the same) run straight on the tensors'
+// memory (packed into one buffer first when they are not one contiguous
+// range). Each returns false, having done nothing, when the group has more
+// than one member per host.
+bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tensors, DType dtype, ReduceOp op);
+bool whole_all_gather(HierGroup& g, HierCall& c);
 
 }  // namespace dopt::detail::hier
