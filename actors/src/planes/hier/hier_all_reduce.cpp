@@ -14,6 +14,8 @@
 // buffers. With one member per host: the TCP ring instead (hier_ring.cpp).
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "kernels.hpp"
@@ -61,56 +63,80 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
         for (std::int64_t a = 0; a < whole.count; a += sub)
           runs.push_back(RankRun{whole.lo + a, std::min(sub, whole.count - a), whole.order});
     }
+    // Each run cut into same-host pieces of its order: (host, group ranks).
+    using Pieces = std::vector<std::pair<int, std::vector<int>>>;
+    std::vector<Pieces> cut(runs.size());
+    std::vector<std::size_t> acc_at(runs.size() + 1, 0);  // run r's accumulator in the scratch
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      for (int gr : runs[r].order) {
+        const int h = t.host_of[static_cast<std::size_t>(gr)];
+        if (cut[r].empty() || cut[r].back().first != h) cut[r].push_back({h, {}});
+        cut[r].back().second.push_back(gr);
+      }
+      acc_at[r + 1] = acc_at[r] + static_cast<std::size_t>(runs[r].count) * aes;
+    }
+    // The accumulators: the group's scratch (no allocation, no zeroing per
+    // round), kept alive by the transfers in case a failed wait leaves them.
+    const std::shared_ptr<char[]> scratch = g.scratch(acc_at.back());
+    auto acc_of = [&](std::size_t r) { return scratch.get() + acc_at[r]; };
     Transfers sends(g.mesh()), results(g.mesh());
     std::vector<int> cross;  // who this chunk waits for
-    auto accs = std::make_shared<std::vector<std::vector<char>>>(runs.size());  // outlives a failed wait
+    auto waits_for = [&](int who) {
+      if (std::find(cross.begin(), cross.end(), who) == cross.end()) cross.push_back(who);
+    };
+    // Every accumulator this host receives, posted before any arrives (so
+    // the mesh reads it straight into place). An accumulator arrives only
+    // once the previous piece's send of the same run left this rank, so a
+    // run whose order visits this host twice reuses its buffer safely.
+    std::map<std::pair<std::size_t, std::size_t>, std::unique_ptr<Transfers>> chain_in;
+    for (std::size_t r = 0; r < runs.size(); ++r)
+      for (std::size_t p = 1; p < cut[r].size(); ++p) {
+        if (cut[r][p].first != me_host) continue;
+        auto& in = chain_in[{r, p}];
+        in = std::make_unique<Transfers>(g.mesh());
+        const int from = t.at(cut[r][p - 1].first, j);
+        in->recv(g.global(from), g.tag(c, HierGroup::kChain, chunk, (r << 8) | p), acc_of(r),
+                 acc_at[r + 1] - acc_at[r], scratch);
+      }
     std::vector<bool> finished_here(runs.size(), false);
     for (std::size_t r = 0; r < runs.size(); ++r) {
       const RankRun& run = runs[r];
-      // The order cut into same-host pieces.
-      std::vector<std::pair<int, std::vector<int>>> pieces;  // (host, group ranks)
-      for (int gr : run.order) {
-        const int h = t.host_of[static_cast<std::size_t>(gr)];
-        if (pieces.empty() || pieces.back().first != h) pieces.push_back({h, {}});
-        pieces.back().second.push_back(gr);
-      }
-      auto& acc = (*accs)[r];
-      acc.resize(static_cast<std::size_t>(run.count) * aes);
+      const Pieces& pieces = cut[r];
+      char* acc = acc_of(r);
+      const std::size_t acc_bytes = acc_at[r + 1] - acc_at[r];
       for (std::size_t p = 0; p < pieces.size(); ++p) {
         if (pieces[p].first != me_host) continue;
         const void* acc_in = nullptr;
         if (p > 0) {  // the accumulator from the previous host
-          Transfers in(g.mesh());
           const int from = t.at(pieces[p - 1].first, j);
-          in.recv(g.global(from), g.tag(c, HierGroup::kChain, chunk, (r << 8) | p), acc.data(), acc.size(), accs);
-          g.wait(in, c, {from});
-          acc_in = acc.data();
+          g.wait(*chain_in[{r, p}], c, {from});
+          acc_in = acc;
         }
         std::vector<const void*> ins;
         for (int gr : pieces[p].second)
           ins.push_back(ch.buf(t.local_of[static_cast<std::size_t>(gr)], k) + at(run.lo));
-        accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc.data(), run.count);
+        accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc, run.count);
         if (p + 1 < pieces.size()) {
           const int to = t.at(pieces[p + 1].first, j);
-          sends.send(g.global(to), g.tag(c, HierGroup::kChain, chunk, (r << 8) | (p + 1)), acc.data(), acc.size(), accs);
-          g.count_cross(acc.size());
-          if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
+          sends.send(g.global(to), g.tag(c, HierGroup::kChain, chunk, (r << 8) | (p + 1)), acc, acc_bytes, scratch);
+          g.count_cross(acc_bytes);
+          waits_for(to);
         } else {  // the last piece: the result, for every other host
-          finalize(op, dtype, n, acc.data(), mine + at(run.lo), run.count);
+          finalize(op, dtype, n, acc, mine + at(run.lo), run.count);
           finished_here[r] = true;
           for (int h = 0; h < t.num_hosts(); ++h) {
             if (h == me_host) continue;
             const int to = t.at(h, j);
             sends.send(g.global(to), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
             g.count_cross(static_cast<std::size_t>(run.count * es));
-            if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
+            waits_for(to);
           }
         }
       }
       if (!finished_here[r]) {  // the result comes from the last host
         const int from = t.at(pieces.back().first, j);
         results.recv(g.global(from), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
-        if (std::find(cross.begin(), cross.end(), from) == cross.end()) cross.push_back(from);
+        waits_for(from);
       }
     }
     g.wait(results, c, cross);

@@ -137,6 +137,10 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   /// Bytes this rank sent to other hosts (tests assert the two-level path).
   std::uint64_t bytes_to_other_hosts() const noexcept override { return cross_bytes_.load(std::memory_order_relaxed); }
   void count_cross(std::uint64_t n) noexcept { cross_bytes_.fetch_add(n, std::memory_order_relaxed); }
+  /// At least n bytes of scratch memory (not zeroed), reused from call to
+  /// call on the group's thread: the algorithms' accumulators. Transfers that
+  /// use it hold the pointer (a failed wait may leave them in flight).
+  std::shared_ptr<char[]> scratch(std::size_t n);
   /// The first round of a call on this host, then the exchange of records
   /// with the cross peers: throws CollectiveMismatchError on every member alike.
   /// Stages nothing: the algorithms stage their first chunk themselves, before.
@@ -152,6 +156,8 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   std::shared_ptr<transport::TcpMesh> mesh_;
   std::shared_ptr<PeerTable> peers_;
   std::atomic<std::uint64_t> cross_bytes_{0};
+  std::shared_ptr<char[]> scratch_;
+  std::size_t scratch_bytes_ = 0;
   SerialExecutor exec_;
 };
 
