@@ -47,13 +47,18 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
     const std::uint64_t k = ch.begin_round(c.local);
     char* mine = ch.buf(ch.me(), k);
     auto at = [&](std::int64_t e) { return static_cast<std::size_t>((e - c0) * es); };
-    if (m > 0) v.gather(static_cast<std::size_t>(c0 * es), static_cast<std::size_t>((c0 + m) * es), mine);
+    // My slice of the chunk, [lo, hi): only I read my values there (from
+    // the tensors), so only the other members' slices are staged; the
+    // buffer's slice receives the result.
+    const std::int64_t lo = c0 + m * j / L, hi = c0 + m * (j + 1) / L;
+    auto bytes_at = [&](std::int64_t e) { return static_cast<std::size_t>(e * es); };
+    if (lo > c0) v.gather(bytes_at(c0), bytes_at(lo), mine);
+    if (c0 + m > hi) v.gather(bytes_at(hi), bytes_at(c0 + m), mine + at(hi));
     if (c0 == 0) ch.publish(k, call);
     ch.signal(Channel::A(k));
     ch.wait_all(Channel::A(k), c.local);
     if (c0 == 0) g.match(k, c);
     // My slice of the chunk, run by run.
-    const std::int64_t lo = c0 + m * j / L, hi = c0 + m * (j + 1) / L;
     // Runs of at most 256 KiB of accumulator each, so that the hosts work on
     // one while the next travels.
     std::vector<RankRun> runs;
@@ -113,8 +118,21 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
           acc_in = acc;
         }
         std::vector<const void*> ins;
-        for (int gr : pieces[p].second)
-          ins.push_back(ch.buf(t.local_of[static_cast<std::size_t>(gr)], k) + at(run.lo));
+        for (int gr : pieces[p].second) {
+          if (gr != t.me) {
+            ins.push_back(ch.buf(t.local_of[static_cast<std::size_t>(gr)], k) + at(run.lo));
+            continue;
+          }
+          // Mine from the tensors (staged first where they are not one
+          // range: the result overwrites it only after this run's pieces).
+          const std::size_t b0 = bytes_at(run.lo), nb = bytes_at(run.count);
+          const char* p_mine = v.contiguous(b0, nb);
+          if (!p_mine) {
+            v.gather(b0, b0 + nb, mine + at(run.lo));
+            p_mine = mine + at(run.lo);
+          }
+          ins.push_back(p_mine);
+        }
         accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc, run.count);
         if (p + 1 < pieces.size()) {
           const int to = t.at(pieces[p + 1].first, j);
