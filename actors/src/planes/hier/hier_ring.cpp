@@ -70,10 +70,10 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
   opt.pre_divisor = call.desc.pre_divisor;
   Transfers ts(g.mesh());
   detail::ring_all_reduce(ring_of(g), c.op_id, buf, numel, dtype, op, ts.expect(keep), opt);
-  // Bytes this rank sends: every peer's share of the buffer (small buffers:
-  // the whole buffer to each); then the reduced segments but the next rank's.
+  // Bytes this rank sends: every peer's share of the buffer (the latency
+  // path: the whole buffer to each); then the reduced segments but the next rank's.
   if (n > 1 && numel > 0) {
-    if (bytes <= opt.small_bytes) {
+    if (bytes <= opt.small_bytes || (n == 2 && bytes <= opt.pair_bytes)) {
       g.count_cross(bytes * static_cast<std::size_t>(n - 1));
     } else {
       auto seg = [&](int s) {
