@@ -82,6 +82,13 @@ struct RingOptions {
   /// window * (n-1) * chunk_bytes). Messages that come earlier are buffered
   /// by the mesh.
   int window = 4;
+  /// The reduce-scatter receives further ahead than `window` while its
+  /// scratch stays within this many bytes (0: exactly `window`). A sender
+  /// writes all of its chunks at once; those that arrive before their recv
+  /// is posted are buffered by the mesh and copied again, so receiving
+  /// ahead saves that copy and allocation (the buffering would have taken the
+  /// memory anyway). Scratch pages are touched only as chunks arrive.
+  std::size_t scratch_bytes = std::size_t(16) << 20;
 };
 
 using RingDone = std::function<void(std::exception_ptr)>;

@@ -186,6 +186,7 @@ std::vector<RingOptions> option_sets() {
   tiny.small_bytes = 0;
   tiny.pair_bytes = 0;
   tiny.window = 2;
+  tiny.scratch_bytes = 0;
   return {tiny, RingOptions{}};
 }
 
