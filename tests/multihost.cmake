@@ -7,6 +7,7 @@ if(TARGET dopt_collectives_peer AND TARGET dopt-run)
   set(_mh_tests
     "battery|every collective exact, 2 hosts x 2 ranks on the hierarchical plane"
     "digest|every collective bit for bit as on one host, 2 hosts x 2 ranks"
+    "digest1|every collective bit for bit as on one host, 2 hosts x 1 rank (the TCP ring)"
     "zero|ZeroRedundancyOptimizer parity, 2 hosts x 2 ranks"
     "plsgd|post-local SGD parity, 2 hosts x 2 ranks"
     "slow|the battery over 100 Mbit/s links, default timeouts"
@@ -27,4 +28,12 @@ if(TARGET dopt_collectives_peer AND TARGET dopt-run)
     set_tests_properties("multihost: ${_what}" PROPERTIES
       LABELS "multihost;multiprocess" TIMEOUT 150 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
   endforeach()
+endif()
+# One rank per "host" (DOPT_HOST_ID per rank, no root needed): the
+# hierarchical plane's TCP ring path, at an uneven world size.
+if(TARGET dopt_collectives_peer)
+  add_test(NAME "hier: every collective exact, 3 hosts x 1 rank (the TCP ring)"
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/as_hosts.sh 3 1 $<TARGET_FILE:dopt_collectives_peer> battery)
+  set_tests_properties("hier: every collective exact, 3 hosts x 1 rank (the TCP ring)"
+                       PROPERTIES LABELS "integration;multiprocess" TIMEOUT 120)
 endif()

@@ -13,6 +13,8 @@
 #              the hierarchical plane taken, bytes crossed between hosts
 #   digest     every collective on random floats: each rank's digest equal to
 #              the same ranks on one host (4 processes, shared memory)
+#   digest1    the same with 2 hosts x 1 rank (the hierarchical plane's TCP
+#              ring path), against 2 processes on one host
 #   zero       ZeroRedundancyOptimizer parity;  plsgd: post-local SGD parity
 #   slow       the battery with each host's link limited to 100 Mbit/s (tbf;
 #              plus 2 ms delay and 0.1 % loss where the kernel has netem)
@@ -84,6 +86,8 @@ add_host() {
   ip -n "$ns" link set eth0 up
 }
 hosts=2
+per=2  # ranks per host
+[ "$scenario" = digest1 ] && per=1
 for ((i = 0; i < hosts; i++)); do add_host "$i"; done
 unshare --uts --ipc --mount --propagation private true 2>"$work/err" ||
   skip "cannot create UTS/IPC/mount namespaces: $(cat "$work/err")"
@@ -113,7 +117,7 @@ in_host() {
     bash -c "$setup"'exec "$@"' _ "$@"
 }
 
-# start_hosts ARGS_FOR_IN_HOST -- PEER ARGS: dopt-run on each host, 2 ranks each;
+# start_hosts ARGS_FOR_IN_HOST -- PEER ARGS: dopt-run on each host, $per ranks each;
 # logs in $work/hI.out / .err; pids in hpid[I].
 master=10.231.0.1
 port=29511
@@ -123,7 +127,7 @@ start_hosts() {
   while [ "$1" != "--" ]; do opts+=("$1"); shift; done
   shift
   for ((i = 0; i < hosts; i++)); do
-    in_host "$i" "${opts[@]}" "$run" --nproc-per-node 2 --nnodes "$hosts" --node-rank "$i" \
+    in_host "$i" "${opts[@]}" "$run" --nproc-per-node "$per" --nnodes "$hosts" --node-rank "$i" \
       --master-addr "$master" --master-port "$port" "$@" >"$work/h$i.out" 2>"$work/h$i.err" &
     hpid[$i]=$!
     pids+=($!)
@@ -142,7 +146,7 @@ fail() { echo "FAIL: $*"; show; exit 1; }
 # every rank printed "ok R" and ran on plane $1; bytes to other hosts > 0 when $2 = crossed
 expect_ok() {
   local plane=$1
-  for ((r = 0; r < 2 * hosts; r++)); do
+  for ((r = 0; r < per * hosts; r++)); do
     cat "$work"/h*.out | grep -q "^\[rank $r\] ok $r " || fail "rank $r did not finish"
     cat "$work"/h*.err | grep -q "^\[rank $r\] dopt: note: \[rank $r\]: the world group runs on the $plane plane" ||
       fail "rank $r did not run on the $plane plane"
@@ -194,16 +198,15 @@ case $scenario in
     wait_hosts || fail "a host failed"
     if [ "$scenario" = portrange ]; then expect_ok hier; else expect_ok hier crossed; fi
     ;;
-  digest)
+  digest | digest1)
     start_hosts -- "$peers/dopt_collectives_peer" digest
     wait_hosts || fail "a host failed"
     expect_ok hier crossed
-    # the same 4 ranks on one host (shared memory), in host 0's namespaces
-    hosts_saved=$hosts
-    in_host 0 "$run" --nproc-per-node 4 --master-addr 127.0.0.1 --master-port 29512 \
+    # the same ranks on one host (shared memory), in host 0's namespaces
+    in_host 0 "$run" --nproc-per-node $((per * hosts)) --master-addr 127.0.0.1 --master-port 29512 \
       "$peers/dopt_collectives_peer" digest >"$work/one.out" 2>"$work/one.err" || { cat "$work/one.out" "$work/one.err"; fail "one host failed"; }
     grep -q "runs on the shm plane" "$work/one.err" || fail "the one-host run did not use shared memory"
-    for ((r = 0; r < 4; r++)); do
+    for ((r = 0; r < per * hosts; r++)); do
       a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
       b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.out")
       [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r: digest across hosts '$a' != on one host '$b'"

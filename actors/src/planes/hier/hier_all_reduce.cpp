@@ -11,9 +11,11 @@
 // host's values, and so on; the last host finishes the result and sends it to
 // member j of every other host. Then every member has its slice of the
 // result, and the host's members gather the other slices from each other's
-// buffers.
+// buffers. With one member per host: the TCP ring instead (hier_ring.cpp).
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "kernels.hpp"
@@ -45,13 +47,18 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
     const std::uint64_t k = ch.begin_round(c.local);
     char* mine = ch.buf(ch.me(), k);
     auto at = [&](std::int64_t e) { return static_cast<std::size_t>((e - c0) * es); };
-    if (m > 0) v.gather(static_cast<std::size_t>(c0 * es), static_cast<std::size_t>((c0 + m) * es), mine);
+    // My slice of the chunk, [lo, hi): only I read my values there (from
+    // the tensors), so only the other members' slices are staged; the
+    // buffer's slice receives the result.
+    const std::int64_t lo = c0 + m * j / L, hi = c0 + m * (j + 1) / L;
+    auto bytes_at = [&](std::int64_t e) { return static_cast<std::size_t>(e * es); };
+    if (lo > c0) v.gather(bytes_at(c0), bytes_at(lo), mine);
+    if (c0 + m > hi) v.gather(bytes_at(hi), bytes_at(c0 + m), mine + at(hi));
     if (c0 == 0) ch.publish(k, call);
     ch.signal(Channel::A(k));
     ch.wait_all(Channel::A(k), c.local);
     if (c0 == 0) g.match(k, c);
     // My slice of the chunk, run by run.
-    const std::int64_t lo = c0 + m * j / L, hi = c0 + m * (j + 1) / L;
     // Runs of at most 256 KiB of accumulator each, so that the hosts work on
     // one while the next travels.
     std::vector<RankRun> runs;
@@ -61,56 +68,93 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
         for (std::int64_t a = 0; a < whole.count; a += sub)
           runs.push_back(RankRun{whole.lo + a, std::min(sub, whole.count - a), whole.order});
     }
+    // Each run cut into same-host pieces of its order: (host, group ranks).
+    using Pieces = std::vector<std::pair<int, std::vector<int>>>;
+    std::vector<Pieces> cut(runs.size());
+    std::vector<std::size_t> acc_at(runs.size() + 1, 0);  // run r's accumulator in the scratch
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      for (int gr : runs[r].order) {
+        const int h = t.host_of[static_cast<std::size_t>(gr)];
+        if (cut[r].empty() || cut[r].back().first != h) cut[r].push_back({h, {}});
+        cut[r].back().second.push_back(gr);
+      }
+      acc_at[r + 1] = acc_at[r] + static_cast<std::size_t>(runs[r].count) * aes;
+    }
+    // The accumulators: the group's scratch (no allocation, no zeroing per
+    // round), kept alive by the transfers in case a failed wait leaves them.
+    const std::shared_ptr<char[]> scratch = g.scratch(acc_at.back());
+    auto acc_of = [&](std::size_t r) { return scratch.get() + acc_at[r]; };
     Transfers sends(g.mesh()), results(g.mesh());
     std::vector<int> cross;  // who this chunk waits for
-    auto accs = std::make_shared<std::vector<std::vector<char>>>(runs.size());  // outlives a failed wait
+    auto waits_for = [&](int who) {
+      if (std::find(cross.begin(), cross.end(), who) == cross.end()) cross.push_back(who);
+    };
+    // Every accumulator this host receives, posted before any arrives (so
+    // the mesh reads it straight into place). An accumulator arrives only
+    // once the previous piece's send of the same run left this rank, so a
+    // run whose order visits this host twice reuses its buffer safely.
+    std::map<std::pair<std::size_t, std::size_t>, std::unique_ptr<Transfers>> chain_in;
+    for (std::size_t r = 0; r < runs.size(); ++r)
+      for (std::size_t p = 1; p < cut[r].size(); ++p) {
+        if (cut[r][p].first != me_host) continue;
+        auto& in = chain_in[{r, p}];
+        in = std::make_unique<Transfers>(g.mesh());
+        const int from = t.at(cut[r][p - 1].first, j);
+        in->recv(g.global(from), g.tag(c, HierGroup::kChain, chunk, (r << 8) | p), acc_of(r),
+                 acc_at[r + 1] - acc_at[r], scratch);
+      }
     std::vector<bool> finished_here(runs.size(), false);
     for (std::size_t r = 0; r < runs.size(); ++r) {
       const RankRun& run = runs[r];
-      // The order cut into same-host pieces.
-      std::vector<std::pair<int, std::vector<int>>> pieces;  // (host, group ranks)
-      for (int gr : run.order) {
-        const int h = t.host_of[static_cast<std::size_t>(gr)];
-        if (pieces.empty() || pieces.back().first != h) pieces.push_back({h, {}});
-        pieces.back().second.push_back(gr);
-      }
-      auto& acc = (*accs)[r];
-      acc.resize(static_cast<std::size_t>(run.count) * aes);
+      const Pieces& pieces = cut[r];
+      char* acc = acc_of(r);
+      const std::size_t acc_bytes = acc_at[r + 1] - acc_at[r];
       for (std::size_t p = 0; p < pieces.size(); ++p) {
         if (pieces[p].first != me_host) continue;
         const void* acc_in = nullptr;
         if (p > 0) {  // the accumulator from the previous host
-          Transfers in(g.mesh());
           const int from = t.at(pieces[p - 1].first, j);
-          in.recv(g.global(from), g.tag(c, HierGroup::kChain, chunk, (r << 8) | p), acc.data(), acc.size(), accs);
-          g.wait(in, c, {from});
-          acc_in = acc.data();
+          g.wait(*chain_in[{r, p}], c, {from});
+          acc_in = acc;
         }
         std::vector<const void*> ins;
-        for (int gr : pieces[p].second)
-          ins.push_back(ch.buf(t.local_of[static_cast<std::size_t>(gr)], k) + at(run.lo));
-        accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc.data(), run.count);
+        for (int gr : pieces[p].second) {
+          if (gr != t.me) {
+            ins.push_back(ch.buf(t.local_of[static_cast<std::size_t>(gr)], k) + at(run.lo));
+            continue;
+          }
+          // Mine from the tensors (staged first where they are not one
+          // range: the result overwrites it only after this run's pieces).
+          const std::size_t b0 = bytes_at(run.lo), nb = bytes_at(run.count);
+          const char* p_mine = v.contiguous(b0, nb);
+          if (!p_mine) {
+            v.gather(b0, b0 + nb, mine + at(run.lo));
+            p_mine = mine + at(run.lo);
+          }
+          ins.push_back(p_mine);
+        }
+        accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc, run.count);
         if (p + 1 < pieces.size()) {
           const int to = t.at(pieces[p + 1].first, j);
-          sends.send(g.global(to), g.tag(c, HierGroup::kChain, chunk, (r << 8) | (p + 1)), acc.data(), acc.size(), accs);
-          g.count_cross(acc.size());
-          if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
+          sends.send(g.global(to), g.tag(c, HierGroup::kChain, chunk, (r << 8) | (p + 1)), acc, acc_bytes, scratch);
+          g.count_cross(acc_bytes);
+          waits_for(to);
         } else {  // the last piece: the result, for every other host
-          finalize(op, dtype, n, acc.data(), mine + at(run.lo), run.count);
+          finalize(op, dtype, n, acc, mine + at(run.lo), run.count);
           finished_here[r] = true;
           for (int h = 0; h < t.num_hosts(); ++h) {
             if (h == me_host) continue;
             const int to = t.at(h, j);
             sends.send(g.global(to), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
             g.count_cross(static_cast<std::size_t>(run.count * es));
-            if (std::find(cross.begin(), cross.end(), to) == cross.end()) cross.push_back(to);
+            waits_for(to);
           }
         }
       }
       if (!finished_here[r]) {  // the result comes from the last host
         const int from = t.at(pieces.back().first, j);
         results.recv(g.global(from), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
-        if (std::find(cross.begin(), cross.end(), from) == cross.end()) cross.push_back(from);
+        waits_for(from);
       }
     }
     g.wait(results, c, cross);
@@ -135,12 +179,14 @@ void all_reduce(HierGroup& g, HierCall& c) {
   switch (op.desc.kind) {
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:
+      if (whole_all_reduce(g, c, op.tensors, op.desc.dtype, op.desc.op)) return;
       return run(g, c, FlatView(op.tensors, 0, op.tensors.size()), op.desc.dtype, op.desc.op);
     case CollKind::reduce: {
       // Every member computes the result; only dst keeps it.
       const bool dst = g.topo().me == op.desc.root;
       const Tensor& t = op.tensors[0];
       Tensor work = dst ? t : t.clone();
+      if (whole_all_reduce(g, c, {work}, op.desc.dtype, op.desc.op)) return;
       return run(g, c, FlatView(work), op.desc.dtype, op.desc.op);
     }
     case CollKind::reduce_scatter: {
@@ -150,7 +196,7 @@ void all_reduce(HierGroup& g, HierCall& c) {
       const Tensor& out = op.tensors[0];
       Tensor all = Tensor::empty({out.numel() * n}, out.dtype());
       for (int r = 0; r < n; ++r) all.flat_slice(out.numel() * r, out.numel()).copy_(op.tensors[static_cast<std::size_t>(1 + r)]);
-      run(g, c, FlatView(all), op.desc.dtype, op.desc.op);
+      if (!whole_all_reduce(g, c, {all}, op.desc.dtype, op.desc.op)) run(g, c, FlatView(all), op.desc.dtype, op.desc.op);
       out.copy_(all.flat_slice(out.numel() * g.topo().me, out.numel()).view(out.shape()));
       return;
     }

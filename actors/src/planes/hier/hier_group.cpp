@@ -108,6 +108,14 @@ bool HierGroup::supports(const CollDesc& desc) const {
 
 std::shared_ptr<GroupPlane> HierGroup::made_group(std::uint64_t gid) const { return plane_->take_group(gid); }
 
+std::shared_ptr<char[]> HierGroup::scratch(std::size_t n) {
+  if (n > scratch_bytes_ || !scratch_) {
+    scratch_bytes_ = std::max<std::size_t>(n, 64);
+    scratch_ = std::shared_ptr<char[]>(new char[scratch_bytes_]);
+  }
+  return scratch_;
+}
+
 transport::Tag HierGroup::tag(const HierCall& c, Phase phase, std::uint64_t a, std::uint64_t b) const {
   return transport::Tag{c.op_id, (static_cast<std::uint64_t>(phase) << 56) | ((a & 0xFFFFFFFFULL) << 20) | (b & 0xFFFFF)};
 }

@@ -67,6 +67,9 @@ class Transfers {
   /// failed wait gave up on it).
   void send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
   void recv(int peer, transport::Tag tag, void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
+  /// Counts one more pending transfer (a whole collective of planes/tcp/ring.hpp,
+  /// for instance) settled by the completion returned; keep as for send.
+  transport::Completion expect(std::shared_ptr<void> keep = nullptr) { return track(std::move(keep)); }
   /// Waits for every posted transfer; `check` runs between naps (it throws to
   /// end the wait: timeout, a lost peer, shutdown). Rethrows a transfer's error.
   void wait(const std::function<void()>& check);
@@ -134,6 +137,10 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   /// Bytes this rank sent to other hosts (tests assert the two-level path).
   std::uint64_t bytes_to_other_hosts() const noexcept override { return cross_bytes_.load(std::memory_order_relaxed); }
   void count_cross(std::uint64_t n) noexcept { cross_bytes_.fetch_add(n, std::memory_order_relaxed); }
+  /// At least n bytes of scratch memory (not zeroed), reused from call to
+  /// call on the group's thread: the algorithms' accumulators. Transfers that
+  /// use it hold the pointer (a failed wait may leave them in flight).
+  std::shared_ptr<char[]> scratch(std::size_t n);
   /// The first round of a call on this host, then the exchange of records
   /// with the cross peers: throws CollectiveMismatchError on every member alike.
   /// Stages nothing: the algorithms stage their first chunk themselves, before.
@@ -149,6 +156,8 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   std::shared_ptr<transport::TcpMesh> mesh_;
   std::shared_ptr<PeerTable> peers_;
   std::atomic<std::uint64_t> cross_bytes_{0};
+  std::shared_ptr<char[]> scratch_;
+  std::size_t scratch_bytes_ = 0;
   SerialExecutor exec_;
 };
 
@@ -157,5 +166,15 @@ void all_reduce(HierGroup& g, HierCall& c);   // also reduce, reduce_scatter, al
 void broadcast(HierGroup& g, HierCall& c);    // also broadcast_coalesced
 void all_gather(HierGroup& g, HierCall& c);   // list and flat
 void barrier(HierGroup& g, HierCall& c);
+
+// One member per host (hier_ring.cpp): the slices that cross are the whole
+// buffer, so there is nothing to stage in shared memory. After the call's
+// match, the TCP ring collectives (planes/tcp/ring.hpp: pipelined, reduction
+// in the group's order, bit for bit the same) run straight on the tensors'
+// memory (packed into one buffer first when they are not one contiguous
+// range). Each returns false, having done nothing, when the group has more
+// than one member per host.
+bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tensors, DType dtype, ReduceOp op);
+bool whole_all_gather(HierGroup& g, HierCall& c);
 
 }  // namespace dopt::detail::hier

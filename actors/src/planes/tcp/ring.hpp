@@ -72,10 +72,23 @@ struct RingOptions {
   /// all_gather send the whole buffer to every peer (one hop), broadcast
   /// sends from the root to every peer.
   std::size_t small_bytes = std::size_t(64) << 10;
+  /// all_reduce in a group of two: buffers of at most this many bytes take
+  /// the latency path too. Between two ranks it moves the same bytes each
+  /// way as the reduce-scatter and all-gather (the whole buffer), in one
+  /// exchange instead of two dependent ones; the default covers buffers whose
+  /// halves are one chunk each (no pipelining lost). Scratch: the buffer.
+  std::size_t pair_bytes = std::size_t(2) << 20;
   /// Chunks of its own segment a reducing rank receives ahead (scratch =
   /// window * (n-1) * chunk_bytes). Messages that come earlier are buffered
   /// by the mesh.
   int window = 4;
+  /// The reduce-scatter receives further ahead than `window` while its
+  /// scratch stays within this many bytes (0: exactly `window`). A sender
+  /// writes all of its chunks at once; those that arrive before their recv
+  /// is posted are buffered by the mesh and copied again, so receiving
+  /// ahead saves that copy and allocation (the buffering would have taken the
+  /// memory anyway). Scratch pages are touched only as chunks arrive.
+  std::size_t scratch_bytes = std::size_t(16) << 20;
 };
 
 using RingDone = std::function<void(std::exception_ptr)>;

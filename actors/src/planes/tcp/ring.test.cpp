@@ -184,7 +184,9 @@ std::vector<RingOptions> option_sets() {
   RingOptions tiny;
   tiny.chunk_bytes = 1000;  // not a multiple of 8: chunks of 125 / 250 / 500 elements
   tiny.small_bytes = 0;
+  tiny.pair_bytes = 0;
   tiny.window = 2;
+  tiny.scratch_bytes = 0;
   return {tiny, RingOptions{}};
 }
 
@@ -236,6 +238,39 @@ TEST_CASE("ring all_reduce: 8M floats", "[tcp][ring]") {
     w.wait_ok();
     for (int r = 0; r < n; ++r) CHECK(std::memcmp(buf[r].data(), want.data(), want.size()) == 0);
   }
+}
+
+TEST_CASE("ring all_reduce: two ranks exchange whole buffers up to pair_bytes, bitwise as the pipelined path",
+          "[tcp][ring]") {
+  auto ms = loopback_meshes(2);
+  for (DType dt : {DType::float32, DType::bfloat16, DType::int64})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+      if (op == ReduceOp::avg && !dopt::is_floating_point(dt)) continue;
+      for (std::int64_t numel : {std::int64_t{20000}, std::int64_t{250000}}) {
+        INFO("dtype=" << dopt::dtype_name(dt) << " op=" << dopt::reduce_op_name(op) << " numel=" << numel);
+        RingOptions pair, piped;
+        pair.chunk_bytes = piped.chunk_bytes = 64 << 10;
+        pair.pair_bytes = std::size_t(4) << 20;
+        piped.small_bytes = piped.pair_bytes = 0;
+        std::vector<Bytes> a(2), b(2);
+        std::vector<const unsigned char*> ptrs;
+        for (int r = 0; r < 2; ++r) a[r] = b[r] = make_data(dt, numel, r);
+        for (int r = 0; r < 2; ++r) ptrs.push_back(a[r].data());
+        const Bytes want = reference(dt, op, ptrs, numel);
+        for (auto* run : {&a, &b}) {
+          const RingOptions& opt = run == &a ? pair : piped;
+          Waiter w;
+          const std::uint64_t id = next_op_id();
+          for (int r = 0; r < 2; ++r)
+            dopt::detail::ring_all_reduce(world(ms, r), id, (*run)[r].data(), numel, dt, op, w.cb(r), opt);
+          w.wait_ok();
+        }
+        for (int r = 0; r < 2; ++r) {
+          CHECK(a[r] == want);
+          CHECK(b[r] == want);
+        }
+      }
+    }
 }
 
 TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "[tcp][ring]") {

@@ -66,7 +66,7 @@ void ring_all_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::in
     g.mesh->post([done = std::move(done)] { done(nullptr); });
     return;
   }
-  if (bytes <= opt.small_bytes) {
+  if (bytes <= opt.small_bytes || (n == 2 && bytes <= opt.pair_bytes)) {
     run<SmallAllReduceOp>(g, op_id, name, std::move(done), opt, buf, numel, dtype, op);
     return;
   }

@@ -42,11 +42,13 @@ class ReduceScatterOp : public RingOp {
       for (std::size_t c = 0; c < chunks(counts_[s], ce_); ++c)
         send(s, tag(k_rs, 0), in + c * ce_ * isz_, len(s, c) * isz_, 0);
     }
-    // 2. The other contributions to my segment, `window` chunks ahead.
+    // 2. The other contributions to my segment, `window` chunks ahead (more
+    //    within scratch_bytes).
     nc_ = chunks(counts_[me_], ce_);
     if (nc_ > 0) {
-      w_ = std::min<std::size_t>(std::size_t(opt_.window), nc_);
       slot_elems_ = std::min<std::int64_t>(ce_, counts_[me_]);
+      const std::size_t per_chunk = std::size_t(n_ - 1) * std::size_t(slot_elems_) * isz_;
+      w_ = std::min<std::size_t>(std::max<std::size_t>(std::size_t(opt_.window), opt_.scratch_bytes / per_chunk), nc_);
       scratch_ = Buffer(w_ * std::size_t(n_ - 1) * slot_elems_ * isz_);
       arrived_.assign(nc_, 0);
       code_.assign(nc_, 0);

@@ -1,0 +1,122 @@
+// One member per host: all_reduce and all_gather as the TCP ring collectives
+// (planes/tcp/ring.hpp) among the group's members, straight on the tensors'
+// memory. With one member per host the two-level algorithms have nothing to
+// do within a host, and their rounds of shared-memory staging (a copy in, a
+// copy out, the pipeline drained at each round's end) only cost time; the
+// ring keeps the link busy in both directions, chunk after chunk, and
+// reduces in the group's order (bit for bit what the other planes give).
+#include <cstring>
+#include <memory>
+
+#include "kernels.hpp"
+#include "planes/hier/hier_group.hpp"
+#include "planes/shm/flat_view.hpp"
+#include "planes/tcp/ring.hpp"
+
+namespace dopt::detail::hier {
+
+namespace {
+
+/// The call's only round on this host, and the match with the cross peers.
+void meet(HierGroup& g, HierCall& c) {
+  Channel& ch = g.local();
+  const std::uint64_t k = ch.begin_round(c.local);
+  ch.publish(k, *c.local.op);
+  ch.signal(Channel::A(k));
+  ch.wait_all(Channel::A(k), c.local);
+  g.match(k, c);
+}
+
+RingGroup ring_of(HierGroup& g) {
+  const Topology& t = g.topo();
+  return RingGroup{&g.mesh(), t.members, t.me};
+}
+
+std::vector<int> others(const Topology& t) {
+  std::vector<int> v;
+  for (int r = 0; r < static_cast<int>(t.members.size()); ++r)
+    if (r != t.me) v.push_back(r);
+  return v;
+}
+
+/// What a collective in flight needs alive after a failed wait gave up on it:
+/// the caller's tensors (their storage) and a packing buffer.
+struct Keep {
+  std::vector<Tensor> tensors;
+  std::unique_ptr<char[]> packed;
+};
+
+}  // namespace
+
+bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tensors, DType dtype, ReduceOp op) {
+  const Topology& t = g.topo();
+  if (t.per_host() != 1) return false;
+  const Op& call = *c.local.op;
+  meet(g, c);
+  const shm_plane::FlatView v(tensors, 0, tensors.size());
+  const std::size_t bytes = v.bytes(), es = itemsize(dtype);
+  const std::int64_t numel = static_cast<std::int64_t>(bytes / es);
+  const int n = static_cast<int>(t.members.size());
+  auto keep = std::make_shared<Keep>();
+  keep->tensors = tensors;
+  char* buf = bytes ? v.contiguous(0, bytes) : nullptr;
+  if (bytes && !buf) {  // several tensors (coalesced), or not contiguous: one buffer
+    keep->packed.reset(new char[bytes]);
+    buf = keep->packed.get();
+    v.gather(0, bytes, buf);
+  }
+  RingOptions opt;
+  opt.order = call.desc.order;
+  opt.pre_divisor = call.desc.pre_divisor;
+  Transfers ts(g.mesh());
+  detail::ring_all_reduce(ring_of(g), c.op_id, buf, numel, dtype, op, ts.expect(keep), opt);
+  // Bytes this rank sends: every peer's share of the buffer (the latency
+  // path: the whole buffer to each); then the reduced segments but the next rank's.
+  if (n > 1 && numel > 0) {
+    if (bytes <= opt.small_bytes || (n == 2 && bytes <= opt.pair_bytes)) {
+      g.count_cross(bytes * static_cast<std::size_t>(n - 1));
+    } else {
+      auto seg = [&](int s) {
+        return static_cast<std::size_t>((std::int64_t(s + 1) * numel / n) - (std::int64_t(s) * numel / n)) * es;
+      };
+      g.count_cross((bytes - seg(t.me)) + (bytes - seg((t.me + 1) % n)));
+    }
+  }
+  g.wait(ts, c, others(t));
+  if (buf && buf == keep->packed.get()) v.scatter(0, bytes, buf);
+  return true;
+}
+
+bool whole_all_gather(HierGroup& g, HierCall& c) {
+  const Topology& t = g.topo();
+  if (t.per_host() != 1) return false;
+  const Op& call = *c.local.op;
+  const Tensor& in = call.tensors[0];
+  const std::size_t nb = in.nbytes();
+  const int n = static_cast<int>(t.members.size());
+  const shm_plane::FlatView out(call.tensors, 1, call.tensors.size() - 1);
+  meet(g, c);
+  if (nb == 0) return true;
+  auto keep = std::make_shared<Keep>();
+  keep->tensors = call.tensors;
+  // Each member's part of the output straight from the tensors when it is
+  // one range of memory; else the whole output in one buffer, copied out.
+  std::vector<void*> outputs(static_cast<std::size_t>(n));
+  bool packed = false;
+  for (int s = 0; s < n; ++s) {
+    outputs[static_cast<std::size_t>(s)] = out.contiguous(static_cast<std::size_t>(s) * nb, nb);
+    packed = packed || !outputs[static_cast<std::size_t>(s)];
+  }
+  if (packed) {
+    keep->packed.reset(new char[nb * static_cast<std::size_t>(n)]);
+    for (int s = 0; s < n; ++s) outputs[static_cast<std::size_t>(s)] = keep->packed.get() + static_cast<std::size_t>(s) * nb;
+  }
+  Transfers ts(g.mesh());
+  detail::ring_all_gather(ring_of(g), c.op_id, in.data_ptr(), nb, outputs, ts.expect(keep), RingOptions{});
+  g.count_cross(nb * static_cast<std::size_t>(n - 1));
+  g.wait(ts, c, others(t));
+  if (packed) out.scatter(0, nb * static_cast<std::size_t>(n), keep->packed.get());
+  return true;
+}
+
+}  // namespace dopt::detail::hier
