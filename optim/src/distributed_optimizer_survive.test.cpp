@@ -1,0 +1,144 @@
+// DistributedOptimizer with redundancy losing owners, over simulated workers
+// (3 and 5): an owner lost before, at the beginning of, after the buddies
+// applied, and after its step; two in a row; two at once with redundancy 2;
+// an owner lost with its buddy. The scenarios and the reference run are in
+// distributed_optimizer_survive_scenarios.hpp: the survivors' parameters
+// must equal, bit for bit, one local optimizer applying the same gradients.
+#include <catch2/catch.hpp>
+
+#include <mutex>
+
+#include "distributed_optimizer_survive_scenarios.hpp"
+#include "rpc/testing.hpp"
+
+using namespace dopt;
+using namespace dopt::optim;
+using namespace dopt::do_survive_test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Result run(const Scenario& sc) {
+  die_fn() = [](rpc::Agent& a) { rpc::testing::kill(a); };
+  install(sc);
+  Result res;
+  rpc::SimulateOptions so;
+  so.rpc.rpc_timeout = std::chrono::seconds(30);
+  so.rpc.shutdown_timeout = std::chrono::seconds(60);
+  rpc::simulate(sc.n, [&](rpc::Agent& a) {
+    if (a.rank() == 0) res = trainer(a, sc);
+  }, so);
+  optim::detail::set_owner_probe({});
+  return res;
+}
+
+void check_bitwise(const Scenario& sc, const Result& got) {
+  INFO("log: " << got.log << " error: " << got.error);
+  REQUIRE(got.done);
+  const auto ref = reference(sc);
+  REQUIRE(got.params.size() == ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(got.params[i] == ref[i]);
+  }
+  for (const auto& l : sc.losses) {
+    CHECK_THAT(got.log, Contains("lost=") && Contains(std::to_string(l.victim)));
+    for (int o : got.owners) CHECK(o != l.victim);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("DistributedOptimizer survive: an owner lost before, during or after a step: bitwise the reference",
+          "[distributed_optimizer][survive][survive_do]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  const std::string point = GENERATE(std::string("before"), std::string("begin"), std::string("mirrored"),
+                                     std::string("after"));
+  sc.callback = GENERATE(false, true);
+  const int victim = sc.n == 3 ? 2 : 3;
+  sc.losses = {Loss{victim, 2, point}};
+  INFO(sc.n << " workers, owner " << victim << " lost " << point << " step 2" << (sc.callback ? ", callback" : ""));
+  const Result got = run(sc);
+  check_bitwise(sc, got);
+  // The victim's parameters (2(v-1), 2(v-1)+1) moved to its buddy; their
+  // gradients had to be deposited again unless the buddy had applied the step.
+  const std::string moved = "moved=" + std::to_string(2 * (victim - 1)) + "," + std::to_string(2 * victim - 1);
+  CHECK_THAT(got.log, Contains(moved));
+  if (point == "mirrored")
+    CHECK_THAT(got.log, Contains("needs= step=3 completed"));
+  else
+    CHECK_THAT(got.log, Contains("needs=" + std::to_string(2 * (victim - 1)) + "," + std::to_string(2 * victim - 1)));
+  CHECK_THAT(got.log, Contains(sc.callback ? "callback " : "changed "));
+  // With 3 workers the buddy of owner 2 is owner 1; with 5, owner 3's is owner 4.
+  CHECK(std::count(got.owners.begin(), got.owners.end(), sc.n == 3 ? 1 : 4) == 2);
+}
+
+TEST_CASE("DistributedOptimizer survive: no loss with redundancy 1 and 2 is bitwise the reference",
+          "[distributed_optimizer][survive][survive_do]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.redundancy = sc.n == 5 ? 2 : 1;
+  const Result got = run(sc);
+  check_bitwise(sc, got);
+  CHECK(got.log.empty());
+}
+
+TEST_CASE("DistributedOptimizer survive: two owners lost in a row, and two at once with redundancy 2",
+          "[distributed_optimizer][survive][survive_do]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.callback = GENERATE(false, true);
+  SECTION("owner 1 at the beginning of step 1, owner 3 before step 3") {
+    sc.losses = {Loss{1, 1, "begin"}, Loss{3, 3, "before"}};
+  }
+  SECTION("owner 4 after the buddies applied step 1, owner 2 after step 2") {
+    sc.losses = {Loss{4, 1, "mirrored"}, Loss{2, 2, "after"}};
+  }
+  SECTION("owners 2 and 3 before step 2, redundancy 2 (owner 2's copy on owner 4 takes over)") {
+    sc.redundancy = 2;
+    sc.losses = {Loss{2, 2, "before"}, Loss{3, 2, "before"}};
+  }
+  check_bitwise(sc, run(sc));
+}
+
+TEST_CASE("DistributedOptimizer survive: an owner lost with its buddy names the state that is gone",
+          "[distributed_optimizer][survive][survive_do]") {
+  Scenario sc;
+  sc.n = 5;
+  std::string gone;
+  SECTION("at once: owner 2 and its buddy 3") {
+    sc.losses = {Loss{2, 2, "before"}, Loss{3, 2, "before"}};
+    gone = "parameters 2, 3 (indices into parameters()) and their optimizer state, held by worker 'worker2' (rank 2)";
+  }
+  SECTION("in a row: owner 1 (its parameters go to 2), then owner 2, which had no buddy for them") {
+    sc.losses = {Loss{1, 1, "before"}, Loss{2, 3, "before"}};
+    gone = "parameters 0, 1 (indices into parameters()) and their optimizer state, held by worker 'worker2' (rank 2)";
+  }
+  const Result got = run(sc);
+  INFO(got.log);
+  CHECK_FALSE(got.done);
+  CHECK_THAT(got.error, Contains("StateError") && Contains(gone) && Contains("is gone") &&
+                            Contains("Fall back to the last checkpoint"));
+}
+
+TEST_CASE("DistributedOptimizer survive: refusals", "[distributed_optimizer][survive][survive_do]") {
+  rpc::register_function("dos.make_param", [](std::int64_t i) { return initial_param(static_cast<std::size_t>(i)); });
+  rpc::simulate(3, [](rpc::Agent& a) {
+    if (a.rank() != 0) return;
+    std::vector<rpc::RRef<Tensor>> one{a.remote<Tensor>(1, "dos.make_param", std::int64_t(0))};
+    DistributedOptimizerOptions o;
+    o.redundancy = 1;
+    CHECK_THROWS_AS(DistributedOptimizer(a, spec(), one, o), ValueError);
+    o.redundancy = -1;
+    CHECK_THROWS_AS(DistributedOptimizer(a, spec(), one, o), ValueError);
+    DistributedOptimizer plain(a, spec(), one);
+    CHECK_THROWS_AS(plain.recover(), StateError);
+    std::vector<rpc::RRef<Tensor>> two{one[0], a.remote<Tensor>(2, "dos.make_param", std::int64_t(1))};
+    o.redundancy = 1;
+    DistributedOptimizer r(a, spec(), two, o);
+    const OwnerRecovery rec = r.recover();  // nothing lost: nothing moves
+    CHECK(rec.lost.empty());
+    CHECK(rec.moved.empty());
+  });
+}
