@@ -142,3 +142,76 @@ TEST_CASE("DistributedOptimizer survive: refusals", "[distributed_optimizer][sur
     CHECK(rec.moved.empty());
   });
 }
+
+TEST_CASE("DistributedOptimizer survive: learning-rate changes reach the copies; set_lr recovers from a lost owner",
+          "[distributed_optimizer][survive][survive_do]") {
+  Scenario sc;
+  sc.n = 5;
+  die_fn() = [](rpc::Agent& a) { rpc::testing::kill(a); };
+  install(sc);
+  std::vector<std::vector<unsigned char>> got;
+  std::string log;
+  rpc::simulate(sc.n, [&](rpc::Agent& a) {
+    if (a.rank() != 0) return;
+    std::vector<rpc::RRef<Tensor>> ps;
+    for (std::size_t i = 0; i < num_params(sc); ++i)
+      ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
+    DistributedOptimizerOptions o;
+    o.redundancy = 1;
+    DistributedOptimizer opt(a, spec(), ps, o);
+    auto step = [&](std::int64_t t) {
+      rpc::GradContext ctx = a.new_context();
+      const auto gs = grads_of(sc, t);
+      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
+      opt.step(ctx);
+    };
+    auto kill = [&](int v) {
+      (void)a.rpc_async(v, "dos.die");
+      REQUIRE(a.wait_until_lost(v, std::chrono::seconds(20)));
+    };
+    step(0);
+    opt.set_lr(0.005);  // reaches owner 2's copy on owner 3
+    step(1);
+    kill(2);
+    try {
+      opt.set_hyperparameters({{"lr", 0.002}});  // notices the loss, recovers, completes
+      log += "no error;";
+    } catch (const OwnersChangedError& e) {
+      log += "changed " + describe(e.owner_recovery());
+      CHECK_FALSE(e.recovery().step_completed);
+    }
+    for (double lr : opt.lrs()) CHECK(lr == 0.002);
+    CHECK(std::get<double>(opt.hyperparameters().at("lr")) == 0.002);
+    step(2);  // owner 2's parameters stepped by the copy at lr 0.002 (set through the copy)
+    kill(4);
+    try {
+      step(3);
+    } catch (const OwnersChangedError& e) {
+      log += "changed " + describe(e.owner_recovery());
+      REQUIRE_FALSE(e.recovery().step_completed);
+      rpc::GradContext ctx = a.new_context();
+      const auto gs = grads_of(sc, 3);
+      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
+      opt.step(ctx);
+    }
+    for (const auto& p : opt.parameters()) got.push_back(bytes_of(p.to_here()));
+  });
+  optim::detail::set_owner_probe({});
+  INFO(log);
+  CHECK_THAT(log, Contains("changed lost=2 moved=2,3 needs= step=2;") && Contains("changed lost=4 moved=6,7 needs=6,7 step=3;"));
+  // The reference: the same gradients and learning rates, in one optimizer.
+  std::vector<Tensor> ps;
+  for (std::size_t i = 0; i < num_params(sc); ++i) ps.push_back(initial_param(i));
+  auto ref = make_functional(spec(), ps);
+  ref->step(grads_of(sc, 0));
+  ref->set_lr(0.005);
+  ref->step(grads_of(sc, 1));
+  ref->set_lr(0.002);
+  ref->step(grads_of(sc, 2));
+  ref->step(grads_of(sc, 3));
+  REQUIRE(got.size() == ps.size());
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(got[i] == bytes_of(ps[i]));
+  }
+}
