@@ -215,3 +215,45 @@ TEST_CASE("DistributedOptimizer survive: learning-rate changes reach the copies;
     CHECK(got[i] == bytes_of(ps[i]));
   }
 }
+
+TEST_CASE("DistributedOptimizer survive: recover() after a loss the trainer saw in its own call",
+          "[distributed_optimizer][survive][survive_do]") {
+  Scenario sc;
+  sc.n = 3;
+  die_fn() = [](rpc::Agent& a) { rpc::testing::kill(a); };
+  install(sc);
+  std::vector<std::vector<unsigned char>> got;
+  rpc::simulate(sc.n, [&](rpc::Agent& a) {
+    if (a.rank() != 0) return;
+    std::vector<rpc::RRef<Tensor>> ps;
+    for (std::size_t i = 0; i < num_params(sc); ++i)
+      ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
+    DistributedOptimizerOptions o;
+    o.redundancy = 1;
+    DistributedOptimizer opt(a, spec(), ps, o);
+    auto step = [&](std::int64_t t) {
+      rpc::GradContext ctx = a.new_context();
+      const auto gs = grads_of(sc, t);
+      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
+      opt.step(ctx);
+    };
+    step(0);
+    (void)a.rpc_async(1, "dos.die");
+    REQUIRE(a.wait_until_lost(1, std::chrono::seconds(20)));
+    CHECK_THROWS_AS(opt.parameters()[0].to_here(), PeerLostError);  // the trainer's forward, say
+    const OwnerRecovery r = opt.recover();
+    CHECK(r.lost.size() == 1);
+    CHECK(r.lost.at(0).rank == 1);
+    CHECK(r.moved == std::vector<std::size_t>{0, 1});
+    CHECK(r.needs_gradient.empty());
+    CHECK_FALSE(r.step_completed);
+    CHECK(r.step == 1);
+    CHECK(opt.parameters()[0].owner_rank() == 2);
+    CHECK(opt.owners() == std::vector<rpc::WorkerInfo>{a.worker_info(2), a.worker_info(2)});
+    step(1);  // no recovery: nothing more is lost
+    for (const auto& p : opt.parameters()) got.push_back(bytes_of(p.to_here()));
+  });
+  optim::detail::set_owner_probe({});
+  sc.steps = 2;
+  CHECK(got == reference(sc));
+}
