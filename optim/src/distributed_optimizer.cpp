@@ -287,6 +287,7 @@ void DistributedOptimizer::register_functions() {
           const char* op = "DistributedOptimizer.recover";
           check_epoch(a, m.line, epoch, op);
           if (m.promoted) throw StateError(op, "this copy was taken over already", a.rank());
+          if (probe(a, "promote", m.steps)) throw StateError(op, "lost by the test", a.rank());
           OwnerOptimizer o;
           o.optimizer = std::move(m.optimizer);
           o.params = m.params;

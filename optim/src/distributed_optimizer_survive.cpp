@@ -187,12 +187,14 @@ OwnerRecovery DistributedOptimizer::recover_owners(bool in_step, std::uint64_t c
     for (int r : lost_) members.erase(r);
     const rpc::Membership m = rpc::agree_membership(agent_, line_, {members.begin(), members.end()}, mo);
     epoch_ = m.epoch;
-    const std::set<int> gone(m.lost.begin(), m.lost.end());
     for (int r : m.lost)
       if (std::find(lost_.begin(), lost_.end(), r) == lost_.end()) {
         lost_.push_back(r);
         out.lost.push_back(agent_.worker_info(r));
       }
+    // Every worker lost so far: an earlier round of this recovery may have
+    // left an owner on one (its buddy was lost while taking over).
+    const std::set<int> gone(lost_.begin(), lost_.end());
     out.epoch = epoch_;
     // 2. Copies on lost workers are gone; owners on lost workers need a buddy.
     std::vector<std::size_t> dead;

@@ -99,6 +99,10 @@ TEST_CASE("DistributedOptimizer survive: two owners lost in a row, and two at on
     sc.redundancy = 2;
     sc.losses = {Loss{2, 2, "before"}, Loss{3, 2, "before"}};
   }
+  SECTION("owner 2 before step 2, then its buddy 3 while taking over (a loss during the recovery), redundancy 2") {
+    sc.redundancy = 2;
+    sc.losses = {Loss{2, 2, "before"}, Loss{3, 2, "promote"}};
+  }
   check_bitwise(sc, run(sc));
 }
 

@@ -12,7 +12,9 @@
 //               forwarded the gradients: they are gone with it);
 //   "mirrored"  the owner dies after its step t was applied by itself and by
 //               its buddies, before it replied;
-//   "after"     the trainer has the owner killed once step t completed.
+//   "after"     the trainer has the owner killed once step t completed;
+//   "promote"   a buddy dies while its copy is being taken over (a loss
+//               during the recovery; t is the copy's step count).
 // The trainer catches OwnersChangedError (or, with `callback`, handles the
 // recovery in on_membership_change) and deposits the gradients it names
 // again on parameters().
@@ -42,7 +44,7 @@ using namespace dopt::optim;
 struct Loss {
   int victim = 1;
   std::int64_t step = 2;
-  std::string point;  // "before", "begin", "mirrored", "after"
+  std::string point;  // "before", "begin", "mirrored", "after", "promote"
 };
 
 struct Scenario {
