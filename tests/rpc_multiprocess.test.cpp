@@ -74,3 +74,30 @@ TEST_CASE("rpc multiprocess: an owner SIGKILLed mid-step fails the trainer's ste
   CHECK(contains(all, "'owner" + std::to_string(n - 1) + "' (rank " + std::to_string(n - 1) + ")"));
   CHECK_FALSE(contains(all, "error "));
 }
+
+TEST_CASE("rpc multiprocess: DistributedOptimizer with redundancy: an owner SIGKILLed mid-step, its buddy takes over, "
+          "the parameters end bitwise the reference", "[rpc][multiprocess][survive]") {
+  const int n = GENERATE(3, 5);
+  const std::string point = n == 3 ? "begin" : "mirrored";
+  const int victim = n == 3 ? 2 : 3;
+  INFO(n << " processes, owner " << victim << " killed at '" << point << "' of step 2");
+  const auto ds = run_ranks_by_hand(kPeer, n, {"survive", point}, kEnv);
+  std::string all;
+  for (int r = 0; r < n; ++r) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    if (r == victim) {
+      CHECK(WIFSIGNALED(d.status));
+      if (WIFSIGNALED(d.status)) CHECK(WTERMSIG(d.status) == SIGKILL);
+    } else {
+      CHECK(d.ok());
+      all += d.out;
+    }
+  }
+  INFO(all);
+  // rank 0: the run, the count, every parameter bitwise (4 or 8), every owner not the victim, the shutdown
+  CHECK(contains(all, n == 3 ? "ok 0 9" : "ok 0 15"));
+  CHECK(contains(all, "survive_log changed lost=" + std::to_string(victim)));
+  CHECK(contains(all, point == "mirrored" ? "completed;" : "needs="));
+  CHECK_FALSE(contains(all, "error "));
+}

@@ -21,6 +21,13 @@
 //                              types, a duplicated request
 //   dopt_rpc_peer lifetime     an RRef handed from rank 0 to rank 2, owned by
 //                              rank 1: freed when the last holder lets go
+//   dopt_rpc_peer survive P    DistributedOptimizer with redundancy 1: rank 0
+//                              trains over every other rank; owner 2 (3
+//                              processes) or 3 (more) SIGKILLs itself at point
+//                              P ("begin", "mirrored") of step 2; its buddy
+//                              takes over and rank 0's parameters end bitwise
+//                              a local optimizer's (optim/src/
+//                              distributed_optimizer_survive_scenarios.hpp)
 //
 // stdout: "ok R <checks>" on success (after the graceful shutdown), otherwise
 // "error KIND: MESSAGE" and exit status 1. The killed rank prints nothing.
@@ -38,6 +45,7 @@
 #include "rpc/testing.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
+#include "distributed_optimizer_survive_scenarios.hpp"
 #include "peer_util.hpp"
 
 using namespace dopt;
@@ -260,6 +268,25 @@ void lifetime(Agent& a, Checker& c) {
   c.expect(a.rpc_sync<int>(1, "mp.live") == 0, "value destroyed on the owner");
 }
 
+do_survive_test::Scenario survive_scenario(int world_size, const std::string& point) {
+  do_survive_test::Scenario sc;
+  sc.n = world_size;
+  sc.losses = {do_survive_test::Loss{world_size == 3 ? 2 : 3, 2, point}};
+  return sc;
+}
+
+void survive(Agent& a, Checker& c, const do_survive_test::Scenario& sc) {
+  if (a.rank() != 0) return;
+  const auto got = do_survive_test::trainer(a, sc);
+  c.expect(got.done, "the run finished: " + got.error);
+  const auto ref = do_survive_test::reference(sc);
+  c.expect(got.params.size() == ref.size(), "every parameter read back");
+  for (std::size_t i = 0; i < ref.size() && i < got.params.size(); ++i)
+    c.expect(got.params[i] == ref[i], "parameter " + std::to_string(i) + " bitwise the reference");
+  for (int o : got.owners) c.expect(o != sc.losses[0].victim, "the victim owns nothing");
+  std::printf("survive_log %s\n", got.log.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,6 +298,12 @@ int main(int argc, char** argv) {
     auto env = launch_env_from_environment();
     if (!env) throw Error("rpc_peer", "not launched (no RANK / WORLD_SIZE)");
     rank = env->rank;
+    do_survive_test::Scenario sc;
+    if (mode == "survive") {
+      sc = survive_scenario(env->world_size, argc > 2 ? argv[2] : "begin");
+      do_survive_test::die_fn() = [](Agent&) { ::raise(SIGKILL); };
+      do_survive_test::install(sc);
+    }
     RuntimeOptions ro = RuntimeOptions::from_env();
     ro.threads = 2;
     Runtime rt(ro);
@@ -290,6 +323,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill(agent, c);
     else if (mode == "errors") errors(agent, c);
     else if (mode == "lifetime") lifetime(agent, c);
+    else if (mode == "survive") survive(agent, c, sc);
     else throw Error("rpc_peer", "unknown scenario '" + mode + "'");
     agent.shutdown();
     std::printf("ok %d %ld\n", rank, c.checks + 1);

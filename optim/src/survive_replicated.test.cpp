@@ -24,12 +24,15 @@
 // "after" dies once every rank finished step t.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "survive_replicated_scenarios.hpp"
+#include "survive_util.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -62,7 +65,16 @@ std::vector<RankResult> run(const Scenario& sc, RankResult (*rank_fn)(ProcessGro
   };
   try {
     simulate_ranks(sc.n, [&](RankContext& ctx) {
-      RankResult r = rank_fn(ctx.world(), ctx.rank(), sc, h);
+      RankResult r;
+      try {
+        r = rank_fn(ctx.world(), ctx.rank(), sc, h);
+      } catch (const Killed&) {
+        throw;
+      } catch (const std::exception& e) {  // a survivor's failure: in its log (simulate rethrows only the first)
+        std::lock_guard<std::mutex> lock(mu);
+        res[static_cast<std::size_t>(ctx.rank())].log = std::string("error: ") + e.what();
+        throw;
+      }
       std::lock_guard<std::mutex> lock(mu);
       res[static_cast<std::size_t>(ctx.rank())] = std::move(r);
     });
@@ -91,6 +103,64 @@ void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const
     }
     if (!sc.point.empty()) CHECK(x.log.find("lost=" + std::to_string(sc.victim)) != std::string::npos);
   }
+}
+
+/// The "lost=" lists of a survivor's log, one per recovery.
+std::vector<std::vector<int>> recoveries(const std::string& log) {
+  std::vector<std::vector<int>> out;
+  for (auto p = log.find("lost="); p != std::string::npos; p = log.find("lost=", p + 1)) {
+    std::vector<int> l;
+    std::size_t q = p + 5;
+    while (q < log.size() && std::isdigit(static_cast<unsigned char>(log[q]))) {
+      std::size_t e = q;
+      while (e < log.size() && std::isdigit(static_cast<unsigned char>(log[e]))) ++e;
+      l.push_back(std::stoi(log.substr(q, e - q)));
+      q = log[e] == ',' ? e + 1 : e;
+    }
+    out.push_back(l);
+  }
+  return out;
+}
+
+/// Several losses: bitwise the reference; one recovery per change of the
+/// reference, losing as many ranks as the scenario (ranks of the group then:
+/// after a first recovery the survivors are renumbered).
+void check_bitwise_losses(const Scenario& sc, const std::vector<RankResult>& got, const std::vector<RankResult>& ref,
+                          std::size_t expected_recoveries) {
+  const auto alive = survivors(sc);
+  for (int r : alive) {
+    const auto& x = got[static_cast<std::size_t>(r)];
+    const auto& y = ref[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << x.log);
+    REQUIRE(x.done);
+    REQUIRE(y.done);
+    CHECK(x.final_size == static_cast<int>(alive.size()));
+    CHECK(y.final_size == static_cast<int>(alive.size()));
+    REQUIRE(x.params.size() == y.params.size());
+    for (std::size_t i = 0; i < y.params.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(x.params[i] == y.params[i]);
+    }
+    const auto recs = recoveries(x.log);
+    CHECK(recs.size() == expected_recoveries);
+    std::size_t n_lost = 0;
+    for (const auto& l : recs) n_lost += l.size();
+    CHECK(n_lost == static_cast<std::size_t>(sc.n) - alive.size());
+    REQUIRE_FALSE(recs.empty());
+    CHECK(std::find(recs[0].begin(), recs[0].end(), sc.victim) != recs[0].end());
+  }
+}
+
+/// Runs the survive run with the recovery probe losing sc.die_in_recovery.
+template <class F>
+std::vector<RankResult> with_probe(const Scenario& sc, F run_fn) {
+  if (sc.die_in_recovery >= 0)
+    optim::detail::recovery_probe() = [v = sc.die_in_recovery](int global) {
+      if (global == v) throw Killed();
+    };
+  auto res = run_fn(sc);
+  optim::detail::recovery_probe() = {};
+  return res;
 }
 
 }  // namespace
@@ -165,4 +235,77 @@ TEST_CASE("reducer survive: without a loss bitwise the plain reducer: refusals",
     Reducer r(params, ctx.world(), small_buckets(true));
     CHECK_THROWS_AS(r.register_comm_hook(allreduce_hook(ctx.world())), NotSupportedError);
   });
+}
+
+TEST_CASE("post_local_sgd survive: two ranks lost in consecutive averages, two in one step, one during the recovery",
+          "[survive][survive_plsgd][survive_two]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.steps = 7;  // averages at steps 1, 3, 5
+  sc.callback = GENERATE(false, true);
+  sc.victim = 1;
+  sc.point = "during";
+  sc.step = 3;
+  std::size_t recs = 1;
+  SECTION("rank 1 during step 3's average, rank 3 before step 5's") {
+    sc.more = {Loss{3, 5, "before"}};
+    recs = 2;
+  }
+  SECTION("rank 1 during step 3's average, rank 3 before step 3") { sc.more = {Loss{3, 3, "before"}}; }
+  SECTION("rank 1 during step 3's average, rank 4 at the start of the survivors' recovery") {
+    sc.die_in_recovery = 4;
+  }
+  SECTION("rank 1 after step 3's average, rank 2 before step 4 (both noticed at step 5)") {
+    sc.point = "after";
+    sc.more = {Loss{2, 4, "before"}};
+  }
+  INFO(sc.n << " ranks" << (sc.callback ? ", callback" : ""));
+  check_bitwise_losses(sc, with_probe(sc, plsgd_run), plsgd_reference(sc), recs);
+}
+
+TEST_CASE("reducer survive: two ranks lost in consecutive steps, two in one step, one during the recovery",
+          "[survive][survive_reducer][survive_two]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.steps = 5;
+  sc.callback = GENERATE(false, true);
+  sc.victim = 1;
+  sc.point = "during";
+  sc.step = 2;
+  std::size_t recs = 1;
+  SECTION("rank 1 during step 2's bucket reduce, rank 3 during step 3's") {
+    sc.more = {Loss{3, 3, "during"}};
+    recs = 2;
+  }
+  SECTION("ranks 1 and 3 during step 2's bucket reduce") { sc.more = {Loss{3, 2, "during"}}; }
+  SECTION("rank 1 during step 2's bucket reduce, rank 4 at the start of the survivors' recovery") {
+    sc.die_in_recovery = 4;
+  }
+  SECTION("rank 1 before step 2, rank 2 before step 3") {
+    sc.point = "before";
+    sc.more = {Loss{2, 3, "before"}};
+    recs = 2;
+  }
+  INFO(sc.n << " ranks" << (sc.callback ? ", callback" : ""));
+  check_bitwise_losses(sc, with_probe(sc, reducer_run), reducer_reference(sc), recs);
+}
+
+// Found with the tests above, not fixed here (the shared-memory plane and
+// shrink are other engineers'): a rank that posts part of an average (its
+// float32 all_reduce_coalesced) on a SHRUNK group and then dies leaves the
+// survivors' all_reduce_coalesced waiting until the collective timeout
+// (30 s: "rank(s) 3 did not join") instead of failing with PeerLostError,
+// whether the first loss was "before" or "during". The same on the world
+// group, and the Reducer's "during" on a shrunk group, recover. Hidden ([.])
+// until fixed: dopt_unit_tests "[survive_known_bug]" (about 35 s).
+TEST_CASE("post_local_sgd survive: known bug: two ranks lost during consecutive averages hang until the timeout",
+          "[.][survive_known_bug]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.steps = 7;
+  sc.victim = 1;
+  sc.point = GENERATE(std::string("before"), std::string("during"));
+  sc.step = 3;
+  sc.more = {Loss{3, 5, "during"}};
+  check_bitwise_losses(sc, plsgd_run(sc), plsgd_reference(sc), 2);
 }

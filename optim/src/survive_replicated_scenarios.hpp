@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -86,6 +88,13 @@ inline std::string ranks_str(const std::vector<int>& r) {
   return s;
 }
 
+/// A further loss (Scenario::more): "before" or "during" step `step`.
+struct Loss {
+  int victim = 1;
+  std::int64_t step = 2;
+  std::string point;
+};
+
 struct Scenario {
   int n = 3;
   int victim = 1;
@@ -94,7 +103,32 @@ struct Scenario {
   std::int64_t steps = 6;
   bool callback = false;
   std::int64_t change_at = -1;  // C of the header
+  /// Further losses ("before" or "during"; the first loss alone may be
+  /// "after"), each applied in the reference at its own C.
+  std::vector<Loss> more;
+  /// A rank lost at the start of the survivors' recovery of the first loss
+  /// (simulated only: the test's recovery probe); -1: none. The reference
+  /// removes it with the first loss.
+  int die_in_recovery = -1;
 };
+
+/// Every loss of sc: the first, `more`, and the loss during its recovery
+/// (point "recovery", at the first loss's step).
+inline std::vector<Loss> losses(const Scenario& sc) {
+  std::vector<Loss> out;
+  if (sc.point.empty()) return out;
+  out.push_back(Loss{sc.victim, sc.step, sc.point});
+  out.insert(out.end(), sc.more.begin(), sc.more.end());
+  if (sc.die_in_recovery >= 0) out.push_back(Loss{sc.die_in_recovery, sc.step, "recovery"});
+  return out;
+}
+
+/// The loss of rank `me`, or null.
+inline const Loss* loss_of(const std::vector<Loss>& ls, int me) {
+  for (const auto& l : ls)
+    if (l.victim == me) return &l;
+  return nullptr;
+}
 
 struct RankResult {
   bool done = false;
@@ -104,10 +138,39 @@ struct RankResult {
 };
 
 inline std::vector<int> survivors(const Scenario& sc) {
+  const auto ls = losses(sc);
   std::vector<int> s;
   for (int r = 0; r < sc.n; ++r)
-    if (r != sc.victim || sc.point.empty()) s.push_back(r);
+    if (!loss_of(ls, r)) s.push_back(r);
   return s;
+}
+
+/// A membership change of the reference run: from step `at` on, `alive`.
+struct Change {
+  std::int64_t at = 0;
+  std::vector<int> alive;
+};
+
+/// The reference's changes: each loss applied at change_at(loss) (the first
+/// loss, and the loss during its recovery, at sc.change_at when it is set).
+inline std::vector<Change> changes(const Scenario& sc, const std::function<std::int64_t(const Loss&)>& change_at) {
+  std::map<std::int64_t, std::vector<int>> by_step;
+  const auto ls = losses(sc);
+  for (std::size_t i = 0; i < ls.size(); ++i) {
+    const bool first = i == 0 || ls[i].point == "recovery";
+    by_step[first && sc.change_at >= 0 ? sc.change_at : change_at(ls[i])].push_back(ls[i].victim);
+  }
+  std::vector<Change> out;
+  std::vector<int> gone;
+  for (const auto& [at, vs] : by_step) {
+    gone.insert(gone.end(), vs.begin(), vs.end());
+    Change c;
+    c.at = at;
+    for (int r = 0; r < sc.n; ++r)
+      if (std::find(gone.begin(), gone.end(), r) == gone.end()) c.alive.push_back(r);
+    out.push_back(c);
+  }
+  return out;
 }
 
 /// How the lost rank dies and what the survivors' runs need: simulated
@@ -150,11 +213,13 @@ inline RankResult plsgd_rank(ProcessGroup world, int me, const Scenario& sc, con
     });
   else
     opt.enable_survive();
-  const bool victim = me == sc.victim && !sc.point.empty();
+  const auto ls = losses(sc);
+  const Loss* lost = loss_of(ls, me);
+  auto at = [&](std::int64_t t, const char* point) { return lost && t == lost->step && lost->point == point; };
   for (std::int64_t t = 0; t < sc.steps; ++t) {
-    if (victim && t == sc.step && sc.point == "before") h.die();
+    if (at(t, "before")) h.die();
     set_grads(params, me, t);
-    if (victim && t == sc.step && sc.point == "during") {
+    if (at(t, "during")) {
       opt.optim().step();
       std::vector<Tensor> f32;
       for (const auto& p : params)
@@ -171,7 +236,7 @@ inline RankResult plsgd_rank(ProcessGroup world, int me, const Scenario& sc, con
                  (e.recovery().step_completed ? " completed" : "") + ";";
     }
     if (!sc.point.empty() && t == sc.step) h.arrive();
-    if (victim && t == sc.step && sc.point == "after") {
+    if (at(t, "after")) {
       h.wait_all();
       h.keep(params, {});
       h.die();
@@ -183,23 +248,32 @@ inline RankResult plsgd_rank(ProcessGroup world, int me, const Scenario& sc, con
   return out;
 }
 
+inline std::int64_t plsgd_change_at(const Loss& l) {
+  std::int64_t c = l.point == "after" ? l.step + 1 : l.step;
+  while (!averages(c)) ++c;
+  return c;
+}
+
 inline std::vector<RankResult> plsgd_reference(const Scenario& sc) {
   std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
   std::mutex mu;
-  const auto alive = survivors(sc);
+  const auto chs = changes(sc, [](const Loss& l) { return plsgd_change_at(l); });
   simulate_ranks(sc.n, [&](RankContext& ctx) {
     const int me = ctx.rank();
     RankResult out;
     ProcessGroup world = ctx.world();
     ProcessGroup group = world;
+    std::vector<ProcessGroup> subgroups;
+    for (const auto& c : chs) subgroups.push_back(world.new_group(c.alive));  // every rank of the world
     auto params = make_params(true);
     std::vector<OptimizerParamGroup> gs{OptimizerParamGroup(params)};
     auto opt = make_optimizer(plsgd_inner(), std::move(gs));
     for (std::int64_t t = 0; t < sc.steps; ++t) {
-      if (t == sc.change_at) {
-        group = world.new_group(alive);  // every rank of the world
-        if (me == sc.victim) return;
-      }
+      for (std::size_t k = 0; k < chs.size(); ++k)
+        if (t == chs[k].at) {
+          group = subgroups[k];
+          if (std::find(chs[k].alive.begin(), chs[k].alive.end(), me) == chs[k].alive.end()) return;
+        }
       set_grads(params, me, t);
       opt->step();
       if (averages(t)) average_parameters(get_params_to_average(opt->param_groups()), group);
@@ -213,11 +287,7 @@ inline std::vector<RankResult> plsgd_reference(const Scenario& sc) {
   return res;
 }
 
-inline std::int64_t plsgd_change_at(const Scenario& sc) {
-  std::int64_t c = sc.point == "after" ? sc.step + 1 : sc.step;
-  while (!averages(c)) ++c;
-  return c;
-}
+inline std::int64_t plsgd_change_at(const Scenario& sc) { return plsgd_change_at(Loss{sc.victim, sc.step, sc.point}); }
 
 // --- Reducer -------------------------------------------------------------------
 
@@ -245,11 +315,13 @@ inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, c
   auto reducer = std::make_unique<Reducer>(params, world, ro);
   if (reducer->num_buckets() < 3) throw std::logic_error("the scenario needs 3 or more buckets");
   auto opt = make_optimizer(ddp_inner(), {OptimizerParamGroup(params)});
-  const bool victim = me == sc.victim && !sc.point.empty();
+  const auto ls = losses(sc);
+  const Loss* lost = loss_of(ls, me);
+  auto at = [&](std::int64_t t, const char* point) { return lost && t == lost->step && lost->point == point; };
   for (std::int64_t t = 0; t < sc.steps; ++t) {
-    if (victim && t == sc.step && sc.point == "before") h.die();
+    if (at(t, "before")) h.die();
     set_grads(params, me, t);
-    if (victim && t == sc.step && sc.point == "during") {
+    if (at(t, "during")) {
       const auto buckets = reducer->bucket_indices();
       for (auto i : buckets[0]) reducer->mark_ready(params[i]);  // bucket 0 launches
       h.keep(params, {});
@@ -266,7 +338,7 @@ inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, c
     }
     opt->step();
     if (!sc.point.empty() && t == sc.step) h.arrive();
-    if (victim && t == sc.step && sc.point == "after") {
+    if (at(t, "after")) {
       h.wait_all();
       h.die();
     }
@@ -280,21 +352,24 @@ inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, c
 inline std::vector<RankResult> reducer_reference(const Scenario& sc) {
   std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
   std::mutex mu;
-  const auto alive = survivors(sc);
+  const auto chs = changes(sc, [](const Loss& l) { return l.point == "after" ? l.step + 1 : l.step; });
   simulate_ranks(sc.n, [&](RankContext& ctx) {
     const int me = ctx.rank();
     RankResult out;
     ProcessGroup world = ctx.world();
     ProcessGroup group = world;
+    std::vector<ProcessGroup> subgroups;
+    for (const auto& c : chs) subgroups.push_back(world.new_group(c.alive));  // every rank of the world
     auto params = make_params(false);
     auto reducer = std::make_unique<Reducer>(params, world, small_buckets(false));
     auto opt = make_optimizer(ddp_inner(), {OptimizerParamGroup(params)});
     for (std::int64_t t = 0; t < sc.steps; ++t) {
-      if (t == sc.change_at) {
-        group = world.new_group(alive);  // every rank of the world
-        if (me == sc.victim) return;
-        reducer = std::make_unique<Reducer>(params, group, small_buckets(false));
-      }
+      for (std::size_t k = 0; k < chs.size(); ++k)
+        if (t == chs[k].at) {
+          group = subgroups[k];
+          if (std::find(chs[k].alive.begin(), chs[k].alive.end(), me) == chs[k].alive.end()) return;
+          reducer = std::make_unique<Reducer>(params, group, small_buckets(false));
+        }
       set_grads(params, me, t);
       for (std::size_t i = params.size(); i-- > 0;) reducer->mark_ready(params[i]);
       reducer->finalize();

@@ -38,6 +38,14 @@ inline void check_same_point(ProcessGroup& ng, const char* op, const std::vector
 /// a further PeerLostError during any of it starts again from the old group
 /// (its shrink then leaves that rank out too). Returns the recovery record
 /// (step = where[0]).
+/// Testing aid: called by every survivor in shrink_and_redo once the new
+/// group is agreed, before `redo`, with its global rank (a fault-injection
+/// test loses a rank there: a loss during the recovery itself).
+inline std::function<void(int global_rank)>& recovery_probe() {
+  static std::function<void(int)> p;
+  return p;
+}
+
 inline ZeroRecovery shrink_and_redo(ProcessGroup& group, const char* op, const std::vector<std::int64_t>& where,
                                    const std::function<void(ProcessGroup&)>& redo) {
   const int old_rank = group.global_rank(group.rank());
@@ -46,6 +54,7 @@ inline ZeroRecovery shrink_and_redo(ProcessGroup& group, const char* op, const s
       ShrinkResult sr = group.shrink();
       ProcessGroup ng = sr.group;
       check_same_point(ng, op, where, old_rank);
+      if (recovery_probe()) recovery_probe()(old_rank);
       if (redo) redo(ng);
       ZeroRecovery rec;
       rec.group = ng;
