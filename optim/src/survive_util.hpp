@@ -8,7 +8,7 @@
 
 #include "agreement.hpp"
 #include "dopt/actors/process_group.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/optim/recovery.hpp"
 
 namespace dopt::optim::detail {
 

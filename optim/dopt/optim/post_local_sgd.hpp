@@ -30,7 +30,7 @@
 // averages them again over the survivors' group: the average of that step is
 // the survivors' (divided by their count), whichever dtype's all-reduce had
 // completed before the loss. Then step() calls on_membership_change(recovery)
-// and returns, or throws MembershipChangedError (zero.hpp) carrying it; the
+// and returns, or throws MembershipChangedError (recovery.hpp) carrying it; the
 // step was completed either way and the averager runs over recovery.group
 // from now on. Local steps never communicate, so a rank lost between
 // averaging steps is noticed at the next average (or by the trainer's own
@@ -46,7 +46,7 @@
 #include "dopt/optim/averagers.hpp"
 #include "dopt/optim/comm_hooks.hpp"
 #include "dopt/optim/optimizer.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/optim/recovery.hpp"
 
 namespace dopt::optim {
 

@@ -73,7 +73,7 @@
 // gradients are the survivors' average whichever buckets had completed, and
 // the lost rank's contribution is dropped from all of them. finalize() then
 // calls on_membership_change(recovery) and returns, or, without a callback,
-// throws MembershipChangedError (zero.hpp) carrying it; either way the
+// throws MembershipChangedError (recovery.hpp) carrying it; either way the
 // gradients are written and the reducer runs over recovery.group from now
 // on. A loss that finalize() does not see (elsewhere in the trainer):
 // recover() on every survivor, between iterations. survive needs the default
@@ -93,7 +93,7 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/optim/recovery.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt::optim {

@@ -59,6 +59,7 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/optimizer.hpp"
+#include "dopt/optim/recovery.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/state_dict.hpp"
 
@@ -73,53 +74,6 @@ enum class ZeroPartitionWeight {
   /// Newton-Schulz cost, ns_steps * (2 m^2 n + m^3) for an [m, n] matrix
   /// (m <= n); for the elementwise optimizers it is the element count.
   step_cost,
-};
-
-/// What ZeRO's recovery from a lost rank did (see "Redundancy and recovery").
-struct ZeroRecovery {
-  /// The survivors' group; ZeRO's group from now on.
-  ProcessGroup group;
-  /// Ranks of the old group that were lost, ascending.
-  std::vector<int> lost;
-  /// new_rank[r]: the new group rank of old group rank r (-1: lost).
-  std::vector<int> new_rank;
-  /// step_count() after the recovery.
-  std::int64_t step = 0;
-  /// True when the loss came during step() and that step was completed with
-  /// the gradients it was given (the trainer goes on with the next batch);
-  /// false after recover(): no step was taken.
-  bool step_completed = false;
-};
-
-namespace detail {
-/// An error of kind Base that carries the recovery it was thrown after.
-template <class Base>
-class WithRecovery : public Base {
- public:
-  WithRecovery(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
-      : Base(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
-  const ZeroRecovery& recovery() const noexcept { return recovery_; }
-
- private:
-  ZeroRecovery recovery_;
-};
-}  // namespace detail
-
-/// Thrown by ZeroRedundancyOptimizer::step() (redundancy > 0, no
-/// on_membership_change callback) on every survivor after it recovered from
-/// a lost rank: the step was completed, the optimizer is usable over
-/// recovery().group.
-class MembershipChangedError : public detail::WithRecovery<Error> {
- public:
-  using WithRecovery::WithRecovery;
-};
-
-/// Recovery found a shard whose owner and buddies were all lost: the message
-/// names the ranks and parameters whose state is gone. The optimizer is
-/// unusable; recovery().group is the survivors' group to fall back on.
-class ShardLostError : public detail::WithRecovery<StateError> {
- public:
-  using WithRecovery::WithRecovery;
 };
 
 struct ZeroOptions {
