@@ -12,12 +12,15 @@ std::mutex g_hook_mutex;
 std::function<void(rpc::Agent&, long)> g_hook;
 
 /// One local-optimizer step at a time per worker (any optimizer, any trainer).
-std::mutex& owner_step_mutex(const rpc::Agent& a) {
+/// A step may wait while it holds it (the test hook): under the deterministic
+/// scheduler a waiter gives the baton up.
+using StepMutex = rpc::detail::ServedMutex;
+StepMutex& owner_step_mutex(const rpc::Agent& a) {
   static std::mutex m;
-  static std::map<const void*, std::unique_ptr<std::mutex>> per_worker;
+  static std::map<const void*, std::unique_ptr<StepMutex>> per_worker;
   std::lock_guard<std::mutex> lock(m);
   auto& p = per_worker[a.core().get()];
-  if (!p) p = std::make_unique<std::mutex>();
+  if (!p) p = std::make_unique<StepMutex>();
   return *p;
 }
 
@@ -119,7 +122,7 @@ void DistributedOptimizer::register_functions() {
       return o;
     });
     rpc::register_method<OwnerOptimizer>("dopt.optim.step", [](rpc::Agent& a, OwnerOptimizer& o, std::uint64_t ctx) {
-      std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+      std::lock_guard<StepMutex> lock(owner_step_mutex(a));
       std::function<void(rpc::Agent&, long)> hook;
       {
         std::lock_guard<std::mutex> h(g_hook_mutex);
@@ -137,12 +140,12 @@ void DistributedOptimizer::register_functions() {
                                            a.drop_context_grads(ctx, o.ids);
                                          });
     rpc::register_method<OwnerOptimizer>("dopt.optim.set_lr", [](rpc::Agent& a, OwnerOptimizer& o, double lr) {
-      std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+      std::lock_guard<StepMutex> lock(owner_step_mutex(a));
       o.optimizer->set_lr(lr);
     });
     rpc::register_method<OwnerOptimizer>(
         "dopt.optim.set_hyperparameters", [](rpc::Agent& a, OwnerOptimizer& o, const std::string& json) {
-          std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+          std::lock_guard<StepMutex> lock(owner_step_mutex(a));
           o.optimizer->set_defaults(hyper_from_json(json, "DistributedOptimizer.set_hyperparameters"));
         });
     rpc::register_method<OwnerOptimizer>("dopt.optim.lr", [](OwnerOptimizer& o) { return o.optimizer->lr(); });
