@@ -3,18 +3,24 @@
 // docs/fault-tolerance.md).
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <string>
+#include <tuple>
 
 #include "dopt/actors/process_group.hpp"
 #include "access.hpp"
 #include "internal.hpp"
+#include "sim/sync.hpp"
 
 namespace dopt {
 namespace {
 
 using detail::GroupImpl;
 using detail::PeerTable;
+namespace sim = detail::sim;
 
 std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
   x += 0x9E3779B97F4A7C15ull;
@@ -58,6 +64,70 @@ std::shared_ptr<GroupImpl> group_over(const GroupImpl& from, std::uint64_t gid,
   return g;
 }
 
+/// The survivors' meeting in deterministic simulation: every rank is a
+/// thread of this process, so they meet in its memory, waiting through the
+/// scheduler (the rank actors' barriers run on CAF's threads, which it does
+/// not drive). Same outcomes as the barriers: every proposed member arrived,
+/// or PeerLostError when one is lost first, or TimeoutError (virtual time).
+class SimMeeting {
+ public:
+  SimMeeting(const PeerTable& peers, std::uint64_t gid, std::vector<int> members, int me)
+      : peers_(peers), key_{sim::run_id(), &peers, gid}, members_(std::move(members)), me_(me) {}
+
+  void barrier(int step, std::chrono::milliseconds timeout, const char* op) {
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      table()[key_].arrived[me_] = step;
+    }
+    auto arrived = [&] {
+      std::lock_guard<std::mutex> lock(mutex());
+      auto& m = table()[key_];
+      for (int r : members_)
+        if (auto it = m.arrived.find(r); it == m.arrived.end() || it->second < step) return false;
+      return true;
+    };
+    auto lost = [&] {
+      for (int r : members_)
+        if (r != me_ && peers_.state(r) != PeerTable::alive) return r;
+      return -1;
+    };
+    sim::block([&] { return arrived() || lost() >= 0; }, sim::now() + timeout, "shrink meeting");
+    if (arrived()) return;
+    if (const int r = lost(); r >= 0)
+      throw PeerLostError(op, "rank " + std::to_string(r) + " was lost while the survivors met", me_);
+    throw TimeoutError(op, "the survivors " + ranks_str(members_) + " did not meet within " +
+                               std::to_string(timeout.count()) + " ms", me_);
+  }
+
+ private:
+  struct Entry {
+    std::map<int, int> arrived;  // member -> the last step it reached
+    std::size_t left = 0;
+  };
+  using Key = std::tuple<std::uint64_t, const void*, std::uint64_t>;
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<Key, Entry>& table() {
+    static std::map<Key, Entry> t;
+    return t;
+  }
+
+ public:
+  /// After the last barrier: the last member to leave forgets the meeting.
+  void leave() {
+    std::lock_guard<std::mutex> lock(mutex());
+    auto it = table().find(key_);
+    if (it != table().end() && ++it->second.left == members_.size()) table().erase(it);
+  }
+
+  const PeerTable& peers_;
+  Key key_;
+  std::vector<int> members_;
+  int me_;
+};
+
 }  // namespace
 
 ShrinkResult ProcessGroup::shrink() {
@@ -80,6 +150,14 @@ ShrinkResult ProcessGroup::shrink() {
     // A PeerLostError can come before this rank's own liveness verdict (a
     // host-mate aborted the hierarchical plane's channel): give the verdict
     // up to 3 s before refusing.
+    if (sim::active() && alive.size() == old.size()) {  // deterministic simulation: in virtual time
+      sim::block([&] {
+        for (int r : old)
+          if (r != me && g.peers->state(r) != PeerTable::alive) return true;
+        return false;
+      }, sim::now() + std::chrono::seconds(3), "shrink: a lost member");
+      view();
+    }
     for (int i = 0; i < 600 && alive.size() == old.size(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       view();
@@ -93,16 +171,26 @@ ShrinkResult ProcessGroup::shrink() {
     ProcessGroup meeting(group_over(g, gid | kMeetingBit, members, my_new));
     std::unique_ptr<detail::GroupBuilder> builder;
     try {
-      meeting.barrier();  // everybody proposed these members
+      std::optional<SimMeeting> sim_meeting;
+      if (sim::active()) sim_meeting.emplace(*g.peers, gid | kMeetingBit, alive, me);
+      const std::chrono::milliseconds timeout(g.timeout_ms.load());
+      auto meet = [&](int step) {
+        if (sim_meeting)
+          sim_meeting->barrier(step, timeout, op);
+        else
+          meeting.barrier();
+      };
+      meet(1);  // everybody proposed these members
       std::shared_ptr<detail::GroupPlane> plane;
       if (g.plane) builder = g.plane->builder(gid, members);
       if (builder) {
         builder->create();
-        meeting.barrier();  // every member's state exists
+        meet(2);  // every member's state exists
         plane = builder->attach();
-        meeting.barrier();  // every member attached every member's
+        meet(3);  // every member attached every member's
         builder->seal();
       }
+      if (sim_meeting) sim_meeting->leave();
       auto ng = group_over(g, gid, members, my_new);
       ng->plane = std::move(plane);
       ng->origin = origin;

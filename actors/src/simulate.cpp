@@ -46,55 +46,6 @@ namespace {
   }
 }
 
-/// Runs body(r) for every rank as tasks of one deterministic scheduler
-/// (threads are left to join); throws StateError on a deadlock.
-void run_deterministic(int world_size, std::uint64_t seed, const SimulateOptions& options,
-                       const std::shared_ptr<detail::PeerTable>& table, const std::function<void(int)>& body,
-                       std::vector<std::thread>& threads) {
-  auto sched = std::make_shared<detail::sim::Scheduler>(seed, options.faults, world_size, table, options.keep_trace);
-  std::vector<detail::sim::Task*> tasks;
-  for (int r = 0; r < world_size; ++r) tasks.push_back(sched->add(r, true, "main"));
-  for (int r = 0; r < world_size; ++r)
-    threads.emplace_back([&body, sched, t = tasks[static_cast<std::size_t>(r)], r] {
-      sched->enter(t);
-      body(r);
-      sched->exit(t);
-    });
-  sched->start();
-  sched->wait_over();
-  const std::string deadlock = sched->deadlock();
-  if (!deadlock.empty()) {
-    // The threads that wait stay parked for good; they keep the scheduler alive.
-    for (auto& t : threads) t.detach();
-    threads.clear();
-    if (options.report) sched->fill(*options.report);
-    std::fprintf(stderr, "dopt simulate: seed %llu: %s; replay with DOPT_SIM_SEED=%llu\n",
-                 static_cast<unsigned long long>(seed), deadlock.c_str(), static_cast<unsigned long long>(seed));
-    throw StateError("simulate", "seed " + std::to_string(seed) + ": " + deadlock);
-  }
-  if (sched->any_frozen()) {
-    // The frozen threads (a stopped rank, a crashed rank's helpers) go on as
-    // ordinary threads now: whatever they wait for ends at once.
-    for (int r = 0; r < world_size; ++r)
-      table->mark(r, detail::PeerTable::lost, "rank " + std::to_string(r) + " ended with simulate");
-  }
-  for (auto& t : threads) t.join();
-  threads.clear();
-  if (options.report) sched->fill(*options.report);
-  // For comparing whole test runs of a seed (the CTest swarm): one line per simulation.
-  if (const char* log = std::getenv("DOPT_SIM_TRACE_LOG"); log && *log) {
-    SimReport r;
-    sched->fill(r);
-    if (std::FILE* f = std::fopen(log, "a")) {
-      std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx faults %zu\n",
-                   static_cast<unsigned long long>(seed), world_size, static_cast<unsigned long long>(r.decisions),
-                   static_cast<long long>(r.virtual_time.count()), static_cast<unsigned long long>(r.trace_hash),
-                   r.faults.size());
-      std::fclose(f);
-    }
-  }
-}
-
 }  // namespace
 
 void simulate(int world_size, const std::function<void(RankContext&)>& fn, const SimulateOptions& options) {
@@ -123,7 +74,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (!deterministic && !options.faults.empty())
     throw ValueError("simulate", "fault plans need deterministic = true");
 
-  auto world = detail::spawn_local_world(detail::Access::impl(*rt), world_size);
+  auto world = detail::spawn_local_world(dopt::detail::Access::impl(*rt), world_size);
   auto& endpoints = world.endpoints;
   auto members = std::make_shared<std::vector<int>>();
   for (int r = 0; r < world_size; ++r) members->push_back(r);
@@ -145,7 +96,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     for (int r = 0; r < world_size; ++r) dir->seal(0, r);
     for (auto& p : planes) {  // groups kept beyond simulate fail with StateError once the runtime stops
       std::weak_ptr<detail::shm_plane::ShmPlane> weak = p;
-      detail::runtime_add_stopper(detail::Access::impl(*rt), [weak] {
+      detail::runtime_add_stopper(dopt::detail::Access::impl(*rt), [weak] {
         if (auto q = weak.lock()) q->shutdown("the runtime shut down");
       });
     }
@@ -194,7 +145,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
   if (deterministic) {
-    run_deterministic(world_size, seed, options, world.table, body, threads);
+    detail::sim::run_ranks(world_size, seed, options.faults, options.keep_trace, options.report, world.table, body);
   } else try {
     for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   } catch (...) {
@@ -215,5 +166,59 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     rethrow_with_rank(first->second, first->first);
   }
 }
+
+namespace detail::sim {
+
+void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool keep_trace, SimReport* report,
+               const std::shared_ptr<PeerTable>& table, const std::function<void(int)>& body,
+               std::function<void(int)> on_crash) {
+  auto sched = std::make_shared<Scheduler>(seed, faults, world_size, table, keep_trace);
+  if (on_crash) sched->set_on_crash(std::move(on_crash));
+  std::vector<Task*> tasks;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) tasks.push_back(sched->add(r, true, "main"));
+  for (int r = 0; r < world_size; ++r)
+    threads.emplace_back([&body, sched, t = tasks[static_cast<std::size_t>(r)], r] {
+      sched->enter(t);
+      body(r);
+      sched->exit(t);
+    });
+  sched->start();
+  sched->wait_over();
+  const std::string deadlock = sched->deadlock();
+  if (!deadlock.empty()) {
+    // The threads that wait stay parked for good; they keep the scheduler alive.
+    for (auto& t : threads) t.detach();
+    threads.clear();
+    if (report) sched->fill(*report);
+    std::fprintf(stderr, "dopt simulate: seed %llu: %s; replay with DOPT_SIM_SEED=%llu\n",
+                 static_cast<unsigned long long>(seed), deadlock.c_str(), static_cast<unsigned long long>(seed));
+    throw StateError("simulate", "seed " + std::to_string(seed) + ": " + deadlock);
+  }
+  if (sched->any_frozen() && table) {
+    // The frozen threads (a stopped rank, a crashed rank's helpers) go on as
+    // ordinary threads now: whatever they wait for ends at once.
+    for (int r = 0; r < world_size; ++r)
+      table->mark(r, PeerTable::lost, "rank " + std::to_string(r) + " ended with simulate");
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  if (report) sched->fill(*report);
+  // For comparing whole test runs of a seed (the CTest swarm): one line per simulation.
+  if (const char* log = std::getenv("DOPT_SIM_TRACE_LOG"); log && *log) {
+    SimReport r;
+    sched->fill(r);
+    if (std::FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx faults %zu\n",
+                   static_cast<unsigned long long>(seed), world_size, static_cast<unsigned long long>(r.decisions),
+                   static_cast<long long>(r.virtual_time.count()), static_cast<unsigned long long>(r.trace_hash),
+                   r.faults.size());
+      std::fclose(f);
+    }
+  }
+}
+
+}  // namespace detail::sim
 
 }  // namespace dopt

@@ -27,12 +27,15 @@ bool probe(rpc::Agent& a, const char* point, long step) {
 }
 
 /// One local-optimizer step at a time per worker (any optimizer, any trainer).
-std::mutex& owner_step_mutex(const rpc::Agent& a) {
+/// A step may wait while it holds it (the test hook): under the deterministic
+/// scheduler a waiter gives the baton up.
+using StepMutex = rpc::detail::ServedMutex;
+StepMutex& owner_step_mutex(const rpc::Agent& a) {
   static std::mutex m;
-  static std::map<const void*, std::unique_ptr<std::mutex>> per_worker;
+  static std::map<const void*, std::unique_ptr<StepMutex>> per_worker;
   std::lock_guard<std::mutex> lock(m);
   auto& p = per_worker[a.core().get()];
-  if (!p) p = std::make_unique<std::mutex>();
+  if (!p) p = std::make_unique<StepMutex>();
   return *p;
 }
 
@@ -171,7 +174,7 @@ void DistributedOptimizer::register_functions() {
       return make_owner(a, spec_json, std::move(params));
     });
     rpc::register_method<OwnerOptimizer>("dopt.optim.step", [](rpc::Agent& a, OwnerOptimizer& o, std::uint64_t ctx) {
-      std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+      std::lock_guard<StepMutex> lock(owner_step_mutex(a));
       std::function<void(rpc::Agent&, long)> hook;
       {
         std::lock_guard<std::mutex> h(g_hook_mutex);
@@ -191,7 +194,7 @@ void DistributedOptimizer::register_functions() {
     rpc::register_method<OwnerOptimizer>("dopt.optim.set_lr", [](rpc::Agent& a, OwnerOptimizer& o, double lr) {
       std::vector<Future<void>> fwd;
       {
-        std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+        std::lock_guard<StepMutex> lock(owner_step_mutex(a));
         o.optimizer->set_lr(lr);
         for (auto& m : o.mirrors)
           if (!is_lost(a, m.owner_rank())) fwd.push_back(m.rpc_async<void>("dopt.optim.mirror_set_lr", lr));
@@ -202,7 +205,7 @@ void DistributedOptimizer::register_functions() {
         "dopt.optim.set_hyperparameters", [](rpc::Agent& a, OwnerOptimizer& o, const std::string& json) {
           std::vector<Future<void>> fwd;
           {
-            std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+            std::lock_guard<StepMutex> lock(owner_step_mutex(a));
             o.optimizer->set_defaults(hyper_from_json(json, "DistributedOptimizer.set_hyperparameters"));
             for (auto& m : o.mirrors)
               if (!is_lost(a, m.owner_rank()))
@@ -234,7 +237,7 @@ void DistributedOptimizer::register_functions() {
           if (probe(a, "begin", s)) return;
           std::vector<Future<void>> fwd;
           {
-            std::lock_guard<std::mutex> lock(owner_step_mutex(a));
+            std::lock_guard<StepMutex> lock(owner_step_mutex(a));
             std::vector<Tensor> grads;
             grads.reserve(o.ids.size());
             for (auto id : o.ids) grads.push_back(a.context_grad(ctx, id));  // undefined: skipped

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "dopt/actors/rpc.hpp"
+#include "dopt/actors/simulate.hpp"
 #include "rpc/testing.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
@@ -28,9 +29,12 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::mutex g_catch_mutex;
-#define SCHECK(...) do { std::lock_guard<std::mutex> l_(g_catch_mutex); CHECK(__VA_ARGS__); } while (0)
-#define SCHECK_THAT(a, m) do { std::lock_guard<std::mutex> l_(g_catch_mutex); CHECK_THAT(a, m); } while (0)
+// Served: the checked expression may make RPC calls (a scheduling point of
+// the deterministic scheduler) while the lock is held.
+dopt::rpc::detail::ServedMutex g_catch_mutex;
+using CatchLock = std::lock_guard<dopt::rpc::detail::ServedMutex>;
+#define SCHECK(...) do { CatchLock l_(g_catch_mutex); CHECK(__VA_ARGS__); } while (0)
+#define SCHECK_THAT(a, m) do { CatchLock l_(g_catch_mutex); CHECK_THAT(a, m); } while (0)
 
 std::string bits_mismatch(const Tensor& got, const Tensor& want) {
   if (!got.defined() || got.dtype() != want.dtype() || got.shape() != want.shape()) return "shape/dtype differ";
@@ -56,11 +60,12 @@ struct TinyModule {
 };
 
 std::mutex g_params_mutex;
-std::map<int, std::promise<std::vector<RRef<Tensor>>>> g_params;
+// dopt's promises, not std::promise: the deterministic scheduler sees their waits.
+std::map<int, Promise<std::vector<RRef<Tensor>>>> g_params;
 
 std::mutex g_gate_mutex;
-std::optional<std::promise<void>> g_gate;
-std::shared_future<void> g_gate_future;
+std::optional<Promise<void>> g_gate;
+Future<void> g_gate_future;
 
 void register_test_functions() {
   static std::once_flag once;
@@ -119,7 +124,7 @@ void check_parity(const OptimizerSpec& spec, int n) {
       lopt->step();
       for (std::size_t k = 0; k < shapes.size(); ++k) {
         const std::string m = bits_mismatch(remote[k].to_here(), local[k]);
-        std::lock_guard<std::mutex> l(g_catch_mutex);
+        CatchLock l(g_catch_mutex);
         INFO(spec.name << " step " << t << " param " << k);
         CHECK(m == "");
         ++compared;
@@ -182,7 +187,7 @@ TEST_CASE("DistributedOptimizer: three trainers step concurrently on two shared 
       a.rpc_sync(3, "dt.take_params", ps);
       a.rpc_sync(4, "dt.take_params", ps);
     } else {
-      std::future<std::vector<RRef<Tensor>>> f;
+      Future<std::vector<RRef<Tensor>>> f;
       {
         std::lock_guard<std::mutex> lock(g_params_mutex);
         f = g_params[a.rank()].get_future();
@@ -331,11 +336,11 @@ TEST_CASE("DistributedOptimizer: a step whose owner does not answer in time fail
   {
     std::lock_guard<std::mutex> lock(g_gate_mutex);
     g_gate.emplace();
-    g_gate_future = g_gate->get_future().share();
+    g_gate_future = g_gate->get_future();
   }
   dopt::optim::detail::set_owner_step_hook([](Agent& a, long step) {
     if (a.rank() == 1 && step == 0) {
-      std::shared_future<void> f;
+      Future<void> f;
       {
         std::lock_guard<std::mutex> lock(g_gate_mutex);
         f = g_gate_future;
@@ -416,7 +421,7 @@ TEST_CASE("DistributedOptimizer: one schedule reaches all 3 remote owners (OneCy
       SCHECK(dist.hyperparameters().at("betas") == lopt.param_groups()[0].options->to_hyperparams().at("betas"));
       for (std::size_t k = 0; k < shapes.size(); ++k) {
         const std::string m = bits_mismatch(remote[k].to_here(), local[k]);
-        std::lock_guard<std::mutex> l(g_catch_mutex);
+        CatchLock l(g_catch_mutex);
         INFO("step " << t << " param " << k);
         CHECK(m == "");
         ++checked;
@@ -435,4 +440,109 @@ TEST_CASE("DistributedOptimizer: one schedule reaches all 3 remote owners (OneCy
     SCHECK(std::get<double>(sd.at("_schedulers")) == 2.0);
   });
   CHECK(checked == 48);
+}
+
+// --- under the deterministic scheduler (rpc::simulate with deterministic = true) ------------
+
+namespace {
+
+rpc::SimulateOptions rpc_options(const SimulateOptions& o) {
+  rpc::SimulateOptions r;
+  r.deterministic = o.deterministic;
+  r.seed = o.seed;
+  r.faults = o.faults;
+  r.report = o.report;
+  r.keep_trace = o.keep_trace;
+  return r;
+}
+
+/// Two trainers step one DistributedOptimizer each over parameters on two
+/// owners; every parameter ends bitwise where the local optimizer puts it.
+void two_trainers(const rpc::SimulateOptions& o) {
+  register_test_functions();
+  constexpr int kSteps = 3;
+  std::atomic<int> checked{0};
+  rpc::simulate(4, [&](Agent& a) {
+    if (a.rank() < 2) return;  // owners 0 and 1 serve
+    std::vector<RRef<Tensor>> ps;
+    std::vector<Tensor> local;
+    for (int k = 0; k < 3; ++k) {
+      const auto v = values<float>(5, 10 * a.rank() + k);
+      ps.push_back(a.remote<Tensor>(k % 2, "dt.make_param", v, std::vector<std::int64_t>{5}));
+      local.push_back(Tensor::from_vector(v, {5}));
+    }
+    DistributedOptimizer dist(a, OptimizerSpec{"Adam", {{"lr", 0.01}}}, ps);
+    auto lopt = make_optimizer(OptimizerSpec{"Adam", {{"lr", 0.01}}}, {OptimizerParamGroup(local)});
+    for (int t = 0; t < kSteps; ++t) {
+      GradContext ctx = a.new_context();
+      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
+      for (std::size_t k = 0; k < ps.size(); ++k) {
+        Tensor g = Tensor::from_vector(values<float>(5, 100 * t + k + a.rank(), 2.0), {5});
+        local[k].set_grad(g.clone());
+        deps.emplace_back(ps[k], g);
+      }
+      (void)ctx.deposit_all(deps);
+      dist.step(ctx);
+      lopt->step();
+    }
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      SCHECK(bits_mismatch(ps[k].to_here(), local[k]) == "");
+      ++checked;
+    }
+  }, o);
+  if (checked != 6) throw StateError("two_trainers", std::to_string(checked.load()) + " of 6 parameters checked");
+}
+
+}  // namespace
+
+TEST_CASE("DistributedOptimizer under the deterministic scheduler: a swarm of seeds, each replayed exactly",
+          "[distributed_optimizer][sim]") {
+  sim::SwarmOptions so;
+  so.seeds = 6;
+  so.budget = std::chrono::seconds(60);
+  so.print = false;
+  SimulateOptions base;
+  base.keep_trace = true;
+  const auto found = sim::swarm([](const SimulateOptions& o) { two_trainers(rpc_options(o)); }, so, base);
+  INFO(found.failure);
+  CHECK_FALSE(found.failing_seed.has_value());
+  CHECK(found.tried >= 1);
+}
+
+TEST_CASE("DistributedOptimizer under the deterministic scheduler: an owner crashed at its k-th call fails the "
+          "step naming it",
+          "[distributed_optimizer][sim]") {
+  register_test_functions();
+  for (int k : {3, 5, 7}) {  // 7 calls in all: make_param, create, lr, 4 steps
+    SimReport report;
+    rpc::SimulateOptions o;
+    o.deterministic = true;
+    o.seed = static_cast<std::uint64_t>(k);
+    o.report = &report;
+    o.faults.crash(2, k);  // owner 2: its calls are the ones it serves (create, lr, steps, ...)
+    std::atomic<int> failed{0};
+    rpc::simulate(3, [&](Agent& a) {
+      if (a.rank() != 0) return;
+      auto p1 = a.remote<Tensor>(1, "dt.make_param", std::vector<float>{1, 2}, std::vector<std::int64_t>{2});
+      auto p2 = a.remote<Tensor>(2, "dt.make_param", std::vector<float>{3, 4}, std::vector<std::int64_t>{2});
+      try {
+        DistributedOptimizer dist(a, {"SGD", {{"lr", 0.1}}}, {p1, p2});
+        for (int t = 0; t < 4; ++t) {
+          GradContext ctx = a.new_context();
+          (void)ctx.deposit_all({{p1, Tensor::full({2}, 1.0)}, {p2, Tensor::full({2}, 1.0)}});
+          dist.step(ctx);
+        }
+      } catch (const Error& e) {
+        SCHECK_THAT(std::string(e.what()), Contains("'worker2' (rank 2)"));
+        SCHECK(rpc::error_kind(e) == "PeerLostError");
+        ++failed;
+      }
+      // owner 1 still serves
+      SCHECK(p1.to_here().numel() == 2);
+    }, o);
+    INFO("crash at call " << k);
+    CHECK(failed == 1);
+    REQUIRE(report.faults.size() == 1u);
+    CHECK_THAT(report.faults[0], Contains("rank 2 crashed at its call " + std::to_string(k)));
+  }
 }

@@ -61,6 +61,9 @@ std::vector<RankResult> run(const Scenario& sc, RankResult (*rank_fn)(ProcessGro
   };
   h.arrive = [&] { arrived.fetch_add(1); };
   h.wait_all = [&] {
+    // Under the deterministic scheduler (DOPT_SIM_SEED): wait through it, or nobody else runs.
+    if (dopt::detail::sim::active())
+      dopt::detail::sim::block([&] { return arrived.load() >= sc.n; }, std::nullopt, "test: wait_all");
     while (arrived.load() < sc.n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
   try {

@@ -107,6 +107,7 @@
 #include "dopt/actors/future.hpp"
 #include "dopt/actors/runtime.hpp"
 #include "dopt/actors/rpc_serialize.hpp"
+#include "dopt/actors/sim.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/tensor.hpp"
 
@@ -429,12 +430,35 @@ struct SimulateOptions {
   RpcOptions rpc;
   /// Worker names, index rank; empty: "worker0", "worker1", ...
   std::vector<std::string> names;
+
+  /// Deterministic simulation (as dopt::simulate's, dopt/actors/sim.hpp):
+  /// the workers' threads, their agents and their pool threads run one at a
+  /// time, the next one chosen by a generator seeded with `seed` at every
+  /// call, future wait and message an agent handles; deadlines (Fn::timeout,
+  /// rpc_timeout, shutdown_timeout) are in virtual time. DOPT_SIM_SEED in the
+  /// environment turns it on with its seed. No runtime is started.
+  bool deterministic = false;
+  std::uint64_t seed = 0;
+  /// Faults (deterministic only; else ValueError). Calls are counted per
+  /// worker: every rpc_async/rpc_sync/remote/RRef call and to_here its code
+  /// (or a function it serves) starts; crash(w, k) kills worker w at its
+  /// k-th call as if its process died (its peers see it lost), stop(w, k)
+  /// freezes it (calls to it time out). Messages are the requests and
+  /// replies between agents: drop_message / delay_messages.
+  FaultPlan faults;
+  /// When set, filled with what the run did (trace hash, faults, virtual time).
+  SimReport* report = nullptr;
+  /// Keep the trace's lines in `report`.
+  bool keep_trace = false;
 };
 
 /// world_size simulated workers in this process, each running fn(agent) on
 /// its own thread, then shutdown() (graceful). A worker whose fn throws is
 /// stopped at once (its peers see it die) and simulate rethrows the first
-/// exception after every worker finished (like dopt::simulate).
+/// exception after every worker finished (like dopt::simulate). A worker
+/// crashed by a fault plan is not an error of simulate (its peers' calls
+/// fail with PeerLostError). In deterministic mode a failing run prints its
+/// seed to stderr ("... replay with DOPT_SIM_SEED=s").
 void simulate(int world_size, const std::function<void(Agent&)>& fn, const SimulateOptions& options = {});
 
 struct RunOptions {

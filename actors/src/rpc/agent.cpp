@@ -28,21 +28,24 @@ const RpcOptions& Agent::options() const { return core_->options; }
 
 bool Agent::wait_until_lost(const To& worker, std::chrono::milliseconds timeout) const {
   const int r = detail::resolve_rank(*core_, worker, "rpc.wait_until_lost");
+  namespace sim = ::dopt::detail::sim;
   std::unique_lock<std::mutex> lock(core_->st_mutex);
-  return core_->st_cv.wait_for(lock, timeout, [&] { return core_->lost.count(r) > 0; });
+  return sim::cv_wait_until(core_->st_cv, lock, sim::clock_now() + timeout, [&] { return core_->lost.count(r) > 0; },
+                            "rpc wait_until_lost");
 }
 
-bool Agent::alive() const { return static_cast<bool>(core_->handle()); }
+bool Agent::alive() const { return core_->running(); }
 
 void Agent::shutdown() const {
   auto& c = *core_;
   if (c.shutting_down.exchange(true)) return;
-  if (!c.handle()) return;
-  const auto deadline = steady_clock::now() + c.options.shutdown_timeout;
+  if (!c.running()) return;
+  namespace sim = ::dopt::detail::sim;
+  const auto deadline = sim::clock_now() + c.options.shutdown_timeout;  // virtual time when simulated
   auto idle = [&] { return c.outstanding == 0 || c.stopped; };
   {
     std::unique_lock<std::mutex> lock(c.st_mutex);
-    c.st_cv.wait_until(lock, deadline, idle);
+    sim::cv_wait_until(c.st_cv, lock, deadline, idle, "rpc shutdown");
   }
   for (int r = 0; r < c.world; ++r)
     if (r != c.rank && !c.is_lost(r)) (void)detail::send_call(core_, detail::make_spec(To(r), Fn("__bye"), detail::Mode::call));
@@ -55,10 +58,10 @@ void Agent::shutdown() const {
         if (r != c.rank && !c.bye_from.count(r) && !c.lost.count(r)) return false;
       return true;
     };
-    if (!c.st_cv.wait_until(lock, deadline, all_done))
+    if (!sim::cv_wait_until(c.st_cv, lock, deadline, all_done, "rpc shutdown"))
       for (int r = 0; r < c.world; ++r)
         if (r != c.rank && !c.bye_from.count(r) && !c.lost.count(r)) missing.push_back(r);
-    c.st_cv.wait_until(lock, deadline, idle);
+    sim::cv_wait_until(c.st_cv, lock, deadline, idle, "rpc shutdown");
   }
   c.stop(false);
   if (!missing.empty()) {

@@ -90,8 +90,14 @@ Future<std::vector<char>> post_call(const std::shared_ptr<AgentCore>& core, Call
     return fut;
   }
   call->spec = std::move(spec);
-  caf::actor a = core->handle();
-  if (!a) {
+  // Deterministic simulation: a user's call from its own thread (not the
+  // built-ins that RRef and context handles send, nor calls made by
+  // continuations on the agent) is a scheduling point, and a call a fault
+  // plan may crash the worker at.
+  if (::dopt::detail::sim::active() && !in_sim_agent() &&
+      (call->spec.fn.rfind("__", 0) != 0 || call->spec.fn == "__rref.fetch")) [[unlikely]]
+    ::dopt::detail::sim::on_call("rpc");
+  if (!core->running()) {
     call->promise.set_exception(std::make_exception_ptr(
         StateError("rpc", "call of '" + call->spec.fn + "': " + core->who(core->rank) + " is shut down", core->rank)));
     return fut;
@@ -110,7 +116,7 @@ Future<std::vector<char>> post_call(const std::shared_ptr<AgentCore>& core, Call
       c->st_cv.notify_all();
     }
   });
-  caf::anon_send(a, caf::atom("rpcout"), OutCallPtr(std::move(call)));
+  core->send_out(OutCallPtr(std::move(call)));  // a stopped agent drops it: the call fails (~OutCall)
   return fut;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Internal to dopt_actors: what the RPC sources share. An agent's state
-// (AgentCore) is shared by user threads, pool threads and the agent actor.
+// (AgentCore) is shared by user threads, pool threads and the agent (its
+// CAF actor, or in deterministic simulation its SimAgent: sim_agent.cpp).
 //
 // Messages between agents use only types CAF serialises itself (integers,
 // strings, std::vector<char>, actor handles), so nothing has to be announced
@@ -22,6 +23,7 @@
 #include "caf/all.hpp"
 #include "dopt/actors/rpc.hpp"
 #include "rpc/pool.hpp"
+#include "sim/sync.hpp"
 
 namespace dopt::rpc::detail {
 
@@ -72,6 +74,12 @@ struct Object {
 };
 using ObjectPtr = std::shared_ptr<Object>;
 
+class SimAgent;
+// --- sim_agent.cpp: the agent's link in deterministic simulation ---
+void sim_send_out(SimAgent& a, OutCallPtr call);
+void sim_send_fin(SimAgent& a, int caller, std::uint64_t id, ReplyPtr r);
+void sim_stop(SimAgent& a, bool kill);
+
 struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::string name;
   int rank = 0;
@@ -82,6 +90,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
   mutable std::mutex mutex;
   caf::actor actor;
+  std::shared_ptr<SimAgent> sim;  // deterministic simulation: the agent instead of `actor`
   bool stopped = false;
   bool killed = false;
   std::atomic<bool> shutting_down{false};
@@ -108,6 +117,44 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   caf::actor handle() const {
     std::lock_guard<std::mutex> lock(mutex);
     return actor;
+  }
+  /// The agent runs (not stopped).
+  bool running() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return !stopped && (actor || sim);
+  }
+  /// To the agent: a user thread's call (false: the agent stopped).
+  bool send_out(OutCallPtr call) {
+    caf::actor a;
+    std::shared_ptr<SimAgent> s;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) return false;
+      a = actor;
+      s = sim;
+    }
+    if (s)
+      sim_send_out(*s, std::move(call));
+    else if (a)
+      caf::anon_send(a, caf::atom("rpcout"), std::move(call));
+    else
+      return false;
+    return true;
+  }
+  /// To the agent: the reply of a call it ran (from a pool thread or a strand).
+  void send_fin(int caller, std::uint64_t id, ReplyPtr r) {
+    caf::actor a;
+    std::shared_ptr<SimAgent> s;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) return;
+      a = actor;
+      s = sim;
+    }
+    if (s)
+      sim_send_fin(*s, caller, id, std::move(r));
+    else if (a)
+      caf::anon_send(a, caf::atom("rpcfin"), caller, id, std::move(r));
   }
   std::string who(int r) const {
     return "worker '" + (r >= 0 && r < world ? names[static_cast<std::size_t>(r)] : std::string("?")) + "' (rank " +
@@ -206,6 +253,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
   void stop(bool kill) {
     caf::actor a;
+    std::shared_ptr<SimAgent> s;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopped) return;
@@ -213,8 +261,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
       killed = kill;
       a = actor;
       actor = nullptr;
+      s = std::move(sim);  // the SimAgent holds this core: no cycle once stopped
     }
     if (a) caf::anon_send_exit(a, kill ? caf::exit_reason::kill : caf::exit_reason::user_shutdown);
+    if (s) sim_stop(*s, kill);
     if (kill)
       pool->stop();
     else
@@ -259,5 +309,15 @@ std::shared_ptr<AgentCore> make_core(caf::actor_system& sys, const std::string& 
                                      const RpcOptions& options);
 /// Gives the agent its peers (index: rank) and waits until it has them.
 void start_agent(caf::actor_system& sys, const std::shared_ptr<AgentCore>& core, std::vector<caf::actor> peers);
+/// A core without an agent (checks the options).
+std::shared_ptr<AgentCore> new_core(const std::string& name, int rank, int world, const RpcOptions& options);
+
+// --- sim_agent.cpp ---
+/// Deterministic simulation: gives every core a SimAgent (their peers: each other).
+void make_sim_agents(const std::vector<std::shared_ptr<AgentCore>>& cores);
+/// On the worker's rank task: starts its agent's task.
+void start_sim_agent(AgentCore& core);
+/// The calling thread runs an agent's handlers (deterministic simulation).
+bool in_sim_agent() noexcept;
 
 }  // namespace dopt::rpc::detail

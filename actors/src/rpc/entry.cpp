@@ -2,6 +2,7 @@
 // rendezvous), rpc::simulate (workers in this process) and rpc::run.
 #include <unistd.h>
 
+#include <cstdio>
 #include <optional>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "internal.hpp"
 #include "rendezvous_internal.hpp"
 #include "rpc/core.hpp"
+#include "sim/scheduler.hpp"
 #include "world_setup.hpp"
 
 namespace dopt::rpc {
@@ -26,6 +28,60 @@ void check_names(const std::vector<std::string>& names, int rank) {
         throw ValueError("rpc.init", "ranks " + std::to_string(j) + " and " + std::to_string(i) +
                                          " have the same name '" + names[i] + "' (names must be unique)", rank);
   }
+}
+
+/// rpc::simulate in deterministic mode: the workers' threads are the rank
+/// tasks of one seeded scheduler, their agents SimAgents (no CAF, no runtime).
+void simulate_deterministic(int n, const std::vector<std::string>& names, const std::function<void(Agent&)>& fn,
+                            const SimulateOptions& options, std::uint64_t seed) {
+  namespace sim = ::dopt::detail::sim;
+  std::vector<std::shared_ptr<AgentCore>> cores;
+  for (int r = 0; r < n; ++r) {
+    cores.push_back(new_core(names[static_cast<std::size_t>(r)], r, n, options.rpc));
+    cores.back()->names = names;
+  }
+  make_sim_agents(cores);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  auto body = [&](int r) {
+    const auto& core = cores[static_cast<std::size_t>(r)];
+    Agent agent(core);
+    start_sim_agent(*core);
+    for (int phase = 0; phase < 2; ++phase) {
+      try {
+        if (phase == 0)
+          fn(agent);
+        else
+          agent.shutdown();
+      } catch (const sim::RankCrashed&) {
+        core->stop(true);  // a fault plan crashed the worker: its peers see it lost
+        return;
+      } catch (const sim::RankStopped&) {
+        core->stop(true);  // a fault plan stopped it; the simulation is over
+        return;
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        core->stop(true);  // as if its process died: its peers see it
+        return;
+      }
+    }
+  };
+  struct StopAll {
+    std::vector<std::shared_ptr<AgentCore>>& cores;
+    ~StopAll() {
+      for (auto& c : cores) c->stop(true);
+    }
+  } stop_all{cores};
+  // A crash on any of a worker's threads (its own, or a pool thread's call)
+  // kills its agent at once: its peers see it lost, in virtual time.
+  sim::run_ranks(n, seed, options.faults, options.keep_trace, options.report, nullptr, body,
+                 [&cores](int r) { cores[static_cast<std::size_t>(r)]->stop(true); });
+  for (int r = 0; r < n; ++r)
+    if (auto& e = errors[static_cast<std::size_t>(r)]) {
+      std::fprintf(stderr, "dopt rpc::simulate: seed %llu failed: worker %d: %s; replay with DOPT_SIM_SEED=%llu\n",
+                   static_cast<unsigned long long>(seed), r, dopt::detail::sim::describe(e).c_str(),
+                   static_cast<unsigned long long>(seed));
+      std::rethrow_exception(e);
+    }
 }
 
 }  // namespace
@@ -94,6 +150,10 @@ void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOption
   if (static_cast<int>(names.size()) != n)
     throw ValueError("rpc.simulate", std::to_string(names.size()) + " names for " + std::to_string(n) + " workers");
   detail::check_names(names, 0);
+  const auto env_seed = ::dopt::sim::env_seed();
+  if (options.deterministic || env_seed)
+    return detail::simulate_deterministic(n, names, fn, options, env_seed ? *env_seed : options.seed);
+  if (!options.faults.empty()) throw ValueError("rpc.simulate", "fault plans need deterministic = true");
   std::optional<Runtime> own;
   Runtime* rt = options.runtime;
   if (!rt) rt = &own.emplace(options.runtime_options);

@@ -1,5 +1,7 @@
 #pragma once
 // Internal to dopt_actors: the thread pool that runs RPC user functions.
+// In deterministic simulation its threads are tasks of the scheduler
+// (spawned by the agent's task, so of the worker's rank).
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -8,6 +10,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "dopt/actors/sim_hooks.hpp"
 
 namespace dopt::rpc::detail {
 
@@ -21,7 +25,7 @@ class Pool {
     if (s_->stop) return;
     s_->q.push_back(std::move(f));
     if (static_cast<int>(s_->q.size()) > s_->idle && static_cast<int>(s_->threads.size()) < s_->max)
-      s_->threads.emplace_back([s = s_] { loop(s); });
+      s_->threads.push_back(::dopt::detail::sim::make_thread([s = s_] { loop(s); }, "rpc pool"));
     else
       s_->cv.notify_one();
   }
@@ -45,7 +49,7 @@ class Pool {
       if (t.get_id() == std::this_thread::get_id())
         t.detach();
       else if (t.joinable())
-        t.join();
+        ::dopt::detail::sim::join_thread(t);
     }
   }
 
@@ -65,7 +69,7 @@ class Pool {
       {
         std::unique_lock<std::mutex> lock(s->m);
         ++s->idle;
-        s->cv.wait(lock, [&] { return s->stop || !s->q.empty(); });
+        ::dopt::detail::sim::cv_wait(s->cv, lock, [&] { return s->stop || !s->q.empty(); }, "rpc pool");
         --s->idle;
         if (s->stop) return;
         f = std::move(s->q.front());

@@ -4,13 +4,16 @@
 // at once and serve from shutdown() until worker 0 (the driver) is done.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <future>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "dopt/actors/rpc.hpp"
+#include "dopt/actors/simulate.hpp"
 #include "rpc/testing.hpp"
 
 using namespace dopt;
@@ -65,8 +68,9 @@ struct Counter {
 
 std::atomic<int> g_count_once{0};
 std::mutex g_gate_mutex;
-std::optional<std::promise<void>> g_gate;
-std::shared_future<void> g_gate_future;
+// dopt's promise, not std::promise: the deterministic scheduler sees its waits.
+std::optional<Promise<void>> g_gate;
+Future<void> g_gate_future;
 std::mutex g_kept_mutex;
 std::optional<RRef<Tracked>> g_kept;
 std::optional<GradContext> g_dead_ctx;
@@ -90,7 +94,7 @@ void register_test_functions() {
     register_function("t.count_once", [] { return ++g_count_once; });
     register_function("t.read_count", [] { return g_count_once.load(); });
     register_function("t.wait_gate", [] {
-      std::shared_future<void> f;
+      Future<void> f;
       {
         std::lock_guard<std::mutex> lock(g_gate_mutex);
         f = g_gate_future;
@@ -100,7 +104,7 @@ void register_test_functions() {
     });
     register_function("t.count_then_wait_gate", [] {
       ++g_count_once;
-      std::shared_future<void> f;
+      Future<void> f;
       {
         std::lock_guard<std::mutex> lock(g_gate_mutex);
         f = g_gate_future;
@@ -167,11 +171,14 @@ void register_test_functions() {
 }  // namespace
 
 // Catch2 2.x assertions are not thread-safe: worker threads assert under one lock.
-std::mutex g_catch_mutex;
-#define SCHECK(...) do { std::lock_guard<std::mutex> l_(g_catch_mutex); CHECK(__VA_ARGS__); } while (0)
-#define SCHECK_FALSE(...) do { std::lock_guard<std::mutex> l_(g_catch_mutex); CHECK_FALSE(__VA_ARGS__); } while (0)
-#define SCHECK_THAT(a, m) do { std::lock_guard<std::mutex> l_(g_catch_mutex); CHECK_THAT(a, m); } while (0)
-#define SCHECK_THROWS_AS(e, T) do { std::lock_guard<std::mutex> l_(g_catch_mutex); CHECK_THROWS_AS(e, T); } while (0)
+// Served: the checked expression may make RPC calls (a scheduling point of
+// the deterministic scheduler) while the lock is held.
+dopt::rpc::detail::ServedMutex g_catch_mutex;
+using CatchLock = std::lock_guard<dopt::rpc::detail::ServedMutex>;
+#define SCHECK(...) do { CatchLock l_(g_catch_mutex); CHECK(__VA_ARGS__); } while (0)
+#define SCHECK_FALSE(...) do { CatchLock l_(g_catch_mutex); CHECK_FALSE(__VA_ARGS__); } while (0)
+#define SCHECK_THAT(a, m) do { CatchLock l_(g_catch_mutex); CHECK_THAT(a, m); } while (0)
+#define SCHECK_THROWS_AS(e, T) do { CatchLock l_(g_catch_mutex); CHECK_THROWS_AS(e, T); } while (0)
 
 
 TEST_CASE("rpc serialisation round-trips values and rejects mismatches", "[rpc]") {
@@ -256,7 +263,7 @@ TEST_CASE("rpc deadlines: a call without a reply in time fails with TimeoutError
   {
     std::lock_guard<std::mutex> lock(g_gate_mutex);
     g_gate.emplace();
-    g_gate_future = g_gate->get_future().share();
+    g_gate_future = g_gate->get_future();
   }
   simulate(3, [](Agent& a) {
     if (a.rank() != 1) return;
@@ -290,7 +297,7 @@ TEST_CASE("rpc retries: a call resent after its deadline runs once on the callee
   {
     std::lock_guard<std::mutex> lock(g_gate_mutex);
     g_gate.emplace();
-    g_gate_future = g_gate->get_future().share();
+    g_gate_future = g_gate->get_future();
   }
   simulate(3, [](Agent& a) {
     if (a.rank() != 0) return;
@@ -326,8 +333,8 @@ TEST_CASE("rpc RRefs: remote values, to_here, methods in the owner's strand, loc
   const int n = GENERATE(3, 5);
   std::mutex m;
   std::optional<RRef<Counter>> shared;
-  std::promise<void> made;
-  auto made_f = made.get_future().share();
+  Promise<void> made;
+  auto made_f = made.get_future();
   std::atomic<int> done_bumping{0};
   simulate(n, [&](Agent& a) {
     if (a.rank() == 0) {
@@ -350,9 +357,10 @@ TEST_CASE("rpc RRefs: remote values, to_here, methods in the owner's strand, loc
       // a remote() whose function fails: the RRef's uses fail
       auto bad = a.remote<Tracked>("worker2", "t.no_such_function", 1);
       SCHECK_THAT(error_of([&] { bad.to_here(); }), Contains("KeyError") && Contains("t.no_such_function"));
+      auto counter = a.remote<Counter>("worker2", "t.make_counter");  // a call: not under the lock
       {
         std::lock_guard<std::mutex> lock(m);
-        shared = a.remote<Counter>("worker2", "t.make_counter");
+        shared = std::move(counter);
       }
       made.set_value();
     }
@@ -476,4 +484,214 @@ TEST_CASE("rpc simulate rethrows a worker's failure and its peers see it die", "
                              }
                            }),
                   ValueError);
+}
+
+// --- deterministic simulation (rpc::simulate with deterministic = true) ---------------------
+
+namespace {
+
+/// Calls between 3 workers (free functions, nested calls, a counter's strand);
+/// returns what worker 0 saw, in order.
+std::vector<std::string> calls_under(const rpc::SimulateOptions& o) {
+  register_test_functions();
+  std::mutex m;
+  std::vector<std::string> seen;
+  rpc::simulate(3, [&](Agent& a) {
+    std::vector<Future<Tensor>> fs;
+    for (int r = 0; r < 3; ++r) fs.push_back(a.rpc_async<Tensor>(r, "t.add", Tensor::full({2}, a.rank()), 0.5 * r));
+    for (int r = 0; r < 3; ++r)
+      SCHECK(same_bits(fs[static_cast<std::size_t>(r)].get(), Tensor::full({2}, a.rank() + 0.5 * r)));
+    const int nested = a.rpc_sync<int>((a.rank() + 1) % 3, "t.nested", 0, 3);
+    SCHECK(nested == 3 + (a.rank() + 1) % 3);
+    if (a.rank() == 0) {
+      auto c = a.remote<Counter>("worker2", "t.make_counter");
+      std::vector<Future<void>> bumps;
+      for (int i = 0; i < 5; ++i) bumps.push_back(c.rpc_async("t.bump", i));
+      for (auto& f : bumps) f.get();
+      const long total = c.rpc_sync<long>("t.get");
+      std::lock_guard<std::mutex> lock(m);
+      seen.push_back("counter " + std::to_string(total));
+    }
+    std::lock_guard<std::mutex> lock(m);
+    seen.push_back("worker" + std::to_string(a.rank()) + " nested " + std::to_string(nested));
+  }, o);
+  return seen;
+}
+
+rpc::SimulateOptions deterministic(std::uint64_t seed, SimReport* report = nullptr) {
+  rpc::SimulateOptions o;
+  o.deterministic = true;
+  o.seed = seed;
+  o.report = report;
+  o.keep_trace = report != nullptr;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("rpc deterministic: a seed gives one schedule, replayed exactly; seeds differ", "[rpc][sim]") {
+  std::set<std::uint64_t> hashes;
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    SimReport r1, r2;
+    const auto seen1 = calls_under(deterministic(seed, &r1));
+    const auto seen2 = calls_under(deterministic(seed, &r2));
+    INFO("seed " << seed);
+    CHECK(sim::compare_traces(r1, r2) == "");
+    CHECK(r1.trace_hash == r2.trace_hash);
+    CHECK(r1.decisions > 50);
+    CHECK(r1.trace == r2.trace);
+    CHECK(seen1 == seen2);  // the order in which the workers finished, too
+    CHECK(seen1.size() == 4u);
+    CHECK(std::count(seen1.begin(), seen1.end(), std::string("counter 10")) == 1);
+    hashes.insert(r1.trace_hash);
+  }
+  if (!sim::env_seed()) CHECK(hashes.size() == 3u);  // three seeds, three schedules (DOPT_SIM_SEED: one)
+  // the agents, their pool threads and the workers are the scheduler's tasks
+  SimReport r;
+  (void)calls_under(deterministic(4, &r));
+  auto has = [&](const std::string& s) {
+    return std::any_of(r.trace.begin(), r.trace.end(), [&](const std::string& l) { return l.find(s) != std::string::npos; });
+  };
+  CHECK(has("rpc agent"));
+  CHECK(has("rpc pool"));
+  CHECK(has("after rpc"));
+}
+
+TEST_CASE("rpc deterministic: a worker crashed at its k-th call, in virtual time", "[rpc][sim]") {
+  register_test_functions();
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+    SimReport report;
+    auto o = deterministic(seed, &report);
+    o.faults.crash(2, 2);  // worker 2 dies when it starts serving its 2nd call
+    std::atomic<int> lost{0};
+    rpc::simulate(3, [&](Agent& a) {
+      if (a.rank() != 0) return;
+      SCHECK(a.rpc_sync<std::string>(2, "t.whoami") == "worker2");
+      const std::string e = error_of([&] { a.rpc_sync<std::string>(2, "t.whoami"); });
+      SCHECK_THAT(e, Contains("PeerLostError") && Contains("worker2") && Contains("rank 2") && Contains("t.whoami"));
+      if (e.find("PeerLostError") != std::string::npos) ++lost;
+      // the others go on; later calls to it fail at once
+      SCHECK(a.rpc_sync<std::string>(1, "t.whoami") == "worker1");
+      SCHECK_THAT(error_of([&] { a.rpc_sync<int>(2, "t.count_once"); }), Contains("PeerLostError"));
+    }, o);
+    INFO("seed " << seed);
+    CHECK(lost == 1);
+    REQUIRE(report.faults.size() == 1u);
+    CHECK_THAT(report.faults[0], Contains("rank 2 crashed at its call 2"));
+  }
+  // a worker crashed at a call it makes itself (its own thread)
+  {
+    auto o = deterministic(9);
+    o.faults.crash(1, 1);
+    std::atomic<bool> reached{false};
+    rpc::simulate(3, [&](Agent& a) {
+      if (a.rank() == 1) {
+        (void)a.rpc_sync<std::string>(0, "t.whoami");  // never returns: the worker is gone
+        reached = true;
+      }
+      if (a.rank() == 0) SCHECK(a.wait_until_lost(1, std::chrono::seconds(30)));
+    }, o);
+    CHECK_FALSE(reached);
+  }
+  // fault plans need deterministic = true
+  rpc::SimulateOptions threaded;
+  threaded.faults.crash(1, 1);
+  if (!sim::env_seed()) CHECK_THROWS_AS(rpc::simulate(2, [](Agent&) {}, threaded), ValueError);
+}
+
+TEST_CASE("rpc deterministic: a dropped request times out in virtual time, a retry recovers it; late messages",
+          "[rpc][sim]") {
+  register_test_functions();
+  g_count_once = 0;
+  SimReport report;
+  auto o = deterministic(3, &report);
+  o.faults.drop_message(0, 1);  // worker 0's first message (its first request)
+  const auto t0 = std::chrono::steady_clock::now();
+  // The other workers shut down (and send their own messages) only after
+  // worker 0's call: its first message is its request.
+  Promise<void> done;
+  rpc::simulate(3, [&](Agent& a) {
+    if (a.rank() != 0) return done.get_future().wait();
+    // 10 s deadline, 2 retries: the first attempt is lost, the second runs it
+    SCHECK(a.rpc_sync<int>(1, Fn("t.count_once", {.timeout = std::chrono::seconds(10), .retries = 2})) == 1);
+    done.set_value();
+  }, o);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // virtual time
+  CHECK(report.virtual_time >= std::chrono::seconds(10));
+  REQUIRE(report.faults.size() == 1u);
+  CHECK_THAT(report.faults[0], Contains("dropped"));
+  CHECK(g_count_once == 1);
+  // without retries the call fails with TimeoutError
+  auto o2 = deterministic(3);
+  o2.faults.drop_message(0, 1);
+  Promise<void> done2;
+  rpc::simulate(3, [&](Agent& a) {
+    if (a.rank() != 0) return done2.get_future().wait();
+    SCHECK_THAT(error_of([&] { a.rpc_sync<int>(1, Fn("t.count_once", {.timeout = std::chrono::seconds(10)})); }),
+                Contains("TimeoutError") && Contains("10000 ms"));
+    done2.set_value();
+  }, o2);
+  // every message late by up to 50 ms with probability 0.5: same results, replayed exactly
+  SimReport d1, d2;
+  auto late = [&](SimReport* r) {
+    auto o3 = deterministic(11, r);
+    o3.faults.delay_messages(-1, 0.5, std::chrono::milliseconds(50));
+    return calls_under(o3);
+  };
+  const auto s1 = late(&d1);
+  const auto s2 = late(&d2);
+  CHECK(s1 == s2);
+  CHECK(sim::compare_traces(d1, d2) == "");
+  CHECK(d1.virtual_time > std::chrono::milliseconds(0));
+}
+
+namespace {
+
+// The scenario of examples/snippets/sim_rpc.cpp (docs/testing.md).
+struct DocServer {
+  double total = 0;
+};
+
+void doc_check_server(const rpc::SimulateOptions& options) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_function("t.ps.make", [] { return DocServer{}; });
+    register_method<DocServer>("t.ps.add", [](DocServer& s, double x) { return s.total += x; });
+    register_method<DocServer>("t.ps.total", [](DocServer& s) { return s.total; });
+  });
+  rpc::simulate(3, [](Agent& agent) {
+    if (agent.rank() != 0) return;
+    RRef<DocServer> server = agent.remote<DocServer>("worker1", "t.ps.make");
+    std::vector<Future<double>> adds;
+    for (int i = 1; i <= 4; ++i) adds.push_back(server.rpc_async<double>("t.ps.add", i));
+    for (auto& f : adds) f.get();
+    if (server.rpc_sync<double>("t.ps.total") != 10) throw std::runtime_error("an update was lost");
+  }, options);
+}
+
+}  // namespace
+
+TEST_CASE("rpc deterministic: the parameter server of docs/testing.md, a crash, a swarm with late messages",
+          "[rpc][sim]") {
+  auto o = deterministic(42);
+  doc_check_server(o);
+  o.faults.crash(1, 3);
+  CHECK_THROWS_WITH(doc_check_server(o), Contains("worker1") && Contains("rank 1"));
+  CHECK_THROWS_AS(doc_check_server(o), PeerLostError);
+  dopt::SimulateOptions base;
+  base.faults.delay_messages(-1, 0.1, std::chrono::milliseconds(20));
+  sim::SwarmOptions swarm;
+  swarm.seeds = 20;
+  swarm.print = false;
+  const auto found = sim::swarm([](const dopt::SimulateOptions& s) {
+    rpc::SimulateOptions r;
+    r.deterministic = true;
+    r.seed = s.seed;
+    r.faults = s.faults;
+    r.report = s.report;
+    doc_check_server(r);
+  }, swarm, base);
+  INFO(found.failure);
+  CHECK_FALSE(found.failing_seed.has_value());
+  CHECK(found.tried >= 1);
 }

@@ -50,7 +50,9 @@ void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, c
   ObjectPtr keep = it->second;
   auto& o = *keep;
   // A remote() still running here (e.g. a parameter made just before): wait for it.
-  if (!core.obj_cv.wait_for(lock, core.options.rpc_timeout, [&] { return o.created || core.stopped; }))
+  namespace sim = ::dopt::detail::sim;
+  if (!sim::cv_wait_until(core.obj_cv, lock, sim::clock_now() + core.options.rpc_timeout,
+                          [&] { return o.created || core.stopped; }, "rpc value being created"))
     throw TimeoutError(op, "the value is still being created after " + std::to_string(core.options.rpc_timeout.count()) +
                                " ms", core.rank);
   if (!o.created) throw StateError(op, "the agent stopped", core.rank);

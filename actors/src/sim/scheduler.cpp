@@ -1,4 +1,5 @@
 #include "sim/scheduler.hpp"
+#include "sim/sync.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -34,6 +35,11 @@ std::uint64_t mix_str(std::uint64_t h, const char* s) {
   return h;
 }
 
+std::uint64_t next_serial() {
+  static std::atomic<std::uint64_t> n{0};
+  return ++n;
+}
+
 const std::function<bool()>& never() {
   static const std::function<bool()> f = [] { return false; };
   return f;
@@ -54,6 +60,7 @@ int read_fault(const std::string& path) {
 Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, std::shared_ptr<PeerTable> peers,
                      bool keep_trace)
     : seed_(seed),
+      serial_(next_serial()),
       rng_(seed),
       fault_rng_(seed ^ 0x5eed5eed5eed5eedULL),
       plan_(plan),
@@ -277,20 +284,28 @@ void Scheduler::on_call(Task* me, const char* what) {
   if (over() || me->released) return;
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++calls_[r];
+  const bool crash_due = crash_at_[r] > 0 && k >= crash_at_[r];
   // Crashes and stops happen on the rank's own thread: at its k-th call, or
-  // at the first one after it when the k-th came from a helper thread.
-  if (!me->is_rank) {
+  // at the first one after it when the k-th came from a helper thread;
+  // with an on_crash hook (rpc::simulate) a crash also happens on a helper.
+  if (!me->is_rank && !(crash_due && on_crash_)) {
     yield(me, what);
     return;
   }
-  if (crash_at_[r] > 0 && k >= crash_at_[r]) {
+  if (crash_due) {
     crash_at_[r] = 0;
     const std::string why = "rank " + std::to_string(me->rank) + " crashed at its call " + std::to_string(k) + " (" +
                             what + "): injected by the fault plan";
     fault(why);
     freeze_rank(me->rank);
     any_frozen_ = true;
-    peers_->mark(me->rank, PeerTable::lost, why);
+    if (peers_) peers_->mark(me->rank, PeerTable::lost, why);
+    if (on_crash_) on_crash_(me->rank);
+    if (!me->is_rank) {
+      // A helper thread: it never runs again in this simulation (let go at its end, it throws).
+      me->state = Task::frozen;
+      pass(me, "crash");
+    }
     me->crashed = true;
     throw RankCrashed{me->rank, why};
   }
@@ -307,7 +322,7 @@ void Scheduler::on_call(Task* me, const char* what) {
   yield(me, what);
 }
 
-std::chrono::nanoseconds Scheduler::on_message(Task* me, const char* what) {
+std::chrono::nanoseconds Scheduler::message_fault(Task* me, const char* what) {
   if (over() || me->released) return std::chrono::nanoseconds(0);
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++messages_[r];
@@ -321,11 +336,18 @@ std::chrono::nanoseconds Scheduler::on_message(Task* me, const char* what) {
     const double u = static_cast<double>(splitmix(fault_rng_) >> 11) * 0x1.0p-53;
     if (u >= f.probability) continue;
     const auto max_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(f.delay).count());
-    const auto d = static_cast<std::int64_t>(1 + splitmix(fault_rng_) % max_ns);
-    sleep(me, d, "delayed message");
-    return std::chrono::nanoseconds(0);
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(1 + splitmix(fault_rng_) % max_ns));
   }
-  yield(me, what);
+  return std::chrono::nanoseconds(0);
+}
+
+std::chrono::nanoseconds Scheduler::on_message(Task* me, const char* what) {
+  const auto d = message_fault(me, what);
+  if (d.count() < 0) return d;
+  if (d.count() > 0)
+    sleep(me, d.count(), "delayed message");
+  else
+    yield(me, what);
   return std::chrono::nanoseconds(0);
 }
 
@@ -369,6 +391,11 @@ void yield(const char* what) {
 Clock::time_point now() {
   Task* me = tl_task;
   return me ? me->sched->now() : Clock::now();
+}
+
+std::uint64_t run_id() {
+  Task* me = tl_task;
+  return me ? me->sched->serial() : 0;
 }
 
 std::thread spawn(std::function<void()> fn, const char* what) {
@@ -426,6 +453,11 @@ std::string describe(const std::exception_ptr& e) {
   } catch (...) {
     return "unknown exception";
   }
+}
+
+std::chrono::nanoseconds message_fault(const char* what) {
+  Task* me = tl_task;
+  return me ? me->sched->message_fault(me, what) : std::chrono::nanoseconds(0);
 }
 
 }  // namespace dopt::detail::sim

@@ -76,6 +76,7 @@ struct Event {
 
 class Scheduler : public std::enable_shared_from_this<Scheduler> {
  public:
+  /// peers (may be null): where a crashed rank is marked lost.
   Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, std::shared_ptr<PeerTable> peers,
             bool keep_trace);
   ~Scheduler();
@@ -103,6 +104,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// Fault plans: a call / a protocol message of `me`'s rank.
   void on_call(Task* me, const char* what);
   std::chrono::nanoseconds on_message(Task* me, const char* what);
+  /// on_message's decision without its scheduling point: the delay, or negative (dropped).
+  std::chrono::nanoseconds message_fault(Task* me, const char* what);
   /// Rank r crashed: its other tasks never run again.
   void freeze_rank(int rank);
   /// Fault plan of checkpoint reads: 0 ok, 1 fail, 2 corrupt.
@@ -113,11 +116,17 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   bool over() const noexcept { return over_.load(std::memory_order_acquire); }
   /// A fault plan crashed or stopped a rank (its threads were frozen).
   bool any_frozen() const noexcept { return any_frozen_; }
+  /// Called (on the crashing thread, holding the baton) when a fault plan
+  /// crashes a rank; with it set, a crash may also happen on a helper
+  /// thread's call (which then never runs again). Set before start().
+  void set_on_crash(std::function<void(int rank)> f) { on_crash_ = std::move(f); }
   /// A deadlock the scheduler found ("" when none).
   std::string deadlock() const;
   /// The run's report (call after wait_over()).
   void fill(SimReport& r) const;
   std::uint64_t seed() const noexcept { return seed_; }
+  /// Unique among the schedulers of this process.
+  std::uint64_t serial() const noexcept { return serial_; }
 
  private:
   std::uint64_t next_random();
@@ -130,6 +139,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void fault(std::string what);
 
   std::uint64_t seed_;
+  std::uint64_t serial_;
   std::uint64_t rng_;
   std::uint64_t fault_rng_;
   FaultPlan plan_;
@@ -153,10 +163,23 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   mutable std::mutex over_m_;
   std::condition_variable over_cv_;
   std::string deadlock_;
+  std::function<void(int)> on_crash_;
 };
 
 /// What a simulation reports for a rank's exception: its what(), or
 /// "unknown exception" when it is not a std::exception.
 std::string describe(const std::exception_ptr& e);
+
+/// Runs body(r) for ranks 0..world_size-1 as the rank tasks of one
+/// deterministic scheduler (simulate.cpp; dopt::simulate and rpc::simulate):
+/// returns when every rank's body ended, the threads joined. Fills
+/// `report` (when set) and appends the run's line to DOPT_SIM_TRACE_LOG.
+/// Throws StateError on a deadlock (the parked threads are abandoned).
+/// body must catch what fn throws, RankCrashed and RankStopped included.
+/// peers (may be null): marked lost for every rank when a rank was frozen.
+/// on_crash: Scheduler::set_on_crash.
+void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool keep_trace, SimReport* report,
+               const std::shared_ptr<PeerTable>& peers, const std::function<void(int)>& body,
+               std::function<void(int)> on_crash = {});
 
 }  // namespace dopt::detail::sim
