@@ -202,6 +202,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
     });
   }
   split_loaded_state(std::move(local), owner_, index_of_, rank_, *optim_, buddy_copies_);
+  reset_buddy_snapshots();  // replay: the loaded state is the copies' snapshot
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();
 }
@@ -380,6 +381,7 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
     }
   }
   split_loaded_state(std::move(local), owner_, index_of_, rank_, *optim_, buddy_copies_);
+  reset_buddy_snapshots();  // replay: the loaded state is the copies' snapshot
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();
   steps_ = steps;
