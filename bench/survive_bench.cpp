@@ -49,6 +49,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <stdexcept>
@@ -228,6 +229,9 @@ int main(int argc, char** argv) {
             if (procs) std::ifstream(lost_file) >> at;
             const auto t_lost = Clock::time_point(Clock::duration(at));
             const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+            if (const char* tr = std::getenv("DOPT_ZERO_TRACE"); tr && *tr && std::string(tr) != "0")
+              std::fprintf(stderr, "dopt_bench_survive: rank %d lost at steady clock %lld ns\n", victim,
+                           static_cast<long long>(at));
             survivors = e.recovery().group;
             survivors.barrier();  // every survivor recovered
             const double rec_cpu = cpu_since(survivors, c_start);

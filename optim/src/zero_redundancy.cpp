@@ -194,6 +194,9 @@ class PhaseTrace {
     on_ = v && *v && std::string(v) != "0";
     last_ = std::chrono::steady_clock::now();
     cpu_ = cpu_ms();
+    if (on_)
+      notice("ZeroRedundancyOptimizer recovery starts at steady clock " +
+             std::to_string(last_.time_since_epoch().count()) + " ns");
   }
   void mark(const char* phase, int rank) {
     if (!on_) return;
@@ -664,9 +667,63 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       };
       take(*optim_, rank_);
       for (auto& [t, copy] : buddy_copies_) take(*copy, t);
+      const bool same_trainable = trainable_mask() == trainable_;
       trainable_ = trainable_mask();
       trace.mark("new optimizers", old_rank);
-      if (bucket_view_) build_buckets();
+      if (bucket_view_ && same_trainable) {
+        // The survivors' buckets stay (renumbered): what each kept is still
+        // in its bucket, in order. The parameters that came from lost ranks
+        // go into one more row of buckets (one per kind, one flat buffer per
+        // rank, in partition order), so only they are copied.
+        std::vector<std::vector<Tensor>> rows;
+        for (const auto& row : buckets_) {
+          std::vector<Tensor> kept(static_cast<std::size_t>(nw));
+          for (int o = 0; o < old_world; ++o)
+            if (sr.new_rank[static_cast<std::size_t>(o)] >= 0)
+              kept[static_cast<std::size_t>(sr.new_rank[static_cast<std::size_t>(o)])] = row[static_cast<std::size_t>(o)];
+          rows.push_back(std::move(kept));
+        }
+        std::vector<std::pair<Device, DType>> kinds;
+        std::vector<std::vector<std::vector<Tensor>>> moved(static_cast<std::size_t>(nw));  // [rank][kind]
+        for (int r = 0; r < nw; ++r)
+          for (const auto& g : partition_[static_cast<std::size_t>(r)])
+            for (const auto& p : g) {
+              const int was = old_owner[static_cast<std::size_t>(index_of_.at(p.key()))];
+              if (sr.new_rank[static_cast<std::size_t>(was)] >= 0 || !p.requires_grad()) continue;
+              std::size_t k = 0;
+              while (k < kinds.size() && !(kinds[k].first == p.device() && kinds[k].second == p.dtype())) ++k;
+              if (k == kinds.size()) kinds.emplace_back(p.device(), p.dtype());
+              auto& mr = moved[static_cast<std::size_t>(r)];
+              if (mr.size() <= k) mr.resize(k + 1);
+              mr[k].push_back(p);
+            }
+        for (std::size_t k = 0; k < kinds.size(); ++k) {
+          std::vector<Tensor> row(static_cast<std::size_t>(nw));
+          for (int r = 0; r < nw; ++r) {
+            auto& mr = moved[static_cast<std::size_t>(r)];
+            std::int64_t total = 0;
+            if (k < mr.size())
+              for (const auto& p : mr[k]) total += p.numel();
+            if (total == 0) {
+              row[static_cast<std::size_t>(r)] = Tensor::zeros({1}, kinds[k].second, kinds[k].first);
+              continue;
+            }
+            Tensor bucket = Tensor::empty({total}, kinds[k].second, kinds[k].first);
+            std::int64_t off = 0;
+            for (const auto& p : mr[k]) {
+              Tensor slice = bucket.flat_slice(off, p.numel());
+              slice.copy_(p);
+              repoint(p, slice.view(p.shape()));
+              off += p.numel();
+            }
+            row[static_cast<std::size_t>(r)] = std::move(bucket);
+          }
+          rows.push_back(std::move(row));
+        }
+        buckets_ = std::move(rows);
+      } else if (bucket_view_) {
+        build_buckets();
+      }
       trace.mark("buckets", old_rank);
       if (in_step) ++steps_;
       sync_to_local();

@@ -450,6 +450,16 @@ TEST_CASE("ZeRO redundancy, replay: two losses in a row, Adam and SGD with momen
     sc.kills = {{3, 2, "broadcast", 2}};
     check_bitwise(sc);
   }
+  SECTION("bucket view, two losses in a row (the buckets of moved parameters grow a row each time)") {
+    Scenario sc;
+    sc.n = 5;
+    sc.steps = 7;
+    sc.bucket_view = true;
+    sc.update = GENERATE(ZeroBuddyUpdate::step, ZeroBuddyUpdate::replay);
+    sc.interval = 2;
+    sc.kills = {{2, 1, "computed", 0}, {4, 4, "broadcast", 1}};
+    check_bitwise(sc);
+  }
   SECTION("redundancy 2 at 5 ranks: ranks 1 and 2 (one's buddy) at once") {
     Scenario sc;
     sc.n = 5;

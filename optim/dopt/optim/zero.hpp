@@ -308,6 +308,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Number of buckets per rank (0 without bucket view).
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// buckets()[k][r]: the flat buffer of kind k (device, dtype) of rank r.
+  /// After a recovery from a lost rank (redundancy) a kind can have more
+  /// than one row: the survivors' buckets stay, and the parameters that came
+  /// from lost ranks are in a row of their own (bucket_count() grows).
   const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
   /// Bytes of the local optimizer's state on this rank (with overlap: call it
   /// between iterations; mid-iteration the state is with the worker).

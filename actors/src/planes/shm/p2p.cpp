@@ -131,7 +131,7 @@ struct P2PEngine::State {
   const ControlBlock& ctl(int g) const { return *static_cast<const ControlBlock*>(bases[static_cast<std::size_t>(g)]); }
   /// Processes: member d can read this process's memory (its CMA probe of
   /// every member worked), so a send to d needs no staged copy.
-  bool reads_me(int d) const { return shared && ctl(d).cma.load(std::memory_order_acquire) == 1; }
+  bool reads_me(int d) const { return shared && ctl(d).p2p_cma.load(std::memory_order_acquire) == 1; }
   /// Copies a direct message's bytes from member src's memory. Returns "" or
   /// why it could not (ESRCH/EFAULT: the sender is gone).
   std::string read_direct(int src, const Header& h, void* dst, bool& gone);

@@ -65,6 +65,10 @@ struct ControlBlock {
   /// Set by the owner before its first step: 1 when it can read every peer's
   /// memory with process_vm_readv (cross-memory attach), 2 when it cannot.
   std::atomic<std::uint32_t> cma{0};
+  /// The same for point to point (send/recv): 1 when this member reads the
+  /// messages sent to it straight from the senders' tensors, 2 when it needs
+  /// them staged. Set with `cma`.
+  std::atomic<std::uint32_t> p2p_cma{0};
   SyncLine sync;
   StatusLine status;
   AbortLine abort;
