@@ -1,16 +1,20 @@
 // dopt_bench_survive: what ZeRO's redundancy costs, and how fast a lost rank
 // is recovered from, against a restart from a sharded checkpoint.
 //
-//   dopt_bench_survive [--params N] [--tensors K] [--ranks R] [--steps S]
+//   dopt_bench_survive [--params N] [--tensors K] [--ranks R] [--steps S] [--interval I] [--recover step|replay]
 //   dopt-run --on-failure continue --nproc-per-node R dopt_bench_survive [...]
 //
 // R simulated ranks (default 4), or R processes when started by a launcher
 // (the lost one then dies of SIGKILL; --ranks is ignored), hold ZeroRedundancyOptimizer(Adam) over N
 // float32 parameters (default 50,000,000) in K tensors (default 64), bucket
 // view on, the same gradients on every rank. Timed per step, from a barrier
-// to the slowest rank's end, median of S steps:
+// to the slowest rank's end, in blocks of I steps (default 4; the time of a
+// block / I), median of S blocks:
 //   * step_ms_r0 / step_ms_r1: step() with redundancy 0 and 1 (the buddy's
 //     extra optimizer step over 1/R of the parameters);
+//   * step_ms_replay: redundancy 1 with ZeroBuddyUpdate::replay and
+//     snapshot_interval I (a gradient copy per step, the owner's state sent
+//     to its buddy at the end of every I-th step: one per block);
 //   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce of all N
 //     (what a data-parallel training step adds);
 //   * step_cpu_ms_r0 / step_cpu_ms_r1: the CPU time of the ranks (simulated: the
@@ -21,10 +25,13 @@
 //     with the load; the ranks' waits poll for 20 us, then sleep);
 //   * shard_copy_ms: the alternative to recomputing: every rank sends its
 //     shard's state to its buddy (send/recv of the state tensors);
-// then, with redundancy 1, after save_sharded of the state:
-//   * recovery_ms: rank R-1 is lost after its local step (its function
-//     throws); from that moment to the end of the survivors' step() that
-//     recovered (the step in flight completed over R-1 ranks);
+// then, with redundancy 1 (buddies updated as --recover says, default
+// replay), after save_sharded of the state:
+//   * recovery_ms: rank R-1 is lost after its local step of step I-1 (its
+//     function throws; with replay the buddy then has I saved steps to
+//     replay, the most it can have); from that moment to the end of the
+//     survivors' step() that recovered (the step in flight completed over
+//     R-1 ranks);
 //   * kill_to_next_step_ms: from the loss to the end of the next full step;
 //   * recovery_cpu_ms / kill_to_next_step_cpu_ms: the survivors' CPU time from
 //     the start of the step in which the rank is lost to their barrier after
@@ -42,6 +49,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <stdexcept>
@@ -81,6 +89,8 @@ int main(int argc, char** argv) {
   std::int64_t tensors = 64;
   int ranks = 4;
   int steps = 5;
+  int interval = 4;
+  std::string recover_with = "replay";
   // Processes: one folder per dopt-run (its ranks share the port).
   const auto env = dopt::launch_env_from_environment();
   const bool procs = env.has_value();
@@ -90,11 +100,16 @@ int main(int argc, char** argv) {
   app.add_option("--params", params, "float32 parameters in all")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--ranks", ranks, "simulated ranks")->check(CLI::Range(2, 64));
-  app.add_option("--steps", steps, "timed steps per measurement")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "timed blocks of --interval steps per measurement")->check(CLI::PositiveNumber);
+  app.add_option("--interval", interval, "snapshot_interval of replay, and the steps per timed block")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--recover", recover_with, "how the buddies keep up in the recovery measurement")
+      ->check(CLI::IsMember({"step", "replay"}));
   CLI11_PARSE(app, argc, argv);
 
   const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
-  std::vector<double> step0, step1, train0, train1, copy, cpu0, cpu1, tcpu0, tcpu1;
+  std::vector<double> step0, step1, train0, train1, copy, cpu0, cpu1, tcpu0, tcpu1, step2, train2, cpu2, tcpu2;
+  std::int64_t buddy_bytes_step = 0, buddy_bytes_replay = 0;
   double recovery_ms = 0, next_ms = 0, restart_ms = 0, recovery_cpu_ms = 0, next_cpu_ms = 0, restart_cpu_ms = 0;
   std::atomic<std::int64_t> lost_at{0};  // simulated: the moment of the loss (steady clock)
   const std::string lost_file = dir + "/lost-at";  // processes: the same, written by the lost one
@@ -133,28 +148,39 @@ int main(int argc, char** argv) {
         cpu_ms = cpu_since(g, c0);
         return ms;
       };
-      for (int k : {0, 1}) {
+      // k: 0 redundancy 0, 1 redundancy 1 stepping every step, 2 redundancy 1 replaying.
+      // The configuration the recovery is measured with runs last (the world breaks).
+      const std::vector<int> ks = recover_with == "replay" ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 2, 1};
+      for (int k : ks) {
         auto ps = make();
         ZeroOptions zo{world};
         zo.parameters_as_bucket_view = true;
-        zo.redundancy = k;
+        zo.redundancy = k ? 1 : 0;
+        zo.buddy_update = k == 2 ? ZeroBuddyUpdate::replay : ZeroBuddyUpdate::step;
+        zo.snapshot_interval = interval;
         ZeroRedundancyOptimizer zero(ps, OptimizerSpec{"Adam", {}}, zo);
-        zero.step();  // warm-up: state exists
+        for (int w = 0; w < interval; ++w) zero.step();  // warm-up: state exists, blocks start after a snapshot
         for (int s = 0; s < steps; ++s) {
-          const double a = timed(world, [&] { zero.step(); });
-          const double a_cpu = cpu_ms;
+          const double a = timed(world, [&] {
+                             for (int i = 0; i < interval; ++i) zero.step();
+                           }) / interval;
+          const double a_cpu = cpu_ms / interval;
           const double b = timed(world, [&] {
-            for (auto& p : ps) world.all_reduce(p.grad());
-            zero.step();
-          });
-          const double b_cpu = cpu_ms;
+                             for (int i = 0; i < interval; ++i) {
+                               for (auto& p : ps) world.all_reduce(p.grad());
+                               zero.step();
+                             }
+                           }) / interval;
+          const double b_cpu = cpu_ms / interval;
           if (ctx.rank() == 0) {
-            (k ? step1 : step0).push_back(a);
-            (k ? cpu1 : cpu0).push_back(a_cpu);
-            (k ? tcpu1 : tcpu0).push_back(b_cpu);
-            (k ? train1 : train0).push_back(b);
+            (k == 2 ? step2 : k ? step1 : step0).push_back(a);
+            (k == 2 ? cpu2 : k ? cpu1 : cpu0).push_back(a_cpu);
+            (k == 2 ? tcpu2 : k ? tcpu1 : tcpu0).push_back(b_cpu);
+            (k == 2 ? train2 : k ? train1 : train0).push_back(b);
           }
         }
+        if (ctx.rank() == 0 && k == 1) buddy_bytes_step = zero.buddy_state_bytes();
+        if (ctx.rank() == 0 && k == 2) buddy_bytes_replay = zero.buddy_state_bytes();
         if (k == 0) {  // the alternative: ship the shard's state (Adam: two moments) to the buddy every step
           const std::int64_t n = 2 * params / ranks;
           Tensor out = Tensor::full({n}, 1.0), in = Tensor::empty({n});
@@ -167,13 +193,13 @@ int main(int argc, char** argv) {
             if (ctx.rank() == 0) copy.push_back(c);
           }
         }
-        if (k == 1) {
+        if (k == (recover_with == "replay" ? 2 : 1)) {
           zero.save_sharded(dir);
           dopt::ProcessGroup survivors;
           world.barrier();
           const int victim = ranks - 1;
-          auto probe_zero = [&](const char* point, std::int64_t, int) {
-            if (ctx.rank() == victim && std::string(point) == "computed") {
+          auto probe_zero = [&](const char* point, std::int64_t step, int) {
+            if (ctx.rank() == victim && std::string(point) == "computed" && step == interval - 1) {
               const auto now = Clock::now().time_since_epoch().count();
               if (!procs) {
                 lost_at.store(now);
@@ -188,9 +214,12 @@ int main(int argc, char** argv) {
           ZeroOptions zp{world};
           zp.parameters_as_bucket_view = true;
           zp.redundancy = 1;
+          zp.buddy_update = zo.buddy_update;
+          zp.snapshot_interval = interval;
           zp.probe = probe_zero;
           auto ps2 = make();
           ZeroRedundancyOptimizer z2(ps2, OptimizerSpec{"Adam", {}}, zp);
+          for (int w = 0; w + 1 < interval; ++w) z2.step();  // the loss comes in step interval-1
           world.barrier();
           const double c_start = process_cpu_ms();
           try {
@@ -200,6 +229,9 @@ int main(int argc, char** argv) {
             if (procs) std::ifstream(lost_file) >> at;
             const auto t_lost = Clock::time_point(Clock::duration(at));
             const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+            if (const char* tr = std::getenv("DOPT_ZERO_TRACE"); tr && *tr && std::string(tr) != "0")
+              std::fprintf(stderr, "dopt_bench_survive: rank %d lost at steady clock %lld ns\n", victim,
+                           static_cast<long long>(at));
             survivors = e.recovery().group;
             survivors.barrier();  // every survivor recovered
             const double rec_cpu = cpu_since(survivors, c_start);
@@ -236,14 +268,23 @@ int main(int argc, char** argv) {
   const double t0 = dopt::bench::median(train0), t1 = dopt::bench::median(train1);
   const double c0 = dopt::bench::median(cpu0), c1 = dopt::bench::median(cpu1);
   const double tc0 = dopt::bench::median(tcpu0), tc1 = dopt::bench::median(tcpu1);
+  const double s2 = dopt::bench::median(step2), t2 = dopt::bench::median(train2);
+  const double c2 = dopt::bench::median(cpu2), tc2 = dopt::bench::median(tcpu2);
   std::printf("{\"ranks_are\": \"%s\", \"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
+              "\"interval\": %d, \"recover\": \"%s\", "
+              "\"step_ms_replay\": %.1f, \"step_overhead_replay\": %.3f, \"step_cpu_ms_replay\": %.1f, "
+              "\"step_cpu_overhead_replay\": %.3f, \"train_ms_replay\": %.1f, \"train_overhead_replay\": %.3f, "
+              "\"train_cpu_ms_replay\": %.1f, \"train_cpu_overhead_replay\": %.3f, "
+              "\"buddy_bytes_step\": %lld, \"buddy_bytes_replay\": %lld, "
               "\"step_ms_r0\": %.1f, \"step_ms_r1\": %.1f, \"step_overhead\": %.3f, "
               "\"step_cpu_ms_r0\": %.1f, \"step_cpu_ms_r1\": %.1f, \"step_cpu_overhead\": %.3f, "
               "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, "
               "\"train_cpu_ms_r0\": %.1f, \"train_cpu_ms_r1\": %.1f, \"train_cpu_overhead\": %.3f, \"shard_copy_ms\": %.1f, "
               "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f, "
               "\"recovery_cpu_ms\": %.1f, \"kill_to_next_step_cpu_ms\": %.1f, \"restart_cpu_ms\": %.1f}\n",
-              procs ? "processes" : "simulated", static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps, s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
+              procs ? "processes" : "simulated", static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps,
+              interval, recover_with.c_str(), s2, s2 / s0 - 1.0, c2, c2 / c0 - 1.0, t2, t2 / t0 - 1.0, tc2,
+              tc2 / tc0 - 1.0, static_cast<long long>(buddy_bytes_step), static_cast<long long>(buddy_bytes_replay), s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
               t0, t1, t1 / t0 - 1.0, tc0, tc1, tc1 / tc0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms,
               recovery_cpu_ms, next_cpu_ms, restart_cpu_ms);
   return 0;

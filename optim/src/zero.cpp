@@ -34,13 +34,16 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     : spec_(std::move(spec)), group_(std::move(options.process_group)),
       bucket_view_(options.parameters_as_bucket_view), partition_weight_(options.partition_weight),
       rebind_(std::move(options.rebind_parameter)), redundancy_(options.redundancy),
-      on_membership_change_(std::move(options.on_membership_change)), probe_(std::move(options.probe)) {
+      on_membership_change_(std::move(options.on_membership_change)), probe_(std::move(options.probe)),
+      buddy_update_(options.buddy_update), snapshot_interval_(options.snapshot_interval) {
   if (!group_.valid() || !group_.is_member())
     throw ValueError(kName, "a valid process group this rank is a member of is required");
   rank_ = group_.rank();
   world_size_ = group_.size();
   if (redundancy_ < 0)
     throw ValueError(kName, "redundancy must be >= 0, got " + std::to_string(redundancy_), rank_);
+  if (snapshot_interval_ < 1)
+    throw ValueError(kName, "snapshot_interval must be >= 1, got " + std::to_string(snapshot_interval_), rank_);
   if (redundancy_ > 0 && options.overlap_with_ddp)
     throw NotSupportedError(kName, "redundancy is not available with overlap_with_ddp=true", rank_);
   defaults_ = make_options(spec_);
@@ -87,7 +90,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   }
   partition_parameters();
   optim_ = make_optimizer(spec_, local_groups(0));
-  if (redundancy_ > 0) make_buddy_copies();
+  if (redundancy_ > 0) {
+    init_hosts(options.hosts);
+    make_buddy_copies();
+  }
   trainable_ = trainable_mask();
   if (bucket_view_) build_buckets();
 }

@@ -1,26 +1,88 @@
 // ZeroRedundancyOptimizer's redundancy: the buddies' copies of the shards,
 // and the recovery from a lost rank (contract in zero.hpp, design in
 // docs/fault-tolerance.md).
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "agreement.hpp"
+#include "dopt/runtime/notice.hpp"
+#include "dopt/actors/host.hpp"
 #include "dopt/optim/zero.hpp"
+#include "zero_internal.hpp"
 
 namespace dopt::optim {
 namespace {
 
+using zero_detail::kName;
 constexpr const char* kRecover = "ZeroRedundancyOptimizer.recover";
 
 int capped(int requested, int world) { return std::max(0, std::min(requested, world - 1)); }
 
-/// Group ranks r+1 .. r+k, cyclically.
-std::vector<int> buddies_in(int r, int k, int world) {
-  std::vector<int> out;
-  for (int j = 1; j <= k; ++j) out.push_back((r + j) % world);
+/// The buddies of every rank of a group whose rank r is on host[r]; k is
+/// already capped at size - 1. One host: r+1, ..., r+k cyclically. Several:
+/// the ranks are listed host by host in turn (the first rank of every host
+/// in order of their first rank, then the second of each, ...), and in that
+/// order each rank takes k buddies: ranks on other hosts first, then the
+/// ones that keep the fewest shards so far, then the nearest after it in the
+/// list. Every rank computes the same table.
+std::vector<std::vector<int>> choose_buddies(const std::vector<std::string>& host, int k) {
+  const int n = static_cast<int>(host.size());
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(n));
+  std::vector<std::string> hosts;  // in order of their first rank
+  std::vector<std::vector<int>> on;  // ranks of each host, ascending
+  for (int r = 0; r < n; ++r) {
+    auto it = std::find(hosts.begin(), hosts.end(), host[static_cast<std::size_t>(r)]);
+    if (it == hosts.end()) {
+      hosts.push_back(host[static_cast<std::size_t>(r)]);
+      on.emplace_back();
+      it = hosts.end() - 1;
+    }
+    on[static_cast<std::size_t>(it - hosts.begin())].push_back(r);
+  }
+  if (hosts.size() <= 1) {
+    for (int r = 0; r < n; ++r)
+      for (int j = 1; j <= k; ++j) out[static_cast<std::size_t>(r)].push_back((r + j) % n);
+    return out;
+  }
+  std::vector<int> order, pos(static_cast<std::size_t>(n), 0), load(static_cast<std::size_t>(n), 0);
+  for (std::size_t i = 0; order.size() < static_cast<std::size_t>(n); ++i)
+    for (const auto& rs : on)
+      if (i < rs.size()) order.push_back(rs[i]);
+  for (int j = 0; j < n; ++j) pos[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])] = j;
+  for (int r : order) {
+    const auto ur = static_cast<std::size_t>(r);
+    std::vector<int> cand;
+    for (int c = 0; c < n; ++c)
+      if (c != r) cand.push_back(c);
+    auto key = [&](int c) {
+      const auto uc = static_cast<std::size_t>(c);
+      return std::make_tuple(host[uc] == host[ur] ? 1 : 0, load[uc], (pos[uc] - pos[ur] + n) % n);
+    };
+    std::sort(cand.begin(), cand.end(), [&](int a, int b) { return key(a) < key(b); });
+    for (int j = 0; j < k; ++j) {
+      out[ur].push_back(cand[static_cast<std::size_t>(j)]);
+      ++load[static_cast<std::size_t>(cand[static_cast<std::size_t>(j)])];
+    }
+  }
   return out;
+}
+
+/// 64-bit FNV-1a of a string, as a non-negative int64.
+std::int64_t host_hash(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(h >> 1);
 }
 
 std::string list_str(const std::vector<int>& v) {
@@ -62,15 +124,7 @@ std::vector<Entry> parse(const std::string& text) {
   return out;
 }
 
-/// A string to group rank dst (its length, then its bytes), and back.
-void send_string(ProcessGroup& g, const std::string& s, int dst, int tag) {
-  g.send(Tensor::full({1}, static_cast<double>(s.size()), DType::int64), dst, tag);
-  if (s.empty()) return;
-  Tensor bytes = Tensor::empty({static_cast<std::int64_t>(s.size())}, DType::uint8);
-  std::memcpy(bytes.data_ptr(), s.data(), s.size());
-  g.send(bytes, dst, tag);
-}
-
+/// A string from group rank src (its length, then its bytes; post_string sends it).
 std::string recv_string(ProcessGroup& g, int src, int tag) {
   Tensor len = Tensor::zeros({1}, DType::int64);
   g.recv(len, src, tag);
@@ -80,6 +134,93 @@ std::string recv_string(ProcessGroup& g, int src, int tag) {
   g.recv(bytes, src, tag);
   return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(n));
 }
+
+/// A string to group rank dst without waiting: the futures (which keep the tensors) go to `out`.
+void post_string(ProcessGroup& g, const std::string& s, int dst, int tag, std::vector<Future<void>>& out) {
+  out.push_back(g.send_async(Tensor::full({1}, static_cast<double>(s.size()), DType::int64), dst, tag));
+  if (s.empty()) return;
+  Tensor bytes = Tensor::empty({static_cast<std::int64_t>(s.size())}, DType::uint8);
+  std::memcpy(bytes.data_ptr(), s.data(), s.size());
+  out.push_back(g.send_async(bytes, dst, tag));
+}
+
+/// The tag of the snapshots (ZeroBuddyUpdate::replay) on ZeRO's group; the
+/// recovery's messages use tags below the group's size, on a fresh group.
+constexpr int kSnapshotTag = 0x5a45524f;  // "ZERO"
+
+/// The partition over the survivors (new_rank[o]: old rank o's new rank, -1
+/// lost): each survivor keeps the parameters it owned, in the same order;
+/// the lost ranks' parameters go, group by group and heaviest first, to the
+/// survivor with the least weight so far (the lowest rank on a tie). Every
+/// survivor computes the same; the state of what a survivor kept stays put.
+void partition_keeping(const std::vector<std::vector<std::vector<Tensor>>>& old_partition,
+                       const std::vector<int>& new_rank, int nw, const std::vector<double>& weight,
+                       const std::unordered_map<const TensorImpl*, std::int64_t>& index_of,
+                       std::vector<std::vector<std::vector<Tensor>>>& partition, std::vector<int>& owner) {
+  const std::size_t ng = old_partition.empty() ? 0 : old_partition.front().size();
+  partition.assign(static_cast<std::size_t>(nw), std::vector<std::vector<Tensor>>(ng));
+  owner.assign(weight.size(), -1);
+  std::vector<double> sizes(static_cast<std::size_t>(nw), 0.0);
+  auto w = [&](const Tensor& p) { return weight[static_cast<std::size_t>(index_of.at(p.key()))]; };
+  auto give = [&](const Tensor& p, std::size_t g, int r) {
+    partition[static_cast<std::size_t>(r)][g].push_back(p);
+    sizes[static_cast<std::size_t>(r)] += w(p);
+    owner[static_cast<std::size_t>(index_of.at(p.key()))] = r;
+  };
+  for (std::size_t o = 0; o < old_partition.size(); ++o)
+    if (new_rank[o] >= 0)
+      for (std::size_t g = 0; g < ng; ++g)
+        for (const auto& p : old_partition[o][g]) give(p, g, new_rank[o]);
+  for (std::size_t g = 0; g < ng; ++g) {
+    std::vector<Tensor> lost;
+    for (std::size_t o = 0; o < old_partition.size(); ++o)
+      if (new_rank[o] < 0) lost.insert(lost.end(), old_partition[o][g].begin(), old_partition[o][g].end());
+    std::stable_sort(lost.begin(), lost.end(), [&](const Tensor& a, const Tensor& b) { return w(a) > w(b); });
+    for (const auto& p : lost) {
+      int r = 0;
+      for (int k = 1; k < nw; ++k)
+        if (sizes[static_cast<std::size_t>(k)] < sizes[static_cast<std::size_t>(r)]) r = k;
+      give(p, g, r);
+    }
+  }
+}
+
+/// DOPT_ZERO_TRACE=1: the recovery's phases, timed, as notices (for the
+/// benchmark's breakdown; docs/performance.md).
+class PhaseTrace {
+ public:
+  PhaseTrace() {
+    const char* v = std::getenv("DOPT_ZERO_TRACE");
+    on_ = v && *v && std::string(v) != "0";
+    last_ = std::chrono::steady_clock::now();
+    cpu_ = cpu_ms();
+    if (on_)
+      notice("ZeroRedundancyOptimizer recovery starts at steady clock " +
+             std::to_string(last_.time_since_epoch().count()) + " ns");
+  }
+  void mark(const char* phase, int rank) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double cpu = cpu_ms();
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "ZeroRedundancyOptimizer recovery [rank %d]: %s %.1f ms (process CPU %.1f ms)",
+                  rank, phase, std::chrono::duration<double, std::milli>(now - last_).count(), cpu - cpu_);
+    notice(buf);
+    last_ = now;
+    cpu_ = cpu;
+  }
+
+ private:
+  static double cpu_ms() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    auto ms = [](const timeval& t) { return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_usec) / 1e3; };
+    return ms(u.ru_utime) + ms(u.ru_stime);
+  }
+  bool on_ = false;
+  std::chrono::steady_clock::time_point last_;
+  double cpu_ = 0;
+};
 
 /// broadcast_coalesced of CPU tensors, one by one otherwise.
 void broadcast_all(ProcessGroup& g, const std::vector<Tensor>& ts, int src) {
@@ -96,7 +237,34 @@ int ZeroRedundancyOptimizer::redundancy() const noexcept { return capped(redunda
 std::vector<int> ZeroRedundancyOptimizer::buddies(int r) const {
   if (r < 0 || r >= world_size_)
     throw ValueError("ZeroRedundancyOptimizer.buddies", "rank " + std::to_string(r) + " is not in the group", rank_);
-  return buddies_in(r, redundancy(), world_size_);
+  if (buddy_table_.empty()) return {};
+  return buddy_table_[static_cast<std::size_t>(r)];
+}
+
+void ZeroRedundancyOptimizer::init_hosts(const std::vector<std::string>& given) {
+  const auto& members = group_.ranks();
+  host_of_.clear();
+  if (!given.empty()) {
+    if (static_cast<int>(given.size()) != world_size_)
+      throw ValueError(kName, "ZeroOptions::hosts names " + std::to_string(given.size()) +
+                                  " host(s), but the group has " + std::to_string(world_size_) + " ranks", rank_);
+    for (int r = 0; r < world_size_; ++r) host_of_[members[static_cast<std::size_t>(r)]] = given[static_cast<std::size_t>(r)];
+  } else {
+    // Measured: every rank's host id, as a hash (equal ids, equal hashes).
+    const auto all = detail::all_gather_descriptors(group_, {host_hash(this_host_id())});
+    for (int r = 0; r < world_size_; ++r)
+      host_of_[members[static_cast<std::size_t>(r)]] = std::to_string(all[static_cast<std::size_t>(r)][0]);
+  }
+  buddy_table_ = buddy_table_for(members);
+}
+
+std::vector<std::vector<int>> ZeroRedundancyOptimizer::buddy_table_for(const std::vector<int>& members) const {
+  std::vector<std::string> host;
+  for (int g : members) {
+    auto it = host_of_.find(g);
+    host.push_back(it == host_of_.end() ? std::string() : it->second);
+  }
+  return choose_buddies(host, capped(redundancy_, static_cast<int>(members.size())));
 }
 
 bool ZeroRedundancyOptimizer::keeps_state_of(std::size_t i) const {
@@ -110,19 +278,171 @@ std::int64_t ZeroRedundancyOptimizer::buddy_state_bytes() const {
     for (const auto& [k, st] : copy->state())
       for (const auto& [name, t] : st)
         if (t.defined()) b += static_cast<std::int64_t>(t.nbytes());
+  auto add = [&](const std::vector<Tensor>& ts) {
+    for (const auto& t : ts)
+      if (t.defined()) b += static_cast<std::int64_t>(t.nbytes());
+  };
+  for (const auto& [r, log] : buddy_logs_) {
+    add(log.params);
+    for (const auto& sv : log.saved) add(sv.grads);
+    for (const auto& sp : log.spare) add(sp);
+  }
   return b;
 }
 
 void ZeroRedundancyOptimizer::make_buddy_copies() {
   buddy_copies_.clear();
-  const int k = redundancy();
-  for (int j = 1; j <= k; ++j) {
-    const int target = ((rank_ - j) % world_size_ + world_size_) % world_size_;
+  for (int target = 0; target < world_size_; ++target) {
+    const auto& bs = buddy_table_[static_cast<std::size_t>(target)];
+    if (std::find(bs.begin(), bs.end(), rank_) == bs.end()) continue;
     std::vector<OptimizerParamGroup> gs;
     for (std::size_t g = 0; g < groups_.size(); ++g)
       gs.emplace_back(partition_[static_cast<std::size_t>(target)][g], groups_[g].options->clone());
     buddy_copies_[target] = make_optimizer(spec_, std::move(gs));
   }
+  buddy_logs_.clear();
+  if (replays())
+    for (const auto& [target, copy] : buddy_copies_) buddy_logs_[target];
+  reset_buddy_snapshots();
+}
+
+// --- ZeroBuddyUpdate::replay -------------------------------------------------------
+
+std::vector<Tensor> ZeroRedundancyOptimizer::shard_params(int r) const {
+  std::vector<Tensor> out;
+  for (const auto& g : partition_[static_cast<std::size_t>(r)])
+    for (const auto& p : g) out.push_back(p);
+  return out;
+}
+
+void ZeroRedundancyOptimizer::reset_buddy_snapshots() {
+  for (auto& [target, log] : buddy_logs_) {
+    const auto ps = shard_params(target);
+    log.params.clear();
+    for (const auto& p : ps) log.params.push_back(p.clone());
+    for (auto& sv : log.saved) log.spare.push_back(std::move(sv.grads));
+    log.saved.clear();
+  }
+}
+
+void ZeroRedundancyOptimizer::save_buddy_grads() {
+  for (auto& [target, log] : buddy_logs_) {
+    const auto ps = shard_params(target);
+    BuddyLog::Saved sv;
+    std::vector<Tensor> buf;
+    if (!log.spare.empty()) {
+      buf = std::move(log.spare.back());
+      log.spare.pop_back();
+    }
+    buf.resize(ps.size());
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const Tensor g = ps[i].grad();
+      if (!g.defined()) {
+        sv.grads.emplace_back();
+        continue;
+      }
+      Tensor& b = buf[i];
+      if (!b.defined() || b.dtype() != g.dtype() || b.shape() != g.shape() || b.device() != g.device())
+        b = Tensor::empty(g.shape(), g.dtype(), g.device());
+      b.copy_(g);
+      sv.grads.push_back(b);
+    }
+    for (const auto& g : groups_) sv.options.push_back(g.options->clone());
+    log.saved.push_back(std::move(sv));
+  }
+}
+
+std::vector<Future<void>> ZeroRedundancyOptimizer::post_snapshot() {
+  std::vector<Future<void>> out;
+  const auto& bs = buddy_table_[static_cast<std::size_t>(rank_)];
+  if (bs.empty()) return out;
+  std::vector<Entry> entries;
+  std::vector<Tensor> tensors;
+  for (const auto& p : shard_params(rank_)) {
+    auto it = optim_->state().find(p.key());
+    if (it == optim_->state().end()) continue;
+    for (const auto& [key, t] : it->second) {
+      if (!t.defined()) continue;
+      entries.push_back(Entry{index_of_.at(p.key()), key, t.dtype(), t.shape()});
+      tensors.push_back(t);
+    }
+  }
+  const std::string text = describe(entries);
+  for (int b : bs) {
+    post_string(group_, text, b, kSnapshotTag, out);
+    for (const auto& t : tensors) out.push_back(group_.send_async(t, b, kSnapshotTag));
+  }
+  return out;
+}
+
+void ZeroRedundancyOptimizer::finish_snapshot(std::vector<Future<void>>& sends) {
+  std::exception_ptr other;  // an error that is not a lost peer
+  auto keep = [&](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerLostError&) {
+    } catch (...) {
+      if (!other) other = std::current_exception();
+    }
+  };
+  for (auto& [target, log] : buddy_logs_) {
+    std::vector<Entry> entries;
+    std::vector<Tensor> tensors;
+    std::vector<Future<void>> recvs;
+    bool failed = false;
+    try {
+      entries = parse(recv_string(group_, target, kSnapshotTag));
+      for (const auto& e : entries) {
+        tensors.push_back(Tensor::empty(e.shape, e.dtype, all_params_[static_cast<std::size_t>(e.index)].device()));
+        recvs.push_back(group_.recv_async(tensors.back(), target, kSnapshotTag));
+      }
+    } catch (...) {
+      failed = true;
+      keep(std::current_exception());
+    }
+    std::exception_ptr first;
+    for (auto& w : recvs) wait_keeping_first_error(w, first);
+    if (first) keep(first);
+    if (failed || first) continue;  // dropped: the older snapshot stays
+    std::unordered_map<const TensorImpl*, ParamState> st;
+    for (std::size_t j = 0; j < entries.size(); ++j)
+      st[all_params_[static_cast<std::size_t>(entries[j].index)].key()][entries[j].key] = tensors[j];
+    buddy_copies_.at(target)->state() = std::move(st);
+    const auto ps = shard_params(target);
+    for (std::size_t i = 0; i < ps.size() && i < log.params.size(); ++i) log.params[i].copy_(ps[i]);
+    for (auto& sv : log.saved) log.spare.push_back(std::move(sv.grads));
+    log.saved.clear();
+  }
+  std::exception_ptr first;
+  for (auto& w : sends) wait_keeping_first_error(w, first);
+  sends.clear();
+  if (first) keep(first);
+  if (other) std::rethrow_exception(other);
+}
+
+void ZeroRedundancyOptimizer::replay_buddy(int target) {
+  auto it = buddy_logs_.find(target);
+  if (it == buddy_logs_.end() || it->second.saved.empty()) return;
+  BuddyLog& log = it->second;
+  Optimizer& copy = *buddy_copies_.at(target);
+  const auto ps = shard_params(target);
+  std::vector<Tensor> grads;  // the caller's, put back after
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    grads.push_back(ps[i].grad());
+    ps[i].copy_(log.params[i]);
+  }
+  for (auto& sv : log.saved) {
+    for (std::size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(sv.grads[i]);
+    auto& gs = copy.param_groups();
+    for (std::size_t g = 0; g < sv.options.size() && g < gs.size(); ++g) gs[g].options = sv.options[g]->clone();
+    copy.step();
+  }
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    ps[i].set_grad(grads[i]);
+    log.params[i].copy_(ps[i]);
+  }
+  for (auto& sv : log.saved) log.spare.push_back(std::move(sv.grads));
+  log.saved.clear();
 }
 
 void ZeroRedundancyOptimizer::step_buddy_copies() {
@@ -150,6 +470,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
   const std::vector<int> old_members = group_.ranks();
   const auto old_partition = partition_;
   const auto old_owner = owner_;
+  const auto old_table = buddy_table_;
   std::vector<std::vector<std::int64_t>> shard(static_cast<std::size_t>(old_world));  // global indices, old order
   for (int o = 0; o < old_world; ++o)
     for (const auto& g : old_partition[static_cast<std::size_t>(o)])
@@ -157,10 +478,13 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
 
   // A further loss while recovering: start again from the old group (the
   // survivors' group then leaves that rank out too). Nothing of this rank's
-  // state changes before the end.
+  // state changes before the end, except that a replayed copy is brought up
+  // to date (the same bits whenever it is done; a retry finds nothing saved).
   for (;;) {
     try {
+      PhaseTrace trace;
       ShrinkResult sr = group_.shrink();
+      trace.mark("shrink", old_rank);
       ProcessGroup ng = sr.group;
       const int nw = ng.size(), me = ng.rank();
       ZeroRecovery rec;
@@ -193,7 +517,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
           source[uo] = sr.new_rank[uo];
           continue;
         }
-        const auto bs = buddies_in(o, old_k, old_world);
+        const auto& bs = old_table[uo];
         for (int b : bs)
           if (sr.new_rank[static_cast<std::size_t>(b)] >= 0) {
             source[uo] = sr.new_rank[static_cast<std::size_t>(b)];
@@ -221,6 +545,15 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
                                         "the model's parameters from its own checkpoint",
                              rec, old_rank);
 
+      // Replay: the buddy that holds a lost owner's shard now first brings
+      // its copy (state and the shard's parameters) up to date.
+      const bool replay = replays();
+      if (replay)
+        for (int o = 0; o < old_world; ++o)
+          if (sr.new_rank[static_cast<std::size_t>(o)] < 0 && source[static_cast<std::size_t>(o)] == me)
+            replay_buddy(o);
+
+      trace.mark("agreement and replay", old_rank);
       // 3. The step in flight: each shard's parameters from its holder (the
       //    owner, or the buddy that stepped its copy in the same step).
       if (in_step)
@@ -231,82 +564,98 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
           broadcast_all(ng, ps, source[static_cast<std::size_t>(o)]);
         }
 
-      // 4. The partition over the survivors, as a new optimizer over them
-      //    would make it; every state tensor goes to its new owner and buddies.
+      trace.mark("step in flight broadcast", old_rank);
+      // 4. The partition over the survivors: each keeps what it owned, the
+      //    lost ranks' parameters are shared out; every state tensor goes to
+      //    its new owner and buddies (where it is not already).
       world_size_ = nw;
       rank_ = me;
-      partition_parameters();
-      const int new_k = redundancy();
+      partition_keeping(old_partition, sr.new_rank, nw, partition_weights(), index_of_, partition_, owner_);
+      const auto new_table = buddy_table_for(ng.ranks());
       auto held_by = [&](std::size_t i, int r) {
         const int o = owner_[i];
         if (o == r) return true;
-        const auto bs = buddies_in(o, new_k, nw);
+        const auto& bs = new_table[static_cast<std::size_t>(o)];
         return std::find(bs.begin(), bs.end(), r) != bs.end();
       };
-      auto kept_before = [&](int o, int r) {  // new group rank r kept old rank o's shard
+      auto kept_before = [&](int o, int r) {  // new group rank r kept old rank o's shard, up to date
         if (sr.new_rank[static_cast<std::size_t>(o)] == r) return true;
-        for (int b : buddies_in(o, old_k, old_world))
+        if (replay) return source[static_cast<std::size_t>(o)] == r;  // other copies are from a snapshot
+        for (int b : old_table[static_cast<std::size_t>(o)])
           if (sr.new_rank[static_cast<std::size_t>(b)] == r) return true;
         return false;
       };
       std::unordered_map<const TensorImpl*, ParamState> avail;
       for (const auto& [k, st] : optim_->state()) avail[k] = st;
-      for (const auto& [t, copy] : buddy_copies_)
+      for (const auto& [t, copy] : buddy_copies_) {
+        if (replay && !(sr.new_rank[static_cast<std::size_t>(t)] < 0 && source[static_cast<std::size_t>(t)] == me))
+          continue;  // a snapshot's state, not the owner's now
         for (const auto& [k, st] : copy->state()) avail[k] = st;
+      }
+      // Point to point: the holder sends each rank only the state of the
+      // parameters it keeps from now on (as new owner or buddy); a survivor
+      // that kept the shard before (its owner, or a buddy whose copy is up to
+      // date: the same bytes as the holder's) needs nothing. Every holder
+      // posts all its sends first, then every rank takes its shards in order
+      // (no send waits, so nothing waits in a cycle, and every rank's plane
+      // moves bytes at once).
+      std::vector<std::vector<int>> receivers(static_cast<std::size_t>(old_world));
       for (int o = 0; o < old_world; ++o) {
         const auto uo = static_cast<std::size_t>(o);
-        const int s = source[uo];
-        // Point to point: the holder sends each rank only the state of the
-        // parameters it keeps from now on (as new owner or buddy). Every rank
-        // takes the shards in the same order, so the sends cannot wait on
-        // each other in a cycle.
-        // A survivor that kept this shard before (its owner or a buddy: the
-        // same bytes as the holder's) needs nothing.
-        std::vector<int> receivers;
         for (int r = 0; r < nw; ++r) {
           bool any = false;
           for (auto i : shard[uo]) any = any || held_by(static_cast<std::size_t>(i), r);
-          if (r != s && any && !kept_before(o, r)) receivers.push_back(r);
+          if (r != source[uo] && any && !kept_before(o, r)) receivers[uo].push_back(r);
         }
-        const int tag = o;
-        std::vector<Future<void>> works;
-        std::exception_ptr first;
-        if (me == s) {
-          for (int r : receivers) {
-            std::vector<Entry> entries;
-            std::vector<Tensor> tensors;
-            for (auto i : shard[uo]) {
-              if (!held_by(static_cast<std::size_t>(i), r)) continue;
-              auto it = avail.find(all_params_[static_cast<std::size_t>(i)].key());
-              if (it == avail.end()) continue;
-              for (const auto& [key, t] : it->second) {
-                if (!t.defined()) continue;
-                entries.push_back(Entry{i, key, t.dtype(), t.shape()});
-                tensors.push_back(t);
-              }
-            }
-            send_string(ng, describe(entries), r, tag);
-            for (const auto& t : tensors) works.push_back(ng.send_async(t, r, tag));
-          }
-        } else if (std::find(receivers.begin(), receivers.end(), me) != receivers.end()) {
-          const auto entries = parse(recv_string(ng, s, tag));
-          std::vector<Tensor> tensors;
-          for (const auto& e : entries) {
-            tensors.push_back(Tensor::empty(e.shape, e.dtype, all_params_[static_cast<std::size_t>(e.index)].device()));
-            works.push_back(ng.recv_async(tensors.back(), s, tag));
-          }
-          for (auto& w : works) wait_keeping_first_error(w, first);
-          works.clear();
-          if (first) std::rethrow_exception(first);
-          for (std::size_t j = 0; j < entries.size(); ++j)
-            avail[all_params_[static_cast<std::size_t>(entries[j].index)].key()][entries[j].key] = tensors[j];
-        }
-        for (auto& w : works) wait_keeping_first_error(w, first);
-        if (first) std::rethrow_exception(first);
       }
+      std::vector<Future<void>> sends, recvs;
+      for (int o = 0; o < old_world; ++o) {
+        const auto uo = static_cast<std::size_t>(o);
+        if (source[uo] != me) continue;
+        for (int r : receivers[uo]) {
+          std::vector<Entry> entries;
+          std::vector<Tensor> tensors;
+          for (auto i : shard[uo]) {
+            if (!held_by(static_cast<std::size_t>(i), r)) continue;
+            auto it = avail.find(all_params_[static_cast<std::size_t>(i)].key());
+            if (it == avail.end()) continue;
+            for (const auto& [key, t] : it->second) {
+              if (!t.defined()) continue;
+              entries.push_back(Entry{i, key, t.dtype(), t.shape()});
+              tensors.push_back(t);
+            }
+          }
+          post_string(ng, describe(entries), r, /*tag=*/o, sends);
+          for (const auto& t : tensors) sends.push_back(ng.send_async(t, r, /*tag=*/o));
+        }
+      }
+      std::vector<Entry> got;
+      std::vector<Tensor> into;
+      std::exception_ptr first;
+      try {
+        for (int o = 0; o < old_world; ++o) {
+          const auto uo = static_cast<std::size_t>(o);
+          const int s = source[uo];
+          if (std::find(receivers[uo].begin(), receivers[uo].end(), me) == receivers[uo].end()) continue;
+          for (const auto& e : parse(recv_string(ng, s, /*tag=*/o))) {
+            got.push_back(e);
+            into.push_back(Tensor::empty(e.shape, e.dtype, all_params_[static_cast<std::size_t>(e.index)].device()));
+            recvs.push_back(ng.recv_async(into.back(), s, /*tag=*/o));
+          }
+        }
+      } catch (...) {
+        first = std::current_exception();
+      }
+      for (auto& w : recvs) wait_keeping_first_error(w, first);
+      for (auto& w : sends) wait_keeping_first_error(w, first);
+      if (first) std::rethrow_exception(first);
+      for (std::size_t j = 0; j < got.size(); ++j)
+        avail[all_params_[static_cast<std::size_t>(got[j].index)].key()][got[j].key] = into[j];
 
+      trace.mark("state moved", old_rank);
       // 5. Commit: ZeRO over the survivors.
       group_ = ng;
+      buddy_table_ = new_table;
       optim_ = make_optimizer(spec_, local_groups(0));
       make_buddy_copies();
       auto take = [&](Optimizer& opt, int r) {
@@ -318,8 +667,64 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       };
       take(*optim_, rank_);
       for (auto& [t, copy] : buddy_copies_) take(*copy, t);
+      const bool same_trainable = trainable_mask() == trainable_;
       trainable_ = trainable_mask();
-      if (bucket_view_) build_buckets();
+      trace.mark("new optimizers", old_rank);
+      if (bucket_view_ && same_trainable) {
+        // The survivors' buckets stay (renumbered): what each kept is still
+        // in its bucket, in order. The parameters that came from lost ranks
+        // go into one more row of buckets (one per kind, one flat buffer per
+        // rank, in partition order), so only they are copied.
+        std::vector<std::vector<Tensor>> rows;
+        for (const auto& row : buckets_) {
+          std::vector<Tensor> kept(static_cast<std::size_t>(nw));
+          for (int o = 0; o < old_world; ++o)
+            if (sr.new_rank[static_cast<std::size_t>(o)] >= 0)
+              kept[static_cast<std::size_t>(sr.new_rank[static_cast<std::size_t>(o)])] = row[static_cast<std::size_t>(o)];
+          rows.push_back(std::move(kept));
+        }
+        std::vector<std::pair<Device, DType>> kinds;
+        std::vector<std::vector<std::vector<Tensor>>> moved(static_cast<std::size_t>(nw));  // [rank][kind]
+        for (int r = 0; r < nw; ++r)
+          for (const auto& g : partition_[static_cast<std::size_t>(r)])
+            for (const auto& p : g) {
+              const int was = old_owner[static_cast<std::size_t>(index_of_.at(p.key()))];
+              if (sr.new_rank[static_cast<std::size_t>(was)] >= 0 || !p.requires_grad()) continue;
+              std::size_t k = 0;
+              while (k < kinds.size() && !(kinds[k].first == p.device() && kinds[k].second == p.dtype())) ++k;
+              if (k == kinds.size()) kinds.emplace_back(p.device(), p.dtype());
+              auto& mr = moved[static_cast<std::size_t>(r)];
+              if (mr.size() <= k) mr.resize(k + 1);
+              mr[k].push_back(p);
+            }
+        for (std::size_t k = 0; k < kinds.size(); ++k) {
+          std::vector<Tensor> row(static_cast<std::size_t>(nw));
+          for (int r = 0; r < nw; ++r) {
+            auto& mr = moved[static_cast<std::size_t>(r)];
+            std::int64_t total = 0;
+            if (k < mr.size())
+              for (const auto& p : mr[k]) total += p.numel();
+            if (total == 0) {
+              row[static_cast<std::size_t>(r)] = Tensor::zeros({1}, kinds[k].second, kinds[k].first);
+              continue;
+            }
+            Tensor bucket = Tensor::empty({total}, kinds[k].second, kinds[k].first);
+            std::int64_t off = 0;
+            for (const auto& p : mr[k]) {
+              Tensor slice = bucket.flat_slice(off, p.numel());
+              slice.copy_(p);
+              repoint(p, slice.view(p.shape()));
+              off += p.numel();
+            }
+            row[static_cast<std::size_t>(r)] = std::move(bucket);
+          }
+          rows.push_back(std::move(row));
+        }
+        buckets_ = std::move(rows);
+      } else if (bucket_view_) {
+        build_buckets();
+      }
+      trace.mark("buckets", old_rank);
       if (in_step) ++steps_;
       sync_to_local();
       all_state_dicts_.clear();
@@ -331,6 +736,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       rank_ = old_rank;
       partition_ = old_partition;
       owner_ = old_owner;
+      buddy_table_ = old_table;
     }
   }
 }

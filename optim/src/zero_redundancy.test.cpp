@@ -19,11 +19,13 @@
 
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "dopt/actors/simulate.hpp"
+#include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
 
@@ -72,7 +74,7 @@ std::vector<Tensor> make_params() {
 struct Kill {
   int rank;             // global rank
   std::int64_t step;    // step_count() when it dies
-  std::string point;    // "between", "begin", "computed", "broadcast"
+  std::string point;    // "between", "begin", "computed", "broadcast", "snapshot"
   int index = 0;        // broadcast: after posting this one
 };
 
@@ -84,7 +86,14 @@ struct Scenario {
   OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
   bool bucket_view = false;
   bool callback = false;
+  ZeroBuddyUpdate update = ZeroBuddyUpdate::step;
+  int interval = 4;                // snapshot_interval (replay)
+  std::vector<std::string> hosts;  // ZeroOptions::hosts (empty: one host)
+  bool scheduler = false;          // LambdaLR changing lr at every step, in both runs
 };
+
+/// The scheduler of Scenario::scheduler: a different lr at every step.
+double lr_factor(std::int64_t epoch) { return 1.0 + 0.25 * static_cast<double>(epoch % 3); }
 
 /// M_t of the header.
 std::vector<std::vector<int>> expected_members(const Scenario& sc) {
@@ -107,6 +116,8 @@ std::vector<std::vector<float>> reference(const Scenario& sc) {
   std::vector<OptimizerParamGroup> gs;
   gs.emplace_back(ps);
   auto opt = make_optimizer(sc.spec, std::move(gs));
+  std::unique_ptr<LambdaLR> sched;
+  if (sc.scheduler) sched = std::make_unique<LambdaLR>(*opt, lr_factor);
   const auto members = expected_members(sc);
   for (std::int64_t t = 0; t < sc.steps; ++t) {
     const auto& m = members[static_cast<std::size_t>(t)];
@@ -120,6 +131,7 @@ std::vector<std::vector<float>> reference(const Scenario& sc) {
       ps[i].set_grad(Tensor::from_vector(g));
     }
     opt->step();
+    if (sched) sched->step();
   }
   std::vector<std::vector<float>> out;
   for (const auto& p : ps) out.push_back(p.to_vector<float>());
@@ -159,6 +171,9 @@ std::vector<RankResult> run(const Scenario& sc) {
     ZeroOptions zo{world};
     zo.redundancy = sc.redundancy;
     zo.parameters_as_bucket_view = sc.bucket_view;
+    zo.buddy_update = sc.update;
+    zo.snapshot_interval = sc.interval;
+    zo.hosts = sc.hosts;
     zo.probe = [&](const char* point, std::int64_t step, int index) {
       if (dies(step, point, index)) throw Killed();
     };
@@ -170,6 +185,8 @@ std::vector<RankResult> run(const Scenario& sc) {
         out.log += "callback lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) + ";";
       };
     ZeroRedundancyOptimizer zero(params, sc.spec, zo);
+    std::unique_ptr<LambdaLR> sched;
+    if (sc.scheduler) sched = std::make_unique<LambdaLR>(zero, lr_factor);
     while (zero.step_count() < sc.steps) {
       const std::int64_t t = zero.step_count();
       const std::vector<int> members = world.ranks();
@@ -186,9 +203,11 @@ std::vector<RankResult> run(const Scenario& sc) {
         }
         changed = false;
         zero.step();
+        if (sched) sched->step();
         out.members.push_back(members);
       } catch (const MembershipChangedError& e) {
         world = e.recovery().group;
+        if (sched) sched->step();  // the step was completed
         out.members.push_back(members);
         out.log += "changed lost=" + ranks_str(e.recovery().lost) + " step=" + std::to_string(e.recovery().step) +
                    (e.recovery().step_completed ? " completed" : " not completed") + ";";
@@ -363,4 +382,162 @@ TEST_CASE("ZeRO redundancy: argument checks", "[zero][survive]") {
   });
   for (const auto& s : seen)
     CHECK(s == "negative;recover without redundancy;capped 1 buddies of 0: 1;closure;");
+}
+
+// --- ZeroBuddyUpdate::replay ----------------------------------------------------------
+// The buddies save the averaged gradients and get the owner's state every
+// `interval` steps (at the end of steps interval-1, 2*interval-1, ...); at
+// recovery the buddy replays the saved steps. The survivors must end bitwise
+// where the reference (and the buddies that step every step) end, with an
+// lr scheduler changing lr at every step.
+
+TEST_CASE("ZeRO redundancy, replay: without a loss, bitwise the plain optimizer", "[zero][survive]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.redundancy = GENERATE(1, 2);
+  sc.update = ZeroBuddyUpdate::replay;
+  sc.interval = 2;
+  sc.scheduler = true;
+  INFO(sc.n << " ranks, redundancy " << sc.redundancy);
+  check_bitwise(sc);
+}
+
+TEST_CASE("ZeRO redundancy, replay: a loss right after a snapshot and interval-1 steps after it, bitwise the reference",
+          "[zero][survive]") {
+  // interval 3: snapshots at the end of steps 2 and 5. Step 3 is the first
+  // after the snapshot (one saved step to replay), step 5 the last before
+  // the next (three, the snapshot of step 5 interrupted).
+  const int n = GENERATE(3, 5);
+  const std::int64_t step = GENERATE(3, 5);
+  const std::string point = GENERATE(std::string("between"), std::string("begin"), std::string("computed"),
+                                     std::string("broadcast1"), std::string("snapshot"));
+  if (point == "snapshot" && step != 5) return;  // step 3 ends without one
+  Scenario sc;
+  sc.n = n;
+  sc.steps = 8;
+  sc.update = ZeroBuddyUpdate::replay;
+  sc.interval = 3;
+  sc.scheduler = true;
+  Kill k{n == 3 ? 1 : 2, step, point, 0};
+  if (point.rfind("broadcast", 0) == 0) {
+    k.point = "broadcast";
+    k.index = point.back() - '0';
+  }
+  sc.kills = {k};
+  INFO(n << " ranks, rank " << k.rank << " lost at step " << step << ", point " << point);
+  check_bitwise(sc);
+}
+
+TEST_CASE("ZeRO redundancy, replay: two losses in a row, Adam and SGD with momentum, bucket view", "[zero][survive]") {
+  SECTION("5 ranks: rank 4 during the broadcasts of step 1, then rank 0 between steps 4 and 5") {
+    Scenario sc;
+    sc.n = 5;
+    sc.steps = 7;
+    sc.update = ZeroBuddyUpdate::replay;
+    sc.interval = 3;
+    sc.scheduler = true;
+    sc.kills = {{4, 1, "broadcast", 1}, {0, 4, "between", 0}};
+    check_bitwise(sc);
+  }
+  SECTION("SGD with momentum, bucket view, the callback, interval 1 (a snapshot every step)") {
+    Scenario sc;
+    sc.n = 5;
+    sc.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
+    sc.bucket_view = true;
+    sc.callback = true;
+    sc.update = ZeroBuddyUpdate::replay;
+    sc.interval = 1;
+    sc.kills = {{3, 2, "broadcast", 2}};
+    check_bitwise(sc);
+  }
+  SECTION("bucket view, two losses in a row (the buckets of moved parameters grow a row each time)") {
+    Scenario sc;
+    sc.n = 5;
+    sc.steps = 7;
+    sc.bucket_view = true;
+    sc.update = GENERATE(ZeroBuddyUpdate::step, ZeroBuddyUpdate::replay);
+    sc.interval = 2;
+    sc.kills = {{2, 1, "computed", 0}, {4, 4, "broadcast", 1}};
+    check_bitwise(sc);
+  }
+  SECTION("redundancy 2 at 5 ranks: ranks 1 and 2 (one's buddy) at once") {
+    Scenario sc;
+    sc.n = 5;
+    sc.redundancy = 2;
+    sc.update = ZeroBuddyUpdate::replay;
+    sc.interval = 4;
+    sc.kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}};
+    check_bitwise(sc);
+  }
+}
+
+// --- buddies on other hosts ---------------------------------------------------------
+
+namespace {
+
+/// buddies(r) of every rank with this (fake) host map.
+std::vector<std::vector<int>> buddy_table(const std::vector<std::string>& hosts, int k) {
+  const int n = static_cast<int>(hosts.size());
+  std::vector<std::vector<std::vector<int>>> seen(static_cast<std::size_t>(n));
+  std::mutex mu;
+  simulate(n, [&](RankContext& ctx) {
+    ZeroOptions zo{ctx.world()};
+    zo.redundancy = k;
+    zo.hosts = hosts;
+    ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"SGD", {{"lr", 0.1}}}, zo);
+    std::vector<std::vector<int>> mine;
+    for (int r = 0; r < n; ++r) mine.push_back(z.buddies(r));
+    std::lock_guard<std::mutex> lock(mu);
+    seen[static_cast<std::size_t>(ctx.rank())] = mine;
+  });
+  for (const auto& s : seen) CHECK(s == seen[0]);  // every rank computes the same table
+  return seen[0];
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO redundancy: buddies on other hosts (fake host maps)", "[zero][survive]") {
+  SECTION("2 hosts x 2 ranks: every buddy on the other host, each rank keeps one shard") {
+    const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+    const auto t = buddy_table(hosts, 1);
+    CHECK(t == std::vector<std::vector<int>>{{2}, {3}, {1}, {0}});
+  }
+  SECTION("3 hosts, uneven (3 + 1 + 1), redundancy 1 and 2") {
+    const std::vector<std::string> hosts = {"a", "a", "a", "b", "c"};
+    for (int k : {1, 2}) {
+      INFO("redundancy " << k);
+      const auto t = buddy_table(hosts, k);
+      REQUIRE(t.size() == hosts.size());
+      std::vector<int> load(hosts.size(), 0);
+      for (std::size_t r = 0; r < t.size(); ++r) {
+        REQUIRE(t[r].size() == static_cast<std::size_t>(k));
+        for (int b : t[r]) {
+          INFO("rank " << r << " buddy " << b);
+          CHECK(b != static_cast<int>(r));
+          CHECK(hosts[static_cast<std::size_t>(b)] != hosts[r]);  // another host is always there
+          ++load[static_cast<std::size_t>(b)];
+        }
+        CHECK(std::set<int>(t[r].begin(), t[r].end()).size() == t[r].size());
+      }
+      // Ranks on the small hosts keep what the big host's ranks need
+      // elsewhere; the big host's ranks keep the small hosts' shards.
+      CHECK(load[3] + load[4] >= 3 * k);
+    }
+  }
+  SECTION("one host: r+1, ..., r+k as before") {
+    const auto t = buddy_table({"h", "h", "h", "h", "h"}, 2);
+    CHECK(t == std::vector<std::vector<int>>{{1, 2}, {2, 3}, {3, 4}, {4, 0}, {0, 1}});
+  }
+}
+
+TEST_CASE("ZeRO redundancy: a whole host lost (2 hosts x 2 ranks) loses no state", "[zero][survive]") {
+  Scenario sc;
+  sc.n = 4;
+  sc.hosts = {"a", "a", "b", "b"};
+  sc.update = GENERATE(ZeroBuddyUpdate::step, ZeroBuddyUpdate::replay);
+  sc.interval = 2;
+  sc.scheduler = true;
+  sc.kills = {{0, 2, "computed", 0}, {1, 2, "computed", 0}};
+  INFO("replay " << (sc.update == ZeroBuddyUpdate::replay));
+  check_bitwise(sc);
 }

@@ -191,6 +191,7 @@ void ZeroRedundancyOptimizer::install_loaded(std::unordered_map<const TensorImpl
     it = local.erase(it);
   }
   optim_->state() = std::move(local);
+  reset_buddy_snapshots();  // replay: the loaded state is the copies' snapshot
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();
 }

@@ -85,7 +85,8 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
   if (probe_) probe_("begin", steps_, 0);
   sync_to_local();
   std::optional<double> loss = optim_->step(closure);
-  if (redundancy_ > 0) step_buddy_copies();
+  if (replays()) save_buddy_grads();
+  else if (redundancy_ > 0) step_buddy_copies();
   sync_from_local();
   if (probe_) probe_("computed", steps_, 0);
   if (redundancy_ == 0) {
@@ -94,13 +95,21 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
     ++steps_;
     return loss;
   }
+  // Replay: every snapshot_interval-th step ends with a snapshot of each
+  // owner's state at its buddies (posted now, received after the broadcasts).
+  const bool snapshot = replays() && (steps_ + 1) % snapshot_interval_ == 0;
+  std::vector<Future<void>> snapshot_sends;
   ZeroRecovery rec;
   try {
+    if (snapshot) snapshot_sends = post_snapshot();
     sync_params();
     notify.get();
+    if (snapshot && probe_) probe_("snapshot", steps_, 0);
+    if (snapshot) finish_snapshot(snapshot_sends);
     ++steps_;
     return loss;
   } catch (const PeerLostError&) {
+    snapshot_sends.clear();  // on the old group; the recovery snapshots every copy anew
     rec = recover_from_loss(/*in_step=*/true);
   }
   if (!on_membership_change_)

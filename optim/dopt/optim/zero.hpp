@@ -76,6 +76,24 @@ enum class ZeroPartitionWeight {
   step_cost,
 };
 
+/// Redundancy: how a buddy keeps its copy of another rank's shard current
+/// (docs/fault-tolerance.md, "How the buddies keep up").
+enum class ZeroBuddyUpdate {
+  /// Every step() the buddy steps its copy with the same optimizer, the same
+  /// hyperparameters and the averaged gradients: k extra optimizer steps over
+  /// 1/N of the parameters per step; recovery needs nothing more.
+  step,
+  /// The buddy keeps a copy of the shard's averaged gradients (and the
+  /// hyperparameters) of every step since the last snapshot; every
+  /// ZeroOptions::snapshot_interval steps the owner sends its state to its
+  /// buddies, which drop the saved steps. At recovery the buddy replays the
+  /// saved steps with the same kernels in the same order: bitwise the state
+  /// `step` would hold. Costs a gradient copy per step, the state sent once
+  /// per interval, more memory, and up to snapshot_interval optimizer steps
+  /// over the lost shard in the recovery.
+  replay,
+};
+
 struct ZeroOptions {
   /// The ranks that share the optimizer state (required).
   ProcessGroup process_group;
@@ -110,8 +128,22 @@ struct ZeroOptions {
   /// Testing aid: called on this rank's thread at points of step():
   /// ("begin", step, 0) before the local step, ("computed", step, 0) after it
   /// (and the buddies' copies), ("broadcast", step, i) after posting the
-  /// i-th broadcast. Fault-injection tests lose their rank there.
+  /// i-th broadcast, ("snapshot", step, 0) after the broadcasts of a step
+  /// that ends with a snapshot (ZeroBuddyUpdate::replay). Fault-injection
+  /// tests lose their rank there.
   std::function<void(const char* point, std::int64_t step, int index)> probe = {};
+  /// Redundancy: the host of each group rank (equal strings: one host), the
+  /// same list on every rank. Buddies are chosen on other hosts where there
+  /// are any (see buddies()). Empty: measured, this_host_id() of every rank
+  /// (dopt/actors/host.hpp), gathered at construction. Set it to override
+  /// the measurement, or to play a multi-host layout in a test.
+  std::vector<std::string> hosts = {};
+  /// Redundancy: how the buddies keep their copies current.
+  ZeroBuddyUpdate buddy_update = ZeroBuddyUpdate::step;
+  /// Redundancy with ZeroBuddyUpdate::replay: the owner's state goes to its
+  /// buddies at the end of every snapshot_interval-th step (>= 1), so a buddy
+  /// saves at most this many steps' gradients.
+  int snapshot_interval = 4;
 };
 
 class ZeroOverlap;
@@ -187,10 +219,16 @@ class ZeroRedundancyOptimizer : public Joinable {
   ZeroRecovery recover();
   /// Redundancy in effect (ZeroOptions::redundancy capped at size() - 1).
   int redundancy() const noexcept;
-  /// The group ranks that keep rank r's shard (its buddies), in order.
+  /// The group ranks that keep rank r's shard (its buddies), in order. On
+  /// one host: r+1, ..., r+k (cyclically). Over several hosts: ranks on
+  /// other hosts first, each rank keeping as few shards as that allows (the
+  /// rule is in docs/fault-tolerance.md), so that losing a host loses no
+  /// state when every host's ranks have buddies elsewhere.
   std::vector<int> buddies(int r) const;
-  /// Bytes of the copies of other ranks' state this rank keeps.
+  /// Bytes of the copies of other ranks' state this rank keeps (with
+  /// ZeroBuddyUpdate::replay also the saved parameters and gradients).
   std::int64_t buddy_state_bytes() const;
+  ZeroBuddyUpdate buddy_update() const noexcept { return buddy_update_; }
 
   /// The shard file name of rank r of n.
   static std::string shard_file_name(int rank, int world_size);
@@ -228,6 +266,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Number of buckets per rank (0 without bucket view).
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// buckets()[k][r]: the flat buffer of kind k (device, dtype) of rank r.
+  /// After a recovery from a lost rank (redundancy) a kind can have more
+  /// than one row: the survivors' buckets stay, and the parameters that came
+  /// from lost ranks are in a row of their own (bucket_count() grows).
   const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
   /// Bytes of the local optimizer's state on this rank (with overlap: call it
   /// between iterations; mid-iteration the state is with the worker).
@@ -259,6 +300,35 @@ class ZeroRedundancyOptimizer : public Joinable {
   void make_buddy_copies();
   /// Steps every buddy copy with the current hyperparameters.
   void step_buddy_copies();
+  /// ZeroBuddyUpdate::replay (zero_replay.cpp): what a buddy keeps of a shard
+  /// since the snapshot its copy's state is from.
+  struct BuddyLog {
+    struct Saved {
+      std::vector<Tensor> grads;  // by position in shard_params(target); undefined: no gradient
+      std::vector<std::unique_ptr<OptimizerOptions>> options;  // by group
+    };
+    std::vector<Tensor> params;  // the shard's parameters at the snapshot
+    std::vector<Saved> saved;    // the steps since, in order
+    std::vector<std::vector<Tensor>> spare;  // gradient buffers to reuse
+  };
+  bool replays() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::replay; }
+  /// Rank r's parameters, in partition order (groups, then assignment).
+  std::vector<Tensor> shard_params(int r) const;
+  /// Every copy's snapshot is now: the saved parameters are the current
+  /// ones, no saved steps (after the copies' state was set to the current).
+  void reset_buddy_snapshots();
+  /// Saves this step's gradients and hyperparameters for every copy.
+  void save_buddy_grads();
+  /// The owner's side of a snapshot: posts its state to its buddies.
+  std::vector<Future<void>> post_snapshot();
+  /// The buddies' side (after the broadcasts), then waits for `sends`. A
+  /// snapshot that a lost rank interrupts is dropped (the copy keeps its
+  /// older snapshot and saved steps); other errors propagate.
+  void finish_snapshot(std::vector<Future<void>>& sends);
+  /// Replays the saved steps of the copy of `target` onto the real
+  /// parameters of its shard and the copy's state: both end as the owner's
+  /// after the last saved step.
+  void replay_buddy(int target);
   /// The recovery (see the header); in_step: the loss came during step().
   ZeroRecovery recover_from_loss(bool in_step);
   /// Whether this rank keeps the state of global parameter i (owner or buddy).
@@ -297,6 +367,20 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::function<void(const char*, std::int64_t, int)> probe_;
   /// Redundancy: the copies of the shards this rank is a buddy of, by group rank.
   std::map<int, std::unique_ptr<Optimizer>> buddy_copies_;
+  ZeroBuddyUpdate buddy_update_ = ZeroBuddyUpdate::step;
+  int snapshot_interval_ = 4;
+  /// ZeroBuddyUpdate::replay: by target, as buddy_copies_.
+  std::map<int, BuddyLog> buddy_logs_;
+  /// Redundancy: the host of every rank of the line of groups, by global rank.
+  std::map<int, std::string> host_of_;
+  /// Redundancy: buddy_table_[r] = buddies(r) in the current group.
+  std::vector<std::vector<int>> buddy_table_;
+  /// The buddy table of a group of these global ranks (from host_of_; k is
+  /// ZeroOptions::redundancy capped at members.size() - 1).
+  std::vector<std::vector<int>> buddy_table_for(const std::vector<int>& members) const;
+  /// Redundancy, at construction: host_of_ from ZeroOptions::hosts or
+  /// measured (an all_gather over the group), then buddy_table_.
+  void init_hosts(const std::vector<std::string>& given);
 };
 
 }  // namespace dopt::optim

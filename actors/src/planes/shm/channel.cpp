@@ -343,8 +343,8 @@ void Channel::break_group(const Failure& f) {
 
 // --- cross-memory attach ---------------------------------------------------------
 
-void Channel::probe_cma(bool wanted) {
-  bool ok = wanted && memory_.shared && !memory_.in_process;
+void Channel::probe_cma(bool wanted, bool p2p) {
+  bool ok = (wanted || p2p) && memory_.shared && !memory_.in_process;
   for (int g = 0; ok && g < size(); ++g) {
     if (g == me_) continue;
     const ControlBlock& cb = ctl(g);
@@ -354,7 +354,8 @@ void Channel::probe_cma(bool wanted) {
     ok = cb.self_addr != 0 && ::process_vm_readv(cb.pid, &local, 1, &remote, 1, 0) == sizeof magic &&
          magic == kRegionMagic;
   }
-  ctl(me_).cma.store(ok ? 1u : 2u, std::memory_order_release);
+  ctl(me_).p2p_cma.store(ok && p2p ? 1u : 2u, std::memory_order_release);
+  ctl(me_).cma.store(ok && wanted ? 1u : 2u, std::memory_order_release);
 }
 
 bool Channel::cma_ready() {

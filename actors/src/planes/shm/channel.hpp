@@ -115,7 +115,9 @@ class Channel {
   /// Processes: tries process_vm_readv (cross-memory attach, one copy from a
   /// peer's memory into this one's) on every peer's region and publishes
   /// whether all worked. Called once, before this member's first step.
-  void probe_cma(bool wanted);
+  /// wanted: for the collectives (ControlBlock::cma); p2p: for send/recv
+  /// (ControlBlock::p2p_cma).
+  void probe_cma(bool wanted, bool p2p = false);
   /// Every member can read every other's memory with cma_read(). Called at
   /// the start of a call; every member gets the same answer (false until the
   /// group ran a call: the flags are set before any member's first step).

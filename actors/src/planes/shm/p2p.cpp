@@ -1,8 +1,10 @@
 #include "planes/shm/p2p.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <sys/mman.h>
+#include <sys/uio.h>
 
 #include <cstdint>
 #include <cstring>
@@ -74,6 +76,7 @@ struct P2PEngine::State {
     Shape shape;
     std::uint64_t hash = 0;
     std::uint64_t nbytes = 0, addr = 0, offset = 0;
+    bool direct = false;  // processes: read addr in the sender's memory (process_vm_readv)
     std::string segment;
   };
   std::vector<std::deque<Send>> queued;        // [dst]: not yet published, in post order
@@ -125,6 +128,13 @@ struct P2PEngine::State {
     return static_cast<int>(std::find(members.begin(), members.end(), global) - members.begin());
   }
   Doorbell* doorbell(int g) const { return layout.doorbell_of(bases[static_cast<std::size_t>(g)]); }
+  const ControlBlock& ctl(int g) const { return *static_cast<const ControlBlock*>(bases[static_cast<std::size_t>(g)]); }
+  /// Processes: member d can read this process's memory (its CMA probe of
+  /// every member worked), so a send to d needs no staged copy.
+  bool reads_me(int d) const { return shared && ctl(d).p2p_cma.load(std::memory_order_acquire) == 1; }
+  /// Copies a direct message's bytes from member src's memory. Returns "" or
+  /// why it could not (ESRCH/EFAULT: the sender is gone).
+  std::string read_direct(int src, const Header& h, void* dst, bool& gone);
 
   void loop();
   bool step(Clock::time_point now);
@@ -297,7 +307,14 @@ bool P2PEngine::State::publish(int d, Send& s) {
   for (std::size_t i = 0; i < t.shape().size() && i < static_cast<std::size_t>(kMaxDims); ++i) m->shape[i] = t.shape()[i];
   m->shape_hash = shape_hash(t.shape());
   m->nbytes = t.nbytes();
-  if (shared) {
+  m->direct = 0;
+  if (shared && reads_me(d)) {
+    // The receiver copies straight from this tensor (one copy instead of a
+    // staged one and a copy out); the op keeps it alive until the ack.
+    std::memset(m->segment, 0, sizeof m->segment);
+    m->addr = reinterpret_cast<std::uint64_t>(t.data_ptr());
+    m->direct = 1;
+  } else if (shared) {
     std::memset(m->segment, 0, sizeof m->segment);
     const std::size_t off = heap_alloc(t.nbytes());
     if (off != static_cast<std::size_t>(-1)) {  // the send heap (mapped by every member, nameless)
@@ -346,6 +363,30 @@ void P2PEngine::State::complete_recv(const Recv& r, int src, const Header& h) {
     ack(src, h.id, AckStatus::mismatch, msg);
     return;
   }
+  if (shared && h.direct) {
+    bool gone = false;
+    const std::string why = read_direct(src, h, dst.data_ptr(), gone);
+    if (!why.empty()) {
+      const std::string msg = std::string("cannot read the sent bytes: ") + why;
+      fail(r.op, Failure{gone ? FailKind::peer_lost : FailKind::state, "recv", msg});
+      if (!gone) ack(src, h.id, AckStatus::receiver_failed, msg);
+      return;
+    }
+    // A send withdrawn (timed out) while it was read: its tensor may have
+    // changed under the copy, so the bytes are not taken.
+    const MailSlot* m = layout.mail_slot(bases[static_cast<std::size_t>(src)], me, h.id);
+    if (m->id.load(std::memory_order_acquire) == h.id && m->cancelled.load(std::memory_order_acquire)) {
+      fail(r.op, Failure{FailKind::timeout, "recv",
+                         "rank " + std::to_string(members[static_cast<std::size_t>(src)]) +
+                             " withdrew the message (its send timed out) while it was read (tag " +
+                             std::to_string(h.tag) + ")"});
+      ack(src, h.id, AckStatus::cancelled, "");
+      return;
+    }
+    ack(src, h.id, AckStatus::ok, "");
+    r.op->promise.set_value();
+    return;
+  }
   try {
     const void* from = nullptr;
     std::shared_ptr<void> keep;
@@ -361,6 +402,29 @@ void P2PEngine::State::complete_recv(const Recv& r, int src, const Header& h) {
   }
   ack(src, h.id, AckStatus::ok, "");
   r.op->promise.set_value();
+}
+
+std::string P2PEngine::State::read_direct(int src, const Header& h, void* dst, bool& gone) {
+  const pid_t pid = ctl(src).pid;
+  char* to = static_cast<char*>(dst);
+  std::uint64_t from = h.addr, left = h.nbytes;
+  while (left > 0) {
+    // At most 64 MiB a call, so that a sender that died is noticed between calls.
+    const std::size_t part = static_cast<std::size_t>(std::min<std::uint64_t>(left, std::uint64_t{64} << 20));
+    iovec local{to, part};
+    iovec remote{reinterpret_cast<void*>(from), part};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      const int err = got < 0 ? errno : EFAULT;
+      gone = err == ESRCH || err == EFAULT || peers->state(members[static_cast<std::size_t>(src)]) == PeerTable::lost;
+      return "process_vm_readv from rank " + std::to_string(members[static_cast<std::size_t>(src)]) + ": " +
+             std::strerror(err) + (gone ? " (the sender is gone)" : " (set DOPT_SHM_CMA=0 to stage through shared memory)");
+    }
+    to += got;
+    from += static_cast<std::uint64_t>(got);
+    left -= static_cast<std::uint64_t>(got);
+  }
+  return "";
 }
 
 bool P2PEngine::State::step(Clock::time_point now) {
@@ -397,6 +461,7 @@ bool P2PEngine::State::step(Clock::time_point now) {
       h.nbytes = m->nbytes;
       h.addr = m->addr;
       h.offset = m->offset;
+      h.direct = m->direct != 0;
       h.segment.assign(m->segment, strnlen(m->segment, sizeof m->segment));
       unexpected[gi].push_back(std::move(h));
       read_next[gi] = id + 1;

@@ -7,6 +7,14 @@
 // bytes, acknowledges, and completes the futures. It sleeps on its doorbell,
 // which peers ring when they publish or acknowledge.
 //
+// Between processes the bytes move once when the receiver can read the
+// sender's memory (its cross-memory-attach probe of every member, made with
+// the group, worked; ControlBlock::p2p_cma):
+// the header carries the sender's tensor address and the receiver copies
+// with process_vm_readv straight into its tensor. Otherwise (DOPT_SHM_CMA=0,
+// or ptrace rules forbid it) the sender stages a copy in its send heap (or
+// an arena segment when the heap is full) and the receiver copies it out.
+//
 // A send completes when the receiver copied the data (or refused it: dtype or
 // shape mismatch, CollectiveMismatchError on both sides). Waits are bounded
 // by the call's timeout (TimeoutError; a timed-out send is withdrawn) and by

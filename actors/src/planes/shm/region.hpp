@@ -13,7 +13,7 @@
 namespace dopt::detail::shm_plane {
 
 inline constexpr std::uint64_t kRegionMagic = 0x31676572746f6f64ULL;  // "doopreg1" (little-endian)
-inline constexpr std::uint32_t kRegionVersion = 2;
+inline constexpr std::uint32_t kRegionVersion = 3;
 inline constexpr int kMaxDims = 8;
 inline constexpr std::size_t kExtraBytes = 192;
 inline constexpr std::size_t kWhyBytes = 1024;
@@ -65,6 +65,10 @@ struct ControlBlock {
   /// Set by the owner before its first step: 1 when it can read every peer's
   /// memory with process_vm_readv (cross-memory attach), 2 when it cannot.
   std::atomic<std::uint32_t> cma{0};
+  /// The same for point to point (send/recv): 1 when this member reads the
+  /// messages sent to it straight from the senders' tensors, 2 when it needs
+  /// them staged. Set with `cma`.
+  std::atomic<std::uint32_t> p2p_cma{0};
   SyncLine sync;
   StatusLine status;
   AbortLine abort;
@@ -75,7 +79,10 @@ struct ControlBlock {
 // --- point to point ----------------------------------------------------------------
 // A sender publishes a message to member d in its own mailbox for d (a ring
 // of kMailSlots headers; the bytes stay with the sender: its tensor between
-// threads, a block of its shared-memory arena between processes). The
+// threads, and between processes its tensor too when the receiver can read
+// the sender's memory (cross-memory attach: the receiver copies once, with
+// process_vm_readv), else a staged copy in the sender's send heap or
+// shared-memory arena). The
 // receiver copies headers out as they come (and says so in its read line),
 // matches them with its recvs by (tag, sequence number), copies the bytes
 // and acknowledges in its ack ring for the sender. Both ring the other's
@@ -98,7 +105,8 @@ struct alignas(64) MailSlot {
   std::int64_t shape[kMaxDims] = {};
   std::uint64_t shape_hash = 0;
   std::uint64_t nbytes = 0;
-  std::uint64_t addr = 0;    // threads: the sender's data
+  std::uint64_t addr = 0;    // threads, and processes with `direct`: the sender's data (its address space)
+  std::uint32_t direct = 0;  // processes: 1 when the receiver reads `addr` with process_vm_readv (no staged copy)
   std::uint64_t offset = 0;  // processes: the block's offset in the sender's heap, or in `segment`
   char segment[64] = {};     // processes: "" (the block is in the sender's heap) or an arena segment
 };

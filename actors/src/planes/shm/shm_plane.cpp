@@ -29,8 +29,8 @@ ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes)
   o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
   o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
   if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
-  if (const char* v = std::getenv("DOPT_SHM_CMA"); v && *v) o.cma = std::string(v) != "0";
-  if (o.staged_only) o.cma = false;
+  if (const char* v = std::getenv("DOPT_SHM_CMA"); v && *v) o.cma = o.p2p_cma = std::string(v) != "0";
+  if (o.staged_only) o.cma = o.p2p_cma = false;
   o.policy = WaitPolicy::for_ranks(ranks_on_host);
   return o;
 }
@@ -175,7 +175,7 @@ std::unique_ptr<Channel> ShmPlane::make_channel(std::uint64_t gid, std::shared_p
   mem.in_process = dir_->in_process() && !options_.staged_only;
   auto ch = std::make_unique<Channel>(gid, static_cast<int>(pos - m.begin()), std::move(members), std::move(mem), peers_,
                                       options_.policy);
-  ch->probe_cma(options_.cma);
+  ch->probe_cma(options_.cma, options_.p2p_cma);
   return ch;
 }
 

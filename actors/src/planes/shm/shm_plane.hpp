@@ -60,6 +60,10 @@ class ShmPlane : public std::enable_shared_from_this<ShmPlane> {
     /// process_vm_readv (one copy) where every member can. Opt-in
     /// (DOPT_SHM_CMA=1) until it has been through the whole test suite.
     bool cma = false;
+    /// Processes: a send is read by its receiver straight from the sender's
+    /// tensor with process_vm_readv where the receiver can (p2p.hpp). On
+    /// unless DOPT_SHM_CMA=0 or DOPT_SHM_STAGED=1.
+    bool p2p_cma = true;
     /// Processes: where sends stage their bytes (sparse: only what is in
     /// flight takes memory). Larger messages use a named arena segment.
     std::size_t heap_bytes = 0;

@@ -1,0 +1,15 @@
+// dopt::this_host_id (host.hpp): the measurement of engine/host_identity.cpp.
+#include "dopt/actors/host.hpp"
+
+#include <cstdlib>
+
+#include "engine/host_identity.hpp"
+
+namespace dopt {
+
+std::string this_host_id() {
+  if (const char* id = std::getenv("DOPT_HOST_ID"); id && *id) return id;
+  return detail::shared_memory_id();
+}
+
+}  // namespace dopt
