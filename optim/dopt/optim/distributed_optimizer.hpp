@@ -85,7 +85,7 @@
 
 #include "dopt/actors/rpc.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/optim/recovery.hpp"
 
 namespace dopt::optim {
 
