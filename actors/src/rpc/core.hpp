@@ -123,16 +123,20 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     std::lock_guard<std::mutex> lock(mutex);
     return !stopped && (actor || sim);
   }
+  /// The agent's link (its actor, or its SimAgent in deterministic mode);
+  /// false once it stopped.
+  bool link(caf::actor& a, std::shared_ptr<SimAgent>& s) const {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopped) return false;
+    a = actor;
+    s = sim;
+    return true;
+  }
   /// To the agent: a user thread's call (false: the agent stopped).
   bool send_out(OutCallPtr call) {
     caf::actor a;
     std::shared_ptr<SimAgent> s;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (stopped) return false;
-      a = actor;
-      s = sim;
-    }
+    if (!link(a, s)) return false;
     if (s)
       sim_send_out(*s, std::move(call));
     else if (a)
@@ -145,12 +149,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   void send_fin(int caller, std::uint64_t id, ReplyPtr r) {
     caf::actor a;
     std::shared_ptr<SimAgent> s;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (stopped) return;
-      a = actor;
-      s = sim;
-    }
+    if (!link(a, s)) return;
     if (s)
       sim_send_fin(*s, caller, id, std::move(r));
     else if (a)

@@ -17,16 +17,6 @@ namespace dopt::detail::hier {
 
 namespace {
 
-/// The call's only round on this host, and the match with the cross peers.
-void meet(HierGroup& g, HierCall& c) {
-  Channel& ch = g.local();
-  const std::uint64_t k = ch.begin_round(c.local);
-  ch.publish(k, *c.local.op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c.local);
-  g.match(k, c);
-}
-
 RingGroup ring_of(HierGroup& g) {
   const Topology& t = g.topo();
   return RingGroup{&g.mesh(), t.members, t.me};
@@ -52,7 +42,7 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
   const Topology& t = g.topo();
   if (t.per_host() != 1) return false;
   const Op& call = *c.local.op;
-  meet(g, c);
+  barrier(g, c);  // the call's only round on this host, and the match with the cross peers
   const shm_plane::FlatView v(tensors, 0, tensors.size());
   const std::size_t bytes = v.bytes(), es = itemsize(dtype);
   const std::int64_t numel = static_cast<std::int64_t>(bytes / es);
@@ -95,7 +85,7 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
   const std::size_t nb = in.nbytes();
   const int n = static_cast<int>(t.members.size());
   const shm_plane::FlatView out(call.tensors, 1, call.tensors.size() - 1);
-  meet(g, c);
+  barrier(g, c);  // the call's only round on this host, and the match with the cross peers
   if (nb == 0) return true;
   auto keep = std::make_shared<Keep>();
   keep->tensors = call.tensors;
