@@ -354,6 +354,13 @@ void Channel::note_submitted(std::uint64_t seq) {
   }
 }
 
+void Channel::note_dropped(std::uint64_t seq) {
+  auto& s = ctl(me_).status.submitted;
+  std::uint64_t cur = s.load(std::memory_order_relaxed);
+  while (cur > seq && !s.compare_exchange_weak(cur, seq, std::memory_order_release)) {
+  }
+}
+
 void Channel::break_group(const Failure& f) {
   if (!broken_) broken_ = f;
 }

@@ -138,6 +138,10 @@ class Channel {
 
   /// This rank's calls up to seq were submitted (a failed rank still runs them).
   void note_submitted(std::uint64_t seq);
+  /// This rank will not run its calls from seq on (they were dropped): its
+  /// submitted count goes back to seq, so that peers waiting for them fail
+  /// with PeerLostError once this rank is known failed.
+  void note_dropped(std::uint64_t seq);
   /// The group cannot be used any more (every later call throws f).
   void break_group(const Failure& f);
   bool broken() const noexcept { return broken_.has_value(); }
