@@ -14,7 +14,7 @@ SerialExecutor::~SerialExecutor() {
   sim::release_thread(worker_);
 }
 
-void SerialExecutor::stop(const std::string& why) {
+std::optional<std::uint64_t> SerialExecutor::stop(const std::string& why) {
   std::map<std::uint64_t, OpPtr> failed;
   std::string reason;
   {
@@ -29,6 +29,8 @@ void SerialExecutor::stop(const std::string& why) {
   s_->cv.notify_all();
   for (auto& [seq, op] : failed)
     op->promise.set_exception(std::make_exception_ptr(StateError(coll_name(op->desc.kind), reason, s_->rank)));
+  if (failed.empty()) return std::nullopt;
+  return failed.begin()->first;
 }
 
 std::exception_ptr SerialExecutor::run_body(State& s, std::unique_lock<std::mutex>& lock, const Op& op) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,7 +32,9 @@ class SerialExecutor {
   Future<void> run_async(const OpPtr& op);
   /// Fails every queued and later call with StateError(why); a call that is
   /// running finishes (its waits end on their own, e.g. at shutdown).
-  void stop(const std::string& why);
+  /// Returns the lowest sequence number of the queued calls it failed
+  /// (nullopt: none).
+  std::optional<std::uint64_t> stop(const std::string& why);
 
  private:
   // The worker thread shares this state, so that it can outlive the

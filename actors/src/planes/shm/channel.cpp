@@ -202,13 +202,28 @@ void Channel::check_slow(int g, std::uint64_t step, Call& c) {
     break_group(f);
     throw_failure(f, my_global());
   }
-  // A lost member (the awaited one, or any other: name the first lost).
-  const int pg = global(g);
-  const auto st = peers_->state(pg);
-  if (st == PeerTable::lost ||
-      (st == PeerTable::failed && ctl(g).status.submitted.load(std::memory_order_acquire) <= c.op->seq))
-    fail_lost(pg, c);
+  // A lost member: the awaited one, or any other that will never reach this
+  // member's round (every member takes part in every round), so that a
+  // survivor waiting on another survivor does not wait out the deadline.
+  if (const int h = unable_member(g, c); h >= 0) fail_lost(global(h), c);
   if (sim::clock_now() >= c.deadline) fail_timeout(step, c);
+}
+
+int Channel::unable_member(int g, const Call& c) const {
+  // The awaited member g: lost, or failed before it submitted this call.
+  // Any other member h: the same, but a lost h only when it did not reach
+  // this member's current round (one that finished the call and then went,
+  // e.g. shut down, did its part).
+  const std::uint64_t here = next_round_ == 0 ? 0 : A(next_round_ - 1);
+  for (int i = 0; i < size(); ++i) {
+    const int h = i == 0 ? g : (i == g ? 0 : i);  // g first
+    if (h == me_) continue;
+    const auto st = peers_->state(global(h));
+    if (st == PeerTable::alive) continue;
+    if (st == PeerTable::failed && ctl(h).status.submitted.load(std::memory_order_acquire) <= c.op->seq) return h;
+    if (st == PeerTable::lost && (h == g || ctl(h).sync.step.load(std::memory_order_acquire) < here)) return h;
+  }
+  return -1;
 }
 
 void Channel::fail_lost(int peer_global, Call& c) {
@@ -224,7 +239,9 @@ void Channel::fail_lost(int peer_global, Call& c) {
   const std::string msg = "rank " + std::to_string(peer_global) + " was lost " + (joined ? "during " : "before it joined ") +
                           what(c) + ": " + peers_->why(peer_global);
   Failure f{FailKind::peer_lost, c.name, msg};
-  break_group(Failure{FailKind::peer_lost, "", msg});
+  // Every other member's waits on this group (those on this member too, who
+  // may not know of the loss yet) end with this reason, and so do its calls.
+  abort_group(msg, FailKind::peer_lost);
   throw_failure(f, my_global());
 }
 
@@ -334,6 +351,13 @@ void Channel::note_submitted(std::uint64_t seq) {
   auto& s = ctl(me_).status.submitted;
   std::uint64_t cur = s.load(std::memory_order_relaxed);
   while (cur < seq + 1 && !s.compare_exchange_weak(cur, seq + 1, std::memory_order_release)) {
+  }
+}
+
+void Channel::note_dropped(std::uint64_t seq) {
+  auto& s = ctl(me_).status.submitted;
+  std::uint64_t cur = s.load(std::memory_order_relaxed);
+  while (cur > seq && !s.compare_exchange_weak(cur, seq, std::memory_order_release)) {
   }
 }
 

@@ -90,7 +90,11 @@ class Channel {
   /// Publishes this member's step (A or B of a round).
   void signal(std::uint64_t step);
   /// Waits until member g reached step; throws TimeoutError / PeerLostError /
-  /// StateError (and breaks the group on timeout or loss).
+  /// StateError (and breaks the group on timeout or loss). A loss of any
+  /// member (not only g) ends the wait, and is published in this member's
+  /// abort line, so that every member's waits and later calls on the group
+  /// fail with PeerLostError naming the lost rank (checked between naps,
+  /// never in the polling).
   void wait(int g, std::uint64_t step, Call& c);
   /// wait() for every other member.
   void wait_all(std::uint64_t step, Call& c);
@@ -134,6 +138,10 @@ class Channel {
 
   /// This rank's calls up to seq were submitted (a failed rank still runs them).
   void note_submitted(std::uint64_t seq);
+  /// This rank will not run its calls from seq on (they were dropped): its
+  /// submitted count goes back to seq, so that peers waiting for them fail
+  /// with PeerLostError once this rank is known failed.
+  void note_dropped(std::uint64_t seq);
   /// The group cannot be used any more (every later call throws f).
   void break_group(const Failure& f);
   bool broken() const noexcept { return broken_.has_value(); }
@@ -142,6 +150,9 @@ class Channel {
   [[noreturn]] void fail_lost(int peer_global, Call& c);
   [[noreturn]] void fail_timeout(std::uint64_t step, Call& c);
   void check_slow(int g, std::uint64_t step, Call& c);
+  /// A member that will never take part in this member's current round of
+  /// c (lost, or failed before submitting c), the awaited g first; or -1.
+  int unable_member(int g, const Call& c) const;
   /// wait() under the deterministic scheduler: true once the step is
   /// there, false when the simulation let go (then wait() goes on as usual).
   bool wait_simulated(int g, std::uint64_t step, Call& c);

@@ -42,6 +42,13 @@ ShmGroup::ShmGroup(std::shared_ptr<ShmPlane> plane, std::unique_ptr<Channel> cha
       ch_(std::move(channel)),
       exec_([this](const Op& op) { execute(op); }, ch_->my_global()) {}
 
+ShmGroup::~ShmGroup() {
+  // A rank that fails and lets its group go (e.g. a shrunk group held only
+  // by its code) drops its queued calls: its peers must not wait for them.
+  if (const auto dropped = exec_.stop("the process group was destroyed before the operation ran"))
+    ch_->note_dropped(*dropped);
+}
+
 namespace {
 bool is_p2p(const Op& op) { return op.desc.kind == CollKind::send || op.desc.kind == CollKind::recv; }
 }  // namespace

@@ -25,6 +25,9 @@ class ShmPlane;
 class ShmGroup final : public GroupPlane {
  public:
   ShmGroup(std::shared_ptr<ShmPlane> plane, std::unique_ptr<Channel> channel);
+  /// Calls submitted but not run yet fail (StateError), and the peers learn
+  /// that this member will not run them (Channel::note_dropped).
+  ~ShmGroup() override;
   void run(const OpPtr& op) override;
   Future<void> run_async(const OpPtr& op) override;
   bool supports(const CollDesc& desc) const override;

@@ -327,3 +327,103 @@ TEST_CASE("shm plane: 5 ranks on 2 cores make progress (spin, then sleep)", "[sh
     }
   });
 }
+
+namespace {
+
+/// What each survivor's call ended with (checked on the test's thread).
+struct Outcomes {
+  std::mutex mutex;
+  std::map<int, std::string> got;  // global rank -> "lost: <what>", "timeout: <what>", ...
+  std::atomic<int> ended{0};
+  void put(int r, std::string s) {
+    std::lock_guard<std::mutex> lock(mutex);
+    got[r] = std::move(s);
+  }
+};
+
+void run_op(ProcessGroup& g, const std::string& op) {
+  if (op == "barrier") {
+    g.barrier();
+  } else {
+    Tensor t = Tensor::full({100000}, 1.0);
+    g.all_reduce(t);
+  }
+}
+
+/// On group g (members: global ranks), the last member is lost before it
+/// joins op and the first one stays out of op until every other survivor's
+/// call ended: those wait on a survivor, not on the lost rank, and must
+/// still fail with PeerLostError (the first member's call after them too).
+void lose_last(ProcessGroup& g, const std::vector<int>& members, int me, const std::string& op, Outcomes& out) {
+  const int late = members.front(), lost = members.back();
+  const int middle = static_cast<int>(members.size()) - 2;
+  if (me == lost) throw ValueError("user", "boom: rank " + std::to_string(me) + " is lost");
+  if (me == late)  // bounded: the group timeout (10 s) ends the others' waits in any case
+    for (int i = 0; i < 2000 && out.ended.load() < middle; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  try {
+    run_op(g, op);
+    out.put(me, "completed");
+  } catch (const PeerLostError& e) {
+    out.put(me, std::string("lost: ") + e.what());
+  } catch (const Error& e) {
+    out.put(me, std::string("other: ") + e.what());
+  }
+  if (me != late) ++out.ended;
+}
+
+void check_named(Outcomes& out, const std::vector<int>& survivors, int lost) {
+  std::lock_guard<std::mutex> lock(out.mutex);
+  for (int r : survivors) {
+    INFO("rank " << r);
+    REQUIRE(out.got.count(r) == 1);
+    const std::string& s = out.got[r];
+    INFO(s);
+    CHECK(s.rfind("lost: ", 0) == 0);
+    CHECK(s.find("rank " + std::to_string(lost) + " was lost") != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shm plane: a rank lost in a subgroup's call fails every survivor's wait, also those on a survivor",
+          "[shm]") {
+  const int n = GENERATE(3, 5);
+  const std::string op = GENERATE(std::string("barrier"), std::string("all_reduce"));
+  INFO(n << " ranks, " << op);
+  std::vector<int> members;  // 5 ranks: without rank 1; 3 ranks: all of them (a new group)
+  for (int r = 0; r < n; ++r)
+    if (n < 5 || r != 1) members.push_back(r);
+  Outcomes out;
+  SimulateOptions so;
+  so.timeout = std::chrono::seconds(10);
+  CHECK_THROWS_WITH(simulate(n, [&](RankContext& ctx) {
+    ProcessGroup sub = ctx.world().new_group(members);
+    if (!sub.is_member()) return;
+    REQUIRE(sub.plane_stats().plane == "shm");
+    lose_last(sub, members, ctx.rank(), op, out);
+  }, so), Catch::Contains("boom"));
+  check_named(out, std::vector<int>(members.begin(), members.end() - 1), members.back());
+}
+
+TEST_CASE("shm plane: a rank lost in a shrunk group's call fails every survivor's wait, also those on a survivor",
+          "[shm][shrink]") {
+  const int n = GENERATE(3, 5);
+  const std::string op = GENERATE(std::string("barrier"), std::string("all_reduce"));
+  INFO(n << " ranks, " << op);
+  std::vector<int> members;  // the survivors of rank 1's loss
+  for (int r = 0; r < n; ++r)
+    if (r != 1) members.push_back(r);
+  Outcomes out;
+  SimulateOptions so;
+  so.timeout = std::chrono::seconds(10);
+  CHECK_THROWS_WITH(simulate(n, [&](RankContext& ctx) {
+    auto& w = ctx.world();
+    if (ctx.rank() == 1) throw ValueError("user", "boom: rank 1 is lost");
+    CHECK_THROWS_AS(w.barrier(), PeerLostError);
+    ProcessGroup g = w.shrink().group;
+    REQUIRE(g.size() == n - 1);
+    REQUIRE(g.plane_stats().plane == "shm");
+    lose_last(g, members, ctx.rank(), op, out);
+  }, so), Catch::Contains("boom"));
+  check_named(out, std::vector<int>(members.begin(), members.end() - 1), members.back());
+}
