@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "distributed_optimizer_detail.hpp"
+#include "survive_util.hpp"
 #include "dopt/actors/rpc_membership.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 
@@ -38,16 +39,6 @@ void merge(OwnerRecovery& into, const OwnerRecovery& r) {
   into.moved.insert(into.moved.end(), r.moved.begin(), r.moved.end());
   into.needs_gradient = r.needs_gradient;
   into.epoch = r.epoch;
-}
-
-bool is_peer_lost(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const PeerLostError&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
 }
 
 }  // namespace
@@ -84,7 +75,7 @@ void DistributedOptimizer::step_redundant(const rpc::GradContext& ctx) {
     const auto errors = fan_out_each("dopt.optim.step_r", ctx.id(), epoch_, steps_);
     bool lost = false, other = false;
     for (const auto& e : errors)
-      if (e) (is_peer_lost(e) ? lost : other) = true;
+      if (e) (detail::is_peer_lost(e) ? lost : other) = true;
     if (!lost && !other) break;
     if (other || attempt > owners_.size() + 1) {
       std::vector<rpc::WorkerInfo> who;

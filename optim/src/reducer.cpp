@@ -217,15 +217,7 @@ void Reducer::finalize() {
     wait_keeping_first_error(join_notify_, error);
     join_notify_ = Future<void>();
   }
-  bool lost = false;
-  if (error && options_.survive) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const PeerLostError&) {
-      lost = true;
-    } catch (...) {
-    }
-  }
+  const bool lost = options_.survive && detail::is_peer_lost(error);
   if (lost) {
     ZeroRecovery rec = recover_in_finalize();  // throws what it cannot recover from
     reset_iteration();

@@ -2,6 +2,7 @@
 // Internal: the part of surviving a lost rank that the replicated-state
 // optimizers share (Reducer, PostLocalSGDOptimizer; docs/fault-tolerance.md):
 // shrink the group and check that every survivor stopped at the same point.
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,6 +12,18 @@
 #include "dopt/optim/recovery.hpp"
 
 namespace dopt::optim::detail {
+
+/// Whether e holds a PeerLostError (a member was lost: what recovery answers).
+inline bool is_peer_lost(const std::exception_ptr& e) {
+  if (!e) return false;
+  try {
+    std::rethrow_exception(e);
+  } catch (const PeerLostError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
 
 /// A collective of the members of `ng`: all-gathers `where` (the caller's
 /// position: counters, in/out of a call) and throws StateError (naming `op`,

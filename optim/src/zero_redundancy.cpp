@@ -16,6 +16,7 @@
 #include "dopt/runtime/notice.hpp"
 #include "dopt/actors/host.hpp"
 #include "dopt/optim/zero.hpp"
+#include "survive_util.hpp"
 #include "zero_internal.hpp"
 
 namespace dopt::optim {
@@ -378,12 +379,7 @@ std::vector<Future<void>> ZeroRedundancyOptimizer::post_snapshot() {
 void ZeroRedundancyOptimizer::finish_snapshot(std::vector<Future<void>>& sends) {
   std::exception_ptr other;  // an error that is not a lost peer
   auto keep = [&](std::exception_ptr e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const PeerLostError&) {
-    } catch (...) {
-      if (!other) other = std::current_exception();
-    }
+    if (!other && !detail::is_peer_lost(e)) other = std::move(e);
   };
   for (auto& [target, log] : buddy_logs_) {
     std::vector<Entry> entries;
