@@ -375,12 +375,12 @@ TEST_CASE("rpc RRefs: remote values, to_here, methods in the owner's strand, loc
     for (auto& f : fs) f.get();
     if (++done_bumping == n) {
       SCHECK(c.rpc_sync<long>("t.get") == 100L * n);  // no lost update
-    }
-    c = RRef<Counter>();
-    if (a.rank() == 0) {
+      // Every rank copied `shared` before it bumped, so it can go now (not
+      // earlier: a rank still to copy it would read a destroyed RRef).
       std::lock_guard<std::mutex> lock(m);
       shared.reset();
     }
+    c = RRef<Counter>();
   });
 }
 
