@@ -149,7 +149,8 @@ ShrinkResult ProcessGroup::shrink() {
     view();
     // A PeerLostError can come before this rank's own liveness verdict (a
     // host-mate aborted the hierarchical plane's channel): give the verdict
-    // up to 3 s before refusing.
+    // up to 3 s before refusing (virtual seconds in deterministic simulation,
+    // where a real sleep would hold up every other rank).
     if (sim::active() && alive.size() == old.size()) {  // deterministic simulation: in virtual time
       sim::block([&] {
         for (int r : old)
@@ -158,7 +159,7 @@ ShrinkResult ProcessGroup::shrink() {
       }, sim::now() + std::chrono::seconds(3), "shrink: a lost member");
       view();
     }
-    for (int i = 0; i < 600 && alive.size() == old.size(); ++i) {
+    for (int i = 0; !sim::active() && i < 600 && alive.size() == old.size(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       view();
     }

@@ -135,7 +135,7 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
                             group_str(gid_) + " (seq " + std::to_string(c.local.op->seq) + "): " + peers_->why(q);
     // This host's other members may wait on this one in the host's channel,
     // unaware of a loss on another host: they fail alike.
-    local_->abort_group(msg, FailKind::peer_lost);
+    local_->abort_group(msg, FailKind::peer_lost, c.local.op->seq);
     return PeerLostError(c.local.name, msg, me);
   };
   std::map<int, std::chrono::steady_clock::time_point> lost_since;
@@ -149,7 +149,8 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
         const std::string msg = "timed out after " + std::to_string(op.timeout.count()) + " ms in " + op.desc.str() +
                                 " (" + group_str(gid_) + ", seq " + std::to_string(op.seq) + "): rank(s)" + who +
                                 " on other hosts did not answer";
-        local_->abort_group(group_str(gid_) + " is unusable after a timeout on rank " + std::to_string(me) + ": " + msg);
+        local_->abort_group(group_str(gid_) + " is unusable after a timeout on rank " + std::to_string(me) + ": " + msg,
+                            FailKind::timeout, op.seq);
         throw TimeoutError(c.local.name, msg, me);
       }
       local_->check(c.local);

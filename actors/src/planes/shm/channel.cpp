@@ -89,11 +89,9 @@ std::string Channel::what(const Call& c) const {
 
 void Channel::begin_call(Call& c) {
   if (!broken_) {
-    for (int h = 0; h < size(); ++h) {
-      if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
+    if (const int h = aborted_before(c.op->seq); h >= 0) {
       const ControlBlock& cb = ctl(h);
       break_group(Failure{abort_kind(cb), "", std::string(cb.why, strnlen(cb.why, kWhyBytes))});
-      break;
     }
   }
   if (broken_) {
@@ -180,9 +178,7 @@ bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
     const std::uint64_t gen = peers_->generation();
     const std::function<bool()> ready = [&] {
       if (s.step.load(std::memory_order_acquire) >= step || peers_->generation() != gen) return true;
-      for (int h = 0; h < size(); ++h)
-        if (h != me_ && ctl(h).abort.aborted.load(std::memory_order_acquire) != 0) return true;
-      return false;
+      return aborted_before(c.op->seq) >= 0;
     };
     const bool simulated = sim::block(ready, c.deadline, "shm wait");
     if (s.step.load(std::memory_order_acquire) >= step) return true;
@@ -194,8 +190,7 @@ bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
 void Channel::check_slow(int g, std::uint64_t step, Call& c) {
   if (peers_->shutting_down())
     throw StateError(c.name, "the runtime shut down before the operation finished", my_global());
-  for (int h = 0; h < size(); ++h) {
-    if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
+  if (const int h = aborted_before(c.op->seq); h >= 0) {
     const ControlBlock& cb = ctl(h);
     std::string why(cb.why, strnlen(cb.why, kWhyBytes));
     Failure f{abort_kind(cb), c.name, why};
@@ -241,7 +236,7 @@ void Channel::fail_lost(int peer_global, Call& c) {
   Failure f{FailKind::peer_lost, c.name, msg};
   // Every other member's waits on this group (those on this member too, who
   // may not know of the loss yet) end with this reason, and so do its calls.
-  abort_group(msg, FailKind::peer_lost);
+  abort_group(msg, FailKind::peer_lost, c.op->seq);
   throw_failure(f, my_global());
 }
 
@@ -256,17 +251,18 @@ void Channel::fail_timeout(std::uint64_t step, Call& c) {
                           " (" + group_str() + ", seq " + std::to_string(c.op->seq) + "): " + who;
   const std::string later =
       group_str() + " is unusable after a timeout on rank " + std::to_string(my_global()) + ": " + msg;
-  abort_group(later);
+  abort_group(later, FailKind::timeout, c.op->seq);
   throw TimeoutError(c.name, msg, my_global());
 }
 
-void Channel::abort_group(const std::string& later, FailKind kind) {
+void Channel::abort_group(const std::string& later, FailKind kind, std::uint64_t seq) {
   // Tell the peers first: their waits on this group end with our reason.
   ControlBlock& mine = ctl(me_);
   if (mine.abort.aborted.load(std::memory_order_acquire) == 0) {
     const std::size_t n = std::min(later.size(), kWhyBytes - 1);
     std::memcpy(mine.why, later.data(), n);
     mine.why[n] = '\0';
+    mine.abort.seq.store(seq, std::memory_order_relaxed);
     mine.abort.aborted.store(kind == FailKind::peer_lost ? kAbortLost : 1, std::memory_order_release);
     signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
   }
@@ -313,8 +309,7 @@ void Channel::match(std::uint64_t round, Call& c) {
 void Channel::check(Call& c) {
   if (peers_->shutting_down())
     throw StateError(c.name, "the runtime shut down before the operation finished", my_global());
-  for (int h = 0; h < size(); ++h) {
-    if (h == me_ || ctl(h).abort.aborted.load(std::memory_order_acquire) == 0) continue;
+  if (const int h = aborted_before(c.op->seq); h >= 0) {
     const ControlBlock& cb = ctl(h);
     Failure f{abort_kind(cb), c.name, std::string(cb.why, strnlen(cb.why, kWhyBytes))};
     break_group(f);
@@ -363,6 +358,14 @@ void Channel::note_dropped(std::uint64_t seq) {
 
 void Channel::break_group(const Failure& f) {
   if (!broken_) broken_ = f;
+}
+
+int Channel::aborted_before(std::uint64_t seq) const {
+  for (int h = 0; h < size(); ++h)
+    if (h != me_ && ctl(h).abort.aborted.load(std::memory_order_acquire) != 0 &&
+        ctl(h).abort.seq.load(std::memory_order_relaxed) <= seq)
+      return h;
+  return -1;
 }
 
 // --- cross-memory attach ---------------------------------------------------------

@@ -111,11 +111,13 @@ class Channel {
   /// The checks of a wait that is not on a member's step (shutdown, aborts,
   /// the deadline); throws as wait() does.
   void check(Call& c);
-  /// This member gives up the group (a timeout it saw elsewhere): `later` is
-  /// what every member's later calls (and waits in progress) fail with, as a
-  /// TimeoutError, or a PeerLostError with kind peer_lost (a member on
-  /// another host was lost: the hierarchical plane).
-  void abort_group(const std::string& later, FailKind kind = FailKind::timeout);
+  /// This member gives up the group (a timeout it saw elsewhere) in its call
+  /// of sequence number `seq`: `later` is what every member's calls from that
+  /// one on (and their waits in progress) fail with, as a TimeoutError, or a
+  /// PeerLostError with kind peer_lost (a member on another host was lost:
+  /// the hierarchical plane). A member still in an earlier call finishes it
+  /// (this one did its part) and fails at the same call as the others.
+  void abort_group(const std::string& later, FailKind kind = FailKind::timeout, std::uint64_t seq = 0);
   /// Processes: tries process_vm_readv (cross-memory attach, one copy from a
   /// peer's memory into this one's) on every peer's region and publishes
   /// whether all worked. Called once, before this member's first step.
@@ -144,6 +146,9 @@ class Channel {
   void note_dropped(std::uint64_t seq);
   /// The group cannot be used any more (every later call throws f).
   void break_group(const Failure& f);
+  /// A member other than this one that aborted the group at or before the
+  /// call of sequence number seq (-1: none).
+  int aborted_before(std::uint64_t seq) const;
   bool broken() const noexcept { return broken_.has_value(); }
 
  private:

@@ -34,8 +34,13 @@ struct alignas(64) StatusLine {
 };
 
 struct alignas(64) AbortLine {
-  /// 1 once the owner broke the group (its wait timed out); `why` says how.
+  /// 1 once the owner broke the group (its wait timed out), 2 when it did so
+  /// on a lost member; `why` says how.
   std::atomic<std::uint32_t> aborted{0};
+  /// The sequence number of the call in which the owner broke the group
+  /// (written before `aborted`): the owner took its part in every earlier
+  /// call, so only the calls from this one on fail with its reason.
+  std::atomic<std::uint64_t> seq{0};
 };
 
 /// What the owner called in the first round of an operation.
