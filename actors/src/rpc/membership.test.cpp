@@ -13,12 +13,18 @@ TEST_CASE("rpc membership: the survivors agree on who is gone under a new epoch"
     return std::make_pair(rpc::membership_epoch(a, line), rpc::membership_members(a, line));
   });
   const int n = GENERATE(3, 5);
-  rpc::simulate(n, [n](rpc::Agent& a) {
+  // The agreement starts once the worker is killed (its thread may not even
+  // have run yet on a loaded machine, and an agreement before the kill
+  // rightly finds nobody lost).
+  Promise<void> killed;
+  rpc::simulate(n, [n, killed](rpc::Agent& a) {
     if (a.rank() == n - 1) {
       rpc::testing::kill(a);  // lost at once
+      killed.set_value();
       return;
     }
     if (a.rank() != 0) return;
+    killed.get_future().wait();
     std::vector<int> all;
     for (int r = 0; r < n; ++r) all.push_back(r);
     const std::uint64_t line = 77;
