@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# A throwaway one-node SLURM cluster on this machine (loopback only), for
+# tests that start ranks with a real srun.
+#
+#   tests/slurm_cluster.sh COMMAND ARGS...
+#
+# starts munged (a fresh key), slurmctld and slurmd, all in a new temp dir
+# with ports of their own, waits until the node is idle, runs COMMAND with
+# SLURM_CONF pointing at the cluster (so srun, sinfo, scontrol talk to it),
+# then tears everything down (its jobs, the daemons, the temp dir) however
+# COMMAND ended, and exits with COMMAND's status.
+#
+# Exits 77 (and prints "skipped: ...", why) when the SLURM or munge binaries
+# are missing or the cluster does not come up; the daemons' logs are then
+# shown. It never touches the system's SLURM or munge (/etc/slurm,
+# /run/munge): nothing here needs them configured.
+#
+# The node claims DOPT_SLURM_CPUS CPUs (default 8, or nproc when larger),
+# whatever the machine has (SlurmdParameters=config_overrides), so that 3 or 4
+# tasks fit on a 2-core machine without --overcommit. Root only: slurmd
+# launches tasks as their user, which needs root (SlurmUser and SlurmdUser are
+# root; other users are not tried, the script skips).
+#
+# Sourcing the file instead defines slurm_cluster_start DIR (DIR need not
+# exist; it unsets every other SLURM_* variable, so that the job of an outer
+# SLURM does not leak in, and exports SLURM_CONF; it returns non-zero with the
+# reason in $slurm_cluster_why), slurm_cluster_logs (the daemons' last log
+# lines) and slurm_cluster_stop, which the caller runs on exit (it removes DIR).
+
+slurm_cluster_why=
+_sc_dir=
+
+_sc_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# pids of the processes started from this cluster's daemons: the daemons and
+# every slurmstepd (they inherit DOPT_SLURM_CLUSTER=DIR from slurmd)
+_sc_pids() {
+  grep -lzxF "DOPT_SLURM_CLUSTER=$_sc_dir" /proc/[0-9]*/environ 2>/dev/null | sed 's|^/proc/\([0-9]*\)/environ$|\1|' | grep -vx $$
+}
+
+slurm_cluster_logs() {
+  local f
+  for f in "$_sc_dir"/munged.log "$_sc_dir"/slurmctld.out "$_sc_dir"/slurmctld.log "$_sc_dir"/slurmd.out \
+    "$_sc_dir"/slurmd.log; do
+    [ -s "$f" ] || continue
+    echo "--- ${f##*/} (last lines)"
+    tail -n 15 "$f"
+  done
+}
+
+slurm_cluster_start() {
+  _sc_dir=${1:?slurm_cluster_start DIR}
+  local b
+  for b in munged slurmctld slurmd srun sinfo scontrol scancel; do
+    command -v "$b" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin command -v "$b" >/dev/null 2>&1 || {
+      slurm_cluster_why="$b is not installed (Debian: apt-get install slurmctld slurmd slurm-client munge)"
+      return 1
+    }
+  done
+  PATH=$PATH:/usr/sbin
+  [ "$(id -u)" = 0 ] || {
+    slurm_cluster_why="slurmd must run as root, this is uid $(id -u)"
+    return 1
+  }
+  mkdir -p "$_sc_dir/spool" "$_sc_dir/state" && chmod 700 "$_sc_dir" || {
+    slurm_cluster_why="cannot make $_sc_dir"
+    return 1
+  }
+  local node cpus ctld_port d_port user
+  node=$(hostname -s)
+  cpus=${DOPT_SLURM_CPUS:-$(($(nproc) > 8 ? $(nproc) : 8))}
+  ctld_port=$(_sc_free_port)
+  d_port=$(_sc_free_port)
+  user=$(id -un)
+  cat >"$_sc_dir/slurm.conf" <<EOF
+ClusterName=dopt-test
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$d_port
+SlurmUser=$user
+SlurmdUser=$user
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$_sc_dir/munge.sock
+StateSaveLocation=$_sc_dir/state
+SlurmdSpoolDir=$_sc_dir/spool
+SlurmctldPidFile=$_sc_dir/slurmctld.pid
+SlurmdPidFile=$_sc_dir/slurmd.pid
+SlurmctldLogFile=$_sc_dir/slurmctld.log
+SlurmdLogFile=$_sc_dir/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+PropagateResourceLimits=NONE
+ReturnToService=2
+MinJobAge=5
+KillWait=5
+InactiveLimit=0
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+EOF
+  # munged: a fresh key, its socket in the cluster dir (-f: /tmp above the
+  # dir is world-writable, which munged otherwise refuses)
+  head -c 1024 /dev/urandom >"$_sc_dir/munge.key" && chmod 400 "$_sc_dir/munge.key"
+  DOPT_SLURM_CLUSTER=$_sc_dir munged -f --socket="$_sc_dir/munge.sock" --key-file="$_sc_dir/munge.key" \
+    --pid-file="$_sc_dir/munged.pid" --log-file="$_sc_dir/munged.log" --seed-file="$_sc_dir/munged.seed" \
+    >>"$_sc_dir/munged.log" 2>&1 || {
+    slurm_cluster_why="munged did not start"
+    return 1
+  }
+  local v
+  for v in $(compgen -v SLURM_); do unset "$v"; done
+  export SLURM_CONF=$_sc_dir/slurm.conf
+  # -c: no saved state; -i: ignore what cannot be recovered
+  DOPT_SLURM_CLUSTER=$_sc_dir slurmctld -c -i -f "$SLURM_CONF" >>"$_sc_dir/slurmctld.out" 2>&1 || {
+    slurm_cluster_why="slurmctld did not start"
+    return 1
+  }
+  DOPT_SLURM_CLUSTER=$_sc_dir slurmd -N "$node" -f "$SLURM_CONF" >>"$_sc_dir/slurmd.out" 2>&1 || {
+    slurm_cluster_why="slurmd did not start"
+    return 1
+  }
+  # the node is up when sinfo lists it idle (30 s: slurmd registers at once)
+  local i state=
+  for ((i = 0; i < 60; i++)); do
+    state=$(sinfo -h -n "$node" -o %T 2>/dev/null)
+    [ "$state" = idle ] && return 0
+    sleep 0.5
+  done
+  slurm_cluster_why="node $node is not idle after 30 s (sinfo says '${state:-nothing}')"
+  return 1
+}
+
+slurm_cluster_stop() {
+  [ -n "$_sc_dir" ] && [ -d "$_sc_dir" ] || return 0
+  # jobs first (slurmstepd ends their tasks), then every daemon, SIGKILL
+  # after 5 s
+  if [ -n "${SLURM_CONF:-}" ] && [ -S "$_sc_dir/munge.sock" ]; then
+    timeout 10 scancel --full --quiet --partition debug >/dev/null 2>&1
+  fi
+  local pids i
+  pids=$(_sc_pids)
+  [ -n "$pids" ] && kill $pids 2>/dev/null
+  for ((i = 0; i < 50; i++)); do
+    pids=$(_sc_pids)
+    [ -z "$pids" ] && break
+    sleep 0.1
+  done
+  pids=$(_sc_pids)
+  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+  rm -rf "$_sc_dir"
+  _sc_dir=
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  [ $# -gt 0 ] || {
+    echo "usage: $0 COMMAND ARGS..." >&2
+    exit 2
+  }
+  dir=$(mktemp -d /tmp/dopt-slurm.XXXXXX)
+  trap slurm_cluster_stop EXIT
+  trap 'exit 143' TERM
+  trap 'exit 130' INT
+  if ! slurm_cluster_start "$dir"; then
+    echo "skipped: no SLURM cluster: $slurm_cluster_why"
+    slurm_cluster_logs
+    exit 77
+  fi
+  "$@"
+  exit
+fi
