@@ -10,11 +10,11 @@
 # the first one's objects), and SLURM for the real srun test
 # (tests/slurm_cluster.sh: slurmctld slurmd slurm-client munge, without their
 # Recommends: 6 packages, 3.2 MB, 11 s to install here from apt's cache; with
-# Recommends 33 packages, 8.2 MB, 4 s to download and 26 s to install). The test starts its own daemons; installing does
-# not start the system's in a container without systemd (invoke-rc.d finds no
-# runlevel), and where it does they do not get in the way (own config, socket
-# and ports). --with-torch is accepted for compatibility (torch is always
-# installed now).
+# Recommends 33 packages, 8.2 MB, 4 s to download and 26 s to install). The
+# test starts its own daemons; installing does not start the system's in a
+# container without systemd (invoke-rc.d finds no runlevel), and where it does
+# they do not get in the way (the test has its own config, socket and ports).
+# --with-torch is accepted for compatibility (torch is always installed now).
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
