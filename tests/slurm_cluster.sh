@@ -6,9 +6,9 @@
 #
 # starts munged (a fresh key), slurmctld and slurmd, all in a new temp dir
 # with ports of their own, waits until the node is idle, runs COMMAND with
-# SLURM_CONF pointing at the cluster (so srun, sinfo, scontrol talk to it),
-# then tears everything down (its jobs, the daemons, the temp dir) however
-# COMMAND ended, and exits with COMMAND's status.
+# SLURM_CONF pointing at the cluster (so srun, sbatch, sinfo, scontrol talk to
+# it), then tears everything down (its jobs, the daemons, the temp dir)
+# however COMMAND ended, and exits with COMMAND's status.
 #
 # Exits 77 (and prints "skipped: ...", why) when the SLURM or munge binaries
 # are missing or the cluster does not come up; the daemons' logs are then
@@ -25,8 +25,13 @@
 # exist; it unsets every other SLURM_* variable, so that the job of an outer
 # SLURM does not leak in, and exports SLURM_CONF; it returns non-zero with the
 # reason in $slurm_cluster_why), slurm_cluster_logs (the daemons' last log
-# lines) and slurm_cluster_stop, which the caller runs on exit (it removes DIR).
+# lines) and slurm_cluster_stop, which the caller runs on exit (it removes
+# DIR). Should the caller die without it (SIGKILL, a test's timeout), a
+# watchdog started with the cluster does the same once the caller is gone.
+#
+#   tests/slurm_cluster.sh --stop DIR     tears down the cluster in DIR
 
+_sc_self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 slurm_cluster_why=
 _sc_dir=
 
@@ -34,10 +39,41 @@ _sc_free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# pids of the processes started from this cluster's daemons: the daemons and
-# every slurmstepd (they inherit DOPT_SLURM_CLUSTER=DIR from slurmd)
+# The processes of the cluster in DIR: the daemons (started with
+# DOPT_SLURM_CLUSTER=DIR in their environment) and every slurmstepd (it
+# rewrites its environment for its process title, but keeps slurmd's log in
+# DIR open). Never this shell.
 _sc_pids() {
-  grep -lzxF "DOPT_SLURM_CLUSTER=$_sc_dir" /proc/[0-9]*/environ 2>/dev/null | sed 's|^/proc/\([0-9]*\)/environ$|\1|' | grep -vx $$
+  {
+    grep -lzxF "DOPT_SLURM_CLUSTER=$1" /proc/[0-9]*/environ 2>/dev/null
+    find /proc/[0-9]*/fd -maxdepth 1 -lname "$1/*" 2>/dev/null
+  } | sed -n 's|^/proc/\([0-9]*\)/.*|\1|p' | sort -u | grep -vx "$$"
+}
+
+# Tears down the cluster in DIR: cancels its jobs and waits (10 s at most)
+# until they are gone, so that slurmstepd ends their tasks; then SIGTERM to
+# its processes, SIGKILL to those left after 5 s; removes DIR.
+_sc_teardown() {
+  local dir=$1 pids i
+  [ -n "$dir" ] && [ -d "$dir" ] || return 0
+  if [ -S "$dir/munge.sock" ] && [ -f "$dir/slurm.conf" ]; then
+    export SLURM_CONF=$dir/slurm.conf
+    if timeout 10 scancel --full --quiet --partition debug >/dev/null 2>&1; then
+      for ((i = 0; i < 50; i++)); do
+        [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && break
+        sleep 0.2
+      done
+    fi
+  fi
+  pids=$(_sc_pids "$dir")
+  [ -n "$pids" ] && kill $pids 2>/dev/null
+  for ((i = 0; i < 50; i++)); do
+    pids=$(_sc_pids "$dir")
+    [ -z "$pids" ] && break
+    sleep 0.1
+  done
+  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+  rm -rf "$dir"
 }
 
 slurm_cluster_logs() {
@@ -53,7 +89,7 @@ slurm_cluster_logs() {
 slurm_cluster_start() {
   _sc_dir=${1:?slurm_cluster_start DIR}
   local b
-  for b in munged slurmctld slurmd srun sinfo scontrol scancel; do
+  for b in munged slurmctld slurmd srun sbatch squeue sinfo scontrol scancel; do
     command -v "$b" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin command -v "$b" >/dev/null 2>&1 || {
       slurm_cluster_why="$b is not installed (Debian: apt-get install slurmctld slurmd slurm-client munge)"
       return 1
@@ -68,6 +104,7 @@ slurm_cluster_start() {
     slurm_cluster_why="cannot make $_sc_dir"
     return 1
   }
+  _sc_dir=$(cd "$_sc_dir" && pwd)
   local node cpus ctld_port d_port user
   node=$(hostname -s)
   cpus=${DOPT_SLURM_CPUS:-$(($(nproc) > 8 ? $(nproc) : 8))}
@@ -110,6 +147,11 @@ InactiveLimit=0
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+  # The daemons leave the caller's process tree, so a kill of that tree
+  # misses them: the watchdog (outside the tree too) tears the cluster down
+  # once the caller is gone, however it ended.
+  setsid -f bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; exec bash "$2" --stop "$3"' \
+    slurm-cluster-watchdog "$$" "$_sc_self" "$_sc_dir" </dev/null >/dev/null 2>&1
   # munged: a fresh key, its socket in the cluster dir (-f: /tmp above the
   # dir is world-writable, which munged otherwise refuses)
   head -c 1024 /dev/urandom >"$_sc_dir/munge.key" && chmod 400 "$_sc_dir/munge.key"
@@ -143,29 +185,18 @@ EOF
 }
 
 slurm_cluster_stop() {
-  [ -n "$_sc_dir" ] && [ -d "$_sc_dir" ] || return 0
-  # jobs first (slurmstepd ends their tasks), then every daemon, SIGKILL
-  # after 5 s
-  if [ -n "${SLURM_CONF:-}" ] && [ -S "$_sc_dir/munge.sock" ]; then
-    timeout 10 scancel --full --quiet --partition debug >/dev/null 2>&1
-  fi
-  local pids i
-  pids=$(_sc_pids)
-  [ -n "$pids" ] && kill $pids 2>/dev/null
-  for ((i = 0; i < 50; i++)); do
-    pids=$(_sc_pids)
-    [ -z "$pids" ] && break
-    sleep 0.1
-  done
-  pids=$(_sc_pids)
-  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-  rm -rf "$_sc_dir"
+  _sc_teardown "$_sc_dir"
   _sc_dir=
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  if [ "${1:-}" = --stop ]; then
+    PATH=$PATH:/usr/sbin
+    _sc_teardown "${2:?--stop DIR}"
+    exit 0
+  fi
   [ $# -gt 0 ] || {
-    echo "usage: $0 COMMAND ARGS..." >&2
+    echo "usage: $0 COMMAND ARGS...   or   $0 --stop DIR" >&2
     exit 2
   }
   dir=$(mktemp -d /tmp/dopt-slurm.XXXXXX)
