@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A throwaway one-node SLURM cluster on this machine (loopback only), for
-# tests that start ranks with a real srun.
+# A throwaway SLURM cluster on this machine (loopback only), for tests that
+# start ranks with a real srun: one node, or several nodes that are all this
+# machine (one slurmd each).
 #
 #   tests/slurm_cluster.sh COMMAND ARGS...
 #
-# starts munged (a fresh key), slurmctld and slurmd, all in a new temp dir
-# with ports of their own, waits until the node is idle, runs COMMAND with
+# starts munged (a fresh key), slurmctld and a slurmd per node, all in a new
+# temp dir with ports of their own, waits until every node is idle, runs COMMAND with
 # SLURM_CONF pointing at the cluster (so srun, sbatch, sinfo, scontrol talk to
 # it), then tears everything down (its jobs, the daemons, the temp dir)
 # however COMMAND ended, and exits with COMMAND's status.
@@ -15,9 +16,11 @@
 # shown. It never touches the system's SLURM or munge (/etc/slurm,
 # /run/munge): nothing here needs them configured.
 #
-# The node claims DOPT_SLURM_CPUS CPUs (default 8, or nproc when larger),
-# whatever the machine has (SlurmdParameters=config_overrides), so that 3 or 4
-# tasks fit on a 2-core machine without --overcommit. Root only: slurmd
+# DOPT_SLURM_NODES nodes (default 1): the first is named after the host
+# (hostname -s), so that the node list of a job resolves, the others
+# HOST-2, HOST-3, ... Each claims DOPT_SLURM_CPUS CPUs (default 8, or nproc
+# when larger), whatever the machine has (SlurmdParameters=config_overrides),
+# so that 3 or 4 tasks fit on a 2-core machine without --overcommit. Root only: slurmd
 # launches tasks as their user, which needs root (SlurmUser and SlurmdUser are
 # root; other users are not tried, the script skips).
 #
@@ -78,8 +81,8 @@ _sc_teardown() {
 
 slurm_cluster_logs() {
   local f
-  for f in "$_sc_dir"/munged.log "$_sc_dir"/slurmctld.out "$_sc_dir"/slurmctld.log "$_sc_dir"/slurmd.out \
-    "$_sc_dir"/slurmd.log; do
+  for f in "$_sc_dir"/munged.log "$_sc_dir"/slurmctld.out "$_sc_dir"/slurmctld.log "$_sc_dir"/slurmd*.out \
+    "$_sc_dir"/slurmd*.log; do
     [ -s "$f" ] || continue
     echo "--- ${f##*/} (last lines)"
     tail -n 15 "$f"
@@ -100,33 +103,35 @@ slurm_cluster_start() {
     slurm_cluster_why="slurmd must run as root, this is uid $(id -u)"
     return 1
   }
-  mkdir -p "$_sc_dir/spool" "$_sc_dir/state" && chmod 700 "$_sc_dir" || {
+  mkdir -p "$_sc_dir/state" && chmod 700 "$_sc_dir" || {
     slurm_cluster_why="cannot make $_sc_dir"
     return 1
   }
   _sc_dir=$(cd "$_sc_dir" && pwd)
-  local node cpus ctld_port d_port user
-  node=$(hostname -s)
+  local host cpus ctld_port user n i
+  local -a nodes=()
+  host=$(hostname -s)
+  n=${DOPT_SLURM_NODES:-1}
   cpus=${DOPT_SLURM_CPUS:-$(($(nproc) > 8 ? $(nproc) : 8))}
   ctld_port=$(_sc_free_port)
-  d_port=$(_sc_free_port)
   user=$(id -un)
+  nodes=("$host")
+  for ((i = 2; i <= n; i++)); do nodes+=("$host-$i"); done
   cat >"$_sc_dir/slurm.conf" <<EOF
 ClusterName=dopt-test
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
-SlurmdPort=$d_port
 SlurmUser=$user
 SlurmdUser=$user
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$_sc_dir/munge.sock
 StateSaveLocation=$_sc_dir/state
-SlurmdSpoolDir=$_sc_dir/spool
+SlurmdSpoolDir=$_sc_dir/spool-%n
 SlurmctldPidFile=$_sc_dir/slurmctld.pid
-SlurmdPidFile=$_sc_dir/slurmd.pid
+SlurmdPidFile=$_sc_dir/slurmd-%n.pid
 SlurmctldLogFile=$_sc_dir/slurmctld.log
-SlurmdLogFile=$_sc_dir/slurmd.log
+SlurmdLogFile=$_sc_dir/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -144,9 +149,13 @@ ReturnToService=2
 MinJobAge=5
 KillWait=5
 InactiveLimit=0
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+  # every node is this machine: same address, a port each
+  for i in "${nodes[@]}"; do
+    echo "NodeName=$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$(_sc_free_port) CPUs=$cpus State=UNKNOWN"
+    mkdir -p "$_sc_dir/spool-$i"
+  done >>"$_sc_dir/slurm.conf"
+  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$_sc_dir/slurm.conf"
   # The daemons leave the caller's process tree, so a kill of that tree
   # misses them: the watchdog (outside the tree too) tears the cluster down
   # once the caller is gone, however it ended.
@@ -169,18 +178,20 @@ EOF
     slurm_cluster_why="slurmctld did not start"
     return 1
   }
-  DOPT_SLURM_CLUSTER=$_sc_dir slurmd -N "$node" -f "$SLURM_CONF" >>"$_sc_dir/slurmd.out" 2>&1 || {
-    slurm_cluster_why="slurmd did not start"
-    return 1
-  }
-  # the node is up when sinfo lists it idle (30 s: slurmd registers at once)
-  local i state=
+  for i in "${nodes[@]}"; do
+    DOPT_SLURM_CLUSTER=$_sc_dir slurmd -N "$i" -f "$SLURM_CONF" >>"$_sc_dir/slurmd-$i.out" 2>&1 || {
+      slurm_cluster_why="slurmd of node $i did not start"
+      return 1
+    }
+  done
+  # up when sinfo lists every node idle (30 s: a slurmd registers at once)
+  local state=
   for ((i = 0; i < 60; i++)); do
-    state=$(sinfo -h -n "$node" -o %T 2>/dev/null)
-    [ "$state" = idle ] && return 0
+    state=$(sinfo -h -N -o "%N:%T" 2>/dev/null | sort | tr '\n' ' ')
+    [ "$(grep -o ":idle" <<<"$state" | wc -l)" = "$n" ] && return 0
     sleep 0.5
   done
-  slurm_cluster_why="node $node is not idle after 30 s (sinfo says '${state:-nothing}')"
+  slurm_cluster_why="not every node is idle after 30 s (sinfo says '${state:-nothing}')"
   return 1
 }
 
