@@ -105,10 +105,11 @@ case $scenario in
       "-N 2 -n 3|0:0:2 1:1:2 2:0:1" "-N 2 -n 4 -c 4|0:0:2 1:1:2 2:0:2 3:1:2" \
       "-N 2 -n 4 -c 4 -m cyclic|0:0:2 1:0:2 2:1:2 3:1:2"; do
       args=${case%%|*}
-      want=(${case#*|})
+      read -ra argv <<<"$args"
+      read -ra want <<<"${case#*|}"
       n=${#want[@]}
       # each task also prints what SLURM set, for the output of a failure
-      MASTER_PORT=$(free_port) timeout 20 srun $args -K --label bash -c \
+      MASTER_PORT=$(free_port) timeout 20 srun "${argv[@]}" -K --label bash -c \
         'echo "slurm set SLURM_PROCID=$SLURM_PROCID SLURM_NODEID=$SLURM_NODEID SLURM_LOCALID=$SLURM_LOCALID" \
            "SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE SLURM_NTASKS_PER_NODE=${SLURM_NTASKS_PER_NODE-}"; exec "$0" launch' \
         "$peer" >"$work/out" 2>&1 || fail "srun $args launch failed"
