@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
 # Installs dopt's build and test dependencies from Debian when they are missing.
-# Usage: scripts/install-deps.sh [--with-torch]
+# Usage: scripts/install-deps.sh [--with-slurm] [--with-torch]
 # Besides the C++ toolchain and libraries, it installs what the optional
 # components and their tests need: the Python package (pybind11-dev,
 # python3-dev; its tests compare with python3-torch, which is also the
 # benchmarks' peer), the libtorch interop (libtorch-dev), the MPI plane and
 # its tests (libopenmpi-dev, openmpi-bin) and the multi-host tests' network
-# namespaces (iproute2: ip, tc), ccache (CI's second configuration reuses
-# the first one's objects), and SLURM for the real srun test
-# (tests/slurm_cluster.sh: slurmctld slurmd slurm-client munge, without their
-# Recommends: 6 packages, 3.2 MB, 11 s to install here from apt's cache; with
-# Recommends 33 packages, 8.2 MB, 4 s to download and 26 s to install). The
-# test starts its own daemons; installing does not start the system's in a
-# container without systemd (invoke-rc.d finds no runlevel), and where it does
-# they do not get in the way (the test has its own config, socket and ports).
+# namespaces (iproute2: ip, tc), and ccache (CI's second configuration reuses
+# the first one's objects).
+# SLURM, for the real srun test (tests/slurm_cluster.sh: slurmctld slurmd
+# slurm-client munge), is installed without its Recommends: 6 packages,
+# 3.2 MB, 11 s to install here from apt's cache (with Recommends: 33
+# packages, 8.2 MB, 4 s to download and 26 s to install). Its packages are
+# services: where systemd runs the machine, Debian enables and starts them on
+# install (munge at least), so there SLURM is installed only with
+# --with-slurm; in a container without systemd (CI), where nothing is
+# started (invoke-rc.d finds no runlevel), always. The test starts daemons of
+# its own (own config, socket and ports) and skips without the packages.
 # --with-torch is accepted for compatibility (torch is always installed now).
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
       libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy libtorch-dev
       libopenmpi-dev openmpi-bin iproute2 ccache)
-lean=(slurmctld slurmd slurm-client munge)  # installed without Recommends
+lean=()  # installed without Recommends
+with_slurm=0
+for arg in "$@"; do [[ "$arg" == --with-slurm ]] && with_slurm=1; done
+if ((with_slurm)) || [[ ! -d /run/systemd/system ]]; then
+  lean+=(slurmctld slurmd slurm-client munge)
+fi
 is_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=() missing_lean=()
 for p in "${pkgs[@]}"; do is_missing "$p" && missing+=("$p"); done
