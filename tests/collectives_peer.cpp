@@ -385,7 +385,8 @@ int main(int argc, char** argv) {
           else world.barrier();
         } else if (mode == "launch") {
           const auto env = dopt::launch_env_from_environment();
-          c.expect(env && env->rank == rank && env->world_size == world.size(), "the launch contract read again differs");
+          c.expect(env && env->rank == rank && env->world_size == world.size(),
+                   "the launch contract read again differs");
           std::printf("launch %d source=%s world_size=%d local_rank=%d local_world_size=%d job_id=%s job_id_from=%s\n",
                       rank, env->source.c_str(), env->world_size, env->local_rank, env->local_world_size,
                       env->job_id.c_str(), env->job_id_source.c_str());
