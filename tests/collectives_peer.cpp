@@ -31,6 +31,11 @@
 //                                    kills itself; rank 0 waits in a recv of
 //                                    tag 6 from rank 1, the others in a barrier:
 //                                    all must get PeerLostError naming rank 1
+//   dopt_collectives_peer launch     prints the launch contract as this rank
+//                                    read it: "launch R source=S world_size=W
+//                                    local_rank=L local_world_size=N job_id=J
+//                                    job_id_from=VAR" (tests/launchers.sh
+//                                    compares it with what srun set)
 //
 // stdout: "ok R <checks>" on success, otherwise "error KIND: MESSAGE" (and
 // "elapsed_ms N" for the failure scenarios) and exit status 1.
@@ -48,6 +53,7 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "peer_util.hpp"
 
@@ -377,8 +383,17 @@ int main(int argc, char** argv) {
           }
           if (rank == 0) world.recv(Tensor::zeros({4}), 1, 6);
           else world.barrier();
+        } else if (mode == "launch") {
+          const auto env = dopt::launch_env_from_environment();
+          c.expect(env && env->rank == rank && env->world_size == world.size(),
+                   "the launch contract read again differs");
+          std::printf("launch %d source=%s world_size=%d local_rank=%d local_world_size=%d job_id=%s job_id_from=%s\n",
+                      rank, env->source.c_str(), env->world_size, env->local_rank, env->local_world_size,
+                      env->job_id.c_str(), env->job_id_source.c_str());
+          world.barrier();
         } else {
-          throw dopt_test::Usage{"dopt_collectives_peer battery | digest | cut | mismatch | kill | stop | loop | p2pkill"};
+          throw dopt_test::Usage{
+              "dopt_collectives_peer battery | digest | cut | mismatch | kill | stop | loop | p2pkill | launch"};
         }
         return c.checks;
       },

@@ -1,13 +1,16 @@
-# A dopt program under torchrun (static and standalone), SLURM's environment
-# and mpirun, and on the MPI plane (DOPT_BACKEND=mpi): tests/launchers.sh.
+# A dopt program under torchrun (static and standalone), SLURM's environment,
+# a real srun and sbatch (tests/slurm_cluster.sh starts a SLURM cluster on
+# this machine) and mpirun, and on the MPI plane (DOPT_BACKEND=mpi):
+# tests/launchers.sh.
 # A scenario whose launcher (or the MPI plane) is missing reports itself
-# skipped with the reason.
+# skipped with the reason. Entries: scenario|what[|timeout in s, default 180].
 if(TARGET dopt_collectives_peer AND TARGET dopt-run)
   set(_ln "${CMAKE_CURRENT_SOURCE_DIR}/launchers.sh")
   set(_ln_tests
     "torchrun|plain torchrun (its agent's store on MASTER_PORT), 2 ranks"
     "standalone|torchrun --standalone, 3 ranks"
     "slurm|SLURM's environment, 3 ranks"
+    "srun|a real srun and sbatch on a SLURM cluster of this machine, 2 to 4 ranks|240"
     "mpi-battery|DOPT_BACKEND=mpi under mpirun, every collective, 3 ranks"
     "mpi-digest|DOPT_BACKEND=mpi bit for bit as shared memory, 4 ranks"
     "mpi-zero|ZeRO parity and Join on the MPI plane, 3 ranks"
@@ -16,8 +19,13 @@ if(TARGET dopt_collectives_peer AND TARGET dopt-run)
     string(REPLACE "|" ";" _parts "${_t}")
     list(GET _parts 0 _scenario)
     list(GET _parts 1 _what)
+    set(_timeout 180)
+    list(LENGTH _parts _n)
+    if(_n GREATER 2)
+      list(GET _parts 2 _timeout)
+    endif()
     add_test(NAME "launchers: ${_what}" COMMAND ${_ln} ${_scenario} ${PROJECT_BINARY_DIR})
     set_tests_properties("launchers: ${_what}" PROPERTIES
-      LABELS "integration;multiprocess;launch" TIMEOUT 180 SKIP_RETURN_CODE 77)
+      LABELS "integration;multiprocess;launch" TIMEOUT ${_timeout} SKIP_RETURN_CODE 77)
   endforeach()
 endif()

@@ -9,6 +9,14 @@
 #                 with its own store), 2 ranks
 #   standalone    torchrun --standalone, 3 ranks
 #   slurm         3 ranks started with SLURM's variables only (as srun sets them)
+#   srun          a real srun and sbatch on a SLURM cluster started here
+#                 (tests/slurm_cluster.sh: two nodes, both this machine): the
+#                 battery with srun -n 3; the launch contract every rank read
+#                 (source slurm, local rank and size) for five placements on
+#                 one and two nodes (SLURM_TASKS_PER_NODE as 3, "2,1" by
+#                 SLURM_NODEID and "2(x2)", SLURM_NTASKS_PER_NODE); a batch
+#                 script taking MASTER_ADDR from the node list; skips when
+#                 SLURM is not installed or the cluster does not come up
 #   mpi-battery   DOPT_BACKEND=mpi under mpirun, 3 ranks: every collective exact,
 #                 on the mpi plane; a mismatch fails every rank; without
 #                 mpirun it fails saying so
@@ -70,6 +78,73 @@ case $scenario in
     cat "$work"/out? >"$work/out"
     [ $rc = 0 ] || fail "a rank failed"
     all_ok 3
+    ;;
+  srun)
+    # two nodes, both this machine (tests/slurm_cluster.sh)
+    . "$(dirname "${BASH_SOURCE[0]}")/slurm_cluster.sh"
+    trap 'slurm_cluster_stop; rm -rf "$work"' EXIT
+    if ! DOPT_SLURM_NODES=2 slurm_cluster_start "$work/slurm"; then
+      slurm_cluster_logs
+      skip "no SLURM cluster: $slurm_cluster_why"
+    fi
+    # srun does not set MASTER_ADDR / MASTER_PORT (docs/launching.md); -K: a
+    # failed rank ends the others
+    export MASTER_ADDR=127.0.0.1
+    MASTER_PORT=$(free_port) timeout 60 srun -n 3 -K --label "$peer" battery >"$work/out" 2>&1 ||
+      fail "srun -n 3 battery failed"
+    all_ok 3
+    echo "srun -n 3 battery: every rank ok"
+    # The launch contract as each rank read it, against where SLURM (22.05,
+    # as measured) puts the tasks. Each case: srun's arguments, then
+    # rank:local_rank:local_world_size. -N 1 -n 3 sets
+    # SLURM_TASKS_PER_NODE=3; --ntasks-per-node also SLURM_NTASKS_PER_NODE;
+    # -N 2 -n 3 "2,1" (this node's entry by SLURM_NODEID); -c 4 (4 of the 8
+    # CPUs a task) "2(x2)", block (ranks 0,1 on the first node) or cyclic
+    # (ranks 0,2).
+    for case in "-N 1 -n 3|0:0:3 1:1:3 2:2:3" "-N 1 -n 4 --ntasks-per-node 4|0:0:4 1:1:4 2:2:4 3:3:4" \
+      "-N 2 -n 3|0:0:2 1:1:2 2:0:1" "-N 2 -n 4 -c 4|0:0:2 1:1:2 2:0:2 3:1:2" \
+      "-N 2 -n 4 -c 4 -m cyclic|0:0:2 1:0:2 2:1:2 3:1:2"; do
+      args=${case%%|*}
+      read -ra argv <<<"$args"
+      read -ra want <<<"${case#*|}"
+      n=${#want[@]}
+      # each task also prints what SLURM set, for the output of a failure
+      MASTER_PORT=$(free_port) timeout 20 srun "${argv[@]}" -K --label bash -c \
+        'echo "slurm set SLURM_PROCID=$SLURM_PROCID SLURM_NODEID=$SLURM_NODEID SLURM_LOCALID=$SLURM_LOCALID" \
+           "SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE SLURM_NTASKS_PER_NODE=${SLURM_NTASKS_PER_NODE-}"; exec "$0" launch' \
+        "$peer" >"$work/out" 2>&1 || fail "srun $args launch failed"
+      all_ok "$n"
+      job=$(sed -n 's/.*launch 0 .* job_id=\([0-9]*\.[0-9]*\) job_id_from=SLURM_JOB_ID$/\1/p' "$work/out")
+      [ -n "$job" ] || fail "srun $args: rank 0's job id is not SLURM_JOB_ID.SLURM_STEP_ID"
+      for w in "${want[@]}"; do
+        IFS=: read -r r lr lws <<<"$w"
+        line="launch $r source=slurm world_size=$n local_rank=$lr local_world_size=$lws job_id=$job job_id_from=SLURM_JOB_ID"
+        grep -qF "$line" "$work/out" || fail "srun $args: rank $r did not print '$line'"
+      done
+      echo "srun $args: every rank read source slurm, job $job, rank:local rank:local size ${want[*]}"
+    done
+    # a batch job as docs/launching.md shows it: MASTER_ADDR is the first
+    # node of the job's node list (this host's name), srun inside the
+    # allocation
+    if ! getent hosts "$(hostname -s)" >/dev/null; then
+      echo "sbatch: not run, this host's name '$(hostname -s)' does not resolve"
+      echo "passed: $scenario (without sbatch)"
+      exit 0
+    fi
+    cat >"$work/job.sh" <<'EOF'
+#!/bin/bash
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+echo "MASTER_ADDR=$MASTER_ADDR"
+srun --label "$DOPT_TEST_PEER" launch
+EOF
+    DOPT_TEST_PEER=$peer MASTER_PORT=$(free_port) timeout 30 sbatch --wait --quiet -N 2 -n 2 -o "$work/out" "$work/job.sh" ||
+      fail "sbatch -N 2 -n 2 (srun inside) failed"
+    all_ok 2
+    for r in 0 1; do
+      grep -Eq "launch $r source=slurm world_size=2 local_rank=0 local_world_size=1 job_id=[0-9]+\.0 " "$work/out" ||
+        fail "sbatch: rank $r did not read the contract of the srun step"
+    done
+    echo "sbatch -N 2 -n 2, srun inside: $(grep -m1 MASTER_ADDR= "$work/out") (the first node), both ranks ok"
     ;;
   mpi-battery)
     mpi 3 "$peer" battery >"$work/out" 2>&1 || fail "mpirun failed"
