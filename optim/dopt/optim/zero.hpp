@@ -84,13 +84,16 @@ enum class ZeroBuddyUpdate {
   /// 1/N of the parameters per step; recovery needs nothing more.
   step,
   /// The buddy keeps a copy of the shard's averaged gradients (and the
-  /// hyperparameters) of every step since the last snapshot; every
-  /// ZeroOptions::snapshot_interval steps the owner sends its state to its
-  /// buddies, which drop the saved steps. At recovery the buddy replays the
-  /// saved steps with the same kernels in the same order: bitwise the state
-  /// `step` would hold. Costs a gradient copy per step, the state sent once
-  /// per interval, more memory, and up to snapshot_interval optimizer steps
-  /// over the lost shard in the recovery.
+  /// hyperparameters) of every step since the last snapshot, made while the
+  /// parameter broadcasts are in flight; every ZeroOptions::snapshot_interval
+  /// steps the owner sends its state to its buddies instead, which drop the
+  /// saved steps. At recovery the buddy replays the saved steps with the
+  /// same kernels in the same order: bitwise the state `step` would hold.
+  /// Costs a gradient copy per step (none in a snapshot's step), the state
+  /// sent and the shard's parameters copied once per interval, more memory
+  /// (the state twice: the next snapshot lands in the buffers the last one
+  /// replaced; the parameters; interval - 1 gradients), and up to
+  /// snapshot_interval optimizer steps over the lost shard in the recovery.
   replay,
 };
 
@@ -226,7 +229,8 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// state when every host's ranks have buddies elsewhere.
   std::vector<int> buddies(int r) const;
   /// Bytes of the copies of other ranks' state this rank keeps (with
-  /// ZeroBuddyUpdate::replay also the saved parameters and gradients).
+  /// ZeroBuddyUpdate::replay also the saved parameters and gradients and the
+  /// next snapshot's buffers).
   std::int64_t buddy_state_bytes() const;
   ZeroBuddyUpdate buddy_update() const noexcept { return buddy_update_; }
 
