@@ -7,16 +7,16 @@
 // R simulated ranks (default 4), or R processes when started by a launcher
 // (the lost one then dies of SIGKILL; --ranks is ignored), hold ZeroRedundancyOptimizer(Adam) over N
 // float32 parameters (default 50,000,000) in K tensors (default 64), bucket
-// view on, the same gradients on every rank. Timed per step, from a barrier
-// to the slowest rank's end, in blocks of I steps (default 4; the time of a
-// block / I), median of S blocks:
+// view on, the same gradients on every rank. After 2 I steps of warm-up,
+// timed per step, from a barrier to the slowest rank's end, in blocks of I
+// steps (default 4; the time of a block / I), median of S blocks:
 //   * step_ms_r0 / step_ms_r1: step() with redundancy 0 and 1 (the buddy's
 //     extra optimizer step over 1/R of the parameters);
 //   * step_ms_replay: redundancy 1 with ZeroBuddyUpdate::replay and
 //     snapshot_interval I (a gradient copy per step, the owner's state sent
 //     to its buddy at the end of every I-th step: one per block);
-//   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce of all N
-//     (what a data-parallel training step adds);
+//   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce (avg) of
+//     all N (what a data-parallel training step adds);
 //   * step_cpu_ms_r0 / step_cpu_ms_r1: the CPU time of the ranks (simulated: the
 //     whole process; processes: the sum over them), user and system, with their
 //     executors, over the same steps (and
@@ -159,7 +159,9 @@ int main(int argc, char** argv) {
         zo.buddy_update = k == 2 ? ZeroBuddyUpdate::replay : ZeroBuddyUpdate::step;
         zo.snapshot_interval = interval;
         ZeroRedundancyOptimizer zero(ps, OptimizerSpec{"Adam", {}}, zo);
-        for (int w = 0; w < interval; ++w) zero.step();  // warm-up: state exists, blocks start after a snapshot
+        // Warm-up: the state exists, blocks start after a snapshot, and with
+        // replay the second snapshot has made the buffers the next ones reuse.
+        for (int w = 0; w < 2 * interval; ++w) zero.step();
         for (int s = 0; s < steps; ++s) {
           const double a = timed(world, [&] {
                              for (int i = 0; i < interval; ++i) zero.step();
@@ -167,7 +169,9 @@ int main(int argc, char** argv) {
           const double a_cpu = cpu_ms / interval;
           const double b = timed(world, [&] {
                              for (int i = 0; i < interval; ++i) {
-                               for (auto& p : ps) world.all_reduce(p.grad());
+                               // averaged: a sum would grow the gradients 4-fold per step
+                               // (inf in exp_avg_sq after ~40 steps: load_sharded refuses it)
+                               for (auto& p : ps) world.all_reduce(p.grad(), dopt::ReduceOp::avg);
                                zero.step();
                              }
                            }) / interval;
@@ -222,39 +226,45 @@ int main(int argc, char** argv) {
           for (int w = 0; w + 1 < interval; ++w) z2.step();  // the loss comes in step interval-1
           world.barrier();
           const double c_start = process_cpu_ms();
-          try {
-            z2.step();
-          } catch (const MembershipChangedError& e) {
-            std::int64_t at = lost_at.load();
-            if (procs) std::ifstream(lost_file) >> at;
-            const auto t_lost = Clock::time_point(Clock::duration(at));
-            const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
-            if (const char* tr = std::getenv("DOPT_ZERO_TRACE"); tr && *tr && std::string(tr) != "0")
-              std::fprintf(stderr, "dopt_bench_survive: rank %d lost at steady clock %lld ns\n", victim,
-                           static_cast<long long>(at));
-            survivors = e.recovery().group;
-            survivors.barrier();  // every survivor recovered
-            const double rec_cpu = cpu_since(survivors, c_start);
-            z2.step();
-            const double nxt = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
-            const double next_cpu = cpu_since(survivors, c_start);
-            const auto worst = dopt::bench::slowest(survivors, {rec, nxt});
-            const double rs = timed(survivors, [&] {
-              ZeroOptions zr{survivors};
-              zr.parameters_as_bucket_view = true;
-              auto ps3 = make();
-              ZeroRedundancyOptimizer fresh(ps3, OptimizerSpec{"Adam", {}}, zr);
-              fresh.load_sharded(dir);
-              fresh.step();
-            });
-            if (survivors.rank() == 0) {
-              recovery_ms = worst[0];
-              recovery_cpu_ms = rec_cpu;
-              next_cpu_ms = next_cpu;
-              next_ms = worst[1];
-              restart_ms = rs;
-              restart_cpu_ms = cpu_ms;
+          try {  // a survivor's own failure would otherwise hide behind the lost rank's error
+            try {
+              z2.step();
+            } catch (const MembershipChangedError& e) {
+              std::int64_t at = lost_at.load();
+              if (procs) std::ifstream(lost_file) >> at;
+              const auto t_lost = Clock::time_point(Clock::duration(at));
+              const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+              if (const char* tr = std::getenv("DOPT_ZERO_TRACE"); tr && *tr && std::string(tr) != "0")
+                std::fprintf(stderr, "dopt_bench_survive: rank %d lost at steady clock %lld ns\n", victim,
+                             static_cast<long long>(at));
+              survivors = e.recovery().group;
+              survivors.barrier();  // every survivor recovered
+              const double rec_cpu = cpu_since(survivors, c_start);
+              z2.step();
+              const double nxt = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
+              const double next_cpu = cpu_since(survivors, c_start);
+              const auto worst = dopt::bench::slowest(survivors, {rec, nxt});
+              const double rs = timed(survivors, [&] {
+                ZeroOptions zr{survivors};
+                zr.parameters_as_bucket_view = true;
+                auto ps3 = make();
+                ZeroRedundancyOptimizer fresh(ps3, OptimizerSpec{"Adam", {}}, zr);
+                fresh.load_sharded(dir);
+                fresh.step();
+              });
+              if (survivors.rank() == 0) {
+                recovery_ms = worst[0];
+                recovery_cpu_ms = rec_cpu;
+                next_cpu_ms = next_cpu;
+                next_ms = worst[1];
+                restart_ms = rs;
+                restart_cpu_ms = cpu_ms;
+              }
             }
+          } catch (const std::exception& e) {  // run_distributed reports it with the lost rank's
+            if (ctx.rank() != victim)
+              std::fprintf(stderr, "dopt_bench_survive: rank %d: the recovery failed: %s\n", ctx.rank(), e.what());
+            throw;
           }
         }
       }

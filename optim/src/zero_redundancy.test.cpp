@@ -428,6 +428,32 @@ TEST_CASE("ZeRO redundancy, replay: a loss right after a snapshot and interval-1
   check_bitwise(sc);
 }
 
+TEST_CASE("ZeRO redundancy, replay: losses after the snapshot buffers are reused, bitwise the reference",
+          "[zero][survive]") {
+  // interval 2: snapshots at the end of steps 1, 3, 5, 7; from the third on
+  // the buddies receive into the state tensors the one before replaced, and
+  // the snapshot step saves no gradients unless its snapshot is dropped.
+  // Lost: in the fourth snapshot (dropped: the copy replays from the third,
+  // step 7 saved when its snapshot did not arrive), right after the third
+  // (step 6, one saved step), and during the broadcasts of the third's step
+  // (step 5: no snapshot; its gradients are saved on the way to the
+  // recovery, which replays steps 4 and 5 from the second).
+  const std::string where = GENERATE(std::string("snapshot 7"), std::string("computed 6"),
+                                     std::string("broadcast 5"));
+  Scenario sc;
+  sc.n = 4;
+  sc.steps = 9;
+  sc.bucket_view = true;
+  sc.update = ZeroBuddyUpdate::replay;
+  sc.interval = 2;
+  sc.scheduler = true;
+  const std::int64_t step = where.back() - '0';
+  const std::string point = where.substr(0, where.find(' '));
+  sc.kills = {{2, step, point, point == "broadcast" ? 1 : 0}};
+  INFO("rank 2 lost at " << where);
+  check_bitwise(sc);
+}
+
 TEST_CASE("ZeRO redundancy, replay: two losses in a row, Adam and SGD with momentum, bucket view", "[zero][survive]") {
   SECTION("5 ranks: rank 4 during the broadcasts of step 1, then rank 0 between steps 4 and 5") {
     Scenario sc;

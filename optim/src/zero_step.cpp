@@ -23,7 +23,7 @@ void ZeroRedundancyOptimizer::sync_from_local() {
     groups_[g].options = local[g].options->clone();
 }
 
-void ZeroRedundancyOptimizer::sync_params() {
+void ZeroRedundancyOptimizer::sync_params(const std::function<void()>& meanwhile) {
   std::vector<Future<void>> works;
   std::exception_ptr first;
   auto post = [&](Future<void> f) {
@@ -55,7 +55,16 @@ void ZeroRedundancyOptimizer::sync_params() {
   } catch (...) {
     first = std::current_exception();
   }
+  std::exception_ptr during;
+  if (meanwhile) {  // once, whatever the posting did (a recovery may need what it does)
+    try {
+      meanwhile();
+    } catch (...) {
+      during = std::current_exception();
+    }
+  }
   for (auto& w : works) wait_keeping_first_error(w, first);
+  if (during) std::rethrow_exception(during);  // before a lost peer: the recovery would need its work
   if (first) std::rethrow_exception(first);
 }
 
@@ -85,8 +94,7 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
   if (probe_) probe_("begin", steps_, 0);
   sync_to_local();
   std::optional<double> loss = optim_->step(closure);
-  if (replays()) save_buddy_grads();
-  else if (redundancy_ > 0) step_buddy_copies();
+  if (redundancy_ > 0 && !replays()) step_buddy_copies();
   sync_from_local();
   if (probe_) probe_("computed", steps_, 0);
   if (redundancy_ == 0) {
@@ -95,21 +103,36 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
     ++steps_;
     return loss;
   }
-  // Replay: every snapshot_interval-th step ends with a snapshot of each
-  // owner's state at its buddies (posted now, received after the broadcasts).
+  // Replay: the buddies save this step's gradients while the broadcasts are
+  // in flight (the broadcasts write parameters, not gradients). Every
+  // snapshot_interval-th step ends with a snapshot of each owner's state at
+  // its buddies (posted now, received after the broadcasts) instead: its
+  // gradients are saved only where the snapshot does not arrive (then the
+  // copy replays from the older one), or when the step is lost before.
   const bool snapshot = replays() && (steps_ + 1) % snapshot_interval_ == 0;
   std::vector<Future<void>> snapshot_sends;
   ZeroRecovery rec;
+  bool saved = !replays();
   try {
     if (snapshot) snapshot_sends = post_snapshot();
-    sync_params();
+    std::function<void()> save;
+    if (replays() && !snapshot)
+      save = [&] {
+        save_buddy_grads();
+        saved = true;
+      };
+    sync_params(save);
     notify.get();
     if (snapshot && probe_) probe_("snapshot", steps_, 0);
-    if (snapshot) finish_snapshot(snapshot_sends);
+    if (snapshot) {
+      saved = true;  // from here on by finish_snapshot, copy by copy
+      finish_snapshot(snapshot_sends);
+    }
     ++steps_;
     return loss;
   } catch (const PeerLostError&) {
     snapshot_sends.clear();  // on the old group; the recovery snapshots every copy anew
+    if (!saved) save_buddy_grads();  // lost before they were saved (or before a snapshot)
     rec = recover_from_loss(/*in_step=*/true);
   }
   if (!on_membership_change_)

@@ -84,13 +84,16 @@ enum class ZeroBuddyUpdate {
   /// 1/N of the parameters per step; recovery needs nothing more.
   step,
   /// The buddy keeps a copy of the shard's averaged gradients (and the
-  /// hyperparameters) of every step since the last snapshot; every
-  /// ZeroOptions::snapshot_interval steps the owner sends its state to its
-  /// buddies, which drop the saved steps. At recovery the buddy replays the
-  /// saved steps with the same kernels in the same order: bitwise the state
-  /// `step` would hold. Costs a gradient copy per step, the state sent once
-  /// per interval, more memory, and up to snapshot_interval optimizer steps
-  /// over the lost shard in the recovery.
+  /// hyperparameters) of every step since the last snapshot, made while the
+  /// parameter broadcasts are in flight; every ZeroOptions::snapshot_interval
+  /// steps the owner sends its state to its buddies instead, which drop the
+  /// saved steps. At recovery the buddy replays the saved steps with the
+  /// same kernels in the same order: bitwise the state `step` would hold.
+  /// Costs a gradient copy per step (none in a snapshot's step), the state
+  /// sent and the shard's parameters copied once per interval, more memory
+  /// (the state twice: the next snapshot lands in the buffers the last one
+  /// replaced; the parameters; interval - 1 gradients), and up to
+  /// snapshot_interval optimizer steps over the lost shard in the recovery.
   replay,
 };
 
@@ -226,7 +229,8 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// state when every host's ranks have buddies elsewhere.
   std::vector<int> buddies(int r) const;
   /// Bytes of the copies of other ranks' state this rank keeps (with
-  /// ZeroBuddyUpdate::replay also the saved parameters and gradients).
+  /// ZeroBuddyUpdate::replay also the saved parameters and gradients and the
+  /// next snapshot's buffers).
   std::int64_t buddy_state_bytes() const;
   ZeroBuddyUpdate buddy_update() const noexcept { return buddy_update_; }
 
@@ -294,7 +298,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// parameter) split between optim_ and the buddy copies, `opts` installed.
   void install_loaded(std::unordered_map<const TensorImpl*, ParamState> local,
                       std::vector<std::unique_ptr<OptimizerOptions>> opts);
-  void sync_params();
+  /// Broadcasts every shard from its owner; `meanwhile` (if set) runs once
+  /// while they are in flight, even when posting them failed.
+  void sync_params(const std::function<void()>& meanwhile = nullptr);
   /// Redundancy (zero_redundancy.cpp): the buddy copies of the current
   /// partition, with empty state.
   void make_buddy_copies();
@@ -310,6 +316,10 @@ class ZeroRedundancyOptimizer : public Joinable {
     std::vector<Tensor> params;  // the shard's parameters at the snapshot
     std::vector<Saved> saved;    // the steps since, in order
     std::vector<std::vector<Tensor>> spare;  // gradient buffers to reuse
+    /// The next snapshot's receive buffers (the state tensors the last one
+    /// replaced, in the order of its entries): the copy's state stays intact
+    /// until a snapshot has arrived whole.
+    std::vector<Tensor> incoming;
   };
   bool replays() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::replay; }
   /// Rank r's parameters, in partition order (groups, then assignment).
@@ -317,13 +327,15 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Every copy's snapshot is now: the saved parameters are the current
   /// ones, no saved steps (after the copies' state was set to the current).
   void reset_buddy_snapshots();
-  /// Saves this step's gradients and hyperparameters for every copy.
-  void save_buddy_grads();
+  /// Saves this step's gradients and hyperparameters for every copy (only:
+  /// for the copy of that rank alone).
+  void save_buddy_grads(int only = -1);
   /// The owner's side of a snapshot: posts its state to its buddies.
   std::vector<Future<void>> post_snapshot();
   /// The buddies' side (after the broadcasts), then waits for `sends`. A
   /// snapshot that a lost rank interrupts is dropped (the copy keeps its
-  /// older snapshot and saved steps); other errors propagate.
+  /// older snapshot and saved steps, and saves this step's gradients);
+  /// other errors propagate.
   void finish_snapshot(std::vector<Future<void>>& sends);
   /// Replays the saved steps of the copy of `target` onto the real
   /// parameters of its shard and the copy's state: both end as the owner's
