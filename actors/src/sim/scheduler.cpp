@@ -193,15 +193,19 @@ Task* Scheduler::choose(const char* why) {
 void Scheduler::hand(Task* t) {
   {
     std::lock_guard<std::mutex> lock(t->m);
-    t->go = true;
+    t->go.store(true, std::memory_order_release);
   }
   t->cv.notify_one();
 }
 
 bool Scheduler::wait_go(Task* t) {
+  // The baton often comes back within microseconds (two ranks taking turns
+  // in a collective): watch for it a little before sleeping, yielding the
+  // CPU to the holder, so that a hand-off is not always a wake-up.
+  for (int i = 0; i < 64 && !t->go.load(std::memory_order_acquire); ++i) std::this_thread::yield();
   std::unique_lock<std::mutex> lock(t->m);
-  t->cv.wait(lock, [&] { return t->go || t->released; });
-  t->go = false;
+  t->cv.wait(lock, [&] { return t->go.load(std::memory_order_relaxed) || t->released; });
+  t->go.store(false, std::memory_order_relaxed);
   return !t->released;
 }
 

@@ -62,7 +62,7 @@ struct Task {
   // Hand-off of the baton.
   std::mutex m;
   std::condition_variable cv;
-  bool go = false;
+  std::atomic<bool> go{false};  // set under m (the sleeper's predicate), read without it while spinning
   bool released = false;  // the scheduler let go of this thread
   bool crashed = false;   // a fault plan crashed this rank thread
   std::thread::id tid;    // helper threads: their std::thread
