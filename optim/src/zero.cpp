@@ -1,7 +1,7 @@
 // ZeroRedundancyOptimizer: construction, the checks of its parameters, and
 // add_param_group (contract in zero.hpp, design in docs/zero.md). The rest is
 // in zero_partition.cpp, zero_step.cpp, zero_state_dict.cpp, zero_join.cpp,
-// zero_redundancy.cpp and zero_overlap.cpp.
+// zero_redundancy.cpp, zero_replay.cpp and zero_overlap.cpp.
 #include "dopt/optim/zero.hpp"
 
 #include <typeinfo>
