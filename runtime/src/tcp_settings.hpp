@@ -6,7 +6,8 @@ namespace dopt::transport::tcp_detail {
 
 /// Fills in what `options` leave to the environment (docs/transport.md):
 /// streams < 0 from DOPT_TCP_STREAMS (0..16, default 2), stripe_min_bytes == 0
-/// from DOPT_TCP_STRIPE_MIN (default 256 KiB), socket_buffer_bytes == 0 from
+/// from DOPT_TCP_STRIPE_MIN (default 256 KiB where the process may run on 4
+/// CPUs or more, else 2^62: no striping), socket_buffer_bytes == 0 from
 /// DOPT_TCP_SOCKET_BUFFER (default 0: the kernel's). Throws ValueError for a
 /// variable that is not a whole number in range, or for streams above 16
 /// (that message names `rank`).

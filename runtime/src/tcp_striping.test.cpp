@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/parallel.hpp"
 #include "dopt/runtime/tcp_transport.hpp"
 #include "loopback_mesh.hpp"
+#include "tcp_settings.hpp"
 
 using dopt::transport::Completion;
 using dopt::transport::Tag;
@@ -268,4 +270,23 @@ TEST_CASE("tcp striping: settings from the environment", "[tcp][striping]") {
       CHECK_THROWS_WITH(TcpMesh(0, 1, TcpMesh::listen("127.0.0.1"), {"127.0.0.1:1"}, 1s),
                         Catch::Contains("DOPT_TCP_STREAMS"));
     });
+}
+
+TEST_CASE("tcp striping: by default only where the process may run on 4 CPUs", "[tcp][striping]") {
+  ::unsetenv("DOPT_TCP_STRIPE_MIN");
+  TcpMeshOptions o;
+  dopt::transport::tcp_detail::resolve_settings(o, 0);
+  if (dopt::hardware_threads() >= 4) {
+    CHECK(o.stripe_min_bytes == 256u * 1024u);
+  } else {
+    CHECK(o.stripe_min_bytes >= (std::size_t(1) << 62));  // no message is that large: all travel whole
+  }
+  ::setenv("DOPT_TCP_STRIPE_MIN", "1M", 1);
+  TcpMeshOptions e;
+  dopt::transport::tcp_detail::resolve_settings(e, 0);
+  ::unsetenv("DOPT_TCP_STRIPE_MIN");
+  CHECK(e.stripe_min_bytes == std::size_t(1) << 20);  // the variable decides either way
+  TcpMeshOptions given = striped(2, 4096);
+  dopt::transport::tcp_detail::resolve_settings(given, 0);
+  CHECK(given.stripe_min_bytes == 4096);
 }

@@ -10,7 +10,8 @@ namespace dopt {
 /// Runs fn(i) for i in [0, n) on up to `threads` threads (1 = inline, in order).
 /// An exception from any fn is rethrown in the caller after all items ran.
 void parallel_for(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn);
-/// Hardware threads available to this process (at least 1).
+/// Hardware threads available to this process (at least 1): the CPUs of its
+/// affinity mask (taskset, cgroup cpusets), else std::thread::hardware_concurrency().
 int hardware_threads() noexcept;
 
 }  // namespace dopt

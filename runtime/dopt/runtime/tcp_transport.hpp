@@ -130,7 +130,8 @@ struct TcpMeshOptions {
   /// Messages of at least this many bytes are striped, in
   /// min(streams, bytes / stripe_min_bytes) pieces; smaller ones travel
   /// whole on the control connection. 0: DOPT_TCP_STRIPE_MIN when set, else
-  /// 256 KiB.
+  /// 256 KiB where this process may run on at least 4 CPUs (its affinity
+  /// mask), else no striping. A sender's choice: ranks may differ.
   std::size_t stripe_min_bytes = 0;
   /// SO_SNDBUF / SO_RCVBUF in bytes of the data connections (of every
   /// connection when streams == 0); 0: DOPT_TCP_SOCKET_BUFFER when set, else

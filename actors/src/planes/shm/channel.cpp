@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dopt/actors/sim_hooks.hpp"
+#include "dopt/runtime/parallel.hpp"
 #include "planes/shm/futex.hpp"
 
 namespace dopt::detail::shm_plane {
@@ -59,10 +60,7 @@ WaitPolicy WaitPolicy::for_ranks(int ranks_on_host) {
     p.spin = std::chrono::microseconds(std::atol(v));
     return p;
   }
-  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  cpu_set_t set;
-  int usable = static_cast<int>(cpus);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) usable = std::max(1, CPU_COUNT(&set));
+  const int usable = hardware_threads();
   if (ranks_on_host > usable) {  // a spinning waiter would take the CPU from the rank it waits for
     p.spin = std::chrono::nanoseconds(2000);
     p.yields = 2;
