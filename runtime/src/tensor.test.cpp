@@ -2,6 +2,12 @@
 
 #include <dlpack/dlpack.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include "dopt/runtime/tensor.hpp"
 
 using namespace dopt;
@@ -139,4 +145,30 @@ TEST_CASE("A CUDA tensor without the GPU backend says which call to make", "[ten
   else
     CHECK_THROWS_WITH(Tensor::zeros({2}, DType::float32, Device::cuda(0)),
                       Catch::Contains("allocate") && Catch::Contains("call dopt::gpu::init()"));
+}
+
+TEST_CASE("Large CPU tensors are advised onto huge pages, small ones are not", "[tensor]") {
+  // The allocator aligns tensors of 2 MiB and more to 2 MiB and advises
+  // their whole 2 MiB blocks with MADV_HUGEPAGE (unless DOPT_HUGEPAGES=0).
+  const char* off = std::getenv("DOPT_HUGEPAGES");
+  if (off && std::string(off) == "0") return;
+  auto flags_of = [](const void* p) {  // VmFlags of the mapping holding p
+    std::ifstream smaps("/proc/self/smaps");
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    bool inside = false;
+    for (std::string line; std::getline(smaps, line);) {
+      std::uintptr_t lo = 0, hi = 0;
+      if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < 17) inside = lo <= a && a < hi;
+      if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+    }
+    return std::string();
+  };
+  Tensor big = Tensor::zeros({3 << 20}, DType::float32);  // 12 MiB
+  CHECK(reinterpret_cast<std::uintptr_t>(big.data_ptr()) % (2u << 20) == 0);
+  CHECK(big.at((3 << 20) - 1) == 0.0);
+  Tensor small = Tensor::zeros({1000}, DType::float32);
+  if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {  // a kernel with THP
+    CHECK_THAT(flags_of(big.data_ptr()), Catch::Contains(" hg"));
+    CHECK_THAT(flags_of(small.data_ptr()), !Catch::Contains(" hg"));
+  }
 }
