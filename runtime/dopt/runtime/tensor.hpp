@@ -45,7 +45,9 @@ std::string shape_str(const Shape& s);  // "[4, 3]"
 std::int64_t shape_numel(const Shape& s);
 
 /// Allocates and frees device memory. CPU has a built-in one (64-byte
-/// aligned); gpu/ registers a caching CUDA allocator at load time.
+/// aligned; blocks of 2 MiB and more 2 MiB aligned, their whole 2 MiB
+/// pages advised for transparent huge pages unless DOPT_HUGEPAGES=0, read
+/// once per process); gpu/ registers a caching CUDA allocator at load time.
 class Allocator {
  public:
   virtual ~Allocator() = default;
