@@ -223,39 +223,47 @@ void copy_str(char* dst, std::size_t cap, const std::string& s) {
 
 }  // namespace
 
-void HierGroup::match(std::uint64_t round, HierCall& c) {
+struct HierGroup::Match {
+  Record mine;
+  std::vector<Record> theirs;
+  std::string local_bad;
+  std::vector<int> peers;
+  std::unique_ptr<Transfers> ts;
+};
+
+std::shared_ptr<HierGroup::Match> HierGroup::start_match(std::uint64_t round, HierCall& c) {
   const Op& op = *c.local.op;
-  const std::string local_bad = local_->mismatch(round, c.local);
-  struct Records {
-    Record mine;
-    std::vector<Record> theirs;
-  };
-  auto recs = std::make_shared<Records>();  // outlives a failed wait
-  Record& mine = recs->mine;
+  auto m = std::make_shared<Match>();  // outlives a failed wait (the transfers keep it)
+  m->local_bad = local_->mismatch(round, c.local);
+  Record& mine = m->mine;
   mine.seq = op.seq;
   mine.hash = hash_of(op.desc);
-  mine.local_bad = local_bad.empty() ? 0 : 1;
+  mine.local_bad = m->local_bad.empty() ? 0 : 1;
   mine.rank = global(topo_.me);
   copy_str(mine.desc, sizeof mine.desc, op.desc.str());
-  copy_str(mine.why, sizeof mine.why, local_bad);
+  copy_str(mine.why, sizeof mine.why, m->local_bad);
   const int H = topo_.num_hosts(), j = topo_.local();
-  recs->theirs.resize(static_cast<std::size_t>(H));
-  std::vector<Record>& theirs = recs->theirs;
-  std::vector<int> peers;
-  Transfers ts(*mesh_);
+  m->theirs.resize(static_cast<std::size_t>(H));
+  m->ts = std::make_unique<Transfers>(*mesh_);
   for (int h = 0; h < H; ++h) {
     if (h == topo_.host()) continue;
     const int p = topo_.at(h, j);
-    peers.push_back(p);
-    ts.recv(global(p), tag(c, kRecords, 0), &theirs[static_cast<std::size_t>(h)], sizeof(Record), recs);
-    ts.send(global(p), tag(c, kRecords, 0), &mine, sizeof(Record), recs);
+    m->peers.push_back(p);
+    m->ts->recv(global(p), tag(c, kRecords, 0), &m->theirs[static_cast<std::size_t>(h)], sizeof(Record), m);
+    m->ts->send(global(p), tag(c, kRecords, 0), &m->mine, sizeof(Record), m);
   }
-  wait(ts, c, peers);
+  return m;
+}
+
+void HierGroup::finish_match(const std::shared_ptr<Match>& m, HierCall& c) {
+  const Op& op = *c.local.op;
+  wait(*m->ts, c, m->peers);
+  const Record& mine = m->mine;
   const std::string where = "collective mismatch in " + group_str(gid_) + " at seq " + std::to_string(op.seq) + ": ";
-  if (!local_bad.empty()) throw CollectiveMismatchError(c.local.name, local_bad, global(topo_.me));
-  for (int h = 0; h < H; ++h) {
+  if (!m->local_bad.empty()) throw CollectiveMismatchError(c.local.name, m->local_bad, global(topo_.me));
+  for (int h = 0; h < topo_.num_hosts(); ++h) {
     if (h == topo_.host()) continue;
-    const Record& r = theirs[static_cast<std::size_t>(h)];
+    const Record& r = m->theirs[static_cast<std::size_t>(h)];
     if (r.local_bad)
       throw CollectiveMismatchError(c.local.name, std::string(r.why, strnlen(r.why, sizeof r.why)), global(topo_.me));
     if (r.seq != op.seq || r.hash != mine.hash)
@@ -267,6 +275,8 @@ void HierGroup::match(std::uint64_t round, HierCall& c) {
                                     global(topo_.me));
   }
 }
+
+void HierGroup::match(std::uint64_t round, HierCall& c) { finish_match(start_match(round, c), c); }
 
 void HierGroup::execute(const Op& op) {
   HierCall c;

@@ -145,6 +145,14 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   /// with the cross peers: throws CollectiveMismatchError on every member alike.
   /// Stages nothing: the algorithms stage their first chunk themselves, before.
   void match(std::uint64_t round, HierCall& c);
+  /// match() in two halves, so that a call's data can travel while the
+  /// records do: start_match posts the exchange, finish_match waits for it
+  /// and throws as match() does. A call that throws there leaves its data
+  /// transfers behind (their tags are its own; the buffers must be kept
+  /// alive by those transfers).
+  struct Match;
+  std::shared_ptr<Match> start_match(std::uint64_t round, HierCall& c);
+  void finish_match(const std::shared_ptr<Match>& m, HierCall& c);
 
  private:
   void execute(const Op& op);
