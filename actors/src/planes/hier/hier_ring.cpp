@@ -30,23 +30,22 @@ std::vector<int> others(const Topology& t) {
 }
 
 /// The call's only round on this host (one member: nothing to wait for), and
-/// the match records posted to the cross peers. Up to `overlap_bytes` per
-/// message they are not awaited here: the data travels while they do (one
-/// round trip less: a 4 KiB all_reduce between two hosts took 100-136 us
-/// instead of 148-172), and finish_match checks them before the result
-/// counts (a mismatch throws there; the call's own transfers stay behind).
-/// Larger data waits for the match, which also brings the ranks into step: a
-/// message that arrives before its recv is posted is buffered by the mesh in
-/// fresh memory, and unsynchronised 1 MiB all_reduces took 3.0-4.9 ms
-/// instead of 1.0-1.3 (docs/performance.md, 2026-12-04).
-std::shared_ptr<HierGroup::Match> open_call(HierGroup& g, HierCall& c, std::size_t bytes) {
+/// the match records posted to the cross peers. Up to the ring's small_bytes
+/// per message (its latency path) they are not awaited here: the data
+/// travels while they do (one round trip less), and finish_match checks them
+/// before the result counts (a mismatch throws there; the call's own
+/// transfers stay behind). Larger data waits for the match, which also
+/// brings the ranks into step: without it a 1 MiB all_reduce between two
+/// hosts measured 2.4-4x slower (docs/performance.md, 2026-12-04).
+std::shared_ptr<HierGroup::Match> open_call(HierGroup& g, HierCall& c, std::size_t bytes,
+                                            const RingOptions& opt) {
   Channel& ch = g.local();
   const std::uint64_t k = ch.begin_round(c.local);
   ch.publish(k, *c.local.op);
   ch.signal(Channel::A(k));
   ch.wait_all(Channel::A(k), c.local);
   auto m = g.start_match(k, c);
-  if (bytes <= RingOptions{}.small_bytes) return m;
+  if (bytes <= opt.small_bytes) return m;
   g.finish_match(m, c);
   return nullptr;
 }
@@ -69,7 +68,10 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
   if (t.per_host() != 1) return false;
   const Op& call = *c.local.op;
   const shm_plane::FlatView v(tensors, 0, tensors.size());
-  const auto match = open_call(g, c, v.bytes());
+  RingOptions opt;
+  opt.order = call.desc.order;
+  opt.pre_divisor = call.desc.pre_divisor;
+  const auto match = open_call(g, c, v.bytes(), opt);
   const std::size_t bytes = v.bytes(), es = itemsize(dtype);
   const std::int64_t numel = static_cast<std::int64_t>(bytes / es);
   const int n = static_cast<int>(t.members.size());
@@ -81,9 +83,6 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
     buf = keep->packed.get();
     v.gather(0, bytes, buf);
   }
-  RingOptions opt;
-  opt.order = call.desc.order;
-  opt.pre_divisor = call.desc.pre_divisor;
   Transfers ts(g.mesh());
   detail::ring_all_reduce(ring_of(g), c.op_id, buf, numel, dtype, op, ts.expect(keep), opt);
   // Bytes this rank sends: every peer's share of the buffer (the latency
@@ -112,7 +111,8 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
   const std::size_t nb = in.nbytes();
   const int n = static_cast<int>(t.members.size());
   const shm_plane::FlatView out(call.tensors, 1, call.tensors.size() - 1);
-  const auto match = open_call(g, c, nb);
+  const RingOptions opt;
+  const auto match = open_call(g, c, nb, opt);
   if (nb == 0) {
     close_call(g, c, match);
     return true;
@@ -132,7 +132,7 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
     for (int s = 0; s < n; ++s) outputs[static_cast<std::size_t>(s)] = keep->packed.get() + static_cast<std::size_t>(s) * nb;
   }
   Transfers ts(g.mesh());
-  detail::ring_all_gather(ring_of(g), c.op_id, in.data_ptr(), nb, outputs, ts.expect(keep), RingOptions{});
+  detail::ring_all_gather(ring_of(g), c.op_id, in.data_ptr(), nb, outputs, ts.expect(keep), opt);
   g.count_cross(nb * static_cast<std::size_t>(n - 1));
   close_call(g, c, match);
   g.wait(ts, c, others(t));
