@@ -158,6 +158,7 @@ void TcpMesh::Impl::do_recv(int peer, Tag tag, RecvOp op) {
 void TcpMesh::Impl::finish_early(Peer& p, Tag tag, Early& msg, RecvOp op) {
   if (msg.n != op.n) return deliver(std::move(op.done), mismatch(p, tag, msg.n, op.n));
   if (msg.n > 0) std::memcpy(op.data, msg.data.get(), msg.n);
+  msg.data = BufferPool::Lease();  // back to the pool for the next early message
   if (op.aux_out) *op.aux_out = msg.aux;
   deliver(std::move(op.done), nullptr);
 }
@@ -274,7 +275,7 @@ void TcpMesh::Impl::on_striped_header(Peer& p) {
     auto msg = std::make_shared<Early>();
     msg->n = len;
     msg->aux = p.rhdr.aux;
-    msg->data.reset(new std::byte[len]);
+    msg->data = pool.take(len);
     p.early[tag].push_back(msg);
     dest = msg->data.get();
     st->finish = [this, &p, msg, tag](bool failed) {
@@ -301,7 +302,7 @@ void TcpMesh::Impl::read_early(Peer& p, Tag tag, std::size_t len, bool queue) {
   auto msg = std::make_shared<Early>();
   msg->n = len;
   msg->aux = p.rhdr.aux;
-  if (len > 0) msg->data.reset(new std::byte[len]);
+  if (len > 0) msg->data = pool.take(len);
   if (queue) p.early[tag].push_back(msg);
   if (len == 0) {
     msg->complete = true;

@@ -61,7 +61,7 @@ struct TcpMesh::Impl {
   };
   // A message read before (or while) its recv was posted.
   struct Early {
-    std::unique_ptr<std::byte[]> data;
+    BufferPool::Lease data;  // from pool: reused memory, no page faults
     std::size_t n = 0;
     std::uint32_t aux = 0;
     bool complete = false;
@@ -127,6 +127,7 @@ struct TcpMesh::Impl {
     std::map<Tag, std::deque<std::shared_ptr<Slot>>> inorder;
   };
 
+  BufferPool pool;  // before the peers and their early messages (which return their buffers)
   std::unique_ptr<TcpListener::Impl> lis;  // owns the io_context (declared first: dies last)
   asio::io_context& io;
   int rank;
@@ -232,6 +233,7 @@ struct TcpMesh::Impl {
 
   // ---- lifetime (tcp_transport.cpp) --------------------------------------------
   void start_threads();
+  void run_io();  // the I/O thread's loop (polls opts.poll_us after each event)
   void shutdown_all();  // I/O thread
   void close();
 };

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <future>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/parallel.hpp"
 #include "loopback_mesh.hpp"
 
 using dopt::transport::Completion;
@@ -140,6 +142,74 @@ TEST_CASE("tcp mesh: messages of every size arrive intact between every pair", "
       for (int b = 0; b < n; ++b)
         if (a != b) CHECK(got[a][b] == sent[a][b]);
   }
+}
+
+TEST_CASE("tcp mesh: messages that arrive before their recv are read into reused buffers", "[tcp]") {
+  TcpMeshOptions o;
+  o.streams = 0;  // every message on the one connection, in order
+  const std::size_t n = std::size_t(1) << 20;
+  // 1 MiB on tag 1, then 8 bytes on tag 2, received tag 2 first: once that
+  // completes, the 1 MiB has been read whole, into an early buffer.
+  auto early_round = [&](Meshes& ms, unsigned seed) {
+    const auto data = pattern(n, seed);
+    std::vector<unsigned char> got(n, 0);
+    std::uint64_t small = seed, small_got = 0;
+    Waiter w;
+    ms[0]->send(1, Tag{9, 1}, data.data(), n, w.cb());
+    ms[0]->send(1, Tag{9, 2}, &small, 8, w.cb());
+    Waiter first;
+    ms[1]->recv(0, Tag{9, 2}, &small_got, 8, first.cb());
+    first.wait_ok();
+    ms[1]->recv(0, Tag{9, 1}, got.data(), n, w.cb());
+    w.wait_ok();
+    CHECK(small_got == small);
+    CHECK(got == data);
+  };
+  auto ms = loopback_meshes(2, std::vector<TcpMeshOptions>(2, o));
+  for (unsigned round = 0; round < 3; ++round) {
+    early_round(ms, round);
+    // Its buffer went back to the receiver's pool, and served the next round.
+    CHECK(ms[1]->buffers().free_bytes() == n);
+  }
+  TcpMeshOptions none = o;
+  none.pool_bytes = 0;
+  auto ns = loopback_meshes(2, std::vector<TcpMeshOptions>(2, none));
+  early_round(ns, 7);
+  CHECK(ns[1]->buffers().free_bytes() == 0);
+}
+
+TEST_CASE("tcp mesh: an I/O thread that polls delivers everything and closes", "[tcp]") {
+  TcpMeshOptions o;
+  o.poll_us = 200;
+  auto ms = loopback_meshes(3, std::vector<TcpMeshOptions>(3, o));
+  CHECK(ms[0]->poll_us() == 200);
+  const std::vector<std::size_t> sizes = {0, 8, 65537, std::size_t(3) << 20};
+  std::vector<std::vector<unsigned char>> sent, got;
+  Waiter w;
+  for (int a = 0; a < 3; ++a)
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const int b = (a + 1) % 3;
+      sent.push_back(pattern(sizes[k], unsigned(a * 10 + k)));
+      got.emplace_back(sizes[k], 0);
+      if (k % 2) ms[b]->recv(a, Tag{3, k}, got.back().data(), sizes[k], w.cb());  // posted first
+      ms[a]->send(b, Tag{3, k}, sent.back().data(), sizes[k], w.cb());
+      if (k % 2 == 0) {
+        std::this_thread::sleep_for(1ms);  // an idle gap: the thread sleeps, then wakes for the next
+        ms[b]->recv(a, Tag{3, k}, got.back().data(), sizes[k], w.cb());
+      }
+    }
+  w.wait_ok();
+  CHECK(got == sent);
+  for (auto& m : ms) m->close();  // the polling loop ends
+  // The default: poll only where each rank's two threads have CPUs of their own.
+  const int cpus = dopt::hardware_threads();
+  CHECK(TcpMesh::default_poll_us(1) == (cpus >= 2 ? 200 : 0));
+  CHECK(TcpMesh::default_poll_us(cpus) == 0);
+  ::setenv("DOPT_TCP_POLL_US", "50", 1);
+  auto env = loopback_meshes(2);
+  ::unsetenv("DOPT_TCP_POLL_US");
+  CHECK(env[0]->poll_us() == 50);
+  CHECK(loopback_meshes(2)[1]->poll_us() == 0);
 }
 
 TEST_CASE("tcp mesh: FIFO per tag; tags do not block each other", "[tcp]") {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -133,6 +134,8 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     // Every rank is here now: connecting is bounded by the handshake timeout.
     transport::TcpMeshOptions mesh_options;
     mesh_options.credentials = net::Credentials::from(env);
+    if (const char* v = std::getenv("DOPT_TCP_POLL_US"); !v || !*v)
+      mesh_options.poll_us = transport::TcpMesh::default_poll_us(env.world_size - static_cast<int>(elsewhere.size()));
     mesh = setup_step(rdv, env.rank, op, [&] {
       return std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
                                                   env.handshake_timeout, mesh_options);

@@ -105,6 +105,7 @@
 #include <string>
 #include <vector>
 
+#include "dopt/runtime/buffer_pool.hpp"
 #include "dopt/runtime/handshake.hpp"
 
 namespace dopt::transport {
@@ -138,6 +139,17 @@ struct TcpMeshOptions {
   /// Linux's autotuning (which, on loopback, measured as fast as fixed 1-4 MiB
   /// buffers).
   std::size_t socket_buffer_bytes = 0;
+  /// Microseconds the mesh's I/O thread keeps polling its sockets after the
+  /// last event before it sleeps: saves the wake-ups of a message that
+  /// arrives in pieces, and costs that much CPU after each burst of traffic.
+  /// -1: DOPT_TCP_POLL_US when set, else 0 (never poll). The world's mesh
+  /// uses TcpMesh::default_poll_us for its host when the variable is not set.
+  int poll_us = -1;
+  /// Free scratch buffers the mesh keeps for reuse (buffers()), in bytes:
+  /// first writes to fresh memory fault in every page, which measured costing
+  /// a 1 MiB message between two hosts several times its transfer.
+  /// SIZE_MAX: DOPT_TCP_POOL_BYTES when set, else 64 MiB; 0 keeps none.
+  std::size_t pool_bytes = SIZE_MAX;
   /// Told (on the I/O thread) when the connection to a peer fails, once per
   /// peer, before the pending operations' callbacks. Not called by close().
   std::function<void(int peer, std::exception_ptr why)> on_peer_lost;
@@ -193,6 +205,12 @@ class TcpMesh {
   int world_size() const noexcept;
   /// Data connections per peer in use (options and environment resolved).
   int streams() const noexcept;
+  /// The I/O thread's polling time in use (TcpMeshOptions::poll_us, resolved).
+  int poll_us() const noexcept;
+  /// The polling time for a mesh whose host runs ranks_on_host ranks: 200 us
+  /// where each rank's calling thread and I/O thread can have a CPU of their
+  /// own (2 * ranks_on_host <= hardware_threads()), else 0.
+  static int default_poll_us(int ranks_on_host);
 
   /// Sends n bytes at data to peer (!= rank()). See the messaging contract.
   void send(int peer, Tag tag, const void* data, std::size_t n, Completion done,
@@ -208,6 +226,12 @@ class TcpMesh {
   void recv(int peer, void* data, std::size_t n, Completion done) {
     recv(peer, Tag{}, data, n, std::move(done));
   }
+
+  /// Scratch buffers kept for reuse (any thread): the mesh reads messages
+  /// that arrive before their recv into them, and the collectives built on
+  /// the mesh take their per-call scratch from it. Free buffers kept: up to
+  /// TcpMeshOptions::pool_bytes.
+  BufferPool& buffers() noexcept;
 
   /// Runs fn on the I/O thread (after the operations already requested from
   /// this thread have been queued). fn must not block or throw.

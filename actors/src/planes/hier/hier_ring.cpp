@@ -58,7 +58,7 @@ void close_call(HierGroup& g, HierCall& c, const std::shared_ptr<HierGroup::Matc
 /// the caller's tensors (their storage) and a packing buffer.
 struct Keep {
   std::vector<Tensor> tensors;
-  std::unique_ptr<char[]> packed;
+  BufferPool::Lease packed;  // from the mesh's pool: memory used before, no page faults
 };
 
 }  // namespace
@@ -79,8 +79,8 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
   keep->tensors = tensors;
   char* buf = bytes ? v.contiguous(0, bytes) : nullptr;
   if (bytes && !buf) {  // several tensors (coalesced), or not contiguous: one buffer
-    keep->packed.reset(new char[bytes]);
-    buf = keep->packed.get();
+    keep->packed = g.mesh().buffers().take(bytes);
+    buf = reinterpret_cast<char*>(keep->packed.get());
     v.gather(0, bytes, buf);
   }
   Transfers ts(g.mesh());
@@ -99,7 +99,7 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
   }
   close_call(g, c, match);
   g.wait(ts, c, others(t));
-  if (buf && buf == keep->packed.get()) v.scatter(0, bytes, buf);
+  if (buf && buf == reinterpret_cast<char*>(keep->packed.get())) v.scatter(0, bytes, buf);
   return true;
 }
 
@@ -128,7 +128,7 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
     packed = packed || !outputs[static_cast<std::size_t>(s)];
   }
   if (packed) {
-    keep->packed.reset(new char[nb * static_cast<std::size_t>(n)]);
+    keep->packed = g.mesh().buffers().take(nb * static_cast<std::size_t>(n));
     for (int s = 0; s < n; ++s) outputs[static_cast<std::size_t>(s)] = keep->packed.get() + static_cast<std::size_t>(s) * nb;
   }
   Transfers ts(g.mesh());
@@ -136,7 +136,7 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
   g.count_cross(nb * static_cast<std::size_t>(n - 1));
   close_call(g, c, match);
   g.wait(ts, c, others(t));
-  if (packed) out.scatter(0, nb * static_cast<std::size_t>(n), keep->packed.get());
+  if (packed) out.scatter(0, nb * static_cast<std::size_t>(n), reinterpret_cast<const char*>(keep->packed.get()));
   return true;
 }
 

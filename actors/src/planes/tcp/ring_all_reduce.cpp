@@ -17,7 +17,7 @@ class SmallAllReduceOp : public RingOp {
         dtype_(dtype),
         op_(op),
         bytes_(std::size_t(numel) * itemsize(dtype)),
-        scratch_(std::size_t(n_ - 1) * bytes_) {}
+        scratch_(mesh_, std::size_t(n_ - 1) * bytes_) {}
 
  protected:
   void start() override {

@@ -29,9 +29,12 @@ inline Tag tag_of(std::uint64_t op_id, Phase phase, std::uint64_t segment) {
 // was lost; k_failed_other = invalid for another reason.
 constexpr std::uint32_t k_failed_other = 0xFFFFFFFFu;
 
+// A collective's scratch, from the mesh's pool (memory used before: a fresh
+// buffer per call faulted in every page, which cost more than the transfer).
 struct Buffer {
-  std::unique_ptr<std::byte[]> data;
-  explicit Buffer(std::size_t n = 0) : data(n ? new std::byte[n] : nullptr) {}
+  BufferPool::Lease data;
+  Buffer() = default;
+  Buffer(TcpMesh& mesh, std::size_t n) : data(mesh.buffers().take(n)) {}
   std::byte* get() const { return data.get(); }
 };
 

@@ -49,7 +49,7 @@ class ReduceScatterOp : public RingOp {
       slot_elems_ = std::min<std::int64_t>(ce_, counts_[me_]);
       const std::size_t per_chunk = std::size_t(n_ - 1) * std::size_t(slot_elems_) * isz_;
       w_ = std::min<std::size_t>(std::max<std::size_t>(std::size_t(opt_.window), opt_.scratch_bytes / per_chunk), nc_);
-      scratch_ = Buffer(w_ * std::size_t(n_ - 1) * slot_elems_ * isz_);
+      scratch_ = Buffer(mesh_, w_ * std::size_t(n_ - 1) * slot_elems_ * isz_);
       arrived_.assign(nc_, 0);
       code_.assign(nc_, 0);
       for (std::size_t c = 0; c < w_; ++c) post_chunk(c);
