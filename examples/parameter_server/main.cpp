@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
           if (!(last < 0.1 * first)) all_fell = false;
         },
         {.simulated_workers = 5,
-         .names = [](int r) { return r < 2 ? "ps" + std::to_string(r) : "trainer" + std::to_string(r); }});
+         .names = [](int r) { return r < 2 ? "ps" + std::to_string(r) : "trainer" + std::to_string(r); },
+         .rpc = {}});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "parameter_server: %s\n", e.what());
     return 1;
