@@ -127,8 +127,8 @@ struct TcpMesh::Impl {
     std::map<Tag, std::deque<std::shared_ptr<Slot>>> inorder;
   };
 
-  BufferPool pool;  // before the peers and their early messages (which return their buffers)
   std::unique_ptr<TcpListener::Impl> lis;  // owns the io_context (declared first: dies last)
+  BufferPool pool;  // early messages' buffers, the collectives' scratch (leases may outlive it)
   asio::io_context& io;
   int rank;
   int world;

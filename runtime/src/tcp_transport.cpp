@@ -15,7 +15,13 @@ using namespace tcp_detail;
 // ---- lifetime ------------------------------------------------------------------
 
 TcpMesh::Impl::Impl(std::unique_ptr<TcpListener::Impl> l, int r, int w, TcpMeshOptions o)
-    : pool(BufferPoolOptions{BufferPoolOptions{}.min_bytes, o.pool_bytes}), lis(std::move(l)), io(lis->io), rank(r), world(w), opts(std::move(o)), streams(opts.streams) {
+    : lis(std::move(l)),
+      pool(BufferPoolOptions{BufferPoolOptions{}.min_bytes, o.pool_bytes}),
+      io(lis->io),
+      rank(r),
+      world(w),
+      opts(std::move(o)),
+      streams(opts.streams) {
   for (int k = 0; k < streams; ++k) lanes.push_back(std::make_unique<Lane>());
   peers.resize(world);
   for (int i = 0; i < world; ++i) {
