@@ -1,6 +1,7 @@
 // The MPI plane (mpi_plane.hpp).
 #include "planes/mpi/mpi_plane.hpp"
 
+#include "dopt/runtime/buffer_pool.hpp"
 #include "dopt/runtime/error.hpp"
 
 #ifndef DOPT_HAVE_MPI
@@ -28,6 +29,7 @@ std::shared_ptr<GroupPlane> make_world_plane(const LaunchEnv& env, std::shared_p
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -72,6 +74,36 @@ struct Shared {
   std::vector<std::string> host_ids;
   std::mutex mutex;
   std::map<std::uint64_t, std::shared_ptr<GroupPlane>> fresh;
+  /// The calls' scratch (reused: fresh memory faults in every page, and a
+  /// std::vector also zeroed it), and the buffers of calls that failed,
+  /// which MPI may still write (it cannot cancel a collective): never reused.
+  BufferPool buffers;
+  std::vector<BufferPool::Lease> quarantine;  // under mutex
+};
+
+/// A call's scratch buffer from the plane's pool, grown on demand. Left by
+/// an exception (a failed wait), it goes to the quarantine instead of the pool.
+class Scratch {
+ public:
+  explicit Scratch(Shared& sh) : sh_(sh), exceptions_(std::uncaught_exceptions()) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (lease_ && std::uncaught_exceptions() > exceptions_) {
+      std::lock_guard<std::mutex> lock(sh_.mutex);
+      sh_.quarantine.push_back(std::move(lease_));
+    }
+  }
+  /// At least n bytes (contents unspecified; kept from the previous size when it fits).
+  char* get(std::size_t n) {
+    if (lease_.capacity() < n) lease_ = sh_.buffers.take(n);
+    return reinterpret_cast<char*>(lease_.get());
+  }
+
+ private:
+  Shared& sh_;
+  int exceptions_;
+  BufferPool::Lease lease_;
 };
 
 class MpiGroup final : public GroupPlane {
@@ -212,7 +244,7 @@ void MpiGroup::reduce_flat(const Op& op, char* data, std::int64_t total, int roo
   const std::size_t item = itemsize(dt);
   const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t chunk = std::max<std::int64_t>(n(), static_cast<std::int64_t>(chunk_bytes() / item));
-  std::vector<char> scratch, result;
+  Scratch scratch(*sh_), result(*sh_);
   std::vector<int> counts(static_cast<std::size_t>(n())), displs(static_cast<std::size_t>(n()));
   std::vector<int> rcounts(static_cast<std::size_t>(n())), rdispls(static_cast<std::size_t>(n()));
   std::vector<MPI_Request> reqs(1);
@@ -228,22 +260,19 @@ void MpiGroup::reduce_flat(const Op& op, char* data, std::int64_t total, int roo
       rcounts[static_cast<std::size_t>(k)] = mine;
       rdispls[static_cast<std::size_t>(k)] = k * mine;
     }
-    scratch.resize(static_cast<std::size_t>(mine) * static_cast<std::size_t>(n()));
+    char* in = scratch.get(static_cast<std::size_t>(mine) * static_cast<std::size_t>(n()));
     char* base = data + lo * static_cast<std::int64_t>(item);
-    MPI_Ialltoallv(base, counts.data(), displs.data(), MPI_BYTE, scratch.data(), rcounts.data(), rdispls.data(),
+    MPI_Ialltoallv(base, counts.data(), displs.data(), MPI_BYTE, in, rcounts.data(), rdispls.data(),
                    MPI_BYTE, comm_, &reqs[0]);
     for (int k = 0; k < n(); ++k)
       if (k != me_) count(k, static_cast<std::size_t>(counts[static_cast<std::size_t>(k)]));
     wait(reqs, op, deadline);
     // My slice, every member's contribution in the group's order.
     std::vector<const void*> ins;
-    for (int k = 0; k < n(); ++k) ins.push_back(scratch.data() + static_cast<std::size_t>(k) * mine);
+    for (int k = 0; k < n(); ++k) ins.push_back(in + static_cast<std::size_t>(k) * mine);
     const std::int64_t my_count = mine / static_cast<std::int64_t>(item);
     char* my_out = base + displs[static_cast<std::size_t>(me_)];
-    if (root >= 0 && root != me_) {
-      result.resize(static_cast<std::size_t>(mine));
-      my_out = result.data();
-    }
+    if (root >= 0 && root != me_) my_out = result.get(static_cast<std::size_t>(mine));
     if (my_count > 0) reduce_members(spec, ins, {my_out}, lo + bound(me_), my_count);
     if (root < 0) {
       MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, base, counts.data(), displs.data(), MPI_BYTE, comm_, &reqs[0]);
@@ -261,16 +290,16 @@ void MpiGroup::reduce_flat(const Op& op, char* data, std::int64_t total, int roo
 void MpiGroup::all_gather_into(const Op& op, const char* input, std::size_t bytes, const std::vector<char*>& outs,
                                Clock::time_point deadline) {
   const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes() / static_cast<std::size_t>(n()));
-  std::vector<char> scratch;
+  Scratch scratch(*sh_);
   std::vector<MPI_Request> reqs(1);
   for (std::size_t lo = 0; lo < bytes; lo += chunk) {
     const std::size_t len = std::min(chunk, bytes - lo);
-    scratch.resize(len * static_cast<std::size_t>(n()));
-    MPI_Iallgather(input + lo, static_cast<int>(len), MPI_BYTE, scratch.data(), static_cast<int>(len), MPI_BYTE, comm_,
+    char* all = scratch.get(len * static_cast<std::size_t>(n()));
+    MPI_Iallgather(input + lo, static_cast<int>(len), MPI_BYTE, all, static_cast<int>(len), MPI_BYTE, comm_,
                    &reqs[0]);
     count_all_others(len);
     wait(reqs, op, deadline);
-    for (int k = 0; k < n(); ++k) std::memcpy(outs[static_cast<std::size_t>(k)] + lo, scratch.data() + k * len, len);
+    for (int k = 0; k < n(); ++k) std::memcpy(outs[static_cast<std::size_t>(k)] + lo, all + k * len, len);
   }
 }
 
@@ -283,22 +312,21 @@ void MpiGroup::reduce_scatter(const Op& op, Clock::time_point deadline) {
   const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t chunk =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(chunk_bytes() / item / static_cast<std::size_t>(n())));
-  std::vector<char> send, recv;
+  Scratch send_buf(*sh_), recv_buf(*sh_);
   std::vector<MPI_Request> reqs(1);
   for (std::int64_t lo = 0; lo < total; lo += chunk) {
     const std::int64_t len = std::min(chunk, total - lo);
     const std::size_t b = static_cast<std::size_t>(len) * item;
-    send.resize(b * static_cast<std::size_t>(n()));
-    recv.resize(b * static_cast<std::size_t>(n()));
+    char* send = send_buf.get(b * static_cast<std::size_t>(n()));
+    char* recv = recv_buf.get(b * static_cast<std::size_t>(n()));
     for (int k = 0; k < n(); ++k)
-      std::memcpy(send.data() + k * b,
+      std::memcpy(send + k * b,
                   static_cast<const char*>(op.tensors[static_cast<std::size_t>(k) + 1].data_ptr()) + lo * item, b);
-    MPI_Ialltoall(send.data(), static_cast<int>(b), MPI_BYTE, recv.data(), static_cast<int>(b), MPI_BYTE, comm_,
-                  &reqs[0]);
+    MPI_Ialltoall(send, static_cast<int>(b), MPI_BYTE, recv, static_cast<int>(b), MPI_BYTE, comm_, &reqs[0]);
     count_all_others(b);
     wait(reqs, op, deadline);
     std::vector<const void*> ins;
-    for (int k = 0; k < n(); ++k) ins.push_back(recv.data() + k * b);
+    for (int k = 0; k < n(); ++k) ins.push_back(recv + k * b);
     reduce_members(spec, ins, {static_cast<char*>(out.data_ptr()) + lo * static_cast<std::int64_t>(item)}, lo, len);
   }
 }
@@ -340,23 +368,24 @@ void MpiGroup::execute(const Op& op) {
     case CollKind::all_reduce_coalesced: {
       std::int64_t total = 0;
       for (const auto& t : op.tensors) total += t.numel();
-      std::vector<char> flat(static_cast<std::size_t>(total) * itemsize(op.desc.dtype));
+      Scratch flat_buf(*sh_);
+      char* flat = flat_buf.get(static_cast<std::size_t>(total) * itemsize(op.desc.dtype));
       std::size_t off = 0;
       for (const auto& t : op.tensors) {
-        std::memcpy(flat.data() + off, t.data_ptr(), t.nbytes());
+        std::memcpy(flat + off, t.data_ptr(), t.nbytes());
         off += t.nbytes();
       }
-      reduce_flat(op, flat.data(), total, -1, deadline);
+      reduce_flat(op, flat, total, -1, deadline);
       off = 0;
       for (const auto& t : op.tensors) {
-        std::memcpy(t.data_ptr(), flat.data() + off, t.nbytes());
+        std::memcpy(t.data_ptr(), flat + off, t.nbytes());
         off += t.nbytes();
       }
       return;
     }
     case CollKind::broadcast:
     case CollKind::broadcast_coalesced: {
-      std::vector<char> flat;
+      Scratch flat(*sh_);
       char* data = nullptr;
       std::size_t bytes = 0;
       if (op.desc.kind == CollKind::broadcast) {
@@ -364,8 +393,7 @@ void MpiGroup::execute(const Op& op) {
         bytes = op.tensors[0].nbytes();
       } else {
         for (const auto& t : op.tensors) bytes += t.nbytes();
-        flat.resize(bytes);
-        data = flat.data();
+        data = flat.get(bytes);
         std::size_t off = 0;
         if (me_ == op.desc.root)
           for (const auto& t : op.tensors) {
