@@ -58,7 +58,9 @@ void resolve_settings(TcpMeshOptions& options, int rank) {
     options.stripe_min_bytes = std::size_t(env_setting(
         "DOPT_TCP_STRIPE_MIN", 1, 1LL << 40,
         (long long)(hardware_threads() >= k_stripe_cpus ? k_default_stripe_min : k_never)));
-  if (options.poll_us < 0) options.poll_us = int(env_setting("DOPT_TCP_POLL_US", 0, 1000000, 0));
+  if (options.poll_us < 0)
+    options.poll_us = int(env_setting("DOPT_TCP_POLL_US", 0, 1000000,
+                                      options.ranks_on_host > 0 ? TcpMesh::default_poll_us(options.ranks_on_host) : 0));
   if (options.pool_bytes == SIZE_MAX)
     options.pool_bytes = std::size_t(env_setting("DOPT_TCP_POOL_BYTES", 0, 1LL << 40, 64LL << 20));
   if (options.socket_buffer_bytes == 0)

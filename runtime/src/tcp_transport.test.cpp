@@ -210,6 +210,9 @@ TEST_CASE("tcp mesh: an I/O thread that polls delivers everything and closes", "
   ::unsetenv("DOPT_TCP_POLL_US");
   CHECK(env[0]->poll_us() == 50);
   CHECK(loopback_meshes(2)[1]->poll_us() == 0);
+  TcpMeshOptions hinted;  // the world's mesh says how many ranks share its host
+  hinted.ranks_on_host = 1;
+  CHECK(loopback_meshes(2, std::vector<TcpMeshOptions>(2, hinted))[0]->poll_us() == TcpMesh::default_poll_us(1));
 }
 
 TEST_CASE("tcp mesh: FIFO per tag; tags do not block each other", "[tcp]") {

@@ -134,8 +134,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     // Every rank is here now: connecting is bounded by the handshake timeout.
     transport::TcpMeshOptions mesh_options;
     mesh_options.credentials = net::Credentials::from(env);
-    if (const char* v = std::getenv("DOPT_TCP_POLL_US"); !v || !*v)
-      mesh_options.poll_us = transport::TcpMesh::default_poll_us(env.world_size - static_cast<int>(elsewhere.size()));
+    mesh_options.ranks_on_host = env.world_size - static_cast<int>(elsewhere.size());
     mesh = setup_step(rdv, env.rank, op, [&] {
       return std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
                                                   env.handshake_timeout, mesh_options);

@@ -142,9 +142,11 @@ struct TcpMeshOptions {
   /// Microseconds the mesh's I/O thread keeps polling its sockets after the
   /// last event before it sleeps: saves the wake-ups of a message that
   /// arrives in pieces, and costs that much CPU after each burst of traffic.
-  /// -1: DOPT_TCP_POLL_US when set, else 0 (never poll). The world's mesh
-  /// uses TcpMesh::default_poll_us for its host when the variable is not set.
+  /// -1: DOPT_TCP_POLL_US when set, else TcpMesh::default_poll_us(ranks_on_host)
+  /// (0, never poll, when ranks_on_host is not known).
   int poll_us = -1;
+  /// Ranks of the job on this host, 0 when not known: poll_us's default.
+  int ranks_on_host = 0;
   /// Free scratch buffers the mesh keeps for reuse (buffers()), in bytes:
   /// first writes to fresh memory fault in every page, which measured costing
   /// a 1 MiB message between two hosts several times its transfer.
