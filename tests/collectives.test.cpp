@@ -213,11 +213,12 @@ TEST_CASE("collectives: hosts of 2 ranks (DOPT_HOST_ID) run on the hierarchical 
 
 TEST_CASE("collectives: on the hierarchical plane, a mismatch between hosts fails every rank, a killed rank is named",
           "[collectives][multiprocess]") {
-  // One rank per host too: there the records travel with the data (hier_ring.cpp).
-  for (int per_host : {2, 1}) {
-    auto ds = run_as_hosts(2, per_host, "mismatch", {{"DOPT_TIMEOUT_MS", "20000"}});
+  // One rank per host too: there the records travel with the data of calls
+  // up to 4 MiB (hier_ring.cpp), 32 bytes ("mismatch") and 4 MiB ("mismatch_big").
+  for (auto [per_host, mode] : {std::pair{2, "mismatch"}, std::pair{1, "mismatch"}, std::pair{1, "mismatch_big"}}) {
+    auto ds = run_as_hosts(2, per_host, mode, {{"DOPT_TIMEOUT_MS", "20000"}});
     for (std::size_t r = 0; r < ds.size(); ++r) {
-      INFO(per_host << " ranks per host, rank " << r << ": " << ds[r].out);
+      INFO(per_host << " ranks per host, " << mode << ", rank " << r << ": " << ds[r].out);
       CHECK(ds[r].failed());
       CHECK(contains(ds[r].out, "error CollectiveMismatchError"));
       CHECK(contains(ds[r].out, "called all_reduce"));

@@ -9,7 +9,8 @@
 //                                    values computed here independently
 //   dopt_collectives_peer mismatch   rank 0 calls all_reduce, the others
 //                                    broadcast: everyone must get
-//                                    CollectiveMismatchError
+//                                    CollectiveMismatchError (8 elements)
+//   dopt_collectives_peer mismatch_big  the same with 4 MiB
 //   dopt_collectives_peer kill       rank 1 joins a large all_reduce and then
 //                                    kills itself (SIGKILL): the others must get
 //                                    PeerLostError naming rank 1
@@ -349,8 +350,8 @@ int main(int argc, char** argv) {
           const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
           while (std::chrono::steady_clock::now() < end) world.all_reduce(t);
           c.expect(false, "the link was cut, yet every all_reduce of 60 s completed");
-        } else if (mode == "mismatch") {
-          Tensor t = Tensor::full({8}, 1.0);
+        } else if (mode == "mismatch" || mode == "mismatch_big") {
+          Tensor t = Tensor::full({mode == "mismatch" ? 8 : 1 << 20}, 1.0);
           if (rank == 0) world.all_reduce(t);
           else world.broadcast(t, 0);
         } else if (mode == "kill" || mode == "stop") {
@@ -393,7 +394,7 @@ int main(int argc, char** argv) {
           world.barrier();
         } else {
           throw dopt_test::Usage{
-              "dopt_collectives_peer battery | digest | cut | mismatch | kill | stop | loop | p2pkill | launch"};
+              "dopt_collectives_peer battery | digest | cut | mismatch | mismatch_big | kill | stop | loop | p2pkill | launch"};
         }
         return c.checks;
       },

@@ -223,60 +223,102 @@ void copy_str(char* dst, std::size_t cap, const std::string& s) {
 
 }  // namespace
 
-struct HierGroup::Match {
+namespace {
+
+/// One call's exchange of records with its cross peers, and what its
+/// verdict needs (copied: the verdict may come after the call gave up).
+struct Match {
   Record mine;
   std::vector<Record> theirs;
   std::string local_bad;
-  std::vector<int> peers;
-  std::unique_ptr<Transfers> ts;
+  std::string name;   // the collective's name, for the error
+  std::string where;  // "collective mismatch in <group> at seq N: "
+  std::string desc;   // this rank's call
+  std::uint64_t seq = 0;
+  int me = 0;         // global rank
+  int host = 0;
+
+  /// nullptr when every host called the same collective; else the error.
+  std::exception_ptr verdict() const {
+    if (!local_bad.empty()) return std::make_exception_ptr(CollectiveMismatchError(name, local_bad, me));
+    for (std::size_t h = 0; h < theirs.size(); ++h) {
+      if (static_cast<int>(h) == host) continue;
+      const Record& r = theirs[h];
+      if (r.local_bad)
+        return std::make_exception_ptr(
+            CollectiveMismatchError(name, std::string(r.why, strnlen(r.why, sizeof r.why)), me));
+      if (r.seq != seq || r.hash != mine.hash)
+        return std::make_exception_ptr(CollectiveMismatchError(
+            name,
+            where + "rank " + std::to_string(mine.rank) + " called " + desc + " but rank " + std::to_string(r.rank) +
+                " called " + std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
+                (r.seq != seq ? " at seq " + std::to_string(r.seq) : std::string()),
+            me));
+    }
+    return nullptr;
+  }
 };
 
-std::shared_ptr<HierGroup::Match> HierGroup::start_match(std::uint64_t round, HierCall& c) {
+/// The transfers of a match left: the last one settles the verdict (every
+/// completion runs on the mesh's I/O thread).
+struct Pending {
+  int left = 0;
+  bool settled = false;
+  transport::Completion verdict;
+};
+
+}  // namespace
+
+void HierGroup::start_match(std::uint64_t round, HierCall& c, transport::Completion verdict) {
   const Op& op = *c.local.op;
-  auto m = std::make_shared<Match>();  // outlives a failed wait (the transfers keep it)
+  auto m = std::make_shared<Match>();
   m->local_bad = local_->mismatch(round, c.local);
+  m->name = c.local.name;
+  m->where = "collective mismatch in " + group_str(gid_) + " at seq " + std::to_string(op.seq) + ": ";
+  m->desc = op.desc.str();
+  m->seq = op.seq;
+  m->me = global(topo_.me);
+  m->host = topo_.host();
   Record& mine = m->mine;
   mine.seq = op.seq;
   mine.hash = hash_of(op.desc);
   mine.local_bad = m->local_bad.empty() ? 0 : 1;
   mine.rank = global(topo_.me);
-  copy_str(mine.desc, sizeof mine.desc, op.desc.str());
+  copy_str(mine.desc, sizeof mine.desc, m->desc);
   copy_str(mine.why, sizeof mine.why, m->local_bad);
   const int H = topo_.num_hosts(), j = topo_.local();
   m->theirs.resize(static_cast<std::size_t>(H));
-  m->ts = std::make_unique<Transfers>(*mesh_);
+  auto pend = std::make_shared<Pending>();
+  pend->left = 2 * (H - 1);
+  pend->verdict = std::move(verdict);
+  if (pend->left == 0) {
+    mesh_->post([m, pend] { pend->verdict(m->verdict()); });
+    return;
+  }
+  // The completions hold m: the records' buffers outlive a call that gave up.
+  // The first failed transfer settles it (as a wait on them would end).
+  auto settle = [m, pend](std::exception_ptr e) {
+    --pend->left;
+    if (pend->settled || (!e && pend->left > 0)) return;
+    pend->settled = true;
+    pend->verdict(e ? e : m->verdict());
+  };
   for (int h = 0; h < H; ++h) {
     if (h == topo_.host()) continue;
-    const int p = topo_.at(h, j);
-    m->peers.push_back(p);
-    m->ts->recv(global(p), tag(c, kRecords, 0), &m->theirs[static_cast<std::size_t>(h)], sizeof(Record), m);
-    m->ts->send(global(p), tag(c, kRecords, 0), &m->mine, sizeof(Record), m);
-  }
-  return m;
-}
-
-void HierGroup::finish_match(const std::shared_ptr<Match>& m, HierCall& c) {
-  const Op& op = *c.local.op;
-  wait(*m->ts, c, m->peers);
-  const Record& mine = m->mine;
-  const std::string where = "collective mismatch in " + group_str(gid_) + " at seq " + std::to_string(op.seq) + ": ";
-  if (!m->local_bad.empty()) throw CollectiveMismatchError(c.local.name, m->local_bad, global(topo_.me));
-  for (int h = 0; h < topo_.num_hosts(); ++h) {
-    if (h == topo_.host()) continue;
-    const Record& r = m->theirs[static_cast<std::size_t>(h)];
-    if (r.local_bad)
-      throw CollectiveMismatchError(c.local.name, std::string(r.why, strnlen(r.why, sizeof r.why)), global(topo_.me));
-    if (r.seq != op.seq || r.hash != mine.hash)
-      throw CollectiveMismatchError(c.local.name,
-                                    where + "rank " + std::to_string(mine.rank) + " called " + op.desc.str() +
-                                        " but rank " + std::to_string(r.rank) + " called " +
-                                        std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
-                                        (r.seq != op.seq ? " at seq " + std::to_string(r.seq) : std::string()),
-                                    global(topo_.me));
+    const int p = global(topo_.at(h, j));
+    mesh_->recv(p, tag(c, kRecords, 0), &m->theirs[static_cast<std::size_t>(h)], sizeof(Record), settle);
+    mesh_->send(p, tag(c, kRecords, 0), &m->mine, sizeof(Record), settle);
   }
 }
 
-void HierGroup::match(std::uint64_t round, HierCall& c) { finish_match(start_match(round, c), c); }
+void HierGroup::match(std::uint64_t round, HierCall& c) {
+  Transfers ts(*mesh_);
+  start_match(round, c, ts.expect());
+  std::vector<int> peers;
+  for (int h = 0; h < topo_.num_hosts(); ++h)
+    if (h != topo_.host()) peers.push_back(topo_.at(h, topo_.local()));
+  wait(ts, c, peers);
+}
 
 void HierGroup::execute(const Op& op) {
   HierCall c;

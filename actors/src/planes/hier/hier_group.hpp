@@ -145,14 +145,16 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   /// with the cross peers: throws CollectiveMismatchError on every member alike.
   /// Stages nothing: the algorithms stage their first chunk themselves, before.
   void match(std::uint64_t round, HierCall& c);
-  /// match() in two halves, so that a call's data can travel while the
-  /// records do: start_match posts the exchange, finish_match waits for it
-  /// and throws as match() does. A call that throws there leaves its data
-  /// transfers behind (their tags are its own; the buffers must be kept
-  /// alive by those transfers).
-  struct Match;
-  std::shared_ptr<Match> start_match(std::uint64_t round, HierCall& c);
-  void finish_match(const std::shared_ptr<Match>& m, HierCall& c);
+  /// match() without its wait, so that a call's data can travel while the
+  /// records do: posts the exchange (after the host's round `round`) and
+  /// calls `verdict` once, on the mesh's I/O thread, when the records have
+  /// come: nullptr, or what match() would throw (CollectiveMismatchError,
+  /// or the records' transfer error). Give it a Transfers' expect() and
+  /// wait() for it with the data: the wait ends at the first error, so a
+  /// mismatch does not wait for data that will not come. A call that fails
+  /// leaves its data transfers behind (their tags are its own; the buffers
+  /// must be kept alive by those transfers).
+  void start_match(std::uint64_t round, HierCall& c, transport::Completion verdict);
 
  private:
   void execute(const Op& op);

@@ -5,6 +5,7 @@
 // copy out, the pipeline drained at each round's end) only cost time; the
 // ring keeps the link busy in both directions, chunk after chunk, and
 // reduces in the group's order (bit for bit what the other planes give).
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -29,29 +30,30 @@ std::vector<int> others(const Topology& t) {
   return v;
 }
 
+/// Data of at most this many bytes per call travels while the match records
+/// do. With the mesh's scratch pool and a polling I/O thread the round trip
+/// the records cost is 11-20 % of a 1-4 MiB call between two hosts
+/// (docs/performance.md, 2026-12-05); above, data that arrives before its
+/// recv is posted costs the mesh a buffer and a copy of it, more than the
+/// round trip saves.
+constexpr std::size_t k_match_overlap_bytes = std::size_t(4) << 20;
+
 /// The call's only round on this host (one member: nothing to wait for), and
-/// the match records posted to the cross peers. Up to the ring's small_bytes
-/// per message (its latency path) they are not awaited here: the data
-/// travels while they do (one round trip less), and finish_match checks them
-/// before the result counts (a mismatch throws there; the call's own
-/// transfers stay behind). Larger data waits for the match, which also
-/// brings the ranks into step: without it a 1 MiB all_reduce between two
-/// hosts measured 2.4-4x slower (docs/performance.md, 2026-12-04).
-std::shared_ptr<HierGroup::Match> open_call(HierGroup& g, HierCall& c, std::size_t bytes,
-                                            const RingOptions& opt) {
+/// the match records posted to the cross peers. Up to k_match_overlap_bytes
+/// (or the ring's small_bytes, when larger) they are not awaited here: the
+/// data travels while they do (one round trip less), and their verdict is a
+/// transfer of ts, waited for with the data (a mismatch ends that wait; the
+/// call's own transfers stay behind). Larger data waits for the match,
+/// which also brings the ranks into step, so that each rank's recvs are
+/// posted before the data arrives.
+void open_call(HierGroup& g, HierCall& c, std::size_t bytes, const RingOptions& opt, Transfers& ts) {
   Channel& ch = g.local();
   const std::uint64_t k = ch.begin_round(c.local);
   ch.publish(k, *c.local.op);
   ch.signal(Channel::A(k));
   ch.wait_all(Channel::A(k), c.local);
-  auto m = g.start_match(k, c);
-  if (bytes <= opt.small_bytes) return m;
-  g.finish_match(m, c);
-  return nullptr;
-}
-
-void close_call(HierGroup& g, HierCall& c, const std::shared_ptr<HierGroup::Match>& m) {
-  if (m) g.finish_match(m, c);
+  if (bytes <= std::max(opt.small_bytes, k_match_overlap_bytes)) return g.start_match(k, c, ts.expect());
+  g.match(k, c);
 }
 
 /// What a collective in flight needs alive after a failed wait gave up on it:
@@ -71,7 +73,8 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
   RingOptions opt;
   opt.order = call.desc.order;
   opt.pre_divisor = call.desc.pre_divisor;
-  const auto match = open_call(g, c, v.bytes(), opt);
+  Transfers ts(g.mesh());
+  open_call(g, c, v.bytes(), opt, ts);
   const std::size_t bytes = v.bytes(), es = itemsize(dtype);
   const std::int64_t numel = static_cast<std::int64_t>(bytes / es);
   const int n = static_cast<int>(t.members.size());
@@ -83,7 +86,6 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
     buf = reinterpret_cast<char*>(keep->packed.get());
     v.gather(0, bytes, buf);
   }
-  Transfers ts(g.mesh());
   detail::ring_all_reduce(ring_of(g), c.op_id, buf, numel, dtype, op, ts.expect(keep), opt);
   // Bytes this rank sends: every peer's share of the buffer (the latency
   // path: the whole buffer to each); then the reduced segments but the next rank's.
@@ -97,7 +99,6 @@ bool whole_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor>& tens
       g.count_cross((bytes - seg(t.me)) + (bytes - seg((t.me + 1) % n)));
     }
   }
-  close_call(g, c, match);
   g.wait(ts, c, others(t));
   if (buf && buf == reinterpret_cast<char*>(keep->packed.get())) v.scatter(0, bytes, buf);
   return true;
@@ -112,9 +113,10 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
   const int n = static_cast<int>(t.members.size());
   const shm_plane::FlatView out(call.tensors, 1, call.tensors.size() - 1);
   const RingOptions opt;
-  const auto match = open_call(g, c, nb, opt);
+  Transfers ts(g.mesh());
+  open_call(g, c, nb, opt, ts);
   if (nb == 0) {
-    close_call(g, c, match);
+    g.wait(ts, c, others(t));
     return true;
   }
   auto keep = std::make_shared<Keep>();
@@ -131,10 +133,8 @@ bool whole_all_gather(HierGroup& g, HierCall& c) {
     keep->packed = g.mesh().buffers().take(nb * static_cast<std::size_t>(n));
     for (int s = 0; s < n; ++s) outputs[static_cast<std::size_t>(s)] = keep->packed.get() + static_cast<std::size_t>(s) * nb;
   }
-  Transfers ts(g.mesh());
   detail::ring_all_gather(ring_of(g), c.op_id, in.data_ptr(), nb, outputs, ts.expect(keep), opt);
   g.count_cross(nb * static_cast<std::size_t>(n - 1));
-  close_call(g, c, match);
   g.wait(ts, c, others(t));
   if (packed) out.scatter(0, nb * static_cast<std::size_t>(n), reinterpret_cast<const char*>(keep->packed.get()));
   return true;
