@@ -273,6 +273,39 @@ TEST_CASE("ring all_reduce: two ranks exchange whole buffers up to pair_bytes, b
     }
 }
 
+TEST_CASE("ring all_reduce: the latency path in pieces (uneven, 3 and 5 ranks, ring order, pre-divisor) is bitwise the pipelined path",
+          "[tcp][ring]") {
+  // 300007 float32 (1.2 MB): 4 uneven pieces of the whole-buffer exchange,
+  // each reduced as it completes; 180001 float64 (1.44 MB): 5 pieces.
+  for (int n : {3, 5}) {
+    auto ms = loopback_meshes(n);
+    for (auto [dt, numel] : {std::pair{DType::float32, std::int64_t{300007}}, std::pair{DType::float64, std::int64_t{180001}}})
+      for (auto order : {dopt::ReduceOrder::rank, dopt::ReduceOrder::ring})
+        for (std::int64_t pre : {std::int64_t{0}, std::int64_t{3}}) {
+          INFO("n=" << n << " dtype=" << dopt::dtype_name(dt) << " ring order=" << (order == dopt::ReduceOrder::ring)
+                    << " pre_divisor=" << pre);
+          RingOptions whole, piped;
+          whole.order = piped.order = order;
+          whole.pre_divisor = piped.pre_divisor = pre;
+          whole.small_bytes = std::size_t(8) << 20;
+          piped.small_bytes = piped.pair_bytes = 0;
+          piped.chunk_bytes = 64 << 10;
+          std::vector<Bytes> a(n), b(n);
+          for (int r = 0; r < n; ++r) a[r] = b[r] = make_data(dt, numel, r);
+          for (auto* run : {&a, &b}) {
+            const RingOptions& opt = run == &a ? whole : piped;
+            Waiter w;
+            const std::uint64_t id = next_op_id();
+            for (int r = 0; r < n; ++r)
+              dopt::detail::ring_all_reduce(world(ms, r), id, (*run)[r].data(), numel, dt, ReduceOp::avg, w.cb(r), opt);
+            w.wait_ok();
+          }
+          for (int r = 0; r < n; ++r) CHECK(std::memcmp(a[r].data(), b[r].data(), a[r].size()) == 0);
+          CHECK(std::memcmp(a[0].data(), a[n - 1].data(), a[0].size()) == 0);
+        }
+  }
+}
+
 TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "[tcp][ring]") {
   for (int n : {1, 2, 3, 5}) {
     auto ms = loopback_meshes(n);

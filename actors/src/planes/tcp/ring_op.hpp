@@ -85,6 +85,20 @@ class RingOp : public std::enable_shared_from_this<RingOp> {
                aux);
   }
 
+  /// The same; then() runs once the send completed (after a failure too).
+  template <class Then>
+  void send(int g, Tag t, const void* p, std::size_t bytes, std::uint32_t aux, Then then) {
+    ++pending_;
+    auto self = shared_from_this();
+    mesh_.send(ranks_[g], t, p, bytes,
+               [self, g, then = std::move(then)](std::exception_ptr e) mutable {
+                 if (e) self->failed(e, g, 0);
+                 then();
+                 self->release();
+               },
+               aux);
+  }
+
   /// then(code): code 0 when the data is valid.
   template <class Then>
   void recv(int g, Tag t, void* p, std::size_t bytes, Then then) {
