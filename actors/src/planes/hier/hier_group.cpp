@@ -45,11 +45,18 @@ transport::Completion Transfers::track(std::shared_ptr<void> keep) {
     std::lock_guard<std::mutex> lock(s_->m);
     ++s_->pending;
   }
+  // The waiter is woken only when its wait can end (the last transfer, or
+  // the first error), after the lock is released: a wake-up per transfer
+  // costs a context switch each on a busy host.
   return [s = s_, keep = std::move(keep)](std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(s->m);
-    if (e && !s->error) s->error = e;
-    --s->pending;
-    s->cv.notify_all();
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(s->m);
+      wake = (e && !s->error) || s->pending == 1;
+      if (e && !s->error) s->error = e;
+      --s->pending;
+    }
+    if (wake) s->cv.notify_all();
   };
 }
 
