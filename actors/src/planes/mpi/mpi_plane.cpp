@@ -37,6 +37,7 @@ std::shared_ptr<GroupPlane> make_world_plane(const LaunchEnv& env, std::shared_p
 #include "engine/executor.hpp"
 #include "engine/failure.hpp"
 #include "kernels.hpp"
+#include "planes/mpi/scratch.hpp"
 
 namespace dopt::detail::mpi {
 
@@ -77,33 +78,7 @@ struct Shared {
   /// The calls' scratch (reused: fresh memory faults in every page, and a
   /// std::vector also zeroed it), and the buffers of calls that failed,
   /// which MPI may still write (it cannot cancel a collective): never reused.
-  BufferPool buffers;
-  std::vector<BufferPool::Lease> quarantine;  // under mutex
-};
-
-/// A call's scratch buffer from the plane's pool, grown on demand. Left by
-/// an exception (a failed wait), it goes to the quarantine instead of the pool.
-class Scratch {
- public:
-  explicit Scratch(Shared& sh) : sh_(sh), exceptions_(std::uncaught_exceptions()) {}
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (lease_ && std::uncaught_exceptions() > exceptions_) {
-      std::lock_guard<std::mutex> lock(sh_.mutex);
-      sh_.quarantine.push_back(std::move(lease_));
-    }
-  }
-  /// At least n bytes (contents unspecified; kept from the previous size when it fits).
-  char* get(std::size_t n) {
-    if (lease_.capacity() < n) lease_ = sh_.buffers.take(n);
-    return reinterpret_cast<char*>(lease_.get());
-  }
-
- private:
-  Shared& sh_;
-  int exceptions_;
-  BufferPool::Lease lease_;
+  ScratchPool scratch;
 };
 
 class MpiGroup final : public GroupPlane {
@@ -244,7 +219,7 @@ void MpiGroup::reduce_flat(const Op& op, char* data, std::int64_t total, int roo
   const std::size_t item = itemsize(dt);
   const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t chunk = std::max<std::int64_t>(n(), static_cast<std::int64_t>(chunk_bytes() / item));
-  Scratch scratch(*sh_), result(*sh_);
+  Scratch scratch(sh_->scratch), result(sh_->scratch);
   std::vector<int> counts(static_cast<std::size_t>(n())), displs(static_cast<std::size_t>(n()));
   std::vector<int> rcounts(static_cast<std::size_t>(n())), rdispls(static_cast<std::size_t>(n()));
   std::vector<MPI_Request> reqs(1);
@@ -290,7 +265,7 @@ void MpiGroup::reduce_flat(const Op& op, char* data, std::int64_t total, int roo
 void MpiGroup::all_gather_into(const Op& op, const char* input, std::size_t bytes, const std::vector<char*>& outs,
                                Clock::time_point deadline) {
   const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes() / static_cast<std::size_t>(n()));
-  Scratch scratch(*sh_);
+  Scratch scratch(sh_->scratch);
   std::vector<MPI_Request> reqs(1);
   for (std::size_t lo = 0; lo < bytes; lo += chunk) {
     const std::size_t len = std::min(chunk, bytes - lo);
@@ -312,7 +287,7 @@ void MpiGroup::reduce_scatter(const Op& op, Clock::time_point deadline) {
   const ReduceSpec spec = reduce_spec_of(op, total);
   const std::int64_t chunk =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(chunk_bytes() / item / static_cast<std::size_t>(n())));
-  Scratch send_buf(*sh_), recv_buf(*sh_);
+  Scratch send_buf(sh_->scratch), recv_buf(sh_->scratch);
   std::vector<MPI_Request> reqs(1);
   for (std::int64_t lo = 0; lo < total; lo += chunk) {
     const std::int64_t len = std::min(chunk, total - lo);
@@ -368,7 +343,7 @@ void MpiGroup::execute(const Op& op) {
     case CollKind::all_reduce_coalesced: {
       std::int64_t total = 0;
       for (const auto& t : op.tensors) total += t.numel();
-      Scratch flat_buf(*sh_);
+      Scratch flat_buf(sh_->scratch);
       char* flat = flat_buf.get(static_cast<std::size_t>(total) * itemsize(op.desc.dtype));
       std::size_t off = 0;
       for (const auto& t : op.tensors) {
@@ -385,7 +360,7 @@ void MpiGroup::execute(const Op& op) {
     }
     case CollKind::broadcast:
     case CollKind::broadcast_coalesced: {
-      Scratch flat(*sh_);
+      Scratch flat(sh_->scratch);
       char* data = nullptr;
       std::size_t bytes = 0;
       if (op.desc.kind == CollKind::broadcast) {
