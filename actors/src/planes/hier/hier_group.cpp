@@ -239,14 +239,13 @@ struct Match {
   std::vector<Record> theirs;
   std::string local_bad;
   std::string name;   // the collective's name, for the error
-  std::string where;  // "collective mismatch in <group> at seq N: "
-  std::string desc;   // this rank's call
-  std::uint64_t seq = 0;
-  int me = 0;         // global rank
+  std::string desc;   // this rank's call (mine.desc may be cut short)
+  std::uint64_t gid = 0;
   int host = 0;
 
   /// nullptr when every host called the same collective; else the error.
   std::exception_ptr verdict() const {
+    const int me = mine.rank;
     if (!local_bad.empty()) return std::make_exception_ptr(CollectiveMismatchError(name, local_bad, me));
     for (std::size_t h = 0; h < theirs.size(); ++h) {
       if (static_cast<int>(h) == host) continue;
@@ -254,12 +253,13 @@ struct Match {
       if (r.local_bad)
         return std::make_exception_ptr(
             CollectiveMismatchError(name, std::string(r.why, strnlen(r.why, sizeof r.why)), me));
-      if (r.seq != seq || r.hash != mine.hash)
+      if (r.seq != mine.seq || r.hash != mine.hash)
         return std::make_exception_ptr(CollectiveMismatchError(
             name,
-            where + "rank " + std::to_string(mine.rank) + " called " + desc + " but rank " + std::to_string(r.rank) +
-                " called " + std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
-                (r.seq != seq ? " at seq " + std::to_string(r.seq) : std::string()),
+            "collective mismatch in " + group_str(gid) + " at seq " + std::to_string(mine.seq) + ": rank " +
+                std::to_string(me) + " called " + desc + " but rank " + std::to_string(r.rank) + " called " +
+                std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
+                (r.seq != mine.seq ? " at seq " + std::to_string(r.seq) : std::string()),
             me));
     }
     return nullptr;
@@ -281,10 +281,8 @@ void HierGroup::start_match(std::uint64_t round, HierCall& c, transport::Complet
   auto m = std::make_shared<Match>();
   m->local_bad = local_->mismatch(round, c.local);
   m->name = c.local.name;
-  m->where = "collective mismatch in " + group_str(gid_) + " at seq " + std::to_string(op.seq) + ": ";
   m->desc = op.desc.str();
-  m->seq = op.seq;
-  m->me = global(topo_.me);
+  m->gid = gid_;
   m->host = topo_.host();
   Record& mine = m->mine;
   mine.seq = op.seq;

@@ -1,7 +1,6 @@
 // The MPI plane (mpi_plane.hpp).
 #include "planes/mpi/mpi_plane.hpp"
 
-#include "dopt/runtime/buffer_pool.hpp"
 #include "dopt/runtime/error.hpp"
 
 #ifndef DOPT_HAVE_MPI
@@ -29,7 +28,6 @@ std::shared_ptr<GroupPlane> make_world_plane(const LaunchEnv& env, std::shared_p
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>

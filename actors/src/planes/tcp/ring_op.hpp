@@ -75,14 +75,7 @@ class RingOp : public std::enable_shared_from_this<RingOp> {
   Tag tag(Phase p, std::uint64_t seg) const { return tag_of(op_id_, p, seg); }
 
   void send(int g, Tag t, const void* p, std::size_t bytes, std::uint32_t aux) {
-    ++pending_;
-    auto self = shared_from_this();
-    mesh_.send(ranks_[g], t, p, bytes,
-               [self, g](std::exception_ptr e) {
-                 if (e) self->failed(e, g, 0);
-                 self->release();
-               },
-               aux);
+    send(g, t, p, bytes, aux, [] {});
   }
 
   /// The same; then() runs once the send completed (after a failure too).
