@@ -394,7 +394,9 @@ TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues the
   REQUIRE(::pipe(out_pipe) == 0);
   const std::string err_path = temp_path("tstperr");
   std::string exe = kDoptRun, a1 = "--nproc-per-node", a2 = "2", sh = "/bin/sh", c = "-c",
-              script = "echo pid $$; sleep 1; echo done";
+              // sleep starts before the pid is printed: a shell stopped while it
+              // vforks `sleep` waits in the kernel ('D') for its stopped child.
+              script = "sleep 1 & echo pid $$; wait; echo done";
   char* argv[] = {exe.data(), a1.data(), a2.data(), sh.data(), c.data(), script.data(), nullptr};
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
@@ -433,7 +435,13 @@ TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues the
     const auto close = stat.rfind(')');
     return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
   };
-  for (int p : pids) CHECK(state_of(p) == 'T');
+  // A rank acts on its stop signal when it is next scheduled.
+  for (int p : pids) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (state_of(p) != 'T' && std::chrono::steady_clock::now() < until) ::usleep(10 * 1000);
+    INFO("rank pid " << p << " waits in " << slurp("/proc/" + std::to_string(p) + "/wchan"));
+    CHECK(state_of(p) == 'T');
+  }
   ::usleep(1500 * 1000);  // longer than the ranks' sleep: stopped, they print nothing
   REQUIRE(::kill(pid, SIGCONT) == 0);
   for (;;) {
