@@ -86,6 +86,33 @@ TEST_CASE("survive multiprocess: two losses in a row (5 processes)", "[survive][
   survivors_ok(5, {"zero", "4:1:broadcast:1", "0:3:between"}, {0, 4}, 25);
 }
 
+TEST_CASE("survive multiprocess: a process lost with its buddy: every survivor names the state that is gone (3, 5)",
+          "[survive][multiprocess]") {
+  // Rank 1's buddy is rank 2 (one host: r + 1); both die after their local
+  // step of step 2, so rank 1's shard has no copy left. Rank 2's own shard is
+  // with rank 3 (3 processes: rank 0), which survives.
+  const int n = GENERATE(3, 5);
+  INFO(n << " processes");
+  const auto ds = run_ranks_by_hand(kPeer, n, {"zero", "1:2:computed", "2:2:computed"}, kEnv);
+  for (int r = 0; r < n; ++r) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    if (r == 1 || r == 2) {
+      CHECK(WIFSIGNALED(d.status));
+      CHECK(WTERMSIG(d.status) == SIGKILL);
+      continue;
+    }
+    REQUIRE(WIFEXITED(d.status));
+    CHECK(WEXITSTATUS(d.status) == 1);
+    CHECK(contains(d.out, "error StateError: "));
+    CHECK(contains(d.out, "the optimizer state of rank 1's shard"));
+    CHECK(contains(d.out, "its buddies (rank(s) 2) were lost (redundancy 1)"));
+    CHECK(contains(d.out, "Fall back to the last checkpoint"));
+    CHECK_FALSE(contains(d.out, "rank 2's shard"));
+  }
+  CHECK(shm_left_by(ds).empty());
+}
+
 TEST_CASE("survive multiprocess: dopt-run --on-failure continue lets the survivors finish (3, 5)",
           "[survive][multiprocess]") {
   const int n = GENERATE(3, 5);
