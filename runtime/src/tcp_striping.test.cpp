@@ -15,6 +15,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/parallel.hpp"
 #include "dopt/runtime/tcp_transport.hpp"
+#include "completions.hpp"
 #include "loopback_mesh.hpp"
 #include "tcp_settings.hpp"
 
@@ -27,7 +28,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using dopt_test::is;
 using dopt_test::Meshes;
+using dopt_test::message_of;
+using dopt_test::pattern;
+using dopt_test::Waiter;
 
 TcpMeshOptions striped(int streams, std::size_t stripe_min) {
   TcpMeshOptions o;
@@ -57,64 +62,6 @@ std::vector<std::future<std::unique_ptr<TcpMesh>>> start_meshes(int n, std::vect
 // n meshes, every rank with options o.
 Meshes make_meshes(int n, TcpMeshOptions o) {
   return dopt_test::loopback_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o));
-}
-
-// Collects completions; wait() is bounded, so a hang fails the test.
-class Waiter {
- public:
-  Completion cb() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      ++expected_;
-    }
-    return [this](std::exception_ptr e) {
-      std::lock_guard<std::mutex> l(m_);
-      errors_.push_back(e);
-      cv_.notify_all();
-    };
-  }
-  std::vector<std::exception_ptr> wait(std::chrono::seconds bound = 60s) {
-    std::unique_lock<std::mutex> l(m_);
-    const bool ok = cv_.wait_for(l, bound, [&] { return errors_.size() >= expected_; });
-    REQUIRE(ok);
-    return errors_;
-  }
-  void wait_ok() {
-    for (auto& e : wait())
-      if (e) std::rethrow_exception(e);
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::size_t expected_ = 0;
-  std::vector<std::exception_ptr> errors_;
-};
-
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-  return {};
-}
-
-template <class E>
-bool is(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
-  return v;
 }
 
 // Every rank sends every size to every other rank on two tags, alternating;

@@ -17,6 +17,7 @@
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/parallel.hpp"
+#include "completions.hpp"
 #include "loopback_mesh.hpp"
 
 using dopt::transport::Completion;
@@ -28,67 +29,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using dopt_test::is;
 using dopt_test::loopback_meshes;
 using dopt_test::Meshes;
-
-// Collects completions; wait() blocks until `expected` have arrived (bounded, so a
-// bug fails the test instead of hanging it).
-class Waiter {
- public:
-  Completion cb() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      ++expected_;
-    }
-    return [this](std::exception_ptr e) {
-      std::lock_guard<std::mutex> l(m_);
-      errors_.push_back(e);
-      cv_.notify_all();
-    };
-  }
-  std::vector<std::exception_ptr> wait() {
-    std::unique_lock<std::mutex> l(m_);
-    const bool ok = cv_.wait_for(l, 60s, [&] { return errors_.size() >= expected_; });
-    REQUIRE(ok);
-    return errors_;
-  }
-  void wait_ok() {
-    for (auto& e : wait())
-      if (e) std::rethrow_exception(e);
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::size_t expected_ = 0;
-  std::vector<std::exception_ptr> errors_;
-};
-
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-  return {};
-}
-
-template <class E>
-bool is(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
-  return v;
-}
+using dopt_test::message_of;
+using dopt_test::pattern;
+using dopt_test::Waiter;
 
 }  // namespace
 

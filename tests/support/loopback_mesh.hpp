@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,14 @@ inline Meshes loopback_meshes(int n, std::vector<dopt::transport::TcpMeshOptions
   Meshes out;
   for (auto& f : fs) out.push_back(f.get());
   return out;
+}
+
+/// n bytes of a pattern that differs with seed, for the payloads of test
+/// messages.
+inline std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
+  return v;
 }
 
 }  // namespace dopt_test

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
+#include "completions.hpp"
 #include "loopback_mesh.hpp"
 
 using dopt::DType;
@@ -27,8 +28,10 @@ using Bytes = std::vector<unsigned char>;
 
 namespace {
 
+using dopt_test::is;
 using dopt_test::loopback_meshes;
 using dopt_test::Meshes;
+using dopt_test::message_of;
 
 RingGroup group_of(const Meshes& ms, std::vector<int> ranks, int me) {
   return RingGroup{ms[ranks[me]].get(), std::move(ranks), me};
@@ -80,25 +83,6 @@ class Waiter {
   std::vector<std::exception_ptr> errors_;
   std::vector<bool> done_;
 };
-
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-  return {};
-}
-template <class E>
-bool is(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
 
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
