@@ -14,7 +14,7 @@
 //       posting broadcast INDEX). The survivors' final parameters must equal,
 //       bit for bit, a plain Adam stepped with the gradients of the members
 //       that contributed to each step (the reference run of
-//       optim/src/zero_redundancy.test.cpp).
+//       optim/src/zero_survive_reference.hpp, as the simulated tests).
 //
 // stdout: "ok R <checks>" on success, "error KIND: MESSAGE" otherwise.
 #include <signal.h>
@@ -28,6 +28,7 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
 #include "peer_util.hpp"
+#include "zero_survive_reference.hpp"
 
 namespace {
 
@@ -42,49 +43,16 @@ using namespace dopt::optim;
   }
 }
 
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-float grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
-  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
-                                      static_cast<std::uint64_t>(i)) +
-                                static_cast<std::uint64_t>(k));
-  return static_cast<float>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0f;
-}
-
-float init_elem(std::size_t i, std::int64_t k) {
-  const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
-  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+using dopt::optim::survive_reference::grad_elem;
+using dopt::optim::survive_reference::Kill;
 
 // 70001 and 300000 elements take the shared-memory plane's staged path.
 const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300000, 1, 70001, 12};
 constexpr std::int64_t kSteps = 5;
 
-std::vector<Tensor> make_params() {
-  std::vector<Tensor> ps;
-  for (std::size_t i = 0; i < kSizes.size(); ++i) {
-    std::vector<float> v(static_cast<std::size_t>(kSizes[i]));
-    for (std::int64_t k = 0; k < kSizes[i]; ++k) v[static_cast<std::size_t>(k)] = init_elem(i, k);
-    Tensor p = Tensor::from_vector(v);
-    p.set_requires_grad(true);
-    ps.push_back(p);
-  }
-  return ps;
-}
+std::vector<Tensor> make_params() { return dopt::optim::survive_reference::make_params(kSizes); }
 
 OptimizerSpec spec() { return OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}}; }
-
-struct Kill {
-  int rank = -1;
-  std::int64_t step = 0;
-  std::string point;
-  int index = 0;
-};
 
 Kill parse_kill(const std::string& s) {
   Kill k;
@@ -104,32 +72,9 @@ Kill parse_kill(const std::string& s) {
   return k;
 }
 
-/// The reference run (see the header): members of step t are the world minus
-/// the ranks killed before step t, or at step t between steps.
+/// The reference run (optim/src/zero_survive_reference.hpp).
 std::vector<Tensor> reference(int n, const std::vector<Kill>& kills) {
-  auto ps = make_params();
-  std::vector<OptimizerParamGroup> gs;
-  gs.emplace_back(ps);
-  auto opt = make_optimizer(spec(), std::move(gs));
-  for (std::int64_t t = 0; t < kSteps; ++t) {
-    std::vector<int> m;
-    for (int r = 0; r < n; ++r) {
-      bool gone = false;
-      for (const auto& k : kills) gone = gone || (k.rank == r && (k.step < t || (k.step == t && k.point == "between")));
-      if (!gone) m.push_back(r);
-    }
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      std::vector<float> g(static_cast<std::size_t>(kSizes[i]));
-      for (std::int64_t k = 0; k < kSizes[i]; ++k) {
-        float s = 0.0f;
-        for (int r : m) s += grad_elem(r, t, i, k);
-        g[static_cast<std::size_t>(k)] = s / static_cast<float>(m.size());
-      }
-      ps[i].set_grad(Tensor::from_vector(g));
-    }
-    opt->step();
-  }
-  return ps;
+  return dopt::optim::survive_reference::reference_params(kSizes, spec(), n, kills, kSteps);
 }
 
 long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills) {

@@ -3,18 +3,7 @@
 // recover and go on, and their final parameters are compared bitwise with a
 // reference run defined here.
 //
-// The reference run. Rank r's gradient of parameter i at step t, element k,
-// is grad_elem(r, t, i, k): a multiple of 1/256 in [-2, 2), so a sum over up
-// to 5 ranks is exact in float32 whatever the order. M_t, the members whose
-// gradients are averaged at step t, is the initial world minus every rank
-// killed at a step < t, and minus the ranks killed at step t "between" steps
-// (before the gradient all_reduce): a rank killed inside step t (at its
-// beginning, after its local step, or after posting some broadcasts) had
-// already contributed to step t, which the survivors complete with those
-// gradients. The reference is a plain local optimizer (same spec) stepped
-// T times with grad_t = (sum over M_t in rank order) / |M_t| (float32
-// division): the run in which the same membership change is applied at the
-// same step without a crash. ZeRO runs the same kernels, so the bits match.
+// The reference run and the gradients: zero_survive_reference.hpp.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -28,6 +17,7 @@
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
+#include "zero_survive_reference.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -38,45 +28,12 @@ struct Killed : std::runtime_error {
   Killed() : std::runtime_error("killed by the test") {}
 };
 
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-float grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
-  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
-                                      static_cast<std::uint64_t>(i)) +
-                                static_cast<std::uint64_t>(k));
-  return static_cast<float>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0f;
-}
-
-float init_elem(std::size_t i, std::int64_t k) {
-  const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
-  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+using survive_reference::grad_elem;
+using survive_reference::Kill;
 
 const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300, 1, 70001, 12};
 
-std::vector<Tensor> make_params() {
-  std::vector<Tensor> ps;
-  for (std::size_t i = 0; i < kSizes.size(); ++i) {
-    std::vector<float> v(static_cast<std::size_t>(kSizes[i]));
-    for (std::int64_t k = 0; k < kSizes[i]; ++k) v[static_cast<std::size_t>(k)] = init_elem(i, k);
-    Tensor p = Tensor::from_vector(v);
-    p.set_requires_grad(true);
-    ps.push_back(p);
-  }
-  return ps;
-}
-
-struct Kill {
-  int rank;             // global rank
-  std::int64_t step;    // step_count() when it dies
-  std::string point;    // "between", "begin", "computed", "broadcast", "snapshot"
-  int index = 0;        // broadcast: after posting this one
-};
+std::vector<Tensor> make_params() { return survive_reference::make_params(kSizes); }
 
 struct Scenario {
   int n = 3;
@@ -95,46 +52,21 @@ struct Scenario {
 /// The scheduler of Scenario::scheduler: a different lr at every step.
 double lr_factor(std::int64_t epoch) { return 1.0 + 0.25 * static_cast<double>(epoch % 3); }
 
-/// M_t of the header.
+/// M_t (zero_survive_reference.hpp).
 std::vector<std::vector<int>> expected_members(const Scenario& sc) {
-  std::vector<std::vector<int>> out;
-  for (std::int64_t t = 0; t < sc.steps; ++t) {
-    std::vector<int> m;
-    for (int r = 0; r < sc.n; ++r) {
-      bool gone = false;
-      for (const auto& k : sc.kills)
-        gone = gone || (k.rank == r && (k.step < t || (k.step == t && k.point == "between")));
-      if (!gone) m.push_back(r);
-    }
-    out.push_back(m);
-  }
-  return out;
+  return survive_reference::members_per_step(sc.n, sc.kills, sc.steps);
 }
 
 std::vector<std::vector<float>> reference(const Scenario& sc) {
-  auto ps = make_params();
-  std::vector<OptimizerParamGroup> gs;
-  gs.emplace_back(ps);
-  auto opt = make_optimizer(sc.spec, std::move(gs));
-  std::unique_ptr<LambdaLR> sched;
-  if (sc.scheduler) sched = std::make_unique<LambdaLR>(*opt, lr_factor);
-  const auto members = expected_members(sc);
-  for (std::int64_t t = 0; t < sc.steps; ++t) {
-    const auto& m = members[static_cast<std::size_t>(t)];
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      std::vector<float> g(static_cast<std::size_t>(kSizes[i]), 0.0f);
-      for (std::int64_t k = 0; k < kSizes[i]; ++k) {
-        float s = 0.0f;
-        for (int r : m) s += grad_elem(r, t, i, k);
-        g[static_cast<std::size_t>(k)] = s / static_cast<float>(m.size());
-      }
-      ps[i].set_grad(Tensor::from_vector(g));
-    }
-    opt->step();
-    if (sched) sched->step();
-  }
+  survive_reference::AfterStep sched;
+  if (sc.scheduler)
+    sched = [](Optimizer& o) {
+      auto s = std::make_shared<LambdaLR>(o, lr_factor);
+      return std::function<void()>([s] { s->step(); });
+    };
   std::vector<std::vector<float>> out;
-  for (const auto& p : ps) out.push_back(p.to_vector<float>());
+  for (const auto& p : survive_reference::reference_params(kSizes, sc.spec, sc.n, sc.kills, sc.steps, sched))
+    out.push_back(p.to_vector<float>());
   return out;
 }
 
