@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -144,6 +145,18 @@ struct TcpMesh::Impl {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
   std::thread thread;
 
+  // Driving (drive()): the thread that runs io holds drive_token; a caller
+  // that wants to drive sets drive_wanted, and the I/O thread hands it the
+  // token and stands aside until k_drive_linger after the last drive ended
+  // (drive_ended, steady clock ticks). One caller drives at a time (drivers).
+  static constexpr std::chrono::microseconds k_drive_linger{1000};
+  std::mutex drive_token;
+  std::mutex drivers;
+  std::atomic<bool> drive_wanted{false};
+  std::atomic<std::int64_t> drive_ended{0};
+  std::mutex park_m;
+  std::condition_variable park_cv;
+
   Impl(std::unique_ptr<TcpListener::Impl> l, int r, int w, TcpMeshOptions o);
   ~Impl();
 
@@ -234,6 +247,7 @@ struct TcpMesh::Impl {
   // ---- lifetime (tcp_transport.cpp) --------------------------------------------
   void start_threads();
   void run_io();  // the I/O thread's loop (polls opts.poll_us after each event)
+  bool drive(const std::function<bool()>& done, const std::function<void()>& check);
   void shutdown_all();  // I/O thread
   void close();
 };

@@ -61,6 +61,7 @@ void resolve_settings(TcpMeshOptions& options, int rank) {
   if (options.poll_us < 0)
     options.poll_us = int(env_setting("DOPT_TCP_POLL_US", 0, 1000000,
                                       options.ranks_on_host > 0 ? TcpMesh::default_poll_us(options.ranks_on_host) : 0));
+  if (options.caller_drives < 0) options.caller_drives = int(env_setting("DOPT_TCP_CALLER_DRIVES", 0, 1, 1));
   if (options.pool_bytes == SIZE_MAX)
     options.pool_bytes = std::size_t(env_setting("DOPT_TCP_POOL_BYTES", 0, 1LL << 40, 64LL << 20));
   if (options.socket_buffer_bytes == 0)

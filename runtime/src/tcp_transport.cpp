@@ -67,24 +67,96 @@ void TcpMesh::Impl::start_threads() {
 // The I/O thread. With poll_us > 0 it keeps polling the sockets for that
 // long after the last event before it sleeps in epoll: a message whose next
 // bytes come within microseconds is served without a wake-up (the way
-// OpenMPI's progress loop polls).
+// OpenMPI's progress loop polls). While a caller drives (drive()) it stands
+// aside: it hands over drive_token and waits until the caller is done.
 void TcpMesh::Impl::run_io() {
-  if (opts.poll_us <= 0) {
-    io.run();
-    return;
-  }
-  const auto spin = std::chrono::microseconds(opts.poll_us);
+  const auto spin = std::chrono::microseconds(std::max(0, opts.poll_us));
   auto last = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> token(drive_token);
   while (!io.stopped()) {
+    if (drive_wanted.load(std::memory_order_acquire)) {
+      // Stand aside while callers drive, and for k_drive_linger after the
+      // last drive ended: the next call's driver then finds the token free
+      // (waking this thread would cost it a wake-up). What arrives meanwhile
+      // waits in the kernel's socket buffers for the next driver.
+      token.unlock();
+      {
+        std::unique_lock<std::mutex> lock(park_m);
+        for (;;) {
+          park_cv.wait_for(lock, k_drive_linger);
+          if (drive_wanted.load(std::memory_order_acquire)) continue;
+          const auto ended = std::chrono::steady_clock::time_point(
+              std::chrono::steady_clock::duration(drive_ended.load(std::memory_order_acquire)));
+          if (std::chrono::steady_clock::now() - ended >= k_drive_linger) break;
+        }
+      }
+      token.lock();
+      last = std::chrono::steady_clock::now();
+      continue;
+    }
     if (io.poll() > 0) {
       last = std::chrono::steady_clock::now();
       continue;
     }
     if (io.stopped()) break;
     if (std::chrono::steady_clock::now() - last < spin) continue;
-    io.run_one();  // sleeps until the next event
+    io.run_one();  // sleeps until the next event (or a driver's wake-up)
     last = std::chrono::steady_clock::now();
   }
+}
+
+bool TcpMesh::Impl::drive(const std::function<bool()>& done, const std::function<void()>& check) {
+  using clock = std::chrono::steady_clock;
+  if (opts.caller_drives <= 0 || in_io_thread() || io.stopped()) return false;
+  std::unique_lock<std::mutex> one(drivers, std::try_to_lock);
+  if (!one.owns_lock()) return false;
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (closed_) return false;
+  }
+  drive_wanted.store(true, std::memory_order_release);
+  asio::post(io, [] {});  // an I/O thread asleep in epoll wakes up to stand aside
+  std::unique_lock<std::mutex> token(drive_token, std::defer_lock);
+  // A polling I/O thread hands over within microseconds; one that is busy or
+  // asleep is waited for.
+  const auto t0 = clock::now();
+  while (!token.try_lock()) {
+    if (clock::now() - t0 > std::chrono::microseconds(50)) {
+      token.lock();
+      break;
+    }
+    std::this_thread::yield();
+  }
+  struct Release {
+    Impl* im;
+    std::unique_lock<std::mutex>& token;
+    ~Release() {
+      token.unlock();
+      im->drive_ended.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_release);
+      im->drive_wanted.store(false, std::memory_order_release);
+    }
+  } release{this, token};
+  const auto spin = std::chrono::microseconds(std::max(0, opts.poll_us));
+  constexpr auto k_check = std::chrono::milliseconds(2);
+  auto last = clock::now(), next_check = last + k_check;
+  while (!done()) {
+    if (io.stopped()) break;
+    const auto now = clock::now();
+    if (now >= next_check) {
+      check();
+      next_check = clock::now() + k_check;
+    }
+    if (io.poll() > 0) {
+      last = clock::now();
+      continue;
+    }
+    if (done() || io.stopped()) break;
+    if (clock::now() - last < spin) continue;
+    io.run_one_for(std::max(std::chrono::duration_cast<std::chrono::microseconds>(next_check - clock::now()),
+                            std::chrono::microseconds(1)));
+    last = clock::now();
+  }
+  return true;
 }
 
 void TcpMesh::Impl::close() {
@@ -175,6 +247,10 @@ void TcpMesh::post(std::function<void()> fn) {
 }
 
 bool TcpMesh::in_io_thread() const noexcept { return impl_->in_io_thread(); }
+
+bool TcpMesh::drive(const std::function<bool()>& done, const std::function<void()>& check) {
+  return impl_->drive(done, check);
+}
 
 void TcpMesh::fail_peer(int peer, const std::string& why) {
   impl_->check_peer(peer, "fail_peer");

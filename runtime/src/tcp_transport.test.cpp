@@ -312,6 +312,111 @@ TEST_CASE("tcp mesh: close fails pending operations and refuses new ones", "[tcp
   CHECK(is<dopt::PeerLostError>(e1[0]));
 }
 
+TEST_CASE("tcp mesh: a waiting thread drives the I/O itself", "[tcp][drive]") {
+  auto ms = loopback_meshes(2);
+  const auto me = std::this_thread::get_id();
+
+  SECTION("the completions run on the driving thread, which returns once done") {
+    const auto out = pattern(300000, 1);
+    std::vector<unsigned char> in(out.size());
+    std::atomic<int> done{0};
+    std::thread::id ran_on;
+    bool io_thread_seen = false;
+    ms[1]->recv(0, Tag{3, 1}, in.data(), in.size(), [&](std::exception_ptr e) {
+      ran_on = std::this_thread::get_id();
+      io_thread_seen = ms[1]->in_io_thread();
+      if (!e) done = 1;
+      else done = 2;
+    });
+    Waiter sent;
+    ms[0]->send(1, Tag{3, 1}, out.data(), out.size(), sent.cb());
+    int checks = 0;
+    CHECK(ms[1]->drive([&] { return done.load() != 0; }, [&] { ++checks; }));
+    CHECK(done == 1);
+    CHECK(ran_on == me);
+    CHECK(io_thread_seen);
+    CHECK(in == out);
+    sent.wait_ok();
+  }
+
+  SECTION("one thread drives at a time; the others' operations complete through it") {
+    std::atomic<bool> driving{false}, stop{false};
+    std::thread::id driver;
+    std::thread t([&] {
+      driver = std::this_thread::get_id();
+      ms[1]->drive(
+          [&] {
+            driving = true;
+            return stop.load();
+          },
+          [] {});
+    });
+    while (!driving) std::this_thread::yield();
+    CHECK_FALSE(ms[1]->drive([] { return false; }, [] {}));
+    char a = 'x', b = 0;
+    std::atomic<bool> got{false};
+    std::thread::id ran_on;
+    ms[1]->recv(0, Tag{3, 2}, &b, 1, [&](std::exception_ptr) {
+      ran_on = std::this_thread::get_id();
+      got = true;
+    });
+    Waiter sent;
+    ms[0]->send(1, Tag{3, 2}, &a, 1, sent.cb());
+    sent.wait_ok();
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!got && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    stop = true;
+    t.join();
+    REQUIRE(got);
+    CHECK(b == 'x');
+    CHECK(ran_on == driver);
+  }
+
+  SECTION("not from a completion callback, not when turned off") {
+    std::promise<bool> from_cb;
+    ms[0]->post([&] { from_cb.set_value(ms[0]->drive([] { return true; }, [] {})); });
+    CHECK_FALSE(from_cb.get_future().get());
+    TcpMeshOptions off;
+    off.caller_drives = 0;
+    auto ns = loopback_meshes(2, {off, off});
+    CHECK_FALSE(ns[0]->drive([] { return false; }, [] {}));
+  }
+
+  SECTION("an exception from check ends the drive; afterwards the I/O thread serves alone") {
+    CHECK_THROWS_AS(ms[1]->drive([] { return false; }, [] { throw dopt::TimeoutError("test", "gave up"); }),
+                    dopt::TimeoutError);
+    // Nobody drives now: the I/O thread takes over (after its linger).
+    const auto out = pattern(70000, 2);
+    std::vector<unsigned char> in(out.size());
+    Waiter w;
+    ms[1]->recv(0, Tag{3, 3}, in.data(), in.size(), w.cb());
+    ms[0]->send(1, Tag{3, 3}, out.data(), out.size(), w.cb());
+    w.wait_ok();
+    CHECK(in == out);
+  }
+
+  SECTION("close() while a thread drives: its operations fail, the drive ends, close returns") {
+    char c = 0;
+    Waiter w;
+    ms[1]->recv(0, Tag{3, 4}, &c, 1, w.cb());
+    std::atomic<bool> driving{false};
+    std::thread t([&] {
+      ms[1]->drive(
+          [&] {
+            driving = true;
+            return false;
+          },
+          [] {});
+    });
+    while (!driving) std::this_thread::yield();
+    ms[1]->close();
+    t.join();
+    const auto es = w.wait();
+    REQUIRE(es[0]);
+    CHECK(is<dopt::StateError>(es[0]));
+  }
+}
+
 TEST_CASE("tcp mesh: connect timeout names the missing peer", "[tcp]") {
   std::string dead;
   {

@@ -64,7 +64,8 @@
 //     straight into the recv buffer when the recv was posted before the
 //     message's header arrived (into the mesh's buffer otherwise).
 //   * done(nullptr) on success, done(exception_ptr) on failure, exactly once,
-//     always on the mesh's I/O thread and never from inside send()/recv().
+//     on the thread that runs the mesh's I/O at that moment (its I/O thread,
+//     or a thread inside drive()) and never from inside send()/recv().
 //     For a send, success means the bytes were handed to the kernel: the
 //     buffer may be reused, it does not mean the peer has received them.
 //     The buffer must stay valid until done runs. Callbacks must not block
@@ -145,6 +146,11 @@ struct TcpMeshOptions {
   /// -1: DOPT_TCP_POLL_US when set, else TcpMesh::default_poll_us(ranks_on_host)
   /// (0, never poll, when ranks_on_host is not known).
   int poll_us = -1;
+  /// Whether a thread that waits for the mesh's transfers may run the
+  /// mesh's I/O itself (drive()) while the I/O thread stands aside: no
+  /// hand-off to the I/O thread and no wake-up of the waiter when its last
+  /// transfer completes. -1: DOPT_TCP_CALLER_DRIVES (0 or 1) when set, else 1.
+  int caller_drives = -1;
   /// Ranks of the job on this host, 0 when not known: poll_us's default.
   int ranks_on_host = 0;
   /// Free scratch buffers the mesh keeps for reuse (buffers()), in bytes:
@@ -238,8 +244,25 @@ class TcpMesh {
   /// Runs fn on the I/O thread (after the operations already requested from
   /// this thread have been queued). fn must not block or throw.
   void post(std::function<void()> fn);
-  /// True on the mesh's I/O thread (inside callbacks and posted functions).
+  /// True on the mesh's I/O thread, and on a thread inside drive() (inside
+  /// callbacks and posted functions).
   bool in_io_thread() const noexcept;
+
+  /// Runs the mesh's I/O on the calling thread until done() returns true,
+  /// calling check() about every 2 ms (an exception from it ends the drive
+  /// and propagates); meanwhile the I/O thread stands aside, so completion
+  /// callbacks and posted functions (of every user of the mesh) run on this
+  /// thread. Polls for poll_us() after each event, then sleeps in epoll.
+  /// done() is called on this thread, also between callbacks: it must not
+  /// block. Returns false at once, having done nothing, where this thread
+  /// cannot drive: another thread is driving, it is called from a callback,
+  /// the mesh is closed or stopped, or TcpMeshOptions::caller_drives is 0;
+  /// the caller then waits as it would otherwise. Returns true once done()
+  /// is true or the mesh has stopped. After a drive the I/O thread stays
+  /// aside for 1 ms more (the next call's driver finds it out of the way);
+  /// what arrives meanwhile waits in the sockets for the next driver or the
+  /// I/O thread.
+  bool drive(const std::function<bool()>& done, const std::function<void()>& check);
 
   /// Breaks the connection to peer (e.g. after a control-plane timeout):
   /// pending and later operations with it fail with PeerLostError carrying

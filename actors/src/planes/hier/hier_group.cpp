@@ -74,13 +74,21 @@ bool Transfers::pending() const {
 }
 
 void Transfers::wait(const std::function<void()>& check) {
-  std::unique_lock<std::mutex> lock(s_->m);
-  while (s_->pending > 0 && !s_->error) {
+  // This thread runs the mesh's I/O itself where it can (no hand-off to the
+  // I/O thread, no wake-up at the end); where another thread drives it, it
+  // sleeps until woken, and tries again every 2 ms.
+  auto finished = [s = s_.get()] {
+    std::lock_guard<std::mutex> lock(s->m);
+    return s->pending == 0 || s->error != nullptr;
+  };
+  for (;;) {
+    if (finished() || (mesh_.drive(finished, check) && finished())) break;
+    std::unique_lock<std::mutex> lock(s_->m);
     if (s_->cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return s_->pending == 0 || s_->error; })) break;
     lock.unlock();
     check();  // throws to end the wait
-    lock.lock();
   }
+  std::lock_guard<std::mutex> lock(s_->m);
   if (s_->error) std::rethrow_exception(s_->error);
 }
 
