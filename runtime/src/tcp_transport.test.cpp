@@ -328,10 +328,22 @@ TEST_CASE("tcp mesh: a waiting thread drives the I/O itself", "[tcp][drive]") {
       if (!e) done = 1;
       else done = 2;
     });
+    // The message is sent once rank 1 drives (done() first runs then), so
+    // that its completion cannot run on the I/O thread before the drive.
     Waiter sent;
-    ms[0]->send(1, Tag{3, 1}, out.data(), out.size(), sent.cb());
-    int checks = 0;
-    CHECK(ms[1]->drive([&] { return done.load() != 0; }, [&] { ++checks; }));
+    std::atomic<bool> driving{false};
+    std::thread sender([&] {
+      while (!driving) std::this_thread::yield();
+      ms[0]->send(1, Tag{3, 1}, out.data(), out.size(), sent.cb());
+    });
+    const bool drove = ms[1]->drive(
+        [&] {
+          driving = true;
+          return done.load() != 0;
+        },
+        [] {});
+    sender.join();
+    CHECK(drove);
     CHECK(done == 1);
     CHECK(ran_on == me);
     CHECK(io_thread_seen);

@@ -73,7 +73,7 @@ bool Transfers::pending() const {
   return s_->pending > 0;
 }
 
-void Transfers::wait(const std::function<void()>& check) {
+void Transfers::wait(const std::function<void()>& check, bool drive) {
   // This thread runs the mesh's I/O itself where it can (no hand-off to the
   // I/O thread, no wake-up at the end); where another thread drives it, it
   // sleeps until woken, and tries again every 2 ms.
@@ -82,7 +82,7 @@ void Transfers::wait(const std::function<void()>& check) {
     return s->pending == 0 || s->error != nullptr;
   };
   for (;;) {
-    if (finished() || (mesh_.drive(finished, check) && finished())) break;
+    if (finished() || (drive && mesh_.drive(finished, check) && finished())) break;
     std::unique_lock<std::mutex> lock(s_->m);
     if (s_->cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return s_->pending == 0 || s_->error; })) break;
     lock.unlock();
@@ -93,6 +93,11 @@ void Transfers::wait(const std::function<void()>& check) {
 }
 
 // --- HierGroup ------------------------------------------------------------------------
+
+namespace {
+/// The largest call (its tensors' bytes) whose waits drive the mesh (HierGroup::wait).
+constexpr std::size_t k_drive_bytes = std::size_t(4) << 20;
+}  // namespace
 
 HierGroup::HierGroup(std::shared_ptr<HierPlane> plane, std::uint64_t gid, Topology topo,
                      std::unique_ptr<shm_plane::Channel> local, std::shared_ptr<transport::TcpMesh> mesh,
@@ -155,6 +160,13 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
   };
   std::map<int, std::chrono::steady_clock::time_point> lost_since;
   std::optional<std::chrono::steady_clock::time_point> member_lost_since;
+  // Calls of up to k_drive_bytes drive the mesh while they wait: there the
+  // hand-off to the I/O thread and the wake-up at the end weigh (2 hosts x
+  // 2 ranks, 4 KiB: 464 -> 176 us); larger ones sleep, which measured the
+  // same medians and without the occasional 190-210 ms call of a 64 MiB
+  // all_reduce seen when driving (docs/performance.md, 2026-12-05).
+  std::size_t bytes = 0;
+  for (const auto& t : c.local.op->tensors) bytes += t.nbytes();
   try {
     ts.wait([&] {
       if (std::chrono::steady_clock::now() >= c.local.deadline) {
@@ -192,7 +204,7 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
           if (now - *member_lost_since > std::chrono::milliseconds(500)) throw lost_error(q);
         }
       }
-    });
+    }, bytes <= k_drive_bytes);
   } catch (const PeerLostError& e) {
     if (std::string(e.detail()).find(" was lost during ") != std::string::npos) throw;
     // The mesh lost a connection: name the member whose loss caused it (the

@@ -70,9 +70,12 @@ class Transfers {
   /// Counts one more pending transfer (a whole collective of planes/tcp/ring.hpp,
   /// for instance) settled by the completion returned; keep as for send.
   transport::Completion expect(std::shared_ptr<void> keep = nullptr) { return track(std::move(keep)); }
-  /// Waits for every posted transfer; `check` runs between naps (it throws to
-  /// end the wait: timeout, a lost peer, shutdown). Rethrows a transfer's error.
-  void wait(const std::function<void()>& check);
+  /// Waits for every posted transfer; `check` runs every 2 ms or so (it
+  /// throws to end the wait: timeout, a lost peer, shutdown). With `drive`
+  /// this thread runs the mesh's I/O meanwhile where it can
+  /// (TcpMesh::drive), else it sleeps until woken. Rethrows a transfer's
+  /// error.
+  void wait(const std::function<void()>& check, bool drive = true);
   bool pending() const;
 
  private:
