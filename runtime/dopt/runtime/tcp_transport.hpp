@@ -241,8 +241,9 @@ class TcpMesh {
   /// TcpMeshOptions::pool_bytes.
   BufferPool& buffers() noexcept;
 
-  /// Runs fn on the I/O thread (after the operations already requested from
-  /// this thread have been queued). fn must not block or throw.
+  /// Runs fn where the mesh's I/O runs (its I/O thread, or a thread inside
+  /// drive()), after the operations already requested from this thread have
+  /// been queued. fn must not block or throw.
   void post(std::function<void()> fn);
   /// True on the mesh's I/O thread, and on a thread inside drive() (inside
   /// callbacks and posted functions).
