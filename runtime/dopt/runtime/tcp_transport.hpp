@@ -8,7 +8,8 @@
 // piece i of a message goes on data connection i. Data connection k of every
 // peer is served by its own I/O thread (so the kernel's copies of the pieces
 // run in parallel); the control connections, the bookkeeping and every
-// completion callback run on the one I/O thread of the mesh. CAF carries only
+// completion callback run on the one I/O thread of the mesh, or on a thread
+// that waits and drives the mesh meanwhile (drive()). CAF carries only
 // control messages; the collective algorithms over this mesh live in
 // actors/src/planes/tcp/ring.hpp.
 //
@@ -69,8 +70,8 @@
 //     For a send, success means the bytes were handed to the kernel: the
 //     buffer may be reused, it does not mean the peer has received them.
 //     The buffer must stay valid until done runs. Callbacks must not block
-//     and must not throw (std::terminate); they run on the one I/O thread
-//     that serves every connection.
+//     and must not throw (std::terminate); they run on the one thread that
+//     serves every connection at that moment.
 //   * aux: every message carries a 32-bit word chosen by the sender (send's
 //     `aux`), handed to the receiver through recv's `aux_out` (written before
 //     done runs). The ring algorithms use it to mark forwarded data that is
@@ -158,7 +159,7 @@ struct TcpMeshOptions {
   /// a 1 MiB message between two hosts several times its transfer.
   /// SIZE_MAX: DOPT_TCP_POOL_BYTES when set, else 64 MiB; 0 keeps none.
   std::size_t pool_bytes = SIZE_MAX;
-  /// Told (on the I/O thread) when the connection to a peer fails, once per
+  /// Told (where the callbacks run) when the connection to a peer fails, once per
   /// peer, before the pending operations' callbacks. Not called by close().
   std::function<void(int peer, std::exception_ptr why)> on_peer_lost;
   /// Job id and secret every connection presents in its handshake (rank and
