@@ -19,18 +19,14 @@
 #include "dopt/optim/post_local_sgd.hpp"
 #include "dopt/optim/reducer.hpp"
 #include "dopt/optim/registry.hpp"
+#include "zero_survive_reference.hpp"
 
 namespace dopt::survive_test {
 
 using namespace dopt::optim;
 
 
-inline std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using dopt::optim::survive_reference::mix64;
 
 inline double grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
   const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +

@@ -77,14 +77,16 @@ void Transfers::wait(const std::function<void()>& check, bool drive) {
   // This thread runs the mesh's I/O itself where it can (no hand-off to the
   // I/O thread, no wake-up at the end); where another thread drives it, it
   // sleeps until woken, and tries again every 2 ms.
-  auto finished = [s = s_.get()] {
+  State* s = s_.get();
+  auto over = [s] { return s->pending == 0 || s->error != nullptr; };  // under s->m
+  auto finished = [s, &over] {
     std::lock_guard<std::mutex> lock(s->m);
-    return s->pending == 0 || s->error != nullptr;
+    return over();
   };
   for (;;) {
     if (finished() || (drive && mesh_.drive(finished, check) && finished())) break;
-    std::unique_lock<std::mutex> lock(s_->m);
-    if (s_->cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return s_->pending == 0 || s_->error; })) break;
+    std::unique_lock<std::mutex> lock(s->m);
+    if (s->cv.wait_for(lock, std::chrono::milliseconds(2), over)) break;
     lock.unlock();
     check();  // throws to end the wait
   }
@@ -160,13 +162,6 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
   };
   std::map<int, std::chrono::steady_clock::time_point> lost_since;
   std::optional<std::chrono::steady_clock::time_point> member_lost_since;
-  // Calls of up to k_drive_bytes drive the mesh while they wait: there the
-  // hand-off to the I/O thread and the wake-up at the end weigh (2 hosts x
-  // 2 ranks, 4 KiB: 464 -> 176 us); larger ones sleep, which measured the
-  // same medians and without the occasional 190-210 ms call of a 64 MiB
-  // all_reduce seen when driving (docs/performance.md, 2026-12-05).
-  std::size_t bytes = 0;
-  for (const auto& t : c.local.op->tensors) bytes += t.nbytes();
   try {
     ts.wait([&] {
       if (std::chrono::steady_clock::now() >= c.local.deadline) {
@@ -204,7 +199,7 @@ void HierGroup::wait(Transfers& ts, HierCall& c, const std::vector<int>& waiting
           if (now - *member_lost_since > std::chrono::milliseconds(500)) throw lost_error(q);
         }
       }
-    }, bytes <= k_drive_bytes);
+    }, c.drives);
   } catch (const PeerLostError& e) {
     if (std::string(e.detail()).find(" was lost during ") != std::string::npos) throw;
     // The mesh lost a connection: name the member whose loss caused it (the
@@ -351,6 +346,14 @@ void HierGroup::execute(const Op& op) {
   c.local.name = coll_name(op.desc.kind);
   local_->begin_call(c.local);
   c.op_id = (mesh_op_id(gid_, op.seq) ^ (std::uint64_t{1} << 62)) & ~(std::uint64_t{1} << 63);
+  // Calls of up to k_drive_bytes drive the mesh while they wait: there the
+  // hand-off to the I/O thread and the wake-up at the end weigh (2 hosts x
+  // 2 ranks, 4 KiB: 464 -> 176 us); larger ones sleep, which measured the
+  // same medians and without the occasional 190-210 ms call of a 64 MiB
+  // all_reduce seen when driving (docs/performance.md, 2026-12-05).
+  std::size_t bytes = 0;
+  for (const auto& t : op.tensors) bytes += t.nbytes();
+  c.drives = bytes <= k_drive_bytes;
   switch (op.desc.kind) {
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:

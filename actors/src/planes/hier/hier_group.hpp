@@ -99,6 +99,7 @@ struct HierCall {
   shm_plane::Call local;       // for the host's channel (deadline, op)
   std::uint64_t op_id = 0;     // tag hi word on the mesh
   std::uint64_t next_lo = 0;   // (unused)
+  bool drives = false;         // its waits drive the mesh (HierGroup::execute decides)
 };
 
 class HierGroup final : public GroupPlane, public std::enable_shared_from_this<HierGroup> {
