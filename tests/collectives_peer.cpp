@@ -46,7 +46,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -326,6 +328,25 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
   c.expect(true, "digest");
 }
 
+// Waits until process `pid` is dead (a zombie or gone) or stopped, reading /proc; at most
+// 20 s, so that a pid from another pid namespace cannot hang the test.
+void wait_gone(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < end) {
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) return;
+    char buf[512] = {};
+    const std::size_t got = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const char* close = std::strrchr(buf, ')');  // the state follows "(comm) "
+    if (got == 0 || close == nullptr || close[1] == 0) return;
+    const char state = close[2];
+    if (state == 'Z' || state == 'X' || state == 'T' || state == 't') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -356,11 +377,17 @@ int main(int argc, char** argv) {
           else world.broadcast(t, 0);
         } else if (mode == "kill" || mode == "stop") {
           Tensor t = Tensor::full({1 << 20}, 1.0);
+          Tensor pids = Tensor::zeros({world.size()}, DType::int64);
+          world.all_gather_into_tensor(pids, Tensor::full({1}, static_cast<double>(::getpid()), DType::int64));
           world.barrier();
           if (rank == 1) {
             auto f = world.all_reduce_async(t);
             ::kill(::getpid(), mode == "kill" ? SIGKILL : SIGSTOP);
           }
+          // Rank 0 joins only once rank 1 is dead or stopped, so rank 1's call can never
+          // complete (before, a rank 1 preempted between posting and the signal could see
+          // its all_reduce through); the others are in the middle of theirs.
+          if (rank == 0) wait_gone(static_cast<pid_t>(pids.data<std::int64_t>()[1]));
           world.all_reduce(t);
         } else if (mode == "loop") {
           const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(4);
