@@ -198,7 +198,12 @@ void Channel::check_slow(int g, std::uint64_t step, Call& c) {
   // A lost member: the awaited one, or any other that will never reach this
   // member's round (every member takes part in every round), so that a
   // survivor waiting on another survivor does not wait out the deadline.
-  if (const int h = unable_member(g, c); h >= 0) fail_lost(global(h), c);
+  if (const int h = unable_member(g, c); h >= 0) {
+    // g reached the step and then went (its call done, its process ended):
+    // its state was read first, so a step it signalled before is seen here.
+    if (h == g && step > 0 && ctl(g).sync.step.load(std::memory_order_acquire) >= step) return;
+    fail_lost(global(h), c);
+  }
   if (sim::clock_now() >= c.deadline) fail_timeout(step, c);
 }
 

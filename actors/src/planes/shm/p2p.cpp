@@ -435,6 +435,13 @@ bool P2PEngine::State::step(Clock::time_point now) {
     fail_all("the runtime shut down before the operation finished");
     return false;
   }
+  // The peers' states, read before their headers and acks: a peer that
+  // acked (or published) and then exited is lost only after what it wrote,
+  // so what it wrote before is read below and counts (a receiver acks
+  // before its recv completes, so it may exit at once).
+  std::vector<PeerTable::State> states(static_cast<std::size_t>(n), PeerTable::alive);
+  for (int g = 0; g < n; ++g)
+    if (g != me) states[static_cast<std::size_t>(g)] = peers->state(members[static_cast<std::size_t>(g)]);
   for (int g = 0; g < n; ++g) {
     if (g == me) continue;
     const auto gi = static_cast<std::size_t>(g);
@@ -532,7 +539,7 @@ bool P2PEngine::State::step(Clock::time_point now) {
   for (int g = 0; g < n; ++g) {
     if (g == me) continue;
     const auto gi = static_cast<std::size_t>(g);
-    const auto st = peers->state(members[gi]);
+    const auto st = states[gi];
     const std::string who = "rank " + std::to_string(members[gi]);
     auto send_fail = [&](Send& s) -> bool {  // true: drop it
       if (st == PeerTable::lost) {
@@ -572,7 +579,7 @@ bool P2PEngine::State::step(Clock::time_point now) {
   for (auto it = recvs.begin(); it != recvs.end();) {
     const Op& op = *it->op;
     const int src = grank_of(op.peer);
-    const auto st = peers->state(op.peer);
+    const auto st = states[static_cast<std::size_t>(src)];
     // Nothing matched it above: a failed or lost sender sends nothing more.
     if (st != PeerTable::alive) {
       fail(it->op, Failure{FailKind::peer_lost, "recv",
