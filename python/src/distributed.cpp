@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "convert.hpp"
+#include "gil_free_delete.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/actors/runtime.hpp"
@@ -72,7 +73,7 @@ void bind_distributed(py::module_& m) {
     shutdown_runtime();
   }, "Stops the runtime's actors and threads (at exit); later collectives fail.");
 
-  py::class_<ProcessGroup>(m, "ProcessGroup", "A dopt process group.")
+  py::class_<ProcessGroup, GilFreeHolder<ProcessGroup>>(m, "ProcessGroup", "A dopt process group.")
       .def_property_readonly("valid", &ProcessGroup::valid)
       .def("is_member", &ProcessGroup::is_member)
       .def("rank", &ProcessGroup::rank)

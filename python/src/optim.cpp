@@ -1,6 +1,7 @@
 // Local optimizers (through the registry), their functional forms and the
 // model averagers.
 #include "convert.hpp"
+#include "gil_free_delete.hpp"
 #include "dopt/optim/averagers.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/optim/registry.hpp"
@@ -112,7 +113,7 @@ void bind_optim(py::module_& m) {
       },
       py::arg("name"), py::arg("params"), py::arg("hyperparameters"), py::arg("allow_empty_param_list") = false);
 
-  py::class_<ModelAverager>(m, "ModelAverager")
+  py::class_<ModelAverager, GilFreeHolder<ModelAverager>>(m, "ModelAverager")
       .def_property("step", &ModelAverager::step, &ModelAverager::set_step)
       .def_property_readonly("warmup_steps", &ModelAverager::warmup_steps)
       .def_property_readonly("process_group", &ModelAverager::process_group)
@@ -126,11 +127,11 @@ void bind_optim(py::module_& m) {
           },
           py::call_guard<py::gil_scoped_release>(),
           "Averages params if the schedule says so at this step, then advances the step.");
-  py::class_<PeriodicModelAverager, ModelAverager>(m, "PeriodicModelAverager")
+  py::class_<PeriodicModelAverager, ModelAverager, GilFreeHolder<PeriodicModelAverager>>(m, "PeriodicModelAverager")
       .def(py::init<std::int64_t, std::int64_t, ProcessGroup>(), py::arg("period"), py::arg("warmup_steps"),
            py::arg("process_group"))
       .def_property_readonly("period", &PeriodicModelAverager::period);
-  py::class_<HierarchicalModelAverager, ModelAverager>(m, "HierarchicalModelAverager")
+  py::class_<HierarchicalModelAverager, ModelAverager, GilFreeHolder<HierarchicalModelAverager>>(m, "HierarchicalModelAverager")
       .def(py::init<std::map<std::int64_t, int>, std::int64_t, ProcessGroup>(), py::arg("period_group_size_dict"),
            py::arg("warmup_steps"), py::arg("process_group"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("period_process_groups", &HierarchicalModelAverager::period_process_groups);

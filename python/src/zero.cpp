@@ -2,6 +2,7 @@
 // Python callable (the package's, which sets `p.data` of the torch
 // parameter to a view of dopt's bucket), called with the GIL taken.
 #include "convert.hpp"
+#include "gil_free_delete.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
 #include "optim_groups.hpp"
@@ -10,7 +11,7 @@ namespace dopt::python {
 
 void bind_zero(py::module_& m) {
   using namespace dopt::optim;
-  py::class_<ZeroRedundancyOptimizer>(m, "ZeroRedundancyOptimizer")
+  py::class_<ZeroRedundancyOptimizer, GilFreeHolder<ZeroRedundancyOptimizer>>(m, "ZeroRedundancyOptimizer")
       .def(py::init([](const PyGroups& groups, const std::string& name, const py::dict& defaults, ProcessGroup group,
                        bool bucket_view, const py::object& rebind) {
              const Hyperparams d = hyper_from_py(defaults, "ZeroRedundancyOptimizer");
@@ -21,7 +22,7 @@ void bind_zero(py::module_& m) {
                o.rebind_parameter = [cb](const Tensor& p) { cb(p); };
              }
              py::gil_scoped_release release;  // the constructor is a collective
-             return std::make_unique<ZeroRedundancyOptimizer>(std::move(gs), OptimizerSpec{name, d}, std::move(o));
+             return GilFreeHolder<ZeroRedundancyOptimizer>(new ZeroRedundancyOptimizer(std::move(gs), OptimizerSpec{name, d}, std::move(o)));
            }),
            py::arg("groups"), py::arg("name"), py::arg("defaults"), py::arg("process_group"),
            py::arg("parameters_as_bucket_view"), py::arg("rebind").none(true))
