@@ -8,6 +8,7 @@
 #include <string>
 
 #include "convert.hpp"
+#include "gil_free_delete.hpp"
 #include "dopt/actors/rpc.hpp"
 #include "dopt/optim/distributed_optimizer.hpp"
 #include "runtime_holder.hpp"
@@ -178,12 +179,13 @@ void bind_rpc(py::module_& m) {
       py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
       py::arg("rpc_timeout_s"), py::arg("num_worker_threads"));
 
-  py::class_<optim::DistributedOptimizer>(r, "DistributedOptimizer")
+  py::class_<optim::DistributedOptimizer, GilFreeHolder<optim::DistributedOptimizer>>(r, "DistributedOptimizer")
       .def(py::init([](const rpc::Agent& agent, const std::string& name, const py::dict& hp,
                        const std::vector<rpc::RRef<Tensor>>& params) {
              Hyperparams h = hyper_from_py(hp, "DistributedOptimizer");
              py::gil_scoped_release release;  // waits for every owner
-             return std::make_unique<optim::DistributedOptimizer>(agent, optim::OptimizerSpec{name, h}, params);
+             return GilFreeHolder<optim::DistributedOptimizer>(
+                 new optim::DistributedOptimizer(agent, optim::OptimizerSpec{name, h}, params));
            }),
            py::arg("agent"), py::arg("name"), py::arg("hyperparameters"), py::arg("params"))
       .def("step", [](optim::DistributedOptimizer& o, std::uint64_t ctx) { o.step_async(ctx).get(); },
