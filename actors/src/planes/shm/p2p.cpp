@@ -84,6 +84,7 @@ struct P2PEngine::State {
   std::vector<std::uint64_t> next_id;          // [dst]
   std::vector<std::uint64_t> read_next;        // [src]
   std::vector<std::deque<Header>> unexpected;  // [src]: headers not yet matched
+  std::vector<PeerTable::State> states;       // [g]: read at the start of each step()
   std::vector<Recv> recvs;                     // posted, in post order
   std::unique_ptr<shm::ShmArena> arena;  // messages larger than the heap's free space
   shm::ShmMapCache maps;
@@ -165,6 +166,7 @@ P2PEngine::P2PEngine(const Channel& ch) : s_(std::make_shared<State>()) {
   s.next_id.assign(n, 1);
   s.read_next.assign(n, 1);
   s.unexpected.resize(n);
+  s.states.assign(n, PeerTable::alive);
   if (s.layout.heap_bytes) s.heap_free.emplace(0, s.layout.heap_bytes);
 }
 
@@ -439,7 +441,6 @@ bool P2PEngine::State::step(Clock::time_point now) {
   // acked (or published) and then exited is lost only after what it wrote,
   // so what it wrote before is read below and counts (a receiver acks
   // before its recv completes, so it may exit at once).
-  std::vector<PeerTable::State> states(static_cast<std::size_t>(n), PeerTable::alive);
   for (int g = 0; g < n; ++g)
     if (g != me) states[static_cast<std::size_t>(g)] = peers->state(members[static_cast<std::size_t>(g)]);
   for (int g = 0; g < n; ++g) {
