@@ -1,7 +1,8 @@
 // dopt_bench_survive: what ZeRO's redundancy costs, and how fast a lost rank
 // is recovered from, against a restart from a sharded checkpoint.
 //
-//   dopt_bench_survive [--params N] [--tensors K] [--ranks R] [--steps S] [--interval I] [--recover step|replay]
+//   dopt_bench_survive [--params N] [--tensors K] [--ranks R] [--steps S] [--interval I]
+//                      [--recover step|replay|host_memory]
 //   dopt-run --on-failure continue --nproc-per-node R dopt_bench_survive [...]
 //
 // R simulated ranks (default 4), or R processes when started by a launcher
@@ -14,7 +15,10 @@
 //     extra optimizer step over 1/R of the parameters);
 //   * step_ms_replay: redundancy 1 with ZeroBuddyUpdate::replay and
 //     snapshot_interval I (a gradient copy per step, the owner's state sent
-//     to its buddy at the end of every I-th step: one per block);
+//     to its buddy at the end of every I-th step: one per block); with
+//     --recover host_memory the same fields are step_ms_host_memory, ...:
+//     redundancy 1 with ZeroBuddyUpdate::host_memory (the shard in shared
+//     memory its buddy maps, the owner's update journaled);
 //   * train_ms_r0 / train_ms_r1: the same plus a gradient all_reduce (avg) of
 //     all N (what a data-parallel training step adds);
 //   * step_cpu_ms_r0 / step_cpu_ms_r1: the CPU time of the ranks (simulated: the
@@ -103,8 +107,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed blocks of --interval steps per measurement")->check(CLI::PositiveNumber);
   app.add_option("--interval", interval, "snapshot_interval of replay, and the steps per timed block")
       ->check(CLI::PositiveNumber);
+  std::int64_t chunk = 32768;
+  app.add_option("--chunk", chunk, "host_memory_chunk (--recover host_memory)")->check(CLI::PositiveNumber);
   app.add_option("--recover", recover_with, "how the buddies keep up in the recovery measurement")
-      ->check(CLI::IsMember({"step", "replay"}));
+      ->check(CLI::IsMember({"step", "replay", "host_memory"}));
   CLI11_PARSE(app, argc, argv);
 
   const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
@@ -150,14 +156,17 @@ int main(int argc, char** argv) {
       };
       // k: 0 redundancy 0, 1 redundancy 1 stepping every step, 2 redundancy 1 replaying.
       // The configuration the recovery is measured with runs last (the world breaks).
-      const std::vector<int> ks = recover_with == "replay" ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 2, 1};
+      // k 2 is host_memory instead of replay with --recover host_memory.
+      const std::vector<int> ks = recover_with != "step" ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 2, 1};
+      const ZeroBuddyUpdate alt = recover_with == "host_memory" ? ZeroBuddyUpdate::host_memory : ZeroBuddyUpdate::replay;
       for (int k : ks) {
         auto ps = make();
         ZeroOptions zo{world};
         zo.parameters_as_bucket_view = true;
         zo.redundancy = k ? 1 : 0;
-        zo.buddy_update = k == 2 ? ZeroBuddyUpdate::replay : ZeroBuddyUpdate::step;
+        zo.buddy_update = k == 2 ? alt : ZeroBuddyUpdate::step;
         zo.snapshot_interval = interval;
+        zo.host_memory_chunk = chunk;
         ZeroRedundancyOptimizer zero(ps, OptimizerSpec{"Adam", {}}, zo);
         // Warm-up: the state exists, blocks start after a snapshot, and with
         // replay the second snapshot has made the buffers the next ones reuse.
@@ -197,7 +206,7 @@ int main(int argc, char** argv) {
             if (ctx.rank() == 0) copy.push_back(c);
           }
         }
-        if (k == (recover_with == "replay" ? 2 : 1)) {
+        if (k == (recover_with != "step" ? 2 : 1)) {
           zero.save_sharded(dir);
           dopt::ProcessGroup survivors;
           world.barrier();
@@ -220,6 +229,7 @@ int main(int argc, char** argv) {
           zp.redundancy = 1;
           zp.buddy_update = zo.buddy_update;
           zp.snapshot_interval = interval;
+          zp.host_memory_chunk = chunk;
           zp.probe = probe_zero;
           auto ps2 = make();
           ZeroRedundancyOptimizer z2(ps2, OptimizerSpec{"Adam", {}}, zp);
@@ -280,12 +290,14 @@ int main(int argc, char** argv) {
   const double tc0 = dopt::bench::median(tcpu0), tc1 = dopt::bench::median(tcpu1);
   const double s2 = dopt::bench::median(step2), t2 = dopt::bench::median(train2);
   const double c2 = dopt::bench::median(cpu2), tc2 = dopt::bench::median(tcpu2);
+  const std::string a = recover_with == "host_memory" ? "host_memory" : "replay";
+  const char* an = a.c_str();
   std::printf("{\"ranks_are\": \"%s\", \"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
               "\"interval\": %d, \"recover\": \"%s\", "
-              "\"step_ms_replay\": %.1f, \"step_overhead_replay\": %.3f, \"step_cpu_ms_replay\": %.1f, "
-              "\"step_cpu_overhead_replay\": %.3f, \"train_ms_replay\": %.1f, \"train_overhead_replay\": %.3f, "
-              "\"train_cpu_ms_replay\": %.1f, \"train_cpu_overhead_replay\": %.3f, "
-              "\"buddy_bytes_step\": %lld, \"buddy_bytes_replay\": %lld, "
+              "\"step_ms_%s\": %.1f, \"step_overhead_%s\": %.3f, \"step_cpu_ms_%s\": %.1f, "
+              "\"step_cpu_overhead_%s\": %.3f, \"train_ms_%s\": %.1f, \"train_overhead_%s\": %.3f, "
+              "\"train_cpu_ms_%s\": %.1f, \"train_cpu_overhead_%s\": %.3f, "
+              "\"buddy_bytes_step\": %lld, \"buddy_bytes_%s\": %lld, "
               "\"step_ms_r0\": %.1f, \"step_ms_r1\": %.1f, \"step_overhead\": %.3f, "
               "\"step_cpu_ms_r0\": %.1f, \"step_cpu_ms_r1\": %.1f, \"step_cpu_overhead\": %.3f, "
               "\"train_ms_r0\": %.1f, \"train_ms_r1\": %.1f, \"train_overhead\": %.3f, "
@@ -293,8 +305,9 @@ int main(int argc, char** argv) {
               "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f, "
               "\"recovery_cpu_ms\": %.1f, \"kill_to_next_step_cpu_ms\": %.1f, \"restart_cpu_ms\": %.1f}\n",
               procs ? "processes" : "simulated", static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps,
-              interval, recover_with.c_str(), s2, s2 / s0 - 1.0, c2, c2 / c0 - 1.0, t2, t2 / t0 - 1.0, tc2,
-              tc2 / tc0 - 1.0, static_cast<long long>(buddy_bytes_step), static_cast<long long>(buddy_bytes_replay), s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
+              interval, recover_with.c_str(), an, s2, an, s2 / s0 - 1.0, an, c2, an, c2 / c0 - 1.0, an, t2, an,
+              t2 / t0 - 1.0, an, tc2, an, tc2 / tc0 - 1.0, static_cast<long long>(buddy_bytes_step), an,
+              static_cast<long long>(buddy_bytes_replay), s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
               t0, t1, t1 / t0 - 1.0, tc0, tc1, tc1 / tc0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms,
               recovery_cpu_ms, next_cpu_ms, restart_cpu_ms);
   return 0;

@@ -164,6 +164,14 @@ std::optional<double> Optimizer::step(const LossClosure& closure) {
     batches.back().states.push_back(it.state);
   }
   for (const Batch& b : batches) b.stepper->step(*b.options, b.params, b.grads, b.states);
+  if (update_hook_) {
+    for (const Item& it : host) {
+      const OptimizerOptions& o = *it.options;
+      update_hook_(o, it.param, it.grad, *it.state,
+                   [&](const Tensor& p, const Tensor& g, ParamState& st) { update(o, p, g, st); });
+    }
+    return loss;
+  }
   parallel_for(static_cast<std::int64_t>(host.size()), num_threads_, [&](std::int64_t i) {
     const Item& it = host[static_cast<std::size_t>(i)];
     update(*it.options, it.param, it.grad, *it.state);

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "agreement.hpp"
+#include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 #include "zero_overlap_internal.hpp"
 
@@ -88,6 +89,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     overlap_ = std::make_shared<ZeroOverlap>(*this, std::move(bgroup), std::move(functional));
     return;
   }
+  if (host_memory()) check_host_memory(options.host_memory_chunk);
   partition_parameters();
   optim_ = make_optimizer(spec_, local_groups(0));
   if (redundancy_ > 0) {
@@ -95,7 +97,13 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     make_buddy_copies();
   }
   trainable_ = trainable_mask();
-  if (bucket_view_) build_buckets();
+  if (host_memory()) {
+    std::map<int, std::shared_ptr<zero_detail::HostKeep>> kept;
+    auto own = share_keeps(group_, buddy_table_, kept);
+    install_keep(std::move(own), std::move(kept));
+  } else if (bucket_view_) {
+    build_buckets();
+  }
 }
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, const OptimizerOptions& optimizer,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dopt/optim/zero.hpp"
+#include "zero_host_memory.hpp"
 
 namespace dopt::optim {
 
@@ -85,7 +86,9 @@ void ZeroRedundancyOptimizer::build_buckets() {
         buckets_[k][r] = Tensor::zeros({1}, kinds[k].second, kinds[k].first);
         continue;
       }
-      Tensor bucket = Tensor::empty({total}, kinds[k].second, kinds[k].first);
+      // Host-memory redundancy: this rank's bucket is in its shared segment.
+      Tensor bucket = (keep_ && static_cast<int>(r) == rank_) ? keep_->bucket(k)
+                                                              : Tensor::empty({total}, kinds[k].second, kinds[k].first);
       std::int64_t off = 0;
       for (const auto& p : per[r][k]) {
         if (!p.requires_grad()) continue;

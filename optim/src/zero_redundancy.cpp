@@ -18,6 +18,7 @@
 #include "dopt/actors/host.hpp"
 #include "dopt/optim/zero.hpp"
 #include "survive_util.hpp"
+#include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 #include "zero_wire.hpp"
 
@@ -79,6 +80,24 @@ std::vector<std::vector<int>> choose_buddies(const std::vector<std::string>& hos
       out[ur].push_back(cand[static_cast<std::size_t>(j)]);
       ++load[static_cast<std::size_t>(cand[static_cast<std::size_t>(j)])];
     }
+  }
+  return out;
+}
+
+/// ZeroBuddyUpdate::host_memory: each rank's buddies are the next k ranks
+/// of its own host (cyclically, in rank order); fewer where its host has
+/// fewer other ranks.
+std::vector<std::vector<int>> choose_buddies_on_host(const std::vector<std::string>& host, int k) {
+  const int n = static_cast<int>(host.size());
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    std::vector<int> same;
+    for (int c = 0; c < n; ++c)
+      if (host[static_cast<std::size_t>(c)] == host[static_cast<std::size_t>(r)]) same.push_back(c);
+    const auto pos = static_cast<int>(std::find(same.begin(), same.end(), r) - same.begin());
+    const int m = static_cast<int>(same.size());
+    for (int j = 1; j <= std::min(k, m - 1); ++j)
+      out[static_cast<std::size_t>(r)].push_back(same[static_cast<std::size_t>((pos + j) % m)]);
   }
   return out;
 }
@@ -207,6 +226,13 @@ void ZeroRedundancyOptimizer::init_hosts(const std::vector<std::string>& given) 
       host_of_[members[static_cast<std::size_t>(r)]] = std::to_string(all[static_cast<std::size_t>(r)][0]);
   }
   buddy_table_ = buddy_table_for(members);
+  if (buddy_update_ == ZeroBuddyUpdate::host_memory && redundancy() > 0)
+    for (int r = 0; r < world_size_; ++r)
+      if (buddy_table_[static_cast<std::size_t>(r)].empty())
+        throw ValueError(kName, "ZeroBuddyUpdate::host_memory keeps each rank's shard in shared memory on its host, "
+                                "but rank " + std::to_string(members[static_cast<std::size_t>(r)]) +
+                                    " is alone on its host; use ZeroBuddyUpdate::step (buddies on other hosts)",
+                         rank_);
 }
 
 std::vector<std::vector<int>> ZeroRedundancyOptimizer::buddy_table_for(const std::vector<int>& members) const {
@@ -215,7 +241,9 @@ std::vector<std::vector<int>> ZeroRedundancyOptimizer::buddy_table_for(const std
     auto it = host_of_.find(g);
     host.push_back(it == host_of_.end() ? std::string() : it->second);
   }
-  return choose_buddies(host, capped(redundancy_, static_cast<int>(members.size())));
+  const int k = capped(redundancy_, static_cast<int>(members.size()));
+  if (buddy_update_ == ZeroBuddyUpdate::host_memory) return choose_buddies_on_host(host, k);
+  return choose_buddies(host, k);
 }
 
 bool ZeroRedundancyOptimizer::keeps_state_of(std::size_t i) const {
@@ -244,6 +272,7 @@ std::int64_t ZeroRedundancyOptimizer::buddy_state_bytes() const {
 
 void ZeroRedundancyOptimizer::make_buddy_copies() {
   buddy_copies_.clear();
+  if (host_memory()) return;  // the buddies map the owner's segment instead (zero_host_memory.cpp)
   for (int target = 0; target < world_size_; ++target) {
     const auto& bs = buddy_table_[static_cast<std::size_t>(target)];
     if (std::find(bs.begin(), bs.end(), rank_) == bs.end()) continue;
@@ -302,6 +331,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
   // survivors' group then leaves that rank out too). Nothing of this rank's
   // state changes before the end, except that a replayed copy is brought up
   // to date (the same bits whenever it is done; a retry finds nothing saved).
+  std::map<int, std::unordered_map<const TensorImpl*, ParamState>> rebuilt_by_owner;  // host memory
   for (;;) {
     try {
       PhaseTrace trace;
@@ -375,6 +405,18 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
           if (sr.new_rank[static_cast<std::size_t>(o)] < 0 && source[static_cast<std::size_t>(o)] == me)
             replay_buddy(o);
 
+      // Host memory: the buddy that holds a lost owner's shard now rebuilds
+      // it from the owner's segment (its parameters end at the step in flight).
+      // Once per owner: a retry after a further loss finds this rank's
+      // parameters of the shard already at the step in flight.
+      std::unordered_map<const TensorImpl*, ParamState> rebuilt;
+      if (host_memory())
+        for (int o = 0; o < old_world; ++o)
+          if (sr.new_rank[static_cast<std::size_t>(o)] < 0 && source[static_cast<std::size_t>(o)] == me) {
+            if (!rebuilt_by_owner.count(o)) rebuilt_by_owner[o] = rebuild_from_keep(o, in_step);
+            for (const auto& [key, st] : rebuilt_by_owner[o]) rebuilt[key] = st;
+          }
+
       trace.mark("agreement and replay", old_rank);
       // 3. The step in flight: each shard's parameters from its holder (the
       //    owner, or the buddy that stepped its copy in the same step).
@@ -402,7 +444,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       };
       auto kept_before = [&](int o, int r) {  // new group rank r kept old rank o's shard, up to date
         if (sr.new_rank[static_cast<std::size_t>(o)] == r) return true;
-        if (replay) return source[static_cast<std::size_t>(o)] == r;  // other copies are from a snapshot
+        if (replay || host_memory()) return source[static_cast<std::size_t>(o)] == r;  // snapshots / no copies
         for (int b : old_table[static_cast<std::size_t>(o)])
           if (sr.new_rank[static_cast<std::size_t>(b)] == r) return true;
         return false;
@@ -414,6 +456,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
           continue;  // a snapshot's state, not the owner's now
         for (const auto& [k, st] : copy->state()) avail[k] = st;
       }
+      for (auto& [k, st] : rebuilt) avail[k] = std::move(st);
       // Point to point: the holder sends each rank only the state of the
       // parameters it keeps from now on (as new owner or buddy); a survivor
       // that kept the shard before (its owner, or a buddy whose copy is up to
@@ -474,6 +517,12 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       for (std::size_t j = 0; j < got.size(); ++j)
         avail[all_params_[static_cast<std::size_t>(got[j].index)].key()][got[j].key] = into[j];
 
+      // Host memory: the survivors' new segments, mapped by their new
+      // buddies (a loss here retries from the old group like any other).
+      std::shared_ptr<zero_detail::HostKeep> new_keep;
+      std::map<int, std::shared_ptr<zero_detail::HostKeep>> new_kept;
+      if (host_memory()) new_keep = share_keeps(ng, new_table, new_kept);
+
       trace.mark("state moved", old_rank);
       // 5. Commit: ZeRO over the survivors.
       group_ = ng;
@@ -492,7 +541,9 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       const bool same_trainable = trainable_mask() == trainable_;
       trainable_ = trainable_mask();
       trace.mark("new optimizers", old_rank);
-      if (bucket_view_ && same_trainable) {
+      if (host_memory()) {
+        install_keep(std::move(new_keep), std::move(new_kept));  // all buckets anew, this rank's in its segment
+      } else if (bucket_view_ && same_trainable) {
         // The survivors' buckets stay (renumbered): what each kept is still
         // in its bucket, in order. The parameters that came from lost ranks
         // go into one more row of buckets (one per kind, one flat buffer per

@@ -47,6 +47,7 @@ struct Scenario {
   int interval = 4;                // snapshot_interval (replay)
   std::vector<std::string> hosts;  // ZeroOptions::hosts (empty: one host)
   bool scheduler = false;          // LambdaLR changing lr at every step, in both runs
+  std::int64_t chunk = 1000;       // host_memory_chunk (host_memory)
 };
 
 /// The scheduler of Scenario::scheduler: a different lr at every step.
@@ -94,7 +95,8 @@ std::vector<RankResult> run(const Scenario& sc) {
     RankResult out;
     auto dies = [&](std::int64_t step, const std::string& point, int index) {
       for (const auto& k : sc.kills)
-        if (k.rank == me && k.step == step && k.point == point && (point != "broadcast" || k.index == index))
+        if (k.rank == me && k.step == step && k.point == point &&
+            ((point != "broadcast" && point != "chunk") || k.index == index))
           return true;
       return false;
     };
@@ -106,6 +108,7 @@ std::vector<RankResult> run(const Scenario& sc) {
     zo.buddy_update = sc.update;
     zo.snapshot_interval = sc.interval;
     zo.hosts = sc.hosts;
+    zo.host_memory_chunk = sc.chunk;
     zo.probe = [&](const char* point, std::int64_t step, int index) {
       if (dies(step, point, index)) throw Killed();
     };
@@ -498,4 +501,158 @@ TEST_CASE("ZeRO redundancy: a whole host lost (2 hosts x 2 ranks) loses no state
   sc.kills = {{0, 2, "computed", 0}, {1, 2, "computed", 0}};
   INFO("replay " << (sc.update == ZeroBuddyUpdate::replay));
   check_bitwise(sc);
+}
+
+// --- ZeroBuddyUpdate::host_memory ---------------------------------------------------
+// The owner's bucket and state live in shared memory its buddies map; the
+// owner journals its update in chunks of 1000 elements here (parameters of
+// 257 to 70001 elements: one to 71 chunks). A rank lost anywhere, down to
+// between writing a chunk and committing it ("chunk", index c: the c-th
+// chunk of a parameter, the first parameter of its shard with that many), is
+// rebuilt by its buddy bitwise.
+
+TEST_CASE("ZeRO redundancy, host memory: without a loss, bitwise the plain optimizer", "[zero][survive]") {
+  Scenario sc;
+  sc.n = GENERATE(3, 5);
+  sc.redundancy = GENERATE(1, 2);
+  sc.bucket_view = true;
+  sc.update = ZeroBuddyUpdate::host_memory;
+  sc.scheduler = true;
+  INFO(sc.n << " ranks, redundancy " << sc.redundancy);
+  check_bitwise(sc);
+}
+
+namespace {
+
+/// The rank that owns parameter i (of make_params()) over n ranks.
+int owner_of(int n, std::size_t i) {
+  int owner = -1;
+  std::mutex mu;
+  simulate(n, [&](RankContext& ctx) {
+    ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()});
+    std::lock_guard<std::mutex> lock(mu);
+    owner = z.param_owners()[i];
+  });
+  return owner;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO redundancy, host memory: a rank lost at each point of a step, bitwise the reference",
+          "[zero][survive]") {
+  const int n = GENERATE(3, 5);
+  const std::string point = GENERATE(std::string("between"), std::string("begin"), std::string("chunk0"),
+                                     std::string("chunk2"), std::string("chunk40"), std::string("computed"),
+                                     std::string("broadcast0"), std::string("broadcast1"));
+  Scenario sc;
+  sc.n = n;
+  sc.bucket_view = true;
+  sc.update = ZeroBuddyUpdate::host_memory;
+  sc.scheduler = true;
+  Kill k{n == 3 ? 1 : 2, 2, point, 0};
+  if (point.rfind("broadcast", 0) == 0) {
+    k.point = "broadcast";
+    k.index = point.back() - '0';
+  }
+  if (point.rfind("chunk", 0) == 0) {
+    // The owner of parameter 7 (70001 elements, 71 chunks): chunk c is
+    // reached in the first parameter of its shard that has c + 1 chunks.
+    k.rank = owner_of(n, 7);
+    k.point = "chunk";
+    k.index = std::stoi(point.substr(5));
+  }
+  sc.kills = {k};
+  INFO(n << " ranks, rank " << k.rank << " lost at step 2, point " << point);
+  check_bitwise(sc);
+}
+
+TEST_CASE("ZeRO redundancy, host memory: state made inside the update, scalar state, two losses in a row",
+          "[zero][survive]") {
+  SECTION("SGD with momentum lost in its first step (the momentum buffer is made by the update)") {
+    Scenario sc;
+    sc.n = 3;
+    sc.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
+    sc.bucket_view = true;
+    sc.update = ZeroBuddyUpdate::host_memory;
+    sc.kills = {{owner_of(3, 7), 0, "chunk", 1}};
+    check_bitwise(sc);
+  }
+  SECTION("NAdam (mu_product) lost in a chunk, the callback") {
+    Scenario sc;
+    sc.n = 5;
+    sc.spec = OptimizerSpec{"NAdam", {{"lr", 0.01}}};
+    sc.bucket_view = true;
+    sc.callback = true;
+    sc.update = ZeroBuddyUpdate::host_memory;
+    sc.kills = {{owner_of(5, 7), 2, "chunk", 2}};
+    check_bitwise(sc);
+  }
+  SECTION("5 ranks: the owner of the largest parameter in a chunk of step 1, then another during the broadcasts "
+          "of step 3") {
+    Scenario sc;
+    sc.n = 5;
+    sc.steps = 6;
+    sc.bucket_view = true;
+    sc.update = ZeroBuddyUpdate::host_memory;
+    const int first = owner_of(5, 7);
+    sc.kills = {{first, 1, "chunk", 1}, {(first + 2) % 5, 3, "broadcast", 1}};
+    check_bitwise(sc);
+  }
+  SECTION("redundancy 2: ranks 1 and 2 (one's buddy) at once") {
+    Scenario sc;
+    sc.n = 5;
+    sc.redundancy = 2;
+    sc.bucket_view = true;
+    sc.update = ZeroBuddyUpdate::host_memory;
+    sc.kills = {{1, 2, "chunk", 0}, {2, 2, "computed", 0}};
+    check_bitwise(sc);
+  }
+}
+
+TEST_CASE("ZeRO redundancy, host memory: a rank lost with its buddy names the state that is gone; argument checks",
+          "[zero][survive]") {
+  Scenario sc;
+  sc.n = 5;
+  sc.bucket_view = true;
+  sc.update = ZeroBuddyUpdate::host_memory;
+  sc.kills = {{1, 2, "chunk", 0}, {2, 2, "computed", 0}};
+  const auto res = run(sc);
+  for (int r : {0, 3, 4}) {
+    const auto& log = res[static_cast<std::size_t>(r)].log;
+    INFO("rank " << r << ": " << log);
+    CHECK(log.find("shard lost: ") == 0);
+    CHECK(log.find("the optimizer state of rank 1's shard") != std::string::npos);
+  }
+  std::mutex mu;
+  std::vector<std::string> seen(2);
+  simulate(2, [&](RankContext& ctx) {
+    std::string out;
+    ZeroOptions zo{ctx.world()};
+    zo.redundancy = 1;
+    zo.buddy_update = ZeroBuddyUpdate::host_memory;
+    try {
+      ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"Adam", {{"lr", 0.1}}}, zo);
+    } catch (const ValueError& e) {
+      if (std::string(e.what()).find("parameters_as_bucket_view") != std::string::npos) out += "bucket view;";
+    }
+    zo.parameters_as_bucket_view = true;
+    zo.hosts = {"a", "b"};
+    try {
+      ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"Adam", {{"lr", 0.1}}}, zo);
+    } catch (const ValueError& e) {
+      if (std::string(e.what()).find("alone on its host") != std::string::npos) out += "alone;";
+    }
+    zo.hosts = {};
+    try {
+      std::vector<Tensor> m = {Tensor::zeros({4, 4})};
+      ZeroRedundancyOptimizer z(m, OptimizerSpec{"Muon", {{"lr", 0.02}}}, zo);
+    } catch (const NotSupportedError& e) {
+      out += "muon;";
+    }
+    ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"Adam", {{"lr", 0.1}}}, zo);
+    out += "buddies of 0: " + ranks_str(z.buddies(0)) + ";";
+    std::lock_guard<std::mutex> lock(mu);
+    seen[static_cast<std::size_t>(ctx.rank())] = out;
+  });
+  for (const auto& s : seen) CHECK(s == "bucket view;alone;muon;buddies of 0: 1;");
 }

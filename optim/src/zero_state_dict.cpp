@@ -15,6 +15,7 @@
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
 #include "state_load.hpp"
+#include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 
 namespace dopt::optim {
@@ -191,6 +192,12 @@ void ZeroRedundancyOptimizer::install_loaded(std::unordered_map<const TensorImpl
     it = local.erase(it);
   }
   optim_->state() = std::move(local);
+  if (keep_)  // host memory: the loaded state is the shard's now, in its segment
+    for (const auto& [key, idx] : keep_index_) {
+      auto it = optim_->state().find(key);
+      ParamState none;
+      keep_->adopt(idx, it != optim_->state().end() ? it->second : none, -1);
+    }
   reset_buddy_snapshots();  // replay: the loaded state is the copies' snapshot
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();

@@ -4,6 +4,7 @@
 
 #include "dopt/optim/zero.hpp"
 #include "dopt/runtime/notice.hpp"
+#include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 #include "zero_overlap_internal.hpp"
 
@@ -87,7 +88,13 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
     if (bucket_view_) {
       notice(std::string(kName) + " [rank " + std::to_string(rank_) +
              "]: the trainable parameters changed; rebuilding the parameter buckets");
-      build_buckets();
+      if (host_memory()) {
+        std::map<int, std::shared_ptr<zero_detail::HostKeep>> kept;
+        auto own = share_keeps(group_, buddy_table_, kept);
+        install_keep(std::move(own), std::move(kept));
+      } else {
+        build_buckets();
+      }
     }
     trainable_ = mask;
   }

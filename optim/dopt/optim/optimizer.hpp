@@ -133,6 +133,20 @@ class Optimizer {
   /// Every parameter of every group, in group order.
   std::vector<Tensor> all_params() const;
 
+  /// One parameter's update, as step() would run it (on the tensors given).
+  using UpdateFn = std::function<void(const Tensor& param, const Tensor& grad, ParamState& state)>;
+  /// Wraps each CPU parameter's update in step(): called with the group's
+  /// options, the parameter, its gradient, its state (already initialised)
+  /// and the update, which the hook runs on them or on parts of them (for an
+  /// elementwise optimizer, slices of the parameter, gradient and full-size
+  /// state entries update like the whole). While a hook is set, step()
+  /// updates CPU parameters one at a time, in group order, on the calling
+  /// thread. ZeroRedundancyOptimizer's host-memory redundancy journals the
+  /// updates with it. Empty: no hook.
+  using UpdateHook = std::function<void(const OptimizerOptions& options, const Tensor& param, const Tensor& grad,
+                                        ParamState& state, const UpdateFn& update)>;
+  void set_update_hook(UpdateHook hook) { update_hook_ = std::move(hook); }
+
  protected:
   Optimizer(std::string name, std::vector<OptimizerParamGroup> groups,
             std::unique_ptr<OptimizerOptions> defaults);
@@ -161,6 +175,7 @@ class Optimizer {
   std::vector<OptimizerParamGroup> param_groups_;
   std::unordered_map<const TensorImpl*, ParamState> state_;
   int num_threads_ = 1;
+  UpdateHook update_hook_;
 };
 
 /// Checks the (param, grad) pair an update receives: same shape, dtype and

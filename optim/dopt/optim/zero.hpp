@@ -95,6 +95,16 @@ enum class ZeroBuddyUpdate {
   /// replaced; the parameters; interval - 1 gradients), and up to
   /// snapshot_interval optimizer steps over the lost shard in the recovery.
   replay,
+  /// The owner's shard (its parameter bucket and its optimizer state) lives
+  /// in shared memory that its buddies on the same host keep mapped, so it
+  /// outlives the owner's process; the owner journals its updates chunk by
+  /// chunk, so a buddy rebuilds the shard exactly at whatever point the owner
+  /// died. No copy and no extra step per step. Protects against the loss of
+  /// processes, not of a host: the buddies are chosen on the owner's host
+  /// (ValueError at construction for a rank alone on its host). Needs
+  /// parameters_as_bucket_view, CPU parameters and an elementwise optimizer
+  /// (not Muon).
+  host_memory,
 };
 
 struct ZeroOptions {
@@ -147,10 +157,18 @@ struct ZeroOptions {
   /// buddies at the end of every snapshot_interval-th step (>= 1), so a buddy
   /// saves at most this many steps' gradients.
   int snapshot_interval = 4;
+  /// Redundancy with ZeroBuddyUpdate::host_memory: elements per journaled
+  /// chunk of a parameter's update (>= 1).
+  std::int64_t host_memory_chunk = 32768;
 };
 
 class ZeroOverlap;
 struct ZeroOverlapAccess;
+namespace zero_detail {
+class HostKeep;
+struct KeepPlan;
+struct KeepEntry;
+}  // namespace zero_detail
 
 /// metadata["dopt.zero.format"] of a shard written by save_sharded.
 inline constexpr const char* kZeroShardFormat = "dopt-zero-shard/1";
@@ -341,6 +359,24 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// parameters of its shard and the copy's state: both end as the owner's
   /// after the last saved step.
   void replay_buddy(int target);
+  /// ZeroBuddyUpdate::host_memory (zero_host_memory.cpp).
+  bool host_memory() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::host_memory; }
+  /// The constructor's checks of host_memory (every rank alike, before any collective).
+  void check_host_memory(std::int64_t chunk);
+  /// The segment plan of rank r of the current partition (every rank alike).
+  zero_detail::KeepPlan keep_plan_for(int r);
+  /// Collective over g: this rank's new segment for the current partition,
+  /// and the segments of the ranks it is a buddy of in `table` (mapped,
+  /// then unlinked once every rank mapped what it needs).
+  std::shared_ptr<zero_detail::HostKeep> share_keeps(ProcessGroup& g, const std::vector<std::vector<int>>& table,
+                                                     std::map<int, std::shared_ptr<zero_detail::HostKeep>>& buddies);
+  /// Makes `own` this rank's segment: buckets rebuilt (this rank's in the
+  /// segment), the local state moved in, the journaling hook set.
+  void install_keep(std::shared_ptr<zero_detail::HostKeep> own,
+                    std::map<int, std::shared_ptr<zero_detail::HostKeep>> buddies);
+  /// The state of rank o's shard rebuilt from its segment (this rank's
+  /// parameters of that shard end at the step in flight when in_step).
+  std::unordered_map<const TensorImpl*, ParamState> rebuild_from_keep(int o, bool in_step);
   /// The recovery (see the header); in_step: the loss came during step().
   ZeroRecovery recover_from_loss(bool in_step);
   /// Whether this rank keeps the state of global parameter i (owner or buddy).
@@ -383,6 +419,14 @@ class ZeroRedundancyOptimizer : public Joinable {
   int snapshot_interval_ = 4;
   /// ZeroBuddyUpdate::replay: by target, as buddy_copies_.
   std::map<int, BuddyLog> buddy_logs_;
+  /// ZeroBuddyUpdate::host_memory: this rank's segment, the segments of the
+  /// ranks it is a buddy of (by group rank), where each own parameter is in
+  /// its segment, the state layouts by (group, dtype), the chunk.
+  std::shared_ptr<zero_detail::HostKeep> keep_;
+  std::map<int, std::shared_ptr<zero_detail::HostKeep>> buddy_keeps_;
+  std::unordered_map<const TensorImpl*, std::size_t> keep_index_;
+  std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
+  std::int64_t keep_chunk_ = 32768;
   /// Redundancy: the host of every rank of the line of groups, by global rank.
   std::map<int, std::string> host_of_;
   /// Redundancy: buddy_table_[r] = buddies(r) in the current group.

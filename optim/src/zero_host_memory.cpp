@@ -1,0 +1,593 @@
+// ZeroBuddyUpdate::host_memory: the segment that holds a rank's shard, the
+// owner's journaled update and a buddy's rebuild (zero_host_memory.hpp; the
+// design in docs/fault-tolerance.md, "Host memory").
+#include "zero_host_memory.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "agreement.hpp"
+#include "dopt/optim/zero.hpp"
+#include "dopt/runtime/error.hpp"
+#include "zero_internal.hpp"
+
+namespace dopt::optim::zero_detail {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x31706565686b6f64ull;  // "dokheep1"
+constexpr const char* kOp = "ZeroRedundancyOptimizer (host_memory)";
+
+struct KeepHeader {
+  std::uint64_t magic;
+  std::int64_t nparams;
+  std::int64_t j_valid, j_step, j_param, j_begin, j_end, j_done, j_saved, j_has_post;
+  std::int64_t j_present_before, j_post_mask;
+  std::int64_t ready;
+};
+
+std::int64_t align64(std::int64_t x) { return (x + 63) & ~std::int64_t{63}; }
+std::int64_t ld(const std::int64_t& x) { return __atomic_load_n(&x, __ATOMIC_ACQUIRE); }
+void st(std::int64_t& x, std::int64_t v) { __atomic_store_n(&x, v, __ATOMIC_RELEASE); }
+
+std::atomic<std::int64_t> g_serial{0};
+
+std::int64_t numel_of(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+}  // namespace
+
+bool elementwise_optimizer(const std::string& o) {
+  static const char* const kAll[] = {"SGD",     "Adam",    "AdamW", "Adamax", "Adagrad",
+                                     "Adadelta", "RMSprop", "Rprop", "NAdam",  "RAdam"};
+  return std::any_of(std::begin(kAll), std::end(kAll), [&](const char* n) { return o == n; });
+}
+
+void KeepPlan::lay_out(const std::vector<DType>& bucket_dtypes, const std::vector<int>& kind_of_param) {
+  max_entries = 0;
+  for (const auto& l : layouts) max_entries = std::max(max_entries, l.size());
+  if (max_entries > 62)
+    throw NotSupportedError(kOp, "an optimizer with more than 62 state entries per parameter");
+  const auto n = static_cast<std::int64_t>(params.size());
+  std::int64_t off = align64(sizeof(KeepHeader));
+  done_off = off;
+  off = align64(off + 8 * n);
+  present_off = off;
+  off = align64(off + 8 * n);
+  const auto me = static_cast<std::int64_t>(max_entries);
+  pre_scalar_off = off;
+  off = align64(off + 8 * me);
+  post_scalar_off = off;
+  off = align64(off + 8 * me);
+  image_off = off;
+  off = align64(off + chunk * 8 * me);
+  bucket_offset.assign(bucket_dtypes.size(), 0);
+  std::vector<std::int64_t> used(bucket_dtypes.size(), 0);
+  for (std::size_t k = 0; k < bucket_dtypes.size(); ++k) {
+    bucket_offset[k] = off;
+    off = align64(off + std::max<std::int64_t>(bucket_elems[k], 1) * static_cast<std::int64_t>(itemsize(bucket_dtypes[k])));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    const int k = kind_of_param[i];
+    if (k >= 0) {
+      const auto uk = static_cast<std::size_t>(k);
+      p.p_offset = bucket_offset[uk] + used[uk] * static_cast<std::int64_t>(itemsize(p.dtype));
+      used[uk] += p.numel;
+    } else {
+      p.p_offset = -1;
+    }
+    p.entry_offset.clear();
+    for (const auto& e : layouts[p.layout]) {
+      p.entry_offset.push_back(off);
+      const std::int64_t elems = e.full ? p.numel : numel_of(e.scalar_shape);
+      off = align64(off + std::max<std::int64_t>(elems, 1) * static_cast<std::int64_t>(itemsize(e.dtype)));
+    }
+  }
+  bytes = off;
+}
+
+std::shared_ptr<HostKeep> HostKeep::create(KeepPlan plan) {
+  const std::int64_t pid = ::getpid();
+  const std::int64_t serial = g_serial.fetch_add(1);
+  auto seg = shm::Segment::create("/doptk-" + std::to_string(pid) + "-" + std::to_string(serial),
+                                  static_cast<std::size_t>(plan.bytes));
+  auto* h = static_cast<KeepHeader*>(seg->data());
+  h->nparams = static_cast<std::int64_t>(plan.params.size());
+  auto* done = reinterpret_cast<std::int64_t*>(static_cast<char*>(seg->data()) + plan.done_off);
+  for (std::size_t i = 0; i < plan.params.size(); ++i) done[i] = -1;
+  st(h->j_valid, 0);
+  __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
+  return std::shared_ptr<HostKeep>(new HostKeep(std::move(seg), std::move(plan), pid, serial));
+}
+
+std::shared_ptr<HostKeep> HostKeep::open(const std::string& name, KeepPlan plan) {
+  auto seg = shm::Segment::open(name, static_cast<std::size_t>(plan.bytes));
+  const auto* h = static_cast<const KeepHeader*>(seg->data());
+  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kMagic ||
+      h->nparams != static_cast<std::int64_t>(plan.params.size()))
+    throw IOError(kOp, "shared memory segment " + name + " does not hold the shard this rank expects");
+  return std::shared_ptr<HostKeep>(new HostKeep(std::move(seg), std::move(plan), 0, 0));
+}
+
+void HostKeep::mark_ready() { st(reinterpret_cast<KeepHeader*>(base())->ready, 1); }
+
+bool HostKeep::ready() const { return ld(reinterpret_cast<const KeepHeader*>(base())->ready) != 0; }
+
+Tensor HostKeep::bucket(std::size_t k) const {
+  // The bucket's dtype is that of its parameters; an empty bucket is one element.
+  DType dt = DType::float32;
+  for (const auto& p : plan_.params)
+    if (p.p_offset >= plan_.bucket_offset[k] &&
+        (k + 1 == plan_.bucket_offset.size() || p.p_offset < plan_.bucket_offset[k + 1])) {
+      dt = p.dtype;
+      break;
+    }
+  return Tensor::from_blob(base() + plan_.bucket_offset[k], Shape{std::max<std::int64_t>(plan_.bucket_elems[k], 1)},
+                           dt, Device::cpu(), seg_);
+}
+
+Tensor HostKeep::param_values(std::size_t i) const {
+  const auto& p = plan_.params[i];
+  return Tensor::from_blob(base() + p.p_offset, Shape{p.numel}, p.dtype, Device::cpu(), seg_);
+}
+
+Tensor HostKeep::entry(std::size_t i, std::size_t e) const {
+  const auto& p = plan_.params[i];
+  const auto& en = plan_.layouts[p.layout][e];
+  return Tensor::from_blob(base() + p.entry_offset[e], en.full ? p.shape : en.scalar_shape, en.dtype, Device::cpu(),
+                           seg_);
+}
+
+std::int64_t HostKeep::done(std::size_t i) const {
+  return ld(reinterpret_cast<const std::int64_t*>(base() + plan_.done_off)[i]);
+}
+
+std::uint64_t HostKeep::present(std::size_t i) const {
+  return static_cast<std::uint64_t>(ld(reinterpret_cast<const std::int64_t*>(base() + plan_.present_off)[i]));
+}
+
+KeepJournal HostKeep::journal() const {
+  const auto* h = reinterpret_cast<const KeepHeader*>(base());
+  KeepJournal j;
+  j.valid = ld(h->j_valid) != 0;
+  if (!j.valid) return j;
+  j.step = ld(h->j_step);
+  j.param = ld(h->j_param);
+  j.done = ld(h->j_done);
+  j.saved = ld(h->j_saved) != 0;
+  j.begin = ld(h->j_begin);
+  j.end = ld(h->j_end);
+  j.has_post = ld(h->j_has_post) != 0;
+  j.present_before = static_cast<std::uint64_t>(ld(h->j_present_before));
+  j.post_mask = static_cast<std::uint64_t>(ld(h->j_post_mask));
+  return j;
+}
+
+ParamState HostKeep::copy_state(std::size_t i) const {
+  ParamState out;
+  const auto& layout = plan_.layouts[plan_.params[i].layout];
+  const std::uint64_t mask = present(i);
+  for (std::size_t e = 0; e < layout.size(); ++e)
+    if (mask >> e & 1u) out[layout[e].name] = entry(i, e).clone();
+  return out;
+}
+
+std::uint64_t HostKeep::mask_of(std::size_t i, const ParamState& s, const char* op) const {
+  const auto& p = plan_.params[i];
+  const auto& layout = plan_.layouts[p.layout];
+  std::uint64_t mask = 0;
+  for (const auto& [name, t] : s) {
+    if (!t.defined()) continue;
+    std::size_t e = 0;
+    while (e < layout.size() && layout[e].name != name) ++e;
+    const bool fits = e < layout.size() && t.dtype() == layout[e].dtype &&
+                      t.numel() == (layout[e].full ? p.numel : numel_of(layout[e].scalar_shape));
+    if (!fits)
+      throw StateError(op, "state entry '" + name + "' (" + t.str() +
+                               ") is not one the host-memory redundancy laid out for this parameter (entries, "
+                               "dtypes and sizes are fixed when ZeRO is built, from one step of the optimizer)");
+    mask |= std::uint64_t{1} << e;
+  }
+  return mask;
+}
+
+void HostKeep::adopt(std::size_t i, ParamState& s, std::int64_t done_step) {
+  const auto& layout = plan_.layouts[plan_.params[i].layout];
+  const std::uint64_t mask = mask_of(i, s, kOp);
+  for (std::size_t e = 0; e < layout.size(); ++e) {
+    if (!(mask >> e & 1u)) continue;
+    Tensor view = entry(i, e);
+    Tensor& t = s[layout[e].name];
+    if (t.data_ptr() != view.data_ptr()) view.copy_(t);
+    t = view;
+  }
+  auto* present_a = reinterpret_cast<std::int64_t*>(base() + plan_.present_off);
+  auto* done_a = reinterpret_cast<std::int64_t*>(base() + plan_.done_off);
+  st(present_a[i], static_cast<std::int64_t>(mask));
+  st(done_a[i], done_step);
+}
+
+void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tensor& g, ParamState& s,
+                      const std::function<void(const Tensor&, const Tensor&, ParamState&)>& run,
+                      const std::function<void(int)>& after_chunk) {
+  const auto& kp = plan_.params[i];
+  const auto& layout = plan_.layouts[kp.layout];
+  const std::int64_t n = p.numel();
+  auto* h = reinterpret_cast<KeepHeader*>(base());
+  auto* present_a = reinterpret_cast<std::int64_t*>(base() + plan_.present_off);
+  auto* done_a = reinterpret_cast<std::int64_t*>(base() + plan_.done_off);
+  // The state made by init_state at this first step is private: into the
+  // segment (the present mask still says "none" until the step is done).
+  const std::uint64_t before = mask_of(i, s, kOp);
+  for (std::size_t e = 0; e < layout.size(); ++e) {
+    if (!(before >> e & 1u)) continue;
+    Tensor view = entry(i, e);
+    Tensor& cur = s[layout[e].name];
+    if (cur.data_ptr() != view.data_ptr()) {
+      view.copy_(cur);
+      cur = view;
+    }
+  }
+  if (p.data_ptr() != base() + kp.p_offset || n != kp.numel || n == 0)
+    throw StateError(kOp, "parameter " + std::to_string(i) + " of this rank's shard is not in its shared-memory "
+                          "bucket (was it re-pointed by the caller?)");
+  // The journal: this parameter, this step, its scalars before.
+  st(h->j_valid, 0);
+  st(h->j_step, t);
+  st(h->j_param, static_cast<std::int64_t>(i));
+  st(h->j_done, 0);
+  st(h->j_saved, 0);
+  st(h->j_has_post, 0);
+  st(h->j_present_before, static_cast<std::int64_t>(before));
+  for (std::size_t e = 0; e < layout.size(); ++e)
+    if (!layout[e].full && (before >> e & 1u))
+      std::memcpy(base() + plan_.pre_scalar_off + 8 * static_cast<std::int64_t>(e), entry(i, e).data_ptr(),
+                  entry(i, e).nbytes());
+  st(h->j_valid, 1);
+  const Tensor pf = p.flatten(), gf = g.flatten();
+  std::vector<Tensor> full_flat(layout.size());
+  for (std::size_t e = 0; e < layout.size(); ++e)
+    if (layout[e].full) full_flat[e] = entry(i, e).flatten();
+  ParamState last;
+  int c = 0;
+  for (std::int64_t b = 0; b < n; b += plan_.chunk, ++c) {
+    const std::int64_t len = std::min(plan_.chunk, n - b);
+    for (std::size_t e = 0; e < layout.size(); ++e)
+      if (layout[e].full && (before >> e & 1u)) {
+        const std::size_t isz = itemsize(layout[e].dtype);
+        std::memcpy(base() + plan_.image_off + plan_.chunk * 8 * static_cast<std::int64_t>(e),
+                    static_cast<char*>(full_flat[e].data_ptr()) + static_cast<std::size_t>(b) * isz,
+                    static_cast<std::size_t>(len) * isz);
+      }
+    st(h->j_begin, b);
+    st(h->j_end, b + len);
+    st(h->j_saved, 1);
+    ParamState sub;
+    for (std::size_t e = 0; e < layout.size(); ++e) {
+      if (!(before >> e & 1u)) continue;
+      sub[layout[e].name] = layout[e].full ? full_flat[e].flat_slice(b, len) : s[layout[e].name].clone();
+    }
+    run(pf.flat_slice(b, len), gf.flat_slice(b, len), sub);
+    // Entries the update made (SGD's momentum buffer at its first step).
+    for (std::size_t e = 0; e < layout.size(); ++e) {
+      if (before >> e & 1u) continue;
+      auto it = sub.find(layout[e].name);
+      if (it == sub.end() || !it->second.defined()) continue;
+      if (layout[e].full) full_flat[e].flat_slice(b, len).copy_(it->second);
+    }
+    if (after_chunk) after_chunk(c);
+    if (b == 0) {
+      std::int64_t post = 0;
+      for (std::size_t e = 0; e < layout.size(); ++e) {  // every entry after the step; the scalars' values
+        auto it = sub.find(layout[e].name);
+        if (it == sub.end() || !it->second.defined()) continue;
+        if (!layout[e].full)
+          std::memcpy(base() + plan_.post_scalar_off + 8 * static_cast<std::int64_t>(e), it->second.data_ptr(),
+                      it->second.nbytes());
+        post |= std::int64_t{1} << e;
+      }
+      st(h->j_post_mask, post);
+      st(h->j_has_post, 1);
+      last = sub;
+    }
+    st(h->j_done, b + len);  // before clearing j_saved: a chunk is never both done and "not begun"
+    st(h->j_saved, 0);
+  }
+  // The scalars after the step, and the entries the update made, as views.
+  std::uint64_t after = before;
+  for (std::size_t e = 0; e < layout.size(); ++e) {
+    auto it = last.find(layout[e].name);
+    if (it == last.end() || !it->second.defined()) continue;
+    Tensor view = entry(i, e);
+    if (!layout[e].full) view.copy_(it->second);
+    s[layout[e].name] = view;
+    after |= std::uint64_t{1} << e;
+  }
+  st(present_a[i], static_cast<std::int64_t>(after));
+  st(done_a[i], t);
+}
+
+ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const Tensor& replica,
+                             const std::function<void(const Tensor&, const Tensor&, ParamState&)>& run) const {
+  const auto& kp = plan_.params[i];
+  const auto& layout = plan_.layouts[kp.layout];
+  if (!ready())
+    throw StateError(kOp, "the lost rank's shard was not yet in shared memory (the rank was lost while ZeRO placed "
+                          "it there, at construction or at the end of a recovery); fall back to the last checkpoint");
+  const std::int64_t d = done(i);
+  const KeepJournal j = journal();
+  const bool in_journal = j.valid && j.param == static_cast<std::int64_t>(i) && j.step == t;
+  if (!in_step) {
+    // Outside step(): every survivor is at step t-1 = the last completed.
+    if (d >= t || (in_journal && (j.done > 0 || j.saved)))
+      throw StateError(kOp, "the lost rank had begun its next step while the survivors had not (its shard's state "
+                            "is partly at step " + std::to_string(t) + "); recover inside step() instead, or fall "
+                            "back to the last checkpoint");
+    return copy_state(i);
+  }
+  const Tensor g = replica.grad();
+  if (d == t) {  // done: the parameter's values and state at step t
+    if (kp.p_offset >= 0) replica.flatten().copy_(param_values(i));
+    return copy_state(i);
+  }
+  if (!g.defined() || kp.p_offset < 0 || !replica.requires_grad()) return copy_state(i);
+  const std::int64_t n = kp.numel;
+  const std::uint64_t mask = in_journal ? j.present_before : present(i);
+  const std::int64_t jd = in_journal ? j.done : 0;
+  ParamState out;
+  std::vector<Tensor> priv(layout.size());
+  for (std::size_t e = 0; e < layout.size(); ++e) {
+    const bool made = in_journal && jd > 0 && (j.post_mask >> e & 1u);  // written for [0, jd)
+    if (!(mask >> e & 1u) && !(layout[e].full && made)) continue;
+    if (layout[e].full) {
+      priv[e] = entry(i, e).clone();
+    } else if (mask >> e & 1u) {
+      priv[e] = Tensor::empty(layout[e].scalar_shape, layout[e].dtype);
+      if (in_journal)
+        std::memcpy(priv[e].data_ptr(), base() + plan_.pre_scalar_off + 8 * static_cast<std::int64_t>(e),
+                    priv[e].nbytes());
+      else
+        priv[e].copy_(entry(i, e));
+    }
+  }
+  // The chunk in flight goes back to its values before the step.
+  if (in_journal && j.saved && j.begin == jd)
+    for (std::size_t e = 0; e < layout.size(); ++e)
+      if (layout[e].full && (mask >> e & 1u)) {
+        const std::size_t isz = itemsize(layout[e].dtype);
+        std::memcpy(static_cast<char*>(priv[e].data_ptr()) + static_cast<std::size_t>(j.begin) * isz,
+                    base() + plan_.image_off + plan_.chunk * 8 * static_cast<std::int64_t>(e),
+                    static_cast<std::size_t>(j.end - j.begin) * isz);
+      }
+  const Tensor rf = replica.flatten();
+  if (jd > 0) rf.flat_slice(0, jd).copy_(param_values(i).flat_slice(0, jd));
+  if (jd < n) {
+    ParamState sub;
+    for (std::size_t e = 0; e < layout.size(); ++e)
+      if (mask >> e & 1u)
+        sub[layout[e].name] = layout[e].full ? priv[e].flatten().flat_slice(jd, n - jd) : priv[e];
+    const Tensor q = rf.flat_slice(jd, n - jd).clone();
+    run(q, g.flatten().flat_slice(jd, n - jd), sub);
+    rf.flat_slice(jd, n - jd).copy_(q);
+    for (std::size_t e = 0; e < layout.size(); ++e) {
+      auto it = sub.find(layout[e].name);
+      if (it == sub.end() || !it->second.defined()) continue;
+      if (layout[e].full) {
+        if (!(mask >> e & 1u)) {  // made by the update
+          if (!priv[e].defined()) priv[e] = Tensor::zeros(kp.shape, layout[e].dtype);
+          priv[e].flatten().flat_slice(jd, n - jd).copy_(it->second);
+        }
+      } else {
+        priv[e] = it->second.clone();
+      }
+    }
+  } else {
+    for (std::size_t e = 0; e < layout.size(); ++e)
+      if (!layout[e].full && (j.post_mask >> e & 1u)) {
+        priv[e] = Tensor::empty(layout[e].scalar_shape, layout[e].dtype);
+        std::memcpy(priv[e].data_ptr(), base() + plan_.post_scalar_off + 8 * static_cast<std::int64_t>(e),
+                    priv[e].nbytes());
+      }
+  }
+  for (std::size_t e = 0; e < layout.size(); ++e)
+    if (priv[e].defined()) out[layout[e].name] = priv[e];
+  return out;
+}
+
+}  // namespace dopt::optim::zero_detail
+
+// --- ZeroRedundancyOptimizer's side ---------------------------------------------------
+
+namespace dopt::optim {
+
+using zero_detail::HostKeep;
+using zero_detail::KeepEntry;
+using zero_detail::KeepPlan;
+
+void ZeroRedundancyOptimizer::check_host_memory(std::int64_t chunk) {
+  const char* why = "ZeroBuddyUpdate::host_memory keeps each rank's shard in shared memory on its host";
+  if (chunk < 1)
+    throw ValueError(zero_detail::kName, "host_memory_chunk must be >= 1, got " + std::to_string(chunk), rank_);
+  keep_chunk_ = chunk;
+  if (!bucket_view_)
+    throw ValueError(zero_detail::kName, std::string(why) + ": it needs parameters_as_bucket_view=true (this rank's "
+                                         "bucket is in that memory)", rank_);
+  if (!zero_detail::elementwise_optimizer(spec_.name))
+    throw NotSupportedError(zero_detail::kName, std::string(why) + " and updates parameters in pieces, which " +
+                                                    spec_.name + " does not allow (its update of an element depends "
+                                                    "on others); use ZeroBuddyUpdate::step", rank_);
+  for (const auto& p : all_params_)
+    if (!p.device().is_cpu())
+      throw NotSupportedError(zero_detail::kName, std::string(why) + ": parameters on " + p.device().str() +
+                                                      " are not supported (CPU only); use ZeroBuddyUpdate::step",
+                              rank_);
+}
+
+KeepPlan ZeroRedundancyOptimizer::keep_plan_for(int r) {
+  KeepPlan plan;
+  plan.chunk = keep_chunk_;
+  // The kinds of the buckets, as build_buckets orders them.
+  std::vector<std::pair<Device, DType>> kinds;
+  auto kind_of = [&](const Tensor& p) -> int {
+    for (std::size_t k = 0; k < kinds.size(); ++k)
+      if (kinds[k].first == p.device() && kinds[k].second == p.dtype()) return static_cast<int>(k);
+    kinds.emplace_back(p.device(), p.dtype());
+    return static_cast<int>(kinds.size() - 1);
+  };
+  for (const auto& rank_groups : partition_)
+    for (const auto& g : rank_groups)
+      for (const auto& p : g) kind_of(p);
+  std::map<std::pair<std::size_t, int>, std::size_t> layout_index;
+  std::vector<int> kind_of_param;
+  plan.bucket_elems.assign(kinds.size(), 0);
+  const auto& mine = partition_[static_cast<std::size_t>(r)];
+  for (std::size_t g = 0; g < mine.size(); ++g)
+    for (const auto& p : mine[g]) {
+      const std::pair<std::size_t, int> key{g, static_cast<int>(p.dtype())};
+      auto lit = keep_layouts_.find(key);
+      if (lit == keep_layouts_.end()) {
+        // One step of the optimizer on a probe of two elements: its state entries.
+        Tensor x = Tensor::zeros({2}, p.dtype());
+        x.set_grad(Tensor::full({2}, 0.5, p.dtype()));
+        std::vector<OptimizerParamGroup> gs;
+        gs.emplace_back(std::vector<Tensor>{x}, groups_[g].options->clone());
+        auto opt = make_optimizer(spec_, std::move(gs));
+        opt->step();
+        std::vector<KeepEntry> entries;
+        for (const auto& [name, t] : opt->state()[x.key()]) {
+          if (!t.defined()) continue;
+          KeepEntry e;
+          e.name = name;
+          e.dtype = t.dtype();
+          e.full = t.numel() == 2;
+          if (!e.full) {
+            e.scalar_shape = t.shape();
+            if (t.nbytes() > 8)
+              throw NotSupportedError(zero_detail::kName, "host_memory redundancy: state entry '" + name + "' of " +
+                                                              spec_.name + " is neither per element nor a scalar",
+                                      rank_);
+          }
+          entries.push_back(std::move(e));
+        }
+        lit = keep_layouts_.emplace(key, std::move(entries)).first;
+      }
+      auto [it, fresh] = layout_index.emplace(key, plan.layouts.size());
+      if (fresh) plan.layouts.push_back(lit->second);
+      zero_detail::KeepParam kp;
+      kp.numel = p.numel();
+      kp.shape = p.shape();
+      kp.dtype = p.dtype();
+      kp.layout = it->second;
+      kp.group = g;
+      const int k = kind_of(p);
+      if (p.requires_grad()) {
+        plan.bucket_elems[static_cast<std::size_t>(k)] += p.numel();
+        kind_of_param.push_back(k);
+      } else {
+        kind_of_param.push_back(-1);
+      }
+      plan.params.push_back(std::move(kp));
+    }
+  std::vector<DType> dts;
+  for (const auto& k : kinds) dts.push_back(k.second);
+  plan.lay_out(dts, kind_of_param);
+  return plan;
+}
+
+std::shared_ptr<HostKeep> ZeroRedundancyOptimizer::share_keeps(ProcessGroup& g,
+                                                             const std::vector<std::vector<int>>& table,
+                                                             std::map<int, std::shared_ptr<HostKeep>>& buddies) {
+  const int me = g.rank(), n = g.size();
+  auto own = HostKeep::create(keep_plan_for(me));
+  const auto names = detail::all_gather_descriptors(g, {own->pid_tag(), own->serial()});
+  buddies.clear();
+  std::string failed;
+  int bad = -1;
+  for (int t = 0; t < n; ++t) {
+    const auto& bs = table[static_cast<std::size_t>(t)];
+    if (t == me || std::find(bs.begin(), bs.end(), me) == bs.end()) continue;
+    const auto& d = names[static_cast<std::size_t>(t)];
+    const std::string name = "/doptk-" + std::to_string(d[0]) + "-" + std::to_string(d[1]);
+    try {
+      buddies[t] = HostKeep::open(name, keep_plan_for(t));
+    } catch (const Error& e) {
+      if (failed.empty()) {
+        failed = e.what();
+        bad = t;
+      }
+    }
+  }
+  const auto verdicts = detail::all_gather_descriptors(g, {bad});
+  own->unlink();  // every rank mapped what it keeps
+  for (int r = 0; r < n; ++r) {
+    const auto b = verdicts[static_cast<std::size_t>(r)][0];
+    if (b < 0) continue;
+    throw IOError(zero_detail::kName,
+                  "host_memory redundancy: rank " + std::to_string(g.global_rank(r)) +
+                      " cannot map the shared memory that holds rank " + std::to_string(g.global_rank(static_cast<int>(b))) +
+                      "'s shard" + (r == me ? " (" + failed + ")" : std::string()) +
+                      "; ZeroBuddyUpdate::host_memory needs every rank's buddies on its host, in the same IPC "
+                      "namespace (the same /dev/shm). Use ZeroBuddyUpdate::step across hosts or containers");
+  }
+  return own;
+}
+
+void ZeroRedundancyOptimizer::install_keep(std::shared_ptr<HostKeep> own,
+                                           std::map<int, std::shared_ptr<HostKeep>> buddies) {
+  keep_ = std::move(own);
+  buddy_keeps_ = std::move(buddies);
+  keep_index_.clear();
+  std::size_t i = 0;
+  for (const auto& g : partition_[static_cast<std::size_t>(rank_)])
+    for (const auto& p : g) keep_index_[p.key()] = i++;
+  build_buckets();  // this rank's buckets are the segment's
+  for (const auto& [key, idx] : keep_index_) {
+    auto it = optim_->state().find(key);
+    ParamState none;
+    keep_->adopt(idx, it != optim_->state().end() ? it->second : none, -1);
+  }
+  keep_->mark_ready();
+  optim_->set_update_hook([this](const OptimizerOptions&, const Tensor& p, const Tensor& g, ParamState& st,
+                                 const Optimizer::UpdateFn& run) {
+    auto it = keep_index_.find(p.key());
+    if (!keep_ || it == keep_index_.end()) return run(p, g, st);
+    std::function<void(int)> after;
+    if (probe_) after = [this](int c) { probe_("chunk", steps_, c); };
+    keep_->update(it->second, steps_ + 1, p, g, st, run, after);
+  });
+}
+
+std::unordered_map<const TensorImpl*, ParamState> ZeroRedundancyOptimizer::rebuild_from_keep(int o, bool in_step) {
+  std::unordered_map<const TensorImpl*, ParamState> out;
+  auto it = buddy_keeps_.find(o);
+  if (it == buddy_keeps_.end())
+    throw StateError(zero_detail::kName, "host_memory redundancy: this rank does not map rank " + std::to_string(o) +
+                                             "'s segment", rank_);
+  const HostKeep& k = *it->second;
+  std::size_t i = 0;
+  for (const auto& g : partition_[static_cast<std::size_t>(o)])
+    for (const auto& p : g) {
+      const std::size_t group = k.plan().params[i].group;
+      auto run = [&](const Tensor& q, const Tensor& grad, ParamState& sub) {
+        q.set_grad(grad.clone());
+        std::vector<OptimizerParamGroup> gs;
+        gs.emplace_back(std::vector<Tensor>{q}, groups_[group].options->clone());
+        auto tmp = make_optimizer(spec_, std::move(gs));
+        if (!sub.empty()) tmp->state()[q.key()] = sub;
+        tmp->step();
+        sub = tmp->state()[q.key()];
+      };
+      ParamState st = k.rebuild(i, steps_ + 1, in_step, p, run);
+      if (!st.empty()) out[p.key()] = std::move(st);
+      ++i;
+    }
+  return out;
+}
+
+}  // namespace dopt::optim
