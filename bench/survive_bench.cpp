@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed blocks of --interval steps per measurement")->check(CLI::PositiveNumber);
   app.add_option("--interval", interval, "snapshot_interval of replay, and the steps per timed block")
       ->check(CLI::PositiveNumber);
-  std::int64_t chunk = 32768;
+  std::int64_t chunk = 4096;
   app.add_option("--chunk", chunk, "host_memory_chunk (--recover host_memory)")->check(CLI::PositiveNumber);
   app.add_option("--recover", recover_with, "how the buddies keep up in the recovery measurement")
       ->check(CLI::IsMember({"step", "replay", "host_memory"}));

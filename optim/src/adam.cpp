@@ -25,7 +25,7 @@ inline __attribute__((always_inline)) void adam_body(T* __restrict p, const T* _
                                                      T* __restrict v, T* __restrict vmax, i64 n,
                                                      const AdamScalars<T>& s) {
   const T gsign = s.maximize ? T(-1) : T(1);
-  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v) {
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v, (Amsgrad ? vmax : p)) {
     T pi = p[i];
     T gi = g[i] * gsign;
     if constexpr (WdMode == 2) pi = pi * s.decay_mul;

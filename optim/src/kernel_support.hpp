@@ -12,6 +12,9 @@
 // the same in every clone, since FMA and sqrt are exact roundings).
 #include <cmath>
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "dopt/runtime/tensor.hpp"
 #include "optim_util.hpp"
@@ -29,13 +32,25 @@
 /// level (target_clones cannot apply to a template), and NAME(...)
 /// overloaded on them. PARAMS(T) is the parameter list with element type T,
 /// ARGS the parenthesised argument names, BODY the template they call.
-#define DOPT_KERNEL_ENTRY(NAME, BODY, PARAMS, ARGS)      \
-  DOPT_KERNEL void NAME##_f32(PARAMS(float)) { BODY ARGS; }  \
-  DOPT_KERNEL void NAME##_f64(PARAMS(double)) { BODY ARGS; } \
-  inline void NAME(PARAMS(float)) { NAME##_f32 ARGS; }       \
-  inline void NAME(PARAMS(double)) { NAME##_f64 ARGS; }
-
 #define DOPT_EXPAND(...) __VA_ARGS__
+
+/// While a ChunkJournal is set on the calling thread (kernels::chunk_journal),
+/// NAME(...) runs the kernel chunk by chunk through it (kernels::run_journaled).
+#define DOPT_KERNEL_ENTRY(NAME, BODY, PARAMS, ARGS)                                                    \
+  DOPT_KERNEL void NAME##_f32(PARAMS(float)) { BODY ARGS; }                                              \
+  DOPT_KERNEL void NAME##_f64(PARAMS(double)) { BODY ARGS; }                                             \
+  inline void NAME(PARAMS(float)) {                                                                      \
+    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                                         \
+      return ::dopt::optim::kernels::run_journaled(                                                      \
+          *dopt_j_, [](auto&&... x) { NAME##_f32(x...); }, DOPT_EXPAND ARGS);                            \
+    NAME##_f32 ARGS;                                                                                     \
+  }                                                                                                      \
+  inline void NAME(PARAMS(double)) {                                                                     \
+    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                                         \
+      return ::dopt::optim::kernels::run_journaled(                                                      \
+          *dopt_j_, [](auto&&... x) { NAME##_f64(x...); }, DOPT_EXPAND ARGS);                            \
+    NAME##_f64 ARGS;                                                                                     \
+  }
 
 /// DOPT_KERNEL_ENTRY for a loop BODY<T, bool Flag> with one option that
 /// changes its shape (weight decay on or off): the entry points take it as a
@@ -50,12 +65,151 @@
     if (flag) BODY<double, true> ARGS;                                                         \
     else BODY<double, false> ARGS;                                                             \
   }                                                                                            \
-  inline void NAME(PARAMS(float), bool flag) { NAME##_f32(DOPT_EXPAND ARGS, flag); }           \
-  inline void NAME(PARAMS(double), bool flag) { NAME##_f64(DOPT_EXPAND ARGS, flag); }
+  inline void NAME(PARAMS(float), bool flag) {                                                 \
+    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                               \
+      return ::dopt::optim::kernels::run_journaled(                                            \
+          *dopt_j_, [](auto&&... x) { NAME##_f32(x...); }, DOPT_EXPAND ARGS, flag);            \
+    NAME##_f32(DOPT_EXPAND ARGS, flag);                                                        \
+  }                                                                                            \
+  inline void NAME(PARAMS(double), bool flag) {                                                \
+    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                               \
+      return ::dopt::optim::kernels::run_journaled(                                            \
+          *dopt_j_, [](auto&&... x) { NAME##_f64(x...); }, DOPT_EXPAND ARGS, flag);            \
+    NAME##_f64(DOPT_EXPAND ARGS, flag);                                                        \
+  }
 
 namespace dopt::optim::kernels {
 
 using i64 = std::int64_t;
+
+/// Where the kernel call in flight saves the pre-images of what it writes
+/// (see ChunkJournal): for each array it writes (as the call sees it), the
+/// image its values go to before they are overwritten, one cache line at a
+/// time, and the count of elements saved so far (stored after the line's
+/// images, before the line's new values).
+struct LineJournal {
+  const void* out[8] = {};
+  char* image[8] = {};
+  std::size_t count = 0;
+  std::int64_t* progress = nullptr;
+};
+
+/// The calling thread's line journal (null: none; kernels check it once per call).
+inline LineJournal*& line_journal() {
+  static thread_local LineJournal* j = nullptr;
+  return j;
+}
+
+/// What DOPT_FOR_EACH_ELEMENT does per cache line for a call under a line
+/// journal: img[k] is the image of its k-th listed stream (null: not saved).
+template <std::size_t N>
+struct LinePlan {
+  char* img[N] = {};
+  std::int64_t* progress = nullptr;
+  bool active = false;
+};
+
+template <class T, class... P>
+DOPT_INLINE LinePlan<sizeof...(P)> line_plan(P... ptrs) {
+  LinePlan<sizeof...(P)> plan;
+  const LineJournal* lj = line_journal();
+  if (!lj) return plan;
+  plan.active = true;
+  plan.progress = lj->progress;
+  std::size_t k = 0;
+  auto one = [&](const void* s) {
+    for (std::size_t c = 0; c < lj->count; ++c)
+      if (lj->out[c] == s) plan.img[k] = lj->image[c];
+    ++k;
+  };
+  (one(static_cast<const void*>(ptrs)), ...);
+  return plan;
+}
+
+template <class T, std::size_t N, class... P>
+DOPT_INLINE void save_line(const LinePlan<N>& plan, std::int64_t j, std::int64_t e, P... ptrs) {
+  std::size_t k = 0;
+  auto one = [&](const T* s) {
+    if (plan.img[k])
+      __builtin_memcpy(plan.img[k] + j * static_cast<std::int64_t>(sizeof(T)), s + j,
+                       static_cast<std::size_t>(e - j) * sizeof(T));
+    ++k;
+  };
+  (one(ptrs), ...);
+  __atomic_store_n(plan.progress, e, __ATOMIC_RELEASE);
+  asm volatile("" ::: "memory");  // the line's new values are stored after its images and the count
+}
+
+/// A journal of the kernels' writes, chunk by chunk (ZeroRedundancyOptimizer's
+/// host-memory redundancy, zero_host_memory.cpp). For each chunk [b, b + len)
+/// of a kernel call over n elements, before() gets the arrays the kernel
+/// writes (its non-const pointer arguments, null ones left out, as the chunk's
+/// call sees them) and fills `lines` for them; the kernel then saves their
+/// pre-images line by line as it goes (DOPT_FOR_EACH_ELEMENT); after() runs
+/// once the chunk is done.
+struct ChunkJournal {
+  virtual ~ChunkJournal() = default;
+  virtual void before(void* const* outs, std::size_t count, std::size_t elem_size, i64 b, i64 len) = 0;
+  virtual void after(i64 b, i64 len) = 0;
+  i64 chunk = 4096;
+  LineJournal lines;
+};
+
+/// The calling thread's journal (null: kernels run whole).
+inline ChunkJournal*& chunk_journal() {
+  static thread_local ChunkJournal* j = nullptr;
+  return j;
+}
+
+namespace journal_detail {
+template <class A>
+constexpr bool is_out = std::is_pointer_v<std::decay_t<A>> && !std::is_const_v<std::remove_pointer_t<std::decay_t<A>>>;
+/// An argument of the chunk [b, b + len): arrays offset by b, the element count (the only i64) len.
+template <class A>
+decltype(auto) part(A&& a, i64 b, i64 len) {
+  using D = std::decay_t<A>;
+  if constexpr (std::is_pointer_v<D>) return a ? a + b : a;
+  else if constexpr (std::is_same_v<D, i64>) return static_cast<i64>(len);
+  else return std::forward<A>(a);
+}
+struct LinesOn {
+  explicit LinesOn(LineJournal* l) { line_journal() = l; }
+  ~LinesOn() { line_journal() = nullptr; }
+  LinesOn(const LinesOn&) = delete;
+  LinesOn& operator=(const LinesOn&) = delete;
+};
+}  // namespace journal_detail
+
+/// Runs kernel f over args chunk by chunk through journal j (elementwise
+/// kernels: each chunk updates its elements exactly as the whole call would).
+template <class F, class... A>
+void run_journaled(ChunkJournal& j, F f, A&&... args) {
+  i64 n = 0;
+  auto count_of = [&](auto&& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, i64>) n = a;
+  };
+  (count_of(args), ...);
+  void* outs[sizeof...(A) + 1];
+  std::size_t count = 0, esize = 0;
+  auto collect = [&](auto&& a) {
+    using D = std::decay_t<decltype(a)>;
+    if constexpr (journal_detail::is_out<D>) {
+      esize = sizeof(std::remove_pointer_t<D>);
+      if (a) outs[count++] = static_cast<void*>(a);
+    }
+  };
+  (collect(args), ...);
+  const i64 c = j.chunk > 0 ? j.chunk : n;
+  for (i64 b = 0; b < n; b += c) {
+    const i64 len = n - b < c ? n - b : c;
+    j.before(outs, count, esize, b, len);
+    {
+      journal_detail::LinesOn on(&j.lines);
+      f(journal_detail::part(args, b, len)...);
+    }
+    j.after(b, len);
+  }
+}
 
 /// Software prefetch 1 KiB ahead of element j on every stream, as a plain
 /// read prefetch into all cache levels (hint 0, 3). Measured here: the
@@ -74,14 +228,23 @@ DOPT_INLINE void prefetch_ahead(i64 j, i64 n, Ptrs... ptrs) {
 /// 32 GB/s with it; the hardware prefetcher alone does not keep 4-7 streams
 /// fed. It is a macro (not a lambda) so that the body sees the kernel's
 /// __restrict pointers directly; a lambda capturing them loses that and the
-/// loop does not vectorise. The body must be free of control flow.
-#define DOPT_FOR_EACH_ELEMENT(T, n, i, ...)                                                      \
-  for (::dopt::optim::kernels::i64 dopt_j_ = 0, dopt_e_ = 0; dopt_j_ < (n); dopt_j_ = dopt_e_)   \
-    if (dopt_e_ = (dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T)) < (n)       \
-                       ? dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T))      \
-                       : (n)),                                                                   \
-        ::dopt::optim::kernels::prefetch_ahead<T>(dopt_j_, (n), __VA_ARGS__), false) {           \
-    } else                                                                                       \
+/// loop does not vectorise. The body must be free of control flow. Under a
+/// line journal (ChunkJournal) each line's listed streams that the kernel
+/// writes are saved before the body runs on the line, so a kernel must list
+/// every array it writes.
+#define DOPT_FOR_EACH_ELEMENT(T, n, i, ...)                                                          \
+  for (auto [dopt_jl_, dopt_j_, dopt_e_] =                                                           \
+           std::tuple{::dopt::optim::kernels::line_plan<T>(__VA_ARGS__), ::dopt::optim::kernels::i64{0}, \
+                      ::dopt::optim::kernels::i64{0}};                                               \
+       dopt_j_ < (n); dopt_j_ = dopt_e_)                                                             \
+    if (dopt_e_ = (dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T)) < (n)           \
+                       ? dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T))          \
+                       : (n)),                                                                       \
+        ::dopt::optim::kernels::prefetch_ahead<T>(dopt_j_, (n), __VA_ARGS__),                        \
+        (dopt_jl_.active ? ::dopt::optim::kernels::save_line<T>(dopt_jl_, dopt_j_, dopt_e_, __VA_ARGS__) \
+                         : void()),                                                                  \
+        false) {                                                                                     \
+    } else                                                                                           \
       for (::dopt::optim::kernels::i64 i = dopt_j_; i < dopt_e_; ++i)
 
 /// Adam's two moments of one element, in torch's operations (Adam, NAdam,

@@ -12,6 +12,7 @@
 #include "agreement.hpp"
 #include "dopt/optim/zero.hpp"
 #include "dopt/runtime/error.hpp"
+#include "kernel_support.hpp"
 #include "zero_internal.hpp"
 
 namespace dopt::optim::zero_detail {
@@ -23,8 +24,8 @@ constexpr const char* kOp = "ZeroRedundancyOptimizer (host_memory)";
 struct KeepHeader {
   std::uint64_t magic;
   std::int64_t nparams;
-  std::int64_t j_valid, j_step, j_param, j_begin, j_end, j_done, j_saved, j_has_post;
-  std::int64_t j_present_before, j_post_mask;
+  std::int64_t j_valid, j_step, j_param, j_begin, j_end, j_done, j_saved, j_line;
+  std::int64_t j_present_before;
   std::int64_t ready;
 };
 
@@ -61,8 +62,6 @@ void KeepPlan::lay_out(const std::vector<DType>& bucket_dtypes, const std::vecto
   off = align64(off + 8 * n);
   const auto me = static_cast<std::int64_t>(max_entries);
   pre_scalar_off = off;
-  off = align64(off + 8 * me);
-  post_scalar_off = off;
   off = align64(off + 8 * me);
   image_off = off;
   off = align64(off + chunk * 8 * me);
@@ -163,9 +162,8 @@ KeepJournal HostKeep::journal() const {
   j.saved = ld(h->j_saved) != 0;
   j.begin = ld(h->j_begin);
   j.end = ld(h->j_end);
-  j.has_post = ld(h->j_has_post) != 0;
+  j.line = ld(h->j_line);
   j.present_before = static_cast<std::uint64_t>(ld(h->j_present_before));
-  j.post_mask = static_cast<std::uint64_t>(ld(h->j_post_mask));
   return j;
 }
 
@@ -213,104 +211,128 @@ void HostKeep::adopt(std::size_t i, ParamState& s, std::int64_t done_step) {
   st(done_a[i], done_step);
 }
 
+namespace {
+
+/// The journal of one parameter's kernel call: before each chunk the
+/// pre-images of the state entries it writes (the parameter's own values
+/// need none: every other rank holds them as they were before the step).
+class Sink final : public kernels::ChunkJournal {
+ public:
+  Sink(KeepHeader* h, char* image, std::int64_t stride, const void* param, std::vector<const void*> entries,
+       const std::function<void(int)>& after_chunk, std::int64_t chunk_elems)
+      : h_(h), image_(image), stride_(stride), param_(param), entries_(std::move(entries)), after_chunk_(after_chunk) {
+    chunk = chunk_elems;
+  }
+  void before(void* const* outs, std::size_t count, std::size_t esize, kernels::i64 b, kernels::i64 len) override {
+    // The chunk's call sees the arrays from element b on; the kernel saves
+    // each line's pre-images into the image as it goes (lines.progress).
+    lines.count = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (outs[k] == param_) continue;
+      std::size_t e = 0;
+      while (e < entries_.size() && entries_[e] != outs[k]) ++e;
+      if (e == entries_.size() || lines.count == 8)
+        throw StateError(kOp, "an optimizer kernel wrote memory that is neither the parameter nor its state in "
+                              "shared memory; this optimizer cannot be journaled");
+      lines.out[lines.count] = static_cast<char*>(outs[k]) + b * static_cast<std::int64_t>(esize);
+      lines.image[lines.count] = image_ + stride_ * static_cast<std::int64_t>(e);
+      ++lines.count;
+    }
+    lines.progress = &h_->j_line;
+    st(h_->j_line, 0);
+    st(h_->j_begin, b);
+    st(h_->j_end, b + len);
+    st(h_->j_saved, 1);
+  }
+  void after(kernels::i64 b, kernels::i64 len) override {
+    if (after_chunk_) after_chunk_(c_++);
+    st(h_->j_done, b + len);  // before clearing j_saved: a chunk is never both done and "not begun"
+    st(h_->j_saved, 0);
+  }
+
+ private:
+  KeepHeader* h_;
+  char* image_;
+  std::int64_t stride_;
+  const void* param_;
+  std::vector<const void*> entries_;
+  const std::function<void(int)>& after_chunk_;
+  int c_ = 0;
+};
+
+struct JournalGuard {
+  explicit JournalGuard(kernels::ChunkJournal* j) { kernels::chunk_journal() = j; }
+  ~JournalGuard() { kernels::chunk_journal() = nullptr; }
+  JournalGuard(const JournalGuard&) = delete;
+  JournalGuard& operator=(const JournalGuard&) = delete;
+};
+
+}  // namespace
+
 void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tensor& g, ParamState& s,
                       const std::function<void(const Tensor&, const Tensor&, ParamState&)>& run,
                       const std::function<void(int)>& after_chunk) {
   const auto& kp = plan_.params[i];
   const auto& layout = plan_.layouts[kp.layout];
-  const std::int64_t n = p.numel();
   auto* h = reinterpret_cast<KeepHeader*>(base());
   auto* present_a = reinterpret_cast<std::int64_t*>(base() + plan_.present_off);
   auto* done_a = reinterpret_cast<std::int64_t*>(base() + plan_.done_off);
-  // The state made by init_state at this first step is private: into the
-  // segment (the present mask still says "none" until the step is done).
-  const std::uint64_t before = mask_of(i, s, kOp);
-  for (std::size_t e = 0; e < layout.size(); ++e) {
-    if (!(before >> e & 1u)) continue;
-    Tensor view = entry(i, e);
-    Tensor& cur = s[layout[e].name];
-    if (cur.data_ptr() != view.data_ptr()) {
-      view.copy_(cur);
-      cur = view;
-    }
-  }
-  if (p.data_ptr() != base() + kp.p_offset || n != kp.numel || n == 0)
+  if (p.data_ptr() != base() + kp.p_offset || p.numel() != kp.numel)
     throw StateError(kOp, "parameter " + std::to_string(i) + " of this rank's shard is not in its shared-memory "
                           "bucket (was it re-pointed by the caller?)");
-  // The journal: this parameter, this step, its scalars before.
+  // The state entries into the segment, as views; the step done.
+  auto finish = [&] {
+    const std::uint64_t mask = mask_of(i, s, kOp);
+    for (std::size_t e = 0; e < layout.size(); ++e) {
+      if (!(mask >> e & 1u)) continue;
+      Tensor view = entry(i, e);
+      Tensor& cur = s[layout[e].name];
+      if (cur.data_ptr() != view.data_ptr()) {
+        view.copy_(cur);
+        cur = view;
+      }
+    }
+    st(present_a[i], static_cast<std::int64_t>(mask));
+    st(done_a[i], t);
+  };
+  const std::uint64_t region = present(i);
+  if (region == 0) {
+    // Nothing of this parameter's state is in the segment yet (its first
+    // step): a buddy redoes the step from scratch until it is done, so the
+    // update runs as it is, then its state goes in.
+    st(h->j_valid, 0);
+    run(p, g, s);
+    if (after_chunk) after_chunk(0);  // fault injection: updated, not yet done
+    finish();
+    return;
+  }
+  const std::uint64_t before = mask_of(i, s, kOp);
+  std::vector<const void*> bases(layout.size(), nullptr);
+  for (std::size_t e = 0; e < layout.size(); ++e) {
+    if (!(before >> e & 1u)) continue;
+    bases[e] = s[layout[e].name].data_ptr();
+    if (bases[e] != entry(i, e).data_ptr() || before != region)
+      throw StateError(kOp, "the state of parameter " + std::to_string(i) + " of this rank's shard was replaced "
+                            "outside step() and load_state_dict()/load_sharded(); it is no longer in shared memory");
+  }
+  // The journal: this parameter, this step, the scalars before.
   st(h->j_valid, 0);
   st(h->j_step, t);
   st(h->j_param, static_cast<std::int64_t>(i));
   st(h->j_done, 0);
   st(h->j_saved, 0);
-  st(h->j_has_post, 0);
   st(h->j_present_before, static_cast<std::int64_t>(before));
   for (std::size_t e = 0; e < layout.size(); ++e)
     if (!layout[e].full && (before >> e & 1u))
       std::memcpy(base() + plan_.pre_scalar_off + 8 * static_cast<std::int64_t>(e), entry(i, e).data_ptr(),
                   entry(i, e).nbytes());
   st(h->j_valid, 1);
-  const Tensor pf = p.flatten(), gf = g.flatten();
-  std::vector<Tensor> full_flat(layout.size());
-  for (std::size_t e = 0; e < layout.size(); ++e)
-    if (layout[e].full) full_flat[e] = entry(i, e).flatten();
-  ParamState last;
-  int c = 0;
-  for (std::int64_t b = 0; b < n; b += plan_.chunk, ++c) {
-    const std::int64_t len = std::min(plan_.chunk, n - b);
-    for (std::size_t e = 0; e < layout.size(); ++e)
-      if (layout[e].full && (before >> e & 1u)) {
-        const std::size_t isz = itemsize(layout[e].dtype);
-        std::memcpy(base() + plan_.image_off + plan_.chunk * 8 * static_cast<std::int64_t>(e),
-                    static_cast<char*>(full_flat[e].data_ptr()) + static_cast<std::size_t>(b) * isz,
-                    static_cast<std::size_t>(len) * isz);
-      }
-    st(h->j_begin, b);
-    st(h->j_end, b + len);
-    st(h->j_saved, 1);
-    ParamState sub;
-    for (std::size_t e = 0; e < layout.size(); ++e) {
-      if (!(before >> e & 1u)) continue;
-      sub[layout[e].name] = layout[e].full ? full_flat[e].flat_slice(b, len) : s[layout[e].name].clone();
-    }
-    run(pf.flat_slice(b, len), gf.flat_slice(b, len), sub);
-    // Entries the update made (SGD's momentum buffer at its first step).
-    for (std::size_t e = 0; e < layout.size(); ++e) {
-      if (before >> e & 1u) continue;
-      auto it = sub.find(layout[e].name);
-      if (it == sub.end() || !it->second.defined()) continue;
-      if (layout[e].full) full_flat[e].flat_slice(b, len).copy_(it->second);
-    }
-    if (after_chunk) after_chunk(c);
-    if (b == 0) {
-      std::int64_t post = 0;
-      for (std::size_t e = 0; e < layout.size(); ++e) {  // every entry after the step; the scalars' values
-        auto it = sub.find(layout[e].name);
-        if (it == sub.end() || !it->second.defined()) continue;
-        if (!layout[e].full)
-          std::memcpy(base() + plan_.post_scalar_off + 8 * static_cast<std::int64_t>(e), it->second.data_ptr(),
-                      it->second.nbytes());
-        post |= std::int64_t{1} << e;
-      }
-      st(h->j_post_mask, post);
-      st(h->j_has_post, 1);
-      last = sub;
-    }
-    st(h->j_done, b + len);  // before clearing j_saved: a chunk is never both done and "not begun"
-    st(h->j_saved, 0);
+  {
+    Sink sink(h, base() + plan_.image_off, plan_.chunk * 8, p.data_ptr(), bases, after_chunk, plan_.chunk);
+    JournalGuard guard(&sink);
+    run(p, g, s);
   }
-  // The scalars after the step, and the entries the update made, as views.
-  std::uint64_t after = before;
-  for (std::size_t e = 0; e < layout.size(); ++e) {
-    auto it = last.find(layout[e].name);
-    if (it == last.end() || !it->second.defined()) continue;
-    Tensor view = entry(i, e);
-    if (!layout[e].full) view.copy_(it->second);
-    s[layout[e].name] = view;
-    after |= std::uint64_t{1} << e;
-  }
-  st(present_a[i], static_cast<std::int64_t>(after));
-  st(done_a[i], t);
+  finish();
 }
 
 ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const Tensor& replica,
@@ -337,17 +359,19 @@ ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const 
     return copy_state(i);
   }
   if (!g.defined() || kp.p_offset < 0 || !replica.requires_grad()) return copy_state(i);
+  // Redo the step from where the owner stopped: elements [0, jd) are done
+  // (their values and state in the segment); the chunk in flight goes back
+  // to its pre-images; the rest is as before the step (the state in the
+  // segment, the values in this rank's replica).
   const std::int64_t n = kp.numel;
   const std::uint64_t mask = in_journal ? j.present_before : present(i);
   const std::int64_t jd = in_journal ? j.done : 0;
-  ParamState out;
   std::vector<Tensor> priv(layout.size());
   for (std::size_t e = 0; e < layout.size(); ++e) {
-    const bool made = in_journal && jd > 0 && (j.post_mask >> e & 1u);  // written for [0, jd)
-    if (!(mask >> e & 1u) && !(layout[e].full && made)) continue;
+    if (!(mask >> e & 1u)) continue;
     if (layout[e].full) {
       priv[e] = entry(i, e).clone();
-    } else if (mask >> e & 1u) {
+    } else {
       priv[e] = Tensor::empty(layout[e].scalar_shape, layout[e].dtype);
       if (in_journal)
         std::memcpy(priv[e].data_ptr(), base() + plan_.pre_scalar_off + 8 * static_cast<std::int64_t>(e),
@@ -356,47 +380,37 @@ ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const 
         priv[e].copy_(entry(i, e));
     }
   }
-  // The chunk in flight goes back to its values before the step.
   if (in_journal && j.saved && j.begin == jd)
     for (std::size_t e = 0; e < layout.size(); ++e)
       if (layout[e].full && (mask >> e & 1u)) {
         const std::size_t isz = itemsize(layout[e].dtype);
         std::memcpy(static_cast<char*>(priv[e].data_ptr()) + static_cast<std::size_t>(j.begin) * isz,
                     base() + plan_.image_off + plan_.chunk * 8 * static_cast<std::int64_t>(e),
-                    static_cast<std::size_t>(j.end - j.begin) * isz);
+                    static_cast<std::size_t>(std::min(j.line, j.end - j.begin)) * isz);
       }
   const Tensor rf = replica.flatten();
   if (jd > 0) rf.flat_slice(0, jd).copy_(param_values(i).flat_slice(0, jd));
-  if (jd < n) {
-    ParamState sub;
-    for (std::size_t e = 0; e < layout.size(); ++e)
-      if (mask >> e & 1u)
-        sub[layout[e].name] = layout[e].full ? priv[e].flatten().flat_slice(jd, n - jd) : priv[e];
-    const Tensor q = rf.flat_slice(jd, n - jd).clone();
-    run(q, g.flatten().flat_slice(jd, n - jd), sub);
-    rf.flat_slice(jd, n - jd).copy_(q);
-    for (std::size_t e = 0; e < layout.size(); ++e) {
-      auto it = sub.find(layout[e].name);
-      if (it == sub.end() || !it->second.defined()) continue;
-      if (layout[e].full) {
-        if (!(mask >> e & 1u)) {  // made by the update
-          if (!priv[e].defined()) priv[e] = Tensor::zeros(kp.shape, layout[e].dtype);
-          priv[e].flatten().flat_slice(jd, n - jd).copy_(it->second);
-        }
-      } else {
-        priv[e] = it->second.clone();
-      }
-    }
-  } else {
-    for (std::size_t e = 0; e < layout.size(); ++e)
-      if (!layout[e].full && (j.post_mask >> e & 1u)) {
-        priv[e] = Tensor::empty(layout[e].scalar_shape, layout[e].dtype);
-        std::memcpy(priv[e].data_ptr(), base() + plan_.post_scalar_off + 8 * static_cast<std::int64_t>(e),
-                    priv[e].nbytes());
-      }
-  }
+  // The rest (possibly empty: then only the scalars move on).
+  ParamState sub;
   for (std::size_t e = 0; e < layout.size(); ++e)
-    if (priv[e].defined()) out[layout[e].name] = priv[e];
+    if (mask >> e & 1u) sub[layout[e].name] = layout[e].full ? priv[e].flatten().flat_slice(jd, n - jd) : priv[e];
+  const Tensor q = rf.flat_slice(jd, n - jd).clone();
+  run(q, g.flatten().flat_slice(jd, n - jd), sub);
+  if (jd < n) rf.flat_slice(jd, n - jd).copy_(q);
+  ParamState out;
+  for (std::size_t e = 0; e < layout.size(); ++e) {
+    auto it = sub.find(layout[e].name);
+    if (it == sub.end() || !it->second.defined()) continue;
+    if (!layout[e].full) {
+      out[layout[e].name] = it->second.clone();
+      continue;
+    }
+    if (!priv[e].defined()) {  // made by the update (a first step)
+      priv[e] = Tensor::zeros(kp.shape, layout[e].dtype);
+      priv[e].flatten().flat_slice(jd, n - jd).copy_(it->second);
+    }
+    out[layout[e].name] = priv[e];
+  }
   return out;
 }
 

@@ -52,7 +52,7 @@ struct KeepPlan {
   std::vector<std::int64_t> bucket_elems;
   std::int64_t chunk = 0;  // elements per journaled chunk
   std::size_t max_entries = 0;
-  std::int64_t done_off = 0, present_off = 0, pre_scalar_off = 0, post_scalar_off = 0, image_off = 0;
+  std::int64_t done_off = 0, present_off = 0, pre_scalar_off = 0, image_off = 0;
   std::int64_t bytes = 0;
   /// Sets the offsets and the size from layouts, params (numel, dtype,
   /// layout), the bucket sizes and the bucket of each parameter (-1: not in
@@ -64,8 +64,9 @@ struct KeepPlan {
 struct KeepJournal {
   bool valid = false;
   std::int64_t step = -1, param = -1, begin = 0, end = 0, done = 0;
-  bool saved = false, has_post = false;
-  std::uint64_t present_before = 0, post_mask = 0;
+  std::int64_t line = 0;  // elements of the chunk in flight whose pre-images are saved
+  bool saved = false;
+  std::uint64_t present_before = 0;
 };
 
 class HostKeep {

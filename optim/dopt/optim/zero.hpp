@@ -159,7 +159,7 @@ struct ZeroOptions {
   int snapshot_interval = 4;
   /// Redundancy with ZeroBuddyUpdate::host_memory: elements per journaled
   /// chunk of a parameter's update (>= 1).
-  std::int64_t host_memory_chunk = 32768;
+  std::int64_t host_memory_chunk = 4096;
 };
 
 class ZeroOverlap;
@@ -426,7 +426,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::map<int, std::shared_ptr<zero_detail::HostKeep>> buddy_keeps_;
   std::unordered_map<const TensorImpl*, std::size_t> keep_index_;
   std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
-  std::int64_t keep_chunk_ = 32768;
+  std::int64_t keep_chunk_ = 4096;
   /// Redundancy: the host of every rank of the line of groups, by global rank.
   std::map<int, std::string> host_of_;
   /// Redundancy: buddy_table_[r] = buddies(r) in the current group.
