@@ -98,9 +98,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   }
   trainable_ = trainable_mask();
   if (host_memory()) {
-    std::map<int, std::shared_ptr<zero_detail::HostKeep>> kept;
-    auto own = share_keeps(group_, buddy_table_, kept);
-    install_keep(std::move(own), std::move(kept));
+    share_keeps_anew();
   } else if (bucket_view_) {
     build_buckets();
   }

@@ -3,6 +3,7 @@
 // design in docs/fault-tolerance.md, "Host memory").
 #include "zero_host_memory.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +66,7 @@ void KeepPlan::lay_out(const std::vector<DType>& bucket_dtypes, const std::vecto
   off = align64(off + 8 * me);
   image_off = off;
   off = align64(off + chunk * 8 * me);
+  this->bucket_dtypes = bucket_dtypes;
   bucket_offset.assign(bucket_dtypes.size(), 0);
   std::vector<std::int64_t> used(bucket_dtypes.size(), 0);
   for (std::size_t k = 0; k < bucket_dtypes.size(); ++k) {
@@ -94,8 +96,13 @@ void KeepPlan::lay_out(const std::vector<DType>& bucket_dtypes, const std::vecto
 std::shared_ptr<HostKeep> HostKeep::create(KeepPlan plan) {
   const std::int64_t pid = ::getpid();
   const std::int64_t serial = g_serial.fetch_add(1);
-  auto seg = shm::Segment::create("/doptk-" + std::to_string(pid) + "-" + std::to_string(serial),
+  auto seg = shm::Segment::create("/dopt-" + std::to_string(pid) + "-keep" + std::to_string(serial),
                                   static_cast<std::size_t>(plan.bytes));
+#ifdef MADV_POPULATE_WRITE
+  // Fault the pages in at once (the copies into a fresh segment are
+  // otherwise one page fault per 4 KiB); best effort.
+  (void)::madvise(seg->data(), seg->size(), MADV_POPULATE_WRITE);
+#endif
   auto* h = static_cast<KeepHeader*>(seg->data());
   h->nparams = static_cast<std::int64_t>(plan.params.size());
   auto* done = reinterpret_cast<std::int64_t*>(static_cast<char*>(seg->data()) + plan.done_off);
@@ -119,16 +126,8 @@ void HostKeep::mark_ready() { st(reinterpret_cast<KeepHeader*>(base())->ready, 1
 bool HostKeep::ready() const { return ld(reinterpret_cast<const KeepHeader*>(base())->ready) != 0; }
 
 Tensor HostKeep::bucket(std::size_t k) const {
-  // The bucket's dtype is that of its parameters; an empty bucket is one element.
-  DType dt = DType::float32;
-  for (const auto& p : plan_.params)
-    if (p.p_offset >= plan_.bucket_offset[k] &&
-        (k + 1 == plan_.bucket_offset.size() || p.p_offset < plan_.bucket_offset[k + 1])) {
-      dt = p.dtype;
-      break;
-    }
   return Tensor::from_blob(base() + plan_.bucket_offset[k], Shape{std::max<std::int64_t>(plan_.bucket_elems[k], 1)},
-                           dt, Device::cpu(), seg_);
+                           plan_.bucket_dtypes[k], Device::cpu(), seg_);
 }
 
 Tensor HostKeep::param_values(std::size_t i) const {
@@ -141,6 +140,18 @@ Tensor HostKeep::entry(std::size_t i, std::size_t e) const {
   const auto& en = plan_.layouts[p.layout][e];
   return Tensor::from_blob(base() + p.entry_offset[e], en.full ? p.shape : en.scalar_shape, en.dtype, Device::cpu(),
                            seg_);
+}
+
+Tensor HostKeep::entry_for(std::int64_t global, const std::string& name, const Shape& shape, DType dtype) const {
+  for (std::size_t i = 0; i < plan_.params.size(); ++i) {
+    if (plan_.params[i].global != global) continue;
+    const auto& layout = plan_.layouts[plan_.params[i].layout];
+    for (std::size_t e = 0; e < layout.size(); ++e)
+      if (layout[e].name == name && layout[e].dtype == dtype &&
+          (layout[e].full ? plan_.params[i].shape : layout[e].scalar_shape) == shape)
+        return entry(i, e);
+  }
+  return Tensor();
 }
 
 std::int64_t HostKeep::done(std::size_t i) const {
@@ -168,11 +179,17 @@ KeepJournal HostKeep::journal() const {
 }
 
 ParamState HostKeep::copy_state(std::size_t i) const {
+  ParamState out = view_state(i);
+  for (auto& [name, t] : out) t = t.clone();
+  return out;
+}
+
+ParamState HostKeep::view_state(std::size_t i) const {
   ParamState out;
   const auto& layout = plan_.layouts[plan_.params[i].layout];
   const std::uint64_t mask = present(i);
   for (std::size_t e = 0; e < layout.size(); ++e)
-    if (mask >> e & 1u) out[layout[e].name] = entry(i, e).clone();
+    if (mask >> e & 1u) out[layout[e].name] = entry(i, e);
   return out;
 }
 
@@ -351,14 +368,14 @@ ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const 
       throw StateError(kOp, "the lost rank had begun its next step while the survivors had not (its shard's state "
                             "is partly at step " + std::to_string(t) + "); recover inside step() instead, or fall "
                             "back to the last checkpoint");
-    return copy_state(i);
+    return view_state(i);
   }
   const Tensor g = replica.grad();
   if (d == t) {  // done: the parameter's values and state at step t
     if (kp.p_offset >= 0) replica.flatten().copy_(param_values(i));
-    return copy_state(i);
+    return view_state(i);
   }
-  if (!g.defined() || kp.p_offset < 0 || !replica.requires_grad()) return copy_state(i);
+  if (!g.defined() || kp.p_offset < 0 || !replica.requires_grad()) return view_state(i);
   // Redo the step from where the owner stopped: elements [0, jd) are done
   // (their values and state in the segment); the chunk in flight goes back
   // to its pre-images; the rest is as before the step (the state in the
@@ -423,6 +440,7 @@ namespace dopt::optim {
 using zero_detail::HostKeep;
 using zero_detail::KeepEntry;
 using zero_detail::KeepPlan;
+using zero_detail::KeepSpec;
 
 void ZeroRedundancyOptimizer::check_host_memory(std::int64_t chunk) {
   const char* why = "ZeroBuddyUpdate::host_memory keeps each rank's shard in shared memory on its host";
@@ -443,9 +461,7 @@ void ZeroRedundancyOptimizer::check_host_memory(std::int64_t chunk) {
                               rank_);
 }
 
-KeepPlan ZeroRedundancyOptimizer::keep_plan_for(int r) {
-  KeepPlan plan;
-  plan.chunk = keep_chunk_;
+KeepSpec ZeroRedundancyOptimizer::full_keep_spec(int r) const {
   // The kinds of the buckets, as build_buckets orders them.
   std::vector<std::pair<Device, DType>> kinds;
   auto kind_of = [&](const Tensor& p) -> int {
@@ -457,88 +473,115 @@ KeepPlan ZeroRedundancyOptimizer::keep_plan_for(int r) {
   for (const auto& rank_groups : partition_)
     for (const auto& g : rank_groups)
       for (const auto& p : g) kind_of(p);
-  std::map<std::pair<std::size_t, int>, std::size_t> layout_index;
-  std::vector<int> kind_of_param;
-  plan.bucket_elems.assign(kinds.size(), 0);
-  const auto& mine = partition_[static_cast<std::size_t>(r)];
-  for (std::size_t g = 0; g < mine.size(); ++g)
-    for (const auto& p : mine[g]) {
-      const std::pair<std::size_t, int> key{g, static_cast<int>(p.dtype())};
-      auto lit = keep_layouts_.find(key);
-      if (lit == keep_layouts_.end()) {
-        // One step of the optimizer on a probe of two elements: its state entries.
-        Tensor x = Tensor::zeros({2}, p.dtype());
-        x.set_grad(Tensor::full({2}, 0.5, p.dtype()));
-        std::vector<OptimizerParamGroup> gs;
-        gs.emplace_back(std::vector<Tensor>{x}, groups_[g].options->clone());
-        auto opt = make_optimizer(spec_, std::move(gs));
-        opt->step();
-        std::vector<KeepEntry> entries;
-        for (const auto& [name, t] : opt->state()[x.key()]) {
-          if (!t.defined()) continue;
-          KeepEntry e;
-          e.name = name;
-          e.dtype = t.dtype();
-          e.full = t.numel() == 2;
-          if (!e.full) {
-            e.scalar_shape = t.shape();
-            if (t.nbytes() > 8)
-              throw NotSupportedError(zero_detail::kName, "host_memory redundancy: state entry '" + name + "' of " +
-                                                              spec_.name + " is neither per element nor a scalar",
-                                      rank_);
-          }
-          entries.push_back(std::move(e));
-        }
-        lit = keep_layouts_.emplace(key, std::move(entries)).first;
-      }
-      auto [it, fresh] = layout_index.emplace(key, plan.layouts.size());
-      if (fresh) plan.layouts.push_back(lit->second);
-      zero_detail::KeepParam kp;
-      kp.numel = p.numel();
-      kp.shape = p.shape();
-      kp.dtype = p.dtype();
-      kp.layout = it->second;
-      kp.group = g;
-      const int k = kind_of(p);
-      if (p.requires_grad()) {
-        plan.bucket_elems[static_cast<std::size_t>(k)] += p.numel();
-        kind_of_param.push_back(k);
-      } else {
-        kind_of_param.push_back(-1);
-      }
-      plan.params.push_back(std::move(kp));
+  KeepSpec spec;
+  for (const auto& k : kinds) spec.bucket_dtypes.push_back(k.second);
+  for (const auto& g : partition_[static_cast<std::size_t>(r)])
+    for (const auto& p : g) {
+      spec.params.push_back(index_of_.at(p.key()));
+      spec.kind.push_back(p.requires_grad() ? kind_of(p) : -1);
     }
-  std::vector<DType> dts;
-  for (const auto& k : kinds) dts.push_back(k.second);
-  plan.lay_out(dts, kind_of_param);
+  return spec;
+}
+
+KeepPlan ZeroRedundancyOptimizer::keep_plan(const KeepSpec& spec) {
+  KeepPlan plan;
+  plan.chunk = keep_chunk_;
+  std::vector<std::size_t> group_of;  // by global index
+  for (std::size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
+  std::map<std::pair<std::size_t, int>, std::size_t> layout_index;
+  plan.bucket_elems.assign(spec.bucket_dtypes.size(), 0);
+  for (std::size_t j = 0; j < spec.params.size(); ++j) {
+    const Tensor& p = all_params_[static_cast<std::size_t>(spec.params[j])];
+    const std::size_t g = group_of[static_cast<std::size_t>(spec.params[j])];
+    const std::pair<std::size_t, int> key{g, static_cast<int>(p.dtype())};
+    auto lit = keep_layouts_.find(key);
+    if (lit == keep_layouts_.end()) {
+      // One step of the optimizer on a probe of two elements: its state entries.
+      Tensor x = Tensor::zeros({2}, p.dtype());
+      x.set_grad(Tensor::full({2}, 0.5, p.dtype()));
+      std::vector<OptimizerParamGroup> gs;
+      gs.emplace_back(std::vector<Tensor>{x}, groups_[g].options->clone());
+      auto opt = make_optimizer(spec_, std::move(gs));
+      opt->step();
+      std::vector<KeepEntry> entries;
+      for (const auto& [name, t] : opt->state()[x.key()]) {
+        if (!t.defined()) continue;
+        KeepEntry e;
+        e.name = name;
+        e.dtype = t.dtype();
+        e.full = t.numel() == 2;
+        if (!e.full) {
+          e.scalar_shape = t.shape();
+          if (t.nbytes() > 8)
+            throw NotSupportedError(zero_detail::kName, "host_memory redundancy: state entry '" + name + "' of " +
+                                                            spec_.name + " is neither per element nor a scalar",
+                                    rank_);
+        }
+        entries.push_back(std::move(e));
+      }
+      lit = keep_layouts_.emplace(key, std::move(entries)).first;
+    }
+    auto [it, fresh] = layout_index.emplace(key, plan.layouts.size());
+    if (fresh) plan.layouts.push_back(lit->second);
+    zero_detail::KeepParam kp;
+    kp.global = spec.params[j];
+    kp.numel = p.numel();
+    kp.shape = p.shape();
+    kp.dtype = p.dtype();
+    kp.layout = it->second;
+    kp.group = g;
+    if (spec.kind[j] >= 0) plan.bucket_elems[static_cast<std::size_t>(spec.kind[j])] += p.numel();
+    plan.params.push_back(std::move(kp));
+  }
+  plan.lay_out(spec.bucket_dtypes, spec.kind);
   return plan;
 }
 
-std::shared_ptr<HostKeep> ZeroRedundancyOptimizer::share_keeps(ProcessGroup& g,
-                                                             const std::vector<std::vector<int>>& table,
-                                                             std::map<int, std::shared_ptr<HostKeep>>& buddies) {
+zero_detail::KeepShare ZeroRedundancyOptimizer::share_keeps(ProcessGroup& g,
+                                                            const std::vector<std::vector<int>>& table,
+                                                            const std::map<int, KeepSpec>& fresh, bool anew) {
   const int me = g.rank(), n = g.size();
-  auto own = HostKeep::create(keep_plan_for(me));
-  const auto names = detail::all_gather_descriptors(g, {own->pid_tag(), own->serial()});
-  buddies.clear();
+  zero_detail::KeepShare out;
+  out.own = HostKeep::create(keep_plan(fresh.at(g.global_rank(me))));
+  const auto names = detail::all_gather_descriptors(g, {out.own->pid_tag(), out.own->serial()});
+  // Every rank's segments from now on (the same table on every rank).
+  for (int r = 0; r < n; ++r) {
+    const int gr = g.global_rank(r);
+    if (!anew) {
+      auto it = keep_specs_.find(gr);
+      if (it != keep_specs_.end()) out.specs[gr] = it->second;
+    }
+    KeepSpec sp = fresh.at(gr);
+    const auto& d = names[static_cast<std::size_t>(r)];
+    sp.name = "/dopt-" + std::to_string(d[0]) + "-keep" + std::to_string(d[1]);
+    out.specs[gr].push_back(std::move(sp));
+  }
+  std::map<std::string, std::shared_ptr<HostKeep>> mapped;  // reuse what this rank maps already
+  for (const auto& [t, ks] : buddy_keeps_)
+    for (const auto& k : ks) mapped[k->name()] = k;
   std::string failed;
   int bad = -1;
   for (int t = 0; t < n; ++t) {
     const auto& bs = table[static_cast<std::size_t>(t)];
     if (t == me || std::find(bs.begin(), bs.end(), me) == bs.end()) continue;
-    const auto& d = names[static_cast<std::size_t>(t)];
-    const std::string name = "/doptk-" + std::to_string(d[0]) + "-" + std::to_string(d[1]);
-    try {
-      buddies[t] = HostKeep::open(name, keep_plan_for(t));
-    } catch (const Error& e) {
-      if (failed.empty()) {
-        failed = e.what();
-        bad = t;
+    auto& v = out.buddies[t];
+    for (const auto& sp : out.specs.at(g.global_rank(t))) {
+      auto it = mapped.find(sp.name);
+      if (it != mapped.end()) {
+        v.push_back(it->second);
+        continue;
+      }
+      try {
+        v.push_back(HostKeep::open(sp.name, keep_plan(sp)));
+      } catch (const Error& e) {
+        if (failed.empty()) {
+          failed = e.what();
+          bad = t;
+        }
       }
     }
   }
   const auto verdicts = detail::all_gather_descriptors(g, {bad});
-  own->unlink();  // every rank mapped what it keeps
   for (int r = 0; r < n; ++r) {
     const auto b = verdicts[static_cast<std::size_t>(r)][0];
     if (b < 0) continue;
@@ -549,32 +592,49 @@ std::shared_ptr<HostKeep> ZeroRedundancyOptimizer::share_keeps(ProcessGroup& g,
                       "; ZeroBuddyUpdate::host_memory needs every rank's buddies on its host, in the same IPC "
                       "namespace (the same /dev/shm). Use ZeroBuddyUpdate::step across hosts or containers");
   }
-  return own;
+  return out;
 }
 
-void ZeroRedundancyOptimizer::install_keep(std::shared_ptr<HostKeep> own,
-                                           std::map<int, std::shared_ptr<HostKeep>> buddies) {
-  keep_ = std::move(own);
-  buddy_keeps_ = std::move(buddies);
+void ZeroRedundancyOptimizer::install_keeps(zero_detail::KeepShare share, bool anew) {
+  if (anew) keeps_.clear();
+  keeps_.push_back(std::move(share.own));
+  buddy_keeps_ = std::move(share.buddies);
+  keep_specs_ = std::move(share.specs);
   keep_index_.clear();
-  std::size_t i = 0;
-  for (const auto& g : partition_[static_cast<std::size_t>(rank_)])
-    for (const auto& p : g) keep_index_[p.key()] = i++;
-  build_buckets();  // this rank's buckets are the segment's
-  for (const auto& [key, idx] : keep_index_) {
-    auto it = optim_->state().find(key);
+  for (std::size_t s = 0; s < keeps_.size(); ++s)
+    for (std::size_t i = 0; i < keeps_[s]->plan().params.size(); ++i)
+      keep_index_[all_params_[static_cast<std::size_t>(keeps_[s]->plan().params[i].global)].key()] = {s, i};
+  if (anew) build_buckets();  // this rank's buckets are the segment's
+  // The state of the new segment's parameters goes in (older segments hold theirs).
+  HostKeep& k = *keeps_.back();
+  for (std::size_t i = 0; i < k.plan().params.size(); ++i) {
+    auto it = optim_->state().find(all_params_[static_cast<std::size_t>(k.plan().params[i].global)].key());
     ParamState none;
-    keep_->adopt(idx, it != optim_->state().end() ? it->second : none, -1);
+    k.adopt(i, it != optim_->state().end() ? it->second : none, -1);
   }
-  keep_->mark_ready();
+  k.mark_ready();
   optim_->set_update_hook([this](const OptimizerOptions&, const Tensor& p, const Tensor& g, ParamState& st,
                                  const Optimizer::UpdateFn& run) {
     auto it = keep_index_.find(p.key());
-    if (!keep_ || it == keep_index_.end()) return run(p, g, st);
+    if (it == keep_index_.end()) return run(p, g, st);
     std::function<void(int)> after;
     if (probe_) after = [this](int c) { probe_("chunk", steps_, c); };
-    keep_->update(it->second, steps_ + 1, p, g, st, run, after);
+    keeps_[it->second.first]->update(it->second.second, steps_ + 1, p, g, st, run, after);
   });
+}
+
+void ZeroRedundancyOptimizer::share_keeps_anew() {
+  std::map<int, KeepSpec> fresh;
+  for (int r = 0; r < world_size_; ++r) fresh[group_.global_rank(r)] = full_keep_spec(r);
+  install_keeps(share_keeps(group_, buddy_table_, fresh, /*anew=*/true), /*anew=*/true);
+}
+
+void ZeroRedundancyOptimizer::adopt_into_keeps() {
+  for (const auto& [key, where] : keep_index_) {
+    auto it = optim_->state().find(key);
+    ParamState none;
+    keeps_[where.first]->adopt(where.second, it != optim_->state().end() ? it->second : none, -1);
+  }
 }
 
 std::unordered_map<const TensorImpl*, ParamState> ZeroRedundancyOptimizer::rebuild_from_keep(int o, bool in_step) {
@@ -582,11 +642,11 @@ std::unordered_map<const TensorImpl*, ParamState> ZeroRedundancyOptimizer::rebui
   auto it = buddy_keeps_.find(o);
   if (it == buddy_keeps_.end())
     throw StateError(zero_detail::kName, "host_memory redundancy: this rank does not map rank " + std::to_string(o) +
-                                             "'s segment", rank_);
-  const HostKeep& k = *it->second;
-  std::size_t i = 0;
-  for (const auto& g : partition_[static_cast<std::size_t>(o)])
-    for (const auto& p : g) {
+                                             "'s segments", rank_);
+  for (const auto& kp : it->second) {
+    const HostKeep& k = *kp;
+    for (std::size_t i = 0; i < k.plan().params.size(); ++i) {
+      const Tensor& p = all_params_[static_cast<std::size_t>(k.plan().params[i].global)];
       const std::size_t group = k.plan().params[i].group;
       auto run = [&](const Tensor& q, const Tensor& grad, ParamState& sub) {
         q.set_grad(grad.clone());
@@ -599,8 +659,8 @@ std::unordered_map<const TensorImpl*, ParamState> ZeroRedundancyOptimizer::rebui
       };
       ParamState st = k.rebuild(i, steps_ + 1, in_step, p, run);
       if (!st.empty()) out[p.key()] = std::move(st);
-      ++i;
     }
+  }
   return out;
 }
 

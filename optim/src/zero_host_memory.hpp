@@ -14,6 +14,7 @@
 // entries.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@ struct KeepEntry {
 };
 
 struct KeepParam {
+  std::int64_t global = -1;  // ZeRO's global index
   std::int64_t numel = 0;
   Shape shape;
   DType dtype = DType::float32;
@@ -50,6 +52,7 @@ struct KeepPlan {
   std::vector<KeepParam> params;  // the owner's parameters in partition order
   std::vector<std::int64_t> bucket_offset;  // byte offset of the owner's bucket of each kind
   std::vector<std::int64_t> bucket_elems;
+  std::vector<DType> bucket_dtypes;
   std::int64_t chunk = 0;  // elements per journaled chunk
   std::size_t max_entries = 0;
   std::int64_t done_off = 0, present_off = 0, pre_scalar_off = 0, image_off = 0;
@@ -58,6 +61,26 @@ struct KeepPlan {
   /// layout), the bucket sizes and the bucket of each parameter (-1: not in
   /// a bucket; in a bucket, parameters follow each other in order).
   void lay_out(const std::vector<DType>& bucket_dtypes, const std::vector<int>& kind_of_param);
+};
+
+/// What one segment of a rank holds: parameters (ZeRO's global indices, in
+/// bucket order), the bucket of each (an index into bucket_dtypes; -1: none,
+/// its state only), the buckets' dtypes; and the segment's name once made.
+struct KeepSpec {
+  std::vector<std::int64_t> params;
+  std::vector<int> kind;
+  std::vector<DType> bucket_dtypes;
+  std::string name;
+};
+
+class HostKeep;
+
+/// share_keeps' result: this rank's new segment, the segments it maps (by
+/// group rank of their owner), every rank's segments (by global rank).
+struct KeepShare {
+  std::shared_ptr<HostKeep> own;
+  std::map<int, std::vector<std::shared_ptr<HostKeep>>> buddies;
+  std::map<int, std::vector<KeepSpec>> specs;
 };
 
 /// The journal, as a buddy reads it.
@@ -71,7 +94,8 @@ struct KeepJournal {
 
 class HostKeep {
  public:
-  /// The owner: a new segment ("/doptk-<pid>-<serial>") for `plan`.
+  /// The owner: a new segment ("/dopt-<pid>-keep<serial>": a dead owner's are
+  /// removed by shm::remove_stale_segments, its buddies keep their mappings).
   static std::shared_ptr<HostKeep> create(KeepPlan plan);
   /// A buddy: the owner's segment. Throws IOError when it cannot be mapped.
   static std::shared_ptr<HostKeep> open(const std::string& name, KeepPlan plan);
@@ -94,11 +118,18 @@ class HostKeep {
   /// Entry e of parameter i's layout: shape of the parameter, or the scalar's.
   Tensor entry(std::size_t i, std::size_t e) const;
 
+  /// The view of entry `name` of the parameter with global index `global`
+  /// when this segment has one of that shape and dtype; undefined otherwise.
+  Tensor entry_for(std::int64_t global, const std::string& name, const Shape& shape, DType dtype) const;
+
   std::int64_t done(std::size_t i) const;
   std::uint64_t present(std::size_t i) const;
   KeepJournal journal() const;
   /// Parameter i's state as kept (copies; the present entries).
   ParamState copy_state(std::size_t i) const;
+  /// The same as views of the segment (they keep it mapped). A dead owner's
+  /// segment changes no more, so a buddy hands these on.
+  ParamState view_state(std::size_t i) const;
 
   // --- the owner ---
   /// Parameter i's state is `st` (copied into the segment; st's entries are
@@ -116,7 +147,8 @@ class HostKeep {
   /// lost. `replica` is this rank's copy of the parameter (it holds the
   /// values of step t-1 where the owner had not finished), `run` updates a
   /// range (an optimizer over a fresh tensor). in_step false: the state as
-  /// of the last completed step. Returns the state; replica ends at step t.
+  /// of the last completed step. Returns the state (views of the segment
+  /// where nothing was redone); replica ends at step t.
   ParamState rebuild(std::size_t i, std::int64_t t, bool in_step, const Tensor& replica,
                      const std::function<void(const Tensor& q, const Tensor& g, ParamState& st)>& run) const;
 

@@ -87,8 +87,9 @@ void ZeroRedundancyOptimizer::build_buckets() {
         continue;
       }
       // Host-memory redundancy: this rank's bucket is in its shared segment.
-      Tensor bucket = (keep_ && static_cast<int>(r) == rank_) ? keep_->bucket(k)
-                                                              : Tensor::empty({total}, kinds[k].second, kinds[k].first);
+      Tensor bucket = (!keeps_.empty() && static_cast<int>(r) == rank_)
+                          ? keeps_.back()->bucket(k)
+                          : Tensor::empty({total}, kinds[k].second, kinds[k].first);
       std::int64_t off = 0;
       for (const auto& p : per[r][k]) {
         if (!p.requires_grad()) continue;

@@ -436,6 +436,59 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       rank_ = me;
       partition_keeping(old_partition, sr.new_rank, nw, partition_weights(), index_of_, partition_, owner_);
       const auto new_table = buddy_table_for(ng.ranks());
+      // The parameters each survivor takes over from lost ranks, by kind
+      // (device, dtype) in order of first appearance: one more row of buckets.
+      std::vector<std::pair<Device, DType>> kinds;
+      std::vector<std::vector<std::vector<Tensor>>> moved(static_cast<std::size_t>(nw));  // [rank][kind]
+      for (int r = 0; r < nw; ++r)
+        for (const auto& g : partition_[static_cast<std::size_t>(r)])
+          for (const auto& p : g) {
+            const int was = old_owner[static_cast<std::size_t>(index_of_.at(p.key()))];
+            if (sr.new_rank[static_cast<std::size_t>(was)] >= 0 || !p.requires_grad()) continue;
+            std::size_t k = 0;
+            while (k < kinds.size() && !(kinds[k].first == p.device() && kinds[k].second == p.dtype())) ++k;
+            if (k == kinds.size()) kinds.emplace_back(p.device(), p.dtype());
+            auto& mr = moved[static_cast<std::size_t>(r)];
+            if (mr.size() <= k) mr.resize(k + 1);
+            mr[k].push_back(p);
+          }
+      const bool same_trainable = trainable_mask() == trainable_;
+      // Host memory: each survivor's new segment, mapped by its new buddies
+      // (a loss here retries from the old group like any other). It holds
+      // what the survivor takes over (its row of the new buckets, and the
+      // state of frozen parameters it takes over); what it kept stays in its
+      // older segments. With other trainable parameters: one segment anew.
+      const bool keep_anew = !same_trainable;
+      zero_detail::KeepShare share;
+      if (host_memory()) {
+        std::map<int, zero_detail::KeepSpec> fresh;
+        for (int r = 0; r < nw; ++r) {
+          zero_detail::KeepSpec sp;
+          if (keep_anew) {
+            sp = full_keep_spec(r);
+          } else {
+            for (const auto& kd : kinds) sp.bucket_dtypes.push_back(kd.second);
+            const auto& mr = moved[static_cast<std::size_t>(r)];
+            for (std::size_t k = 0; k < mr.size(); ++k)
+              for (const auto& p : mr[k]) {
+                sp.params.push_back(index_of_.at(p.key()));
+                sp.kind.push_back(static_cast<int>(k));
+              }
+            for (const auto& g : partition_[static_cast<std::size_t>(r)])
+              for (const auto& p : g) {
+                const int was = old_owner[static_cast<std::size_t>(index_of_.at(p.key()))];
+                if (sr.new_rank[static_cast<std::size_t>(was)] < 0 && !p.requires_grad()) {
+                  sp.params.push_back(index_of_.at(p.key()));
+                  sp.kind.push_back(-1);
+                }
+              }
+          }
+          fresh[ng.global_rank(r)] = std::move(sp);
+        }
+        share = share_keeps(ng, new_table, fresh, keep_anew);
+        trace.mark("new segments", old_rank);
+      }
+
       auto held_by = [&](std::size_t i, int r) {
         const int o = owner_[i];
         if (o == r) return true;
@@ -504,7 +557,10 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
           if (std::find(receivers[uo].begin(), receivers[uo].end(), me) == receivers[uo].end()) continue;
           for (const auto& e : parse(recv_string(ng, s, /*tag=*/o))) {
             got.push_back(e);
-            into.push_back(Tensor::empty(e.shape, e.dtype, all_params_[static_cast<std::size_t>(e.index)].device()));
+            // Host memory: straight into this rank's new segment where it has room for it.
+            Tensor in = share.own ? share.own->entry_for(e.index, e.key, e.shape, e.dtype) : Tensor();
+            into.push_back(in.defined() ? in
+                                        : Tensor::empty(e.shape, e.dtype, all_params_[static_cast<std::size_t>(e.index)].device()));
             recvs.push_back(ng.recv_async(into.back(), s, /*tag=*/o));
           }
         }
@@ -516,12 +572,6 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       if (first) std::rethrow_exception(first);
       for (std::size_t j = 0; j < got.size(); ++j)
         avail[all_params_[static_cast<std::size_t>(got[j].index)].key()][got[j].key] = into[j];
-
-      // Host memory: the survivors' new segments, mapped by their new
-      // buddies (a loss here retries from the old group like any other).
-      std::shared_ptr<zero_detail::HostKeep> new_keep;
-      std::map<int, std::shared_ptr<zero_detail::HostKeep>> new_kept;
-      if (host_memory()) new_keep = share_keeps(ng, new_table, new_kept);
 
       trace.mark("state moved", old_rank);
       // 5. Commit: ZeRO over the survivors.
@@ -538,16 +588,14 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       };
       take(*optim_, rank_);
       for (auto& [t, copy] : buddy_copies_) take(*copy, t);
-      const bool same_trainable = trainable_mask() == trainable_;
       trainable_ = trainable_mask();
       trace.mark("new optimizers", old_rank);
-      if (host_memory()) {
-        install_keep(std::move(new_keep), std::move(new_kept));  // all buckets anew, this rank's in its segment
-      } else if (bucket_view_ && same_trainable) {
+      if (bucket_view_ && same_trainable) {
         // The survivors' buckets stay (renumbered): what each kept is still
         // in its bucket, in order. The parameters that came from lost ranks
         // go into one more row of buckets (one per kind, one flat buffer per
-        // rank, in partition order), so only they are copied.
+        // rank, in partition order), so only they are copied (this rank's
+        // into its new segment with host memory).
         std::vector<std::vector<Tensor>> rows;
         for (const auto& row : buckets_) {
           std::vector<Tensor> kept(static_cast<std::size_t>(nw));
@@ -556,20 +604,6 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
               kept[static_cast<std::size_t>(sr.new_rank[static_cast<std::size_t>(o)])] = row[static_cast<std::size_t>(o)];
           rows.push_back(std::move(kept));
         }
-        std::vector<std::pair<Device, DType>> kinds;
-        std::vector<std::vector<std::vector<Tensor>>> moved(static_cast<std::size_t>(nw));  // [rank][kind]
-        for (int r = 0; r < nw; ++r)
-          for (const auto& g : partition_[static_cast<std::size_t>(r)])
-            for (const auto& p : g) {
-              const int was = old_owner[static_cast<std::size_t>(index_of_.at(p.key()))];
-              if (sr.new_rank[static_cast<std::size_t>(was)] >= 0 || !p.requires_grad()) continue;
-              std::size_t k = 0;
-              while (k < kinds.size() && !(kinds[k].first == p.device() && kinds[k].second == p.dtype())) ++k;
-              if (k == kinds.size()) kinds.emplace_back(p.device(), p.dtype());
-              auto& mr = moved[static_cast<std::size_t>(r)];
-              if (mr.size() <= k) mr.resize(k + 1);
-              mr[k].push_back(p);
-            }
         for (std::size_t k = 0; k < kinds.size(); ++k) {
           std::vector<Tensor> row(static_cast<std::size_t>(nw));
           for (int r = 0; r < nw; ++r) {
@@ -581,7 +615,8 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
               row[static_cast<std::size_t>(r)] = Tensor::zeros({1}, kinds[k].second, kinds[k].first);
               continue;
             }
-            Tensor bucket = Tensor::empty({total}, kinds[k].second, kinds[k].first);
+            Tensor bucket = (share.own && r == rank_) ? share.own->bucket(k)
+                                                      : Tensor::empty({total}, kinds[k].second, kinds[k].first);
             std::int64_t off = 0;
             for (const auto& p : mr[k]) {
               Tensor slice = bucket.flat_slice(off, p.numel());
@@ -594,9 +629,10 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
           rows.push_back(std::move(row));
         }
         buckets_ = std::move(rows);
-      } else if (bucket_view_) {
-        build_buckets();
+      } else if (bucket_view_ && !host_memory()) {
+        build_buckets();  // (host memory: install_keeps below builds them, this rank's in its segment)
       }
+      if (host_memory()) install_keeps(std::move(share), keep_anew);
       trace.mark("buckets", old_rank);
       if (in_step) ++steps_;
       sync_to_local();

@@ -192,12 +192,7 @@ void ZeroRedundancyOptimizer::install_loaded(std::unordered_map<const TensorImpl
     it = local.erase(it);
   }
   optim_->state() = std::move(local);
-  if (keep_)  // host memory: the loaded state is the shard's now, in its segment
-    for (const auto& [key, idx] : keep_index_) {
-      auto it = optim_->state().find(key);
-      ParamState none;
-      keep_->adopt(idx, it != optim_->state().end() ? it->second : none, -1);
-    }
+  if (!keeps_.empty()) adopt_into_keeps();  // host memory: the loaded state is the shard's now, in its segments
   reset_buddy_snapshots();  // replay: the loaded state is the copies' snapshot
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
   sync_to_local();

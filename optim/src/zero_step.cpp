@@ -89,9 +89,7 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
       notice(std::string(kName) + " [rank " + std::to_string(rank_) +
              "]: the trainable parameters changed; rebuilding the parameter buckets");
       if (host_memory()) {
-        std::map<int, std::shared_ptr<zero_detail::HostKeep>> kept;
-        auto own = share_keeps(group_, buddy_table_, kept);
-        install_keep(std::move(own), std::move(kept));
+        share_keeps_anew();
       } else {
         build_buckets();
       }

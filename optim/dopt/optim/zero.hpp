@@ -168,6 +168,8 @@ namespace zero_detail {
 class HostKeep;
 struct KeepPlan;
 struct KeepEntry;
+struct KeepSpec;
+struct KeepShare;
 }  // namespace zero_detail
 
 /// metadata["dopt.zero.format"] of a shard written by save_sharded.
@@ -363,17 +365,23 @@ class ZeroRedundancyOptimizer : public Joinable {
   bool host_memory() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::host_memory; }
   /// The constructor's checks of host_memory (every rank alike, before any collective).
   void check_host_memory(std::int64_t chunk);
-  /// The segment plan of rank r of the current partition (every rank alike).
-  zero_detail::KeepPlan keep_plan_for(int r);
-  /// Collective over g: this rank's new segment for the current partition,
-  /// and the segments of the ranks it is a buddy of in `table` (mapped,
-  /// then unlinked once every rank mapped what it needs).
-  std::shared_ptr<zero_detail::HostKeep> share_keeps(ProcessGroup& g, const std::vector<std::vector<int>>& table,
-                                                     std::map<int, std::shared_ptr<zero_detail::HostKeep>>& buddies);
-  /// Makes `own` this rank's segment: buckets rebuilt (this rank's in the
-  /// segment), the local state moved in, the journaling hook set.
-  void install_keep(std::shared_ptr<zero_detail::HostKeep> own,
-                    std::map<int, std::shared_ptr<zero_detail::HostKeep>> buddies);
+  /// The segment of all of rank r's parameters of the current partition.
+  zero_detail::KeepSpec full_keep_spec(int r) const;
+  /// A segment's layout (every rank computes the same).
+  zero_detail::KeepPlan keep_plan(const zero_detail::KeepSpec& spec);
+  /// Collective over g: every rank makes a segment for fresh[its global
+  /// rank] (its only one when anew, else one more) and maps the segments of
+  /// the ranks it keeps in `table`. Changes nothing of this optimizer.
+  zero_detail::KeepShare share_keeps(ProcessGroup& g, const std::vector<std::vector<int>>& table,
+                                     const std::map<int, zero_detail::KeepSpec>& fresh, bool anew);
+  /// Takes share's segments; anew: the buckets are rebuilt (this rank's in
+  /// the segment); the state of the new segment's parameters moves in; the
+  /// journaling hook is set.
+  void install_keeps(zero_detail::KeepShare share, bool anew);
+  /// Collective: one segment per rank for the current partition (construction, new buckets).
+  void share_keeps_anew();
+  /// Every own parameter's state from optim_ into its segment (after a load).
+  void adopt_into_keeps();
   /// The state of rank o's shard rebuilt from its segment (this rank's
   /// parameters of that shard end at the step in flight when in_step).
   std::unordered_map<const TensorImpl*, ParamState> rebuild_from_keep(int o, bool in_step);
@@ -422,9 +430,10 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// ZeroBuddyUpdate::host_memory: this rank's segment, the segments of the
   /// ranks it is a buddy of (by group rank), where each own parameter is in
   /// its segment, the state layouts by (group, dtype), the chunk.
-  std::shared_ptr<zero_detail::HostKeep> keep_;
-  std::map<int, std::shared_ptr<zero_detail::HostKeep>> buddy_keeps_;
-  std::unordered_map<const TensorImpl*, std::size_t> keep_index_;
+  std::vector<std::shared_ptr<zero_detail::HostKeep>> keeps_;  // this rank's segments, oldest first
+  std::map<int, std::vector<std::shared_ptr<zero_detail::HostKeep>>> buddy_keeps_;  // by the owner's group rank
+  std::unordered_map<const TensorImpl*, std::pair<std::size_t, std::size_t>> keep_index_;  // (segment, position)
+  std::map<int, std::vector<zero_detail::KeepSpec>> keep_specs_;  // every rank's segments, by global rank
   std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
   std::int64_t keep_chunk_ = 4096;
   /// Redundancy: the host of every rank of the line of groups, by global rank.
