@@ -66,6 +66,20 @@ TEST_CASE("survive multiprocess: ZeRO with redundancy, a process killed at each 
   survivors_ok(n, {"zero", kill}, {2}, 25);
 }
 
+TEST_CASE("survive multiprocess: ZeRO with host-memory redundancy, a process killed anywhere in a step (3, 5)",
+          "[survive][multiprocess]") {
+  // "timer": SIGKILL from a thread some microseconds into the local step,
+  // wherever the kernels are then (the pre-images of the chunk in flight
+  // are saved line by line); "chunk:0": a chunk written, not committed.
+  const int n = GENERATE(3, 5);
+  const std::string kill =
+      GENERATE(std::string("2:2:begin"), std::string("2:2:chunk:0"), std::string("2:2:timer:20"),
+               std::string("2:2:timer:80"), std::string("2:2:timer:200"), std::string("2:2:computed"),
+               std::string("2:2:broadcast:1"));
+  INFO(n << " processes, kill " << kill);
+  survivors_ok(n, {"zero-host-memory", kill}, {2}, 25);
+}
+
 TEST_CASE("survive multiprocess: PostLocalSGDOptimizer, a process killed before, during, after the averaging (3, 5)",
           "[survive][multiprocess][post_local_sgd]") {
   const int n = GENERATE(3, 5);

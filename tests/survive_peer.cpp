@@ -15,13 +15,22 @@
 //       bit for bit, a plain Adam stepped with the gradients of the members
 //       that contributed to each step (the reference run of
 //       optim/src/zero_survive_reference.hpp, as the simulated tests).
+//   dopt_survive_peer zero-host-memory KILL [KILL]
+//       the same with ZeroBuddyUpdate::host_memory (bucket view, chunks of
+//       1000 elements); POINT may also be "chunk" (after writing chunk INDEX
+//       of a parameter, before committing it) or "timer" (a thread raises
+//       SIGKILL INDEX microseconds after the "begin" of step STEP: anywhere
+//       in the local step, down to the middle of a kernel; if the step gets
+//       to "computed" first, the rank waits there to die).
 //
 // stdout: "ok R <checks>" on success, "error KIND: MESSAGE" otherwise.
 #include <signal.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dopt/actors/distributed.hpp"
@@ -77,19 +86,39 @@ std::vector<Tensor> reference(int n, const std::vector<Kill>& kills) {
   return dopt::optim::survive_reference::reference_params(kSizes, spec(), n, kills, kSteps);
 }
 
-long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills) {
+long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills, bool host_memory) {
   dopt_test::Checker c{me};
   auto dies = [&](std::int64_t step, const std::string& point, int index) {
     for (const auto& k : kills)
-      if (k.rank == me && k.step == step && k.point == point && (point != "broadcast" || k.index == index)) return true;
+      if (k.rank == me && k.step == step && k.point == point &&
+          ((point != "broadcast" && point != "chunk") || k.index == index))
+        return true;
     return false;
+  };
+  auto timer = [&](std::int64_t step) -> int {  // microseconds, -1: none
+    for (const auto& k : kills)
+      if (k.rank == me && k.step == step && k.point == "timer") return k.index;
+    return -1;
   };
   ProcessGroup world = start;
   auto params = make_params();
   ZeroOptions zo{world};
   zo.redundancy = 1;
+  if (host_memory) {
+    zo.buddy_update = ZeroBuddyUpdate::host_memory;
+    zo.parameters_as_bucket_view = true;
+    zo.host_memory_chunk = 1000;
+  }
   zo.probe = [&](const char* point, std::int64_t step, int index) {
     if (dies(step, point, index)) die();
+    const int us = timer(step);
+    if (us >= 0 && std::string(point) == "begin")
+      std::thread([us] {
+        std::this_thread::sleep_for(std::chrono::microseconds(us));
+        die();
+      }).detach();
+    if (us >= 0 && std::string(point) == "computed")
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the timer's SIGKILL comes
   };
   ZeroRedundancyOptimizer zero(params, spec(), zo);
   int recoveries = 0;
@@ -163,12 +192,12 @@ int main(int argc, char** argv) {
   return dopt_test::run_peer(
       [&](ProcessGroup& world, int rank) -> long {
         if (mode == "shrink" && argc > 2) return shrink_scenario(world, rank, std::stoi(argv[2]));
-        if (mode == "zero" && argc > 2) {
+        if ((mode == "zero" || mode == "zero-host-memory") && argc > 2) {
           std::vector<Kill> kills;
           for (int a = 2; a < argc; ++a) kills.push_back(parse_kill(argv[a]));
-          return zero_scenario(world, rank, kills);
+          return zero_scenario(world, rank, kills, mode == "zero-host-memory");
         }
-        throw dopt_test::Usage{"dopt_survive_peer shrink VICTIM | zero RANK:STEP:POINT[:INDEX] ..."};
+        throw dopt_test::Usage{"dopt_survive_peer shrink VICTIM | zero[-host-memory] RANK:STEP:POINT[:INDEX] ..."};
       },
       /*leave_together=*/false);
 }

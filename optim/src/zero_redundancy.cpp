@@ -2,6 +2,7 @@
 // shards (ZeroBuddyUpdate::step), and the recovery from a lost rank
 // (contract in zero.hpp, design in docs/fault-tolerance.md). The replay
 // buddies' saved steps and snapshots: zero_replay.cpp.
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -632,7 +633,17 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       } else if (bucket_view_ && !host_memory()) {
         build_buckets();  // (host memory: install_keeps below builds them, this rank's in its segment)
       }
-      if (host_memory()) install_keeps(std::move(share), keep_anew);
+      if (host_memory()) {
+        // The lost ranks' segments are rebuilt from: their names go (the
+        // mappings stay while anything uses them).
+        for (int o = 0; o < old_world; ++o) {
+          if (sr.new_rank[static_cast<std::size_t>(o)] >= 0) continue;
+          auto it = keep_specs_.find(old_members[static_cast<std::size_t>(o)]);
+          if (it != keep_specs_.end())
+            for (const auto& sp : it->second) ::shm_unlink(sp.name.c_str());
+        }
+        install_keeps(std::move(share), keep_anew);
+      }
       trace.mark("buckets", old_rank);
       if (in_step) ++steps_;
       sync_to_local();
