@@ -63,14 +63,20 @@ std::vector<std::string> args_of(const std::string& mode, int ranks, long steps,
 
 TEST_CASE("dopt-train --survive: a process killed mid-training, the survivors go on and the loss curve continues",
           "[train][survive][multiprocess]") {
-  const std::string mode = GENERATE("ddp", "zero");
+  // zero-host-memory: --optim zero --survive-buddies host_memory.
+  const std::string mode = GENERATE("ddp", "zero", "zero-host-memory");
   const int n = GENERATE(3, 5);
   INFO(mode << ", " << n << " processes");
   TempDir dir("dopt-train-survive", mode + std::to_string(n));
   const long steps = 120, kill_at = 50;
   std::vector<std::string> argv{kDoptRun, "--on-failure", "continue", "--nproc-per-node", std::to_string(n),
                                 "--master-port", "0", kTrain};
-  for (auto& a : args_of(mode, n, steps, 1, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  const bool hm = mode == "zero-host-memory";
+  for (auto& a : args_of(hm ? "zero" : mode, n, steps, 1, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  if (hm) {
+    argv.push_back("--survive-buddies");
+    argv.push_back("host_memory");
+  }
   const Done d = wait(start(argv, kEnv));
   INFO(d.out);
   CHECK(d.ok());  // exit 0
@@ -106,6 +112,8 @@ TEST_CASE("dopt-train --survive: wrong combinations are usage errors (exit 2)", 
            {"--optim", "ddp", "--kill-rank", "1", "--kill-at-step", "3"},
            {"--optim", "ddp", "--survive", "--kill-rank", "1"},
            {"--optim", "ddp", "--survive", "--checkpoint-dir", "/tmp/x"},
+           {"--optim", "ddp", "--survive", "--survive-buddies", "host_memory"},
+           {"--optim", "zero", "--survive-buddies", "host_memory"},
            {"--optim", "ddp", "--survive", "--ranks", "3", "--kill-rank", "3", "--kill-at-step", "2"}}) {
     const Done d = run(a);
     INFO(d.out);

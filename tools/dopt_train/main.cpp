@@ -457,6 +457,12 @@ int main(int argc, char** argv) {
   app.add_flag("--survive", o.survive,
                "Go on with the survivors when a rank is lost (--optim zero: redundancy 1; ddp); run the processes "
                "under dopt-run --on-failure continue");
+  app.add_option("--survive-buddies", o.survive_buddies,
+                 "--survive with --optim zero: how a rank's buddy keeps its shard: step (steps a copy; buddies on "
+                 "other hosts where there are any) or host_memory (the shard in shared memory the buddy maps; "
+                 "ranks on one host, survives processes, not hosts)")
+      ->check(CLI::IsMember({"step", "host_memory"}))
+      ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "Testing (--survive): this rank (not 0, which prints the curve) dies, SIGKILL as a process, ...")
       ->check(CLI::PositiveNumber);
   app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done")->check(CLI::PositiveNumber);
@@ -527,6 +533,8 @@ int main(int argc, char** argv) {
   if ((app.count("--kill-rank") > 0) != (app.count("--kill-at-step") > 0))
     return usage_error("--kill-rank and --kill-at-step go together");
   if (app.count("--kill-rank") && !o.survive) return usage_error("--kill-rank needs --survive");
+  if (o.survive_buddies != "step" && (!o.survive || o.optim != "zero"))
+    return usage_error("--survive-buddies " + o.survive_buddies + " needs --survive and --optim zero");
   if (o.survive) {
     if (!mode_survives(o.optim))
       return usage_error("--survive needs --optim zero or ddp (" + o.optim + " cannot go on over the survivors yet; "
@@ -575,6 +583,7 @@ int main(int argc, char** argv) {
     plan.strategy.diloco_wire = o.diloco_wire;
     plan.strategy.diloco_error_feedback = o.diloco_error_feedback;
     plan.strategy.survive = o.survive;
+    plan.strategy.survive_host_memory = o.survive_buddies == "host_memory";
     if (o.kill_rank >= plan.world_size)
       return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
                          std::to_string(plan.world_size) + " ranks");

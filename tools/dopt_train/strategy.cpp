@@ -79,11 +79,16 @@ void note_lost(std::vector<int>& into, const std::vector<int>& lost) {
 /// themselves inside finish_step() (callbacks), each over its own group.
 class ZeroStrategy : public Strategy {
  public:
-  static ZeroOptions zero_options(dopt::ProcessGroup g, bool survive, std::function<void(const ZeroRecovery&)> cb) {
+  static ZeroOptions zero_options(dopt::ProcessGroup g, bool survive, bool host_memory,
+                                  std::function<void(const ZeroRecovery&)> cb) {
     ZeroOptions zo{std::move(g)};
     if (survive) {
       zo.redundancy = 1;
       zo.on_membership_change = std::move(cb);
+      if (host_memory) {
+        zo.buddy_update = ZeroBuddyUpdate::host_memory;
+        zo.parameters_as_bucket_view = true;
+      }
     }
     return zo;
   }
@@ -92,7 +97,7 @@ class ZeroStrategy : public Strategy {
         reducer_(params, own_line(world, cfg.survive),
                  reducer_options(cfg.survive, [this](const ZeroRecovery& r) { on_change(r, reducer_ranks_); })),
         zero_(params, cfg.inner,
-              zero_options(own_line(world, cfg.survive), cfg.survive,
+              zero_options(own_line(world, cfg.survive), cfg.survive, cfg.survive_host_memory,
                            [this](const ZeroRecovery& r) { on_change(r, zero_ranks_); })),
         reducer_ranks_(reducer_.process_group().ranks()), zero_ranks_(zero_.process_group().ranks()),
         per_step_(ring_bytes(nbytes_of(params), world.size()) +
@@ -101,7 +106,10 @@ class ZeroStrategy : public Strategy {
                                           static_cast<std::uint64_t>(world.size())
                                     : 0)) {}
   std::string describe() const override {
-    return "ZeRO(" + zero_.optim().name() + ")" + (survive_ ? ", redundancy 1" : "");
+    return "ZeRO(" + zero_.optim().name() + ")" +
+           (survive_ ? (zero_.buddy_update() == ZeroBuddyUpdate::host_memory ? ", redundancy 1 (host memory)"
+                                                                              : ", redundancy 1")
+                     : "");
   }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
   void finish_step() override {

@@ -50,6 +50,9 @@ struct StrategyConfig {
   /// rank is lost (docs/fault-tolerance.md). Its groups are its own lines
   /// (new_group over the world's ranks), apart from the training loop's world.
   bool survive = false;
+  /// --survive-buddies host_memory (zero): ZeroBuddyUpdate::host_memory
+  /// (the shard in shared memory its buddies map, with parameter buckets).
+  bool survive_host_memory = false;
 };
 
 class Strategy {
