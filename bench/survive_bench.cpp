@@ -10,7 +10,8 @@
 // float32 parameters (default 50,000,000) in K tensors (default 64), bucket
 // view on, the same gradients on every rank. After 2 I steps of warm-up,
 // timed per step, from a barrier to the slowest rank's end, in blocks of I
-// steps (default 4; the time of a block / I), median of S blocks:
+// steps (default 4; the time of a block / I), median of S blocks; the
+// configurations below exist at once and their blocks alternate:
 //   * step_ms_r0 / step_ms_r1: step() with redundancy 0 and 1 (the buddy's
 //     extra optimizer step over 1/R of the parameters);
 //   * step_ms_replay: redundancy 1 with ZeroBuddyUpdate::replay and
@@ -56,6 +57,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed blocks of --interval steps per measurement")->check(CLI::PositiveNumber);
   app.add_option("--interval", interval, "snapshot_interval of replay, and the steps per timed block")
       ->check(CLI::PositiveNumber);
-  std::int64_t chunk = 4096;
+  std::int64_t chunk = 65536;
   app.add_option("--chunk", chunk, "host_memory_chunk (--recover host_memory)")->check(CLI::PositiveNumber);
   app.add_option("--recover", recover_with, "how the buddies keep up in the recovery measurement")
       ->check(CLI::IsMember({"step", "replay", "host_memory"}));
@@ -159,19 +161,32 @@ int main(int argc, char** argv) {
       // k 2 is host_memory instead of replay with --recover host_memory.
       const std::vector<int> ks = recover_with != "step" ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 2, 1};
       const ZeroBuddyUpdate alt = recover_with == "host_memory" ? ZeroBuddyUpdate::host_memory : ZeroBuddyUpdate::replay;
+      // All configurations exist at once and their timed blocks alternate, so
+      // that the machine's drift weighs on each alike.
+      struct Cfg {
+        int k;
+        ZeroOptions zo;
+        std::vector<Tensor> ps;
+        std::unique_ptr<ZeroRedundancyOptimizer> zero;
+      };
+      std::vector<Cfg> cfgs;
       for (int k : ks) {
-        auto ps = make();
-        ZeroOptions zo{world};
-        zo.parameters_as_bucket_view = true;
-        zo.redundancy = k ? 1 : 0;
-        zo.buddy_update = k == 2 ? alt : ZeroBuddyUpdate::step;
-        zo.snapshot_interval = interval;
-        zo.host_memory_chunk = chunk;
-        ZeroRedundancyOptimizer zero(ps, OptimizerSpec{"Adam", {}}, zo);
+        Cfg c{k, ZeroOptions{world}, make(), nullptr};
+        c.zo.parameters_as_bucket_view = true;
+        c.zo.redundancy = k ? 1 : 0;
+        c.zo.buddy_update = k == 2 ? alt : ZeroBuddyUpdate::step;
+        c.zo.snapshot_interval = interval;
+        c.zo.host_memory_chunk = chunk;
+        c.zero = std::make_unique<ZeroRedundancyOptimizer>(c.ps, OptimizerSpec{"Adam", {}}, c.zo);
         // Warm-up: the state exists, blocks start after a snapshot, and with
         // replay the second snapshot has made the buffers the next ones reuse.
-        for (int w = 0; w < 2 * interval; ++w) zero.step();
-        for (int s = 0; s < steps; ++s) {
+        for (int w = 0; w < 2 * interval; ++w) c.zero->step();
+        cfgs.push_back(std::move(c));
+      }
+      for (int s = 0; s < steps; ++s)
+        for (auto& c : cfgs) {
+          const int k = c.k;
+          auto& zero = *c.zero;
           const double a = timed(world, [&] {
                              for (int i = 0; i < interval; ++i) zero.step();
                            }) / interval;
@@ -180,7 +195,7 @@ int main(int argc, char** argv) {
                              for (int i = 0; i < interval; ++i) {
                                // averaged: a sum would grow the gradients 4-fold per step
                                // (inf in exp_avg_sq after ~40 steps: load_sharded refuses it)
-                               for (auto& p : ps) world.all_reduce(p.grad(), dopt::ReduceOp::avg);
+                               for (auto& p : c.ps) world.all_reduce(p.grad(), dopt::ReduceOp::avg);
                                zero.step();
                              }
                            }) / interval;
@@ -192,6 +207,10 @@ int main(int argc, char** argv) {
             (k == 2 ? train2 : k ? train1 : train0).push_back(b);
           }
         }
+      for (auto& c : cfgs) {
+        const int k = c.k;
+        auto& zero = *c.zero;
+        const ZeroOptions& zo = c.zo;
         if (ctx.rank() == 0 && k == 1) buddy_bytes_step = zero.buddy_state_bytes();
         if (ctx.rank() == 0 && k == 2) buddy_bytes_replay = zero.buddy_state_bytes();
         if (k == 0) {  // the alternative: ship the shard's state (Adam: two moments) to the buddy every step
@@ -277,6 +296,8 @@ int main(int argc, char** argv) {
             throw;
           }
         }
+        c.zero.reset();  // its memory back before the next one's part
+        c.ps.clear();
       }
     }, ro);
   } catch (const dopt::Error& e) {

@@ -129,19 +129,22 @@ DOPT_INLINE LinePlan<sizeof...(P)> line_plan(P... ptrs) {
 template <class T, std::size_t N, class... P>
 DOPT_INLINE void save_line(const LinePlan<N>& plan, std::int64_t j, std::int64_t e, P... ptrs) {
   std::size_t k = 0;
+  const bool whole = e - j == static_cast<std::int64_t>(64 / sizeof(T));  // a whole line: a fixed-size copy, inlined
   auto one = [&](const T* s) {
-    if (plan.img[k])
-      __builtin_memcpy(plan.img[k] + j * static_cast<std::int64_t>(sizeof(T)), s + j,
-                       static_cast<std::size_t>(e - j) * sizeof(T));
+    if (plan.img[k]) {
+      char* to = plan.img[k] + j * static_cast<std::int64_t>(sizeof(T));
+      if (whole) __builtin_memcpy(to, s + j, 64);
+      else __builtin_memcpy(to, s + j, static_cast<std::size_t>(e - j) * sizeof(T));
+    }
     ++k;
   };
   (one(ptrs), ...);
-  __atomic_store_n(plan.progress, e, __ATOMIC_RELEASE);
-  asm volatile("" ::: "memory");  // the line's new values are stored after its images and the count
+  __atomic_store_n(plan.progress, e, __ATOMIC_RELEASE);  // after the line's images
+  __atomic_thread_fence(__ATOMIC_RELEASE);  // the line's new values after the count (x86: the compiler's order only)
 }
 
 /// A journal of the kernels' writes, chunk by chunk (ZeroRedundancyOptimizer's
-/// host-memory redundancy, zero_host_memory.cpp). For each chunk [b, b + len)
+/// host-memory redundancy, zero_host_keep.cpp). For each chunk [b, b + len)
 /// of a kernel call over n elements, before() gets the arrays the kernel
 /// writes (its non-const pointer arguments, null ones left out, as the chunk's
 /// call sees them) and fills `lines` for them; the kernel then saves their

@@ -1,8 +1,8 @@
 #pragma once
-// ZeroBuddyUpdate::host_memory (zero_host_memory.cpp): a rank's shard (its
-// parameters, as its bucket, and its optimizer state) lives in a shared-memory
-// segment that the rank's buddies on the same host keep mapped, so it outlives
-// the rank's process. The owner journals its updates chunk by chunk, so that a
+// ZeroBuddyUpdate::host_memory (zero_host_keep.cpp; ZeRO's side in
+// zero_host_memory.cpp): a rank's shard (its parameters, as its bucket, and
+// its optimizer state) lives in a shared-memory segment that the rank's
+// buddies on the same host keep mapped, so it outlives the rank's process. The owner journals its updates chunk by chunk, so that a
 // buddy can tell, after the owner died at any point, which elements are at the
 // step in flight and which are before it. Not installed.
 //
@@ -108,7 +108,7 @@ class HostKeep {
   void unlink() { seg_->unlink(); }
   /// The owner: its bucket and state are in place (before that a rebuild
   /// refuses: nothing of the shard is in the segment yet).
-  void mark_ready();
+  void mark_ready(bool ready = true);
   bool ready() const;
 
   /// The owner's bucket of kind k (a view that keeps the segment mapped).

@@ -39,6 +39,13 @@
 // MembershipChangedError; a loss seen elsewhere (a PeerLostError from the
 // trainer's own collective) is answered by recover() on every survivor.
 // When a rank and all its buddies are lost: ShardLostError.
+// ZeroBuddyUpdate::host_memory: the owner's bucket and state live in a
+// shared-memory segment its buddies (ranks of its host) map; step() runs its
+// CPU updates one parameter at a time on the calling thread, journaled; the
+// constructor, a change of trainable parameters and every recovery make and
+// exchange segments (collective). A rank lost while its segment is being
+// filled (construction, loads, the end of a recovery), or recover() outside
+// step() after the lost rank began its next step: StateError.
 //
 // overlap_with_ddp (zero_overlap.hpp has the whole contract): needs an
 // optimizer with a functional form (ValueError otherwise, before any
@@ -159,7 +166,7 @@ struct ZeroOptions {
   int snapshot_interval = 4;
   /// Redundancy with ZeroBuddyUpdate::host_memory: elements per journaled
   /// chunk of a parameter's update (>= 1).
-  std::int64_t host_memory_chunk = 4096;
+  std::int64_t host_memory_chunk = 65536;
 };
 
 class ZeroOverlap;
@@ -361,7 +368,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// parameters of its shard and the copy's state: both end as the owner's
   /// after the last saved step.
   void replay_buddy(int target);
-  /// ZeroBuddyUpdate::host_memory (zero_host_memory.cpp).
+  /// ZeroBuddyUpdate::host_memory (zero_host_memory.cpp, zero_host_keep.cpp).
   bool host_memory() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::host_memory; }
   /// The constructor's checks of host_memory (every rank alike, before any collective).
   void check_host_memory(std::int64_t chunk);
@@ -435,7 +442,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::unordered_map<const TensorImpl*, std::pair<std::size_t, std::size_t>> keep_index_;  // (segment, position)
   std::map<int, std::vector<zero_detail::KeepSpec>> keep_specs_;  // every rank's segments, by global rank
   std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
-  std::int64_t keep_chunk_ = 4096;
+  std::int64_t keep_chunk_ = 65536;
   /// Redundancy: the host of every rank of the line of groups, by global rank.
   std::map<int, std::string> host_of_;
   /// Redundancy: buddy_table_[r] = buddies(r) in the current group.
