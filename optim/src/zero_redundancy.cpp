@@ -242,8 +242,10 @@ std::vector<std::vector<int>> ZeroRedundancyOptimizer::buddy_table_for(const std
     auto it = host_of_.find(g);
     host.push_back(it == host_of_.end() ? std::string() : it->second);
   }
-  const int k = capped(redundancy_, static_cast<int>(members.size()));
-  if (buddy_update_ == ZeroBuddyUpdate::host_memory) return choose_buddies_on_host(host, k);
+  const int n = static_cast<int>(members.size());
+  const int k = capped(redundancy_, n);
+  // Host memory: every other rank of the host maps the segments (k only turns it on).
+  if (buddy_update_ == ZeroBuddyUpdate::host_memory) return choose_buddies_on_host(host, k > 0 ? n - 1 : 0);
   return choose_buddies(host, k);
 }
 
@@ -413,7 +415,7 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       std::unordered_map<const TensorImpl*, ParamState> rebuilt;
       if (host_memory())
         for (int o = 0; o < old_world; ++o)
-          if (sr.new_rank[static_cast<std::size_t>(o)] < 0 && source[static_cast<std::size_t>(o)] == me) {
+          if (sr.new_rank[static_cast<std::size_t>(o)] < 0 && buddy_keeps_.count(o)) {  // every rank that maps it
             if (!rebuilt_by_owner.count(o)) rebuilt_by_owner[o] = rebuild_from_keep(o, in_step);
             for (const auto& [key, st] : rebuilt_by_owner[o]) rebuilt[key] = st;
           }
@@ -421,8 +423,19 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       trace.mark("agreement and replay", old_rank);
       // 3. The step in flight: each shard's parameters from its holder (the
       //    owner, or the buddy that stepped its copy in the same step).
+      //    With host memory a lost owner whose every survivor mapped its
+      //    segment needs none: each of them rebuilt the same values.
+      auto mapped_by_all = [&](int o) {
+        if (!host_memory() || sr.new_rank[static_cast<std::size_t>(o)] >= 0) return false;
+        const auto& bs = old_table[static_cast<std::size_t>(o)];
+        for (int r = 0; r < old_world; ++r)
+          if (r != o && sr.new_rank[static_cast<std::size_t>(r)] >= 0 && std::find(bs.begin(), bs.end(), r) == bs.end())
+            return false;
+        return true;
+      };
       if (in_step)
         for (int o = 0; o < old_world; ++o) {
+          if (mapped_by_all(o)) continue;
           std::vector<Tensor> ps;
           for (const auto& g : old_partition[static_cast<std::size_t>(o)])
             for (const auto& p : g) ps.push_back(p);
@@ -493,12 +506,13 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       auto held_by = [&](std::size_t i, int r) {
         const int o = owner_[i];
         if (o == r) return true;
+        if (host_memory()) return false;  // buddies map the owner's segment, they keep no copy
         const auto& bs = new_table[static_cast<std::size_t>(o)];
         return std::find(bs.begin(), bs.end(), r) != bs.end();
       };
       auto kept_before = [&](int o, int r) {  // new group rank r kept old rank o's shard, up to date
         if (sr.new_rank[static_cast<std::size_t>(o)] == r) return true;
-        if (replay || host_memory()) return source[static_cast<std::size_t>(o)] == r;  // snapshots / no copies
+        if (replay) return source[static_cast<std::size_t>(o)] == r;  // other copies are from a snapshot
         for (int b : old_table[static_cast<std::size_t>(o)])
           if (sr.new_rank[static_cast<std::size_t>(b)] == r) return true;
         return false;

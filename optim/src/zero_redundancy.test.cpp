@@ -602,29 +602,42 @@ TEST_CASE("ZeRO redundancy, host memory: state made inside the update, scalar st
     sc.kills = {{first, 1, "chunk", 1}, {(first + 2) % 5, 3, "broadcast", 1}};
     check_bitwise(sc);
   }
-  SECTION("redundancy 2: ranks 1 and 2 (one's buddy) at once") {
+  SECTION("ranks 1 and 2 (both map each other's segments) at once, redundancy 1 and 2") {
     Scenario sc;
     sc.n = 5;
-    sc.redundancy = 2;
+    sc.redundancy = GENERATE(1, 2);
     sc.bucket_view = true;
     sc.update = ZeroBuddyUpdate::host_memory;
     sc.kills = {{1, 2, "chunk", 0}, {2, 2, "computed", 0}};
     check_bitwise(sc);
   }
+  SECTION("two hosts (2 + 3 ranks): a rank of each lost at once; the other host's survivors get the state sent") {
+    Scenario sc;
+    sc.n = 5;
+    sc.bucket_view = true;
+    sc.update = ZeroBuddyUpdate::host_memory;
+    sc.hosts = {"a", "a", "b", "b", "b"};
+    sc.kills = {{1, 2, "chunk", 0}, {3, 2, "broadcast", 1}};
+    check_bitwise(sc);
+  }
 }
 
-TEST_CASE("ZeRO redundancy, host memory: a rank lost with its buddy names the state that is gone; argument checks",
+TEST_CASE("ZeRO redundancy, host memory: a whole host lost names the state that is gone; argument checks",
           "[zero][survive]") {
+  // Every rank of a host maps its host-mates' segments: hosts a (ranks 0, 1)
+  // and b (2, 3, 4); both ranks of host a lost.
   Scenario sc;
   sc.n = 5;
   sc.bucket_view = true;
   sc.update = ZeroBuddyUpdate::host_memory;
-  sc.kills = {{1, 2, "chunk", 0}, {2, 2, "computed", 0}};
+  sc.hosts = {"a", "a", "b", "b", "b"};
+  sc.kills = {{0, 2, "chunk", 0}, {1, 2, "computed", 0}};
   const auto res = run(sc);
-  for (int r : {0, 3, 4}) {
+  for (int r : {2, 3, 4}) {
     const auto& log = res[static_cast<std::size_t>(r)].log;
     INFO("rank " << r << ": " << log);
     CHECK(log.find("shard lost: ") == 0);
+    CHECK(log.find("the optimizer state of rank 0's shard") != std::string::npos);
     CHECK(log.find("the optimizer state of rank 1's shard") != std::string::npos);
   }
   std::mutex mu;
@@ -654,7 +667,7 @@ TEST_CASE("ZeRO redundancy, host memory: a rank lost with its buddy names the st
       out += "muon;";
     }
     ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"Adam", {{"lr", 0.1}}}, zo);
-    out += "buddies of 0: " + ranks_str(z.buddies(0)) + ";";
+    out += "buddies of 0: " + ranks_str(z.buddies(0)) + ";";  // every other rank of its host
     std::lock_guard<std::mutex> lock(mu);
     seen[static_cast<std::size_t>(ctx.rank())] = out;
   });
