@@ -107,10 +107,10 @@ enum class ZeroBuddyUpdate {
   /// outlives the owner's process; the owner journals its updates chunk by
   /// chunk, so a buddy rebuilds the shard exactly at whatever point the owner
   /// died. No copy and no extra step per step. Protects against the loss of
-  /// processes, not of a host: the buddies are chosen on the owner's host
-  /// (ValueError at construction for a rank alone on its host). Needs
-  /// parameters_as_bucket_view, CPU parameters and an elementwise optimizer
-  /// (not Muon).
+  /// processes, not of a host: every other rank of the owner's host maps the
+  /// segment and is its buddy, whatever k (ValueError at construction for a
+  /// rank alone on its host). Needs parameters_as_bucket_view, CPU parameters
+  /// and an elementwise optimizer (not Muon).
   host_memory,
 };
 
@@ -253,7 +253,8 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// one host: r+1, ..., r+k (cyclically). Over several hosts: ranks on
   /// other hosts first, each rank keeping as few shards as that allows (the
   /// rule is in docs/fault-tolerance.md), so that losing a host loses no
-  /// state when every host's ranks have buddies elsewhere.
+  /// state when every host's ranks have buddies elsewhere. With
+  /// ZeroBuddyUpdate::host_memory: every other rank of r's host.
   std::vector<int> buddies(int r) const;
   /// Bytes of the copies of other ranks' state this rank keeps (with
   /// ZeroBuddyUpdate::replay also the saved parameters and gradients and the
