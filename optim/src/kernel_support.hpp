@@ -92,6 +92,7 @@ struct LineJournal {
   char* image[8] = {};
   std::size_t count = 0;
   std::int64_t* progress = nullptr;
+  std::size_t matched = 0;  // of out[], those a kernel listed among its streams (set by line_plan)
 };
 
 /// The calling thread's line journal (null: none; kernels check it once per call).
@@ -112,17 +113,22 @@ struct LinePlan {
 template <class T, class... P>
 DOPT_INLINE LinePlan<sizeof...(P)> line_plan(P... ptrs) {
   LinePlan<sizeof...(P)> plan;
-  const LineJournal* lj = line_journal();
+  LineJournal* lj = line_journal();
   if (!lj) return plan;
   plan.active = true;
   plan.progress = lj->progress;
   std::size_t k = 0;
+  std::uint32_t seen = 0;
   auto one = [&](const void* s) {
     for (std::size_t c = 0; c < lj->count; ++c)
-      if (lj->out[c] == s) plan.img[k] = lj->image[c];
+      if (lj->out[c] == s && !plan.img[k] && !(seen >> c & 1u)) {
+        plan.img[k] = lj->image[c];
+        seen |= 1u << c;
+      }
     ++k;
   };
   (one(static_cast<const void*>(ptrs)), ...);
+  lj->matched = static_cast<std::size_t>(__builtin_popcount(seen));
   return plan;
 }
 

@@ -26,6 +26,8 @@ struct KeepHeader {
   std::int64_t j_valid, j_step, j_param, j_begin, j_end, j_done, j_saved, j_line;
   std::int64_t j_present_before;
   std::int64_t ready;
+  std::int64_t j_saved_mask;  // the entries whose pre-images the chunk in flight saves
+  std::int64_t chunk, bytes;  // the plan's, checked by open()
 };
 
 std::int64_t align64(std::int64_t x) { return (x + 63) & ~std::int64_t{63}; }
@@ -107,6 +109,8 @@ std::shared_ptr<HostKeep> HostKeep::create(KeepPlan plan) {
 #endif
   auto* h = static_cast<KeepHeader*>(seg->data());
   h->nparams = static_cast<std::int64_t>(plan.params.size());
+  h->chunk = plan.chunk;
+  h->bytes = plan.bytes;
   auto* done = reinterpret_cast<std::int64_t*>(static_cast<char*>(seg->data()) + plan.done_off);
   for (std::size_t i = 0; i < plan.params.size(); ++i) done[i] = -1;
   st(h->j_valid, 0);
@@ -118,8 +122,12 @@ std::shared_ptr<HostKeep> HostKeep::open(const std::string& name, KeepPlan plan)
   auto seg = shm::Segment::open(name, static_cast<std::size_t>(plan.bytes));
   const auto* h = static_cast<const KeepHeader*>(seg->data());
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kMagic ||
-      h->nparams != static_cast<std::int64_t>(plan.params.size()))
+      h->nparams != static_cast<std::int64_t>(plan.params.size()) || h->bytes != plan.bytes)
     throw IOError(kOp, "shared memory segment " + name + " does not hold the shard this rank expects");
+  if (h->chunk != plan.chunk)
+    throw IOError(kOp, "shared memory segment " + name + " was laid out with host_memory_chunk " +
+                           std::to_string(h->chunk) + ", this rank's is " + std::to_string(plan.chunk) +
+                           " (every rank must pass the same ZeroOptions::host_memory_chunk)");
   return std::shared_ptr<HostKeep>(new HostKeep(std::move(seg), std::move(plan), 0, 0));
 }
 
@@ -179,6 +187,7 @@ KeepJournal HostKeep::journal() const {
   j.begin = ld(h->j_begin);
   j.end = ld(h->j_end);
   j.line = ld(h->j_line);
+  j.saved_mask = static_cast<std::uint64_t>(ld(h->j_saved_mask));
   j.present_before = static_cast<std::uint64_t>(ld(h->j_present_before));
   return j;
 }
@@ -218,6 +227,7 @@ std::uint64_t HostKeep::mask_of(std::size_t i, const ParamState& s, const char* 
 }
 
 void HostKeep::adopt(std::size_t i, ParamState& s, std::int64_t done_step) {
+  st(reinterpret_cast<KeepHeader*>(base())->j_valid, 0);  // a journal from before describes nothing now
   const auto& layout = plan_.layouts[plan_.params[i].layout];
   const std::uint64_t mask = mask_of(i, s, kOp);
   for (std::size_t e = 0; e < layout.size(); ++e) {
@@ -248,7 +258,11 @@ class Sink final : public kernels::ChunkJournal {
   void before(void* const* outs, std::size_t count, std::size_t esize, kernels::i64 b, kernels::i64 len) override {
     // The chunk's call sees the arrays from element b on; the kernel saves
     // each line's pre-images into the image as it goes (lines.progress).
+    if (b == 0 && begun_)
+      throw StateError(kOp, "an optimizer ran two kernels over one parameter; this optimizer cannot be journaled");
+    begun_ = true;
     lines.count = 0;
+    std::int64_t saved = 0;
     for (std::size_t k = 0; k < count; ++k) {
       if (outs[k] == param_) continue;
       std::size_t e = 0;
@@ -259,15 +273,21 @@ class Sink final : public kernels::ChunkJournal {
       lines.out[lines.count] = static_cast<char*>(outs[k]) + b * static_cast<std::int64_t>(esize);
       lines.image[lines.count] = image_ + stride_ * static_cast<std::int64_t>(e);
       ++lines.count;
+      saved |= std::int64_t{1} << e;
     }
     lines.progress = &h_->j_line;
+    lines.matched = 0;
     st(h_->j_line, 0);
+    st(h_->j_saved_mask, saved);
     st(h_->j_begin, b);
     st(h_->j_end, b + len);
     st(h_->j_saved, 1);
     __atomic_thread_fence(__ATOMIC_RELEASE);  // the chunk's writes come after
   }
   void after(kernels::i64 b, kernels::i64 len) override {
+    if (lines.matched != lines.count)  // an array it writes is missing from its DOPT_FOR_EACH_ELEMENT list
+      throw StateError(kOp, "an optimizer kernel does not list every array it writes among its streams; its "
+                            "writes cannot be journaled");
     if (after_chunk_) after_chunk_(c_++);
     st(h_->j_done, b + len);  // before clearing j_saved: a chunk is never both done and "not begun"
     st(h_->j_saved, 0);
@@ -281,6 +301,7 @@ class Sink final : public kernels::ChunkJournal {
   std::vector<const void*> entries_;
   const std::function<void(int)>& after_chunk_;
   int c_ = 0;
+  bool begun_ = false;
 };
 
 struct JournalGuard {
@@ -300,7 +321,7 @@ void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tens
   auto* h = reinterpret_cast<KeepHeader*>(base());
   auto* present_a = reinterpret_cast<std::int64_t*>(base() + plan_.present_off);
   auto* done_a = reinterpret_cast<std::int64_t*>(base() + plan_.done_off);
-  if (p.data_ptr() != base() + kp.p_offset || p.numel() != kp.numel)
+  if (kp.p_offset >= 0 && (p.data_ptr() != base() + kp.p_offset || p.numel() != kp.numel))
     throw StateError(kOp, "parameter " + std::to_string(i) + " of this rank's shard is not in its shared-memory "
                           "bucket (was it re-pointed by the caller?)");
   // The state entries into the segment, as views; the step done.
@@ -316,14 +337,23 @@ void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tens
       }
     }
     st(present_a[i], static_cast<std::int64_t>(mask));
+    if (after_chunk) after_chunk(-1);  // fault injection: present stored, done not yet
     st(done_a[i], t);
   };
   const std::uint64_t region = present(i);
   if (region == 0) {
     // Nothing of this parameter's state is in the segment yet (its first
-    // step): a buddy redoes the step from scratch until it is done, so the
-    // update runs as it is, then its state goes in.
+    // step): the journal says so (nothing present before, nothing done), a
+    // buddy redoes the step from scratch until it is done, so the update
+    // runs as it is, then its state goes in.
     st(h->j_valid, 0);
+    st(h->j_step, t);
+    st(h->j_param, static_cast<std::int64_t>(i));
+    st(h->j_done, 0);
+    st(h->j_saved, 0);
+    st(h->j_present_before, 0);
+    st(h->j_valid, 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     run(p, g, s);
     if (after_chunk) after_chunk(0);  // fault injection: updated, not yet done
     finish();
@@ -371,7 +401,7 @@ ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const 
   const bool in_journal = j.valid && j.param == static_cast<std::int64_t>(i) && j.step == t;
   if (!in_step) {
     // Outside step(): every survivor is at step t-1 = the last completed.
-    if (d >= t || (in_journal && (j.done > 0 || j.saved)))
+    if (d >= t || in_journal)
       throw StateError(kOp, "the lost rank had begun its next step while the survivors had not (its shard's state "
                             "is partly at step " + std::to_string(t) + "); recover inside step() instead, or fall "
                             "back to the last checkpoint");
@@ -406,7 +436,7 @@ ParamState HostKeep::rebuild(std::size_t i, std::int64_t t, bool in_step, const 
   }
   if (in_journal && j.saved && j.begin == jd)
     for (std::size_t e = 0; e < layout.size(); ++e)
-      if (layout[e].full && (mask >> e & 1u)) {
+      if (layout[e].full && (mask >> e & 1u) && (j.saved_mask >> e & 1u)) {
         const std::size_t isz = itemsize(layout[e].dtype);
         std::memcpy(static_cast<char*>(priv[e].data_ptr()) + static_cast<std::size_t>(j.begin) * isz,
                     base() + plan_.image_off + plan_.chunk * 8 * static_cast<std::int64_t>(e),

@@ -21,8 +21,8 @@ using zero_detail::KeepSpec;
 
 void ZeroRedundancyOptimizer::check_host_memory(std::int64_t chunk) {
   const char* why = "ZeroBuddyUpdate::host_memory keeps each rank's shard in shared memory on its host";
-  if (chunk < 1)
-    throw ValueError(zero_detail::kName, "host_memory_chunk must be >= 1, got " + std::to_string(chunk), rank_);
+  if (chunk < 1 || chunk > (std::int64_t{1} << 26))
+    throw ValueError(zero_detail::kName, "host_memory_chunk must be in [1, 2^26], got " + std::to_string(chunk), rank_);
   keep_chunk_ = chunk;
   if (!bucket_view_)
     throw ValueError(zero_detail::kName, std::string(why) + ": it needs parameters_as_bucket_view=true (this rank's "
@@ -195,7 +195,11 @@ void ZeroRedundancyOptimizer::install_keeps(zero_detail::KeepShare share, bool a
     auto it = keep_index_.find(p.key());
     if (it == keep_index_.end()) return run(p, g, st);
     std::function<void(int)> after;
-    if (probe_) after = [this](int c) { probe_("chunk", steps_, c); };
+    if (probe_)
+      after = [this](int c) {
+        if (c < 0) probe_("committing", steps_, 0);
+        else probe_("chunk", steps_, c);
+      };
     keeps_[it->second.first]->update(it->second.second, steps_ + 1, p, g, st, run, after);
   });
 }

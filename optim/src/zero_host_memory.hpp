@@ -88,6 +88,7 @@ struct KeepJournal {
   bool valid = false;
   std::int64_t step = -1, param = -1, begin = 0, end = 0, done = 0;
   std::int64_t line = 0;  // elements of the chunk in flight whose pre-images are saved
+  std::uint64_t saved_mask = 0;  // the entries whose pre-images it saves
   bool saved = false;
   std::uint64_t present_before = 0;
 };
@@ -137,8 +138,9 @@ class HostKeep {
   /// it as that step's result, else -1 (the state before the step in flight).
   void adopt(std::size_t i, ParamState& st, std::int64_t done);
   /// The journaled update of parameter i at step t (see the header above);
-  /// `after_chunk(c)` runs after chunk c is written, before it is committed
-  /// (fault injection).
+  /// `after_chunk(c)` runs after chunk c is written, before it is committed,
+  /// and with c = -1 between the stores of the parameter's state entries and
+  /// of its step (fault injection).
   void update(std::size_t i, std::int64_t t, const Tensor& p, const Tensor& g, ParamState& st,
               const std::function<void(const Tensor&, const Tensor&, ParamState&)>& run,
               const std::function<void(int)>& after_chunk);

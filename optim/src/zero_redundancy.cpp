@@ -650,8 +650,8 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       if (host_memory()) {
         // The lost ranks' segments are rebuilt from: their names go (the
         // mappings stay while anything uses them).
-        for (int o = 0; o < old_world; ++o) {
-          if (sr.new_rank[static_cast<std::size_t>(o)] >= 0) continue;
+        for (int o = 0; o < old_world; ++o) {  // by its host-mates (the names are the host's)
+          if (sr.new_rank[static_cast<std::size_t>(o)] >= 0 || !buddy_keeps_.count(o)) continue;
           auto it = keep_specs_.find(old_members[static_cast<std::size_t>(o)]);
           if (it != keep_specs_.end())
             for (const auto& sp : it->second) ::shm_unlink(sp.name.c_str());

@@ -581,6 +581,16 @@ TEST_CASE("ZeRO redundancy, host memory: state made inside the update, scalar st
     INFO("step " << step);
     check_bitwise(sc);
   }
+  SECTION("lost while committing a parameter: its first step (3 ranks) or a later one (5)") {
+    const std::int64_t step = GENERATE(0, 2);
+    Scenario sc;
+    sc.n = step == 0 ? 3 : 5;
+    sc.bucket_view = true;
+    sc.update = ZeroBuddyUpdate::host_memory;
+    sc.kills = {{1, step, "committing", 0}};
+    INFO("step " << step);
+    check_bitwise(sc);
+  }
   SECTION("NAdam (mu_product) lost in a chunk, the callback") {
     Scenario sc;
     sc.n = 5;

@@ -149,8 +149,11 @@ struct ZeroOptions {
   /// ("begin", step, 0) before the local step, ("computed", step, 0) after it
   /// (and the buddies' copies), ("broadcast", step, i) after posting the
   /// i-th broadcast, ("snapshot", step, 0) after the broadcasts of a step
-  /// that ends with a snapshot (ZeroBuddyUpdate::replay). Fault-injection
-  /// tests lose their rank there.
+  /// that ends with a snapshot (ZeroBuddyUpdate::replay); with
+  /// ZeroBuddyUpdate::host_memory also ("chunk", step, c) after chunk c of a
+  /// parameter's update is written and before it is committed, and
+  /// ("committing", step, 0) between a parameter's state and its step count
+  /// reaching shared memory. Fault-injection tests lose their rank there.
   std::function<void(const char* point, std::int64_t step, int index)> probe = {};
   /// Redundancy: the host of each group rank (equal strings: one host), the
   /// same list on every rank. Buddies are chosen on other hosts where there
@@ -165,7 +168,7 @@ struct ZeroOptions {
   /// saves at most this many steps' gradients.
   int snapshot_interval = 4;
   /// Redundancy with ZeroBuddyUpdate::host_memory: elements per journaled
-  /// chunk of a parameter's update (>= 1).
+  /// chunk of a parameter's update, in [1, 2^26], the same on every rank.
   std::int64_t host_memory_chunk = 65536;
 };
 
