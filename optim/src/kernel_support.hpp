@@ -95,27 +95,44 @@ struct LineJournal {
   std::size_t matched = 0;  // of out[], those a kernel listed among its streams (set by line_plan)
 };
 
-/// The calling thread's line journal (null: none; kernels check it once per call).
-inline LineJournal*& line_journal() {
-  static thread_local LineJournal* j = nullptr;
+/// A journal of the kernels' writes, chunk by chunk (ZeroRedundancyOptimizer's
+/// host-memory redundancy, zero_host_keep.cpp). For each chunk [b, b + len)
+/// of a kernel call over n elements, before() gets the arrays the kernel
+/// writes (its non-const pointer arguments, null ones left out, as the chunk's
+/// call sees them) and fills `lines` for them; the kernel then saves their
+/// pre-images line by line as it goes (DOPT_FOR_EACH_ELEMENT); after() runs
+/// once the chunk is done.
+struct ChunkJournal {
+  virtual ~ChunkJournal() = default;
+  virtual void before(void* const* outs, std::size_t count, std::size_t elem_size, i64 b, i64 len) = 0;
+  virtual void after(i64 b, i64 len) = 0;
+  i64 chunk = 0;  // elements per chunk (0: the whole call)
+  LineJournal lines;
+};
+
+/// The calling thread's journal (null: kernels run whole). Set, every kernel
+/// entry point runs through run_journaled, and the element loops of the
+/// chunk's call save into its `lines`.
+inline ChunkJournal*& chunk_journal() {
+  static thread_local ChunkJournal* j = nullptr;
   return j;
 }
 
-/// What DOPT_FOR_EACH_ELEMENT does per cache line for a call under a line
-/// journal: img[k] is the image of its k-th listed stream (null: not saved).
+/// What DOPT_FOR_EACH_ELEMENT does per cache line for a call under a
+/// journal: img[k] is the image of its k-th listed stream (null: not
+/// saved); no progress count: no journal.
 template <std::size_t N>
 struct LinePlan {
   char* img[N] = {};
   std::int64_t* progress = nullptr;
-  bool active = false;
 };
 
 template <class T, class... P>
 DOPT_INLINE LinePlan<sizeof...(P)> line_plan(P... ptrs) {
   LinePlan<sizeof...(P)> plan;
-  LineJournal* lj = line_journal();
-  if (!lj) return plan;
-  plan.active = true;
+  ChunkJournal* cj = chunk_journal();
+  if (!cj) return plan;
+  LineJournal* lj = &cj->lines;
   plan.progress = lj->progress;
   std::size_t k = 0;
   std::uint32_t seen = 0;
@@ -149,27 +166,6 @@ DOPT_INLINE void save_line(const LinePlan<N>& plan, std::int64_t j, std::int64_t
   __atomic_thread_fence(__ATOMIC_RELEASE);  // the line's new values after the count (x86: the compiler's order only)
 }
 
-/// A journal of the kernels' writes, chunk by chunk (ZeroRedundancyOptimizer's
-/// host-memory redundancy, zero_host_keep.cpp). For each chunk [b, b + len)
-/// of a kernel call over n elements, before() gets the arrays the kernel
-/// writes (its non-const pointer arguments, null ones left out, as the chunk's
-/// call sees them) and fills `lines` for them; the kernel then saves their
-/// pre-images line by line as it goes (DOPT_FOR_EACH_ELEMENT); after() runs
-/// once the chunk is done.
-struct ChunkJournal {
-  virtual ~ChunkJournal() = default;
-  virtual void before(void* const* outs, std::size_t count, std::size_t elem_size, i64 b, i64 len) = 0;
-  virtual void after(i64 b, i64 len) = 0;
-  i64 chunk = 4096;
-  LineJournal lines;
-};
-
-/// The calling thread's journal (null: kernels run whole).
-inline ChunkJournal*& chunk_journal() {
-  static thread_local ChunkJournal* j = nullptr;
-  return j;
-}
-
 namespace journal_detail {
 template <class A>
 constexpr bool is_out = std::is_pointer_v<std::decay_t<A>> && !std::is_const_v<std::remove_pointer_t<std::decay_t<A>>>;
@@ -181,12 +177,6 @@ decltype(auto) part(A&& a, i64 b, i64 len) {
   else if constexpr (std::is_same_v<D, i64>) return static_cast<i64>(len);
   else return std::forward<A>(a);
 }
-struct LinesOn {
-  explicit LinesOn(LineJournal* l) { line_journal() = l; }
-  ~LinesOn() { line_journal() = nullptr; }
-  LinesOn(const LinesOn&) = delete;
-  LinesOn& operator=(const LinesOn&) = delete;
-};
 }  // namespace journal_detail
 
 /// Runs kernel f over args chunk by chunk through journal j (elementwise
@@ -212,10 +202,7 @@ void run_journaled(ChunkJournal& j, F f, A&&... args) {
   for (i64 b = 0; b < n; b += c) {
     const i64 len = n - b < c ? n - b : c;
     j.before(outs, count, esize, b, len);
-    {
-      journal_detail::LinesOn on(&j.lines);
-      f(journal_detail::part(args, b, len)...);
-    }
+    f(journal_detail::part(args, b, len)...);
     j.after(b, len);
   }
 }
@@ -250,8 +237,8 @@ DOPT_INLINE void prefetch_ahead(i64 j, i64 n, Ptrs... ptrs) {
                        ? dopt_j_ + 64 / static_cast<::dopt::optim::kernels::i64>(sizeof(T))          \
                        : (n)),                                                                       \
         ::dopt::optim::kernels::prefetch_ahead<T>(dopt_j_, (n), __VA_ARGS__),                        \
-        (dopt_jl_.active ? ::dopt::optim::kernels::save_line<T>(dopt_jl_, dopt_j_, dopt_e_, __VA_ARGS__) \
-                         : void()),                                                                  \
+        (dopt_jl_.progress ? ::dopt::optim::kernels::save_line<T>(dopt_jl_, dopt_j_, dopt_e_, __VA_ARGS__) \
+                           : void()),                                                                \
         false) {                                                                                     \
     } else                                                                                           \
       for (::dopt::optim::kernels::i64 i = dopt_j_; i < dopt_e_; ++i)

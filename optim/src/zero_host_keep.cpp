@@ -192,12 +192,6 @@ KeepJournal HostKeep::journal() const {
   return j;
 }
 
-ParamState HostKeep::copy_state(std::size_t i) const {
-  ParamState out = view_state(i);
-  for (auto& [name, t] : out) t = t.clone();
-  return out;
-}
-
 ParamState HostKeep::view_state(std::size_t i) const {
   ParamState out;
   const auto& layout = plan_.layouts[plan_.params[i].layout];
@@ -226,7 +220,7 @@ std::uint64_t HostKeep::mask_of(std::size_t i, const ParamState& s, const char* 
   return mask;
 }
 
-void HostKeep::adopt(std::size_t i, ParamState& s, std::int64_t done_step) {
+void HostKeep::adopt(std::size_t i, ParamState& s) {
   st(reinterpret_cast<KeepHeader*>(base())->j_valid, 0);  // a journal from before describes nothing now
   const auto& layout = plan_.layouts[plan_.params[i].layout];
   const std::uint64_t mask = mask_of(i, s, kOp);
@@ -240,7 +234,7 @@ void HostKeep::adopt(std::size_t i, ParamState& s, std::int64_t done_step) {
   auto* present_a = reinterpret_cast<std::int64_t*>(base() + plan_.present_off);
   auto* done_a = reinterpret_cast<std::int64_t*>(base() + plan_.done_off);
   st(present_a[i], static_cast<std::int64_t>(mask));
-  st(done_a[i], done_step);
+  st(done_a[i], -1);  // the state before the step in flight, whatever step that is
 }
 
 namespace {
@@ -313,6 +307,26 @@ struct JournalGuard {
 
 }  // namespace
 
+void HostKeep::open_journal(std::size_t i, std::int64_t t, std::uint64_t before) {
+  auto* h = reinterpret_cast<KeepHeader*>(base());
+  const auto& layout = plan_.layouts[plan_.params[i].layout];
+  st(h->j_valid, 0);
+  st(h->j_step, t);
+  st(h->j_param, static_cast<std::int64_t>(i));
+  st(h->j_done, 0);
+  st(h->j_saved, 0);
+  st(h->j_present_before, static_cast<std::int64_t>(before));
+  for (std::size_t e = 0; e < layout.size(); ++e)
+    if (!layout[e].full && (before >> e & 1u)) {
+      const Tensor v = entry(i, e);
+      std::memcpy(base() + plan_.pre_scalar_off + 8 * static_cast<std::int64_t>(e), v.data_ptr(), v.nbytes());
+    }
+  st(h->j_valid, 1);
+  __atomic_thread_fence(__ATOMIC_RELEASE);  // the update's writes come after
+}
+
+void HostKeep::remove_name() const { ::shm_unlink(name().c_str()); }
+
 void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tensor& g, ParamState& s,
                       const std::function<void(const Tensor&, const Tensor&, ParamState&)>& run,
                       const std::function<void(int)>& after_chunk) {
@@ -346,14 +360,7 @@ void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tens
     // step): the journal says so (nothing present before, nothing done), a
     // buddy redoes the step from scratch until it is done, so the update
     // runs as it is, then its state goes in.
-    st(h->j_valid, 0);
-    st(h->j_step, t);
-    st(h->j_param, static_cast<std::int64_t>(i));
-    st(h->j_done, 0);
-    st(h->j_saved, 0);
-    st(h->j_present_before, 0);
-    st(h->j_valid, 1);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    open_journal(i, t, 0);
     run(p, g, s);
     if (after_chunk) after_chunk(0);  // fault injection: updated, not yet done
     finish();
@@ -368,19 +375,7 @@ void HostKeep::update(std::size_t i, std::int64_t t, const Tensor& p, const Tens
       throw StateError(kOp, "the state of parameter " + std::to_string(i) + " of this rank's shard was replaced "
                             "outside step() and load_state_dict()/load_sharded(); it is no longer in shared memory");
   }
-  // The journal: this parameter, this step, the scalars before.
-  st(h->j_valid, 0);
-  st(h->j_step, t);
-  st(h->j_param, static_cast<std::int64_t>(i));
-  st(h->j_done, 0);
-  st(h->j_saved, 0);
-  st(h->j_present_before, static_cast<std::int64_t>(before));
-  for (std::size_t e = 0; e < layout.size(); ++e)
-    if (!layout[e].full && (before >> e & 1u))
-      std::memcpy(base() + plan_.pre_scalar_off + 8 * static_cast<std::int64_t>(e), entry(i, e).data_ptr(),
-                  entry(i, e).nbytes());
-  st(h->j_valid, 1);
-  __atomic_thread_fence(__ATOMIC_RELEASE);  // the update's writes come after
+  open_journal(i, t, before);
   {
     Sink sink(h, base() + plan_.image_off, plan_.chunk * 8, p.data_ptr(), bases, after_chunk, plan_.chunk);
     JournalGuard guard(&sink);

@@ -184,11 +184,7 @@ void ZeroRedundancyOptimizer::install_keeps(zero_detail::KeepShare share, bool a
   if (anew) build_buckets();  // this rank's buckets are the segment's
   // The state of the new segment's parameters goes in (older segments hold theirs).
   HostKeep& k = *keeps_.back();
-  for (std::size_t i = 0; i < k.plan().params.size(); ++i) {
-    auto it = optim_->state().find(all_params_[static_cast<std::size_t>(k.plan().params[i].global)].key());
-    ParamState none;
-    k.adopt(i, it != optim_->state().end() ? it->second : none, -1);
-  }
+  for (std::size_t i = 0; i < k.plan().params.size(); ++i) adopt_own_state(k, i);
   k.mark_ready();
   optim_->set_update_hook([this](const OptimizerOptions&, const Tensor& p, const Tensor& g, ParamState& st,
                                  const Optimizer::UpdateFn& run) {
@@ -212,12 +208,14 @@ void ZeroRedundancyOptimizer::share_keeps_anew() {
 
 void ZeroRedundancyOptimizer::adopt_into_keeps() {
   for (auto& k : keeps_) k->mark_ready(false);  // a loss meanwhile: the shard is not whole in any segment
-  for (const auto& [key, where] : keep_index_) {
-    auto it = optim_->state().find(key);
-    ParamState none;
-    keeps_[where.first]->adopt(where.second, it != optim_->state().end() ? it->second : none, -1);
-  }
+  for (const auto& [key, where] : keep_index_) adopt_own_state(*keeps_[where.first], where.second);
   for (auto& k : keeps_) k->mark_ready(true);
+}
+
+void ZeroRedundancyOptimizer::adopt_own_state(HostKeep& k, std::size_t i) {
+  auto it = optim_->state().find(all_params_[static_cast<std::size_t>(k.plan().params[i].global)].key());
+  ParamState none;
+  k.adopt(i, it != optim_->state().end() ? it->second : none);
 }
 
 std::unordered_map<const TensorImpl*, ParamState> ZeroRedundancyOptimizer::rebuild_from_keep(int o, bool in_step) {

@@ -105,8 +105,9 @@ class HostKeep {
   std::int64_t pid_tag() const { return pid_; }
   std::int64_t serial() const { return serial_; }
   const KeepPlan& plan() const { return plan_; }
-  /// Removes the name (the mappings stay).
-  void unlink() { seg_->unlink(); }
+  /// Removes the name (the mappings stay): the owner's own, or a dead
+  /// owner's by one of its host-mates.
+  void remove_name() const;
   /// The owner: its bucket and state are in place (before that a rebuild
   /// refuses: nothing of the shard is in the segment yet).
   void mark_ready(bool ready = true);
@@ -126,17 +127,15 @@ class HostKeep {
   std::int64_t done(std::size_t i) const;
   std::uint64_t present(std::size_t i) const;
   KeepJournal journal() const;
-  /// Parameter i's state as kept (copies; the present entries).
-  ParamState copy_state(std::size_t i) const;
-  /// The same as views of the segment (they keep it mapped). A dead owner's
-  /// segment changes no more, so a buddy hands these on.
+  /// Parameter i's state as kept (its present entries), as views of the
+  /// segment (they keep it mapped). A dead owner's segment changes no more,
+  /// so a buddy hands these on.
   ParamState view_state(std::size_t i) const;
 
   // --- the owner ---
   /// Parameter i's state is `st` (copied into the segment; st's entries are
-  /// replaced by views of it); done: the step it is at if a rebuild may take
-  /// it as that step's result, else -1 (the state before the step in flight).
-  void adopt(std::size_t i, ParamState& st, std::int64_t done);
+  /// replaced by views of it), as the state before the step in flight.
+  void adopt(std::size_t i, ParamState& st);
   /// The journaled update of parameter i at step t (see the header above);
   /// `after_chunk(c)` runs after chunk c is written, before it is committed,
   /// and with c = -1 between the stores of the parameter's state entries and
@@ -155,6 +154,9 @@ class HostKeep {
                      const std::function<void(const Tensor& q, const Tensor& g, ParamState& st)>& run) const;
 
  private:
+  /// The journal names parameter i at step t, with the entries present
+  /// before (`before`) and the scalars' values before; stored last: valid.
+  void open_journal(std::size_t i, std::int64_t t, std::uint64_t before);
   HostKeep(std::shared_ptr<shm::Segment> seg, KeepPlan plan, std::int64_t pid, std::int64_t serial)
       : seg_(std::move(seg)), plan_(std::move(plan)), pid_(pid), serial_(serial) {}
   char* base() const { return static_cast<char*>(seg_->data()); }

@@ -2,7 +2,6 @@
 // shards (ZeroBuddyUpdate::step), and the recovery from a lost rank
 // (contract in zero.hpp, design in docs/fault-tolerance.md). The replay
 // buddies' saved steps and snapshots: zero_replay.cpp.
-#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -85,10 +84,9 @@ std::vector<std::vector<int>> choose_buddies(const std::vector<std::string>& hos
   return out;
 }
 
-/// ZeroBuddyUpdate::host_memory: each rank's buddies are the next k ranks
-/// of its own host (cyclically, in rank order); fewer where its host has
-/// fewer other ranks.
-std::vector<std::vector<int>> choose_buddies_on_host(const std::vector<std::string>& host, int k) {
+/// ZeroBuddyUpdate::host_memory: each rank's buddies are the other ranks of
+/// its own host (they all map its segments), from the next one on, cyclically.
+std::vector<std::vector<int>> choose_buddies_on_host(const std::vector<std::string>& host) {
   const int n = static_cast<int>(host.size());
   std::vector<std::vector<int>> out(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -97,7 +95,7 @@ std::vector<std::vector<int>> choose_buddies_on_host(const std::vector<std::stri
       if (host[static_cast<std::size_t>(c)] == host[static_cast<std::size_t>(r)]) same.push_back(c);
     const auto pos = static_cast<int>(std::find(same.begin(), same.end(), r) - same.begin());
     const int m = static_cast<int>(same.size());
-    for (int j = 1; j <= std::min(k, m - 1); ++j)
+    for (int j = 1; j < m; ++j)
       out[static_cast<std::size_t>(r)].push_back(same[static_cast<std::size_t>((pos + j) % m)]);
   }
   return out;
@@ -242,10 +240,10 @@ std::vector<std::vector<int>> ZeroRedundancyOptimizer::buddy_table_for(const std
     auto it = host_of_.find(g);
     host.push_back(it == host_of_.end() ? std::string() : it->second);
   }
-  const int n = static_cast<int>(members.size());
-  const int k = capped(redundancy_, n);
+  const int k = capped(redundancy_, static_cast<int>(members.size()));
   // Host memory: every other rank of the host maps the segments (k only turns it on).
-  if (buddy_update_ == ZeroBuddyUpdate::host_memory) return choose_buddies_on_host(host, k > 0 ? n - 1 : 0);
+  if (buddy_update_ == ZeroBuddyUpdate::host_memory)
+    return k > 0 ? choose_buddies_on_host(host) : std::vector<std::vector<int>>(host.size());
   return choose_buddies(host, k);
 }
 
@@ -650,12 +648,9 @@ ZeroRecovery ZeroRedundancyOptimizer::recover_from_loss(bool in_step) {
       if (host_memory()) {
         // The lost ranks' segments are rebuilt from: their names go (the
         // mappings stay while anything uses them).
-        for (int o = 0; o < old_world; ++o) {  // by its host-mates (the names are the host's)
-          if (sr.new_rank[static_cast<std::size_t>(o)] >= 0 || !buddy_keeps_.count(o)) continue;
-          auto it = keep_specs_.find(old_members[static_cast<std::size_t>(o)]);
-          if (it != keep_specs_.end())
-            for (const auto& sp : it->second) ::shm_unlink(sp.name.c_str());
-        }
+        for (const auto& [o, ks] : buddy_keeps_)  // by its host-mates (the names are the host's)
+          if (sr.new_rank[static_cast<std::size_t>(o)] < 0)
+            for (const auto& k : ks) k->remove_name();
         install_keeps(std::move(share), keep_anew);
       }
       trace.mark("buckets", old_rank);

@@ -393,6 +393,8 @@ class ZeroRedundancyOptimizer : public Joinable {
   void share_keeps_anew();
   /// Every own parameter's state from optim_ into its segment (after a load).
   void adopt_into_keeps();
+  /// Parameter i of this rank's segment k: its state in optim_ (none: empty) into k.
+  void adopt_own_state(zero_detail::HostKeep& k, std::size_t i);
   /// The state of rank o's shard rebuilt from its segment (this rank's
   /// parameters of that shard end at the step in flight when in_step).
   std::unordered_map<const TensorImpl*, ParamState> rebuild_from_keep(int o, bool in_step);
