@@ -45,6 +45,8 @@
 //     load_sharded of the checkpoint (page cache) and one step: what a restart
 //     from the last checkpoint costs at least (without starting processes,
 //     the rendezvous, reloading the model, or the steps since the checkpoint).
+// Also dev_shm_huge: the huge= mode of /dev/shm (host_memory's segments get
+// 2 MiB pages only where it is not "never"; bench/compare_host_memory_pages.sh).
 // One JSON line.
 #include <sys/resource.h>
 #include <csignal>
@@ -67,6 +69,7 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/zero.hpp"
+#include "dopt/runtime/shm.hpp"
 
 #include "bench_util.hpp"
 
@@ -314,7 +317,7 @@ int main(int argc, char** argv) {
   const std::string a = recover_with == "host_memory" ? "host_memory" : "replay";
   const char* an = a.c_str();
   std::printf("{\"ranks_are\": \"%s\", \"params\": %lld, \"tensors\": %lld, \"ranks\": %d, \"steps\": %d, "
-              "\"interval\": %d, \"recover\": \"%s\", "
+              "\"interval\": %d, \"recover\": \"%s\", \"dev_shm_huge\": \"%s\", "
               "\"step_ms_%s\": %.1f, \"step_overhead_%s\": %.3f, \"step_cpu_ms_%s\": %.1f, "
               "\"step_cpu_overhead_%s\": %.3f, \"train_ms_%s\": %.1f, \"train_overhead_%s\": %.3f, "
               "\"train_cpu_ms_%s\": %.1f, \"train_cpu_overhead_%s\": %.3f, "
@@ -326,7 +329,7 @@ int main(int argc, char** argv) {
               "\"recovery_ms\": %.1f, \"kill_to_next_step_ms\": %.1f, \"restart_ms\": %.1f, "
               "\"recovery_cpu_ms\": %.1f, \"kill_to_next_step_cpu_ms\": %.1f, \"restart_cpu_ms\": %.1f}\n",
               procs ? "processes" : "simulated", static_cast<long long>(params), static_cast<long long>(tensors), ranks, steps,
-              interval, recover_with.c_str(), an, s2, an, s2 / s0 - 1.0, an, c2, an, c2 / c0 - 1.0, an, t2, an,
+              interval, recover_with.c_str(), dopt::shm::dev_shm_huge_mode().c_str(), an, s2, an, s2 / s0 - 1.0, an, c2, an, c2 / c0 - 1.0, an, t2, an,
               t2 / t0 - 1.0, an, tc2, an, tc2 / tc0 - 1.0, static_cast<long long>(buddy_bytes_step), an,
               static_cast<long long>(buddy_bytes_replay), s0, s1, s1 / s0 - 1.0, c0, c1, c1 / c0 - 1.0,
               t0, t1, t1 / t0 - 1.0, tc0, tc1, tc1 / tc0 - 1.0, dopt::bench::median(copy), recovery_ms, next_ms, restart_ms,

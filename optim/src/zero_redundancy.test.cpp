@@ -6,6 +6,8 @@
 // The reference run and the gradients: zero_survive_reference.hpp.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -17,6 +19,8 @@
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/zero.hpp"
+#include "dopt/runtime/notice.hpp"
+#include "dopt/runtime/shm.hpp"
 #include "zero_survive_reference.hpp"
 
 using namespace dopt;
@@ -682,4 +686,51 @@ TEST_CASE("ZeRO redundancy, host memory: a whole host lost names the state that 
     seen[static_cast<std::size_t>(ctx.rank())] = out;
   });
   for (const auto& s : seen) CHECK(s == "bucket view;alone;muon;buddies of 0: 1;");
+}
+
+TEST_CASE("ZeRO redundancy, host memory: one note per host when the shards' memory gets 4 KiB pages",
+          "[zero][survive][huge]") {
+  // tests/huge_shm_namespace.sh runs this again with /dev/shm mounted
+  // huge=always in a mount namespace of its own (DOPT_TEST_EXPECT_HUGE_SHM=1).
+  std::mutex mu;
+  std::vector<std::string> notes;
+  auto old = set_notice_handler([&](const std::string& t) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (t.find("4 KiB pages") != std::string::npos) notes.push_back(t);
+  });
+  simulate(4, [&](RankContext& ctx) {
+    std::vector<Tensor> ps;
+    for (int i = 0; i < 4; ++i) ps.push_back(Tensor::zeros({std::int64_t{1} << 21}));
+    ZeroOptions zo{ctx.world()};
+    zo.redundancy = 1;
+    zo.buddy_update = ZeroBuddyUpdate::host_memory;
+    zo.parameters_as_bucket_view = true;
+    zo.hosts = {"a", "a", "b", "b"};
+    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"Adam", {{"lr", 0.1}}}, zo);
+    for (auto& p : ps) p.set_grad(Tensor::full(p.shape(), 0.5));
+    z.step();
+  });
+  set_notice_handler(old);
+  const std::string mode = shm::dev_shm_huge_mode();
+  INFO("/dev/shm huge=" << mode);
+  if (const char* e = std::getenv("DOPT_TEST_EXPECT_HUGE_SHM"); e && std::string(e) == "1") {
+    CHECK(notes.empty());
+  } else if (mode == "never") {
+    std::string global;
+    if (std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r")) {
+      char buf[256] = {};
+      if (std::fgets(buf, sizeof buf, f)) global = buf;
+      std::fclose(f);
+    }
+    if (global.find("[force]") == std::string::npos) {
+      REQUIRE(notes.size() == 2);  // one per (fake) host: ranks 0 and 2
+      std::set<std::string> who;
+      for (const auto& t : notes) {
+        who.insert(t.substr(0, t.find(']') + 1));
+        CHECK(t.find("huge=never") != std::string::npos);
+        CHECK(t.find("mount -o remount,huge=advise /dev/shm") != std::string::npos);
+      }
+      CHECK(who == std::set<std::string>{"ZeroRedundancyOptimizer [rank 0]", "ZeroRedundancyOptimizer [rank 2]"});
+    }
+  }
 }

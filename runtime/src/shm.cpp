@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "dopt/runtime/error.hpp"
@@ -96,6 +98,48 @@ void Segment::unlink() noexcept {
 Segment::~Segment() {
   ::munmap(data_, size_);
   if (owner_) ::shm_unlink(name_.c_str());
+}
+
+std::size_t Segment::huge_page_bytes() const {
+  // Every VMA of [data_, data_ + size_) (one, unless the kernel split it).
+  std::FILE* f = std::fopen("/proc/self/smaps", "re");
+  if (!f) return 0;
+  const auto lo = reinterpret_cast<std::uintptr_t>(data_), hi = lo + size_;
+  std::size_t kb = 0;
+  bool inside = false;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long long a = 0, b = 0;
+    char dash = 0;
+    if (std::sscanf(line, "%llx%c%llx ", &a, &dash, &b) == 3 && dash == '-') {  // a VMA's first line
+      inside = a >= lo && a < hi;
+      continue;
+    }
+    unsigned long long v = 0;
+    if (inside && (std::sscanf(line, "ShmemPmdMapped: %llu kB", &v) == 1 ||
+                   std::sscanf(line, "FilePmdMapped: %llu kB", &v) == 1))
+      kb += static_cast<std::size_t>(v);
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
+std::string dev_shm_huge_mode() {
+  std::FILE* f = std::fopen("/proc/self/mounts", "re");
+  if (!f) return "";
+  std::string mode;  // the last mount on /dev/shm is the one seen
+  char line[1024];
+  while (std::fgets(line, sizeof line, f)) {
+    char dev[256], dir[256], type[64], opts[512];
+    if (std::sscanf(line, "%255s %255s %63s %511s", dev, dir, type, opts) != 4 || std::strcmp(dir, "/dev/shm") != 0)
+      continue;
+    mode = "never";
+    const std::string o = std::string(",") + opts + ",";
+    const auto at = o.find(",huge=");
+    if (at != std::string::npos) mode = o.substr(at + 6, o.find(',', at + 6) - at - 6);
+  }
+  std::fclose(f);
+  return mode;
 }
 
 // --- arena -------------------------------------------------------------------------

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -150,4 +152,32 @@ TEST_CASE("remove_stale_segments removes what dead processes left, nothing of th
   CHECK(exists_in_dev_shm(mine->ref.segment));
   CHECK(exists_in_dev_shm(foreign));
   ::shm_unlink(foreign.c_str());
+}
+
+TEST_CASE("shm segment: the huge pages it got, and /dev/shm's huge= mode", "[shm][runtime][huge]") {
+  // tests/huge_shm_namespace.sh runs this with a tmpfs mounted huge=always
+  // over /dev/shm in a mount namespace of its own (DOPT_TEST_EXPECT_HUGE_SHM=1).
+  const std::string mode = shm::dev_shm_huge_mode();
+  INFO("/dev/shm huge=" << mode);
+  CHECK((mode == "never" || mode == "always" || mode == "within_size" || mode == "advise" || mode == "deny" ||
+         mode == "force" || mode.empty()));
+  constexpr std::size_t kBytes = std::size_t{8} << 20;
+  auto seg = shm::Segment::create("/dopt-" + std::to_string(::getpid()) + "-hugetest", kBytes);
+  (void)::madvise(seg->data(), seg->size(), MADV_HUGEPAGE);
+  std::memset(seg->data(), 1, seg->size());
+  const std::size_t huge = seg->huge_page_bytes();
+  CHECK(huge <= seg->size());
+  CHECK(huge % (std::size_t{2} << 20) == 0);
+  if (const char* e = std::getenv("DOPT_TEST_EXPECT_HUGE_SHM"); e && std::string(e) == "1") {
+    CHECK(mode == "always");
+    CHECK(huge >= (std::size_t{2} << 20));
+  } else if (mode == "never") {
+    std::string global;
+    if (std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r")) {
+      char buf[256] = {};
+      if (std::fgets(buf, sizeof buf, f)) global = buf;
+      std::fclose(f);
+    }
+    if (global.find("[force]") == std::string::npos) CHECK(huge == 0);
+  }
 }

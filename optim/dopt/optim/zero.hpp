@@ -110,7 +110,9 @@ enum class ZeroBuddyUpdate {
   /// processes, not of a host: every other rank of the owner's host maps the
   /// segment and is its buddy, whatever k (ValueError at construction for a
   /// rank alone on its host). Needs parameters_as_bucket_view, CPU parameters
-  /// and an elementwise optimizer (not Muon).
+  /// and an elementwise optimizer (not Muon). Where /dev/shm gives the
+  /// segments 4 KiB pages (mounted without huge=advise or huge=always), the
+  /// lowest rank of each host raises a dopt::notice when they are made.
   host_memory,
 };
 
@@ -391,6 +393,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   void install_keeps(zero_detail::KeepShare share, bool anew);
   /// Collective: one segment per rank for the current partition (construction, new buckets).
   void share_keeps_anew();
+  /// host_memory: the note, once per host at each share_keeps_anew, that the
+  /// segments have 4 KiB pages (zero_host_memory.cpp).
+  void note_small_pages() const;
   /// Every own parameter's state from optim_ into its segment (after a load).
   void adopt_into_keeps();
   /// Parameter i of this rank's segment k: its state in optim_ (none: empty) into k.

@@ -44,6 +44,11 @@ class Segment {
 
   void* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  /// Bytes of this mapping that the kernel backs with huge (PMD-sized)
+  /// pages now, as /proc/self/smaps reports them; pages not yet touched
+  /// count as not huge; 0 where smaps cannot be read. Reads smaps: for
+  /// checks at set-up, not in a loop.
+  std::size_t huge_page_bytes() const;
   const std::string& name() const noexcept { return name_; }
 
  private:
@@ -97,6 +102,11 @@ class ShmMapCache {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Segment>> segments_;
 };
+
+/// The huge= option /dev/shm is mounted with in this process's mount
+/// namespace (tmpfs: "never", "always", "within_size", "advise"; "never" when
+/// the option is absent), or "" when /dev/shm is not a mount point here.
+std::string dev_shm_huge_mode();
 
 /// Deletes /dev/shm/dopt-<pid>-* segments whose creating process no longer
 /// exists. Returns how many were removed.
