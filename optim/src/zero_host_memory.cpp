@@ -2,7 +2,10 @@
 // the segments' plans, making and exchanging them, the journaling hook and
 // the rebuild of a lost owner's shard (the segment itself: zero_host_keep.cpp;
 // the design in docs/fault-tolerance.md, "Host memory").
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -188,6 +191,7 @@ void ZeroRedundancyOptimizer::install_keeps(zero_detail::KeepShare share, bool a
   HostKeep& k = *keeps_.back();
   for (std::size_t i = 0; i < k.plan().params.size(); ++i) adopt_own_state(k, i);
   k.mark_ready();
+  plan_keep_reads();
   optim_->set_update_hook([this](const OptimizerOptions&, const Tensor& p, const Tensor& g, ParamState& st,
                                  const Optimizer::UpdateFn& run) {
     auto it = keep_index_.find(p.key());
@@ -200,6 +204,55 @@ void ZeroRedundancyOptimizer::install_keeps(zero_detail::KeepShare share, bool a
       };
     keeps_[it->second.first]->update(it->second.second, steps_ + 1, p, g, st, run, after);
   });
+}
+
+void ZeroRedundancyOptimizer::plan_keep_reads() {
+  // Every rank decides alike: from the buddy table, which every rank derives
+  // from the same host map. One host: every other rank is every rank's buddy.
+  keep_reads_.clear();
+  keep_reads_direct_ = world_size_ > 1;
+  for (const auto& b : buddy_table_)
+    if (b.size() != static_cast<std::size_t>(world_size_ - 1)) keep_reads_direct_ = false;
+  // Ranks that are threads of one process (simulated) broadcast: the plane
+  // then copies straight from the owner's tensors already. Alike on every
+  // rank: some rank sees another process exactly when not all are one.
+  bool other_process = false;
+  const std::string mine = "/dopt-" + std::to_string(::getpid()) + "-";
+  for (const auto& [r, ks] : buddy_keeps_)
+    for (const auto& k : ks) other_process = other_process || k->name().rfind(mine, 0) != 0;
+  keep_reads_direct_ = keep_reads_direct_ && other_process;
+  if (!keep_reads_direct_) return;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_) continue;
+    auto it = buddy_keeps_.find(r);
+    std::map<std::int64_t, std::pair<const HostKeep*, std::size_t>> where;  // global index -> newest segment
+    if (it != buddy_keeps_.end())
+      for (const auto& kp : it->second)
+        for (std::size_t i = 0; i < kp->plan().params.size(); ++i)
+          if (kp->plan().params[i].p_offset >= 0) where[kp->plan().params[i].global] = {kp.get(), i};
+    for (const auto& g : partition_[static_cast<std::size_t>(r)])
+      for (const auto& p : g) {
+        if (!p.requires_grad()) continue;  // not in a bucket: not broadcast either
+        auto w = where.find(index_of_.at(p.key()));
+        if (w == where.end())
+          throw StateError(zero_detail::kName, "host_memory redundancy: rank " + std::to_string(r) +
+                                                   "'s segments do not hold its parameter " +
+                                                   std::to_string(index_of_.at(p.key())) + " (internal error)",
+                           rank_);
+        keep_reads_.push_back({r, w->second.first->param_values(w->second.second), p});
+      }
+  }
+}
+
+void ZeroRedundancyOptimizer::read_params_from_keeps() {
+  group_.barrier();
+  int last = -1, n = 0;
+  for (const auto& rd : keep_reads_) {
+    if (rd.owner != last && probe_) probe_("broadcast", steps_, n++);  // as the broadcasts: one per owner
+    last = rd.owner;
+    std::memcpy(rd.to.data_ptr(), rd.from.data_ptr(), rd.to.nbytes());
+  }
+  group_.barrier();
 }
 
 void ZeroRedundancyOptimizer::share_keeps_anew() {

@@ -25,6 +25,10 @@ void ZeroRedundancyOptimizer::sync_from_local() {
 }
 
 void ZeroRedundancyOptimizer::sync_params(const std::function<void()>& meanwhile) {
+  if (host_memory() && keep_reads_direct_) {  // never with a `meanwhile` (replay only)
+    read_params_from_keeps();
+    return;
+  }
   std::vector<Future<void>> works;
   std::exception_ptr first;
   auto post = [&](Future<void> f) {

@@ -41,7 +41,11 @@
 // When a rank and all its buddies are lost: ShardLostError.
 // ZeroBuddyUpdate::host_memory: the owner's bucket and state live in a
 // shared-memory segment its buddies (ranks of its host) map; step() runs its
-// CPU updates one parameter at a time on the calling thread, journaled; the
+// CPU updates one parameter at a time on the calling thread, journaled; when
+// every rank of the group is on one host and not all are threads of one
+// process, step() has each rank copy the other ranks' new parameters out of
+// their segments between two barriers of the group instead of broadcasting
+// them (every rank takes this path alike, from the host map); the
 // constructor, a change of trainable parameters and every recovery make and
 // exchange segments (collective). A rank lost while its segment is being
 // filled (construction, loads, the end of a recovery), or recover() outside
@@ -334,6 +338,14 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Broadcasts every shard from its owner; `meanwhile` (if set) runs once
   /// while they are in flight, even when posting them failed.
   void sync_params(const std::function<void()>& meanwhile = nullptr);
+  /// host_memory with every rank of the group on one host, in place of the
+  /// broadcasts (zero_host_memory.cpp): a barrier (every owner's step is in
+  /// its segment), each rank copies its host-mates' parameters out of their
+  /// segments, a barrier (no owner writes its segment before every rank
+  /// copied it).
+  void read_params_from_keeps();
+  /// Sets keep_reads_direct_ and keep_reads_ (install_keeps).
+  void plan_keep_reads();
   /// Redundancy (zero_redundancy.cpp): the buddy copies of the current
   /// partition, with empty state.
   void make_buddy_copies();
@@ -454,6 +466,15 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::map<int, std::vector<zero_detail::KeepSpec>> keep_specs_;  // every rank's segments, by global rank
   std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
   std::int64_t keep_chunk_ = 65536;
+  /// host_memory, every rank on one host: step() reads the parameters from
+  /// the owners' segments (keep_reads_: source and destination of each,
+  /// flat) instead of broadcasting them. Set by install_keeps.
+  bool keep_reads_direct_ = false;
+  struct KeepRead {
+    int owner = -1;
+    Tensor from, to;
+  };
+  std::vector<KeepRead> keep_reads_;
   /// Redundancy: the host of every rank of the line of groups, by global rank.
   std::map<int, std::string> host_of_;
   /// Redundancy: buddy_table_[r] = buddies(r) in the current group.
