@@ -11,7 +11,9 @@
 //       ZeroRedundancyOptimizer(Adam), redundancy 1, 5 steps; RANK dies at
 //       step STEP at POINT ("between" steps, before its gradient all_reduce;
 //       "begin" of step(); "computed" after its local step; "broadcast" after
-//       posting broadcast INDEX). The survivors' final parameters must equal,
+//       posting broadcast INDEX; with host_memory on one host, before copying
+//       the INDEX-th other owner's parameters out of its segment, after the
+//       first barrier). The survivors' final parameters must equal,
 //       bit for bit, a plain Adam stepped with the gradients of the members
 //       that contributed to each step (the reference run of
 //       optim/src/zero_survive_reference.hpp, as the simulated tests).

@@ -101,12 +101,12 @@ std::shared_ptr<HostKeep> HostKeep::create(KeepPlan plan) {
   // Huge pages where the kernel gives them to this memory (a /dev/shm mounted
   // with huge=advise or always; usually not): the owner's kernels then miss
   // the TLB as seldom as over its own memory. Best effort.
-  (void)::madvise(seg->data(), seg->size(), MADV_HUGEPAGE);
-  bool populated = false;
+  // DOPT_HUGEPAGES=0 turns the advice off, as for tensors.
+  if (shm::huge_pages_advised()) (void)::madvise(seg->data(), seg->size(), MADV_HUGEPAGE);
 #ifdef MADV_POPULATE_WRITE
   // Fault the pages in at once (the copies into a fresh segment are
   // otherwise one page fault per 4 KiB); best effort.
-  populated = ::madvise(seg->data(), seg->size(), MADV_POPULATE_WRITE) == 0;
+  (void)::madvise(seg->data(), seg->size(), MADV_POPULATE_WRITE);
 #endif
   auto* h = static_cast<KeepHeader*>(seg->data());
   h->nparams = static_cast<std::int64_t>(plan.params.size());
@@ -116,9 +116,7 @@ std::shared_ptr<HostKeep> HostKeep::create(KeepPlan plan) {
   for (std::size_t i = 0; i < plan.params.size(); ++i) done[i] = -1;
   st(h->j_valid, 0);
   __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
-  std::shared_ptr<HostKeep> k(new HostKeep(std::move(seg), std::move(plan), pid, serial));
-  k->populated_ = populated;
-  return k;
+  return std::shared_ptr<HostKeep>(new HostKeep(std::move(seg), std::move(plan), pid, serial));
 }
 
 std::shared_ptr<HostKeep> HostKeep::open(const std::string& name, KeepPlan plan) {

@@ -239,7 +239,14 @@ void ZeroRedundancyOptimizer::plan_keep_reads() {
                                                    "'s segments do not hold its parameter " +
                                                    std::to_string(index_of_.at(p.key())) + " (internal error)",
                            rank_);
-        keep_reads_.push_back({r, w->second.first->param_values(w->second.second), p});
+        Tensor from = w->second.first->param_values(w->second.second);
+        if (p.nbytes() != from.nbytes() || p.dtype() != from.dtype())  // (every Tensor is contiguous)
+          throw StateError(zero_detail::kName, "host_memory redundancy: parameter " +
+                                                   std::to_string(index_of_.at(p.key())) +
+                                                   " does not match its copy in rank " + std::to_string(r) +
+                                                   "'s segment (internal error)",
+                           rank_);
+        keep_reads_.push_back({r, std::move(from), p});
       }
   }
 }
@@ -267,14 +274,19 @@ void ZeroRedundancyOptimizer::note_small_pages() const {
   const auto& mates = buddy_table_[static_cast<std::size_t>(rank_)];
   if (!std::all_of(mates.begin(), mates.end(), [&](int b) { return b > rank_; })) return;
   constexpr std::size_t kAtLeast = std::size_t{4} << 20;  // smaller segments hardly miss the TLB
+  if (!shm::huge_pages_advised()) return;  // DOPT_HUGEPAGES=0: small pages on purpose
   for (const auto& k : keeps_) {
-    if (!k->populated() || k->segment().size() < kAtLeast || k->segment().huge_page_bytes() > 0) continue;
+    if (k->segment().size() < kAtLeast || k->segment().huge_page_bytes() > 0) continue;
     const std::string mode = shm::dev_shm_huge_mode();
+    const bool off = mode.empty() || mode == "never";
     notice(std::string(zero_detail::kName) + " [rank " + std::to_string(rank_) +
            "]: host_memory: the shards' shared memory got 4 KiB pages, not 2 MiB ones (/dev/shm is mounted " +
            (mode.empty() ? std::string("elsewhere") : "with huge=" + mode) +
-           "), so step() can run some 5-15% slower than over private memory; as root, "
-           "`mount -o remount,huge=advise /dev/shm` gives it huge pages (docs/fault-tolerance.md, \"Huge pages\")");
+           (off ? "), so step() can run some 5-15% slower than over private memory; as root, "
+                  "`mount -o remount,huge=advise /dev/shm` gives it huge pages"
+                : "; the kernel had none to give: memory too fragmented, or transparent huge pages off), so "
+                  "step() can run some 5-15% slower than over private memory") +
+           " (docs/fault-tolerance.md, \"Huge pages\")");
     return;
   }
 }

@@ -103,9 +103,6 @@ class HostKeep {
 
   const std::string& name() const { return seg_->name(); }
   const shm::Segment& segment() const { return *seg_; }
-  /// The owner: whether every page of the segment was faulted in at
-  /// creation (MADV_POPULATE_WRITE; false on kernels without it).
-  bool populated() const { return populated_; }
   std::int64_t pid_tag() const { return pid_; }
   std::int64_t serial() const { return serial_; }
   const KeepPlan& plan() const { return plan_; }
@@ -168,7 +165,6 @@ class HostKeep {
   std::shared_ptr<shm::Segment> seg_;
   KeepPlan plan_;
   std::int64_t pid_ = 0, serial_ = 0;
-  bool populated_ = false;
 };
 
 /// Whether `optimizer` updates every element from that element alone (so a

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "dopt/runtime/error.hpp"
@@ -122,6 +123,14 @@ std::size_t Segment::huge_page_bytes() const {
   }
   std::fclose(f);
   return kb * 1024;
+}
+
+bool huge_pages_advised() {
+  static const bool on = [] {
+    const char* v = std::getenv("DOPT_HUGEPAGES");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
 }
 
 std::string dev_shm_huge_mode() {

@@ -1,5 +1,6 @@
 #include "dopt/runtime/tensor.hpp"
 #include "dopt/runtime/device_registry.hpp"
+#include "dopt/runtime/shm.hpp"
 
 #include <dlpack/dlpack.h>
 #include <sys/mman.h>
@@ -45,27 +46,20 @@ namespace {
 
 constexpr std::size_t k_huge_page = std::size_t(2) << 20;
 
-// Large CPU tensors on transparent huge pages (DOPT_HUGEPAGES=0: never).
-// Memory first touched costs a page fault per 4 KiB page: writing 50 MB
-// into fresh memory took 187 ms on this 2-CPU VM, against 4.9 ms in 2 MiB
-// pages (docs/performance.md, 2026-12-04), and an optimizer's state, a
-// recovery's re-partitioned state and a checkpoint's load are all fresh
-// memory. Only whole 2 MiB blocks are advised, so no memory is wasted; the
-// kernel falls back to small pages where it has no huge ones.
-bool huge_pages_wanted() {
-  static const bool on = [] {
-    const char* v = std::getenv("DOPT_HUGEPAGES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
-
+// Large CPU tensors on transparent huge pages (shm::huge_pages_advised():
+// DOPT_HUGEPAGES=0 turns it off). Memory first touched costs a page fault
+// per 4 KiB page: writing 50 MB into fresh memory took 187 ms on this 2-CPU
+// VM, against 4.9 ms in 2 MiB pages (docs/performance.md, 2026-12-04), and an
+// optimizer's state, a recovery's re-partitioned state and a checkpoint's
+// load are all fresh memory. Only whole 2 MiB blocks are advised, so no
+// memory is wasted; the kernel falls back to small pages where it has no
+// huge ones.
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(std::size_t nbytes, Device) override {
     if (nbytes == 0) return nullptr;
     const std::size_t rounded = (nbytes + 63) / 64 * 64;
-    const bool huge = rounded >= k_huge_page && huge_pages_wanted();
+    const bool huge = rounded >= k_huge_page && shm::huge_pages_advised();
     void* p = std::aligned_alloc(huge ? k_huge_page : 64, huge ? (rounded + k_huge_page - 1) / k_huge_page * k_huge_page
                                                               : rounded);
     if (!p) throw std::bad_alloc();

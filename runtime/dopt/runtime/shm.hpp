@@ -103,6 +103,10 @@ class ShmMapCache {
   std::map<std::string, std::shared_ptr<Segment>> segments_;
 };
 
+/// Whether dopt advises large memory for transparent huge pages (large CPU
+/// tensors, host_memory's segments): yes unless DOPT_HUGEPAGES=0 (read once).
+bool huge_pages_advised();
+
 /// The huge= option /dev/shm is mounted with in this process's mount
 /// namespace (tmpfs: "never", "always", "within_size", "advise"; "never" when
 /// the option is absent), or "" when /dev/shm is not a mount point here.
