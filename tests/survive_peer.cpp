@@ -123,6 +123,8 @@ long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills, 
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the timer's SIGKILL comes
   };
   ZeroRedundancyOptimizer zero(params, spec(), zo);
+  // Processes on one host: host_memory reads the parameters from the segments.
+  c.expect(zero.reads_parameters_from_segments() == host_memory, "parameters read from the segments");
   int recoveries = 0;
   while (zero.step_count() < kSteps) {
     const std::int64_t t = zero.step_count();
@@ -150,6 +152,8 @@ long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills, 
     }
   }
   c.expect(recoveries == static_cast<int>(kills.size()), "one recovery per loss");
+  c.expect(zero.reads_parameters_from_segments() == (host_memory && world.size() > 1),
+           "parameters read from the segments after the recoveries");
   c.expect(world.size() == start.size() - static_cast<int>(kills.size()), "the survivors' group");
   c.params(params, reference(start.size(), kills), "parameters after recovery vs the reference run");
   world.barrier();

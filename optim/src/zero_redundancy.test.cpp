@@ -682,10 +682,12 @@ TEST_CASE("ZeRO redundancy, host memory: a whole host lost names the state that 
     }
     ZeroRedundancyOptimizer z(make_params(), OptimizerSpec{"Adam", {{"lr", 0.1}}}, zo);
     out += "buddies of 0: " + ranks_str(z.buddies(0)) + ";";  // every other rank of its host
+    // Threads of one process: the parameters are broadcast (the plane copies from the owner's tensors).
+    out += z.reads_parameters_from_segments() ? "reads;" : "broadcasts;";
     std::lock_guard<std::mutex> lock(mu);
     seen[static_cast<std::size_t>(ctx.rank())] = out;
   });
-  for (const auto& s : seen) CHECK(s == "bucket view;alone;muon;buddies of 0: 1;");
+  for (const auto& s : seen) CHECK(s == "bucket view;alone;muon;buddies of 0: 1;broadcasts;");
 }
 
 TEST_CASE("ZeRO redundancy, host memory: one note per host when the shards' memory gets 4 KiB pages",

@@ -270,6 +270,11 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// next snapshot's buffers).
   std::int64_t buddy_state_bytes() const;
   ZeroBuddyUpdate buddy_update() const noexcept { return buddy_update_; }
+  /// ZeroBuddyUpdate::host_memory: whether step() copies the other ranks'
+  /// new parameters out of their segments instead of broadcasting them
+  /// (every rank of the group on one host, not all threads of one process;
+  /// the same on every rank). Changes with a recovery.
+  bool reads_parameters_from_segments() const noexcept { return host_memory() && keep_reads_direct_; }
 
   /// The shard file name of rank r of n.
   static std::string shard_file_name(int rank, int world_size);
