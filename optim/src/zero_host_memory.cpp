@@ -280,8 +280,10 @@ void ZeroRedundancyOptimizer::note_small_pages() const {
     const std::string mode = shm::dev_shm_huge_mode();
     const bool off = mode.empty() || mode == "never";
     notice(std::string(zero_detail::kName) + " [rank " + std::to_string(rank_) +
-           "]: host_memory: the shards' shared memory got 4 KiB pages, not 2 MiB ones (/dev/shm is mounted " +
-           (mode.empty() ? std::string("elsewhere") : "with huge=" + mode) +
+           "]: host_memory: the shards' shared memory got 4 KiB pages, not 2 MiB ones (" +
+           (mode.empty()                          ? std::string("/dev/shm is mounted elsewhere")
+            : mode == "deny" || mode == "force" ? "transparent_hugepage/shmem_enabled is " + mode
+                                                : "/dev/shm is mounted with huge=" + mode) +
            (off ? "), so step() can run some 5-15% slower than over private memory; as root, "
                   "`mount -o remount,huge=advise /dev/shm` gives it huge pages"
                 : "; the kernel had none to give: memory too fragmented, or transparent huge pages off), so "

@@ -148,6 +148,14 @@ std::string dev_shm_huge_mode() {
     if (at != std::string::npos) mode = o.substr(at + 6, o.find(',', at + 6) - at - 6);
   }
   std::fclose(f);
+  if (mode.empty()) return mode;
+  if (std::FILE* g = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re")) {
+    char buf[256] = {};
+    const bool read = std::fgets(buf, sizeof buf, g) != nullptr;
+    std::fclose(g);
+    if (read && std::strstr(buf, "[deny]")) return "deny";
+    if (read && std::strstr(buf, "[force]")) return "force";
+  }
   return mode;
 }
 

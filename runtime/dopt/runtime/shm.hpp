@@ -107,9 +107,11 @@ class ShmMapCache {
 /// tensors, host_memory's segments): yes unless DOPT_HUGEPAGES=0 (read once).
 bool huge_pages_advised();
 
-/// The huge= option /dev/shm is mounted with in this process's mount
-/// namespace (tmpfs: "never", "always", "within_size", "advise"; "never" when
-/// the option is absent), or "" when /dev/shm is not a mount point here.
+/// The huge page mode /dev/shm's files get in this process's mount
+/// namespace: the huge= option it is mounted with ("never", "always",
+/// "within_size", "advise"; "never" when the option is absent), unless the
+/// kernel's /sys/kernel/mm/transparent_hugepage/shmem_enabled overrides every
+/// tmpfs ("deny" or "force"); "" when /dev/shm is not a mount point here.
 std::string dev_shm_huge_mode();
 
 /// Deletes /dev/shm/dopt-<pid>-* segments whose creating process no longer
