@@ -11,7 +11,10 @@
 # SIZES: comma-separated bytes (default 4 KiB, 1, 16, 64, 256 MiB; nccl-tests
 # convention: all_reduce's tensor, all_gather's output). PER_HOST: ranks per
 # host (default 1 2). IMPLS (environment) narrows the run to some of
-# "raw_tcp dopt dopt_mpi mpi_tcp gloo" (the default: all); DOPT_TCP_STREAMS
+# "raw_tcp dopt dopt_mpi mpi_tcp gloo" (the default: all); RATE (environment,
+# e.g. 1gbit) limits each host's link with tc tbf (each way), so that the
+# network and not the machine's CPUs bounds what crosses, as between real
+# hosts (recorded as "rate"); DOPT_TCP_STREAMS
 # and the other settings of the environment reach dopt's ranks (and are
 # recorded as "streams" on dopt's lines). Every line of OUT is tagged "impl", "hosts", "per_host";
 #   python3 bench/multihost/summarize.py OUT.jsonl
@@ -51,6 +54,11 @@ for i in 0 1; do
   ip -n "${tag}h$i" link set lo up
   ip -n "${tag}h$i" addr add "10.231.0.$((i + 1))/24" dev eth0
   ip -n "${tag}h$i" link set eth0 up
+  if [ -n "${RATE:-}" ]; then
+    # burst: at least one timer tick's worth at the rate (tbf drops the rest)
+    tc -n "${tag}h$i" qdisc add dev eth0 root tbf rate "$RATE" burst 1mb latency 200ms ||
+      { echo "compare_multihost: cannot limit the link with tc tbf" >&2; exit 1; }
+  fi
 done
 in_host() {
   local i=$1
@@ -84,6 +92,8 @@ for line in sys.stdin:
         continue
     r = json.loads(line)
     r.update(impl=impl, hosts=2, per_host=per, loadavg_before=load)
+    if __import__("os").environ.get("RATE"):
+        r.update(rate=__import__("os").environ["RATE"])
     if impl.startswith("dopt") and "DOPT_TCP_STREAMS" in __import__("os").environ:
         r.update(streams=int(__import__("os").environ["DOPT_TCP_STREAMS"]))
     print(json.dumps(r))' "$1" "$2" "$(load)" | tee -a "$out"

@@ -317,6 +317,15 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
       for (int k = 0; k < n; ++k) outs.push_back(Tensor::zeros({len / n + 1}, dt));
       world.all_gather(outs, random_input(me, ++stream, len / n + 1, dt));
       for (auto& o2 : outs) d.add(o2);
+      // into one tensor, and in place (the input is this rank's part of it)
+      Tensor flat = Tensor::zeros({(len / n + 1) * n}, dt);
+      world.all_gather_into_tensor(flat, random_input(me, ++stream, len / n + 1, dt));
+      d.add(flat);
+      Tensor inplace = Tensor::zeros({(len / n + 1) * n}, dt);
+      Tensor part = inplace.flat_slice((len / n + 1) * me, len / n + 1);
+      part.copy_(random_input(me, ++stream, len / n + 1, dt));
+      world.all_gather_into_tensor(inplace, part);
+      d.add(inplace);
       std::vector<Tensor> ins;
       for (int k = 0; k < n; ++k) ins.push_back(random_input(me, ++stream, len / n + 1, dt));
       Tensor out = Tensor::zeros({len / n + 1}, dt);
@@ -363,6 +372,7 @@ int main(int argc, char** argv) {
           digest(world, c);
           const auto st = world.plane_stats();
           std::printf("plane %s %llu\n", st.plane.c_str(), static_cast<unsigned long long>(st.bytes_to_other_hosts));
+          std::printf("read from host peers %llu\n", static_cast<unsigned long long>(st.bytes_read_from_host_peers));
         } else if (mode == "cut") {
           Tensor t = Tensor::full({2 << 20}, 1.0);
           world.barrier();

@@ -216,6 +216,26 @@ case $scenario in
       [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r: digest across hosts '$a' != on one host '$b'"
       echo "rank $r: digest $a on 2 hosts and on one host"
     done
+    if [ "$scenario" = digest ]; then
+      # 2 x 2: the large all_gathers read the host peer's memory (cross-memory
+      # attach); again with DOPT_SHM_CMA=0 (staged through shared memory): the
+      # same digests, nothing read
+      cma=$(cat "$work"/h*.out | sed -n 's/^\[rank [0-9]*\] read from host peers \([0-9]*\)$/\1/p' | sort -n)
+      echo "bytes read from host peers (per rank): $(echo $cma)"
+      [ "$(echo "$cma" | wc -w)" = 4 ] && [ "$(echo "$cma" | head -n 1)" -gt 0 ] ||
+        fail "a rank read nothing from its host peer's memory (the cross-memory all_gather was not taken)"
+      cp "$work/one.out" "$work/one.keep"
+      port=$((port + 7))
+      DOPT_SHM_CMA=0 start_hosts -- "$peers/dopt_collectives_peer" digest
+      wait_hosts || fail "a host failed with DOPT_SHM_CMA=0"
+      for ((r = 0; r < per * hosts; r++)); do
+        a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
+        b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.keep")
+        [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r, DOPT_SHM_CMA=0: digest across hosts '$a' != on one host '$b'"
+      done
+      cat "$work"/h*.out | grep -q "read from host peers [1-9]" && fail "DOPT_SHM_CMA=0, yet a rank read its host peer's memory"
+      echo "DOPT_SHM_CMA=0: the same digests, nothing read from host peers"
+    fi
     ;;
   zero)
     start_hosts -- "$peers/dopt_zero_peer" parity

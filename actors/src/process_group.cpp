@@ -229,7 +229,8 @@ std::chrono::milliseconds ProcessGroup::timeout() const {
 PlaneStats ProcessGroup::plane_stats() const {
   if (!impl_) return {};
   if (!impl_->plane) return PlaneStats{"actor", 0};
-  return PlaneStats{impl_->plane->name(), impl_->plane->bytes_to_other_hosts()};
+  return PlaneStats{impl_->plane->name(), impl_->plane->bytes_to_other_hosts(),
+                    impl_->plane->bytes_read_from_host_peers()};
 }
 
 void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {

@@ -88,11 +88,14 @@ struct ShrinkResult;
 /// What a group runs on (diagnostics): "shm" (shared memory, ranks on one
 /// host), "hier" (shared memory within hosts, TCP between them), "actor"
 /// (messages between rank actors: simulated ranks with the actor plane, or
-/// processes over TCP), and how many bytes this rank sent to other hosts
-/// through it (the hierarchical plane; 0 elsewhere).
+/// processes over TCP), how many bytes this rank sent to other hosts
+/// through it (the hierarchical plane and MPI; 0 elsewhere), and how many it
+/// read straight from the memory of ranks on its host with cross-memory
+/// attach (the hierarchical plane's all_gather; 0 elsewhere).
 struct PlaneStats {
   std::string plane;
   std::uint64_t bytes_to_other_hosts = 0;
+  std::uint64_t bytes_read_from_host_peers = 0;
 };
 
 class ProcessGroup {

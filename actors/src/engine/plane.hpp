@@ -55,6 +55,9 @@ class GroupPlane {
   virtual const char* name() const noexcept = 0;
   /// Bytes this rank sent to other hosts through the plane.
   virtual std::uint64_t bytes_to_other_hosts() const noexcept { return 0; }
+  /// Bytes this rank read from other ranks' memory on its host with
+  /// cross-memory attach (the hierarchical plane).
+  virtual std::uint64_t bytes_read_from_host_peers() const noexcept { return 0; }
   /// The plane of a group that a new_group call on this plane made (null:
   /// this plane makes none, or this rank is not a member).
   virtual std::shared_ptr<GroupPlane> made_group(std::uint64_t /*gid*/) const { return nullptr; }

@@ -141,6 +141,9 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   /// Bytes this rank sent to other hosts (tests assert the two-level path).
   std::uint64_t bytes_to_other_hosts() const noexcept override { return cross_bytes_.load(std::memory_order_relaxed); }
   void count_cross(std::uint64_t n) noexcept { cross_bytes_.fetch_add(n, std::memory_order_relaxed); }
+  /// Bytes read from host peers' memory (tests assert the cross-memory path).
+  std::uint64_t bytes_read_from_host_peers() const noexcept override { return cma_bytes_.load(std::memory_order_relaxed); }
+  void count_cma(std::uint64_t n) noexcept { cma_bytes_.fetch_add(n, std::memory_order_relaxed); }
   /// At least n bytes of scratch memory (not zeroed), reused from call to
   /// call on the group's thread: the algorithms' accumulators. Transfers that
   /// use it hold the pointer (a failed wait may leave them in flight).
@@ -170,6 +173,7 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   std::shared_ptr<transport::TcpMesh> mesh_;
   std::shared_ptr<PeerTable> peers_;
   std::atomic<std::uint64_t> cross_bytes_{0};
+  std::atomic<std::uint64_t> cma_bytes_{0};
   std::shared_ptr<char[]> scratch_;
   std::size_t scratch_bytes_ = 0;
   SerialExecutor exec_;

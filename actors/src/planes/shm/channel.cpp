@@ -396,6 +396,14 @@ bool Channel::cma_ready() {
   return cma_all_ = true;
 }
 
+bool Channel::p2p_cma_ready() {
+  if (p2p_cma_all_) return true;
+  if (!memory_.shared || memory_.in_process) return false;
+  for (int g = 0; g < size(); ++g)
+    if (ctl(g).p2p_cma.load(std::memory_order_acquire) != 1) return false;
+  return p2p_cma_all_ = true;
+}
+
 std::uint64_t Channel::peer_data(int g, std::uint64_t round) const { return ctl(g).desc[round % 2].data_addr; }
 
 void Channel::cma_read(int g, std::uint64_t remote, char* dst, std::size_t n, Call& c) {

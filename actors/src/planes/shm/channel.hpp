@@ -128,6 +128,11 @@ class Channel {
   /// the start of a call; every member gets the same answer (false until the
   /// group ran a call: the flags are set before any member's first step).
   bool cma_ready();
+  /// Every member can read every other's memory with cma_read(), by the
+  /// send/recv probe (ControlBlock::p2p_cma: on unless DOPT_SHM_CMA=0 or
+  /// DOPT_SHM_STAGED=1). Valid once every member reached A of this call's
+  /// first round; every member gets the same answer then.
+  bool p2p_cma_ready();
   /// Copies n bytes at `remote` (an address in member g's process) to dst.
   /// Throws what a wait would when g is gone, else StateError.
   void cma_read(int g, std::uint64_t remote, char* dst, std::size_t n, Call& c);
@@ -180,6 +185,7 @@ class Channel {
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
   bool cma_all_ = false;
+  bool p2p_cma_all_ = false;
 };
 
 }  // namespace dopt::detail::shm_plane
