@@ -307,6 +307,16 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
       o.order = dopt::ReduceOrder::ring;
       world.all_reduce_coalesced(parts, o);
       for (auto& p : parts) d.add(p);
+      // one tensor: ring order, and a pre-divisor (the hierarchical plane's
+      // cross-memory all_reduce takes one range only)
+      Tensor one = random_input(me, ++stream, len, dt);
+      world.all_reduce_coalesced({one}, o);
+      d.add(one);
+      dopt::AllReduceCoalescedOptions pd;
+      pd.pre_divisor = n;
+      Tensor div = random_input(me, ++stream, len, dt);
+      world.all_reduce_coalesced({div}, pd);
+      d.add(div);
       Tensor r = random_input(me, ++stream, len, dt);
       world.reduce(r, n - 1);
       if (me == n - 1) d.add(r);

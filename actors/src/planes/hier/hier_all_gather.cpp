@@ -6,7 +6,7 @@
 // take different ways still meet):
 //
 // * cross-memory (processes that can read each other's memory, inputs of at
-//   least k_cross_memory_bytes): the pieces travel straight between the
+//   least 1 MiB): the pieces travel straight between the
 //   tensors (sent from the input, received into the output); meanwhile each
 //   member copies its own input and reads its host peers' inputs into its
 //   output with process_vm_readv; once every member of the host has received
@@ -16,6 +16,7 @@
 // * staged: rounds of chunks through the members' shared-memory buffers.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "planes/hier/hier_group.hpp"
 #include "planes/shm/flat_view.hpp"
@@ -26,8 +27,10 @@ namespace {
 
 using shm_plane::FlatView;
 
-/// Inputs from this size up take the cross-memory way where they can.
-constexpr std::size_t k_cross_memory_bytes = std::size_t(256) << 10;
+/// Inputs from this size up take the cross-memory way where they can. 2
+/// hosts x 2 ranks, alternated runs (docs/performance.md, 2026-12-05): an
+/// input of 256 KiB took 1.14x the staged time, 1 MiB 0.93x, 4 MiB 0.88x.
+constexpr std::size_t k_cross_memory_bytes = std::size_t(1) << 20;
 
 /// The bytes of one piece on the mesh (the same on every host).
 std::size_t piece_bytes(Channel& ch, int hosts) {
@@ -122,7 +125,9 @@ void all_gather(HierGroup& g, HierCall& c) {
     for (int h = 0; h < H; ++h) cross_memory = cross_memory && table(i)[h] != 0;
   if (!cross_memory) return staged(g, c, true);
 
-  // The pieces, straight between the tensors.
+  // The pieces, straight between the tensors (which outlive transfers that
+  // a failed wait leaves behind).
+  const std::shared_ptr<void> keep = std::make_shared<std::vector<Tensor>>(call.tensors);
   const std::size_t per = piece_bytes(ch, H);
   Transfers ts(g.mesh());
   std::vector<int> cross;
@@ -133,8 +138,8 @@ void all_gather(HierGroup& g, HierCall& c) {
     std::uint64_t piece = 0;
     for (std::size_t lo = 0; lo < nb; lo += per, ++piece) {
       const std::size_t m = std::min(per, nb - lo);
-      ts.recv(g.global(peer), g.tag(c, HierGroup::kGather, piece), into + lo, m);
-      ts.send(g.global(peer), g.tag(c, HierGroup::kGather, piece), src + lo, m);
+      ts.recv(g.global(peer), g.tag(c, HierGroup::kGather, piece), into + lo, m, keep);
+      ts.send(g.global(peer), g.tag(c, HierGroup::kGather, piece), src + lo, m, keep);
     }
     g.count_cross(nb);
     cross.push_back(peer);

@@ -20,16 +20,17 @@
 
 #include "kernels.hpp"
 #include "planes/hier/hier_group.hpp"
+#include "planes/hier/hier_reduce_plan.hpp"
 #include "planes/shm/flat_view.hpp"
 
 namespace dopt::detail::hier {
 
-namespace {
-
 using shm_plane::FlatView;
 
-/// The all_reduce of `v` (every member passes the same layout).
-void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op) {
+/// The all_reduce of `v` (every member passes the same layout), staged;
+/// `matched`: the call's first round is done and matched (its rounds start
+/// afresh).
+void staged_all_reduce(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op, bool matched) {
   const Op& call = *c.local.op;
   const Topology& t = g.topo();
   Channel& ch = g.local();
@@ -54,32 +55,16 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
     auto bytes_at = [&](std::int64_t e) { return static_cast<std::size_t>(e * es); };
     if (lo > c0) v.gather(bytes_at(c0), bytes_at(lo), mine);
     if (c0 + m > hi) v.gather(bytes_at(hi), bytes_at(c0 + m), mine + at(hi));
-    if (c0 == 0) ch.publish(k, call);
+    const bool first = c0 == 0 && !matched;
+    if (first) ch.publish(k, call);
     ch.signal(Channel::A(k));
     ch.wait_all(Channel::A(k), c.local);
-    if (c0 == 0) g.match(k, c);
-    // My slice of the chunk, run by run.
-    // Runs of at most 256 KiB of accumulator each, so that the hosts work on
-    // one while the next travels.
-    std::vector<RankRun> runs;
-    if (hi > lo) {
-      const std::int64_t sub = std::max<std::int64_t>(1, static_cast<std::int64_t>((256u << 10) / aes));
-      for (auto& whole : reduction_order(spec, n, lo, hi - lo))
-        for (std::int64_t a = 0; a < whole.count; a += sub)
-          runs.push_back(RankRun{whole.lo + a, std::min(sub, whole.count - a), whole.order});
-    }
-    // Each run cut into same-host pieces of its order: (host, group ranks).
-    using Pieces = std::vector<std::pair<int, std::vector<int>>>;
-    std::vector<Pieces> cut(runs.size());
-    std::vector<std::size_t> acc_at(runs.size() + 1, 0);  // run r's accumulator in the scratch
-    for (std::size_t r = 0; r < runs.size(); ++r) {
-      for (int gr : runs[r].order) {
-        const int h = t.host_of[static_cast<std::size_t>(gr)];
-        if (cut[r].empty() || cut[r].back().first != h) cut[r].push_back({h, {}});
-        cut[r].back().second.push_back(gr);
-      }
-      acc_at[r + 1] = acc_at[r] + static_cast<std::size_t>(runs[r].count) * aes;
-    }
+    if (first) g.match(k, c);
+    // My slice of the chunk, run by run (each cut into same-host pieces of its order).
+    const SlicePlan plan = plan_slice(t, spec, lo, hi, aes);
+    const std::vector<RankRun>& runs = plan.runs;
+    const std::vector<Pieces>& cut = plan.cut;
+    const std::vector<std::size_t>& acc_at = plan.acc_at;
     // The accumulators: the group's scratch (no allocation, no zeroing per
     // round), kept alive by the transfers in case a failed wait leaves them.
     const std::shared_ptr<char[]> scratch = g.scratch(acc_at.back());
@@ -100,7 +85,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
         auto& in = chain_in[{r, p}];
         in = std::make_unique<Transfers>(g.mesh());
         const int from = t.at(cut[r][p - 1].first, j);
-        in->recv(g.global(from), g.tag(c, HierGroup::kChain, chunk, (r << 8) | p), acc_of(r),
+        in->recv(g.global(from), chain_tag(g, c, chunk, r, p), acc_of(r),
                  acc_at[r + 1] - acc_at[r], scratch);
       }
     std::vector<bool> finished_here(runs.size(), false);
@@ -136,7 +121,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
         accumulate(op, dtype, call.desc.pre_divisor, acc_in, ins, acc, run.count);
         if (p + 1 < pieces.size()) {
           const int to = t.at(pieces[p + 1].first, j);
-          sends.send(g.global(to), g.tag(c, HierGroup::kChain, chunk, (r << 8) | (p + 1)), acc, acc_bytes, scratch);
+          sends.send(g.global(to), chain_tag(g, c, chunk, r, p + 1), acc, acc_bytes, scratch);
           g.count_cross(acc_bytes);
           waits_for(to);
         } else {  // the last piece: the result, for every other host
@@ -145,7 +130,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
           for (int h = 0; h < t.num_hosts(); ++h) {
             if (h == me_host) continue;
             const int to = t.at(h, j);
-            sends.send(g.global(to), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
+            sends.send(g.global(to), result_tag(g, c, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
             g.count_cross(static_cast<std::size_t>(run.count * es));
             waits_for(to);
           }
@@ -153,7 +138,7 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
       }
       if (!finished_here[r]) {  // the result comes from the last host
         const int from = t.at(pieces.back().first, j);
-        results.recv(g.global(from), g.tag(c, HierGroup::kResult, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
+        results.recv(g.global(from), result_tag(g, c, chunk, r), mine + at(run.lo), static_cast<std::size_t>(run.count * es));
         waits_for(from);
       }
     }
@@ -172,6 +157,15 @@ void run(HierGroup& g, HierCall& c, const FlatView& v, DType dtype, ReduceOp op)
   } while (c0 < total);
 }
 
+namespace {
+
+/// Cross-memory where the host's members can, else staged.
+void run(HierGroup& g, HierCall& c, const std::vector<Tensor>& tensors, DType dtype, ReduceOp op) {
+  bool matched = false;
+  if (cross_memory_all_reduce(g, c, tensors, dtype, op, matched)) return;
+  staged_all_reduce(g, c, FlatView(tensors, 0, tensors.size()), dtype, op, matched);
+}
+
 }  // namespace
 
 void all_reduce(HierGroup& g, HierCall& c) {
@@ -180,14 +174,14 @@ void all_reduce(HierGroup& g, HierCall& c) {
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:
       if (whole_all_reduce(g, c, op.tensors, op.desc.dtype, op.desc.op)) return;
-      return run(g, c, FlatView(op.tensors, 0, op.tensors.size()), op.desc.dtype, op.desc.op);
+      return run(g, c, op.tensors, op.desc.dtype, op.desc.op);
     case CollKind::reduce: {
       // Every member computes the result; only dst keeps it.
       const bool dst = g.topo().me == op.desc.root;
       const Tensor& t = op.tensors[0];
       Tensor work = dst ? t : t.clone();
       if (whole_all_reduce(g, c, {work}, op.desc.dtype, op.desc.op)) return;
-      return run(g, c, FlatView(work), op.desc.dtype, op.desc.op);
+      return run(g, c, {work}, op.desc.dtype, op.desc.op);
     }
     case CollKind::reduce_scatter: {
       // [output, in_0, ..., in_{n-1}]: all_reduce the inputs as one buffer
@@ -196,7 +190,7 @@ void all_reduce(HierGroup& g, HierCall& c) {
       const Tensor& out = op.tensors[0];
       Tensor all = Tensor::empty({out.numel() * n}, out.dtype());
       for (int r = 0; r < n; ++r) all.flat_slice(out.numel() * r, out.numel()).copy_(op.tensors[static_cast<std::size_t>(1 + r)]);
-      if (!whole_all_reduce(g, c, {all}, op.desc.dtype, op.desc.op)) run(g, c, FlatView(all), op.desc.dtype, op.desc.op);
+      if (!whole_all_reduce(g, c, {all}, op.desc.dtype, op.desc.op)) run(g, c, {all}, op.desc.dtype, op.desc.op);
       out.copy_(all.flat_slice(out.numel() * g.topo().me, out.numel()).view(out.shape()));
       return;
     }
