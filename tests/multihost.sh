@@ -235,6 +235,21 @@ case $scenario in
       done
       cat "$work"/h*.out | grep -q "read from host peers [1-9]" && fail "DOPT_SHM_CMA=0, yet a rank read its host peer's memory"
       echo "DOPT_SHM_CMA=0: the same digests, nothing read from host peers"
+      # host 0 cross-memory, host 1 staged: the hosts still meet (the same
+      # messages either way)
+      printf '#!/bin/sh\n[ "$(hostname)" = host1 ] && export DOPT_SHM_CMA=0\nexec "$@"\n' >"$work/mixed.sh"
+      chmod +x "$work/mixed.sh"
+      port=$((port + 7))
+      start_hosts -- "$work/mixed.sh" "$peers/dopt_collectives_peer" digest
+      wait_hosts || fail "a host failed with DOPT_SHM_CMA=0 on host 1 only"
+      for ((r = 0; r < per * hosts; r++)); do
+        a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
+        b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.keep")
+        [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r, DOPT_SHM_CMA=0 on host 1: digest across hosts '$a' != on one host '$b'"
+      done
+      grep -q "read from host peers [1-9]" "$work/h0.out" || fail "host 0 did not read its host peers' memory"
+      grep -q "read from host peers [1-9]" "$work/h1.out" && fail "DOPT_SHM_CMA=0 on host 1, yet a rank there read its host peer's memory"
+      echo "host 0 cross-memory, host 1 staged: the same digests"
     fi
     ;;
   zero)
