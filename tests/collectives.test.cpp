@@ -173,9 +173,11 @@ TEST_CASE("collectives: 2 processes through OpenMPI's mpirun", "[collectives][mu
 #endif
 
 /// n_hosts x per_host ranks on this machine, each "host" a DOPT_HOST_ID of its
-/// own: the hierarchical plane over the TCP mesh on loopback.
+/// own: the hierarchical plane over the TCP mesh on loopback. host1_extra:
+/// more variables for the ranks of host 1 only.
 std::vector<Done> run_as_hosts(int n_hosts, int per_host, const std::string& mode,
-                               std::map<std::string, std::string> extra = {}) {
+                               std::map<std::string, std::string> extra = {},
+                               std::map<std::string, std::string> host1_extra = {}) {
   const int n = n_hosts * per_host, port = free_port();
   std::vector<Proc> ps;
   for (int r = 0; r < n; ++r) {
@@ -184,6 +186,8 @@ std::vector<Done> run_as_hosts(int n_hosts, int per_host, const std::string& mod
     e["LOCAL_WORLD_SIZE"] = std::to_string(per_host);
     e["DOPT_HOST_ID"] = "host" + std::to_string(r / per_host);
     for (const auto& [k, v] : extra) e[k] = v;
+    if (r / per_host == 1)
+      for (const auto& [k, v] : host1_extra) e[k] = v;
     ps.push_back(start({kPeer, mode}, e));
   }
   std::vector<Done> out;
@@ -226,6 +230,19 @@ TEST_CASE("collectives: on the hierarchical plane, a mismatch between hosts fail
       CHECK(ms >= 0);
       CHECK(ms < 20000);
     }
+  }
+  {
+    // Hosts whose shared-memory buffers differ would cut their messages
+    // differently: the first call fails on every rank, naming the setting.
+    auto ds = run_as_hosts(2, 2, "battery", {{"DOPT_TIMEOUT_MS", "20000"}}, {{"DOPT_SHM_BUFFER_BYTES", "2097152"}});
+    for (std::size_t r = 0; r < ds.size(); ++r) {
+      INFO("different DOPT_SHM_BUFFER_BYTES, rank " << r << ": " << ds[r].out);
+      CHECK(ds[r].failed());
+      CHECK(contains(ds[r].out, "error CollectiveMismatchError"));
+      CHECK(contains(ds[r].out, "DOPT_SHM_BUFFER_BYTES must be the same on every host"));
+      CHECK(elapsed_ms(ds[r].out) < 20000);
+    }
+    CHECK(shm_left_by(ds).empty());
   }
   {
     auto ds = run_as_hosts(2, 2, "kill", {{"DOPT_TIMEOUT_MS", "20000"}});

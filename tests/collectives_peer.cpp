@@ -343,6 +343,25 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
       d.add(out);
     }
   }
+  // 16-bit floats over 4 MiB (float32 accumulators through the hierarchical
+  // plane's cross-memory all_reduce; 3 chunks of its buffer, so both of its
+  // accumulator slots are reused)
+  for (DType dt : {DType::bfloat16, DType::float16}) {
+    const std::int64_t len = 5000011;
+    Tensor t = random_input(me, ++stream, len, dt);
+    world.all_reduce(t, ReduceOp::avg);
+    d.add(t);
+    dopt::AllReduceCoalescedOptions o;
+    o.order = dopt::ReduceOrder::ring;
+    Tensor ring = random_input(me, ++stream, len, dt);
+    world.all_reduce_coalesced({ring}, o);
+    d.add(ring);
+    std::vector<Tensor> ins;
+    for (int k = 0; k < n; ++k) ins.push_back(random_input(me, ++stream, len / n + 1, dt));
+    Tensor out = Tensor::zeros({len / n + 1}, dt);
+    world.reduce_scatter(out, ins);
+    d.add(out);
+  }
   std::printf("digest %d %016llx\n", me, static_cast<unsigned long long>(d.h));
   c.expect(true, "digest");
 }

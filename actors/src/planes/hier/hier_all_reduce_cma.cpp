@@ -11,8 +11,8 @@
 // * the last host finishes a run's result into its member's tensor and sends
 //   it from there; the other hosts receive it straight into their tensors
 //   (a member's own slice: only it reads its values there, before);
-// * the chunks follow each other without a meeting of the host's members:
-//   the accumulators of two chunks at a time live in the group's scratch;
+// * the chunks follow each other without a meeting of the host's members,
+//   at most two in flight (their accumulators in the group's scratch);
 // * at the end, once every member of the host has its slices, each reads the
 //   others' slices of the result from their tensors, and nobody returns
 //   before all have read.
@@ -96,8 +96,8 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
 
   std::vector<SlicePlan> plans(static_cast<std::size_t>(chunks));
   std::vector<std::unique_ptr<Transfers>> sends(static_cast<std::size_t>(chunks));
+  std::vector<std::unique_ptr<Transfers>> results(static_cast<std::size_t>(chunks));
   std::map<std::tuple<std::int64_t, std::size_t, std::size_t>, std::unique_ptr<Transfers>> chain_in;
-  Transfers results(g.mesh());
   auto acc_of = [&](std::int64_t q, std::size_t r) {
     return scratch.get() + static_cast<std::size_t>(q % 2) * slot_bytes + plans[static_cast<std::size_t>(q)].acc_at[r];
   };
@@ -117,8 +117,22 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
                  plan.acc_at[r + 1] - plan.acc_at[r], scratch);
       }
   };
+  // Chunk q's transfers are done (its slot and the mesh's buffers free).
+  auto finish = [&](std::int64_t q) {
+    const auto i = static_cast<std::size_t>(q);
+    if (sends[i]) g.wait(*sends[i], c, cross);
+    if (results[i]) g.wait(*results[i], c, cross);
+    sends[i].reset();
+    results[i].reset();
+    plans[i] = SlicePlan{};
+  };
   post(0);
   for (std::int64_t q = 0; q < chunks; ++q) {
+    // At most two chunks in flight: a host first in the reduction order
+    // receives nothing before the results, and would otherwise send every
+    // chunk's accumulators before the next host posted their receives
+    // (which the mesh would buffer and copy).
+    if (q >= 2) finish(q - 2);
     if (q + 1 < chunks) {
       if (q >= 1 && sends[static_cast<std::size_t>(q - 1)]) g.wait(*sends[static_cast<std::size_t>(q - 1)], c, cross);
       post(q + 1);
@@ -126,6 +140,8 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
     const SlicePlan& plan = plans[static_cast<std::size_t>(q)];
     auto& out = sends[static_cast<std::size_t>(q)];
     out = std::make_unique<Transfers>(g.mesh());
+    auto& in = results[static_cast<std::size_t>(q)];
+    in = std::make_unique<Transfers>(g.mesh());
     for (std::size_t r = 0; r < plan.runs.size(); ++r) {
       const RankRun& run = plan.runs[r];
       const Pieces& pieces = plan.cut[r];
@@ -172,13 +188,11 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
         }
       }
       if (!finished_here)  // the result comes from the last host, into my tensor
-        results.recv(g.global(t.at(pieces.back().first, j)), result_tag(g, c, static_cast<std::uint64_t>(q), r), mine,
-                     run_bytes, keep);
+        in->recv(g.global(t.at(pieces.back().first, j)), result_tag(g, c, static_cast<std::uint64_t>(q), r), mine,
+                 run_bytes, keep);
     }
   }
-  g.wait(results, c, cross);
-  for (auto& s : sends)
-    if (s) g.wait(*s, c, cross);
+  for (std::int64_t q = std::max<std::int64_t>(0, chunks - 2); q < chunks; ++q) finish(q);
   // Every member of the host has its slices: the others', from their tensors.
   ch.signal(Channel::B(k));
   ch.wait_all(Channel::B(k), c.local);

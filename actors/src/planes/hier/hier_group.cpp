@@ -223,6 +223,7 @@ namespace {
 struct Record {
   std::uint64_t seq = 0;
   std::uint64_t hash = 0;
+  std::uint64_t buf_bytes = 0;  // the host's shared-memory buffers: the algorithms' messages depend on it
   std::uint32_t local_bad = 0;
   std::int32_t rank = 0;
   char desc[240] = {};
@@ -268,6 +269,14 @@ struct Match {
       if (r.local_bad)
         return std::make_exception_ptr(
             CollectiveMismatchError(name, std::string(r.why, strnlen(r.why, sizeof r.why)), me));
+      if (r.buf_bytes != mine.buf_bytes)
+        return std::make_exception_ptr(CollectiveMismatchError(
+            name,
+            "the hosts' shared-memory buffers differ in " + group_str(gid) + " at seq " + std::to_string(mine.seq) +
+                ": " + std::to_string(mine.buf_bytes) + " bytes on rank " + std::to_string(me) + ", " +
+                std::to_string(r.buf_bytes) + " on rank " + std::to_string(r.rank) +
+                " (DOPT_SHM_BUFFER_BYTES must be the same on every host)",
+            me));
       if (r.seq != mine.seq || r.hash != mine.hash)
         return std::make_exception_ptr(CollectiveMismatchError(
             name,
@@ -302,6 +311,7 @@ void HierGroup::start_match(std::uint64_t round, HierCall& c, transport::Complet
   Record& mine = m->mine;
   mine.seq = op.seq;
   mine.hash = hash_of(op.desc);
+  mine.buf_bytes = local_->buf_bytes();
   mine.local_bad = m->local_bad.empty() ? 0 : 1;
   mine.rank = global(topo_.me);
   copy_str(mine.desc, sizeof mine.desc, m->desc);
@@ -338,6 +348,7 @@ void HierGroup::match(std::uint64_t round, HierCall& c) {
   for (int h = 0; h < topo_.num_hosts(); ++h)
     if (h != topo_.host()) peers.push_back(topo_.at(h, topo_.local()));
   wait(ts, c, peers);
+  c.matched = true;
 }
 
 void HierGroup::execute(const Op& op) {
@@ -354,6 +365,26 @@ void HierGroup::execute(const Op& op) {
   std::size_t bytes = 0;
   for (const auto& t : op.tensors) bytes += t.nbytes();
   c.drives = bytes <= k_drive_bytes;
+  try {
+    dispatch(c);
+  } catch (const std::exception& e) {
+    // An error in the middle of a call that the wait did not turn into the
+    // group's end (a message of the wrong size, a failed read of a host
+    // peer's memory): this host's members may wait on this one, or read its
+    // tensors, in this call, and a later call's steps must not let them
+    // through. So every member fails this call and the later ones alike.
+    if (c.matched && !local_->broken()) {
+      const int me = global(topo_.me);
+      local_->abort_group(group_str(gid_) + " is unusable after an error on rank " + std::to_string(me) + " in " +
+                              op.desc.str() + " (seq " + std::to_string(op.seq) + "): " + e.what(),
+                          FailKind::state, op.seq);
+    }
+    throw;
+  }
+}
+
+void HierGroup::dispatch(HierCall& c) {
+  const Op& op = *c.local.op;
   switch (op.desc.kind) {
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:

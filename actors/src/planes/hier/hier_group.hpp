@@ -100,6 +100,7 @@ struct HierCall {
   std::uint64_t op_id = 0;     // tag hi word on the mesh
   std::uint64_t next_lo = 0;   // (unused)
   bool drives = false;         // its waits drive the mesh (HierGroup::execute decides)
+  bool matched = false;        // the hosts matched the call (HierGroup::match returned)
 };
 
 class HierGroup final : public GroupPlane, public std::enable_shared_from_this<HierGroup> {
@@ -165,6 +166,7 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
 
  private:
   void execute(const Op& op);
+  void dispatch(HierCall& c);
 
   std::shared_ptr<HierPlane> plane_;  // lives while any of its groups does
   std::uint64_t gid_;

@@ -6,6 +6,7 @@
 // messages, so hosts that take different ways still meet.
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,14 @@ inline SlicePlan plan_slice(const Topology& t, const ReduceSpec& spec, std::int6
     }
     p.acc_at[r + 1] = p.acc_at[r] + static_cast<std::size_t>(p.runs[r].count) * aes;
   }
+  // The tags (chain_tag) have 12 bits for the run and 8 for the piece.
+  std::size_t most_pieces = 0;
+  for (const auto& pieces : p.cut) most_pieces = std::max(most_pieces, pieces.size());
+  if (p.runs.size() >= 4096 || most_pieces >= 256)
+    throw StateError("hier", "a chunk's slice cuts into " + std::to_string(p.runs.size()) + " runs of up to " +
+                                 std::to_string(most_pieces) +
+                                 " pieces; the hierarchical all_reduce takes fewer than 4096 and 256 (a smaller "
+                                 "DOPT_SHM_BUFFER_BYTES, or fewer hosts)");
   return p;
 }
 

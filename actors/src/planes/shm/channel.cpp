@@ -45,11 +45,14 @@ bool same(const Desc& a, const Desc& b) {
          a.root == b.root && a.ndim == b.ndim && a.shape_hash == b.shape_hash && a.extra_hash == b.extra_hash;
 }
 
-/// The abort flag's value for a member lost elsewhere (1: a timeout).
+/// The abort flag's value for a member lost elsewhere, and for another
+/// error (1: a timeout).
 constexpr std::uint32_t kAbortLost = 2;
+constexpr std::uint32_t kAbortState = 3;
 
 FailKind abort_kind(const ControlBlock& cb) {
-  return cb.abort.aborted.load(std::memory_order_acquire) == kAbortLost ? FailKind::peer_lost : FailKind::timeout;
+  const std::uint32_t v = cb.abort.aborted.load(std::memory_order_acquire);
+  return v == kAbortLost ? FailKind::peer_lost : v == kAbortState ? FailKind::state : FailKind::timeout;
 }
 
 }  // namespace
@@ -266,7 +269,8 @@ void Channel::abort_group(const std::string& later, FailKind kind, std::uint64_t
     std::memcpy(mine.why, later.data(), n);
     mine.why[n] = '\0';
     mine.abort.seq.store(seq, std::memory_order_relaxed);
-    mine.abort.aborted.store(kind == FailKind::peer_lost ? kAbortLost : 1, std::memory_order_release);
+    mine.abort.aborted.store(kind == FailKind::peer_lost ? kAbortLost : kind == FailKind::state ? kAbortState : 1,
+                             std::memory_order_release);
     signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
   }
   break_group(Failure{kind, "", later});

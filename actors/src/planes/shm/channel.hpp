@@ -113,9 +113,10 @@ class Channel {
   void check(Call& c);
   /// This member gives up the group (a timeout it saw elsewhere) in its call
   /// of sequence number `seq`: `later` is what every member's calls from that
-  /// one on (and their waits in progress) fail with, as a TimeoutError, or a
+  /// one on (and their waits in progress) fail with, as a TimeoutError, a
   /// PeerLostError with kind peer_lost (a member on another host was lost:
-  /// the hierarchical plane). A member still in an earlier call finishes it
+  /// the hierarchical plane), or a StateError with kind state (another error
+  /// in the middle of a call on the hierarchical plane). A member still in an earlier call finishes it
   /// (this one did its part) and fails at the same call as the others.
   void abort_group(const std::string& later, FailKind kind = FailKind::timeout, std::uint64_t seq = 0);
   /// Processes: tries process_vm_readv (cross-memory attach, one copy from a
