@@ -144,6 +144,16 @@ wait_hosts() {
 }
 show() { for ((i = 0; i < hosts; i++)); do echo "--- host $i stdout:"; tail -n 8 "$work/h$i.out"; echo "--- host $i stderr:"; tail -n 8 "$work/h$i.err"; done; }
 fail() { echo "FAIL: $*"; show; exit 1; }
+# same_digests WHAT FILE: every rank's digest across the hosts equals the one in
+# FILE (the run on one host); WHAT goes in the failure's text
+same_digests() {
+  for ((r = 0; r < per * hosts; r++)); do
+    a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
+    b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$2")
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r$1: digest across hosts '$a' != on one host '$b'"
+    echo "rank $r$1: digest $a on 2 hosts and on one host"
+  done
+}
 # every rank printed "ok R" and ran on plane $1; bytes to other hosts > 0 when $2 = crossed
 expect_ok() {
   local plane=$1
@@ -210,12 +220,7 @@ case $scenario in
     in_host 0 "$run" --nproc-per-node $((per * hosts)) --master-addr 127.0.0.1 --master-port 29512 \
       "$peers/dopt_collectives_peer" digest >"$work/one.out" 2>"$work/one.err" || { cat "$work/one.out" "$work/one.err"; fail "one host failed"; }
     grep -q "runs on the shm plane" "$work/one.err" || fail "the one-host run did not use shared memory"
-    for ((r = 0; r < per * hosts; r++)); do
-      a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
-      b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.out")
-      [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r: digest across hosts '$a' != on one host '$b'"
-      echo "rank $r: digest $a on 2 hosts and on one host"
-    done
+    same_digests "" "$work/one.out"
     if [ "$scenario" = digest ]; then
       # 2 x 2: the large all_gathers read the host peer's memory (cross-memory
       # attach); again with DOPT_SHM_CMA=0 (staged through shared memory): the
@@ -228,11 +233,7 @@ case $scenario in
       port=$((port + 7))
       DOPT_SHM_CMA=0 start_hosts -- "$peers/dopt_collectives_peer" digest
       wait_hosts || fail "a host failed with DOPT_SHM_CMA=0"
-      for ((r = 0; r < per * hosts; r++)); do
-        a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
-        b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.keep")
-        [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r, DOPT_SHM_CMA=0: digest across hosts '$a' != on one host '$b'"
-      done
+      same_digests ", DOPT_SHM_CMA=0" "$work/one.keep"
       cat "$work"/h*.out | grep -q "read from host peers [1-9]" && fail "DOPT_SHM_CMA=0, yet a rank read its host peer's memory"
       echo "DOPT_SHM_CMA=0: the same digests, nothing read from host peers"
       # host 0 cross-memory, host 1 staged: the hosts still meet (the same
@@ -242,11 +243,7 @@ case $scenario in
       port=$((port + 7))
       start_hosts -- "$work/mixed.sh" "$peers/dopt_collectives_peer" digest
       wait_hosts || fail "a host failed with DOPT_SHM_CMA=0 on host 1 only"
-      for ((r = 0; r < per * hosts; r++)); do
-        a=$(cat "$work"/h*.out | sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p")
-        b=$(sed -n "s/^\[rank $r\] digest $r \([0-9a-f]*\)$/\1/p" "$work/one.keep")
-        [ -n "$a" ] && [ "$a" = "$b" ] || fail "rank $r, DOPT_SHM_CMA=0 on host 1: digest across hosts '$a' != on one host '$b'"
-      done
+      same_digests ", DOPT_SHM_CMA=0 on host 1" "$work/one.keep"
       grep -q "read from host peers [1-9]" "$work/h0.out" || fail "host 0 did not read its host peers' memory"
       grep -q "read from host peers [1-9]" "$work/h1.out" && fail "DOPT_SHM_CMA=0 on host 1, yet a rank there read its host peer's memory"
       echo "host 0 cross-memory, host 1 staged: the same digests"

@@ -51,11 +51,10 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
   const Topology& t = g.topo();
   const int L = t.per_host(), H = t.num_hosts(), me_host = t.host(), j = t.local();
   const int n = static_cast<int>(t.members.size());
-  const std::int64_t es = static_cast<std::int64_t>(itemsize(dtype));
-  const std::size_t aes = acc_itemsize(dtype);
-  const std::int64_t total = static_cast<std::int64_t>(v.bytes()) / es;
-  const std::int64_t per = std::max<std::int64_t>(1, static_cast<std::int64_t>(ch.buf_bytes()) / es);
-  const ReduceSpec spec{op, dtype, call.desc.order, call.desc.pre_divisor, total};
+  const ReduceGeometry geo(call, v.bytes(), ch.buf_bytes(), dtype, op);
+  const std::int64_t es = geo.es, total = geo.total, per = geo.per;
+  const std::size_t aes = geo.aes;
+  const ReduceSpec& spec = geo.spec;
   char* const base = v.contiguous(0, v.bytes());
 
   // The call's first round: every member writes where its buffer is (0: not

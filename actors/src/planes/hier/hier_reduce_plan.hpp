@@ -15,6 +15,21 @@
 
 namespace dopt::detail::hier {
 
+/// What both ways of the all_reduce cut a buffer of `bytes` by.
+struct ReduceGeometry {
+  std::int64_t es;     // bytes per element
+  std::size_t aes;     // bytes per accumulator element
+  std::int64_t total;  // elements
+  std::int64_t per;    // elements per chunk (the shared-memory buffer's size)
+  ReduceSpec spec;
+  ReduceGeometry(const Op& call, std::size_t bytes, std::size_t buf_bytes, DType dtype, ReduceOp op)
+      : es(static_cast<std::int64_t>(itemsize(dtype))),
+        aes(acc_itemsize(dtype)),
+        total(static_cast<std::int64_t>(bytes) / es),
+        per(std::max<std::int64_t>(1, static_cast<std::int64_t>(buf_bytes) / es)),
+        spec{op, dtype, call.desc.order, call.desc.pre_divisor, total} {}
+};
+
 /// A run's order cut into pieces of ranks on one host: (host, group ranks).
 using Pieces = std::vector<std::pair<int, std::vector<int>>>;
 
