@@ -25,7 +25,7 @@ void ZeroRedundancyOptimizer::sync_from_local() {
 }
 
 void ZeroRedundancyOptimizer::sync_params(const std::function<void()>& meanwhile) {
-  if (host_memory() && keep_reads_direct_) {  // never with a `meanwhile` (replay only)
+  if (reads_parameters_from_segments()) {  // never with a `meanwhile` (replay only)
     read_params_from_keeps();
     return;
   }

@@ -103,27 +103,20 @@ void all_gather(HierGroup& g, HierCall& c) {
   const Topology& t = g.topo();
   Channel& ch = g.local();
   const std::size_t nb = call.tensors[0].nbytes();
-  if (nb < k_cross_memory_bytes || ch.in_process() || !ch.shared()) return staged(g, c, false);
+  if (nb < k_cross_memory_bytes || !g.members_are_processes()) return staged(g, c, false);
 
   const int H = t.num_hosts(), L = t.per_host(), j = t.local(), me_host = t.host();
   const char* src = static_cast<const char*>(call.tensors[0].data_ptr());
   const FlatView out(call.tensors, 1, call.tensors.size() - 1);
   auto slot = [&](int gr) { return static_cast<std::size_t>(gr) * nb; };  // group rank gr's bytes in out
-  // The first round: every member writes where its output receives each
-  // host's piece (0 where that range is not one piece of memory), then the
-  // members meet and the hosts match.
-  const std::uint64_t k = ch.begin_round(c.local);
-  auto table = [&](int i) { return reinterpret_cast<std::uint64_t*>(ch.buf(i, k)); };
+  // The first round carries where each member's output receives each host's
+  // piece (0 where that range is not one piece of memory).
+  std::vector<std::uint64_t> mine(static_cast<std::size_t>(H));
   for (int h = 0; h < H; ++h)
-    table(ch.me())[h] = reinterpret_cast<std::uint64_t>(out.contiguous(slot(t.at(h, j)), nb));
-  ch.publish(k, call);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c.local);
-  g.match(k, c);
-  bool cross_memory = ch.p2p_cma_ready();
-  for (int i = 0; i < L && cross_memory; ++i)
-    for (int h = 0; h < H; ++h) cross_memory = cross_memory && table(i)[h] != 0;
-  if (!cross_memory) return staged(g, c, true);
+    mine[static_cast<std::size_t>(h)] = reinterpret_cast<std::uint64_t>(out.contiguous(slot(t.at(h, j)), nb));
+  const std::uint64_t k = g.meet(c, mine);
+  const auto table = g.cross_memory_entries(k, static_cast<std::size_t>(H));
+  if (table.empty()) return staged(g, c, true);
 
   // The pieces, straight between the tensors (which outlive transfers that
   // a failed wait leaves behind).
@@ -134,7 +127,7 @@ void all_gather(HierGroup& g, HierCall& c) {
   for (int h = 0; h < H; ++h) {
     if (h == me_host) continue;
     const int peer = t.at(h, j);
-    char* into = reinterpret_cast<char*>(table(ch.me())[h]);
+    char* into = reinterpret_cast<char*>(mine[static_cast<std::size_t>(h)]);
     std::uint64_t piece = 0;
     for (std::size_t lo = 0; lo < nb; lo += per, ++piece) {
       const std::size_t m = std::min(per, nb - lo);
@@ -157,12 +150,10 @@ void all_gather(HierGroup& g, HierCall& c) {
   for (int d = 1; d < L; ++d) {
     const int i = (j + d) % L;
     for (int h = 0; h < H; ++h)
-      if (h != me_host) read_into(g, c, i, table(i)[h], out, slot(t.at(h, i)), nb);
+      if (h != me_host) read_into(g, c, i, table[static_cast<std::size_t>(i)][static_cast<std::size_t>(h)], out, slot(t.at(h, i)), nb);
   }
   // Nobody returns (its tensors free to change) before every member read them.
-  const std::uint64_t done = ch.begin_round(c.local);
-  ch.signal(Channel::A(done));
-  ch.wait_all(Channel::A(done), c.local);
+  ch.sync(c.local);
 }
 
 }  // namespace dopt::detail::hier

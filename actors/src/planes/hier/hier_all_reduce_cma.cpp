@@ -46,7 +46,7 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
   const shm_plane::FlatView v(tensors, 0, tensors.size());
   matched = false;
   Channel& ch = g.local();
-  if (v.bytes() < k_cross_memory_bytes || ch.in_process() || !ch.shared()) return false;
+  if (v.bytes() < k_cross_memory_bytes || !g.members_are_processes()) return false;
   const Op& call = *c.local.op;
   const Topology& t = g.topo();
   const int L = t.per_host(), H = t.num_hosts(), me_host = t.host(), j = t.local();
@@ -57,22 +57,14 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
   const ReduceSpec& spec = geo.spec;
   char* const base = v.contiguous(0, v.bytes());
 
-  // The call's first round: every member writes where its buffer is (0: not
-  // one range), then the members meet and the hosts match.
-  const std::uint64_t k = ch.begin_round(c.local);
-  reinterpret_cast<std::uint64_t*>(ch.buf(ch.me(), k))[0] = reinterpret_cast<std::uint64_t>(base);
-  ch.publish(k, call);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c.local);
-  g.match(k, c);
+  // The call's first round carries where each member's buffer is (0: not
+  // one range).
+  const std::uint64_t k = g.meet(c, {reinterpret_cast<std::uint64_t>(base)});
   matched = true;
-  std::vector<std::uint64_t> peer_base(static_cast<std::size_t>(L));
-  bool ok = ch.p2p_cma_ready();
-  for (int i = 0; i < L; ++i) {
-    peer_base[static_cast<std::size_t>(i)] = reinterpret_cast<const std::uint64_t*>(ch.buf(i, k))[0];
-    ok = ok && peer_base[static_cast<std::size_t>(i)] != 0;
-  }
-  if (!ok) return false;
+  const auto table = g.cross_memory_entries(k, 1);
+  if (table.empty()) return false;
+  std::vector<std::uint64_t> peer_base;
+  for (const auto& e : table) peer_base.push_back(e[0]);
 
   // The tensors outlive transfers that a failed wait leaves behind.
   const std::shared_ptr<void> keep = std::make_shared<std::vector<Tensor>>(tensors);
@@ -206,9 +198,7 @@ bool cross_memory_all_reduce(HierGroup& g, HierCall& c, const std::vector<Tensor
     }
   }
   // Nobody returns (its tensors free to change) before every member read them.
-  const std::uint64_t done = ch.begin_round(c.local);
-  ch.signal(Channel::A(done));
-  ch.wait_all(Channel::A(done), c.local);
+  ch.sync(c.local);
   return true;
 }
 

@@ -5,13 +5,6 @@
 
 namespace dopt::detail::hier {
 
-void barrier(HierGroup& g, HierCall& c) {
-  Channel& ch = g.local();
-  const std::uint64_t k = ch.begin_round(c.local);
-  ch.publish(k, *c.local.op);
-  ch.signal(Channel::A(k));
-  ch.wait_all(Channel::A(k), c.local);
-  g.match(k, c);
-}
+void barrier(HierGroup& g, HierCall& c) { g.meet(c); }
 
 }  // namespace dopt::detail::hier

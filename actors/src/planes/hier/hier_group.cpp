@@ -351,6 +351,27 @@ void HierGroup::match(std::uint64_t round, HierCall& c) {
   c.matched = true;
 }
 
+std::uint64_t HierGroup::meet(HierCall& c, const std::vector<std::uint64_t>& entries) {
+  const std::uint64_t k = local_->begin_round(c.local);
+  if (!entries.empty()) std::memcpy(local_->buf(local_->me(), k), entries.data(), entries.size() * sizeof entries[0]);
+  local_->publish(k, *c.local.op);
+  local_->signal(Channel::A(k));
+  local_->wait_all(Channel::A(k), c.local);
+  match(k, c);
+  return k;
+}
+
+std::vector<std::vector<std::uint64_t>> HierGroup::cross_memory_entries(std::uint64_t round, std::size_t count) {
+  if (!local_->p2p_cma_ready()) return {};
+  std::vector<std::vector<std::uint64_t>> all;
+  for (int i = 0; i < local_->size(); ++i) {
+    const auto* e = reinterpret_cast<const std::uint64_t*>(local_->buf(i, round));
+    all.emplace_back(e, e + count);
+    if (std::find(all.back().begin(), all.back().end(), 0) != all.back().end()) return {};
+  }
+  return all;
+}
+
 void HierGroup::execute(const Op& op) {
   HierCall c;
   c.local.op = &op;

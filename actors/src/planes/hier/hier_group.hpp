@@ -153,6 +153,17 @@ class HierGroup final : public GroupPlane, public std::enable_shared_from_this<H
   /// with the cross peers: throws CollectiveMismatchError on every member alike.
   /// Stages nothing: the algorithms stage their first chunk themselves, before.
   void match(std::uint64_t round, HierCall& c);
+  /// A call's first round with nothing staged but `entries` (may be empty):
+  /// this member writes them at the start of its buffer, publishes the call,
+  /// meets the host's members, and match()es. Returns the round.
+  std::uint64_t meet(HierCall& c, const std::vector<std::uint64_t>& entries = {});
+  /// The host's members are processes: the cross-memory ways may apply.
+  bool members_are_processes() const { return local_->shared() && !local_->in_process(); }
+  /// After meet(round, c) with `count` entries per member: every member's
+  /// entries (index: local index), or nothing when some member cannot read
+  /// the others' memory (Channel::p2p_cma_ready) or wrote a 0. Every member
+  /// of the host gets the same answer.
+  std::vector<std::vector<std::uint64_t>> cross_memory_entries(std::uint64_t round, std::size_t count);
   /// match() without its wait, so that a call's data can travel while the
   /// records do: posts the exchange (after the host's round `round`) and
   /// calls `verdict` once, on the mesh's I/O thread, when the records have

@@ -308,6 +308,12 @@ std::uint64_t Channel::meet(Call& c) {
   return k;
 }
 
+void Channel::sync(Call& c) {
+  const std::uint64_t k = begin_round(c);
+  signal(A(k));
+  wait_all(A(k), c);
+}
+
 void Channel::match(std::uint64_t round, Call& c) {
   const std::string m = mismatch(round, c);
   if (!m.empty()) throw CollectiveMismatchError(c.name, m, my_global());

@@ -106,6 +106,9 @@ class Channel {
   /// A call's first round without staged data: begin_round, publish, A,
   /// wait for every member's A, match. Returns the round.
   std::uint64_t meet(Call& c);
+  /// A round with nothing staged: returns once every member reached it (a
+  /// call's last, where members read each other's memory before it).
+  void sync(Call& c);
   /// match() without throwing a mismatch: its message, or "" when all agree.
   std::string mismatch(std::uint64_t round, Call& c);
   /// The checks of a wait that is not on a member's step (shutdown, aborts,
