@@ -19,31 +19,86 @@ def registered_optimizers():
     return list(_C.registered_optimizers())
 
 
-def resolve_optimizer_class(optimizer_class):
-    """(dopt name, torch.optim class or None) for a torch.optim class, a
-    dopt.optim class, torch's functional class (_FunctionalAdam) or a name."""
+def _functional_classes():
+    """torch's functional optimizer classes (torch.distributed.optim's _FunctionalAdam & co.) by name."""
+    try:
+        from torch.distributed.optim.utils import functional_optim_map
+    except ImportError:
+        return {}
+    return {c.__name__[len("_Functional"):]: c for c in functional_optim_map.values()
+            if isinstance(c, type) and c.__name__.startswith("_Functional")}
+
+
+def kernel_name(optimizer_class):
+    """dopt's name for ``optimizer_class`` when dopt computes exactly that
+    class (torch.optim's class itself, not a subclass; torch's functional
+    class; a dopt.optim class; a name dopt knows), else None."""
     from . import optim as _optim
+    known = registered_optimizers()
     if isinstance(optimizer_class, str):
-        name = optimizer_class
-    elif isinstance(optimizer_class, type) and issubclass(optimizer_class, _optim.Optimizer):
-        name = optimizer_class._dopt_name
-    elif isinstance(optimizer_class, type):
-        name = optimizer_class.__name__
-        if name.startswith("_Functional"):
-            name = name[len("_Functional"):]
-    else:
+        lower = {k.lower(): k for k in known}
+        return lower.get(optimizer_class.lower())
+    if not isinstance(optimizer_class, type):
+        return None
+    if issubclass(optimizer_class, _optim.Optimizer):
+        return optimizer_class._dopt_name
+    name = optimizer_class.__name__
+    if name.startswith("_Functional"):
+        name = name[len("_Functional"):]
+        return name if name in known and _functional_classes().get(name) is optimizer_class else None
+    return name if name in known and getattr(torch.optim, name, None) is optimizer_class else None
+
+
+def resolve_optimizer_class(optimizer_class):
+    """(dopt name, torch.optim class or None) for a class or name dopt
+    computes (see kernel_name); ValueError naming the known ones otherwise."""
+    if not (isinstance(optimizer_class, (str, type))):
         raise TypeError("optimizer_class must be a torch.optim class, a dopt.optim class or a name, got "
                         + type(optimizer_class).__name__)
-    known = registered_optimizers()
-    if name not in known:
-        lower = {k.lower(): k for k in known}
-        if name.lower() not in lower:
-            raise _C.ValueError(f"dopt has no optimizer '{name}' (known: {', '.join(known)})")
-        name = lower[name.lower()]
+    name = kernel_name(optimizer_class)
+    if name is None:
+        shown = optimizer_class if isinstance(optimizer_class, str) else optimizer_class.__qualname__
+        raise _C.ValueError(f"dopt has no optimizer '{shown}' (dopt computes: {', '.join(registered_optimizers())})")
     torch_cls = getattr(torch.optim, name, None)
     if not (isinstance(torch_cls, type) and issubclass(torch_cls, torch.optim.Optimizer)):
         torch_cls = None
     return name, torch_cls
+
+
+def kernels_compute(optimizer_class, defaults, groups):
+    """Whether dopt's kernels can run ``optimizer_class`` with ``defaults``
+    over ``groups`` (params as torch.optim takes them) exactly as torch would:
+    a class dopt computes, no torch-only option away from its default
+    (foreach=True, ...), floating-point dense parameters only. A name or a
+    dopt.optim class always takes the kernels (there is no torch class to
+    fall back to)."""
+    if isinstance(optimizer_class, str) or (isinstance(optimizer_class, type) and
+                                            issubclass(optimizer_class, _dopt_optimizer_base())):
+        return True
+    name = kernel_name(optimizer_class)
+    if name is None:
+        return False
+    torch_cls = getattr(torch.optim, name, None)
+    group_options = [dict(defaults)]
+    tensors = []
+    for g in groups:
+        if isinstance(g, dict):
+            group_options.append({k: v for k, v in g.items() if k != "params"})
+            ps = g.get("params", [])
+            tensors.extend([ps] if isinstance(ps, torch.Tensor) else list(ps))
+        else:
+            tensors.append(g)
+    for options in group_options:
+        try:
+            split_hyperparams(name, torch_cls, options, "ZeroRedundancyOptimizer")
+        except _C.NotSupportedError:
+            return False
+    return all(not isinstance(t, torch.Tensor) or t.is_floating_point() for t in tensors)
+
+
+def _dopt_optimizer_base():
+    from . import optim as _optim
+    return _optim.Optimizer
 
 
 def dopt_keys(name):
@@ -105,6 +160,20 @@ def split_hyperparams(name, torch_cls, hp, where):
         else:
             ours[k] = v  # dopt names the unknown key
     return ours, theirs
+
+
+def refuse_duplicates(tensors, where):
+    """A parameter listed twice (in one group or in two) is refused, naming
+    it: torch 1.13 steps such a parameter twice per step (with a warning),
+    dopt does not copy that (docs/torch-differences.md)."""
+    seen = {}
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            continue
+        j = seen.setdefault(id(t), i)
+        if j != i:
+            raise _C.ValueError(f"dopt {where}: parameter {i} (shape {tuple(t.shape)}, {t.dtype}) is the same "
+                                f"tensor as parameter {j}; list each parameter once (torch would step it twice)")
 
 
 def normalise_groups(params):
@@ -201,14 +270,12 @@ class GroupedOptimizer(torch.optim.Optimizer):
                                          {k: v for k, v in group.items() if k != "params"}, self._where)
         if self.defaults.get("lr") is _REQUIRED and "lr" not in ours:
             raise _C.ValueError("parameter group didn't specify a value of required optimization parameter lr")
-        seen = set()
-        params = []
-        for p in group["params"]:
+        params = list(group["params"])
+        refuse_duplicates(params, self._where)
+        for i, p in enumerate(params):
             if p in self._binding:
-                raise _C.ValueError("some parameters appear in more than one parameter group")
-            if id(p) not in seen:  # a duplicate inside one group is kept once
-                seen.add(id(p))
-                params.append(p)
+                raise _C.ValueError(f"dopt {self._where}: some parameters appear in more than one parameter group "
+                                    f"(parameter {i} of group {len(self.param_groups)}, shape {tuple(p.shape)})")
         dts = [self._binding.add(p) for p in params]
         d = dict(self.defaults)
         d.update(theirs)

@@ -13,7 +13,7 @@ import torch
 
 from . import _C
 from ._tensor import to_dopt
-from .distributed import resolve_process_group
+from .distributed import ProcessGroup, resolve_process_group
 
 __all__ = ["ModelAverager", "PeriodicModelAverager", "HierarchicalModelAverager", "get_params_to_average",
            "average_parameters", "average_parameters_or_parameter_groups"]
@@ -89,7 +89,7 @@ class PeriodicModelAverager(ModelAverager):
     """Averages every ``period`` steps after ``warmup_steps`` (torch's)."""
 
     def __init__(self, period, warmup_steps=0, process_group=None):
-        self.process_group = resolve_process_group(process_group)
+        self.process_group = resolve_process_group(process_group, "PeriodicModelAverager")
         super().__init__(_C.PeriodicModelAverager(int(period), int(warmup_steps), self.process_group.c))
         self.period = int(period)
 
@@ -101,15 +101,20 @@ class HierarchicalModelAverager(ModelAverager):
     def __init__(self, period_group_size_dict=None, warmup_steps=0, process_group=None):
         if not period_group_size_dict:
             raise _C.ValueError("Arg ``period_group_size_dict`` must not be empty.")
-        self.process_group = resolve_process_group(process_group)
+        self.process_group = resolve_process_group(process_group, "HierarchicalModelAverager")
         super().__init__(_C.HierarchicalModelAverager({int(k): int(v) for k, v in period_group_size_dict.items()},
                                                       int(warmup_steps), self.process_group.c))
         self.period_group_size_dict = dict(period_group_size_dict)
+        # torch's attribute: period -> the group averaged over at that period
+        # (this rank's subgroup of that size; the whole group at its size).
+        self.period_process_group_dict = {
+            int(k): (self.process_group if g.size() == self.process_group.size() else ProcessGroup(g))
+            for k, g in sorted(self._c.period_process_groups.items())}
 
 
 def average_parameters(params, process_group=None):
     """Averages ``params`` (an iterable of tensors) over the group, in place."""
-    group = resolve_process_group(process_group)
+    group = resolve_process_group(process_group, "average_parameters")
     _C.average_parameters([to_dopt(p, requires_grad=False) for p in params], group.c)
 
 

@@ -1,42 +1,37 @@
-"""dopt's process groups in Python, initialised from the launcher's
-environment (torchrun, dopt-run, mpirun, srun: RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT or their OpenMPI/SLURM forms).
+"""dopt's process groups in Python.
 
-Ports. torch needs MASTER_PORT for itself: under plain torchrun the agent's
-store listens there, and ``torch.distributed.init_process_group`` creates its
-store there otherwise. dopt's rendezvous therefore never uses MASTER_PORT
-from Python. Its port is, in this order:
+dopt's world is the job's: torch.distributed's when it is initialised (any
+init method, mp.spawn included), else the launcher's (torchrun, dopt-run,
+mpirun, srun), else a world of one. ``dopt._launch`` says how the ranks
+find each other; dopt's rendezvous never takes torch's MASTER_PORT.
 
-1. ``master_port=`` given to ``init_process_group`` / ``init_rpc``;
-2. the environment variable ``DOPT_MASTER_PORT``;
-3. a free port that rank 0 picks and hands to the other ranks through
-   torch's store: torch's default store when ``torch.distributed`` is
-   initialised, else torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE);
-4. otherwise ``MASTER_PORT + 1`` (started alone: a free port).
+``process_group=`` arguments take None (the world), torch's WORLD, any
+torch ProcessGroup (``dist.new_group(ranks)``: dopt makes a group of the
+same ranks, among those ranks only) or a dopt.ProcessGroup.
 """
 import atexit
-import os
-import socket
-from datetime import timedelta
-
-import torch
 
 from . import _C
+from . import _launch
 from ._tensor import to_dopt
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_world", "get_rank", "get_world_size",
            "new_group", "new_subgroups", "destroy_process_group"]
 
 _world = None
-_inits = {"pg": 0, "rpc": 0}
-_store = None
+_world_torch_group = None   # torch's default group the world was made from (None: not from torch)
+_torch_groups = {}          # torch ProcessGroup -> dopt ProcessGroup of the same ranks
 
 
 class ProcessGroup:
     """A dopt process group (collectives on torch tensors, zero-copy)."""
 
-    def __init__(self, c):
+    def __init__(self, c, global_ranks=None, torch_group=None):
         self.c = c
+        # A group made for a torch subgroup is a dopt world of its members:
+        # its ranks in torch's numbering.
+        self._global_ranks = None if global_ranks is None else list(global_ranks)
+        self.torch_group = torch_group
 
     def rank(self):
         return self.c.rank()
@@ -49,12 +44,19 @@ class ProcessGroup:
 
     @property
     def ranks(self):
+        """The members' global ranks, in group order."""
+        if self._global_ranks is not None:
+            return list(self._global_ranks)
         return list(self.c.ranks)
 
     def global_rank(self, group_rank):
+        if self._global_ranks is not None:
+            return self._global_ranks[group_rank]
         return self.c.global_rank(group_rank)
 
     def group_rank(self, global_rank):
+        if self._global_ranks is not None:
+            return self._global_ranks.index(global_rank) if global_rank in self._global_ranks else -1
         return self.c.group_rank(global_rank)
 
     def set_timeout(self, seconds):
@@ -80,6 +82,9 @@ class ProcessGroup:
 
     def new_group(self, ranks):
         """A world collective: every rank calls it with the same ranks."""
+        if self._global_ranks is not None:
+            raise _C.StateError("dopt.ProcessGroup.new_group: call it on the world group (dopt.get_world()), "
+                                "not on a group made for a torch subgroup")
         return ProcessGroup(self.c.new_group(sorted(ranks)))
 
     def new_subgroups(self, group_size=0):
@@ -90,86 +95,29 @@ class ProcessGroup:
         return f"dopt.ProcessGroup(ranks={self.ranks}, rank={self.rank()})"
 
 
-class _LaunchEnv:
-    def __init__(self):
-        e = os.environ
-        if "RANK" in e or "WORLD_SIZE" in e:
-            self.rank, self.world_size = int(e["RANK"]), int(e["WORLD_SIZE"])
-            self.local_rank = int(e.get("LOCAL_RANK", self.rank))
-            self.local_world_size = int(e.get("LOCAL_WORLD_SIZE", self.world_size))
-        elif "OMPI_COMM_WORLD_RANK" in e:
-            self.rank, self.world_size = int(e["OMPI_COMM_WORLD_RANK"]), int(e["OMPI_COMM_WORLD_SIZE"])
-            self.local_rank = int(e.get("OMPI_COMM_WORLD_LOCAL_RANK", self.rank))
-            self.local_world_size = int(e.get("OMPI_COMM_WORLD_LOCAL_SIZE", self.world_size))
-        elif "SLURM_PROCID" in e:
-            self.rank = int(e["SLURM_PROCID"])
-            self.world_size = int(e.get("SLURM_NTASKS", e.get("SLURM_NPROCS", "1")))
-            self.local_rank = int(e.get("SLURM_LOCALID", self.rank))
-            self.local_world_size = int(e.get("SLURM_NTASKS_PER_NODE", self.world_size))
-        else:
-            self.rank, self.world_size, self.local_rank, self.local_world_size = 0, 1, 0, 1
-            self.launched = False
-            self.master_addr, self.master_port = "127.0.0.1", 0
-            return
-        self.launched = True
-        self.master_addr = e.get("MASTER_ADDR", "127.0.0.1")
-        self.master_port = int(e.get("MASTER_PORT", "29500"))
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def _torch_store(env, timeout):
-    """torch's store that every rank of this job can reach, or None."""
-    global _store
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.distributed_c10d._get_default_store()
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        if _store is None:
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            tcp = dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, timedelta(seconds=timeout))
-            _store = dist.PrefixStore(f"/worker/attempt_{attempt}", tcp)
-        return _store
-    return None
-
-
-def rendezvous_port(env, master_port, purpose, timeout):
-    """The port dopt's rank 0 listens on (see the module's docstring)."""
-    if master_port:
-        return int(master_port)
-    if os.environ.get("DOPT_MASTER_PORT"):
-        return int(os.environ["DOPT_MASTER_PORT"])
-    if not env.launched:
-        return _free_port()
-    store = _torch_store(env, timeout)
-    if store is not None:
-        _inits[purpose] += 1
-        key = f"dopt/{purpose}/{_inits[purpose]}/port"
-        if env.rank == 0:
-            port = _free_port()
-            store.set(key, str(port))
-            return port
-        return int(store.get(key))
-    return env.master_port + 1
+def _join(launch, meeting, timeout, transport, ranks=None):
+    """The dopt world of ``launch`` (or of its ``ranks``): a collective of those ranks."""
+    rank = launch.rank if ranks is None else ranks.index(launch.rank)
+    size = launch.world_size if ranks is None else len(ranks)
+    return _C.init_process_group(rank, size, meeting.local_rank, meeting.local_world_size, meeting.addr,
+                                 meeting.port, float(timeout), transport, meeting.job_id, meeting.secret)
 
 
 def init_process_group(master_port=None, timeout=300.0, transport="auto"):
     """Joins dopt's world (a collective of every rank) and returns its group.
 
-    Reads the launch environment; ``master_port`` overrides the port choice
-    described in the module's docstring; ``transport``: "auto" (shared memory
-    on one host, else TCP), "shm" or "tcp"."""
-    global _world
+    The world is torch.distributed's when it is initialised, else the
+    launcher's (see the module's docstring). ``master_port`` fixes the port
+    of dopt's rendezvous (else one rank 0 picks and shares through torch's
+    store, or MASTER_PORT + 1); ``transport``: "auto" (shared memory on one
+    host, else TCP), "shm" or "tcp"."""
+    global _world, _world_torch_group
     if _world is not None:
         raise _C.StateError("dopt.init_process_group: already initialised (destroy_process_group() first)")
-    env = _LaunchEnv()
-    port = rendezvous_port(env, master_port, "pg", timeout)
-    _world = ProcessGroup(_C.init_process_group(env.rank, env.world_size, env.local_rank, env.local_world_size,
-                                                env.master_addr, port, float(timeout), transport))
+    launch = _launch.current()
+    meeting = _launch.meet(launch, "pg", master_port=master_port)
+    _world = ProcessGroup(_join(launch, meeting, timeout, transport))
+    _world_torch_group = launch.torch_group
     return _world
 
 
@@ -178,7 +126,15 @@ def is_initialized():
 
 
 def get_world():
-    """The world group, initialised from the environment on first use."""
+    """The world group, made on first use (see init_process_group). When
+    torch.distributed was initialised anew since (destroy_process_group,
+    then init_process_group), dopt's world follows it."""
+    global _world
+    if _world is not None and _world_torch_group is not None:
+        current = _launch.torch_world()
+        if current is None or current.torch_group is not _world_torch_group:
+            _world = None
+            _torch_groups.clear()
     if _world is None:
         init_process_group()
     return _world
@@ -206,10 +162,46 @@ def destroy_process_group():
     if _world is not None:
         _world.barrier()
     _world = None
+    _torch_groups.clear()
 
 
-def resolve_process_group(process_group):
-    """dopt's group for a ``process_group`` argument: None or torch's WORLD -> dopt's world."""
+def _torch_group_ranks(group):
+    """torch's global ranks of a torch ProcessGroup, in group-rank order."""
+    import torch.distributed as dist
+    mapping = dist.distributed_c10d._pg_group_ranks.get(group)
+    if mapping is None:
+        raise _C.ValueError("dopt: the torch process group given is not one of this process's torch.distributed "
+                            "groups (made by dist.new_group after dist.init_process_group?)")
+    return sorted(mapping, key=mapping.get)
+
+
+def _for_torch_group(group, where):
+    """The dopt group of a torch subgroup's ranks (made on first use, among its members only)."""
+    hit = _torch_groups.get(group)
+    if hit is not None:
+        return hit
+    import torch.distributed as dist
+    world = get_world()
+    ranks = _torch_group_ranks(group)
+    launch = _launch.torch_world()
+    if launch is None or launch.rank not in ranks:
+        raise _C.ValueError(f"dopt {where}: this rank ({dist.get_rank()}) is not a member of the process group "
+                            f"given (ranks {ranks}); only its members may use it")
+    if ranks == list(range(world.size())):
+        out = world
+    else:
+        name = dist.distributed_c10d._pg_names.get(group, "?")
+        meeting = _launch.meet(launch, "group-" + name, ranks=ranks)
+        out = ProcessGroup(_join(launch, meeting, 300.0, "auto", ranks=ranks), global_ranks=ranks,
+                           torch_group=group)
+    _torch_groups[group] = out
+    return out
+
+
+def resolve_process_group(process_group, where="process_group"):
+    """dopt's group for a ``process_group`` argument: None or torch's WORLD ->
+    dopt's world; another torch ProcessGroup -> a dopt group of its ranks;
+    a dopt group -> itself. ``where`` names the user's call in errors."""
     if process_group is None:
         return get_world()
     if isinstance(process_group, ProcessGroup):
@@ -217,11 +209,30 @@ def resolve_process_group(process_group):
     if isinstance(process_group, _C.ProcessGroup):
         return ProcessGroup(process_group)
     import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and isinstance(process_group, dist.ProcessGroup):
+        if not dist.is_initialized():
+            raise _C.StateError(f"dopt {where}: a torch process group was given but torch.distributed is not "
+                                "initialised")
         if process_group is dist.group.WORLD or process_group is dist.distributed_c10d._get_default_group():
             return get_world()
-    raise TypeError("dopt: process_group must be None, torch.distributed.group.WORLD or a dopt.ProcessGroup "
-                    "(dopt.new_group(ranks)); got " + type(process_group).__name__)
+        return _for_torch_group(process_group, where)
+    raise TypeError(f"dopt {where}: process_group must be None, a torch.distributed ProcessGroup "
+                    "(dist.group.WORLD, dist.new_group(ranks)) or a dopt.ProcessGroup; got "
+                    + type(process_group).__name__)
+
+
+def torch_group_of(group):
+    """The torch ProcessGroup for a dopt group, for torch's own calls (Join):
+    torch's WORLD for dopt's world, the torch subgroup it was made for, or
+    None when torch.distributed is not initialised."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if group.torch_group is not None:
+        return group.torch_group
+    if group is _world:
+        return dist.group.WORLD
+    return None
 
 
 @atexit.register

@@ -26,7 +26,7 @@ import torch
 
 from . import _C
 from ._tensor import to_dopt, to_torch
-from .distributed import _LaunchEnv, rendezvous_port
+from . import _launch
 
 __all__ = ["init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "RRef", "context", "GradContext",
            "get_worker_info", "WorkerInfo"]
@@ -49,11 +49,20 @@ def init_rpc(name, rank=None, world_size=None, master_port=None, rpc_timeout=60.
     global _agent
     if _agent is not None:
         raise _C.StateError("dopt.rpc.init_rpc: already initialised")
-    env = _LaunchEnv()
-    rank = env.rank if rank is None else int(rank)
-    world_size = env.world_size if world_size is None else int(world_size)
-    port = rendezvous_port(env, master_port, "rpc", timeout)
-    _agent = _C.rpc.init(name, rank, world_size, env.master_addr, port, float(rpc_timeout), int(num_worker_threads))
+    launch = _launch.current()
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise _C.ValueError("dopt.rpc.init_rpc: give both rank and world_size, or neither (then they come "
+                                "from torch.distributed or the launcher)")
+        if launch.launched and (int(rank), int(world_size)) != (launch.rank, launch.world_size):
+            launch = _launch.Launch("given", rank, world_size)
+        else:
+            launch.rank, launch.world_size = int(rank), int(world_size)
+            if not launch.launched:
+                launch.source = "given"
+    meeting = _launch.meet(launch, "rpc", master_port=master_port)
+    _agent = _C.rpc.init(name, launch.rank, launch.world_size, meeting.addr, meeting.port, float(rpc_timeout),
+                         int(num_worker_threads))
     return _agent
 
 

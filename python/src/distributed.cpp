@@ -1,5 +1,8 @@
 // The process's dopt Runtime, init_process_group and ProcessGroup.
+#include <unistd.h>
+
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -23,6 +26,34 @@ ReduceOp reduce_op(const std::string& name) {
   if (name == "min") return ReduceOp::min;
   if (name == "max") return ReduceOp::max;
   throw ValueError("ProcessGroup", "unknown reduce op '" + name + "' (sum, avg, product, min, max)");
+}
+
+/// The launch contract for the rank Python determined: this process's
+/// environment (job id, secret, bind address, handshake timeout, port range:
+/// validated as for C++ programs) with the rank, the sizes and the
+/// rendezvous address replaced by Python's.
+LaunchEnv launch_env_for(int rank, int world_size, int local_rank, int local_world_size,
+                         const std::string& master_addr, int master_port) {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = kv.substr(0, eq);
+    // Python already chose the rank, the sizes and where to meet.
+    if (k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k.rfind("SLURM_", 0) == 0 || k == "TORCHELASTIC_USE_AGENT_STORE")
+      if (k != "SLURM_JOB_ID" && k != "SLURM_STEP_ID") continue;
+    vars[k] = kv.substr(eq + 1);
+  }
+  vars["RANK"] = std::to_string(rank);
+  vars["WORLD_SIZE"] = std::to_string(world_size);
+  vars["LOCAL_RANK"] = std::to_string(local_rank);
+  vars["LOCAL_WORLD_SIZE"] = std::to_string(local_world_size);
+  vars["MASTER_ADDR"] = master_addr;
+  vars["MASTER_PORT"] = std::to_string(master_port);
+  LaunchEnv env = parse_launch_env(vars);
+  env.source = "python";
+  return env;
 }
 
 }  // namespace
@@ -49,15 +80,19 @@ void bind_distributed(py::module_& m) {
   m.def(
       "init_process_group",
       [](int rank, int world_size, int local_rank, int local_world_size, const std::string& master_addr,
-         int master_port, double timeout_s, const std::string& transport) {
-        LaunchEnv env;
-        env.rank = rank;
-        env.world_size = world_size;
-        env.local_rank = local_rank;
-        env.local_world_size = local_world_size;
-        env.master_addr = master_addr;
-        env.master_port = master_port;
-        env.source = "python";
+         int master_port, double timeout_s, const std::string& transport, const std::string& job_id,
+         const std::string& secret) {
+        LaunchEnv env = launch_env_for(rank, world_size, local_rank, local_world_size, master_addr, master_port);
+        // The job id and the secret the ranks agreed on through torch's store
+        // stand in where the environment sets none (docs/python.md).
+        if (env.job_id.empty() && !job_id.empty()) {
+          env.job_id = job_id;
+          env.job_id_source = "torch's store";
+        }
+        if (env.secret.empty() && !secret.empty()) {
+          env.secret = secret;
+          env.secret_source = "a secret made by rank 0 and shared through torch's store";
+        }
         InitOptions o;
         o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
         o.transport = transport;
@@ -67,7 +102,10 @@ void bind_distributed(py::module_& m) {
       },
       py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("local_world_size"),
       py::arg("master_addr"), py::arg("master_port"), py::arg("timeout_s"), py::arg("transport"),
-      "Joins the world (a collective of every rank): rendezvous on master_addr:master_port.");
+      py::arg("job_id") = "", py::arg("secret") = "",
+      "Joins the world (a collective of every rank): rendezvous on master_addr:master_port. The rest of the "
+      "launch contract (DOPT_SECRET, DOPT_JOB_ID, DOPT_BIND_ADDR, ...) is read from the environment; job_id "
+      "and secret stand in where it sets none.");
   m.def("shutdown", [] {
     py::gil_scoped_release release;
     shutdown_runtime();
