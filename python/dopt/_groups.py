@@ -253,6 +253,8 @@ class GroupedOptimizer(torch.optim.Optimizer):
         self.param_groups = []
         self._synced = []
         self._binding = ParamBinding()
+        self._stepped = []          # per group: the positions of the parameters dopt steps (floating point)
+        self._skips_some = False    # whether some parameter is not floating point
         self._hooks_init()
         prepared = [self._prepare_group(g) for g in normalise_groups(params)]
         if self.defaults.get("lr") is _REQUIRED:
@@ -276,7 +278,14 @@ class GroupedOptimizer(torch.optim.Optimizer):
             if p in self._binding:
                 raise _C.ValueError(f"dopt {self._where}: some parameters appear in more than one parameter group "
                                     f"(parameter {i} of group {len(self.param_groups)}, shape {tuple(p.shape)})")
-        dts = [self._binding.add(p) for p in params]
+        # Non-floating tensors (an int64 buffer among a module's parameters)
+        # stay in the group, as torch keeps them, and are never stepped
+        # (they cannot have a gradient): dopt's C++ optimizer does not see them.
+        stepped = [p for p in params if p.is_floating_point()]
+        if len(stepped) != len(params):
+            self._skips_some = True
+        self._stepped.append([i for i, p in enumerate(params) if p.is_floating_point()])
+        dts = [self._binding.add(p) for p in stepped]
         d = dict(self.defaults)
         d.update(theirs)
         d.update(ours)
@@ -336,8 +345,21 @@ class GroupedOptimizer(torch.optim.Optimizer):
         with torch.enable_grad():
             return closure()
 
+    def _index_maps(self):
+        """(dopt's index -> torch's, torch's -> dopt's) over all groups: they
+        differ where non-floating parameters (not stepped) are skipped."""
+        to_torch_index, to_dopt_index, at = [], {}, 0
+        for g, stepped in zip(self.param_groups, self._stepped):
+            for pos in stepped:
+                to_dopt_index[at + pos] = len(to_torch_index)
+                to_torch_index.append(at + pos)
+            at += len(g["params"])
+        return to_torch_index, to_dopt_index
+
     def _torch_layout(self, sd):
         """A state dict from C++ (dopt tensors) in torch's layout (torch tensors)."""
+        if self._skips_some:
+            return self._torch_layout_skipping(sd)
         state = {}
         for idx, st in sd["state"].items():
             state[int(idx)] = {k: state_value_to_torch(self._name, k, t) for k, t in st.items()}
@@ -353,10 +375,27 @@ class GroupedOptimizer(torch.optim.Optimizer):
             groups.append(d)
         return {"state": state, "param_groups": groups}
 
+    def _torch_layout_skipping(self, sd):
+        """_torch_layout with non-floating parameters: torch's numbering counts them."""
+        to_torch_index, _ = self._index_maps()
+        plain = dict(sd, state={to_torch_index[int(i)]: st for i, st in sd["state"].items()})
+        self._skips_some = False
+        try:
+            out = self._torch_layout(plain)
+        finally:
+            self._skips_some = True
+        at = 0
+        for d, g in zip(out["param_groups"], self.param_groups):
+            d["params"] = list(range(at, at + len(g["params"])))
+            at += len(g["params"])
+        return out
+
     def _dopt_layout(self, state_dict):
         """torch's layout -> the C++ form (dopt tensors; dopt's keys only)."""
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise _C.StateDictError(f"{self._where}.load_state_dict: a state dict needs 'state' and 'param_groups'")
+        if self._skips_some:
+            state_dict = self._without_skipped(state_dict)
         state = {}
         for idx, st in state_dict["state"].items():
             if st is None:
@@ -368,6 +407,29 @@ class GroupedOptimizer(torch.optim.Optimizer):
             d["params"] = [int(i) for i in g["params"]]
             groups.append(d)
         return {"state": state, "param_groups": groups, "metadata": {}}
+
+    def _without_skipped(self, state_dict):
+        """A loaded state dict (torch's numbering, non-floating parameters
+        counted) in dopt's numbering, matched by position in each group."""
+        _, to_dopt_index = self._index_maps()
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups) or any(
+                len(s["params"]) != len(g["params"]) for s, g in zip(saved, self.param_groups)):
+            raise _C.StateDictError(f"{self._where}.load_state_dict: the state dict's parameter groups do not "
+                                    "match the optimizer's (number of groups or of parameters in a group)")
+        mine, at = {}, 0
+        for s, g in zip(saved, self.param_groups):
+            for pos, idx in enumerate(s["params"]):
+                if at + pos in to_dopt_index:
+                    mine[int(idx)] = to_dopt_index[at + pos]
+            at += len(g["params"])
+        groups = []
+        for s, stepped in zip(saved, self._stepped):
+            d = dict(s)
+            d["params"] = [mine[int(s["params"][pos])] for pos in stepped]
+            groups.append(d)
+        state = {mine[int(i)]: st for i, st in state_dict["state"].items() if int(i) in mine}
+        return {"state": state, "param_groups": groups}
 
     def _adopt_groups(self, state_dict):
         """After a load: every key of the loaded groups (torch's extras too)."""

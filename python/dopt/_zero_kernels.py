@@ -129,6 +129,7 @@ class KernelZero(GroupedOptimizer, ZeroRedundancyOptimizer):
             self._binding.truncate(n_params)
             del self.param_groups[n_groups:]
             del self._synced[n_groups:]
+            del self._stepped[n_groups:]
             raise
         hp = self._c.group_hyperparams(n_groups)
         self.param_groups[-1].update(hp)

@@ -207,10 +207,10 @@ class TorchStepZero(ZeroRedundancyOptimizer):
         mine = self.optim.state_dict()
         self._all_state_dicts = []
         for r in range(self.world_size):
-            if r == self.rank:
-                sd = self._send_object(mine, r) if self.rank != to else mine
+            if r == to:  # the target's own state travels nowhere
+                sd = mine if self.rank == to else None
             else:
-                sd = self._send_object(None, r)
+                sd = self._send_object(mine if self.rank == r else None, r)
             if self.rank == to:
                 self._all_state_dicts.append(_copy_to_device(sd, torch.device("cpu")))
 

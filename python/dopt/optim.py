@@ -48,6 +48,7 @@ class Optimizer(GroupedOptimizer):
             self._binding.truncate(n_params)
             del self.param_groups[n_groups:]
             del self._synced[n_groups:]
+            del self._stepped[n_groups:]
             raise
         hp = self._c.group_hyperparams(n_groups)
         self.param_groups[-1].update(hp)

@@ -188,16 +188,110 @@ def test_errors():
 
 
 def test_rendezvous_port_rules():
-    from dopt import distributed as d
-    env = d._LaunchEnv()
+    from dopt import _launch
+    alone = _launch.Launch("alone", 0, 1, 0, 1)
     os.environ["DOPT_MASTER_PORT"] = "40123"
     try:
-        assert d.rendezvous_port(env, None, "pg", 10) == 40123
-        assert d.rendezvous_port(env, 40999, "pg", 10) == 40999
+        assert _launch.meet(alone, "pg").port == 40123
+        assert _launch.meet(alone, "pg", master_port=40999).port == 40999
     finally:
         del os.environ["DOPT_MASTER_PORT"]
-    env.launched, env.master_port = True, 29511
-    assert d.rendezvous_port(env, None, "pg", 10) == 29512, "without a torch store: MASTER_PORT + 1"
+    launched = _launch.Launch("torchrun", 0, 2, 0, 2)
+    launched.master_port = 29511
+    assert _launch.meet(launched, "pg").port == 29512, "without a torch store: MASTER_PORT + 1"
+
+
+def test_partial_launch_environment_is_an_error():
+    from dopt import _launch
+    saved = {k: os.environ.pop(k, None) for k in ("RANK", "WORLD_SIZE")}
+    try:
+        os.environ["WORLD_SIZE"] = "2"
+        expect(ValueError, _launch.current, "WORLD_SIZE is set but RANK is not")
+        expect(ValueError, _launch.current, "torch.distributed.init_process_group")
+        del os.environ["WORLD_SIZE"]
+        os.environ["RANK"] = "1"
+        expect(ValueError, _launch.current, "RANK is set but WORLD_SIZE is not")
+        os.environ["WORLD_SIZE"] = "1"
+        expect(ValueError, _launch.current, "outside [0, WORLD_SIZE=1)")
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    assert _launch.current().source == "alone"
+
+
+def test_non_floating_parameters_are_skipped():
+    """An int64 tensor among the parameters stays in the groups (torch's
+    numbering) and is never stepped, as torch's optimizers do."""
+    def params(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(3, generator=g).requires_grad_(), torch.arange(4), torch.randn(2, generator=g).requires_grad_()]
+    ours, theirs = params(1), params(1)
+    o, t = dopt.optim.Adam(ours, lr=0.1), torch.optim.Adam(theirs, lr=0.1)
+    for step in range(3):
+        for ps in (ours, theirs):
+            ps[0].grad, ps[2].grad = torch.full((3,), float(step + 1)), torch.ones(2)
+        o.step()
+        t.step()
+    assert same(ours, theirs)
+    sd, st = o.state_dict(), t.state_dict()
+    assert sorted(sd["state"]) == sorted(st["state"]) == [0, 2], (sorted(sd["state"]), sorted(st["state"]))
+    assert sd["param_groups"][0]["params"] == st["param_groups"][0]["params"] == [0, 1, 2]
+    again = dopt.optim.Adam(params(1), lr=0.1)
+    again.load_state_dict(st)
+    assert torch.equal(again.state_dict()["state"][2]["exp_avg"], st["state"][2]["exp_avg"])
+    z = dopt.ZeroRedundancyOptimizer(params(2), torch.optim.Adam, lr=0.1)
+    assert not z.uses_dopt_kernels, "a non-floating parameter: torch's class steps the shard"
+
+
+def test_duplicate_parameter_is_refused():
+    p = torch.zeros(3, requires_grad=True)
+    q = torch.zeros(2, requires_grad=True)
+    expect(ValueError, lambda: dopt.optim.SGD([p, q, p], lr=0.1), "parameter 2 (shape (3,), torch.float32) is the same")
+    expect(ValueError, lambda: dopt.ZeroRedundancyOptimizer([p, p], torch.optim.SGD, lr=0.1), "same tensor")
+    expect(ValueError, lambda: dopt.optim.SGD([{"params": [p]}, {"params": [p]}], lr=0.1),
+           "more than one parameter group")
+
+
+class _HalfStep(torch.optim.SGD):
+    """A user's subclass of torch's SGD: dopt must not take it for SGD."""
+
+    def step(self, closure=None, scale=1.0):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return super().step(closure)
+
+
+def test_zero_takes_any_optimizer_class():
+    ours, theirs = make_params(torch.float32), make_params(torch.float32)
+    z = dopt.ZeroRedundancyOptimizer(ours, optimizer_class=_HalfStep, lr=0.1, momentum=0.9)
+    t = _HalfStep(theirs, lr=0.1, momentum=0.9)
+    assert not z.uses_dopt_kernels and isinstance(z, dopt.ZeroRedundancyOptimizer)
+    assert isinstance(z, torch.optim.Optimizer)
+    before = [p.detach().clone() for p in ours]
+    for step in range(3):
+        for ps in (ours, theirs):
+            for p, g in zip(ps, grads_for(ps, step)):
+                p.grad = g
+        z.step(scale=0.5)
+        t.step(scale=0.5)
+    assert same(ours, theirs) and not same(ours, before)
+    assert z.param_groups[0]["momentum"] == 0.9 and "dampening" in z.param_groups[0], z.param_groups[0]
+    z.consolidate_state_dict(0)
+    sd = z.state_dict()
+    assert sd["state"].keys() == t.state_dict()["state"].keys() == {0, 1, 2, 3}
+    k = dopt.ZeroRedundancyOptimizer(make_params(torch.float32), optimizer_class=torch.optim.SGD, lr=0.1,
+                                     momentum=0.9)
+    assert k.uses_dopt_kernels
+    k.load_state_dict(sd)
+    assert torch.equal(k.optim.state[k.optim.param_groups[0]["params"][0]]["momentum_buffer"],
+                       sd["state"][0]["momentum_buffer"])
+    f = dopt.ZeroRedundancyOptimizer(make_params(torch.float32), optimizer_class=torch.optim.Adam, lr=0.1,
+                                     foreach=True)
+    assert not f.uses_dopt_kernels, "foreach=True: torch's Adam steps the shard"
 
 
 def main():

@@ -227,6 +227,8 @@ def run_copy(path, env, results, timeout, log):
             note(f"{path.name} ran past {timeout} s (log: {log})")
     took = time.time() - t0
     if not results.exists():
+        tail = pathlib.Path(log).read_text(errors="replace")[-3000:]
+        note(f"{path.parent.name} copy recorded no results; the end of its log ({log}):\n{tail}")
         return {}, took
     return json.loads(results.read_text()), took
 

@@ -1,0 +1,143 @@
+"""dopt under torch's DDP-tutorial launch: ``mp.spawn`` and
+``init_process_group("gloo", init_method=..., rank=r, world_size=n)``, with
+no RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT in the environment.
+
+    spawn_parity.py N
+
+Every rank checks that dopt's world is torch's (rank and size), then trains
+copies of one model with torch's ZeroRedundancyOptimizer and with dopt's
+(only the class differs) and requires every parameter to be bitwise equal
+after every step, for torch.optim.Adam (dopt's kernels), a user-written
+Python optimizer (stepped by that class under dopt's ZeRO), and, at 3 or
+more ranks, over a torch subgroup of the even ranks
+(``dist.new_group``). Then the consolidated state dicts must be equal.
+Prints "spawn_parity: PASS <case>" per case and rank; exits non-zero on a
+failure.
+"""
+import os
+import sys
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+
+import dopt
+
+STEPS = 8
+
+
+class SignMomentum(torch.optim.Optimizer):
+    """A user's own optimizer: momentum of the gradient's sign, in Python."""
+
+    def __init__(self, params, lr=0.01, beta=0.9):
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                buf.mul_(g["beta"]).add_(p.grad.sign())
+                p.add_(buf, alpha=-g["lr"])
+
+
+def model(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g, requires_grad=True)
+            for shape in [(64, 32), (32,), (32, 16), (16,), (7, 5), (300,), (3,)]]
+
+
+def set_grads(params, rank, step, group):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+        dist.all_reduce(p.grad, group=group)
+
+
+def check_case(name, rank, cls, kwargs, group=None, members=None):
+    ours, theirs = model(0), model(0)
+    z_torch = TorchZero(theirs, optimizer_class=cls, process_group=group, **kwargs)
+    z_dopt = dopt.ZeroRedundancyOptimizer(ours, optimizer_class=cls, process_group=group, **kwargs)
+    size = dist.get_world_size(group)
+    if z_dopt.world_size != size or z_dopt.rank != dist.get_rank(group):
+        raise AssertionError(f"dopt's ZeRO has rank {z_dopt.rank} of {z_dopt.world_size}, torch's group "
+                             f"rank {dist.get_rank(group)} of {size}")
+    local = sum(p.numel() for g in z_dopt.optim.param_groups for p in g["params"])
+    if size > 1 and local >= sum(p.numel() for p in ours):
+        raise AssertionError(f"rank {rank} holds every parameter ({local} elements): nothing was sharded")
+    for step in range(STEPS):
+        set_grads(ours, rank, step, group)
+        set_grads(theirs, rank, step, group)
+        z_torch.step()
+        z_dopt.step()
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            if not torch.equal(a, b):
+                raise AssertionError(f"step {step}, parameter {i}: max |dopt - torch| = {(a - b).abs().max().item()}")
+    first = members[0] if members else 0
+    z_torch.consolidate_state_dict(to=0)
+    z_dopt.consolidate_state_dict(to=0)
+    if dist.get_rank(group) == 0:
+        a, b = z_dopt.state_dict(), z_torch.state_dict()
+        if sorted(a["state"]) != sorted(b["state"]):
+            raise AssertionError(f"state dict indices differ: {sorted(a['state'])} vs {sorted(b['state'])}")
+        for i in a["state"]:
+            for k, v in b["state"][i].items():
+                w = a["state"][i][k]
+                same = torch.equal(torch.as_tensor(w).float(), torch.as_tensor(v).float())
+                if not same:
+                    raise AssertionError(f"state {i}.{k} differs")
+    print(f"spawn_parity: PASS {name} (rank {rank}, group of {size}, first member {first}, "
+          f"{'dopt kernels' if z_dopt.uses_dopt_kernels else cls.__name__ + ' steps the shard'})", flush=True)
+
+
+def worker(rank, world_size, init_file, failures):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
+    try:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size)
+        if (dopt.get_rank(), dopt.get_world_size()) != (rank, world_size):
+            raise AssertionError(f"dopt's world is rank {dopt.get_rank()} of {dopt.get_world_size()}, "
+                                 f"torch's rank {rank} of {world_size}")
+        check_case("Adam", rank, torch.optim.Adam, {"lr": 0.01})
+        check_case("Adam, bucket views", rank, torch.optim.Adam, {"lr": 0.01, "parameters_as_bucket_view": True})
+        check_case("user-written optimizer", rank, SignMomentum, {"lr": 0.01})
+        if world_size >= 3:
+            evens = list(range(0, world_size, 2))
+            sub = dist.new_group(evens)
+            if rank in evens:
+                check_case("Adam on a torch subgroup", rank, torch.optim.Adam, {"lr": 0.01}, sub, evens)
+                check_case("user-written optimizer on a torch subgroup", rank, SignMomentum, {"lr": 0.01}, sub,
+                           evens)
+            dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        failures.put(f"rank {rank}: {traceback.format_exc()}")
+        print(f"spawn_parity: FAIL rank {rank}:\n{traceback.format_exc()}", flush=True)
+        raise
+
+
+def main():
+    world_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
+    ctx = mp.get_context("spawn")
+    failures = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            mp.spawn(worker, args=(world_size, os.path.join(d, "init"), failures), nprocs=world_size, join=True)
+        except Exception as e:  # the rank's own message was printed
+            print(f"spawn_parity: FAIL ({type(e).__name__})", flush=True)
+            return 1
+    if not failures.empty():
+        return 1
+    print(f"spawn_parity: all cases passed on {world_size} ranks", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
