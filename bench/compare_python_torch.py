@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The Python package against torch 1.13 in one run, in the same processes:
 dopt.ZeroRedundancyOptimizer(Adam) vs torch's ZeroRedundancyOptimizer(Adam),
-and dopt.PostLocalSGDOptimizer vs torch's, both on the same torch parameters
-(WS ranks, gloo for torch, 1 intra-op thread per rank).
+the same with a Python optimizer class (a user's subclass of torch's Adam:
+its own step runs the shard under both), and dopt.PostLocalSGDOptimizer vs
+torch's, all on the same torch parameters (WS ranks, gloo for torch, 1
+intra-op thread per rank; dopt takes its world from torch.distributed).
 
     python3 bench/compare_python_torch.py [--ws 2] [--numel 50000000] [--rounds 3]
         [--out bench/results/python_compare.jsonl]
@@ -64,11 +66,17 @@ def timed_steps(step, n):
     return [1e3 * x for x in t.tolist()]
 
 
-def zero_run(impl, numel, bucket_view, steps, rank):
+class UserAdam(torch.optim.Adam):
+    """A user's optimizer class in Python (dopt does not compute it: the class steps the shard)."""
+
+
+def zero_run(impl, numel, bucket_view, steps, rank, optimizer_class=torch.optim.Adam):
     import dopt
     params = make_params(numel, rank)
     cls = dopt.ZeroRedundancyOptimizer if impl == "dopt" else TorchZero
-    opt = cls(params, torch.optim.Adam, parameters_as_bucket_view=bucket_view, lr=1e-3)
+    opt = cls(params, optimizer_class, parameters_as_bucket_view=bucket_view, lr=1e-3)
+    if impl == "dopt":
+        assert opt.uses_dopt_kernels == (optimizer_class is torch.optim.Adam)
     for _ in range(2):
         opt.step()
     times = timed_steps(opt.step, steps)
@@ -101,9 +109,9 @@ def worker(args):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     import dopt
-    dopt.init_process_group()
     rank, ws = dist.get_rank(), dist.get_world_size()
-    configs = [("zero", False), ("zero", True), ("plsgd", None)]
+    assert dopt.get_world_size() == ws, "dopt's world is torch's"
+    configs = [("zero", False), ("zero", True), ("pyzero", False), ("pyzero", True), ("plsgd", None)]
     for r in range(args.rounds):
         for kind, bv in configs:
             order = ("torch", "dopt") if r % 2 == 0 else ("dopt", "torch")
@@ -111,9 +119,12 @@ def worker(args):
                 load = os.getloadavg()[0]
                 if kind == "zero":
                     res = zero_run(impl, args.numel, bv, args.steps, rank)
+                elif kind == "pyzero":
+                    res = zero_run(impl, args.numel, bv, args.steps, rank, UserAdam)
                 else:
                     res = plsgd_run(impl, args.numel, args.plsgd_steps, rank)
-                rec = dict(bench="python_compare", config="ZeRO(Adam)" if kind == "zero" else "PostLocalSGD(SGD)",
+                config = {"zero": "ZeRO(Adam)", "pyzero": "ZeRO(user's Python class)", "plsgd": "PostLocalSGD(SGD)"}
+                rec = dict(bench="python_compare", config=config[kind],
                            bucket_view=bv, impl=impl, round=r, world_size=ws, numel=args.numel, tensors=100,
                            load1_before=round(load, 2), torch=torch.__version__, **{k: round(v, 3) for k, v in res.items()})
                 if rank == 0:

@@ -4,10 +4,11 @@
 # Besides the C++ toolchain and libraries, it installs what the optional
 # components and their tests need: the Python package (pybind11-dev,
 # python3-dev; its tests compare with python3-torch, which is also the
-# benchmarks' peer), the libtorch interop (libtorch-dev), the MPI plane and
+# benchmarks' peer; `pip install ./python` in a venv needs python3-venv,
+# python3-pip, python3-setuptools and python3-wheel), the libtorch interop (libtorch-dev), the MPI plane and
 # its tests (libopenmpi-dev, openmpi-bin) and the multi-host tests' network
-# namespaces (iproute2: ip, tc), and ccache (CI's second configuration reuses
-# the first one's objects).
+# namespaces (iproute2: ip, tc), and ccache (scripts/test.sh builds through
+# it: CI's second configuration and the pip test reuse the first build's objects).
 # SLURM, for the real srun test (tests/slurm_cluster.sh: slurmctld slurmd
 # slurm-client munge), is installed without its Recommends: 6 packages,
 # 3.2 MB, 11 s to install here from apt's cache (with Recommends: 33
@@ -21,7 +22,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
-      libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy libtorch-dev
+      libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy python3-venv python3-pip python3-setuptools python3-wheel libtorch-dev
       libopenmpi-dev openmpi-bin iproute2 ccache)
 lean=()  # installed without Recommends
 with_slurm=0

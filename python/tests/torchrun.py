@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Runs a script under torchrun (plain static rendezvous, as users do) on a
-free master port: torchrun.py NPROC SCRIPT ARGS... Exits 77 (CTest: skipped)
-when this Python has no torch or dopt was not built for it."""
+free master port: torchrun.py [--torch-launcher] NPROC SCRIPT ARGS...
+
+By default through ``python3 -m dopt.run`` (torchrun with torch 1.13's
+Python 3.11 bug mended, as docs/python.md says to launch); with
+``--torch-launcher`` through torch's own ``python3 -m torch.distributed.run``
+with the flags this Python needs (``--redirects 1 --tee 1``). Exits 77
+(CTest: skipped) when this Python has no torch or dopt was not built for it."""
 import os
 import socket
 import subprocess
@@ -15,14 +20,21 @@ def main():
     except ImportError as e:
         print(f"skipped: this Python ({sys.executable}) has no torch: {e} (apt-get install python3-torch)")
         return 77
-    nproc, script, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    argv = sys.argv[1:]
+    torch_launcher = argv[:1] == ["--torch-launcher"]
+    if torch_launcher:
+        argv = argv[1:]
+    nproc, script, args = argv[0], argv[1], argv[2:]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # Debian's torch 1.13 spells the options with underscores; on Python 3.11
-    # its log redirection (--redirects/--tee) avoids a crash of its own.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", nproc, "--master_port", str(port),
-           "--redirects", "1", "--tee", "1", script] + args
+    # its own launcher needs --redirects/--tee to avoid a crash of its own.
+    if torch_launcher:
+        launcher = ["torch.distributed.run", "--redirects", "1", "--tee", "1"]
+    else:
+        launcher = ["dopt.run"]
+    cmd = [sys.executable, "-m", *launcher, "--nproc_per_node", nproc, "--master_port", str(port), script] + args
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.call(cmd, env=env)
 
