@@ -294,6 +294,43 @@ class GroupedOptimizer(torch.optim.Optimizer):
         self._synced.append(None)
         return dts, (ours if ours else None)
 
+    def _add_group(self, param_group, before_add=None):
+        """add_param_group for both dopt optimizers: the Python dict and the C++
+        group, or neither (a failed add leaves nothing behind). ``before_add``
+        runs after the group was checked, before C++ takes it."""
+        n_params, n_groups = len(self._binding.entries), len(self.param_groups)
+        try:
+            dts, overrides = self._prepare_group(normalise_group(param_group))
+            if before_add is not None:
+                before_add(n_groups)
+            self._c.add_param_group(dts, overrides)
+        except BaseException:
+            self._binding.truncate(n_params)
+            del self.param_groups[n_groups:]
+            del self._synced[n_groups:]
+            del self._stepped[n_groups:]
+            raise
+        hp = self._c.group_hyperparams(n_groups)
+        self.param_groups[-1].update(hp)
+        self._synced[-1] = dict(hp)
+
+    def _kernel_step(self, closure):
+        """The closure's loss, then the step in C++ with the current hyperparameters and gradients."""
+        loss = self._closure_loss(closure)
+        self._push_hyperparams()
+        self._binding.sync()
+        self._c.step()
+        return loss
+
+    def _torch_state(self, state_of):
+        """{parameter: {name: torch tensor}} over dopt's state memory, from ``state_of(dopt tensor)``."""
+        out = {}
+        for e in self._binding.entries:
+            st = state_of(e.dt)
+            if st:
+                out[e.param] = {k: to_torch(v) for k, v in st.items()}
+        return out
+
     def _after_groups_built(self, c):
         """Fills the Python group dicts from C++ (every dopt key, validated)."""
         self._c = c

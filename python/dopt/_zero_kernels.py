@@ -4,8 +4,7 @@ bit for bit) and broadcasts. See dopt.zero for the public class."""
 import torch
 
 from . import _C
-from ._groups import GroupedOptimizer, normalise_group, resolve_optimizer_class
-from ._tensor import to_torch
+from ._groups import GroupedOptimizer, resolve_optimizer_class
 from .zero import ZeroRedundancyOptimizer
 
 
@@ -96,12 +95,7 @@ class KernelZero(GroupedOptimizer, ZeroRedundancyOptimizer):
     def state(self):
         """{parameter: {name: tensor}} of the parameters this rank owns (its
         shard; dopt's state memory seen as torch tensors)."""
-        out = {}
-        for e in self._binding.entries:
-            st = self._c.local_state_of(e.dt)
-            if st:
-                out[e.param] = {k: to_torch(v) for k, v in st.items()}
-        return out
+        return self._torch_state(self._c.local_state_of)
 
     # --- torch's methods ---------------------------------------------------------------
     @torch.no_grad()
@@ -112,28 +106,11 @@ class KernelZero(GroupedOptimizer, ZeroRedundancyOptimizer):
             raise TypeError(f"dopt.ZeroRedundancyOptimizer.step: {self._name}.step() takes no keyword arguments "
                             f"besides closure, got {', '.join(sorted(kwargs))}")
         self._notify_join()
-        loss = self._closure_loss(closure)
-        self._push_hyperparams()
-        self._binding.sync()
-        self._c.step()
-        return loss
+        return self._kernel_step(closure)
 
     def add_param_group(self, param_group):
         """Collective: every rank adds the same group."""
-        n_params, n_groups = len(self._binding.entries), len(self.param_groups)
-        try:
-            dts, overrides = self._prepare_group(normalise_group(param_group))
-            self._push_hyperparams_upto(n_groups)
-            self._c.add_param_group(dts, overrides)
-        except BaseException:
-            self._binding.truncate(n_params)
-            del self.param_groups[n_groups:]
-            del self._synced[n_groups:]
-            del self._stepped[n_groups:]
-            raise
-        hp = self._c.group_hyperparams(n_groups)
-        self.param_groups[-1].update(hp)
-        self._synced[-1] = dict(hp)
+        self._add_group(param_group, before_add=self._push_hyperparams_upto)
 
     def _push_hyperparams_upto(self, n):
         saved = self.param_groups, self._synced

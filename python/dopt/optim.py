@@ -32,38 +32,15 @@ class Optimizer(GroupedOptimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = self._closure_loss(closure)
-        self._push_hyperparams()
-        self._binding.sync()
-        self._c.step()
-        return loss
+        return self._kernel_step(closure)
 
     def add_param_group(self, param_group):
-        from ._groups import normalise_group
-        n_params, n_groups = len(self._binding.entries), len(self.param_groups)
-        try:
-            dts, overrides = self._prepare_group(normalise_group(param_group))
-            self._c.add_param_group(dts, overrides)
-        except BaseException:
-            self._binding.truncate(n_params)
-            del self.param_groups[n_groups:]
-            del self._synced[n_groups:]
-            del self._stepped[n_groups:]
-            raise
-        hp = self._c.group_hyperparams(n_groups)
-        self.param_groups[-1].update(hp)
-        self._synced[-1] = dict(hp)
+        self._add_group(param_group)
 
     @property
     def state(self):
         """{parameter: {name: tensor}}: the dopt state, as torch tensors over its memory."""
-        from ._tensor import to_torch
-        out = {}
-        for e in self._binding.entries:
-            st = self._c.state_of(e.dt)
-            if st:
-                out[e.param] = {k: to_torch(v) for k, v in st.items()}
-        return out
+        return self._torch_state(self._c.state_of)
 
     def state_dict(self):
         self._push_hyperparams()
