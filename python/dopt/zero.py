@@ -24,14 +24,22 @@ __all__ = ["ZeroRedundancyOptimizer"]
 
 
 class _ZeroJoinHook(JoinHook):
-    """torch's Join: a rank that ran out of inputs shadows the others' steps."""
+    """torch's Join: a rank that ran out of inputs shadows the others' steps.
+
+    The shadow step does not notify the join context: when ZeRO is the first
+    joinable, torch's own hook does, and so posts one all-reduce more than
+    the ranks still training, which deadlocks (torch-differences.md)."""
 
     def __init__(self, zero):
         self.zero = zero
         super().__init__()
 
     def main_hook(self):
-        self.zero.step()
+        self.zero._shadowing = True
+        try:
+            self.zero.step()
+        finally:
+            self.zero._shadowing = False
 
 
 def _check_params_argument(params):
@@ -154,8 +162,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     def join_process_group(self):
         return self._torch_group if self._torch_group is not None else self._group
 
+    _shadowing = False
+
     def _notify_join(self):
-        Join.notify_join_context(self)
+        if not self._shadowing:
+            Join.notify_join_context(self)
 
     def __getstate__(self):
         raise TypeError(f"{type(self).__name__} cannot be pickled; save its state_dict()")

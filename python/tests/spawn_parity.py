@@ -11,6 +11,9 @@ after every step, for torch.optim.Adam (dopt's kernels), a user-written
 Python optimizer (stepped by that class under dopt's ZeRO), and, at 3 or
 more ranks, over a torch subgroup of the even ranks
 (``dist.new_group``). Then the consolidated state dicts must be equal.
+Last, torch's ``Join`` with uneven inputs (rank r runs 3 + r steps) and
+dopt's ZeRO as the first joinable (torch's deadlocks there) must give torch's
+parameters (torch's ZeRO run behind an idle first joinable).
 Prints "spawn_parity: PASS <case>" per case and rank; exits non-zero on a
 failure.
 """
@@ -22,6 +25,7 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 
 import dopt
@@ -95,6 +99,53 @@ def check_case(name, rank, cls, kwargs, group=None, members=None):
           f"{'dopt kernels' if z_dopt.uses_dopt_kernels else cls.__name__ + ' steps the shard'})", flush=True)
 
 
+class _Idle(Joinable):
+    """A joinable that does nothing, placed first so that torch's ZeRO is not
+    the first joinable (torch 1.13 deadlocks when it is)."""
+
+    def __init__(self):
+        super().__init__()
+
+    def join_hook(self, **kwargs):
+        return JoinHook()
+
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return dist.group.WORLD
+
+
+def check_join(rank):
+    """Uneven inputs (rank r has 3 + r steps) under torch's Join: dopt's ZeRO
+    as the only joinable against torch's behind an idle joinable."""
+    ours, theirs = model(0), model(0)
+    z_dopt = dopt.ZeroRedundancyOptimizer(ours, optimizer_class=torch.optim.Adam, lr=0.01)
+    z_torch = TorchZero(theirs, optimizer_class=torch.optim.Adam, lr=0.01)
+
+    def grads(params, i):
+        g = torch.Generator().manual_seed(1000 * rank + i)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+
+    with Join([z_dopt]):
+        for i in range(3 + rank):
+            grads(ours, i)
+            z_dopt.step()
+    idle = _Idle()
+    with Join([idle, z_torch]):
+        for i in range(3 + rank):
+            grads(theirs, i)
+            Join.notify_join_context(idle)
+            z_torch.step()
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if not torch.equal(a, b):
+            raise AssertionError(f"Join: parameter {i}: max |dopt - torch| = {(a - b).abs().max().item()}")
+    print(f"spawn_parity: PASS Join with uneven inputs, dopt's ZeRO the first joinable (rank {rank})", flush=True)
+
+
 def worker(rank, world_size, init_file, failures):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)
@@ -106,6 +157,7 @@ def worker(rank, world_size, init_file, failures):
         check_case("Adam", rank, torch.optim.Adam, {"lr": 0.01})
         check_case("Adam, bucket views", rank, torch.optim.Adam, {"lr": 0.01, "parameters_as_bucket_view": True})
         check_case("user-written optimizer", rank, SignMomentum, {"lr": 0.01})
+        check_join(rank)
         if world_size >= 3:
             evens = list(range(0, world_size, 2))
             sub = dist.new_group(evens)
