@@ -20,6 +20,7 @@ __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_world", 
 
 _world = None
 _world_torch_group = None   # torch's default group the world was made from (None: not from torch)
+_world_alone = False        # the world is this process alone (no launcher, torch.distributed not initialised)
 _torch_groups = {}          # torch ProcessGroup -> dopt ProcessGroup of the same ranks
 
 
@@ -111,14 +112,32 @@ def init_process_group(master_port=None, timeout=300.0, transport="auto"):
     of dopt's rendezvous (else one rank 0 picks and shares through torch's
     store, or MASTER_PORT + 1); ``transport``: "auto" (shared memory on one
     host, else TCP), "shm" or "tcp"."""
-    global _world, _world_torch_group
+    global _world, _world_torch_group, _world_alone
     if _world is not None:
         raise _C.StateError("dopt.init_process_group: already initialised (destroy_process_group() first)")
     launch = _launch.current()
     meeting = _launch.meet(launch, "pg", master_port=master_port)
     _world = ProcessGroup(_join(launch, meeting, timeout, transport))
     _world_torch_group = launch.torch_group
+    _world_alone = not launch.launched
+    if _world_alone:
+        import warnings
+        warnings.warn("dopt: no launcher variables (RANK, WORLD_SIZE, ...) and torch.distributed is not "
+                      "initialised, so dopt's world is this process alone (a world of one). Under mp.spawn or "
+                      "several processes, call torch.distributed.init_process_group(...) before using dopt; "
+                      "dopt then follows torch's world.", stacklevel=_user_stacklevel())
     return _world
+
+
+def _user_stacklevel():
+    """warnings.warn's stacklevel of the first caller outside the dopt package."""
+    import os
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def is_initialized():
@@ -130,9 +149,10 @@ def get_world():
     torch.distributed was initialised anew since (destroy_process_group,
     then init_process_group), dopt's world follows it."""
     global _world
-    if _world is not None and _world_torch_group is not None:
+    if _world is not None and (_world_torch_group is not None or _world_alone):
         current = _launch.torch_world()
-        if current is None or current.torch_group is not _world_torch_group:
+        if (current is None and _world_torch_group is not None) or (
+                current is not None and current.torch_group is not _world_torch_group):
             _world = None
             _torch_groups.clear()
     if _world is None:

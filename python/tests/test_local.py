@@ -221,6 +221,29 @@ def test_partial_launch_environment_is_an_error():
     assert _launch.current().source == "alone"
 
 
+def test_world_of_one_is_announced():
+    """Started alone, dopt says that its world is this process alone (an
+    mp.spawn script that forgot torch's init_process_group must not run
+    silently as N worlds of one), and follows torch once it is initialised."""
+    import subprocess
+    import tempfile
+    script = (
+        "import os, torch, torch.distributed as dist, dopt\n"
+        "z = dopt.ZeroRedundancyOptimizer([torch.zeros(4, requires_grad=True)], torch.optim.SGD, lr=0.1)\n"
+        "assert z.world_size == 1\n"
+        "d = os.environ['WORK']\n"
+        "dist.init_process_group('gloo', init_method='file://' + d + '/init', rank=0, world_size=1)\n"
+        "assert dopt.get_world() is not None and dopt.distributed._world_torch_group is not None\n"
+        "print('followed torch')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    with tempfile.TemporaryDirectory() as d:
+        env["WORK"] = d
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "dopt's world is this process alone" in r.stderr and "init_process_group" in r.stderr, r.stderr
+    assert "followed torch" in r.stdout, r.stdout
+
+
 def test_non_floating_parameters_are_skipped():
     """An int64 tensor among the parameters stays in the groups (torch's
     numbering) and is never stepped, as torch's optimizers do."""
