@@ -165,11 +165,24 @@ def _wanted_secret():
     return not (os.environ.get("DOPT_SECRET") or os.environ.get("DOPT_SECRET_FILE"))
 
 
-def meet(launch, purpose, ranks=None, master_port=None):
+def _store_get(store, key, timeout, what):
+    """store.get bounded by ``timeout`` seconds (torch's store would wait its own, 30 min by default)."""
+    try:
+        store.wait([key], timedelta(seconds=timeout))
+    except RuntimeError as e:
+        raise _C.TimeoutError(f"dopt: {what} did not arrive in torch's store within {timeout:.0f} s (key '{key}'): "
+                              "does every rank of the group call the same dopt constructors and collectives in the "
+                              f"same order? ({e})") from None
+    return store.get(key).decode()
+
+
+def meet(launch, purpose, ranks=None, master_port=None, timeout=300.0):
     """How the ranks of ``launch`` (or the ``ranks`` of its world, given in
     group order) meet for ``purpose``: through the store when there is one.
 
-    Every participating rank calls it, in the same order for the same purpose."""
+    Every participating rank calls it, in the same order for the same
+    purpose; a rank that does not come within ``timeout`` seconds is a
+    dopt.TimeoutError on the others."""
     members = list(range(launch.world_size)) if ranks is None else list(ranks)
     me = members.index(launch.rank)
     n = len(members)
@@ -192,7 +205,8 @@ def meet(launch, purpose, ranks=None, master_port=None):
     host = socket.gethostname()
     store.set(base + f"host/{me}", host)
     if me == 0:
-        hosts = [host] + [store.get(base + f"host/{r}").decode() for r in range(1, n)]
+        hosts = [host] + [_store_get(store, base + f"host/{r}", timeout, f"rank {members[r]} (for {purpose})")
+                          for r in range(1, n)]
         if launch.master_addr and ranks is None:
             addr = launch.master_addr
         elif all(h == host for h in hosts):
@@ -203,7 +217,7 @@ def meet(launch, purpose, ranks=None, master_port=None):
                 "secret": secrets.token_hex(32) if _wanted_secret() else ""}
         store.set(base + "plan", json.dumps(plan))
     else:
-        plan = json.loads(store.get(base + "plan").decode())
+        plan = json.loads(_store_get(store, base + "plan", timeout, f"rank {members[0]}'s plan (for {purpose})"))
     hosts = plan["hosts"]
     if launch.local_rank is not None and launch.local_world_size is not None and ranks is None:
         local_rank, local_size = launch.local_rank, launch.local_world_size

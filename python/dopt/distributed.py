@@ -116,7 +116,7 @@ def init_process_group(master_port=None, timeout=300.0, transport="auto"):
     if _world is not None:
         raise _C.StateError("dopt.init_process_group: already initialised (destroy_process_group() first)")
     launch = _launch.current()
-    meeting = _launch.meet(launch, "pg", master_port=master_port)
+    meeting = _launch.meet(launch, "pg", master_port=master_port, timeout=timeout)
     _world = ProcessGroup(_join(launch, meeting, timeout, transport))
     _world_torch_group = launch.torch_group
     _world_alone = not launch.launched

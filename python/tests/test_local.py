@@ -244,6 +244,19 @@ def test_world_of_one_is_announced():
     assert "followed torch" in r.stdout, r.stdout
 
 
+def test_meeting_through_a_store_is_bounded():
+    """A rank that never comes is a dopt.TimeoutError naming it, not torch's 30-minute store wait."""
+    import tempfile
+    import time
+    import torch.distributed as dist
+    from dopt import _launch
+    with tempfile.TemporaryDirectory() as d:
+        launch = _launch.Launch("torch", 0, 2, store=dist.FileStore(d + "/store", 2))
+        t0 = time.time()
+        expect(dopt.TimeoutError, lambda: _launch.meet(launch, "pg-test", timeout=1), "rank 1 (for pg-test) did not arrive")
+        assert time.time() - t0 < 10
+
+
 def test_non_floating_parameters_are_skipped():
     """An int64 tensor among the parameters stays in the groups (torch's
     numbering) and is never stepped, as torch's optimizers do."""
