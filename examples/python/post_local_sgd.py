@@ -22,7 +22,7 @@ def main():
     rank = dopt.get_rank()  # dopt's world, from torchrun's environment (torch.distributed is not needed)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-    local = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # taken over by dopt's SGD
+    local = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # or dopt.optim.SGD: dopt's kernels
     opt = dopt.PostLocalSGDOptimizer(optim=local, averager=averagers.PeriodicModelAverager(period=4, warmup_steps=20))
     losses = []
     for step in range(200):

@@ -40,6 +40,20 @@ void ZeroRedundancyOptimizer::sync_params(const std::function<void()>& meanwhile
       const auto ur = static_cast<std::size_t>(r);
       if (bucket_view_) {
         for (auto& kind : buckets_) post(group_.broadcast_async(kind[ur], r));
+        // A frozen parameter is in no bucket, but its owner still steps it
+        // when it has a gradient: its value goes out too, or the ranks'
+        // copies part (torch 1.13 lets them part; torch-differences.md).
+        std::vector<Tensor> frozen;
+        bool cpu = true;
+        for (const auto& g : partition_[ur])
+          for (const auto& p : g)
+            if (!p.requires_grad()) {
+              frozen.push_back(p);
+              cpu = cpu && p.device().is_cpu();
+            }
+        if (cpu && !frozen.empty()) post(group_.broadcast_coalesced_async(frozen, r));
+        if (!cpu)
+          for (const auto& p : frozen) post(group_.broadcast_async(p, r));
         continue;
       }
       // One call for all of rank r's parameters (on the shared-memory plane

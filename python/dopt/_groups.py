@@ -69,7 +69,7 @@ def kernels_compute(optimizer_class, defaults, groups):
     """Whether dopt's kernels can run ``optimizer_class`` with ``defaults``
     over ``groups`` (params as torch.optim takes them) exactly as torch would:
     a class dopt computes, no torch-only option away from its default
-    (foreach=True, ...), floating-point dense parameters only. A name or a
+    (foreach=True, ...), contiguous floating-point dense parameters only. A name or a
     dopt.optim class always takes the kernels (there is no torch class to
     fall back to)."""
     if isinstance(optimizer_class, str) or (isinstance(optimizer_class, type) and
@@ -93,7 +93,7 @@ def kernels_compute(optimizer_class, defaults, groups):
             split_hyperparams(name, torch_cls, options, "ZeroRedundancyOptimizer")
         except _C.NotSupportedError:
             return False
-    return all(not isinstance(t, torch.Tensor) or t.is_floating_point() for t in tensors)
+    return all(not isinstance(t, torch.Tensor) or (t.is_floating_point() and t.is_contiguous()) for t in tensors)
 
 
 def _dopt_optimizer_base():
@@ -140,10 +140,13 @@ def bind_arguments(name, torch_cls, args, kwargs):
     return out
 
 
-def split_hyperparams(name, torch_cls, hp, where):
-    """(dopt's hyperparameters, torch-only ones). A torch-only argument with a
+def split_hyperparams(name, torch_cls, hp, where, keep_unknown=False):
+    """(dopt's hyperparameters, the others). A torch-only argument with a
     value other than torch's default is refused: dopt runs torch's
-    single-tensor CPU arithmetic and has nothing to switch."""
+    single-tensor CPU arithmetic and has nothing to switch. A key neither
+    dopt nor torch's class knows goes to dopt (which names it in its error)
+    unless ``keep_unknown``: a parameter group's own keys (a name, a
+    scheduler's ``initial_lr``) are kept in the group as torch keeps them."""
     keys = dopt_keys(name)
     extra = torch_only_defaults(name, torch_cls)
     ours, theirs = {}, {}
@@ -157,9 +160,27 @@ def split_hyperparams(name, torch_cls, hp, where):
                     f"dopt {where}: {name}({k}={v!r}) is not supported (dopt computes torch's single-tensor "
                     f"arithmetic; leave {k} at {extra[k]!r})")
             theirs[k] = v
+        elif keep_unknown:
+            theirs[k] = v
         else:
             ours[k] = v  # dopt names the unknown key
     return ours, theirs
+
+
+def zero_grads(param_groups, set_to_none):
+    """torch.optim.Optimizer.zero_grad's work over ``param_groups``."""
+    for group in param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
 
 
 def refuse_duplicates(tensors, where):
@@ -269,8 +290,10 @@ class GroupedOptimizer(torch.optim.Optimizer):
     def _prepare_group(self, group):
         """(dopt tensors, overrides for C++ or None); appends the Python dict."""
         ours, theirs = split_hyperparams(self._name, self._torch_cls,
-                                         {k: v for k, v in group.items() if k != "params"}, self._where)
-        if self.defaults.get("lr") is _REQUIRED and "lr" not in ours:
+                                         {k: v for k, v in group.items() if k != "params"}, self._where,
+                                         keep_unknown=True)
+        fill = getattr(self, "_group_defaults", self.defaults)
+        if fill.get("lr") is _REQUIRED and "lr" not in ours:
             raise _C.ValueError("parameter group didn't specify a value of required optimization parameter lr")
         params = list(group["params"])
         refuse_duplicates(params, self._where)
@@ -282,11 +305,19 @@ class GroupedOptimizer(torch.optim.Optimizer):
         # stay in the group, as torch keeps them, and are never stepped
         # (they cannot have a gradient): dopt's C++ optimizer does not see them.
         stepped = [p for p in params if p.is_floating_point()]
+        for i, p in enumerate(params):
+            if p.is_floating_point() and not p.is_contiguous():
+                raise _C.ValueError(
+                    f"dopt {self._where}: parameter {i} of group {len(self.param_groups)} (shape {tuple(p.shape)}, "
+                    f"strides {p.stride()}) is not contiguous (channels_last, a transposed view?); dopt's kernels "
+                    "step parameters in place in contiguous memory. Make it contiguous "
+                    "(model.to(memory_format=torch.contiguous_format)), or use torch's optimizer (dopt's ZeRO and "
+                    "PostLocalSGDOptimizer take it as it is)")
         if len(stepped) != len(params):
             self._skips_some = True
         self._stepped.append([i for i, p in enumerate(params) if p.is_floating_point()])
         dts = [self._binding.add(p) for p in stepped]
-        d = dict(self.defaults)
+        d = dict(fill)
         d.update(theirs)
         d.update(ours)
         d["params"] = params
@@ -318,7 +349,7 @@ class GroupedOptimizer(torch.optim.Optimizer):
         """The closure's loss, then the step in C++ with the current hyperparameters and gradients."""
         loss = self._closure_loss(closure)
         self._push_hyperparams()
-        self._binding.sync()
+        self._binding.sync(f"{self._where}.step")
         self._c.step()
         return loss
 
@@ -364,17 +395,7 @@ class GroupedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = False):
         """torch.optim.Optimizer.zero_grad over every parameter (the gradients are torch's)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    if set_to_none:
-                        p.grad = None
-                    else:
-                        if p.grad.grad_fn is not None:
-                            p.grad.detach_()
-                        else:
-                            p.grad.requires_grad_(False)
-                        p.grad.zero_()
+        zero_grads(self.param_groups, set_to_none)
 
     def _closure_loss(self, closure):
         if closure is None:

@@ -99,6 +99,14 @@ def torch_world():
                   store=dist.distributed_c10d._get_default_store(), torch_group=group)
 
 
+def torch_timeout_seconds(group):
+    """The timeout torch's group was made with (init_process_group's or new_group's ``timeout=``), or None."""
+    try:
+        return group.options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def environment_world():
     """The launcher's variables as a Launch; None when none of them is set.
     A family set in part is a ValueError naming what is missing."""
@@ -122,6 +130,14 @@ def environment_world():
         if local_size_var in e and family != "slurm":
             local_size = _int_var(local_size_var, e[local_size_var])
         launch = Launch(family, rank, size, local_rank, local_size)
+        if family == "torchrun" and size > 1:
+            missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not e.get(v)]
+            if missing:
+                raise _C.ValueError(
+                    f"dopt: {rank_var} and {size_var} are set but {' and '.join(missing)} "
+                    f"{'is' if len(missing) == 1 else 'are'} not, so the ranks have nowhere to meet. Set "
+                    "MASTER_ADDR and MASTER_PORT as torch's env:// does (torchrun and dopt-run set them), or call "
+                    "torch.distributed.init_process_group(...) before using dopt")
         if family == "torchrun" and e.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             launch.store = _torchrun_agent_store(launch)
         return launch

@@ -84,8 +84,8 @@ class ParamBinding:
     def param_of(self, dt):
         return self._by_key[dt.key].param
 
-    def sync(self):
-        for e in self.entries:
+    def sync(self, where="step"):
+        for i, e in enumerate(self.entries):
             p = e.param
             ptr = p.data_ptr()
             if ptr != e.ptr:
@@ -101,6 +101,11 @@ class ParamBinding:
                     e.dt.set_grad(None)
                     e.gptr = None
             else:
+                if g.layout != torch.strided:
+                    raise _C.NotSupportedError(
+                        f"dopt {where}: parameter {i} (shape {tuple(p.shape)}) has a {g.layout} gradient; dopt's "
+                        "kernels take dense gradients (nn.Embedding(sparse=True) makes sparse ones: use "
+                        "sparse=False, or torch's optimizer)")
                 gptr = g.data_ptr()
                 if gptr != e.gptr:
                     e.dt.set_grad(to_dopt(g, requires_grad=False))

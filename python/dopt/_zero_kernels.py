@@ -4,7 +4,7 @@ bit for bit) and broadcasts. See dopt.zero for the public class."""
 import torch
 
 from . import _C
-from ._groups import GroupedOptimizer, resolve_optimizer_class
+from ._groups import GroupedOptimizer, resolve_optimizer_class, zero_grads
 from .zero import ZeroRedundancyOptimizer
 
 
@@ -21,19 +21,27 @@ class ShardView:
 
     @property
     def param_groups(self):
+        """Every group (empty ones too) with this rank's parameters, in the
+        order torch's local optimizer holds them (by decreasing size)."""
         z = self._zero
         owners = z._c.param_owners()
         out, i = [], 0
         for g in z.param_groups:
             d = {k: v for k, v in g.items() if k != "params"}
-            mine = []
-            for p in g["params"]:
-                if owners[i] == z.rank:
-                    mine.append(p)
-                i += 1
-            d["params"] = mine
+            mine = [p for j, p in enumerate(g["params"]) if owners[i + j] == z.rank]
+            i += len(g["params"])
+            d["params"] = sorted(mine, key=lambda t: t.numel(), reverse=True)
             out.append(d)
         return out
+
+    def zero_grad(self, set_to_none=False):
+        """Clears the gradients of this rank's parameters, as torch.optim.Optimizer.zero_grad."""
+        zero_grads(self.param_groups, set_to_none)
+
+    def load_state_dict(self, state_dict):
+        raise _C.NotSupportedError(
+            "dopt ZeroRedundancyOptimizer.optim.load_state_dict: the shard's state lives in dopt's C++ ZeRO; load "
+            "a global state dict with zero.load_state_dict(...) (each rank keeps the state it owns)")
 
     @property
     def state(self):
@@ -63,11 +71,15 @@ class ShardView:
 
 
 class KernelZero(GroupedOptimizer, ZeroRedundancyOptimizer):
-    """ZeroRedundancyOptimizer over dopt's C++ ZeRO (see the module docstring)."""
+    """ZeroRedundancyOptimizer over dopt's C++ ZeRO (see the module docstring).
+    Named ZeroRedundancyOptimizer in reprs and errors."""
 
     def _init(self, items, optimizer_class, process_group, parameters_as_bucket_view, overlap_with_ddp, defaults):
         name, torch_cls = resolve_optimizer_class(optimizer_class)
         groups = self._setup(name, torch_cls, items, defaults, "ZeroRedundancyOptimizer")
+        # torch's ZeRO keeps only the keyword arguments given as its defaults
+        # (the groups hold every hyperparameter); the full set fills new groups.
+        self._group_defaults, self.defaults = self.defaults, dict(defaults)
         self._common_init(process_group, parameters_as_bucket_view, overlap_with_ddp)
         self._optim_defaults = dict(defaults)
         c = _C.ZeroRedundancyOptimizer(groups, name, self._dopt_defaults, self._group.c,
@@ -154,3 +166,6 @@ class KernelZero(GroupedOptimizer, ZeroRedundancyOptimizer):
     @property
     def local_state_bytes(self):
         return self._c.local_state_bytes
+
+
+KernelZero.__name__ = KernelZero.__qualname__ = "ZeroRedundancyOptimizer"

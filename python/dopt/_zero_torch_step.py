@@ -41,8 +41,9 @@ def _copy_groups_keys(src, dst):
 
 
 class _DoptViews:
-    """dopt tensors over torch tensors' memory, made once per tensor while
-    its memory stays the same (a step converts nothing)."""
+    """dopt tensors over torch tensors' memory, made once per tensor object
+    (a parameter, a bucket: never ``p.data``, a new object each time) while
+    its memory stays the same, so that a step converts nothing."""
 
     def __init__(self):
         self._cache = {}
@@ -179,12 +180,20 @@ class TorchStepZero(ZeroRedundancyOptimizer):
                 self._broadcast_tensors(params, r)
 
     def _broadcast_tensors(self, params, src):
-        dense = [p.data for p in params]
-        staged = [t if t.is_contiguous() else t.contiguous() for t in dense]
-        self._group.c.broadcast_coalesced([self._views.of(t) for t in staged], src)
-        for t, s in zip(dense, staged):
-            if s is not t:
-                t.copy_(s)
+        """One broadcast_coalesced of ``params`` from ``src``: the parameters'
+        own memory (their dopt views made once), a contiguous copy for a
+        non-contiguous one."""
+        views, copies = [], []
+        for p in params:
+            if p.is_contiguous():
+                views.append(self._views.of(p))
+            else:
+                c = p.detach().contiguous()
+                copies.append((p, c))
+                views.append(to_dopt(c, requires_grad=False))
+        self._group.c.broadcast_coalesced(views, src)
+        for p, c in copies:
+            p.data.copy_(c)
 
     # --- groups ------------------------------------------------------------------------
     def add_param_group(self, param_group):
@@ -312,3 +321,5 @@ class TorchStepZero(ZeroRedundancyOptimizer):
         return f"dopt.ZeroRedundancyOptimizer({self._optimizer_class.__qualname__}, rank {self.rank} of " \
                f"{self.world_size})\n" + repr(self.optim)
 
+
+TorchStepZero.__name__ = TorchStepZero.__qualname__ = "ZeroRedundancyOptimizer"

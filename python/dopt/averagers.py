@@ -13,7 +13,7 @@ import torch
 
 from . import _C
 from ._tensor import to_dopt
-from .distributed import ProcessGroup, resolve_process_group
+from .distributed import NotAMember, ProcessGroup, resolve_process_group
 
 __all__ = ["ModelAverager", "PeriodicModelAverager", "HierarchicalModelAverager", "get_params_to_average",
            "average_parameters", "average_parameters_or_parameter_groups"]
@@ -78,20 +78,59 @@ class ModelAverager:
 
     def average_parameters(self, params):
         """Collective on averaging steps (every rank of the group, same
-        parameters with gradients)."""
-        self._c.average(self._tensors(get_params_to_average(params)))
+        parameters with gradients). Non-contiguous parameters (channels_last,
+        a transposed view) are averaged through a contiguous copy."""
+        params = get_params_to_average(params)
+        if all(p.is_contiguous() for p in params):
+            self._c.average(self._tensors(params))
+            return
+        staged = [p if p.is_contiguous() else p.detach().contiguous() for p in params]
+        self._c.average([self._tensors([t])[0] if t is p else to_dopt(t, requires_grad=False)
+                         for t, p in zip(staged, params)])
+        with torch.no_grad():
+            for t, p in zip(staged, params):
+                if t is not p:
+                    p.copy_(t)
 
     def _average_dopt(self, dopt_tensors):
         self._c.average(dopt_tensors)
 
 
+class _OutsideTheGroup:
+    """The averager of a rank outside its torch group: it counts steps and
+    averages nothing, as torch's averagers do on such a rank."""
+
+    def __init__(self, warmup_steps):
+        self.step = 0
+        self.warmup_steps = int(warmup_steps)
+
+    def will_average(self):
+        return False
+
+    def average(self, tensors):
+        self.step += 1
+
+
+def _group_or_outside(process_group, where):
+    """(dopt group, None) or (None, True) for the placeholder torch gives non-members."""
+    try:
+        return resolve_process_group(process_group, where), False
+    except NotAMember:
+        return None, True
+
+
 class PeriodicModelAverager(ModelAverager):
-    """Averages every ``period`` steps after ``warmup_steps`` (torch's)."""
+    """Averages every ``period`` steps after ``warmup_steps`` (torch's). On
+    a rank outside a torch ``process_group`` it averages nothing (torch's)."""
 
     def __init__(self, period, warmup_steps=0, process_group=None):
-        self.process_group = resolve_process_group(process_group, "PeriodicModelAverager")
-        super().__init__(_C.PeriodicModelAverager(int(period), int(warmup_steps), self.process_group.c))
+        group, outside = _group_or_outside(process_group, "PeriodicModelAverager")
+        self.process_group = process_group if outside else group
         self.period = int(period)
+        if outside:
+            super().__init__(_OutsideTheGroup(warmup_steps))
+            return
+        super().__init__(_C.PeriodicModelAverager(int(period), int(warmup_steps), group.c))
 
 
 class HierarchicalModelAverager(ModelAverager):

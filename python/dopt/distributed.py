@@ -60,6 +60,10 @@ class ProcessGroup:
             return self._global_ranks.index(global_rank) if global_rank in self._global_ranks else -1
         return self.c.group_rank(global_rank)
 
+    def timeout(self):
+        """How long this rank's calls on the group wait for the others, in seconds."""
+        return self.c.timeout()
+
     def set_timeout(self, seconds):
         self.c.set_timeout(float(seconds))
 
@@ -119,6 +123,7 @@ def init_process_group(master_port=None, timeout=300.0, transport="auto"):
     meeting = _launch.meet(launch, "pg", master_port=master_port, timeout=timeout)
     _world = ProcessGroup(_join(launch, meeting, timeout, transport))
     _world_torch_group = launch.torch_group
+    _follow_torch_timeout(_world, launch.torch_group)
     _world_alone = not launch.launched
     if _world_alone:
         import warnings
@@ -138,6 +143,18 @@ def _user_stacklevel():
     while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _follow_torch_timeout(group, torch_group):
+    """A group made from a torch group waits as long as torch's does
+    (init_process_group's / new_group's ``timeout=``, 30 min by default),
+    unless DOPT_TIMEOUT_MS sets dopt's own."""
+    import os
+    if torch_group is None or os.environ.get("DOPT_TIMEOUT_MS"):
+        return
+    seconds = _launch.torch_timeout_seconds(torch_group)
+    if seconds:
+        group.set_timeout(seconds)
 
 
 def is_initialized():
@@ -201,21 +218,25 @@ def _for_torch_group(group, where):
     if hit is not None:
         return hit
     import torch.distributed as dist
-    world = get_world()
     ranks = _torch_group_ranks(group)
     launch = _launch.torch_world()
     if launch is None or launch.rank not in ranks:
         raise _C.ValueError(f"dopt {where}: this rank ({dist.get_rank()}) is not a member of the process group "
                             f"given (ranks {ranks}); only its members may use it")
-    if ranks == list(range(world.size())):
-        out = world
+    if ranks == list(range(launch.world_size)):
+        out = get_world()  # every rank is a member: the world's collective is theirs
     else:
         name = dist.distributed_c10d._pg_names.get(group, "?")
         meeting = _launch.meet(launch, "group-" + name, ranks=ranks)
         out = ProcessGroup(_join(launch, meeting, 300.0, "auto", ranks=ranks), global_ranks=ranks,
                            torch_group=group)
+        _follow_torch_timeout(out, group)
     _torch_groups[group] = out
     return out
+
+
+class NotAMember(_C.ValueError):
+    """A rank passed the placeholder torch gives the ranks outside a group."""
 
 
 def resolve_process_group(process_group, where="process_group"):
@@ -229,6 +250,10 @@ def resolve_process_group(process_group, where="process_group"):
     if isinstance(process_group, _C.ProcessGroup):
         return ProcessGroup(process_group)
     import torch.distributed as dist
+    if dist.is_available() and process_group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise NotAMember(f"dopt {where}: this rank ({dist.get_rank()}) is not a member of the process group given "
+                         "(torch gives the ranks outside dist.new_group(ranks) a placeholder); only its members "
+                         "may use it")
     if dist.is_available() and isinstance(process_group, dist.ProcessGroup):
         if not dist.is_initialized():
             raise _C.StateError(f"dopt {where}: a torch process group was given but torch.distributed is not "

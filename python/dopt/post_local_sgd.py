@@ -1,38 +1,24 @@
 """dopt.PostLocalSGDOptimizer: torch.distributed.optim.PostLocalSGDOptimizer
-with dopt's local optimizer and model averager."""
+with dopt's model averager (and dopt's local optimizer when given one)."""
 import warnings
 
 import torch
 
 from . import optim as _optim
-from ._groups import kernels_compute
 from .averagers import ModelAverager
 
 __all__ = ["PostLocalSGDOptimizer"]
-
-
-def _computes(optimizer):
-    """Whether dopt's kernels compute this torch optimizer exactly (its class, its groups' options)."""
-    if isinstance(optimizer, _optim.Optimizer):
-        return True
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError("dopt.PostLocalSGDOptimizer: optim must be a torch.optim.Optimizer, got "
-                        + type(optimizer).__name__)
-    return kernels_compute(type(optimizer), {}, optimizer.param_groups)
 
 
 class PostLocalSGDOptimizer(torch.optim.Optimizer):
     r"""Runs the local optimizer at every step and, from the averager's
     warm-up on, averages the parameters on its schedule (torch's).
 
-    ``optim`` is a dopt local optimizer (``dopt.optim.SGD(...)``) or any
-    torch.optim optimizer. One of a class dopt computes (torch.optim.SGD,
-    Adam, ... with no torch-only option set) is converted to dopt's
-    optimizer of the same class (same parameters, groups and state; use the
-    wrapper afterwards, not the torch optimizer); any other one (your own
-    class, a subclass, ``foreach=True``) steps itself, and dopt averages its
-    parameters. ``averager`` is a dopt averager
-    (``dopt.averagers.PeriodicModelAverager``).
+    ``optim`` is any torch.optim optimizer, used as it is (as torch's
+    wrapper uses it: the wrapper's ``param_groups`` and ``state`` are the
+    optimizer's own, schedulers may be attached to either), or a dopt local
+    optimizer (``dopt.optim.SGD(...)``) for dopt's kernels in the local step.
+    ``averager`` is a dopt averager (``dopt.averagers.PeriodicModelAverager``).
 
     ``state_dict()`` is the local optimizer's plus ``'step'``, the averager's
     step, exactly as torch's, so torch's and dopt's load each other's.
@@ -41,8 +27,12 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
     def __init__(self, optim, averager):
         if not isinstance(averager, ModelAverager):
             raise TypeError("dopt.PostLocalSGDOptimizer needs a dopt averager (dopt.averagers.PeriodicModelAverager "
-                            "or HierarchicalModelAverager), got " + type(averager).__name__)
-        self.optim = _optim.from_torch(optim) if _computes(optim) else optim
+                            "or dopt.averagers.HierarchicalModelAverager), got "
+                            f"{type(averager).__module__}.{type(averager).__qualname__}")
+        if not isinstance(optim, torch.optim.Optimizer):
+            raise TypeError("dopt.PostLocalSGDOptimizer: optim must be a torch.optim.Optimizer, got "
+                            f"{type(optim).__module__}.{type(optim).__qualname__}")
+        self.optim = optim
         self._dopt_steps = isinstance(self.optim, _optim.Optimizer)
         self.param_groups = self.optim.param_groups
         self.averager = averager

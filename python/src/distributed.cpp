@@ -120,6 +120,8 @@ void bind_distributed(py::module_& m) {
       .def("global_rank", &ProcessGroup::global_rank)
       .def("group_rank", &ProcessGroup::group_rank)
       .def_property_readonly("id", &ProcessGroup::id)
+      .def("timeout", [](const ProcessGroup& g) { return static_cast<double>(g.timeout().count()) / 1000.0; },
+           "This rank's timeout on the group, in seconds.")
       .def("set_timeout", [](ProcessGroup& g, double s) {
         g.set_timeout(std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)));
       })

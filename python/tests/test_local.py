@@ -221,6 +221,51 @@ def test_partial_launch_environment_is_an_error():
     assert _launch.current().source == "alone"
 
 
+def test_torch_usage_dopt_kernels_accept():
+    """What torch accepts and dopt's kernels used to refuse or garble (a
+    review as a PyTorch user): a group's own keys, a sparse gradient named,
+    channels_last parameters under ZeRO, torchrun's variables without an
+    address."""
+    w, b = torch.randn(4, 3, requires_grad=True), torch.randn(4, requires_grad=True)
+    o = dopt.optim.Adam([{"params": [w], "name": "weights", "lr_scale": 2.0}, {"params": [b]}], lr=0.1)
+    assert o.param_groups[0]["name"] == "weights" and o.param_groups[0]["lr_scale"] == 2.0
+    sched = torch.optim.lr_scheduler.StepLR(o, 1)
+    w.grad, b.grad = torch.ones(4, 3), torch.ones(4)
+    o.step()
+    sched.step()
+    assert "initial_lr" in o.param_groups[0] and o.state_dict()["param_groups"][0]["name"] == "weights"
+    z = dopt.ZeroRedundancyOptimizer([{"params": [w], "name": "weights"}], torch.optim.Adam, lr=0.1)
+    assert z.uses_dopt_kernels and z.param_groups[0]["name"] == "weights"
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    sparse_opt = dopt.optim.SGD(emb.parameters(), lr=0.1)
+    emb(torch.tensor([1, 2])).sum().backward()
+    expect(dopt.NotSupportedError, sparse_opt.step, "has a torch.sparse_coo gradient")
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(conv)
+    expect(ValueError, lambda: dopt.optim.SGD(conv.parameters(), lr=0.1), "parameter 0 of group 0 (shape (4, 3, 3, 3)")
+    zc = dopt.ZeroRedundancyOptimizer(conv.parameters(), torch.optim.SGD, lr=0.1)
+    tc = torch.optim.SGD(ref.parameters(), lr=0.1)
+    assert not zc.uses_dopt_kernels, "non-contiguous parameters: torch's class steps the shard"
+    x = torch.randn(1, 3, 5, 5)
+    for m in (conv, ref):
+        m(x).sum().backward()
+    zc.step()
+    tc.step()
+    assert same(list(conv.parameters()), list(ref.parameters()))
+    from dopt import _launch
+    saved = {k: os.environ.pop(k, None) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    try:
+        os.environ.update(RANK="1", WORLD_SIZE="2")
+        expect(ValueError, _launch.current, "MASTER_ADDR and MASTER_PORT are not")
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        expect(ValueError, _launch.current, "MASTER_PORT is not")
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+
+
 def test_world_of_one_is_announced():
     """Started alone, dopt says that its world is this process alone (an
     mp.spawn script that forgot torch's init_process_group must not run
@@ -319,12 +364,15 @@ def test_zero_takes_any_optimizer_class():
     z.consolidate_state_dict(0)
     sd = z.state_dict()
     assert sd["state"].keys() == t.state_dict()["state"].keys() == {0, 1, 2, 3}
-    k = dopt.ZeroRedundancyOptimizer(make_params(torch.float32), optimizer_class=torch.optim.SGD, lr=0.1,
-                                     momentum=0.9)
+    kp = make_params(torch.float32)
+    k = dopt.ZeroRedundancyOptimizer(kp, optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9)
     assert k.uses_dopt_kernels
     k.load_state_dict(sd)
-    assert torch.equal(k.optim.state[k.optim.param_groups[0]["params"][0]]["momentum_buffer"],
-                       sd["state"][0]["momentum_buffer"])
+    assert torch.equal(k.optim.state[kp[0]]["momentum_buffer"], sd["state"][0]["momentum_buffer"])
+    assert [tuple(p.shape) for p in k.optim.param_groups[0]["params"]] == [(3, 4), (7,), (5,), (1,)], \
+        "zero.optim holds its parameters in torch's order (by decreasing size)"
+    assert type(k).__name__ == type(z).__name__ == "ZeroRedundancyOptimizer"
+    assert k.defaults == {"lr": 0.1, "momentum": 0.9}, k.defaults  # torch's ZeRO: the keyword arguments given
     f = dopt.ZeroRedundancyOptimizer(make_params(torch.float32), optimizer_class=torch.optim.Adam, lr=0.1,
                                      foreach=True)
     assert not f.uses_dopt_kernels, "foreach=True: torch's Adam steps the shard"

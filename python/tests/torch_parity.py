@@ -151,9 +151,9 @@ def zero_case(chk, rank, tmp, bucket_view, optimizer, kwargs, groups=False, sche
     chk.report(case, before)
 
 
-def post_local_sgd_case(chk, rank, tmp, local, kwargs, hierarchical=False):
+def post_local_sgd_case(chk, rank, tmp, local, kwargs, hierarchical=False, dopt_local=False):
     period, warmup = 4, 8
-    case = (f"PostLocalSGDOptimizer({local.__name__}, "
+    case = (f"PostLocalSGDOptimizer({'dopt.optim.' if dopt_local else 'torch.optim.'}{local.__name__}, "
             + ("HierarchicalModelAverager({4: world}) vs torch's Periodic" if hierarchical
                else "PeriodicModelAverager") + f"(period={period}, warmup_steps={warmup}))")
     before = len(chk.failures)
@@ -170,8 +170,9 @@ def post_local_sgd_case(chk, rank, tmp, local, kwargs, hierarchical=False):
             av = dopt.averagers.HierarchicalModelAverager({period: dist.get_world_size()}, warmup_steps=warmup)
         else:
             av = dopt.averagers.PeriodicModelAverager(period=period, warmup_steps=warmup)
-        # A torch.optim optimizer is taken over by dopt's optimizer of the same class.
-        return dopt.PostLocalSGDOptimizer(optim=local(m.parameters(), **kwargs), averager=av)
+        # torch's optimizer as it is (dopt averages), or dopt's of the same class (dopt's kernels step).
+        cls = getattr(dopt.optim, local.__name__) if dopt_local else local
+        return dopt.PostLocalSGDOptimizer(optim=cls(m.parameters(), **kwargs), averager=av)
 
     ot, od = make_t(mt), make_d(md)
     for step in range(STEPS):
@@ -221,7 +222,9 @@ def main():
     zero_case(chk, rank, tmp, True, torch.optim.SGD, dict(lr=0.05, momentum=0.9), groups=True, scheduler=True)
     zero_case(chk, rank, tmp, False, torch.optim.AdamW, dict(lr=0.01), groups=True)
     post_local_sgd_case(chk, rank, tmp, torch.optim.SGD, dict(lr=0.05, momentum=0.9))
+    post_local_sgd_case(chk, rank, tmp, torch.optim.SGD, dict(lr=0.05, momentum=0.9), dopt_local=True)
     post_local_sgd_case(chk, rank, tmp, torch.optim.Adam, dict(lr=0.01))
+    post_local_sgd_case(chk, rank, tmp, torch.optim.Adam, dict(lr=0.01), dopt_local=True)
     post_local_sgd_case(chk, rank, tmp, torch.optim.SGD, dict(lr=0.05), hierarchical=True)
     dist.barrier()
     dopt.destroy_process_group()
