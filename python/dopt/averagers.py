@@ -80,6 +80,9 @@ class ModelAverager:
         """Collective on averaging steps (every rank of the group, same
         parameters with gradients). Non-contiguous parameters (channels_last,
         a transposed view) are averaged through a contiguous copy."""
+        if not self._c.will_average():  # a step that only counts: no tensor looked at
+            self._c.average([])
+            return
         params = get_params_to_average(params)
         if all(p.is_contiguous() for p in params):
             self._c.average(self._tensors(params))
