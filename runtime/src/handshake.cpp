@@ -51,7 +51,7 @@ constexpr std::size_t kRStatus = 8, kRFlags = 9, kRRank = 12, kRWorld = 16, kRJo
 constexpr std::size_t kVStatus = 0, kVMsgLen = 2, kVMsg = 4;
 static_assert(kRMsg + kMsgMax <= kReplySize && kVMsg + kMsgMax <= kVerdictSize && kHNonce + kNonce <= kHelloSize);
 
-enum Status : unsigned char { k_go = 0, k_refused = 1, k_auth_refused = 2 };
+enum Status : unsigned char { k_go = 0, k_refused = 1, k_auth_refused = 2, k_other_job = 3 };
 
 void put_i32(std::string& b, std::size_t at, std::int32_t v) {
   const auto u = static_cast<std::uint32_t>(v);
@@ -149,12 +149,12 @@ std::string ClientHandshake::on_reply(const std::string& reply) {
   reply_ = reply;
   server_rank_ = get_i32(reply, kRRank);
   const auto status = static_cast<unsigned char>(reply[kRStatus]);
-  const std::string their_job = get_text(reply, kRJobLen, kRJob, kJobMax, false);
   const std::string why = get_text(reply, kRMsgLen, kRMsg, kMsgMax, true);
-  if (status != k_go && their_job != mine_.job_id)
-    throw ValueError(op_, peer_ + " belongs to " + job_text(their_job) + " but this process belongs to " +
-                              job_text(mine_.job_id) +
-                              ": two jobs use the same address and port (give each job its own MASTER_PORT, or the "
+  // The server never names its job to a process that is not of it: a
+  // stranger must not learn the id it would need to pass this check.
+  if (status == k_other_job)
+    throw ValueError(op_, peer_ + " belongs to another job than this process (" + job_text(mine_.job_id) +
+                              "): two jobs use the same address and port (give each job its own MASTER_PORT, or the "
                               "same DOPT_JOB_ID if they are one job)", me);
   if (status == k_auth_refused) throw AuthenticationError(op_, peer_ + " refused this process: " + why, me);
   if (status != k_go) throw ValueError(op_, peer_ + " refused this process: " + why, me);
@@ -189,6 +189,15 @@ void ClientHandshake::on_verdict(const std::string& verdict) {
 ServerHandshake::ServerHandshake(Purpose purpose, Credentials mine, Admit admit)
     : purpose_(purpose), mine_(std::move(mine)), admit_(std::move(admit)) {}
 
+std::string ServerHandshake::refusal_reply(const std::string& why) {
+  std::string reply(kReplySize, '\0');
+  std::memcpy(reply.data(), kMagic, kMagicSize);
+  reply[kRStatus] = static_cast<char>(k_refused);
+  put_i32(reply, kRRank, -1);
+  put_text(reply, kRMsgLen, kRMsg, why, kMsgMax, true);
+  return reply;
+}
+
 bool ServerHandshake::magic_ok(const std::string& first_bytes) {
   return first_bytes.size() >= kMagicSize && std::memcmp(first_bytes.data(), kMagic, kMagicSize) == 0;
 }
@@ -200,23 +209,29 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
   reply_[kRFlags] = static_cast<char>(mine_.secret.empty() ? 0 : 1);
   put_i32(reply_, kRRank, mine_.rank);
   put_i32(reply_, kRWorld, mine_.world_size);
-  put_text(reply_, kRJobLen, kRJob, mine_.job_id, kJobMax, false);
+  // kRJob stays empty: the reply goes to a process not yet known to be of
+  // this job.
   peer_.purpose = static_cast<Purpose>(static_cast<unsigned char>(hello[kHPurpose]));
   peer_.rank = get_i32(hello, kHRank);
   peer_.world_size = get_i32(hello, kHWorld);
   peer_.job_id = get_text(hello, kHJobLen, kHJob, kJobMax, false);
   const bool client_secret = (static_cast<unsigned char>(hello[kHFlags]) & 1) != 0;
-  auto refuse = [&](Status st, const std::string& why) {
+  // why: told to the client; note (when given): this side's notice, which
+  // may name this job.
+  auto refuse = [&](Status st, const std::string& why, const std::string& note = {}) {
     refused_ = true;
-    refusal_ = why;
+    refusal_ = note.empty() ? why : note;
+    put_i32(reply_, kRRank, -1);  // a refused process learns nothing but the reason
+    put_i32(reply_, kRWorld, 0);
     reply_[kRStatus] = static_cast<char>(st);
     put_text(reply_, kRMsgLen, kRMsg, why, kMsgMax, true);
     return reply_;
   };
   if (hello.size() != kHelloSize || !magic_ok(hello)) return refuse(k_refused, "not a dopt handshake");
   if (peer_.job_id != mine_.job_id)
-    return refuse(k_refused, "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
-                                 job_text(peer_.job_id));
+    return refuse(k_other_job, "this port belongs to another job",
+                  "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
+                      job_text(peer_.job_id));
   if (!mine_.secret.empty() && !client_secret)
     return refuse(k_auth_refused, "this job requires its secret and the connecting process has none (set "
                                   "DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)");
@@ -354,7 +369,10 @@ std::optional<int> connect_authenticated(const std::string& host, int port, Purp
     FdGuard s;
     s.fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (s.fd < 0) {
-      last = std::strerror(errno);
+      const int e = errno;
+      if (e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS)  // no retry cures these: named here
+        throw IOError(op, "cannot open a socket to reach " + peer + ": " + errno_text(e), mine.rank);
+      last = std::strerror(e);
       continue;
     }
     if (::connect(s.fd, a->ai_addr, a->ai_addrlen) != 0) {
@@ -442,12 +460,23 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
     ServerHandshake hs;
     std::string buf;
     std::string from;
+    bool hello_done = false;  // its whole hello arrived
+    bool dropped = false;     // closed (drop() ran)
     Conn(tcp::socket s, const Options& o)
         : sock(std::move(s)), timer(sock.get_executor()), hs(o.purpose, o.credentials, o.admit) {}
   };
   std::vector<std::weak_ptr<Conn>> live;  // for close() (I/O thread only)
 
+  // A descriptor kept free for shed() (a process out of descriptors can still
+  // tell a connecting rank why it refuses it).
+  int spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  bool shed_noted = false;
+  asio::steady_timer pause_timer{io};
+
   explicit Impl(Options o) : opts(std::move(o)) {}
+  ~Impl() {
+    if (spare_fd >= 0) ::close(spare_fd);
+  }
 
   void note(const std::string& from, const std::string& why) {
     if (notes > kMaxNotes) return;
@@ -463,18 +492,79 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
     acceptor.async_accept([self](const boost::system::error_code& ec, tcp::socket s) {
       if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
       if (!ec) self->start(std::move(s));
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_memory ||
+          ec == asio::error::no_buffer_space)
+        return self->shed(ec.value());
       self->accept();
     });
   }
 
+  /// This process is out of descriptors (or memory): the connection waiting
+  /// in the backlog is taken with the spare descriptor and told why, so that
+  /// the connecting rank names this one instead of waiting out its handshake
+  /// timeout; then accepting pauses for 100 ms (no busy loop). Noted once.
+  void shed(int err) {
+    if (!shed_noted) {
+      shed_noted = true;
+      notice(opts.what + " cannot accept connections: " + errno_text(err) +
+             "; connecting processes are told so and refused until this process has descriptors again");
+    }
+    if (spare_fd >= 0) {
+      ::close(spare_fd);
+      spare_fd = -1;
+      const int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        const std::string reply =
+            ServerHandshake::refusal_reply("the process of " + owner() + " cannot take connections: " + errno_text(err));
+        (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::shutdown(fd, SHUT_WR);
+        // Read what the client sent (its hello), so that closing sends no
+        // reset that could discard the refusal before the client reads it.
+        char sink[kHelloSize];
+        pollfd pf{fd, POLLIN, 0};
+        for (int k = 0; k < 4 && ::poll(&pf, 1, 50) > 0; ++k)
+          if (::recv(fd, sink, sizeof sink, MSG_DONTWAIT) <= 0) break;
+        ::close(fd);
+      }
+      spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    auto self = shared_from_this();
+    pause_timer.expires_after(std::chrono::milliseconds(100));
+    pause_timer.async_wait([self](const boost::system::error_code& e) {
+      if (!e && self->acceptor.is_open()) self->accept();
+    });
+  }
+
+  /// "rank 0" for "rank 0's rendezvous port" (the process this listener is of).
+  std::string owner() const {
+    const auto at = opts.what.find("'s ");
+    return at == std::string::npos ? opts.what : opts.what.substr(0, at);
+  }
+
+  /// At kMaxPending handshakes in progress, a newcomer takes the place of
+  /// the oldest connection whose hello has not arrived (a process that
+  /// opens connections and sends nothing, or a byte at a time, cannot keep
+  /// the ranks out); when every pending one sent its hello, the newcomer
+  /// is closed.
+  bool make_room() {
+    std::erase_if(live, [](const std::weak_ptr<Conn>& w) { return w.expired(); });
+    if (pending < kMaxPending) return true;
+    for (auto& w : live)  // oldest first
+      if (auto c = w.lock(); c && !c->hello_done && !c->dropped) {
+        drop(c, "it sent no complete handshake while " + std::to_string(kMaxPending) +
+                    " connections were waiting (closed to make room)");
+        return true;
+      }
+    return false;
+  }
+
   void start(tcp::socket s) {
     boost::system::error_code ec;
-    if (pending >= kMaxPending) {
+    if (!make_room()) {
       s.close(ec);
       return;
     }
     auto c = std::make_shared<Conn>(std::move(s), opts);
-    std::erase_if(live, [](const std::weak_ptr<Conn>& w) { return w.expired(); });
     live.push_back(c);
     const auto ep = c->sock.remote_endpoint(ec);
     c->from = ec ? std::string("an unknown address") : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -487,12 +577,20 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
       if (!e) c->sock.close(ignore);  // too slow: whatever is pending fails
     });
     c->buf.assign(kMagicSize, '\0');
-    asio::async_read(c->sock, asio::buffer(c->buf), [self, c](const boost::system::error_code& e, std::size_t) {
-      if (e) return self->drop(c, "");  // closed or too slow before a hello: nothing to report
+    asio::async_read(c->sock, asio::buffer(c->buf), [self, c](const boost::system::error_code& e, std::size_t got) {
+      // Closed before a byte (a port scan, a health check): nothing to report.
+      if (e && got == 0) return self->drop(c, "");
+      if (e == asio::error::eof)
+        return self->drop(c, "not a dopt handshake (" + std::to_string(got) + " bytes, then it closed the connection)");
+      if (e)
+        return self->drop(c, "it sent " + std::to_string(got) + " bytes and then nothing within " +
+                                 std::to_string(self->opts.handshake_timeout.count()) +
+                                 " ms (DOPT_HANDSHAKE_TIMEOUT_MS)");
       if (!ServerHandshake::magic_ok(c->buf)) return self->drop(c, "not a dopt handshake");
       auto rest = std::make_shared<std::string>(kHelloSize - kMagicSize, '\0');
       asio::async_read(c->sock, asio::buffer(*rest), [self, c, rest](const boost::system::error_code& e2, std::size_t) {
         if (e2) return self->drop(c, "the hello did not arrive in time");
+        c->hello_done = true;
         auto reply = std::make_shared<std::string>(c->hs.on_hello(c->buf + *rest));
         asio::async_write(c->sock, asio::buffer(*reply), [self, c, reply](const boost::system::error_code& e3,
                                                                           std::size_t) {
@@ -516,6 +614,8 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
   }
 
   void drop(const std::shared_ptr<Conn>& c, const std::string& why) {
+    if (c->dropped) return;  // closed to make room; its handler ran later
+    c->dropped = true;
     --pending;
     boost::system::error_code ignore;
     c->timer.cancel();
@@ -524,6 +624,8 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
   }
 
   void ready(const std::shared_ptr<Conn>& c) {
+    if (c->dropped) return;
+    c->dropped = true;
     --pending;
     c->timer.cancel();
     boost::system::error_code ec;
@@ -597,6 +699,7 @@ void AuthListener::close() {
   asio::post(p->io, [p] {
     boost::system::error_code ignore;
     p->acceptor.close(ignore);
+    p->pause_timer.cancel();
     for (auto& w : p->live)
       if (auto c = w.lock()) {
         c->timer.cancel();
