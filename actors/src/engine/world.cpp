@@ -38,8 +38,11 @@ std::string job_token() {
 
 }  // namespace
 
-ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
+ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options) {
   UserThreadCafScope caf_scope;
+  // env.secret becomes the session key in the rendezvous (before make_info
+  // runs): every port opened from then on is keyed (rendezvous_internal.hpp).
+  LaunchEnv env = launch_env;
   const char* op = "init_process_group";
   std::string plane_choice = options.transport;
   if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) plane_choice = t;
@@ -82,7 +85,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
     return info + " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
            " job=" + job_token() + identity.probe_fields();
   };
-  RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
+  RendezvousResult rdv = rendezvous_with(runtime, launch_env, options.timeout, a, make_info, &env.secret);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> elsewhere;
   auto field = [](const std::string& text, const std::string& key) {
