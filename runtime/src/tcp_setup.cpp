@@ -1,6 +1,7 @@
 // TcpMesh's setup: the listener, and establish(): every connection of this
 // rank (control and data, to and from every peer), dopt's handshake on each,
 // then the hello that names its rank and connection index.
+#include <cerrno>
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -310,6 +311,12 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
       if (done) return;
       if (ec) {
         if (ec == asio::error::operation_aborted) return;
+        // Out of descriptors or memory: no retry cures it; named here, on
+        // the rank that hit it (its peers then see this rank gone).
+        if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_memory ||
+            ec == asio::error::no_buffer_space)
+          return finish(std::make_exception_ptr(
+              IOError(k_op, "cannot accept the connections of the data plane: " + errno_text(ec.value()), rank)));
         return do_accept();
       }
       auto a = std::make_shared<Accepted>(std::move(s));
