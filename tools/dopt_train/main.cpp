@@ -167,8 +167,24 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   std::int64_t first = 0;
   if (plan.resume) {
     first = plan.resume->step;
+    verify_checkpoint_files(*plan.resume);  // every file of it is of this checkpoint
     load_model(plan.resume->dir, rank, world_size, model, first);
     strategy->load(plan.resume->dir, first);
+  }
+  // The run's id in its checkpoints: a resumed run keeps it; a new one gets
+  // rank 0's (every rank must write the same).
+  std::string run_id;
+  if (!o.checkpoint_dir.empty()) {
+    if (plan.resume && plan.resume->identity) {
+      run_id = plan.resume->identity->run;
+    } else {
+      Tensor id = Tensor::zeros({1}, dopt::DType::int64);
+      if (rank == 0) id.data<std::int64_t>()[0] = static_cast<std::int64_t>(std::stoull(new_run_id(), nullptr, 16));
+      world.broadcast(id, 0);
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id.data<std::int64_t>()[0]));
+      run_id = buf;
+    }
   }
 
   const bool tty = ::isatty(1) != 0;
@@ -207,11 +223,12 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       fs::create_directories(tmp);
     }
     world.barrier();
-    save_model(tmp.string(), rank, world_size, model, step);
-    strategy->save(tmp.string());  // a collective (ZeRO: save_sharded)
+    const CheckpointIdentity id = CheckpointIdentity::of(step, run_id, world_size);
+    save_model(tmp.string(), rank, model, id);
+    strategy->save(tmp.string(), id.metadata());  // a collective (ZeRO: save_sharded)
     world.barrier();
     if (lead) {
-      write_checkpoint_info(tmp.string(), plan.run, step);
+      write_checkpoint_info(tmp.string(), plan.run, id);
       fs::remove_all(final_dir);
       fs::rename(tmp, final_dir);
       if (metrics) metrics->flush();
