@@ -211,11 +211,6 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
   put_i32(reply_, kRWorld, mine_.world_size);
   // kRJob stays empty: the reply goes to a process not yet known to be of
   // this job.
-  peer_.purpose = static_cast<Purpose>(static_cast<unsigned char>(hello[kHPurpose]));
-  peer_.rank = get_i32(hello, kHRank);
-  peer_.world_size = get_i32(hello, kHWorld);
-  peer_.job_id = get_text(hello, kHJobLen, kHJob, kJobMax, false);
-  const bool client_secret = (static_cast<unsigned char>(hello[kHFlags]) & 1) != 0;
   // why: told to the client; note (when given): this side's notice, which
   // may name this job.
   auto refuse = [&](Status st, const std::string& why, const std::string& note = {}) {
@@ -227,7 +222,14 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
     put_text(reply_, kRMsgLen, kRMsg, why, kMsgMax, true);
     return reply_;
   };
+  // The size first: the fields below are read at fixed offsets (a short
+  // hello read past its end; found by fuzz/handshake.cpp).
   if (hello.size() != kHelloSize || !magic_ok(hello)) return refuse(k_refused, "not a dopt handshake");
+  peer_.purpose = static_cast<Purpose>(static_cast<unsigned char>(hello[kHPurpose]));
+  peer_.rank = get_i32(hello, kHRank);
+  peer_.world_size = get_i32(hello, kHWorld);
+  peer_.job_id = get_text(hello, kHJobLen, kHJob, kJobMax, false);
+  const bool client_secret = (static_cast<unsigned char>(hello[kHFlags]) & 1) != 0;
   if (peer_.job_id != mine_.job_id)
     return refuse(k_other_job, "this port belongs to another job",
                   "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +

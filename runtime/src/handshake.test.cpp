@@ -209,6 +209,24 @@ TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a
                                   "complete handshake while 64 connections were waiting \\(closed to make room\\)"));
 }
 
+TEST_CASE("handshake: a hello of any other size is refused without reading past it (found by fuzzing)",
+          "[handshake][security]") {
+  // fuzz/handshake.cpp found the server reading the hello's fields before
+  // checking its size (regression input: fuzz/corpus/handshake/regress-short-hello).
+  ClientHandshake client(Purpose::control, creds("A", ""), "p", "test");
+  const std::string hello = client.hello();
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, kMagicSize, std::size_t{17}, std::size_t{25}, kHelloSize - 1,
+                        kHelloSize + 1, 2 * kHelloSize}) {
+    INFO(n << " bytes");
+    std::string h = n <= hello.size() ? hello.substr(0, n) : hello + std::string(n - hello.size(), 'x');
+    ServerHandshake server(Purpose::control, creds("A", ""), {});
+    const std::string reply = server.on_hello(h);
+    CHECK(reply.size() == kReplySize);
+    CHECK(server.refused());
+    CHECK(server.refusal() == "not a dopt handshake");
+  }
+}
+
 TEST_CASE("handshake: a client that does not know the secret fails the server's check", "[handshake][security]") {
   // A client that forges the proof (it cannot compute the HMAC) is refused
   // after step 3, before anything else is accepted.
