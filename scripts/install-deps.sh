@@ -6,8 +6,9 @@
 # python3-dev; its tests compare with python3-torch, which is also the
 # benchmarks' peer), the libtorch interop (libtorch-dev), the MPI plane and
 # its tests (libopenmpi-dev, openmpi-bin) and the multi-host tests' network
-# namespaces (iproute2: ip, tc), and ccache (CI's second configuration reuses
-# the first one's objects).
+# namespaces (iproute2: ip, tc), ccache (CI's second configuration reuses
+# the first one's objects), and clang with its libFuzzer runtime (clang,
+# libclang-rt-14-dev) for the fuzz targets (fuzz/, scripts/fuzz.sh).
 # SLURM, for the real srun test (tests/slurm_cluster.sh: slurmctld slurmd
 # slurm-client munge), is installed without its Recommends: 6 packages,
 # 3.2 MB, 11 s to install here from apt's cache (with Recommends: 33
@@ -22,7 +23,7 @@ set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
       libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy libtorch-dev
-      libopenmpi-dev openmpi-bin iproute2 ccache)
+      libopenmpi-dev openmpi-bin iproute2 ccache clang libclang-rt-14-dev)
 lean=()  # installed without Recommends
 with_slurm=0
 for arg in "$@"; do [[ "$arg" == --with-slurm ]] && with_slurm=1; done

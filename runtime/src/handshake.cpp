@@ -660,7 +660,7 @@ AuthListener::AuthListener(Options options) : impl_(std::make_shared<Impl>(std::
       ep.port(static_cast<std::uint16_t>(port));
       im.acceptor.open(ep.protocol(), ec);
       if (ec) {
-        last = ec.message();
+        last = errno_text(ec.value());
         continue;
       }
       im.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
@@ -668,7 +668,7 @@ AuthListener::AuthListener(Options options) : impl_(std::make_shared<Impl>(std::
       im.acceptor.bind(ep, ec);
       if (!ec) im.acceptor.listen(asio::socket_base::max_listen_connections, ec);
       if (ec) {
-        last = ec.message();
+        last = errno_text(ec.value());
         boost::system::error_code ignore;
         im.acceptor.close(ignore);
         continue;

@@ -66,12 +66,12 @@ TcpListener TcpMesh::listen(const std::string& bind_host, int port_lo, int port_
       tcp::endpoint ep = entry.endpoint();
       ep.port(static_cast<std::uint16_t>(port));
       a.open(ep.protocol(), ec);
-      if (ec) { last = ec.message(); continue; }
+      if (ec) { last = errno_text(ec.value()); continue; }
       a.set_option(asio::socket_base::reuse_address(true), ec);
       a.bind(ep, ec);
       if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
       if (ec) {
-        last = ec.message();
+        last = errno_text(ec.value());
         boost::system::error_code ignore;
         a.close(ignore);
         continue;

@@ -80,8 +80,13 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   auto make_info = [&] {
     // Ports behind dopt's handshake (job id, secret), on the chosen interface.
     std::string info = host + publish_control_port(rt, sys, a, env, op);
-    if (plane_choice != "shm")
-      listener.emplace(transport::TcpMesh::listen(info_field(info, "bind"), env.port_range_lo, env.port_range_hi));
+    if (plane_choice != "shm") {
+      try {
+        listener.emplace(transport::TcpMesh::listen(info_field(info, "bind"), env.port_range_lo, env.port_range_hi));
+      } catch (const IOError& e) {
+        throw IOError(op, "the data plane " + e.detail(), env.rank);  // names the rank that hit it
+      }
+    }
     return info + " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
            " job=" + job_token() + identity.probe_fields();
   };
