@@ -642,7 +642,19 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
   }
 };
 
-AuthListener::AuthListener(Options options) : impl_(std::make_shared<Impl>(std::move(options))) {
+namespace {
+/// The listener's state; its event loop (epoll) needs descriptors of its own.
+std::shared_ptr<AuthListener::Impl> make_listener_impl(AuthListener::Options options) {
+  const std::string what = options.what;
+  try {
+    return std::make_shared<AuthListener::Impl>(std::move(options));
+  } catch (const boost::system::system_error& e) {
+    throw IOError("listen", what + " cannot start its event loop: " + errno_text(e.code().value()));
+  }
+}
+}  // namespace
+
+AuthListener::AuthListener(Options options) : impl_(make_listener_impl(std::move(options))) {
   Impl& im = *impl_;
   if (!im.opts.on_ready) throw ValueError("AuthListener", "on_ready is required");
   boost::system::error_code ec;

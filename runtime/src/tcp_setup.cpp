@@ -52,7 +52,12 @@ std::uint16_t TcpListener::port() const { return impl_ ? impl_->port : 0; }
 TcpListener TcpMesh::listen(const std::string& bind_host) { return listen(bind_host, 0, 0); }
 
 TcpListener TcpMesh::listen(const std::string& bind_host, int port_lo, int port_hi) {
-  auto impl = std::make_unique<TcpListener::Impl>();
+  std::unique_ptr<TcpListener::Impl> impl;
+  try {
+    impl = std::make_unique<TcpListener::Impl>();  // an event loop (epoll): a descriptor of its own
+  } catch (const boost::system::system_error& e) {
+    throw IOError(k_op, "cannot listen on \"" + bind_host + "\": " + errno_text(e.code().value()));
+  }
   boost::system::error_code ec;
   tcp::resolver resolver(impl->io);
   auto results = resolver.resolve(bind_host, "0", tcp::resolver::passive, ec);
