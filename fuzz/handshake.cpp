@@ -8,19 +8,10 @@
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/handshake.hpp"
+#include "fuzz_common.hpp"
 
 using namespace dopt::net;
 
-namespace {
-Credentials creds(bool secret) {
-  Credentials c;
-  c.job_id = "fuzz-job";
-  c.secret = secret ? "0123456789abcdef0123456789abcdef" : "";
-  c.rank = 0;
-  c.world_size = 4;
-  return c;
-}
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
@@ -30,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto purpose = static_cast<Purpose>(1 + (mode >> 1) % 3);
   if (mode & 8) {
     // Server: the first kHelloSize bytes are the hello, the rest the proof.
-    ServerHandshake server(purpose, creds(secret), [](const PeerHello& p) {
+    ServerHandshake server(purpose, dopt_fuzz::creds(secret, 0), [](const PeerHello& p) {
       return p.rank == 3 ? std::string("rank 3 is taken") : std::string();
     });
     (void)ServerHandshake::magic_ok(in);
@@ -43,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   // Client: the bytes are the server's reply, then its verdict.
-  ClientHandshake client(purpose, creds(secret), "rank 0 at fuzz:1", "fuzz");
+  ClientHandshake client(purpose, dopt_fuzz::creds(secret, 0), "rank 0 at fuzz:1", "fuzz");
   try {
     const std::string proof = client.on_reply(in.substr(0, kReplySize));
     if (proof.size() != kProofSize) __builtin_trap();

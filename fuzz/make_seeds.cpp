@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "basp_frame_check.hpp"
+#include "fuzz_common.hpp"
 #include "dopt/actors/rpc_serialize.hpp"
 #include "dopt/runtime/handshake.hpp"
 #include "dopt/runtime/safetensors.hpp"
@@ -40,14 +41,6 @@ std::string pod(const T& v) {
   return std::string(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-net::Credentials creds(bool secret) {
-  net::Credentials c;
-  c.job_id = "fuzz-job";
-  c.secret = secret ? "0123456789abcdef0123456789abcdef" : "";
-  c.rank = 1;
-  c.world_size = 4;
-  return c;
-}
 
 }  // namespace
 
@@ -59,8 +52,8 @@ int main(int argc, char** argv) {
   g_out = argv[1];
   // handshake: mode byte (bit 0 secret, bits 1-2 purpose, bit 3 server), then bytes.
   for (const bool secret : {false, true}) {
-    net::ClientHandshake client(net::Purpose::control, creds(secret), "p", "seed");
-    net::ServerHandshake server(net::Purpose::control, creds(secret), {});
+    net::ClientHandshake client(net::Purpose::control, dopt_fuzz::creds(secret, 1), "p", "seed");
+    net::ServerHandshake server(net::Purpose::control, dopt_fuzz::creds(secret, 1), {});
     const std::string reply = server.on_hello(client.hello());
     const std::string proof = client.on_reply(reply);
     const std::string verdict = server.on_proof(proof);

@@ -50,33 +50,6 @@ std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {
           {"DOPT_TIMEOUT_MS", "60000"},          {"OMP_NUM_THREADS", "1"}};
 }
 
-int connect_to(int port) {
-  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return -1;
-  }
-  timeval tv{5, 0};
-  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return s;
-}
-
-/// Sends `bytes` on s and reads until the other side closes; true when it
-/// did within 5 s (s is closed either way).
-bool closed_after_sending(int s, const std::string& bytes) {
-  (void)::send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::recv(s, buf, sizeof buf, 0)) > 0) {
-  }
-  ::close(s);
-  return n == 0 || (n < 0 && errno == ECONNRESET);
-}
-
 /// A CAF BASP header (CAF 0.17: big-endian), then `payload` bytes of junk.
 std::string basp(unsigned op, std::uint32_t len, std::size_t payload = 0) {
   std::string f(32, '\0');
@@ -130,7 +103,7 @@ int attack_port(int port, int* admitted) {
   int stopped = 0;
   for (const Frame& f : hostile_frames()) {
     INFO("raw " << f.name << " to port " << port);
-    const int s = connect_to(port);
+    const int s = connect_loopback(port);
     REQUIRE(s >= 0);
     CHECK(closed_after_sending(s, f.bytes));
     ++stopped;
@@ -157,7 +130,7 @@ void slowloris(const std::vector<int>& ports, int n, const std::atomic<bool>& st
   std::vector<int> conns;
   for (int p : ports)
     for (int k = 0; k < n; ++k)
-      if (const int s = connect_to(p); s >= 0) conns.push_back(s);
+      if (const int s = connect_loopback(p); s >= 0) conns.push_back(s);
   const std::string magic = "dopt-hs1";
   for (std::size_t tick = 0; !stop.load(); ++tick) {
     for (int s : conns) (void)::send(s, &magic[tick % magic.size()], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -299,7 +272,7 @@ TEST_CASE("hostile: during the rendezvous of a job without a secret, strangers t
   // that presents its job id (none here) until every rank has joined.
   const auto until = Clock::now() + 10s;
   int probe = -1;
-  while (Clock::now() < until && (probe = connect_to(port)) < 0) ::usleep(20 * 1000);
+  while (Clock::now() < until && (probe = connect_loopback(port)) < 0) ::usleep(20 * 1000);
   REQUIRE(probe >= 0);
   ::close(probe);
   std::atomic<bool> stop{false};

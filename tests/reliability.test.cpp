@@ -47,24 +47,8 @@ std::map<std::string, std::string> with(std::map<std::string, std::string> a,
 /// then closed the connection (without answering anything but maybe a
 /// refusal).
 bool closed_after(int port, const std::string& bytes) {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return true;
-  }
-  (void)::write(s, bytes.data(), bytes.size());
-  timeval tv{5, 0};
-  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::read(s, buf, sizeof buf)) > 0) {
-  }
-  ::close(s);
-  return n == 0 || (n < 0 && errno == ECONNRESET);
+  const int s = connect_loopback(port);
+  return s < 0 || closed_after_sending(s, bytes);
 }
 
 }  // namespace

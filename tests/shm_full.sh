@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# /dev/shm without room (issue 41): with a private 32 MiB /dev/shm holding
+# /dev/shm without room: with a private 32 MiB /dev/shm holding
 # 1 MiB free (a mount namespace of this test's own: the machine's /dev/shm is
 # not touched), a 2-rank job must fail with an error that names /dev/shm, the
 # bytes needed and free and the setting that moves the job to TCP, on the
@@ -9,14 +9,8 @@
 #   tests/shm_full.sh BUILD_DIR
 set -u
 build=$1
-if [ "$(id -u)" != 0 ]; then
-  echo "skipped: needs root (a mount namespace with a /dev/shm of its own)"
-  exit 77
-fi
-if ! unshare -m --propagation private true 2>/dev/null; then
-  echo "skipped: cannot make a mount namespace (unshare -m)"
-  exit 77
-fi
+. "$(dirname "$0")/mount_namespace.sh"
+require_mount_namespace
 exec unshare -m --propagation private bash -c '
   build=$0
   if ! mount -t tmpfs -o size=32m tmpfs /dev/shm; then

@@ -61,6 +61,17 @@ std::string run(Purpose cp, const Credentials& c, Purpose sp, const Credentials&
   }
 }
 
+/// A plain TCP connection to 127.0.0.1:port (REQUIREd to succeed).
+int dial(int port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return s;
+}
+
 struct CaptureNotices {
   std::mutex m;
   std::vector<std::string> notes;
@@ -172,12 +183,7 @@ TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a
   // keeps 64 handshakes at once).
   std::vector<int> stalled;
   for (int k = 0; k < 100; ++k) {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(l.port());
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const int s = dial(l.port());
     REQUIRE(::write(s, "dop", 3) == 3);
     stalled.push_back(s);
   }
@@ -285,12 +291,7 @@ TEST_CASE("handshake over sockets: AuthListener hands over authenticated connect
                   ValueError);
   // Garbage: dropped after the first 8 bytes.
   {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(l.port());
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const int s = dial(l.port());
     const char junk[] = "GET / HTTP/1.0\r\n\r\n";
     REQUIRE(::write(s, junk, sizeof junk - 1) > 0);
     char c;
