@@ -23,10 +23,9 @@ for r in $(seq "$reps"); do
         "$build/bench/dopt_bench_auth" job --iters 5000
     done
     for b in "$build" ${base:+"$base"}; do
-      echo -n "{\"build\": \"$b\", \"transport\": \"$tr\", \"secret\": false, \"collectives\": "
-      run DOPT_TRANSPORT=$tr "$b/tools/dopt-run" --no-secret --no-prefix --nproc-per-node 2 --master-port 0 \
-        "$b/bench/dopt_bench_collectives" --op all_reduce --bytes 4096 --iters 5000 | head -1
-      echo "}"
+      line=$(run DOPT_TRANSPORT=$tr "$b/tools/dopt-run" --no-secret --no-prefix --nproc-per-node 2 --master-port 0 \
+        "$b/bench/dopt_bench_collectives" --op all_reduce --bytes 4096 --iters 5000 | head -1)
+      echo "{\"build\": \"$b\", \"transport\": \"$tr\", \"secret\": false, \"collectives\": $line}"
     done
   done
 done
