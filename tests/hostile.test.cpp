@@ -176,7 +176,7 @@ std::vector<int> ports_of_running(const std::vector<int>& pids, const fs::path& 
 }  // namespace
 
 TEST_CASE("hostile: a stranger without the secret sends hostile frames to every port of a 2-rank job started as "
-          "torchrun starts ranks; the job finishes with the loss of an undisturbed run",
+          "torchrun starts ranks, and the job finishes with the loss of an undisturbed run",
           "[hostile][security]") {
   // By hand with torchrun's variables (no agent store: no secret, the ranks'
   // ports take the session key), the same with dopt::rpc (--optim remote:

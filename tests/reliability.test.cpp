@@ -79,7 +79,7 @@ TEST_CASE("dopt-replay: a world_size that does not fit is refused before narrowi
 
 // --- no one joins who does not belong --------------------------------------------------
 
-TEST_CASE("reliability: a rank of another job on the same port is refused at once, learning nothing of the job; the "
+TEST_CASE("reliability: a rank of another job on the same port is refused at once, learning nothing of the job, and the "
           "job goes on",
           "[reliability][multiprocess][security]") {
   const int port = free_port();

@@ -100,7 +100,7 @@ TEST_CASE("dopt-train: every --inner optimizer trains under ZeRO (3 simulated ra
   require_loss_falls(dir.path / "m.jsonl", 300);
 }
 
-TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place; in a file, plain lines", "[train]") {
+TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place, in a file, plain lines", "[train]") {
   // stdout a pseudo-terminal: the bar.
   int master = -1;
   const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
@@ -136,11 +136,13 @@ TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place; in a 
   for (const char* line : {"\nstep 1/30  loss ", "\nstep 10/30  loss ", "\nstep 20/30  loss ", "\nstep 30/30  loss "})
     CHECK(contains(d.out, line));
   CHECK_FALSE(contains(d.out, "step 11/30"));
-  // --quiet: the summary only.
+  // --quiet: the summary only (its two lines: the run, the bytes sent).
   const Done q = train({"--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2", "--quiet"});
   REQUIRE(q.ok());
-  CHECK(lines_of(q.out).size() == 1);
+  INFO(q.out);
+  CHECK(lines_of(q.out).size() == 2);
   CHECK(contains(q.out, "dopt-train: 30 steps in "));
+  CHECK(contains(q.out, "\nbytes sent per rank: "));
 }
 
 TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on every rank", "[train]") {
@@ -190,7 +192,7 @@ TEST_CASE("dopt-train: a resumed run ends bitwise where an uninterrupted one end
   CHECK(losses(dir.path / "full.jsonl") == losses(dir.path / "part.jsonl"));  // every step's loss
 }
 
-TEST_CASE("dopt-train: Ctrl-C checkpoints the step it stops at; --resume continues exactly", "[train]") {
+TEST_CASE("dopt-train: Ctrl-C checkpoints the step it stops at, --resume continues exactly", "[train]") {
   const std::string mode = GENERATE("zero", "post-local-sgd");
   INFO(mode);
   TempDir dir("dopt-train-sigint", mode);
@@ -605,7 +607,7 @@ std::vector<std::tuple<long, double, double>> bytes_of(const fs::path& metrics) 
 
 }  // namespace
 
-TEST_CASE("dopt-train --optim diloco: the loss falls; bytes per step in the metrics and the loss-against-bytes SVG, "
+TEST_CASE("dopt-train --optim diloco: the loss falls, bytes per step in the metrics and the loss-against-bytes SVG, "
           "against DDP's",
           "[train][diloco]") {
   TempDir dir("dopt-train-diloco", "bytes");

@@ -125,7 +125,7 @@ TEST_CASE("dopt-train --survive: wrong combinations are usage errors (exit 2)", 
   }
 }
 
-TEST_CASE("dopt-train --survive: rank 0 killed mid-training; the lowest survivor leads on (metrics, report) and "
+TEST_CASE("dopt-train --survive: rank 0 killed mid-training, the lowest survivor leads on (metrics, report) and "
           "dopt-run exits 0 only because the survivors finished",
           "[train][survive][multiprocess]") {
   // Issue 41: losing rank 0 stopped the metrics and the report while the

@@ -274,7 +274,7 @@ TEST_CASE("ZeRO partition: sizes [9,7,5,3] x world give 24 elements per rank", "
   }
 }
 
-TEST_CASE("ZeRO add_param_group re-partitions; ranks that get nothing get an empty group", "[zero]") {
+TEST_CASE("ZeRO add_param_group re-partitions, ranks that get nothing get an empty group", "[zero]") {
   std::vector<std::vector<std::size_t>> local_sizes(3);
   std::vector<std::vector<int>> owners(3);
   std::vector<double> lr(3);

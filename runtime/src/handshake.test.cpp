@@ -91,7 +91,7 @@ struct CaptureNotices {
 
 }  // namespace
 
-TEST_CASE("handshake: the same job and secret pass; the server learns who connected", "[handshake][security]") {
+TEST_CASE("handshake: the same job and secret pass, the server learns who connected", "[handshake][security]") {
   PeerHello seen;
   CHECK(run(Purpose::rendezvous, creds("A", kSecret, 3, 5), Purpose::rendezvous, creds("A", kSecret, 0, 5), {}, nullptr,
             &seen) == "");
@@ -431,7 +431,7 @@ TEST_CASE("handshake: listeners take their ports from DOPT_PORT_RANGE, and say s
                     Catch::Contains("no free port in DOPT_PORT_RANGE"));
 }
 
-TEST_CASE("handshake: IPv6 loopback binds and advertises ::1; every interface advertises the route to MASTER_ADDR",
+TEST_CASE("handshake: IPv6 loopback binds and advertises ::1, every interface advertises the route to MASTER_ADDR",
           "[handshake][network]") {
   LaunchEnv env;
   env.master_addr = "::1";

@@ -490,7 +490,7 @@ TEST_CASE("safetensors: a file without checksums still loads, unverified", "[saf
   CHECK(r.read("a").equal(tensors.at("a")));
 }
 
-TEST_CASE("safetensors: DOPT_CHECKSUMS=off skips verification; bad values and the reserved key are errors",
+TEST_CASE("safetensors: DOPT_CHECKSUMS=off skips verification, bad values and the reserved key are errors",
           "[safetensors][checksum]") {
   std::string bytes = serialize_safetensors({{"a", Tensor::from_vector<float>({1.f, 2.f}, {2})}});
   bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 1);
