@@ -7,8 +7,10 @@
 # benchmarks' peer; `pip install ./python` in a venv needs python3-venv,
 # python3-pip, python3-setuptools and python3-wheel), the libtorch interop (libtorch-dev), the MPI plane and
 # its tests (libopenmpi-dev, openmpi-bin) and the multi-host tests' network
-# namespaces (iproute2: ip, tc), and ccache (scripts/test.sh builds through
-# it: CI's second configuration and the pip test reuse the first build's objects).
+# namespaces (iproute2: ip, tc), ccache (scripts/test.sh builds through it: CI's
+# second configuration and the pip test reuse the first build's objects), and
+# clang with its libFuzzer runtime (clang, libclang-rt-14-dev) for the fuzz
+# targets (fuzz/, scripts/fuzz.sh).
 # SLURM, for the real srun test (tests/slurm_cluster.sh: slurmctld slurmd
 # slurm-client munge), is installed without its Recommends: 6 packages,
 # 3.2 MB, 11 s to install here from apt's cache (with Recommends: 33
@@ -22,8 +24,9 @@
 set -euo pipefail
 pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
-      libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy python3-venv python3-pip python3-setuptools python3-wheel libtorch-dev
-      libopenmpi-dev openmpi-bin iproute2 ccache)
+      libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy python3-venv python3-pip
+      python3-setuptools python3-wheel libtorch-dev
+      libopenmpi-dev openmpi-bin iproute2 ccache clang libclang-rt-14-dev)
 lean=()  # installed without Recommends
 with_slurm=0
 for arg in "$@"; do [[ "$arg" == --with-slurm ]] && with_slurm=1; done

@@ -6,10 +6,8 @@
 #   tests/huge_shm_namespace.sh UNIT_TESTS
 set -u
 unit=$1
-if [ "$(id -u)" != 0 ]; then
-  echo "skipped: needs root (a mount namespace with a /dev/shm of its own)"
-  exit 77
-fi
+. "$(dirname "$0")/mount_namespace.sh"
+require_mount_namespace
 thp=/sys/kernel/mm/transparent_hugepage
 if grep -q '\[deny\]' $thp/shmem_enabled 2>/dev/null; then
   echo "skipped: $thp/shmem_enabled is deny (no huge pages for any tmpfs)"
@@ -17,10 +15,6 @@ if grep -q '\[deny\]' $thp/shmem_enabled 2>/dev/null; then
 fi
 if [ "$(cat $thp/hpage_pmd_size 2>/dev/null)" != 2097152 ]; then
   echo "skipped: huge pages here are not 2 MiB ($thp/hpage_pmd_size: $(cat $thp/hpage_pmd_size 2>/dev/null || echo none))"
-  exit 77
-fi
-if ! unshare -m --propagation private true 2>/dev/null; then
-  echo "skipped: cannot make a mount namespace (unshare -m)"
   exit 77
 fi
 exec unshare -m --propagation private bash -c '

@@ -21,6 +21,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/handshake.hpp"
 #include "process_util.hpp"
+#include "proc_ports.hpp"
 
 namespace {
 
@@ -42,95 +43,12 @@ std::map<std::string, std::string> with(std::map<std::string, std::string> a,
   return a;
 }
 
-/// The processes whose parent is `pid`.
-std::vector<int> children_of(int pid) {
-  std::vector<int> out;
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    const int p = std::atoi(e->d_name);
-    if (p <= 0) continue;
-    const std::string stat = slurp("/proc/" + std::to_string(p) + "/stat");
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream ss(stat.substr(close + 2));
-    char state;
-    int ppid = 0;
-    ss >> state >> ppid;
-    if (ppid == pid) out.push_back(p);
-  }
-  ::closedir(d);
-  return out;
-}
-
-struct ListenSocket {
-  std::string addr_hex;  // as /proc/net/tcp writes the local address ("0100007F" = 127.0.0.1)
-  int port = 0;
-};
-
-/// The TCP sockets process `pid` listens on.
-std::vector<ListenSocket> listening(int pid) {
-  std::set<std::string> inodes;
-  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
-  if (DIR* d = ::opendir(fd_dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      char buf[256] = {};
-      const ssize_t n = ::readlink((fd_dir + "/" + e->d_name).c_str(), buf, sizeof buf - 1);
-      if (n > 0 && std::string(buf).rfind("socket:[", 0) == 0)
-        inodes.insert(std::string(buf + 8, static_cast<std::size_t>(n) - 9));
-    }
-    ::closedir(d);
-  }
-  std::vector<ListenSocket> out;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    const auto rows = lines_of(slurp(table));
-    for (std::size_t i = 1; i < rows.size(); ++i) {
-      std::istringstream ss(rows[i]);
-      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
-      ss >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
-      if (st != "0A" || !inodes.count(inode)) continue;
-      const auto colon = local.find(':');
-      out.push_back({local.substr(0, colon), std::stoi(local.substr(colon + 1), nullptr, 16)});
-    }
-  }
-  return out;
-}
-
-std::string env_of(int pid, const std::string& key) {
-  const std::string all = slurp("/proc/" + std::to_string(pid) + "/environ");
-  std::size_t at = 0;
-  while (at < all.size()) {
-    const std::size_t end = all.find('\0', at);
-    const std::string kv = all.substr(at, end - at);
-    if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
-    if (end == std::string::npos) break;
-    at = end + 1;
-  }
-  return {};
-}
-
 /// Connects to 127.0.0.1:port and sends `bytes`; true when the other side
 /// then closed the connection (without answering anything but maybe a
 /// refusal).
 bool closed_after(int port, const std::string& bytes) {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return true;
-  }
-  (void)::write(s, bytes.data(), bytes.size());
-  timeval tv{5, 0};
-  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::read(s, buf, sizeof buf)) > 0) {
-  }
-  ::close(s);
-  return n == 0 || (n < 0 && errno == ECONNRESET);
+  const int s = connect_loopback(port);
+  return s < 0 || closed_after_sending(s, bytes);
 }
 
 }  // namespace
@@ -161,7 +79,8 @@ TEST_CASE("dopt-replay: a world_size that does not fit is refused before narrowi
 
 // --- no one joins who does not belong --------------------------------------------------
 
-TEST_CASE("reliability: a rank of another job on the same port is refused at once naming both jobs, the job goes on",
+TEST_CASE("reliability: a rank of another job on the same port is refused at once, learning nothing of the job, and the "
+          "job goes on",
           "[reliability][multiprocess][security]") {
   const int port = free_port();
   const Proc a0 = start({kPeer, "20000"}, with(rank_env(0, 2, port), {{"DOPT_JOB_ID", "job-A"}}));
@@ -172,11 +91,13 @@ TEST_CASE("reliability: a rank of another job on the same port is refused at onc
   CHECK(b1.failed());
   CHECK(seconds_since(t0) < 5.0);
   CHECK(contains(b1.out, "error ValueError: rendezvous [rank 1]: rank 0 at 127.0.0.1:" + std::to_string(port) +
-                             " belongs to job 'job-A' but this process belongs to job 'job-B': two jobs use the same "
-                             "address and port"));
+                             " belongs to another job than this process (job 'job-B'): two jobs use "
+                             "the same address and port"));
+  CHECK_FALSE(contains(b1.out, "job-A"));  // a refused process is never told the job's id
   // No job id at all is not job A either.
   const Done n1 = wait(start({kPeer, "20000"}, with(rank_env(1, 2, port), {{"DOPT_JOB_ID", ""}})));
-  CHECK(contains(n1.out, "belongs to job 'job-A' but this process belongs to no job id"));
+  CHECK(contains(n1.out, "belongs to another job than this process (no job id)"));
+  CHECK_FALSE(contains(n1.out, "job-A"));
   const Done a1 = wait(start({kPeer, "20000"}, with(rank_env(1, 2, port), {{"DOPT_JOB_ID", "job-A"}})));
   const Done a0d = wait(a0);
   INFO(a0d.out << a1.out);
@@ -202,7 +123,7 @@ TEST_CASE("reliability: two dopt-run jobs on one port never train together", "[r
   const bool no_listen = contains(second.out, "[rank 0] error IOError: rendezvous [rank 0]: rank 0 cannot listen on "
                                               "port " + std::to_string(port));
   const bool refused = contains(second.out, "[rank 1] error ValueError: rendezvous [rank 1]: rank 0 at 127.0.0.1:" +
-                                                std::to_string(port) + " belongs to job 'dopt-run-");
+                                                std::to_string(port) + " belongs to another job than this process");
   CHECK((no_listen || refused));
   CHECK_FALSE(contains(second.out, "done "));
   CHECK(one.ok());

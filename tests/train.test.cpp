@@ -100,7 +100,7 @@ TEST_CASE("dopt-train: every --inner optimizer trains under ZeRO (3 simulated ra
   require_loss_falls(dir.path / "m.jsonl", 300);
 }
 
-TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place; in a file, plain lines", "[train]") {
+TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place, in a file, plain lines", "[train]") {
   // stdout a pseudo-terminal: the bar.
   int master = -1;
   const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
@@ -136,11 +136,13 @@ TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place; in a 
   for (const char* line : {"\nstep 1/30  loss ", "\nstep 10/30  loss ", "\nstep 20/30  loss ", "\nstep 30/30  loss "})
     CHECK(contains(d.out, line));
   CHECK_FALSE(contains(d.out, "step 11/30"));
-  // --quiet: the summary only.
+  // --quiet: the summary only (its two lines: the run, the bytes sent).
   const Done q = train({"--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2", "--quiet"});
   REQUIRE(q.ok());
-  CHECK(lines_of(q.out).size() == 1);
+  INFO(q.out);
+  CHECK(lines_of(q.out).size() == 2);
   CHECK(contains(q.out, "dopt-train: 30 steps in "));
+  CHECK(contains(q.out, "\nbytes sent per rank: "));
 }
 
 TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on every rank", "[train]") {
@@ -190,7 +192,7 @@ TEST_CASE("dopt-train: a resumed run ends bitwise where an uninterrupted one end
   CHECK(losses(dir.path / "full.jsonl") == losses(dir.path / "part.jsonl"));  // every step's loss
 }
 
-TEST_CASE("dopt-train: Ctrl-C checkpoints the step it stops at; --resume continues exactly", "[train]") {
+TEST_CASE("dopt-train: Ctrl-C checkpoints the step it stops at, --resume continues exactly", "[train]") {
   const std::string mode = GENERATE("zero", "post-local-sgd");
   INFO(mode);
   TempDir dir("dopt-train-sigint", mode);
@@ -605,7 +607,7 @@ std::vector<std::tuple<long, double, double>> bytes_of(const fs::path& metrics) 
 
 }  // namespace
 
-TEST_CASE("dopt-train --optim diloco: the loss falls; bytes per step in the metrics and the loss-against-bytes SVG, "
+TEST_CASE("dopt-train --optim diloco: the loss falls, bytes per step in the metrics and the loss-against-bytes SVG, "
           "against DDP's",
           "[train][diloco]") {
   TempDir dir("dopt-train-diloco", "bytes");
@@ -671,4 +673,55 @@ TEST_CASE("dopt-train --optim diloco: a run resumed with an average in flight en
   INFO(m.out);
   REQUIRE(m.ok());
   CHECK(slurp((dir.path / "full.st").string()) == slurp((dir.path / "mp.st").string()));
+}
+
+TEST_CASE("dopt-train: a checkpoint that mixes files of two checkpoints is refused on every rank, naming the odd "
+          "file and its step",
+          "[train][reliability]") {
+  // Issue 41: an optimizer shard of step 20 placed in the step-40 checkpoint
+  // loaded with exit 0. Every file now carries the checkpoint's identity
+  // (step, run, world size, manifest digest); checkpoint.json lists them.
+  TempDir dir("dopt-train-mixed", "ck");
+  const std::string mode = GENERATE("zero", "ddp");
+  const bool processes = GENERATE(false, true);
+  INFO(mode << (processes ? ", processes" : ", simulated ranks"));
+  const fs::path ck = dir.path / "ck";
+  auto run = [&](const std::vector<std::string>& more) {  // 40 steps, or 60 when resuming
+    const bool resume = std::find(more.begin(), more.end(), "--resume-from") != more.end();
+    const auto a = args_of(mode, 2, resume ? 60 : 40, more);
+    return processes ? train_under_dopt_run(2, a) : train(a);
+  };
+  const Done a = run({"--checkpoint-dir", ck.string(), "--checkpoint-every", "20"});
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const fs::path s20 = ck / "step-00000020", s40 = ck / "step-00000040";
+  const auto run_id = nlohmann::json::parse(slurp((s40 / "checkpoint.json").string())).at("identity").at("run");
+  SECTION("an optimizer shard of an earlier step") {
+    fs::copy_file(s20 / "optim-rank1-of-2.safetensors", s40 / "optim-rank1-of-2.safetensors",
+                  fs::copy_options::overwrite_existing);
+    const Done d = run({"--resume-from", s40.string()});
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, (s40 / "optim-rank1-of-2.safetensors").string() + " holds step 20 of run " +
+                              run_id.get<std::string>() + " (2 ranks), but the checkpoint " + s40.string() +
+                              " is step 40 of run " + run_id.get<std::string>() +
+                              " (2 ranks): the folder mixes files of different checkpoints"));
+    CHECK_FALSE(contains(d.out, "steps in"));
+  }
+  SECTION("a model file of another run at the same step") {
+    const fs::path other = dir.path / "other";
+    REQUIRE(run({"--checkpoint-dir", other.string()}).ok());
+    fs::copy_file(other / "step-00000040" / "model-rank0-of-2.safetensors", s40 / "model-rank0-of-2.safetensors",
+                  fs::copy_options::overwrite_existing);
+    const Done d = run({"--resume-from", s40.string()});
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "model-rank0-of-2.safetensors holds step 40 of run "));
+    CHECK(contains(d.out, "the folder mixes files of different checkpoints"));
+  }
+  SECTION("the unchanged checkpoint resumes") {
+    const Done d = run({"--resume-from", s40.string()});
+    INFO(d.out);
+    CHECK(d.ok());
+  }
 }

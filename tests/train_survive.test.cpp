@@ -5,12 +5,16 @@
 // from tests/rendezvous.cmake), and with simulated ranks.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "proc_ports.hpp"
 #include "process_util.hpp"
 
 namespace {
@@ -119,4 +123,62 @@ TEST_CASE("dopt-train --survive: wrong combinations are usage errors (exit 2)", 
     INFO(d.out);
     CHECK(WEXITSTATUS(d.status) == 2);
   }
+}
+
+TEST_CASE("dopt-train --survive: rank 0 killed mid-training, the lowest survivor leads on (metrics, report) and "
+          "dopt-run exits 0 only because the survivors finished",
+          "[train][survive][multiprocess]") {
+  // Issue 41: losing rank 0 stopped the metrics and the report while the
+  // survivors went on, and dopt-run reported success.
+  const std::string mode = GENERATE("ddp", "zero", "zero-host-memory");
+  INFO(mode);
+  TempDir dir("dopt-train-survive-lead", mode);
+  const long steps = 120, kill_at = 50;
+  std::vector<std::string> argv{kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0",
+                                kTrain};
+  const bool hm = mode == "zero-host-memory";
+  for (auto& a : args_of(hm ? "zero" : mode, 3, steps, 0, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  if (hm) {
+    argv.push_back("--survive-buddies");
+    argv.push_back("host_memory");
+  }
+  const Done d = wait(start(argv, kEnv));
+  INFO(d.out);
+  CHECK(d.ok());
+  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue"));
+  CHECK(contains(d.out, "[rank 1] dopt-train: rank 0 was lost; rank 1 leads from here: metrics, progress and the "
+                        "report (--survive)"));
+  CHECK(contains(d.out, "[rank 1] dopt-train: rank(s) 0 lost during step " + std::to_string(kill_at + 1) +
+                            "; 2 ranks go on (--survive)"));
+  CHECK(contains(d.out, "[rank 1] dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK(contains(d.out, "dopt-run: 1 rank(s) failed (0), 2 finished"));
+  require_curve_continues(dir.path / "m.jsonl", steps, kill_at);
+}
+
+TEST_CASE("dopt-run --on-failure continue: a program that cannot survive the loss of rank 0 fails, naming rank 0",
+          "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-no-survive", "r0");
+  const fs::path metrics = dir.path / "m.jsonl";
+  const Proc job = start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "2", "--master-port", "0", kTrain,
+                          "--optim", "zero", "--steps", "200000", "--hidden", "64", "--layers", "2", "--metrics",
+                          metrics.string(), "--quiet"},
+                         kEnv);
+  // Rank 0: the child of dopt-run whose environment says RANK=0, once it trains.
+  int rank0 = -1;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (rank0 < 0 && std::chrono::steady_clock::now() < until) {
+    if (!slurp(metrics.string()).empty())
+      for (int p : children_of(job.pid))
+        if (env_of(p, "RANK") == "0") rank0 = p;
+    ::usleep(20 * 1000);
+  }
+  REQUIRE(rank0 > 0);
+  ::kill(rank0, SIGKILL);
+  const Done d = wait(job);
+  INFO(d.out);
+  CHECK(WIFEXITED(d.status));
+  CHECK(WEXITSTATUS(d.status) == 1);  // the survivor's own exit code: it could not go on
+  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue"));
+  CHECK(contains(d.out, "[rank 1] dopt-train: error: "));
+  CHECK(contains(d.out, "rank 0 was lost"));
 }

@@ -148,7 +148,7 @@ TEST_CASE("every collective, dtype and reduce op matches the reference", "[actor
   }
 }
 
-TEST_CASE("async collectives return futures; then() runs", "[actors]") {
+TEST_CASE("async collectives return futures, then() runs", "[actors]") {
   Log log;
   dopt::simulate(3, [&](dopt::RankContext& ctx) {
     auto& pg = ctx.world();

@@ -7,11 +7,13 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <random>
 #include <thread>
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
 #include "internal.hpp"
 #include "caf_thread.hpp"
 #include "rendezvous_internal.hpp"
@@ -27,6 +29,7 @@ using rdv_btmo_atom = caf::atom_constant<caf::atom("rdvbtmo")>;
 using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
 using rdv_fail_atom = caf::atom_constant<caf::atom("rdvfail")>;
 using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
+using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
 
 namespace {
 
@@ -80,7 +83,7 @@ struct CoordState {
 const char* CoordState::name = "dopt.rendezvous";
 
 caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms,
-                          std::shared_ptr<std::atomic<bool>> closed) {
+                          std::shared_ptr<std::atomic<bool>> closed, std::string session_key) {
   auto& s = self->state;
   s.world = world;
   s.closed = std::move(closed);
@@ -187,6 +190,11 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         st.barriers.clear();
       },
       [self](rdv_why_atom) { return self->state.setup_failure; },
+      // The key of the ranks' own ports in a job without a secret (asked
+      // before a rank opens them; "" in a job with one).
+      [session_key](rdv_key_atom) {
+        return caf::make_message(static_cast<int>(k_ok), session_key, Table{}, Table{}, std::vector<std::string>{});
+      },
       [](rdv_ping_atom) { return 0; },
   };
 }
@@ -247,7 +255,8 @@ struct RendezvousImpl {
   /// One blocking request to the coordinator; returns the table of an ok reply
   /// (and the payloads and infos into the given pointers).
   Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what,
-                  Table* payloads_out = nullptr, std::vector<std::string>* infos_out = nullptr) {
+                  Table* payloads_out = nullptr, std::vector<std::string>* infos_out = nullptr,
+                  std::string* text_out = nullptr) {
     caf::actor c;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -279,6 +288,7 @@ struct RendezvousImpl {
               }
             });
     if (kind != k_ok) throw_reply(kind, text, rank);
+    if (text_out) *text_out = std::move(text);
     return out;
   }
 };
@@ -311,7 +321,7 @@ void RendezvousResult::barrier(milliseconds timeout) const {
 }
 
 RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, const RendezvousOptions& options) {
-  return detail::rendezvous_with(runtime, env, options.timeout, caf::actor(), {});
+  return detail::rendezvous_with(runtime, env, options.timeout, caf::actor(), {}, nullptr);
 }
 
 }  // namespace dopt
@@ -351,8 +361,28 @@ std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseco
 }
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return detail::Access::impl(r).infos; }
 
+namespace {
+
+/// 32 random bytes as 64 hex digits.
+std::string random_key(const char* op, int rank) {
+  unsigned char raw[32];
+  std::random_device rd;
+  for (unsigned char& b : raw) b = static_cast<unsigned char>(rd());
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : raw) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  if (out.size() != 64) throw StateError(op, "cannot draw a session key", rank);
+  return out;
+}
+
+}  // namespace
+
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
-                                 caf::actor payload, const std::function<std::string()>& make_info) {
+                                 caf::actor payload, const std::function<std::string()>& make_info,
+                                 std::string* session_key) {
   detail::UserThreadCafScope caf_scope;
   LaunchEnv env = launch_env;
   const int rank = env.rank;
@@ -386,6 +416,14 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     store_key = "dopt/cpp/attempt_" + std::to_string(env.restart_count) + "/" + std::to_string(++calls) + "/port";
     try {
       store = std::make_unique<net::TorchStoreClient>(env.master_addr, env.master_port, timeout);
+      if (env.secret.empty()) {
+        // No secret of its own: one drawn by rank 0 for this job, handed
+        // to the others through the agent's store (docs/launching.md).
+        const std::string secret_key = store_key.substr(0, store_key.size() - 4) + "secret";
+        if (rank == 0) store->set(secret_key, random_key("rendezvous", rank));
+        env.secret = store->get(secret_key);
+        env.secret_source = "torchrun's agent store";
+      }
       if (rank != 0) env.master_port = std::stoi(store->get(store_key));
     } catch (const std::exception& e) {
       throw IOError("rendezvous", "torchrun's agent store at " + env.master_addr + ":" +
@@ -393,10 +431,23 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
                                       "did not give rank 0's port: " + e.what(), rank);
     }
     impl->port = env.master_port;
+    impl->creds = net::Credentials::from(env);
   }
+  if (env.secret.empty())
+    notice_once("rendezvous [rank " + std::to_string(rank) + "]: this job has no secret, so its rendezvous on " +
+                env.master_addr + ":" + std::to_string(env.master_port) + " admits any process that presents " +
+                env.describe_job() +
+                " until every rank has joined (the ranks' own ports then take a key handed out there). Set "
+                "DOPT_SECRET_FILE (a file of at least 16 random bytes, mode 0600) to the same file on every rank, or "
+                "start the ranks with dopt-run (docs/launching.md, \"Who may join\")");
+  // The key of the ranks' own ports: the job's secret, else one rank 0
+  // draws and hands out in the rendezvous.
+  std::string key = env.secret;
   if (rank == 0) {
     auto closed = std::make_shared<std::atomic<bool>>(false);
-    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed);
+    if (key.empty()) key = random_key("rendezvous", rank);
+    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed,
+                           env.secret.empty() ? key : std::string());
     impl->coord = impl->mine;
     // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
     // listening until the runtime shuts down, to turn latecomers away.
@@ -458,6 +509,15 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     // Rank 0's coordinator answers at the deadline with the missing ranks; the
     // extra 2 s wait is for that answer, not for the ranks.
     if (!payload) payload = impl->mine;
+    if (key.empty()) {
+      std::string got;
+      impl->ask_coord(caf::make_message(detail::rdv_key_atom::value), remaining() + seconds(2), "the session key",
+                      nullptr, nullptr, &got);
+      if (got.size() != 64 || got.find_first_not_of("0123456789abcdef") != std::string::npos)
+        throw StateError("rendezvous", "rank 0 sent a session key that is not 64 hex digits", rank);
+      key = std::move(got);
+    }
+    if (session_key) *session_key = key;
     // Only now (rank 0 listens on MASTER_PORT already) may the caller open
     // ephemeral ports: earlier, one could take MASTER_PORT from rank 0.
     const std::string info = make_info ? make_info() : std::string();

@@ -16,8 +16,19 @@ namespace dopt::detail {
 /// its rendezvous actor) and the text make_info() returns, which every rank
 /// receives. make_info runs once rank 0 is reachable (rank 0: once it
 /// listens on MASTER_PORT), so ports it opens cannot take MASTER_PORT.
+///
+/// *session_key (when not null) is set, before make_info runs, to the key
+/// every port the ranks open afterwards must use as their secret
+/// (LaunchEnv::secret for publish_control_port, the TCP mesh): the job's
+/// secret when it has one (DOPT_SECRET_FILE, DOPT_SECRET, or one drawn by
+/// rank 0 and handed out through torchrun's agent store), else 64 hex digits
+/// rank 0 draws and hands to every rank that registers. So only the
+/// rendezvous port itself admits processes by job id alone (every rank
+/// notes that once, naming how to set a secret); a process that was not
+/// part of the rendezvous never passes the handshake of a rank's own port.
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, std::chrono::milliseconds timeout,
-                                 caf::actor payload, const std::function<std::string()>& make_info);
+                                 caf::actor payload, const std::function<std::string()>& make_info,
+                                 std::string* session_key);
 /// Index: rank.
 const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r);
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r);

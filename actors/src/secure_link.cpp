@@ -10,6 +10,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "caf/io/basp_broker.hpp"
+#include "basp_guard.hpp"
 #include "caf_thread.hpp"
 #include "dopt/runtime/error.hpp"
 
@@ -21,6 +22,16 @@ caf::actor basp_broker(caf::actor_system& sys) {
   return sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
 }
 
+/// The largest CAF payload a connection accepts: any (BASP's own u32
+/// bound) from a peer that proved the secret; from one admitted by job id
+/// alone (the rendezvous of a job without a secret), what the rendezvous
+/// really sends: a rank's registration to rank 0, rank 0's table of every
+/// rank to the others.
+std::uint32_t max_payload(const net::Credentials& creds, BaspFrameCheck::Side side) {
+  if (!creds.secret.empty()) return 0xffffffffu;
+  return side == BaspFrameCheck::Side::server ? kUnauthenticatedToServer : kUnauthenticatedToClient;
+}
+
 }  // namespace
 
 SecurePublication::SecurePublication(caf::actor_system& sys, caf::actor whom, net::AuthListener::Options base) {
@@ -28,11 +39,12 @@ SecurePublication::SecurePublication(caf::actor_system& sys, caf::actor whom, ne
   auto strong = caf::actor_cast<caf::strong_actor_ptr>(whom);
   auto port = std::make_shared<std::uint16_t>(0);
   caf::actor_system* s = &sys;
-  base.on_ready = [s, basp, strong, port](int fd, const net::PeerHello&) {
+  const std::uint32_t max = max_payload(base.credentials, BaspFrameCheck::Side::server);
+  base.on_ready = [s, basp, strong, port, max, what = base.what](int fd, const net::PeerHello&) {
     // Runs on the listener's thread: the scribe is made here and adopted by
     // the BASP broker, which writes its server handshake for `strong`.
     UserThreadCafScope caf_scope;
-    caf::io::scribe_ptr scribe = s->middleman().backend().new_scribe(fd);
+    caf::io::scribe_ptr scribe = guarded_scribe(*s, fd, BaspFrameCheck::Side::server, max, what);
     caf::anon_send(basp, caf::publish_atom_v, std::move(scribe), *port, strong, std::set<std::string>{});
   };
   listener_ = std::make_unique<net::AuthListener>(std::move(base));
@@ -75,7 +87,8 @@ caf::actor secure_remote_actor(caf::actor_system& sys, const std::string& host, 
   // own handshake never complete (BASP waits for it without a deadline).
   const int spare = ::dup(fd);
   UserThreadCafScope caf_scope;
-  caf::io::scribe_ptr scribe = sys.middleman().backend().new_scribe(fd);
+  caf::io::scribe_ptr scribe =
+      guarded_scribe(sys, fd, BaspFrameCheck::Side::client, max_payload(creds, BaspFrameCheck::Side::client), peer);
   caf::actor result;
   std::string failure;
   bool timed_out = false;

@@ -27,7 +27,7 @@ TEST_CASE("GradBucket: views, is_last, set_buffer checks", "[comm_hooks]") {
   CHECK_THROWS_AS(GradBucket(2, 2, buf, {p0, p1}, {0, 4}), ValueError);
 }
 
-TEST_CASE("allreduce_hook divides first, then sums (world 2, 3, 5); a user hook sees the bucket", "[comm_hooks]") {
+TEST_CASE("allreduce_hook divides first, then sums (world 2, 3, 5), a user hook sees the bucket", "[comm_hooks]") {
   for (int world : {2, 3, 5}) {
     std::mutex m;
     std::map<int, std::vector<float>> out;

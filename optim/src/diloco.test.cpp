@@ -513,7 +513,7 @@ TEST_CASE("DiLoCo option checks", "[diloco]") {
   });
 }
 
-TEST_CASE("DiLoCo sharded checkpoints: each rank writes its share of the anchors and outer state; resume is bit "
+TEST_CASE("DiLoCo sharded checkpoints: each rank writes its share of the anchors and outer state, resume is bit "
           "for bit (world 3, an average in flight)",
           "[diloco][checkpoint]") {
   const auto dir = std::filesystem::temp_directory_path() / "dopt-diloco-sharded-test";

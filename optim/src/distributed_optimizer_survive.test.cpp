@@ -147,7 +147,7 @@ TEST_CASE("DistributedOptimizer survive: refusals", "[distributed_optimizer][sur
   });
 }
 
-TEST_CASE("DistributedOptimizer survive: learning-rate changes reach the copies; set_lr recovers from a lost owner",
+TEST_CASE("DistributedOptimizer survive: learning-rate changes reach the copies, set_lr recovers from a lost owner",
           "[distributed_optimizer][survive][survive_do]") {
   Scenario sc;
   sc.n = 5;

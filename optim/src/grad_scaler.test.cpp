@@ -108,7 +108,7 @@ TEST_CASE("GradScaler: scale, unscale, growth after growth_interval good steps, 
   CHECK(scaler.get_scale() == 1024.0);
 }
 
-TEST_CASE("GradScaler: the scale does not grow past float32's range; no 16-bit CPU parameters", "[grad_scaler]") {
+TEST_CASE("GradScaler: the scale does not grow past float32's range, no 16-bit CPU parameters", "[grad_scaler]") {
   GradScalerOptions o;
   o.init_scale = 3e38;
   o.growth_interval = 1;

@@ -204,7 +204,7 @@ TEST_CASE("Muon takes matrices only: other tensors are refused before anything c
   CHECK_THROWS_AS(make_optimizer(OptimizerSpec{"Muon", {}}, {OptimizerParamGroup({v})}), ValueError);
 }
 
-TEST_CASE("Muon: functional form and registry give the class's bits; one orthogonalisation per matrix per step",
+TEST_CASE("Muon: functional form and registry give the class's bits, one orthogonalisation per matrix per step",
           "[muon]") {
   const MuonOptions o = MuonOptions(0.05).weight_decay(0.01);
   auto make = [] {

@@ -2,6 +2,7 @@
 #include "dopt/optim/state_check.hpp"
 
 #include <typeinfo>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "dopt/optim/device_step.hpp"
@@ -84,11 +85,11 @@ void Optimizer::init_groups(std::vector<OptimizerParamGroup> groups) {
 
 void Optimizer::add_param_group(OptimizerParamGroup group) {
   const std::string op = name_ + ".add_param_group";
-  std::unordered_set<const TensorImpl*> existing;
-  for (const auto& g : param_groups_)
-    for (const auto& p : g.params) existing.insert(p.key());
-  std::unordered_set<const TensorImpl*> in_group;
-  std::vector<Tensor> unique_params;
+  std::unordered_map<const TensorImpl*, std::pair<std::size_t, std::size_t>> existing;  // -> (group, index)
+  for (std::size_t g = 0; g < param_groups_.size(); ++g)
+    for (std::size_t k = 0; k < param_groups_[g].params.size(); ++k)
+      existing.emplace(param_groups_[g].params[k].key(), std::make_pair(g, k));
+  std::unordered_map<const TensorImpl*, std::size_t> in_group;
   for (std::size_t i = 0; i < group.params.size(); ++i) {
     const Tensor& p = group.params[i];
     if (!p.defined()) throw TypeError(op, "parameter " + std::to_string(i) + " of the group is an undefined tensor");
@@ -96,13 +97,15 @@ void Optimizer::add_param_group(OptimizerParamGroup group) {
       throw TypeError(op, "can only optimize floating-point tensors, but parameter " + std::to_string(i) +
                               " is " + std::string(dtype_name(p.dtype())));
     detail::refuse_16bit_cpu_param(p, op, "parameter " + std::to_string(i) + " of the group");
-    if (existing.count(p.key()))
-      throw ValueError(op, "some parameters appear in more than one parameter group");
-    // torch warns about duplicates inside one group and keeps them; a duplicate
-    // would be stepped twice, so dopt keeps the first occurrence only.
-    if (in_group.insert(p.key()).second) unique_params.push_back(p);
+    if (auto e = existing.find(p.key()); e != existing.end())
+      throw ValueError(op, "some parameters appear in more than one parameter group: parameter " + std::to_string(i) +
+                               " of the new group is parameter " + std::to_string(e->second.second) + " of group " +
+                               std::to_string(e->second.first));
+    // torch warns about a duplicate inside one group, keeps it and steps it
+    // twice; neither stepping it once nor twice is what was meant.
+    if (auto [it, fresh] = in_group.emplace(p.key(), i); !fresh)
+      throw ValueError(op, detail::duplicate_param_text(i, it->second, p));
   }
-  group.params = std::move(unique_params);
   if (!group.options) {
     group.options = defaults_->clone();
   } else if (typeid(*group.options) != typeid(*defaults_)) {

@@ -19,4 +19,14 @@ inline void refuse_16bit_cpu_param(const Tensor& p, const std::string& op, const
                              "CUDA device (dopt::gpu::init())");
 }
 
+/// A tensor listed twice in one parameter group: torch 1.13 warns, keeps it
+/// and steps it twice per step() (two updates from one gradient and one
+/// state); dopt refuses it where the group is built, naming both places.
+inline std::string duplicate_param_text(std::size_t index, std::size_t first, const Tensor& p) {
+  return "parameter " + std::to_string(index) + " of the group is the same tensor as parameter " +
+         std::to_string(first) + " (" + p.str() +
+         "): a parameter listed twice would be stepped twice per step() by torch; pass each parameter once "
+         "(docs/torch-differences.md)";
+}
+
 }  // namespace dopt::optim::detail

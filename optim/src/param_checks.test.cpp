@@ -67,3 +67,28 @@ TEST_CASE("float32 and float64 CPU parameters are accepted and stepped", "[optim
     CHECK(p.at(0) == 0.5);
   }
 }
+
+TEST_CASE("a parameter listed twice in one group is refused where the group is built, naming both places",
+          "[optim][params]") {
+  // torch 1.13 keeps the duplicate and steps it twice per step(); dopt
+  // copies neither that nor a silent single step.
+  const Tensor w = Tensor::zeros({3}), b = Tensor::zeros({2});
+  const std::string want = "parameter 2 of the group is the same tensor as parameter 0 (Tensor[float32, [3], cpu]): "
+                           "a parameter listed twice would be stepped twice per step() by torch; pass each parameter "
+                           "once (docs/torch-differences.md)";
+  for (const std::string& name : kNames) {
+    INFO(name);
+    std::vector<OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<Tensor>{w, b, w});
+    CHECK_THROWS_WITH(make_optimizer(OptimizerSpec{name, {{"lr", 0.1}}}, std::move(groups)),
+                      Catch::EndsWith(want));
+  }
+  // add_param_group: a duplicate inside the new group, and one already in an earlier group.
+  SGD opt(std::vector<Tensor>{w}, SGDOptions(0.1));
+  CHECK_THROWS_WITH(opt.add_param_group(OptimizerParamGroup(std::vector<Tensor>{b, b})),
+                    Catch::Contains("parameter 1 of the group is the same tensor as parameter 0"));
+  CHECK_THROWS_WITH(opt.add_param_group(OptimizerParamGroup(std::vector<Tensor>{b, w})),
+                    Catch::EndsWith("some parameters appear in more than one parameter group: parameter 1 of the new "
+                                    "group is parameter 0 of group 0"));
+  CHECK(opt.param_groups().size() == 1);  // nothing was added
+}

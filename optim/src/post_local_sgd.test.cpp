@@ -79,7 +79,7 @@ TEST_CASE("PostLocalSGDOptimizer forwards param_groups, state, zero_grad, add_pa
   });
 }
 
-TEST_CASE("PostLocalSGDOptimizer state_dict carries the averager step; load restores it or resets to 0",
+TEST_CASE("PostLocalSGDOptimizer state_dict carries the averager step, load restores it or resets to 0",
           "[post_local_sgd]") {
   std::mutex m;
   std::vector<std::string> saved;
@@ -127,7 +127,7 @@ TEST_CASE("PostLocalSGDOptimizer state_dict carries the averager step; load rest
   for (auto s : reset) CHECK(s == 0);
 }
 
-TEST_CASE("one schedule: PostLocalSGDConfig builds matching hook state and averager; a mismatch is a ValueError",
+TEST_CASE("one schedule: PostLocalSGDConfig builds matching hook state and averager, a mismatch is a ValueError",
           "[post_local_sgd]") {
   std::mutex m;
   std::vector<std::string> messages;

@@ -157,7 +157,7 @@ TEST_CASE("fp16/bf16_compress_hook: cast, divide in 16 bits, sum, cast back", "[
   }
 }
 
-TEST_CASE("post_localSGD_hook: global until start_localSGD_iter, then the subgroup; iter stops there", "[reducer]") {
+TEST_CASE("post_localSGD_hook: global until start_localSGD_iter, then the subgroup, iter stops there", "[reducer]") {
   for (bool allreduce_after : {true, false}) {
     std::mutex m;
     std::map<int, std::vector<float>> out;  // element 0 of the grad per iteration

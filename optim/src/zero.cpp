@@ -5,9 +5,11 @@
 #include "dopt/optim/zero.hpp"
 
 #include <typeinfo>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "agreement.hpp"
+#include "param_checks.hpp"
 #include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 #include "zero_overlap_internal.hpp"
@@ -150,7 +152,7 @@ void ZeroRedundancyOptimizer::repoint(const Tensor& p, const Tensor& to) const {
 }
 
 void ZeroRedundancyOptimizer::add_group_checked(OptimizerParamGroup group, const char* op) {
-  std::unordered_set<const TensorImpl*> in_group;
+  std::unordered_map<const TensorImpl*, std::size_t> in_group;
   std::vector<Tensor> unique;
   for (std::size_t i = 0; i < group.params.size(); ++i) {
     const Tensor& p = group.params[i];
@@ -167,7 +169,9 @@ void ZeroRedundancyOptimizer::add_group_checked(OptimizerParamGroup group, const
                                unique.front().device().str() + " and " + p.device().str(), rank_);
     if (index_of_.count(p.key()))
       throw ValueError(op, "some parameters appear in more than one parameter group", rank_);
-    if (in_group.insert(p.key()).second) unique.push_back(p);
+    if (auto [it, fresh] = in_group.emplace(p.key(), i); !fresh)
+      throw ValueError(op, detail::duplicate_param_text(i, it->second, p), rank_);
+    unique.push_back(p);
   }
   group.params = std::move(unique);
   if (!group.options) group.options = defaults_->clone();

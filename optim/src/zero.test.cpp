@@ -274,7 +274,7 @@ TEST_CASE("ZeRO partition: sizes [9,7,5,3] x world give 24 elements per rank", "
   }
 }
 
-TEST_CASE("ZeRO add_param_group re-partitions; ranks that get nothing get an empty group", "[zero]") {
+TEST_CASE("ZeRO add_param_group re-partitions, ranks that get nothing get an empty group", "[zero]") {
   std::vector<std::vector<std::size_t>> local_sizes(3);
   std::vector<std::vector<int>> owners(3);
   std::vector<double> lr(3);
@@ -718,6 +718,9 @@ TEST_CASE("ZeRO errors", "[zero]") {
       twice.emplace_back(std::vector<Tensor>{p});
       twice.emplace_back(std::vector<Tensor>{p});
       CHECK_THROWS_AS(ZeroRedundancyOptimizer(std::move(twice), sgd, o), ValueError);
+      // Twice in one group: refused too (torch would step it twice), naming both places.
+      CHECK_THROWS_WITH(ZeroRedundancyOptimizer(std::vector<Tensor>{p, Tensor::zeros({3}), p}, sgd, o),
+                        Catch::Contains("[rank 0]: parameter 2 of the group is the same tensor as parameter 0"));
       CHECK_THROWS_AS(ZeroRedundancyOptimizer(std::vector<Tensor>{Tensor::zeros({2}, DType::int64)}, sgd, o),
                       TypeError);
       std::vector<OptimizerParamGroup> wrong;

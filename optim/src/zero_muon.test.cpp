@@ -142,7 +142,7 @@ int matrices_with_grad(int t_begin, int t_end) {
 
 }  // namespace
 
-TEST_CASE("ZeRO-Muon: the same bits at world sizes 1, 2, 3, 5 as one Muon; one orthogonalisation per matrix per step",
+TEST_CASE("ZeRO-Muon: the same bits at world sizes 1, 2, 3, 5 as one Muon, one orthogonalisation per matrix per step",
           "[zero][muon]") {
   const int steps = 3;
   for (DType dt : {DType::float32, DType::float64}) {

@@ -219,7 +219,7 @@ TEST_CASE("ZeRO redundancy: without a loss, buddies change nothing (bitwise the 
   check_bitwise(sc);
 }
 
-TEST_CASE("ZeRO redundancy: a rank lost at each point of a step; the survivors finish bitwise the reference",
+TEST_CASE("ZeRO redundancy: a rank lost at each point of a step, the survivors finish bitwise the reference",
           "[zero][survive]") {
   const int n = GENERATE(3, 5);
   const std::string point = GENERATE(std::string("between"), std::string("begin"), std::string("computed"),
@@ -635,7 +635,7 @@ TEST_CASE("ZeRO redundancy, host memory: state made inside the update, scalar st
   }
 }
 
-TEST_CASE("ZeRO redundancy, host memory: a whole host lost names the state that is gone; argument checks",
+TEST_CASE("ZeRO redundancy, host memory: a whole host lost names the state that is gone, argument checks",
           "[zero][survive]") {
   // Every rank of a host maps its host-mates' segments: hosts a (ranks 0, 1)
   // and b (2, 3, 4); both ranks of host a lost.

@@ -202,9 +202,13 @@ std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
   return "optim-rank" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".safetensors";
 }
 
-void ZeroRedundancyOptimizer::save_sharded(const std::string& dir) const {
+void ZeroRedundancyOptimizer::save_sharded(const std::string& dir,
+                                           const std::map<std::string, std::string>& metadata) const {
   const std::string op = std::string(kName) + ".save_sharded";
   require_overlap_idle(op);
+  for (const auto& [k, v] : metadata)
+    if (k.rfind("dopt.zero.", 0) == 0)
+      throw ValueError(op, "the metadata key '" + k + "' is reserved for the shard's own description", rank_);
   std::exception_ptr failure;
   try {
     fs::create_directories(dir);
@@ -236,6 +240,7 @@ void ZeroRedundancyOptimizer::save_sharded(const std::string& dir) const {
     sd.metadata["dopt.zero.group_sizes"] = join_ints(sizes);
     sd.metadata["dopt.zero.params"] = shapes;
     sd.metadata["dopt.zero.optimizer"] = spec_.name;
+    for (const auto& [k, v] : metadata) sd.metadata[k] = v;
     save_state_dict(sd, (fs::path(dir) / shard_file_name(rank_, world_size_)).string());
   } catch (...) {
     failure = std::current_exception();
@@ -336,6 +341,13 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
         rd->metadata().count("dopt.zero.partition") == 0 ||
         rd->metadata().at("dopt.zero.partition") != get("dopt.zero.partition"))
       throw StateDictError(op, rd->path() + ": not rank " + std::to_string(s) + "'s shard of this checkpoint",
+                           rank_);
+    auto st = rd->metadata().find("dopt.zero.step");
+    const std::string its_step = st == rd->metadata().end() ? std::string("none") : st->second;
+    if (its_step != get("dopt.zero.step"))
+      throw StateDictError(op, rd->path() + " was saved at step " + its_step + " but " + path_of(0) + " at step " +
+                                   get("dopt.zero.step") +
+                                   ": the folder mixes shards of two checkpoints (refusing to load them)",
                            rank_);
     std::map<std::int64_t, ParamState> states;
     for (const auto& e : rd->entries()) {

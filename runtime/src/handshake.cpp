@@ -1,6 +1,6 @@
 // The handshake between ranks (handshake.hpp): the protocol, a blocking
-// client, a listening server on an Asio thread, and the choice of the bind
-// address.
+// client and the choice of the bind address (the listening server is in
+// auth_listener.cpp).
 #include "dopt/runtime/handshake.hpp"
 
 #include <arpa/inet.h>
@@ -17,13 +17,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <random>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include <boost/asio.hpp>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -51,7 +48,7 @@ constexpr std::size_t kRStatus = 8, kRFlags = 9, kRRank = 12, kRWorld = 16, kRJo
 constexpr std::size_t kVStatus = 0, kVMsgLen = 2, kVMsg = 4;
 static_assert(kRMsg + kMsgMax <= kReplySize && kVMsg + kMsgMax <= kVerdictSize && kHNonce + kNonce <= kHelloSize);
 
-enum Status : unsigned char { k_go = 0, k_refused = 1, k_auth_refused = 2 };
+enum Status : unsigned char { k_go = 0, k_refused = 1, k_auth_refused = 2, k_other_job = 3 };
 
 void put_i32(std::string& b, std::size_t at, std::int32_t v) {
   const auto u = static_cast<std::uint32_t>(v);
@@ -149,12 +146,12 @@ std::string ClientHandshake::on_reply(const std::string& reply) {
   reply_ = reply;
   server_rank_ = get_i32(reply, kRRank);
   const auto status = static_cast<unsigned char>(reply[kRStatus]);
-  const std::string their_job = get_text(reply, kRJobLen, kRJob, kJobMax, false);
   const std::string why = get_text(reply, kRMsgLen, kRMsg, kMsgMax, true);
-  if (status != k_go && their_job != mine_.job_id)
-    throw ValueError(op_, peer_ + " belongs to " + job_text(their_job) + " but this process belongs to " +
-                              job_text(mine_.job_id) +
-                              ": two jobs use the same address and port (give each job its own MASTER_PORT, or the "
+  // The server never names its job to a process that is not of it: a
+  // stranger must not learn the id it would need to pass this check.
+  if (status == k_other_job)
+    throw ValueError(op_, peer_ + " belongs to another job than this process (" + job_text(mine_.job_id) +
+                              "): two jobs use the same address and port (give each job its own MASTER_PORT, or the "
                               "same DOPT_JOB_ID if they are one job)", me);
   if (status == k_auth_refused) throw AuthenticationError(op_, peer_ + " refused this process: " + why, me);
   if (status != k_go) throw ValueError(op_, peer_ + " refused this process: " + why, me);
@@ -189,6 +186,15 @@ void ClientHandshake::on_verdict(const std::string& verdict) {
 ServerHandshake::ServerHandshake(Purpose purpose, Credentials mine, Admit admit)
     : purpose_(purpose), mine_(std::move(mine)), admit_(std::move(admit)) {}
 
+std::string ServerHandshake::refusal_reply(const std::string& why) {
+  std::string reply(kReplySize, '\0');
+  std::memcpy(reply.data(), kMagic, kMagicSize);
+  reply[kRStatus] = static_cast<char>(k_refused);
+  put_i32(reply, kRRank, -1);
+  put_text(reply, kRMsgLen, kRMsg, why, kMsgMax, true);
+  return reply;
+}
+
 bool ServerHandshake::magic_ok(const std::string& first_bytes) {
   return first_bytes.size() >= kMagicSize && std::memcmp(first_bytes.data(), kMagic, kMagicSize) == 0;
 }
@@ -200,23 +206,31 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
   reply_[kRFlags] = static_cast<char>(mine_.secret.empty() ? 0 : 1);
   put_i32(reply_, kRRank, mine_.rank);
   put_i32(reply_, kRWorld, mine_.world_size);
-  put_text(reply_, kRJobLen, kRJob, mine_.job_id, kJobMax, false);
+  // kRJob stays empty: the reply goes to a process not yet known to be of
+  // this job.
+  // why: told to the client; note (when given): this side's notice, which
+  // may name this job.
+  auto refuse = [&](Status st, const std::string& why, const std::string& note = {}) {
+    refused_ = true;
+    refusal_ = note.empty() ? why : note;
+    put_i32(reply_, kRRank, -1);  // a refused process learns nothing but the reason
+    put_i32(reply_, kRWorld, 0);
+    reply_[kRStatus] = static_cast<char>(st);
+    put_text(reply_, kRMsgLen, kRMsg, why, kMsgMax, true);
+    return reply_;
+  };
+  // The size first: the fields below are read at fixed offsets (a short
+  // hello read past its end; found by fuzz/handshake.cpp).
+  if (hello.size() != kHelloSize || !magic_ok(hello)) return refuse(k_refused, "not a dopt handshake");
   peer_.purpose = static_cast<Purpose>(static_cast<unsigned char>(hello[kHPurpose]));
   peer_.rank = get_i32(hello, kHRank);
   peer_.world_size = get_i32(hello, kHWorld);
   peer_.job_id = get_text(hello, kHJobLen, kHJob, kJobMax, false);
   const bool client_secret = (static_cast<unsigned char>(hello[kHFlags]) & 1) != 0;
-  auto refuse = [&](Status st, const std::string& why) {
-    refused_ = true;
-    refusal_ = why;
-    reply_[kRStatus] = static_cast<char>(st);
-    put_text(reply_, kRMsgLen, kRMsg, why, kMsgMax, true);
-    return reply_;
-  };
-  if (hello.size() != kHelloSize || !magic_ok(hello)) return refuse(k_refused, "not a dopt handshake");
   if (peer_.job_id != mine_.job_id)
-    return refuse(k_refused, "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
-                                 job_text(peer_.job_id));
+    return refuse(k_other_job, "this port belongs to another job",
+                  "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
+                      job_text(peer_.job_id));
   if (!mine_.secret.empty() && !client_secret)
     return refuse(k_auth_refused, "this job requires its secret and the connecting process has none (set "
                                   "DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)");
@@ -354,7 +368,10 @@ std::optional<int> connect_authenticated(const std::string& host, int port, Purp
     FdGuard s;
     s.fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (s.fd < 0) {
-      last = std::strerror(errno);
+      const int e = errno;
+      if (e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS)  // no retry cures these: named here
+        throw IOError(op, "cannot open a socket to reach " + peer + ": " + errno_text(e), mine.rank);
+      last = std::strerror(e);
       continue;
     }
     if (::connect(s.fd, a->ai_addr, a->ai_addrlen) != 0) {
@@ -415,198 +432,6 @@ std::optional<int> connect_authenticated(const std::string& host, int port, Purp
   }
   hs.on_verdict(verdict);
   return sock.release();
-}
-
-// --- listening server -----------------------------------------------------------------
-
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-
-struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
-  Options opts;
-  asio::io_context io{1};
-  tcp::acceptor acceptor{io};
-  std::uint16_t port = 0;
-  std::thread thread;
-  std::mutex close_mutex;
-  bool closed = false;
-  int pending = 0;  // handshakes in progress (I/O thread only)
-  int notes = 0;    // refusals reported (I/O thread only)
-
-  static constexpr int kMaxPending = 64;
-  static constexpr int kMaxNotes = 5;
-
-  struct Conn {
-    tcp::socket sock;
-    asio::steady_timer timer;
-    ServerHandshake hs;
-    std::string buf;
-    std::string from;
-    Conn(tcp::socket s, const Options& o)
-        : sock(std::move(s)), timer(sock.get_executor()), hs(o.purpose, o.credentials, o.admit) {}
-  };
-  std::vector<std::weak_ptr<Conn>> live;  // for close() (I/O thread only)
-
-  explicit Impl(Options o) : opts(std::move(o)) {}
-
-  void note(const std::string& from, const std::string& why) {
-    if (notes > kMaxNotes) return;
-    if (notes++ == kMaxNotes) {
-      notice("further refused connections to " + opts.what + " are not reported");
-      return;
-    }
-    notice("refused a connection from " + from + " to " + opts.what + ": " + why);
-  }
-
-  void accept() {
-    auto self = shared_from_this();
-    acceptor.async_accept([self](const boost::system::error_code& ec, tcp::socket s) {
-      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-      if (!ec) self->start(std::move(s));
-      self->accept();
-    });
-  }
-
-  void start(tcp::socket s) {
-    boost::system::error_code ec;
-    if (pending >= kMaxPending) {
-      s.close(ec);
-      return;
-    }
-    auto c = std::make_shared<Conn>(std::move(s), opts);
-    std::erase_if(live, [](const std::weak_ptr<Conn>& w) { return w.expired(); });
-    live.push_back(c);
-    const auto ep = c->sock.remote_endpoint(ec);
-    c->from = ec ? std::string("an unknown address") : ep.address().to_string() + ":" + std::to_string(ep.port());
-    c->sock.set_option(tcp::no_delay(true), ec);
-    ++pending;
-    auto self = shared_from_this();
-    c->timer.expires_after(opts.handshake_timeout);
-    c->timer.async_wait([c](const boost::system::error_code& e) {
-      boost::system::error_code ignore;
-      if (!e) c->sock.close(ignore);  // too slow: whatever is pending fails
-    });
-    c->buf.assign(kMagicSize, '\0');
-    asio::async_read(c->sock, asio::buffer(c->buf), [self, c](const boost::system::error_code& e, std::size_t) {
-      if (e) return self->drop(c, "");  // closed or too slow before a hello: nothing to report
-      if (!ServerHandshake::magic_ok(c->buf)) return self->drop(c, "not a dopt handshake");
-      auto rest = std::make_shared<std::string>(kHelloSize - kMagicSize, '\0');
-      asio::async_read(c->sock, asio::buffer(*rest), [self, c, rest](const boost::system::error_code& e2, std::size_t) {
-        if (e2) return self->drop(c, "the hello did not arrive in time");
-        auto reply = std::make_shared<std::string>(c->hs.on_hello(c->buf + *rest));
-        asio::async_write(c->sock, asio::buffer(*reply), [self, c, reply](const boost::system::error_code& e3,
-                                                                          std::size_t) {
-          if (e3 || c->hs.refused()) return self->drop(c, c->hs.refused() ? c->hs.refusal() : "");
-          c->buf.assign(kProofSize, '\0');
-          asio::async_read(c->sock, asio::buffer(c->buf), [self, c](const boost::system::error_code& e4, std::size_t) {
-            if (e4 == asio::error::eof)
-              return self->drop(c, "the connecting process left during the handshake (it did not accept this side's "
-                                   "proof: another job's secret?)");
-            if (e4) return self->drop(c, "the proof did not arrive in time");
-            auto verdict = std::make_shared<std::string>(c->hs.on_proof(c->buf));
-            asio::async_write(c->sock, asio::buffer(*verdict), [self, c, verdict](const boost::system::error_code& e5,
-                                                                                  std::size_t) {
-              if (e5 || !c->hs.admitted()) return self->drop(c, c->hs.admitted() ? "" : c->hs.refusal());
-              self->ready(c);
-            });
-          });
-        });
-      });
-    });
-  }
-
-  void drop(const std::shared_ptr<Conn>& c, const std::string& why) {
-    --pending;
-    boost::system::error_code ignore;
-    c->timer.cancel();
-    c->sock.close(ignore);
-    if (!why.empty()) note(c->from, why);
-  }
-
-  void ready(const std::shared_ptr<Conn>& c) {
-    --pending;
-    c->timer.cancel();
-    boost::system::error_code ec;
-    const int fd = c->sock.release(ec);
-    if (ec) return;
-    try {
-      opts.on_ready(fd, c->hs.peer());
-    } catch (...) {
-      // on_ready owns fd from the call on; it must not throw, but a listener
-      // thread must not die of it either.
-    }
-  }
-};
-
-AuthListener::AuthListener(Options options) : impl_(std::make_shared<Impl>(std::move(options))) {
-  Impl& im = *impl_;
-  if (!im.opts.on_ready) throw ValueError("AuthListener", "on_ready is required");
-  boost::system::error_code ec;
-  tcp::resolver resolver(im.io);
-  auto results = resolver.resolve(im.opts.bind_addr, "0", tcp::resolver::passive, ec);
-  const std::string where = im.opts.bind_addr + ":" + std::to_string(im.opts.port);
-  if (ec || results.empty())
-    throw IOError("listen", "cannot resolve the bind address '" + im.opts.bind_addr + "': " + ec.message());
-  std::string last;
-  bool ok = false;
-  const std::vector<int> ports = listen_ports(im.opts.port, im.opts.port_lo, im.opts.port_hi);
-  for (int port : ports) {
-    for (const auto& entry : results) {
-      tcp::endpoint ep = entry.endpoint();
-      ep.port(static_cast<std::uint16_t>(port));
-      im.acceptor.open(ep.protocol(), ec);
-      if (ec) {
-        last = ec.message();
-        continue;
-      }
-      im.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-      ::fcntl(im.acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
-      im.acceptor.bind(ep, ec);
-      if (!ec) im.acceptor.listen(asio::socket_base::max_listen_connections, ec);
-      if (ec) {
-        last = ec.message();
-        boost::system::error_code ignore;
-        im.acceptor.close(ignore);
-        continue;
-      }
-      ok = true;
-      break;
-    }
-    if (ok) break;
-  }
-  if (!ok && ports.size() > 1)
-    throw IOError("listen", port_range_text(im.opts.port_lo, im.opts.port_hi) + " on " + im.opts.bind_addr +
-                                " (every port is in use; last error: " + last + ")");
-  if (!ok) throw IOError("listen", "cannot listen on " + where + ": " + last);
-  im.port = im.acceptor.local_endpoint().port();
-  im.accept();
-  im.thread = std::thread([p = impl_] { p->io.run(); });
-}
-
-AuthListener::~AuthListener() { close(); }
-
-std::uint16_t AuthListener::port() const noexcept { return impl_->port; }
-
-void AuthListener::close() {
-  std::lock_guard<std::mutex> lock(impl_->close_mutex);
-  if (impl_->closed) return;
-  impl_->closed = true;
-  auto p = impl_;
-  // Close everything on the I/O thread; run() returns once every pending
-  // handler has finished (operation_aborted), which drops their references.
-  asio::post(p->io, [p] {
-    boost::system::error_code ignore;
-    p->acceptor.close(ignore);
-    for (auto& w : p->live)
-      if (auto c = w.lock()) {
-        c->timer.cancel();
-        c->sock.close(ignore);
-      }
-  });
-  if (p->thread.joinable()) {
-    if (p->thread.get_id() == std::this_thread::get_id()) p->thread.detach();
-    else p->thread.join();
-  }
 }
 
 // --- where to listen ------------------------------------------------------------------

@@ -61,6 +61,17 @@ std::string run(Purpose cp, const Credentials& c, Purpose sp, const Credentials&
   }
 }
 
+/// A plain TCP connection to 127.0.0.1:port (REQUIREd to succeed).
+int dial(int port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return s;
+}
+
 struct CaptureNotices {
   std::mutex m;
   std::vector<std::string> notes;
@@ -80,7 +91,7 @@ struct CaptureNotices {
 
 }  // namespace
 
-TEST_CASE("handshake: the same job and secret pass; the server learns who connected", "[handshake][security]") {
+TEST_CASE("handshake: the same job and secret pass, the server learns who connected", "[handshake][security]") {
   PeerHello seen;
   CHECK(run(Purpose::rendezvous, creds("A", kSecret, 3, 5), Purpose::rendezvous, creds("A", kSecret, 0, 5), {}, nullptr,
             &seen) == "");
@@ -95,12 +106,12 @@ TEST_CASE("handshake: another job, a missing or wrong secret, the wrong port are
           "[handshake][security]") {
   std::string refusal;
   CHECK(run(Purpose::rendezvous, creds("B", ""), Purpose::rendezvous, creds("A", ""), {}, &refusal) ==
-        "ValueError: test [rank 0]: rank 0 at test:1 belongs to job 'A' but this process belongs to job 'B': two "
+        "ValueError: test [rank 0]: rank 0 at test:1 belongs to another job than this process (job 'B'): two "
         "jobs use the same address and port (give each job its own MASTER_PORT, or the same DOPT_JOB_ID if they are "
         "one job)");
-  CHECK(refusal == "this port belongs to job 'A', the connecting process to job 'B'");
+  CHECK(refusal == "this port belongs to job 'A', the connecting process to job 'B'");  // the server's own note
   CHECK_THAT(run(Purpose::rendezvous, creds("", ""), Purpose::rendezvous, creds("A", "")),
-             Catch::Contains("belongs to job 'A' but this process belongs to no job id"));
+             Catch::Contains("belongs to another job than this process (no job id)"));
 
   CHECK_THAT(run(Purpose::control, creds("A", ""), Purpose::control, creds("A", kSecret), {}, &refusal),
              Catch::StartsWith("AuthenticationError: test [rank 0]: rank 0 at test:1 refused this process: this job "
@@ -118,6 +129,108 @@ TEST_CASE("handshake: another job, a missing or wrong secret, the wrong port are
   };
   CHECK_THAT(run(Purpose::rendezvous, creds("A", kSecret, 1), Purpose::rendezvous, creds("A", kSecret), closed, &refusal),
              Catch::EndsWith("refused this process: the world is already closed: rank 1 is already taken"));
+}
+
+TEST_CASE("handshake: a refused process learns nothing of the job: not its id, rank or world size",
+          "[handshake][security]") {
+  // What a stranger would need to pass the job-id check (docs/launching.md,
+  // "Who may join"): never in the bytes it gets back.
+  const std::string job = "job-id-a-stranger-must-not-learn";
+  for (const Credentials& stranger : {creds("guess", ""), creds("", ""), creds("guess", kSecret)}) {
+    ClientHandshake client(Purpose::rendezvous, stranger, "p", "test");
+    ServerHandshake server(Purpose::rendezvous, creds(job, kSecret, 3, 7), {});
+    const std::string reply = server.on_hello(client.hello());
+    REQUIRE(server.refused());
+    CHECK(reply.find(job) == std::string::npos);
+    CHECK(reply.find("job-id") == std::string::npos);
+    CHECK(server.refusal().find(job) != std::string::npos);  // the server's note names it
+    // Rank and world size: -1 and 0, not 3 and 7.
+    CHECK(reply.substr(12, 8) == std::string("\xff\xff\xff\xff\0\0\0\0", 8));
+    std::string error;
+    try {
+      (void)client.on_reply(reply);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Catch::Contains("belongs to another job than this process"));
+    CHECK(error.find(job) == std::string::npos);
+  }
+  // The same job without the secret: refused for the secret, the reply still without the job id.
+  ClientHandshake client(Purpose::control, creds(job, ""), "p", "test");
+  ServerHandshake server(Purpose::control, creds(job, kSecret), {});
+  const std::string reply = server.on_hello(client.hello());
+  CHECK(server.refused());
+  CHECK(reply.find(job) == std::string::npos);
+}
+
+TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a time, cannot keep a rank out",
+          "[handshake][security]") {
+  CaptureNotices notes;
+  std::mutex m;
+  int admitted = 0;
+  AuthListener::Options o;
+  o.purpose = Purpose::control;
+  o.credentials = creds("A", kSecret);
+  o.handshake_timeout = 20s;  // the stalled ones would hold their place that long
+  o.what = "the test listener";
+  o.on_ready = [&](int fd, const PeerHello&) {
+    std::lock_guard<std::mutex> lk(m);
+    ++admitted;
+    ::close(fd);
+  };
+  AuthListener l(o);
+  // 100 connections that sent 3 bytes of a hello and stall (the listener
+  // keeps 64 handshakes at once).
+  std::vector<int> stalled;
+  for (int k = 0; k < 100; ++k) {
+    const int s = dial(l.port());
+    REQUIRE(::write(s, "dop", 3) == 3);
+    stalled.push_back(s);
+  }
+  std::this_thread::sleep_for(200ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  RetryLater retry;
+  auto fd = connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", kSecret, 1), 5s,
+                                  std::chrono::steady_clock::now() + 5s, "rank 0", "test", &retry);
+  REQUIRE(fd);
+  ::close(*fd);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after the stalled ones' 20 s
+  // on_ready runs on the listener's thread once its verdict is written.
+  for (int k = 0; k < 200; ++k) {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      if (admitted == 1) break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  {
+    std::lock_guard<std::mutex> lk(m);
+    CHECK(admitted == 1);
+  }
+  for (int s : stalled) ::close(s);
+  l.close();
+  const auto n = notes.get();
+  REQUIRE_FALSE(n.empty());
+  CHECK_THAT(n[0], Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent no "
+                                  "complete handshake while 64 connections were waiting \\(closed to make room\\)"));
+}
+
+TEST_CASE("handshake: a hello of any other size is refused without reading past it (found by fuzzing)",
+          "[handshake][security]") {
+  // fuzz/handshake.cpp found the server reading the hello's fields before
+  // checking its size (regression input: fuzz/corpus/handshake/regress-short-hello).
+  ClientHandshake client(Purpose::control, creds("A", ""), "p", "test");
+  const std::string hello = client.hello();
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, kMagicSize, std::size_t{17}, std::size_t{25}, kHelloSize - 1,
+                        kHelloSize + 1, 2 * kHelloSize}) {
+    INFO(n << " bytes");
+    std::string h = n <= hello.size() ? hello.substr(0, n) : hello + std::string(n - hello.size(), 'x');
+    ServerHandshake server(Purpose::control, creds("A", ""), {});
+    const std::string reply = server.on_hello(h);
+    CHECK(reply.size() == kReplySize);
+    CHECK(server.refused());
+    CHECK(server.refusal() == "not a dopt handshake");
+  }
 }
 
 TEST_CASE("handshake: a client that does not know the secret fails the server's check", "[handshake][security]") {
@@ -178,12 +291,7 @@ TEST_CASE("handshake over sockets: AuthListener hands over authenticated connect
                   ValueError);
   // Garbage: dropped after the first 8 bytes.
   {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(l.port());
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const int s = dial(l.port());
     const char junk[] = "GET / HTTP/1.0\r\n\r\n";
     REQUIRE(::write(s, junk, sizeof junk - 1) > 0);
     char c;
@@ -205,7 +313,7 @@ TEST_CASE("handshake over sockets: AuthListener hands over authenticated connect
                                    "accept this side's proof: another job's secret?)"));
   CHECK_THAT(n[1], Catch::EndsWith("to the test listener: this job requires its secret and the connecting process has "
                                    "none (set DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)"));
-  CHECK_THAT(n[2], Catch::EndsWith("to the test listener: this port belongs to job 'A', the connecting process to job 'B'"));
+  CHECK_THAT(n[2], Catch::EndsWith("to the test listener: this port belongs to job 'A', the connecting process to job 'B'"));  // the listener's own note may name its job
   CHECK_THAT(n[3], Catch::EndsWith("to the test listener: not a dopt handshake"));
   // Closed: nobody listens any more.
   retry = {};
@@ -323,7 +431,7 @@ TEST_CASE("handshake: listeners take their ports from DOPT_PORT_RANGE, and say s
                     Catch::Contains("no free port in DOPT_PORT_RANGE"));
 }
 
-TEST_CASE("handshake: IPv6 loopback binds and advertises ::1; every interface advertises the route to MASTER_ADDR",
+TEST_CASE("handshake: IPv6 loopback binds and advertises ::1, every interface advertises the route to MASTER_ADDR",
           "[handshake][network]") {
   LaunchEnv env;
   env.master_addr = "::1";

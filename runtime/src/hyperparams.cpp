@@ -42,8 +42,9 @@ std::string hyper_string(const Hyperparams& h, const std::string& key, const cha
 
 std::string hyper_to_json(const Hyperparams& h) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : h) {
-    std::visit([&](const auto& x) { j[k] = x; }, v);
+  for (const auto& entry : h) {  // not a structured binding: clang 14 cannot capture one in a lambda
+    const std::string& k = entry.first;
+    std::visit([&](const auto& x) { j[k] = x; }, entry.second);
   }
   return j.dump();
 }

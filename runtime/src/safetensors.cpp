@@ -123,55 +123,165 @@ std::uint64_t parse_hex64(const std::string& text, const std::string& what, cons
   return std::stoull(text, nullptr, 16);
 }
 
+/// Reads the checksum entry {"header": digest, "tensors": {name: digest}}
+/// straight into a Checksums, without a DOM of its own (a header of 200k
+/// tensors holds 200k digests).
+class ChecksumSax {
+ public:
+  ChecksumSax(Checksums& out, const std::string& what) : out_(out), what_(what) {}
+  bool null() { return bad(); }
+  bool boolean(bool) { return bad(); }
+  bool number_integer(json::number_integer_t) { return bad(); }
+  bool number_unsigned(json::number_unsigned_t) { return bad(); }
+  bool number_float(json::number_float_t, const std::string&) { return bad(); }
+  bool binary(json::binary_t&) { return bad(); }
+  bool string(std::string& v) {
+    if (depth_ == 1 && key_ == "header" && !have_header_) {
+      out_.header = parse_hex64(v, what_, "header");
+      have_header_ = true;
+    } else if (depth_ == 2) {
+      const std::size_t before = out_.tensors.size();
+      // In key order (as dopt writes them): each goes to the end in constant time.
+      out_.tensors.emplace_hint(out_.tensors.end(), key_, parse_hex64(v, what_, "tensor '" + key_ + "'"));
+      if (out_.tensors.size() == before) fail(what_, std::string(kSafetensorsChecksumKey) + ": tensor '" + key_ + "' twice");
+    } else {
+      return bad();
+    }
+    return true;
+  }
+  bool start_object(std::size_t) {
+    if (depth_ == 0 || (depth_ == 1 && key_ == "tensors" && !have_tensors_)) {
+      if (depth_ == 1) have_tensors_ = true;
+      ++depth_;
+      return true;
+    }
+    return bad();
+  }
+  bool key(std::string& k) {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) { return bad(); }
+  bool end_array() { return bad(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    fail(what_, std::string(kSafetensorsChecksumKey) + " is not valid JSON: " + e.what());
+  }
+  bool complete() const { return have_header_ && have_tensors_; }
+
+ private:
+  bool bad() {
+    if (depth_ == 2) fail(what_, std::string(kSafetensorsChecksumKey) + ": tensor '" + key_ + "'");
+    fail(what_, std::string(kSafetensorsChecksumKey) + " must be {\"header\": digest, \"tensors\": {name: digest}}");
+  }
+  Checksums& out_;
+  const std::string& what_;
+  int depth_ = 0;
+  std::string key_;
+  bool have_header_ = false, have_tensors_ = false;
+};
+
 /// Parses the checksum entry; j is the whole header (the entry is removed
 /// from it, so that what remains can be digested as the writer did).
 Checksums take_checksums(json& j, const std::string& text, const std::string& what) {
-  json c;
+  Checksums out;
+  ChecksumSax sax(out, what);
   try {
-    c = json::parse(text);
+    json::sax_parse(text, &sax);
   } catch (const json::exception& e) {
     fail(what, std::string(kSafetensorsChecksumKey) + " is not valid JSON: " + e.what());
   }
-  if (!c.is_object() || !c.contains("header") || !c.contains("tensors") || !c["header"].is_string() ||
-      !c["tensors"].is_object())
+  if (!sax.complete())
     fail(what, std::string(kSafetensorsChecksumKey) + " must be {\"header\": digest, \"tensors\": {name: digest}}");
-  Checksums out;
-  out.header = parse_hex64(c["header"].get<std::string>(), what, "header");
-  for (auto it = c["tensors"].begin(); it != c["tensors"].end(); ++it) {
-    if (!it.value().is_string()) fail(what, std::string(kSafetensorsChecksumKey) + ": tensor '" + it.key() + "'");
-    out.tensors.emplace(it.key(), parse_hex64(it.value().get<std::string>(), what, "tensor '" + it.key() + "'"));
-  }
   auto& meta = j["__metadata__"];
   meta.erase(kSafetensorsChecksumKey);
   if (meta.empty()) j.erase("__metadata__");
   return out;
 }
 
+/// Builds the header's DOM while it is parsed, in time linear in its size
+/// (nlohmann's callback parser scans the parent object after every inner
+/// object ends: quadratic in the number of tensors, minutes for a 15 MB
+/// header of 200k tensors). Duplicate keys are invisible after parsing (the
+/// last one wins), so they are caught here; the depth limit keeps hostile
+/// nesting cheap.
+class HeaderSax {
+ public:
+  HeaderSax(json& root, const std::string& what) : root_(root), what_(what) {}
+  bool null() { return put(nullptr) != nullptr; }
+  bool boolean(bool v) { return put(v) != nullptr; }
+  bool number_integer(json::number_integer_t v) { return put(v) != nullptr; }
+  bool number_unsigned(json::number_unsigned_t v) { return put(v) != nullptr; }
+  bool number_float(json::number_float_t v, const std::string&) { return put(v) != nullptr; }
+  bool string(std::string& v) { return put(std::move(v)) != nullptr; }
+  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))) != nullptr; }
+  bool start_object(std::size_t) {
+    open(put(json::object()));
+    return true;
+  }
+  bool key(std::string& k) {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) {
+    open(put(json::array()));
+    return true;
+  }
+  bool end_array() {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    fail(what_, std::string("header is not valid JSON: ") + e.what());
+  }
+
+ private:
+  void open(json* v) {
+    if (stack_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) fail(what_, "header JSON is nested too deeply");
+    stack_.push_back(v);
+  }
+  /// Places v where the parser is (the root, the next array element, the
+  /// value of the last key). The containers on the stack are only ever
+  /// appended to at their end, so the pointers stay valid.
+  json* put(json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    // One lookup, which also finds a duplicate; keys in order (as dopt
+    // writes them) go to the end of the map in constant time.
+    auto& obj = top.get_ref<json::object_t&>();
+    const std::size_t before = obj.size();
+    auto it = obj.emplace_hint(obj.end(), key_, std::move(v));
+    if (obj.size() == before) fail(what_, "duplicate key '" + key_ + "' in header");
+    return &it->second;
+  }
+  json& root_;
+  const std::string& what_;
+  std::vector<json*> stack_;
+  std::string key_;
+};
+
 /// Parses and validates a header of n bytes; data_size is the length of the
 /// data section that follows it.
 ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size, const std::string& what) {
-  // Duplicate keys are invisible after parsing (the last one wins), so they
-  // are caught while parsing; the depth limit keeps hostile nesting cheap.
-  std::vector<std::set<std::string>> keys;
-  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
-    if (depth > kMaxJsonDepth) fail(what, "header JSON is nested too deeply");
-    switch (ev) {
-      case json::parse_event_t::object_start: keys.emplace_back(); break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& k = parsed.get_ref<const std::string&>();
-        if (!keys.empty() && !keys.back().insert(k).second) fail(what, "duplicate key '" + k + "' in header");
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
   json j;
+  HeaderSax sax(j, what);
   try {
-    j = json::parse(p, p + n, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+    json::sax_parse(p, p + n, &sax, nlohmann::detail::input_format_t::json, /*strict=*/true,
+                    /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     fail(what, std::string("header is not valid JSON: ") + e.what());
   }
@@ -283,8 +393,13 @@ ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size,
       if (header_digest(j) != out.checksums->header)
         fail(what, "the header (tensor names, dtypes, shapes, offsets or metadata) does not match its checksum: "
                    "the file is corrupt");
-      for (const auto& e : out.entries)
-        if (!out.checksums->tensors.count(e.name)) fail(what, "tensor '" + e.name + "' has no checksum");
+      // Both in name order: one pass.
+      auto sum = out.checksums->tensors.begin();
+      for (const auto& e : out.entries) {
+        if (sum == out.checksums->tensors.end() || sum->first != e.name)
+          fail(what, "tensor '" + e.name + "' has no checksum");
+        ++sum;
+      }
       if (out.checksums->tensors.size() != out.entries.size())
         fail(what, std::string(kSafetensorsChecksumKey) + " lists a tensor the file does not hold");
     }
@@ -301,10 +416,6 @@ void verify_bytes(std::uint64_t want, const SafetensorsEntry& e, const void* byt
                    hex64(got) + "): the file is corrupt");
 }
 
-void verify_tensor(const std::optional<Checksums>& sums, const SafetensorsEntry& e, const void* bytes,
-                   const std::string& what) {
-  if (sums) verify_bytes(sums->tensors.at(e.name), e, bytes, what);
-}
 
 
 void check_bools(const Tensor& t, const std::string& what, const std::string& name) {
@@ -402,11 +513,13 @@ SafetensorsFile parse_safetensors(const void* data, std::size_t size, const std:
   out.verified = h.checksums.has_value();
   out.has_checksums = h.has_checksums;
   const char* data_section = header + n;
+  // The digests are in name order, as the entries (checked by parse_header).
+  auto sum = h.checksums ? h.checksums->tensors.cbegin() : std::map<std::string, std::uint64_t>::const_iterator{};
   for (const auto& e : h.entries) {
-    verify_tensor(h.checksums, e, data_section + e.begin, what);
+    if (h.checksums) verify_bytes((sum++)->second, e, data_section + e.begin, what);
     Tensor t = tensor_from_bytes(e, data_section + e.begin);
     check_bools(t, what, e.name);
-    out.tensors.emplace(e.name, std::move(t));
+    out.tensors.emplace_hint(out.tensors.end(), e.name, std::move(t));
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
 #include <unistd.h>
 
 #include "dopt/runtime/error.hpp"
@@ -488,7 +490,7 @@ TEST_CASE("safetensors: a file without checksums still loads, unverified", "[saf
   CHECK(r.read("a").equal(tensors.at("a")));
 }
 
-TEST_CASE("safetensors: DOPT_CHECKSUMS=off skips verification; bad values and the reserved key are errors",
+TEST_CASE("safetensors: DOPT_CHECKSUMS=off skips verification, bad values and the reserved key are errors",
           "[safetensors][checksum]") {
   std::string bytes = serialize_safetensors({{"a", Tensor::from_vector<float>({1.f, 2.f}, {2})}});
   bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 1);
@@ -631,4 +633,63 @@ TEST_CASE("load_state_dict notes a file without checksums once, and not one whos
   }
   (void)load_state_dict(fresh);
   CHECK(notes.notes.size() == 1);
+}
+
+namespace {
+/// A safetensors file whose header lists n empty tensors (shape [0]): the
+/// smallest header per tensor, so a hostile file packs the most tensors.
+std::string many_tensors(int n) {
+  std::string h = "{";
+  for (int i = 0; i < n; ++i)
+    h += (i ? "," : "") + std::string("\"t") + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  h += "}";
+  h.resize((h.size() + 7) / 8 * 8, ' ');
+  return u64le(h.size()) + h;
+}
+/// CPU seconds of this thread for parsing `file` (other processes on the
+/// machine, such as parallel tests, do not count).
+double parse_seconds(const std::string& file) {
+  auto cpu = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  };
+  const double t0 = cpu();
+  const SafetensorsFile f = parse_safetensors(file.data(), file.size(), "many.safetensors");
+  const double s = cpu() - t0;
+  REQUIRE(f.tensors.size() > 0);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("safetensors: parsing a header takes time linear in its size (200k tensors, 12-18 MB, under 1 s of CPU)",
+          "[safetensors][hostile]") {
+  // nlohmann's callback parser took 0.6 s for 10k tensors, 25 s for 40k and
+  // over 120 s for 200k (issue 41): a small hostile file stalled a loader.
+  const std::string small = many_tensors(20000), big = many_tensors(200000);
+  INFO("header of 200k tensors: " << big.size() << " bytes");
+  CHECK(big.size() < kSafetensorsMaxHeader);
+  const double t_small = parse_seconds(small), t_big = parse_seconds(big);
+  INFO("20k tensors: " << t_small << " s, 200k tensors: " << t_big << " s");
+  // Ten times the tensors: about ten times the time (quadratic would be 100).
+  CHECK(t_big < 30 * t_small + 0.05);
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  CHECK(t_big < 1.0);
+#endif
+  // The same with dopt's checksums in the header (verified: a second JSON
+  // document of 200k digests, and the header's digest over all of it).
+  std::map<std::string, Tensor> empty;
+  for (int i = 0; i < 200000; ++i) empty.emplace("t" + std::to_string(i), Tensor::zeros({0}, DType::float32));
+  const std::string summed = serialize_safetensors(empty);
+  const double t_summed = parse_seconds(summed);
+  INFO("200k tensors with checksums: " << t_summed << " s, " << summed.size() << " bytes");
+  CHECK(parse_safetensors(summed.data(), summed.size(), "summed").verified);
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  CHECK(t_summed < 1.0);
+#endif
+  // A duplicate key is still found.
+  std::string dup = many_tensors(3);
+  dup.replace(dup.find("\"t2\""), 4, "\"t0\"");
+  CHECK_THROWS_WITH(parse_safetensors(dup.data(), dup.size(), "dup.safetensors"),
+                    Catch::Contains("duplicate key 't0' in header"));
 }

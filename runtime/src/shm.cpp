@@ -5,8 +5,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -20,7 +22,7 @@ namespace dopt::shm {
 
 namespace {
 
-std::string errno_str(int e) { return std::strerror(e); }
+std::string errno_str(int e) { return errno_text(e); }
 
 void* map_fd(int fd, std::size_t bytes, const std::string& name, const char* op) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -43,9 +45,20 @@ std::size_t class_of(std::size_t bytes) {
 
 }  // namespace
 
-std::shared_ptr<Segment> Segment::create(const std::string& name, std::size_t bytes) {
+std::string dev_shm_short_text(const std::string& name, std::size_t need, int e) {
+  std::string free_text = "an unknown number of";
+  struct statvfs vfs {};
+  if (::statvfs("/dev/shm", &vfs) == 0)
+    free_text = "only " + std::to_string(static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize);
+  return "cannot reserve " + std::to_string(need) + " bytes of /dev/shm for " + name + ": " + free_text +
+         " bytes are free there (" + errno_str(e) +
+         "). Give /dev/shm more room (Docker: --shm-size; as root: mount -o remount,size=... /dev/shm), or move "
+         "the job off shared memory with DOPT_TRANSPORT=tcp on every rank";
+}
+
+std::shared_ptr<Segment> Segment::create(const std::string& name, std::size_t bytes, std::size_t reserve) {
   if (bytes == 0) throw ValueError("shm", "segment " + name + " must not be empty");
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int e = errno;
     throw IOError("shm", "cannot create shared memory segment " + name + ": " + errno_str(e));
@@ -56,6 +69,20 @@ std::shared_ptr<Segment> Segment::create(const std::string& name, std::size_t by
     ::shm_unlink(name.c_str());
     throw IOError("shm", "cannot size shared memory segment " + name + " to " + std::to_string(bytes) +
                              " bytes: " + errno_str(e) + " (is /dev/shm full?)");
+  }
+  // The pages are allocated now: a tmpfs that is short of room fails here,
+  // with a message, instead of a SIGBUS at the first write to a page it
+  // cannot back.
+  reserve = std::min(reserve, bytes);
+  if (reserve > 0) {
+    int e;
+    do e = ::posix_fallocate(fd, 0, static_cast<off_t>(reserve));
+    while (e == EINTR);
+    if (e != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw IOError("shm", dev_shm_short_text(name, reserve, e));
+    }
   }
   void* p = nullptr;
   try {
@@ -123,6 +150,26 @@ std::size_t Segment::huge_page_bytes() const {
   }
   std::fclose(f);
   return kb * 1024;
+}
+
+bool populate(void* p, std::size_t bytes, std::string* why) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+  if (bytes == 0) return true;
+  const auto lo = reinterpret_cast<std::uintptr_t>(p) / 4096 * 4096;
+  const auto hi = reinterpret_cast<std::uintptr_t>(p) + bytes;
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0) return true;
+  const int e = errno;
+  if (why) {
+    if (e == EFAULT || e == ENOSPC)
+      *why = dev_shm_short_text("a staged send", bytes, ENOSPC);
+    else if (e == EINVAL)
+      *why = "this kernel cannot populate memory ahead (MADV_POPULATE_WRITE, Linux 5.14)";
+    else
+      *why = errno_str(e);
+  }
+  return false;
 }
 
 bool huge_pages_advised() {

@@ -3,8 +3,11 @@
 // whose pieces go to the lanes), reading headers, matching messages to posted
 // recvs (or keeping them until one is posted) and completing recvs in the
 // order of their tag's messages.
+#include <cerrno>
 #include <cstring>
+#include <new>
 
+#include "dopt/runtime/error.hpp"
 #include "tcp_mesh_impl.hpp"
 
 namespace dopt::transport {
@@ -196,7 +199,8 @@ void TcpMesh::Impl::read_header(Peer& p) {
                    [this, &p](const boost::system::error_code& ec, std::size_t) {
                      if (closing_ || p.lost) return;
                      if (ec) return lose(p, describe(ec));
-                     if (p.rhdr.magic != k_magic) return lose(p, "corrupt message header");
+                     if (std::string why = header_problem(p.rhdr, streams, p.recv_seq); !why.empty())
+                       return lose(p, why);
                      if (p.rhdr.pieces > 0) return on_striped_header(p);
                      on_header(p);
                    });
@@ -248,11 +252,7 @@ void TcpMesh::Impl::on_header(Peer& p) {
 void TcpMesh::Impl::on_striped_header(Peer& p) {
   const Tag tag{p.rhdr.hi, p.rhdr.lo};
   const std::size_t len = p.rhdr.len;
-  const std::uint32_t pieces = p.rhdr.pieces, seq = p.rhdr.seq;
-  if (pieces > std::uint32_t(streams) || pieces > len || seq != p.recv_seq)
-    return lose(p, "corrupt message header (striped message " + std::to_string(seq) + " in " +
-                       std::to_string(pieces) + " pieces; expected message " + std::to_string(p.recv_seq) +
-                       " in at most " + std::to_string(streams) + ")");
+  const std::uint32_t pieces = p.rhdr.pieces, seq = p.rhdr.seq;  // checked by header_problem
   ++p.recv_seq;
   auto st = std::make_shared<Striped>();
   st->left = int(pieces);
@@ -302,7 +302,15 @@ void TcpMesh::Impl::read_early(Peer& p, Tag tag, std::size_t len, bool queue) {
   auto msg = std::make_shared<Early>();
   msg->n = len;
   msg->aux = p.rhdr.aux;
-  if (len > 0) msg->data = pool.take(len);
+  if (len > 0) {
+    try {
+      msg->data = pool.take(len);
+    } catch (const std::bad_alloc&) {
+      // Named here, on the rank that ran out; the peer sees the connection end.
+      return lose(p, "cannot hold a message of " + std::to_string(len) +
+                         " bytes that came before its recv: " + errno_text(ENOMEM));
+    }
+  }
   if (queue) p.early[tag].push_back(msg);
   if (len == 0) {
     msg->complete = true;

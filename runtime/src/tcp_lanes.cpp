@@ -83,8 +83,8 @@ void TcpMesh::Impl::lane_read(DataConn& c) {
     c.rq.pop_front();
     std::string why;
     if (ec) why = describe(ec);
-    else if (c.rhdr.magic != k_piece_magic || c.rhdr.seq != done.hdr.seq || c.rhdr.len != done.n)
-      why = "corrupt piece header";
+    else
+      why = piece_problem(c.rhdr, done.hdr.seq, done.n);
     if (!why.empty() || c.dead) {
       lane_kill(c, why.empty() ? "closed" : why);
       return post_done(std::move(done.done), c.dead_why);

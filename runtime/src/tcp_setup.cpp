@@ -1,6 +1,7 @@
 // TcpMesh's setup: the listener, and establish(): every connection of this
 // rank (control and data, to and from every peer), dopt's handshake on each,
 // then the hello that names its rank and connection index.
+#include <cerrno>
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -51,7 +52,12 @@ std::uint16_t TcpListener::port() const { return impl_ ? impl_->port : 0; }
 TcpListener TcpMesh::listen(const std::string& bind_host) { return listen(bind_host, 0, 0); }
 
 TcpListener TcpMesh::listen(const std::string& bind_host, int port_lo, int port_hi) {
-  auto impl = std::make_unique<TcpListener::Impl>();
+  std::unique_ptr<TcpListener::Impl> impl;
+  try {
+    impl = std::make_unique<TcpListener::Impl>();  // an event loop (epoll): a descriptor of its own
+  } catch (const boost::system::system_error& e) {
+    throw IOError(k_op, "cannot listen on \"" + bind_host + "\": " + errno_text(e.code().value()));
+  }
   boost::system::error_code ec;
   tcp::resolver resolver(impl->io);
   auto results = resolver.resolve(bind_host, "0", tcp::resolver::passive, ec);
@@ -65,12 +71,12 @@ TcpListener TcpMesh::listen(const std::string& bind_host, int port_lo, int port_
       tcp::endpoint ep = entry.endpoint();
       ep.port(static_cast<std::uint16_t>(port));
       a.open(ep.protocol(), ec);
-      if (ec) { last = ec.message(); continue; }
+      if (ec) { last = errno_text(ec.value()); continue; }
       a.set_option(asio::socket_base::reuse_address(true), ec);
       a.bind(ep, ec);
       if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
       if (ec) {
-        last = ec.message();
+        last = errno_text(ec.value());
         boost::system::error_code ignore;
         a.close(ignore);
         continue;
@@ -310,6 +316,12 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
       if (done) return;
       if (ec) {
         if (ec == asio::error::operation_aborted) return;
+        // Out of descriptors or memory: no retry cures it; named here, on
+        // the rank that hit it (its peers then see this rank gone).
+        if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_memory ||
+            ec == asio::error::no_buffer_space)
+          return finish(std::make_exception_ptr(
+              IOError(k_op, "cannot accept the connections of the data plane: " + errno_text(ec.value()), rank)));
         return do_accept();
       }
       auto a = std::make_shared<Accepted>(std::move(s));

@@ -198,9 +198,15 @@ TcpMesh::TcpMesh(int rank, int world_size, TcpListener&& listener,
                                std::to_string(world_size), rank);
   if (!listener.valid()) throw ValueError(k_op, "the listener is not valid (moved from?)", rank);
   resolve_settings(options, rank);
-  impl_ = std::make_shared<Impl>(std::move(listener.impl_), rank, world_size, std::move(options));
-  impl_->establish(endpoints, timeout);
-  impl_->start_threads();
+  try {
+    impl_ = std::make_shared<Impl>(std::move(listener.impl_), rank, world_size, std::move(options));
+    impl_->establish(endpoints, timeout);
+    impl_->start_threads();
+  } catch (const boost::system::system_error& e) {
+    // An event loop or a socket the process has no descriptor for: named on
+    // this rank (its peers see it gone). What was opened closes with impl_.
+    throw IOError(k_op, "cannot set up the data plane: " + errno_text(e.code().value()), rank);
+  }
 }
 
 TcpMesh::~TcpMesh() {

@@ -161,7 +161,7 @@ TEST_CASE("tcp mesh: an I/O thread that polls delivers everything and closes", "
   CHECK(loopback_meshes(2, std::vector<TcpMeshOptions>(2, hinted))[0]->poll_us() == TcpMesh::default_poll_us(1));
 }
 
-TEST_CASE("tcp mesh: FIFO per tag; tags do not block each other", "[tcp]") {
+TEST_CASE("tcp mesh: FIFO per tag, tags do not block each other", "[tcp]") {
   auto ms = loopback_meshes(2);
   constexpr int K = 500;
   std::vector<std::uint64_t> a(K), b(K), ra(K, 0), rb(K, 0);

@@ -50,6 +50,31 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 24);
 
+/// No tensor is larger than this (x86-64 and AArch64 give a process 128 TiB
+/// of addresses at most): a header announcing more is corrupt.
+inline constexpr std::uint64_t k_max_message = std::uint64_t{1} << 47;
+
+/// What is wrong with a message header read from a peer, "" when nothing:
+/// checked before anything is allocated or read for it. streams: the data
+/// connections per peer; expect_seq: the number of the next striped
+/// message from this peer.
+inline std::string header_problem(const Header& h, int streams, std::uint32_t expect_seq) {
+  if (h.magic != k_magic) return "corrupt message header";
+  if (h.len > k_max_message)
+    return "corrupt message header (a message of " + std::to_string(h.len) + " bytes, more than any process can hold)";
+  if (h.pieces > 0 && (h.pieces > std::uint32_t(streams) || h.pieces > h.len || h.seq != expect_seq))
+    return "corrupt message header (striped message " + std::to_string(h.seq) + " in " + std::to_string(h.pieces) +
+           " pieces; expected message " + std::to_string(expect_seq) + " in at most " + std::to_string(streams) + ")";
+  return {};
+}
+
+/// What is wrong with a piece header on a data connection (the piece the
+/// lane expects: its message's number and size), "" when nothing.
+inline std::string piece_problem(const PieceHeader& h, std::uint32_t seq, std::uint64_t len) {
+  if (h.magic != k_piece_magic || h.seq != seq || h.len != len) return "corrupt piece header";
+  return {};
+}
+
 // Piece i of a message of len bytes cut into `pieces`: [offset, offset + size).
 inline std::pair<std::size_t, std::size_t> piece_of(std::size_t len, std::uint32_t pieces, std::uint32_t i) {
   const std::size_t lo = std::size_t((unsigned __int128)len * i / pieces);

@@ -32,7 +32,7 @@ TEST_CASE("Tensor factories, shape and dtype", "[tensor]") {
   CHECK_THROWS_AS(t.item(), ValueError);
 }
 
-TEST_CASE("Tensor handles share storage and grad; clone does not", "[tensor]") {
+TEST_CASE("Tensor handles share storage and grad, clone does not", "[tensor]") {
   Tensor a = Tensor::from_vector<float>({1, 2, 3});
   Tensor b = a;
   b.data<float>()[0] = 9;

@@ -11,11 +11,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
+#include "strategy.hpp"
 
 namespace dopt_train {
 
@@ -67,6 +72,73 @@ json RunInfo::to_json() const {
     j["diloco_error_feedback"] = diloco_error_feedback;
   }
   return j;
+}
+
+CheckpointIdentity CheckpointIdentity::of(std::int64_t step, const std::string& run, int world_size) {
+  CheckpointIdentity id;
+  id.step = step;
+  id.run = run;
+  id.world_size = world_size;
+  for (int r = 0; r < world_size; ++r) {
+    id.files.push_back(model_file_name(r, world_size));
+    id.files.push_back(optim_file_name(r, world_size));
+  }
+  std::sort(id.files.begin(), id.files.end());
+  return id;
+}
+
+std::string CheckpointIdentity::manifest_digest() const {
+  std::string text = "dopt-train checkpoint\nstep " + std::to_string(step) + "\nrun " + run + "\nworld_size " +
+                     std::to_string(world_size) + "\n";
+  for (const std::string& f : files) text += "file " + f + "\n";
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  return buf;
+}
+
+std::map<std::string, std::string> CheckpointIdentity::metadata() const {
+  return {{"dopt.checkpoint.step", std::to_string(step)},
+          {"dopt.checkpoint.run", run},
+          {"dopt.checkpoint.world_size", std::to_string(world_size)},
+          {"dopt.checkpoint.manifest", manifest_digest()}};
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+void verify_checkpoint_files(const CheckpointInfo& ckpt) {
+  if (!ckpt.identity) return;  // older checkpoints: load_model and the optimizers check their steps
+  const std::string what = "the checkpoint " + ckpt.dir + " (step " + std::to_string(ckpt.step) + ")";
+  const CheckpointIdentity& id = *ckpt.identity;
+  const auto want = id.metadata();
+  for (const std::string& name : id.files) {
+    const std::string path = (fs::path(ckpt.dir) / name).string();
+    if (!fs::exists(path)) throw dopt::IOError("resume", path + " is missing, but " + what + " lists it");
+    const dopt::SafetensorsReader header(path);  // the header only; IOError naming the file when malformed
+    const auto& meta = header.metadata();
+    auto get = [&](const std::string& k) {
+      auto it = meta.find(k);
+      return it == meta.end() ? std::string() : it->second;
+    };
+    if (get("dopt.checkpoint.manifest").empty())
+      throw dopt::IOError("resume", path + " carries no checkpoint identity (a file of an older dopt-train or of "
+                                           "another program), but " + what + " lists it: the folder mixes files of "
+                                           "different checkpoints");
+    bool same = true;
+    for (const auto& [k, v] : want) same = same && get(k) == v;
+    if (!same)
+      throw dopt::IOError("resume", path + " holds step " + get("dopt.checkpoint.step") + " of run " +
+                                        get("dopt.checkpoint.run") + " (" + get("dopt.checkpoint.world_size") +
+                                        " ranks), but the checkpoint " + ckpt.dir + " is step " +
+                                        std::to_string(id.step) + " of run " + id.run + " (" +
+                                        std::to_string(id.world_size) +
+                                        " ranks): the folder mixes files of different checkpoints; resume from a "
+                                        "checkpoint as it was written");
+  }
 }
 
 std::string step_dir_name(std::int64_t step) {
@@ -154,6 +226,21 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
     ck.step = ck.meta.at("step").get<std::int64_t>();
     if (ck.step < 0) throw dopt::IOError("resume", path + ": negative step " + std::to_string(ck.step));
     (void)ck.meta.at("run").at("optim").get<std::string>();
+    if (ck.meta.contains("identity")) {
+      const json& j = ck.meta.at("identity");
+      CheckpointIdentity id;
+      id.step = ck.step;
+      id.run = j.at("run").get<std::string>();
+      id.world_size = j.at("world_size").get<int>();
+      id.files = j.at("files").get<std::vector<std::string>>();
+      if (j.at("manifest").get<std::string>() != id.manifest_digest())
+        throw dopt::IOError("resume", path + ": the manifest digest does not match its step, run and files (the "
+                                          "file was edited or damaged)");
+      for (const std::string& f : id.files)
+        if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+          throw dopt::IOError("resume", path + ": the manifest lists '" + f + "', which is not a file name");
+      ck.identity = std::move(id);
+    }
   } catch (const json::exception& e) {
     throw dopt::IOError("resume", path + " is corrupt: " + e.what());
   }
@@ -182,8 +269,10 @@ void check_compatible(const CheckpointInfo& ckpt, const RunInfo& run) {
                                          "); resume with the checkpoint's settings");
 }
 
-void write_checkpoint_info(const std::string& dir, const RunInfo& run, std::int64_t step) {
-  const json j = {{"format", kCheckpointFormat}, {"step", step}, {"run", run.to_json()}};
+void write_checkpoint_info(const std::string& dir, const RunInfo& run, const CheckpointIdentity& id) {
+  const json identity = {
+      {"run", id.run}, {"world_size", id.world_size}, {"files", id.files}, {"manifest", id.manifest_digest()}};
+  const json j = {{"format", kCheckpointFormat}, {"step", id.step}, {"run", run.to_json()}, {"identity", identity}};
   const std::string path = (fs::path(dir) / kInfoFile).string();
   std::ofstream f(path);
   f << j.dump(2) << "\n";
@@ -194,11 +283,13 @@ std::string model_file_name(int rank, int world_size) {
   return "model-rank" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".safetensors";
 }
 
-void save_model(const std::string& dir, int rank, int world_size, const Mlp& model, std::int64_t step) {
+void save_model(const std::string& dir, int rank, const Mlp& model, const CheckpointIdentity& id) {
   std::map<std::string, Tensor> tensors;
   for (std::size_t i = 0; i < model.params().size(); ++i) tensors[model.names()[i]] = model.params()[i];
-  dopt::write_safetensors((fs::path(dir) / model_file_name(rank, world_size)).string(), tensors,
-                          {{"dopt.train.format", kModelFormat}, {"step", std::to_string(step)}});
+  auto meta = id.metadata();
+  meta["dopt.train.format"] = kModelFormat;
+  meta["step"] = std::to_string(id.step);
+  dopt::write_safetensors((fs::path(dir) / model_file_name(rank, id.world_size)).string(), tensors, meta);
 }
 
 void load_model(const std::string& dir, int rank, int world_size, Mlp& model, std::int64_t step) {

@@ -11,9 +11,15 @@
 //                                        save_sharded shard, or the local
 //                                        optimizer's state dict
 // A checkpoint is written into step-XXXXXXXX.tmp/ and renamed once complete.
+// Every file of it carries the checkpoint's identity (CheckpointIdentity:
+// step, run, world size, manifest digest) in its metadata, and
+// checkpoint.json is the manifest: a load checks every file it lists against
+// it, so a folder that mixes files of two checkpoints is refused, naming the
+// odd file and its step.
 // Nothing else is needed to resume: the data order is a pure function of
 // (seed, step, rank), so the step is the data position.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,11 +50,43 @@ struct RunInfo {
   nlohmann::json to_json() const;
 };
 
+/// Who a checkpoint is: written into the metadata of each of its files
+/// ("dopt.checkpoint.step", ".run", ".world_size", ".manifest") and into
+/// checkpoint.json.
+struct CheckpointIdentity {
+  std::int64_t step = 0;
+  /// The training run: 16 hex digits drawn when a run starts from step 0,
+  /// kept by the runs that resume it.
+  std::string run;
+  int world_size = 0;
+  /// Every file of the checkpoint but checkpoint.json, sorted.
+  std::vector<std::string> files;
+  /// The model and optimizer files of every rank.
+  static CheckpointIdentity of(std::int64_t step, const std::string& run, int world_size);
+  /// 16 hex digits: XXH3-64 of step, run, world size and the file names.
+  std::string manifest_digest() const;
+  /// The metadata entries every file carries.
+  std::map<std::string, std::string> metadata() const;
+};
+
+/// 16 random hex digits (a new run's id).
+std::string new_run_id();
+
 struct CheckpointInfo {
   std::string dir;
   std::int64_t step = 0;
   nlohmann::json meta;
+  /// Absent for a checkpoint of a dopt-train before identities (its files
+  /// are then checked for their step only).
+  std::optional<CheckpointIdentity> identity;
 };
+
+/// Reads the header of every file the manifest lists and compares its
+/// identity with the checkpoint's; IOError naming the first file that
+/// differs, what it holds and the checkpoint's step ("... holds step 20 of
+/// run X, but the checkpoint is step 40 of run X: the folder mixes files of
+/// different checkpoints"), or that is missing or carries no identity.
+void verify_checkpoint_files(const CheckpointInfo& ckpt);
 
 /// "step-00000050".
 std::string step_dir_name(std::int64_t step);
@@ -70,12 +108,13 @@ std::vector<std::string> prune_checkpoints(const std::string& checkpoint_dir, in
 CheckpointInfo read_checkpoint_info(const std::string& dir);
 /// ValueError listing every setting that differs ("--optim: checkpoint ddp, this run zero").
 void check_compatible(const CheckpointInfo& ckpt, const RunInfo& run);
-/// Writes dir/checkpoint.json.
-void write_checkpoint_info(const std::string& dir, const RunInfo& run, std::int64_t step);
+/// Writes dir/checkpoint.json (the manifest: the identity and its files).
+void write_checkpoint_info(const std::string& dir, const RunInfo& run, const CheckpointIdentity& id);
 
 std::string model_file_name(int rank, int world_size);
-/// This rank's parameters -> dir/model-rank{r}-of-{N}.safetensors.
-void save_model(const std::string& dir, int rank, int world_size, const Mlp& model, std::int64_t step);
+/// This rank's parameters -> dir/model-rank{r}-of-{N}.safetensors, with the
+/// checkpoint's identity in the metadata.
+void save_model(const std::string& dir, int rank, const Mlp& model, const CheckpointIdentity& id);
 /// Loads them back; IOError / StateDictError naming the file for anything that does not fit.
 void load_model(const std::string& dir, int rank, int world_size, Mlp& model, std::int64_t step);
 

@@ -158,7 +158,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   const int rank = ctx.rank();
   int world_size = ctx.world_size();  // the survivors' count after a loss (--survive)
   dopt::ProcessGroup world = ctx.world();
-  const bool lead = rank == 0;
+  // The rank that writes the metrics and prints the report: the world's
+  // rank 0, and after a loss (--survive) the survivors' rank 0, so that a
+  // lost rank 0 hands it on (docs/fault-tolerance.md).
+  bool lead = rank == 0;
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(world, o.checkpoint_dir, rank);
 
   Shard shard(o.data, rank, world_size);
@@ -167,8 +170,24 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   std::int64_t first = 0;
   if (plan.resume) {
     first = plan.resume->step;
+    verify_checkpoint_files(*plan.resume);  // every file of it is of this checkpoint
     load_model(plan.resume->dir, rank, world_size, model, first);
     strategy->load(plan.resume->dir, first);
+  }
+  // The run's id in its checkpoints: a resumed run keeps it; a new one gets
+  // rank 0's (every rank must write the same).
+  std::string run_id;
+  if (!o.checkpoint_dir.empty()) {
+    if (plan.resume && plan.resume->identity) {
+      run_id = plan.resume->identity->run;
+    } else {
+      Tensor id = Tensor::zeros({1}, dopt::DType::int64);
+      if (rank == 0) id.data<std::int64_t>()[0] = static_cast<std::int64_t>(std::stoull(new_run_id(), nullptr, 16));
+      world.broadcast(id, 0);
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id.data<std::int64_t>()[0]));
+      run_id = buf;
+    }
   }
 
   const bool tty = ::isatty(1) != 0;
@@ -189,8 +208,11 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       std::fflush(stdout);
     }
   }
-  Progress progress(first, o.steps, tty, o.quiet || !lead,
-                    o.log_every > 0 ? o.log_every : std::max<std::int64_t>(1, o.steps / 20));
+  const std::int64_t log_every = o.log_every > 0 ? o.log_every : std::max<std::int64_t>(1, o.steps / 20);
+  Progress progress(first, o.steps, tty, o.quiet || !lead, log_every);
+  // --survive: every rank keeps the steps' records, so that a rank that
+  // takes the lead over can write what the lost one had not.
+  std::vector<StepRecord> records;
 
   bool params_nonfinite = false;  // after the latest step, on some rank (--nonfinite warn)
   auto save_checkpoint = [&](std::int64_t step) {
@@ -207,11 +229,12 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       fs::create_directories(tmp);
     }
     world.barrier();
-    save_model(tmp.string(), rank, world_size, model, step);
-    strategy->save(tmp.string());  // a collective (ZeRO: save_sharded)
+    const CheckpointIdentity id = CheckpointIdentity::of(step, run_id, world_size);
+    save_model(tmp.string(), rank, model, id);
+    strategy->save(tmp.string(), id.metadata());  // a collective (ZeRO: save_sharded)
     world.barrier();
     if (lead) {
-      write_checkpoint_info(tmp.string(), plan.run, step);
+      write_checkpoint_info(tmp.string(), plan.run, id);
       fs::remove_all(final_dir);
       fs::rename(tmp, final_dir);
       if (metrics) metrics->flush();
@@ -232,6 +255,21 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   bool warned_nonfinite = false;
   const auto t0 = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
+  // This rank becomes the lead after step `done` (rank 0 was lost): the
+  // metrics file keeps what the lost lead wrote and gets the rest from
+  // this rank's records; the progress and the report go on here.
+  auto take_lead = [&](std::int64_t done) {
+    progress = Progress(done, o.steps, tty, o.quiet, log_every);
+    if (!o.metrics.empty()) {
+      metrics.emplace(o.metrics, done);
+      const std::int64_t kept = metrics->history().empty() ? first : metrics->history().back().first;
+      for (const StepRecord& rec : records)
+        if (rec.step > kept) metrics->write(rec);
+    }
+    if (!o.quiet)
+      progress.note("dopt-train: rank 0 was lost; rank " + std::to_string(rank) +
+                    " leads from here: metrics, progress and the report (--survive)");
+  };
   for (std::int64_t s = first; s < o.steps; ++s) {
     if (rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
     const std::vector<int> idx = shard.batch(s, o.batch);
@@ -270,6 +308,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
         dopt::ShrinkResult sr = world.shrink();
         world = sr.group;
         world_size = world.size();
+        if (!lead && world.rank() == 0) {
+          lead = true;
+          take_lead(s);
+        }
         if (lost.empty()) {
           strategy->recover();
           lost = strategy->take_lost();
@@ -326,7 +368,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       }
     }
 
-    if (lead) {
+    {
       StepRecord rec;
       rec.step = s + 1;
       rec.loss = stats.data<double>()[0] / world_size;
@@ -340,8 +382,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       if (s == first) first_loss = rec.loss, first_acc = rec.accuracy;
       last_loss = rec.loss, last_acc = rec.accuracy;
       history.emplace_back(rec.step, rec.loss);
-      if (metrics) metrics->write(rec);
-      progress.update(rec);
+      if (o.survive) records.push_back(rec);
+      if (lead && metrics) metrics->write(rec);
+      if (lead) progress.update(rec);
     }
     if (o.checkpoint_every > 0 && (s + 1) % o.checkpoint_every == 0) save_checkpoint(s + 1), saved_at = s + 1;
     if (stop) {
@@ -463,8 +506,8 @@ int main(int argc, char** argv) {
                  "ranks on one host, survives processes, not hosts)")
       ->check(CLI::IsMember({"step", "host_memory"}))
       ->capture_default_str();
-  app.add_option("--kill-rank", o.kill_rank, "Testing (--survive): this rank (not 0, which prints the curve) dies, SIGKILL as a process, ...")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--kill-rank", o.kill_rank, "Testing (--survive): this rank dies (rank 0 too: the lowest survivor then leads), SIGKILL as a process, ...")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done")->check(CLI::PositiveNumber);
   app.add_option("--interrupt-at-step", o.interrupt_at_step, "Testing: act as if Ctrl-C came at step N")
       ->group("");  // hidden

@@ -132,7 +132,7 @@ class ZeroStrategy : public Strategy {
     for (const auto& group : zero_.partition()[static_cast<std::size_t>(zero_.rank())]) n += numel_of(group);
     return n;
   }
-  void save(const std::string& dir) override { zero_.save_sharded(dir); }
+  void save(const std::string& dir, const Metadata& identity) override { zero_.save_sharded(dir, identity); }
   void load(const std::string& dir, std::int64_t) override { zero_.load_sharded(dir); }
   double lr() const override { return zero_.param_groups()[0].options->get_lr(); }
 
@@ -170,8 +170,8 @@ class DdpStrategy : public Strategy {
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(*opt_); }
   std::int64_t owned_numel() const override { return numel_of(opt_->all_params()); }
-  void save(const std::string& dir) override {
-    dopt::save_state_dict(opt_->state_dict(), (fs::path(dir) / optim_file_name(rank_, world_size_)).string());
+  void save(const std::string& dir, const Metadata& identity) override {
+    save_optim_state(opt_->state_dict(), dir, rank_, world_size_, identity);
   }
   void load(const std::string& dir, std::int64_t) override {
     opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
@@ -236,8 +236,8 @@ class PostLocalSgdStrategy : public Strategy {
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(opt_->optim()); }
   std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
-  void save(const std::string& dir) override {
-    dopt::save_state_dict(opt_->state_dict(), (fs::path(dir) / optim_file_name(rank_, world_size_)).string());
+  void save(const std::string& dir, const Metadata& identity) override {
+    save_optim_state(opt_->state_dict(), dir, rank_, world_size_, identity);
   }
   void load(const std::string& dir, std::int64_t step) override {
     opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
@@ -306,8 +306,8 @@ class DiLoCoStrategy : public Strategy {
     return b;
   }
   std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
-  void save(const std::string& dir) override {
-    dopt::save_state_dict(opt_->state_dict(), (fs::path(dir) / optim_file_name(rank_, world_size_)).string());
+  void save(const std::string& dir, const Metadata& identity) override {
+    save_optim_state(opt_->state_dict(), dir, rank_, world_size_, identity);
   }
   void load(const std::string& dir, std::int64_t) override {
     opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
@@ -349,6 +349,12 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::ve
   if (cfg.mode == "ddp") return std::make_unique<DdpStrategy>(cfg, params, world);
   if (cfg.mode == "diloco") return std::make_unique<DiLoCoStrategy>(cfg, params, world);
   return std::make_unique<PostLocalSgdStrategy>(cfg, params, world);
+}
+
+void save_optim_state(dopt::StateDict sd, const std::string& dir, int rank, int world_size,
+                      const Metadata& identity) {
+  for (const auto& [k, v] : identity) sd.metadata[k] = v;
+  dopt::save_state_dict(sd, (fs::path(dir) / optim_file_name(rank, world_size)).string());
 }
 
 std::string optim_file_name(int rank, int world_size) {

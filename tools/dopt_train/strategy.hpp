@@ -19,17 +19,21 @@
 // owned_numel() may be a collective over the world: all ranks make the same
 // calls in the same order.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/registry.hpp"
+#include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt_train {
 
 using dopt::Tensor;
+/// Metadata entries (a checkpoint's identity).
+using Metadata = std::map<std::string, std::string>;
 
 struct StrategyConfig {
   std::string mode;                  // zero | ddp | post-local-sgd | remote
@@ -68,8 +72,9 @@ class Strategy {
   virtual std::int64_t state_bytes() const = 0;
   /// Parameter elements whose optimizer state this rank holds.
   virtual std::int64_t owned_numel() const = 0;
-  /// Collective: writes this rank's optimizer state into dir.
-  virtual void save(const std::string& dir) = 0;
+  /// Collective: writes this rank's optimizer state into dir, with the
+  /// checkpoint's identity (CheckpointIdentity::metadata()) in its metadata.
+  virtual void save(const std::string& dir, const Metadata& identity) = 0;
   /// Local: reads this rank's optimizer state from dir, saved after `step` steps.
   virtual void load(const std::string& dir, std::int64_t step) = 0;
   /// The current learning rate.
@@ -102,6 +107,9 @@ bool mode_available(const std::string& mode, std::string* why);
 /// broadcasts the parameters from rank 0).
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
                                         dopt::ProcessGroup world);
+
+/// Writes a local optimizer's state dict to dir/optim_file_name(rank, world_size) with `identity` added to its metadata.
+void save_optim_state(dopt::StateDict sd, const std::string& dir, int rank, int world_size, const Metadata& identity);
 
 /// The file a rank's non-ZeRO optimizer state goes to (ZeRO's save_sharded uses the same name).
 std::string optim_file_name(int rank, int world_size);

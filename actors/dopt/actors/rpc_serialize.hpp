@@ -119,6 +119,17 @@ class Decoder {
     return v;
   }
   bool at_end() const noexcept { return p_ == end_; }
+  /// Bytes not read yet.
+  std::size_t remaining() const noexcept { return static_cast<std::size_t>(end_ - p_); }
+  /// A count read from the message, checked before anything is allocated
+  /// for it: `n` items of at least `min_bytes` each must fit in what is left
+  /// (a hostile or damaged count is a TypeError, never a huge allocation).
+  std::size_t count(std::uint64_t n, std::size_t min_bytes, const char* of) const {
+    if (min_bytes > 0 && n > remaining() / min_bytes)
+      fail("a count of " + std::to_string(n) + " " + of + " where only " + std::to_string(remaining()) +
+           " bytes are left (truncated or damaged)");
+    return static_cast<std::size_t>(n);
+  }
   /// The agent whose message this is (RRefs are made there).
   const std::shared_ptr<detail::AgentCore>& core() const noexcept { return core_; }
   const std::string& what() const noexcept { return what_; }
@@ -254,7 +265,7 @@ void read(Decoder& d, T& x) {
     }
   } else if constexpr (std::is_same_v<U, std::string>) {
     d.expect_tag(tag::string, "string");
-    const auto n = d.get_pod<std::uint64_t>();
+    const std::size_t n = d.count(d.get_pod<std::uint64_t>(), 1, "string bytes");
     x.resize(n);
     if (n) d.get_raw(x.data(), n);
   } else if constexpr (std::is_same_v<U, Tensor>) {
@@ -263,7 +274,7 @@ void read(Decoder& d, T& x) {
     read_rref(d, x);
   } else if constexpr (detail::is_vector<U>::value) {
     d.expect_tag(tag::vector, "vector");
-    const auto n = d.get_pod<std::uint64_t>();
+    const std::size_t n = d.count(d.get_pod<std::uint64_t>(), 1, "vector elements");  // each at least a tag
     x.clear();
     x.reserve(n);
     for (std::uint64_t i = 0; i < n; ++i) {

@@ -13,7 +13,7 @@ namespace {
 std::string info_of(const HostIdentity& id) { return id.host_field() + " addr=127.0.0.1 port=1" + id.probe_fields(); }
 }  // namespace
 
-TEST_CASE("host identity: ranks of one process share /dev/shm; a probe that cannot be mapped is named", "[host]") {
+TEST_CASE("host identity: ranks of one process share /dev/shm, a probe that cannot be mapped is named", "[host]") {
   ::unsetenv("DOPT_HOST_ID");
   HostIdentity a, b;
   CHECK(a.host_field() == b.host_field());

@@ -38,8 +38,11 @@ std::string job_token() {
 
 }  // namespace
 
-ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options) {
+ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options) {
   UserThreadCafScope caf_scope;
+  // env.secret becomes the session key in the rendezvous (before make_info
+  // runs): every port opened from then on is keyed (rendezvous_internal.hpp).
+  LaunchEnv env = launch_env;
   const char* op = "init_process_group";
   std::string plane_choice = options.transport;
   if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) plane_choice = t;
@@ -77,12 +80,17 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const Init
   auto make_info = [&] {
     // Ports behind dopt's handshake (job id, secret), on the chosen interface.
     std::string info = host + publish_control_port(rt, sys, a, env, op);
-    if (plane_choice != "shm")
-      listener.emplace(transport::TcpMesh::listen(info_field(info, "bind"), env.port_range_lo, env.port_range_hi));
+    if (plane_choice != "shm") {
+      try {
+        listener.emplace(transport::TcpMesh::listen(info_field(info, "bind"), env.port_range_lo, env.port_range_hi));
+      } catch (const IOError& e) {
+        throw IOError(op, "the data plane " + e.detail(), env.rank);  // names the rank that hit it
+      }
+    }
     return info + " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
            " job=" + job_token() + identity.probe_fields();
   };
-  RendezvousResult rdv = rendezvous_with(runtime, env, options.timeout, a, make_info);
+  RendezvousResult rdv = rendezvous_with(runtime, launch_env, options.timeout, a, make_info, &env.secret);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> elsewhere;
   auto field = [](const std::string& text, const std::string& key) {

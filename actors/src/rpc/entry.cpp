@@ -87,8 +87,11 @@ void simulate_deterministic(int n, const std::vector<std::string>& names, const 
 }  // namespace
 }  // namespace detail
 
-Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, const RpcOptions& options) {
+Agent init(Runtime& runtime, const LaunchEnv& launch_env, const std::string& name, const RpcOptions& options) {
   ::dopt::detail::UserThreadCafScope caf_scope;
+  // env.secret becomes the session key in the rendezvous: the agents' ports
+  // are keyed (rendezvous_internal.hpp).
+  LaunchEnv env = launch_env;
   const int rank = env.rank, world_size = env.world_size;
   if (world_size < 1 || rank < 0 || rank >= world_size)
     throw ValueError("rpc.init", "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")",
@@ -111,7 +114,8 @@ Agent init(Runtime& runtime, const LaunchEnv& env, const std::string& name, cons
       return "host=" + host + dopt::detail::publish_control_port(dopt::detail::Access::impl(runtime), sys, a, env, "rpc.init") +
              " name=" + name;
     };
-    RendezvousResult rdv = dopt::detail::rendezvous_with(runtime, env, options.init_timeout, a, make_info);
+    RendezvousResult rdv =
+        dopt::detail::rendezvous_with(runtime, launch_env, options.init_timeout, a, make_info, &env.secret);
     const auto& infos = dopt::detail::rendezvous_infos(rdv);
     auto field = [](const std::string& text, const std::string& key, bool rest) {
       auto p = text.find(key + "=");

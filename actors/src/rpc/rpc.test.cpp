@@ -529,7 +529,7 @@ rpc::SimulateOptions deterministic(std::uint64_t seed, SimReport* report = nullp
 
 }  // namespace
 
-TEST_CASE("rpc deterministic: a seed gives one schedule, replayed exactly; seeds differ", "[rpc][sim]") {
+TEST_CASE("rpc deterministic: a seed gives one schedule, replayed exactly, seeds differ", "[rpc][sim]") {
   std::set<std::uint64_t> hashes;
   for (std::uint64_t seed : {1u, 2u, 3u}) {
     SimReport r1, r2;
@@ -599,7 +599,7 @@ TEST_CASE("rpc deterministic: a worker crashed at its k-th call, in virtual time
   if (!sim::env_seed()) CHECK_THROWS_AS(rpc::simulate(2, [](Agent&) {}, threaded), ValueError);
 }
 
-TEST_CASE("rpc deterministic: a dropped request times out in virtual time, a retry recovers it; late messages",
+TEST_CASE("rpc deterministic: a dropped request times out in virtual time, a retry recovers it, late messages",
           "[rpc][sim]") {
   register_test_functions();
   g_count_once = 0;

@@ -78,11 +78,20 @@ void read_tensor(Decoder& d, Tensor& t) {
   const auto nd = d.get_pod<std::uint64_t>();
   if (nd > 64) d.fail("a tensor of " + std::to_string(nd) + " dimensions");
   Shape shape(nd);
-  for (auto& x : shape) x = d.get_pod<std::int64_t>();
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (auto& x : shape) {
+    x = d.get_pod<std::int64_t>();
+    if (x < 0) d.fail("a tensor with a negative dimension " + std::to_string(x));
+    overflow = overflow || __builtin_mul_overflow(numel, static_cast<std::uint64_t>(x), &numel);
+  }
   const auto nbytes = d.get_pod<std::uint64_t>();
   const DType dtype = static_cast<DType>(dt);
-  if (nbytes != static_cast<std::uint64_t>(shape_numel(shape)) * itemsize(dtype))
+  std::uint64_t want = 0;
+  if (overflow || __builtin_mul_overflow(numel, static_cast<std::uint64_t>(itemsize(dtype)), &want) || nbytes != want)
     d.fail("tensor bytes do not match its shape " + shape_str(shape));
+  // Checked before the tensor is allocated: a shape may promise more than came.
+  if (nbytes > d.remaining()) d.fail("the message ends early (truncated or of another type)");
   t = Tensor::empty(shape, dtype);
   if (nbytes) d.get_raw(t.data_ptr(), nbytes);
 }

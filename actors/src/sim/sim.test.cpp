@@ -228,7 +228,7 @@ TEST_CASE("fault plan: late and lost protocol messages", "[sim]") {
   CHECK(rep.faults[0].find("dropped") != std::string::npos);
 }
 
-TEST_CASE("fault plans need deterministic mode; deterministic needs the shm plane", "[sim]") {
+TEST_CASE("fault plans need deterministic mode, deterministic needs the shm plane", "[sim]") {
   SimulateOptions o;
   o.faults.crash(0, 1);
   CHECK_THROWS_AS(simulate(2, [](RankContext&) {}, o), ValueError);

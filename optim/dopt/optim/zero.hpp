@@ -247,11 +247,16 @@ class ZeroRedundancyOptimizer : public Joinable {
   void load_state_dict(const StateDict& sd);
 
   /// Collective: writes this rank's shard to dir/optim-rank{r}-of-{N}.safetensors
-  /// (dir is created), then waits for every rank (barrier).
-  void save_sharded(const std::string& dir) const;
+  /// (dir is created), then waits for every rank (barrier). `metadata` is
+  /// added to the shard's (a checkpoint's identity, ...); ValueError for a
+  /// key that starts with "dopt.zero.".
+  void save_sharded(const std::string& dir, const std::map<std::string, std::string>& metadata = {}) const;
   /// Loads a checkpoint written by save_sharded at any world size. Throws
   /// IOError for missing/unreadable shards or several world sizes in dir, and
-  /// StateDictError when the checkpoint's parameters or groups do not match.
+  /// StateDictError when the checkpoint's parameters or groups do not match,
+  /// or when a shard it reads was saved at another step than rank 0's (a
+  /// folder that mixes shards of two checkpoints: the message names the odd
+  /// file and both steps).
   ShardLoadReport load_sharded(const std::string& dir);
   /// Redundancy: collective of the survivors after a PeerLostError outside
   /// step() (see the header). Throws ShardLostError when state is gone.

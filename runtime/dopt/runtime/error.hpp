@@ -23,6 +23,12 @@ class Error : public std::runtime_error {
   std::optional<int> rank_;
 };
 
+/// strerror(e), and for the errors that mean this process ran out of a
+/// resource, which one and what to do: "Too many open files (this process
+/// has no free file descriptor: its limit, ulimit -n, is 20)", "Cannot
+/// allocate memory (this process is out of memory)".
+std::string errno_text(int e);
+
 #define DOPT_DEFINE_ERROR(Name, Base)          \
   class Name : public Base {                   \
    public:                                     \

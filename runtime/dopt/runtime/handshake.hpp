@@ -8,11 +8,14 @@
 //   1. client -> server  hello:  "dopt-hs1", purpose, has-secret flag, the
 //                        client's rank and world size, its job id (<= 255
 //                        bytes) and a fresh 32-byte random nonce Nc.
-//   2. server -> client  reply:  status, has-secret flag, the server's rank,
-//                        world size and job id, a fresh nonce Ns and, with a
+//   2. server -> client  reply:  status, has-secret flag, the server's rank
+//                        and world size, a fresh nonce Ns and, with a
 //                        secret, HMAC-SHA256(secret, "dopt-hs1 server" |
 //                        hello | reply up to Ns); or a refusal with its reason
-//                        (another job, a missing secret, the wrong port).
+//                        (another job, a missing secret, the wrong port). The
+//                        server never sends its job id: a refused process
+//                        learns that the job differs, not what it is (nor
+//                        the server's rank and world size).
 //   3. client -> server  proof:  HMAC-SHA256(secret, "dopt-hs1 client" |
 //                        hello | reply) (zeros without a secret).
 //   4. server -> client  verdict: admitted, or refused with the reason (a
@@ -109,6 +112,9 @@ class ServerHandshake {
   ServerHandshake(Purpose purpose, Credentials mine, Admit admit);
   /// True when the first kMagicSize bytes of a hello are dopt's.
   static bool magic_ok(const std::string& first_bytes);
+  /// A reply (kReplySize bytes) that refuses whoever connected, with `why`,
+  /// sent without reading a hello (a server out of descriptors).
+  static std::string refusal_reply(const std::string& why);
   /// Step 1 -> 2: the reply to send. refused() is true when it is a refusal
   /// (send it, then close).
   std::string on_hello(const std::string& hello);
@@ -154,7 +160,15 @@ std::optional<int> connect_authenticated(const std::string& host, int port, Purp
 /// handshake on a thread of its own (many at once, each bounded by the
 /// handshake timeout); a connection that passes is handed to on_ready (on
 /// that thread), which owns the socket from then on. Refused connections are
-/// reported through dopt::notice() (the first few of each listener).
+/// reported through dopt::notice() (the first few of each listener), naming
+/// the peer's address. At most 64 handshakes run at once; a newcomer beyond
+/// that takes the place of the oldest connection that has not sent its
+/// whole hello (so processes that connect and send nothing, or a byte at a
+/// time, cannot keep the ranks out), else it is closed. A process out of
+/// file descriptors (EMFILE) or memory notes it once and still answers each
+/// connecting process, with a refusal naming the cause ("the process of rank
+/// 0 cannot take connections: Too many open files (... ulimit -n, is 20)"),
+/// so the connecting rank blames this one.
 class AuthListener {
  public:
   struct Options {

@@ -29,8 +29,17 @@ namespace dopt::shm {
 /// too when this process created it.
 class Segment {
  public:
-  /// Creates and maps a new segment of `bytes` (> 0). Throws IOError naming it.
-  static std::shared_ptr<Segment> create(const std::string& name, std::size_t bytes);
+  /// Creates and maps a new segment of `bytes` (> 0), of which the first
+  /// `reserve` bytes (all by default) are allocated in /dev/shm at once
+  /// (posix_fallocate), so that writing them can never raise SIGBUS when
+  /// /dev/shm fills up later; the rest stays sparse (reserve it with
+  /// populate() before writing it). Throws IOError naming the segment;
+  /// when /dev/shm is short: "cannot reserve N bytes of /dev/shm for NAME:
+  /// only M bytes are free there (No space left on device). Give /dev/shm
+  /// more room ..., or move the job off shared memory with
+  /// DOPT_TRANSPORT=tcp on every rank".
+  static std::shared_ptr<Segment> create(const std::string& name, std::size_t bytes,
+                                         std::size_t reserve = static_cast<std::size_t>(-1));
   /// Maps an existing segment (created by another process). Throws IOError
   /// when it does not exist or is smaller than `bytes`.
   static std::shared_ptr<Segment> open(const std::string& name, std::size_t bytes);
@@ -102,6 +111,12 @@ class ShmMapCache {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Segment>> segments_;
 };
+
+/// Allocates the pages of [p, p + bytes) of a shared mapping now
+/// (MADV_POPULATE_WRITE), so that writing them cannot raise SIGBUS. False
+/// (with the reason in *why, naming /dev/shm when it is full) when the
+/// kernel cannot: /dev/shm has no room, or the kernel is older than 5.14.
+bool populate(void* p, std::size_t bytes, std::string* why = nullptr);
 
 /// Whether dopt advises large memory for transparent huge pages (large CPU
 /// tensors, host_memory's segments): yes unless DOPT_HUGEPAGES=0 (read once).

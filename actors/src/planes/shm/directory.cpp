@@ -36,7 +36,7 @@ void check_region(void* base, std::uint64_t gid, const std::string& what) {
 
 }  // namespace
 
-Mapped LocalDirectory::create(std::uint64_t gid, int global_rank, std::size_t bytes) {
+Mapped LocalDirectory::create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     throw StateError("shm", "cannot allocate " + std::to_string(bytes) + " bytes for group " + std::to_string(gid) +
@@ -68,8 +68,13 @@ std::string ShmDirectory::name(std::uint64_t gid, int global_rank) const {
          std::to_string(gid);
 }
 
-Mapped ShmDirectory::create(std::uint64_t gid, int global_rank, std::size_t bytes) {
-  auto seg = shm::Segment::create(name(gid, global_rank), bytes);
+Mapped ShmDirectory::create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) {
+  std::shared_ptr<shm::Segment> seg;
+  try {
+    seg = shm::Segment::create(name(gid, global_rank), bytes, reserve);
+  } catch (const IOError& e) {
+    throw IOError(e.op(), e.detail(), global_rank);  // the rank that hit it
+  }
   init_region(seg->data(), gid, global_rank, bytes);
   {
     std::lock_guard<std::mutex> lock(mutex_);

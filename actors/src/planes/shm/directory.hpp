@@ -23,8 +23,11 @@ struct Mapped {
 class RegionDirectory {
  public:
   virtual ~RegionDirectory() = default;
-  /// This rank's new, zeroed region of group gid.
-  virtual Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes) = 0;
+  /// This rank's new, zeroed region of group gid. Its first `reserve` bytes
+  /// are backed at once (processes: allocated in /dev/shm, so that a full
+  /// /dev/shm is an IOError naming it here, never a SIGBUS later); the rest
+  /// may stay sparse.
+  virtual Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) = 0;
   /// Member global_rank's region of gid (it called create() before).
   virtual Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) = 0;
   /// Every member mapped global_rank's region of gid: drop its name.
@@ -39,7 +42,7 @@ class RegionDirectory {
 /// (group, rank) in a table.
 class LocalDirectory final : public RegionDirectory {
  public:
-  Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) override;
   Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) override;
   void seal(std::uint64_t gid, int global_rank) override;
   bool shared() const override { return false; }
@@ -57,7 +60,7 @@ class ShmDirectory final : public RegionDirectory {
   /// pids: every rank's process id (index: global rank); job: the same
   /// token on every rank, unique to this job on this host.
   ShmDirectory(std::vector<int> pids, std::string job);
-  Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) override;
   Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) override;
   void seal(std::uint64_t gid, int global_rank) override;
   bool shared() const override { return true; }

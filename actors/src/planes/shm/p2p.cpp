@@ -318,7 +318,15 @@ bool P2PEngine::State::publish(int d, Send& s) {
     m->direct = 1;
   } else if (shared) {
     std::memset(m->segment, 0, sizeof m->segment);
-    const std::size_t off = heap_alloc(t.nbytes());
+    std::size_t off = heap_alloc(t.nbytes());
+    // A heap block is backed before it is written (a full /dev/shm would
+    // raise SIGBUS in the memcpy); one that cannot be goes to the arena,
+    // whose segment is reserved whole or fails naming /dev/shm.
+    if (off != static_cast<std::size_t>(-1) &&
+        !shm::populate(layout.heap_of(bases[static_cast<std::size_t>(me)]) + off, t.nbytes())) {
+      heap_release(off, t.nbytes());
+      off = static_cast<std::size_t>(-1);
+    }
     if (off != static_cast<std::size_t>(-1)) {  // the send heap (mapped by every member, nameless)
       if (t.nbytes()) std::memcpy(layout.heap_of(bases[static_cast<std::size_t>(me)]) + off, t.data_ptr(), t.nbytes());
       m->offset = off;

@@ -156,7 +156,10 @@ ShmPlane::ShmPlane(int global_rank, std::shared_ptr<RegionDirectory> directory, 
     : rank_(global_rank), dir_(std::move(directory)), peers_(std::move(peers)), options_(options) {}
 
 Mapped ShmPlane::create_region(std::uint64_t gid, int n) {
-  Mapped m = dir_->create(gid, rank_, Layout::of(n, options_.buf_bytes, options_.heap_bytes).total);
+  // Everything but the send heap is reserved now: the heap's blocks are
+  // reserved as sends stage into them (p2p.cpp).
+  const Layout layout = Layout::of(n, options_.buf_bytes, options_.heap_bytes);
+  Mapped m = dir_->create(gid, rank_, layout.total, layout.heap);
   static_cast<ControlBlock*>(m.base)->group_size = static_cast<std::uint32_t>(n);
   return m;
 }

@@ -238,7 +238,7 @@ TEST_CASE("shm plane: a mismatch fails every rank alike and the group stays usab
   CHECK(mismatches == 3);
 }
 
-TEST_CASE("shm plane: a rank that never joins times out by name; the group is unusable after", "[shm]") {
+TEST_CASE("shm plane: a rank that never joins times out by name, the group is unusable after", "[shm]") {
   std::atomic<int> timeouts{0};
   SimulateOptions so;
   so.timeout = std::chrono::milliseconds(300);
