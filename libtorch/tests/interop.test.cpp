@@ -111,7 +111,7 @@ TEST_CASE("libtorch: a dopt optimizer over a torch module equals torch::optim::A
   CHECK_FALSE(bind.params()[0].grad().defined());
 }
 
-TEST_CASE("libtorch: ZeRO bucket views re-point the torch parameters through the rebind hook; refused without it",
+TEST_CASE("libtorch: ZeRO bucket views re-point the torch parameters through the rebind hook, refused without it",
           "[libtorch][zero]") {
   std::mutex m;
   std::vector<std::string> problems;

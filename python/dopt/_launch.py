@@ -205,8 +205,9 @@ def meet(launch, purpose, ranks=None, master_port=None, timeout=300.0):
     if ranks is None and (master_port or os.environ.get("DOPT_MASTER_PORT")):
         port = int(master_port or os.environ["DOPT_MASTER_PORT"])
         return Meeting(launch.master_addr or "127.0.0.1", port, *_local_from(launch, me, n))
-    if not launch.launched:
-        return Meeting("127.0.0.1", _free_port(), 0, 1)
+    if not launch.launched:  # nobody else will come: a key of its own, so nothing stays open
+        return Meeting("127.0.0.1", _free_port(), 0, 1, "alone-" + secrets.token_hex(8),
+                       secrets.token_hex(32) if _wanted_secret() else "")
     if launch.store is None:
         if ranks is not None:
             raise _C.NotSupportedError(
