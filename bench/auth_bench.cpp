@@ -24,6 +24,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dopt/runtime/settings.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/handshake.hpp"
 #include "dopt/runtime/launch_env.hpp"
@@ -93,10 +94,10 @@ void job(int iters) {
   if (env->rank == 0) {
     const double* p = all.data<double>();
     std::vector<double> v(p, p + iters);
-    const char* tr = std::getenv("DOPT_TRANSPORT");
+    const std::string tr = dopt::settings::text("DOPT_TRANSPORT").value_or("auto");
     std::printf("{\"what\": \"job\", \"secret\": %s, \"transport\": \"%s\", \"world_size\": %d, \"init_ms\": %.1f, "
                 "\"iters\": %d, \"median_us\": %.1f, \"min_us\": %.1f}\n",
-                env->secret.empty() ? "false" : "true", tr && *tr ? tr : "auto", env->world_size,
+                env->secret.empty() ? "false" : "true", tr.c_str(), env->world_size,
                 init.data<double>()[0], iters, percentile(v, 0.5), percentile(v, 0.0));
     std::fflush(stdout);
   }

@@ -66,6 +66,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dopt/runtime/settings.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/zero.hpp"
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
               if (procs) std::ifstream(lost_file) >> at;
               const auto t_lost = Clock::time_point(Clock::duration(at));
               const double rec = std::chrono::duration<double, std::milli>(Clock::now() - t_lost).count();
-              if (const char* tr = std::getenv("DOPT_ZERO_TRACE"); tr && *tr && std::string(tr) != "0")
+              if (dopt::settings::flag("DOPT_ZERO_TRACE").value_or(false))
                 std::fprintf(stderr, "dopt_bench_survive: rank %d lost at steady clock %lld ns\n", victim,
                              static_cast<long long>(at));
               survivors = e.recovery().group;

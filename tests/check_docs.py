@@ -187,6 +187,16 @@ def main() -> int:
             if h.name not in api:
                 problems.append(f"docs/torch-to-dopt.md: the public header {h.relative_to(root)} is not in the "
                                 f"API index (list its entry points there)")
+    gen = root / "scripts" / "settings_doc.py"
+    if gen.is_file():  # docs/configuration.md is the settings table's (runtime/src/settings_table.def)
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("settings_doc", gen)
+        settings_doc = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(settings_doc)
+        page = root / "docs" / "configuration.md"
+        if not page.is_file() or page.read_text(encoding="utf-8") != settings_doc.page(root):
+            problems.append("docs/configuration.md differs from runtime/src/settings_table.def: run "
+                            "scripts/settings_doc.py")
     for p in problems:
         print(p)
     print(f"check_docs: {nblocks} C++ blocks in {len(doc_pages(root))} pages, "

@@ -1,5 +1,6 @@
 // dopt::this_host_id (host.hpp): the measurement of engine/host_identity.cpp.
 #include "dopt/actors/host.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <cstdlib>
 
@@ -8,7 +9,7 @@
 namespace dopt {
 
 std::string this_host_id() {
-  if (const char* id = std::getenv("DOPT_HOST_ID"); id && *id) return id;
+  if (auto id = settings::text("DOPT_HOST_ID")) return *id;
   return detail::shared_memory_id();
 }
 

@@ -1,4 +1,5 @@
 #include "dopt/actors/simulate.hpp"
+#include "dopt/runtime/settings.hpp"
 #include "access.hpp"
 
 #include <cstdio>
@@ -60,7 +61,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     throw ValueError("simulate", "timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
 
   std::string plane = options.plane;
-  if (const char* p = std::getenv("DOPT_PLANE"); p && *p) plane = p;
+  plane = settings::text("DOPT_PLANE").value_or(plane);
   if (plane != "shm" && plane != "actor")
     throw ValueError("simulate", "plane must be 'shm' or 'actor', got '" + plane + "'");
   // Deterministic mode: asked for, or replayed from DOPT_SIM_SEED (which
@@ -206,10 +207,10 @@ void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool
   threads.clear();
   if (report) sched->fill(*report);
   // For comparing whole test runs of a seed (the CTest swarm): one line per simulation.
-  if (const char* log = std::getenv("DOPT_SIM_TRACE_LOG"); log && *log) {
+  if (const auto log = settings::text("DOPT_SIM_TRACE_LOG")) {
     SimReport r;
     sched->fill(r);
-    if (std::FILE* f = std::fopen(log, "a")) {
+    if (std::FILE* f = std::fopen(log->c_str(), "a")) {
       std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx faults %zu\n",
                    static_cast<unsigned long long>(seed), world_size, static_cast<unsigned long long>(r.decisions),
                    static_cast<long long>(r.virtual_time.count()), static_cast<unsigned long long>(r.trace_hash),

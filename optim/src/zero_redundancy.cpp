@@ -3,6 +3,7 @@
 // (contract in zero.hpp, design in docs/fault-tolerance.md). The replay
 // buddies' saved steps and snapshots: zero_replay.cpp.
 #include <sys/resource.h>
+#include "dopt/runtime/settings.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -159,8 +160,7 @@ void partition_keeping(const std::vector<std::vector<std::vector<Tensor>>>& old_
 class PhaseTrace {
  public:
   PhaseTrace() {
-    const char* v = std::getenv("DOPT_ZERO_TRACE");
-    on_ = v && *v && std::string(v) != "0";
+    on_ = settings::flag("DOPT_ZERO_TRACE").value_or(false);
     last_ = std::chrono::steady_clock::now();
     cpu_ = cpu_ms();
     if (on_)

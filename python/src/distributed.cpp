@@ -1,6 +1,4 @@
 // The process's dopt Runtime, init_process_group and ProcessGroup.
-#include <unistd.h>
-
 #include <chrono>
 #include <map>
 #include <memory>
@@ -11,6 +9,7 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/actors/runtime.hpp"
+#include "dopt/runtime/settings.hpp"
 #include "runtime_holder.hpp"
 
 namespace dopt::python {
@@ -35,15 +34,11 @@ ReduceOp reduce_op(const std::string& name) {
 LaunchEnv launch_env_for(int rank, int world_size, int local_rank, int local_world_size,
                          const std::string& master_addr, int master_port) {
   std::map<std::string, std::string> vars;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string kv = *e;
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string k = kv.substr(0, eq);
+  for (const auto& [k, v] : settings::environment()) {
     // Python already chose the rank, the sizes and where to meet.
     if (k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k.rfind("SLURM_", 0) == 0 || k == "TORCHELASTIC_USE_AGENT_STORE")
       if (k != "SLURM_JOB_ID" && k != "SLURM_STEP_ID") continue;
-    vars[k] = kv.substr(eq + 1);
+    vars[k] = v;
   }
   vars["RANK"] = std::to_string(rank);
   vars["WORLD_SIZE"] = std::to_string(world_size);

@@ -1,4 +1,5 @@
 #include "dopt/runtime/launch_env.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +15,6 @@
 
 #include "dopt/runtime/error.hpp"
 
-extern char** environ;
 
 namespace dopt {
 namespace {
@@ -383,13 +383,7 @@ LaunchEnv parse_launch_env(const std::map<std::string, std::string>& env) {
 }
 
 std::optional<LaunchEnv> launch_env_from_environment() {
-  Env env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string kv = *e;
-    const std::size_t eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
+  const Env env = settings::environment();
   for (const Family* f : {&kTorchrun, &kOpenMpi, &kSlurm}) {
     if (present(env, *f)) return parse_all(env, *f);
   }

@@ -1,4 +1,5 @@
 #include "dopt/runtime/safetensors.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -53,10 +54,8 @@ std::string hex64(std::uint64_t v) {
 std::uint64_t digest(const void* p, std::size_t n) { return XXH3_64bits(p, n); }
 
 bool checksums_enabled() {
-  const char* v = std::getenv("DOPT_CHECKSUMS");
-  if (!v || !*v || std::strcmp(v, "on") == 0 || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0) return false;
-  throw ValueError(kOp, std::string("DOPT_CHECKSUMS must be 'on' or 'off', got '") + v + "'");
+  const auto v = settings::text("DOPT_CHECKSUMS");
+  return !v || *v == "on" || *v == "1";
 }
 
 /// The digest of a header without its checksum entry: the compact JSON dump

@@ -1,4 +1,5 @@
 #include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -173,10 +174,7 @@ bool populate(void* p, std::size_t bytes, std::string* why) {
 }
 
 bool huge_pages_advised() {
-  static const bool on = [] {
-    const char* v = std::getenv("DOPT_HUGEPAGES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = settings::flag("DOPT_HUGEPAGES").value_or(true);
   return on;
 }
 

@@ -1,5 +1,6 @@
 // TcpMesh's settings: the DOPT_TCP_* environment variables.
 #include "tcp_settings.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <cerrno>
 #include <cstddef>
@@ -25,47 +26,28 @@ constexpr std::size_t k_default_stripe_min = 256 * 1024;
 constexpr int k_stripe_cpus = 4;
 constexpr std::size_t k_never = std::size_t(1) << 62;
 
-// An integer setting from the environment (K, M, G suffixes: binary units).
-long long env_setting(const char* name, long long lo, long long hi, long long fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v, &end, 10);
-  bool ok = errno == 0 && end != v;
-  if (ok && *end) {
-    const char u = *end++;
-    const int shift = (u == 'K' || u == 'k') ? 10 : (u == 'M' || u == 'm') ? 20 : (u == 'G' || u == 'g') ? 30 : -1;
-    if (shift < 0 || (*end && !((*end == 'i' || *end == 'B') && (end[1] == 0 || (end[1] == 'B' && !end[2])))))
-      ok = false;
-    else
-      x <<= shift;
-  }
-  if (!ok || x < lo || x > hi)
-    throw ValueError(k_op, std::string(name) + "=\"" + v + "\" is not a whole number in [" + std::to_string(lo) +
-                               ", " + std::to_string(hi) + "]");
-  return x;
-}
+// An integer setting (settings_table.def holds its range and units).
+long long env_setting(const char* name, long long fallback) { return settings::integer(name).value_or(fallback); }
 
 }  // namespace
 
 void resolve_settings(TcpMeshOptions& options, int rank) {
-  if (options.streams < 0) options.streams = int(env_setting("DOPT_TCP_STREAMS", 0, k_max_streams, k_default_streams));
+  if (options.streams < 0) options.streams = int(env_setting("DOPT_TCP_STREAMS", k_default_streams));
   if (options.streams > k_max_streams)
     throw ValueError(k_op, "streams must be at most " + std::to_string(k_max_streams) + ", got " +
                                std::to_string(options.streams), rank);
   if (options.stripe_min_bytes == 0)
     options.stripe_min_bytes = std::size_t(env_setting(
-        "DOPT_TCP_STRIPE_MIN", 1, 1LL << 40,
+        "DOPT_TCP_STRIPE_MIN",
         (long long)(hardware_threads() >= k_stripe_cpus ? k_default_stripe_min : k_never)));
   if (options.poll_us < 0)
-    options.poll_us = int(env_setting("DOPT_TCP_POLL_US", 0, 1000000,
+    options.poll_us = int(env_setting("DOPT_TCP_POLL_US",
                                       options.ranks_on_host > 0 ? TcpMesh::default_poll_us(options.ranks_on_host) : 0));
-  if (options.caller_drives < 0) options.caller_drives = int(env_setting("DOPT_TCP_CALLER_DRIVES", 0, 1, 1));
+  if (options.caller_drives < 0) options.caller_drives = int(env_setting("DOPT_TCP_CALLER_DRIVES", 1));
   if (options.pool_bytes == SIZE_MAX)
-    options.pool_bytes = std::size_t(env_setting("DOPT_TCP_POOL_BYTES", 0, 1LL << 40, 64LL << 20));
+    options.pool_bytes = std::size_t(env_setting("DOPT_TCP_POOL_BYTES", 64LL << 20));
   if (options.socket_buffer_bytes == 0)
-    options.socket_buffer_bytes = std::size_t(env_setting("DOPT_TCP_SOCKET_BUFFER", 0, 1LL << 30, 0));
+    options.socket_buffer_bytes = std::size_t(env_setting("DOPT_TCP_SOCKET_BUFFER", 0));
 }
 
 }  // namespace dopt::transport::tcp_detail

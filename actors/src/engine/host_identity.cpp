@@ -1,5 +1,6 @@
 // Which ranks are on the same host, measured (host_identity.hpp).
 #include "engine/host_identity.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -58,9 +59,9 @@ std::string shared_memory_id() {
 }
 
 HostIdentity::HostIdentity() {
-  if (const char* id = std::getenv("DOPT_HOST_ID"); id && *id) {
+  if (const auto id = settings::text("DOPT_HOST_ID")) {
     overridden_ = true;
-    host_ = std::string("host=") + id;
+    host_ = "host=" + *id;
     return;
   }
   host_ = "host=" + shared_memory_id();

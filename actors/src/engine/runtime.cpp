@@ -1,5 +1,6 @@
 // dopt::Runtime: the embedded actor system, and the spawning of rank actors.
 #include <cerrno>
+#include "dopt/runtime/settings.hpp"
 #include <cstdlib>
 
 #include "engine/rank_state.hpp"
@@ -57,27 +58,15 @@ LocalWorld spawn_local_world(RuntimeImpl& rt, int world_size) {
 
 namespace dopt {
 
-namespace {
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || errno != 0 || x <= 0 || x > 1'000'000'000)
-    throw ValueError("RuntimeOptions.from_env",
-                     std::string(name) + " must be a positive integer, got '" + v + "'");
-  return static_cast<int>(x);
-}
-}  // namespace
-
 RuntimeOptions RuntimeOptions::from_env() {
   RuntimeOptions o;
-  o.threads = env_int("DOPT_THREADS", 0);
-  if (const char* p = std::getenv("DOPT_SCHEDULER_POLICY"); p && *p) o.policy = p;
-  o.collective_timeout = std::chrono::milliseconds(env_int("DOPT_TIMEOUT_MS", static_cast<int>(o.collective_timeout.count())));
-  o.peer_timeout = std::chrono::milliseconds(env_int("DOPT_PEER_TIMEOUT_MS", static_cast<int>(o.peer_timeout.count())));
+  o.threads = static_cast<int>(settings::integer("DOPT_THREADS").value_or(0));
+  o.policy = settings::text("DOPT_SCHEDULER_POLICY").value_or(o.policy);
+  o.collective_timeout =
+      std::chrono::milliseconds(settings::integer("DOPT_TIMEOUT_MS").value_or(o.collective_timeout.count()));
+  o.peer_timeout = std::chrono::milliseconds(settings::integer("DOPT_PEER_TIMEOUT_MS").value_or(o.peer_timeout.count()));
   o.validate();
+  settings::note_undeclared();
   return o;
 }
 

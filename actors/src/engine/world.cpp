@@ -2,6 +2,7 @@
 // rank actors' direct connections, the data plane (shared memory when every
 // rank is on this host, else the TCP mesh), liveness.
 #include "dopt/runtime/notice.hpp"
+#include "dopt/runtime/settings.hpp"
 #include "access.hpp"
 #include <unistd.h>
 
@@ -45,7 +46,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   LaunchEnv env = launch_env;
   const char* op = "init_process_group";
   std::string plane_choice = options.transport;
-  if (const char* t = std::getenv("DOPT_TRANSPORT"); t && *t) plane_choice = t;
+  plane_choice = settings::text("DOPT_TRANSPORT").value_or(plane_choice);
   if (plane_choice != "auto" && plane_choice != "shm" && plane_choice != "tcp")
     throw ValueError(op, "transport must be 'auto', 'shm' or 'tcp', got '" + plane_choice + "'", env.rank);
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
@@ -53,8 +54,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
                      env.rank);
   // DOPT_BACKEND=mpi: the collectives go through MPI (planes/mpi); the rank
   // actors still connect (liveness, send/recv, subgroups' bookkeeping).
-  const char* backend_env = std::getenv("DOPT_BACKEND");
-  const std::string backend = backend_env && *backend_env ? backend_env : "dopt";
+  const std::string backend = settings::text("DOPT_BACKEND").value_or("dopt");
   if (backend != "dopt" && backend != "mpi")
     throw ValueError(op, "DOPT_BACKEND must be 'dopt' or 'mpi', got '" + backend + "'", env.rank);
   const bool use_mpi = backend == "mpi";
@@ -224,7 +224,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
     if (shm) shm->directory().seal(0, env.rank);
     else hierarchical->seal(0);
   }
-  if (const char* d = std::getenv("DOPT_DEBUG"); d && *d && std::string(d) != "0")
+  if (settings::flag("DOPT_DEBUG").value_or(false))
     notice("[rank " + std::to_string(env.rank) + "]: the world group runs on the " +
            (world_plane ? std::string(world_plane->name()) : std::string(use_tcp ? "tcp" : "actor")) + " plane");
   // The rank actors hold the peer handles now; the rendezvous actors can go

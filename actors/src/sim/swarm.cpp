@@ -1,5 +1,6 @@
 // The swarm runner, replay from DOPT_SIM_SEED and the determinism check.
 #include <cstdio>
+#include "dopt/runtime/settings.hpp"
 #include <cstdlib>
 #include <exception>
 
@@ -9,16 +10,7 @@
 
 namespace dopt::sim {
 
-std::optional<std::uint64_t> env_seed() {
-  const char* v = std::getenv("DOPT_SIM_SEED");
-  if (!v || !*v) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long x = std::strtoull(v, &end, 0);
-  if (*end != '\0' || errno != 0 || *v == '-')
-    throw ValueError("simulate", std::string("DOPT_SIM_SEED must be an unsigned integer, got '") + v + "'");
-  return static_cast<std::uint64_t>(x);
-}
+std::optional<std::uint64_t> env_seed() { return settings::unsigned_integer("DOPT_SIM_SEED"); }
 
 std::string compare_traces(const SimReport& a, const SimReport& b) {
   if (a.trace_hash == b.trace_hash && a.decisions == b.decisions && a.faults == b.faults) return "";

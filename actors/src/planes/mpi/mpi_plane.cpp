@@ -1,5 +1,6 @@
 // The MPI plane (mpi_plane.hpp).
 #include "planes/mpi/mpi_plane.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include "dopt/runtime/error.hpp"
 
@@ -51,11 +52,8 @@ constexpr auto kLostGrace = std::chrono::seconds(3);
 /// Bytes of one round of all_reduce / reduce_scatter / all_gather: the
 /// scratch memory of a call (DOPT_MPI_CHUNK_BYTES, default 16 MiB).
 std::size_t chunk_bytes() {
-  static const std::size_t v = [] {
-    const char* e = std::getenv("DOPT_MPI_CHUNK_BYTES");
-    const long long x = e && *e ? std::atoll(e) : 0;
-    return x >= 4096 ? static_cast<std::size_t>(x) : std::size_t{16} << 20;
-  }();
+  static const std::size_t v =
+      static_cast<std::size_t>(settings::integer("DOPT_MPI_CHUNK_BYTES").value_or(std::int64_t{16} << 20));
   return v;
 }
 

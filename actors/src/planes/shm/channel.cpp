@@ -1,4 +1,5 @@
 #include "planes/shm/channel.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <sched.h>
 #include <sys/uio.h>
@@ -59,8 +60,8 @@ FailKind abort_kind(const ControlBlock& cb) {
 
 WaitPolicy WaitPolicy::for_ranks(int ranks_on_host) {
   WaitPolicy p;
-  if (const char* v = std::getenv("DOPT_SHM_SPIN_US"); v && *v) {  // tuning experiments
-    p.spin = std::chrono::microseconds(std::atol(v));
+  if (const auto us = settings::integer("DOPT_SHM_SPIN_US")) {  // tuning experiments
+    p.spin = std::chrono::microseconds(*us);
     return p;
   }
   const int usable = hardware_threads();

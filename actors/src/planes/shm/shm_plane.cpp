@@ -1,4 +1,5 @@
 #include "planes/shm/shm_plane.hpp"
+#include "dopt/runtime/settings.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,26 +11,19 @@ namespace dopt::detail::shm_plane {
 
 namespace {
 
-std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t lo) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (*end != '\0' || x < lo || x > (1ULL << 34))
-    throw ValueError("shm", std::string(name) + " must be a byte count in [" + std::to_string(lo) + ", 2^34], got '" +
-                                v + "'");
-  return static_cast<std::size_t>(x);
+std::size_t env_bytes(const char* name, std::size_t fallback) {
+  return static_cast<std::size_t>(settings::integer(name).value_or(static_cast<long long>(fallback)));
 }
 
 }  // namespace
 
 ShmPlane::Options ShmPlane::Options::from_env(int ranks_on_host, bool processes) {
   Options o;
-  o.heap_bytes = processes ? env_bytes("DOPT_SHM_HEAP_BYTES", 256u << 20, 0) / 4096 * 4096 : 0;
-  o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes, 64u << 10) / 64 * 64;
-  o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes, 0));
-  if (const char* v = std::getenv("DOPT_SHM_STAGED"); v && std::string(v) == "1") o.staged_only = true;
-  if (const char* v = std::getenv("DOPT_SHM_CMA"); v && *v) o.cma = o.p2p_cma = std::string(v) != "0";
+  o.heap_bytes = processes ? env_bytes("DOPT_SHM_HEAP_BYTES", 256u << 20) / 4096 * 4096 : 0;
+  o.buf_bytes = env_bytes("DOPT_SHM_BUFFER_BYTES", o.buf_bytes) / 64 * 64;
+  o.small_bytes = std::min(o.buf_bytes, env_bytes("DOPT_SHM_SMALL_BYTES", o.small_bytes));
+  if (settings::flag("DOPT_SHM_STAGED").value_or(false)) o.staged_only = true;
+  if (const auto cma = settings::flag("DOPT_SHM_CMA")) o.cma = o.p2p_cma = *cma;
   if (o.staged_only) o.cma = o.p2p_cma = false;
   o.policy = WaitPolicy::for_ranks(ranks_on_host);
   return o;
