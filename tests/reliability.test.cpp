@@ -152,6 +152,101 @@ TEST_CASE("reliability: a latecomer after the world closed is told at once, and 
   CHECK(wait(r1).ok());
 }
 
+TEST_CASE("reliability: a rank lost after it joined the rendezvous fails the others at once, naming it",
+          "[reliability][multiprocess]") {
+  // World of 3: ranks 0 and 1 start, rank 1 joins and is killed before
+  // rank 2 ever comes; rank 0 must not wait out its 60 s limit.
+  const int port = free_port();
+  const std::map<std::string, std::string> job{{"DOPT_JOB_ID", "job-lost"}};
+  const Proc r0 = start({kPeer, "60000"}, with(rank_env(0, 3, port), job));
+  const Proc r1 = start({kPeer, "60000"}, with(rank_env(1, 3, port), job));
+  ::usleep(1500 * 1000);  // rank 1 has registered and waits for the table
+  REQUIRE(::kill(r1.pid, SIGKILL) == 0);
+  const auto t0 = Clock::now();
+  const Done d0 = wait(r0);
+  (void)wait(r1);
+  INFO(d0.out);
+  CHECK(d0.failed());
+  CHECK(seconds_since(t0) < 10.0);
+  CHECK(contains(d0.out, "rendezvous [rank 0]: rank 1 joined the rendezvous and was lost before every rank had "
+                         "joined"));
+  CHECK(contains(d0.out, "the world cannot form without it"));
+  // A rank that comes now is told the same at once.
+  const Done d2 = wait(start({kPeer, "60000"}, with(rank_env(2, 3, port), job)));
+  (void)d2;  // rank 0 has left: rank 2 cannot reach it (its own bounded wait)
+}
+
+TEST_CASE("reliability: while ranks are missing from the rendezvous, rank 0 says which, and a rank that cannot reach "
+          "rank 0 says so",
+          "[reliability][multiprocess]") {
+  const int port = free_port();
+  const std::map<std::string, std::string> job{{"DOPT_JOB_ID", "job-wait"}};
+  // Rank 1 first: rank 0 is not there yet.
+  const Proc r1 = start({kPeer, "60000"}, with(rank_env(1, 2, port), job));
+  ::usleep(11500 * 1000);
+  const Proc r0 = start({kPeer, "60000"}, with(rank_env(0, 2, port), job));
+  const Done d1 = wait(r1);
+  const Done d0 = wait(r0);
+  INFO(d1.out << d0.out);
+  CHECK(d1.ok());
+  CHECK(d0.ok());
+  CHECK(contains(d1.out, "rendezvous [rank 1]: cannot reach rank 0 at 127.0.0.1:" + std::to_string(port) +
+                             " yet after 10 s ("));
+  // Rank 0 alone for over 10 s names the rank it waits for.
+  const int port2 = free_port();
+  const Proc a0 = start({kPeer, "60000"}, with(rank_env(0, 2, port2), job));
+  ::usleep(11500 * 1000);
+  const Proc a1 = start({kPeer, "60000"}, with(rank_env(1, 2, port2), job));
+  const Done e0 = wait(a0);
+  const Done e1 = wait(a1);
+  INFO(e0.out << e1.out);
+  CHECK(e0.ok());
+  CHECK(e1.ok());
+  CHECK(contains(e0.out, "rendezvous [rank 0]: 1 of 2 ranks have joined after 10 s; waiting for rank 1 (the limit is "
+                         "60 s"));
+}
+
+TEST_CASE("reliability: without a secret, connections that present the job id and sit idle are capped, not a "
+          "descriptor leak",
+          "[reliability][multiprocess][security]") {
+  // Rank 0 of a world of 2 without a secret: a process that knows the job id
+  // passes dopt's handshake and holds the connection. The rendezvous admits
+  // 4 * 2 + 32 = 40 such connections, then refuses, naming why.
+  const int port = free_port();
+  const Proc r0 = start({kPeer, "20000"}, with(rank_env(0, 2, port), {{"DOPT_JOB_ID", "job-cap"}}));
+  dopt::net::Credentials c;
+  c.job_id = "job-cap";
+  c.rank = 1;
+  c.world_size = 2;
+  std::vector<int> held;
+  std::string refusal;
+  const auto deadline = Clock::now() + std::chrono::seconds(15);
+  while (held.size() < 60 && refusal.empty() && Clock::now() < deadline) {
+    dopt::net::RetryLater retry;
+    try {
+      auto fd = dopt::net::connect_authenticated("127.0.0.1", port, dopt::net::Purpose::rendezvous, c,
+                                                 std::chrono::seconds(5), deadline, "rank 0", "test", &retry);
+      if (fd) held.push_back(*fd);
+      else ::usleep(50 * 1000);  // rank 0 not listening yet
+    } catch (const dopt::Error& e) {
+      refusal = e.what();
+    }
+  }
+  INFO(refusal);
+  CHECK(held.size() == 40);
+  CHECK(contains(refusal, "rank 0 refused this process: rank 0's rendezvous has admitted 40 connections presenting "
+                          "this job's id without a secret, more than its 2 ranks need"));
+  for (int fd : held) ::close(fd);
+  // Rank 0 notes the refusal once its verdict is written.
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (!contains(slurp(r0.out_path), "has admitted 40 connections") && Clock::now() < until) ::usleep(20 * 1000);
+  ::kill(r0.pid, SIGTERM);
+  const Done d0 = wait(r0);
+  INFO(d0.out);
+  CHECK(contains(d0.out, "refused a connection from 127.0.0.1:"));
+  CHECK(contains(d0.out, "to rank 0's rendezvous port: rank 0's rendezvous has admitted 40 connections"));
+}
+
 TEST_CASE("reliability: MASTER_PORT held by a program that accepts and never answers fails within the handshake "
           "timeout",
           "[reliability][multiprocess]") {
@@ -242,5 +337,5 @@ TEST_CASE("reliability: with a secret, every port refuses processes without it a
   CHECK(contains(d.out, "[rank 0] dopt-train: 300 steps in "));
   CHECK(contains(d.out, "refused a connection from 127.0.0.1:"));
   CHECK(contains(d.out, ": not a dopt handshake"));
-  CHECK(contains(d.out, "this job requires its secret and the connecting process has none"));
+  CHECK(contains(d.out, "this port requires its job's secret and the connecting process has none"));
 }

@@ -30,6 +30,7 @@ using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
 using rdv_fail_atom = caf::atom_constant<caf::atom("rdvfail")>;
 using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
 using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
+using rdv_note_atom = caf::atom_constant<caf::atom("rdvnote")>;  // (rdvnote, after_ms): say who is missing
 
 namespace {
 
@@ -92,7 +93,36 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
   s.infos.resize(static_cast<std::size_t>(world));
   s.have.assign(static_cast<std::size_t>(world), false);
   self->delayed_send(self, std::chrono::milliseconds(timeout_ms), rdv_tmo_atom::value, timeout_ms);
+  // While ranks are missing, rank 0 says so after 10 s and then every 30 s.
+  if (timeout_ms > 10000) self->delayed_send(self, std::chrono::seconds(10), rdv_note_atom::value, std::int64_t{10000});
+  // A rank that registered and is then lost before the world is complete
+  // fails every rank at once (the world cannot form without it), naming it.
+  self->set_down_handler([self](const caf::down_msg& dm) {  // (dm.reason: remote_link_unreachable)
+    auto& st = self->state;
+    if (st.done || st.fail_kind != k_ok) return;
+    for (int r = 0; r < st.world; ++r)
+      if (st.have[static_cast<std::size_t>(r)] && st.table[static_cast<std::size_t>(r)].address() == dm.source) {
+        st.fail_all(k_peer, "rank " + std::to_string(r) +
+                                " joined the rendezvous and was lost before every rank had joined (its process "
+                                "died or its connection broke); the world cannot form without it");
+        return;
+      }
+  });
   return {
+      [self, timeout_ms](rdv_note_atom, std::int64_t after_ms) {
+        auto& st = self->state;
+        if (st.done || st.fail_kind != k_ok) return;
+        std::vector<int> missing;
+        for (int r = 0; r < st.world; ++r)
+          if (!st.have[static_cast<std::size_t>(r)]) missing.push_back(r);
+        notice("rendezvous [rank 0]: " + std::to_string(st.arrived) + " of " + std::to_string(st.world) +
+               " ranks have joined after " + std::to_string(after_ms / 1000) + " s; waiting for rank" +
+               (missing.size() == 1 ? " " : "s ") + join_ranks(missing) + " (the limit is " +
+               std::to_string(timeout_ms / 1000) + " s; a rank that never started, or that cannot reach " +
+               "this one, is the usual cause)");
+        const std::int64_t next = after_ms + 30000;
+        if (next < timeout_ms) self->delayed_send(self, std::chrono::milliseconds(next - after_ms), rdv_note_atom::value, next);
+      },
       [self](rdv_reg_atom, int rank, int world_, const caf::actor& who, const caf::actor& payload,
              const std::string& info) {
         auto& st = self->state;
@@ -123,6 +153,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         }
         st.have[static_cast<std::size_t>(rank)] = true;
         st.table[static_cast<std::size_t>(rank)] = who;
+        if (rank != 0) self->monitor(who);
         st.payloads[static_cast<std::size_t>(rank)] = payload;
         st.infos[static_cast<std::size_t>(rank)] = info;
         ++st.arrived;
@@ -465,10 +496,21 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     const int world = env.world_size;
     const std::string job = env.describe_job();
     // (A differing world size is left to the coordinator: it fails every rank.)
-    o.admit = [closed, world, job](const net::PeerHello& p) -> std::string {
+    // Without a secret, the job id alone admits: a process that knows it
+    // could open connections until rank 0 runs out of descriptors. The
+    // ranks need world - 1 of them (and a few more for retries), so past
+    // 4 * world + 32 admissions the rendezvous refuses, naming why.
+    const int max_admitted = env.secret.empty() ? 4 * world + 32 : -1;
+    auto admitted = std::make_shared<std::atomic<int>>(0);
+    o.admit = [closed, world, job, max_admitted, admitted](const net::PeerHello& p) -> std::string {
       if (closed->load())
         return "the world is already closed: all " + std::to_string(world) + " ranks of " + job +
                " have joined, so rank " + std::to_string(p.rank) + " is already taken";
+      if (max_admitted >= 0 && admitted->fetch_add(1) >= max_admitted)
+        return "rank 0's rendezvous has admitted " + std::to_string(max_admitted) +
+               " connections presenting this job's id without a secret, more than its " + std::to_string(world) +
+               " ranks need: it refuses further ones (a process connecting again and again? set DOPT_SECRET_FILE "
+               "on every rank, or start them with dopt-run)";
       return {};
     };
     std::shared_ptr<detail::SecurePublication> publication;
@@ -476,11 +518,19 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
       publication = std::make_shared<detail::SecurePublication>(sys, impl->coord, std::move(o));
     } catch (const Error& e) {
       impl->stop();
-      const std::string& d = e.detail();  // "cannot listen on ADDR:PORT: REASON"
+      const std::string& d = e.detail();  // "cannot listen on ADDR:PORT: REASON", or why the listener could not start
       const auto colon = d.rfind(": ");
+      if (d.rfind("cannot listen on ", 0) != 0 || colon == std::string::npos)
+        throw IOError("rendezvous", "rank 0 cannot open its rendezvous port " + std::to_string(env.master_port) +
+                                        " on " + impl->plan.bind + ": " + d, rank);
+      const std::string reason = d.substr(colon + 2);
       throw IOError("rendezvous", "rank 0 cannot listen on port " + std::to_string(env.master_port) + " of " +
-                                      impl->plan.bind + ": " + (colon == std::string::npos ? d : d.substr(colon + 2)) +
-                                      " (is the port already in use?)", rank);
+                                      impl->plan.bind + ": " + reason +
+                                      (reason.find("EADDRINUSE") != std::string::npos ||
+                                               reason.find("in use") != std::string::npos
+                                           ? " (is the port already in use?)"
+                                           : ""),
+                    rank);
     }
     impl->publication = publication;
     if (store) {

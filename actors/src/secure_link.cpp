@@ -13,6 +13,7 @@
 #include "basp_guard.hpp"
 #include "caf_thread.hpp"
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
 
 namespace dopt::detail {
 
@@ -65,6 +66,7 @@ caf::actor secure_remote_actor(caf::actor_system& sys, const std::string& host, 
                                const std::string& peer, const std::string& op) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  auto next_note = std::chrono::seconds(10);
   int fd = -1;
   for (;;) {
     net::RetryLater retry;
@@ -81,6 +83,15 @@ caf::actor secure_remote_actor(caf::actor_system& sys, const std::string& host, 
                                                     .count()) +
                                  " ms (last error: " + retry.reason + ")",
                          creds.rank);
+    // Retrying for long says so: after 10 s, then every 30 s.
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start);
+    if (waited >= next_note) {
+      notice(op + " [rank " + std::to_string(creds.rank) + "]: cannot reach " + peer + " yet after " +
+             std::to_string(waited.count()) + " s (" + retry.reason + "); still trying for up to " +
+             std::to_string((std::chrono::duration_cast<std::chrono::milliseconds>(deadline - start).count() + 999) / 1000) +
+             " s in all (has that rank started?)");
+      next_note = waited + std::chrono::seconds(30);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   // A second descriptor of the socket, to cut the connection should CAF's

@@ -47,6 +47,7 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
     std::string buf;
     std::string from;
     bool hello_done = false;  // its whole hello arrived
+    bool proof_done = false;  // its proof arrived (a verdict is being written)
     bool dropped = false;     // closed (drop() ran)
     Conn(tcp::socket s, const Options& o)
         : sock(std::move(s)), timer(sock.get_executor()), hs(o.purpose, o.credentials, o.admit) {}
@@ -130,14 +131,23 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
   /// At kMaxPending handshakes in progress, a newcomer takes the place of
   /// the oldest connection whose hello has not arrived (a process that
   /// opens connections and sends nothing, or a byte at a time, cannot keep
-  /// the ranks out); when every pending one sent its hello, the newcomer
-  /// is closed.
+  /// the ranks out), else of the oldest whose proof has not arrived (a
+  /// process that knows a job id but not the secret, or in a job without
+  /// one sends its hello and stops). A rank's own handshake takes one round
+  /// trip from hello to proof, so only a flood faster than that can displace
+  /// it. When every pending one is past its proof, the newcomer is closed.
   bool make_room() {
     std::erase_if(live, [](const std::weak_ptr<Conn>& w) { return w.expired(); });
     if (pending < kMaxPending) return true;
     for (auto& w : live)  // oldest first
       if (auto c = w.lock(); c && !c->hello_done && !c->dropped) {
         drop(c, "it sent no complete handshake while " + std::to_string(kMaxPending) +
+                    " connections were waiting (closed to make room)");
+        return true;
+      }
+    for (auto& w : live)
+      if (auto c = w.lock(); c && !c->proof_done && !c->dropped) {
+        drop(c, "it sent its hello but no proof while " + std::to_string(kMaxPending) +
                     " connections were waiting (closed to make room)");
         return true;
       }
@@ -183,6 +193,7 @@ struct AuthListener::Impl : std::enable_shared_from_this<AuthListener::Impl> {
           if (e3 || c->hs.refused()) return self->drop(c, c->hs.refused() ? c->hs.refusal() : "");
           c->buf.assign(kProofSize, '\0');
           asio::async_read(c->sock, asio::buffer(c->buf), [self, c](const boost::system::error_code& e4, std::size_t) {
+            if (!e4) c->proof_done = true;
             if (e4 == asio::error::eof)
               return self->drop(c, "the connecting process left during the handshake (it did not accept this side's "
                                    "proof: another job's secret?)");

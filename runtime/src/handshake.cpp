@@ -177,6 +177,10 @@ void ClientHandshake::on_verdict(const std::string& verdict) {
   if (verdict.size() != kVerdictSize) throw IOError(op_, peer_ + " sent a truncated handshake verdict", me);
   const auto status = static_cast<unsigned char>(verdict[kVStatus]);
   const std::string why = get_text(verdict, kVMsgLen, kVMsg, kMsgMax, true);
+  if (status == k_other_job)
+    throw ValueError(op_, peer_ + " belongs to another job than this process (" + job_text(mine_.job_id) +
+                              ") that has the same secret: give each job its own MASTER_PORT, or the same DOPT_JOB_ID "
+                              "if they are one job", me);
   if (status == k_auth_refused) throw AuthenticationError(op_, peer_ + " refused this process: " + why, me);
   if (status != k_go) throw ValueError(op_, peer_ + " refused this process: " + why, me);
 }
@@ -203,9 +207,12 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
   hello_ = hello;
   reply_.assign(kReplySize, '\0');
   std::memcpy(reply_.data(), kMagic, kMagicSize);
-  reply_[kRFlags] = static_cast<char>(mine_.secret.empty() ? 0 : 1);
-  put_i32(reply_, kRRank, mine_.rank);
-  put_i32(reply_, kRWorld, mine_.world_size);
+  const bool secret = !mine_.secret.empty();
+  reply_[kRFlags] = static_cast<char>(secret ? 1 : 0);
+  // With a secret, the server's rank and world size are for a process that
+  // proved it (they are not in the reply, which goes out before the proof).
+  put_i32(reply_, kRRank, secret ? -1 : mine_.rank);
+  put_i32(reply_, kRWorld, secret ? 0 : mine_.world_size);
   // kRJob stays empty: the reply goes to a process not yet known to be of
   // this job.
   // why: told to the client; note (when given): this side's notice, which
@@ -227,19 +234,27 @@ std::string ServerHandshake::on_hello(const std::string& hello) {
   peer_.world_size = get_i32(hello, kHWorld);
   peer_.job_id = get_text(hello, kHJobLen, kHJob, kJobMax, false);
   const bool client_secret = (static_cast<unsigned char>(hello[kHFlags]) & 1) != 0;
-  if (peer_.job_id != mine_.job_id)
-    return refuse(k_other_job, "this port belongs to another job",
-                  "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
-                      job_text(peer_.job_id));
-  if (!mine_.secret.empty() && !client_secret)
-    return refuse(k_auth_refused, "this job requires its secret and the connecting process has none (set "
-                                  "DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)");
-  if (mine_.secret.empty() && client_secret)
-    return refuse(k_auth_refused, "the connecting process has a secret but this one has none: every rank needs "
-                                  "the same DOPT_SECRET_FILE (or DOPT_SECRET)");
+  const std::string job_note =
+      "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " + job_text(peer_.job_id);
+  if (secret) {
+    // A job with a secret says the same to every process that cannot prove
+    // it, whatever job id it presents: whether a guessed id is right is not
+    // told before the proof (the job id is checked with the proof).
+    if (!client_secret)
+      return refuse(k_auth_refused,
+                    "this port requires its job's secret and the connecting process has none (set DOPT_SECRET_FILE "
+                    "or DOPT_SECRET as for the other ranks)",
+                    peer_.job_id == mine_.job_id ? std::string() : job_note + "; it has no secret either");
+    job_differs_ = peer_.job_id != mine_.job_id;
+  } else {
+    if (peer_.job_id != mine_.job_id) return refuse(k_other_job, "this port belongs to another job", job_note);
+    if (client_secret)
+      return refuse(k_auth_refused, "the connecting process has a secret but this one has none: every rank needs "
+                                    "the same DOPT_SECRET_FILE (or DOPT_SECRET)");
+  }
   const std::string nonce = random_bytes(kNonce);
   std::memcpy(reply_.data() + kRNonce, nonce.data(), kNonce);
-  if (!mine_.secret.empty()) {
+  if (secret) {
     const std::string mac = hmac(mine_.secret, "dopt-hs1 server" + hello_ + reply_.substr(0, kRMac));
     std::memcpy(reply_.data() + kRMac, mac.data(), kMac);
   }
@@ -255,9 +270,21 @@ std::string ServerHandshake::on_proof(const std::string& proof) {
     return verdict;
   };
   if (refused_) return refuse(k_refused, refusal_);
-  if (!mine_.secret.empty() && !same(proof, hmac(mine_.secret, "dopt-hs1 client" + hello_ + reply_)))
-    return refuse(k_auth_refused, "authentication failed: the connecting process does not know this job's secret");
+  if (!mine_.secret.empty() && !same(proof, hmac(mine_.secret, "dopt-hs1 client" + hello_ + reply_))) {
+    const std::string why = "authentication failed: the connecting process does not know this job's secret";
+    refuse(k_auth_refused, why);
+    if (job_differs_)  // this side's note says more than the client is told
+      refusal_ = why + " (this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
+                 job_text(peer_.job_id) + ")";
+    return verdict;
+  }
   // Told only to a client that proved itself.
+  if (job_differs_) {
+    refuse(k_other_job, "this port belongs to another job (the same secret, another DOPT_JOB_ID)");
+    refusal_ = "this port belongs to " + job_text(mine_.job_id) + ", the connecting process to " +
+               job_text(peer_.job_id);  // this side's note
+    return verdict;
+  }
   if (peer_.purpose != purpose_)
     return refuse(k_refused, std::string("this is ") + purpose_name(purpose_) + " of rank " +
                                  std::to_string(mine_.rank) + ", not " + purpose_name(peer_.purpose));

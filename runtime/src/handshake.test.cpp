@@ -114,8 +114,13 @@ TEST_CASE("handshake: another job, a missing or wrong secret, the wrong port are
              Catch::Contains("belongs to another job than this process (no job id)"));
 
   CHECK_THAT(run(Purpose::control, creds("A", ""), Purpose::control, creds("A", kSecret), {}, &refusal),
-             Catch::StartsWith("AuthenticationError: test [rank 0]: rank 0 at test:1 refused this process: this job "
-                               "requires its secret and the connecting process has none"));
+             Catch::StartsWith("AuthenticationError: test [rank 0]: rank 0 at test:1 refused this process: this port "
+                               "requires its job's secret and the connecting process has none"));
+  // The same secret and another job id: told after the proof, as another job.
+  CHECK_THAT(run(Purpose::control, creds("B", kSecret), Purpose::control, creds("A", kSecret), {}, &refusal),
+             Catch::StartsWith("ValueError: test [rank 0]: rank 0 at test:1 belongs to another job than this process "
+                               "(job 'B') that has the same secret"));
+  CHECK(refusal == "this port belongs to job 'A', the connecting process to job 'B'");
   CHECK_THAT(run(Purpose::control, creds("A", kSecret), Purpose::control, creds("A", "")),
              Catch::Contains("the connecting process has a secret but this one has none"));
   CHECK(run(Purpose::control, creds("A", kSecret + "x"), Purpose::control, creds("A", kSecret), {}, &refusal) ==
@@ -136,9 +141,10 @@ TEST_CASE("handshake: a refused process learns nothing of the job: not its id, r
   // What a stranger would need to pass the job-id check (docs/launching.md,
   // "Who may join"): never in the bytes it gets back.
   const std::string job = "job-id-a-stranger-must-not-learn";
-  for (const Credentials& stranger : {creds("guess", ""), creds("", ""), creds("guess", kSecret)}) {
+  // Without a secret the job id is the only check: another id is refused at once.
+  for (const Credentials& stranger : {creds("guess", ""), creds("", "")}) {
     ClientHandshake client(Purpose::rendezvous, stranger, "p", "test");
-    ServerHandshake server(Purpose::rendezvous, creds(job, kSecret, 3, 7), {});
+    ServerHandshake server(Purpose::rendezvous, creds(job, "", 3, 7), {});
     const std::string reply = server.on_hello(client.hello());
     REQUIRE(server.refused());
     CHECK(reply.find(job) == std::string::npos);
@@ -155,12 +161,34 @@ TEST_CASE("handshake: a refused process learns nothing of the job: not its id, r
     CHECK_THAT(error, Catch::Contains("belongs to another job than this process"));
     CHECK(error.find(job) == std::string::npos);
   }
-  // The same job without the secret: refused for the secret, the reply still without the job id.
-  ClientHandshake client(Purpose::control, creds(job, ""), "p", "test");
-  ServerHandshake server(Purpose::control, creds(job, kSecret), {});
-  const std::string reply = server.on_hello(client.hello());
-  CHECK(server.refused());
-  CHECK(reply.find(job) == std::string::npos);
+  // With a secret, a process without it gets the same bytes whether the job
+  // id it guessed is right or not: nothing tells it that a guess was right.
+  std::vector<std::string> replies;
+  for (const std::string& guess : {std::string("guess"), std::string(), job}) {
+    ClientHandshake client(Purpose::rendezvous, creds(guess, ""), "p", "test");
+    ServerHandshake server(Purpose::rendezvous, creds(job, kSecret, 3, 7), {});
+    replies.push_back(server.on_hello(client.hello()));
+    CHECK(server.refused());
+    CHECK(replies.back().find(job) == std::string::npos);
+    CHECK(replies.back().substr(12, 8) == std::string("\xff\xff\xff\xff\0\0\0\0", 8));
+  }
+  CHECK(replies[0] == replies[1]);
+  CHECK(replies[0] == replies[2]);
+  // A process with a wrong secret: the challenge it gets holds no rank, world
+  // size or job id, and the verdict on its proof is the same for a right and
+  // a wrong job id.
+  std::vector<std::string> verdicts;
+  for (const std::string& guess : {std::string("guess"), job}) {
+    ClientHandshake client(Purpose::rendezvous, creds(guess, kSecret + "-other"), "p", "test");
+    ServerHandshake server(Purpose::rendezvous, creds(job, kSecret, 3, 7), {});
+    const std::string reply = server.on_hello(client.hello());
+    CHECK_FALSE(server.refused());
+    CHECK(reply.find(job) == std::string::npos);
+    CHECK(reply.substr(12, 8) == std::string("\xff\xff\xff\xff\0\0\0\0", 8));
+    verdicts.push_back(server.on_proof(std::string(kProofSize, 'x')));
+    CHECK_FALSE(server.admitted());
+  }
+  CHECK(verdicts[0] == verdicts[1]);
 }
 
 TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a time, cannot keep a rank out",
@@ -213,6 +241,67 @@ TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a
   REQUIRE_FALSE(n.empty());
   CHECK_THAT(n[0], Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent no "
                                   "complete handshake while 64 connections were waiting \\(closed to make room\\)"));
+}
+
+TEST_CASE("handshake over sockets: connections that send their hello and never their proof cannot keep a rank out",
+          "[handshake][security]") {
+  CaptureNotices notes;
+  std::mutex m;
+  int admitted = 0;
+  AuthListener::Options o;
+  o.purpose = Purpose::control;
+  o.credentials = creds("A", kSecret);
+  o.handshake_timeout = 20s;  // the stalled ones would hold their place that long
+  o.what = "the test listener";
+  o.on_ready = [&](int fd, const PeerHello&) {
+    std::lock_guard<std::mutex> lk(m);
+    ++admitted;
+    ::close(fd);
+  };
+  AuthListener l(o);
+  // 100 processes that know the job id, send a whole hello, read the
+  // listener's challenge and never answer it (the listener keeps 64
+  // handshakes at once).
+  std::vector<int> stalled;
+  for (int k = 0; k < 100; ++k) {
+    const int s = dial(l.port());
+    const std::string hello = ClientHandshake(Purpose::control, creds("A", kSecret + "-guess"), "p", "t").hello();
+    REQUIRE(::write(s, hello.data(), hello.size()) == static_cast<ssize_t>(hello.size()));
+    // Its challenge (read before the next one connects, so that every
+    // earlier one is waiting for its proof when a newcomer arrives).
+    std::string reply(kReplySize, '\0');
+    for (std::size_t got = 0; got < reply.size();) {
+      const ssize_t r = ::read(s, reply.data() + got, reply.size() - got);
+      REQUIRE(r > 0);
+      got += static_cast<std::size_t>(r);
+    }
+    stalled.push_back(s);
+  }
+  std::this_thread::sleep_for(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  RetryLater retry;
+  auto fd = connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", kSecret, 1), 5s,
+                                  std::chrono::steady_clock::now() + 5s, "rank 0", "test", &retry);
+  REQUIRE(fd);
+  ::close(*fd);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after the stalled ones' 20 s
+  for (int k = 0; k < 200; ++k) {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      if (admitted == 1) break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  {
+    std::lock_guard<std::mutex> lk(m);
+    CHECK(admitted == 1);
+  }
+  for (int s : stalled) ::close(s);
+  l.close();
+  const auto n = notes.get();
+  REQUIRE_FALSE(n.empty());
+  CHECK_THAT(n[0], Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent its "
+                                  "hello but no proof while 64 connections were waiting \\(closed to make room\\)"));
 }
 
 TEST_CASE("handshake: a hello of any other size is refused without reading past it (found by fuzzing)",
@@ -311,8 +400,8 @@ TEST_CASE("handshake over sockets: AuthListener hands over authenticated connect
   // The client with the wrong secret rejects the listener's proof first and leaves.
   CHECK_THAT(n[0], Catch::EndsWith("to the test listener: the connecting process left during the handshake (it did not "
                                    "accept this side's proof: another job's secret?)"));
-  CHECK_THAT(n[1], Catch::EndsWith("to the test listener: this job requires its secret and the connecting process has "
-                                   "none (set DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)"));
+  CHECK_THAT(n[1], Catch::EndsWith("to the test listener: this port requires its job's secret and the connecting process "
+                                   "has none (set DOPT_SECRET_FILE or DOPT_SECRET as for the other ranks)"));
   CHECK_THAT(n[2], Catch::EndsWith("to the test listener: this port belongs to job 'A', the connecting process to job 'B'"));  // the listener's own note may name its job
   CHECK_THAT(n[3], Catch::EndsWith("to the test listener: not a dopt handshake"));
   // Closed: nobody listens any more.

@@ -9,13 +9,15 @@
 //                        client's rank and world size, its job id (<= 255
 //                        bytes) and a fresh 32-byte random nonce Nc.
 //   2. server -> client  reply:  status, has-secret flag, the server's rank
-//                        and world size, a fresh nonce Ns and, with a
-//                        secret, HMAC-SHA256(secret, "dopt-hs1 server" |
-//                        hello | reply up to Ns); or a refusal with its reason
-//                        (another job, a missing secret, the wrong port). The
-//                        server never sends its job id: a refused process
-//                        learns that the job differs, not what it is (nor
-//                        the server's rank and world size).
+//                        and world size (without a secret only), a fresh
+//                        nonce Ns and, with a secret, HMAC-SHA256(secret,
+//                        "dopt-hs1 server" | hello | reply up to Ns); or a
+//                        refusal with its reason. The server never sends its
+//                        job id. Without a secret it refuses another job id
+//                        here; with one, it refuses a client without a
+//                        secret here with the same words whatever job id it
+//                        presents, and checks the job id with the proof, so
+//                        a stranger cannot learn whether a guessed id is right.
 //   3. client -> server  proof:  HMAC-SHA256(secret, "dopt-hs1 client" |
 //                        hello | reply) (zeros without a secret).
 //   4. server -> client  verdict: admitted, or refused with the reason (a
@@ -133,6 +135,7 @@ class ServerHandshake {
   std::string hello_, reply_, refusal_;
   PeerHello peer_;
   bool refused_ = false, admitted_ = false;
+  bool job_differs_ = false;  // (with a secret) checked with the proof
 };
 
 // --- blocking client ------------------------------------------------------------------
