@@ -725,3 +725,180 @@ TEST_CASE("dopt-train: a checkpoint that mixes files of two checkpoints is refus
     CHECK(d.ok());
   }
 }
+
+namespace {
+
+/// Rewrites the safetensors file at path without the dopt.checkpoint.*
+/// metadata (as a dopt-train before identities wrote it), fresh checksums.
+void strip_identity(const fs::path& path) {
+  dopt::SafetensorsFile f = dopt::read_safetensors(path.string());
+  for (auto it = f.metadata.begin(); it != f.metadata.end();)
+    it = it->first.rfind("dopt.checkpoint.", 0) == 0 ? f.metadata.erase(it) : std::next(it);
+  dopt::write_safetensors(path.string(), f.tensors, f.metadata);
+}
+
+/// Edits dir/checkpoint.json.
+template <class F>
+void edit_checkpoint_json(const fs::path& dir, F&& edit) {
+  auto j = nlohmann::json::parse(slurp((dir / "checkpoint.json").string()));
+  edit(j);
+  std::ofstream((dir / "checkpoint.json").string()) << j.dump(2) << "\n";
+}
+
+std::string metadata_of(const fs::path& path, const std::string& key) {
+  const auto f = dopt::read_safetensors(path.string());
+  auto it = f.metadata.find(key);
+  return it == f.metadata.end() ? std::string() : it->second;
+}
+
+}  // namespace
+
+TEST_CASE("dopt-train: a current checkpoint.json without its identity is refused, an older one still has its files' "
+          "steps checked",
+          "[train][multiprocess][reliability]") {
+  // Issue 41 review: removing "identity" from checkpoint.json turned the
+  // mixed-step check off (the loader took it for an older checkpoint).
+  TempDir dir("dopt-train-noident", "ck");
+  const fs::path ck = dir.path / "ck", s20 = ck / "step-00000020", s40 = ck / "step-00000040";
+  auto run = [&](const std::vector<std::string>& more, long steps) {
+    return train_under_dopt_run(2, args_of("zero", 2, steps, more));
+  };
+  const Done a = run({"--checkpoint-dir", ck.string(), "--checkpoint-every", "20"}, 40);
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const auto j40 = nlohmann::json::parse(slurp((s40 / "checkpoint.json").string()));
+  CHECK(j40.at("format") == "dopt-train-checkpoint/2");
+  const std::string run_id = j40.at("identity").at("run").get<std::string>();
+  const std::string json40 = (s40 / "checkpoint.json").string();
+  SECTION("identity removed from a format-2 checkpoint.json") {
+    edit_checkpoint_json(s40, [](auto& j) { j.erase("identity"); });
+    fs::copy_file(s20 / "optim-rank1-of-2.safetensors", s40 / "optim-rank1-of-2.safetensors",
+                  fs::copy_options::overwrite_existing);
+    const Done d = run({"--resume-from", s40.string()}, 60);
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "dopt-train: error: resume: " + json40 +
+                              " is format \"dopt-train-checkpoint/2\" but carries no \"identity\""));
+    CHECK_FALSE(contains(d.out, "resuming from"));
+  }
+  SECTION("identity removed and the format turned back to 1") {
+    edit_checkpoint_json(s40, [](auto& j) {
+      j.erase("identity");
+      j["format"] = "dopt-train-checkpoint/1";
+    });
+    const Done d = run({"--resume-from", s40.string()}, 60);
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "model-rank0-of-2.safetensors carries the identity of step 40 of run " + run_id + ", but " +
+                              json40 + " has none"));
+  }
+  SECTION("a genuine format-1 checkpoint resumes, and a file of another step in it is refused") {
+    for (const fs::path& s : {s20, s40}) {
+      for (const auto& e : fs::directory_iterator(s))
+        if (e.path().extension() == ".safetensors") strip_identity(e.path());
+      edit_checkpoint_json(s, [](auto& j) {
+        j.erase("identity");
+        j["format"] = "dopt-train-checkpoint/1";
+      });
+    }
+    const Done ok = run({"--resume-from", s40.string()}, 50);
+    INFO(ok.out);
+    CHECK(ok.ok());
+    fs::copy_file(s20 / "model-rank1-of-2.safetensors", s40 / "model-rank1-of-2.safetensors",
+                  fs::copy_options::overwrite_existing);
+    const Done d = run({"--resume-from", s40.string()}, 60);
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, (s40 / "model-rank1-of-2.safetensors").string() + " holds step 20, but the checkpoint " +
+                              s40.string() + " is step 40: the folder mixes files of different checkpoints"));
+  }
+}
+
+TEST_CASE("dopt-train: two ranks' checkpoint files swapped are refused, naming the file, the rank it holds and the "
+          "rank loading it",
+          "[train][multiprocess][reliability]") {
+  // Issue 41 review: post-local SGD's model files differ per rank, and rank
+  // 0's and rank 1's swapped resumed silently.
+  TempDir dir("dopt-train-swap", "ck");
+  const fs::path ck = dir.path / "ck", s40 = ck / "step-00000040";
+  auto run = [&](const std::vector<std::string>& more, long steps) {
+    auto a = args_of("post-local-sgd", 2, steps, {"--plsgd-warmup", "5", "--plsgd-period", "100"});
+    a.insert(a.end(), more.begin(), more.end());
+    return train_under_dopt_run(2, a);
+  };
+  const Done a = run({"--checkpoint-dir", ck.string(), "--checkpoint-every", "40"}, 40);
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const std::string kind = GENERATE("model", "optim");
+  INFO(kind << " files swapped");
+  const fs::path f0 = s40 / (kind + "-rank0-of-2.safetensors"), f1 = s40 / (kind + "-rank1-of-2.safetensors");
+  CHECK(metadata_of(f0, "dopt.checkpoint.rank") == "0");
+  CHECK(metadata_of(f1, "dopt.checkpoint.rank") == "1");
+  if (kind == "model") CHECK(slurp(f0.string()) != slurp(f1.string()));  // the ranks differ: a swap matters
+  fs::rename(f0, s40 / "x");
+  fs::rename(f1, f0);
+  fs::rename(s40 / "x", f1);
+  const Done d = run({"--resume-from", s40.string()}, 60);
+  INFO(d.out);
+  CHECK(d.failed());
+  CHECK(contains(d.out, "dopt-train: error: resume: " + f0.string() +
+                            " holds rank 1's state (dopt.checkpoint.rank 1), but rank 0 loads it: the ranks' files "
+                            "were swapped or renamed"));
+  CHECK_FALSE(contains(d.out, "resuming from"));
+}
+
+TEST_CASE("dopt-train: step folders renamed are refused by --resume, and --keep-last keeps by the step a folder holds",
+          "[train][multiprocess][reliability]") {
+  // Issue 41 review: folder "step-40" holding step 20's checkpoint made
+  // --resume go back to step 20, and --keep-last pruned the real newest.
+  TempDir dir("dopt-train-renamed", "ck");
+  const fs::path ck = dir.path / "ck";
+  auto step_dir = [&](int s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "step-%08d", s);
+    return ck / b;
+  };
+  auto run = [&](const std::vector<std::string>& more, long steps) {
+    return train_under_dopt_run(2, args_of("zero", 2, steps, more));
+  };
+  const Done a = run({"--checkpoint-dir", ck.string(), "--checkpoint-every", "10"}, 40);
+  INFO(a.out);
+  REQUIRE(a.ok());
+  SECTION("two folders' names swapped") {
+    fs::rename(step_dir(40), ck / "x");
+    fs::rename(step_dir(20), step_dir(40));
+    fs::rename(ck / "x", step_dir(20));
+    const Done d = run({"--checkpoint-dir", ck.string(), "--resume"}, 60);
+    INFO(d.out);
+    CHECK(d.failed());
+    CHECK(contains(d.out, "dopt-train: error: resume: --resume: the name of a checkpoint folder in " + ck.string() +
+                              " disagrees with the step its checkpoint.json holds (" + step_dir(20).string() +
+                              " holds step 40, " + step_dir(40).string() + " holds step 20)"));
+    CHECK_FALSE(contains(d.out, "resuming from"));
+    const Done e = run({"--resume-from", step_dir(40).string()}, 60);
+    INFO(e.out);
+    CHECK(e.failed());
+    CHECK(contains(e.out, "dopt-train: error: resume: " + step_dir(40).string() +
+                              " is named for step 40, but its checkpoint.json holds step 20"));
+  }
+  SECTION("the newest under an old name: never resumed past, never pruned") {
+    fs::rename(step_dir(40), step_dir(5));
+    const Done d = run({"--checkpoint-dir", ck.string(), "--resume"}, 60);
+    INFO(d.out);
+    CHECK(d.failed());  // not a silent resume at step 30
+    CHECK(contains(d.out, step_dir(5).string() + " holds step 40)"));
+    CHECK_FALSE(contains(d.out, "resuming from"));
+    const Done k = run({"--resume-from", step_dir(30).string(), "--checkpoint-dir", ck.string(), "--checkpoint-every",
+                        "10", "--keep-last", "2"},
+                       70);
+    INFO(k.out);
+    REQUIRE(k.ok());
+    CHECK(contains(k.out, "dopt-train: warning: --keep-last: kept " + step_dir(5).string() +
+                              ": it holds step 40 (its checkpoint.json), not the step its name says"));
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator(ck)) left.push_back(e.path().filename().string());
+    std::sort(left.begin(), left.end());
+    CHECK(left == std::vector<std::string>{"step-00000005", "step-00000060", "step-00000070"});
+    CHECK(nlohmann::json::parse(slurp((step_dir(5) / "checkpoint.json").string())).at("step") == 40);
+  }
+}

@@ -96,11 +96,18 @@ std::string CheckpointIdentity::manifest_digest() const {
   return buf;
 }
 
-std::map<std::string, std::string> CheckpointIdentity::metadata() const {
+std::map<std::string, std::string> CheckpointIdentity::metadata(int rank) const {
   return {{"dopt.checkpoint.step", std::to_string(step)},
           {"dopt.checkpoint.run", run},
           {"dopt.checkpoint.world_size", std::to_string(world_size)},
-          {"dopt.checkpoint.manifest", manifest_digest()}};
+          {"dopt.checkpoint.manifest", manifest_digest()},
+          {"dopt.checkpoint.rank", rank < 0 ? std::string("all") : std::to_string(rank)}};
+}
+
+int CheckpointIdentity::rank_of(const std::string& file) const {
+  for (int r = 0; r < world_size; ++r)
+    if (file == model_file_name(r, world_size) || file == optim_file_name(r, world_size)) return r;
+  return -1;
 }
 
 std::string new_run_id() {
@@ -110,26 +117,81 @@ std::string new_run_id() {
   return buf;
 }
 
+void check_file_rank(const std::string& path, const std::map<std::string, std::string>& meta, int rank,
+                     bool required) {
+  auto it = meta.find("dopt.checkpoint.rank");
+  if (it == meta.end()) {
+    if (required)
+      throw dopt::IOError("resume", path + " carries no rank (dopt.checkpoint.rank), but rank " +
+                                        std::to_string(rank) + " loads it as its own: the file was rewritten or "
+                                        "comes from another program; resume from a checkpoint as it was written");
+    return;
+  }
+  if (it->second == "all" || it->second == std::to_string(rank)) return;
+  throw dopt::IOError("resume", path + " holds rank " + it->second + "'s state (dopt.checkpoint.rank " + it->second +
+                                    "), but " + (rank < 0 ? std::string("every rank") : "rank " + std::to_string(rank)) +
+                                    " loads it: the ranks' files were swapped or renamed; resume from a checkpoint "
+                                    "as it was written");
+}
+
+namespace {
+std::string meta_of(const std::map<std::string, std::string>& meta, const std::string& k) {
+  auto it = meta.find(k);
+  return it == meta.end() ? std::string() : it->second;
+}
+
+/// A format-1 checkpoint without identity: each file's own step must be the
+/// checkpoint's, and its rank (if it names one) the file's.
+void verify_older_checkpoint_files(const CheckpointInfo& ckpt) {
+  const std::string json_path = (fs::path(ckpt.dir) / kInfoFile).string();
+  const int world_size = ckpt.meta.at("run").value("ranks", 0);
+  const CheckpointIdentity id = CheckpointIdentity::of(ckpt.step, "", world_size);
+  for (const std::string& name : id.files) {
+    const std::string path = (fs::path(ckpt.dir) / name).string();
+    if (!fs::exists(path))
+      throw dopt::IOError("resume", path + " is missing, but the checkpoint " + ckpt.dir + " (step " +
+                                        std::to_string(ckpt.step) + ", " + std::to_string(world_size) +
+                                        " ranks) needs it");
+    const dopt::SafetensorsReader header(path);  // the header only; IOError naming the file when malformed
+    const auto& meta = header.metadata();
+    if (!meta_of(meta, "dopt.checkpoint.manifest").empty())
+      throw dopt::IOError("resume", path + " carries the identity of step " + meta_of(meta, "dopt.checkpoint.step") +
+                                        " of run " + meta_of(meta, "dopt.checkpoint.run") + ", but " + json_path +
+                                        " has none (format " + kCheckpointFormatOld +
+                                        " without \"identity\"): checkpoint.json was edited; resume from a "
+                                        "checkpoint as it was written");
+    // The file's own step: the model's "step", a ZeRO shard's optimizer step
+    // (a local optimizer's state of that dopt-train names none).
+    std::string its_step = meta_of(meta, "dopt.checkpoint.step");
+    if (its_step.empty()) its_step = meta_of(meta, "step");
+    if (its_step.empty()) its_step = meta_of(meta, "dopt.zero.step");
+    if (!its_step.empty() && its_step != std::to_string(ckpt.step))
+      throw dopt::IOError("resume", path + " holds step " + its_step + ", but the checkpoint " + ckpt.dir +
+                                        " is step " + std::to_string(ckpt.step) +
+                                        ": the folder mixes files of different checkpoints; resume from a "
+                                        "checkpoint as it was written");
+    check_file_rank(path, meta, id.rank_of(name), false);
+  }
+}
+}  // namespace
+
 void verify_checkpoint_files(const CheckpointInfo& ckpt) {
-  if (!ckpt.identity) return;  // older checkpoints: load_model and the optimizers check their steps
+  if (!ckpt.identity) return verify_older_checkpoint_files(ckpt);  // read_checkpoint_info: format 1 only
   const std::string what = "the checkpoint " + ckpt.dir + " (step " + std::to_string(ckpt.step) + ")";
   const CheckpointIdentity& id = *ckpt.identity;
-  const auto want = id.metadata();
+  const auto want = id.metadata(0);
   for (const std::string& name : id.files) {
     const std::string path = (fs::path(ckpt.dir) / name).string();
     if (!fs::exists(path)) throw dopt::IOError("resume", path + " is missing, but " + what + " lists it");
     const dopt::SafetensorsReader header(path);  // the header only; IOError naming the file when malformed
     const auto& meta = header.metadata();
-    auto get = [&](const std::string& k) {
-      auto it = meta.find(k);
-      return it == meta.end() ? std::string() : it->second;
-    };
+    auto get = [&](const std::string& k) { return meta_of(meta, k); };
     if (get("dopt.checkpoint.manifest").empty())
       throw dopt::IOError("resume", path + " carries no checkpoint identity (a file of an older dopt-train or of "
                                            "another program), but " + what + " lists it: the folder mixes files of "
                                            "different checkpoints");
     bool same = true;
-    for (const auto& [k, v] : want) same = same && get(k) == v;
+    for (const auto& [k, v] : want) same = same && (k == "dopt.checkpoint.rank" || get(k) == v);
     if (!same)
       throw dopt::IOError("resume", path + " holds step " + get("dopt.checkpoint.step") + " of run " +
                                         get("dopt.checkpoint.run") + " (" + get("dopt.checkpoint.world_size") +
@@ -138,6 +200,9 @@ void verify_checkpoint_files(const CheckpointInfo& ckpt) {
                                         std::to_string(id.world_size) +
                                         " ranks): the folder mixes files of different checkpoints; resume from a "
                                         "checkpoint as it was written");
+    // The rank that loads it is the one its name says (a format-1 checkpoint
+    // with identity: its files name no rank).
+    check_file_rank(path, meta, id.rank_of(name), ckpt.format == 2);
   }
 }
 
@@ -147,22 +212,72 @@ std::string step_dir_name(std::int64_t step) {
   return buf;
 }
 
+namespace {
+/// The step dir/checkpoint.json holds, or nullopt and *why.
+std::optional<std::int64_t> step_held(const fs::path& dir, std::string* why) {
+  const fs::path path = dir / kInfoFile;
+  std::ifstream f(path);
+  if (!f) {
+    *why = "cannot read " + path.string();
+    return std::nullopt;
+  }
+  try {
+    json j;
+    f >> j;
+    const std::int64_t step = j.at("step").get<std::int64_t>();
+    if (step >= 0) return step;
+    *why = path.string() + " holds the negative step " + std::to_string(step);
+  } catch (const json::exception& e) {
+    *why = path.string() + " is corrupt: " + e.what();
+  }
+  return std::nullopt;
+}
+
+/// The complete checkpoint folders of checkpoint_dir (step-XXXXXXXX holding
+/// a checkpoint.json), sorted by name.
+std::vector<fs::path> complete_folders(const std::string& checkpoint_dir, std::vector<std::string>* partial) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  fs::directory_iterator it(checkpoint_dir, ec);
+  if (ec) throw dopt::IOError("resume", "cannot list --checkpoint-dir " + checkpoint_dir + ": " + ec.message());
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
+    if (name.size() == 13 && fs::exists(e.path() / kInfoFile)) out.push_back(e.path());
+    else if (partial && name.size() == 17 && name.compare(13, 4, ".tmp") == 0) partial->push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
 std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir) {
   std::error_code ec;
   const auto st = fs::status(checkpoint_dir, ec);
   if (!fs::exists(st)) return std::nullopt;
   if (!fs::is_directory(st))
     throw dopt::IOError("resume", "--checkpoint-dir " + checkpoint_dir + " exists but is not a folder");
-  fs::directory_iterator it(checkpoint_dir, ec);
-  if (ec) throw dopt::IOError("resume", "cannot list --checkpoint-dir " + checkpoint_dir + ": " + ec.message());
   std::optional<std::string> best;
-  std::string best_name;
-  for (const auto& e : it) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || name.size() != 13 || !e.is_directory()) continue;  // skips *.tmp
-    if (!fs::exists(e.path() / kInfoFile)) continue;
-    if (!best || name > best_name) best = e.path().string(), best_name = name;
+  std::int64_t best_step = -1;
+  std::string lying;
+  for (const fs::path& dir : complete_folders(checkpoint_dir, nullptr)) {
+    std::string why;
+    const auto step = step_held(dir, &why);
+    if (!step)
+      throw dopt::IOError("resume", "--resume cannot tell which checkpoint in " + checkpoint_dir +
+                                        " is the newest: " + why + "; repair or remove " + dir.string());
+    if (dir.filename().string() != step_dir_name(*step)) {
+      lying += ", " + dir.string() + " holds step " + std::to_string(*step);
+      continue;
+    }
+    if (*step > best_step) best = dir.string(), best_step = *step;
   }
+  if (!lying.empty())
+    throw dopt::IOError("resume", "--resume: the name of a checkpoint folder in " + checkpoint_dir +
+                                      " disagrees with the step its checkpoint.json holds (" + lying.substr(2) +
+                                      "): dopt-train names each folder after its step, so these were renamed, and "
+                                      "resuming by name could go back to an older step; rename each to "
+                                      "step-XXXXXXXX of the step it holds, or remove it");
   return best;
 }
 
@@ -186,28 +301,40 @@ std::string probe_checkpoint_dir(const std::string& checkpoint_dir, int rank) {
   return why;
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& checkpoint_dir, int keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& checkpoint_dir, int keep_last,
+                                           std::vector<std::string>* kept) {
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
-  std::vector<std::string> complete, partial;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(checkpoint_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
-    if (name.size() == 13 && fs::exists(e.path() / kInfoFile)) complete.push_back(name);
-    else if (name.size() == 17 && name.compare(13, 4, ".tmp") == 0) partial.push_back(name);
+  std::vector<std::string> partial;
+  std::vector<std::pair<std::int64_t, fs::path>> complete;  // by the step held
+  for (const fs::path& dir : complete_folders(checkpoint_dir, &partial)) {
+    std::string why;
+    const auto step = step_held(dir, &why);
+    if (!step) {
+      if (kept) kept->push_back("--keep-last: kept " + dir.string() + ": " + why + " (not removed, not counted)");
+      continue;
+    }
+    if (dir.filename().string() != step_dir_name(*step)) {
+      if (kept)
+        kept->push_back("--keep-last: kept " + dir.string() + ": it holds step " + std::to_string(*step) +
+                        " (its checkpoint.json), not the step its name says (not removed, not counted; rename it "
+                        "to " + step_dir_name(*step) + " or remove it)");
+      continue;
+    }
+    complete.emplace_back(*step, dir);
   }
   std::sort(complete.begin(), complete.end());
   if (complete.empty()) return removed;
-  auto remove = [&](const std::string& name) {
+  auto remove = [&](const fs::path& dir) {
     std::error_code rec;
-    fs::remove_all(fs::path(checkpoint_dir) / name, rec);
-    if (!rec) removed.push_back((fs::path(checkpoint_dir) / name).string());
+    fs::remove_all(dir, rec);
+    if (!rec) removed.push_back(dir.string());
   };
   if (static_cast<int>(complete.size()) > keep_last)
-    for (std::size_t k = 0; k + static_cast<std::size_t>(keep_last) < complete.size(); ++k) remove(complete[k]);
+    for (std::size_t k = 0; k + static_cast<std::size_t>(keep_last) < complete.size(); ++k) remove(complete[k].second);
+  const std::string newest = step_dir_name(complete.back().first);
   for (const auto& name : partial)
-    if (name.substr(0, 13) < complete.back()) remove(name);
+    if (name.substr(0, 13) < newest) remove(fs::path(checkpoint_dir) / name);
   return removed;
 }
 
@@ -220,11 +347,30 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   ck.dir = dir;
   try {
     f >> ck.meta;
-    if (!ck.meta.is_object() || ck.meta.value("format", "") != kCheckpointFormat)
+    const std::string format = ck.meta.is_object() ? ck.meta.value("format", "") : "";
+    if (format != kCheckpointFormat && format != kCheckpointFormatOld)
       throw dopt::IOError("resume", path + " is not a dopt-train checkpoint (expected \"format\": \"" +
-                                        kCheckpointFormat + "\")");
+                                        kCheckpointFormat + "\", or the older \"" + kCheckpointFormatOld + "\")");
+    ck.format = format == kCheckpointFormat ? 2 : 1;
     ck.step = ck.meta.at("step").get<std::int64_t>();
     if (ck.step < 0) throw dopt::IOError("resume", path + ": negative step " + std::to_string(ck.step));
+    // A folder named for a step (step-XXXXXXXX) must hold that step.
+    fs::path folder(dir);
+    if (folder.filename().empty()) folder = folder.parent_path();
+    const std::string name = folder.filename().string();
+    if (name.size() == 13 && name.rfind("step-", 0) == 0 &&
+        std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+        name != step_dir_name(ck.step))
+      throw dopt::IOError("resume", dir + " is named for step " + std::to_string(std::stoll(name.substr(5))) +
+                                        ", but its checkpoint.json holds step " + std::to_string(ck.step) +
+                                        ": dopt-train names each folder after its step, so this one was renamed; "
+                                        "rename it to " + step_dir_name(ck.step) + " or resume from the folder of "
+                                        "the step you mean");
+    if (ck.format == 2 && !ck.meta.contains("identity"))
+      throw dopt::IOError("resume", path + " is format \"" + kCheckpointFormat +
+                                        "\" but carries no \"identity\" (the run, world size and files of the "
+                                        "checkpoint, which every file is checked against): the file was edited; "
+                                        "resume from a checkpoint as it was written");
     (void)ck.meta.at("run").at("optim").get<std::string>();
     if (ck.meta.contains("identity")) {
       const json& j = ck.meta.at("identity");
@@ -286,7 +432,7 @@ std::string model_file_name(int rank, int world_size) {
 void save_model(const std::string& dir, int rank, const Mlp& model, const CheckpointIdentity& id) {
   std::map<std::string, Tensor> tensors;
   for (std::size_t i = 0; i < model.params().size(); ++i) tensors[model.names()[i]] = model.params()[i];
-  auto meta = id.metadata();
+  auto meta = id.metadata(rank);
   meta["dopt.train.format"] = kModelFormat;
   meta["step"] = std::to_string(id.step);
   dopt::write_safetensors((fs::path(dir) / model_file_name(rank, id.world_size)).string(), tensors, meta);
@@ -307,6 +453,7 @@ void load_model(const std::string& dir, int rank, int world_size, Mlp& model, st
   if (meta("step") != std::to_string(step))
     throw dopt::StateDictError("resume", path + " holds step " + meta("step") + ", checkpoint.json says " +
                                              std::to_string(step));
+  check_file_rank(path, file.metadata, rank, false);  // verify_checkpoint_files requires it in format 2
   for (std::size_t i = 0; i < model.params().size(); ++i) {
     const Tensor& p = model.params()[i];
     auto it = file.tensors.find(model.names()[i]);

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -215,6 +216,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   std::vector<StepRecord> records;
 
   bool params_nonfinite = false;  // after the latest step, on some rank (--nonfinite warn)
+  std::set<std::string> warned_kept;  // --keep-last: each folder it keeps for a reason is named once
   auto save_checkpoint = [&](std::int64_t step) {
     if (params_nonfinite) {
       if (lead)
@@ -231,7 +233,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     world.barrier();
     const CheckpointIdentity id = CheckpointIdentity::of(step, run_id, world_size);
     save_model(tmp.string(), rank, model, id);
-    strategy->save(tmp.string(), id.metadata());  // a collective (ZeRO: save_sharded)
+    strategy->save(tmp.string(), id.metadata(rank));  // a collective (ZeRO: save_sharded)
     world.barrier();
     if (lead) {
       write_checkpoint_info(tmp.string(), plan.run, id);
@@ -239,8 +241,11 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
       fs::rename(tmp, final_dir);
       if (metrics) metrics->flush();
       progress.note("checkpoint: " + final_dir.string() + " (step " + std::to_string(step) + ")");
-      for (const std::string& gone : prune_checkpoints(o.checkpoint_dir, o.keep_last))
+      std::vector<std::string> kept;
+      for (const std::string& gone : prune_checkpoints(o.checkpoint_dir, o.keep_last, &kept))
         progress.note("removed " + gone + " (--keep-last " + std::to_string(o.keep_last) + ")");
+      for (const std::string& why : kept)
+        if (warned_kept.insert(why).second) progress.note("dopt-train: warning: " + why);
     }
     world.barrier();
   };
