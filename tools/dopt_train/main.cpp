@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "finite.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/launch_env.hpp"
@@ -102,10 +103,10 @@ std::string nonfinite_parameter(const Mlp& model) {
   for (std::size_t i = 0; i < model.params().size(); ++i) {
     const Tensor& p = model.params()[i];
     const float* d = p.data<float>();
-    for (std::int64_t k = 0; k < p.numel(); ++k)
-      if (!std::isfinite(d[k]))
-        return "parameter '" + model.names()[i] + "' holds " + (std::isnan(d[k]) ? "NaN" : "inf") + " at element " +
-               std::to_string(k);
+    const std::int64_t k = first_nonfinite(d, p.numel());
+    if (k >= 0)
+      return "parameter '" + model.names()[i] + "' holds " + (std::isnan(d[k]) ? "NaN" : "inf") + " at element " +
+             std::to_string(k);
   }
   return {};
 }
