@@ -263,12 +263,30 @@ TEST_CASE("dopt-train: --optim remote (DistributedOptimizer with parameter owner
           "[train][remote]") {
   TempDir dir("dopt-train-remote", "sim");
   const Done d = train(args_of("remote", 3, 200, {"--metrics", (dir.path / "m.jsonl").string(), "--dump-params",
-                                                  (dir.path / "r.st").string()}));
+                                                  (dir.path / "r.st").string(), "--svg-bytes",
+                                                  (dir.path / "b.svg").string()}));
   INFO(d.out);
   REQUIRE(d.ok());
   CHECK(contains(d.out, "parameter owners"));
   CHECK(contains(d.out, "rank 2: "));
   require_loss_falls(dir.path / "m.jsonl", 200);
+  // The bytes the workers' RPCs carried: growing every step, drawn with --svg-bytes.
+  CHECK(contains(d.out, "bytes sent per worker: "));
+  CHECK(contains(slurp((dir.path / "b.svg").string()), "MB sent per worker"));
+  {
+    std::ifstream in(dir.path / "m.jsonl");
+    std::string line;
+    double before = 0;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      CHECK(j.at("bytes_sent").get<double>() > before);
+      CHECK(j.at("bytes_step").get<double>() > 0);
+      before = j.at("bytes_sent").get<double>();
+      ++lines;
+    }
+    CHECK(lines == 200);
+  }
   // The owners' Adam on the rank-order average (sum_r g_r / n) is the DDP
   // reducer's average and Adam: the same bits.
   const Done p = train(args_of("ddp", 3, 200, {"--quiet", "--metrics", (dir.path / "d.jsonl").string(),

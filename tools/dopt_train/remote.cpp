@@ -187,12 +187,15 @@ void train_worker(rpc::Agent& agent, const Plan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
   std::vector<std::pair<std::int64_t, double>> history;
+  std::vector<std::pair<double, double>> bytes_history;  // (mean bytes sent per worker, loss)
+  double last_bytes = 0;
   for (std::int64_t s = 0; s < o.steps; ++s) {
     fetch();
     const BatchResult r = model.forward_backward(shard, shard.batch(s, o.batch), nullptr);
     std::vector<Tensor> grads;
     for (const Tensor& p : model.params()) grads.push_back(p.grad());
-    const std::vector<double> stats{r.loss, double(r.correct) / o.batch};
+    // The bytes this worker sent so far go with its gradients (the lead reports the mean per worker).
+    const std::vector<double> stats{r.loss, double(r.correct) / o.batch, double(agent.bytes_sent())};
     if (!lead) {
       agent.rpc_sync(rpc::To(0), rpc::Fn("dopt_train.grads"), s, std::int64_t{rank}, grads, stats);
       mail.take(rank, kStepped, s, 0, timeout);
@@ -201,13 +204,14 @@ void train_worker(rpc::Agent& agent, const Plan& plan) {
     // Worker 0: the average over the workers, in rank order, divided first
     // (sum_r g_r / n, as the DDP reducer's allreduce_hook).
     std::vector<Tensor> avg;
-    double loss = 0, acc = 0;
+    double loss = 0, acc = 0, bytes = 0;
     for (int w = 0; w < n; ++w) {
       Message m;
       if (w == 0) m.tensors = grads, m.numbers = stats;
       else m = mail.take(0, kGrads, s, w, timeout);
       loss += m.numbers.at(0);
       acc += m.numbers.at(1);
+      bytes += m.numbers.at(2);
       for (std::size_t i = 0; i < np; ++i) {
         const Tensor& g = m.tensors.at(i);
         const float* gs = g.data<float>();
@@ -231,6 +235,10 @@ void train_worker(rpc::Agent& agent, const Plan& plan) {
     rec.loss = loss / n;
     rec.accuracy = acc / n;
     rec.lr = opt->lrs().at(0);
+    rec.bytes_sent = bytes / n;
+    rec.bytes_step = rec.bytes_sent - last_bytes;
+    last_bytes = rec.bytes_sent;
+    bytes_history.emplace_back(rec.bytes_sent, rec.loss);
     rec.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rec.steps_per_s = rec.time_s > 0 ? double(s + 1) / rec.time_s : 0;
     if (s == 0) first_loss = rec.loss, first_acc = rec.accuracy;
@@ -254,11 +262,22 @@ void train_worker(rpc::Agent& agent, const Plan& plan) {
     write_loss_svg(o.svg, history,
                    "dopt-train: DistributedOptimizer(" + plan.strategy.inner.name + "), " + std::to_string(n) +
                        " workers, MLP " + model.describe());
+  if (!o.svg_bytes.empty()) {
+    for (auto& [b, l] : bytes_history) b /= 1e6;
+    write_curve_svg(o.svg_bytes, bytes_history,
+                    "dopt-train: DistributedOptimizer(" + plan.strategy.inner.name + "), " + std::to_string(n) +
+                        " workers",
+                    "MB sent per worker");
+  }
   std::printf("dopt-train: %lld steps in %.1f s (%.1f steps/s); loss %.4f -> %.4f, accuracy %.3f -> %.3f\n",
               static_cast<long long>(o.steps), secs, double(o.steps) / secs, first_loss, last_loss, first_acc,
               last_acc);
   if (!o.metrics.empty()) std::printf("metrics: %s\n", o.metrics.c_str());
   if (!o.svg.empty()) std::printf("loss curve: %s\n", o.svg.c_str());
+  if (!o.svg_bytes.empty()) std::printf("loss against bytes sent: %s\n", o.svg_bytes.c_str());
+  std::printf("bytes sent per worker: %s in %lld steps (%s per step; arguments and results of its RPCs)\n",
+              format_bytes(last_bytes).c_str(), static_cast<long long>(o.steps),
+              format_bytes(last_bytes / double(std::max<std::int64_t>(1, o.steps))).c_str());
   if (!o.dump_params.empty()) std::printf("parameters: %s\n", o.dump_params.c_str());
   std::fflush(stdout);
 }

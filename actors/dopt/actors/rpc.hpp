@@ -321,6 +321,10 @@ class Agent {
   const std::string& name() const;
   int rank() const;
   int world_size() const;
+  /// Bytes of encoded arguments and results this worker sent to the others
+  /// so far (every copy of a request, every reply; calls to itself do not
+  /// count). Any thread.
+  std::uint64_t bytes_sent() const;
   WorkerInfo worker_info() const;
   /// KeyError for an unknown name, ValueError for a rank out of range.
   WorkerInfo worker_info(const std::string& name) const;

@@ -14,6 +14,7 @@ Agent::Agent(std::shared_ptr<detail::AgentCore> core) : core_(std::move(core)) {
 const std::string& Agent::name() const { return core_->name; }
 int Agent::rank() const { return core_->rank; }
 int Agent::world_size() const { return core_->world; }
+std::uint64_t Agent::bytes_sent() const { return core_->bytes_sent.load(std::memory_order_relaxed); }
 WorkerInfo Agent::worker_info() const { return {core_->name, core_->rank}; }
 WorkerInfo Agent::worker_info(const std::string& name) const {
   return detail::core_worker(*core_, detail::resolve_rank(*core_, To(name), "rpc.worker_info"));

@@ -102,6 +102,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::set<std::uint64_t> freed;
   std::atomic<std::uint64_t> next_object{1};
   std::atomic<std::uint64_t> next_context{1};
+  /// Bytes of encoded arguments and results this agent sent to other
+  /// workers (Agent::bytes_sent): requests (every copy) and replies.
+  std::atomic<std::uint64_t> bytes_sent{0};
 
   std::mutex ctx_mutex;
   std::map<std::uint64_t, std::map<std::uint64_t, Tensor>> contexts;

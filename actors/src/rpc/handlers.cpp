@@ -36,6 +36,7 @@ std::shared_ptr<Reply> error_reply(const std::exception_ptr& e, const AgentCore&
 }
 
 void post_fin(const std::shared_ptr<AgentCore>& core, int caller, std::uint64_t id, ReplyPtr r) {
+  if (caller != core->rank && r) core->bytes_sent.fetch_add(r->bytes.size(), std::memory_order_relaxed);
   core->send_fin(caller, id, std::move(r));
 }
 
@@ -210,6 +211,8 @@ void send_request(AgentState& st, AgentLink& link, std::uint64_t id, OutCall& ca
   r.target = s.target;
   r.new_object = s.new_object;
   r.args = s.args;
+  if (call.dest != st.core->rank)
+    st.core->bytes_sent.fetch_add(r.args.size() * static_cast<std::size_t>(copies), std::memory_order_relaxed);
   for (int k = 0; k < copies; ++k) link.request(call.dest, r);
   link.arm_timeout(s.timeout.value_or(st.core->options.rpc_timeout), id, call.attempts);
 }
