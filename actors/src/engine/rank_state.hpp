@@ -96,6 +96,7 @@ struct RankState {
   std::set<int> dead;                       // global ranks whose actor is gone
   bool self_failed = false;
   std::string self_failed_what;
+  bool removed = false;  // out of the job: stopped too long, or fenced by a peer (remove_self)
 
   std::map<P2PKey, OpPtr> sends;              // my sends waiting for the receiver
   std::map<P2PKey, OpPtr> recvs;              // my recvs waiting for the sender
@@ -134,9 +135,24 @@ struct RankState {
 
   // --- liveness (engine/liveness.cpp) ------------------------------------------------
   Failure lost_failure_of(CollKey key, const CollState& st, int peer) const;
-  void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false);
+  void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false,
+               bool certain = true);
   void on_heartbeat_tick();
   void on_self_failed(const std::string& what);
+  /// The rank of the peer whose rank actor is `who` (-1: none).
+  int rank_of(const caf::strong_actor_ptr& who) const;
+  /// Word from a peer this rank declared lost (it was stopped or cut off,
+  /// and came back): it is told it was removed; what it says counts for nothing.
+  void fence(int peer);
+  /// A peer declared this rank lost: it was removed (its waits fail, shrink refuses).
+  void on_fenced(int by, const std::string& why);
+  /// Net: true when this rank is removed, or when this process did not run
+  /// (no heartbeat tick) for longer than the peer timeout before `now`: its
+  /// peers have declared it lost, so it removes itself (remove_self).
+  bool stopped_too_long(std::chrono::steady_clock::time_point now);
+  /// This rank is out of the job (why: the PeerTable's fenced()): every peer
+  /// is lost to it, its calls fail and ProcessGroup::shrink refuses.
+  void remove_self(const std::string& why);
 
   // --- point to point (planes/actor/p2p.cpp) -------------------------------------------
   Failure lost_failure(const char* op) const;
