@@ -213,8 +213,12 @@ TEST_CASE("dopt-train --survive: rank 0 stopped (SIGSTOP) for longer than the pe
   INFO(d.out);
   CHECK(d.ok());  // rank 0 left the job; ranks 1 and 2 finished
   CHECK(contains(d.out, "[rank 0] dopt-train: error: dopt-train --survive [rank 0]: step "));
-  CHECK(contains(d.out, "this rank cannot go on: "));
-  CHECK(contains(d.out, "it was removed from the job; it cannot rejoin"));
+  // Removed (a peer answered its heartbeat), or cut off (the peers had
+  // finished: their exits, seen just after it ran again, are not certain).
+  const bool removed = contains(d.out, "this rank cannot go on: rank ") &&
+                       contains(d.out, "it was removed from the job; it cannot rejoin");
+  const bool cut_off = contains(d.out, "this rank is cut off: it sees [0] of [0, 1, 2] alive and lost [1, 2]");
+  CHECK((removed || cut_off));
   CHECK(contains(d.out, "dopt-run: rank 0 left the job: cut off or removed (exit code 3)"));
   CHECK(contains(d.out, "[rank 1] dopt-train: rank 0 was lost; rank 1 leads from here: metrics, progress and the "
                         "report (--survive)"));

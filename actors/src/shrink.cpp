@@ -180,13 +180,14 @@ ShrinkResult ProcessGroup::shrink() {
         both.insert(both.end(), suspected.begin(), suspected.end());
         std::sort(both.begin(), both.end());
         throw StateError(op, "this rank is cut off: it sees " + ranks_str(alive) + " of " + ranks_str(old) +
-                                 " alive, and " + ranks_str(suspected) +
-                                 " only fell silent (they may be going on without it); " +
+                                 " alive and lost " + ranks_str(suspected) +
+                                 " without knowing that their processes ended (silence, or seen just after this "
+                                 "process had not run for longer than the peer timeout); they may be going on "
+                                 "without it, and " + ranks_str(alive) +
                                  (alive.size() == suspected.size()
-                                      ? "half of them, without the lowest rank " + std::to_string(both.front())
-                                      : std::string("fewer than the silent ones")) +
-                                 ", so it stops: the others may go on without it (docs/fault-tolerance.md, "
-                                 "\"Who goes on\")",
+                                      ? " is half, without the lowest rank " + std::to_string(both.front())
+                                      : std::string(" is the smaller side")) +
+                                 ", so this rank stops (docs/fault-tolerance.md, \"Who goes on\")",
                          me);
       }
     }

@@ -214,9 +214,10 @@ class ProcessGroup {
   /// (members whose process is known gone count for neither side), or match
   /// them and hold the lowest rank of both; otherwise StateError "this rank
   /// is cut off: ..." (not a PeerLostError: calling shrink again cannot help,
-  /// the rank must stop). A rank whose process did not run for longer than
-  /// the peer timeout, or that its peers declared lost and heard from again,
-  /// is removed: its calls fail with PeerLostError and shrink raises
+  /// the rank must stop). Losses seen just after this process did not run
+  /// for longer than the peer timeout (it was stopped) count as suspected. A
+  /// rank that its peers declared lost and heard from again is removed: its
+  /// calls fail with PeerLostError and shrink raises
   /// StateError "this rank cannot go on: ... it was removed from the job;
   /// it cannot rejoin" (docs/fault-tolerance.md, "Who goes on").
   ShrinkResult shrink();

@@ -30,12 +30,17 @@ Failure RankState::lost_failure_of(CollKey key, const CollState& st, int peer) c
 /// if it would first see a survivor exit. certain: the loss is known (a
 /// closed connection, a failure report), not only suspected (silence); it
 /// goes with what is passed on and into the PeerTable for shrink's majority
-/// rule. When this process itself did not run for longer than the peer
-/// timeout, the loss says more about this rank than about the peer: the
-/// peers went on without it, so it removes itself instead.
-void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool gone, bool pass_on, bool certain) {
+/// rule. Seen just after this process did not run for longer than the peer
+/// timeout (in_doubt), a loss is only suspected whatever its kind: the peer
+/// may have gone on without this rank, or finished, while it was stopped.
+void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead, bool gone, bool pass_on,
+                        bool certain) {
   if (peer == rank) return;
-  if (!removed && net && stopped_too_long(std::chrono::steady_clock::now())) return;
+  std::string what = what_seen;
+  if (!removed && certain && in_doubt(std::chrono::steady_clock::now())) {
+    certain = false;
+    what += " (seen " + std::to_string(doubt_gap.count()) + " ms after this process last ran: not certain)";
+  }
   if (table) table->mark(peer, actor_dead || gone ? PeerTable::lost : PeerTable::failed, what, certain);
   const bool first = lost.emplace(peer, what).second;
   if (first) lost_order.push_back(peer);
@@ -95,9 +100,7 @@ void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool
 /// peer_timeouts after it stopped, and the message gives the silence measured.
 void RankState::on_heartbeat_tick() {
   const auto now = std::chrono::steady_clock::now();
-  // A tick later than the peer timeout: this process did not run that long,
-  // so its peers have declared it lost and gone on (stopped_too_long).
-  stopped_too_long(now);
+  in_doubt(now);  // a tick later than the peer timeout: this process did not run that long
   // A tick far later than planned means this process did not run (suspended
   // with Ctrl-Z or SIGSTOP, or starved): its peers' silence meanwhile says
   // nothing about them, so it starts counting again.
@@ -148,15 +151,14 @@ void RankState::on_fenced(int by, const std::string& why) {
               ") and heard from it again: it was removed from the job");
 }
 
-bool RankState::stopped_too_long(std::chrono::steady_clock::time_point now) {
-  if (removed) return true;
+bool RankState::in_doubt(std::chrono::steady_clock::time_point now) {
   if (!net || peer_timeout.count() <= 0 || last_tick.time_since_epoch().count() == 0) return false;
   const auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick);
-  if (gap <= peer_timeout) return false;
-  remove_self("this process did not run for " + std::to_string(gap.count()) +
-              " ms (stopped or starved), longer than the peer timeout of " + std::to_string(peer_timeout.count()) +
-              " ms: its peers went on without it; it was removed from the job");
-  return true;
+  if (gap > peer_timeout && now + peer_timeout > doubt_until) {
+    doubt_until = now + peer_timeout;
+    doubt_gap = gap;
+  }
+  return now < doubt_until;
 }
 
 void RankState::remove_self(const std::string& what) {

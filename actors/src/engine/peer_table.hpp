@@ -81,9 +81,8 @@ class PeerTable {
   std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
 
   /// This rank was removed from the job: a peer that had declared it lost
-  /// heard from it again (it had been stopped, or cut off) and told it so,
-  /// or the rank actor saw that this process did not run for longer than the
-  /// peer timeout. Called by the rank actor; the first reason is kept;
+  /// heard from it again (it had been stopped, or cut off) and told it so.
+  /// Called by the rank actor; the first reason is kept;
   /// ProcessGroup::shrink (user thread) refuses from then on.
   void fence(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -62,7 +62,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
         st.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
         // The first tick measures from here: a process stopped before it
-        // still removes itself when it comes back (stopped_too_long).
+        // still doubts the losses it sees when it comes back (in_doubt).
         st.last_tick = std::chrono::steady_clock::now();
         st.last_heard.assign(static_cast<std::size_t>(st.world), st.last_tick);
         self->delayed_send(self, heartbeat_period(st.peer_timeout), hbtick_atom::value);

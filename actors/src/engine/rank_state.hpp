@@ -87,6 +87,8 @@ struct RankState {
   std::chrono::milliseconds peer_timeout{0};
   std::vector<std::chrono::steady_clock::time_point> last_heard;
   std::chrono::steady_clock::time_point last_tick;  // when the last heartbeat tick ran
+  std::chrono::steady_clock::time_point doubt_until;  // in_doubt
+  std::chrono::milliseconds doubt_gap{0};             // the gap that started the doubt
 
   std::map<CollKey, CollState> colls;
   std::set<CollKey> failed;                 // failed here; late messages are dropped
@@ -96,7 +98,7 @@ struct RankState {
   std::set<int> dead;                       // global ranks whose actor is gone
   bool self_failed = false;
   std::string self_failed_what;
-  bool removed = false;  // out of the job: stopped too long, or fenced by a peer (remove_self)
+  bool removed = false;  // out of the job: fenced by a peer that had declared it lost (remove_self)
 
   std::map<P2PKey, OpPtr> sends;              // my sends waiting for the receiver
   std::map<P2PKey, OpPtr> recvs;              // my recvs waiting for the sender
@@ -146,10 +148,12 @@ struct RankState {
   void fence(int peer);
   /// A peer declared this rank lost: it was removed (its waits fail, shrink refuses).
   void on_fenced(int by, const std::string& why);
-  /// Net: true when this rank is removed, or when this process did not run
-  /// (no heartbeat tick) for longer than the peer timeout before `now`: its
-  /// peers have declared it lost, so it removes itself (remove_self).
-  bool stopped_too_long(std::chrono::steady_clock::time_point now);
+  /// Net: true while losses cannot be certain here: within one peer timeout
+  /// after this process was seen not to have run (no heartbeat tick) for
+  /// longer than the peer timeout (stopped, starved). Its peers may have
+  /// declared it lost meanwhile; all of them may also have been stopped
+  /// with it (Ctrl-Z under dopt-run), so that alone removes nothing.
+  bool in_doubt(std::chrono::steady_clock::time_point now);
   /// This rank is out of the job (why: the PeerTable's fenced()): every peer
   /// is lost to it, its calls fail and ProcessGroup::shrink refuses.
   void remove_self(const std::string& why);
