@@ -239,7 +239,7 @@ TEST_CASE("dopt-train --survive: rank 0 stopped (SIGSTOP) for longer than the pe
 }
 
 TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report, rank 1 prints it and the job "
-          "succeeds; without --survive the job fails naming rank 0",
+          "succeeds, and without --survive the job fails naming rank 0",
           "[train][survive][multiprocess]") {
   // Issue 41 review: dopt-run --on-failure continue exited 0 without the report.
   const bool survive = GENERATE(true, false);
