@@ -715,7 +715,8 @@ int main(int argc, char** argv) {
   std::string on_failure = "stop";
   app.add_option("--on-failure", on_failure,
                  "stop: when a rank fails, stop the others (default); continue: report it and let the others "
-                 "go on (programs that survive the loss of a rank)")
+                 "go on (programs that survive the loss of a rank; a rank that exits 3 left the job: cut off or removed, "
+                 "counted as lost)")
       ->check(CLI::IsMember({"stop", "continue"}));
   app.add_option("program", program, "Program to run, followed by its arguments")->required();
   app.footer("Everything from PROGRAM on is passed to it unparsed; use -- before a PROGRAM that starts with '-'.");
