@@ -40,7 +40,10 @@
 // that survive the loss of a rank: ProcessGroup::shrink, ZeRO's
 // redundancy); once all ended: "N rank(s) failed (...), M finished", and the
 // exit status is the first failed rank's exit code if one exited non-zero (an
-// error of its own), else 0 when some rank finished.
+// error of its own), else 0 when some rank finished. A rank that exits with
+// code 3 (kExitRemoved: it was cut off or removed from the job, and the
+// others may go on without it; dopt-train --survive) counts as lost, like a
+// killed rank, not as an error of its own; when no rank finished, 3.
 //
 // Exit status: 0 when every rank exits 0; the first failed rank's exit code
 // (128 + S when killed by signal S); 128 + S when dopt-run itself got signal
@@ -514,14 +517,22 @@ class Launcher {
     }
   }
 
+  /// Exit code of a rank that was cut off or removed from the job (a
+  /// stopped process, the minority side of a partition): with --on-failure
+  /// continue it is lost, not failed (docs/fault-tolerance.md, "Who goes on").
+  static constexpr int kExitRemoved = 3;
+
   static std::string describe_end(int status) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == kExitRemoved)
+      return "left the job: cut off or removed (exit code " + std::to_string(kExitRemoved) + ")";
     if (WIFEXITED(status)) return "failed with exit code " + std::to_string(WEXITSTATUS(status));
     return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + signal_name(WTERMSIG(status)) + ")";
   }
 
   /// --on-failure continue, once every rank ended: the first rank that exited
-  /// with a non-zero code (an error of its own: e.g. it could not recover)
-  /// gives the status; else 0 when some rank finished; else (every rank was
+  /// with a non-zero code other than kExitRemoved (an error of its own: e.g.
+  /// it could not recover) gives the status; else 0 when some rank finished;
+  /// else kExitRemoved when the first was removed; else (every rank was
   /// killed) 128 + the first one's signal.
   int continued_status() const {
     const int finished = static_cast<int>(ranks_.size()) - static_cast<int>(lost_.size());
@@ -529,8 +540,9 @@ class Launcher {
     for (const auto& [rank, st] : lost_) who += (who.empty() ? "" : ", ") + std::to_string(rank);
     say(std::to_string(lost_.size()) + " rank(s) failed (" + who + "), " + std::to_string(finished) + " finished");
     for (const auto& [rank, st] : lost_)
-      if (WIFEXITED(st)) return WEXITSTATUS(st);
+      if (WIFEXITED(st) && WEXITSTATUS(st) != kExitRemoved) return WEXITSTATUS(st);
     if (finished > 0) return 0;
+    if (WIFEXITED(lost_.front().second)) return kExitRemoved;
     return 128 + WTERMSIG(lost_.front().second);
   }
 
@@ -703,7 +715,8 @@ int main(int argc, char** argv) {
   std::string on_failure = "stop";
   app.add_option("--on-failure", on_failure,
                  "stop: when a rank fails, stop the others (default); continue: report it and let the others "
-                 "go on (programs that survive the loss of a rank)")
+                 "go on (programs that survive the loss of a rank; a rank that exits 3 left the job: cut off or removed, "
+                 "counted as lost)")
       ->check(CLI::IsMember({"stop", "continue"}));
   app.add_option("program", program, "Program to run, followed by its arguments")->required();
   app.footer("Everything from PROGRAM on is passed to it unparsed; use -- before a PROGRAM that starts with '-'.");

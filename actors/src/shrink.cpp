@@ -163,8 +163,34 @@ ShrinkResult ProcessGroup::shrink() {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       view();
     }
+    // Removed from the job (stopped for longer than the peer timeout, or
+    // told so by a peer that had declared it lost): it must not go on.
+    if (const std::string removed = g.peers->fenced(); !removed.empty())
+      throw StateError(op, "this rank cannot go on: " + removed + "; it cannot rejoin", me);
     if (alive.size() == old.size())  // (so a line of groups never names one twice: it only loses members)
       throw StateError(op, "no member of " + ranks_str(old) + " was lost (this rank sees all of them alive)", me);
+    // The majority rule (processes): members lost on silence only may be
+    // running on the other side of a partition, and shrink there too.
+    if (!g.peers->in_process()) {
+      std::vector<int> suspected;
+      for (int r : old)
+        if (r != me && g.peers->state(r) != PeerTable::alive && g.peers->suspected(r)) suspected.push_back(r);
+      if (!detail::may_go_on(alive, suspected)) {
+        std::vector<int> both = alive;
+        both.insert(both.end(), suspected.begin(), suspected.end());
+        std::sort(both.begin(), both.end());
+        throw StateError(op, "this rank is cut off: it sees " + ranks_str(alive) + " of " + ranks_str(old) +
+                                 " alive and lost " + ranks_str(suspected) +
+                                 " without knowing that their processes ended (silence, or seen just after this "
+                                 "process had not run for longer than the peer timeout); they may be going on "
+                                 "without it, and " + ranks_str(alive) +
+                                 (alive.size() == suspected.size()
+                                      ? " is half, without the lowest rank " + std::to_string(both.front())
+                                      : std::string(" is the smaller side")) +
+                                 ", so this rank stops (docs/fault-tolerance.md, \"Who goes on\")",
+                         me);
+      }
+    }
     const int my_new = static_cast<int>(std::find(alive.begin(), alive.end(), me) - alive.begin());
     auto members = std::make_shared<const std::vector<int>>(alive);
     const std::uint64_t gid = shrunk_gid(origin, alive);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dopt/actors/simulate.hpp"
+#include "engine/peer_table.hpp"
 
 using dopt::ProcessGroup;
 using dopt::ReduceOp;
@@ -244,4 +245,43 @@ TEST_CASE("shrink: refused when no member was lost", "[shrink]") {
     seen[static_cast<std::size_t>(ctx.rank())] = out;
   });
   for (const auto& s : seen) CHECK(s.find("no member of [0, 1, 2] was lost") != std::string::npos);
+}
+
+TEST_CASE("shrink: the majority rule across processes (certain losses count for neither side, ties go to the "
+          "lowest rank)", "[shrink]") {
+  using dopt::detail::may_go_on;
+  // 3 ranks, rank 0 stopped: 1 and 2 suspect it and go on; rank 0, if it saw
+  // both only fall silent, stops.
+  CHECK(may_go_on({1, 2}, {0}));
+  CHECK_FALSE(may_go_on({0}, {1, 2}));
+  // 2 ranks: rank 0 killed (its connection closed: certain), rank 1 goes on;
+  // only silent, a tie that goes to the side with the lowest rank.
+  CHECK(may_go_on({1}, {}));
+  CHECK_FALSE(may_go_on({1}, {0}));
+  CHECK(may_go_on({0}, {1}));
+  // 4 ranks split 2 / 2: exactly one side.
+  CHECK(may_go_on({0, 3}, {1, 2}));
+  CHECK_FALSE(may_go_on({1, 2}, {0, 3}));
+  // 5 ranks, 2 dead for sure and 1 silent: the 2 alive outnumber it.
+  CHECK(may_go_on({3, 4}, {2}));
+  CHECK_FALSE(may_go_on({4}, {2, 3}));
+  // One rank left of many, every other one certainly dead.
+  CHECK(may_go_on({7}, {}));
+}
+
+TEST_CASE("shrink: the PeerTable keeps the first verdict's certainty", "[shrink]") {
+  dopt::detail::PeerTable t(3);
+  CHECK_FALSE(t.in_process());
+  t.mark(0, dopt::detail::PeerTable::lost, "silent", false);
+  t.mark(0, dopt::detail::PeerTable::lost, "connection closed", true);  // later word does not make it certain
+  t.mark(1, dopt::detail::PeerTable::failed, "its user code failed", true);
+  t.mark(1, dopt::detail::PeerTable::lost, "silent", false);
+  CHECK(t.suspected(0));
+  CHECK_FALSE(t.suspected(1));
+  CHECK_FALSE(t.suspected(2));
+  CHECK(t.fenced().empty());
+  t.fence("first");
+  t.fence("second");
+  CHECK(t.fenced() == "first");
+  CHECK(dopt::detail::PeerTable(2, true).in_process());
 }

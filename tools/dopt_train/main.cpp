@@ -129,6 +129,13 @@ void check_checkpoint_dir(dopt::ProcessGroup& world, const std::string& dir, int
                                           " (see their error; checked before the first step)", rank);
 }
 
+/// --survive: this rank was cut off or removed from the job (set by the user
+/// thread before its StateError leaves run_distributed); main then exits
+/// with kExitRemoved, which dopt-run --on-failure continue counts as a lost
+/// rank, not as an error (docs/fault-tolerance.md, "Who goes on").
+std::atomic<bool> g_removed{false};
+constexpr int kExitRemoved = 3;
+
 /// --kill-rank: set on the rank that dies (simulated ranks: it throws this).
 std::atomic<bool> g_killed{false};
 struct RankKilled : std::runtime_error {
@@ -153,8 +160,8 @@ std::string ranks_list(const std::vector<int>& v) {
   return s;
 }
 
-/// One rank's training loop.
-void train_rank(dopt::RankContext& ctx, const Plan& plan) {
+/// One rank's training loop; `at_step` follows the step it is in (1-based).
+void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step) {
   install_signal_handlers();
   const Options& o = plan.opt;
   const int rank = ctx.rank();
@@ -261,10 +268,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
   bool warned_nonfinite = false;
   const auto t0 = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN, first_acc = NAN, last_acc = NAN;
-  // This rank becomes the lead after step `done` (rank 0 was lost): the
+  // This rank becomes the lead after step `done` (the lead, rank `was`, was lost): the
   // metrics file keeps what the lost lead wrote and gets the rest from
   // this rank's records; the progress and the report go on here.
-  auto take_lead = [&](std::int64_t done) {
+  auto take_lead = [&](std::int64_t done, int was) {
     progress = Progress(done, o.steps, tty, o.quiet, log_every);
     if (!o.metrics.empty()) {
       metrics.emplace(o.metrics, done);
@@ -273,10 +280,11 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
         if (rec.step > kept) metrics->write(rec);
     }
     if (!o.quiet)
-      progress.note("dopt-train: rank 0 was lost; rank " + std::to_string(rank) +
+      progress.note("dopt-train: rank " + std::to_string(was) + " was lost; rank " + std::to_string(rank) +
                     " leads from here: metrics, progress and the report (--survive)");
   };
   for (std::int64_t s = first; s < o.steps; ++s) {
+    at_step = s + 1;
     if (rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
     const std::vector<int> idx = shard.batch(s, o.batch);
     const BatchResult r =
@@ -316,7 +324,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
         world_size = world.size();
         if (!lead && world.rank() == 0) {
           lead = true;
-          take_lead(s);
+          take_lead(s, before.front());
         }
         if (lost.empty()) {
           strategy->recover();
@@ -406,7 +414,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
     dump_params(world, model, o.dump_params, interrupted_at >= 0 ? interrupted_at : std::max(first, o.steps));
   if (interrupted_at >= 0) g_exit_code = 130;
 
-  if (!lead) return;
+  // The final report, printed by the lead.
+  auto report = [&] {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (metrics) metrics->flush();
   if (!o.svg.empty()) {
@@ -437,6 +446,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
                 static_cast<long long>(o.steps - first), secs, double(o.steps - first) / secs, first_loss, last_loss,
                 first_acc, last_acc);
   }
+  // Tests (--kill-at-step equal to --steps): the lead dies while it prints the report.
+  if (rank == o.kill_rank && o.kill_at_step == o.steps) kill_this_rank(rank, o.steps, plan.launched);
   if (!o.metrics.empty()) std::printf("metrics: %s\n", o.metrics.c_str());
   if (!o.svg.empty()) std::printf("loss curve: %s\n", o.svg.c_str());
   if (!o.svg_bytes.empty()) std::printf("loss against bytes sent: %s\n", o.svg_bytes.c_str());
@@ -445,6 +456,34 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan) {
                 static_cast<long long>(o.steps - first), format_bytes(double(last_bytes) / double(o.steps - first)).c_str());
   if (!o.dump_params.empty()) std::printf("parameters: %s\n", o.dump_params.c_str());
   std::fflush(stdout);
+  };
+  // Every rank waits at a final barrier until the lead printed the report,
+  // so that no rank reports success before it is printed. --survive: when
+  // the lead is lost before the barrier, the survivors shrink and the new
+  // lead prints it (perhaps a second time); without, the barrier's
+  // PeerLostError (naming the lead) fails the rank.
+  at_step = o.steps + 1;
+  if (lead) report();
+  if (!o.survive) {
+    world.barrier();
+    return;
+  }
+  if (rank == o.kill_rank && o.kill_at_step == o.steps && !lead) kill_this_rank(rank, o.steps, plan.launched);
+  for (;;) {
+    try {
+      world.barrier();
+      return;
+    } catch (const dopt::PeerLostError&) {
+      const std::vector<int> before = world.ranks();
+      world = world.shrink().group;
+      world_size = world.size();
+      if (!lead && world.rank() == 0) {
+        lead = true;
+        take_lead(interrupted_at >= 0 ? interrupted_at : std::max(first, o.steps), before.front());
+        report();
+      }
+    }
+  }
 }
 
 int usage_error(const std::string& msg) {
@@ -514,7 +553,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "Testing (--survive): this rank dies (rank 0 too: the lowest survivor then leads), SIGKILL as a process, ...")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done")->check(CLI::PositiveNumber);
+  app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done (equal to --steps: while the lead prints the final report)")->check(CLI::PositiveNumber);
   app.add_option("--interrupt-at-step", o.interrupt_at_step, "Testing: act as if Ctrl-C came at step N")
       ->group("");  // hidden
   app.add_option("--plsgd-warmup", o.plsgd_warmup, "post-local-sgd: steps of global gradient averaging first")
@@ -590,8 +629,8 @@ int main(int argc, char** argv) {
                          "see docs/fault-tolerance.md)");
     if (!o.checkpoint_dir.empty() || !o.resume_from.empty())
       return usage_error("--survive does not take checkpoints yet (the survivors' shard and file names would change)");
-    if (o.kill_rank >= 0 && o.kill_at_step >= o.steps)
-      return usage_error("--kill-at-step must be smaller than --steps");
+    if (o.kill_rank >= 0 && o.kill_at_step > o.steps)
+      return usage_error("--kill-at-step must not be larger than --steps");
   }
   if (o.optim == "remote" && (!o.checkpoint_dir.empty() || !o.resume_from.empty()))
     return usage_error("checkpoints are not available with --optim remote: the optimizer state lives on the "
@@ -681,7 +720,25 @@ int main(int argc, char** argv) {
     } else {
       dopt::RunOptions ro;
       ro.simulated_ranks = o.ranks;
-      dopt::run_distributed([&](dopt::RankContext& ctx) { train_rank(ctx, plan); }, ro);
+      dopt::run_distributed([&](dopt::RankContext& ctx) {
+        std::int64_t step = 0;
+        try {
+          train_rank(ctx, plan, step);
+        } catch (const dopt::StateError& e) {
+          // --survive: this side may not go on (cut off from the majority, or
+          // removed when it came back): it stops, naming the step, with exit
+          // code kExitRemoved (dopt-run --on-failure continue counts it lost).
+          const std::string d = e.detail();
+          if (e.op() != "ProcessGroup.shrink" ||
+              (d.rfind("this rank is cut off", 0) != 0 && d.rfind("this rank cannot go on", 0) != 0))
+            throw;
+          g_removed = true;
+          throw dopt::StateError("dopt-train --survive",
+                                 (step > o.steps ? std::string("after the last step") : "step " + std::to_string(step)) +
+                                     ": " + d,
+                                 ctx.rank());
+        }
+      }, ro);
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);
@@ -692,7 +749,7 @@ int main(int argc, char** argv) {
       return g_exit_code.load();
     }
     std::fprintf(stderr, "dopt-train: error: %s\n", e.what());
-    return 1;
+    return g_removed.load() ? kExitRemoved : 1;
   }
   return g_exit_code.load();
 }

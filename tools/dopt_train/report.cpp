@@ -1,8 +1,13 @@
 #include "report.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -84,8 +89,8 @@ void Progress::finish() {
   }
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) {
-  std::vector<std::string> kept;
+MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) : path_(path) {
+  std::string kept;
   if (keep_up_to > 0) {
     std::ifstream in(path);
     std::string line;
@@ -94,7 +99,7 @@ MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) {
         const json j = json::parse(line);
         const std::int64_t s = j.at("step").get<std::int64_t>();
         if (s <= keep_up_to) {
-          kept.push_back(line);
+          kept += line + "\n";
           history_.emplace_back(s, j.at("loss").get<double>());
           if (j.contains("bytes_sent"))
             bytes_history_.emplace_back(j.at("bytes_sent").get<double>(), j.at("loss").get<double>());
@@ -104,16 +109,36 @@ MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) {
       }
     }
   }
-  out_.open(path, std::ios::trunc);
-  if (!out_) throw dopt::IOError("metrics", "cannot write " + path);
-  for (const std::string& l : kept) out_ << l << "\n";
+  // The kept lines go to a file of their own that then replaces path.
+  const std::string fresh = keep_up_to > 0 ? path + ".tmp." + std::to_string(::getpid()) : path;
+  fd_ = ::open(fresh.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw dopt::IOError("metrics", "cannot write " + fresh + ": " + dopt::errno_text(errno));
+  append(kept);
+  if (fresh != path && ::rename(fresh.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(fresh.c_str());
+    throw dopt::IOError("metrics", "cannot replace " + path + " with " + fresh + ": " + dopt::errno_text(e));
+  }
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsWriter::append(const std::string& line) {
+  for (std::size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw dopt::IOError("metrics", "cannot write " + path_ + ": " + dopt::errno_text(errno));
+    done += static_cast<std::size_t>(n);
+  }
 }
 
 void MetricsWriter::write(const StepRecord& r) {
   const json j = {{"step", r.step},           {"loss", r.loss},    {"accuracy", r.accuracy},
                   {"lr", r.lr},               {"steps_per_s", r.steps_per_s}, {"time_s", r.time_s},
                   {"bytes_step", r.bytes_step}, {"bytes_sent", r.bytes_sent}};
-  out_ << j.dump() << "\n";
+  append(j.dump() + "\n");  // one write: the whole line or (an error) nothing
   history_.emplace_back(r.step, r.loss);
   bytes_history_.emplace_back(r.bytes_sent, r.loss);
 }

@@ -50,22 +50,32 @@ std::string thousands(std::int64_t v);
 /// "12.5 KiB".
 std::string format_bytes(double bytes);
 
-/// --metrics: one JSON object per step.
+/// --metrics: one JSON object per step. Every line goes to the file in one
+/// write(2) on a descriptor opened with O_APPEND: a stale writer (a lead that
+/// was stopped and removed, --survive) can never leave half a line or write
+/// over another writer's lines.
 class MetricsWriter {
  public:
-  /// Fresh (truncates) or, when resuming at `keep_up_to`, keeps the lines of
-  /// steps <= keep_up_to already in the file (returned by history()) and
-  /// drops later ones (they belonged to the interrupted run).
+  /// Fresh (truncates) or, when resuming or taking the lead at `keep_up_to`,
+  /// keeps the lines of steps <= keep_up_to already in the file (returned by
+  /// history()) and drops later ones (they belonged to the interrupted run):
+  /// the kept lines go to a new file that replaces the old one (rename), so
+  /// a writer that still has the old one open writes where nobody reads.
   MetricsWriter(const std::string& path, std::int64_t keep_up_to);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const StepRecord& r);
-  void flush() { out_.flush(); }
+  void flush() {}  // every line is written at once
   /// (step, loss) of the kept lines.
   const std::vector<std::pair<std::int64_t, double>>& history() const { return history_; }
   /// (bytes_sent, loss) of the kept lines (lines without bytes_sent are left out).
   const std::vector<std::pair<double, double>>& bytes_history() const { return bytes_history_; }
 
  private:
-  std::ofstream out_;
+  void append(const std::string& line);
+  std::string path_;
+  int fd_ = -1;
   std::vector<std::pair<std::int64_t, double>> history_;
   std::vector<std::pair<double, double>> bytes_history_;
 };

@@ -206,6 +206,20 @@ class ProcessGroup {
   /// the subgroups made before the loss instead. Bounded by this group's
   /// timeout (TimeoutError naming the members that did not come). This
   /// group stays as it is (broken where a member was lost).
+  ///
+  /// Who goes on (processes; simulated ranks see every loss exactly): a
+  /// member lost only by silence may be a stopped process, or on the other
+  /// side of a partition, and shrink there too. So a survivor goes on only
+  /// when the members it sees alive outnumber those lost by silence alone
+  /// (members whose process is known gone count for neither side), or match
+  /// them and hold the lowest rank of both; otherwise StateError "this rank
+  /// is cut off: ..." (not a PeerLostError: calling shrink again cannot help,
+  /// the rank must stop). Losses seen just after this process did not run
+  /// for longer than the peer timeout (it was stopped) count as suspected. A
+  /// rank that its peers declared lost and heard from again is removed: its
+  /// calls fail with PeerLostError and shrink raises
+  /// StateError "this rank cannot go on: ... it was removed from the job;
+  /// it cannot rejoin" (docs/fault-tolerance.md, "Who goes on").
   ShrinkResult shrink();
 
  private:

@@ -27,10 +27,21 @@ Failure RankState::lost_failure_of(CollKey key, const CollState& st, int peer) c
 /// nothing). gone: its process is gone (seen here or by another rank), so
 /// the TCP connection to it is cut and ring collectives with it fail.
 /// pass_on: tell the other ranks (net), so that each names this peer even
-/// if it would first see a survivor exit.
-void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool gone, bool pass_on) {
+/// if it would first see a survivor exit. certain: the loss is known (a
+/// closed connection, a failure report), not only suspected (silence); it
+/// goes with what is passed on and into the PeerTable for shrink's majority
+/// rule. Seen just after this process did not run for longer than the peer
+/// timeout (in_doubt), a loss is only suspected whatever its kind: the peer
+/// may have gone on without this rank, or finished, while it was stopped.
+void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead, bool gone, bool pass_on,
+                        bool certain) {
   if (peer == rank) return;
-  if (table) table->mark(peer, actor_dead || gone ? PeerTable::lost : PeerTable::failed, what);
+  std::string what = what_seen;
+  if (!removed && certain && in_doubt(std::chrono::steady_clock::now())) {
+    certain = false;
+    what += " (seen " + std::to_string(doubt_gap.count()) + " ms after this process last ran: not certain)";
+  }
+  if (table) table->mark(peer, actor_dead || gone ? PeerTable::lost : PeerTable::failed, what, certain);
   const bool first = lost.emplace(peer, what).second;
   if (first) lost_order.push_back(peer);
   if (actor_dead) dead.insert(peer);
@@ -41,7 +52,7 @@ void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool
   if (pass_on && first && net)
     for (int k = 0; k < world; ++k)
       if (k != rank && k != peer && !dead.count(k))
-        self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, peer, what);
+        self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, peer, what, certain);
   for (auto it = colls.begin(); it != colls.end();) {
     auto& st = it->second;
     bool fails = false;
@@ -89,6 +100,7 @@ void RankState::on_lost(int peer, const std::string& what, bool actor_dead, bool
 /// peer_timeouts after it stopped, and the message gives the silence measured.
 void RankState::on_heartbeat_tick() {
   const auto now = std::chrono::steady_clock::now();
+  in_doubt(now);  // a tick later than the peer timeout: this process did not run that long
   // A tick far later than planned means this process did not run (suspended
   // with Ctrl-Z or SIGSTOP, or starved): its peers' silence meanwhile says
   // nothing about them, so it starts counting again.
@@ -103,7 +115,7 @@ void RankState::on_heartbeat_tick() {
       const std::string what = "no word from its process for " + std::to_string(silent.count()) +
                                " ms (stopped, hung or cut off; the limit is " + std::to_string(peer_timeout.count()) +
                                " ms)";
-      on_lost(r, what, true, true, true);
+      on_lost(r, what, true, true, true, false);  // suspected: it may be running, cut off
     }
   }
   self->delayed_send(self, heartbeat_period(peer_timeout), hbtick_atom::value);
@@ -117,6 +129,45 @@ void RankState::on_self_failed(const std::string& what) {
     if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], lost_atom::value, rank, what);
   for (auto& [key, a] : unmatched) reply_lost(a->key);
   unmatched.clear();
+}
+
+int RankState::rank_of(const caf::strong_actor_ptr& who) const {
+  if (!who) return -1;
+  for (int r = 0; r < world; ++r)
+    if (r != rank && peers[static_cast<std::size_t>(r)].address() == who->address()) return r;
+  return -1;
+}
+
+void RankState::fence(int peer) {
+  if (removed) return;  // a removed rank removes nobody
+  auto it = lost.find(peer);
+  self->send(peers[static_cast<std::size_t>(peer)], fence_atom::value, rank,
+             it == lost.end() ? std::string("it was lost") : it->second);
+}
+
+void RankState::on_fenced(int by, const std::string& why) {
+  if (removed || by < 0 || by >= world || by == rank) return;
+  remove_self("rank " + std::to_string(by) + " had declared this rank (" + std::to_string(rank) + ") lost (" + why +
+              ") and heard from it again: it was removed from the job");
+}
+
+bool RankState::in_doubt(std::chrono::steady_clock::time_point now) {
+  if (!net || peer_timeout.count() <= 0 || last_tick.time_since_epoch().count() == 0) return false;
+  const auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick);
+  if (gap > peer_timeout && now + peer_timeout > doubt_until) {
+    doubt_until = now + peer_timeout;
+    doubt_gap = gap;
+  }
+  return now < doubt_until;
+}
+
+void RankState::remove_self(const std::string& what) {
+  if (removed) return;
+  removed = true;
+  if (table) table->fence(what);
+  // Every peer is lost to this rank: its pending and later calls fail.
+  for (int r = 0; r < world; ++r)
+    if (r != rank) on_lost(r, what, true, true, false);
 }
 
 }  // namespace dopt::detail

@@ -153,8 +153,13 @@ using p2pdone_atom = caf::atom_constant<caf::atom("p2pdone")>;  // (p2pdone, P2P
 using p2pcncl_atom = caf::atom_constant<caf::atom("p2pcncl")>;  // (p2pcncl, key): the sender timed out
 // Liveness (control plane).
 using lost_atom = caf::atom_constant<caf::atom("lost")>;  // (lost, rank, what): its user code failed
-using gone_atom = caf::atom_constant<caf::atom("gone")>;  // (gone, rank, what): its process is lost
+// (gone, rank, what, certain): its process is lost; certain: known (its
+// connection closed), not only suspected (silence) (PeerTable::mark).
+using gone_atom = caf::atom_constant<caf::atom("gone")>;
 using hb_atom = caf::atom_constant<caf::atom("hb")>;      // (hb, rank): heartbeat
+// (fence, rank, why): the sender had declared the receiver lost and heard
+// from it again: the receiver was removed and must not go on.
+using fence_atom = caf::atom_constant<caf::atom("fence")>;
 // Rank actor -> itself.
 using tmo_atom = caf::atom_constant<caf::atom("tmo")>;            // (tmo, gid, seq): a call's timeout
 using p2ptmo_atom = caf::atom_constant<caf::atom("p2ptmo")>;      // (p2ptmo, key, is_send)

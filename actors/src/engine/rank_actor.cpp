@@ -61,15 +61,22 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         for (int r = 0; r < st.world; ++r)
           if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
         st.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
-        st.last_heard.assign(static_cast<std::size_t>(st.world), std::chrono::steady_clock::now());
+        // The first tick measures from here: a process stopped before it
+        // still doubts the losses it sees when it comes back (in_doubt).
+        st.last_tick = std::chrono::steady_clock::now();
+        st.last_heard.assign(static_cast<std::size_t>(st.world), st.last_tick);
         self->delayed_send(self, heartbeat_period(st.peer_timeout), hbtick_atom::value);
         return true;
       },
       [self](hb_atom, int from) {
         auto& st = self->state;
-        if (from >= 0 && from < static_cast<int>(st.last_heard.size()))
+        if (from < 0 || from >= static_cast<int>(st.last_heard.size())) return;
+        if (st.dead.count(from))
+          st.fence(from);  // declared lost, and back (it was stopped or cut off)
+        else
           st.last_heard[static_cast<std::size_t>(from)] = std::chrono::steady_clock::now();
       },
+      [self](fence_atom, int by, const std::string& why) { self->state.on_fenced(by, why); },
       [self](hbtick_atom) { self->state.on_heartbeat_tick(); },
       [self](ringdone_atom, const RingResultPtr& r) { self->state.on_ring_done(*r); },
 
@@ -84,12 +91,16 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         self->state.on_abort(gid, from, msg);
       },
       [self](lost_atom, int peer, const std::string& what) { self->state.on_lost(peer, what, false); },
-      [self](gone_atom, int peer, const std::string& what) {
+      [self](gone_atom, int peer, const std::string& what, bool certain) {
         // Only calls the peer never joined fail now: its messages for calls
         // it did join (a done, say) may still be on their way on our own
         // connection, and our own down_msg comes after them.
+        // What a peer this rank declared lost says counts for nothing: it
+        // was stopped or cut off and its view is stale (it is told so).
         auto& st = self->state;
-        if (!st.dead.count(peer)) st.on_lost(peer, what + ", seen by a peer", false, true);
+        const int from = st.rank_of(self->current_sender());
+        if (from >= 0 && st.dead.count(from)) return st.fence(from);
+        if (!st.dead.count(peer)) st.on_lost(peer, what + ", seen by a peer", false, true, false, certain);
       },
       [self](failed_atom, const std::string& what) { self->state.on_self_failed(what); },
       [self](p2p_atom, const P2PArrivalPtr& a) { self->state.on_p2p(a); },

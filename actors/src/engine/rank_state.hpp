@@ -87,6 +87,8 @@ struct RankState {
   std::chrono::milliseconds peer_timeout{0};
   std::vector<std::chrono::steady_clock::time_point> last_heard;
   std::chrono::steady_clock::time_point last_tick;  // when the last heartbeat tick ran
+  std::chrono::steady_clock::time_point doubt_until;  // in_doubt
+  std::chrono::milliseconds doubt_gap{0};             // the gap that started the doubt
 
   std::map<CollKey, CollState> colls;
   std::set<CollKey> failed;                 // failed here; late messages are dropped
@@ -96,6 +98,7 @@ struct RankState {
   std::set<int> dead;                       // global ranks whose actor is gone
   bool self_failed = false;
   std::string self_failed_what;
+  bool removed = false;  // out of the job: fenced by a peer that had declared it lost (remove_self)
 
   std::map<P2PKey, OpPtr> sends;              // my sends waiting for the receiver
   std::map<P2PKey, OpPtr> recvs;              // my recvs waiting for the sender
@@ -134,9 +137,26 @@ struct RankState {
 
   // --- liveness (engine/liveness.cpp) ------------------------------------------------
   Failure lost_failure_of(CollKey key, const CollState& st, int peer) const;
-  void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false);
+  void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false,
+               bool certain = true);
   void on_heartbeat_tick();
   void on_self_failed(const std::string& what);
+  /// The rank of the peer whose rank actor is `who` (-1: none).
+  int rank_of(const caf::strong_actor_ptr& who) const;
+  /// Word from a peer this rank declared lost (it was stopped or cut off,
+  /// and came back): it is told it was removed; what it says counts for nothing.
+  void fence(int peer);
+  /// A peer declared this rank lost: it was removed (its waits fail, shrink refuses).
+  void on_fenced(int by, const std::string& why);
+  /// Net: true while losses cannot be certain here: within one peer timeout
+  /// after this process was seen not to have run (no heartbeat tick) for
+  /// longer than the peer timeout (stopped, starved). Its peers may have
+  /// declared it lost meanwhile; all of them may also have been stopped
+  /// with it (Ctrl-Z under dopt-run), so that alone removes nothing.
+  bool in_doubt(std::chrono::steady_clock::time_point now);
+  /// This rank is out of the job (why: the PeerTable's fenced()): every peer
+  /// is lost to it, its calls fail and ProcessGroup::shrink refuses.
+  void remove_self(const std::string& why);
 
   // --- point to point (planes/actor/p2p.cpp) -------------------------------------------
   Failure lost_failure(const char* op) const;

@@ -33,7 +33,7 @@ std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& 
                                                               std::shared_ptr<PeerTable> table) {
   UserThreadCafScope caf_scope;
   auto peers = std::make_shared<Peers>();
-  peers->table = table ? std::move(table) : std::make_shared<PeerTable>(world_size);
+  peers->table = table ? std::move(table) : std::make_shared<PeerTable>(world_size, true);
   for (int r = 0; r < world_size; ++r) peers->actors.push_back(sys.spawn(rank_actor, r, world_size));
   PeersPtr pp = peers;
   std::vector<std::shared_ptr<RankEndpoint>> out;
@@ -48,7 +48,7 @@ std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& 
 
 LocalWorld spawn_local_world(RuntimeImpl& rt, int world_size) {
   LocalWorld w;
-  w.table = std::make_shared<PeerTable>(world_size);
+  w.table = std::make_shared<PeerTable>(world_size, true);
   w.endpoints = spawn_rank_actors(rt.system("simulate"), world_size, rt.options_.collective_timeout, nullptr, w.table);
   for (auto& ep : w.endpoints) rt.add_endpoint(std::static_pointer_cast<LocalEndpoint>(ep));
   return w;
