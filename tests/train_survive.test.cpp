@@ -184,7 +184,7 @@ TEST_CASE("dopt-run --on-failure continue: a program that cannot survive the los
 }
 
 TEST_CASE("dopt-train --survive: rank 0 stopped (SIGSTOP) for longer than the peer timeout, then continued: ranks 1 "
-          "and 2 go on and finish, rank 0 leaves the job (exit code 3), the metrics have every step once",
+          "and 2 go on and finish, rank 0 leaves the job (exit code 75), the metrics have every step once",
           "[train][survive][multiprocess]") {
   // Issue 41 review: rank 0 came back, shrank to a world of its own and
   // trained on beside ranks 1 and 2 (split brain), and dopt-run exited 0.
@@ -219,7 +219,7 @@ TEST_CASE("dopt-train --survive: rank 0 stopped (SIGSTOP) for longer than the pe
                        contains(d.out, "it was removed from the job; it cannot rejoin");
   const bool cut_off = contains(d.out, "this rank is cut off: it sees [0] of [0, 1, 2] alive and lost [1, 2]");
   CHECK((removed || cut_off));
-  CHECK(contains(d.out, "dopt-run: rank 0 left the job: cut off or removed (exit code 3)"));
+  CHECK(contains(d.out, "dopt-run: rank 0 left the job: cut off or removed (exit code 75)"));
   CHECK(contains(d.out, "[rank 1] dopt-train: rank 0 was lost; rank 1 leads from here: metrics, progress and the "
                         "report (--survive)"));
   CHECK(contains(d.out, "; 2 ranks go on (--survive)"));

@@ -41,7 +41,7 @@
 // redundancy); once all ended: "N rank(s) failed (...), M finished", and the
 // exit status is the first failed rank's exit code if one exited non-zero (an
 // error of its own), else 0 when some rank finished. A rank that exits with
-// code 3 (kExitRemoved: it was cut off or removed from the job, and the
+// code 75 (kExitRemoved: it was cut off or removed from the job, and the
 // others may go on without it; dopt-train --survive) counts as lost, like a
 // killed rank, not as an error of its own; when no rank finished, 3.
 //
@@ -520,7 +520,7 @@ class Launcher {
   /// Exit code of a rank that was cut off or removed from the job (a
   /// stopped process, the minority side of a partition): with --on-failure
   /// continue it is lost, not failed (docs/fault-tolerance.md, "Who goes on").
-  static constexpr int kExitRemoved = 3;
+  static constexpr int kExitRemoved = 75;  // sysexits EX_TEMPFAIL: a code programs rarely use for errors
 
   static std::string describe_end(int status) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == kExitRemoved)
@@ -715,7 +715,7 @@ int main(int argc, char** argv) {
   std::string on_failure = "stop";
   app.add_option("--on-failure", on_failure,
                  "stop: when a rank fails, stop the others (default); continue: report it and let the others "
-                 "go on (programs that survive the loss of a rank; a rank that exits 3 left the job: cut off or removed, "
+                 "go on (programs that survive the loss of a rank; a rank that exits 75 left the job: cut off or removed, "
                  "counted as lost)")
       ->check(CLI::IsMember({"stop", "continue"}));
   app.add_option("program", program, "Program to run, followed by its arguments")->required();

@@ -134,7 +134,7 @@ void check_checkpoint_dir(dopt::ProcessGroup& world, const std::string& dir, int
 /// with kExitRemoved, which dopt-run --on-failure continue counts as a lost
 /// rank, not as an error (docs/fault-tolerance.md, "Who goes on").
 std::atomic<bool> g_removed{false};
-constexpr int kExitRemoved = 3;
+constexpr int kExitRemoved = 75;  // sysexits EX_TEMPFAIL: a code programs rarely use for errors
 
 /// --kill-rank: set on the rank that dies (simulated ranks: it throws this).
 std::atomic<bool> g_killed{false};
