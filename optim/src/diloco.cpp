@@ -12,7 +12,7 @@
 
 #include "dopt/runtime/state_dict.hpp"
 #include "plsgd_util.hpp"
-#include "state_load.hpp"
+#include "dopt/optim/state_load.hpp"
 
 namespace dopt::optim {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "state_load.hpp"
+#include "dopt/optim/state_load.hpp"
 #include "survive_util.hpp"
 
 namespace dopt::optim {

@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "dopt/runtime/error.hpp"
-#include "kernel_support.hpp"
+#include "dopt/optim/chunk_journal.hpp"
 
 namespace dopt::optim::zero_detail {
 namespace {

@@ -14,7 +14,7 @@
 #include "dopt/optim/zero.hpp"
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
-#include "state_load.hpp"
+#include "dopt/optim/state_load.hpp"
 #include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 

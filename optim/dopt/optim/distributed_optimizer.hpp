@@ -79,6 +79,7 @@
 //     only: redundancy is not restored after a loss.
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -294,5 +295,20 @@ void set_owner_step_hook(std::function<void(rpc::Agent&, long step)> hook);
 /// worker).
 void set_owner_probe(std::function<bool(rpc::Agent&, const char* point, long step)> probe);
 }  // namespace detail
+
+// --- with the single-rank training utilities of dopt/optim/ ------------------
+class GradScaler;
+class ParamGroupAccess;
+
+/// GradScaler (grad_scaler.hpp), for a trainer (it decides alone: its
+/// gradients are its own): scaler.unscale_(optimizer, grads) unscales its
+/// gradient tensors before depositing them; scaler.step(optimizer, ctx)
+/// needs that call in this iteration (StateError), and a skipped step drops
+/// the context's gradients on the owners.
+void grad_scaler_unscale(GradScaler& scaler, DistributedOptimizer& optimizer, const std::vector<Tensor>& grads);
+bool grad_scaler_step(GradScaler& scaler, DistributedOptimizer& optimizer, const rpc::GradContext& ctx);
+/// LR schedulers (lr_scheduler.hpp): one group; changes are staged and
+/// committed to every owner in one round after each scheduler step.
+std::shared_ptr<ParamGroupAccess> schedule_access(DistributedOptimizer& optimizer);
 
 }  // namespace dopt::optim

@@ -44,6 +44,7 @@
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/averagers.hpp"
+#include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/comm_hooks.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/optim/recovery.hpp"
@@ -154,5 +155,19 @@ class PostLocalSGDOptimizer {
   /// The averager's call of this step, with the survive path (header).
   void average(const char* op);
 };
+
+// --- with the single-rank training utilities of dopt/optim/ ------------------
+class GradScaler;
+class ParamGroupAccess;
+
+/// clip_grad_norm (clip_grad.hpp): local clipping of this rank's gradients
+/// (the ranks hold different gradients by design; no communication).
+double clip_grad_norm(PostLocalSGDOptimizer& optimizer, double max_norm, const ClipGradNormOptions& options = {});
+/// GradScaler (grad_scaler.hpp): agrees on inf/NaN over the averager's
+/// group; a skipped step still runs the averager (skip_step).
+void grad_scaler_unscale(GradScaler& scaler, PostLocalSGDOptimizer& optimizer);
+bool grad_scaler_step(GradScaler& scaler, PostLocalSGDOptimizer& optimizer);
+/// LR schedulers (lr_scheduler.hpp) drive the local optimizer's groups.
+std::shared_ptr<ParamGroupAccess> schedule_access(PostLocalSGDOptimizer& optimizer);
 
 }  // namespace dopt::optim

@@ -69,6 +69,7 @@
 
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/process_group.hpp"
+#include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/optim/recovery.hpp"
 #include "dopt/optim/registry.hpp"
@@ -496,5 +497,33 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// measured (an all_gather over the group), then buddy_table_.
   void init_hosts(const std::vector<std::string>& given);
 };
+
+// --- with the single-rank training utilities of dopt/optim/ ------------------
+class GradScaler;
+class ParamGroupAccess;
+
+/// clip_grad_norm (clip_grad.hpp), sharded for ZeRO. Collective over
+/// zero.process_group(): every rank calls it, in the same order with respect to the other collectives,
+/// with the same max_norm and options. Each rank computes the norms of the
+/// gradients of the parameters it owns; one all-reduce of one number and one
+/// flag per parameter gives every rank all of them; each rank then computes
+/// the total exactly as torch does over the full gradients (same order: the
+/// parameters by global index, those whose owner has no gradient left out)
+/// and scales the gradients it owns. Gradients of parameters owned by other
+/// ranks are not read and not changed (the step never reads them). Returns
+/// the same total on every rank, bit for bit torch's clip_grad_norm_ over the
+/// full gradients; with error_if_nonfinite every rank throws together.
+/// Not with overlap_with_ddp (StateError: the gradients are consumed bucket
+/// by bucket during backward).
+double clip_grad_norm(ZeroRedundancyOptimizer& zero, double max_norm, const ClipGradNormOptions& options = {});
+/// GradScaler (grad_scaler.hpp): scaler.unscale_(zero) unscales the gradients
+/// this rank owns (the only ones its step reads) and agrees on inf/NaN over
+/// zero.process_group(); scaler.step(zero) steps or skips on every rank
+/// together. Not with overlap_with_ddp (NotSupportedError).
+void grad_scaler_unscale(GradScaler& scaler, ZeroRedundancyOptimizer& zero);
+bool grad_scaler_step(GradScaler& scaler, ZeroRedundancyOptimizer& zero);
+/// LR schedulers (lr_scheduler.hpp) drive ZeRO's global param groups; every
+/// rank builds and steps the same scheduler.
+std::shared_ptr<ParamGroupAccess> schedule_access(ZeroRedundancyOptimizer& zero);
 
 }  // namespace dopt::optim

@@ -1,6 +1,7 @@
 #pragma once
-// Internal to dopt_optim: how a saved state tensor is placed next to its
-// parameter by Optimizer::load_state_dict and FunctionalOptimizer::load_state_dict.
+// Internal (not installed; dopt_optim and dopt_distributed): how a saved state
+// tensor is placed next to its parameter by Optimizer::load_state_dict and
+// FunctionalOptimizer::load_state_dict.
 //   * "step" is cloned as saved (a CPU scalar, as torch keeps it).
 //   * Every other tensor goes to the parameter's device (a CUDA parameter's
 //     state is on its GPU, where the fused kernels read it).

@@ -1,5 +1,5 @@
 #pragma once
-// Checks of parameters at an optimizer's construction (internal to optim/).
+// Checks of parameters at an optimizer's construction (internal, not installed; optim/ and ZeRO).
 #include <string>
 
 #include "dopt/runtime/error.hpp"
