@@ -6,9 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 
-#include "dopt/actors/simulate.hpp"
 #include "dopt/optim/clip_grad.hpp"
 #include "test_util.hpp"
 

@@ -10,9 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <mutex>
 
-#include "dopt/actors/simulate.hpp"
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/rmsprop.hpp"

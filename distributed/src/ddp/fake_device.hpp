@@ -1,7 +1,8 @@
 #pragma once
 // Test-only (distributed/src/*/*.test.cpp): a fake "CUDA" device for the
-// device paths of optim/ and distributed/ without a GPU. Host memory behind a fake allocator, collectives
-// staged through the CPU rank actors (fake device backend), the CPU
+// device paths of optim/ and distributed/ without a GPU. Host memory behind a
+// fake allocator, collectives staged through the CPU rank actors (fake
+// device backend), the CPU
 // arithmetic on host views (fake DeviceOps) and CPU SGD on host views (fake
 // DeviceStepper). FakeDevice registers them for DeviceType::CUDA and restores
 // what was registered before (gpu::init() may have registered the real ones)
