@@ -6,7 +6,8 @@
 // inside continuations, producers on other streams, allocator reuse under
 // queued work, one stream per communicator. Each test needs a CUDA device and
 // reports itself skipped without one; the host-side logic behind them is
-// tested on every machine (gpu/src/host.test.cpp, distributed/src/zero/device_state.test.cpp).
+// tested on every machine (gpu/src/host.test.cpp, optim/src/device_state.test.cpp,
+// distributed/src/zero/zero_device_state.test.cpp).
 #include <catch2/catch.hpp>
 
 #include "rank_checks.hpp"

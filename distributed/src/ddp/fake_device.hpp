@@ -1,12 +1,12 @@
 #pragma once
 // Test-only (distributed/src/*/*.test.cpp): a fake "CUDA" device for the
-// device paths of optim/ and distributed/ without a GPU. Host memory behind a
-// fake allocator, collectives staged through the CPU rank actors (fake
-// device backend), the CPU
-// arithmetic on host views (fake DeviceOps) and CPU SGD on host views (fake
-// DeviceStepper). FakeDevice registers them for DeviceType::CUDA and restores
-// what was registered before (gpu::init() may have registered the real ones)
-// when it goes away.
+// device paths of distributed/ without a GPU. Host memory behind a fake
+// allocator and CPU SGD on host views (fake DeviceStepper), both from
+// tests/support/fake_optim_device.hpp; collectives staged through the CPU
+// rank actors (fake device backend) and the CPU arithmetic on host views
+// (fake DeviceOps). FakeDevice registers them for DeviceType::CUDA and
+// restores what was registered before (gpu::init() may have registered the
+// real ones) when it goes away.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -18,34 +18,10 @@
 #include "dopt/actors/process_group.hpp"
 #include "dopt/distributed/device_ops.hpp"
 #include "dopt/optim/device_step.hpp"
-#include "dopt/optim/sgd.hpp"
+#include "fake_optim_device.hpp"  // tests/support: kDev, host_view, FakeAllocator, FakeStepper
 #include "plsgd_util.hpp"
 
 namespace dopt::optim::test {
-
-constexpr Device kDev = Device::cuda(0);
-
-// A CPU view of a (fake) device tensor's bytes.
-inline Tensor host_view(const Tensor& t) { return Tensor::from_blob(t.data_ptr(), t.shape(), t.dtype(), Device::cpu()); }
-
-class FakeAllocator final : public Allocator {
- public:
-  void* allocate(std::size_t nbytes, Device) override {
-    ++live;
-    return nbytes ? std::malloc(nbytes) : nullptr;
-  }
-  void deallocate(void* p, std::size_t, Device) noexcept override {
-    --live;
-    std::free(p);
-  }
-  void copy(void* dst, Device, const void* src, Device, std::size_t n) override {
-    if (n) std::memmove(dst, src, n);
-  }
-  void memset_zero(void* p, Device, std::size_t n) override {
-    if (n) std::memset(p, 0, n);
-  }
-  std::atomic<long> live{0};
-};
 
 // Collectives staged through the CPU rank actors (rank-order sums, like the CPU path).
 class FakeBackend final : public dopt::detail::DeviceBackend {
@@ -97,25 +73,6 @@ class FakeOps final : public optim::detail::DeviceOps {
     host_view(dst).copy_(host_view(src));
   }
   std::atomic<long> divides{0}, converts{0};
-};
-
-// CPU SGD (no momentum: no state) over host views of the device parameters.
-class FakeStepper final : public optim::detail::DeviceStepper {
- public:
-  void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-            const std::vector<ParamState*>&) override {
-    const auto& o = dynamic_cast<const SGDOptions&>(options);
-    REQUIRE(o.momentum() == 0.0);
-    std::vector<Tensor> views;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      views.push_back(host_view(params[i]));
-      views.back().set_grad(host_view(grads[i]));
-    }
-    SGD sgd(views, SGDOptions(o.get_lr()).weight_decay(o.weight_decay()));
-    sgd.step();
-    ++steps;
-  }
-  std::atomic<long> steps{0};
 };
 
 // Registers the fakes for DeviceType::CUDA and restores what was there
