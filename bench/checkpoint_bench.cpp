@@ -30,7 +30,7 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 
 #include "bench_util.hpp"
 

@@ -33,8 +33,8 @@
 #include <CLI/CLI.hpp>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/diloco.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/diloco.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "dopt/runtime/launch_env.hpp"

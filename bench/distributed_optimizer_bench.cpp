@@ -42,7 +42,7 @@
 #include <CLI/CLI.hpp>
 
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 namespace {

@@ -34,7 +34,7 @@
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/muon.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 
 #include "bench_util.hpp"
 

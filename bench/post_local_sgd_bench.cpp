@@ -27,7 +27,7 @@
 #include <CLI/CLI.hpp>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/launch_env.hpp"
 

@@ -23,7 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 #include "bench_util.hpp"

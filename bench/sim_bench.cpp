@@ -19,7 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 
 #include "bench_util.hpp"
 

@@ -69,7 +69,7 @@
 #include "dopt/runtime/settings.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/shm.hpp"
 
 #include "bench_util.hpp"

@@ -43,7 +43,7 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 #include "bench_util.hpp"

@@ -46,11 +46,11 @@
 #include <CLI/CLI.hpp>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
-#include "dopt/optim/zero_overlap.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_overlap.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 #include "bench_util.hpp"

@@ -9,8 +9,8 @@
 
    naming a path relative to the repository root: a source under examples/
    (examples/snippets/ holds small compiled files written for the docs), or a
-   header or source of a component (runtime/, actors/, optim/, gpu/, libtorch/,
-   tools/, python/). The block's lines must appear in that file in the same
+   header or source of a component (runtime/, actors/, optim/, distributed/,
+   gpu/, libtorch/, tools/, python/). The block's lines must appear in that file in the same
    order and next to each other (leading and trailing white space and blank
    lines do not count). A line that is only `...` or `// ...` (any indentation)
    stands for any number of the file's lines. C++ in an indented (unfenced)
@@ -35,7 +35,8 @@ CPP_FENCE = re.compile(r"^```\s*(cpp|c\+\+|cc|cxx)\s*$")
 FENCE = re.compile(r"^```")
 MARKER = re.compile(r"^<!--\s*quoted from\s+(\S+)\s*-->\s*$")
 ELISION = re.compile(r"^(//\s*)?\.\.\.$")
-QUOTABLE_ROOTS = ("examples/", "runtime/", "actors/", "optim/", "gpu/", "libtorch/", "tools/", "python/")
+QUOTABLE_ROOTS = ("examples/", "runtime/", "actors/", "optim/", "distributed/", "gpu/", "libtorch/", "tools/",
+                  "python/")
 FORBIDDEN = [
     (re.compile(r"\bissue\s+#?[0-9]+", re.I), "names an issue number"),
     (re.compile(r"\bspec\s+sections?\b", re.I), "names a spec section"),
@@ -64,7 +65,7 @@ def internal_headers(root: Path):
 def installed_headers(root: Path):
     internal = internal_headers(root)
     out = []
-    for comp in ("runtime", "actors", "optim", "gpu", "libtorch"):
+    for comp in ("runtime", "actors", "optim", "distributed", "gpu", "libtorch"):
         out += [h for h in sorted((root / comp / "dopt").rglob("*.hpp")) if (comp, h.name) not in internal]
     return out
 

@@ -5,7 +5,7 @@ variable named in the code is declared in runtime/src/settings_table.def.
 
     check_settings.py ROOT
 
-Scope: the libraries (runtime, actors, optim, gpu, libtorch), the Python
+Scope: the libraries (runtime, actors, optim, distributed, gpu, libtorch), the Python
 package's C++ and Python sources, the benchmarks, tools other than dopt-run
 (a launcher that only passes the environment on, linking no dopt library),
 scripts/ and the test harnesses. Tests themselves (*.test.cpp) may set and
@@ -27,7 +27,7 @@ USES = [re.compile(p) for p in (
 )]
 allowed_reader = {pathlib.Path("runtime/src/settings.cpp"), pathlib.Path("tools/dopt_run.cpp")}
 problems = []
-code_dirs = ["runtime", "actors", "optim", "gpu", "libtorch", "python/src", "python/dopt", "bench", "tools",
+code_dirs = ["runtime", "actors", "optim", "distributed", "gpu", "libtorch", "python/src", "python/dopt", "bench", "tools",
              "scripts", "tests", "examples", "fuzz"]
 for d in code_dirs:
     for f in sorted((root / d).rglob("*")):

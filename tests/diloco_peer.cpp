@@ -4,7 +4,7 @@
 //   dopt_diloco_peer diloco DIR
 //     1. Streaming DiLoCo (2 fragments, delay 1, alpha 0.5, outer Nesterov SGD)
 //        on float64 parameters against the float64 reference
-//        (optim/src/diloco_reference.hpp), every step, |error| <= 1e-12;
+//        (distributed/src/local_sgd/diloco_reference.hpp), every step, |error| <= 1e-12;
 //     2. quantized_all_reduce in every wire format against the float64
 //        reference of the same quantization (diloco_reference.hpp), the
 //        result bitwise equal on every rank, the bytes sent as computed;
@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "diloco_reference.hpp"
-#include "dopt/optim/diloco.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "local_sgd/diloco_reference.hpp"
+#include "dopt/distributed/diloco.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "peer_util.hpp"

@@ -43,9 +43,9 @@
 
 #include "dopt/actors/rpc.hpp"
 #include "rpc/testing.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
-#include "distributed_optimizer_survive_scenarios.hpp"
+#include "rpc_optim/distributed_optimizer_survive_scenarios.hpp"
 #include "peer_util.hpp"
 
 using namespace dopt;

@@ -27,9 +27,9 @@
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/grad_scaler.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "peer_util.hpp"
 
 namespace {

@@ -16,7 +16,7 @@
 //       first barrier). The survivors' final parameters must equal,
 //       bit for bit, a plain Adam stepped with the gradients of the members
 //       that contributed to each step (the reference run of
-//       optim/src/zero_survive_reference.hpp, as the simulated tests).
+//       distributed/src/zero/zero_survive_reference.hpp, as the simulated tests).
 //   dopt_survive_peer zero-host-memory KILL [KILL]
 //       the same with ZeroBuddyUpdate::host_memory (bucket view, chunks of
 //       1000 elements); POINT may also be "chunk" (after writing chunk INDEX
@@ -37,9 +37,9 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "peer_util.hpp"
-#include "zero_survive_reference.hpp"
+#include "zero/zero_survive_reference.hpp"
 
 namespace {
 
@@ -83,7 +83,7 @@ Kill parse_kill(const std::string& s) {
   return k;
 }
 
-/// The reference run (optim/src/zero_survive_reference.hpp).
+/// The reference run (distributed/src/zero/zero_survive_reference.hpp).
 std::vector<Tensor> reference(int n, const std::vector<Kill>& kills) {
   return dopt::optim::survive_reference::reference_params(kSizes, spec(), n, kills, kSteps);
 }

@@ -3,7 +3,7 @@
 // cases). Started by hand or by dopt-run --on-failure continue:
 //
 //   dopt_survive_replicated_peer plsgd|reducer VICTIM:STEP:POINT [callback]
-//       the scenario of optim/src/survive_replicated_scenarios.hpp at the
+//       the scenario of distributed/src/survive/survive_replicated_scenarios.hpp at the
 //       world's size; VICTIM kills itself (SIGKILL) at STEP, POINT "before",
 //       "during" (part of its collectives posted) or "after" (300 ms after it
 //       finished the step, when the others have too). Each survivor then runs
@@ -21,7 +21,7 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "peer_util.hpp"
-#include "survive_replicated_scenarios.hpp"
+#include "survive/survive_replicated_scenarios.hpp"
 
 namespace {
 

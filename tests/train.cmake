@@ -4,7 +4,7 @@
 if(TARGET dopt_tests AND TARGET dopt-train)
   add_dependencies(dopt_tests dopt-train dopt-run)
   # dopt-train has --optim remote when DistributedOptimizer is there (tools/CMakeLists.txt).
-  if(EXISTS "${PROJECT_SOURCE_DIR}/optim/dopt/optim/distributed_optimizer.hpp")
+  if(EXISTS "${PROJECT_SOURCE_DIR}/distributed/dopt/distributed/distributed_optimizer.hpp")
     target_compile_definitions(dopt_tests PRIVATE DOPT_TRAIN_HAVE_REMOTE)
   endif()
 endif()

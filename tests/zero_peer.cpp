@@ -46,11 +46,11 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/join.hpp"
-#include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
-#include "dopt/optim/zero_overlap.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_overlap.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "peer_util.hpp"
@@ -400,7 +400,7 @@ void load(ProcessGroup& world, Checker& c, const std::string& dir, int saved_wor
   }
 }
 
-// A minimal DDP stand-in (as in optim/src/zero.test.cpp): averages this
+// A minimal DDP stand-in (as in distributed/src/zero/zero.test.cpp): averages this
 // iteration's gradients over all ranks; its join hook shadows the all-reduces
 // with zeros and leaves the averaged gradients in place.
 class GradAverager : public dopt::Joinable {

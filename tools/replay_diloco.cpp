@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/diloco.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/diloco.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "replay_case.hpp"
 
 namespace dopt::replay {

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/averagers.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/averagers.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "replay_case.hpp"
 
 namespace dopt::replay {

@@ -9,7 +9,7 @@
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "replay_case.hpp"
 
 namespace dopt::replay {

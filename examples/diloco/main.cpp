@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/diloco.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/diloco.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/sgd.hpp"
 
 using dopt::Tensor;

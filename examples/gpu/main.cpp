@@ -19,7 +19,7 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/gpu/device.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 using dopt::Device;

@@ -11,8 +11,8 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/join.hpp"
-#include "dopt/optim/reducer.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
 
 using dopt::Tensor;
 using namespace dopt::optim;

@@ -20,8 +20,8 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/libtorch/interop.hpp"
-#include "dopt/optim/reducer.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
 
 using namespace dopt::optim;
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 
 using dopt::Tensor;
 using dopt::rpc::Agent;

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
 
 using dopt::Tensor;

@@ -21,8 +21,8 @@
 #include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/grad_scaler.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
-#include "dopt/optim/reducer.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
 
 using dopt::Tensor;
 using namespace dopt::optim;

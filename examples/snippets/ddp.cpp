@@ -1,6 +1,6 @@
 // Quoted by docs/ddp.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "common.hpp"
 

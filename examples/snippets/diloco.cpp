@@ -4,8 +4,8 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/adamw.hpp"
-#include "dopt/optim/diloco.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
+#include "dopt/distributed/diloco.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "common.hpp"
 

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 
 using namespace dopt;
 

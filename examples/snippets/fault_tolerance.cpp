@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 
 // The trainer's own parts (declared only: this file is compiled, not run).
 struct Batch {};

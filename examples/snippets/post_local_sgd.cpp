@@ -1,8 +1,8 @@
 // Quoted by docs/post-local-sgd.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "common.hpp"
 

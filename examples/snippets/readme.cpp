@@ -1,8 +1,8 @@
 // Quoted by README.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "dopt/optim/adam.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "common.hpp"
 

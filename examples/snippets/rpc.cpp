@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 
 using namespace dopt;

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 using namespace dopt;
 

@@ -6,7 +6,7 @@
 #include "dopt/optim/grad_scaler.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 
 using namespace dopt::optim;
 

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
-#include "dopt/optim/averagers.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/averagers.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
+#include "dopt/distributed/reducer.hpp"
 
 // The trainer's own parts (declared only: this file is compiled, not run).
 void backward(dopt::optim::Reducer& reducer);

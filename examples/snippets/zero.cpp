@@ -1,10 +1,10 @@
 // Quoted by docs/zero.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/simulate.hpp"
-#include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/reducer.hpp"
-#include "dopt/optim/zero.hpp"
-#include "dopt/optim/zero_overlap.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_overlap.hpp"
 #include "common.hpp"
 
 using snippets::make_model;

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/optim/reducer.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
 
 using dopt::Tensor;
 namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 // (ddp_ops_kernels.cu), written once for host and device so that the CPU
 // unit tests check the very code the kernels run against the runtime's
 // conversions (runtime/src/dtype.cpp) and the reducer's division
-// (optim/src/plsgd_util.hpp divide_). No dopt headers: built as CUDA C++17.
+// (distributed/src/ddp/plsgd_util.hpp divide_). No dopt headers: built as CUDA C++17.
 #include <cstdint>
 #include <cstring>
 

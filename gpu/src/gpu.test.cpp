@@ -18,7 +18,7 @@
 #include "dopt/gpu/nccl.hpp"
 #include "dopt/gpu/stream.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "test_kernels.hpp"
 #include "gpu_test.hpp"
 

@@ -6,7 +6,8 @@
 // inside continuations, producers on other streams, allocator reuse under
 // queued work, one stream per communicator. Each test needs a CUDA device and
 // reports itself skipped without one; the host-side logic behind them is
-// tested on every machine (gpu/src/host.test.cpp, optim/src/device_state.test.cpp).
+// tested on every machine (gpu/src/host.test.cpp, optim/src/device_state.test.cpp,
+// distributed/src/zero/zero_device_state.test.cpp).
 #include <catch2/catch.hpp>
 
 #include "rank_checks.hpp"
@@ -26,12 +27,12 @@
 #include "dopt/gpu/nccl.hpp"
 #include "dopt/gpu/stream.hpp"
 #include "dopt/optim/adam.hpp"
-#include "dopt/optim/comm_hooks.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
 #include "dopt/optim/functional.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "dopt/optim/zero.hpp"
-#include "dopt/optim/zero_overlap.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_overlap.hpp"
 #include "gpu_test.hpp"
 #include "multi_tensor.hpp"
 #include "test_kernels.hpp"

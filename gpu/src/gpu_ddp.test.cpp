@@ -23,11 +23,11 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/gpu/device.hpp"
-#include "dopt/optim/averagers.hpp"
-#include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/device_ops.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/reducer.hpp"
+#include "dopt/distributed/averagers.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "gpu_test.hpp"
 

@@ -14,7 +14,7 @@
 #include "dopt/actors/simulate.hpp"
 #include "dopt/libtorch/interop.hpp"
 #include "dopt/optim/adam.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 
 using namespace dopt;
 

@@ -6,8 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/optim/clip_grad_sharded.hpp"
 #include "dopt/runtime/parallel.hpp"
 #include "kernel_support.hpp"
 #include "optim_extra.hpp"
@@ -333,23 +332,16 @@ double clip_gradients(const std::vector<Tensor>& grads, double max_norm, const C
   return clip_defined(defined, max_norm, options, "clip_gradients");
 }
 
-double clip_grad_norm(PostLocalSGDOptimizer& optimizer, double max_norm, const ClipGradNormOptions& options) {
-  return clip_grad_norm(optimizer.param_groups(), max_norm, options);
-}
+namespace detail {
 
-double clip_grad_norm(ZeroRedundancyOptimizer& zero, double max_norm, const ClipGradNormOptions& options) {
-  const std::string op = "clip_grad_norm(ZeroRedundancyOptimizer)";
-  const int rank = zero.rank();
-  if (zero.overlap_with_ddp())
-    throw StateError(op, "not with overlap_with_ddp (the gradients are consumed bucket by bucket during backward)",
-                     rank);
+double clip_grad_norm_sharded(const std::vector<Tensor>& all, const std::vector<int>& owners, int rank,
+                              ProcessGroup group, double max_norm, const ClipGradNormOptions& options,
+                              const std::string& op) {
   try {
     check_args(max_norm, options, op);
   } catch (const ValueError& e) {
     throw ValueError(op, e.detail(), rank);
   }
-  const std::vector<Tensor>& all = zero.all_params();
-  const std::vector<int> owners = zero.param_owners();
   const auto n = all.size();
   // The gradients this rank owns, by global index.
   std::vector<std::size_t> mine;
@@ -373,7 +365,6 @@ double clip_grad_norm(ZeroRedundancyOptimizer& zero, double max_norm, const Clip
     b[n + mine[k]] = 1.0;
     b[2 * n + mine[k]] = grads[k].dtype() == DType::float64 ? 1.0 : 0.0;
   }
-  ProcessGroup group = zero.process_group();
   group.all_reduce(buf, ReduceOp::sum);
   std::vector<double> norms;
   bool f64 = false;
@@ -389,4 +380,5 @@ double clip_grad_norm(ZeroRedundancyOptimizer& zero, double max_norm, const Clip
   return total;
 }
 
+}  // namespace detail
 }  // namespace dopt::optim

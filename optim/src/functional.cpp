@@ -4,8 +4,8 @@
 #include <unordered_set>
 
 #include "dopt/optim/device_step.hpp"
-#include "param_checks.hpp"
-#include "state_load.hpp"
+#include "dopt/optim/param_checks.hpp"
+#include "dopt/optim/state_load.hpp"
 
 namespace dopt::optim {
 

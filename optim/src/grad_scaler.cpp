@@ -4,10 +4,6 @@
 #include <cmath>
 #include <string>
 
-#include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/zero.hpp"
 #include "kernel_support.hpp"
 #include "optim_extra.hpp"
 
@@ -154,37 +150,6 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   unscale_grads(&optimizer, grads_of(optimizer.param_groups()), o_.process_group, "GradScaler.unscale_");
 }
 
-void GradScaler::unscale_(ZeroRedundancyOptimizer& zero) {
-  if (!o_.enabled) return;
-  const char* op = "GradScaler.unscale_";
-  if (zero.overlap_with_ddp())
-    throw NotSupportedError(op, "ZeroRedundancyOptimizer with overlap_with_ddp steps inside backward; unscale and "
-                                "check the gradients in the comm hook instead", zero.rank());
-  std::vector<Tensor> owned;
-  const auto owners = zero.param_owners();
-  const auto& all = zero.all_params();
-  for (std::size_t i = 0; i < all.size(); ++i)
-    if (owners[i] == zero.rank()) {
-      Tensor g = all[i].grad();
-      if (g.defined()) owned.push_back(std::move(g));
-    }
-  unscale_grads(&zero, owned, zero.process_group(), op);
-}
-
-void GradScaler::unscale_(PostLocalSGDOptimizer& optimizer) {
-  if (!o_.enabled) return;
-  unscale_grads(&optimizer, grads_of(optimizer.param_groups()), optimizer.averager().process_group(),
-                "GradScaler.unscale_");
-}
-
-void GradScaler::unscale_(DistributedOptimizer& optimizer, const std::vector<Tensor>& grads) {
-  if (!o_.enabled) return;
-  std::vector<Tensor> defined;
-  for (const auto& g : grads)
-    if (g.defined()) defined.push_back(g);
-  unscale_grads(&optimizer, defined, ProcessGroup{}, "GradScaler.unscale_");
-}
-
 template <class Step, class Skip>
 bool GradScaler::step_impl(const void* key, const char* op, Step&& do_step, Skip&& do_skip,
                            const std::function<void()>& unscale) {
@@ -209,29 +174,9 @@ bool GradScaler::step(Optimizer& optimizer) {
       &optimizer, "GradScaler.step", [&] { optimizer.step(); }, [] {}, [&] { unscale_(optimizer); });
 }
 
-bool GradScaler::step(ZeroRedundancyOptimizer& zero) {
-  return step_impl(
-      &zero, "GradScaler.step", [&] { zero.step(); }, [] {}, [&] { unscale_(zero); });
-}
-
-bool GradScaler::step(PostLocalSGDOptimizer& optimizer) {
-  return step_impl(
-      &optimizer, "GradScaler.step", [&] { optimizer.step(); }, [&] { optimizer.skip_step(); },
-      [&] { unscale_(optimizer); });
-}
-
-bool GradScaler::step(DistributedOptimizer& optimizer, const rpc::GradContext& ctx) {
-  const char* op = "GradScaler.step";
-  if (o_.enabled && per_optimizer_[&optimizer].stage == Stage::ready)
-    throw StateError(op, "a DistributedOptimizer's gradients live on its owners: call unscale_(optimizer, grads) "
-                         "before depositing them, then step()");
-  return step_impl(
-      &optimizer, op, [&] { optimizer.step(ctx); },
-      [&] {
-        ctx.deposits_done().get();  // then nothing of this context is left on the owners
-        optimizer.zero_grad(ctx);
-      },
-      [] {});
+bool GradScaler::step_with(const void* key, const char* op, const std::function<void()>& do_step,
+                           const std::function<void()>& do_skip, const std::function<void()>& unscale) {
+  return step_impl(key, op, do_step, do_skip, unscale);
 }
 
 void GradScaler::update(std::optional<double> new_scale) {

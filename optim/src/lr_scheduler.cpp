@@ -7,9 +7,6 @@
 #include <type_traits>
 #include <variant>
 
-#include "dopt/optim/distributed_optimizer.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/zero.hpp"
 #include "scheduler_util.hpp"
 
 namespace dopt::optim {
@@ -33,33 +30,17 @@ class GroupsAccess : public ParamGroupAccess {
   std::vector<OptimizerParamGroup>& groups_;
 };
 
-/// DistributedOptimizer: one group; changes are staged and committed to
-/// every owner in one round.
-class DistributedAccess : public ParamGroupAccess {
- public:
-  explicit DistributedAccess(DistributedOptimizer& d) : d_(d) {}
-  std::string name() const override { return "DistributedOptimizer"; }
-  const void* identity() const override { return &d_; }
-  std::size_t num_groups() const override { return 1; }
-  Hyperparams get(std::size_t /*g*/) const override { return d_.hyperparameters(); }
-  void set(std::size_t /*g*/, const Hyperparams& h) override { d_.stage_hyperparameters(h); }
-  std::optional<double>& initial_lr(std::size_t /*g*/) override { return d_.initial_lr(); }
-  void commit() override { d_.commit_hyperparameters(); }
-
- private:
-  DistributedOptimizer& d_;
-};
-
 }  // namespace
 
 // --- ScheduleTarget --------------------------------------------------------------
 
+std::shared_ptr<ParamGroupAccess> param_group_access(std::string name, const void* identity,
+                                                     std::vector<OptimizerParamGroup>& groups) {
+  return std::make_shared<GroupsAccess>(std::move(name), identity, groups);
+}
+
 ScheduleTarget::ScheduleTarget(Optimizer& o)
     : access_(std::make_shared<GroupsAccess>(o.name(), &o, o.param_groups())) {}
-ScheduleTarget::ScheduleTarget(ZeroRedundancyOptimizer& z)
-    : access_(std::make_shared<GroupsAccess>("ZeroRedundancyOptimizer", &z, z.param_groups())) {}
-ScheduleTarget::ScheduleTarget(PostLocalSGDOptimizer& p) : ScheduleTarget(p.optim()) {}
-ScheduleTarget::ScheduleTarget(DistributedOptimizer& d) : access_(std::make_shared<DistributedAccess>(d)) {}
 ScheduleTarget::ScheduleTarget(std::shared_ptr<ParamGroupAccess> access) : access_(std::move(access)) {
   if (!access_) throw ValueError("ScheduleTarget", "the param group access is null");
 }

@@ -1,23 +1,20 @@
 // Learning-rate schedulers: LambdaLR against its formula, the schedules'
 // landmarks, every scheduler's state-dict round trip, composites, errors,
-// ReduceLROnPlateau, and schedules driving ZeRO (3 ranks) and
-// PostLocalSGDOptimizer. (The traced classes are checked bit for bit
-// against torch by the conformance cases; DistributedOptimizer's remote
-// owners in distributed_optimizer.test.cpp.)
+// ReduceLROnPlateau. (The traced classes are checked bit for bit against
+// torch by the conformance cases; schedules driving ZeRO and
+// PostLocalSGDOptimizer in distributed/src/zero/zero_training.test.cpp and
+// distributed/src/local_sgd/post_local_sgd_training.test.cpp,
+// DistributedOptimizer's remote owners in distributed_optimizer.test.cpp.)
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <mutex>
 
-#include "dopt/actors/simulate.hpp"
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
 #include "dopt/optim/rmsprop.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "dopt/optim/zero.hpp"
 #include "test_util.hpp"
 
 using namespace dopt;
@@ -323,62 +320,4 @@ TEST_CASE("Composite schedulers: torch's construction, one optimizer only", "[lr
   std::vector<std::unique_ptr<LRScheduler>> one;
   one.push_back(std::make_unique<StepLR>(*opt, 2));
   CHECK_THROWS_WITH(SequentialLR(*opt, std::move(one), {1}), Contains("one more than the number of milestone"));
-}
-
-TEST_CASE("Schedulers drive ZeroRedundancyOptimizer's owners: 3 ranks equal a local Adam with the same schedule",
-          "[lr_scheduler][zero]") {
-  const int world = 3, steps = 6;
-  auto make_params = [] {
-    std::vector<Tensor> ps;
-    for (int k = 0; k < 5; ++k) ps.push_back(test::tensor_of(test::values<float>(static_cast<std::size_t>(4 + 3 * k), 30 + k)));
-    return ps;
-  };
-  auto grad = [](int t, int k, std::int64_t n) {
-    return test::tensor_of(test::values<float>(static_cast<std::size_t>(n), 500 + 10 * t + k, 2.0));
-  };
-  auto local = make_params();
-  Adam ref(local, AdamOptions(0.05));
-  OneCycleLROptions oc;
-  oc.max_lr = {0.2};
-  oc.total_steps = steps;
-  OneCycleLR ref_sched(ref, oc);
-  for (int t = 0; t < steps; ++t) {
-    for (int k = 0; k < 5; ++k) local[static_cast<std::size_t>(k)].set_grad(grad(t, k, local[static_cast<std::size_t>(k)].numel()));
-    ref.step();
-    ref_sched.step();
-  }
-  std::mutex m;
-  int mismatches = 0;
-  simulate(world, [&](RankContext& ctx) {
-    auto ps = make_params();
-    ZeroOptions zo;
-    zo.process_group = ctx.world();
-    ZeroRedundancyOptimizer zero(ps, AdamOptions(0.05), zo);
-    OneCycleLR sched(zero, oc);
-    for (int t = 0; t < steps; ++t) {
-      for (int k = 0; k < 5; ++k) ps[static_cast<std::size_t>(k)].set_grad(grad(t, k, ps[static_cast<std::size_t>(k)].numel()));
-      zero.step();
-      sched.step();
-    }
-    int bad = 0;
-    for (int k = 0; k < 5; ++k) bad += !ps[static_cast<std::size_t>(k)].equal(local[static_cast<std::size_t>(k)]);
-    // the schedule's last values wait in ZeRO's groups for the next step
-    const Hyperparams h = zero.param_groups()[0].options->to_hyperparams();
-    bad += std::get<double>(h.at("lr")) != ref.param_groups()[0].options->get_lr();
-    bad += h.at("betas") != ref.param_groups()[0].options->to_hyperparams().at("betas");
-    std::lock_guard<std::mutex> lock(m);
-    mismatches += bad;
-  });
-  CHECK(mismatches == 0);
-}
-
-TEST_CASE("Schedulers drive PostLocalSGDOptimizer's local optimizer", "[lr_scheduler][post_local_sgd]") {
-  simulate(2, [](RankContext& ctx) {
-    std::vector<Tensor> ps{Tensor::zeros({3})};
-    PostLocalSGDOptimizer opt(std::make_unique<SGD>(ps, SGDOptions(0.1)),
-                              std::make_unique<PeriodicModelAverager>(2, 0, ctx.world()));
-    StepLR s(opt, 1, 0.5);
-    s.step();
-    if (opt.optim().param_groups()[0].options->get_lr() != 0.05) throw StateError("test", "lr not scheduled");
-  });
 }

@@ -7,8 +7,8 @@
 
 #include "dopt/optim/device_step.hpp"
 #include "dopt/runtime/parallel.hpp"
-#include "param_checks.hpp"
-#include "state_load.hpp"
+#include "dopt/optim/param_checks.hpp"
+#include "dopt/optim/state_load.hpp"
 
 namespace dopt::optim {
 

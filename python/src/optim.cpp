@@ -2,7 +2,7 @@
 // model averagers.
 #include "convert.hpp"
 #include "gil_free_delete.hpp"
-#include "dopt/optim/averagers.hpp"
+#include "dopt/distributed/averagers.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/optim/registry.hpp"
 #include "optim_groups.hpp"

@@ -10,7 +10,7 @@
 #include "convert.hpp"
 #include "gil_free_delete.hpp"
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 #include "runtime_holder.hpp"
 
 namespace dopt::python {

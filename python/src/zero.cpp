@@ -4,7 +4,7 @@
 #include "convert.hpp"
 #include "gil_free_delete.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "optim_groups.hpp"
 
 namespace dopt::python {

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "dopt/actors/rpc.hpp"
-#include "dopt/optim/distributed_optimizer.hpp"
+#include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/safetensors.hpp"
 #include "report.hpp"

@@ -1,6 +1,6 @@
 #pragma once
 // dopt-train --optim remote: DistributedOptimizer with parameter owners, over
-// dopt::rpc (remote.cpp, built when optim/dopt/optim/distributed_optimizer.hpp
+// dopt::rpc (remote.cpp, built when distributed/dopt/distributed/distributed_optimizer.hpp
 // is there: DOPT_TRAIN_HAVE_REMOTE).
 //
 // Every worker is a trainer. Each parameter has one owner worker (ZeRO's

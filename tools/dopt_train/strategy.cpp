@@ -5,12 +5,12 @@
 #include <functional>
 #include <utility>
 
-#include "dopt/optim/averagers.hpp"
-#include "dopt/optim/comm_hooks.hpp"
-#include "dopt/optim/diloco.hpp"
-#include "dopt/optim/post_local_sgd.hpp"
-#include "dopt/optim/reducer.hpp"
-#include "dopt/optim/zero.hpp"
+#include "dopt/distributed/averagers.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/diloco.hpp"
+#include "dopt/distributed/post_local_sgd.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/state_dict.hpp"
 
@@ -333,7 +333,7 @@ bool mode_available(const std::string& mode, std::string* why) {
 #endif
     if (why)
       *why = "--optim remote (DistributedOptimizer with parameter owners) is not available in this build: "
-             "dopt's RPC layer (dopt/actors/rpc.hpp, dopt/optim/distributed_optimizer.hpp) is not built in yet; "
+             "dopt's RPC layer (dopt/actors/rpc.hpp, dopt/distributed/distributed_optimizer.hpp) is not built in yet; "
              "use --optim zero, ddp or post-local-sgd";
     return false;
   }

@@ -5,6 +5,7 @@
 //   double norm = clip_grad_norm(model_params, /*max_norm=*/1.0);          // L2
 //   clip_grad_norm(model_params, 1.0, {.norm_type = kInfNorm});            // max |g|
 //   clip_grad_norm(zero, 1.0);   // ZeRO: each rank its own shard, one all-reduce
+//                                // (declared in dopt/distributed/zero.hpp)
 //
 // What it computes (as torch): the norm of each gradient, then the norm of
 // those norms (the total norm, the gradients seen as one vector), then
@@ -35,9 +36,6 @@
 
 namespace dopt::optim {
 
-class ZeroRedundancyOptimizer;
-class PostLocalSGDOptimizer;
-
 /// norm_type for the infinity norm (the largest |g|).
 inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
@@ -64,24 +62,6 @@ double clip_grad_norm(const std::vector<OptimizerParamGroup>& groups, double max
 /// out): for gradients that do not live in param.grad(), e.g. the ones a
 /// DistributedOptimizer trainer deposits in a GradContext.
 double clip_gradients(const std::vector<Tensor>& grads, double max_norm, const ClipGradNormOptions& options = {});
-
-/// Sharded clipping for ZeRO. Collective over zero.process_group(): every
-/// rank calls it, in the same order with respect to the other collectives,
-/// with the same max_norm and options. Each rank computes the norms of the
-/// gradients of the parameters it owns; one all-reduce of one number and one
-/// flag per parameter gives every rank all of them; each rank then computes
-/// the total exactly as torch does over the full gradients (same order: the
-/// parameters by global index, those whose owner has no gradient left out)
-/// and scales the gradients it owns. Gradients of parameters owned by other
-/// ranks are not read and not changed (the step never reads them). Returns
-/// the same total on every rank, bit for bit torch's clip_grad_norm_ over the
-/// full gradients; with error_if_nonfinite every rank throws together.
-/// Not with overlap_with_ddp (StateError: the gradients are consumed bucket
-/// by bucket during backward).
-double clip_grad_norm(ZeroRedundancyOptimizer& zero, double max_norm, const ClipGradNormOptions& options = {});
-/// PostLocalSGDOptimizer: local clipping of this rank's gradients (the ranks
-/// hold different gradients by design; no communication).
-double clip_grad_norm(PostLocalSGDOptimizer& optimizer, double max_norm, const ClipGradNormOptions& options = {});
 
 /// The norm of one gradient as torch.norm(g, p) computes it (p > 0 or
 /// kInfNorm), in g's dtype (float32 for 16-bit tensors). CPU, floating point.

@@ -38,25 +38,21 @@
 // gradients are unscaled in float32 and rounded back.
 //
 // Not thread-safe: one thread (per rank) at a time.
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/runtime/hyperparams.hpp"
 
-namespace dopt::rpc {
-class GradContext;
-}
 
 namespace dopt::optim {
 
-class ZeroRedundancyOptimizer;
-class PostLocalSGDOptimizer;
-class DistributedOptimizer;
 
 /// Whether any element of any defined tensor is inf or NaN (CPU, floating point).
 bool has_nonfinite(const std::vector<Tensor>& tensors);
@@ -92,21 +88,29 @@ class GradScaler {
   /// whether some are inf/NaN (agreed over the ranks, see the header).
   /// StateError when called twice in one iteration or after step().
   void unscale_(Optimizer& optimizer);
-  void unscale_(ZeroRedundancyOptimizer& zero);
-  void unscale_(PostLocalSGDOptimizer& optimizer);
-  /// A DistributedOptimizer trainer: unscales its gradient tensors before
-  /// depositing them.
-  void unscale_(DistributedOptimizer& optimizer, const std::vector<Tensor>& grads);
+  /// An optimizer that optim does not know (ZeroRedundancyOptimizer,
+  /// PostLocalSGDOptimizer, DistributedOptimizer of dopt/distributed/, whose
+  /// headers say what each does): its header declares, in its own namespace,
+  ///   void grad_scaler_unscale(GradScaler&, TheOptimizer&, Args...);
+  /// found by argument-dependent lookup (optim depends on nothing above it).
+  template <class T, class... A>
+    requires requires(GradScaler& s, T& t, A&&... a) { grad_scaler_unscale(s, t, std::forward<A>(a)...); }
+  void unscale_(T& optimizer, A&&... args) {
+    grad_scaler_unscale(*this, optimizer, std::forward<A>(args)...);
+  }
 
   /// Steps unless inf/NaN was found (on any rank); returns whether it
   /// stepped. StateError when called twice in one iteration.
   bool step(Optimizer& optimizer);
-  bool step(ZeroRedundancyOptimizer& zero);
-  /// A skipped step still runs the averager (PostLocalSGDOptimizer::skip_step).
-  bool step(PostLocalSGDOptimizer& optimizer);
-  /// unscale_(optimizer, grads) must have been called this iteration
-  /// (StateError). A skipped step drops the context's gradients on the owners.
-  bool step(DistributedOptimizer& optimizer, const rpc::GradContext& ctx);
+  /// An optimizer that optim does not know: its header declares
+  ///   bool grad_scaler_step(GradScaler&, TheOptimizer&, Args...);
+  template <class T, class... A>
+    requires requires(GradScaler& s, T& t, A&&... a) {
+      { grad_scaler_step(s, t, std::forward<A>(a)...) } -> std::convertible_to<bool>;
+    }
+  bool step(T& optimizer, A&&... args) {
+    return grad_scaler_step(*this, optimizer, std::forward<A>(args)...);
+  }
 
   /// Ends the iteration: back-off or growth (see the header); new_scale
   /// replaces the scale instead (> 0). StateError when no optimizer was
@@ -122,6 +126,21 @@ class GradScaler {
   /// KeyError for a missing key; an empty dict on an enabled scaler is a ValueError.
   void load_state_dict(const Hyperparams& sd);
 
+  // --- the building blocks of grad_scaler_unscale / grad_scaler_step ---------
+  // (for the optimizers of components above optim; `key` identifies the
+  // optimizer within the iteration, e.g. its address).
+
+  /// Unscales grads, agrees over group (any_rank), records the result for key.
+  /// StateError when key was unscaled or stepped in this iteration.
+  void unscale_grads(const void* key, const std::vector<Tensor>& grads, const ProcessGroup& group, const char* op);
+  /// step's bookkeeping for key: disabled, do_step; else StateError when key
+  /// stepped in this iteration, `unscale` when it was not unscaled, then
+  /// do_skip when inf/NaN was found, else do_step. Returns whether it stepped.
+  bool step_with(const void* key, const char* op, const std::function<void()>& do_step,
+                 const std::function<void()>& do_skip, const std::function<void()>& unscale);
+  /// Whether key was neither unscaled nor stepped in this iteration.
+  bool untouched(const void* key) { return per_optimizer_[key].stage == Stage::ready; }
+
  private:
   enum class Stage { ready, unscaled, stepped };
   struct PerOptimizer {
@@ -129,8 +148,6 @@ class GradScaler {
     bool found_inf = false;
   };
   PerOptimizer& state_for(const void* key, const char* op);
-  /// Unscales grads, agrees over group, records the result for key.
-  void unscale_grads(const void* key, const std::vector<Tensor>& grads, const ProcessGroup& group, const char* op);
   template <class Step, class Skip>
   bool step_impl(const void* key, const char* op, Step&& do_step, Skip&& do_skip, const std::function<void()>& unscale);
 

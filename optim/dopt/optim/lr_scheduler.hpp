@@ -38,6 +38,7 @@
 // from the start; resuming with a last_epoch other than -1 is done through
 // load_state_dict.
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,9 +52,6 @@
 
 namespace dopt::optim {
 
-class ZeroRedundancyOptimizer;
-class PostLocalSGDOptimizer;
-class DistributedOptimizer;
 
 /// A scheduler's state: torch's scheduler.state_dict(), name -> value
 /// (numbers, flags, lists, strings). Nested schedulers (SequentialLR,
@@ -89,13 +87,30 @@ class ParamGroupAccess {
   virtual void commit() {}
 };
 
+/// The access to groups held as OptimizerParamGroups (a local optimizer,
+/// ZeRO's global groups): `name` for messages, `identity` the object
+/// scheduled. The groups must outlive the access.
+std::shared_ptr<ParamGroupAccess> param_group_access(std::string name, const void* identity,
+                                                     std::vector<OptimizerParamGroup>& groups);
+
+/// An optimizer that optim does not know (ZeroRedundancyOptimizer,
+/// PostLocalSGDOptimizer, DistributedOptimizer of dopt/distributed/) is a
+/// schedule target when its header declares, in its own namespace,
+///   std::shared_ptr<ParamGroupAccess> schedule_access(TheOptimizer&);
+/// (found by argument-dependent lookup), so that optim depends on nothing above it.
+template <class T>
+concept HasScheduleAccess = requires(T& t) {
+  { schedule_access(t) } -> std::convertible_to<std::shared_ptr<ParamGroupAccess>>;
+};
+
 /// A handle to what a scheduler drives (copies share it).
 class ScheduleTarget {
  public:
   ScheduleTarget(Optimizer& optimizer);               // NOLINT(implicit)
-  ScheduleTarget(ZeroRedundancyOptimizer& zero);      // NOLINT(implicit)
-  ScheduleTarget(PostLocalSGDOptimizer& optimizer);   // NOLINT(implicit)
-  ScheduleTarget(DistributedOptimizer& optimizer);    // NOLINT(implicit)
+  /// Any optimizer with a schedule_access (see HasScheduleAccess).
+  template <class T>
+    requires HasScheduleAccess<T>
+  ScheduleTarget(T& optimizer) : ScheduleTarget(schedule_access(optimizer)) {}  // NOLINT(implicit)
   explicit ScheduleTarget(std::shared_ptr<ParamGroupAccess> access);
 
   std::string name() const { return access_->name(); }

@@ -1,0 +1,173 @@
+#pragma once
+// dopt::optim::PostLocalSGDOptimizer: torch 1.13's
+// torch.distributed.optim.PostLocalSGDOptimizer, plus one
+// checked configuration from which both halves of post-local SGD are built:
+// the gradient side (post_localSGD_hook with PostLocalSGDState, reducer.hpp)
+// and the parameter side (PeriodicModelAverager).
+//
+//   PostLocalSGDConfig cfg{ctx.world()};
+//   cfg.start_localSGD_iter = 100; cfg.period = 4;           // subgroup: one per node
+//   auto state = cfg.make_hook_state();                      // for the reducer's hook
+//   reducer.register_comm_hook(post_localSGD_hook(state));
+//   PostLocalSGDOptimizer opt(std::make_unique<SGD>(params, SGDOptions(0.1)), cfg.make_averager(), *state);
+//   for (...) { ...gradients...; reducer.finalize(); opt.step(); }
+//
+// Collective contract: step() is a collective over the averager's group on
+// the steps it averages (every rank calls step() once per iteration, with
+// the same parameters having gradients). Everything else is local. Not
+// thread-safe: one thread per rank.
+//
+// Differences from torch (docs/post-local-sgd.md): step() takes no closure
+// (as torch); the averager's step lives in StateDict::metadata["step"]
+// (decimal) since dopt's StateDict has no free top-level keys; the schedule
+// check below does not exist in torch.
+//
+// Surviving a lost rank (dopt only; docs/fault-tolerance.md), after
+// enable_survive(): on the steps that average, the parameters to average are
+// copied first. When the average fails with PeerLostError, every survivor
+// shrinks the averager's group (ProcessGroup::shrink()), checks that the
+// survivors stopped in the same step, puts the copied parameters back and
+// averages them again over the survivors' group: the average of that step is
+// the survivors' (divided by their count), whichever dtype's all-reduce had
+// completed before the loss. Then step() calls on_membership_change(recovery)
+// and returns, or throws MembershipChangedError (recovery.hpp) carrying it; the
+// step was completed either way and the averager runs over recovery.group
+// from now on. Local steps never communicate, so a rank lost between
+// averaging steps is noticed at the next average (or by the trainer's own
+// collectives: then recover(), below). Only PeriodicModelAverager can go on
+// over a shrunk group (NotSupportedError from enable_survive otherwise).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "dopt/actors/process_group.hpp"
+#include "dopt/distributed/averagers.hpp"
+#include "dopt/optim/clip_grad.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/optim/optimizer.hpp"
+#include "dopt/distributed/recovery.hpp"
+
+namespace dopt::optim {
+
+/// The metadata key of the averager's step in PostLocalSGDOptimizer::state_dict().
+inline constexpr const char* kAveragerStepKey = "step";
+
+/// Throws ValueError when the hook state's start_localSGD_iter differs from
+/// the averager's warmup_steps: the gradients would stop being averaged
+/// globally at one step and the parameters start being averaged at another
+/// (a silent gap, or double averaging). The message names both values.
+void check_post_local_sgd_schedule(const PostLocalSGDState& state, const ModelAverager& averager);
+
+/// One post-local SGD schedule: global data parallelism for
+/// start_localSGD_iter steps, then local SGD on `subgroup` with the
+/// parameters averaged on process_group every `period` steps.
+struct PostLocalSGDConfig {
+  /// The global group (the averager's and the warm-up all-reduce's).
+  ProcessGroup process_group;
+  /// Where gradients are averaged after warm-up; invalid: one per node
+  /// (created lazily by the hook, see comm_hooks.hpp).
+  ProcessGroup subgroup;
+  /// = the averager's warmup_steps.
+  std::int64_t start_localSGD_iter = 0;
+  /// The averager's period.
+  std::int64_t period = 1;
+  bool post_local_gradient_allreduce = true;
+
+  explicit PostLocalSGDConfig(ProcessGroup pg) : process_group(std::move(pg)) {}
+
+  /// The hook's state (shared, as post_localSGD_hook takes it).
+  std::shared_ptr<PostLocalSGDState> make_hook_state() const;
+  /// PeriodicModelAverager(period, start_localSGD_iter, process_group).
+  std::unique_ptr<PeriodicModelAverager> make_averager() const;
+};
+
+class PostLocalSGDOptimizer {
+ public:
+  /// Takes ownership of both (null: ValueError).
+  PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, std::unique_ptr<ModelAverager> averager);
+  /// Also checks the averager against the reducer hook's state
+  /// (check_post_local_sgd_schedule); the state is not kept.
+  PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, std::unique_ptr<ModelAverager> averager,
+                        const PostLocalSGDState& hook_state);
+
+  /// The local step, then averager().average_parameters(param_groups()).
+  void step();
+  /// A step without the local update, for a step that every rank skips (a
+  /// loss scaler found inf/NaN gradients on some rank, GradScaler::step):
+  /// the averager still runs, averaging the parameters if this step is one
+  /// of its averaging steps, and its counter advances. So the schedule stays
+  /// aligned with the iterations on every rank, and with the comm hook's
+  /// start_localSGD_iter (torch skips the whole step(), so a rank that skips
+  /// falls one step behind the others' averaging schedule and later averages
+  /// against different steps). A collective on averaging steps, like step().
+  void skip_step();
+  /// Survive a lost rank (see the header). `on_membership_change` empty:
+  /// step() throws MembershipChangedError after recovering. The averager
+  /// must be a PeriodicModelAverager (NotSupportedError otherwise).
+  void enable_survive(std::function<void(const ZeroRecovery&)> on_membership_change = {});
+  bool survives() const noexcept { return survive_; }
+  /// After a PeerLostError outside step() (e.g. the trainer's gradient
+  /// all-reduce): a collective of the survivors, between steps. Shrinks the
+  /// averager's group (or takes `shrunk`, the survivors' group when the
+  /// trainer already shrank that same group), checks that every survivor
+  /// stopped after the same step, and averages over the survivors from now
+  /// on. Nothing is averaged (step_completed = false). StateError without
+  /// enable_survive().
+  ZeroRecovery recover(std::optional<ProcessGroup> shrunk = std::nullopt);
+
+  /// How many calls of step() / skip_step() there were.
+  std::int64_t steps_taken() const noexcept { return steps_taken_; }
+  std::int64_t steps_skipped() const noexcept { return steps_skipped_; }
+  void zero_grad(bool set_to_none = false) { optim_->zero_grad(set_to_none); }
+  void add_param_group(OptimizerParamGroup group) { optim_->add_param_group(std::move(group)); }
+
+  /// The local optimizer's (the same objects).
+  std::vector<OptimizerParamGroup>& param_groups() noexcept { return optim_->param_groups(); }
+  const std::vector<OptimizerParamGroup>& param_groups() const noexcept { return optim_->param_groups(); }
+  std::unordered_map<const TensorImpl*, ParamState>& state() noexcept { return optim_->state(); }
+  const std::unordered_map<const TensorImpl*, ParamState>& state() const noexcept { return optim_->state(); }
+
+  /// The local optimizer's dict plus metadata["step"] = averager().step(),
+  /// plus the averager's own state (ModelAverager::save_state).
+  StateDict state_dict() const;
+  /// Loads the local optimizer's part; restores the averager's step from
+  /// metadata["step"], or, when it is missing, warns on stderr ("Loaded state
+  /// dict does not contain a step counter for an averager. Setting step
+  /// counter to 0.") and sets it to 0. A step that is not a non-negative
+  /// integer is a StateDictError.
+  void load_state_dict(const StateDict& sd);
+
+  Optimizer& optim() noexcept { return *optim_; }
+  const Optimizer& optim() const noexcept { return *optim_; }
+  ModelAverager& averager() noexcept { return *averager_; }
+  const ModelAverager& averager() const noexcept { return *averager_; }
+
+ private:
+  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<ModelAverager> averager_;
+  std::int64_t steps_taken_ = 0;
+  std::int64_t steps_skipped_ = 0;
+  bool survive_ = false;
+  std::function<void(const ZeroRecovery&)> on_membership_change_;
+
+  /// The averager's call of this step, with the survive path (header).
+  void average(const char* op);
+};
+
+// --- with the single-rank training utilities of dopt/optim/ ------------------
+class GradScaler;
+class ParamGroupAccess;
+
+/// clip_grad_norm (clip_grad.hpp): local clipping of this rank's gradients
+/// (the ranks hold different gradients by design; no communication).
+double clip_grad_norm(PostLocalSGDOptimizer& optimizer, double max_norm, const ClipGradNormOptions& options = {});
+/// GradScaler (grad_scaler.hpp): agrees on inf/NaN over the averager's
+/// group; a skipped step still runs the averager (skip_step).
+void grad_scaler_unscale(GradScaler& scaler, PostLocalSGDOptimizer& optimizer);
+bool grad_scaler_step(GradScaler& scaler, PostLocalSGDOptimizer& optimizer);
+/// LR schedulers (lr_scheduler.hpp) drive the local optimizer's groups.
+std::shared_ptr<ParamGroupAccess> schedule_access(PostLocalSGDOptimizer& optimizer);
+
+}  // namespace dopt::optim

@@ -1,0 +1,529 @@
+#pragma once
+// dopt::optim::ZeroRedundancyOptimizer: ZeRO stage 1, torch 1.13's
+// torch.distributed.optim.ZeroRedundancyOptimizer: each rank's local
+// optimizer holds only the parameters it owns; after each step every
+// parameter is broadcast from its owner. docs/zero.md explains the partition,
+// the bucket views, the state dict layouts and the sharded checkpoint format.
+//
+//   auto zero = ZeroRedundancyOptimizer(params, OptimizerSpec{"Adam", {{"lr", 1e-3}}},
+//                                       ZeroOptions{ctx.world()});
+//   ... set grads (averaged over the ranks) ...
+//   zero.step();          // local step on this rank's shard, then broadcasts
+//
+// Collective contract. These calls are collectives over the process group:
+// every rank calls them, in the same order, with the same arguments where
+// noted; nothing returns before the collective's data is in place:
+//   constructor (an all_gather of a descriptor of the parameter list, which
+//     must match on every rank: same groups, sizes, shapes, dtypes),
+//   step(), add_param_group() (same group on every rank), consolidate_state_dict(),
+//   save_sharded() (ends with a barrier), recover().
+// Local (no communication): state_dict() (on the rank consolidate_state_dict
+// gathered to; StateError elsewhere), load_state_dict(), load_sharded(),
+// zero_grad(), param_groups(), join_hook(), the accessors.
+// Not thread-safe: one thread per rank at a time. step() calls
+// Join::notify_join_context(*this) first.
+//
+// Parameters re-pointed at memory ZeRO owns (parameters_as_bucket_view,
+// overlap_with_ddp): a parameter that is a view of memory dopt does not own
+// (from_blob, from_dlpack) or shares its memory with another tensor object is
+// a ValueError at construction and in add_param_group, unless
+// ZeroOptions::rebind_parameter is set; that hook runs on the thread that
+// re-pointed (the constructor's, add_param_group's, step()'s, or the rank
+// thread running the overlap plan) and its exceptions propagate from there.
+//
+// Redundancy (ZeroOptions::redundancy = k > 0; docs/fault-tolerance.md): the
+// gradients must be the same on every rank at step(); a closure is a
+// ValueError; overlap_with_ddp and add_param_group are NotSupportedError.
+// When a member is lost inside step(), every survivor recovers in step(),
+// completes the step, then calls ZeroOptions::on_membership_change or throws
+// MembershipChangedError; a loss seen elsewhere (a PeerLostError from the
+// trainer's own collective) is answered by recover() on every survivor.
+// When a rank and all its buddies are lost: ShardLostError.
+// ZeroBuddyUpdate::host_memory: the owner's bucket and state live in a
+// shared-memory segment its buddies (ranks of its host) map; step() runs its
+// CPU updates one parameter at a time on the calling thread, journaled; when
+// every rank of the group is on one host and not all are threads of one
+// process, step() has each rank copy the other ranks' new parameters out of
+// their segments between two barriers of the group instead of broadcasting
+// them (every rank takes this path alike, from the host map); the
+// constructor, a change of trainable parameters and every recovery make and
+// exchange segments (collective). A rank lost while its segment is being
+// filled (construction, loads, the end of a recovery), or recover() outside
+// step() after the lost rank began its next step: StateError.
+//
+// overlap_with_ddp (zero_overlap.hpp has the whole contract): needs an
+// optimizer with a functional form (ValueError otherwise, before any
+// collective). Until hook_with_zero_step[_interleaved] made the plan, and
+// while an overlapped iteration is in flight, the state dict and checkpoint
+// calls are StateError; step() waits for the iteration in flight (StateError
+// before Reducer::finalize()), rethrows its error and returns nullopt;
+// add_param_group is NotSupportedError.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dopt/actors/join.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/optim/clip_grad.hpp"
+#include "dopt/optim/optimizer.hpp"
+#include "dopt/distributed/recovery.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/runtime/state_dict.hpp"
+
+namespace dopt::optim {
+
+/// What the partition balances across ranks (see "Partition" above).
+enum class ZeroPartitionWeight {
+  /// Elements (torch's partition): balances optimizer state memory.
+  element_count,
+  /// OptimizerOptions::step_cost of each parameter under its group's
+  /// options: balances the work of step(). For Muon this is the
+  /// Newton-Schulz cost, ns_steps * (2 m^2 n + m^3) for an [m, n] matrix
+  /// (m <= n); for the elementwise optimizers it is the element count.
+  step_cost,
+};
+
+/// Redundancy: how a buddy keeps its copy of another rank's shard current
+/// (docs/fault-tolerance.md, "How the buddies keep up").
+enum class ZeroBuddyUpdate {
+  /// Every step() the buddy steps its copy with the same optimizer, the same
+  /// hyperparameters and the averaged gradients: k extra optimizer steps over
+  /// 1/N of the parameters per step; recovery needs nothing more.
+  step,
+  /// The buddy keeps a copy of the shard's averaged gradients (and the
+  /// hyperparameters) of every step since the last snapshot, made while the
+  /// parameter broadcasts are in flight; every ZeroOptions::snapshot_interval
+  /// steps the owner sends its state to its buddies instead, which drop the
+  /// saved steps. At recovery the buddy replays the saved steps with the
+  /// same kernels in the same order: bitwise the state `step` would hold.
+  /// Costs a gradient copy per step (none in a snapshot's step), the state
+  /// sent and the shard's parameters copied once per interval, more memory
+  /// (the state twice: the next snapshot lands in the buffers the last one
+  /// replaced; the parameters; interval - 1 gradients), and up to
+  /// snapshot_interval optimizer steps over the lost shard in the recovery.
+  replay,
+  /// The owner's shard (its parameter bucket and its optimizer state) lives
+  /// in shared memory that its buddies on the same host keep mapped, so it
+  /// outlives the owner's process; the owner journals its updates chunk by
+  /// chunk, so a buddy rebuilds the shard exactly at whatever point the owner
+  /// died. No copy and no extra step per step. Protects against the loss of
+  /// processes, not of a host: every other rank of the owner's host maps the
+  /// segment and is its buddy, whatever k (ValueError at construction for a
+  /// rank alone on its host). Needs parameters_as_bucket_view, CPU parameters
+  /// and an elementwise optimizer (not Muon). Where /dev/shm gives the
+  /// segments 4 KiB pages (mounted without huge=advise or huge=always), the
+  /// lowest rank of each host raises a dopt::notice when they are made.
+  host_memory,
+};
+
+struct ZeroOptions {
+  /// The ranks that share the optimizer state (required).
+  ProcessGroup process_group;
+  bool parameters_as_bucket_view = false;
+  /// Step bucket by bucket from the reducer's comm hook (zero_overlap.hpp).
+  bool overlap_with_ddp = false;
+  /// overlap_with_ddp: the group ZeRO's broadcasts run on, over the same
+  /// ranks as process_group and used by nothing else. Left invalid, the
+  /// constructor makes one with process_group.new_group(ranks), which needs
+  /// process_group to be the world group (ValueError otherwise).
+  ProcessGroup overlap_broadcast_group = {};
+  /// Called after ZeRO re-pointed `param` at memory it owns (bucket view,
+  /// overlap buffers, a frozen parameter's own copy); it re-points the
+  /// caller's tensor over the parameter's old memory at param's new memory
+  /// (see "Caller-owned memory" above). Empty: parameters over memory dopt
+  /// does not own, or shared with another tensor, are refused with those
+  /// options.
+  std::function<void(const Tensor& param)> rebind_parameter = {};
+  /// (Last, so that positional initialisation of the fields above keeps
+  /// working.) The weight of a parameter in the partition; every rank must pass the
+  /// same (the constructor's cross-rank check covers it). Not used with
+  /// overlap_with_ddp (the reducer's buckets are assigned whole).
+  ZeroPartitionWeight partition_weight = ZeroPartitionWeight::element_count;
+  /// Redundancy: each rank's optimizer state is also kept (and stepped) by
+  /// this many buddies, so that training survives the loss of a rank (see
+  /// "Redundancy and recovery" above). 0: off (torch's behaviour).
+  int redundancy = 0;
+  /// Redundancy: called on every survivor when step() recovered from a lost
+  /// rank (then step() returns normally). Empty: step() throws
+  /// MembershipChangedError instead.
+  std::function<void(const ZeroRecovery&)> on_membership_change = {};
+  /// Testing aid: called on this rank's thread at points of step():
+  /// ("begin", step, 0) before the local step, ("computed", step, 0) after it
+  /// (and the buddies' copies), ("broadcast", step, i) after posting the
+  /// i-th broadcast, ("snapshot", step, 0) after the broadcasts of a step
+  /// that ends with a snapshot (ZeroBuddyUpdate::replay); with
+  /// ZeroBuddyUpdate::host_memory also ("chunk", step, c) after chunk c of a
+  /// parameter's update is written and before it is committed, and
+  /// ("committing", step, 0) between a parameter's state and its step count
+  /// reaching shared memory. Fault-injection tests lose their rank there.
+  std::function<void(const char* point, std::int64_t step, int index)> probe = {};
+  /// Redundancy: the host of each group rank (equal strings: one host), the
+  /// same list on every rank. Buddies are chosen on other hosts where there
+  /// are any (see buddies()). Empty: measured, this_host_id() of every rank
+  /// (dopt/actors/host.hpp), gathered at construction. Set it to override
+  /// the measurement, or to play a multi-host layout in a test.
+  std::vector<std::string> hosts = {};
+  /// Redundancy: how the buddies keep their copies current.
+  ZeroBuddyUpdate buddy_update = ZeroBuddyUpdate::step;
+  /// Redundancy with ZeroBuddyUpdate::replay: the owner's state goes to its
+  /// buddies at the end of every snapshot_interval-th step (>= 1), so a buddy
+  /// saves at most this many steps' gradients.
+  int snapshot_interval = 4;
+  /// Redundancy with ZeroBuddyUpdate::host_memory: elements per journaled
+  /// chunk of a parameter's update, in [1, 2^26], the same on every rank.
+  std::int64_t host_memory_chunk = 65536;
+};
+
+class ZeroOverlap;
+struct ZeroOverlapAccess;
+namespace zero_detail {
+class HostKeep;
+struct KeepPlan;
+struct KeepEntry;
+struct KeepSpec;
+struct KeepShare;
+}  // namespace zero_detail
+
+/// metadata["dopt.zero.format"] of a shard written by save_sharded.
+inline constexpr const char* kZeroShardFormat = "dopt-zero-shard/1";
+
+/// What load_sharded read.
+struct ShardLoadReport {
+  /// World size the checkpoint was saved at.
+  int saved_world_size = 0;
+  /// Ranks whose shard files this rank opened, in the order it opened them.
+  std::vector<int> shards_read;
+  /// State tensors read.
+  std::int64_t tensors_read = 0;
+};
+
+class ZeroRedundancyOptimizer : public Joinable {
+ public:
+  /// One group of params. Throws (on the calling rank, before any collective)
+  /// ValueError for an empty list, an invalid process group, parameters on
+  /// different device types or in two groups; TypeError for undefined or
+  /// non-floating-point parameters or group options of another optimizer's
+  /// type; ValueError for overlap_with_ddp with an optimizer without a
+  /// functional form. The descriptor check throws
+  /// ValueError on every rank when the ranks' parameter lists differ.
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerSpec spec, ZeroOptions options);
+  /// Several groups; a group without options takes the spec's hyperparameters.
+  ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, OptimizerSpec spec, ZeroOptions options);
+  /// Typed options instead of a spec: ZeroRedundancyOptimizer(params,
+  /// AdamOptions(1e-3), zo) is ZeroRedundancyOptimizer(params, spec_of(AdamOptions(1e-3)), zo).
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, const OptimizerOptions& optimizer, ZeroOptions options);
+  ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup> groups, const OptimizerOptions& optimizer,
+                          ZeroOptions options);
+  ~ZeroRedundancyOptimizer() override;
+  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
+  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+
+  /// Collective. See the header. Returns the closure's loss (as computed on
+  /// this rank), or nullopt without a closure.
+  std::optional<double> step(const Optimizer::LossClosure& closure = nullptr);
+  /// Clears the gradients of *all* parameters (torch: inherited zero_grad).
+  void zero_grad(bool set_to_none = false);
+  /// Collective: every rank adds the same group; the partition is recomputed
+  /// (earlier groups keep their owners), the local optimizer gets this rank's
+  /// part of the new group (possibly empty), buckets are rebuilt.
+  void add_param_group(OptimizerParamGroup group);
+
+  /// Collective: gathers all local state dicts on group rank `to`; wipes any
+  /// earlier consolidation on every rank.
+  void consolidate_state_dict(int to = 0);
+  /// The global state dict (unsharded layout, CPU tensors); only on the rank
+  /// of the last consolidate_state_dict, StateError elsewhere.
+  StateDict state_dict() const;
+  /// Loads a global state dict (from state_dict() or an unsharded optimizer
+  /// over the same groups) on this rank: group count and sizes must match
+  /// (StateDictError), indices must be in range (StateDictError); state of
+  /// owned parameters is copied (cast to the parameter's dtype except `step`,
+  /// 0-d tensors on the CPU) and replaces the local state; hyperparameters
+  /// come from the dict. Nothing changes when it throws.
+  void load_state_dict(const StateDict& sd);
+
+  /// Collective: writes this rank's shard to dir/optim-rank{r}-of-{N}.safetensors
+  /// (dir is created), then waits for every rank (barrier). `metadata` is
+  /// added to the shard's (a checkpoint's identity, ...); ValueError for a
+  /// key that starts with "dopt.zero.".
+  void save_sharded(const std::string& dir, const std::map<std::string, std::string>& metadata = {}) const;
+  /// Loads a checkpoint written by save_sharded at any world size. Throws
+  /// IOError for missing/unreadable shards or several world sizes in dir, and
+  /// StateDictError when the checkpoint's parameters or groups do not match,
+  /// or when a shard it reads was saved at another step than rank 0's (a
+  /// folder that mixes shards of two checkpoints: the message names the odd
+  /// file and both steps).
+  ShardLoadReport load_sharded(const std::string& dir);
+  /// Redundancy: collective of the survivors after a PeerLostError outside
+  /// step() (see the header). Throws ShardLostError when state is gone.
+  ZeroRecovery recover();
+  /// Redundancy in effect (ZeroOptions::redundancy capped at size() - 1).
+  int redundancy() const noexcept;
+  /// The group ranks that keep rank r's shard (its buddies), in order. On
+  /// one host: r+1, ..., r+k (cyclically). Over several hosts: ranks on
+  /// other hosts first, each rank keeping as few shards as that allows (the
+  /// rule is in docs/fault-tolerance.md), so that losing a host loses no
+  /// state when every host's ranks have buddies elsewhere. With
+  /// ZeroBuddyUpdate::host_memory: every other rank of r's host.
+  std::vector<int> buddies(int r) const;
+  /// Bytes of the copies of other ranks' state this rank keeps (with
+  /// ZeroBuddyUpdate::replay also the saved parameters and gradients and the
+  /// next snapshot's buffers).
+  std::int64_t buddy_state_bytes() const;
+  ZeroBuddyUpdate buddy_update() const noexcept { return buddy_update_; }
+  /// ZeroBuddyUpdate::host_memory: whether step() copies the other ranks'
+  /// new parameters out of their segments instead of broadcasting them
+  /// (every rank of the group on one host, not all threads of one process;
+  /// the same on every rank). Changes with a recovery.
+  bool reads_parameters_from_segments() const noexcept { return host_memory() && keep_reads_direct_; }
+
+  /// The shard file name of rank r of n.
+  static std::string shard_file_name(int rank, int world_size);
+
+  // --- Joinable ------------------------------------------------------------------
+  /// main_hook: step() (with whatever gradients this rank holds); post_hook: nothing.
+  std::unique_ptr<JoinHook> join_hook() override;
+  /// The device of the first parameter.
+  Device join_device() const override;
+  ProcessGroup join_process_group() const override { return group_; }
+
+  // --- accessors -----------------------------------------------------------------
+  /// Global groups (all parameters, hyperparameters synchronised with the local optimizer).
+  std::vector<OptimizerParamGroup>& param_groups() noexcept { return groups_; }
+  const std::vector<OptimizerParamGroup>& param_groups() const noexcept { return groups_; }
+  /// The local optimizer over this rank's shard.
+  Optimizer& optim() noexcept { return *optim_; }
+  const Optimizer& optim() const noexcept { return *optim_; }
+  const OptimizerSpec& spec() const noexcept { return spec_; }
+  const ProcessGroup& process_group() const noexcept { return group_; }
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  bool parameters_as_bucket_view() const noexcept { return bucket_view_; }
+  ZeroPartitionWeight partition_weight() const noexcept { return partition_weight_; }
+  /// The weight of every parameter in the partition, by global index.
+  std::vector<double> partition_weights() const;
+  /// partition()[r][g]: rank r's parameters of group g, in assignment order.
+  const std::vector<std::vector<std::vector<Tensor>>>& partition() const noexcept { return partition_; }
+  /// Owner rank of each parameter, by global index (position in the chain of groups).
+  std::vector<int> param_owners() const;
+  /// Global index of p (-1 when p is not one of the parameters).
+  std::int64_t global_index(const Tensor& p) const;
+  /// Every parameter, by global index.
+  const std::vector<Tensor>& all_params() const noexcept { return all_params_; }
+  /// Number of buckets per rank (0 without bucket view).
+  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  /// buckets()[k][r]: the flat buffer of kind k (device, dtype) of rank r.
+  /// After a recovery from a lost rank (redundancy) a kind can have more
+  /// than one row: the survivors' buckets stay, and the parameters that came
+  /// from lost ranks are in a row of their own (bucket_count() grows).
+  const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
+  /// Bytes of the local optimizer's state on this rank (with overlap: call it
+  /// between iterations; mid-iteration the state is with the worker).
+  std::int64_t local_state_bytes() const;
+  /// step() calls made so far (restored by load_sharded); with overlap: the
+  /// overlapped iterations completed.
+  std::int64_t step_count() const noexcept { return steps_; }
+  bool overlap_with_ddp() const noexcept { return overlap_ != nullptr; }
+  /// overlap_with_ddp: the owner rank of each reducer bucket, by bucket index
+  /// (empty before the plan).
+  std::vector<int> overlap_bucket_owners() const;
+
+ private:
+  void add_group_checked(OptimizerParamGroup group, const char* op);
+  void check_same_params_everywhere(const char* op);
+  void partition_parameters();
+  std::vector<OptimizerParamGroup> local_groups(std::size_t first_group) const;
+  void build_buckets();
+  std::vector<bool> trainable_mask() const;
+  void sync_to_local();
+  void sync_from_local();
+  /// The end of both loads: `local` (this rank's and its buddies' state, by
+  /// parameter) split between optim_ and the buddy copies, `opts` installed.
+  void install_loaded(std::unordered_map<const TensorImpl*, ParamState> local,
+                      std::vector<std::unique_ptr<OptimizerOptions>> opts);
+  /// Broadcasts every shard from its owner; `meanwhile` (if set) runs once
+  /// while they are in flight, even when posting them failed.
+  void sync_params(const std::function<void()>& meanwhile = nullptr);
+  /// host_memory with every rank of the group on one host, in place of the
+  /// broadcasts (zero_host_memory.cpp): a barrier (every owner's step is in
+  /// its segment), each rank copies its host-mates' parameters out of their
+  /// segments, a barrier (no owner writes its segment before every rank
+  /// copied it).
+  void read_params_from_keeps();
+  /// Sets keep_reads_direct_ and keep_reads_ (install_keeps).
+  void plan_keep_reads();
+  /// Redundancy (zero_redundancy.cpp): the buddy copies of the current
+  /// partition, with empty state.
+  void make_buddy_copies();
+  /// Steps every buddy copy with the current hyperparameters.
+  void step_buddy_copies();
+  /// ZeroBuddyUpdate::replay (zero_replay.cpp): what a buddy keeps of a shard
+  /// since the snapshot its copy's state is from.
+  struct BuddyLog {
+    struct Saved {
+      std::vector<Tensor> grads;  // by position in shard_params(target); undefined: no gradient
+      std::vector<std::unique_ptr<OptimizerOptions>> options;  // by group
+    };
+    std::vector<Tensor> params;  // the shard's parameters at the snapshot
+    std::vector<Saved> saved;    // the steps since, in order
+    std::vector<std::vector<Tensor>> spare;  // gradient buffers to reuse
+    /// The next snapshot's receive buffers (the state tensors the last one
+    /// replaced, in the order of its entries): the copy's state stays intact
+    /// until a snapshot has arrived whole.
+    std::vector<Tensor> incoming;
+  };
+  bool replays() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::replay; }
+  /// Rank r's parameters, in partition order (groups, then assignment).
+  std::vector<Tensor> shard_params(int r) const;
+  /// Every copy's snapshot is now: the saved parameters are the current
+  /// ones, no saved steps (after the copies' state was set to the current).
+  void reset_buddy_snapshots();
+  /// Saves this step's gradients and hyperparameters for every copy (only:
+  /// for the copy of that rank alone).
+  void save_buddy_grads(int only = -1);
+  /// The owner's side of a snapshot: posts its state to its buddies.
+  std::vector<Future<void>> post_snapshot();
+  /// The buddies' side (after the broadcasts), then waits for `sends`. A
+  /// snapshot that a lost rank interrupts is dropped (the copy keeps its
+  /// older snapshot and saved steps, and saves this step's gradients);
+  /// other errors propagate.
+  void finish_snapshot(std::vector<Future<void>>& sends);
+  /// Replays the saved steps of the copy of `target` onto the real
+  /// parameters of its shard and the copy's state: both end as the owner's
+  /// after the last saved step.
+  void replay_buddy(int target);
+  /// ZeroBuddyUpdate::host_memory (zero_host_memory.cpp, zero_host_keep.cpp).
+  bool host_memory() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::host_memory; }
+  /// The constructor's checks of host_memory (every rank alike, before any collective).
+  void check_host_memory(std::int64_t chunk);
+  /// The segment of all of rank r's parameters of the current partition.
+  zero_detail::KeepSpec full_keep_spec(int r) const;
+  /// A segment's layout (every rank computes the same).
+  zero_detail::KeepPlan keep_plan(const zero_detail::KeepSpec& spec);
+  /// Collective over g: every rank makes a segment for fresh[its global
+  /// rank] (its only one when anew, else one more) and maps the segments of
+  /// the ranks it keeps in `table`. Changes nothing of this optimizer.
+  zero_detail::KeepShare share_keeps(ProcessGroup& g, const std::vector<std::vector<int>>& table,
+                                     const std::map<int, zero_detail::KeepSpec>& fresh, bool anew);
+  /// Takes share's segments; anew: the buckets are rebuilt (this rank's in
+  /// the segment); the state of the new segment's parameters moves in; the
+  /// journaling hook is set.
+  void install_keeps(zero_detail::KeepShare share, bool anew);
+  /// Collective: one segment per rank for the current partition (construction, new buckets).
+  void share_keeps_anew();
+  /// host_memory: the note, once per host at each share_keeps_anew, that the
+  /// segments have 4 KiB pages (zero_host_memory.cpp).
+  void note_small_pages() const;
+  /// Every own parameter's state from optim_ into its segment (after a load).
+  void adopt_into_keeps();
+  /// Parameter i of this rank's segment k: its state in optim_ (none: empty) into k.
+  void adopt_own_state(zero_detail::HostKeep& k, std::size_t i);
+  /// The state of rank o's shard rebuilt from its segment (this rank's
+  /// parameters of that shard end at the step in flight when in_step).
+  std::unordered_map<const TensorImpl*, ParamState> rebuild_from_keep(int o, bool in_step);
+  /// The recovery (see the header); in_step: the loss came during step().
+  ZeroRecovery recover_from_loss(bool in_step);
+  /// Whether this rank keeps the state of global parameter i (owner or buddy).
+  bool keeps_state_of(std::size_t i) const;
+  /// overlap: StateError unless the plan exists and no iteration is in flight.
+  void require_overlap_idle(const std::string& op) const;
+  /// ValueError (naming op and the parameter) for a parameter over memory
+  /// that re-pointing would cut off from its owner, when no rebind hook is set.
+  void check_repointable(const std::vector<Tensor>& params, const char* op, const char* why) const;
+  /// p.set_data(to), then the rebind hook.
+  void repoint(const Tensor& p, const Tensor& to) const;
+  friend class ZeroOverlap;
+  friend struct ZeroOverlapAccess;
+
+  OptimizerSpec spec_;
+  std::unique_ptr<OptimizerOptions> defaults_;
+  ProcessGroup group_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  bool bucket_view_ = false;
+  ZeroPartitionWeight partition_weight_ = ZeroPartitionWeight::element_count;
+  std::vector<OptimizerParamGroup> groups_;
+  std::vector<Tensor> all_params_;
+  std::unordered_map<const TensorImpl*, std::int64_t> index_of_;
+  std::vector<std::vector<std::vector<Tensor>>> partition_;  // [rank][group] -> params
+  std::vector<int> owner_;                                   // by global index
+  std::unique_ptr<Optimizer> optim_;
+  std::vector<std::vector<Tensor>> buckets_;  // [kind][rank]
+  std::vector<bool> trainable_;
+  std::vector<StateDict> all_state_dicts_;
+  std::int64_t steps_ = 0;
+  std::shared_ptr<ZeroOverlap> overlap_;  // overlap_with_ddp only
+  std::function<void(const Tensor&)> rebind_;
+  int redundancy_ = 0;  // requested (ZeroOptions::redundancy)
+  std::function<void(const ZeroRecovery&)> on_membership_change_;
+  std::function<void(const char*, std::int64_t, int)> probe_;
+  /// Redundancy: the copies of the shards this rank is a buddy of, by group rank.
+  std::map<int, std::unique_ptr<Optimizer>> buddy_copies_;
+  ZeroBuddyUpdate buddy_update_ = ZeroBuddyUpdate::step;
+  int snapshot_interval_ = 4;
+  /// ZeroBuddyUpdate::replay: by target, as buddy_copies_.
+  std::map<int, BuddyLog> buddy_logs_;
+  /// ZeroBuddyUpdate::host_memory: this rank's segment, the segments of the
+  /// ranks it is a buddy of (by group rank), where each own parameter is in
+  /// its segment, the state layouts by (group, dtype), the chunk.
+  std::vector<std::shared_ptr<zero_detail::HostKeep>> keeps_;  // this rank's segments, oldest first
+  std::map<int, std::vector<std::shared_ptr<zero_detail::HostKeep>>> buddy_keeps_;  // by the owner's group rank
+  std::unordered_map<const TensorImpl*, std::pair<std::size_t, std::size_t>> keep_index_;  // (segment, position)
+  std::map<int, std::vector<zero_detail::KeepSpec>> keep_specs_;  // every rank's segments, by global rank
+  std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
+  std::int64_t keep_chunk_ = 65536;
+  /// host_memory, every rank on one host: step() reads the parameters from
+  /// the owners' segments (keep_reads_: source and destination of each,
+  /// flat) instead of broadcasting them. Set by install_keeps.
+  bool keep_reads_direct_ = false;
+  struct KeepRead {
+    int owner = -1;
+    Tensor from, to;
+  };
+  std::vector<KeepRead> keep_reads_;
+  /// Redundancy: the host of every rank of the line of groups, by global rank.
+  std::map<int, std::string> host_of_;
+  /// Redundancy: buddy_table_[r] = buddies(r) in the current group.
+  std::vector<std::vector<int>> buddy_table_;
+  /// The buddy table of a group of these global ranks (from host_of_; k is
+  /// ZeroOptions::redundancy capped at members.size() - 1).
+  std::vector<std::vector<int>> buddy_table_for(const std::vector<int>& members) const;
+  /// Redundancy, at construction: host_of_ from ZeroOptions::hosts or
+  /// measured (an all_gather over the group), then buddy_table_.
+  void init_hosts(const std::vector<std::string>& given);
+};
+
+// --- with the single-rank training utilities of dopt/optim/ ------------------
+class GradScaler;
+class ParamGroupAccess;
+
+/// clip_grad_norm (clip_grad.hpp), sharded for ZeRO. Collective over
+/// zero.process_group(): every rank calls it, in the same order with respect to the other collectives,
+/// with the same max_norm and options. Each rank computes the norms of the
+/// gradients of the parameters it owns; one all-reduce of one number and one
+/// flag per parameter gives every rank all of them; each rank then computes
+/// the total exactly as torch does over the full gradients (same order: the
+/// parameters by global index, those whose owner has no gradient left out)
+/// and scales the gradients it owns. Gradients of parameters owned by other
+/// ranks are not read and not changed (the step never reads them). Returns
+/// the same total on every rank, bit for bit torch's clip_grad_norm_ over the
+/// full gradients; with error_if_nonfinite every rank throws together.
+/// Not with overlap_with_ddp (StateError: the gradients are consumed bucket
+/// by bucket during backward).
+double clip_grad_norm(ZeroRedundancyOptimizer& zero, double max_norm, const ClipGradNormOptions& options = {});
+/// GradScaler (grad_scaler.hpp): scaler.unscale_(zero) unscales the gradients
+/// this rank owns (the only ones its step reads) and agrees on inf/NaN over
+/// zero.process_group(); scaler.step(zero) steps or skips on every rank
+/// together. Not with overlap_with_ddp (NotSupportedError).
+void grad_scaler_unscale(GradScaler& scaler, ZeroRedundancyOptimizer& zero);
+bool grad_scaler_step(GradScaler& scaler, ZeroRedundancyOptimizer& zero);
+/// LR schedulers (lr_scheduler.hpp) drive ZeRO's global param groups; every
+/// rank builds and steps the same scheduler.
+std::shared_ptr<ParamGroupAccess> schedule_access(ZeroRedundancyOptimizer& zero);
+
+}  // namespace dopt::optim
