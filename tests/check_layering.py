@@ -34,6 +34,7 @@ ALLOWED = {
     "zero": {"survive", "ddp"},
     "local_sgd": {"survive", "ddp"},
     "rpc_optim": {"survive"},
+    "train": set(),
 }
 PUBLIC_HOME = {
     "recovery": "survive",
@@ -41,6 +42,7 @@ PUBLIC_HOME = {
     "zero": "zero", "zero_overlap": "zero",
     "averagers": "local_sgd", "post_local_sgd": "local_sgd", "diloco": "local_sgd",
     "distributed_optimizer": "rpc_optim",
+    "trainer": "train",
 }
 dist = root / "distributed"
 src = dist / "src"

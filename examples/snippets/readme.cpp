@@ -1,21 +1,13 @@
 // Quoted by README.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/distributed.hpp"
 #include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/trainer.hpp"
 #include "dopt/optim/adam.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "common.hpp"
 
 using snippets::make_model;
-
-// Averages the gradients over the ranks (what dopt::optim::Reducer does for a model).
-static void set_averaged_gradients(std::vector<dopt::Tensor>& params, dopt::ProcessGroup& world) {
-  for (auto& p : params) {
-    dopt::Tensor g = snippets::local_grad(p, world.rank());
-    world.all_reduce(g, dopt::ReduceOp::avg);
-    p.set_grad(g);
-  }
-}
 
 void distributed_in_a_few_lines(int steps) {
   dopt::RunOptions options;
@@ -25,8 +17,9 @@ void distributed_in_a_few_lines(int steps) {
     dopt::optim::ZeroRedundancyOptimizer opt(params, dopt::optim::OptimizerSpec{"Adam", {{"lr", 1e-3}}},
                                               dopt::optim::ZeroOptions{ctx.world()});
     for (int step = 0; step < steps; ++step) {
-      set_averaged_gradients(params, ctx.world());  // e.g. with dopt::optim::Reducer (docs/ddp.md)
-      opt.step();                                   // each rank steps its shard, then the shards are broadcast
+      for (auto& p : params) p.set_grad(snippets::local_grad(p, ctx.rank()));  // your backward pass
+      dopt::average_gradients(params, ctx.world());  // the mean over the ranks (or a Reducer: docs/ddp.md)
+      opt.step();                                    // each rank steps its shard, then the shards are broadcast
     }
   }, options);
 }
