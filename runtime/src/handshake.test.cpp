@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -191,8 +192,13 @@ TEST_CASE("handshake: a refused process learns nothing of the job: not its id, r
   CHECK(verdicts[0] == verdicts[1]);
 }
 
-TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a time, cannot keep a rank out",
-          "[handshake][security]") {
+namespace {
+
+/// 100 connections stall against a listener that keeps 64 handshakes at
+/// once (`stall(fd)` makes one stall); then a rank connects and must be
+/// admitted at once, not after the stalled ones' 20 s. Returns the
+/// listener's first note.
+std::string rank_gets_in_past_stallers(const std::function<void(int)>& stall) {
   CaptureNotices notes;
   std::mutex m;
   int admitted = 0;
@@ -207,22 +213,20 @@ TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a
     ::close(fd);
   };
   AuthListener l(o);
-  // 100 connections that sent 3 bytes of a hello and stall (the listener
-  // keeps 64 handshakes at once).
   std::vector<int> stalled;
   for (int k = 0; k < 100; ++k) {
     const int s = dial(l.port());
-    REQUIRE(::write(s, "dop", 3) == 3);
+    stall(s);
     stalled.push_back(s);
   }
-  std::this_thread::sleep_for(200ms);
+  std::this_thread::sleep_for(300ms);
   const auto t0 = std::chrono::steady_clock::now();
   RetryLater retry;
   auto fd = connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", kSecret, 1), 5s,
                                   std::chrono::steady_clock::now() + 5s, "rank 0", "test", &retry);
   REQUIRE(fd);
   ::close(*fd);
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after the stalled ones' 20 s
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   // on_ready runs on the listener's thread once its verdict is written.
   for (int k = 0; k < 200; ++k) {
     {
@@ -239,68 +243,35 @@ TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a
   l.close();
   const auto n = notes.get();
   REQUIRE_FALSE(n.empty());
-  CHECK_THAT(n[0], Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent no "
+  return n[0];
+}
+
+}  // namespace
+
+TEST_CASE("handshake over sockets: connections that send nothing, or a byte at a time, cannot keep a rank out",
+          "[handshake][security]") {
+  // Each sends 3 bytes of a hello and stalls.
+  const std::string note = rank_gets_in_past_stallers([](int s) { REQUIRE(::write(s, "dop", 3) == 3); });
+  CHECK_THAT(note, Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent no "
                                   "complete handshake while 64 connections were waiting \\(closed to make room\\)"));
 }
 
 TEST_CASE("handshake over sockets: connections that send their hello and never their proof cannot keep a rank out",
           "[handshake][security]") {
-  CaptureNotices notes;
-  std::mutex m;
-  int admitted = 0;
-  AuthListener::Options o;
-  o.purpose = Purpose::control;
-  o.credentials = creds("A", kSecret);
-  o.handshake_timeout = 20s;  // the stalled ones would hold their place that long
-  o.what = "the test listener";
-  o.on_ready = [&](int fd, const PeerHello&) {
-    std::lock_guard<std::mutex> lk(m);
-    ++admitted;
-    ::close(fd);
-  };
-  AuthListener l(o);
-  // 100 processes that know the job id, send a whole hello, read the
-  // listener's challenge and never answer it (the listener keeps 64
-  // handshakes at once).
-  std::vector<int> stalled;
-  for (int k = 0; k < 100; ++k) {
-    const int s = dial(l.port());
+  // Each knows the job id, sends a whole hello, reads the listener's
+  // challenge (before the next one connects, so that every earlier one is
+  // waiting for its proof when a newcomer arrives) and never answers it.
+  const std::string note = rank_gets_in_past_stallers([](int s) {
     const std::string hello = ClientHandshake(Purpose::control, creds("A", kSecret + "-guess"), "p", "t").hello();
     REQUIRE(::write(s, hello.data(), hello.size()) == static_cast<ssize_t>(hello.size()));
-    // Its challenge (read before the next one connects, so that every
-    // earlier one is waiting for its proof when a newcomer arrives).
     std::string reply(kReplySize, '\0');
     for (std::size_t got = 0; got < reply.size();) {
       const ssize_t r = ::read(s, reply.data() + got, reply.size() - got);
       REQUIRE(r > 0);
       got += static_cast<std::size_t>(r);
     }
-    stalled.push_back(s);
-  }
-  std::this_thread::sleep_for(300ms);
-  const auto t0 = std::chrono::steady_clock::now();
-  RetryLater retry;
-  auto fd = connect_authenticated("127.0.0.1", l.port(), Purpose::control, creds("A", kSecret, 1), 5s,
-                                  std::chrono::steady_clock::now() + 5s, "rank 0", "test", &retry);
-  REQUIRE(fd);
-  ::close(*fd);
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after the stalled ones' 20 s
-  for (int k = 0; k < 200; ++k) {
-    {
-      std::lock_guard<std::mutex> lk(m);
-      if (admitted == 1) break;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  {
-    std::lock_guard<std::mutex> lk(m);
-    CHECK(admitted == 1);
-  }
-  for (int s : stalled) ::close(s);
-  l.close();
-  const auto n = notes.get();
-  REQUIRE_FALSE(n.empty());
-  CHECK_THAT(n[0], Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent its "
+  });
+  CHECK_THAT(note, Catch::Matches("refused a connection from 127\\.0\\.0\\.1:[0-9]+ to the test listener: it sent its "
                                   "hello but no proof while 64 connections were waiting \\(closed to make room\\)"));
 }
 

@@ -86,7 +86,7 @@ TEST_CASE("average_gradients: a parameter without a gradient is a ValueError nam
     CHECK_THAT(e, Catch::Matches("average_gradients \\[rank [0-2]\\]: parameter 2 has no gradient .*"));
 }
 
-TEST_CASE("all_reduce_metrics: named numbers averaged, summed, min and max over the ranks; other names fail every "
+TEST_CASE("all_reduce_metrics: named numbers averaged, summed, min and max over the ranks, and other names fail every "
           "rank",
           "[trainer]") {
   for (int world : {3, 5}) {
@@ -130,7 +130,7 @@ TEST_CASE("all_reduce_metrics: named numbers averaged, summed, min and max over 
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("the ranks passed different metric names (this rank: "));
 }
 
-TEST_CASE("CoordinatedStop: a request or a signal on one rank stops every rank after the same step; handlers are put "
+TEST_CASE("CoordinatedStop: a request or a signal on one rank stops every rank after the same step, and handlers are put "
           "back",
           "[trainer]") {
   struct sigaction before {};
