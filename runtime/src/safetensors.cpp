@@ -32,7 +32,6 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kOp = "safetensors";
-constexpr int kMaxJsonDepth = 8;
 
 [[noreturn]] void fail(const std::string& what, const std::string& problem) {
   throw IOError(kOp, what + ": " + problem);
@@ -183,9 +182,8 @@ class ChecksumSax {
   bool have_header_ = false, have_tensors_ = false;
 };
 
-/// Parses the checksum entry; j is the whole header (the entry is removed
-/// from it, so that what remains can be digested as the writer did).
-Checksums take_checksums(json& j, const std::string& text, const std::string& what) {
+/// Parses the checksum entry's text.
+Checksums parse_checksums(const std::string& text, const std::string& what) {
   Checksums out;
   ChecksumSax sax(out, what);
   try {
@@ -195,168 +193,214 @@ Checksums take_checksums(json& j, const std::string& text, const std::string& wh
   }
   if (!sax.complete())
     fail(what, std::string(kSafetensorsChecksumKey) + " must be {\"header\": digest, \"tensors\": {name: digest}}");
-  auto& meta = j["__metadata__"];
-  meta.erase(kSafetensorsChecksumKey);
-  if (meta.empty()) j.erase("__metadata__");
   return out;
 }
 
-/// Builds the header's DOM while it is parsed, in time linear in its size
-/// (nlohmann's callback parser scans the parent object after every inner
-/// object ends: quadratic in the number of tensors, minutes for a 15 MB
-/// header of 200k tensors). Duplicate keys are invisible after parsing (the
-/// last one wins), so they are caught here; the depth limit keeps hostile
-/// nesting cheap.
+/// Reads the header in one pass, in time linear in its size, handing each
+/// value of the root object to `done` as soon as it is complete (nlohmann's
+/// callback parser scans the parent object after every inner object ends:
+/// quadratic in the number of tensors, minutes for a 15 MB header of 200k
+/// tensors). Only one root value is held as JSON at a time, and the shape
+/// of a safetensors header is enforced while reading (the root an object;
+/// a tensor an object of dtype, shape and data_offsets with at most
+/// kMaxDims dimensions; __metadata__ an object of at most kMaxMetadata
+/// strings), so a hostile header is refused before it is held in memory.
+/// Duplicate keys are caught here (the last one would win after parsing).
 class HeaderSax {
  public:
-  HeaderSax(json& root, const std::string& what) : root_(root), what_(what) {}
-  bool null() { return put(nullptr) != nullptr; }
-  bool boolean(bool v) { return put(v) != nullptr; }
-  bool number_integer(json::number_integer_t v) { return put(v) != nullptr; }
-  bool number_unsigned(json::number_unsigned_t v) { return put(v) != nullptr; }
-  bool number_float(json::number_float_t v, const std::string&) { return put(v) != nullptr; }
-  bool string(std::string& v) { return put(std::move(v)) != nullptr; }
-  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))) != nullptr; }
+  static constexpr std::size_t kMaxDims = 64;
+  static constexpr std::size_t kMaxMetadata = 65536;
+  using Done = std::function<void(const std::string& key, json&& value)>;
+  HeaderSax(const std::string& what, Done done) : what_(what), done_(std::move(done)) {}
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(json::number_integer_t v) { return put(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(v); }
+  bool number_float(json::number_float_t v, const std::string&) { return put(v); }
+  bool string(std::string& v) { return put(std::move(v)); }
+  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))); }
   bool start_object(std::size_t) {
-    open(put(json::object()));
+    if (depth_ == 0) {  // the root
+      depth_ = 1;
+      return true;
+    }
+    if (depth_ >= 2) fail(what_, nested_problem("an object"));
+    value_ = json::object();
+    depth_ = 2;
     return true;
   }
   bool key(std::string& k) {
+    if (depth_ == 1) {
+      if (!seen_.insert(k).second) fail(what_, "duplicate key '" + k + "' in header");
+      root_key_ = std::move(k);
+      return true;
+    }
+    // depth 2: a field of a tensor, or an entry of __metadata__
+    auto& obj = value_.get_ref<json::object_t&>();
+    if (obj.count(k)) fail(what_, "duplicate key '" + k + "' in header");
+    if (metadata()) {
+      if (obj.size() >= kMaxMetadata)
+        fail(what_, "__metadata__ has more than " + std::to_string(kMaxMetadata) + " entries");
+    } else if (k != "dtype" && k != "shape" && k != "data_offsets") {
+      fail(what_, "tensor '" + root_key_ + "' has an unknown field '" + k + "'");
+    }
     key_ = std::move(k);
     return true;
   }
   bool end_object() {
-    stack_.pop_back();
+    if (depth_ == 2) {
+      depth_ = 1;
+      done_(root_key_, std::move(value_));
+    } else {
+      depth_ = 0;
+      complete_ = true;
+    }
     return true;
   }
   bool start_array(std::size_t) {
-    open(put(json::array()));
+    if (depth_ == 0) fail(what_, "header must be a JSON object, got array");
+    if (depth_ == 1 && metadata()) fail(what_, "__metadata__ must be an object of strings");
+    if (depth_ == 1) fail(what_, "tensor '" + root_key_ + "' must be described by an object");
+    if (depth_ >= 3) fail(what_, nested_problem("an array"));
+    if (metadata()) fail(what_, "__metadata__ entry '" + key_ + "' is not a string (array)");
+    value_[key_] = json::array();
+    depth_ = 3;
     return true;
   }
   bool end_array() {
-    stack_.pop_back();
+    depth_ = 2;
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
     fail(what_, std::string("header is not valid JSON: ") + e.what());
   }
+  /// The whole root object was read.
+  bool complete() const { return complete_; }
 
  private:
-  void open(json* v) {
-    if (stack_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) fail(what_, "header JSON is nested too deeply");
-    stack_.push_back(v);
+  bool metadata() const { return root_key_ == "__metadata__"; }
+  std::string nested_problem(const char* kind) const {
+    if (metadata()) return "__metadata__ entry '" + key_ + "' is not a string (" + kind + ")";
+    return "tensor '" + root_key_ + "': field '" + key_ + "' holds " + kind + " where a " +
+           (depth_ >= 3 ? "number" : "value") + " belongs";
   }
-  /// Places v where the parser is (the root, the next array element, the
-  /// value of the last key). The containers on the stack are only ever
-  /// appended to at their end, so the pointers stay valid.
-  json* put(json v) {
-    if (stack_.empty()) {
-      root_ = std::move(v);
-      return &root_;
+  bool put(json v) {
+    switch (depth_) {
+      case 0: fail(what_, std::string("header must be a JSON object, got ") + v.type_name());
+      case 1:
+        if (metadata()) fail(what_, "__metadata__ must be an object of strings");
+        fail(what_, "tensor '" + root_key_ + "' must be described by an object");
+      case 2:
+        if (metadata() && !v.is_string())
+          fail(what_, "__metadata__ entry '" + key_ + "' is not a string (" + v.type_name() + ")");
+        value_[key_] = std::move(v);
+        return true;
+      default: {
+        json& arr = value_[key_];
+        const std::size_t limit = key_ == "shape" ? kMaxDims : 2;
+        if (arr.size() >= limit) {
+          if (key_ == "shape")
+            fail(what_, "tensor '" + root_key_ + "' has more than " + std::to_string(kMaxDims) + " dimensions");
+          fail(what_, "tensor '" + root_key_ + "': data_offsets must hold two non-negative integers");
+        }
+        arr.push_back(std::move(v));
+        return true;
+      }
     }
-    json& top = *stack_.back();
-    if (top.is_array()) {
-      top.push_back(std::move(v));
-      return &top.back();
-    }
-    // One lookup, which also finds a duplicate; keys in order (as dopt
-    // writes them) go to the end of the map in constant time.
-    auto& obj = top.get_ref<json::object_t&>();
-    const std::size_t before = obj.size();
-    auto it = obj.emplace_hint(obj.end(), key_, std::move(v));
-    if (obj.size() == before) fail(what_, "duplicate key '" + key_ + "' in header");
-    return &it->second;
   }
-  json& root_;
   const std::string& what_;
-  std::vector<json*> stack_;
-  std::string key_;
+  Done done_;
+  int depth_ = 0;            // 0 outside, 1 in the root, 2 in a root value, 3 in an array of it
+  std::string root_key_, key_;
+  json value_;               // the root value being read
+  std::set<std::string> seen_;
+  bool complete_ = false;
 };
+
+/// Checks one tensor's description (an object of dtype, shape and
+/// data_offsets); data_size is the length of the data section.
+SafetensorsEntry tensor_entry(const std::string& name, const json& v, std::uint64_t data_size,
+                              const std::string& what) {
+  SafetensorsEntry e;
+  e.name = name;
+  // dtype
+  auto dt = v.find("dtype");
+  if (dt == v.end()) fail(what, "tensor '" + name + "' has no dtype");
+  if (!dt->is_string()) fail(what, "tensor '" + name + "': dtype must be a string");
+  auto parsed_dt = safetensors_dtype(dt->get<std::string>());
+  if (!parsed_dt) fail(what, "tensor '" + name + "' has an unknown dtype '" + dt->get<std::string>() + "'");
+  e.dtype = *parsed_dt;
+  // shape
+  auto sh = v.find("shape");
+  if (sh == v.end()) fail(what, "tensor '" + name + "' has no shape");
+  if (!sh->is_array()) fail(what, "tensor '" + name + "': shape must be an array of integers");
+  bool has_zero = false;
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : *sh) {
+    if (!d.is_number_integer()) fail(what, "tensor '" + name + "': shape must be an array of integers");
+    if (!d.is_number_unsigned()) fail(what, "tensor '" + name + "' has a negative dimension " + d.dump());
+    const std::uint64_t dim = d.get<std::uint64_t>();
+    if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      fail(what, "tensor '" + name + "' has a dimension too large: " + d.dump());
+    if (dim == 0) has_zero = true;
+    if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
+    e.shape.push_back(static_cast<std::int64_t>(dim));
+  }
+  std::uint64_t nbytes = 0;
+  if (has_zero) {
+    numel = 0;
+  } else if (overflow || __builtin_mul_overflow(numel, std::uint64_t(itemsize(e.dtype)), &nbytes) ||
+             numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    fail(what, "tensor '" + name + "': shape " + sh->dump() + " overflows the element count");
+  }
+  // data_offsets
+  auto off = v.find("data_offsets");
+  if (off == v.end()) fail(what, "tensor '" + name + "' has no data_offsets");
+  if (!off->is_array() || off->size() != 2)
+    fail(what, "tensor '" + name + "': data_offsets must hold two non-negative integers");
+  e.begin = read_offset((*off)[0], what, name);
+  e.end = read_offset((*off)[1], what, name);
+  if (e.end < e.begin)
+    fail(what, "tensor '" + name + "': data_offsets end " + std::to_string(e.end) + " < begin " +
+                   std::to_string(e.begin));
+  if (e.end > data_size)
+    fail(what, "tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
+                   std::to_string(e.end) + "] lie outside the " + std::to_string(data_size) +
+                   "-byte data section (truncated file?)");
+  if (e.nbytes() != nbytes)
+    fail(what, "tensor '" + name + "': " + std::to_string(e.nbytes()) + " data bytes for " +
+                   std::to_string(numel) + " elements of " + std::string(dtype_name(e.dtype)) +
+                   " (expected " + std::to_string(nbytes) + ")");
+  return e;
+}
 
 /// Parses and validates a header of n bytes; data_size is the length of the
 /// data section that follows it.
 ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size, const std::string& what) {
-  json j;
-  HeaderSax sax(j, what);
+  ParsedHeader out;
+  // The header as the writer digested it: each root value's compact JSON by
+  // key (json objects dump their keys in this order).
+  std::map<std::string, std::string> dumped;
+  json meta = json::object();
+  HeaderSax sax(what, [&](const std::string& key, json&& v) {
+    if (key == "__metadata__") {
+      meta = std::move(v);
+      return;
+    }
+    dumped.emplace(key, v.dump());
+    out.entries.push_back(tensor_entry(key, v, data_size, what));
+  });
   try {
     json::sax_parse(p, p + n, &sax, nlohmann::detail::input_format_t::json, /*strict=*/true,
                     /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     fail(what, std::string("header is not valid JSON: ") + e.what());
   }
-  if (!j.is_object()) fail(what, "header must be a JSON object, got " + std::string(j.type_name()));
-
-  ParsedHeader out;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) fail(what, "__metadata__ must be an object of strings");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          fail(what, "__metadata__ entry '" + m.key() + "' is not a string (" + m.value().type_name() + ")");
-        out.metadata.emplace(m.key(), m.value().get<std::string>());
-      }
-      continue;
-    }
-    if (!v.is_object()) fail(what, "tensor '" + name + "' must be described by an object");
-    for (auto f = v.begin(); f != v.end(); ++f) {
-      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
-        fail(what, "tensor '" + name + "' has an unknown field '" + f.key() + "'");
-    }
-    SafetensorsEntry e;
-    e.name = name;
-    // dtype
-    auto dt = v.find("dtype");
-    if (dt == v.end()) fail(what, "tensor '" + name + "' has no dtype");
-    if (!dt->is_string()) fail(what, "tensor '" + name + "': dtype must be a string");
-    auto parsed_dt = safetensors_dtype(dt->get<std::string>());
-    if (!parsed_dt) fail(what, "tensor '" + name + "' has an unknown dtype '" + dt->get<std::string>() + "'");
-    e.dtype = *parsed_dt;
-    // shape
-    auto sh = v.find("shape");
-    if (sh == v.end()) fail(what, "tensor '" + name + "' has no shape");
-    if (!sh->is_array()) fail(what, "tensor '" + name + "': shape must be an array of integers");
-    bool has_zero = false;
-    std::uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : *sh) {
-      if (!d.is_number_integer()) fail(what, "tensor '" + name + "': shape must be an array of integers");
-      if (!d.is_number_unsigned()) fail(what, "tensor '" + name + "' has a negative dimension " + d.dump());
-      const std::uint64_t dim = d.get<std::uint64_t>();
-      if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        fail(what, "tensor '" + name + "' has a dimension too large: " + d.dump());
-      if (dim == 0) has_zero = true;
-      if (!overflow && __builtin_mul_overflow(numel, dim, &numel)) overflow = true;
-      e.shape.push_back(static_cast<std::int64_t>(dim));
-    }
-    std::uint64_t nbytes = 0;
-    if (has_zero) {
-      numel = 0;
-    } else if (overflow || __builtin_mul_overflow(numel, std::uint64_t(itemsize(e.dtype)), &nbytes) ||
-               numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      fail(what, "tensor '" + name + "': shape " + sh->dump() + " overflows the element count");
-    }
-    // data_offsets
-    auto off = v.find("data_offsets");
-    if (off == v.end()) fail(what, "tensor '" + name + "' has no data_offsets");
-    if (!off->is_array() || off->size() != 2)
-      fail(what, "tensor '" + name + "': data_offsets must hold two non-negative integers");
-    e.begin = read_offset((*off)[0], what, name);
-    e.end = read_offset((*off)[1], what, name);
-    if (e.end < e.begin)
-      fail(what, "tensor '" + name + "': data_offsets end " + std::to_string(e.end) + " < begin " +
-                     std::to_string(e.begin));
-    if (e.end > data_size)
-      fail(what, "tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
-                     std::to_string(e.end) + "] lie outside the " + std::to_string(data_size) +
-                     "-byte data section (truncated file?)");
-    if (e.nbytes() != nbytes)
-      fail(what, "tensor '" + name + "': " + std::to_string(e.nbytes()) + " data bytes for " +
-                     std::to_string(numel) + " elements of " + std::string(dtype_name(e.dtype)) +
-                     " (expected " + std::to_string(nbytes) + ")");
-    out.entries.push_back(std::move(e));
-  }
+  if (!sax.complete()) fail(what, "header must be a JSON object");
+  for (auto m = meta.begin(); m != meta.end(); ++m) out.metadata.emplace(m.key(), m.value().get<std::string>());
+  std::sort(out.entries.begin(), out.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; });
   // Overlaps: sort the non-empty tensors by begin offset.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : out.entries)
@@ -367,7 +411,6 @@ ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size,
     if (by_offset[k]->begin < by_offset[k - 1]->end)
       fail(what, "tensors '" + by_offset[k - 1]->name + "' and '" + by_offset[k]->name + "' overlap");
   }
-  // json objects iterate in key order, so entries are sorted by name already.
   // Two entries, so that no single damaged key name can pass the file off
   // as one without checksums: the algorithm (covered by the header digest)
   // and the digests.
@@ -388,8 +431,20 @@ ParsedHeader parse_header(const char* p, std::size_t n, std::uint64_t data_size,
       fail(what, "unknown checksum algorithm '" + algorithm + "' (this dopt knows " + kChecksumAlgorithm +
                      "; a damaged header?)");
     {
-      out.checksums = take_checksums(j, text, what);
-      if (header_digest(j) != out.checksums->header)
+      out.checksums = parse_checksums(text, what);
+      // What the writer digested: the header without the checksum entry
+      // (and without __metadata__ when nothing else is in it).
+      meta.erase(kSafetensorsChecksumKey);
+      if (!meta.empty()) dumped.emplace("__metadata__", meta.dump());
+      std::string whole = "{";
+      for (const auto& [key, text_of] : dumped) {
+        if (whole.size() > 1) whole += ',';
+        whole += json(key).dump();
+        whole += ':';
+        whole += text_of;
+      }
+      whole += '}';
+      if (digest(whole.data(), whole.size()) != out.checksums->header)
         fail(what, "the header (tensor names, dtypes, shapes, offsets or metadata) does not match its checksum: "
                    "the file is corrupt");
       // Both in name order: one pass.

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -692,4 +694,62 @@ TEST_CASE("safetensors: parsing a header takes time linear in its size (200k ten
   dup.replace(dup.find("\"t2\""), 4, "\"t0\"");
   CHECK_THROWS_WITH(parse_safetensors(dup.data(), dup.size(), "dup.safetensors"),
                     Catch::Contains("duplicate key 't0' in header"));
+}
+
+TEST_CASE("safetensors: a hostile header is refused before it is held in memory (a 98 MB shape, 70,000 metadata "
+          "entries, a field that is not a tensor's)",
+          "[safetensors][hostile]") {
+  // A 98 MB header whose one tensor has a shape of 49 million ones: held as
+  // JSON it took 24 times its size (2.4 GB) before it was refused. Parsed in
+  // a child process that reports how much its peak memory grew.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string header = R"({"a":{"dtype":"F32","shape":[)";
+    const std::size_t ones = 49'000'000;
+    header.reserve(header.size() + 2 * ones + 64);
+    for (std::size_t k = 0; k < ones; ++k) header += k ? ",1" : "1";
+    header += R"(],"data_offsets":[0,4]}})";
+    const std::string file = make_file(header, std::string(4, '\0'));
+    header.clear();
+    header.shrink_to_fit();
+    rusage before{}, after{};
+    ::getrusage(RUSAGE_SELF, &before);
+    std::string why;
+    try {
+      (void)parse_safetensors(file.data(), file.size(), "hostile.safetensors");
+    } catch (const IOError& e) {
+      why = e.what();
+    }
+    ::getrusage(RUSAGE_SELF, &after);
+    const std::string report = std::to_string(after.ru_maxrss - before.ru_maxrss) + " " + why;
+    (void)!::write(fds[1], report.data(), report.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  INFO(report);
+  REQUIRE(WIFEXITED(status));
+  const long grew_kib = std::stol(report);
+  CHECK(grew_kib < 64 * 1024);  // under 64 MiB more (it was over 2 GiB)
+  CHECK_THAT(report, Catch::Contains("hostile.safetensors: tensor 'a' has more than 64 dimensions"));
+
+  // 70,000 metadata entries: more than a header may hold.
+  std::string meta = R"({"__metadata__":{)";
+  for (int k = 0; k < 70000; ++k) meta += (k ? ",\"" : "\"") + std::to_string(k) + "\":\"\"";
+  meta += "}}";
+  const std::string m = make_file(meta);
+  CHECK_THROWS_WITH(parse_safetensors(m.data(), m.size(), "m"),
+                    Catch::Contains("__metadata__ has more than 65536 entries"));
+  // A field no tensor has is refused at its name, before its value is read.
+  const std::string x = make_file(R"({"a":{"dtype":"F32","extra":[)" + std::string(1000, '[') + "]]}}");
+  CHECK_THROWS_WITH(parse_safetensors(x.data(), x.size(), "x"), Catch::Contains("tensor 'a' has an unknown field 'extra'"));
 }
