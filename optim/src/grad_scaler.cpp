@@ -77,16 +77,6 @@ bool unscale_one(const Tensor& g, float inv) {
   }
 }
 
-std::vector<Tensor> grads_of(const std::vector<OptimizerParamGroup>& groups) {
-  std::vector<Tensor> out;
-  for (const auto& g : groups)
-    for (const auto& p : g.params) {
-      Tensor grad = p.grad();
-      if (grad.defined()) out.push_back(std::move(grad));
-    }
-  return out;
-}
-
 }  // namespace
 
 bool has_nonfinite(const std::vector<Tensor>& tensors) {
@@ -130,6 +120,17 @@ double GradScaler::get_scale() const { return o_.enabled ? static_cast<double>(s
 
 GradScaler::PerOptimizer& GradScaler::state_for(const void* key, const char* /*op*/) { return per_optimizer_[key]; }
 
+void GradScaler::unscale_grads(const void* key, const std::vector<OptimizerParamGroup>& groups,
+                               const ProcessGroup& group, const char* op) {
+  std::vector<Tensor> grads;
+  for (const auto& g : groups)
+    for (const auto& p : g.params) {
+      Tensor grad = p.grad();
+      if (grad.defined()) grads.push_back(std::move(grad));
+    }
+  unscale_grads(key, grads, group, op);
+}
+
 void GradScaler::unscale_grads(const void* key, const std::vector<Tensor>& grads, const ProcessGroup& group,
                                const char* op) {
   PerOptimizer& st = state_for(key, op);
@@ -147,7 +148,7 @@ void GradScaler::unscale_grads(const void* key, const std::vector<Tensor>& grads
 
 void GradScaler::unscale_(Optimizer& optimizer) {
   if (!o_.enabled) return;
-  unscale_grads(&optimizer, grads_of(optimizer.param_groups()), o_.process_group, "GradScaler.unscale_");
+  unscale_grads(&optimizer, optimizer.param_groups(), o_.process_group, "GradScaler.unscale_");
 }
 
 template <class Step, class Skip>

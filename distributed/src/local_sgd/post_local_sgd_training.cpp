@@ -7,19 +7,6 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 
 namespace dopt::optim {
-namespace {
-
-std::vector<Tensor> grads_of(const std::vector<OptimizerParamGroup>& groups) {
-  std::vector<Tensor> out;
-  for (const auto& g : groups)
-    for (const auto& p : g.params) {
-      Tensor grad = p.grad();
-      if (grad.defined()) out.push_back(std::move(grad));
-    }
-  return out;
-}
-
-}  // namespace
 
 double clip_grad_norm(PostLocalSGDOptimizer& optimizer, double max_norm, const ClipGradNormOptions& options) {
   return clip_grad_norm(optimizer.param_groups(), max_norm, options);
@@ -27,7 +14,7 @@ double clip_grad_norm(PostLocalSGDOptimizer& optimizer, double max_norm, const C
 
 void grad_scaler_unscale(GradScaler& scaler, PostLocalSGDOptimizer& optimizer) {
   if (!scaler.is_enabled()) return;
-  scaler.unscale_grads(&optimizer, grads_of(optimizer.param_groups()), optimizer.averager().process_group(),
+  scaler.unscale_grads(&optimizer, optimizer.param_groups(), optimizer.averager().process_group(),
                        "GradScaler.unscale_");
 }
 

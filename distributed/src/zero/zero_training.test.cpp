@@ -19,6 +19,7 @@
 #include "dopt/optim/grad_scaler.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/sgd.hpp"
+#include "grad_scaler_fixture.hpp"
 #include "test_util.hpp"
 
 using namespace dopt;
@@ -28,7 +29,11 @@ using dopt::test::values;
 
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
+using test::kInf;
+using test::small_scaler;
+using test::make_params;
+using test::set_grads;
+using test::all_equal;
 
 // clip_grad.test.cpp's gradients.
 const std::vector<std::size_t> kSizes = {1, 3, 4, 5, 7, 8, 12, 13, 17, 64, 100, 1031};
@@ -41,39 +46,6 @@ std::vector<std::vector<T>> make_grads(std::uint64_t seed, double scale) {
 }
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
-// grad_scaler.test.cpp's scaler, parameters and gradients.
-GradScalerOptions small_scaler() {
-  GradScalerOptions o;
-  o.init_scale = 8.0;
-  o.growth_factor = 2.0;
-  o.backoff_factor = 0.25;
-  o.growth_interval = 3;
-  return o;
-}
-
-std::vector<Tensor> make_params(int n, int seed) {
-  std::vector<Tensor> ps;
-  for (int k = 0; k < n; ++k)
-    ps.push_back(test::tensor_of(test::values<float>(static_cast<std::size_t>(3 + 2 * k), static_cast<std::uint64_t>(seed + k))));
-  return ps;
-}
-
-/// Gradients (scaled by `scale`) of step t on rank r (rank -1: the same on every rank).
-void set_grads(const std::vector<Tensor>& ps, int t, int r, double scale) {
-  for (std::size_t k = 0; k < ps.size(); ++k) {
-    auto v = test::values<float>(static_cast<std::size_t>(ps[k].numel()), 7000 + 100 * static_cast<std::uint64_t>(t) +
-                                                                               13 * static_cast<std::uint64_t>(r + 1) + k);
-    for (auto& x : v) x = static_cast<float>(x * scale);
-    ps[k].set_grad(test::tensor_of(v));
-  }
-}
-
-bool all_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  for (std::size_t k = 0; k < a.size(); ++k)
-    if (!a[k].equal(b[k])) return false;
-  return true;
-}
 
 }  // namespace
 

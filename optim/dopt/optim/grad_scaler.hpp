@@ -133,6 +133,9 @@ class GradScaler {
   /// Unscales grads, agrees over group (any_rank), records the result for key.
   /// StateError when key was unscaled or stepped in this iteration.
   void unscale_grads(const void* key, const std::vector<Tensor>& grads, const ProcessGroup& group, const char* op);
+  /// The same over the defined gradients of `groups`' parameters.
+  void unscale_grads(const void* key, const std::vector<OptimizerParamGroup>& groups, const ProcessGroup& group,
+                     const char* op);
   /// step's bookkeeping for key: disabled, do_step; else StateError when key
   /// stepped in this iteration, `unscale` when it was not unscaled, then
   /// do_skip when inf/NaN was found, else do_step. Returns whether it stepped.
