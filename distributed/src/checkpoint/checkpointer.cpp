@@ -18,6 +18,7 @@
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/zero.hpp"
+#include "dopt/actors/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
 
 namespace dopt {
@@ -106,7 +107,7 @@ struct Checkpointer::Impl {
   void finish_writer() noexcept {
     if (!writer.joinable()) return;
     in_flight.wait();
-    writer.join();
+    detail::sim::join_thread(writer);
   }
 
   /// The caller's part of a save: the files this rank writes, with the items'
@@ -265,7 +266,8 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
 
   Promise<void> done;
   m.in_flight = done.get_future();
-  m.writer = std::thread([done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
+  // A simulated task under deterministic simulation (scheduled like the ranks).
+  m.writer = detail::sim::make_thread([done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
                           dir = m.options.dir, keep_last = m.options.keep_last, hook = m.options.before_write,
                           rank = m.rank]() mutable {
     try {
@@ -300,7 +302,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
     } catch (...) {
       done.set_exception(std::current_exception());
     }
-  });
+  }, "checkpoint writer");
   return m.in_flight;
 }
 

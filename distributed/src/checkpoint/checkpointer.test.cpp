@@ -8,8 +8,8 @@
 // after simulate() returned.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -235,14 +235,12 @@ TEST_CASE("Checkpointer: save_async writes byte for byte what save writes, and r
     for (int t = 0; t < 2; ++t) rig.step(t);
     // The writer waits for the caller: a save_async that waited for its write
     // would never return (the hook gives up after 30 s and says so).
-    std::mutex hm;
-    std::condition_variable cv;
-    bool release = false, timed_out = false;
+    Promise<void> release;
+    std::atomic<bool> timed_out{false};
     CheckpointerOptions so = options_for(ctx, sync_dir), ao = options_for(ctx, async_dir);
     so.run = ao.run = "fixed-run";
     ao.before_write = [&](const std::string&) {
-      std::unique_lock<std::mutex> lock(hm);
-      if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return release; })) timed_out = true;
+      if (!release.get_future().wait_for(std::chrono::seconds(30))) timed_out = true;
     };
     Checkpointer sync(so), async(ao);
     rig.add_to(sync);
@@ -254,11 +252,7 @@ TEST_CASE("Checkpointer: save_async writes byte for byte what save writes, and r
     const bool file = fs::exists(fs::path(async_dir) / "step-00000002.tmp" /
                                  ("rank" + std::to_string(ctx.rank()) + "-of-3.safetensors"));
     rig.step(2);  // the parameters and the optimizers' state change while the write waits
-    {
-      std::lock_guard<std::mutex> lock(hm);
-      release = true;
-    }
-    cv.notify_all();
+    release.set_value();
     f.get();
     std::lock_guard<std::mutex> lock(m);
     const auto r = static_cast<std::size_t>(ctx.rank());
