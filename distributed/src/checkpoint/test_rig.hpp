@@ -32,11 +32,22 @@ namespace dopt::checkpoint_test {
 
 namespace fs = std::filesystem;
 
+/// The folders fresh_dir made, removed when the test program ends.
+struct MadeDirs {
+  std::vector<fs::path> dirs;
+  ~MadeDirs() {
+    std::error_code ec;
+    for (const fs::path& d : dirs) fs::remove_all(d, ec);
+  }
+};
+inline MadeDirs made_dirs;
+
 /// A fresh empty folder for one test.
 inline std::string fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("dopt-checkpointer-test-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(d);
   fs::create_directories(d);
+  made_dirs.dirs.push_back(d);
   return d.string();
 }
 
