@@ -35,6 +35,7 @@ ALLOWED = {
     "local_sgd": {"survive", "ddp"},
     "rpc_optim": {"survive"},
     "train": set(),
+    "checkpoint": {"survive", "ddp", "zero", "local_sgd", "rpc_optim", "train"},
 }
 PUBLIC_HOME = {
     "recovery": "survive",
@@ -43,6 +44,7 @@ PUBLIC_HOME = {
     "averagers": "local_sgd", "post_local_sgd": "local_sgd", "diloco": "local_sgd",
     "distributed_optimizer": "rpc_optim",
     "trainer": "train",
+    "checkpointer": "checkpoint",
 }
 dist = root / "distributed"
 src = dist / "src"

@@ -1,0 +1,188 @@
+#pragma once
+// dopt::Checkpointer: training checkpoints of a data-parallel job, saved and
+// restored by every rank together (docs/checkpointing.md has the guide, the
+// folder layout and the resharding rules).
+//
+//   dopt::Checkpointer ckpt(dopt::CheckpointerOptions{ctx.world(), "ckpt", 3});
+//   ckpt.add_tensors("model", named_params, dopt::Placement::replicated);
+//   ckpt.add_optimizer("optim", zero);
+//   const auto resumed = ckpt.load_latest();   // the step, or nullopt
+//   ... every K steps: ckpt.save_async(step);
+//
+// What it holds: items registered by name (add_*): named tensors, one of
+// dopt's optimizers, a random generator, a data loader's position, user
+// extras. Each registered object is referenced, not copied: it must outlive
+// the Checkpointer, and save reads it, load writes it.
+//
+// Who calls what. The constructor, save, save_async, load and load_latest
+// are collectives of CheckpointerOptions::group: every rank of it calls them
+// in the same order, from the thread that issues its other collectives, with
+// the same step and the same items registered (same names, kinds and
+// placements, in the same order; a save where they differ fails on every
+// rank). add_*, wait and the accessors are local. Not thread-safe: one
+// thread per rank calls it. A load applies the items in the order they were
+// added.
+//
+// Collectives it runs. On the caller's thread: ZeroRedundancyOptimizer::
+// save_sharded (a barrier of the optimizer's group) inside save/save_async,
+// and its own agreements (an all_gather of a small record per rank) on the
+// commit group at construction, at the start of a save and in
+// load/load_latest. On the background writer thread: the two agreements of
+// a save's commit, on the commit group only, never on `group`, so they do
+// not interleave with the user's collectives. The commit group is
+// CheckpointerOptions::commit_group or, left invalid, one the constructor
+// makes with group.new_group(group.ranks()).
+//
+// Asynchronous saves. save_async(step) first waits for the save still in
+// flight (if any), then snapshots every item into CPU memory on the caller's
+// thread (tensors and optimizer state are copied), and returns; the files
+// are written by a background thread, after which the ranks commit it (rank
+// 0 writes checkpoint.json and renames step-XXXXXXXX.tmp to step-XXXXXXXX,
+// then removes checkpoints beyond keep_last). Its future completes on every
+// rank once the checkpoint is committed (or failed). Exceptions: the parts
+// whose public API has no in-memory snapshot are written on the caller's
+// thread before save_async returns: a ZeroRedundancyOptimizer's shard
+// (save_sharded) and a DiLoCo averager's replicated state (save_sharded).
+// save(step) is save_async(step).get().
+//
+// Errors (dopt::Error subclasses naming the call, "Checkpointer::save",
+// "Checkpointer::load", ..., this rank, and the file): ValueError for bad
+// arguments (an empty or duplicate name, a negative step); IOError for a
+// file that cannot be written or read, a folder that is not a complete
+// checkpoint, and a checkpoint whose files are not its own (a file of
+// another checkpoint, a file of another rank: the odd file is named);
+// StateDictError when the checkpoint does not fit the registered items (an
+// item missing, a tensor of another shape, per-rank state at another world
+// size). A load that fails on one rank fails on every rank (the others name
+// it). What the group's collectives raise (PeerLostError, TimeoutError)
+// passes through.
+//
+// Not covered: DistributedOptimizer (its optimizer state lives on the
+// parameter owners, and its public API has no state dict or save call).
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt {
+
+class DistributedSampler;
+namespace optim {
+class Optimizer;
+class ZeroRedundancyOptimizer;
+class PostLocalSGDOptimizer;
+}  // namespace optim
+
+/// How an item is held across the ranks.
+enum class Placement {
+  /// The same on every rank (replicated parameters, a DDP optimizer): rank 0
+  /// writes it once; every rank loads that copy, at any world size.
+  replicated,
+  /// Each rank's own (post-local SGD's parameters, a per-rank generator):
+  /// every rank writes its own; it loads only at the world size it was saved
+  /// at, rank r reading rank r's (StateDictError at another world size).
+  per_rank,
+};
+
+struct CheckpointerOptions {
+  /// The ranks that save and load together (required).
+  ProcessGroup group;
+  /// The folder of the checkpoints, one step-XXXXXXXX folder each (created
+  /// by the first save; required).
+  std::string dir;
+  /// After each save, keep only the newest keep_last complete checkpoints
+  /// (and remove leftover step-*.tmp folders older than the newest). 0: all.
+  int keep_last = 0;
+  /// The group the commits run on: the ranks of `group` in the same order,
+  /// used by nothing else. Invalid: the constructor makes one with
+  /// group.new_group(group.ranks()), which needs `group` to be the world
+  /// group (ValueError otherwise).
+  ProcessGroup commit_group = {};
+  /// The run id written into every file (letters, digits, '-', '_'). Empty:
+  /// 16 hex digits drawn by rank 0 at construction. A load takes the
+  /// checkpoint's, so a resumed run keeps the id of the run it resumes.
+  std::string run = {};
+  /// Testing aid: called on the writer thread with the path of each file
+  /// just before it writes it.
+  std::function<void(const std::string& path)> before_write = {};
+};
+
+class Checkpointer {
+ public:
+  /// Collective (see the header): makes the commit group when none is given
+  /// and agrees on the run id. ValueError for an invalid group, an empty dir,
+  /// keep_last < 0, a commit_group over other ranks, a bad run id.
+  explicit Checkpointer(CheckpointerOptions options);
+  /// Waits for the save in flight (its error, if any, is dropped: call wait()
+  /// first to see it).
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // --- what is saved (local; names: letters, digits, '-', '_', '.', unique) ---
+  /// Named tensors (parameters, buffers), on any device; load copies into
+  /// them (same shapes and dtypes).
+  void add_tensors(const std::string& name, std::map<std::string, Tensor> tensors, Placement placement);
+  /// A local optimizer (state_dict / load_state_dict): replicated for data
+  /// parallelism with averaged gradients, per_rank otherwise.
+  void add_optimizer(const std::string& name, optim::Optimizer& optimizer, Placement placement);
+  /// ZeRO: each rank's shard (save_sharded, on the caller's thread); loads at
+  /// any world size (load_sharded reshards).
+  void add_optimizer(const std::string& name, optim::ZeroRedundancyOptimizer& optimizer);
+  /// Post-local SGD: its state dict, per rank. With a DiLoCoAverager as its
+  /// averager, the averager is switched to sharded checkpoints
+  /// (set_sharded_checkpoints(true)): its replicated state goes to its own
+  /// shards (save_sharded, on the caller's thread), its per-rank part to the
+  /// state dict.
+  void add_optimizer(const std::string& name, optim::PostLocalSGDOptimizer& optimizer);
+  /// A generator's full state.
+  void add_rng(const std::string& name, std::mt19937_64& rng, Placement placement);
+  /// A counter-based generator: its seed and counter.
+  void add_rng(const std::string& name, std::uint64_t& seed, std::uint64_t& counter, Placement placement);
+  /// A data loader's position, replicated: the sampler's epoch and `offset`,
+  /// the samples each rank has taken of that epoch's indices(). At another
+  /// world size the offset is rescaled so that as many samples are taken
+  /// over all ranks (StateDictError when that does not divide); load sets
+  /// the sampler's epoch and the offset.
+  void add_data_position(const std::string& name, DistributedSampler& sampler, std::int64_t& offset);
+  /// Free-form strings (a config, a metric); load replaces the map.
+  void add_extras(const std::string& name, std::map<std::string, std::string>& extras, Placement placement);
+
+  // --- saving and loading (collectives) ---------------------------------------
+  /// save_async(step).get().
+  void save(std::int64_t step);
+  /// Snapshots and returns; the write and the commit run in the background
+  /// (see the header). The future carries the save's error.
+  Future<void> save_async(std::int64_t step);
+  /// Local: waits for the save in flight, if any (its commit on every
+  /// rank); rethrows its error.
+  void wait();
+  /// Loads dir/step-XXXXXXXX into the registered items (see the header for
+  /// what is checked). The run id becomes the checkpoint's.
+  void load(std::int64_t step);
+  /// Loads the complete checkpoint of the highest step and returns its step;
+  /// nullopt when there is none (no folder yet, or only incomplete ones: a
+  /// step-*.tmp, or a folder without its checkpoint.json). IOError when a
+  /// folder's name disagrees with the step its checkpoint.json holds, or that
+  /// file cannot be read.
+  std::optional<std::int64_t> load_latest();
+
+  const std::string& dir() const noexcept;
+  /// The run id written into the next save.
+  const std::string& run() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dopt
