@@ -179,15 +179,9 @@ struct ZeroOptions {
   std::int64_t host_memory_chunk = 65536;
 };
 
-class ZeroOverlap;
-struct ZeroOverlapAccess;
-namespace zero_detail {
-class HostKeep;
-struct KeepPlan;
-struct KeepEntry;
-struct KeepSpec;
-struct KeepShare;
-}  // namespace zero_detail
+/// The implementation (not installed): ZeroRedundancyOptimizer is its facade.
+struct ZeroCore;
+struct ZeroCoreAccess;
 
 /// metadata["dopt.zero.format"] of a shard written by save_sharded.
 inline constexpr const char* kZeroShardFormat = "dopt-zero-shard/1";
@@ -275,12 +269,12 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// ZeroBuddyUpdate::replay also the saved parameters and gradients and the
   /// next snapshot's buffers).
   std::int64_t buddy_state_bytes() const;
-  ZeroBuddyUpdate buddy_update() const noexcept { return buddy_update_; }
+  ZeroBuddyUpdate buddy_update() const noexcept;
   /// ZeroBuddyUpdate::host_memory: whether step() copies the other ranks'
   /// new parameters out of their segments instead of broadcasting them
   /// (every rank of the group on one host, not all threads of one process;
   /// the same on every rank). Changes with a recovery.
-  bool reads_parameters_from_segments() const noexcept { return host_memory() && keep_reads_direct_; }
+  bool reads_parameters_from_segments() const noexcept;
 
   /// The shard file name of rank r of n.
   static std::string shard_file_name(int rank, int world_size);
@@ -290,212 +284,55 @@ class ZeroRedundancyOptimizer : public Joinable {
   std::unique_ptr<JoinHook> join_hook() override;
   /// The device of the first parameter.
   Device join_device() const override;
-  ProcessGroup join_process_group() const override { return group_; }
+  ProcessGroup join_process_group() const override;
 
   // --- accessors -----------------------------------------------------------------
   /// Global groups (all parameters, hyperparameters synchronised with the local optimizer).
-  std::vector<OptimizerParamGroup>& param_groups() noexcept { return groups_; }
-  const std::vector<OptimizerParamGroup>& param_groups() const noexcept { return groups_; }
+  std::vector<OptimizerParamGroup>& param_groups() noexcept;
+  const std::vector<OptimizerParamGroup>& param_groups() const noexcept;
   /// The local optimizer over this rank's shard.
-  Optimizer& optim() noexcept { return *optim_; }
-  const Optimizer& optim() const noexcept { return *optim_; }
-  const OptimizerSpec& spec() const noexcept { return spec_; }
-  const ProcessGroup& process_group() const noexcept { return group_; }
-  int rank() const noexcept { return rank_; }
-  int world_size() const noexcept { return world_size_; }
-  bool parameters_as_bucket_view() const noexcept { return bucket_view_; }
-  ZeroPartitionWeight partition_weight() const noexcept { return partition_weight_; }
+  Optimizer& optim() noexcept;
+  const Optimizer& optim() const noexcept;
+  const OptimizerSpec& spec() const noexcept;
+  const ProcessGroup& process_group() const noexcept;
+  int rank() const noexcept;
+  int world_size() const noexcept;
+  bool parameters_as_bucket_view() const noexcept;
+  ZeroPartitionWeight partition_weight() const noexcept;
   /// The weight of every parameter in the partition, by global index.
   std::vector<double> partition_weights() const;
   /// partition()[r][g]: rank r's parameters of group g, in assignment order.
-  const std::vector<std::vector<std::vector<Tensor>>>& partition() const noexcept { return partition_; }
+  const std::vector<std::vector<std::vector<Tensor>>>& partition() const noexcept;
   /// Owner rank of each parameter, by global index (position in the chain of groups).
   std::vector<int> param_owners() const;
   /// Global index of p (-1 when p is not one of the parameters).
   std::int64_t global_index(const Tensor& p) const;
   /// Every parameter, by global index.
-  const std::vector<Tensor>& all_params() const noexcept { return all_params_; }
+  const std::vector<Tensor>& all_params() const noexcept;
   /// Number of buckets per rank (0 without bucket view).
-  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  std::size_t bucket_count() const noexcept;
   /// buckets()[k][r]: the flat buffer of kind k (device, dtype) of rank r.
   /// After a recovery from a lost rank (redundancy) a kind can have more
   /// than one row: the survivors' buckets stay, and the parameters that came
   /// from lost ranks are in a row of their own (bucket_count() grows).
-  const std::vector<std::vector<Tensor>>& buckets() const noexcept { return buckets_; }
+  const std::vector<std::vector<Tensor>>& buckets() const noexcept;
   /// Bytes of the local optimizer's state on this rank (with overlap: call it
   /// between iterations; mid-iteration the state is with the worker).
   std::int64_t local_state_bytes() const;
   /// step() calls made so far (restored by load_sharded); with overlap: the
   /// overlapped iterations completed.
-  std::int64_t step_count() const noexcept { return steps_; }
-  bool overlap_with_ddp() const noexcept { return overlap_ != nullptr; }
+  std::int64_t step_count() const noexcept;
+  bool overlap_with_ddp() const noexcept;
   /// overlap_with_ddp: the owner rank of each reducer bucket, by bucket index
   /// (empty before the plan).
   std::vector<int> overlap_bucket_owners() const;
 
  private:
-  void add_group_checked(OptimizerParamGroup group, const char* op);
-  void check_same_params_everywhere(const char* op);
-  void partition_parameters();
-  std::vector<OptimizerParamGroup> local_groups(std::size_t first_group) const;
-  void build_buckets();
-  std::vector<bool> trainable_mask() const;
-  void sync_to_local();
-  void sync_from_local();
-  /// The end of both loads: `local` (this rank's and its buddies' state, by
-  /// parameter) split between optim_ and the buddy copies, `opts` installed.
-  void install_loaded(std::unordered_map<const TensorImpl*, ParamState> local,
-                      std::vector<std::unique_ptr<OptimizerOptions>> opts);
-  /// Broadcasts every shard from its owner; `meanwhile` (if set) runs once
-  /// while they are in flight, even when posting them failed.
-  void sync_params(const std::function<void()>& meanwhile = nullptr);
-  /// host_memory with every rank of the group on one host, in place of the
-  /// broadcasts (zero_host_memory.cpp): a barrier (every owner's step is in
-  /// its segment), each rank copies its host-mates' parameters out of their
-  /// segments, a barrier (no owner writes its segment before every rank
-  /// copied it).
-  void read_params_from_keeps();
-  /// Sets keep_reads_direct_ and keep_reads_ (install_keeps).
-  void plan_keep_reads();
-  /// Redundancy (zero_redundancy.cpp): the buddy copies of the current
-  /// partition, with empty state.
-  void make_buddy_copies();
-  /// Steps every buddy copy with the current hyperparameters.
-  void step_buddy_copies();
-  /// ZeroBuddyUpdate::replay (zero_replay.cpp): what a buddy keeps of a shard
-  /// since the snapshot its copy's state is from.
-  struct BuddyLog {
-    struct Saved {
-      std::vector<Tensor> grads;  // by position in shard_params(target); undefined: no gradient
-      std::vector<std::unique_ptr<OptimizerOptions>> options;  // by group
-    };
-    std::vector<Tensor> params;  // the shard's parameters at the snapshot
-    std::vector<Saved> saved;    // the steps since, in order
-    std::vector<std::vector<Tensor>> spare;  // gradient buffers to reuse
-    /// The next snapshot's receive buffers (the state tensors the last one
-    /// replaced, in the order of its entries): the copy's state stays intact
-    /// until a snapshot has arrived whole.
-    std::vector<Tensor> incoming;
-  };
-  bool replays() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::replay; }
-  /// Rank r's parameters, in partition order (groups, then assignment).
-  std::vector<Tensor> shard_params(int r) const;
-  /// Every copy's snapshot is now: the saved parameters are the current
-  /// ones, no saved steps (after the copies' state was set to the current).
-  void reset_buddy_snapshots();
-  /// Saves this step's gradients and hyperparameters for every copy (only:
-  /// for the copy of that rank alone).
-  void save_buddy_grads(int only = -1);
-  /// The owner's side of a snapshot: posts its state to its buddies.
-  std::vector<Future<void>> post_snapshot();
-  /// The buddies' side (after the broadcasts), then waits for `sends`. A
-  /// snapshot that a lost rank interrupts is dropped (the copy keeps its
-  /// older snapshot and saved steps, and saves this step's gradients);
-  /// other errors propagate.
-  void finish_snapshot(std::vector<Future<void>>& sends);
-  /// Replays the saved steps of the copy of `target` onto the real
-  /// parameters of its shard and the copy's state: both end as the owner's
-  /// after the last saved step.
-  void replay_buddy(int target);
-  /// ZeroBuddyUpdate::host_memory (zero_host_memory.cpp, zero_host_keep.cpp).
-  bool host_memory() const noexcept { return redundancy_ > 0 && buddy_update_ == ZeroBuddyUpdate::host_memory; }
-  /// The constructor's checks of host_memory (every rank alike, before any collective).
-  void check_host_memory(std::int64_t chunk);
-  /// The segment of all of rank r's parameters of the current partition.
-  zero_detail::KeepSpec full_keep_spec(int r) const;
-  /// A segment's layout (every rank computes the same).
-  zero_detail::KeepPlan keep_plan(const zero_detail::KeepSpec& spec);
-  /// Collective over g: every rank makes a segment for fresh[its global
-  /// rank] (its only one when anew, else one more) and maps the segments of
-  /// the ranks it keeps in `table`. Changes nothing of this optimizer.
-  zero_detail::KeepShare share_keeps(ProcessGroup& g, const std::vector<std::vector<int>>& table,
-                                     const std::map<int, zero_detail::KeepSpec>& fresh, bool anew);
-  /// Takes share's segments; anew: the buckets are rebuilt (this rank's in
-  /// the segment); the state of the new segment's parameters moves in; the
-  /// journaling hook is set.
-  void install_keeps(zero_detail::KeepShare share, bool anew);
-  /// Collective: one segment per rank for the current partition (construction, new buckets).
-  void share_keeps_anew();
-  /// host_memory: the note, once per host at each share_keeps_anew, that the
-  /// segments have 4 KiB pages (zero_host_memory.cpp).
-  void note_small_pages() const;
-  /// Every own parameter's state from optim_ into its segment (after a load).
-  void adopt_into_keeps();
-  /// Parameter i of this rank's segment k: its state in optim_ (none: empty) into k.
-  void adopt_own_state(zero_detail::HostKeep& k, std::size_t i);
-  /// The state of rank o's shard rebuilt from its segment (this rank's
-  /// parameters of that shard end at the step in flight when in_step).
-  std::unordered_map<const TensorImpl*, ParamState> rebuild_from_keep(int o, bool in_step);
-  /// The recovery (see the header); in_step: the loss came during step().
-  ZeroRecovery recover_from_loss(bool in_step);
-  /// Whether this rank keeps the state of global parameter i (owner or buddy).
-  bool keeps_state_of(std::size_t i) const;
-  /// overlap: StateError unless the plan exists and no iteration is in flight.
-  void require_overlap_idle(const std::string& op) const;
-  /// ValueError (naming op and the parameter) for a parameter over memory
-  /// that re-pointing would cut off from its owner, when no rebind hook is set.
-  void check_repointable(const std::vector<Tensor>& params, const char* op, const char* why) const;
-  /// p.set_data(to), then the rebind hook.
-  void repoint(const Tensor& p, const Tensor& to) const;
-  friend class ZeroOverlap;
-  friend struct ZeroOverlapAccess;
-
-  OptimizerSpec spec_;
-  std::unique_ptr<OptimizerOptions> defaults_;
-  ProcessGroup group_;
-  int rank_ = 0;
-  int world_size_ = 1;
-  bool bucket_view_ = false;
-  ZeroPartitionWeight partition_weight_ = ZeroPartitionWeight::element_count;
-  std::vector<OptimizerParamGroup> groups_;
-  std::vector<Tensor> all_params_;
-  std::unordered_map<const TensorImpl*, std::int64_t> index_of_;
-  std::vector<std::vector<std::vector<Tensor>>> partition_;  // [rank][group] -> params
-  std::vector<int> owner_;                                   // by global index
-  std::unique_ptr<Optimizer> optim_;
-  std::vector<std::vector<Tensor>> buckets_;  // [kind][rank]
-  std::vector<bool> trainable_;
-  std::vector<StateDict> all_state_dicts_;
-  std::int64_t steps_ = 0;
-  std::shared_ptr<ZeroOverlap> overlap_;  // overlap_with_ddp only
-  std::function<void(const Tensor&)> rebind_;
-  int redundancy_ = 0;  // requested (ZeroOptions::redundancy)
-  std::function<void(const ZeroRecovery&)> on_membership_change_;
-  std::function<void(const char*, std::int64_t, int)> probe_;
-  /// Redundancy: the copies of the shards this rank is a buddy of, by group rank.
-  std::map<int, std::unique_ptr<Optimizer>> buddy_copies_;
-  ZeroBuddyUpdate buddy_update_ = ZeroBuddyUpdate::step;
-  int snapshot_interval_ = 4;
-  /// ZeroBuddyUpdate::replay: by target, as buddy_copies_.
-  std::map<int, BuddyLog> buddy_logs_;
-  /// ZeroBuddyUpdate::host_memory: this rank's segment, the segments of the
-  /// ranks it is a buddy of (by group rank), where each own parameter is in
-  /// its segment, the state layouts by (group, dtype), the chunk.
-  std::vector<std::shared_ptr<zero_detail::HostKeep>> keeps_;  // this rank's segments, oldest first
-  std::map<int, std::vector<std::shared_ptr<zero_detail::HostKeep>>> buddy_keeps_;  // by the owner's group rank
-  std::unordered_map<const TensorImpl*, std::pair<std::size_t, std::size_t>> keep_index_;  // (segment, position)
-  std::map<int, std::vector<zero_detail::KeepSpec>> keep_specs_;  // every rank's segments, by global rank
-  std::map<std::pair<std::size_t, int>, std::vector<zero_detail::KeepEntry>> keep_layouts_;
-  std::int64_t keep_chunk_ = 65536;
-  /// host_memory, every rank on one host: step() reads the parameters from
-  /// the owners' segments (keep_reads_: source and destination of each,
-  /// flat) instead of broadcasting them. Set by install_keeps.
-  bool keep_reads_direct_ = false;
-  struct KeepRead {
-    int owner = -1;
-    Tensor from, to;
-  };
-  std::vector<KeepRead> keep_reads_;
-  /// Redundancy: the host of every rank of the line of groups, by global rank.
-  std::map<int, std::string> host_of_;
-  /// Redundancy: buddy_table_[r] = buddies(r) in the current group.
-  std::vector<std::vector<int>> buddy_table_;
-  /// The buddy table of a group of these global ranks (from host_of_; k is
-  /// ZeroOptions::redundancy capped at members.size() - 1).
-  std::vector<std::vector<int>> buddy_table_for(const std::vector<int>& members) const;
-  /// Redundancy, at construction: host_of_ from ZeroOptions::hosts or
-  /// measured (an all_gather over the group), then buddy_table_.
-  void init_hosts(const std::vector<std::string>& given);
+  // Everything else is the implementation's (distributed/src/zero/zero_core.hpp):
+  // the pieces of docs/architecture.md, "ZeRO inside".
+  std::unique_ptr<ZeroCore> core_;
+  /// Hands core_ to the hook factories of zero_overlap.hpp (zero_core.hpp); nothing else.
+  friend struct ZeroCoreAccess;
 };
 
 // --- with the single-rank training utilities of dopt/optim/ ------------------

@@ -1,6 +1,6 @@
 #pragma once
-// What the ZeroRedundancyOptimizer sources share (zero.cpp, zero_partition.cpp,
-// zero_step.cpp, zero_state_dict.cpp, zero_join.cpp); not installed.
+// What the ZeroRedundancyOptimizer sources share (the name errors give, how a
+// parameter is described); not installed.
 #include <string>
 
 #include "dopt/runtime/tensor.hpp"

@@ -10,12 +10,13 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/sim_hooks.hpp"
 #include "survive/agreement.hpp"
+#include "zero_core.hpp"
+#include "zero_internal.hpp"
 #include "zero_overlap_internal.hpp"
 
 namespace dopt::optim {
+namespace zero_detail {
 namespace {
-
-constexpr const char* kName = "ZeroRedundancyOptimizer";
 
 std::exception_ptr state_error(const std::string& op, const std::string& what, int rank) {
   return std::make_exception_ptr(StateError(op, what, rank));
@@ -23,9 +24,10 @@ std::exception_ptr state_error(const std::string& op, const std::string& what, i
 
 }  // namespace
 
-ZeroOverlap::ZeroOverlap(ZeroRedundancyOptimizer& zero, ProcessGroup broadcast_group,
-                         std::unique_ptr<FunctionalOptimizer> f)
-    : zero_(zero), bgroup_(std::move(broadcast_group)), fopt_(std::move(f)) {}
+ZeroOverlap::ZeroOverlap(OverlapHost& host, const ZeroParams& params, const Repoint& repoint, ProcessGroup group,
+                         ProcessGroup broadcast_group, std::unique_ptr<FunctionalOptimizer> f)
+    : host_(host), params_(params), repoint_(repoint), group_(std::move(group)), rank_(group_.rank()),
+      bgroup_(std::move(broadcast_group)), fopt_(std::move(f)) {}
 
 ZeroOverlap::~ZeroOverlap() {
   {
@@ -39,8 +41,8 @@ ZeroOverlap::~ZeroOverlap() {
     // Whatever the worker did not finish: the reducer must not wait forever.
     fail_tasks_locked(0, state_error(std::string(kName) + ".overlap",
                                      "the ZeroRedundancyOptimizer was destroyed during an overlapped iteration",
-                                     zero_.rank_));
-    std::swap(zero_.optim_->state(), fopt_->state());
+                                     rank_));
+    host_.swap_local_state(fopt_->state());
     in_flight_ = false;
   }
 }
@@ -50,28 +52,28 @@ void ZeroOverlap::fail_tasks_locked(std::size_t from, std::exception_ptr e) {
 }
 
 void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
-  const int rank = zero_.rank_;
-  const int world = zero_.world_size_;
+  const int rank = rank_;
+  const int world = group_.size();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_flight_) throw StateError(op, "an overlapped iteration is in flight", rank);
   }
-  if (!reducer.process_group().valid() || reducer.process_group().ranks() != zero_.group_.ranks())
+  if (!reducer.process_group().valid() || reducer.process_group().ranks() != group_.ranks())
     throw ValueError(op, "the reducer's process group must have the ranks of ZeRO's process group", rank);
 
   // Buckets from the reducer's layout.
   const auto& rparams = reducer.parameters();
   const auto indices = reducer.bucket_indices();
   std::unordered_map<const TensorImpl*, std::size_t> group_of;
-  for (std::size_t g = 0; g < zero_.groups_.size(); ++g)
-    for (const auto& p : zero_.groups_[g].params) group_of.emplace(p.key(), g);
+  for (std::size_t g = 0; g < params_.groups().size(); ++g)
+    for (const auto& p : params_.groups()[g].params) group_of.emplace(p.key(), g);
   std::vector<Bucket> buckets;
-  std::vector<bool> seen(zero_.all_params_.size(), false);
+  std::vector<bool> seen(params_.size(), false);
   for (const auto& idx : indices) {
     Bucket bk;
     for (std::size_t i : idx) {
       const Tensor& p = rparams[i];
-      const std::int64_t gi = zero_.global_index(p);
+      const std::int64_t gi = params_.index(p);
       if (gi < 0)
         throw ValueError(op, "reducer parameter " + std::to_string(i) + " (" + p.str() +
                                  ") is not a parameter of the ZeroRedundancyOptimizer", rank);
@@ -85,13 +87,13 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
       bk.numel += p.numel();
       bk.dtype = p.dtype();
       bk.device = p.device();
-      bk.params.push_back(zero_.all_params_[static_cast<std::size_t>(gi)]);
+      bk.params.push_back(params_.at(static_cast<std::size_t>(gi)));
     }
     buckets.push_back(std::move(bk));
   }
   for (std::size_t i = 0; i < seen.size(); ++i)
     if (!seen[i])
-      throw ValueError(op, "ZeRO parameter " + std::to_string(i) + " (" + zero_.all_params_[i].str() +
+      throw ValueError(op, "ZeRO parameter " + std::to_string(i) + " (" + params_.at(i).str() +
                                ") is in none of the reducer's buckets; with overlap_with_ddp the reducer must "
                                "reduce every parameter of the ZeroRedundancyOptimizer", rank);
 
@@ -128,11 +130,11 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
     h.mix(bk.params.size());
     h.mix(static_cast<std::uint64_t>(bk.owner));
     h.mix(static_cast<std::uint64_t>(bk.dtype));
-    for (const auto& p : bk.params) h.mix(static_cast<std::uint64_t>(zero_.global_index(p)));
+    for (const auto& p : bk.params) h.mix(static_cast<std::uint64_t>(params_.index(p)));
     total += bk.numel;
   }
   const auto all = detail::all_gather_descriptors(
-      zero_.group_, {h.value(), static_cast<std::int64_t>(buckets.size()), total, static_cast<std::int64_t>(world)});
+      group_, {h.value(), static_cast<std::int64_t>(buckets.size()), total, static_cast<std::int64_t>(world)});
   for (int r = 1; r < world; ++r)
     if (all[static_cast<std::size_t>(r)] != all[0])
       throw ValueError(op, "the overlap plans differ across ranks: rank " + std::to_string(r) +
@@ -148,21 +150,16 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
       const Tensor& p = bk.params[s];
       Tensor slice = bk.flat.flat_slice(bk.offsets[s], p.numel());
       slice.copy_(p);
-      zero_.repoint(p, slice.view(p.shape()));
+      repoint_(p, slice.view(p.shape()));
     }
   }
 
   // ZeRO's partition and local optimizer follow the plan.
-  const std::size_t ng = zero_.groups_.size();
-  zero_.partition_.assign(static_cast<std::size_t>(world), std::vector<std::vector<Tensor>>(ng));
-  zero_.owner_.assign(zero_.all_params_.size(), -1);
+  Partition part = Partition::blank(params_.groups().size(), params_.size(), world);
   for (const auto& bk : buckets)
-    for (std::size_t s = 0; s < bk.params.size(); ++s) {
-      zero_.partition_[static_cast<std::size_t>(bk.owner)][bk.group[s]].push_back(bk.params[s]);
-      zero_.owner_[static_cast<std::size_t>(zero_.global_index(bk.params[s]))] = bk.owner;
-    }
-  zero_.optim_ = make_optimizer(zero_.spec_, zero_.local_groups(0));
-  zero_.sync_to_local();
+    for (std::size_t s = 0; s < bk.params.size(); ++s)
+      part.assign(bk.params[s], params_.index_of(bk.params[s]), bk.group[s], bk.owner);
+  host_.adopt_plan(std::move(part));
   buckets_ = std::move(buckets);
   planned_ = true;
   worker_ = ::dopt::detail::sim::make_thread([this] { run(); }, "zero overlap");
@@ -178,27 +175,26 @@ void ZeroOverlap::require_idle(const std::string& op) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!planned_)
     throw StateError(op, "with overlap_with_ddp=true this needs the overlap plan: build the comm hook with "
-                         "hook_with_zero_step or hook_with_zero_step_interleaved first", zero_.rank_);
+                         "hook_with_zero_step or hook_with_zero_step_interleaved first", rank_);
   if (in_flight_)
-    throw StateError(op, "an overlapped iteration is in flight; call it after Reducer::finalize()", zero_.rank_);
+    throw StateError(op, "an overlapped iteration is in flight; call it after Reducer::finalize()", rank_);
 }
 
 void ZeroOverlap::begin_iteration() {
   const std::string op = std::string(kName) + ".overlap";
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!planned_) throw StateError(op, "no overlap plan", zero_.rank_);
+    if (!planned_) throw StateError(op, "no overlap plan", rank_);
     if (in_flight_)
       throw StateError(op, "the previous overlapped iteration did not complete (every bucket must be reduced, "
-                           "i.e. Reducer::finalize() called, before the next iteration)", zero_.rank_);
+                           "i.e. Reducer::finalize() called, before the next iteration)", rank_);
   }
-  Future<void> notify = Join::notify_join_context(zero_);
-  std::vector<Hyperparams> hyper;
-  for (const auto& g : zero_.groups_) hyper.push_back(g.options->to_hyperparams());
+  Future<void> notify = host_.notify_join();
+  std::vector<Hyperparams> hyper = host_.hyperparams();
   std::lock_guard<std::mutex> lock(mutex_);
   hyper_ = std::move(hyper);
   current_group_ = static_cast<std::size_t>(-1);
-  std::swap(zero_.optim_->state(), fopt_->state());
+  host_.swap_local_state(fopt_->state());
   notify_ = std::move(notify);
   tasks_.clear();
   last_error_ = nullptr;
@@ -208,14 +204,14 @@ void ZeroOverlap::begin_iteration() {
 Future<Tensor> ZeroOverlap::on_bucket(const GradBucket& bucket, Future<Tensor> reduced, bool interleaved) {
   const std::string op = std::string(kName) + ".overlap";
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!in_flight_) throw StateError(op, "bucket " + std::to_string(bucket.index()) + " outside an iteration", zero_.rank_);
+  if (!in_flight_) throw StateError(op, "bucket " + std::to_string(bucket.index()) + " outside an iteration", rank_);
   const std::size_t b = bucket.index();
   if (b != tasks_.size() || bucket.is_last() != (b + 1 == buckets_.size()))
     throw StateError(op, "bucket " + std::to_string(b) + " arrived out of order or the reducer's layout changed",
-                     zero_.rank_);
+                     rank_);
   if (bucket.buffer().numel() != buckets_[b].numel)
     throw ShapeError(op, "bucket " + std::to_string(b) + " has " + std::to_string(bucket.buffer().numel()) +
-                             " elements, the plan " + std::to_string(buckets_[b].numel), zero_.rank_);
+                             " elements, the plan " + std::to_string(buckets_[b].numel), rank_);
   if (b == 0) interleaved_ = interleaved;
   // Buckets before the last: the reducer may copy the reduced values into the
   // grads at once (the worker only reads them too). The last one completes
@@ -235,7 +231,7 @@ void ZeroOverlap::wait_step() {
     if (tasks_.size() < buckets_.size())
       throw StateError(op, "the reducer's iteration is not complete (" + std::to_string(tasks_.size()) + " of " +
                                std::to_string(buckets_.size()) + " buckets handed over): call Reducer::finalize() "
-                               "before step()", zero_.rank_);
+                               "before step()", rank_);
     ::dopt::detail::sim::cv_wait(idle_, lock, [&] { return !in_flight_; }, "zero overlap step");
   }
   if (last_error_) std::rethrow_exception(last_error_);
@@ -246,7 +242,7 @@ void ZeroOverlap::step_bucket(std::size_t b, const Tensor& reduced) {
   Bucket& bk = buckets_[b];
   if (reduced.numel() != bk.numel)
     throw ShapeError(op, "the comm hook returned " + reduced.str() + " for bucket " + std::to_string(b) + " of " +
-                             std::to_string(bk.numel) + " elements", zero_.rank_);
+                             std::to_string(bk.numel) + " elements", rank_);
   Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
   if (flat.dtype() != bk.dtype) {  // as Reducer::finalize converts into the grads, on the bucket's device
     Tensor c = Tensor::empty({bk.numel}, bk.dtype, bk.device);
@@ -264,7 +260,7 @@ void ZeroOverlap::step_bucket(std::size_t b, const Tensor& reduced) {
 }
 
 void ZeroOverlap::run() {
-  const int rank = zero_.rank_;
+  const int rank = rank_;
   const std::size_t nb = buckets_.size();
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
@@ -320,8 +316,8 @@ void ZeroOverlap::run() {
       }
     }
     lock.lock();
-    std::swap(zero_.optim_->state(), fopt_->state());
-    ++zero_.steps_;
+    host_.swap_local_state(fopt_->state());
+    host_.count_overlapped_step();
     last_error_ = error;
     notify_ = Future<void>();
     in_flight_ = false;
@@ -333,7 +329,11 @@ void ZeroOverlap::run() {
   }
 }
 
+}  // namespace zero_detail
+
 namespace {
+
+using zero_detail::ZeroOverlap;
 
 CommHook make_zero_hook(CommHook hook, const Reducer& reducer, ZeroRedundancyOptimizer& zero, bool interleaved,
                         const char* op) {
@@ -341,7 +341,7 @@ CommHook make_zero_hook(CommHook hook, const Reducer& reducer, ZeroRedundancyOpt
   if (!zero.overlap_with_ddp())
     throw ValueError(op, "ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to use this "
                          "hook properly", zero.rank());
-  std::shared_ptr<ZeroOverlap> engine = ZeroOverlapAccess::engine(zero);
+  std::shared_ptr<ZeroOverlap> engine = ZeroCoreAccess::core(zero).overlap;
   engine->plan(reducer, op);
   std::weak_ptr<ZeroOverlap> weak = engine;
   return [inner = std::move(hook), weak, interleaved, op](GradBucket& bucket) -> Future<Tensor> {

@@ -1,6 +1,8 @@
 #pragma once
-// ZeroOverlap: the overlap_with_ddp machinery of one ZeroRedundancyOptimizer
-// (contract: dopt/distributed/zero_overlap.hpp). Private to dopt_optim.
+// ZeroOverlap: the overlap_with_ddp driver of one ZeroRedundancyOptimizer
+// (contract: dopt/distributed/zero_overlap.hpp). It owns what it needs (the
+// plan, the worker, the functional optimizer) and reaches the optimizer only
+// through OverlapHost. Not installed.
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -8,20 +10,56 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "dopt/actors/future.hpp"
 #include "dopt/distributed/comm_hooks.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/distributed/zero.hpp"
+#include "zero_params.hpp"
+#include "zero_partition.hpp"
+#include "zero_repoint.hpp"
 
 namespace dopt::optim {
 
 class Reducer;
 
+namespace zero_detail {
+
+/// What ZeroOverlap may do to its optimizer (ZeroCore implements it).
+class OverlapHost {
+ public:
+  /// Rank thread, once, in plan(): the partition follows the plan (each
+  /// bucket's parameters to its owner) and the local optimizer is made anew
+  /// over this rank's part, with the global hyperparameters.
+  virtual void adopt_plan(Partition part) = 0;
+  /// Rank thread, bucket 0 of an iteration: Join::notify_join_context of the
+  /// ZeroRedundancyOptimizer; its future is waited for by the worker.
+  virtual Future<void> notify_join() = 0;
+  /// The global hyperparameters of every group (rank thread, bucket 0).
+  virtual std::vector<Hyperparams> hyperparams() const = 0;
+  /// Exchanges the local optimizer's state with `state`: at bucket 0 (rank
+  /// thread) the worker borrows it, at the end of the iteration (worker, or
+  /// the destructor) it goes back. Called under ZeroOverlap's mutex; no
+  /// other thread touches the local optimizer's state in between.
+  virtual void swap_local_state(std::unordered_map<const TensorImpl*, ParamState>& state) = 0;
+  /// Worker thread, under ZeroOverlap's mutex: an overlapped iteration
+  /// completed (step_count() counts it; the rank thread reads it after
+  /// wait_step()).
+  virtual void count_overlapped_step() = 0;
+
+ protected:
+  ~OverlapHost() = default;
+};
+
 class ZeroOverlap {
  public:
-  ZeroOverlap(ZeroRedundancyOptimizer& zero, ProcessGroup broadcast_group, std::unique_ptr<FunctionalOptimizer> f);
+  /// `group`: ZeRO's (the plan's agreement); `params` and `repoint` outlive
+  /// this (ZeroCore's; params do not change with overlap: add_param_group
+  /// is refused).
+  ZeroOverlap(OverlapHost& host, const ZeroParams& params, const Repoint& repoint, ProcessGroup group,
+              ProcessGroup broadcast_group, std::unique_ptr<FunctionalOptimizer> f);
   /// Stops the worker; fails the futures of an unfinished iteration.
   ~ZeroOverlap();
   ZeroOverlap(const ZeroOverlap&) = delete;
@@ -63,7 +101,11 @@ class ZeroOverlap {
   /// Fails the promises of tasks [from, end) of the current iteration (under mutex_).
   void fail_tasks_locked(std::size_t from, std::exception_ptr e);
 
-  ZeroRedundancyOptimizer& zero_;
+  OverlapHost& host_;
+  const ZeroParams& params_;
+  const Repoint& repoint_;
+  ProcessGroup group_;
+  int rank_ = 0;
   ProcessGroup bgroup_;
   std::unique_ptr<FunctionalOptimizer> fopt_;
   std::vector<Bucket> buckets_;
@@ -83,8 +125,5 @@ class ZeroOverlap {
   std::thread worker_;
 };
 
-struct ZeroOverlapAccess {
-  static std::shared_ptr<ZeroOverlap> engine(ZeroRedundancyOptimizer& z) { return z.overlap_; }
-};
-
+}  // namespace zero_detail
 }  // namespace dopt::optim

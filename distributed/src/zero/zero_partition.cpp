@@ -1,108 +1,90 @@
-// ZeroRedundancyOptimizer: the partition of the parameters over the ranks,
-// and the per-rank flat buckets of parameters_as_bucket_view.
+// Partition (zero_partition.hpp): which rank owns which parameter.
+#include "zero_partition.hpp"
+
 #include <algorithm>
-#include <cmath>
 
-#include "dopt/distributed/zero.hpp"
-#include "zero_host_memory.hpp"
+namespace dopt::optim::zero_detail {
 
-namespace dopt::optim {
+Partition Partition::blank(std::size_t groups, std::size_t params, int world) {
+  Partition out;
+  out.by_rank_.assign(static_cast<std::size_t>(world), std::vector<std::vector<Tensor>>(groups));
+  out.owner_.assign(params, -1);
+  return out;
+}
 
-void ZeroRedundancyOptimizer::partition_parameters() {
-  const std::size_t ng = groups_.size();
-  partition_.assign(static_cast<std::size_t>(world_size_), std::vector<std::vector<Tensor>>(ng));
-  owner_.assign(all_params_.size(), -1);
+Partition Partition::none(const ZeroParams& params, int world) {
+  return blank(params.groups().size(), params.size(), world);
+}
+
+void Partition::assign(const Tensor& p, std::int64_t i, std::size_t g, int r) {
+  by_rank_[static_cast<std::size_t>(r)][g].push_back(p);
+  owner_[static_cast<std::size_t>(i)] = r;
+}
+
+Partition Partition::balanced(const ZeroParams& params, const std::vector<double>& weight, int world) {
+  const std::size_t ng = params.groups().size();
+  Partition out = blank(ng, params.size(), world);
   // Weights are whole numbers far below 2^53 (elements, or multiply-adds),
   // so the double sums are exact and every rank gets the same partition.
-  const std::vector<double> weight = partition_weights();
-  std::vector<double> sizes(static_cast<std::size_t>(world_size_), 0.0);
+  std::vector<double> sizes(static_cast<std::size_t>(world), 0.0);
   for (std::size_t g = 0; g < ng; ++g) {
-    std::vector<Tensor> sorted = groups_[g].params;
-    auto w = [&](const Tensor& p) { return weight[static_cast<std::size_t>(index_of_.at(p.key()))]; };
+    std::vector<Tensor> sorted = params.groups()[g].params;
+    auto w = [&](const Tensor& p) { return weight[static_cast<std::size_t>(params.index_of(p))]; };
     std::stable_sort(sorted.begin(), sorted.end(), [&](const Tensor& a, const Tensor& b) { return w(a) > w(b); });
     for (const auto& p : sorted) {
       std::size_t r = 0;
       for (std::size_t k = 1; k < sizes.size(); ++k)
         if (sizes[k] < sizes[r]) r = k;
-      partition_[r][g].push_back(p);
+      out.assign(p, params.index_of(p), g, static_cast<int>(r));
       sizes[r] += w(p);
-      owner_[static_cast<std::size_t>(index_of_.at(p.key()))] = static_cast<int>(r);
     }
   }
-}
-
-std::vector<double> ZeroRedundancyOptimizer::partition_weights() const {
-  std::vector<double> out(all_params_.size(), 0.0);
-  for (const auto& g : groups_)
-    for (const auto& p : g.params) {
-      const auto i = static_cast<std::size_t>(index_of_.at(p.key()));
-      out[i] = partition_weight_ == ZeroPartitionWeight::step_cost ? std::floor(g.options->step_cost(p.shape()))
-                                                                    : static_cast<double>(p.numel());
-    }
   return out;
 }
 
-std::vector<OptimizerParamGroup> ZeroRedundancyOptimizer::local_groups(std::size_t first_group) const {
-  std::vector<OptimizerParamGroup> out;
-  for (std::size_t g = first_group; g < groups_.size(); ++g)
-    out.emplace_back(partition_[static_cast<std::size_t>(rank_)][g], groups_[g].options->clone());
-  return out;
-}
-
-std::vector<bool> ZeroRedundancyOptimizer::trainable_mask() const {
-  std::vector<bool> m;
-  m.reserve(all_params_.size());
-  for (const auto& p : all_params_) m.push_back(p.requires_grad());
-  return m;
-}
-
-void ZeroRedundancyOptimizer::build_buckets() {
-  // Kinds (device, dtype) in order of first appearance over ranks, groups, params.
-  std::vector<std::pair<Device, DType>> kinds;
-  auto kind_of = [&](const Tensor& p) -> std::size_t {
-    for (std::size_t k = 0; k < kinds.size(); ++k)
-      if (kinds[k].first == p.device() && kinds[k].second == p.dtype()) return k;
-    kinds.emplace_back(p.device(), p.dtype());
-    return kinds.size() - 1;
+Partition Partition::keeping(const Partition& old, const std::vector<int>& new_rank, int nw,
+                             const std::vector<double>& weight, const ZeroParams& params) {
+  const auto& old_partition = old.by_rank_;
+  const std::size_t ng = old_partition.empty() ? 0 : old_partition.front().size();
+  Partition out = blank(ng, weight.size(), nw);
+  std::vector<double> sizes(static_cast<std::size_t>(nw), 0.0);
+  auto w = [&](const Tensor& p) { return weight[static_cast<std::size_t>(params.index_of(p))]; };
+  auto give = [&](const Tensor& p, std::size_t g, int r) {
+    out.assign(p, params.index_of(p), g, r);
+    sizes[static_cast<std::size_t>(r)] += w(p);
   };
-  std::vector<std::vector<std::vector<Tensor>>> per(static_cast<std::size_t>(world_size_));  // [rank][kind]
-  for (std::size_t r = 0; r < per.size(); ++r)
-    for (const auto& g : partition_[r])
-      for (const auto& p : g) {
-        const std::size_t k = kind_of(p);
-        if (per[r].size() <= k) per[r].resize(k + 1);
-        per[r][k].push_back(p);
-      }
-  buckets_.assign(kinds.size(), std::vector<Tensor>(static_cast<std::size_t>(world_size_)));
-  for (std::size_t r = 0; r < per.size(); ++r) {
-    per[r].resize(kinds.size());
-    for (std::size_t k = 0; k < kinds.size(); ++k) {
-      std::int64_t total = 0;
-      for (const auto& p : per[r][k]) {
-        if (p.requires_grad()) total += p.numel();
-        else repoint(p, p.clone());  // frozen: own storage, outside any bucket
-      }
-      if (total == 0) {
-        buckets_[k][r] = Tensor::zeros({1}, kinds[k].second, kinds[k].first);
-        continue;
-      }
-      // Host-memory redundancy: this rank's bucket is in its shared segment.
-      Tensor bucket = (!keeps_.empty() && static_cast<int>(r) == rank_)
-                          ? keeps_.back()->bucket(k)
-                          : Tensor::empty({total}, kinds[k].second, kinds[k].first);
-      std::int64_t off = 0;
-      for (const auto& p : per[r][k]) {
-        if (!p.requires_grad()) continue;
-        const std::int64_t n = p.numel();
-        Tensor slice = bucket.flat_slice(off, n);
-        slice.copy_(p);
-        repoint(p, slice.view(p.shape()));
-        off += n;
-      }
-      buckets_[k][r] = std::move(bucket);
+  for (std::size_t o = 0; o < old_partition.size(); ++o)
+    if (new_rank[o] >= 0)
+      for (std::size_t g = 0; g < ng; ++g)
+        for (const auto& p : old_partition[o][g]) give(p, g, new_rank[o]);
+  for (std::size_t g = 0; g < ng; ++g) {
+    std::vector<Tensor> lost;
+    for (std::size_t o = 0; o < old_partition.size(); ++o)
+      if (new_rank[o] < 0) lost.insert(lost.end(), old_partition[o][g].begin(), old_partition[o][g].end());
+    std::stable_sort(lost.begin(), lost.end(), [&](const Tensor& a, const Tensor& b) { return w(a) > w(b); });
+    for (const auto& p : lost) {
+      int r = 0;
+      for (int k = 1; k < nw; ++k)
+        if (sizes[static_cast<std::size_t>(k)] < sizes[static_cast<std::size_t>(r)]) r = k;
+      give(p, g, r);
     }
   }
+  return out;
 }
 
+std::vector<Tensor> Partition::shard(int r) const {
+  std::vector<Tensor> out;
+  for (const auto& g : by_rank_[static_cast<std::size_t>(r)])
+    for (const auto& p : g) out.push_back(p);
+  return out;
+}
 
-}  // namespace dopt::optim
+std::vector<OptimizerParamGroup> Partition::local_groups(const ZeroParams& params, int r, std::size_t first) const {
+  std::vector<OptimizerParamGroup> out;
+  const auto& groups = params.groups();
+  for (std::size_t g = first; g < groups.size(); ++g)
+    out.emplace_back(by_rank_[static_cast<std::size_t>(r)][g], groups[g].options->clone());
+  return out;
+}
+
+}  // namespace dopt::optim::zero_detail

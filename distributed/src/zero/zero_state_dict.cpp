@@ -15,14 +15,13 @@
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
 #include "dopt/optim/state_load.hpp"
-#include "zero_host_memory.hpp"
+#include "zero_core.hpp"
 #include "zero_internal.hpp"
+#include "zero_state_dicts.hpp"
 
-namespace dopt::optim {
+namespace dopt::optim::zero_detail {
 namespace {
 
-using zero_detail::kName;
-using zero_detail::param_descr;
 namespace fs = std::filesystem;
 
 std::string join_ints(const std::vector<std::int64_t>& v) {
@@ -77,16 +76,26 @@ ParamState copy_state_for(const ParamState& st, const Tensor& p, std::int64_t in
   return out;
 }
 
+/// The end of both loads: `local` (the state of every parameter this rank
+/// keeps) to the local optimizer and the redundancy's copies, `opts`
+/// installed as the global hyperparameters.
+void install(ZeroCore& z, StateByParam local, std::vector<std::unique_ptr<OptimizerOptions>> opts) {
+  z.redundancy->install_state(z, std::move(local));
+  auto& groups = z.params.groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) groups[g].options = std::move(opts[g]);
+  z.sync_to_local();
+}
+
 }  // namespace
 
-void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+void StateDicts::consolidate(ZeroCore& z, int to) {
   const std::string op = std::string(kName) + ".consolidate_state_dict";
-  require_overlap_idle(op);
-  if (to < 0 || to >= world_size_)
+  z.require_overlap_idle(op);
+  if (to < 0 || to >= z.world)
     throw ValueError(op, "to=" + std::to_string(to) + " is not a rank of the group (size " +
-                             std::to_string(world_size_) + ")", rank_);
-  sync_to_local();
-  all_state_dicts_.clear();
+                             std::to_string(z.world) + ")", z.rank);
+  z.sync_to_local();
+  consolidated_.clear();
   auto cpu_copy = [](StateDict sd) {
     for (auto& [id, st] : sd.state)
       for (auto& [k, t] : st)
@@ -94,173 +103,149 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     return sd;
   };
   std::vector<StateDict> gathered;
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r = 0; r < z.world; ++r) {
     if (r == to) {
-      if (rank_ == to) gathered.push_back(cpu_copy(optim_->state_dict()));
+      if (z.rank == to) gathered.push_back(cpu_copy(z.optim->state_dict()));
       continue;
     }
     // Object broadcast from r: int64 length, then the safetensors bytes.
     Tensor len = Tensor::zeros({1}, DType::int64);
     std::string bytes;
-    if (rank_ == r) {
-      const SafetensorsFile f = state_dict_to_safetensors(optim_->state_dict());
+    if (z.rank == r) {
+      const SafetensorsFile f = state_dict_to_safetensors(z.optim->state_dict());
       bytes = serialize_safetensors(f.tensors, f.metadata);
       len.data<std::int64_t>()[0] = static_cast<std::int64_t>(bytes.size());
     }
-    group_.broadcast(len, r);
+    z.group.broadcast(len, r);
     const std::int64_t n = len.data<std::int64_t>()[0];
     Tensor payload = Tensor::empty({n}, DType::uint8);
-    if (rank_ == r && n > 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
-    group_.broadcast(payload, r);
-    if (rank_ == to) {
+    if (z.rank == r && n > 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+    z.group.broadcast(payload, r);
+    if (z.rank == to) {
       const std::string what = "consolidated state of rank " + std::to_string(r);
       gathered.push_back(state_dict_from_safetensors(
           parse_safetensors(payload.data_ptr(), static_cast<std::size_t>(n), what), what));
     }
   }
-  all_state_dicts_ = std::move(gathered);
+  consolidated_ = std::move(gathered);
 }
 
-StateDict ZeroRedundancyOptimizer::state_dict() const {
-  require_overlap_idle(std::string(kName) + ".state_dict");
-  if (all_state_dicts_.empty())
+StateDict StateDicts::global(const ZeroCore& z) const {
+  z.require_overlap_idle(std::string(kName) + ".state_dict");
+  if (consolidated_.empty())
     throw StateError(std::string(kName) + ".state_dict",
                      "Optimizer state has not been consolidated on this rank. Please call "
                      "`consolidate_state_dict(to=" +
-                         std::to_string(rank_) +
+                         std::to_string(z.rank) +
                          ")` on all ranks beforehand if you meant to save the global state.",
-                     rank_);
+                     z.rank);
   StateDict out;
-  for (const auto& g : groups_) {
+  for (const auto& g : z.params.groups()) {
     StateDict::Group og;
     og.hyperparams = g.options->to_hyperparams();
-    for (const auto& p : g.params) og.params.push_back(index_of_.at(p.key()));
+    for (const auto& p : g.params) og.params.push_back(z.params.index_of(p));
     out.param_groups.push_back(std::move(og));
   }
-  for (std::size_t r = 0; r < all_state_dicts_.size(); ++r) {
-    const StateDict& local = all_state_dicts_[r];
-    const auto& part = partition_[r];
+  for (std::size_t r = 0; r < consolidated_.size(); ++r) {
+    const StateDict& local = consolidated_[r];
+    const auto& part = z.part.of(static_cast<int>(r));
     for (std::size_t g = 0; g < local.param_groups.size() && g < part.size(); ++g) {
       const auto& ids = local.param_groups[g].params;
       for (std::size_t k = 0; k < ids.size() && k < part[g].size(); ++k) {
         auto it = local.state.find(ids[k]);
-        if (it != local.state.end()) out.state[index_of_.at(part[g][k].key())] = it->second;
+        if (it != local.state.end()) out.state[z.params.index_of(part[g][k])] = it->second;
       }
     }
   }
   return out;
 }
 
-void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
+void StateDicts::load(ZeroCore& z, const StateDict& sd) const {
   const std::string op = std::string(kName) + ".load_state_dict";
-  require_overlap_idle(op);
-  if (sd.param_groups.size() != groups_.size())
+  z.require_overlap_idle(op);
+  if (sd.param_groups.size() != z.params.groups().size())
     throw StateDictError(op, "loaded state dict has a different number of parameter groups (" +
-                                 std::to_string(sd.param_groups.size()) + " vs " + std::to_string(groups_.size()) +
-                                 ")", rank_);
-  for (std::size_t g = 0; g < groups_.size(); ++g)
-    if (sd.param_groups[g].params.size() != groups_[g].params.size())
+                                 std::to_string(sd.param_groups.size()) + " vs " + std::to_string(z.params.groups().size()) +
+                                 ")", z.rank);
+  for (std::size_t g = 0; g < z.params.groups().size(); ++g)
+    if (sd.param_groups[g].params.size() != z.params.groups()[g].params.size())
       throw StateDictError(op, "loaded state dict contains a parameter group that doesn't match the size of "
                                "optimizer's group (group " + std::to_string(g) + ": " +
                                std::to_string(sd.param_groups[g].params.size()) + " vs " +
-                               std::to_string(groups_[g].params.size()) + " parameters)", rank_);
-  auto opts = detail::loaded_options(groups_, [&](std::size_t g) { return sd.param_groups[g].hyperparams; }, op);
+                               std::to_string(z.params.groups()[g].params.size()) + " parameters)", z.rank);
+  auto opts = detail::loaded_options(z.params.groups(), [&](std::size_t g) { return sd.param_groups[g].hyperparams; }, op);
   std::unordered_map<const TensorImpl*, ParamState> local;
   for (const auto& [index, st] : sd.state) {
-    if (index < 0 || index >= static_cast<std::int64_t>(all_params_.size()))
+    if (index < 0 || index >= static_cast<std::int64_t>(z.params.size()))
       throw StateDictError(op, "state for parameter index " + std::to_string(index) + " but the optimizer has " +
-                                   std::to_string(all_params_.size()) + " parameters", rank_);
-    if (!keeps_state_of(static_cast<std::size_t>(index))) continue;
-    const Tensor& p = all_params_[static_cast<std::size_t>(index)];
+                                   std::to_string(z.params.size()) + " parameters", z.rank);
+    if (!z.redundancy->keeps_state_of(z, static_cast<std::size_t>(index))) continue;
+    const Tensor& p = z.params.at(static_cast<std::size_t>(index));
     local[p.key()] = copy_state_for(st, p, index, op, [&](const std::string& key) {
       return "state '" + key + "' of parameter " + std::to_string(index);
     });
   }
-  install_loaded(std::move(local), std::move(opts));
+  install(z, std::move(local), std::move(opts));
 }
 
-void ZeroRedundancyOptimizer::install_loaded(std::unordered_map<const TensorImpl*, ParamState> local,
-                                             std::vector<std::unique_ptr<OptimizerOptions>> opts) {
-  for (auto& [r, copy] : buddy_copies_) copy->state().clear();
-  for (auto it = local.begin(); it != local.end();) {  // the buddies' part
-    const int o = owner_[static_cast<std::size_t>(index_of_.at(it->first))];
-    if (o == rank_) {
-      ++it;
-      continue;
-    }
-    buddy_copies_.at(o)->state()[it->first] = std::move(it->second);
-    it = local.erase(it);
-  }
-  optim_->state() = std::move(local);
-  if (!keeps_.empty()) adopt_into_keeps();  // host memory: the loaded state is the shard's now, in its segments
-  reset_buddy_snapshots();  // replay: the loaded state is the copies' snapshot
-  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(opts[g]);
-  sync_to_local();
-}
-
-std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
-  return "optim-rank" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".safetensors";
-}
-
-void ZeroRedundancyOptimizer::save_sharded(const std::string& dir,
-                                           const std::map<std::string, std::string>& metadata) const {
+void StateDicts::save_sharded(const ZeroCore& z, const std::string& dir,
+                              const std::map<std::string, std::string>& metadata) const {
   const std::string op = std::string(kName) + ".save_sharded";
-  require_overlap_idle(op);
+  z.require_overlap_idle(op);
   for (const auto& [k, v] : metadata)
     if (k.rfind("dopt.zero.", 0) == 0)
-      throw ValueError(op, "the metadata key '" + k + "' is reserved for the shard's own description", rank_);
+      throw ValueError(op, "the metadata key '" + k + "' is reserved for the shard's own description", z.rank);
   std::exception_ptr failure;
   try {
     fs::create_directories(dir);
     StateDict sd;
-    const auto& mine = partition_[static_cast<std::size_t>(rank_)];
+    const auto& mine = z.part.of(z.rank);
     std::vector<std::int64_t> sizes;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t g = 0; g < z.params.groups().size(); ++g) {
       StateDict::Group og;
-      og.hyperparams = groups_[g].options->to_hyperparams();
+      og.hyperparams = z.params.groups()[g].options->to_hyperparams();
       for (const auto& p : mine[g]) {
-        const std::int64_t idx = index_of_.at(p.key());
+        const std::int64_t idx = z.params.index_of(p);
         og.params.push_back(idx);
-        auto it = optim_->state().find(p.key());
-        if (it != optim_->state().end() && !it->second.empty()) sd.state[idx] = it->second;
+        auto it = z.optim->state().find(p.key());
+        if (it != z.optim->state().end() && !it->second.empty()) sd.state[idx] = it->second;
       }
       sd.param_groups.push_back(std::move(og));
-      sizes.push_back(static_cast<std::int64_t>(groups_[g].params.size()));
+      sizes.push_back(static_cast<std::int64_t>(z.params.groups()[g].params.size()));
       sd.metadata["dopt.zero.group_hyperparams." + std::to_string(g)] =
-          hyper_to_json(groups_[g].options->to_hyperparams());
+          hyper_to_json(z.params.groups()[g].options->to_hyperparams());
     }
-    std::vector<std::int64_t> owners(owner_.begin(), owner_.end());
-    std::string shapes;
-    for (std::size_t i = 0; i < all_params_.size(); ++i) shapes += (i ? ";" : "") + param_descr(all_params_[i]);
+    std::vector<std::int64_t> owners(z.part.owners().begin(), z.part.owners().end());
+    const std::string shapes = z.params.describe_all();
     sd.metadata["dopt.zero.format"] = kZeroShardFormat;
-    sd.metadata["dopt.zero.world_size"] = std::to_string(world_size_);
-    sd.metadata["dopt.zero.rank"] = std::to_string(rank_);
+    sd.metadata["dopt.zero.world_size"] = std::to_string(z.world);
+    sd.metadata["dopt.zero.rank"] = std::to_string(z.rank);
     sd.metadata["dopt.zero.partition"] = join_ints(owners);
-    sd.metadata["dopt.zero.step"] = std::to_string(steps_);
+    sd.metadata["dopt.zero.step"] = std::to_string(z.steps);
     sd.metadata["dopt.zero.group_sizes"] = join_ints(sizes);
     sd.metadata["dopt.zero.params"] = shapes;
-    sd.metadata["dopt.zero.optimizer"] = spec_.name;
+    sd.metadata["dopt.zero.optimizer"] = z.spec.name;
     for (const auto& [k, v] : metadata) sd.metadata[k] = v;
-    save_state_dict(sd, (fs::path(dir) / shard_file_name(rank_, world_size_)).string());
+    save_state_dict(sd, (fs::path(dir) / ZeroRedundancyOptimizer::shard_file_name(z.rank, z.world)).string());
   } catch (...) {
     failure = std::current_exception();
   }
   // Every rank learns whether all shards were written (instead of a barrier,
   // so a failing rank does not leave the others waiting).
   Tensor failed = Tensor::full({1}, failure ? 1.0 : 0.0, DType::int64);
-  ProcessGroup g = group_;  // a handle; the methods are not const
+  ProcessGroup g = z.group;  // a handle; the methods are not const
   g.all_reduce(failed, ReduceOp::sum);
   if (failure) std::rethrow_exception(failure);
   const auto n = failed.data<std::int64_t>()[0];
   if (n > 0)
     throw IOError(op, std::to_string(n) + " rank(s) failed to write their shard under " + dir +
-                          "; the checkpoint is incomplete", rank_);
+                          "; the checkpoint is incomplete", z.rank);
 }
 
-ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
+ShardLoadReport StateDicts::load_sharded(ZeroCore& z, const std::string& dir) const {
   const std::string op = std::string(kName) + ".load_sharded";
-  require_overlap_idle(op);
-  if (!fs::is_directory(dir)) throw IOError(op, dir + ": not a directory", rank_);
+  z.require_overlap_idle(op);
+  if (!fs::is_directory(dir)) throw IOError(op, dir + ": not a directory", z.rank);
   static const std::regex re(R"(optim-rank(\d+)-of-(\d+)\.safetensors)");
   std::map<int, std::set<int>> found;  // world size -> ranks
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -268,61 +253,60 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
     const std::string name = e.path().filename().string();
     if (std::regex_match(name, m, re)) found[std::stoi(m[2].str())].insert(std::stoi(m[1].str()));
   }
-  if (found.empty()) throw IOError(op, dir + ": no shard files optim-rank{r}-of-{N}.safetensors", rank_);
+  if (found.empty()) throw IOError(op, dir + ": no shard files optim-rank{r}-of-{N}.safetensors", z.rank);
   if (found.size() > 1) {
     std::string sizes;
     for (const auto& [n, rs] : found) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
     throw IOError(op, dir + ": shards of several world sizes (" + sizes + "); keep one checkpoint per folder",
-                  rank_);
+                  z.rank);
   }
   const int n = found.begin()->first;
   for (int r = 0; r < n; ++r)
     if (!found.begin()->second.count(r))
-      throw IOError(op, dir + ": missing shard " + shard_file_name(r, n), rank_);
-  auto path_of = [&](int r) { return (fs::path(dir) / shard_file_name(r, n)).string(); };
+      throw IOError(op, dir + ": missing shard " + ZeroRedundancyOptimizer::shard_file_name(r, n), z.rank);
+  auto path_of = [&](int r) { return (fs::path(dir) / ZeroRedundancyOptimizer::shard_file_name(r, n)).string(); };
 
   // Rank 0's header describes the checkpoint (every shard carries the same).
   std::unique_ptr<SafetensorsReader> reader0 = std::make_unique<SafetensorsReader>(path_of(0));
   const auto meta = reader0->metadata();
   auto get = [&](const std::string& key) -> const std::string& {
     auto it = meta.find(key);
-    if (it == meta.end()) throw StateDictError(op, path_of(0) + ": metadata has no '" + key + "'", rank_);
+    if (it == meta.end()) throw StateDictError(op, path_of(0) + ": metadata has no '" + key + "'", z.rank);
     return it->second;
   };
   if (get("dopt.zero.format") != kZeroShardFormat)
     throw StateDictError(op, path_of(0) + ": format '" + get("dopt.zero.format") + "', expected '" +
-                                 kZeroShardFormat + "'", rank_);
+                                 kZeroShardFormat + "'", z.rank);
   if (get("dopt.zero.world_size") != std::to_string(n))
     throw StateDictError(op, path_of(0) + ": world size " + get("dopt.zero.world_size") +
-                                 " does not match the file name", rank_);
-  if (get("dopt.zero.optimizer") != spec_.name)
+                                 " does not match the file name", z.rank);
+  if (get("dopt.zero.optimizer") != z.spec.name)
     throw StateDictError(op, "the checkpoint is of optimizer " + get("dopt.zero.optimizer") + ", this is " +
-                                 spec_.name, rank_);
-  std::string shapes;
-  for (std::size_t i = 0; i < all_params_.size(); ++i) shapes += (i ? ";" : "") + param_descr(all_params_[i]);
+                                 z.spec.name, z.rank);
+  const std::string shapes = z.params.describe_all();
   if (get("dopt.zero.params") != shapes)
     throw StateDictError(op, "the checkpoint's parameters (" + get("dopt.zero.params") +
-                                 ") do not match this optimizer's (" + shapes + ")", rank_);
+                                 ") do not match this optimizer's (" + shapes + ")", z.rank);
   std::vector<std::int64_t> sizes;
-  for (const auto& g : groups_) sizes.push_back(static_cast<std::int64_t>(g.params.size()));
+  for (const auto& g : z.params.groups()) sizes.push_back(static_cast<std::int64_t>(g.params.size()));
   if (split_ints(get("dopt.zero.group_sizes"), "dopt.zero.group_sizes") != sizes)
     throw StateDictError(op, "the checkpoint's group sizes (" + get("dopt.zero.group_sizes") +
-                                 ") do not match this optimizer's (" + join_ints(sizes) + ")", rank_);
+                                 ") do not match this optimizer's (" + join_ints(sizes) + ")", z.rank);
   const auto old_owner = split_ints(get("dopt.zero.partition"), "dopt.zero.partition");
-  if (old_owner.size() != all_params_.size())
+  if (old_owner.size() != z.params.size())
     throw StateDictError(op, "the checkpoint's partition has " + std::to_string(old_owner.size()) +
-                                 " entries for " + std::to_string(all_params_.size()) + " parameters", rank_);
-  auto opts = detail::loaded_options(groups_, [&](std::size_t g) {
+                                 " entries for " + std::to_string(z.params.size()) + " parameters", z.rank);
+  auto opts = detail::loaded_options(z.params.groups(), [&](std::size_t g) {
     return hyper_from_json(get("dopt.zero.group_hyperparams." + std::to_string(g)), op.c_str());
   }, op);
   const std::int64_t steps = split_ints(get("dopt.zero.step"), "dopt.zero.step").at(0);
 
   // The shards holding this rank's parameters, ascending.
   std::set<int> needed;
-  for (std::size_t i = 0; i < all_params_.size(); ++i)
-    if (keeps_state_of(i)) {
+  for (std::size_t i = 0; i < z.params.size(); ++i)
+    if (z.redundancy->keeps_state_of(z, i)) {
       const auto o = old_owner[i];
-      if (o < 0 || o >= n) throw StateDictError(op, "the checkpoint's partition names rank " + std::to_string(o), rank_);
+      if (o < 0 || o >= n) throw StateDictError(op, "the checkpoint's partition names rank " + std::to_string(o), z.rank);
       needed.insert(static_cast<int>(o));
     }
   ShardLoadReport report;
@@ -341,14 +325,14 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
         rd->metadata().count("dopt.zero.partition") == 0 ||
         rd->metadata().at("dopt.zero.partition") != get("dopt.zero.partition"))
       throw StateDictError(op, rd->path() + ": not rank " + std::to_string(s) + "'s shard of this checkpoint",
-                           rank_);
+                           z.rank);
     auto st = rd->metadata().find("dopt.zero.step");
     const std::string its_step = st == rd->metadata().end() ? std::string("none") : st->second;
     if (its_step != get("dopt.zero.step"))
       throw StateDictError(op, rd->path() + " was saved at step " + its_step + " but " + path_of(0) + " at step " +
                                    get("dopt.zero.step") +
                                    ": the folder mixes shards of two checkpoints (refusing to load them)",
-                           rank_);
+                           z.rank);
     std::map<std::int64_t, ParamState> states;
     for (const auto& e : rd->entries()) {
       // "state.{index}.{key}"
@@ -361,11 +345,11 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
       } catch (const std::exception&) {
         continue;
       }
-      if (idx < 0 || idx >= static_cast<std::int64_t>(all_params_.size()) ||
+      if (idx < 0 || idx >= static_cast<std::int64_t>(z.params.size()) ||
           old_owner[static_cast<std::size_t>(idx)] != s)
         throw StateDictError(op, rd->path() + ": tensor '" + e.name + "' is not a parameter this shard owns",
-                             rank_);
-      if (!keeps_state_of(static_cast<std::size_t>(idx))) continue;
+                             z.rank);
+      if (!z.redundancy->keeps_state_of(z, static_cast<std::size_t>(idx))) continue;
       states[idx][e.name.substr(dot + 1)] = rd->read(e.name);
       ++report.tensors_read;
     }
@@ -373,15 +357,15 @@ ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
       notice_once(rd->path() + " has no checksums (written by an older dopt or another program): its state is "
                                "loaded without verifying the bytes");
     for (const auto& [idx, st] : states) {
-      const Tensor& p = all_params_[static_cast<std::size_t>(idx)];
+      const Tensor& p = z.params.at(static_cast<std::size_t>(idx));
       local[p.key()] = copy_state_for(st, p, idx, op, [&](const std::string& key) {
         return rd->path() + ": tensor 'state." + std::to_string(idx) + "." + key + "'";
       });
     }
   }
-  install_loaded(std::move(local), std::move(opts));
-  steps_ = steps;
+  install(z, std::move(local), std::move(opts));
+  z.steps = steps;
   return report;
 }
 
-}  // namespace dopt::optim
+}  // namespace dopt::optim::zero_detail

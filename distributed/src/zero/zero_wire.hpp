@@ -1,6 +1,6 @@
 #pragma once
 // How ZeroRedundancyOptimizer's ranks describe state tensors to each other
-// and send strings point to point (zero_redundancy.cpp's recovery,
+// and send strings point to point (zero_recovery.cpp's recovery,
 // zero_replay.cpp's snapshots); not installed.
 #include <cstring>
 #include <sstream>

@@ -1,0 +1,66 @@
+// ShardSync (zero_shard_sync.hpp): every shard from its owner after a step.
+#include "zero_shard_sync.hpp"
+
+#include <exception>
+
+namespace dopt::optim::zero_detail {
+
+void ShardSync::run(const std::function<void(int)>& posted, const std::function<void()>& meanwhile) {
+  std::vector<Future<void>> works;
+  std::exception_ptr first;
+  auto post = [&](Future<void> f) {
+    works.push_back(std::move(f));
+    if (posted) posted(static_cast<int>(works.size()) - 1);
+  };
+  try {
+    for (int r = 0; r < part_.world(); ++r) {
+      if (bucket_view_) {
+        for (const auto& kind : buckets_.rows()) post(group_.broadcast_async(kind[static_cast<std::size_t>(r)], r));
+        // A frozen parameter is in no bucket, but its owner still steps it
+        // when it has a gradient: its value goes out too, or the ranks'
+        // copies part (torch 1.13 lets them part; torch-differences.md).
+        std::vector<Tensor> frozen;
+        bool cpu = true;
+        for (const auto& g : part_.of(r))
+          for (const auto& p : g)
+            if (!p.requires_grad()) {
+              frozen.push_back(p);
+              cpu = cpu && p.device().is_cpu();
+            }
+        if (cpu && !frozen.empty()) post(group_.broadcast_coalesced_async(frozen, r));
+        if (!cpu)
+          for (const auto& p : frozen) post(group_.broadcast_async(p, r));
+        continue;
+      }
+      // One call for all of rank r's parameters (on the shared-memory plane
+      // without a flat copy); device tensors go one by one to their backend.
+      std::vector<Tensor> mine;
+      bool cpu = true;
+      for (const auto& g : part_.of(r))
+        for (const auto& p : g) {
+          mine.push_back(p);
+          cpu = cpu && p.device().is_cpu();
+        }
+      if (cpu) {
+        if (!mine.empty()) post(group_.broadcast_coalesced_async(mine, r));
+      } else {
+        for (const auto& p : mine) post(group_.broadcast_async(p, r));
+      }
+    }
+  } catch (...) {
+    first = std::current_exception();
+  }
+  std::exception_ptr during;
+  if (meanwhile) {  // once, whatever the posting did (a recovery may need what it does)
+    try {
+      meanwhile();
+    } catch (...) {
+      during = std::current_exception();
+    }
+  }
+  for (auto& w : works) wait_keeping_first_error(w, first);
+  if (during) std::rethrow_exception(during);  // before a lost peer: the recovery would need its work
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace dopt::optim::zero_detail

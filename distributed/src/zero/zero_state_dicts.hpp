@@ -1,0 +1,33 @@
+#pragma once
+// StateDicts: ZeroRedundancyOptimizer's state dicts (torch's
+// consolidate_state_dict / state_dict / load_state_dict) and the sharded
+// checkpoint (save_sharded / load_sharded; format in docs/zero.md). Holds
+// the consolidated dicts; everything else it reads from (and loads into)
+// the ZeroCore it is given. Rank thread; contracts in zero.hpp.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dopt/distributed/zero.hpp"
+#include "dopt/runtime/state_dict.hpp"
+
+namespace dopt::optim::zero_detail {
+
+class StateDicts {
+ public:
+  /// Collective: every rank's local state dict to group rank `to`.
+  void consolidate(ZeroCore& z, int to);
+  /// The global dict from the consolidated ones (StateError when none).
+  StateDict global(const ZeroCore& z) const;
+  void load(ZeroCore& z, const StateDict& sd) const;
+  /// Collective (ends with an all-reduce of the ranks' failures).
+  void save_sharded(const ZeroCore& z, const std::string& dir, const std::map<std::string, std::string>& metadata) const;
+  ShardLoadReport load_sharded(ZeroCore& z, const std::string& dir) const;
+  /// Forgets the consolidated dicts (a recovery: they describe the old group).
+  void clear() { consolidated_.clear(); }
+
+ private:
+  std::vector<StateDict> consolidated_;  // by group rank, on the rank they went to
+};
+
+}  // namespace dopt::optim::zero_detail
