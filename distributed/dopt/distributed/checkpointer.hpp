@@ -23,9 +23,9 @@
 // thread per rank calls it. A load applies the items in the order they were
 // added.
 //
-// Collectives it runs. On the caller's thread: ZeroRedundancyOptimizer::
-// save_sharded (a barrier of the optimizer's group) inside save/save_async,
-// and its own agreements (an all_gather of a small record per rank) on the
+// Collectives it runs. On the caller's thread: a DiLoCo averager's
+// save_sharded (a barrier of its group) inside save/save_async, and its own
+// agreements (an all_gather of a small record per rank) on the
 // commit group at construction, at the start of a save and in
 // load/load_latest. On the background writer thread: the two agreements of
 // a save's commit, on the commit group only, never on `group`, so they do
@@ -39,10 +39,10 @@
 // are written by a background thread, after which the ranks commit it (rank
 // 0 writes checkpoint.json and renames step-XXXXXXXX.tmp to step-XXXXXXXX,
 // then removes checkpoints beyond keep_last). Its future completes on every
-// rank once the checkpoint is committed (or failed). Exceptions: the parts
-// whose public API has no in-memory snapshot are written on the caller's
-// thread before save_async returns: a ZeroRedundancyOptimizer's shard
-// (save_sharded) and a DiLoCo averager's replicated state (save_sharded).
+// rank once the checkpoint is committed (or failed). A ZeroRedundancyOptimizer's
+// shard is snapshotted too (shard_state_dict). The exception: a DiLoCo
+// averager's replicated state, whose public API has no in-memory snapshot,
+// is written on the caller's thread before save_async returns (save_sharded).
 // save(step) is save_async(step).get().
 //
 // Errors (dopt::Error subclasses naming the call, "Checkpointer::save",
@@ -134,7 +134,8 @@ class Checkpointer {
   /// A local optimizer (state_dict / load_state_dict): replicated for data
   /// parallelism with averaged gradients, per_rank otherwise.
   void add_optimizer(const std::string& name, optim::Optimizer& optimizer, Placement placement);
-  /// ZeRO: each rank's shard (save_sharded, on the caller's thread); loads at
+  /// ZeRO: each rank's shard (shard_state_dict, written in the background, the
+  /// file save_sharded would write); loads at
   /// any world size (load_sharded reshards).
   void add_optimizer(const std::string& name, optim::ZeroRedundancyOptimizer& optimizer);
   /// Post-local SGD: its state dict, per rank. With a DiLoCoAverager as its

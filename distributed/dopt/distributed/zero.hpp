@@ -246,6 +246,14 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// added to the shard's (a checkpoint's identity, ...); ValueError for a
   /// key that starts with "dopt.zero.".
   void save_sharded(const std::string& dir, const std::map<std::string, std::string>& metadata = {}) const;
+  /// Local (no communication; rank thread, between steps): this rank's shard
+  /// as save_sharded writes it, `metadata` added, its state tensors copied to
+  /// the CPU. The copy is a snapshot: training may go on while another thread
+  /// writes it with save_state_dict(shard, dir + "/" + shard_file_name(rank(),
+  /// world_size())), and load_sharded reads such files as save_sharded's.
+  /// ValueError for a metadata key that starts with "dopt.zero."; StateError
+  /// mid-iteration with overlap_with_ddp.
+  StateDict shard_state_dict(const std::map<std::string, std::string>& metadata = {}) const;
   /// Loads a checkpoint written by save_sharded at any world size. Throws
   /// IOError for missing/unreadable shards or several world sizes in dir, and
   /// StateDictError when the checkpoint's parameters or groups do not match,

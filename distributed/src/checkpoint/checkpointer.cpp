@@ -26,6 +26,7 @@ namespace dopt {
 namespace fs = std::filesystem;
 using checkpoint::Bundle;
 using checkpoint::FileEntry;
+using checkpoint::FileJob;
 using checkpoint::Identity;
 using checkpoint::Item;
 
@@ -43,12 +44,6 @@ bool valid_name(const std::string& s, const char* extra) {
 std::int64_t digest_value(const Identity& id) {
   return static_cast<std::int64_t>(std::stoull(id.digest(), nullptr, 16));
 }
-
-/// A file of a save: where it goes and what it holds.
-struct FileJob {
-  std::string path;
-  Bundle bundle;
-};
 
 /// Runs f; a filesystem error becomes an IOError of `op` naming it.
 template <class F>
@@ -118,16 +113,20 @@ struct Checkpointer::Impl {
     FileJob replicated{(fs::path(tmp) / checkpoint::kReplicatedFile).string(), {}};
     FileJob mine{(fs::path(tmp) / checkpoint::rank_file_name(rank, world_size)).string(), {}};
     const checkpoint::SaveContext ctx{tmp, &id, rank};
+    std::vector<FileJob> own;  // the items' own files
     for (const auto& item : items) {
       const bool rep = item->entry().placement == "replicated";
       if (item->in_bundle() && rep && rank != 0) continue;  // rank 0 writes the replicated items
       try {
-        with_io_errors(op, rank, [&] { item->snapshot(rep ? replicated.bundle : mine.bundle, ctx); });
+        with_io_errors(op, rank, [&] {
+          item->snapshot(rep ? replicated.bundle : mine.bundle, ctx);
+          for (FileJob& f : item->snapshot_files(ctx)) own.push_back(std::move(f));
+        });
       } catch (...) {
         if (!*err) *err = std::current_exception();
       }
     }
-    std::vector<FileJob> jobs;
+    std::vector<FileJob> jobs = std::move(own);
     for (FileJob* job : {&replicated, &mine}) {
       const std::string file = fs::path(job->path).filename().string();
       if (!std::any_of(id.files.begin(), id.files.end(),
@@ -275,6 +274,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
         try {
           for (const FileJob& job : jobs) {
             if (hook) hook(job.path);
+            fs::create_directories(fs::path(job.path).parent_path());
             write_safetensors(job.path, job.bundle.tensors, job.bundle.metadata);
           }
         } catch (...) {

@@ -129,10 +129,14 @@ class ZeroItem final : public Item {
     return files;
   }
   bool in_bundle() const override { return false; }
-  // No in-memory snapshot in ZeRO's public API: the shard is written here, on
-  // the caller's thread (save_sharded ends with a barrier of ZeRO's group).
-  void snapshot(Bundle&, const SaveContext& ctx) override {
-    zero_.save_sharded((fs::path(ctx.folder) / name()).string(), ctx.id->metadata(ctx.rank));
+  void snapshot(Bundle&, const SaveContext&) override {}
+  // The shard as save_sharded writes it, copied now, written by the writer.
+  std::vector<FileJob> snapshot_files(const SaveContext& ctx) override {
+    const std::string file = optim::ZeroRedundancyOptimizer::shard_file_name(ctx.rank, ctx.id->world_size);
+    std::vector<FileJob> out(1);
+    out[0].path = (fs::path(ctx.folder) / name() / file).string();
+    out[0].bundle = state_dict_to_safetensors(zero_.shard_state_dict(ctx.id->metadata(ctx.rank)));
+    return out;
   }
   void prepare(const Bundle&, const LoadContext&) override {}
   void apply(const LoadContext& ctx) override { zero_.load_sharded((fs::path(ctx.folder) / name()).string()); }

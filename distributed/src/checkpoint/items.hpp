@@ -26,6 +26,13 @@ namespace dopt::checkpoint {
 /// The entries of one file (tensors on the CPU, owned).
 using Bundle = SafetensorsFile;
 
+/// A file of a save: where it goes and what it holds (written by the
+/// background writer, which creates its folder).
+struct FileJob {
+  std::string path;
+  Bundle bundle;
+};
+
 struct SaveContext {
   std::string folder;  // the step-XXXXXXXX.tmp folder
   const Identity* id = nullptr;
@@ -57,6 +64,10 @@ class Item {
   /// Save, on the caller's thread: copies of its state into `out`, and its
   /// own files written into ctx.folder.
   virtual void snapshot(Bundle& out, const SaveContext& ctx) = 0;
+  /// Save, on the caller's thread: snapshots of its own files (own_files()
+  /// of this rank), written by the background writer with the others. Items
+  /// that write their own files in snapshot() return none.
+  virtual std::vector<FileJob> snapshot_files(const SaveContext& /*ctx*/) { return {}; }
   /// Load, first half: reads what it needs from `in` (the file of its saved
   /// placement; empty when it has none) and checks that it fits the object;
   /// changes nothing. StateDictError naming ctx.file and the entry otherwise.

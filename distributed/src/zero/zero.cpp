@@ -66,6 +66,9 @@ void ZeroRedundancyOptimizer::save_sharded(const std::string& dir,
                                            const std::map<std::string, std::string>& metadata) const {
   core_->dicts.save_sharded(*core_, dir, metadata);
 }
+StateDict ZeroRedundancyOptimizer::shard_state_dict(const std::map<std::string, std::string>& metadata) const {
+  return core_->dicts.shard(*core_, metadata, std::string(zero_detail::kName) + ".shard_state_dict", /*copy=*/true);
+}
 ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
   return core_->dicts.load_sharded(*core_, dir);
 }

@@ -188,44 +188,55 @@ void StateDicts::load(ZeroCore& z, const StateDict& sd) const {
   install(z, std::move(local), std::move(opts));
 }
 
-void StateDicts::save_sharded(const ZeroCore& z, const std::string& dir,
-                              const std::map<std::string, std::string>& metadata) const {
-  const std::string op = std::string(kName) + ".save_sharded";
+StateDict StateDicts::shard(const ZeroCore& z, const std::map<std::string, std::string>& metadata,
+                            const std::string& op, bool copy) const {
   z.require_overlap_idle(op);
   for (const auto& [k, v] : metadata)
     if (k.rfind("dopt.zero.", 0) == 0)
       throw ValueError(op, "the metadata key '" + k + "' is reserved for the shard's own description", z.rank);
+  StateDict sd;
+  const auto& mine = z.part.of(z.rank);
+  std::vector<std::int64_t> sizes;
+  for (std::size_t g = 0; g < z.params.groups().size(); ++g) {
+    StateDict::Group og;
+    og.hyperparams = z.params.groups()[g].options->to_hyperparams();
+    for (const auto& p : mine[g]) {
+      const std::int64_t idx = z.params.index_of(p);
+      og.params.push_back(idx);
+      auto it = z.optim->state().find(p.key());
+      if (it == z.optim->state().end() || it->second.empty()) continue;
+      if (!copy) {
+        sd.state[idx] = it->second;
+        continue;
+      }
+      ParamState& st = sd.state[idx];
+      for (const auto& [key, value] : it->second) st[key] = value.defined() ? value.to(Device::cpu()) : value;
+    }
+    sd.param_groups.push_back(std::move(og));
+    sizes.push_back(static_cast<std::int64_t>(z.params.groups()[g].params.size()));
+    sd.metadata["dopt.zero.group_hyperparams." + std::to_string(g)] =
+        hyper_to_json(z.params.groups()[g].options->to_hyperparams());
+  }
+  std::vector<std::int64_t> owners(z.part.owners().begin(), z.part.owners().end());
+  sd.metadata["dopt.zero.format"] = kZeroShardFormat;
+  sd.metadata["dopt.zero.world_size"] = std::to_string(z.world);
+  sd.metadata["dopt.zero.rank"] = std::to_string(z.rank);
+  sd.metadata["dopt.zero.partition"] = join_ints(owners);
+  sd.metadata["dopt.zero.step"] = std::to_string(z.steps);
+  sd.metadata["dopt.zero.group_sizes"] = join_ints(sizes);
+  sd.metadata["dopt.zero.params"] = z.params.describe_all();
+  sd.metadata["dopt.zero.optimizer"] = z.spec.name;
+  for (const auto& [k, v] : metadata) sd.metadata[k] = v;
+  return sd;
+}
+
+void StateDicts::save_sharded(const ZeroCore& z, const std::string& dir,
+                              const std::map<std::string, std::string>& metadata) const {
+  const std::string op = std::string(kName) + ".save_sharded";
+  const StateDict sd = shard(z, metadata, op, /*copy=*/false);  // argument errors before any collective
   std::exception_ptr failure;
   try {
     fs::create_directories(dir);
-    StateDict sd;
-    const auto& mine = z.part.of(z.rank);
-    std::vector<std::int64_t> sizes;
-    for (std::size_t g = 0; g < z.params.groups().size(); ++g) {
-      StateDict::Group og;
-      og.hyperparams = z.params.groups()[g].options->to_hyperparams();
-      for (const auto& p : mine[g]) {
-        const std::int64_t idx = z.params.index_of(p);
-        og.params.push_back(idx);
-        auto it = z.optim->state().find(p.key());
-        if (it != z.optim->state().end() && !it->second.empty()) sd.state[idx] = it->second;
-      }
-      sd.param_groups.push_back(std::move(og));
-      sizes.push_back(static_cast<std::int64_t>(z.params.groups()[g].params.size()));
-      sd.metadata["dopt.zero.group_hyperparams." + std::to_string(g)] =
-          hyper_to_json(z.params.groups()[g].options->to_hyperparams());
-    }
-    std::vector<std::int64_t> owners(z.part.owners().begin(), z.part.owners().end());
-    const std::string shapes = z.params.describe_all();
-    sd.metadata["dopt.zero.format"] = kZeroShardFormat;
-    sd.metadata["dopt.zero.world_size"] = std::to_string(z.world);
-    sd.metadata["dopt.zero.rank"] = std::to_string(z.rank);
-    sd.metadata["dopt.zero.partition"] = join_ints(owners);
-    sd.metadata["dopt.zero.step"] = std::to_string(z.steps);
-    sd.metadata["dopt.zero.group_sizes"] = join_ints(sizes);
-    sd.metadata["dopt.zero.params"] = shapes;
-    sd.metadata["dopt.zero.optimizer"] = z.spec.name;
-    for (const auto& [k, v] : metadata) sd.metadata[k] = v;
     save_state_dict(sd, (fs::path(dir) / ZeroRedundancyOptimizer::shard_file_name(z.rank, z.world)).string());
   } catch (...) {
     failure = std::current_exception();

@@ -20,6 +20,10 @@ class StateDicts {
   /// The global dict from the consolidated ones (StateError when none).
   StateDict global(const ZeroCore& z) const;
   void load(ZeroCore& z, const StateDict& sd) const;
+  /// Local: this rank's shard as save_sharded writes it, `metadata` added;
+  /// `copy`: its state tensors are CPU copies (a snapshot), else shared.
+  StateDict shard(const ZeroCore& z, const std::map<std::string, std::string>& metadata, const std::string& op,
+                  bool copy) const;
   /// Collective (ends with an all-reduce of the ranks' failures).
   void save_sharded(const ZeroCore& z, const std::string& dir, const std::map<std::string, std::string>& metadata) const;
   ShardLoadReport load_sharded(ZeroCore& z, const std::string& dir) const;
