@@ -58,7 +58,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 
 namespace {
 
@@ -390,7 +390,7 @@ void wait_gone(pid_t pid) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "battery";
   // The failure scenarios end in an error on purpose: no final barrier.
-  return dopt_test::run_peer(
+  return dopt::testing::run_peer(
       [&](dopt::ProcessGroup& world, int rank) {
         Checker c{rank};
         if (mode == "battery") {
@@ -459,7 +459,7 @@ int main(int argc, char** argv) {
                       env->job_id.c_str(), env->job_id_source.c_str());
           world.barrier();
         } else {
-          throw dopt_test::Usage{
+          throw dopt::testing::Usage{
               "dopt_collectives_peer battery | digest | cut | mismatch | mismatch_big | kill | stop | loop | p2pkill | launch"};
         }
         return c.checks;

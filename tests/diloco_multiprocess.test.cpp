@@ -9,11 +9,11 @@
 
 #include <filesystem>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_diloco_peer";
@@ -23,8 +23,8 @@ const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
 // (2 + world) for quantized_all_reduce, 5 formats x (4 parameters x world + 1), 1 + 8 steps x 2 comparisons of the resumed run.
 long min_checks(int n) { return 13 * 4 + 5 * (2 + n) + 5 * (4 * n + 1) + 1 + 8 * 2 * 4; }
 
-struct CaseDir : dopt_test::TempDir {
-  explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-diloco-mp", name) {}
+struct CaseDir : dopt::testing::TempDir {
+  explicit CaseDir(const std::string& name) : dopt::testing::TempDir("dopt-diloco-mp", name) {}
 };
 
 }  // namespace

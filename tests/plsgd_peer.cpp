@@ -58,7 +58,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 
 namespace {
 
@@ -110,7 +110,7 @@ void add_into(const Tensor& a, const Tensor& b) {
   for (std::int64_t k = 0; k < a.numel(); ++k) x[k] = x[k] + y[k];
 }
 
-using Checker = dopt_test::Checker;
+using Checker = dopt::testing::Checker;
 
 // ---------------------------------------------------------------------------------------------
 // Model averaging
@@ -640,13 +640,13 @@ void join(ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "periodic";
-  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) {
     Checker c{rank};
     if (mode == "periodic") periodic(world, c, argc > 2 ? fs::path(argv[2]) : fs::temp_directory_path());
     else if (mode == "hierarchical") hierarchical(world, c);
     else if (mode == "reducer") reducer(world, c);
     else if (mode == "join") join(world, c);
-    else throw dopt_test::Usage{"dopt_plsgd_peer periodic [DIR] | hierarchical | reducer | join"};
+    else throw dopt::testing::Usage{"dopt_plsgd_peer periodic [DIR] | hierarchical | reducer | join"};
     return c.checks;
   });
 }

@@ -7,11 +7,11 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_rpc_peer";

@@ -46,13 +46,13 @@
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "rpc_optim/distributed_optimizer_survive_scenarios.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 
 using namespace dopt;
 using dopt::rpc::Agent;
 using dopt::rpc::GradContext;
 using dopt::rpc::RRef;
-using dopt_test::Checker;
+using dopt::testing::Checker;
 
 namespace {
 
@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const Error& e) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-    std::printf("error %s: %s\nelapsed_ms %lld\n", dopt_test::kind_of(e), e.what(), static_cast<long long>(ms.count()));
+    std::printf("error %s: %s\nelapsed_ms %lld\n", dopt::testing::kind_of(e), e.what(), static_cast<long long>(ms.count()));
   } catch (const std::exception& e) {
     std::printf("error std::exception: %s\n", e.what());
   }

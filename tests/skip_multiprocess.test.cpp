@@ -5,7 +5,7 @@
 // (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
@@ -25,7 +25,7 @@ TEST_CASE("skip multiprocess: ZeRO + GradScaler + clip_grad_norm, an inf on one 
           "[grad_scaler][zero][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
   INFO(n << " processes");
-  dopt_test::require_ok_through_dopt_run(kDoptRun, kPeer, n, {"zero"}, kEnv, kZeroChecks);
+  dopt::testing::require_ok_through_dopt_run(kDoptRun, kPeer, n, {"zero"}, kEnv, kZeroChecks);
 }
 
 TEST_CASE("skip multiprocess: PostLocalSGDOptimizer + GradScaler, the averager stays on schedule through a "
@@ -33,5 +33,5 @@ TEST_CASE("skip multiprocess: PostLocalSGDOptimizer + GradScaler, the averager s
           "[grad_scaler][post_local_sgd][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
   INFO(n << " processes");
-  dopt_test::require_ok_through_dopt_run(kDoptRun, kPeer, n, {"plsgd"}, kEnv, kPlsgdChecks);
+  dopt::testing::require_ok_through_dopt_run(kDoptRun, kPeer, n, {"plsgd"}, kEnv, kPlsgdChecks);
 }

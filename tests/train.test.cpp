@@ -19,11 +19,11 @@
 #include <tuple>
 
 #include "dopt/runtime/safetensors.hpp"
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 
 const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";

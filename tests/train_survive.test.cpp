@@ -14,12 +14,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "proc_ports.hpp"
-#include "process_util.hpp"
+#include "proc_inspect.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 
 const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";

@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <sstream>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
@@ -29,8 +29,8 @@ void by_hand(int n, const std::vector<std::string>& args, long min_checks) {
 }
 
 /// A fresh folder under the temp dir, removed by the destructor.
-struct CaseDir : dopt_test::TempDir {
-  explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-zero-mp", name) {}
+struct CaseDir : dopt::testing::TempDir {
+  explicit CaseDir(const std::string& name) : dopt::testing::TempDir("dopt-zero-mp", name) {}
 };
 
 // Checks per rank the scenarios make at least (each step compares every

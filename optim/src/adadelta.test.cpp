@@ -3,12 +3,14 @@
 #include <cmath>
 
 #include "dopt/optim/adadelta.hpp"
-#include "test_util.hpp"
+#include "optimizer_contract.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
+using dopt::testing::tensor_of;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
 
@@ -58,12 +60,12 @@ TEMPLATE_TEST_CASE("Adadelta matches the spec's operation order bit for bit", "[
   };
   for (const auto& [name, o] : cases) {
     DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
+      const auto init = values<T>(dopt::testing::kRefNumel, 7);
       Tensor p = tensor_of(init);
       Adadelta opt({p}, o);
       auto ref = ref_of<T>(o);
       std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 25, ref);
+      dopt::testing::compare_steps(opt, p, ref_p, 25, ref);
       const ParamState& st = opt.state().at(p.key());
       CHECK(st.size() == 3u);
       const Tensor& step = st.at("step");
@@ -81,7 +83,7 @@ TEST_CASE("Adadelta test data exposes the FMAs", "[optB][adadelta]") {
   // on this data, so the bitwise comparison above does check the FMAs.
   const AdadeltaOptions o(0.7);
   auto ref = ref_of<float>(o);
-  std::vector<float> fused = values<float>(dopt::test::kRefNumel, 7), plain = fused;
+  std::vector<float> fused = values<float>(dopt::testing::kRefNumel, 7), plain = fused;
   std::vector<float> sq(plain.size(), 0.f), acc(plain.size(), 0.f);
   const float rho = float(o.rho()), omr = float(1 - o.rho()), eps = float(o.eps()), neg_lr = float(-o.lr());
   for (int t = 0; t < 25; ++t) {
@@ -126,6 +128,6 @@ TEST_CASE("Adadelta options: defaults, torch names, validation", "[optB][adadelt
 }
 
 TEST_CASE("Adadelta keeps the Optimizer base contract", "[optB][adadelta]") {
-  dopt::test::check_optimizer_contract<Adadelta>(AdadeltaOptions(0.5).weight_decay(0.1),
+  dopt::testing::check_optimizer_contract<Adadelta>(AdadeltaOptions(0.5).weight_decay(0.1),
                                                  AdadeltaOptions(2.0).rho(0.5), false);
 }

@@ -4,12 +4,14 @@
 #include <limits>
 
 #include "dopt/optim/adamax.hpp"
-#include "test_util.hpp"
+#include "optimizer_contract.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
+using dopt::testing::tensor_of;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
 
@@ -59,12 +61,12 @@ TEMPLATE_TEST_CASE("Adamax matches the spec's operation order bit for bit", "[op
   };
   for (const auto& [name, o] : cases) {
     DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
+      const auto init = values<T>(dopt::testing::kRefNumel, 7);
       Tensor p = tensor_of(init);
       Adamax opt({p}, o);
       auto ref = ref_of<T>(o);
       std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 25, ref);
+      dopt::testing::compare_steps(opt, p, ref_p, 25, ref);
       const ParamState& st = opt.state().at(p.key());
       CHECK(st.size() == 3u);
       const Tensor& step = st.at("step");
@@ -154,6 +156,6 @@ TEST_CASE("Adamax rejects a state that does not match the parameter", "[optB][ad
 }
 
 TEST_CASE("Adamax keeps the Optimizer base contract", "[optB][adamax]") {
-  dopt::test::check_optimizer_contract<Adamax>(AdamaxOptions(0.01).weight_decay(0.1),
+  dopt::testing::check_optimizer_contract<Adamax>(AdamaxOptions(0.01).weight_decay(0.1),
                                                AdamaxOptions(0.5).betas({0.5, 0.5}), false);
 }

@@ -15,7 +15,7 @@
 #include "dopt/optim/grad_scaler.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "grad_scaler_fixture.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -23,12 +23,12 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using test::kInf;
-using test::small_scaler;
-using test::make_params;
-using test::set_grads;
-using test::all_equal;
-using test::clones;
+using testing::kInf;
+using testing::small_scaler;
+using testing::make_params;
+using testing::set_grads;
+using testing::all_equal;
+using testing::clones;
 
 }  // namespace
 

@@ -3,11 +3,13 @@
 #include <cmath>
 
 #include "dopt/optim/rmsprop.hpp"
-#include "test_util.hpp"
+#include "optimizer_contract.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::values;
+using dopt::testing::values;
 
 namespace {
 
@@ -65,12 +67,12 @@ TEMPLATE_TEST_CASE("RMSprop matches the spec's operation order bit for bit", "[o
   };
   for (const auto& [name, o] : cases) {
     DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = dopt::test::tensor_of(init);
+      const auto init = values<T>(dopt::testing::kRefNumel, 7);
+      Tensor p = dopt::testing::tensor_of(init);
       RMSprop opt({p}, o);
       auto ref = ref_of<T>(o);
       std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 6, ref);
+      dopt::testing::compare_steps(opt, p, ref_p, 6, ref);
       const ParamState& st = opt.state().at(p.key());
       CHECK(st.size() == 2u + (o.momentum() > 0) + o.centered());
       const Tensor& step = st.at("step");
@@ -87,9 +89,9 @@ TEMPLATE_TEST_CASE("RMSprop matches the spec's operation order bit for bit", "[o
 }
 
 TEST_CASE("RMSprop momentum or centered enabled after state creation is a StateError", "[optA][rmsprop]") {
-  Tensor p = dopt::test::tensor_of(values<float>(8, 1));
+  Tensor p = dopt::testing::tensor_of(values<float>(8, 1));
   RMSprop opt({p}, RMSpropOptions());
-  p.set_grad(dopt::test::tensor_of(values<float>(8, 2)));
+  p.set_grad(dopt::testing::tensor_of(values<float>(8, 2)));
   opt.step();
   const Tensor before = p.clone();
   auto& o = opt.param_groups()[0].options_as<RMSpropOptions>();
@@ -134,6 +136,6 @@ TEST_CASE("RMSprop options: defaults, torch names, validation", "[optA][rmsprop]
 }
 
 TEST_CASE("RMSprop keeps the Optimizer base contract", "[optA][rmsprop]") {
-  dopt::test::check_optimizer_contract<RMSprop>(RMSpropOptions(0.01).momentum(0.9).centered(true),
+  dopt::testing::check_optimizer_contract<RMSprop>(RMSpropOptions(0.01).momentum(0.9).centered(true),
                                                 RMSpropOptions(0.5).momentum(0.5).centered(true), false);
 }

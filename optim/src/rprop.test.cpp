@@ -5,12 +5,14 @@
 #include <limits>
 
 #include "dopt/optim/rprop.hpp"
-#include "test_util.hpp"
+#include "optimizer_contract.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
+using dopt::testing::tensor_of;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
 
@@ -75,7 +77,7 @@ TEMPLATE_TEST_CASE("Rprop matches the spec's operation order bit for bit", "[opt
   };
   for (const auto& [name, o] : cases) {
     DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
+      const auto init = values<T>(dopt::testing::kRefNumel, 7);
       Tensor p = tensor_of(init);
       Rprop opt({p}, o);
       auto ref = ref_of<T>(o);
@@ -190,6 +192,6 @@ TEST_CASE("Rprop options: defaults, torch names, validation", "[optB][rprop]") {
 }
 
 TEST_CASE("Rprop keeps the Optimizer base contract", "[optB][rprop]") {
-  dopt::test::check_optimizer_contract<Rprop>(RpropOptions(0.01).etas({0.4, 1.3}),
+  dopt::testing::check_optimizer_contract<Rprop>(RpropOptions(0.01).etas({0.4, 1.3}),
                                               RpropOptions(0.5).step_sizes({1e-3, 1.0}), false);
 }

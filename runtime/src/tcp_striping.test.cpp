@@ -28,11 +28,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using dopt_test::is;
-using dopt_test::Meshes;
-using dopt_test::message_of;
-using dopt_test::pattern;
-using dopt_test::Waiter;
+using dopt::testing::is;
+using dopt::testing::Meshes;
+using dopt::testing::message_of;
+using dopt::testing::pattern;
+using dopt::testing::Waiter;
 
 TcpMeshOptions striped(int streams, std::size_t stripe_min) {
   TcpMeshOptions o;
@@ -61,7 +61,7 @@ std::vector<std::future<std::unique_ptr<TcpMesh>>> start_meshes(int n, std::vect
 
 // n meshes, every rank with options o.
 Meshes make_meshes(int n, TcpMeshOptions o) {
-  return dopt_test::loopback_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o));
+  return dopt::testing::loopback_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o));
 }
 
 // Every rank sends every size to every other rank on two tags, alternating;

@@ -29,12 +29,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using dopt_test::is;
-using dopt_test::loopback_meshes;
-using dopt_test::Meshes;
-using dopt_test::message_of;
-using dopt_test::pattern;
-using dopt_test::Waiter;
+using dopt::testing::is;
+using dopt::testing::loopback_meshes;
+using dopt::testing::Meshes;
+using dopt::testing::message_of;
+using dopt::testing::pattern;
+using dopt::testing::Waiter;
 
 }  // namespace
 

@@ -17,14 +17,14 @@
 #include "rpc/testing.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 using dopt::rpc::Agent;
 using dopt::rpc::GradContext;
 using dopt::rpc::RRef;
-using dopt::test::values;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 
 namespace {
