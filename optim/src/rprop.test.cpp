@@ -5,16 +5,7 @@
 #include <limits>
 
 #include "dopt/optim/rprop.hpp"
-#include "optimizer_contract.hpp"
-#include "bitwise_checks.hpp"
-#include "reference_data.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::testing::tensor_of;
-using dopt::testing::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -77,7 +68,7 @@ TEMPLATE_TEST_CASE("Rprop matches the spec's operation order bit for bit", "[opt
   };
   for (const auto& [name, o] : cases) {
     DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::testing::kRefNumel, 7);
+      const auto init = values<T>(kRefNumel, 7);
       Tensor p = tensor_of(init);
       Rprop opt({p}, o);
       auto ref = ref_of<T>(o);
@@ -98,10 +89,7 @@ TEMPLATE_TEST_CASE("Rprop matches the spec's operation order bit for bit", "[opt
       }
       const ParamState& st = opt.state().at(p.key());
       CHECK(st.size() == 3u);
-      const Tensor& step = st.at("step");
-      CHECK(step.dtype() == DType::int64);
-      CHECK(step.dim() == 0);
-      CHECK(step.item() == 25.0);
+      check_step_counter(st.at("step"), DType::int64, 25.0);
       DOPT_REQUIRE_BITWISE(st.at("prev"), ref.prev);
       DOPT_REQUIRE_BITWISE(st.at("step_size"), ref.step_size);
     }
@@ -192,6 +180,6 @@ TEST_CASE("Rprop options: defaults, torch names, validation", "[optB][rprop]") {
 }
 
 TEST_CASE("Rprop keeps the Optimizer base contract", "[optB][rprop]") {
-  dopt::testing::check_optimizer_contract<Rprop>(RpropOptions(0.01).etas({0.4, 1.3}),
+  check_optimizer_contract<Rprop>(RpropOptions(0.01).etas({0.4, 1.3}),
                                               RpropOptions(0.5).step_sizes({1e-3, 1.0}), false);
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dopt/optim/optimizer.hpp"
@@ -53,6 +54,34 @@ void compare_steps(optim::Optimizer& opt, const Tensor& p, std::vector<T>& ref_p
     INFO("after step " << (t + 1));
     DOPT_REQUIRE_BITWISE(p, ref_p);
   }
+}
+
+/// The body of an optimizer's "matches the reference bit for bit" test: a
+/// DYNAMIC_SECTION per named case that steps a fresh Opt over one parameter of
+/// kRefNumel T (values(kRefNumel, seed)) `steps` times against
+/// ref_of(options) (compare_steps), then hands the parameter's state, the
+/// reference and the options to check_state.
+template <class Opt, class T, class Options, class RefOf, class CheckState>
+void match_reference(const std::vector<std::pair<const char*, Options>>& cases, int steps, RefOf&& ref_of,
+                     CheckState&& check_state, std::uint64_t seed = 7) {
+  for (const auto& [name, o] : cases) {
+    DYNAMIC_SECTION(name) {
+      const auto init = values<T>(kRefNumel, seed);
+      Tensor p = tensor_of(init);
+      Opt opt({p}, o);
+      auto ref = ref_of(o);
+      std::vector<T> ref_p = init;
+      compare_steps(opt, p, ref_p, steps, ref);
+      check_state(opt.state().at(p.key()), ref, o);
+    }
+  }
+}
+
+/// An optimizer's 0-d step counter: of `dtype`, at `steps`.
+inline void check_step_counter(const Tensor& step, DType dtype, double steps) {
+  CHECK(step.dtype() == dtype);
+  CHECK(step.dim() == 0);
+  CHECK(step.item() == steps);
 }
 
 inline ParamState deep_copy(const ParamState& st) {
