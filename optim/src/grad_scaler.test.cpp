@@ -21,16 +21,7 @@ using namespace dopt;
 using namespace dopt::optim;
 using Catch::Matchers::Contains;
 
-namespace {
-
-using testing::kInf;
-using testing::small_scaler;
-using testing::make_params;
-using testing::set_grads;
-using testing::all_equal;
-using testing::clones;
-
-}  // namespace
+using namespace dopt::testing;  // the GradScaler fixture: kInf, small_scaler, make_params, set_grads, ...
 
 TEST_CASE("GradScaler: scale, unscale, growth after growth_interval good steps, back-off after an inf", "[grad_scaler]") {
   GradScaler scaler(small_scaler());

@@ -19,20 +19,11 @@
 #include "loopback_mesh.hpp"
 #include "tcp_settings.hpp"
 
-using dopt::transport::Completion;
-using dopt::transport::Tag;
-using dopt::transport::TcpListener;
-using dopt::transport::TcpMesh;
-using dopt::transport::TcpMeshOptions;
+using namespace dopt::transport;
+using namespace dopt::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-using dopt::testing::is;
-using dopt::testing::Meshes;
-using dopt::testing::message_of;
-using dopt::testing::pattern;
-using dopt::testing::Waiter;
 
 TcpMeshOptions striped(int streams, std::size_t stripe_min) {
   TcpMeshOptions o;

@@ -20,23 +20,9 @@
 #include "completions.hpp"
 #include "loopback_mesh.hpp"
 
-using dopt::transport::Completion;
-using dopt::transport::Tag;
-using dopt::transport::TcpListener;
-using dopt::transport::TcpMesh;
-using dopt::transport::TcpMeshOptions;
+using namespace dopt::transport;
+using namespace dopt::testing;
 using namespace std::chrono_literals;
-
-namespace {
-
-using dopt::testing::is;
-using dopt::testing::loopback_meshes;
-using dopt::testing::Meshes;
-using dopt::testing::message_of;
-using dopt::testing::pattern;
-using dopt::testing::Waiter;
-
-}  // namespace
 
 TEST_CASE("tcp mesh: a world of one has no peers", "[tcp]") {
   auto ms = loopback_meshes(1);

@@ -20,16 +20,7 @@
 using namespace dopt;
 using namespace dopt::optim;
 
-namespace {
-
-using testing::kInf;
-using testing::small_scaler;
-using testing::make_params;
-using testing::set_grads;
-using testing::all_equal;
-using testing::clones;
-
-}  // namespace
+using namespace dopt::testing;  // the GradScaler fixture: kInf, small_scaler, make_params, set_grads, ...
 
 TEST_CASE("GradScaler + PostLocalSGDOptimizer: skipped on every rank, the averager stays on schedule (2, 3, 5 ranks)",
           "[grad_scaler][post_local_sgd]") {
