@@ -90,13 +90,7 @@ double reduce_expected(ReduceOp op, int n, std::int64_t i, std::int64_t offset =
   return op == ReduceOp::avg ? acc / n : acc;
 }
 
-struct Checker {
-  int rank;
-  long checks = 0;
-  void expect(bool ok, const std::string& what) {
-    ++checks;
-    if (!ok) throw dopt::Error("check", what, rank);
-  }
+struct Checker : dopt::testing::Checker {
   /// got == expected values (rounded to got's dtype), exactly, or within a
   /// relative tolerance for avg (one division, rounded differently).
   void values(const Tensor& got, const std::function<double(std::int64_t)>& want, const std::string& what,
@@ -392,7 +386,7 @@ int main(int argc, char** argv) {
   // The failure scenarios end in an error on purpose: no final barrier.
   return dopt::testing::run_peer(
       [&](dopt::ProcessGroup& world, int rank) {
-        Checker c{rank};
+        Checker c{{rank}};
         if (mode == "battery") {
           battery(world, c);
           const auto st = world.plane_stats();

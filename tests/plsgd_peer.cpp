@@ -59,6 +59,7 @@
 #include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "peer_main.hpp"
+#include "reference_data.hpp"
 
 namespace {
 
@@ -71,12 +72,7 @@ using dopt::optim::OptimizerSpec;
 namespace fs = std::filesystem;
 namespace optim = dopt::optim;
 
-std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using dopt::testing::mix64;
 
 std::uint64_t hash4(int r, int t, std::size_t i, std::int64_t k) {
   return mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +

@@ -47,12 +47,7 @@ using dopt::ProcessGroup;
 using dopt::Tensor;
 using namespace dopt::optim;
 
-[[noreturn]] void die() {
-  std::fflush(stdout);
-  ::raise(SIGKILL);
-  for (;;) {
-  }
-}
+using dopt::testing::die;
 
 using dopt::optim::survive_reference::grad_elem;
 using dopt::optim::survive_reference::Kill;

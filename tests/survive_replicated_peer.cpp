@@ -28,12 +28,7 @@ namespace {
 using dopt::ProcessGroup;
 using namespace dopt::survive_test;
 
-[[noreturn]] void die() {
-  std::fflush(stdout);
-  ::raise(SIGKILL);
-  for (;;) {
-  }
-}
+using dopt::testing::die;
 
 long scenario(ProcessGroup& world, int me, const std::string& mode, const std::string& kill, bool callback) {
   dopt::testing::Checker c{me};

@@ -54,6 +54,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "peer_main.hpp"
+#include "reference_data.hpp"
 
 namespace {
 
@@ -68,12 +69,7 @@ using dopt::optim::ZeroOptions;
 using dopt::optim::ZeroRedundancyOptimizer;
 namespace fs = std::filesystem;
 
-std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using dopt::testing::mix64;
 
 /// Rank r's gradient of parameter i at step t, element k: a multiple of 1/256 in [-2, 2).
 float grad_elem(int r, int t, std::size_t i, std::int64_t k) {

@@ -192,12 +192,15 @@ struct PeerProgram {
   std::vector<Done> by_hand(int n, const std::vector<std::string>& args, int kill_last = -1) const {
     return run_ranks_by_hand(path(), n, args, env, kill_last);
   }
-  /// Every rank of a run through dopt-run printed "ok R CHECKS" with CHECKS >= min_checks.
+  /// Every rank of a run through dopt-run printed "ok R CHECKS" with CHECKS >=
+  /// min_checks (n is in Catch's context).
   void require_ok_through_dopt_run(int n, const std::vector<std::string>& args, long min_checks) const {
+    INFO(n << " processes");
     testing::require_ok_through_dopt_run(tool_path("dopt-run"), path(), n, args, env, min_checks);
   }
   /// The same with the ranks started by hand.
   void require_ok_by_hand(int n, const std::vector<std::string>& args, long min_checks) const {
+    INFO(n << " processes");
     testing::require_ok_by_hand(path(), n, args, env, min_checks);
   }
   /// A fresh folder for one case of this program ("dopt-<name>-mp-<pid>-<what>").
