@@ -1,6 +1,6 @@
 #pragma once
-// Temporary folders and file names for the tests: unique to this process,
-// under the system's temp dir.
+// Temporary folders for the tests: unique to this process, under the
+// system's temp dir, removed when the test is done with them.
 #include <unistd.h>
 
 #include <filesystem>
@@ -25,11 +25,5 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
-
-/// A file name under the temp dir, unique to this process and `what`
-/// ("<temp>/<prefix>_<pid>_<what>"); nothing is created.
-inline std::string temp_path(const std::string& prefix, const std::string& what) {
-  return (std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()) + "_" + what)).string();
-}
 
 }  // namespace dopt::testing
