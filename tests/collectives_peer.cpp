@@ -58,7 +58,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 
 namespace {
 
@@ -90,13 +90,7 @@ double reduce_expected(ReduceOp op, int n, std::int64_t i, std::int64_t offset =
   return op == ReduceOp::avg ? acc / n : acc;
 }
 
-struct Checker {
-  int rank;
-  long checks = 0;
-  void expect(bool ok, const std::string& what) {
-    ++checks;
-    if (!ok) throw dopt::Error("check", what, rank);
-  }
+struct Checker : dopt::testing::Checker {
   /// got == expected values (rounded to got's dtype), exactly, or within a
   /// relative tolerance for avg (one division, rounded differently).
   void values(const Tensor& got, const std::function<double(std::int64_t)>& want, const std::string& what,
@@ -390,9 +384,9 @@ void wait_gone(pid_t pid) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "battery";
   // The failure scenarios end in an error on purpose: no final barrier.
-  return dopt_test::run_peer(
+  return dopt::testing::run_peer(
       [&](dopt::ProcessGroup& world, int rank) {
-        Checker c{rank};
+        Checker c{{rank}};
         if (mode == "battery") {
           battery(world, c);
           const auto st = world.plane_stats();
@@ -459,7 +453,7 @@ int main(int argc, char** argv) {
                       env->job_id.c_str(), env->job_id_source.c_str());
           world.barrier();
         } else {
-          throw dopt_test::Usage{
+          throw dopt::testing::Usage{
               "dopt_collectives_peer battery | digest | cut | mismatch | mismatch_big | kill | stop | loop | p2pkill | launch"};
         }
         return c.checks;

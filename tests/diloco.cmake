@@ -3,10 +3,7 @@
 # dopt-run or by hand. It shares the float64 reference of the unit tests
 # (distributed/src/local_sgd/diloco_reference.hpp).
 if(TARGET dopt_tests)
-  add_executable(dopt_diloco_peer diloco_peer.cpp)
-  target_link_libraries(dopt_diloco_peer PRIVATE dopt::dopt)
-  target_include_directories(dopt_diloco_peer PRIVATE "${PROJECT_SOURCE_DIR}/distributed/src")
-  add_dependencies(dopt_tests dopt_diloco_peer)
+  dopt_test_peer(diloco distributed/src)
   # The same scenario on the hierarchical plane (shared memory within a
   # "host", TCP between them; tests/as_hosts.sh), 3 hosts x 1 and 2 x 2 ranks.
   foreach(_shape "3 1" "2 2")

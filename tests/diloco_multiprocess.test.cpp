@@ -9,35 +9,28 @@
 
 #include <filesystem>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 
-const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
-const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_diloco_peer";
-const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
+const PeerProgram kPeer{"diloco", {{"DOPT_TIMEOUT_MS", "30000"}}};
 
 // Per rank: 13 steps x 4 parameters against the reference, 5 formats x
 // (2 + world) for quantized_all_reduce, 5 formats x (4 parameters x world + 1), 1 + 8 steps x 2 comparisons of the resumed run.
 long min_checks(int n) { return 13 * 4 + 5 * (2 + n) + 5 * (4 * n + 1) + 1 + 8 * 2 * 4; }
-
-struct CaseDir : dopt_test::TempDir {
-  explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-diloco-mp", name) {}
-};
 
 }  // namespace
 
 TEST_CASE("diloco multiprocess: reference, wire formats, resume through dopt-run (2, 3, 5 processes)",
           "[diloco][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  CaseDir dir("run" + std::to_string(n));
-  require_ok_through_dopt_run(kDoptRun, kPeer, n, {"diloco", dir.path.string()}, kEnv, min_checks(n));
+  const auto dir = kPeer.case_dir("run" + std::to_string(n));
+  kPeer.require_ok_through_dopt_run(n, {"diloco", dir.path.string()}, min_checks(n));
 }
 
 TEST_CASE("diloco multiprocess: processes started by hand (3)", "[diloco][multiprocess]") {
-  CaseDir dir("hand3");
-  require_ok_by_hand(kPeer, 3, {"diloco", dir.path.string()}, kEnv, min_checks(3));
+  const auto dir = kPeer.case_dir("hand3");
+  kPeer.require_ok_by_hand(3, {"diloco", dir.path.string()}, min_checks(3));
 }

@@ -27,7 +27,7 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "dopt/runtime/state_dict.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 
 namespace {
 
@@ -37,7 +37,7 @@ using dopt::Tensor;
 namespace optim = dopt::optim;
 namespace ref = dopt::diloco_ref;
 namespace fs = std::filesystem;
-using dopt_test::Checker;
+using dopt::testing::Checker;
 
 struct Run {
   std::vector<Tensor> params;
@@ -205,9 +205,9 @@ void resume(ProcessGroup& world, int rank, Checker& ck, const fs::path& dir) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "diloco";
   const fs::path dir = argc > 2 ? fs::path(argv[2]) : fs::temp_directory_path();
-  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) {
     Checker ck{rank};
-    if (mode != "diloco") throw dopt_test::Usage{"dopt_diloco_peer diloco [DIR]"};
+    if (mode != "diloco") throw dopt::testing::Usage{"dopt_diloco_peer diloco [DIR]"};
     against_reference(world, rank, ck);
     wire_reference(world, rank, ck);
     wire_formats(world, rank, ck);

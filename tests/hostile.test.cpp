@@ -22,12 +22,12 @@
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/handshake.hpp"
-#include "proc_ports.hpp"
-#include "process_util.hpp"
+#include "proc_inspect.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;

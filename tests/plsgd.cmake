@@ -3,7 +3,5 @@
 # tests/plsgd_peer.cpp is one rank, started by dopt-run or by hand. The
 # [multiprocess] label and 60 s timeout come from tests/rendezvous.cmake.
 if(TARGET dopt_tests)
-  add_executable(dopt_plsgd_peer plsgd_peer.cpp)
-  target_link_libraries(dopt_plsgd_peer PRIVATE dopt::dopt)
-  add_dependencies(dopt_tests dopt_plsgd_peer)
+  dopt_test_peer(plsgd)
 endif()

@@ -58,7 +58,8 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
+#include "reference_data.hpp"
 
 namespace {
 
@@ -71,12 +72,7 @@ using dopt::optim::OptimizerSpec;
 namespace fs = std::filesystem;
 namespace optim = dopt::optim;
 
-std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using dopt::testing::mix64;
 
 std::uint64_t hash4(int r, int t, std::size_t i, std::int64_t k) {
   return mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
@@ -110,7 +106,7 @@ void add_into(const Tensor& a, const Tensor& b) {
   for (std::int64_t k = 0; k < a.numel(); ++k) x[k] = x[k] + y[k];
 }
 
-using Checker = dopt_test::Checker;
+using Checker = dopt::testing::Checker;
 
 // ---------------------------------------------------------------------------------------------
 // Model averaging
@@ -640,13 +636,13 @@ void join(ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "periodic";
-  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) {
     Checker c{rank};
     if (mode == "periodic") periodic(world, c, argc > 2 ? fs::path(argv[2]) : fs::temp_directory_path());
     else if (mode == "hierarchical") hierarchical(world, c);
     else if (mode == "reducer") reducer(world, c);
     else if (mode == "join") join(world, c);
-    else throw dopt_test::Usage{"dopt_plsgd_peer periodic [DIR] | hierarchical | reducer | join"};
+    else throw dopt::testing::Usage{"dopt_plsgd_peer periodic [DIR] | hierarchical | reducer | join"};
     return c.checks;
   });
 }

@@ -4,9 +4,7 @@
 # "multiprocess" and a 60 s TIMEOUT (the backstop for a hang); the
 # properties come from dopt_catch_test_properties (cmake/DoptHelpers.cmake).
 if(TARGET dopt_tests)
-  add_executable(dopt_rendezvous_peer rendezvous_peer.cpp)
-  target_link_libraries(dopt_rendezvous_peer PRIVATE dopt::dopt)
-  add_dependencies(dopt_tests dopt_rendezvous_peer)
+  dopt_test_peer(rendezvous)
   if(TARGET dopt-run)
     add_dependencies(dopt_tests dopt-run)
   endif()

@@ -4,7 +4,7 @@
 // a 60 s TIMEOUT and the label "multiprocess" (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -21,7 +21,7 @@
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_rendezvous_peer";

@@ -16,18 +16,9 @@
 #include "dopt/actors/runtime.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/launch_env.hpp"
+#include "peer_main.hpp"
 
-namespace {
-const char* kind_of(const dopt::Error& e) {
-  if (dynamic_cast<const dopt::TimeoutError*>(&e)) return "TimeoutError";
-  if (dynamic_cast<const dopt::ValueError*>(&e)) return "ValueError";
-  if (dynamic_cast<const dopt::IOError*>(&e)) return "IOError";
-  if (dynamic_cast<const dopt::PeerLostError*>(&e)) return "PeerLostError";
-  if (dynamic_cast<const dopt::StateError*>(&e)) return "StateError";
-  if (dynamic_cast<const dopt::AuthenticationError*>(&e)) return "AuthenticationError";
-  return "Error";
-}
-}  // namespace
+using dopt::testing::kind_of;
 
 int main(int argc, char** argv) {
   const long timeout_ms = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 20000;

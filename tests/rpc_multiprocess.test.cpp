@@ -7,15 +7,13 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 
-const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
-const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_rpc_peer";
-const std::map<std::string, std::string> kEnv{};
+const PeerProgram kPeer{"rpc", {}};
 
 }  // namespace
 
@@ -24,7 +22,7 @@ TEST_CASE("rpc multiprocess: DistributedOptimizer equals local optimizers bit fo
   const int n = GENERATE(3, 5);
   INFO(n << " processes");
   // rank 0: 9 optimizer configurations (every class) x 4 steps x 4 parameters compared (3 checks each, + shutdown)
-  const Done d = run_through_dopt_run(kDoptRun, kPeer, n, {"parity"}, kEnv);
+  const Done d = kPeer.through_dopt_run(n, {"parity"});
   INFO(d.out);
   REQUIRE(d.ok());
   require_all_ok(d.out, n, 1);
@@ -32,11 +30,11 @@ TEST_CASE("rpc multiprocess: DistributedOptimizer equals local optimizers bit fo
 }
 
 TEST_CASE("rpc multiprocess: three trainers on two shared parameter servers lose no update", "[rpc][multiprocess]") {
-  require_ok_by_hand(kPeer, 5, {"concurrent"}, kEnv, 1);
+  kPeer.require_ok_by_hand(5, {"concurrent"}, 1);
 }
 
 TEST_CASE("rpc multiprocess: deadlines, unknown functions, remote errors, duplicated requests", "[rpc][multiprocess]") {
-  const Done d = run_through_dopt_run(kDoptRun, kPeer, 3, {"errors"}, kEnv);
+  const Done d = kPeer.through_dopt_run(3, {"errors"});
   INFO(d.out);
   REQUIRE(d.ok());
   require_all_ok(d.out, 3, 1);
@@ -45,7 +43,7 @@ TEST_CASE("rpc multiprocess: deadlines, unknown functions, remote errors, duplic
 
 TEST_CASE("rpc multiprocess: an RRef's value lives until its last holder process lets go", "[rpc][multiprocess]") {
   std::string all;
-  for (const Done& d : run_ranks_by_hand(kPeer, 3, {"lifetime"}, kEnv)) {
+  for (const Done& d : kPeer.by_hand(3, {"lifetime"})) {
     CHECK(d.ok());
     all += d.out;
   }
@@ -56,7 +54,7 @@ TEST_CASE("rpc multiprocess: an RRef's value lives until its last holder process
 TEST_CASE("rpc multiprocess: an owner SIGKILLed mid-step fails the trainer's step naming it", "[rpc][multiprocess]") {
   const int n = GENERATE(3, 4);
   INFO(n << " processes");
-  const auto ds = run_ranks_by_hand(kPeer, n, {"kill"}, kEnv);
+  const auto ds = kPeer.by_hand(n, {"kill"});
   std::string all;
   for (int r = 0; r < n; ++r) {
     const Done& d = ds[static_cast<std::size_t>(r)];
@@ -81,7 +79,7 @@ TEST_CASE("rpc multiprocess: DistributedOptimizer with redundancy: an owner SIGK
   const std::string point = n == 3 ? "begin" : "mirrored";
   const int victim = n == 3 ? 2 : 3;
   INFO(n << " processes, owner " << victim << " killed at '" << point << "' of step 2");
-  const auto ds = run_ranks_by_hand(kPeer, n, {"survive", point}, kEnv);
+  const auto ds = kPeer.by_hand(n, {"survive", point});
   std::string all;
   for (int r = 0; r < n; ++r) {
     const Done& d = ds[static_cast<std::size_t>(r)];

@@ -46,15 +46,18 @@
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "rpc_optim/distributed_optimizer_survive_scenarios.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
+#include "rpc_errors.hpp"
 
 using namespace dopt;
 using dopt::rpc::Agent;
 using dopt::rpc::GradContext;
 using dopt::rpc::RRef;
-using dopt_test::Checker;
+using dopt::testing::Checker;
 
 namespace {
+
+using dopt::testing::error_of;
 
 std::vector<float> vals(std::size_t n, std::uint64_t seed, double scale = 1.0) {
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
@@ -66,16 +69,6 @@ std::vector<float> vals(std::size_t n, std::uint64_t seed, double scale = 1.0) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return rpc::error_kind(e) + ": " + e.what();
-  } catch (const std::exception& e) {
-    return std::string("std: ") + e.what();
-  }
-  return "no error";
-}
 bool has(const std::string& s, const std::string& x) { return s.find(x) != std::string::npos; }
 
 struct Tracked {
@@ -331,7 +324,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const Error& e) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-    std::printf("error %s: %s\nelapsed_ms %lld\n", dopt_test::kind_of(e), e.what(), static_cast<long long>(ms.count()));
+    std::printf("error %s: %s\nelapsed_ms %lld\n", dopt::testing::kind_of(e), e.what(), static_cast<long long>(ms.count()));
   } catch (const std::exception& e) {
     std::printf("error std::exception: %s\n", e.what());
   }

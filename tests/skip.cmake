@@ -4,7 +4,5 @@
 # dopt-run. The [multiprocess] label and 60 s timeout come from
 # tests/rendezvous.cmake.
 if(TARGET dopt_tests)
-  add_executable(dopt_skip_peer skip_peer.cpp)
-  target_link_libraries(dopt_skip_peer PRIVATE dopt::dopt)
-  add_dependencies(dopt_tests dopt_skip_peer)
+  dopt_test_peer(skip)
 endif()

@@ -5,13 +5,13 @@
 // (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
-const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_skip_peer";
-const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
+using dopt::testing::PeerProgram;
+
+const PeerProgram kPeer{"skip", {{"DOPT_TIMEOUT_MS", "30000"}}};
 
 // zero: 6 steps x (decision + 7 parameters) + 5 clip totals + the scale;
 // plsgd: 5 decisions + 2 x 4 parameters x ranks + 2.
@@ -24,14 +24,12 @@ TEST_CASE("skip multiprocess: ZeRO + GradScaler + clip_grad_norm, an inf on one 
           "(2, 3, 5 processes)",
           "[grad_scaler][zero][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  dopt_test::require_ok_through_dopt_run(kDoptRun, kPeer, n, {"zero"}, kEnv, kZeroChecks);
+  kPeer.require_ok_through_dopt_run(n, {"zero"}, kZeroChecks);
 }
 
 TEST_CASE("skip multiprocess: PostLocalSGDOptimizer + GradScaler, the averager stays on schedule through a "
           "skipped step (2, 3, 5 processes)",
           "[grad_scaler][post_local_sgd][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  dopt_test::require_ok_through_dopt_run(kDoptRun, kPeer, n, {"plsgd"}, kEnv, kPlsgdChecks);
+  kPeer.require_ok_through_dopt_run(n, {"plsgd"}, kPlsgdChecks);
 }

@@ -30,13 +30,13 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "dopt/distributed/zero.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 
 namespace {
 
 using dopt::ProcessGroup;
 using dopt::Tensor;
-using dopt_test::Checker;
+using dopt::testing::Checker;
 namespace optim = dopt::optim;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -140,11 +140,11 @@ void plsgd_scenario(ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "zero";
-  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) {
     Checker c{rank};
     if (mode == "zero") zero_scenario(world, c);
     else if (mode == "plsgd") plsgd_scenario(world, c);
-    else throw dopt_test::Usage{"dopt_skip_peer zero | plsgd"};
+    else throw dopt::testing::Usage{"dopt_skip_peer zero | plsgd"};
     return c.checks;
   });
 }

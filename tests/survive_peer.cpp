@@ -38,7 +38,7 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/distributed/zero.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 #include "zero/zero_survive_reference.hpp"
 
 namespace {
@@ -47,12 +47,7 @@ using dopt::ProcessGroup;
 using dopt::Tensor;
 using namespace dopt::optim;
 
-[[noreturn]] void die() {
-  std::fflush(stdout);
-  ::raise(SIGKILL);
-  for (;;) {
-  }
-}
+using dopt::testing::die;
 
 using dopt::optim::survive_reference::grad_elem;
 using dopt::optim::survive_reference::Kill;
@@ -75,7 +70,7 @@ Kill parse_kill(const std::string& s) {
     if (b == std::string::npos) break;
     a = b + 1;
   }
-  if (parts.size() < 3) throw dopt_test::Usage{"KILL is RANK:STEP:POINT[:INDEX]"};
+  if (parts.size() < 3) throw dopt::testing::Usage{"KILL is RANK:STEP:POINT[:INDEX]"};
   k.rank = std::stoi(parts[0]);
   k.step = std::stoll(parts[1]);
   k.point = parts[2];
@@ -89,7 +84,7 @@ std::vector<Tensor> reference(int n, const std::vector<Kill>& kills) {
 }
 
 long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills, bool host_memory) {
-  dopt_test::Checker c{me};
+  dopt::testing::Checker c{me};
   auto dies = [&](std::int64_t step, const std::string& point, int index) {
     for (const auto& k : kills)
       if (k.rank == me && k.step == step && k.point == point &&
@@ -161,7 +156,7 @@ long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills, 
 }
 
 long shrink_scenario(ProcessGroup& world, int me, int victim) {
-  dopt_test::Checker c{me};
+  dopt::testing::Checker c{me};
   world.barrier();
   if (me == victim) die();
   bool lost = false;
@@ -195,7 +190,7 @@ long shrink_scenario(ProcessGroup& world, int me, int victim) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  return dopt_test::run_peer(
+  return dopt::testing::run_peer(
       [&](ProcessGroup& world, int rank) -> long {
         if (mode == "shrink" && argc > 2) return shrink_scenario(world, rank, std::stoi(argv[2]));
         if ((mode == "zero" || mode == "zero-host-memory") && argc > 2) {
@@ -203,7 +198,7 @@ int main(int argc, char** argv) {
           for (int a = 2; a < argc; ++a) kills.push_back(parse_kill(argv[a]));
           return zero_scenario(world, rank, kills, mode == "zero-host-memory");
         }
-        throw dopt_test::Usage{"dopt_survive_peer shrink VICTIM | zero[-host-memory] RANK:STEP:POINT[:INDEX] ..."};
+        throw dopt::testing::Usage{"dopt_survive_peer shrink VICTIM | zero[-host-memory] RANK:STEP:POINT[:INDEX] ..."};
       },
       /*leave_together=*/false);
 }

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "dopt/actors/distributed.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
 #include "survive/survive_replicated_scenarios.hpp"
 
 namespace {
@@ -28,20 +28,15 @@ namespace {
 using dopt::ProcessGroup;
 using namespace dopt::survive_test;
 
-[[noreturn]] void die() {
-  std::fflush(stdout);
-  ::raise(SIGKILL);
-  for (;;) {
-  }
-}
+using dopt::testing::die;
 
 long scenario(ProcessGroup& world, int me, const std::string& mode, const std::string& kill, bool callback) {
-  dopt_test::Checker c{me};
+  dopt::testing::Checker c{me};
   Scenario sc;
   sc.n = world.size();
   sc.callback = callback;
   const auto a = kill.find(':'), b = kill.rfind(':');
-  if (a == std::string::npos || a == b) throw dopt_test::Usage{"KILL is VICTIM:STEP:POINT"};
+  if (a == std::string::npos || a == b) throw dopt::testing::Usage{"KILL is VICTIM:STEP:POINT"};
   sc.victim = std::stoi(kill.substr(0, a));
   sc.step = std::stoll(kill.substr(a + 1, b - a - 1));
   sc.point = kill.substr(b + 1);
@@ -75,10 +70,10 @@ long scenario(ProcessGroup& world, int me, const std::string& mode, const std::s
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const bool callback = argc > 3 && std::string(argv[3]) == "callback";
-  return dopt_test::run_peer(
+  return dopt::testing::run_peer(
       [&](ProcessGroup& world, int rank) -> long {
         if ((mode == "plsgd" || mode == "reducer") && argc > 2) return scenario(world, rank, mode, argv[2], callback);
-        throw dopt_test::Usage{"dopt_survive_replicated_peer plsgd|reducer VICTIM:STEP:POINT [callback]"};
+        throw dopt::testing::Usage{"dopt_survive_replicated_peer plsgd|reducer VICTIM:STEP:POINT [callback]"};
       },
       /*leave_together=*/false);
 }

@@ -19,34 +19,23 @@
 #include <tuple>
 
 #include "dopt/runtime/safetensors.hpp"
-#include "process_util.hpp"
+#include "processes.hpp"
+#include "train_jobs.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 
-const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";
-const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
-const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}, {"RANK", ""}, {"WORLD_SIZE", ""}};
+const std::string kDoptRun = tool_path("dopt-run");
 
 Done train(std::vector<std::string> args) {
-  args.insert(args.begin(), kTrain);
-  return wait(start(args, kEnv));
+  args.insert(args.begin(), kDoptTrain);
+  return wait(start(args, kTrainEnv));
 }
 
 Done train_under_dopt_run(int n, const std::vector<std::string>& args) {
-  return run_through_dopt_run(kDoptRun, kTrain, n, args, kEnv);
-}
-
-/// (step, loss) of every line of a --metrics file.
-std::vector<std::pair<long, double>> losses(const fs::path& metrics) {
-  std::vector<std::pair<long, double>> out;
-  for (const std::string& line : lines_of(slurp(metrics.string()))) {
-    const auto j = nlohmann::json::parse(line);
-    out.emplace_back(j.at("step").get<long>(), j.at("loss").get<double>());
-  }
-  return out;
+  return run_through_dopt_run(kDoptRun, kDoptTrain, n, args, kTrainEnv);
 }
 
 /// The loss fell: the mean of the last 10 steps is below half the first step's.
@@ -108,7 +97,7 @@ TEST_CASE("dopt-train: on a terminal the progress bar is redrawn in place, in a 
   if (pid == 0) {
     ::unsetenv("RANK");
     ::unsetenv("WORLD_SIZE");
-    ::execl(kTrain.c_str(), kTrain.c_str(), "--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2",
+    ::execl(kDoptTrain.c_str(), kDoptTrain.c_str(), "--ranks", "3", "--steps", "30", "--hidden", "32", "--layers", "2",
             static_cast<char*>(nullptr));
     ::_exit(126);
   }
@@ -590,10 +579,10 @@ TEST_CASE("dopt-train multiprocess: a rank waiting in the rendezvous ends at onc
   for (int sig : {SIGTERM, SIGINT}) {
     INFO("signal " << sig);
     auto env = rank_env(1, 2, free_port());  // rank 0 never comes
-    env.insert(kEnv.begin(), kEnv.end());
+    env.insert(kTrainEnv.begin(), kTrainEnv.end());
     env["RANK"] = "1";
     env["WORLD_SIZE"] = "2";
-    const Proc p = start({kTrain, "--steps", "5"}, env);
+    const Proc p = start({kDoptTrain, "--steps", "5"}, env);
     ::usleep(300 * 1000);
     const auto t0 = std::chrono::steady_clock::now();
     REQUIRE(::kill(p.pid, sig) == 0);

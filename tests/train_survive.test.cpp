@@ -14,33 +14,20 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "proc_ports.hpp"
-#include "process_util.hpp"
+#include "proc_inspect.hpp"
+#include "processes.hpp"
+#include "train_jobs.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 
-const std::string kTrain = std::string(DOPT_BINARY_DIR) + "/tools/dopt-train";
-const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
-const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}, {"RANK", ""}, {"WORLD_SIZE", ""}};
+const std::string kDoptRun = tool_path("dopt-run");
 
-/// (step, loss) of every line of a --metrics file.
-std::vector<std::pair<long, double>> losses(const fs::path& metrics) {
-  std::vector<std::pair<long, double>> out;
-  for (const std::string& line : lines_of(slurp(metrics.string()))) {
-    const auto j = nlohmann::json::parse(line);
-    out.emplace_back(j.at("step").get<long>(), j.at("loss").get<double>());
-  }
-  return out;
-}
-
-/// The curve continues: one line per step 1..steps, every loss finite, and
-/// the loss after the kill keeps falling (the mean of the last 10 steps is
-/// below half the first step's and below the mean of the 10 steps before
-/// the kill).
-void require_curve_continues(const fs::path& metrics, long steps, long kill_at) {
+/// One line per step 1..steps in a --metrics file, every loss finite (each
+/// step exactly once, every line whole); the losses.
+std::vector<std::pair<long, double>> require_every_step_once(const fs::path& metrics, long steps) {
   const auto l = losses(metrics);
   REQUIRE(static_cast<long>(l.size()) == steps);
   for (long i = 0; i < steps; ++i) {
@@ -48,6 +35,15 @@ void require_curve_continues(const fs::path& metrics, long steps, long kill_at) 
     CHECK(l[static_cast<std::size_t>(i)].first == i + 1);
     CHECK(std::isfinite(l[static_cast<std::size_t>(i)].second));
   }
+  return l;
+}
+
+/// The curve continues: one line per step 1..steps, every loss finite, and
+/// the loss after the kill keeps falling (the mean of the last 10 steps is
+/// below half the first step's and below the mean of the 10 steps before
+/// the kill).
+void require_curve_continues(const fs::path& metrics, long steps, long kill_at) {
+  const auto l = require_every_step_once(metrics, steps);
   double before = 0, tail = 0;
   for (long i = kill_at - 10; i < kill_at; ++i) before += l[static_cast<std::size_t>(i)].second / 10;
   for (long i = steps - 10; i < steps; ++i) tail += l[static_cast<std::size_t>(i)].second / 10;
@@ -74,14 +70,14 @@ TEST_CASE("dopt-train --survive: a process killed mid-training, the survivors go
   TempDir dir("dopt-train-survive", mode + std::to_string(n));
   const long steps = 120, kill_at = 50;
   std::vector<std::string> argv{kDoptRun, "--on-failure", "continue", "--nproc-per-node", std::to_string(n),
-                                "--master-port", "0", kTrain};
+                                "--master-port", "0", kDoptTrain};
   const bool hm = mode == "zero-host-memory";
   for (auto& a : args_of(hm ? "zero" : mode, n, steps, 1, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
   if (hm) {
     argv.push_back("--survive-buddies");
     argv.push_back("host_memory");
   }
-  const Done d = wait(start(argv, kEnv));
+  const Done d = wait(start(argv, kTrainEnv));
   INFO(d.out);
   CHECK(d.ok());  // exit 0
   CHECK(contains(d.out, "dopt-run: rank 1 killed by signal 9 (SIGKILL); the other ranks continue"));
@@ -96,9 +92,9 @@ TEST_CASE("dopt-train --survive: a process killed mid-training, the survivors go
 TEST_CASE("dopt-train --survive: with simulated ranks the killed rank throws and the others finish", "[train][survive]") {
   TempDir dir("dopt-train-survive-sim", "ddp");
   const long steps = 80, kill_at = 30;
-  std::vector<std::string> argv{kTrain};
+  std::vector<std::string> argv{kDoptTrain};
   for (auto& a : args_of("ddp", 3, steps, 2, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
-  const Done d = wait(start(argv, kEnv));
+  const Done d = wait(start(argv, kTrainEnv));
   INFO(d.out);
   CHECK(d.ok());
   CHECK(contains(d.out, "dopt-train: rank(s) 2 lost during step 31; 2 ranks go on (--survive)"));
@@ -108,8 +104,8 @@ TEST_CASE("dopt-train --survive: with simulated ranks the killed rank throws and
 
 TEST_CASE("dopt-train --survive: wrong combinations are usage errors (exit 2)", "[train][survive]") {
   auto run = [](std::vector<std::string> a) {
-    a.insert(a.begin(), kTrain);
-    return wait(start(a, kEnv));
+    a.insert(a.begin(), kDoptTrain);
+    return wait(start(a, kTrainEnv));
   };
   for (const auto& a : std::vector<std::vector<std::string>>{
            {"--optim", "post-local-sgd", "--survive"},
@@ -135,14 +131,14 @@ TEST_CASE("dopt-train --survive: rank 0 killed mid-training, the lowest survivor
   TempDir dir("dopt-train-survive-lead", mode);
   const long steps = 120, kill_at = 50;
   std::vector<std::string> argv{kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0",
-                                kTrain};
+                                kDoptTrain};
   const bool hm = mode == "zero-host-memory";
   for (auto& a : args_of(hm ? "zero" : mode, 3, steps, 0, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
   if (hm) {
     argv.push_back("--survive-buddies");
     argv.push_back("host_memory");
   }
-  const Done d = wait(start(argv, kEnv));
+  const Done d = wait(start(argv, kTrainEnv));
   INFO(d.out);
   CHECK(d.ok());
   CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue"));
@@ -159,10 +155,10 @@ TEST_CASE("dopt-run --on-failure continue: a program that cannot survive the los
           "[train][survive][multiprocess]") {
   TempDir dir("dopt-train-no-survive", "r0");
   const fs::path metrics = dir.path / "m.jsonl";
-  const Proc job = start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "2", "--master-port", "0", kTrain,
+  const Proc job = start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "2", "--master-port", "0", kDoptTrain,
                           "--optim", "zero", "--steps", "200000", "--hidden", "64", "--layers", "2", "--metrics",
                           metrics.string(), "--quiet"},
-                         kEnv);
+                         kTrainEnv);
   // Rank 0: the child of dopt-run whose environment says RANK=0, once it trains.
   int rank0 = -1;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -191,9 +187,9 @@ TEST_CASE("dopt-train --survive: rank 0 stopped (SIGSTOP) for longer than the pe
   TempDir dir("dopt-train-survive-stop", "r0");
   const fs::path metrics = dir.path / "m.jsonl";
   const long steps = 600;
-  auto env = kEnv;
+  auto env = kTrainEnv;
   env["DOPT_PEER_TIMEOUT_MS"] = "1500";
-  const Proc job = start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0", kTrain,
+  const Proc job = start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0", kDoptTrain,
                           "--optim", "ddp", "--steps", std::to_string(steps), "--hidden", "64", "--layers", "3",
                           "--survive", "--metrics", metrics.string(), "--log-every", "50"},
                          env);
@@ -231,13 +227,7 @@ TEST_CASE("dopt-train --survive: rank 0 stopped (SIGSTOP) for longer than the pe
   CHECK_FALSE(contains(d.out, "rank(s) 2 lost"));
   CHECK(contains(d.out, "dopt-run: 1 rank(s) failed (0), 2 finished"));
   // Every step exactly once, every line whole.
-  const auto l = losses(metrics);
-  REQUIRE(static_cast<long>(l.size()) == steps);
-  for (long i = 0; i < steps; ++i) {
-    INFO("line " << i);
-    CHECK(l[static_cast<std::size_t>(i)].first == i + 1);
-    CHECK(std::isfinite(l[static_cast<std::size_t>(i)].second));
-  }
+  require_every_step_once(metrics, steps);
 }
 
 TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report, rank 1 prints it and the job "
@@ -249,7 +239,7 @@ TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report,
   TempDir dir("dopt-train-survive-report", survive ? "s" : "n");
   const long steps = 120;
   std::vector<std::string> argv{kDoptRun, "--on-failure", "continue", "--nproc-per-node", "2", "--master-port", "0",
-                                kTrain};
+                                kDoptTrain};
   if (survive) {
     for (auto& a : args_of("ddp", 2, steps, 0, steps, dir.path / "m.jsonl")) argv.push_back(a);
   } else {
@@ -259,7 +249,7 @@ TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report,
       argv.push_back(a);
   }
   if (survive) {
-    const Done d = wait(start(argv, kEnv));
+    const Done d = wait(start(argv, kTrainEnv));
     INFO(d.out);
     CHECK(d.ok());
     CHECK(contains(d.out, "[rank 0] dopt-train: " + std::to_string(steps) + " steps in"));
@@ -270,7 +260,7 @@ TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report,
     require_curve_continues(dir.path / "m.jsonl", steps, 50);
   } else {
     // Rank 0 stopped at the report, then killed: rank 1 must not succeed.
-    const Proc job = start(argv, kEnv);
+    const Proc job = start(argv, kTrainEnv);
     int rank0 = -1;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (rank0 < 0 && std::chrono::steady_clock::now() < until) {

@@ -9,29 +9,14 @@
 #include <filesystem>
 #include <sstream>
 
-#include "process_util.hpp"
+#include "processes.hpp"
 
 namespace {
 
-using namespace dopt_test;
+using namespace dopt::testing;
 namespace fs = std::filesystem;
 
-const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
-const std::string kPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_zero_peer";
-const std::map<std::string, std::string> kEnv{{"DOPT_TIMEOUT_MS", "30000"}};
-
-void through_dopt_run(int n, const std::vector<std::string>& args, long min_checks) {
-  require_ok_through_dopt_run(kDoptRun, kPeer, n, args, kEnv, min_checks);
-}
-
-void by_hand(int n, const std::vector<std::string>& args, long min_checks) {
-  require_ok_by_hand(kPeer, n, args, kEnv, min_checks);
-}
-
-/// A fresh folder under the temp dir, removed by the destructor.
-struct CaseDir : dopt_test::TempDir {
-  explicit CaseDir(const std::string& name) : dopt_test::TempDir("dopt-zero-mp", name) {}
-};
+const PeerProgram kPeer{"zero", {{"DOPT_TIMEOUT_MS", "30000"}}};
 
 // Checks per rank the scenarios make at least (each step compares every
 // parameter and every averaged gradient).
@@ -47,20 +32,18 @@ constexpr long kOverlapJoinChecks = 60;
 TEST_CASE("zero multiprocess: bitwise parity with a plain optimizer through dopt-run (2, 3, 5 processes)",
           "[zero][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  through_dopt_run(n, {"parity"}, kParityChecks);
+  kPeer.require_ok_through_dopt_run(n, {"parity"}, kParityChecks);
 }
 
 TEST_CASE("zero multiprocess: bitwise parity, processes started by hand (3, 5)", "[zero][multiprocess]") {
   const int n = GENERATE(3, 5);
-  INFO(n << " processes");
-  by_hand(n, {"parity"}, kParityChecks);
+  kPeer.require_ok_by_hand(n, {"parity"}, kParityChecks);
 }
 
 TEST_CASE("zero multiprocess: sharded checkpoint saved by 3 processes resumes at 2 and 5 like an uninterrupted run",
           "[zero][multiprocess]") {
-  CaseDir dir("ckpt");
-  through_dopt_run(3, {"save", dir.path.string()}, kCkptChecks);
+  const auto dir = kPeer.case_dir("ckpt");
+  kPeer.require_ok_through_dopt_run(3, {"save", dir.path.string()}, kCkptChecks);
   for (const char* cfg : {"Adam-plain", "Adam-bucket", "SGD-bucket"})
     for (int r = 0; r < 3; ++r) {
       INFO(cfg << " shard " << r);
@@ -68,58 +51,55 @@ TEST_CASE("zero multiprocess: sharded checkpoint saved by 3 processes resumes at
     }
   {
     INFO("load at 2 (by hand)");
-    by_hand(2, {"load", dir.path.string(), "3"}, kCkptChecks);
+    kPeer.require_ok_by_hand(2, {"load", dir.path.string(), "3"}, kCkptChecks);
   }
   {
     INFO("load at 5 (dopt-run)");
-    through_dopt_run(5, {"load", dir.path.string(), "3"}, kCkptChecks);
+    kPeer.require_ok_through_dopt_run(5, {"load", dir.path.string(), "3"}, kCkptChecks);
   }
   {
     INFO("load at 3 (dopt-run)");
-    through_dopt_run(3, {"load", dir.path.string(), "3"}, kCkptChecks);
+    kPeer.require_ok_through_dopt_run(3, {"load", dir.path.string(), "3"}, kCkptChecks);
   }
 }
 
 TEST_CASE("zero multiprocess: sharded checkpoint saved by 5 processes resumes at 2", "[zero][multiprocess]") {
-  CaseDir dir("ckpt5");
-  through_dopt_run(5, {"save", dir.path.string()}, kCkptChecks);
-  by_hand(2, {"load", dir.path.string(), "5"}, kCkptChecks);
+  const auto dir = kPeer.case_dir("ckpt5");
+  kPeer.require_ok_through_dopt_run(5, {"save", dir.path.string()}, kCkptChecks);
+  kPeer.require_ok_by_hand(2, {"load", dir.path.string(), "5"}, kCkptChecks);
 }
 
 TEST_CASE("zero multiprocess: uneven inputs under Join (rank 1 has fewer batches) through dopt-run (2, 3, 5)",
           "[zero][join][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  through_dopt_run(n, {"join"}, kJoinChecks);
+  kPeer.require_ok_through_dopt_run(n, {"join"}, kJoinChecks);
 }
 
 TEST_CASE("zero multiprocess: uneven inputs under Join, processes started by hand (3)", "[zero][join][multiprocess]") {
-  by_hand(3, {"join"}, kJoinChecks);
+  kPeer.require_ok_by_hand(3, {"join"}, kJoinChecks);
 }
 
 TEST_CASE("zero multiprocess: overlap_with_ddp equals a plain optimizer on the reducer's averages, through dopt-run "
           "(2, 3, 5)",
           "[zero][overlap][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  through_dopt_run(n, {"overlap"}, kParityChecks);
+  kPeer.require_ok_through_dopt_run(n, {"overlap"}, kParityChecks);
 }
 
 TEST_CASE("zero multiprocess: overlap_with_ddp, processes started by hand (3)", "[zero][overlap][multiprocess]") {
-  by_hand(3, {"overlap"}, kParityChecks);
+  kPeer.require_ok_by_hand(3, {"overlap"}, kParityChecks);
 }
 
 TEST_CASE("zero multiprocess: overlap_with_ddp under Join, the joined rank owns a bucket, through dopt-run (2, 3, 5)",
           "[zero][overlap][join][multiprocess]") {
   const int n = GENERATE(2, 3, 5);
-  INFO(n << " processes");
-  through_dopt_run(n, {"overlap-join"}, kOverlapJoinChecks);
+  kPeer.require_ok_through_dopt_run(n, {"overlap-join"}, kOverlapJoinChecks);
 }
 
 TEST_CASE("zero multiprocess: overlap_with_ddp over the TCP data plane (DOPT_TRANSPORT=tcp), 3 processes, with Join",
           "[zero][overlap][multiprocess]") {
-  auto env = kEnv;
+  auto env = kPeer.env;
   env["DOPT_TRANSPORT"] = "tcp";
-  require_ok_through_dopt_run(kDoptRun, kPeer, 3, {"overlap"}, env, kParityChecks);
-  require_ok_through_dopt_run(kDoptRun, kPeer, 3, {"overlap-join"}, env, kOverlapJoinChecks);
+  PeerProgram{"zero", env}.require_ok_through_dopt_run(3, {"overlap"}, kParityChecks);
+  PeerProgram{"zero", env}.require_ok_through_dopt_run(3, {"overlap-join"}, kOverlapJoinChecks);
 }

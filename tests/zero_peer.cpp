@@ -53,7 +53,8 @@
 #include "dopt/distributed/zero_overlap.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "peer_util.hpp"
+#include "peer_main.hpp"
+#include "reference_data.hpp"
 
 namespace {
 
@@ -68,12 +69,7 @@ using dopt::optim::ZeroOptions;
 using dopt::optim::ZeroRedundancyOptimizer;
 namespace fs = std::filesystem;
 
-std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using dopt::testing::mix64;
 
 /// Rank r's gradient of parameter i at step t, element k: a multiple of 1/256 in [-2, 2).
 float grad_elem(int r, int t, std::size_t i, std::int64_t k) {
@@ -188,7 +184,7 @@ Tensor averaged_grad(int world, int t, std::size_t i, const Shape& s, const std:
   return acc;
 }
 
-struct Checker : dopt_test::Checker {
+struct Checker : dopt::testing::Checker {
   void state(const dopt::StateDict& got, const dopt::StateDict& want, const std::string& what) {
     expect(got.param_groups.size() == want.param_groups.size(), what + ": group count");
     for (std::size_t g = 0; g < got.param_groups.size(); ++g) {
@@ -631,7 +627,7 @@ void overlap_join(ProcessGroup& world, Checker& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "parity";
-  return dopt_test::run_peer([&](ProcessGroup& world, int rank) {
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) {
     Checker c{{rank}};
     if (mode == "parity") parity(world, c);
     else if (mode == "save" && argc > 2) save(world, c, argv[2]);
@@ -639,7 +635,7 @@ int main(int argc, char** argv) {
     else if (mode == "join") join(world, c);
     else if (mode == "overlap") overlap(world, c);
     else if (mode == "overlap-join") overlap_join(world, c);
-    else throw dopt_test::Usage{"dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join | overlap | overlap-join"};
+    else throw dopt::testing::Usage{"dopt_zero_peer parity | save DIR | load DIR SAVED_WORLD | join | overlap | overlap-join"};
     return c.checks;
   });
 }

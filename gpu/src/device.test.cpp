@@ -2,7 +2,7 @@
 
 #include "dopt/gpu/device.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "gpu_test.hpp"
+#include "gpu_checks.hpp"
 
 using namespace dopt;
 

@@ -20,7 +20,7 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "test_kernels.hpp"
-#include "gpu_test.hpp"
+#include "gpu_checks.hpp"
 
 using namespace dopt;
 using V = std::vector<double>;

@@ -33,18 +33,18 @@
 #include "dopt/optim/sgd.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/distributed/zero_overlap.hpp"
-#include "gpu_test.hpp"
+#include "gpu_checks.hpp"
 #include "multi_tensor.hpp"
 #include "test_kernels.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::gpu::test::same_bits_nan_as_class;
+using dopt::testing::same_bits_nan_as_class;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-using Failures = dopt_test::RankLog;
+using Failures = dopt::testing::RankLog;
 
 // Deterministic float32 values in [-1, 1) (a hash of the index), on the CPU.
 Tensor pattern(std::int64_t n, std::uint32_t seed) {

@@ -29,7 +29,7 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "gpu_test.hpp"
+#include "gpu_checks.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -38,7 +38,7 @@ namespace {
 
 // The CPU path's bits, a NaN matching any NaN (CUDA returns the canonical NaN
 // where x86 keeps sign and payload: the NaN contract in docs/gpu.md).
-bool bitwise(const Tensor& a, const Tensor& b) { return gpu::test::same_bits_nan_as_class(a, b); }
+bool bitwise(const Tensor& a, const Tensor& b) { return testing::same_bits_nan_as_class(a, b); }
 
 // |a - b| <= rel * max(1, max |b|) (for NCCL's summation order with > 2 ranks).
 bool close(const Tensor& a, const Tensor& b, double rel) {
@@ -57,7 +57,7 @@ Tensor random_values(std::mt19937& rng, std::int64_t n, DType dt, int lo = -12, 
   return Tensor::from_vector(v, {n}).to(dt);
 }
 
-using Failures = dopt_test::RankLog;
+using Failures = dopt::testing::RankLog;
 
 }  // namespace
 

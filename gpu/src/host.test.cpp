@@ -368,10 +368,10 @@ TEST_CASE("NCCL's default device is the launcher's local rank, else the current 
   }
 }
 
-#include "gpu_test.hpp"
+#include "gpu_checks.hpp"
 
 TEST_CASE("GPU tests compare with the CPU bit for bit, a NaN matching any NaN", "[gpu][host]") {
-  using dopt::gpu::test::same_bits_nan_as_class;
+  using dopt::testing::same_bits_nan_as_class;
   auto f32 = [](std::uint32_t bits) {
     Tensor t = Tensor::empty({1}, DType::float32);
     std::memcpy(t.data_ptr(), &bits, 4);

@@ -3,14 +3,7 @@
 #include <cmath>
 
 #include "dopt/optim/adadelta.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -56,24 +49,12 @@ TEMPLATE_TEST_CASE("Adadelta matches the spec's operation order bit for bit", "[
       {"rho 1", AdadeltaOptions(0.1).rho(1.0)},
       {"all", AdadeltaOptions(2.0).rho(0.95).eps(1e-5).weight_decay(0.05).maximize(true)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = tensor_of(init);
-      Adadelta opt({p}, o);
-      auto ref = ref_of<T>(o);
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 25, ref);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == 3u);
-      const Tensor& step = st.at("step");
-      CHECK(step.dtype() == DType::int64);
-      CHECK(step.dim() == 0);
-      CHECK(step.item() == 25.0);
-      DOPT_REQUIRE_BITWISE(st.at("square_avg"), ref.sq);
-      DOPT_REQUIRE_BITWISE(st.at("acc_delta"), ref.acc);
-    }
-  }
+  match_reference<Adadelta, T>(cases, 25, ref_of<T>, [](const auto& st, const auto& ref, const auto&) {
+    CHECK(st.size() == 3u);
+    check_step_counter(st.at("step"), DType::int64, 25.0);
+    DOPT_REQUIRE_BITWISE(st.at("square_avg"), ref.sq);
+    DOPT_REQUIRE_BITWISE(st.at("acc_delta"), ref.acc);
+  });
 }
 
 TEST_CASE("Adadelta test data exposes the FMAs", "[optB][adadelta]") {
@@ -81,7 +62,7 @@ TEST_CASE("Adadelta test data exposes the FMAs", "[optB][adadelta]") {
   // on this data, so the bitwise comparison above does check the FMAs.
   const AdadeltaOptions o(0.7);
   auto ref = ref_of<float>(o);
-  std::vector<float> fused = values<float>(dopt::test::kRefNumel, 7), plain = fused;
+  std::vector<float> fused = values<float>(kRefNumel, 7), plain = fused;
   std::vector<float> sq(plain.size(), 0.f), acc(plain.size(), 0.f);
   const float rho = float(o.rho()), omr = float(1 - o.rho()), eps = float(o.eps()), neg_lr = float(-o.lr());
   for (int t = 0; t < 25; ++t) {
@@ -126,6 +107,6 @@ TEST_CASE("Adadelta options: defaults, torch names, validation", "[optB][adadelt
 }
 
 TEST_CASE("Adadelta keeps the Optimizer base contract", "[optB][adadelta]") {
-  dopt::test::check_optimizer_contract<Adadelta>(AdadeltaOptions(0.5).weight_decay(0.1),
+  check_optimizer_contract<Adadelta>(AdadeltaOptions(0.5).weight_decay(0.1),
                                                  AdadeltaOptions(2.0).rho(0.5), false);
 }

@@ -3,11 +3,7 @@
 #include <cmath>
 
 #include "dopt/optim/adagrad.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::values;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -53,20 +49,11 @@ TEMPLATE_TEST_CASE("Adagrad matches the spec's operation order bit for bit", "[o
       {"maximize", AdagradOptions(0.05).maximize(true)},
       {"all", AdagradOptions(0.2).lr_decay(0.01).weight_decay(0.1).initial_accumulator_value(0.1).maximize(true)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = dopt::test::tensor_of(init);
-      Adagrad opt({p}, o);
-      auto ref = ref_of<T>(o);
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 6, ref);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == 2);
-      CHECK(st.at("step").item() == 6.0);
-      DOPT_REQUIRE_BITWISE(st.at("sum"), ref.sum);
-    }
-  }
+  match_reference<Adagrad, T>(cases, 6, ref_of<T>, [](const auto& st, const auto& ref, const auto&) {
+    CHECK(st.size() == 2);
+    CHECK(st.at("step").item() == 6.0);
+    DOPT_REQUIRE_BITWISE(st.at("sum"), ref.sum);
+  });
 }
 
 TEST_CASE("Adagrad creates state for every parameter when its group is added", "[optA][adagrad]") {
@@ -121,13 +108,13 @@ TEST_CASE("Adagrad options: defaults, torch names, validation", "[optA][adagrad]
 }
 
 TEST_CASE("Adagrad keeps the Optimizer base contract", "[optA][adagrad]") {
-  dopt::test::check_optimizer_contract<Adagrad>(AdagradOptions(0.1).lr_decay(0.1).initial_accumulator_value(0.2),
+  check_optimizer_contract<Adagrad>(AdagradOptions(0.1).lr_decay(0.1).initial_accumulator_value(0.2),
                                                 AdagradOptions(0.5), true);
 }
 
 TEST_CASE("Adagrad re-creates missing state after loading a dict without it", "[optA][adagrad]") {
-  const auto init = values<float>(dopt::test::kRefNumel, 7);
-  Tensor p = dopt::test::tensor_of(init);
+  const auto init = values<float>(kRefNumel, 7);
+  Tensor p = tensor_of(init);
   Adagrad opt({p}, AdagradOptions(0.1).initial_accumulator_value(0.3));
   StateDict sd = opt.state_dict();
   sd.state.clear();
@@ -135,5 +122,5 @@ TEST_CASE("Adagrad re-creates missing state after loading a dict without it", "[
   CHECK(opt.state().empty());
   auto ref = ref_of<float>(AdagradOptions(0.1).initial_accumulator_value(0.3));
   std::vector<float> ref_p = init;
-  dopt::test::compare_steps(opt, p, ref_p, 2, ref);
+  compare_steps(opt, p, ref_p, 2, ref);
 }

@@ -4,14 +4,7 @@
 #include <limits>
 
 #include "dopt/optim/adamax.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -57,24 +50,12 @@ TEMPLATE_TEST_CASE("Adamax matches the spec's operation order bit for bit", "[op
       {"large eps", AdamaxOptions(0.02).eps(0.5)},
       {"all", AdamaxOptions(0.05).betas({0.5, 0.6}).eps(1e-4).weight_decay(0.1).maximize(true)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = tensor_of(init);
-      Adamax opt({p}, o);
-      auto ref = ref_of<T>(o);
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 25, ref);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == 3u);
-      const Tensor& step = st.at("step");
-      CHECK(step.dtype() == DType::float32);
-      CHECK(step.dim() == 0);
-      CHECK(step.item() == 25.0);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
-      DOPT_REQUIRE_BITWISE(st.at("exp_inf"), ref.u);
-    }
-  }
+  match_reference<Adamax, T>(cases, 25, ref_of<T>, [](const auto& st, const auto& ref, const auto&) {
+    CHECK(st.size() == 3u);
+    check_step_counter(st.at("step"), DType::float32, 25.0);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
+    DOPT_REQUIRE_BITWISE(st.at("exp_inf"), ref.u);
+  });
 }
 
 TEST_CASE("Adamax exp_inf max propagates NaN", "[optB][adamax]") {
@@ -154,6 +135,6 @@ TEST_CASE("Adamax rejects a state that does not match the parameter", "[optB][ad
 }
 
 TEST_CASE("Adamax keeps the Optimizer base contract", "[optB][adamax]") {
-  dopt::test::check_optimizer_contract<Adamax>(AdamaxOptions(0.01).weight_decay(0.1),
+  check_optimizer_contract<Adamax>(AdamaxOptions(0.01).weight_decay(0.1),
                                                AdamaxOptions(0.5).betas({0.5, 0.5}), false);
 }

@@ -3,11 +3,7 @@
 #include <cmath>
 
 #include "dopt/optim/adamw.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::values;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -57,35 +53,24 @@ TEMPLATE_TEST_CASE("AdamW matches the spec's operation order bit for bit", "[opt
       {"maximize", AdamWOptions(0.01).maximize(true)},
       {"amsgrad+maximize+wd", AdamWOptions(0.03).amsgrad(true).maximize(true).weight_decay(0.1)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = dopt::test::tensor_of(init);
-      AdamW opt({p}, o);
-      auto ref = ref_of<T>(o);
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 6, ref);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == (o.amsgrad() ? 4u : 3u));
-      CHECK(st.at("step").dtype() == DType::float32);
-      CHECK(st.at("step").dim() == 0);
-      CHECK(st.at("step").item() == 6.0);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg_sq"), ref.v);
-      if (o.amsgrad()) DOPT_REQUIRE_BITWISE(st.at("max_exp_avg_sq"), ref.vmax);
-    }
-  }
+  match_reference<AdamW, T>(cases, 6, ref_of<T>, [](const auto& st, const auto& ref, const auto& o) {
+    CHECK(st.size() == (o.amsgrad() ? 4u : 3u));
+    check_step_counter(st.at("step"), DType::float32, 6.0);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg_sq"), ref.v);
+    if (o.amsgrad()) DOPT_REQUIRE_BITWISE(st.at("max_exp_avg_sq"), ref.vmax);
+  });
 }
 
 TEST_CASE("AdamW differs from Adam with the same weight decay", "[optA][adamw]") {
   // Decoupled decay is not Adam's L2 term: the two must diverge.
-  const auto init = values<float>(dopt::test::kRefNumel, 3);
-  Tensor a = dopt::test::tensor_of(init), b = dopt::test::tensor_of(init);
+  const auto init = values<float>(kRefNumel, 3);
+  Tensor a = tensor_of(init), b = tensor_of(init);
   AdamW w({a}, AdamWOptions(0.01).weight_decay(0.1));
   Adam l2({b}, AdamOptions(0.01).weight_decay(0.1));
   const auto g = values<float>(init.size(), 4);
-  a.set_grad(dopt::test::tensor_of(g));
-  b.set_grad(dopt::test::tensor_of(g));
+  a.set_grad(tensor_of(g));
+  b.set_grad(tensor_of(g));
   w.step();
   l2.step();
   CHECK_FALSE(a.equal(b));
@@ -119,15 +104,15 @@ TEST_CASE("AdamW options: defaults, torch names, validation", "[optA][adamw]") {
 }
 
 TEST_CASE("AdamW amsgrad enabled after state creation is a StateError", "[optA][adamw]") {
-  Tensor p = dopt::test::tensor_of(values<float>(8, 1));
+  Tensor p = tensor_of(values<float>(8, 1));
   AdamW opt({p}, AdamWOptions());
-  p.set_grad(dopt::test::tensor_of(values<float>(8, 2)));
+  p.set_grad(tensor_of(values<float>(8, 2)));
   opt.step();
   opt.param_groups()[0].options_as<AdamWOptions>().amsgrad(true);
   CHECK_THROWS_AS(opt.step(), StateError);
 }
 
 TEST_CASE("AdamW keeps the Optimizer base contract", "[optA][adamw]") {
-  dopt::test::check_optimizer_contract<AdamW>(AdamWOptions(0.01).amsgrad(true),
+  check_optimizer_contract<AdamW>(AdamWOptions(0.01).amsgrad(true),
                                               AdamWOptions(0.5).weight_decay(0.3).amsgrad(true), false);
 }

@@ -8,12 +8,13 @@
 #include <limits>
 
 #include "dopt/optim/clip_grad.hpp"
-#include "test_util.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
+using dopt::testing::tensor_of;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 
 namespace {

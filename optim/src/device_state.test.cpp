@@ -14,7 +14,7 @@
 
 using namespace dopt;
 using namespace dopt::optim;
-using namespace dopt::optim::test;
+using namespace dopt::testing;
 
 TEST_CASE("load_state_dict puts state on the parameter's device", "[optim][device]") {
   FakeOptimDevice fake;

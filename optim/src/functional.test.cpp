@@ -4,19 +4,12 @@
 #include <memory>
 
 #include "dopt/optim/functional.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
 std::vector<Tensor> make_params(std::uint64_t seed) {
-  return {tensor_of(values<float>(dopt::test::kRefNumel, seed)), tensor_of(values<float>(6, seed + 1), {2, 3}),
+  return {tensor_of(values<float>(kRefNumel, seed)), tensor_of(values<float>(6, seed + 1), {2, 3}),
           tensor_of(values<float>(5, seed + 2))};
 }
 
@@ -46,7 +39,7 @@ void require_same_state_maps(const StateA& a, const std::vector<Tensor>& pa, con
     auto ia = a.find(pa[i].key());
     auto ib = b.find(pb[i].key());
     REQUIRE((ia == a.end()) == (ib == b.end()));
-    if (ia != a.end()) dopt::test::require_same_state(ia->second, ib->second);
+    if (ia != a.end()) require_same_state(ia->second, ib->second);
   }
 }
 
@@ -205,12 +198,12 @@ TEST_CASE("Functional forms fix torch 1.13's functional bugs", "[optB][functiona
   SECTION("Adagrad with a None gradient updates the right parameter") {
     std::vector<Tensor> ps = make_params(5), ref = clones(ps);
     FunctionalAdagrad fn(ps, AdagradOptions(0.1));
-    const ParamState st0 = dopt::test::deep_copy(*fn.state_of(ps[0]));
+    const ParamState st0 = deep_copy(*fn.state_of(ps[0]));
     const Tensor g1 = tensor_of(values<float>(6, 6), {2, 3});
     fn.step({Tensor(), g1, Tensor()});
     CHECK(ps[0].equal(ref[0]));
     CHECK(ps[2].equal(ref[2]));
-    dopt::test::require_same_state(st0, *fn.state_of(ps[0]));  // step still 0
+    require_same_state(st0, *fn.state_of(ps[0]));  // step still 0
     CHECK(fn.state_of(ps[2])->at("step").item() == 0.0);
     CHECK(fn.state_of(ps[1])->at("step").item() == 1.0);
     Adagrad cls(std::vector<Tensor>{ref[1]}, AdagradOptions(0.1));

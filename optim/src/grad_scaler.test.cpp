@@ -15,22 +15,13 @@
 #include "dopt/optim/grad_scaler.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "grad_scaler_fixture.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 using Catch::Matchers::Contains;
 
-namespace {
-
-using test::kInf;
-using test::small_scaler;
-using test::make_params;
-using test::set_grads;
-using test::all_equal;
-using test::clones;
-
-}  // namespace
+using namespace dopt::testing;  // the GradScaler fixture: kInf, small_scaler, make_params, set_grads, ...
 
 TEST_CASE("GradScaler: scale, unscale, growth after growth_interval good steps, back-off after an inf", "[grad_scaler]") {
   GradScaler scaler(small_scaler());

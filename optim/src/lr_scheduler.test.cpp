@@ -15,7 +15,7 @@
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/rmsprop.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;

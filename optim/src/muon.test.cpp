@@ -12,11 +12,12 @@
 #include "dopt/optim/muon.hpp"
 #include "dopt/optim/registry.hpp"
 #include "newton_schulz.hpp"
-#include "test_util.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::values;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 
 namespace {

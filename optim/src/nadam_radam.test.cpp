@@ -11,14 +11,7 @@
 #include "dopt/optim/nadam.hpp"
 #include "dopt/optim/radam.hpp"
 #include "dopt/optim/registry.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -108,25 +101,19 @@ TEMPLATE_TEST_CASE("NAdam matches torch 1.13's operation order bit for bit", "[n
       {"weight_decay", NAdamOptions(0.01).weight_decay(0.3)},
       {"momentum_decay", NAdamOptions(0.02).momentum_decay(0.1)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = tensor_of(init);
-      NAdam opt({p}, o);
-      RefNAdam<T> ref{o.lr(), o.betas()[0], o.betas()[1], o.eps(), o.weight_decay(), o.momentum_decay(), {}, {}};
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 25, ref);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == 4u);
-      CHECK(st.at("step").dtype() == DType::float32);
-      CHECK(st.at("step").item() == 25.0);
-      CHECK(st.at("mu_product").dtype() == DType::float32);
-      CHECK(st.at("mu_product").dim() == 0);
-      CHECK(static_cast<float>(st.at("mu_product").item()) == ref.mu_product);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg_sq"), ref.v);
-    }
-  }
+  const auto ref_of_t = [](const NAdamOptions& o) {
+    return RefNAdam<T>{o.lr(), o.betas()[0], o.betas()[1], o.eps(), o.weight_decay(), o.momentum_decay(), {}, {}};
+  };
+  match_reference<NAdam, T>(cases, 25, ref_of_t, [](const auto& st, const auto& ref, const auto&) {
+    CHECK(st.size() == 4u);
+    CHECK(st.at("step").dtype() == DType::float32);
+    CHECK(st.at("step").item() == 25.0);
+    CHECK(st.at("mu_product").dtype() == DType::float32);
+    CHECK(st.at("mu_product").dim() == 0);
+    CHECK(static_cast<float>(st.at("mu_product").item()) == ref.mu_product);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg_sq"), ref.v);
+  });
 }
 
 TEMPLATE_TEST_CASE("RAdam matches torch 1.13's operation order bit for bit, both branches", "[radam]", float, double) {
@@ -136,24 +123,18 @@ TEMPLATE_TEST_CASE("RAdam matches torch 1.13's operation order bit for bit, both
       {"lr+betas+eps", RAdamOptions(0.01).betas({0.8, 0.95}).eps(1e-3)},
       {"weight_decay", RAdamOptions(0.01).weight_decay(0.3)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 9);
-      Tensor p = tensor_of(init);
-      RAdam opt({p}, o);
-      RefRAdam<T> ref{o.lr(), o.betas()[0], o.betas()[1], o.eps(), o.weight_decay(), {}, {}};
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 12, ref);
-      // Both the plain (rho_t <= 5) and the rectified branch ran.
-      CHECK(ref.rectified_steps > 0);
-      CHECK(ref.rectified_steps < 12);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == 3u);
-      CHECK(st.at("step").item() == 12.0);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
-      DOPT_REQUIRE_BITWISE(st.at("exp_avg_sq"), ref.v);
-    }
-  }
+  const auto ref_of_t = [](const RAdamOptions& o) {
+    return RefRAdam<T>{o.lr(), o.betas()[0], o.betas()[1], o.eps(), o.weight_decay(), {}, {}};
+  };
+  match_reference<RAdam, T>(cases, 12, ref_of_t, [](const auto& st, const auto& ref, const auto&) {
+    // Both the plain (rho_t <= 5) and the rectified branch ran.
+    CHECK(ref.rectified_steps > 0);
+    CHECK(ref.rectified_steps < 12);
+    CHECK(st.size() == 3u);
+    CHECK(st.at("step").item() == 12.0);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg"), ref.m);
+    DOPT_REQUIRE_BITWISE(st.at("exp_avg_sq"), ref.v);
+  }, 9);
 }
 
 TEST_CASE("NAdam and RAdam options: defaults, torch names, validation", "[nadam][radam]") {
@@ -180,11 +161,11 @@ TEST_CASE("NAdam and RAdam options: defaults, torch names, validation", "[nadam]
 
 TEST_CASE("NAdam and RAdam keep the Optimizer base contract", "[nadam][radam]") {
   SECTION("NAdam") {
-    dopt::test::check_optimizer_contract<NAdam>(NAdamOptions(0.01).weight_decay(0.1),
+    check_optimizer_contract<NAdam>(NAdamOptions(0.01).weight_decay(0.1),
                                                 NAdamOptions(0.5).betas({0.5, 0.5}), false);
   }
   SECTION("RAdam") {
-    dopt::test::check_optimizer_contract<RAdam>(RAdamOptions(0.01).weight_decay(0.1),
+    check_optimizer_contract<RAdam>(RAdamOptions(0.01).weight_decay(0.1),
                                                 RAdamOptions(0.5).betas({0.5, 0.5}), false);
   }
 }
@@ -193,7 +174,7 @@ TEST_CASE("NAdam and RAdam: functional forms and registry equal the classes bit 
   for (const char* name : {"NAdam", "RAdam"}) {
     DYNAMIC_SECTION(name) {
       const OptimizerSpec spec{name, {{"lr", 0.01}, {"weight_decay", 0.05}}};
-      Tensor a = tensor_of(values<float>(dopt::test::kRefNumel, 3));
+      Tensor a = tensor_of(values<float>(kRefNumel, 3));
       Tensor b = a.clone(), c = a.clone();
       auto cls = make_optimizer(spec, {OptimizerParamGroup({a})});
       CHECK(cls->name() == name);
@@ -201,7 +182,7 @@ TEST_CASE("NAdam and RAdam: functional forms and registry equal the classes bit 
       CHECK(fn->name() == std::string("Functional") + name);
       auto single = as_functional_optim(std::string("_Functional") + name, spec.hyperparameters);
       for (int t = 0; t < 8; ++t) {
-        const Tensor g = tensor_of(values<float>(dopt::test::kRefNumel, 50 + t, 2.0));
+        const Tensor g = tensor_of(values<float>(kRefNumel, 50 + t, 2.0));
         a.set_grad(g.clone());
         cls->step();
         fn->step({g.clone()});

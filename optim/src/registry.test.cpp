@@ -6,14 +6,7 @@
 #include <limits>
 
 #include "dopt/optim/registry.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -58,7 +51,7 @@ TEST_CASE("Registry round trip: spec -> json -> spec -> optimizer", "[optB][regi
       CHECK(back == spec);  // numbers round-trip exactly
       CHECK(back.to_json() == json);
 
-      Tensor p = tensor_of(values<float>(dopt::test::kRefNumel, 1));
+      Tensor p = tensor_of(values<float>(kRefNumel, 1));
       auto opt = make_optimizer(back, {OptimizerParamGroup({p})});
       REQUIRE(opt);
       CHECK(opt->name() == spec.name);
@@ -74,13 +67,13 @@ TEST_CASE("Registry round trip: spec -> json -> spec -> optimizer", "[optB][regi
       CHECK(fn->optimizer_name() == spec.name);
       CHECK(fn->defaults() == full);
       for (int t = 0; t < 3; ++t) {
-        const Tensor g = tensor_of(values<float>(dopt::test::kRefNumel, 50 + t));
+        const Tensor g = tensor_of(values<float>(kRefNumel, 50 + t));
         p.set_grad(g);
         opt->step();
         fn->step({g});
       }
       CHECK(p.equal(q));
-      CHECK_FALSE(p.equal(tensor_of(values<float>(dopt::test::kRefNumel, 1))));
+      CHECK_FALSE(p.equal(tensor_of(values<float>(kRefNumel, 1))));
 
       // as_functional_optim: no params, used with step_param.
       auto af = as_functional_optim(spec.name, spec.hyperparameters);

@@ -3,11 +3,7 @@
 #include <cmath>
 
 #include "dopt/optim/rmsprop.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::values;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -63,33 +59,21 @@ TEMPLATE_TEST_CASE("RMSprop matches the spec's operation order bit for bit", "[o
       {"maximize", RMSpropOptions(0.01).maximize(true)},
       {"all", RMSpropOptions(0.03).alpha(0.95).weight_decay(0.1).momentum(0.8).centered(true).maximize(true)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = dopt::test::tensor_of(init);
-      RMSprop opt({p}, o);
-      auto ref = ref_of<T>(o);
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 6, ref);
-      const ParamState& st = opt.state().at(p.key());
-      CHECK(st.size() == 2u + (o.momentum() > 0) + o.centered());
-      const Tensor& step = st.at("step");
-      CHECK(step.dtype() == DType::int64);
-      CHECK(step.dim() == 0);
-      CHECK(step.item() == 6.0);
-      DOPT_REQUIRE_BITWISE(st.at("square_avg"), ref.sq);
-      if (o.centered()) DOPT_REQUIRE_BITWISE(st.at("grad_avg"), ref.ga);
-      else CHECK(st.count("grad_avg") == 0);
-      if (o.momentum() > 0) DOPT_REQUIRE_BITWISE(st.at("momentum_buffer"), ref.buf);
-      else CHECK(st.count("momentum_buffer") == 0);
-    }
-  }
+  match_reference<RMSprop, T>(cases, 6, ref_of<T>, [](const auto& st, const auto& ref, const auto& o) {
+    CHECK(st.size() == 2u + (o.momentum() > 0) + o.centered());
+    check_step_counter(st.at("step"), DType::int64, 6.0);
+    DOPT_REQUIRE_BITWISE(st.at("square_avg"), ref.sq);
+    if (o.centered()) DOPT_REQUIRE_BITWISE(st.at("grad_avg"), ref.ga);
+    else CHECK(st.count("grad_avg") == 0);
+    if (o.momentum() > 0) DOPT_REQUIRE_BITWISE(st.at("momentum_buffer"), ref.buf);
+    else CHECK(st.count("momentum_buffer") == 0);
+  });
 }
 
 TEST_CASE("RMSprop momentum or centered enabled after state creation is a StateError", "[optA][rmsprop]") {
-  Tensor p = dopt::test::tensor_of(values<float>(8, 1));
+  Tensor p = tensor_of(values<float>(8, 1));
   RMSprop opt({p}, RMSpropOptions());
-  p.set_grad(dopt::test::tensor_of(values<float>(8, 2)));
+  p.set_grad(tensor_of(values<float>(8, 2)));
   opt.step();
   const Tensor before = p.clone();
   auto& o = opt.param_groups()[0].options_as<RMSpropOptions>();
@@ -134,6 +118,6 @@ TEST_CASE("RMSprop options: defaults, torch names, validation", "[optA][rmsprop]
 }
 
 TEST_CASE("RMSprop keeps the Optimizer base contract", "[optA][rmsprop]") {
-  dopt::test::check_optimizer_contract<RMSprop>(RMSpropOptions(0.01).momentum(0.9).centered(true),
+  check_optimizer_contract<RMSprop>(RMSpropOptions(0.01).momentum(0.9).centered(true),
                                                 RMSpropOptions(0.5).momentum(0.5).centered(true), false);
 }

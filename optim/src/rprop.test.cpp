@@ -5,14 +5,7 @@
 #include <limits>
 
 #include "dopt/optim/rprop.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
-using Catch::Matchers::Contains;
-using Catch::Matchers::Equals;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -75,7 +68,7 @@ TEMPLATE_TEST_CASE("Rprop matches the spec's operation order bit for bit", "[opt
   };
   for (const auto& [name, o] : cases) {
     DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
+      const auto init = values<T>(kRefNumel, 7);
       Tensor p = tensor_of(init);
       Rprop opt({p}, o);
       auto ref = ref_of<T>(o);
@@ -96,10 +89,7 @@ TEMPLATE_TEST_CASE("Rprop matches the spec's operation order bit for bit", "[opt
       }
       const ParamState& st = opt.state().at(p.key());
       CHECK(st.size() == 3u);
-      const Tensor& step = st.at("step");
-      CHECK(step.dtype() == DType::int64);
-      CHECK(step.dim() == 0);
-      CHECK(step.item() == 25.0);
+      check_step_counter(st.at("step"), DType::int64, 25.0);
       DOPT_REQUIRE_BITWISE(st.at("prev"), ref.prev);
       DOPT_REQUIRE_BITWISE(st.at("step_size"), ref.step_size);
     }
@@ -190,6 +180,6 @@ TEST_CASE("Rprop options: defaults, torch names, validation", "[optB][rprop]") {
 }
 
 TEST_CASE("Rprop keeps the Optimizer base contract", "[optB][rprop]") {
-  dopt::test::check_optimizer_contract<Rprop>(RpropOptions(0.01).etas({0.4, 1.3}),
+  check_optimizer_contract<Rprop>(RpropOptions(0.01).etas({0.4, 1.3}),
                                               RpropOptions(0.5).step_sizes({1e-3, 1.0}), false);
 }

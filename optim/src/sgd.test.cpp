@@ -4,11 +4,7 @@
 #include <type_traits>
 
 #include "dopt/optim/sgd.hpp"
-#include "test_util.hpp"
-
-using namespace dopt;
-using namespace dopt::optim;
-using dopt::test::values;
+#include "optimizer_tests.hpp"
 
 namespace {
 
@@ -56,28 +52,19 @@ TEMPLATE_TEST_CASE("SGD matches the spec's operation order bit for bit", "[optA]
       {"momentum+dampening+wd+maximize",
        SGDOptions(0.2).momentum(0.5).dampening(0.5).weight_decay(0.01).maximize(true)},
   };
-  for (const auto& [name, o] : cases) {
-    DYNAMIC_SECTION(name) {
-      const auto init = values<T>(dopt::test::kRefNumel, 7);
-      Tensor p = dopt::test::tensor_of(init);
-      SGD opt({p}, o);
-      auto ref = ref_of<T>(o);
-      std::vector<T> ref_p = init;
-      dopt::test::compare_steps(opt, p, ref_p, 6, ref);
-      const ParamState& st = opt.state().at(p.key());
-      if (o.momentum() != 0) {
-        REQUIRE(st.size() == 1);
-        DOPT_REQUIRE_BITWISE(st.at("momentum_buffer"), ref.buf);
-      } else {
-        CHECK(st.empty());  // torch's None buffer is not stored
-      }
+  match_reference<SGD, T>(cases, 6, ref_of<T>, [](const auto& st, const auto& ref, const auto& o) {
+    if (o.momentum() != 0) {
+      REQUIRE(st.size() == 1);
+      DOPT_REQUIRE_BITWISE(st.at("momentum_buffer"), ref.buf);
+    } else {
+      CHECK(st.empty());  // torch's None buffer is not stored
     }
-  }
+  });
 }
 
 TEST_CASE("SGD reference comparison detects a missing FMA", "[optA][sgd]") {
   // The bitwise comparisons above would fail for an implementation without FMA.
-  const auto init = values<float>(dopt::test::kRefNumel, 7);
+  const auto init = values<float>(kRefNumel, 7);
   auto fused = ref_of<float>(SGDOptions(0.1).momentum(0.9).weight_decay(0.1));
   auto plain = fused;
   plain.use_fma = false;
@@ -91,10 +78,10 @@ TEST_CASE("SGD reference comparison detects a missing FMA", "[optA][sgd]") {
 }
 
 TEST_CASE("SGD first momentum step copies the gradient without dampening", "[optA][sgd]") {
-  Tensor p = dopt::test::tensor_of(values<float>(dopt::test::kRefNumel, 1));
-  const auto g = values<float>(dopt::test::kRefNumel, 2);
+  Tensor p = tensor_of(values<float>(kRefNumel, 1));
+  const auto g = values<float>(kRefNumel, 2);
   SGD opt({p}, SGDOptions(0.1).momentum(0.9).dampening(0.5).maximize(true));
-  p.set_grad(dopt::test::tensor_of(g));
+  p.set_grad(tensor_of(g));
   opt.step();
   std::vector<float> neg_g(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) neg_g[i] = -g[i];
@@ -132,20 +119,20 @@ TEST_CASE("SGD options: required lr, torch names, validation", "[optA][sgd]") {
 }
 
 TEST_CASE("SGD keeps the Optimizer base contract", "[optA][sgd]") {
-  dopt::test::check_optimizer_contract<SGD>(SGDOptions(0.1).momentum(0.9).weight_decay(0.01),
+  check_optimizer_contract<SGD>(SGDOptions(0.1).momentum(0.9).weight_decay(0.01),
                                             SGDOptions(0.5).momentum(0.1), false);
 }
 
 TEST_CASE("SGD momentum enabled later starts a buffer from a copy", "[optA][sgd]") {
-  const auto init = values<float>(dopt::test::kRefNumel, 5);
-  Tensor p = dopt::test::tensor_of(init);
+  const auto init = values<float>(kRefNumel, 5);
+  Tensor p = tensor_of(init);
   SGD opt({p}, SGDOptions(0.1));
   auto ref = ref_of<float>(SGDOptions(0.1));
   std::vector<float> ref_p = init;
-  dopt::test::compare_steps(opt, p, ref_p, 2, ref);
+  compare_steps(opt, p, ref_p, 2, ref);
   CHECK(opt.state().at(p.key()).empty());
   opt.param_groups()[0].options_as<SGDOptions>().momentum(0.9);
   ref.momentum = 0.9;
-  dopt::test::compare_steps(opt, p, ref_p, 3, ref);
+  compare_steps(opt, p, ref_p, 3, ref);
   DOPT_REQUIRE_BITWISE(opt.state().at(p.key()).at("momentum_buffer"), ref.buf);
 }

@@ -19,20 +19,11 @@
 #include "loopback_mesh.hpp"
 #include "tcp_settings.hpp"
 
-using dopt::transport::Completion;
-using dopt::transport::Tag;
-using dopt::transport::TcpListener;
-using dopt::transport::TcpMesh;
-using dopt::transport::TcpMeshOptions;
+using namespace dopt::transport;
+using namespace dopt::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-using dopt_test::is;
-using dopt_test::Meshes;
-using dopt_test::message_of;
-using dopt_test::pattern;
-using dopt_test::Waiter;
 
 TcpMeshOptions striped(int streams, std::size_t stripe_min) {
   TcpMeshOptions o;
@@ -61,7 +52,7 @@ std::vector<std::future<std::unique_ptr<TcpMesh>>> start_meshes(int n, std::vect
 
 // n meshes, every rank with options o.
 Meshes make_meshes(int n, TcpMeshOptions o) {
-  return dopt_test::loopback_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o));
+  return dopt::testing::loopback_meshes(n, std::vector<TcpMeshOptions>(std::size_t(n), o));
 }
 
 // Every rank sends every size to every other rank on two tags, alternating;

@@ -20,23 +20,9 @@
 #include "completions.hpp"
 #include "loopback_mesh.hpp"
 
-using dopt::transport::Completion;
-using dopt::transport::Tag;
-using dopt::transport::TcpListener;
-using dopt::transport::TcpMesh;
-using dopt::transport::TcpMeshOptions;
+using namespace dopt::transport;
+using namespace dopt::testing;
 using namespace std::chrono_literals;
-
-namespace {
-
-using dopt_test::is;
-using dopt_test::loopback_meshes;
-using dopt_test::Meshes;
-using dopt_test::message_of;
-using dopt_test::pattern;
-using dopt_test::Waiter;
-
-}  // namespace
 
 TEST_CASE("tcp mesh: a world of one has no peers", "[tcp]") {
   auto ms = loopback_meshes(1);

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace dopt_test {
+#include "legacy_names.hpp"  // the tests of actors/ and ZeRO still say dopt_test::
+
+namespace dopt::testing {
 
 /// Collects completions in the order they run; wait() blocks until every
 /// callback handed out by cb() has run, bounded so that a hang fails the test
@@ -73,4 +75,4 @@ bool is(const std::exception_ptr& e) {
   }
 }
 
-}  // namespace dopt_test
+}  // namespace dopt::testing

@@ -4,7 +4,7 @@
 // memory behind a fake allocator and CPU SGD on host views (fake
 // DeviceStepper). FakeOptimDevice registers them for DeviceType::CUDA and
 // restores what was registered before (gpu::init() may have registered the
-// real ones) when it goes away. distributed/src/ddp/fake_device.hpp adds the
+// real ones) when it goes away. fake_ddp_device.hpp adds the
 // collectives and the DDP device ops (FakeDevice).
 #include <catch2/catch.hpp>
 
@@ -16,7 +16,7 @@
 #include "dopt/optim/device_step.hpp"
 #include "dopt/optim/sgd.hpp"
 
-namespace dopt::optim::test {
+namespace dopt::testing {
 
 // The fake device.
 constexpr Device kDev = Device::cuda(0);
@@ -46,16 +46,16 @@ class FakeAllocator final : public Allocator {
 // CPU SGD (no momentum: no state) over host views of the device parameters.
 class FakeStepper final : public optim::detail::DeviceStepper {
  public:
-  void step(const OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+  void step(const optim::OptimizerOptions& options, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
             const std::vector<ParamState*>&) override {
-    const auto& o = dynamic_cast<const SGDOptions&>(options);
+    const auto& o = dynamic_cast<const optim::SGDOptions&>(options);
     REQUIRE(o.momentum() == 0.0);
     std::vector<Tensor> views;
     for (std::size_t i = 0; i < params.size(); ++i) {
       views.push_back(host_view(params[i]));
       views.back().set_grad(host_view(grads[i]));
     }
-    SGD sgd(views, SGDOptions(o.get_lr()).weight_decay(o.weight_decay()));
+    optim::SGD sgd(views, optim::SGDOptions(o.get_lr()).weight_decay(o.weight_decay()));
     sgd.step();
     ++steps;
   }
@@ -83,4 +83,4 @@ struct FakeOptimDevice {
   }
 };
 
-}  // namespace dopt::optim::test
+}  // namespace dopt::testing

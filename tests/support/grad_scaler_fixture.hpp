@@ -5,9 +5,10 @@
 #include <vector>
 
 #include "dopt/optim/grad_scaler.hpp"
-#include "test_util.hpp"
+#include "legacy_names.hpp"  // the ZeRO training test says dopt::test::
+#include "reference_data.hpp"
 
-namespace dopt::test {
+namespace dopt::testing {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -50,4 +51,4 @@ inline std::vector<Tensor> clones(const std::vector<Tensor>& ps) {
   return out;
 }
 
-}  // namespace dopt::test
+}  // namespace dopt::testing

@@ -10,7 +10,9 @@
 
 #include "dopt/runtime/tcp_transport.hpp"
 
-namespace dopt_test {
+#include "legacy_names.hpp"  // the tests of actors/ and ZeRO still say dopt_test::
+
+namespace dopt::testing {
 
 using Meshes = std::vector<std::unique_ptr<dopt::transport::TcpMesh>>;
 
@@ -47,4 +49,4 @@ inline std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
-}  // namespace dopt_test
+}  // namespace dopt::testing

@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
-namespace dopt_test {
+#include "legacy_names.hpp"  // the tests of actors/ and ZeRO still say dopt_test::
+
+namespace dopt::testing {
 
 /// The lock every RANK_CHECK takes.
 inline std::mutex& catch_mutex() {
@@ -76,26 +78,26 @@ inline void for_world_sizes(std::initializer_list<int> sizes, const std::functio
   }
 }
 
-}  // namespace dopt_test
+}  // namespace dopt::testing
 
-/// Catch2 assertions from any thread (under dopt_test::catch_mutex()).
+/// Catch2 assertions from any thread (under dopt::testing::catch_mutex()).
 #define RANK_CHECK(...)                                                \
   do {                                                                 \
-    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt_test::catch_mutex()); \
+    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt::testing::catch_mutex()); \
     CHECK(__VA_ARGS__);                                                \
   } while (0)
 #define RANK_CHECK_FALSE(...)                                          \
   do {                                                                 \
-    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt_test::catch_mutex()); \
+    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt::testing::catch_mutex()); \
     CHECK_FALSE(__VA_ARGS__);                                          \
   } while (0)
 #define RANK_CHECK_THAT(arg, matcher)                                  \
   do {                                                                 \
-    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt_test::catch_mutex()); \
+    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt::testing::catch_mutex()); \
     CHECK_THAT(arg, matcher);                                          \
   } while (0)
 #define RANK_CHECK_THROWS_AS(expr, type)                               \
   do {                                                                 \
-    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt_test::catch_mutex()); \
+    std::lock_guard<std::mutex> dopt_rank_lock_(::dopt::testing::catch_mutex()); \
     CHECK_THROWS_AS(expr, type);                                       \
   } while (0)

@@ -33,12 +33,12 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "fake_device.hpp"
+#include "fake_ddp_device.hpp"
 #include "plsgd_util.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using namespace dopt::optim::test;
+using namespace dopt::testing;
 
 namespace {
 
@@ -60,7 +60,7 @@ Tensor random_values(std::mt19937& rng, std::int64_t n, DType dt) {
   return Tensor::from_vector(v, {n}).to(dt);
 }
 
-using Failures = dopt_test::RankLog;
+using Failures = dopt::testing::RankLog;
 
 enum class Hook { allreduce, fp16, bf16, post_local };
 const char* hook_name(Hook h) {

@@ -14,7 +14,7 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -24,17 +24,17 @@ namespace {
 std::vector<Tensor> params_of(const std::vector<int>& sizes, int seed = 1) {
   std::vector<Tensor> ps;
   for (std::size_t k = 0; k < sizes.size(); ++k)
-    ps.push_back(test::tensor_of(test::values<float>(static_cast<std::size_t>(sizes[k]), seed + static_cast<int>(k))));
+    ps.push_back(testing::tensor_of(testing::values<float>(static_cast<std::size_t>(sizes[k]), seed + static_cast<int>(k))));
   return ps;
 }
 
 std::vector<float> grad_values(int numel, int rank, int step, int k) {
-  return test::values<float>(static_cast<std::size_t>(numel), 5000 + 101 * rank + 17 * step + k);
+  return testing::values<float>(static_cast<std::size_t>(numel), 5000 + 101 * rank + 17 * step + k);
 }
 
 void set_grads(const std::vector<Tensor>& ps, int rank, int step) {
   for (std::size_t k = 0; k < ps.size(); ++k)
-    ps[k].set_grad(test::tensor_of(grad_values(static_cast<int>(ps[k].numel()), rank, step, static_cast<int>(k))));
+    ps[k].set_grad(testing::tensor_of(grad_values(static_cast<int>(ps[k].numel()), rank, step, static_cast<int>(k))));
 }
 
 // sum_r g_r / n in rank order (the process group's reduction order).
@@ -215,7 +215,7 @@ TEST_CASE("no_sync: local accumulation, no communication, then one reduction of 
       for (int it = 0; it < 2; ++it) {
         auto g = grad_values(6, ctx.rank(), it, 0);
         for (int e = 0; e < 6; ++e) acc[static_cast<std::size_t>(e)] += g[static_cast<std::size_t>(e)];
-        ps[0].set_grad(test::tensor_of(acc));
+        ps[0].set_grad(testing::tensor_of(acc));
         r.mark_ready(ps[0]);
         r.finalize();
         require(ps[0].grad().to_vector<float>() == acc, "no_sync must not touch the gradient");
@@ -224,7 +224,7 @@ TEST_CASE("no_sync: local accumulation, no communication, then one reduction of 
     require(calls == 0 && r.require_sync(), "no communication under no_sync");
     auto g = grad_values(6, ctx.rank(), 2, 0);
     for (int e = 0; e < 6; ++e) acc[static_cast<std::size_t>(e)] += g[static_cast<std::size_t>(e)];
-    ps[0].set_grad(test::tensor_of(acc));
+    ps[0].set_grad(testing::tensor_of(acc));
     r.mark_ready(ps[0]);
     r.finalize();
     std::lock_guard<std::mutex> lock(m);

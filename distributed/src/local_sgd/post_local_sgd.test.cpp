@@ -9,7 +9,7 @@
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/sgd.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -18,13 +18,13 @@ namespace {
 
 std::vector<Tensor> make_params(int seed) {
   std::vector<Tensor> ps;
-  for (int k = 0; k < 3; ++k) ps.push_back(test::tensor_of(test::values<float>(static_cast<std::size_t>(5 + 3 * k), seed + k)));
+  for (int k = 0; k < 3; ++k) ps.push_back(testing::tensor_of(testing::values<float>(static_cast<std::size_t>(5 + 3 * k), seed + k)));
   return ps;
 }
 
 void set_grads(const std::vector<Tensor>& ps, int rank, int step) {
   for (std::size_t k = 0; k < ps.size(); ++k)
-    ps[k].set_grad(test::tensor_of(test::values<float>(static_cast<std::size_t>(ps[k].numel()),
+    ps[k].set_grad(testing::tensor_of(testing::values<float>(static_cast<std::size_t>(ps[k].numel()),
                                                        1000 + 97 * rank + 13 * step + static_cast<int>(k))));
 }
 

@@ -15,21 +15,12 @@
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "grad_scaler_fixture.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 
-namespace {
-
-using test::kInf;
-using test::small_scaler;
-using test::make_params;
-using test::set_grads;
-using test::all_equal;
-using test::clones;
-
-}  // namespace
+using namespace dopt::testing;  // the GradScaler fixture: kInf, small_scaler, make_params, set_grads, ...
 
 TEST_CASE("GradScaler + PostLocalSGDOptimizer: skipped on every rank, the averager stays on schedule (2, 3, 5 ranks)",
           "[grad_scaler][post_local_sgd]") {

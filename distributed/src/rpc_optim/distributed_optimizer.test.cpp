@@ -17,17 +17,20 @@
 #include "rpc/testing.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
+#include "rpc_errors.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 using dopt::rpc::Agent;
 using dopt::rpc::GradContext;
 using dopt::rpc::RRef;
-using dopt::test::values;
+using dopt::testing::values;
 using Catch::Matchers::Contains;
 
 namespace {
+
+using dopt::testing::error_of;
 
 // Served: the checked expression may make RPC calls (a scheduling point of
 // the deterministic scheduler) while the lock is held.
@@ -40,17 +43,6 @@ std::string bits_mismatch(const Tensor& got, const Tensor& want) {
   if (!got.defined() || got.dtype() != want.dtype() || got.shape() != want.shape()) return "shape/dtype differ";
   if (std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()) != 0) return "bits differ";
   return "";
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return rpc::error_kind(e) + ": " + e.what();
-  } catch (const std::exception& e) {
-    return std::string("std: ") + e.what();
-  }
-  return "no error";
 }
 
 struct TinyModule {

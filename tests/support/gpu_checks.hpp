@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the GPU tests (gpu/src/*.test.cpp): a test that needs a CUDA
+// Checks of the GPU tests (gpu/src/*.test.cpp): a test that needs a CUDA
 // device returns early without one. The message is what tests/CMakeLists.txt
 // matches (SKIP_REGULAR_EXPRESSION) to report the test as skipped.
 //
@@ -26,7 +26,7 @@
     }                                            \
   } while (0)
 
-namespace dopt::gpu::test {
+namespace dopt::testing {
 
 /// Whether the Bits at `p` without the sign (`magnitude` masks it off) are
 /// above `inf`, the bits of infinity: a NaN.
@@ -64,4 +64,4 @@ inline bool same_bits_nan_as_class(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-}  // namespace dopt::gpu::test
+}  // namespace dopt::testing

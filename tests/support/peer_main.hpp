@@ -1,6 +1,11 @@
 #pragma once
 // The common frame of the rank programs of the multi-process tests
-// (tests/*_peer.cpp): join the world, run the scenario, report one line.
+// (tests/*_peer.cpp): join the world, run the scenario, report one line
+// ("ok R CHECKS" or "error KIND: MESSAGE"), which processes.hpp reads on the
+// test's side. A rank program's main() calls run_peer once, on its main
+// thread; the scenario counts its checks in a Checker.
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -14,7 +19,7 @@
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/tensor.hpp"
 
-namespace dopt_test {
+namespace dopt::testing {
 
 /// The dopt::Error subclass of e, by name.
 inline const char* kind_of(const dopt::Error& e) {
@@ -61,6 +66,15 @@ struct Checker {
   }
 };
 
+/// The end of a rank that a scenario kills on purpose: stdout flushed, then
+/// SIGKILL (no destructor, no goodbye to the peers).
+[[noreturn]] inline void die() {
+  std::fflush(stdout);
+  ::raise(SIGKILL);
+  for (;;) {
+  }
+}
+
 /// Thrown by a scenario for a bad command line: run_peer prints it and returns 2.
 struct Usage {
   std::string text;
@@ -105,4 +119,4 @@ inline int run_peer(const std::function<long(dopt::ProcessGroup&, int)>& body, b
   }
 }
 
-}  // namespace dopt_test
+}  // namespace dopt::testing

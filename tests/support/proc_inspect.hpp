@@ -1,23 +1,19 @@
 #pragma once
-// What the multi-process tests learn about running processes from /proc
-// (their children, the TCP ports they listen on, their environment), and
-// how they knock on those ports.
-#include <arpa/inet.h>
+// What the multi-process tests learn about running processes from /proc:
+// their children, the TCP ports they listen on, their environment. Any
+// thread; nothing here waits. (Knocking on a port: ports.hpp.)
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-
+#include <cstdlib>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "process_util.hpp"
+#include "text.hpp"
 
-namespace dopt_test {
+namespace dopt::testing {
 
 /// The processes whose parent is `pid`.
 inline std::vector<int> children_of(int pid) {
@@ -86,33 +82,4 @@ inline std::string env_of(int pid, const std::string& key) {
   return {};
 }
 
-/// A connection to 127.0.0.1:port whose reads give up after 5 s; -1 when
-/// nothing listens there.
-inline int connect_loopback(int port) {
-  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return -1;
-  }
-  timeval tv{5, 0};
-  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return s;
-}
-
-/// Sends `bytes` on s and reads until the other side closes; true when it
-/// did within 5 s (s is closed either way).
-inline bool closed_after_sending(int s, const std::string& bytes) {
-  (void)::send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  char buf[1024];
-  ssize_t n;
-  while ((n = ::recv(s, buf, sizeof buf, 0)) > 0) {
-  }
-  ::close(s);
-  return n == 0 || (n < 0 && errno == ECONNRESET);
-}
-
-}  // namespace dopt_test
+}  // namespace dopt::testing

@@ -1,40 +1,27 @@
 #pragma once
-// Helpers of the multi-process tests in tests/: start a program as a child
-// process with its environment set, wait for it, read what it printed.
+// Processes for the multi-process tests in tests/: start a program as a child
+// process with its environment set, wait for it, read what it printed; start
+// a rank program (tests/*_peer.cpp) as n ranks, through dopt-run or by hand,
+// and require that every rank printed "ok R CHECKS". Called from the test
+// thread (they REQUIRE); each call waits for the processes it started.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
-namespace dopt_test {
+#include "ports.hpp"
+#include "temp_dir.hpp"
+#include "text.hpp"
 
-inline std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-inline std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::stringstream ss(text);
-  std::string line;
-  while (std::getline(ss, line)) lines.push_back(line);
-  return lines;
-}
-
-inline bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+namespace dopt::testing {
 
 struct Proc {
   pid_t pid = -1;
@@ -83,32 +70,6 @@ inline Done wait(const Proc& p) {
   d.out = slurp(p.out_path);
   ::unlink(p.out_path.c_str());
   return d;
-}
-
-// A socket listening on INADDR_ANY at an ephemeral port; closed by the destructor.
-struct Listener {
-  int fd = -1;
-  int port = 0;
-  Listener() {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = 0;
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd, 4) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    port = ntohs(a.sin_port);
-  }
-  ~Listener() { ::close(fd); }
-};
-
-// A port nobody listens on right now (bound to port 0, then closed).
-inline int free_port() {
-  Listener l;
-  return l.port;
 }
 
 inline std::map<std::string, std::string> rank_env(int rank, int world, int port) {
@@ -212,20 +173,39 @@ inline void require_ok_by_hand(const std::string& peer, int n, const std::vector
   require_all_ok(all, n, min_checks);
 }
 
-/// A fresh folder under the temp dir ("<prefix>-<pid>-<name>"), removed by the destructor.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir(const std::string& prefix, const std::string& name) {
-    path = std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()) + "-" + name);
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
+#ifdef DOPT_BINARY_DIR
+/// A program of this build's tools/ (dopt-run, dopt-train, ...).
+inline std::string tool_path(const std::string& name) { return std::string(DOPT_BINARY_DIR) + "/tools/" + name; }
 
-}  // namespace dopt_test
+/// A rank program of tests/ (build/tests/dopt_<name>_peer) and the
+/// environment every rank of it gets; what a multi-process test launches.
+struct PeerProgram {
+  std::string name;
+  std::map<std::string, std::string> env;
+
+  std::string path() const { return std::string(DOPT_BINARY_DIR) + "/tests/dopt_" + name + "_peer"; }
+  /// n ranks through dopt-run; what dopt-run printed (every rank's lines, prefixed).
+  Done through_dopt_run(int n, const std::vector<std::string>& args) const {
+    return run_through_dopt_run(tool_path("dopt-run"), path(), n, args, env);
+  }
+  /// n ranks started by hand; what each printed, by rank (see run_ranks_by_hand).
+  std::vector<Done> by_hand(int n, const std::vector<std::string>& args, int kill_last = -1) const {
+    return run_ranks_by_hand(path(), n, args, env, kill_last);
+  }
+  /// Every rank of a run through dopt-run printed "ok R CHECKS" with CHECKS >=
+  /// min_checks (n is in Catch's context).
+  void require_ok_through_dopt_run(int n, const std::vector<std::string>& args, long min_checks) const {
+    INFO(n << " processes");
+    testing::require_ok_through_dopt_run(tool_path("dopt-run"), path(), n, args, env, min_checks);
+  }
+  /// The same with the ranks started by hand.
+  void require_ok_by_hand(int n, const std::vector<std::string>& args, long min_checks) const {
+    INFO(n << " processes");
+    testing::require_ok_by_hand(path(), n, args, env, min_checks);
+  }
+  /// A fresh folder for one case of this program ("dopt-<name>-mp-<pid>-<what>").
+  TempDir case_dir(const std::string& what) const { return TempDir("dopt-" + name + "-mp", what); }
+};
+#endif
+
+}  // namespace dopt::testing
