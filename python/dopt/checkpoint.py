@@ -416,6 +416,16 @@ class Checkpointer:
         self._c.add_tensors(name, {_BLOB: item.dt}, placement)
         self._items.append(item)
 
+    def add_state(self, name, obj, placement="replicated"):
+        """Any other object with ``state_dict()`` and ``load_state_dict()``
+        (torch DCP's Stateful: an LR scheduler, a GradScaler, a data loader's
+        state): its state dict, ``torch.save``d; "replicated" (rank 0's, loaded
+        on every rank) or "per_rank"."""
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError("dopt Checkpointer.add_state: expected an object with state_dict() and "
+                            f"load_state_dict(), got {type(obj).__module__}.{type(obj).__qualname__}")
+        self._add_python_state(name, obj, _placement(placement, "add_state"), consolidate=False)
+
     def add_rng(self, name, generator, placement="per_rank"):
         """A ``torch.Generator`` (``torch.default_generator`` too): its whole
         state. "per_rank" by default (each rank's own draws; loads at the same
