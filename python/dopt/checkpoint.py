@@ -318,7 +318,7 @@ class Checkpointer:
         ckpt.save_async(step)                   # returns after the snapshot
     """
 
-    def __init__(self, dir, keep_last=0, process_group=None, commit_group=None):  # noqa: A002 (torch's DCP spells it so)
+    def __init__(self, dir, keep_last=0, process_group=None, commit_group=None):  # noqa: A002 (CheckpointerOptions::dir)
         if isinstance(keep_last, bool) or not isinstance(keep_last, int):
             raise TypeError(f"dopt Checkpointer: keep_last must be an int, got {type(keep_last).__name__}")
         self._group = resolve_process_group(process_group, "Checkpointer")

@@ -5,9 +5,10 @@
 1. N ranks train for 12 steps with every kind of item: a module with
    BatchNorm buffers under dopt's ZeRO (Adam on dopt's kernels, bucket
    views) with a StepLR scheduler, a torch.optim.SGD, ZeRO over a
-   user-written optimizer class (the consolidated route), a per-rank module
-   with dopt.optim.Adam, post-local SGD over torch's SGD, a per-rank
-   torch.Generator that perturbs the inputs, and extras. One Checkpointer saves asynchronously every 2 steps up to
+   user-written optimizer class and torch's own ZeRO (the consolidated
+   route), a per-rank module with dopt.optim.Adam, post-local SGD over
+   torch's SGD, a per-rank torch.Generator that perturbs the inputs, and
+   extras. One Checkpointer saves asynchronously every 2 steps up to
    step 6 (keep_last=2, training goes on while it writes), a second one
    saves step 6 synchronously. The state at step 6 and at step 12 is kept as
    the reference. The two step-6 checkpoints must hold the same tensors,
@@ -37,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 
 import dopt
 import dopt.averagers
@@ -69,6 +71,7 @@ class Job:
         self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
         self.head = nn.Linear(4, 3)
         self.tail = nn.Linear(5, 5)
+        self.side = nn.Linear(3, 4)
         torch.manual_seed(seed + 1 + rank)
         self.local = nn.Linear(6, 2)
         self.pl = nn.Linear(3, 3)
@@ -83,9 +86,11 @@ class Job:
         self.head_opt = torch.optim.SGD(self.head.parameters(), lr=0.05, momentum=0.9)
         self.tail_zero = dopt.ZeroRedundancyOptimizer(self.tail.parameters(), SignMomentum, lr=0.01)
         assert not self.tail_zero.uses_dopt_kernels
+        self.side_zero = TorchZero(self.side.parameters(), torch.optim.Adam, lr=0.01)
         self.local_opt = dopt.optim.Adam(self.local.parameters(), lr=0.02)
+        averager = dopt.averagers.PeriodicModelAverager(period=2, warmup_steps=2)
         self.pl_opt = dopt.PostLocalSGDOptimizer(optim=torch.optim.SGD(self.pl.parameters(), lr=0.05, momentum=0.5),
-                                                 averager=dopt.averagers.PeriodicModelAverager(period=2, warmup_steps=2))
+                                                 averager=averager)
 
     def register(self, ckpt, per_rank=True):
         ckpt.add_tensors("net", self.net)  # before ZeRO re-points its parameters at the buckets
@@ -97,6 +102,8 @@ class Job:
         ckpt.add_optimizer("head_opt", self.head_opt)
         ckpt.add_tensors("tail", self.tail.state_dict())
         ckpt.add_optimizer("tail_zero", self.tail_zero)
+        ckpt.add_tensors("side", self.side)
+        ckpt.add_optimizer("side_zero", self.side_zero)
         if per_rank:
             ckpt.add_tensors("local", self.local, placement="per_rank")
             ckpt.add_optimizer("local_opt", self.local_opt, placement="per_rank")
@@ -112,21 +119,24 @@ class Job:
         loss = nn.functional.mse_loss(self.net(x), torch.randn(8, 4, generator=g))
         loss = loss + self.head(torch.randn(8, 4, generator=g)).square().mean()
         loss = loss + self.tail(torch.randn(8, 5, generator=g)).square().mean()
+        loss = loss + self.side(torch.randn(8, 3, generator=g)).square().mean()
         loss.backward()
-        for p in [*self.net.parameters(), *self.head.parameters(), *self.tail.parameters()]:
-            dist.all_reduce(p.grad)  # DDP's averaged gradients
-            p.grad.div_(world)
+        for m in (self.net, self.head, self.tail, self.side):
+            for p in m.parameters():
+                dist.all_reduce(p.grad)  # DDP's averaged gradients
+                p.grad.div_(world)
         for b in self.net.buffers():
             dist.broadcast(b, 0)  # DDP's buffers, from rank 0
         self.zero.step()
         self.sched.step()
         self.head_opt.step()
         self.tail_zero.step()
+        self.side_zero.step()
         self.local(torch.randn(4, 6, generator=self.gen)).square().mean().backward()
         self.local_opt.step()
         self.pl(torch.randn(4, 3, generator=g)).square().mean().backward()
         self.pl_opt.step()
-        for o in (self.zero, self.head_opt, self.tail_zero, self.local_opt, self.pl_opt):
+        for o in (self.zero, self.head_opt, self.tail_zero, self.side_zero, self.local_opt, self.pl_opt):
             o.zero_grad(set_to_none=True)
         mean = loss.detach().clone()
         dist.all_reduce(mean)
@@ -136,7 +146,7 @@ class Job:
     def tensors(self):
         """Every value that must resume: parameters, buffers, the generator, the extras."""
         out = {}
-        for name in ("net", "head", "tail", "local", "pl"):
+        for name in ("net", "head", "tail", "side", "local", "pl"):
             for k, v in getattr(self, name).state_dict().items():
                 out[f"{name}.{k}"] = v.clone()
         out["gen"] = self.gen.get_state().clone()
@@ -148,10 +158,12 @@ class Job:
         """Collective: the global state of the replicated and ZeRO optimizers (on rank 0)."""
         self.zero.consolidate_state_dict(0)
         self.tail_zero.consolidate_state_dict(0)
+        self.side_zero.consolidate_state_dict(0)
         out = {"head_opt": self.head_opt.state_dict()}
         if self.rank == 0:
             out["zero"] = self.zero.state_dict()
             out["tail_zero"] = self.tail_zero.state_dict()
+            out["side_zero"] = self.side_zero.state_dict()
         return out
 
 
@@ -162,7 +174,7 @@ def same(a, b, where):
             raise AssertionError(f"{where}: {a} != {b}")
     elif isinstance(a, dict):
         if not isinstance(b, dict) or set(a) != set(b):
-            raise AssertionError(f"{where}: keys {sorted(a, key=str)} != {sorted(b, key=str) if isinstance(b, dict) else b}")
+            raise AssertionError(f"{where}: {a} != {b}")
         for k in a:
             same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
@@ -299,7 +311,7 @@ def reshard(rank, world, tmp):
         raise AssertionError("load_latest did not find step 6")
     got = job.tensors()
     for k, v in saved["tensors"].items():
-        if k.split(".")[0] in ("net", "head", "tail"):
+        if k.split(".")[0] in ("net", "head", "tail", "side"):
             same(v, got[k], k)
     same(saved["tensors"]["meta"], got["meta"], "meta")
     same(saved["tensors"]["sched"], got["sched"], "sched")
@@ -308,6 +320,7 @@ def reshard(rank, world, tmp):
     if rank == 0:
         same(saved["optimizers"]["zero"], opts["zero"], "zero")
         same(saved["optimizers"]["tail_zero"], opts["tail_zero"], "tail_zero")
+        same(saved["optimizers"]["side_zero"], opts["side_zero"], "side_zero")
     passed(rank, f"the ZeROs and the replicated items saved at another world size load at {world} ranks, "
                  "the model and the consolidated optimizer states bitwise step 6's")
     per_rank = dopt.Checkpointer(os.path.join(tmp, "sync"))
