@@ -31,10 +31,15 @@ import re
 import struct
 
 import torch
+from torch.distributed.optim import PostLocalSGDOptimizer as TorchPostLocalSGD
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 
 from . import _C
 from ._tensor import to_dopt
 from .distributed import resolve_process_group
+from .optim import Optimizer as DoptOptimizer
+from .post_local_sgd import PostLocalSGDOptimizer
+from .zero import ZeroRedundancyOptimizer
 
 __all__ = ["Checkpointer"]
 
@@ -108,14 +113,14 @@ class _Item:
     def before_save(self, ckpt):
         pass
 
-    def after_save(self):
-        pass
-
     def before_load(self, ckpt, folder):
         pass
 
     def after_load(self):
         pass
+
+    def release(self):
+        """After a save or a load, done or failed: lets go of what it held for it."""
 
 
 class _Tensors(_Item):
@@ -196,8 +201,8 @@ class _PythonState(_Item):
         torch.save(self.obj.state_dict(), out)
         self._hold(torch.frombuffer(bytearray(out.getbuffer()), dtype=torch.uint8))
 
-    def after_save(self):
-        self._hold(torch.zeros(1, dtype=torch.uint8))  # the save copied it
+    def release(self):
+        self._hold(torch.zeros(1, dtype=torch.uint8))
 
     def before_load(self, ckpt, folder):
         if folder is None:
@@ -210,7 +215,7 @@ class _PythonState(_Item):
 
     def after_load(self):
         state = torch.load(io.BytesIO(self._buf.numpy().tobytes()), map_location="cpu")
-        self._hold(torch.zeros(1, dtype=torch.uint8))
+        self.release()
         self.obj.load_state_dict(state)
 
 
@@ -267,33 +272,20 @@ class _Extras(_Item):
 
 # --- the Checkpointer ------------------------------------------------------------------
 
-def _is_kernel_zero(opt):
-    from .zero import ZeroRedundancyOptimizer
-    return isinstance(opt, ZeroRedundancyOptimizer) and opt.uses_dopt_kernels
-
-
-def _consolidates(opt):
-    """A ZeRO whose state lives in Python: dopt's over a class dopt does not
-    compute, or torch's own."""
-    from .zero import ZeroRedundancyOptimizer
-    if isinstance(opt, ZeroRedundancyOptimizer):
-        return not opt.uses_dopt_kernels
-    try:
-        from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
-    except ImportError:
-        return False
-    return isinstance(opt, TorchZero)
-
-
-def _is_post_local_sgd(opt):
-    from .post_local_sgd import PostLocalSGDOptimizer
-    if isinstance(opt, PostLocalSGDOptimizer):
-        return True
-    try:
-        from torch.distributed.optim import PostLocalSGDOptimizer as TorchPostLocalSGD
-    except ImportError:
-        return False
-    return isinstance(opt, TorchPostLocalSGD)
+def _route(optimizer):
+    """How an optimizer's state is saved: "zero" (dopt's C++ ZeRO, sharded),
+    "consolidate" (a ZeRO whose state lives in Python: dopt's over a class
+    dopt does not compute, or torch's own), "post_local_sgd" (Python, per
+    rank), "dopt" (a dopt.optim optimizer, C++) or "python" (its state_dict)."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return "zero" if optimizer.uses_dopt_kernels else "consolidate"
+    if isinstance(optimizer, TorchZero):
+        return "consolidate"
+    if isinstance(optimizer, (PostLocalSGDOptimizer, TorchPostLocalSGD)):
+        return "post_local_sgd"
+    if isinstance(optimizer, DoptOptimizer):
+        return "dopt"
+    return "python"
 
 
 class Checkpointer:
@@ -376,26 +368,26 @@ class Checkpointer:
         * ``dopt.PostLocalSGDOptimizer`` (or torch's): its state dict, per rank;
         * any other ``torch.optim.Optimizer``: its ``state_dict()``,
           ``torch.save``d, "replicated" by default or "per_rank"."""
-        from .optim import Optimizer as DoptOptimizer
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("dopt Checkpointer.add_optimizer: expected a torch.optim.Optimizer (dopt's or torch's), "
                             f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}")
-        if _is_kernel_zero(optimizer) or _consolidates(optimizer):
+        route = _route(optimizer)
+        if route in ("zero", "consolidate"):
             if placement not in (None, "sharded"):
                 raise _C.ValueError(f"dopt Checkpointer.add_optimizer: '{name}' is a ZeroRedundancyOptimizer, whose "
                                     f"state is sharded; leave placement out (got {placement!r})")
             self._check_zero_group(name, optimizer)
-            if _is_kernel_zero(optimizer):
-                self._c.add_zero(name, optimizer._c)
-                self._items.append(_DoptState(name, optimizer))
-            else:
-                self._add_python_state(name, optimizer, "replicated", consolidate=True)
-        elif _is_post_local_sgd(optimizer):
+        if route == "zero":
+            self._c.add_zero(name, optimizer._c)
+            self._items.append(_DoptState(name, optimizer))
+        elif route == "consolidate":
+            self._add_python_state(name, optimizer, "replicated", consolidate=True)
+        elif route == "post_local_sgd":
             if placement not in (None, "per_rank"):
                 raise _C.ValueError(f"dopt Checkpointer.add_optimizer: '{name}' is a PostLocalSGDOptimizer, whose "
                                     f"state is each rank's own; leave placement out (got {placement!r})")
             self._add_python_state(name, optimizer, "per_rank", consolidate=False)
-        elif isinstance(optimizer, DoptOptimizer):
+        elif route == "dopt":
             self._c.add_optimizer(name, optimizer._c, _placement(placement or "replicated", "add_optimizer"))
             self._items.append(_DoptState(name, optimizer))
         else:
@@ -455,12 +447,12 @@ class Checkpointer:
         (``done()``, ``wait()``, ``result()``); the files are written and
         committed in the background. Waits first for the save still in flight."""
         step = self._step(step, "save")
-        self._agree(self._each(lambda item: item.before_save(self)), "save", "nothing was saved")
         try:
+            self._agree(self._each(lambda item: item.before_save(self)), "save", "nothing was saved")
             return self._c.save_async(step)
         finally:
             for item in self._items:
-                item.after_save()
+                item.release()  # the save copied what it needs
 
     def wait(self):
         """Waits for the save in flight, if any, and raises its error (local)."""
@@ -469,17 +461,25 @@ class Checkpointer:
     def load(self, step):
         """Loads checkpoint ``step`` into the registered items."""
         step = self._step(step, "load")
-        self._before_load(_step_folder(self.dir, step))
-        self._c.load(step)
-        self._after_load()
+        try:
+            self._before_load(_step_folder(self.dir, step))
+            self._c.load(step)
+            self._after_load()
+        finally:
+            for item in self._items:
+                item.release()
 
     def load_latest(self):
         """Loads the complete checkpoint of the highest step and returns its
         step, or None when there is none (a ``.tmp`` folder is incomplete)."""
-        self._before_load(_latest_folder(self.dir))
-        step = self._c.load_latest()
-        if step is not None:
-            self._after_load()
+        try:
+            self._before_load(_latest_folder(self.dir))
+            step = self._c.load_latest()
+            if step is not None:
+                self._after_load()
+        finally:
+            for item in self._items:
+                item.release()
         return step
 
     # --- helpers ------------------------------------------------------------------------
