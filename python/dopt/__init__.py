@@ -12,7 +12,7 @@ dopt's rendezvous stays clear of torch's MASTER_PORT.
 """
 from . import _C
 from ._C import (Error, ValueError, TypeError, KeyError, StateError, StateDictError, NotSupportedError,  # noqa: A004
-                 TimeoutError, CollectiveMismatchError, PeerLostError)
+                 TimeoutError, CollectiveMismatchError, PeerLostError, IOError)
 from ._groups import registered_optimizers
 from ._tensor import to_dopt, to_torch
 from .distributed import (ProcessGroup, init_process_group, is_initialized, get_world, get_rank,
@@ -25,10 +25,11 @@ from .post_local_sgd import PostLocalSGDOptimizer
 from .functional import as_functional_optim
 from . import rpc
 from .distributed_optimizer import DistributedOptimizer
+from .checkpoint import Checkpointer
 
 __version__ = "0.1.0"
 
 __all__ = ["ZeroRedundancyOptimizer", "PostLocalSGDOptimizer", "DistributedOptimizer", "as_functional_optim",
-           "optim", "averagers", "rpc", "init_process_group", "is_initialized", "get_world", "get_rank",
+           "Checkpointer", "optim", "averagers", "rpc", "init_process_group", "is_initialized", "get_world", "get_rank",
            "get_world_size", "new_group", "new_subgroups", "destroy_process_group", "ProcessGroup",
            "registered_optimizers", "to_dopt", "to_torch", "Error"]

@@ -1,6 +1,10 @@
 // dopt._C: the compiled part of the Python package `dopt` (see python/dopt).
 #include "convert.hpp"
 
+namespace dopt::python {
+void bind_checkpointer(py::module_& m);  // checkpointer.cpp
+}  // namespace dopt::python
+
 PYBIND11_MODULE(_C, m) {
   using namespace dopt::python;
   m.doc() = "dopt's C++ core for the Python package (use the `dopt` package, not this module)";
@@ -10,4 +14,5 @@ PYBIND11_MODULE(_C, m) {
   bind_optim(m);
   bind_zero(m);
   bind_rpc(m);
+  bind_checkpointer(m);
 }
