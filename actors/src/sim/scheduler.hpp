@@ -29,7 +29,7 @@
 
 #include "dopt/actors/sim.hpp"
 #include "dopt/actors/sim_hooks.hpp"
-#include "engine/peer_table.hpp"
+#include "plane/peer_table.hpp"
 
 namespace dopt::detail::sim {
 
