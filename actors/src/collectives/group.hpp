@@ -1,6 +1,7 @@
 #pragma once
-// Internal to dopt_actors: what the user-facing ProcessGroup hands to its
-// rank actor, without CAF types (only rank_actor.cpp includes CAF).
+// Internal to dopt_actors: a group's state behind ProcessGroup, and what the
+// user-facing ProcessGroup hands to its rank actor (RankEndpoint), without
+// CAF types (only the rank actor's sources include CAF).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -20,11 +21,6 @@
 #include "plane/peer_table.hpp"
 #include "plane/plane.hpp"
 
-namespace caf {
-class actor_system;
-class actor;
-}
-
 namespace dopt::detail {
 
 /// A rank's endpoint: how user threads reach their rank actor.
@@ -39,29 +35,6 @@ class RankEndpoint {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 };
-
-/// The runtime's actor system (StateError naming op once shut down).
-caf::actor_system& runtime_system(class RuntimeImpl& rt, const char* op);
-/// stop() runs in Runtime::shutdown, before CAF's threads are joined: it must
-/// make the actors it stands for exit and drop their handles.
-void runtime_add_stopper(class RuntimeImpl& rt, std::function<void()> stop);
-
-/// Spawns world_size connected rank actors (in-process transport) in any
-/// actor system, e.g. the deterministic one of CAF's test coordinator
-/// fixture (actors/src/protocol.test.cpp). actors (if not null) receives
-/// their handles. Each endpoint stops its actor when destroyed.
-std::vector<std::shared_ptr<RankEndpoint>> spawn_rank_actors(caf::actor_system& sys, int world_size,
-                                                              std::chrono::milliseconds timeout,
-                                                              std::vector<caf::actor>* actors,
-                                                              std::shared_ptr<PeerTable> table = nullptr);
-
-/// Spawns world_size connected rank actors in rt (in-process transport),
-/// sharing one PeerTable. Each endpoint stops its actor when destroyed.
-struct LocalWorld {
-  std::vector<std::shared_ptr<RankEndpoint>> endpoints;
-  std::shared_ptr<PeerTable> table;
-};
-LocalWorld spawn_local_world(class RuntimeImpl& rt, int world_size);
 
 struct GroupImpl {
   std::shared_ptr<RankEndpoint> endpoint;
@@ -96,15 +69,4 @@ Future<void> emulate_all_reduce_coalesced(ProcessGroup& pg, const std::vector<Te
 Future<void> emulate_broadcast_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors, int src,
                                          bool blocking);
 
-}  // namespace dopt::detail
-
-namespace dopt {
-struct LaunchEnv;
-struct InitOptions;
-class Runtime;
-}  // namespace dopt
-
-namespace dopt::detail {
-/// distributed.hpp's init_process_group (runtime.cpp: it spawns the rank actor).
-ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& env, const InitOptions& options);
 }  // namespace dopt::detail

@@ -3,7 +3,7 @@
 #include "collectives/access.hpp"
 
 #include "dopt/runtime/error.hpp"
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 
 namespace dopt {
 

@@ -14,7 +14,7 @@
 #include "caf/io/all.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/notice.hpp"
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 #include "core/caf_thread.hpp"
 #include "core/rendezvous_internal.hpp"
 #include "dopt/runtime/torch_store.hpp"

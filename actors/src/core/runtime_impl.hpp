@@ -12,7 +12,7 @@
 #include "dopt/actors/runtime.hpp"
 #include "dopt/runtime/parallel.hpp"
 #include "transport/actor/messages.hpp"
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 
 namespace dopt::detail {
 

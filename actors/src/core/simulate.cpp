@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 #include "transport/shm/shm_plane.hpp"
 #include "sim/scheduler.hpp"
 

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "core/host_identity.hpp"
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 #include "core/rendezvous_internal.hpp"
 #include "core/secure_link.hpp"
 

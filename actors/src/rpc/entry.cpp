@@ -9,7 +9,7 @@
 #include "caf/io/all.hpp"
 #include "collectives/access.hpp"
 #include "core/caf_thread.hpp"
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 #include "core/rendezvous_internal.hpp"
 #include "rpc/core.hpp"
 #include "sim/scheduler.hpp"

@@ -30,7 +30,7 @@
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/error.hpp"
 #include "collectives/access.hpp"
-#include "collectives/group.hpp"
+#include "core/ranks.hpp"
 
 namespace {
 
