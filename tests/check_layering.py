@@ -10,7 +10,13 @@ across ranks and to recover from a lost rank) includes none of the others; ddp/ 
 local_sgd/ only survive/ and ddp/ (not each other); rpc_optim/ only survive/.
 A public header dopt/distributed/<name>.hpp counts as part of the folder that
 implements it (PUBLIC_HOME). Unit tests (*.test.cpp) and the headers that only
-tests include may cross folders: they test how the pieces work together."""
+tests include may cross folders: they test how the pieces work together.
+
+Within actors/, the same check with ACTORS_ALLOWED: plane/ (the seam) below
+sim/, collectives/ and the transports (transport/<name>/), those below core/,
+rpc/ on top; dopt/actors/detail/ and internal/ below all of them
+(docs/architecture.md, "Inside actors/"). An installed actors header includes
+no header of the library's sources and none of internal/."""
 import pathlib, re, sys
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -1,4 +1,4 @@
-#include "dopt/actors/device_backend.hpp"
+#include "dopt/actors/internal/device_backend.hpp"
 
 #include "collectives/access.hpp"
 #include "dopt/runtime/device_registry.hpp"

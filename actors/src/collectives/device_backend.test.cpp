@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/actors/device_backend.hpp"
+#include "dopt/actors/internal/device_backend.hpp"
 #include "dopt/actors/simulate.hpp"
 
 using namespace dopt;

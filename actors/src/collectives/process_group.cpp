@@ -5,7 +5,7 @@
 #include <functional>
 #include <set>
 
-#include "dopt/actors/device_backend.hpp"
+#include "dopt/actors/internal/device_backend.hpp"
 #include "collectives/group.hpp"
 
 namespace dopt {

@@ -1,6 +1,6 @@
 #include "plane/executor.hpp"
 
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 
 namespace dopt::detail {
 

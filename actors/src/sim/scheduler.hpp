@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "dopt/actors/sim.hpp"
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "plane/peer_table.hpp"
 
 namespace dopt::detail::sim {

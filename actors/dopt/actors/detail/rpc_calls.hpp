@@ -2,15 +2,13 @@
 // type-erased function entries, RRef holds. Not an API of its own (names
 // here may change); include dopt/actors/rpc.hpp, which includes this file at
 // the point where its templates need it.
-#ifndef DOPT_RPC_DETAIL_FROM_RPC_HPP
+#ifndef DOPT_RPC_CALLS_FROM_RPC_HPP
 #include "dopt/actors/rpc.hpp"  // included alone: rpc.hpp brings this file in
-#elif !defined(DOPT_ACTORS_RPC_DETAIL_HPP)
-#define DOPT_ACTORS_RPC_DETAIL_HPP
-#include <atomic>
+#elif !defined(DOPT_ACTORS_DETAIL_RPC_CALLS_HPP)
+#define DOPT_ACTORS_DETAIL_RPC_CALLS_HPP
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -25,29 +23,6 @@
 namespace dopt::rpc {
 
 namespace detail {
-
-/// A mutex that a function served by an agent may hold across an RPC call
-/// or a future wait: in deterministic rpc::simulate a thread that waits for
-/// it gives the scheduler's baton up instead of blocking the thread that
-/// holds it. Otherwise a std::mutex.
-class ServedMutex {
- public:
-  void lock() {
-    if (::dopt::detail::sim::active()) [[unlikely]]
-      ::dopt::detail::sim::block([this] { return !held_.load(std::memory_order_acquire); }, std::nullopt,
-                                 "rpc mutex");
-    m_.lock();
-    held_.store(true, std::memory_order_release);
-  }
-  void unlock() {
-    held_.store(false, std::memory_order_release);
-    m_.unlock();
-  }
-
- private:
-  std::mutex m_;
-  std::atomic<bool> held_{false};
-};
 
 /// A value owned by a worker, type-erased.
 struct ObjectValue {

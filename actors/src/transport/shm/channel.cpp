@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/runtime/parallel.hpp"
 #include "transport/shm/futex.hpp"
 

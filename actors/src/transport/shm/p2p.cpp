@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "plane/failure.hpp"
 #include "transport/shm/futex.hpp"
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "transport/shm/algorithms.hpp"
 
 namespace dopt::detail::shm_plane {
