@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "../actors/src/planes/tcp/ring.hpp"
+#include "dopt/actors/detail/ring.hpp"
 
 using dopt::DType;
 using dopt::ReduceOp;

@@ -1,5 +1,5 @@
 // Fuzz target: the framing check in front of CAF's BASP
-// (actors/src/basp_frame_check.hpp), on both sides of a connection and with
+// (actors/src/core/basp_frame_check.hpp), on both sides of a connection and with
 // the bounds of a rendezvous without a secret. The verdict must not depend
 // on how the bytes are cut into reads.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "basp_frame_check.hpp"
+#include "core/basp_frame_check.hpp"
 
 using dopt::detail::BaspFrameCheck;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "basp_frame_check.hpp"
+#include "core/basp_frame_check.hpp"
 #include "fuzz_common.hpp"
 #include "dopt/actors/rpc_serialize.hpp"
 #include "dopt/runtime/handshake.hpp"

@@ -22,7 +22,7 @@
 
 3. docs/torch-to-dopt.md names every installed header (every header of a
    component's dopt/<name>/ tree except those its CMakeLists.txt lists as
-   INTERNAL_HEADERS) in its API index.
+   INTERNAL_HEADERS and those in an internal/ folder) in its API index.
 
 Usage: check_docs.py <repository root>. Exit status 0 when all is well, 1 with
 one line per problem otherwise.
@@ -66,7 +66,8 @@ def installed_headers(root: Path):
     internal = internal_headers(root)
     out = []
     for comp in ("runtime", "actors", "optim", "distributed", "gpu", "libtorch"):
-        out += [h for h in sorted((root / comp / "dopt").rglob("*.hpp")) if (comp, h.name) not in internal]
+        out += [h for h in sorted((root / comp / "dopt").rglob("*.hpp"))
+                if (comp, h.name) not in internal and "internal" not in h.parent.parts]
     return out
 
 

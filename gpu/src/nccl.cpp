@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "cuda_util.hpp"
-#include "dopt/actors/device_backend.hpp"
+#include "dopt/actors/internal/device_backend.hpp"
 #include "dopt/gpu/device.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "nccl_errors.hpp"

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "dopt/actors/device_backend.hpp"
+#include "dopt/actors/internal/device_backend.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/distributed/device_ops.hpp"
 #include "dopt/optim/device_step.hpp"

@@ -33,7 +33,6 @@
 #include <variant>
 #include <vector>
 
-#include "dopt/actors/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
 
 namespace dopt {
@@ -41,20 +40,22 @@ namespace dopt {
 template <class T> class Future;
 template <class T> class Promise;
 
-namespace detail {
+/// The part of a Future's result slot that does not depend on T: its lock,
+/// whether it is filled, the continuations to run then, and the waits for
+/// it. Only Future and Promise use it (everything is private). The waits
+/// are out of line: under the deterministic simulation (simulate with
+/// deterministic = true) they are scheduling points.
+class FutureSlot {
+  template <class> friend class Future;
+  template <class> friend class Promise;
 
-template <class T>
-using stored_t = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
+ protected:
+  FutureSlot() = default;
 
-template <class T>
-struct FutureState {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool ready = false;
-  std::optional<stored_t<T>> value;
-  std::exception_ptr error;
-  std::vector<std::function<void()>> callbacks;
+ private:
 
+  /// Runs fill() and marks the slot filled unless it already was; then wakes
+  /// the waiters and runs the continuations (on this thread). False: it was.
   template <class Fill>
   bool fill(Fill&& f) {
     std::vector<std::function<void()>> cbs;
@@ -69,12 +70,20 @@ struct FutureState {
     for (auto& cb : cbs) cb();
     return true;
   }
+  bool is_ready() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return ready;
+  }
+  /// Blocks until filled.
+  void wait();
+  /// Blocks until filled or `timeout` passed; returns whether filled.
+  bool wait_for(std::chrono::nanoseconds timeout);
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool ready = false;
+  std::vector<std::function<void()>> callbacks;
 };
-
-template <class T> struct is_future : std::false_type {};
-template <class T> struct is_future<Future<T>> : std::true_type {};
-
-}  // namespace detail
 
 template <class T>
 class Future {
@@ -84,35 +93,19 @@ class Future {
 
   bool valid() const noexcept { return state_ != nullptr; }
 
-  bool is_ready() const {
-    auto& s = state("Future.is_ready");
-    std::lock_guard<std::mutex> lock(s.mutex);
-    return s.ready;
-  }
+  bool is_ready() const { return state("Future.is_ready").is_ready(); }
 
-  void wait() const {
-    auto& s = state("Future.wait");
-    if (detail::sim::active()) [[unlikely]]  // deterministic simulation: a scheduling point
-      detail::sim::block([&] { std::lock_guard<std::mutex> g(s.mutex); return s.ready; }, std::nullopt, "future");
-    std::unique_lock<std::mutex> lock(s.mutex);
-    s.cv.wait(lock, [&] { return s.ready; });
-  }
+  void wait() const { state("Future.wait").wait(); }
 
   /// Waits at most `timeout`; returns whether the result is there.
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
     auto& s = state("Future.wait_for");
-    if (detail::sim::active()) [[unlikely]] {  // virtual time
-      const bool simulated = detail::sim::block([&] { std::lock_guard<std::mutex> g(s.mutex); return s.ready; },
-                                                detail::sim::now() + std::chrono::duration_cast<detail::sim::Clock::duration>(timeout),
-                                                "future");
-      if (simulated) {
-        std::lock_guard<std::mutex> lock(s.mutex);
-        return s.ready;
-      }
-    }
-    std::unique_lock<std::mutex> lock(s.mutex);
-    return s.cv.wait_for(lock, timeout, [&] { return s.ready; });
+    // Longer than a century waits as long as a century (no overflow in nanoseconds).
+    constexpr std::chrono::duration<double> longest(3.2e9);
+    if (std::chrono::duration<double>(timeout) > longest)
+      return s.wait_for(std::chrono::duration_cast<std::chrono::nanoseconds>(longest));
+    return s.wait_for(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
   }
 
   /// Waits, then returns the value or rethrows the carried exception.
@@ -162,12 +155,17 @@ class Future {
 
  private:
   friend class Promise<T>;
-  explicit Future(std::shared_ptr<detail::FutureState<T>> s) : state_(std::move(s)) {}
-  detail::FutureState<T>& state(const char* op) const {
+  /// The slot with its value or exception.
+  struct State : FutureSlot {
+    std::optional<std::conditional_t<std::is_void_v<T>, std::monostate, T>> value;
+    std::exception_ptr error;
+  };
+  explicit Future(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  State& state(const char* op) const {
     if (!state_) throw StateError(op, "the future is invalid (default-constructed)");
     return *state_;
   }
-  std::shared_ptr<detail::FutureState<T>> state_;
+  std::shared_ptr<State> state_;
 };
 
 /// The writing end of a Future. Copies share the slot; the first fill wins,
@@ -175,7 +173,7 @@ class Future {
 template <class T>
 class Promise {
  public:
-  Promise() : state_(std::make_shared<detail::FutureState<T>>()) {}
+  Promise() : state_(std::make_shared<State>()) {}
 
   Future<T> get_future() const { return Future<T>(state_); }
 
@@ -192,13 +190,11 @@ class Promise {
   bool set_exception(std::exception_ptr e) const {
     return state_->fill([&] { state_->error = std::move(e); });
   }
-  bool is_filled() const {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->ready;
-  }
+  bool is_filled() const { return state_->is_ready(); }
 
  private:
-  std::shared_ptr<detail::FutureState<T>> state_;
+  using State = typename Future<T>::State;
+  std::shared_ptr<State> state_;
 };
 
 /// Waits for f and, when it failed and `first` holds no error yet, keeps its

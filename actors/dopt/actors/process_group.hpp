@@ -24,7 +24,7 @@
 // copies are made other than the output writes themselves. A tensor passed to
 // an async call must not be touched until its future is ready.
 // CUDA tensors go to the device backend that gpu::init() registers (NCCL;
-// dopt/actors/device_backend.hpp, dopt/gpu/nccl.hpp); without one they are a
+// dopt/gpu/nccl.hpp, docs/gpu.md); without one they are a
 // DeviceError.
 //
 // Reductions: element i of the result is

@@ -171,8 +171,8 @@ class GradContext;
 }  // namespace dopt::rpc
 
 // The code the templates below expand to (not an API of its own).
-#define DOPT_RPC_DETAIL_FROM_RPC_HPP
-#include "dopt/actors/rpc_detail.hpp"
+#define DOPT_RPC_CALLS_FROM_RPC_HPP
+#include "dopt/actors/detail/rpc_calls.hpp"
 
 namespace dopt::rpc {
 

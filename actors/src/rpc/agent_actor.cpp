@@ -1,7 +1,7 @@
 // The agent of a worker as a CAF actor: the link of threads and real
 // processes. Its messages are the wire format (core.hpp); what it does with
 // each is in handlers.cpp.
-#include "caf_thread.hpp"
+#include "core/caf_thread.hpp"
 #include "rpc/handlers.hpp"
 
 namespace dopt::rpc::detail {

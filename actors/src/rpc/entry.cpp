@@ -7,13 +7,13 @@
 #include <thread>
 
 #include "caf/io/all.hpp"
-#include "access.hpp"
-#include "caf_thread.hpp"
-#include "internal.hpp"
-#include "rendezvous_internal.hpp"
+#include "collectives/access.hpp"
+#include "core/caf_thread.hpp"
+#include "core/ranks.hpp"
+#include "core/rendezvous_internal.hpp"
 #include "rpc/core.hpp"
 #include "sim/scheduler.hpp"
-#include "world_setup.hpp"
+#include "core/world_setup.hpp"
 
 namespace dopt::rpc {
 

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 
 namespace dopt::rpc::detail {
 

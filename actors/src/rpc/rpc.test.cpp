@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 
+#include "dopt/actors/internal/served_mutex.hpp"
 #include "dopt/actors/rpc.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "rpc/testing.hpp"

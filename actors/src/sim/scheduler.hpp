@@ -3,7 +3,7 @@
 //
 // Every thread of a simulation is a Task backed by its own OS thread; one
 // baton passes between them and only its holder runs. A task gives the
-// baton up at the hooks of dopt/actors/sim_hooks.hpp (block, yield, the end
+// baton up at the hooks of dopt/actors/internal/sim_hooks.hpp (block, yield, the end
 // of its thread); the giving thread then picks the next holder itself (there
 // is no scheduler thread): among the runnable tasks (yielded, new, or blocked
 // with a ready() that now holds) one drawn by the seeded generator; when none
@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "dopt/actors/sim.hpp"
-#include "dopt/actors/sim_hooks.hpp"
-#include "engine/peer_table.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
+#include "plane/peer_table.hpp"
 
 namespace dopt::detail::sim {
 

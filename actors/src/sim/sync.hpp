@@ -1,13 +1,13 @@
 #pragma once
 // Internal to dopt_actors: more hooks of the deterministic scheduler (beside
-// dopt/actors/sim_hooks.hpp) for the RPC agents and ProcessGroup::shrink.
+// dopt/actors/internal/sim_hooks.hpp) for the RPC agents and ProcessGroup::shrink.
 // Each does what its plain counterpart does when the caller is not simulated.
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
 
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 
 namespace dopt::detail::sim {
 

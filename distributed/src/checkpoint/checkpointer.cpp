@@ -18,7 +18,7 @@
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/zero.hpp"
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
 
 namespace dopt {

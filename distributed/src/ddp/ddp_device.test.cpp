@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/actors/device_backend.hpp"
+#include "dopt/actors/internal/device_backend.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
 #include "dopt/distributed/comm_hooks.hpp"

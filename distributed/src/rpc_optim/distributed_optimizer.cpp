@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "distributed_optimizer_detail.hpp"
+#include "dopt/actors/internal/served_mutex.hpp"
 #include "dopt/actors/rpc_membership.hpp"
 
 namespace dopt::optim {

@@ -31,6 +31,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "survive_replicated_scenarios.hpp"
 #include "survive_util.hpp"
 

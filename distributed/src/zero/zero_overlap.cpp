@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "dopt/actors/join.hpp"
-#include "dopt/actors/sim_hooks.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "survive/agreement.hpp"
 #include "zero_core.hpp"
 #include "zero_internal.hpp"

@@ -4,7 +4,7 @@
 // An NcclProcessGroup is one rank's NCCL communicator for the members of a
 // CPU ProcessGroup, on one CUDA device. Two ways to use it:
 //  * Implicitly: after gpu::init(), ProcessGroup collectives whose tensors
-//    are CUDA tensors go to NCCL (dopt/actors/device_backend.hpp). The first
+//    are CUDA tensors go to NCCL (dopt/actors/internal/device_backend.hpp). The first
 //    CUDA collective on a group creates that group's communicator on the
 //    tensor's device (make_nccl_group over the group), so it is, like every
 //    collective, called by every member in the same order. Code written for

@@ -1,0 +1,72 @@
+#pragma once
+// Internal to dopt_actors: a group's state behind ProcessGroup, and what the
+// user-facing ProcessGroup hands to its rank actor (RankEndpoint), without
+// CAF types (only the rank actor's sources include CAF).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/runtime/tensor.hpp"
+#include "plane/op.hpp"
+#include "plane/peer_table.hpp"
+#include "plane/plane.hpp"
+
+namespace dopt::detail {
+
+/// A rank's endpoint: how user threads reach their rank actor.
+class RankEndpoint {
+ public:
+  virtual ~RankEndpoint() = default;
+  /// Hands op to the rank actor (non-blocking). The actor fills op->promise.
+  virtual void post(std::shared_ptr<Op> op) = 0;
+  /// Tells the rank actor that this rank's user code failed (what = reason);
+  /// the actor tells its peers, whose waits on this rank fail with PeerLostError.
+  virtual void report_failure(std::string what) = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+};
+
+struct GroupImpl {
+  std::shared_ptr<RankEndpoint> endpoint;
+  std::uint64_t gid = 0;
+  std::shared_ptr<const std::vector<int>> members;
+  int my_grank = -1;
+  bool is_world = false;
+  /// Ranks per node (LOCAL_WORLD_SIZE) for new_subgroups(0); 0: all on one node.
+  int local_world_size = 0;
+  std::atomic<std::int64_t> timeout_ms{0};
+  std::atomic<std::uint64_t> next_seq{0};
+  std::mutex p2p_mutex;
+  std::map<std::pair<int, int>, std::uint64_t> send_seq;  // (dst global, tag)
+  std::map<std::pair<int, int>, std::uint64_t> recv_seq;  // (src global, tag)
+  /// Where the group's collectives run (null: the rank actor, through endpoint).
+  std::shared_ptr<GroupPlane> plane;
+  /// This process's view of every rank's liveness (shrink() reads it).
+  std::shared_ptr<PeerTable> peers;
+  /// A group made by shrink(): the id of the group its line started from.
+  std::optional<std::uint64_t> origin;
+};
+
+/// An all_reduce of one tensor with the coalesced call's options (order,
+/// pre-division), on any plane.
+Future<void> all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
+                             bool blocking);
+
+/// ProcessGroup's coalesced calls on a plane that does not run them: one
+/// flat copy of the tensors, one collective, the results copied back.
+Future<void> emulate_all_reduce_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors,
+                                          const AllReduceCoalescedOptions& options, bool blocking);
+Future<void> emulate_broadcast_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors, int src,
+                                         bool blocking);
+
+}  // namespace dopt::detail

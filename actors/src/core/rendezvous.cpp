@@ -1,0 +1,591 @@
+// Rendezvous of real processes over CAF's middleman (see rendezvous.hpp).
+#include "dopt/actors/rendezvous.hpp"
+#include "collectives/access.hpp"
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <random>
+#include <thread>
+
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "dopt/runtime/error.hpp"
+#include "dopt/runtime/notice.hpp"
+#include "core/ranks.hpp"
+#include "core/caf_thread.hpp"
+#include "core/rendezvous_internal.hpp"
+#include "dopt/runtime/torch_store.hpp"
+#include "core/secure_link.hpp"
+
+namespace dopt::detail {
+
+using rdv_reg_atom = caf::atom_constant<caf::atom("rdvreg")>;
+using rdv_bar_atom = caf::atom_constant<caf::atom("rdvbar")>;
+using rdv_tmo_atom = caf::atom_constant<caf::atom("rdvtmo")>;
+using rdv_btmo_atom = caf::atom_constant<caf::atom("rdvbtmo")>;
+using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
+using rdv_fail_atom = caf::atom_constant<caf::atom("rdvfail")>;
+using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
+using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
+using rdv_note_atom = caf::atom_constant<caf::atom("rdvnote")>;  // (rdvnote, after_ms): say who is missing
+
+namespace {
+
+// Reply kinds: every reply is (int kind, std::string message, Table table,
+// Table payloads, std::vector<std::string> infos): the rendezvous actors, and
+// what each rank registered alongside (its rank actor and host info, for
+// init_process_group; the rendezvous actor itself and "" for rendezvous()).
+enum ReplyKind : int { k_ok = 0, k_timeout = 1, k_value = 2, k_state = 3, k_peer = 4 };
+
+using Table = std::vector<caf::actor>;
+
+std::string join_ranks(const std::vector<int>& rs) {
+  std::string s;
+  for (int r : rs) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+struct BarrierState {
+  std::set<int> arrived;
+  std::vector<caf::response_promise> waiting;
+};
+
+struct CoordState {
+  int world = 1;
+  Table table;
+  Table payloads;
+  std::vector<std::string> infos;
+  std::vector<bool> have;
+  int arrived = 0;
+  std::vector<caf::response_promise> pending;
+  bool done = false;
+  int fail_kind = k_ok;
+  std::string fail_msg;
+  std::map<std::uint64_t, BarrierState> barriers;
+  std::map<std::uint64_t, std::string> failed_barriers;
+  // The first failure a rank reported after the registration (it could not
+  // connect to a peer, ...): every barrier from then on fails with it.
+  std::string setup_failure;
+  // Set once the world is complete: the rendezvous port then turns every
+  // newcomer away in its handshake.
+  std::shared_ptr<std::atomic<bool>> closed;
+  static const char* name;
+
+  void fail_all(int kind, std::string msg) {
+    fail_kind = kind;
+    fail_msg = std::move(msg);
+    for (auto& rp : pending) rp.deliver(fail_kind, fail_msg, Table{}, Table{}, std::vector<std::string>{});
+    pending.clear();
+  }
+};
+const char* CoordState::name = "dopt.rendezvous";
+
+caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms,
+                          std::shared_ptr<std::atomic<bool>> closed, std::string session_key) {
+  auto& s = self->state;
+  s.world = world;
+  s.closed = std::move(closed);
+  s.table.resize(static_cast<std::size_t>(world));
+  s.payloads.resize(static_cast<std::size_t>(world));
+  s.infos.resize(static_cast<std::size_t>(world));
+  s.have.assign(static_cast<std::size_t>(world), false);
+  self->delayed_send(self, std::chrono::milliseconds(timeout_ms), rdv_tmo_atom::value, timeout_ms);
+  // While ranks are missing, rank 0 says so after 10 s and then every 30 s.
+  if (timeout_ms > 10000) self->delayed_send(self, std::chrono::seconds(10), rdv_note_atom::value, std::int64_t{10000});
+  // A rank that registered and is then lost before the world is complete
+  // fails every rank at once (the world cannot form without it), naming it.
+  self->set_down_handler([self](const caf::down_msg& dm) {  // (dm.reason: remote_link_unreachable)
+    auto& st = self->state;
+    if (st.done || st.fail_kind != k_ok) return;
+    for (int r = 0; r < st.world; ++r)
+      if (st.have[static_cast<std::size_t>(r)] && st.table[static_cast<std::size_t>(r)].address() == dm.source) {
+        st.fail_all(k_peer, "rank " + std::to_string(r) +
+                                " joined the rendezvous and was lost before every rank had joined (its process "
+                                "died or its connection broke); the world cannot form without it");
+        return;
+      }
+  });
+  return {
+      [self, timeout_ms](rdv_note_atom, std::int64_t after_ms) {
+        auto& st = self->state;
+        if (st.done || st.fail_kind != k_ok) return;
+        std::vector<int> missing;
+        for (int r = 0; r < st.world; ++r)
+          if (!st.have[static_cast<std::size_t>(r)]) missing.push_back(r);
+        notice("rendezvous [rank 0]: " + std::to_string(st.arrived) + " of " + std::to_string(st.world) +
+               " ranks have joined after " + std::to_string(after_ms / 1000) + " s; waiting for rank" +
+               (missing.size() == 1 ? " " : "s ") + join_ranks(missing) + " (the limit is " +
+               std::to_string(timeout_ms / 1000) + " s; a rank that never started, or that cannot reach " +
+               "this one, is the usual cause)");
+        const std::int64_t next = after_ms + 30000;
+        if (next < timeout_ms) self->delayed_send(self, std::chrono::milliseconds(next - after_ms), rdv_note_atom::value, next);
+      },
+      [self](rdv_reg_atom, int rank, int world_, const caf::actor& who, const caf::actor& payload,
+             const std::string& info) {
+        auto& st = self->state;
+        auto rp = self->make_response_promise();
+        if (st.fail_kind != k_ok) {
+          rp.deliver(st.fail_kind, st.fail_msg, Table{}, Table{}, std::vector<std::string>{});
+          return;
+        }
+        std::string problem;
+        if (world_ != st.world)
+          problem = "rank " + std::to_string(rank) + " has world size " + std::to_string(world_) +
+                    " but rank 0 has world size " + std::to_string(st.world) +
+                    " (every process needs the same WORLD_SIZE)";
+        else if (rank < 0 || rank >= st.world)
+          problem = "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(st.world) + ")";
+        else if (st.have[static_cast<std::size_t>(rank)])
+          problem = "rank " + std::to_string(rank) +
+                    " registered twice: two processes were started with the same RANK=" + std::to_string(rank) +
+                    " (rank " + std::to_string(rank) + " is already taken)";
+        if (!problem.empty()) {
+          if (st.done) {  // the others are through already: only the newcomer fails
+            rp.deliver(static_cast<int>(k_value), problem, Table{}, Table{}, std::vector<std::string>{});
+            return;
+          }
+          st.pending.push_back(rp);
+          st.fail_all(k_value, problem);
+          return;
+        }
+        st.have[static_cast<std::size_t>(rank)] = true;
+        st.table[static_cast<std::size_t>(rank)] = who;
+        if (rank != 0) self->monitor(who);
+        st.payloads[static_cast<std::size_t>(rank)] = payload;
+        st.infos[static_cast<std::size_t>(rank)] = info;
+        ++st.arrived;
+        st.pending.push_back(rp);
+        if (st.arrived == st.world) {
+          st.done = true;
+          if (st.closed) st.closed->store(true);
+          for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table, st.payloads, st.infos);
+          st.pending.clear();
+        }
+      },
+      [self](rdv_tmo_atom, std::int64_t ms) {
+        auto& st = self->state;
+        if (st.done || st.fail_kind != k_ok) return;
+        std::vector<int> missing, present;
+        for (int r = 0; r < st.world; ++r) (st.have[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
+        st.fail_all(k_timeout, "timed out after " + std::to_string(ms) + " ms: missing ranks: " + join_ranks(missing) +
+                                   " (arrived: " + (present.empty() ? "none" : join_ranks(present)) +
+                                   " of world size " + std::to_string(st.world) + ")");
+      },
+      [self](rdv_bar_atom, std::uint64_t seq, int rank, std::int64_t ms) {
+        auto& st = self->state;
+        auto rp = self->make_response_promise();
+        if (!st.setup_failure.empty()) {
+          rp.deliver(static_cast<int>(k_peer), st.setup_failure, Table{}, Table{}, std::vector<std::string>{});
+          return;
+        }
+        if (auto f = st.failed_barriers.find(seq); f != st.failed_barriers.end()) {
+          rp.deliver(static_cast<int>(k_timeout), f->second, Table{}, Table{}, std::vector<std::string>{});
+          return;
+        }
+        auto [it, fresh] = st.barriers.try_emplace(seq);
+        if (fresh) self->delayed_send(self, std::chrono::milliseconds(ms), rdv_btmo_atom::value, seq, ms);
+        it->second.arrived.insert(rank);
+        it->second.waiting.push_back(rp);
+        if (static_cast<int>(it->second.arrived.size()) == st.world) {
+          for (auto& p : it->second.waiting)
+            p.deliver(static_cast<int>(k_ok), std::string(), Table{}, Table{}, std::vector<std::string>{});
+          st.barriers.erase(it);
+        }
+      },
+      [self](rdv_btmo_atom, std::uint64_t seq, std::int64_t ms) {
+        auto& st = self->state;
+        auto it = st.barriers.find(seq);
+        if (it == st.barriers.end()) return;
+        std::vector<int> missing;
+        for (int r = 0; r < st.world; ++r)
+          if (!it->second.arrived.count(r)) missing.push_back(r);
+        std::string msg = "barrier " + std::to_string(seq) + " timed out after " + std::to_string(ms) +
+                          " ms: missing ranks: " + join_ranks(missing);
+        for (auto& p : it->second.waiting)
+          p.deliver(static_cast<int>(k_timeout), msg, Table{}, Table{}, std::vector<std::string>{});
+        st.barriers.erase(it);
+        st.failed_barriers.emplace(seq, msg);
+      },
+      [self](rdv_fail_atom, int rank, const std::string& what) {
+        auto& st = self->state;
+        if (!st.setup_failure.empty()) return;
+        st.setup_failure = "rank " + std::to_string(rank) + " failed while the ranks connected to each other: " + what;
+        for (auto& [seq, b] : st.barriers) {
+          for (auto& p : b.waiting)
+            p.deliver(static_cast<int>(k_peer), st.setup_failure, Table{}, Table{}, std::vector<std::string>{});
+          st.failed_barriers.emplace(seq, st.setup_failure);
+        }
+        st.barriers.clear();
+      },
+      [self](rdv_why_atom) { return self->state.setup_failure; },
+      // The key of the ranks' own ports in a job without a secret (asked
+      // before a rank opens them; "" in a job with one).
+      [session_key](rdv_key_atom) {
+        return caf::make_message(static_cast<int>(k_ok), session_key, Table{}, Table{}, std::vector<std::string>{});
+      },
+      [](rdv_ping_atom) { return 0; },
+  };
+}
+
+caf::behavior member(caf::event_based_actor*) {
+  return {[](rdv_ping_atom) { return 0; }};
+}
+
+[[noreturn]] void throw_reply(int kind, const std::string& msg, int rank) {
+  if (kind == k_timeout) throw TimeoutError("rendezvous", msg, rank);
+  if (kind == k_peer) throw PeerLostError("rendezvous", msg, rank);
+  if (kind == k_value) throw ValueError("rendezvous", msg, rank);
+  throw StateError("rendezvous", msg, rank);
+}
+
+std::string describe(const caf::actor& a) {
+  return std::to_string(a.id()) + "@" + caf::to_string(a.node());
+}
+
+}  // namespace
+
+struct RendezvousImpl {
+  std::mutex mutex;
+  caf::actor_system* sys = nullptr;
+  caf::actor mine;
+  caf::actor coord;
+  Table table;
+  Table payloads;
+  std::vector<std::string> infos;
+  std::vector<std::string> names;
+  int rank = 0;
+  int world = 1;
+  int port = 0;
+  net::BindPlan plan;
+  net::Credentials creds;
+  std::chrono::milliseconds handshake_timeout{kDefaultHandshakeTimeoutMs};
+  mutable std::atomic<std::uint64_t> next_barrier{0};
+  bool stopped = false;
+
+  // Rank 0: the rendezvous port (closed by stop() only when the rendezvous
+  // failed; otherwise at runtime shutdown).
+  std::shared_ptr<SecurePublication> publication;
+  bool completed = false;
+
+  void stop() noexcept {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopped) return;
+    stopped = true;
+    if (publication && !completed) publication->close();
+    if (mine) caf::anon_send_exit(mine, caf::exit_reason::user_shutdown);
+    mine = nullptr;
+    coord = nullptr;
+    table.clear();
+    payloads.clear();
+  }
+  ~RendezvousImpl() { stop(); }
+
+  /// One blocking request to the coordinator; returns the table of an ok reply
+  /// (and the payloads and infos into the given pointers).
+  Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what,
+                  Table* payloads_out = nullptr, std::vector<std::string>* infos_out = nullptr,
+                  std::string* text_out = nullptr) {
+    caf::actor c;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopped) throw StateError("rendezvous", "the runtime has been shut down", rank);
+      c = coord;
+    }
+    UserThreadCafScope caf_scope;
+    caf::scoped_actor self{*sys};
+    Table out;
+    int kind = k_ok;
+    std::string text;
+    self->request(c, caf::duration(wait), msg)
+        .receive(
+            [&](int k, std::string& m, Table& t, Table& p, std::vector<std::string>& i) {
+              kind = k;
+              text = std::move(m);
+              out = std::move(t);
+              if (payloads_out) *payloads_out = std::move(p);
+              if (infos_out) *infos_out = std::move(i);
+            },
+            [&](caf::error& e) {
+              if (e == caf::sec::request_timeout) {
+                kind = k_timeout;
+                text = std::string(what) + " timed out after " + std::to_string(wait.count()) +
+                       " ms without an answer from rank 0";
+              } else {
+                throw PeerLostError("rendezvous", std::string(what) + ": rank 0 is gone (" + sys->render(e) + ")",
+                                    rank);
+              }
+            });
+    if (kind != k_ok) throw_reply(kind, text, rank);
+    if (text_out) *text_out = std::move(text);
+    return out;
+  }
+};
+
+}  // namespace dopt::detail
+
+namespace dopt {
+
+using namespace std::chrono;
+
+int RendezvousResult::rank() const noexcept { return impl_->rank; }
+int RendezvousResult::world_size() const noexcept { return impl_->world; }
+int RendezvousResult::master_port() const noexcept { return impl_->port; }
+
+std::string RendezvousResult::peer(int r) const {
+  if (r < 0 || r >= impl_->world)
+    throw ValueError("rendezvous", "peer rank " + std::to_string(r) + " is outside [0, " +
+                                       std::to_string(impl_->world) + ")", impl_->rank);
+  return impl_->names[static_cast<std::size_t>(r)];
+}
+
+void RendezvousResult::barrier(milliseconds timeout) const {
+  if (timeout.count() <= 0) throw ValueError("rendezvous", "barrier timeout must be positive", impl_->rank);
+  const std::uint64_t seq = impl_->next_barrier++;
+  // Rank 0 answers with the missing ranks at `timeout`; wait a little longer
+  // for that answer before giving up on rank 0 itself.
+  impl_->ask_coord(caf::make_message(detail::rdv_bar_atom::value, seq, impl_->rank,
+                                     static_cast<std::int64_t>(timeout.count())),
+                   timeout + seconds(2), "barrier");
+}
+
+RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, const RendezvousOptions& options) {
+  return detail::rendezvous_with(runtime, env, options.timeout, caf::actor(), {}, nullptr);
+}
+
+}  // namespace dopt
+
+namespace dopt::detail {
+
+using namespace std::chrono;
+
+const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { return detail::Access::impl(r).payloads; }
+const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r) { return detail::Access::impl(r).plan; }
+
+void rendezvous_report_failure(const RendezvousResult& r, const std::string& what) noexcept {
+  try {
+    caf::actor c;
+    {
+      std::lock_guard<std::mutex> lock(detail::Access::impl(r).mutex);
+      c = detail::Access::impl(r).coord;
+    }
+    if (c) caf::anon_send(c, rdv_fail_atom::value, detail::Access::impl(r).rank, what);
+  } catch (...) {
+  }
+}
+
+std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseconds wait) {
+  caf::actor c;
+  {
+    std::lock_guard<std::mutex> lock(detail::Access::impl(r).mutex);
+    c = detail::Access::impl(r).coord;
+  }
+  if (!c) return {};
+  UserThreadCafScope caf_scope;
+  caf::scoped_actor self{*detail::Access::impl(r).sys};
+  std::string out;
+  self->request(c, caf::duration(wait), rdv_why_atom::value)
+      .receive([&](std::string& why) { out = std::move(why); }, [](caf::error&) {});
+  return out;
+}
+const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r) { return detail::Access::impl(r).infos; }
+
+namespace {
+
+/// 32 random bytes as 64 hex digits.
+std::string random_key(const char* op, int rank) {
+  unsigned char raw[32];
+  std::random_device rd;
+  for (unsigned char& b : raw) b = static_cast<unsigned char>(rd());
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : raw) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  if (out.size() != 64) throw StateError(op, "cannot draw a session key", rank);
+  return out;
+}
+
+}  // namespace
+
+RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
+                                 caf::actor payload, const std::function<std::string()>& make_info,
+                                 std::string* session_key) {
+  detail::UserThreadCafScope caf_scope;
+  LaunchEnv env = launch_env;
+  const int rank = env.rank;
+  if (timeout.count() <= 0) throw ValueError("rendezvous", "timeout must be positive", rank);
+  if (env.world_size < 1 || rank < 0 || rank >= env.world_size)
+    throw ValueError("rendezvous", "rank " + std::to_string(rank) + " is outside [0, " +
+                                       std::to_string(env.world_size) + ")", rank);
+  if (env.master_port < 1 || env.master_port > 65535)
+    throw ValueError("rendezvous", "MASTER_PORT must be in 1..65535, got " + std::to_string(env.master_port), rank);
+  const auto deadline = steady_clock::now() + timeout;
+  auto& sys = detail::runtime_system(detail::Access::impl(runtime), "rendezvous");
+  auto impl = std::make_shared<detail::RendezvousImpl>();
+  impl->sys = &sys;
+  impl->rank = rank;
+  impl->world = env.world_size;
+  impl->port = env.master_port;
+  std::weak_ptr<detail::RendezvousImpl> weak = impl;
+  detail::runtime_add_stopper(detail::Access::impl(runtime), [weak] {
+    if (auto p = weak.lock()) p->stop();
+  });
+
+  impl->plan = net::choose_bind_address(env);
+  impl->creds = net::Credentials::from(env);
+  impl->handshake_timeout = env.handshake_timeout;
+  // torchrun's static rendezvous: its agent's store holds MASTER_PORT. Rank 0
+  // listens on a port of its own and publishes it there; the others read it.
+  std::unique_ptr<net::TorchStoreClient> store;
+  std::string store_key;
+  if (env.agent_store) {
+    static std::atomic<int> calls{0};
+    store_key = "dopt/cpp/attempt_" + std::to_string(env.restart_count) + "/" + std::to_string(++calls) + "/port";
+    try {
+      store = std::make_unique<net::TorchStoreClient>(env.master_addr, env.master_port, timeout);
+      if (env.secret.empty()) {
+        // No secret of its own: one drawn by rank 0 for this job, handed
+        // to the others through the agent's store (docs/launching.md).
+        const std::string secret_key = store_key.substr(0, store_key.size() - 4) + "secret";
+        if (rank == 0) store->set(secret_key, random_key("rendezvous", rank));
+        env.secret = store->get(secret_key);
+        env.secret_source = "torchrun's agent store";
+      }
+      if (rank != 0) env.master_port = std::stoi(store->get(store_key));
+    } catch (const std::exception& e) {
+      throw IOError("rendezvous", "torchrun's agent store at " + env.master_addr + ":" +
+                                      std::to_string(launch_env.master_port) + " (TORCHELASTIC_USE_AGENT_STORE=True) " +
+                                      "did not give rank 0's port: " + e.what(), rank);
+    }
+    impl->port = env.master_port;
+    impl->creds = net::Credentials::from(env);
+  }
+  if (env.secret.empty())
+    notice_once("rendezvous [rank " + std::to_string(rank) + "]: this job has no secret, so its rendezvous on " +
+                env.master_addr + ":" + std::to_string(env.master_port) + " admits any process that presents " +
+                env.describe_job() +
+                " until every rank has joined (the ranks' own ports then take a key handed out there). Set "
+                "DOPT_SECRET_FILE (a file of at least 16 random bytes, mode 0600) to the same file on every rank, or "
+                "start the ranks with dopt-run (docs/launching.md, \"Who may join\")");
+  // The key of the ranks' own ports: the job's secret, else one rank 0
+  // draws and hands out in the rendezvous.
+  std::string key = env.secret;
+  if (rank == 0) {
+    auto closed = std::make_shared<std::atomic<bool>>(false);
+    if (key.empty()) key = random_key("rendezvous", rank);
+    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed,
+                           env.secret.empty() ? key : std::string());
+    impl->coord = impl->mine;
+    // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
+    // listening until the runtime shuts down, to turn latecomers away.
+    net::AuthListener::Options o;
+    o.bind_addr = impl->plan.bind;
+    o.port = store ? 0 : env.master_port;
+    if (store) {
+      o.port_lo = env.port_range_lo;
+      o.port_hi = env.port_range_hi;
+    }
+    o.purpose = net::Purpose::rendezvous;
+    o.credentials = impl->creds;
+    o.handshake_timeout = env.handshake_timeout;
+    o.what = "rank 0's rendezvous port";
+    const int world = env.world_size;
+    const std::string job = env.describe_job();
+    // (A differing world size is left to the coordinator: it fails every rank.)
+    // Without a secret, the job id alone admits: a process that knows it
+    // could open connections until rank 0 runs out of descriptors. The
+    // ranks need world - 1 of them (and a few more for retries), so past
+    // 4 * world + 32 admissions the rendezvous refuses, naming why.
+    const int max_admitted = env.secret.empty() ? 4 * world + 32 : -1;
+    auto admitted = std::make_shared<std::atomic<int>>(0);
+    o.admit = [closed, world, job, max_admitted, admitted](const net::PeerHello& p) -> std::string {
+      if (closed->load())
+        return "the world is already closed: all " + std::to_string(world) + " ranks of " + job +
+               " have joined, so rank " + std::to_string(p.rank) + " is already taken";
+      if (max_admitted >= 0 && admitted->fetch_add(1) >= max_admitted)
+        return "rank 0's rendezvous has admitted " + std::to_string(max_admitted) +
+               " connections presenting this job's id without a secret, more than its " + std::to_string(world) +
+               " ranks need: it refuses further ones (a process connecting again and again? set DOPT_SECRET_FILE "
+               "on every rank, or start them with dopt-run)";
+      return {};
+    };
+    std::shared_ptr<detail::SecurePublication> publication;
+    try {
+      publication = std::make_shared<detail::SecurePublication>(sys, impl->coord, std::move(o));
+    } catch (const Error& e) {
+      impl->stop();
+      const std::string& d = e.detail();  // "cannot listen on ADDR:PORT: REASON", or why the listener could not start
+      const auto colon = d.rfind(": ");
+      if (d.rfind("cannot listen on ", 0) != 0 || colon == std::string::npos)
+        throw IOError("rendezvous", "rank 0 cannot open its rendezvous port " + std::to_string(env.master_port) +
+                                        " on " + impl->plan.bind + ": " + d, rank);
+      const std::string reason = d.substr(colon + 2);
+      throw IOError("rendezvous", "rank 0 cannot listen on port " + std::to_string(env.master_port) + " of " +
+                                      impl->plan.bind + ": " + reason +
+                                      (reason.find("EADDRINUSE") != std::string::npos ||
+                                               reason.find("in use") != std::string::npos
+                                           ? " (is the port already in use?)"
+                                           : ""),
+                    rank);
+    }
+    impl->publication = publication;
+    if (store) {
+      env.master_port = publication->port();
+      impl->port = env.master_port;
+      store->set(store_key, std::to_string(env.master_port));
+    }
+    detail::runtime_add_stopper(detail::Access::impl(runtime), [publication] { publication->close(); });
+  } else {
+    impl->mine = sys.spawn(detail::member);
+    try {
+      impl->coord = detail::secure_remote_actor(
+          sys, env.master_addr, env.master_port, net::Purpose::rendezvous, impl->creds, env.handshake_timeout,
+          deadline, /*retry_until_deadline=*/true, "rank 0 at " + env.master_addr + ":" + std::to_string(env.master_port),
+          "rendezvous");
+    } catch (...) {
+      impl->stop();
+      throw;
+    }
+  }
+
+  auto remaining = [&] {
+    return std::max(milliseconds(1), duration_cast<milliseconds>(deadline - steady_clock::now()));
+  };
+  try {
+    // Rank 0's coordinator answers at the deadline with the missing ranks; the
+    // extra 2 s wait is for that answer, not for the ranks.
+    if (!payload) payload = impl->mine;
+    if (key.empty()) {
+      std::string got;
+      impl->ask_coord(caf::make_message(detail::rdv_key_atom::value), remaining() + seconds(2), "the session key",
+                      nullptr, nullptr, &got);
+      if (got.size() != 64 || got.find_first_not_of("0123456789abcdef") != std::string::npos)
+        throw StateError("rendezvous", "rank 0 sent a session key that is not 64 hex digits", rank);
+      key = std::move(got);
+    }
+    if (session_key) *session_key = key;
+    // Only now (rank 0 listens on MASTER_PORT already) may the caller open
+    // ephemeral ports: earlier, one could take MASTER_PORT from rank 0.
+    const std::string info = make_info ? make_info() : std::string();
+    impl->table = impl->ask_coord(caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine,
+                                                    payload, info),
+                                  remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);
+    if (static_cast<int>(impl->table.size()) != env.world_size)
+      throw StateError("rendezvous", "rank 0 sent a table of " + std::to_string(impl->table.size()) +
+                                         " ranks, expected " + std::to_string(env.world_size), rank);
+    for (auto& a : impl->table) impl->names.push_back(detail::describe(a));
+    RendezvousResult result = detail::Access::rendezvous(impl);
+    result.barrier(remaining());
+    impl->completed = true;
+    return result;
+  } catch (...) {
+    impl->stop();
+    throw;
+  }
+}
+
+}  // namespace dopt::detail

@@ -1,0 +1,177 @@
+#pragma once
+// The rank actor: one per rank, the rank's presence in the control plane
+// (rendezvous handles, liveness of its peers, failure propagation) and the
+// actor plane, where the collective protocol runs as messages between rank
+// actors (simulated ranks under DOPT_PLANE=actor and the deterministic
+// protocol tests: tensors by reference; processes on several hosts: small
+// buffers inline, large ones as ring collectives on the TCP mesh).
+//
+// Its state machines, by file:
+//   rank_actor.cpp    the behaviour: which message runs what
+//   liveness.cpp      lost peers, heartbeats, this rank's own failure
+//   collectives.cpp   matching arrivals by (group, seq), mismatch, timeouts, aborts
+//   direct.cpp        the work split on addressable buffers
+//   p2p.cpp           send/recv matching
+//   tcp_plane.cpp     collectives and sends whose bytes go over the TCP mesh
+//
+// Threads: a rank actor runs on CAF's workers, one message at a time; it
+// never blocks. Users reach it through RankEndpoint::post (call messages).
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transport/actor/messages.hpp"
+
+namespace dopt::detail {
+
+/// Between processes, buffers of at most this many bytes travel inside the
+/// control message, and every rank computes its whole result itself (no done
+/// phase): latency wins. Larger ones go over the TCP mesh.
+inline constexpr std::int64_t kSmallBytes = 64 * 1024;
+
+/// Whether peers read (or write) tensor i of an Op of this kind.
+inline bool shared_with_peers(CollKind k, std::size_t i, bool is_root) {
+  switch (k) {
+    case CollKind::broadcast: return i == 0 && is_root;
+    case CollKind::all_reduce:
+    case CollKind::reduce:
+    case CollKind::all_gather:
+    case CollKind::all_gather_flat:
+    case CollKind::send: return i == 0;
+    case CollKind::reduce_scatter: return i >= 1;
+    default: return false;
+  }
+}
+
+/// How often a rank actor sends heartbeats and checks its peers' silence.
+inline std::chrono::milliseconds heartbeat_period(std::chrono::milliseconds peer_timeout) {
+  return std::max(std::chrono::milliseconds(10), peer_timeout / 10);
+}
+
+inline bool needs_done_phase(CollKind k) { return k != CollKind::barrier && k != CollKind::new_group; }
+
+/// The exception being handled, as a dopt::Error (others wrapped, naming op and rank).
+std::exception_ptr current_as_error(const std::string& op, int rank);
+
+using CollKey = std::pair<std::uint64_t, std::uint64_t>;  // (gid, seq)
+
+/// One collective of one group on this rank, from the first message about it
+/// (the local call or a peer's arrival) until it completes here.
+struct CollState {
+  OpPtr local;
+  std::shared_ptr<const std::vector<int>> members;
+  std::vector<ArrivalPtr> arrivals;  // index: group rank
+  int n_arrived = 0;
+  int n_done = 0;
+  bool computed = false;
+  bool small = false;  // net: inline bytes, each rank computes all of its result
+  bool ring = false;   // tcp: the data moves in a ring collective on the mesh
+};
+
+struct RankState {
+  caf::event_based_actor* self = nullptr;
+  int rank = 0;
+  int world = 0;
+  std::vector<caf::actor> peers;
+  std::shared_ptr<PeerTable> table;          // liveness as the data planes see it
+  bool net = false;                          // peers are other processes
+  std::shared_ptr<transport::TcpMesh> mesh;  // tcp: connections to every peer
+  std::map<P2PKey, Tensor> send_hold;        // tcp: send buffers until the reply
+  // net: liveness. A process that dies closes its connections (CAF's down_msg
+  // tells at once); one that is stopped or cut off only falls silent.
+  std::chrono::milliseconds peer_timeout{0};
+  std::vector<std::chrono::steady_clock::time_point> last_heard;
+  std::chrono::steady_clock::time_point last_tick;  // when the last heartbeat tick ran
+  std::chrono::steady_clock::time_point doubt_until;  // in_doubt
+  std::chrono::milliseconds doubt_gap{0};             // the gap that started the doubt
+
+  std::map<CollKey, CollState> colls;
+  std::set<CollKey> failed;                 // failed here; late messages are dropped
+  std::map<std::uint64_t, Failure> broken;  // group -> why it is unusable
+  std::map<int, std::string> lost;          // global rank -> why
+  std::vector<int> lost_order;              // the order in which they were lost
+  std::set<int> dead;                       // global ranks whose actor is gone
+  bool self_failed = false;
+  std::string self_failed_what;
+  bool removed = false;  // out of the job: fenced by a peer that had declared it lost (remove_self)
+
+  std::map<P2PKey, OpPtr> sends;              // my sends waiting for the receiver
+  std::map<P2PKey, OpPtr> recvs;              // my recvs waiting for the sender
+  std::map<P2PKey, P2PArrivalPtr> unmatched;  // sends to me without a recv yet
+  std::map<P2PKey, OpPtr> tcp_recvs;          // tcp: recvs whose bytes are on the way
+
+  static const char* name;
+
+  ~RankState();
+
+  void fail(const OpPtr& op, const Failure& f) { op->promise.set_exception(to_exception(f, rank)); }
+  caf::actor me() { return caf::actor_cast<caf::actor>(self); }
+  int global_of(const CollState& st, int grank) const { return (*st.members)[static_cast<std::size_t>(grank)]; }
+
+  // --- collectives (transport/actor/collectives.cpp, direct.cpp) ---------------------
+  void on_call(OpPtr op);
+  /// Net: the message for the peers (inline bytes of small buffers).
+  caf::message make_net_arrival(CollState& st, const Op& op);
+  Tensor net_tensor(NetBuf& b);
+  void on_net_arrive(NetArrival& na);
+  void on_arrive(const ArrivalPtr& a);
+  void on_done(std::uint64_t gid, std::uint64_t seq);
+  void progress(CollKey key);
+  /// This rank's part of the work, on direct-access buffers.
+  void compute(const CollState& st);
+  std::vector<int> missing(const CollState& st) const;
+  void break_group(std::uint64_t gid, const Failure& why);
+  void on_timeout(std::uint64_t gid, std::uint64_t seq);
+  void on_abort(std::uint64_t gid, int from, const std::string& msg);
+
+  // --- the TCP mesh (transport/actor/tcp_plane.cpp) --------------------------------------
+  void start_ring(CollKey key, CollState& st);
+  void on_ring_done(const RingResult& r);
+  static transport::Tag p2p_tag(const P2PKey& k);
+  void on_p2p_received(const P2PKey& key, const std::string& error);
+
+  // --- liveness (transport/actor/liveness.cpp) ------------------------------------------------
+  Failure lost_failure_of(CollKey key, const CollState& st, int peer) const;
+  void on_lost(int peer, const std::string& what, bool actor_dead, bool gone = false, bool pass_on = false,
+               bool certain = true);
+  void on_heartbeat_tick();
+  void on_self_failed(const std::string& what);
+  /// The rank of the peer whose rank actor is `who` (-1: none).
+  int rank_of(const caf::strong_actor_ptr& who) const;
+  /// Word from a peer this rank declared lost (it was stopped or cut off,
+  /// and came back): it is told it was removed; what it says counts for nothing.
+  void fence(int peer);
+  /// A peer declared this rank lost: it was removed (its waits fail, shrink refuses).
+  void on_fenced(int by, const std::string& why);
+  /// Net: true while losses cannot be certain here: within one peer timeout
+  /// after this process was seen not to have run (no heartbeat tick) for
+  /// longer than the peer timeout (stopped, starved). Its peers may have
+  /// declared it lost meanwhile; all of them may also have been stopped
+  /// with it (Ctrl-Z under dopt-run), so that alone removes nothing.
+  bool in_doubt(std::chrono::steady_clock::time_point now);
+  /// This rank is out of the job (why: the PeerTable's fenced()): every peer
+  /// is lost to it, its calls fail and ProcessGroup::shrink refuses.
+  void remove_self(const std::string& why);
+
+  // --- point to point (transport/actor/p2p.cpp) -------------------------------------------
+  Failure lost_failure(const char* op) const;
+  void reply_lost(const P2PKey& key);
+  void on_send(OpPtr op);
+  void on_recv(OpPtr op);
+  void on_net_p2p(NetP2P& np);
+  void on_p2p(const P2PArrivalPtr& a);
+  void match(const OpPtr& op, const P2PArrivalPtr& a);
+  void on_p2p_done(const P2PReply& r);
+  void on_p2p_timeout(const P2PKey& key, bool is_send);
+  void on_p2p_cancel(const P2PKey& key) { unmatched.erase(key); }
+};
+
+/// The behaviour of a rank actor (transport/actor/rank_actor.cpp).
+caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int world);
+
+}  // namespace dopt::detail
