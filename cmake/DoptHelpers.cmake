@@ -1,17 +1,18 @@
-# dopt_add_component(<name> [DEPS <targets>...] [PRIVATE_DEPS <targets>...]
-#                    [INTERNAL_HEADERS <file names>...])
+# dopt_add_component(<name> [DEPS <targets>...] [PRIVATE_DEPS <targets>...])
 #
 # A component is a folder <name>/ holding its public header tree
 # <name>/dopt/<name>/*.hpp, its sources <name>/src/*.cpp and its unit tests
 # beside them as <name>/src/*.test.cpp. It becomes the library dopt_<name>.
 # Unit tests are collected into the global property DOPT_UNIT_TEST_SOURCES and
 # compiled into one binary (tests/), because Catch2 compiles slowly.
-# Headers of <name>/dopt/<name>/ that only the library itself includes are
-# named in INTERNAL_HEADERS: they are not installed. The installed headers are
-# collected in the global property DOPT_INSTALLED_HEADERS (as
-# "<include dir>|<dopt/<name>/file.hpp>") for the self-containment check.
+# The wall is a folder (docs/architecture.md, tests/check_wall.py): every
+# header of <name>/dopt/<name>/ and of <name>/dopt/<name>/detail/ (template
+# machinery the public headers include) is installed; <name>/dopt/<name>/internal/
+# (headers the library's components share) and <name>/src/ never are. The
+# installed headers are collected in the global property DOPT_INSTALLED_HEADERS
+# (as "<include dir>|<dopt/<name>/file.hpp>") for the self-containment check.
 function(dopt_add_component name)
-  cmake_parse_arguments(ARG "" "" "DEPS;PRIVATE_DEPS;INTERNAL_HEADERS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "DEPS;PRIVATE_DEPS" ${ARGN})
   set(dir "${CMAKE_CURRENT_SOURCE_DIR}")
   file(GLOB_RECURSE all_sources CONFIGURE_DEPENDS "${dir}/src/*.cpp")
   set(lib_sources "")
@@ -42,29 +43,26 @@ function(dopt_add_component name)
   set_property(TARGET dopt_${name} PROPERTY EXPORT_NAME ${name})
   set_property(GLOBAL APPEND PROPERTY DOPT_UNIT_TEST_SOURCES ${test_sources})
   set_property(GLOBAL APPEND PROPERTY DOPT_COMPONENTS dopt_${name})
-  dopt_install_headers("${dir}" ${name} ${ARG_INTERNAL_HEADERS})
+  dopt_install_headers("${dir}" ${name})
 endfunction()
 
-# dopt_install_headers(<component dir> <name> [internal file names...])
+# dopt_install_headers(<component dir> <name>)
 #
-# Installs <dir>/dopt/<name>/*.hpp except the internal ones into
-# include/dopt/<name>/ and records them in DOPT_INSTALLED_HEADERS.
+# Installs <dir>/dopt/<name>/*.hpp into include/dopt/<name>/ and
+# <dir>/dopt/<name>/detail/*.hpp into include/dopt/<name>/detail/ (never
+# internal/), and records them in DOPT_INSTALLED_HEADERS.
 function(dopt_install_headers dir name)
-  file(GLOB headers CONFIGURE_DEPENDS RELATIVE "${dir}" "${dir}/dopt/${name}/*.hpp")
-  set(public "")
-  foreach(internal IN LISTS ARGN)
-    if(NOT EXISTS "${dir}/dopt/${name}/${internal}")
-      message(FATAL_ERROR "dopt_install_headers: ${internal} is not in ${dir}/dopt/${name}/")
-    endif()
-  endforeach()
-  foreach(h IN LISTS headers)
-    get_filename_component(file "${h}" NAME)
-    if(NOT file IN_LIST ARGN)
+  foreach(sub IN ITEMS "" "detail/")
+    file(GLOB headers CONFIGURE_DEPENDS RELATIVE "${dir}" "${dir}/dopt/${name}/${sub}*.hpp")
+    set(public "")
+    foreach(h IN LISTS headers)
       list(APPEND public "${dir}/${h}")
       set_property(GLOBAL APPEND PROPERTY DOPT_INSTALLED_HEADERS "${dir}|${h}")
+    endforeach()
+    if(public)
+      install(FILES ${public} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dopt/${name}/${sub})
     endif()
   endforeach()
-  install(FILES ${public} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dopt/${name})
 endfunction()
 
 # dopt_catch_test_properties(<tag> <labels> <timeout>)
