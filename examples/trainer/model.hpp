@@ -7,6 +7,7 @@
 // Contract: a Dataset is read-only after construction (any thread); an Mlp
 // belongs to one rank (the thread that runs that rank's training loop).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,28 @@ struct Dataset {
   std::vector<float> x, y;
 };
 
+/// A fully connected layer's forward pass: out = w in + b, w [rows, cols].
+inline void dense(const float* w, const float* b, const float* in, float* out, int rows, int cols) {
+  for (int r = 0; r < rows; ++r) {
+    float sum = b[r];
+    for (int c = 0; c < cols; ++c) sum += w[r * cols + c] * in[c];
+    out[r] = sum;
+  }
+}
+
+/// Its backward pass for one sample: adds the sample's share to the
+/// gradients of w and b, and (when d_in is given) the gradient of its input.
+inline void dense_backward(const float* w, const float* in, const float* d_out, float* d_w, float* d_b, float* d_in,
+                           int rows, int cols) {
+  for (int r = 0; r < rows; ++r) {
+    d_b[r] += d_out[r];
+    for (int c = 0; c < cols; ++c) {
+      d_w[r * cols + c] += d_out[r] * in[c];
+      if (d_in) d_in[c] += w[r * cols + c] * d_out[r];
+    }
+  }
+}
+
 /// out = fc2.weight . tanh(fc1.weight x + fc1.bias) + fc2.bias, in float32.
 class Mlp {
  public:
@@ -78,40 +101,27 @@ class Mlp {
   /// The mean squared error over the samples `batch` of `data`; sets every
   /// parameter's gradient to the gradient of that mean.
   double forward_backward(const Dataset& data, const std::vector<std::int64_t>& batch) const {
+    const std::vector<dopt::Tensor> params = parameters();
     std::vector<dopt::Tensor> grads;
-    for (const auto& p : parameters()) grads.push_back(dopt::Tensor::zeros(p.shape()));
-    const float* W1 = w1_.data<float>();
-    const float* B1 = b1_.data<float>();
-    const float* W2 = w2_.data<float>();
-    const float B2 = b2_.data<float>()[0];
-    float* gW1 = grads[0].data<float>();
-    float* gB1 = grads[1].data<float>();
-    float* gW2 = grads[2].data<float>();
-    float* gB2 = grads[3].data<float>();
-    std::vector<float> hid(h_);
+    for (const auto& p : params) grads.push_back(dopt::Tensor::zeros(p.shape()));
+    std::vector<float*> g;
+    for (const auto& t : grads) g.push_back(t.data<float>());
+    std::vector<float> hidden(h_), d_hidden(h_);
     double loss = 0.0;
-    const float scale = 2.f / static_cast<float>(batch.size());
     for (const std::int64_t i : batch) {
       const float* x = data.features_of(i);
-      float out = B2;
-      for (int k = 0; k < h_; ++k) {
-        float a = B1[k];
-        for (int j = 0; j < d_; ++j) a += W1[k * d_ + j] * x[j];
-        hid[k] = std::tanh(a);
-        out += W2[k] * hid[k];
-      }
+      dense(w1_.data<float>(), b1_.data<float>(), x, hidden.data(), h_, d_);
+      for (float& v : hidden) v = std::tanh(v);
+      float out = 0.f;
+      dense(w2_.data<float>(), b2_.data<float>(), hidden.data(), &out, 1, h_);
       const float err = out - data.y[i];
       loss += double(err) * err;
-      const float dout = scale * err;
-      gB2[0] += dout;
-      for (int k = 0; k < h_; ++k) {
-        gW2[k] += dout * hid[k];
-        const float da = dout * W2[k] * (1.f - hid[k] * hid[k]);
-        gB1[k] += da;
-        for (int j = 0; j < d_; ++j) gW1[k * d_ + j] += da * x[j];
-      }
+      const float d_out = 2.f * err / static_cast<float>(batch.size());  // of the batch's mean
+      std::fill(d_hidden.begin(), d_hidden.end(), 0.f);
+      dense_backward(w2_.data<float>(), hidden.data(), &d_out, g[2], g[3], d_hidden.data(), 1, h_);
+      for (int k = 0; k < h_; ++k) d_hidden[k] *= 1.f - hidden[k] * hidden[k];  // through tanh
+      dense_backward(w1_.data<float>(), x, d_hidden.data(), g[0], g[1], nullptr, h_, d_);
     }
-    const auto params = parameters();
     for (std::size_t k = 0; k < params.size(); ++k) params[k].set_grad(grads[k]);
     return loss / static_cast<double>(batch.size());
   }
