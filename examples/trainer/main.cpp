@@ -17,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -33,7 +34,7 @@
 namespace {
 
 struct Options {
-  std::int64_t steps = 40;
+  std::int64_t steps = 200;
   std::string checkpoint_dir = "trainer-checkpoints";
   std::int64_t every = 10;
   int keep_last = 2;
@@ -42,8 +43,8 @@ struct Options {
   int batch = 12;  // samples per step over all ranks
   int features = 8;
   int hidden = 16;
-  double lr = 1e-2;
-  int log_every = 10;
+  double lr = 3e-2;
+  int log_every = 20;
   std::int64_t stop_at = 0;
   bool print_digest = false;
   int simulated_ranks = 3;
@@ -52,7 +53,7 @@ struct Options {
 /// What must not change between a run and the run that resumes it.
 std::map<std::string, std::string> settings(const Options& o) {
   char lr[32];
-  std::snprintf(lr, sizeof lr, "%.17g", o.lr);
+  *std::to_chars(lr, lr + sizeof lr - 1, o.lr).ptr = '\0';  // the shortest text that reads back as o.lr
   return {{"seed", std::to_string(o.seed)},        {"samples", std::to_string(o.samples)},
           {"batch", std::to_string(o.batch)},      {"features", std::to_string(o.features)},
           {"hidden", std::to_string(o.hidden)},    {"lr", lr}};
@@ -99,9 +100,12 @@ void train(dopt::RankContext& ctx, const Options& o) {
   ckpt.add_data_position("data", sampler, taken);
   ckpt.add_extras("settings", saved, dopt::Placement::replicated);
   const std::int64_t first = ckpt.load_latest().value_or(0);
-  if (saved != wanted)
-    throw dopt::ValueError("dopt-example-trainer",
-                           "the checkpoint in " + o.checkpoint_dir + " is of a run with other settings", rank);
+  for (const auto& [name, value] : wanted)
+    if (saved[name] != value)
+      throw dopt::ValueError("dopt-example-trainer",
+                             "the checkpoint in " + o.checkpoint_dir + " is of a run with --" + name + " " +
+                                 saved[name] + " (this run: " + value + ")",
+                             rank);
   if (rank == 0 && first > 0)
     std::printf("resumed at step %" PRId64 " from %s, %d rank(s)\n", first, o.checkpoint_dir.c_str(), ranks);
 
@@ -174,7 +178,7 @@ int main(int argc, char** argv) {
   try {
     dopt::run_distributed([&](dopt::RankContext& ctx) { train(ctx, o); }, run);
   } catch (const dopt::Error& e) {
-    std::fprintf(stderr, "dopt-example-trainer: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
   return 0;
