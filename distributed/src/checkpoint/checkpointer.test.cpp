@@ -26,20 +26,6 @@ namespace {
 
 using Fingerprints = std::vector<std::vector<std::uint64_t>>;
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::milliseconds(60000);
-  return o;
-}
-
-CheckpointerOptions options_for(RankContext& ctx, const std::string& dir, int keep_last = 0) {
-  CheckpointerOptions o;
-  o.group = ctx.world();
-  o.dir = dir;
-  o.keep_last = keep_last;
-  return o;
-}
-
 /// Trains steps [0, save_at), saves, trains to `end`: the fingerprints at the
 /// save and at the end, by rank.
 void run_through(int world, const std::string& dir, RigOptions ro, int save_at, int end, Fingerprints* at_save,
@@ -71,23 +57,6 @@ std::string bytes_of(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
-
-/// Every rank's error message of `fn` (empty: none), and the ops.
-struct Errors {
-  std::mutex m;
-  std::vector<std::string> what, op;
-  explicit Errors(int world) : what(static_cast<std::size_t>(world)), op(static_cast<std::size_t>(world)) {}
-  template <class F>
-  void capture(int rank, F&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(m);
-      what[static_cast<std::size_t>(rank)] = e.what();
-      op[static_cast<std::size_t>(rank)] = e.op();
-    }
-  }
-};
 
 /// Saves steps 2 and 4 at world 3 into dir (a rig without DiLoCo).
 void save_two(const std::string& dir) {
