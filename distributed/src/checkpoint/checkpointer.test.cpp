@@ -266,11 +266,7 @@ TEST_CASE("Checkpointer: keep_last keeps the newest checkpoints and removes olde
     Rig rig(ctx, 0, RigOptions{true, false, false, false});
     Checkpointer ck(options_for(ctx, dir, 2));
     rig.add_to(ck);
-    for (int t = 0; t < 5; ++t) {
-      rig.step(t);
-      ck.save_async(t + 1);
-    }
-    ck.wait();
+    train_saving_async(rig, ck, 0, 5);
   }, short_timeout());
   CHECK(names_in(dir) == std::set<std::string>{"step-00000004", "step-00000005"});
 }

@@ -59,11 +59,7 @@ TEST_CASE("Checkpointer: on_commit reports every committed save on rank 0, with 
     };
     Checkpointer ck(o);
     rig.add_to(ck);
-    for (int t = 10; t < 13; ++t) {
-      rig.step(t);
-      ck.save_async(t + 1);
-    }
-    ck.wait();
+    train_saving_async(rig, ck, 10, 13);
   }, short_timeout());
   REQUIRE(reports.size() == 3);
   const std::string odd = (fs::path(dir) / "step-00000001").string() + " holds step 4 (its checkpoint.json), not the "

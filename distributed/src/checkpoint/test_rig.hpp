@@ -201,4 +201,14 @@ struct Rig {
   }
 };
 
+/// Steps [from, to) of rig, each followed by save_async(t + 1); then waits
+/// for the last save.
+inline void train_saving_async(Rig& rig, Checkpointer& ck, int from, int to) {
+  for (int t = from; t < to; ++t) {
+    rig.step(t);
+    ck.save_async(t + 1);
+  }
+  ck.wait();
+}
+
 }  // namespace dopt::checkpoint_test
