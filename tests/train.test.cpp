@@ -58,6 +58,20 @@ std::vector<std::string> args_of(const std::string& mode, int ranks, long steps,
   return a;
 }
 
+// Where a checkpoint folder of `mode` keeps rank r's parameters and optimizer
+// state at n ranks (docs/dopt-train.md, "Checkpoints"; the Checkpointer's
+// layout): zero's and ddp's parameters, the same on every rank, and ddp's
+// optimizer in replicated.safetensors; each rank's own in rank{r}-of-{n};
+// ZeRO's shards under optim/.
+std::string rank_file(int r, int n) { return "rank" + std::to_string(r) + "-of-" + std::to_string(n) + ".safetensors"; }
+std::string model_file(const std::string& mode, int r, int n) {
+  return mode == "zero" || mode == "ddp" ? "replicated.safetensors" : rank_file(r, n);
+}
+std::string optim_file(const std::string& mode, int r, int n) {
+  if (mode == "zero") return "optim/optim-" + rank_file(r, n);
+  return mode == "ddp" ? "replicated.safetensors" : rank_file(r, n);
+}
+
 }  // namespace
 
 TEST_CASE("dopt-train: the loss falls in each mode with simulated ranks (3, and 5 for ZeRO)", "[train]") {
@@ -168,8 +182,8 @@ TEST_CASE("dopt-train: a resumed run ends bitwise where an uninterrupted one end
   INFO(b.out);
   REQUIRE(b.ok());
   CHECK(fs::exists(ck / "step-00000010" / "checkpoint.json"));
-  CHECK(fs::exists(ck / "step-00000020" / "optim-rank2-of-3.safetensors"));
-  CHECK(fs::exists(ck / "step-00000020" / "model-rank2-of-3.safetensors"));
+  CHECK(fs::exists(ck / "step-00000020" / optim_file(mode, 2, 3)));
+  CHECK(fs::exists(ck / "step-00000020" / model_file(mode, 2, 3)));
   const Done c = train(args_of(mode, 3, 50, with({"--checkpoint-dir", ck.string(), "--resume", "--dump-params",
                                                   resumed.string(), "--metrics",
                                                   (dir.path / "part.jsonl").string()})));
@@ -330,7 +344,7 @@ TEST_CASE("dopt-train: wrong and corrupt checkpoints give one clear error and ex
     CHECK(contains(d.out, "--seed: checkpoint 0, this run 7"));
   }
   SECTION("a truncated optimizer shard names the file") {
-    const fs::path f = step / "optim-rank1-of-3.safetensors";
+    const fs::path f = step / optim_file("zero", 1, 3);
     fs::resize_file(f, fs::file_size(f) / 2);
     const Done d = resume({});
     INFO(d.out);
@@ -339,11 +353,11 @@ TEST_CASE("dopt-train: wrong and corrupt checkpoints give one clear error and ex
     CHECK(contains(d.out, "optim-rank1-of-3.safetensors"));
   }
   SECTION("a garbled model file names the file") {
-    std::ofstream(step / "model-rank2-of-3.safetensors", std::ios::trunc) << "not a safetensors file";
+    std::ofstream(step / model_file("zero", 2, 3), std::ios::trunc) << "not a safetensors file";
     const Done d = resume({});
     INFO(d.out);
     CHECK(d.failed());
-    CHECK(contains(d.out, "model-rank2-of-3.safetensors"));
+    CHECK(contains(d.out, (step / model_file("zero", 2, 3)).string()));
   }
   SECTION("a corrupt or missing checkpoint.json") {
     std::ofstream(step / "checkpoint.json", std::ios::trunc) << "{\"format\": ";
@@ -354,7 +368,7 @@ TEST_CASE("dopt-train: wrong and corrupt checkpoints give one clear error and ex
     fs::remove(step / "checkpoint.json");
     d = resume({});
     CHECK(d.failed());
-    CHECK(contains(d.out, "not a complete dopt-train checkpoint"));
+    CHECK(contains(d.out, "is not a complete checkpoint"));
     d = train(args_of("zero", 3, 8, {"--checkpoint-dir", (dir.path / "empty").string(), "--resume=required"}));
     CHECK(d.failed());
     CHECK(contains(d.out, "--resume=required but there is no complete checkpoint in"));
@@ -506,9 +520,10 @@ TEST_CASE("dopt-train: a NaN loss stops the run with exit 1 and no NaN checkpoin
   int checked = 0;
   for (const auto& e : fs::directory_iterator(ck)) {
     for (int r = 0; r < 3; ++r) {
-      const auto f = dopt::read_safetensors((e.path() / ("model-rank" + std::to_string(r) + "-of-3.safetensors")).string());
+      const auto f = dopt::read_safetensors((e.path() / model_file("ddp", r, 3)).string());
       CHECK(f.verified);
       for (const auto& [name, t] : f.tensors) {
+        if (name.rfind("model/", 0) != 0) continue;  // the parameters (ddp: the optimizer is in the same file)
         const auto v = t.to_vector<float>();
         CHECK(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }));
       }
@@ -535,12 +550,12 @@ TEST_CASE("dopt-train: a flipped bit or a planted NaN in any checkpoint tensor i
   INFO(a.out);
   REQUIRE(a.ok());
   int cases = 0;
-  for (const std::string file : {"model-rank1-of-3.safetensors", "optim-rank2-of-3.safetensors"}) {
+  for (const std::string file : {model_file("zero", 1, 3), optim_file("zero", 2, 3)}) {
     const fs::path path = step / file;
     const std::string good = slurp(path.string());
     dopt::SafetensorsReader rd(path.string());
     for (const auto& e : rd.entries()) {
-      const bool model = file.rfind("model", 0) == 0;
+      const bool model = file == model_file("zero", 1, 3);
       for (const std::string kind : {"flip", "nan"}) {
         INFO(kind << " in " << file << " / " << e.name);
         if (kind == "flip") {
@@ -702,28 +717,27 @@ TEST_CASE("dopt-train: a checkpoint that mixes files of two checkpoints is refus
   INFO(a.out);
   REQUIRE(a.ok());
   const fs::path s20 = ck / "step-00000020", s40 = ck / "step-00000040";
-  const auto run_id = nlohmann::json::parse(slurp((s40 / "checkpoint.json").string())).at("identity").at("run");
+  const auto run_id = nlohmann::json::parse(slurp((s40 / "checkpoint.json").string())).at("run");
   SECTION("an optimizer shard of an earlier step") {
-    fs::copy_file(s20 / "optim-rank1-of-2.safetensors", s40 / "optim-rank1-of-2.safetensors",
-                  fs::copy_options::overwrite_existing);
+    fs::copy_file(s20 / optim_file(mode, 1, 2), s40 / optim_file(mode, 1, 2), fs::copy_options::overwrite_existing);
     const Done d = run({"--resume-from", s40.string()});
     INFO(d.out);
     CHECK(d.failed());
-    CHECK(contains(d.out, (s40 / "optim-rank1-of-2.safetensors").string() + " holds step 20 of run " +
+    CHECK(contains(d.out, (s40 / optim_file(mode, 1, 2)).string() + " holds step 20 of run " +
                               run_id.get<std::string>() + " (2 ranks), but the checkpoint " + s40.string() +
-                              " is step 40 of run " + run_id.get<std::string>() +
-                              " (2 ranks): the folder mixes files of different checkpoints"));
+                              " (step 40 of run " + run_id.get<std::string>() +
+                              ", 2 ranks): the folder mixes files of different checkpoints"));
     CHECK_FALSE(contains(d.out, "steps in"));
   }
   SECTION("a model file of another run at the same step") {
     const fs::path other = dir.path / "other";
     REQUIRE(run({"--checkpoint-dir", other.string()}).ok());
-    fs::copy_file(other / "step-00000040" / "model-rank0-of-2.safetensors", s40 / "model-rank0-of-2.safetensors",
+    fs::copy_file(other / "step-00000040" / model_file(mode, 0, 2), s40 / model_file(mode, 0, 2),
                   fs::copy_options::overwrite_existing);
     const Done d = run({"--resume-from", s40.string()});
     INFO(d.out);
     CHECK(d.failed());
-    CHECK(contains(d.out, "model-rank0-of-2.safetensors holds step 40 of run "));
+    CHECK(contains(d.out, model_file(mode, 0, 2) + " holds step 40 of run "));
     CHECK(contains(d.out, "the folder mixes files of different checkpoints"));
   }
   SECTION("the unchanged checkpoint resumes") {
@@ -734,15 +748,6 @@ TEST_CASE("dopt-train: a checkpoint that mixes files of two checkpoints is refus
 }
 
 namespace {
-
-/// Rewrites the safetensors file at path without the dopt.checkpoint.*
-/// metadata (as a dopt-train before identities wrote it), fresh checksums.
-void strip_identity(const fs::path& path) {
-  dopt::SafetensorsFile f = dopt::read_safetensors(path.string());
-  for (auto it = f.metadata.begin(); it != f.metadata.end();)
-    it = it->first.rfind("dopt.checkpoint.", 0) == 0 ? f.metadata.erase(it) : std::next(it);
-  dopt::write_safetensors(path.string(), f.tensors, f.metadata);
-}
 
 /// Edits dir/checkpoint.json.
 template <class F>
@@ -764,7 +769,10 @@ TEST_CASE("dopt-train: a current checkpoint.json without its identity is refused
           "steps checked",
           "[train][multiprocess][reliability]") {
   // Issue 41 review: removing "identity" from checkpoint.json turned the
-  // mixed-step check off (the loader took it for an older checkpoint).
+  // mixed-step check off (the loader took it for an older checkpoint). The
+  // Checkpointer's manifest is sealed by its digest; checkpoints of a
+  // dopt-train before it ("dopt-train-checkpoint/1" and "/2") are refused,
+  // naming the folder and how to go on (docs/dopt-train.md, "Checkpoints").
   TempDir dir("dopt-train-noident", "ck");
   const fs::path ck = dir.path / "ck", s20 = ck / "step-00000020", s40 = ck / "step-00000040";
   auto run = [&](const std::vector<std::string>& more, long steps) {
@@ -774,50 +782,45 @@ TEST_CASE("dopt-train: a current checkpoint.json without its identity is refused
   INFO(a.out);
   REQUIRE(a.ok());
   const auto j40 = nlohmann::json::parse(slurp((s40 / "checkpoint.json").string()));
-  CHECK(j40.at("format") == "dopt-train-checkpoint/2");
-  const std::string run_id = j40.at("identity").at("run").get<std::string>();
+  CHECK(j40.at("format") == "dopt-checkpoint/1");
   const std::string json40 = (s40 / "checkpoint.json").string();
-  SECTION("identity removed from a format-2 checkpoint.json") {
-    edit_checkpoint_json(s40, [](auto& j) { j.erase("identity"); });
-    fs::copy_file(s20 / "optim-rank1-of-2.safetensors", s40 / "optim-rank1-of-2.safetensors",
-                  fs::copy_options::overwrite_existing);
+  SECTION("the manifest's file list emptied in checkpoint.json") {
+    edit_checkpoint_json(s40, [](auto& j) { j["files"] = nlohmann::json::array(); });
+    fs::copy_file(s20 / optim_file("zero", 1, 2), s40 / optim_file("zero", 1, 2), fs::copy_options::overwrite_existing);
     const Done d = run({"--resume-from", s40.string()}, 60);
     INFO(d.out);
     CHECK(d.failed());
-    CHECK(contains(d.out, "dopt-train: error: resume: " + json40 +
-                              " is format \"dopt-train-checkpoint/2\" but carries no \"identity\""));
+    CHECK(contains(d.out, "dopt-train: error: Checkpointer::load_from [rank 0]: " + json40 +
+                              ": the manifest digest does not match its contents"));
     CHECK_FALSE(contains(d.out, "resuming from"));
   }
-  SECTION("identity removed and the format turned back to 1") {
-    edit_checkpoint_json(s40, [](auto& j) {
-      j.erase("identity");
-      j["format"] = "dopt-train-checkpoint/1";
-    });
+  SECTION("the format turned back to an older dopt-train's") {
+    edit_checkpoint_json(s40, [](auto& j) { j["format"] = "dopt-train-checkpoint/1"; });
     const Done d = run({"--resume-from", s40.string()}, 60);
     INFO(d.out);
     CHECK(d.failed());
-    CHECK(contains(d.out, "model-rank0-of-2.safetensors carries the identity of step 40 of run " + run_id + ", but " +
-                              json40 + " has none"));
+    CHECK(contains(d.out, "dopt-train: error: checkpoint: checkpoints of an older dopt-train, which this one does "
+                          "not read: " + s40.string() + " (dopt-train-checkpoint/1)"));
+    CHECK_FALSE(contains(d.out, "resuming from"));
   }
-  SECTION("a genuine format-1 checkpoint resumes, and a file of another step in it is refused") {
-    for (const fs::path& s : {s20, s40}) {
-      for (const auto& e : fs::directory_iterator(s))
-        if (e.path().extension() == ".safetensors") strip_identity(e.path());
-      edit_checkpoint_json(s, [](auto& j) {
-        j.erase("identity");
-        j["format"] = "dopt-train-checkpoint/1";
+  SECTION("a genuine checkpoint of an older dopt-train is refused, naming its folder and how to go on") {
+    for (const fs::path& s : {s20, s40})
+      edit_checkpoint_json(s, [](auto& j) {  // as dopt-train wrote them before the Checkpointer
+        j = {{"format", "dopt-train-checkpoint/2"}, {"step", j.at("step")}, {"run", {{"optim", "zero"}}}};
       });
+    const std::string both = s20.string() + " (dopt-train-checkpoint/2), " + s40.string() + " (dopt-train-checkpoint/2)";
+    for (const auto& more : std::vector<std::vector<std::string>>{{"--resume-from", s40.string()},
+                                                                  {"--checkpoint-dir", ck.string(), "--resume"},
+                                                                  {"--checkpoint-dir", ck.string()}}) {
+      const Done d = run(more, 60);
+      INFO(d.out);
+      CHECK(d.failed());
+      CHECK(contains(d.out, "dopt-train: error: checkpoint: checkpoints of an older dopt-train, which this one does "
+                            "not read: " + (more[0] == "--resume-from" ? s40.string() + " (dopt-train-checkpoint/2)"
+                                                                       : both)));
+      CHECK(contains(d.out, "Finish that run with the dopt-train that wrote them, or start afresh"));
+      CHECK_FALSE(contains(d.out, "step 41"));
     }
-    const Done ok = run({"--resume-from", s40.string()}, 50);
-    INFO(ok.out);
-    CHECK(ok.ok());
-    fs::copy_file(s20 / "model-rank1-of-2.safetensors", s40 / "model-rank1-of-2.safetensors",
-                  fs::copy_options::overwrite_existing);
-    const Done d = run({"--resume-from", s40.string()}, 60);
-    INFO(d.out);
-    CHECK(d.failed());
-    CHECK(contains(d.out, (s40 / "model-rank1-of-2.safetensors").string() + " holds step 20, but the checkpoint " +
-                              s40.string() + " is step 40: the folder mixes files of different checkpoints"));
   }
 }
 
@@ -825,20 +828,24 @@ TEST_CASE("dopt-train: two ranks' checkpoint files swapped are refused, naming t
           "rank loading it",
           "[train][multiprocess][reliability]") {
   // Issue 41 review: post-local SGD's model files differ per rank, and rank
-  // 0's and rank 1's swapped resumed silently.
+  // 0's and rank 1's swapped resumed silently. Its parameters are in the rank
+  // files; ZeRO's optimizer shards are files of their own.
+  const std::string kind = GENERATE("model", "optim");
+  INFO(kind << " files swapped");
+  const std::string mode = kind == "model" ? "post-local-sgd" : "zero";
   TempDir dir("dopt-train-swap", "ck");
   const fs::path ck = dir.path / "ck", s40 = ck / "step-00000040";
   auto run = [&](const std::vector<std::string>& more, long steps) {
-    auto a = args_of("post-local-sgd", 2, steps, {"--plsgd-warmup", "5", "--plsgd-period", "100"});
+    auto a = args_of(mode, 2, steps, {});
+    if (mode == "post-local-sgd") a.insert(a.end(), {"--plsgd-warmup", "5", "--plsgd-period", "100"});
     a.insert(a.end(), more.begin(), more.end());
     return train_under_dopt_run(2, a);
   };
   const Done a = run({"--checkpoint-dir", ck.string(), "--checkpoint-every", "40"}, 40);
   INFO(a.out);
   REQUIRE(a.ok());
-  const std::string kind = GENERATE("model", "optim");
-  INFO(kind << " files swapped");
-  const fs::path f0 = s40 / (kind + "-rank0-of-2.safetensors"), f1 = s40 / (kind + "-rank1-of-2.safetensors");
+  auto file_of = [&](int r) { return s40 / (kind == "model" ? model_file(mode, r, 2) : optim_file(mode, r, 2)); };
+  const fs::path f0 = file_of(0), f1 = file_of(1);
   CHECK(metadata_of(f0, "dopt.checkpoint.rank") == "0");
   CHECK(metadata_of(f1, "dopt.checkpoint.rank") == "1");
   if (kind == "model") CHECK(slurp(f0.string()) != slurp(f1.string()));  // the ranks differ: a swap matters
@@ -848,9 +855,9 @@ TEST_CASE("dopt-train: two ranks' checkpoint files swapped are refused, naming t
   const Done d = run({"--resume-from", s40.string()}, 60);
   INFO(d.out);
   CHECK(d.failed());
-  CHECK(contains(d.out, "dopt-train: error: resume: " + f0.string() +
-                            " holds rank 1's state (dopt.checkpoint.rank 1), but rank 0 loads it: the ranks' files "
-                            "were swapped or renamed"));
+  CHECK(contains(d.out, "dopt-train: error: Checkpointer::load_from [rank 0]: " + f0.string() +
+                            " was written by rank 1 (dopt.checkpoint.rank), but the checkpoint " + s40.string()));
+  CHECK(contains(d.out, "lists it as rank 0's: the ranks' files were swapped or renamed"));
   CHECK_FALSE(contains(d.out, "resuming from"));
 }
 
@@ -878,14 +885,15 @@ TEST_CASE("dopt-train: step folders renamed are refused by --resume, and --keep-
     const Done d = run({"--checkpoint-dir", ck.string(), "--resume"}, 60);
     INFO(d.out);
     CHECK(d.failed());
-    CHECK(contains(d.out, "dopt-train: error: resume: --resume: the name of a checkpoint folder in " + ck.string() +
-                              " disagrees with the step its checkpoint.json holds (" + step_dir(20).string() +
-                              " holds step 40, " + step_dir(40).string() + " holds step 20)"));
+    CHECK(contains(d.out, "dopt-train: error: Checkpointer::load_latest [rank 0]: cannot tell which checkpoint in " +
+                              ck.string() + " is the newest: "));
+    CHECK(contains(d.out, step_dir(20).string() + " holds step 40 (its checkpoint.json), not the step its name says"));
+    CHECK(contains(d.out, step_dir(40).string() + " holds step 20 (its checkpoint.json), not the step its name says"));
     CHECK_FALSE(contains(d.out, "resuming from"));
     const Done e = run({"--resume-from", step_dir(40).string()}, 60);
     INFO(e.out);
     CHECK(e.failed());
-    CHECK(contains(e.out, "dopt-train: error: resume: " + step_dir(40).string() +
+    CHECK(contains(e.out, "dopt-train: error: Checkpointer::load_from [rank 0]: " + step_dir(40).string() +
                               " is named for step 40, but its checkpoint.json holds step 20"));
   }
   SECTION("the newest under an old name: never resumed past, never pruned") {
@@ -893,7 +901,7 @@ TEST_CASE("dopt-train: step folders renamed are refused by --resume, and --keep-
     const Done d = run({"--checkpoint-dir", ck.string(), "--resume"}, 60);
     INFO(d.out);
     CHECK(d.failed());  // not a silent resume at step 30
-    CHECK(contains(d.out, step_dir(5).string() + " holds step 40)"));
+    CHECK(contains(d.out, step_dir(5).string() + " holds step 40 (its checkpoint.json)"));
     CHECK_FALSE(contains(d.out, "resuming from"));
     const Done k = run({"--resume-from", step_dir(30).string(), "--checkpoint-dir", ck.string(), "--checkpoint-every",
                         "10", "--keep-last", "2"},
@@ -901,7 +909,7 @@ TEST_CASE("dopt-train: step folders renamed are refused by --resume, and --keep-
     INFO(k.out);
     REQUIRE(k.ok());
     CHECK(contains(k.out, "dopt-train: warning: --keep-last: kept " + step_dir(5).string() +
-                              ": it holds step 40 (its checkpoint.json), not the step its name says"));
+                              " holds step 40 (its checkpoint.json), not the step its name says"));
     std::vector<std::string> left;
     for (const auto& e : fs::directory_iterator(ck)) left.push_back(e.path().filename().string());
     std::sort(left.begin(), left.end());

@@ -27,7 +27,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -111,22 +110,29 @@ std::string nonfinite_parameter(const Mlp& model) {
   return {};
 }
 
-/// Every rank probes the checkpoint folder before the first step; all fail
-/// together, each naming the ranks that cannot write.
-void check_checkpoint_dir(dopt::ProcessGroup& world, const std::string& dir, int rank) {
-  const std::string why = probe_checkpoint_dir(dir, rank);
-  std::vector<Tensor> all;
-  for (int k = 0; k < world.size(); ++k) all.push_back(Tensor::zeros({1}, dopt::DType::float64));
-  world.all_gather(all, Tensor::full({1}, why.empty() ? 0.0 : 1.0, dopt::DType::float64));
-  std::string bad;
-  for (int k = 0; k < world.size(); ++k)
-    if (all[static_cast<std::size_t>(k)].at(0) != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(k);
-  if (!why.empty())
-    throw dopt::IOError("checkpoint", "--checkpoint-dir cannot be used: " + why + " (checked before the first step)",
-                        rank);
-  if (!bad.empty())
-    throw dopt::IOError("checkpoint", "--checkpoint-dir " + dir + " cannot be used on rank(s) " + bad +
-                                          " (see their error; checked before the first step)", rank);
+/// The checkpoints' Checkpointer options: --checkpoint-dir (or, to resume
+/// without one, the folder holding --resume-from: it only loads), --keep-last,
+/// rank 0's commits reported into `commits`.
+dopt::CheckpointerOptions checkpointer_options(dopt::ProcessGroup world, const Options& o, CommitLog& commits) {
+  dopt::CheckpointerOptions co;
+  co.group = std::move(world);
+  co.dir = o.checkpoint_dir;
+  if (co.dir.empty()) co.dir = fs::path(o.resume_from).parent_path().string();
+  if (co.dir.empty()) co.dir = ".";
+  co.keep_last = o.keep_last;
+  co.on_commit = [&commits](const dopt::CheckpointCommit& c) { commits.add(c); };
+  return co;
+}
+
+/// Every rank checks --checkpoint-dir before the first step; all fail
+/// together (Checkpointer::check_dir), each naming why.
+void check_checkpoint_dir(dopt::Checkpointer& ckpt, int rank) {
+  try {
+    ckpt.check_dir();
+  } catch (const dopt::IOError& e) {
+    throw dopt::IOError("checkpoint", "--checkpoint-dir cannot be used: " + e.detail() +
+                                          " (checked before the first step)", rank);
+  }
 }
 
 /// --survive: this rank was cut off or removed from the job (set by the user
@@ -171,34 +177,42 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   // rank 0, and after a loss (--survive) the survivors' rank 0, so that a
   // lost rank 0 hands it on (docs/fault-tolerance.md).
   bool lead = rank == 0;
-  if (!o.checkpoint_dir.empty()) check_checkpoint_dir(world, o.checkpoint_dir, rank);
+  // Checkpoints (docs/dopt-train.md, "Checkpoints"); commits and the run's
+  // settings outlive the Checkpointer that reports into and reads them.
+  CommitLog commits(o.keep_last);
+  std::map<std::string, std::string> run_settings = plan.run.to_extras();
+  std::optional<dopt::Checkpointer> ckpt;
+  if (!o.checkpoint_dir.empty() || !o.resume_from.empty()) ckpt.emplace(checkpointer_options(world, o, commits));
+  if (!o.checkpoint_dir.empty()) check_checkpoint_dir(*ckpt, rank);
 
   Shard shard(o.data, rank, world_size);
   Mlp model(o.data.input_dim, o.hidden, o.layers, o.data.classes, o.data.seed);
   std::unique_ptr<Strategy> strategy = make_strategy(plan.strategy, model.params(), world);
   std::int64_t first = 0;
-  if (plan.resume) {
-    first = plan.resume->step;
-    verify_checkpoint_files(*plan.resume);  // every file of it is of this checkpoint
-    load_model(plan.resume->dir, rank, world_size, model, first);
-    strategy->load(plan.resume->dir, first);
-  }
-  // The run's id in its checkpoints: a resumed run keeps it; a new one gets
-  // rank 0's (every rank must write the same).
-  std::string run_id;
-  if (!o.checkpoint_dir.empty()) {
-    if (plan.resume && plan.resume->identity) {
-      run_id = plan.resume->identity->run;
-    } else {
-      Tensor id = Tensor::zeros({1}, dopt::DType::int64);
-      if (rank == 0) id.data<std::int64_t>()[0] = static_cast<std::int64_t>(std::stoull(new_run_id(), nullptr, 16));
-      world.broadcast(id, 0);
-      char buf[17];
-      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id.data<std::int64_t>()[0]));
-      run_id = buf;
+  std::string resumed_from;  // the checkpoint's folder, when resuming
+  if (ckpt) {
+    // The settings first: a load checks them before the model's shapes.
+    ckpt->add_extras("run", run_settings, dopt::Placement::replicated,
+                     [&plan](const std::map<std::string, std::string>& saved, const std::string& folder) {
+                       check_compatible(saved, plan.run, folder);
+                     });
+    strategy->add_to(*ckpt, model.named_params());
+    if (!o.resume_from.empty()) {
+      first = ckpt->load_from(o.resume_from);
+      resumed_from = o.resume_from;
+    } else if (o.resume) {
+      if (const auto step = ckpt->load_latest()) {
+        first = *step;
+        resumed_from = ckpt->folder(first);
+      } else if (o.resume_mode == "required") {
+        throw dopt::IOError("resume", "--resume=required but there is no complete checkpoint in " + o.checkpoint_dir);
+      } else if (rank == 0) {
+        std::printf("dopt-train: note: no checkpoint in %s yet: starting at step 0\n", o.checkpoint_dir.c_str());
+        std::fflush(stdout);
+      }
     }
+    if (!resumed_from.empty()) strategy->resumed(first);
   }
-
   const bool tty = ::isatty(1) != 0;
   std::optional<MetricsWriter> metrics;
   std::vector<std::pair<std::int64_t, double>> history;
@@ -212,8 +226,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       std::printf("data: %s synthetic samples (teacher network, seed %llu), about %s per rank\n",
                   thousands(o.data.samples).c_str(), static_cast<unsigned long long>(o.data.seed),
                   thousands(shard.size()).c_str());
-      if (plan.resume)
-        std::printf("resuming from %s at step %lld\n", plan.resume->dir.c_str(), static_cast<long long>(first));
+      if (!resumed_from.empty())
+        std::printf("resuming from %s at step %lld\n", resumed_from.c_str(), static_cast<long long>(first));
       std::fflush(stdout);
     }
   }
@@ -224,7 +238,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   std::vector<StepRecord> records;
 
   bool params_nonfinite = false;  // after the latest step, on some rank (--nonfinite warn)
-  std::set<std::string> warned_kept;  // --keep-last: each folder it keeps for a reason is named once
+  // A collective of the ranks: snapshots the state and returns; rank 0's
+  // background writer commits it (reported through `commits`).
   auto save_checkpoint = [&](std::int64_t step) {
     if (params_nonfinite) {
       if (lead)
@@ -232,30 +247,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
                       ": the parameters hold non-finite values");
       return;
     }
-    const fs::path final_dir = fs::path(o.checkpoint_dir) / step_dir_name(step);
-    const fs::path tmp = final_dir.string() + ".tmp";
-    if (lead) {
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-    }
-    world.barrier();
-    const CheckpointIdentity id = CheckpointIdentity::of(step, run_id, world_size);
-    save_model(tmp.string(), rank, model, id);
-    strategy->save(tmp.string(), id.metadata(rank));  // a collective (ZeRO: save_sharded)
-    world.barrier();
-    if (lead) {
-      write_checkpoint_info(tmp.string(), plan.run, id);
-      fs::remove_all(final_dir);
-      fs::rename(tmp, final_dir);
-      if (metrics) metrics->flush();
-      progress.note("checkpoint: " + final_dir.string() + " (step " + std::to_string(step) + ")");
-      std::vector<std::string> kept;
-      for (const std::string& gone : prune_checkpoints(o.checkpoint_dir, o.keep_last, &kept))
-        progress.note("removed " + gone + " (--keep-last " + std::to_string(o.keep_last) + ")");
-      for (const std::string& why : kept)
-        if (warned_kept.insert(why).second) progress.note("dopt-train: warning: " + why);
-    }
-    world.barrier();
+    ckpt->wait();  // the previous save: committed, or its error thrown on every rank
+    if (metrics) metrics->flush();
+    ckpt->save_async(step);
   };
 
   Tensor stats = Tensor::zeros({4}, dopt::DType::float64);
@@ -399,6 +393,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       if (o.survive) records.push_back(rec);
       if (lead && metrics) metrics->write(rec);
       if (lead) progress.update(rec);
+      if (lead)
+        for (const std::string& line : commits.take()) progress.note(line);
     }
     if (o.checkpoint_every > 0 && (s + 1) % o.checkpoint_every == 0) save_checkpoint(s + 1), saved_at = s + 1;
     if (stop) {
@@ -409,6 +405,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   }
   if (interrupted_at < 0 && !o.checkpoint_dir.empty() && o.steps > first && saved_at != o.steps)
     save_checkpoint(o.steps);
+  if (ckpt) ckpt->wait();  // the last save is committed (or its error thrown) before the report
+  if (lead)
+    for (const std::string& line : commits.take()) progress.note(line);
   progress.finish();
   if (!o.dump_params.empty())
     dump_params(world, model, o.dump_params, interrupted_at >= 0 ? interrupted_at : std::max(first, o.steps));
@@ -696,22 +695,7 @@ int main(int argc, char** argv) {
     plan.run.diloco_wire = o.diloco_wire;
     plan.run.diloco_error_feedback = o.diloco_error_feedback;
 
-    std::string resume_dir = o.resume_from;
-    if (o.resume) {
-      auto latest = find_latest_checkpoint(o.checkpoint_dir);  // IOError: not a folder, cannot be listed
-      if (latest) {
-        resume_dir = *latest;
-      } else if (o.resume_mode == "required") {
-        throw dopt::IOError("resume", "--resume=required but there is no complete checkpoint in " + o.checkpoint_dir);
-      } else if (!env || env->rank == 0) {
-        std::printf("dopt-train: note: no checkpoint in %s yet: starting at step 0\n", o.checkpoint_dir.c_str());
-        std::fflush(stdout);
-      }
-    }
-    if (!resume_dir.empty()) {
-      plan.resume = read_checkpoint_info(resume_dir);
-      check_compatible(*plan.resume, plan.run);
-    }
+    refuse_older_checkpoints(o.checkpoint_dir, o.resume_from);
 
     if (o.optim == "remote") {
 #ifdef DOPT_TRAIN_HAVE_REMOTE

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,6 +135,12 @@ class Mlp {
 
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
+  /// The parameters by name ("fc1.weight", ...), sharing their storage.
+  std::map<std::string, Tensor> named_params() const {
+    std::map<std::string, Tensor> out;
+    for (std::size_t i = 0; i < params_.size(); ++i) out.emplace(names_[i], params_[i]);
+    return out;
+  }
   std::int64_t numel() const {
     std::int64_t n = 0;
     for (const Tensor& p : params_) n += p.numel();

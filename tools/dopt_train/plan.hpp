@@ -3,7 +3,6 @@
 // from them; shared by the training loops (main.cpp, remote.cpp).
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -70,7 +69,6 @@ struct Plan {
   StrategyConfig strategy;
   int world_size = 1;
   bool launched = false;
-  std::optional<CheckpointInfo> resume;
 };
 
 

@@ -1,7 +1,6 @@
 #include "strategy.hpp"
 
 #include <algorithm>
-#include <filesystem>
 #include <functional>
 #include <utility>
 
@@ -12,11 +11,9 @@
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/state_dict.hpp"
 
 namespace dopt_train {
 
-namespace fs = std::filesystem;
 using namespace dopt::optim;
 
 namespace {
@@ -39,6 +36,11 @@ std::int64_t nbytes_of(const std::vector<Tensor>& ps) {
   std::int64_t n = 0;
   for (const Tensor& p : ps) n += static_cast<std::int64_t>(p.nbytes());
   return n;
+}
+
+/// The parameters as a checkpoint's item "model" (Strategy::add_to).
+void add_params(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params, dopt::Placement placement) {
+  ckpt.add_tensors("model", params, placement, dopt::TensorValues::finite);
 }
 
 /// What a ring all-reduce of `bytes` over n ranks sends per rank.
@@ -132,8 +134,10 @@ class ZeroStrategy : public Strategy {
     for (const auto& group : zero_.partition()[static_cast<std::size_t>(zero_.rank())]) n += numel_of(group);
     return n;
   }
-  void save(const std::string& dir, const Metadata& identity) override { zero_.save_sharded(dir, identity); }
-  void load(const std::string& dir, std::int64_t) override { zero_.load_sharded(dir); }
+  void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) override {
+    add_params(ckpt, params, dopt::Placement::replicated);
+    ckpt.add_optimizer("optim", zero_);
+  }
   double lr() const override { return zero_.param_groups()[0].options->get_lr(); }
 
  private:
@@ -159,7 +163,7 @@ class DdpStrategy : public Strategy {
                  reducer_options(cfg.survive, [this](const ZeroRecovery& r) { on_change(r); })),
         ranks_(reducer_.process_group().ranks()),
         opt_(make_optimizer(cfg.inner, {OptimizerParamGroup(params)})),
-        rank_(world.rank()), world_size_(world.size()), per_step_(ring_bytes(nbytes_of(params), world.size())) {}
+        per_step_(ring_bytes(nbytes_of(params), world.size())) {}
   std::string describe() const override { return "DDP(" + opt_->name() + ")"; }
   void grad_ready(const Tensor& p) override { reducer_.mark_ready(p); }
   void finish_step() override {
@@ -170,11 +174,9 @@ class DdpStrategy : public Strategy {
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(*opt_); }
   std::int64_t owned_numel() const override { return numel_of(opt_->all_params()); }
-  void save(const std::string& dir, const Metadata& identity) override {
-    save_optim_state(opt_->state_dict(), dir, rank_, world_size_, identity);
-  }
-  void load(const std::string& dir, std::int64_t) override {
-    opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
+  void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) override {
+    add_params(ckpt, params, dopt::Placement::replicated);
+    ckpt.add_optimizer("optim", *opt_, dopt::Placement::replicated);  // the same averaged gradients on every rank
   }
   double lr() const override { return opt_->param_groups()[0].options->get_lr(); }
   void recover() override {
@@ -192,7 +194,6 @@ class DdpStrategy : public Strategy {
   Reducer reducer_;
   std::vector<int> ranks_, lost_;
   std::unique_ptr<Optimizer> opt_;
-  int rank_, world_size_;
   std::uint64_t per_step_ = 0, sent_ = 0;
 };
 
@@ -203,7 +204,7 @@ class DdpStrategy : public Strategy {
 class PostLocalSgdStrategy : public Strategy {
  public:
   PostLocalSgdStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
-      : reducer_(params, world), rank_(world.rank()), world_size_(world.size()) {
+      : reducer_(params, world) {
     PostLocalSGDConfig pc{world};
     pc.start_localSGD_iter = cfg.plsgd_warmup;
     pc.period = cfg.plsgd_period;
@@ -236,11 +237,12 @@ class PostLocalSgdStrategy : public Strategy {
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(opt_->optim()); }
   std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
-  void save(const std::string& dir, const Metadata& identity) override {
-    save_optim_state(opt_->state_dict(), dir, rank_, world_size_, identity);
+  /// The parameters differ between the ranks' averagings: per rank.
+  void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) override {
+    add_params(ckpt, params, dopt::Placement::per_rank);
+    ckpt.add_optimizer("optim", *opt_);
   }
-  void load(const std::string& dir, std::int64_t step) override {
-    opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
+  void resumed(std::int64_t step) override {
     // The hook counts warm-up iterations itself (it stops at start_localSGD_iter).
     hook_state_->iter = std::min(step, hook_state_->start_localSGD_iter);
     steps_ = step;
@@ -251,7 +253,6 @@ class PostLocalSgdStrategy : public Strategy {
   Reducer reducer_;
   std::shared_ptr<PostLocalSGDState> hook_state_;
   std::unique_ptr<PostLocalSGDOptimizer> opt_;
-  int rank_, world_size_;
   std::int64_t warmup_ = 0, period_ = 1;
   std::uint64_t grad_global_ = 0, grad_local_ = 0, params_ = 0, sent_ = 0;
   std::int64_t steps_ = 0;
@@ -261,8 +262,7 @@ class PostLocalSgdStrategy : public Strategy {
 /// DiLoCoAverager synchronises the parameters through the outer optimizer.
 class DiLoCoStrategy : public Strategy {
  public:
-  DiLoCoStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
-      : rank_(world.rank()), world_size_(world.size()) {
+  DiLoCoStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world) {
     // The same initial parameters on every rank (the reducers of the other
     // modes broadcast them; here it is done once, explicitly).
     world.broadcast_coalesced(params, 0);
@@ -306,18 +306,18 @@ class DiLoCoStrategy : public Strategy {
     return b;
   }
   std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
-  void save(const std::string& dir, const Metadata& identity) override {
-    save_optim_state(opt_->state_dict(), dir, rank_, world_size_, identity);
-  }
-  void load(const std::string& dir, std::int64_t) override {
-    opt_->load_state_dict(dopt::load_state_dict((fs::path(dir) / optim_file_name(rank_, world_size_)).string()));
+  /// Per rank, like post-local SGD's; the averager's anchors and outer state,
+  /// the same on every rank, go to its own shards (the Checkpointer turns
+  /// DiLoCo's sharded checkpoints on).
+  void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) override {
+    add_params(ckpt, params, dopt::Placement::per_rank);
+    ckpt.add_optimizer("optim", *opt_);
   }
   double lr() const override { return opt_->param_groups()[0].options->get_lr(); }
 
  private:
   std::unique_ptr<PostLocalSGDOptimizer> opt_;
   DiLoCoAverager* diloco_ = nullptr;
-  int rank_, world_size_;
 };
 
 }  // namespace
@@ -349,16 +349,6 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::ve
   if (cfg.mode == "ddp") return std::make_unique<DdpStrategy>(cfg, params, world);
   if (cfg.mode == "diloco") return std::make_unique<DiLoCoStrategy>(cfg, params, world);
   return std::make_unique<PostLocalSgdStrategy>(cfg, params, world);
-}
-
-void save_optim_state(dopt::StateDict sd, const std::string& dir, int rank, int world_size,
-                      const Metadata& identity) {
-  for (const auto& [k, v] : identity) sd.metadata[k] = v;
-  dopt::save_state_dict(sd, (fs::path(dir) / optim_file_name(rank, world_size)).string());
-}
-
-std::string optim_file_name(int rank, int world_size) {
-  return ZeroRedundancyOptimizer::shard_file_name(rank, world_size);
 }
 
 }  // namespace dopt_train

@@ -25,15 +25,13 @@
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
+#include "dopt/distributed/checkpointer.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt_train {
 
 using dopt::Tensor;
-/// Metadata entries (a checkpoint's identity).
-using Metadata = std::map<std::string, std::string>;
 
 struct StrategyConfig {
   std::string mode;                  // zero | ddp | post-local-sgd | remote
@@ -72,11 +70,16 @@ class Strategy {
   virtual std::int64_t state_bytes() const = 0;
   /// Parameter elements whose optimizer state this rank holds.
   virtual std::int64_t owned_numel() const = 0;
-  /// Collective: writes this rank's optimizer state into dir, with the
-  /// checkpoint's identity (CheckpointIdentity::metadata()) in its metadata.
-  virtual void save(const std::string& dir, const Metadata& identity) = 0;
-  /// Local: reads this rank's optimizer state from dir, saved after `step` steps.
-  virtual void load(const std::string& dir, std::int64_t step) = 0;
+  /// Local: registers what a checkpoint of this strategy holds with ckpt:
+  /// `params` as the item "model" (replicated where every rank holds the
+  /// same parameters, zero and ddp; per rank otherwise), finite values only,
+  /// then the optimizer state as "optim" (ZeRO's shards; DDP's optimizer,
+  /// replicated; post-local SGD's and DiLoCo's, per rank).
+  virtual void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) = 0;
+  /// Local: a checkpoint of `step` was loaded into what add_to registered;
+  /// sets what follows from the step alone (post-local SGD's hook counts
+  /// its warm-up itself).
+  virtual void resumed(std::int64_t /*step*/) {}
   /// The current learning rate.
   virtual double lr() const = 0;
   /// Bytes this rank has sent for the optimizer's communication since the
@@ -107,11 +110,5 @@ bool mode_available(const std::string& mode, std::string* why);
 /// broadcasts the parameters from rank 0).
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
                                         dopt::ProcessGroup world);
-
-/// Writes a local optimizer's state dict to dir/optim_file_name(rank, world_size) with `identity` added to its metadata.
-void save_optim_state(dopt::StateDict sd, const std::string& dir, int rank, int world_size, const Metadata& identity);
-
-/// The file a rank's non-ZeRO optimizer state goes to (ZeRO's save_sharded uses the same name).
-std::string optim_file_name(int rank, int world_size);
 
 }  // namespace dopt_train

@@ -14,22 +14,22 @@
 // extras. Each registered object is referenced, not copied: it must outlive
 // the Checkpointer, and save reads it, load writes it.
 //
-// Who calls what. The constructor, save, save_async, load and load_latest
-// are collectives of CheckpointerOptions::group: every rank of it calls them
-// in the same order, from the thread that issues its other collectives, with
-// the same step and the same items registered (same names, kinds and
-// placements, in the same order; a save where they differ fails on every
-// rank). add_*, wait and the accessors are local. Not thread-safe: one
-// thread per rank calls it. A load applies the items in the order they were
-// added.
+// Who calls what. The constructor, check_dir, save, save_async, load,
+// load_latest and load_from are collectives of CheckpointerOptions::group:
+// every rank of it calls them in the same order, from the thread that
+// issues its other collectives, with the same step and the same items
+// registered (same names, kinds and placements, in the same order; a save
+// where they differ fails on every rank). add_*, wait and the accessors are
+// local. Not thread-safe: one thread per rank calls it. A load checks and
+// then applies the items in the order they were added.
 //
 // Collectives it runs. On the caller's thread: a DiLoCo averager's
 // save_sharded (a barrier of its group) inside save/save_async, and its own
 // agreements (an all_gather of a small record per rank) on the
-// commit group at construction, at the start of a save and in
-// load/load_latest. On the background writer thread: the two agreements of
-// a save's commit, on the commit group only, never on `group`, so they do
-// not interleave with the user's collectives. The commit group is
+// commit group at construction, at the start of a save, in check_dir and
+// in the loads. On the background writer thread: the two agreements of a
+// save's commit, on the commit group only, never on `group`, so they do not
+// interleave with the user's collectives; then, on rank 0, on_commit. The commit group is
 // CheckpointerOptions::commit_group or, left invalid, one the constructor
 // makes with group.new_group(group.ranks()).
 //
@@ -92,6 +92,20 @@ enum class Placement {
   per_rank,
 };
 
+/// What a committed save did, as rank 0 saw it (CheckpointerOptions::on_commit).
+struct CheckpointCommit {
+  std::int64_t step = 0;
+  /// The checkpoint's folder (dir/step-XXXXXXXX).
+  std::string folder;
+  /// The folders keep_last removed.
+  std::vector<std::string> removed;
+  /// The folders keep_last kept although they are named like checkpoints,
+  /// a line each saying why ("D/step-00000005 holds step 40 (its
+  /// checkpoint.json), not the step its name says", "cannot read ..."):
+  /// neither removed nor counted.
+  std::vector<std::string> kept;
+};
+
 struct CheckpointerOptions {
   /// The ranks that save and load together (required).
   ProcessGroup group;
@@ -113,7 +127,32 @@ struct CheckpointerOptions {
   /// Testing aid: called on the writer thread with the path of each file
   /// just before it writes it.
   std::function<void(const std::string& path)> before_write = {};
+  /// Called on rank 0's writer thread once a save is committed (renamed,
+  /// keep_last applied), so that a trainer can report it; the caller's
+  /// thread runs on meanwhile, so it must only hand the report over (a
+  /// queue under a mutex). When set, the kept lines go only to it (else to
+  /// dopt::notice_once). What it throws is the save's error on every rank
+  /// (the checkpoint stays committed).
+  std::function<void(const CheckpointCommit& commit)> on_commit = {};
 };
+
+/// What a load accepts in named tensors (add_tensors), beyond their shapes
+/// and dtypes.
+enum class TensorValues {
+  any,
+  /// Finite floating-point values only: a NaN or an infinity is refused
+  /// (StateDictError "FILE: tensor 'NAME/KEY' holds NaN at element 3 of
+  /// 4096 ..."), for parameters that training never leaves non-finite, so
+  /// that such a file is damaged or planted.
+  finite,
+};
+
+/// Checks the extras a load found (add_extras), before anything is loaded;
+/// `folder` is the checkpoint's. Called on every rank in the load's first
+/// half, on the caller's thread: to refuse the checkpoint it throws (a
+/// dopt::Error subclass: ValueError for "another run"), and the load fails
+/// on every rank with nothing loaded.
+using ExtrasCheck = std::function<void(const std::map<std::string, std::string>& saved, const std::string& folder)>;
 
 class Checkpointer {
  public:
@@ -129,8 +168,9 @@ class Checkpointer {
 
   // --- what is saved (local; names: letters, digits, '-', '_', '.', unique) ---
   /// Named tensors (parameters, buffers), on any device; load copies into
-  /// them (same shapes and dtypes).
-  void add_tensors(const std::string& name, std::map<std::string, Tensor> tensors, Placement placement);
+  /// them (same shapes and dtypes; with TensorValues::finite, finite values).
+  void add_tensors(const std::string& name, std::map<std::string, Tensor> tensors, Placement placement,
+                   TensorValues values = TensorValues::any);
   /// A local optimizer (state_dict / load_state_dict): replicated for data
   /// parallelism with averaged gradients, per_rank otherwise.
   void add_optimizer(const std::string& name, optim::Optimizer& optimizer, Placement placement);
@@ -154,10 +194,21 @@ class Checkpointer {
   /// over all ranks (StateDictError when that does not divide); load sets
   /// the sampler's epoch and the offset.
   void add_data_position(const std::string& name, DistributedSampler& sampler, std::int64_t& offset);
-  /// Free-form strings (a config, a metric); load replaces the map.
-  void add_extras(const std::string& name, std::map<std::string, std::string>& extras, Placement placement);
+  /// Free-form strings (a config, a metric); load replaces the map. With a
+  /// check, a load first hands it what it found (see ExtrasCheck): items are
+  /// checked in the order they were added, so an extras item added first is
+  /// checked before any other item is (a run's settings before its tensors'
+  /// shapes).
+  void add_extras(const std::string& name, std::map<std::string, std::string>& extras, Placement placement,
+                  ExtrasCheck check = {});
 
   // --- saving and loading (collectives) ---------------------------------------
+  /// Checks that dir can take checkpoints, before the first save: every rank
+  /// creates it (and its parents) and writes, syncs and removes a small
+  /// probe file in it. IOError on every rank when any rank cannot: its own
+  /// reason ("cannot create a file in D: Permission denied", "D exists but
+  /// is not a folder"), or "rank 1 failed: ..." on the others.
+  void check_dir();
   /// save_async(step).get().
   void save(std::int64_t step);
   /// Snapshots and returns; the write and the commit run in the background
@@ -175,8 +226,14 @@ class Checkpointer {
   /// folder's name disagrees with the step its checkpoint.json holds, or that
   /// file cannot be read.
   std::optional<std::int64_t> load_latest();
+  /// Loads the checkpoint in `folder`, a checkpoint folder anywhere (one
+  /// named step-XXXXXXXX must hold that step), and returns its step;
+  /// otherwise as load(). Saves still go to dir.
+  std::int64_t load_from(const std::string& folder);
 
   const std::string& dir() const noexcept;
+  /// The folder save(step) commits and load(step) reads: dir/step-XXXXXXXX.
+  std::string folder(std::int64_t step) const;
   /// The run id written into the next save.
   const std::string& run() const noexcept;
 

@@ -138,7 +138,8 @@ struct Checkpointer::Impl {
     return jobs;
   }
 
-  void load_folder(const std::string& folder, const char* op);
+  /// Loads folder (see load()); returns the step it holds.
+  std::int64_t load_folder(const std::string& folder, const char* op);
 };
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique<Impl>()) {
@@ -186,13 +187,14 @@ Checkpointer::~Checkpointer() {
   if (impl_) impl_->finish_writer();
 }
 
-void Checkpointer::add_tensors(const std::string& name, std::map<std::string, Tensor> tensors, Placement placement) {
+void Checkpointer::add_tensors(const std::string& name, std::map<std::string, Tensor> tensors, Placement placement,
+                               TensorValues values) {
   static constexpr const char* op = "Checkpointer::add_tensors";
   for (const auto& [k, t] : tensors) {
     if (k.empty()) throw ValueError(op, "'" + name + "': a tensor has an empty name", impl_->rank);
     if (!t.defined()) throw ValueError(op, "'" + name + "': the tensor '" + k + "' is undefined", impl_->rank);
   }
-  impl_->add(checkpoint::make_tensors_item(name, std::move(tensors), placement), op);
+  impl_->add(checkpoint::make_tensors_item(name, std::move(tensors), placement, values), op);
 }
 
 void Checkpointer::add_optimizer(const std::string& name, optim::Optimizer& optimizer, Placement placement) {
@@ -225,8 +227,8 @@ void Checkpointer::add_data_position(const std::string& name, DistributedSampler
 }
 
 void Checkpointer::add_extras(const std::string& name, std::map<std::string, std::string>& extras,
-                              Placement placement) {
-  impl_->add(checkpoint::make_extras_item(name, extras, placement), "Checkpointer::add_extras");
+                              Placement placement, ExtrasCheck check) {
+  impl_->add(checkpoint::make_extras_item(name, extras, placement, std::move(check)), "Checkpointer::add_extras");
 }
 
 void Checkpointer::save(std::int64_t step) { save_async(step).get(); }
@@ -238,7 +240,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   m.finish_writer();
   m.in_flight = {};
   const Identity id = m.identity(step);
-  const std::string final_dir = (fs::path(m.options.dir) / checkpoint::step_dir_name(step)).string();
+  const std::string final_dir = folder(step);
   const std::string tmp = final_dir + ".tmp";
 
   // Rank 0 makes the folder; every rank must save the same items at the same step.
@@ -268,7 +270,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   // A simulated task under deterministic simulation (scheduled like the ranks).
   m.writer = detail::sim::make_thread([done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
                           dir = m.options.dir, keep_last = m.options.keep_last, hook = m.options.before_write,
-                          rank = m.rank]() mutable {
+                          on_commit = m.options.on_commit, rank = m.rank]() mutable {
     try {
       if (!err) {
         try {
@@ -292,7 +294,9 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
             fs::remove_all(final_dir);
             fs::rename(tmp, final_dir);
           });
-          checkpoint::prune(dir, keep_last);
+          CheckpointCommit report{id.step, final_dir, {}, {}};
+          report.removed = checkpoint::prune(dir, keep_last, on_commit ? &report.kept : nullptr);
+          if (on_commit) on_commit(report);
         } catch (...) {
           commit_error = std::current_exception();
         }
@@ -304,6 +308,16 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
     }
   }, "checkpoint writer");
   return m.in_flight;
+}
+
+void Checkpointer::check_dir() {
+  static constexpr const char* op = "Checkpointer::check_dir";
+  Impl& m = *impl_;
+  m.finish_writer();  // the commit group is the writer's until then
+  std::exception_ptr err;
+  if (const std::string why = checkpoint::probe_dir(m.options.dir, m.rank); !why.empty())
+    err = std::make_exception_ptr(IOError(op, why, m.rank));
+  checkpoint::agree(m.commit, err, 0, op, "the checkpoint folder " + m.options.dir + " cannot be used");
 }
 
 void Checkpointer::wait() {
@@ -321,7 +335,7 @@ void Checkpointer::load(std::int64_t step) {
   if (step < 0) throw ValueError(op, "the step is " + std::to_string(step) + " (expected >= 0)", m.rank);
   m.finish_writer();
   m.in_flight = {};
-  m.load_folder((fs::path(m.options.dir) / checkpoint::step_dir_name(step)).string(), op);
+  m.load_folder(folder(step), op);
 }
 
 std::optional<std::int64_t> Checkpointer::load_latest() {
@@ -341,11 +355,19 @@ std::optional<std::int64_t> Checkpointer::load_latest() {
   }
   const std::int64_t step = checkpoint::agree(m.commit, err, found, op, "nothing was loaded")[0];
   if (step < 0) return std::nullopt;
-  m.load_folder((fs::path(m.options.dir) / checkpoint::step_dir_name(step)).string(), op);
+  m.load_folder(folder(step), op);
   return step;
 }
 
-void Checkpointer::Impl::load_folder(const std::string& folder, const char* op) {
+std::int64_t Checkpointer::load_from(const std::string& folder) {
+  static constexpr const char* op = "Checkpointer::load_from";
+  Impl& m = *impl_;
+  m.finish_writer();
+  m.in_flight = {};
+  return m.load_folder(folder, op);
+}
+
+std::int64_t Checkpointer::Impl::load_folder(const std::string& folder, const char* op) {
   Identity id;
   checkpoint::LoadContext ctx{folder, &id, rank, world_size, {}};
   std::exception_ptr err;
@@ -392,9 +414,13 @@ void Checkpointer::Impl::load_folder(const std::string& folder, const char* op) 
   }
   checkpoint::agree(commit, err, 0, op, "some items were loaded and others not: load again before training");
   run = id.run;
+  return id.step;
 }
 
 const std::string& Checkpointer::dir() const noexcept { return impl_->options.dir; }
 const std::string& Checkpointer::run() const noexcept { return impl_->run; }
+std::string Checkpointer::folder(std::int64_t step) const {
+  return (fs::path(impl_->options.dir) / checkpoint::step_dir_name(step)).string();
+}
 
 }  // namespace dopt

@@ -26,20 +26,6 @@ namespace {
 
 using Fingerprints = std::vector<std::vector<std::uint64_t>>;
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::milliseconds(60000);
-  return o;
-}
-
-CheckpointerOptions options_for(RankContext& ctx, const std::string& dir, int keep_last = 0) {
-  CheckpointerOptions o;
-  o.group = ctx.world();
-  o.dir = dir;
-  o.keep_last = keep_last;
-  return o;
-}
-
 /// Trains steps [0, save_at), saves, trains to `end`: the fingerprints at the
 /// save and at the end, by rank.
 void run_through(int world, const std::string& dir, RigOptions ro, int save_at, int end, Fingerprints* at_save,
@@ -71,23 +57,6 @@ std::string bytes_of(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
-
-/// Every rank's error message of `fn` (empty: none), and the ops.
-struct Errors {
-  std::mutex m;
-  std::vector<std::string> what, op;
-  explicit Errors(int world) : what(static_cast<std::size_t>(world)), op(static_cast<std::size_t>(world)) {}
-  template <class F>
-  void capture(int rank, F&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(m);
-      what[static_cast<std::size_t>(rank)] = e.what();
-      op[static_cast<std::size_t>(rank)] = e.op();
-    }
-  }
-};
 
 /// Saves steps 2 and 4 at world 3 into dir (a rig without DiLoCo).
 void save_two(const std::string& dir) {
@@ -297,11 +266,7 @@ TEST_CASE("Checkpointer: keep_last keeps the newest checkpoints and removes olde
     Rig rig(ctx, 0, RigOptions{true, false, false, false});
     Checkpointer ck(options_for(ctx, dir, 2));
     rig.add_to(ck);
-    for (int t = 0; t < 5; ++t) {
-      rig.step(t);
-      ck.save_async(t + 1);
-    }
-    ck.wait();
+    train_saving_async(rig, ck, 0, 5);
   }, short_timeout());
   CHECK(names_in(dir) == std::set<std::string>{"step-00000004", "step-00000005"});
 }

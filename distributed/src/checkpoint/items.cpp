@@ -1,5 +1,6 @@
 #include "checkpoint/items.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -70,10 +71,22 @@ StateDict take_state_dict(const Item& item, const Bundle& in, const LoadContext&
 
 // --- named tensors --------------------------------------------------------------
 
+/// "holds NaN at element 3 of 4096", or "" when every value is finite.
+std::string first_nonfinite(const Tensor& t) {
+  if (!is_floating_point(t.dtype())) return {};
+  const Tensor d = t.to(DType::float64);
+  const double* p = d.data<double>();
+  for (std::int64_t k = 0; k < d.numel(); ++k)
+    if (!std::isfinite(p[k]))
+      return std::string("holds ") + (std::isnan(p[k]) ? "NaN" : p[k] > 0 ? "inf" : "-inf") + " at element " +
+             std::to_string(k) + " of " + std::to_string(d.numel());
+  return {};
+}
+
 class TensorsItem final : public Item {
  public:
-  TensorsItem(const std::string& name, std::map<std::string, Tensor> tensors, Placement p)
-      : Item(name, "tensors", placement_name(p)), tensors_(std::move(tensors)) {}
+  TensorsItem(const std::string& name, std::map<std::string, Tensor> tensors, Placement p, TensorValues values)
+      : Item(name, "tensors", placement_name(p)), tensors_(std::move(tensors)), values_(values) {}
   void snapshot(Bundle& out, const SaveContext&) override {
     for (const auto& [k, t] : tensors_) out.tensors[prefix() + k] = t.to(Device::cpu());
   }
@@ -86,6 +99,11 @@ class TensorsItem final : public Item {
       if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype())
         throw StateDictError(kLoad, where(*this, ctx) + ": '" + prefix() + k + "' is " + it->second.str() +
                                         ", the registered tensor is " + t.str(), ctx.rank);
+      if (values_ == TensorValues::finite)
+        if (const std::string bad = first_nonfinite(it->second); !bad.empty())
+          throw StateDictError(kLoad, ctx.file + ": tensor '" + prefix() + k + "' " + bad + " (item '" + name() +
+                                          "' takes finite values only: the file is damaged or was altered)",
+                               ctx.rank);
       loaded_.emplace(k, it->second);
     }
     for (const auto& [k, t] : in.tensors)
@@ -100,6 +118,7 @@ class TensorsItem final : public Item {
 
  private:
   std::map<std::string, Tensor> tensors_;
+  TensorValues values_;
   std::map<std::string, Tensor> loaded_;
 };
 
@@ -268,8 +287,8 @@ class DataPositionItem final : public Item {
 
 class ExtrasItem final : public Item {
  public:
-  ExtrasItem(const std::string& name, std::map<std::string, std::string>& extras, Placement p)
-      : Item(name, "extras", placement_name(p)), extras_(extras) {}
+  ExtrasItem(const std::string& name, std::map<std::string, std::string>& extras, Placement p, ExtrasCheck check)
+      : Item(name, "extras", placement_name(p)), extras_(extras), check_(std::move(check)) {}
   void snapshot(Bundle& out, const SaveContext&) override {
     out.metadata[prefix() + "json"] = nlohmann::json(extras_).dump();
   }
@@ -280,19 +299,21 @@ class ExtrasItem final : public Item {
       throw StateDictError(kLoad, where(*this, ctx) + ": '" + prefix() + "json' is not an object of strings: " +
                                       e.what(), ctx.rank);
     }
+    if (check_) check_(loaded_, ctx.folder);
   }
   void apply(const LoadContext&) override { extras_ = loaded_; }
 
  private:
   std::map<std::string, std::string>& extras_;
+  ExtrasCheck check_;
   std::map<std::string, std::string> loaded_;
 };
 
 }  // namespace
 
 std::unique_ptr<Item> make_tensors_item(const std::string& name, std::map<std::string, Tensor> tensors,
-                                        Placement placement) {
-  return std::make_unique<TensorsItem>(name, std::move(tensors), placement);
+                                        Placement placement, TensorValues values) {
+  return std::make_unique<TensorsItem>(name, std::move(tensors), placement, values);
 }
 std::unique_ptr<Item> make_optimizer_item(const std::string& name, optim::Optimizer& optimizer, Placement placement) {
   return std::make_unique<OptimizerItem>(name, optimizer, placement);
@@ -315,8 +336,8 @@ std::unique_ptr<Item> make_data_position_item(const std::string& name, Distribut
   return std::make_unique<DataPositionItem>(name, sampler, offset);
 }
 std::unique_ptr<Item> make_extras_item(const std::string& name, std::map<std::string, std::string>& extras,
-                                       Placement placement) {
-  return std::make_unique<ExtrasItem>(name, extras, placement);
+                                       Placement placement, ExtrasCheck check) {
+  return std::make_unique<ExtrasItem>(name, extras, placement, std::move(check));
 }
 
 }  // namespace dopt::checkpoint

@@ -80,7 +80,7 @@ class Item {
 };
 
 std::unique_ptr<Item> make_tensors_item(const std::string& name, std::map<std::string, Tensor> tensors,
-                                        Placement placement);
+                                        Placement placement, TensorValues values);
 std::unique_ptr<Item> make_optimizer_item(const std::string& name, optim::Optimizer& optimizer, Placement placement);
 std::unique_ptr<Item> make_zero_item(const std::string& name, optim::ZeroRedundancyOptimizer& optimizer);
 std::unique_ptr<Item> make_post_local_sgd_item(const std::string& name, optim::PostLocalSGDOptimizer& optimizer);
@@ -90,7 +90,7 @@ std::unique_ptr<Item> make_counter_rng_item(const std::string& name, std::uint64
 std::unique_ptr<Item> make_data_position_item(const std::string& name, DistributedSampler& sampler,
                                               std::int64_t& offset);
 std::unique_ptr<Item> make_extras_item(const std::string& name, std::map<std::string, std::string>& extras,
-                                       Placement placement);
+                                       Placement placement, ExtrasCheck check);
 
 const char* placement_name(Placement p) noexcept;
 

@@ -233,11 +233,14 @@ std::optional<std::int64_t> latest_step(const std::string& dir, const char* op, 
   return s.complete.back().first;
 }
 
-std::vector<std::string> prune(const std::string& dir, int keep_last) {
+std::vector<std::string> prune(const std::string& dir, int keep_last, std::vector<std::string>* kept) {
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
   const Scan s = scan(dir, "Checkpointer::save", 0);
-  for (const std::string& o : s.odd) notice_once("Checkpointer keep_last: kept " + o + " (not removed, not counted)");
+  for (const std::string& o : s.odd) {
+    if (kept) kept->push_back(o);
+    else notice_once("Checkpointer keep_last: kept " + o + " (not removed, not counted)");
+  }
   if (s.complete.empty()) return removed;
   auto remove = [&](const fs::path& p) {
     std::error_code ec;
@@ -249,6 +252,25 @@ std::vector<std::string> prune(const std::string& dir, int keep_last) {
   for (const auto& [step, p] : s.partial)
     if (step < s.complete.back().first) remove(p);
   return removed;
+}
+
+std::string probe_dir(const std::string& dir, int rank) {
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st)) return dir + " exists but is not a folder";
+  fs::create_directories(dir, ec);
+  if (ec) return "cannot create " + dir + ": " + ec.message();
+  const std::string probe =
+      (fs::path(dir) / (".write-probe-rank" + std::to_string(rank) + "-" + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return "cannot create a file in " + dir + ": " + errno_text(errno);
+  const char byte = 0;
+  std::string why;
+  if (::write(fd, &byte, 1) != 1) why = "cannot write a file in " + dir + ": " + errno_text(errno);
+  else if (::fsync(fd) != 0) why = "cannot sync a file in " + dir + ": " + errno_text(errno);
+  ::close(fd);
+  if (::unlink(probe.c_str()) != 0 && why.empty()) why = "cannot remove a file in " + dir + ": " + errno_text(errno);
+  return why;
 }
 
 }  // namespace dopt::checkpoint

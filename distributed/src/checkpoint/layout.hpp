@@ -3,7 +3,8 @@
 // "The folder"): folder names, the identity every file carries, the manifest
 // (checkpoint.json), the check of a folder's files against it, and the scan
 // of the checkpoint folder for the newest complete checkpoint and for the
-// ones keep_last removes. Plain file work: no collectives; the callers
+// ones keep_last removes, the probe of a folder before the first save. Plain
+// file work: no collectives; the callers
 // (checkpointer.cpp) decide which rank runs what. Errors are dopt::IOError
 // with the op and rank passed in, naming the file.
 #include <cstdint>
@@ -74,8 +75,14 @@ void verify_files(const std::string& folder, const Identity& id, const char* op,
 std::optional<std::int64_t> latest_step(const std::string& dir, const char* op, int rank);
 /// Removes all but the newest keep_last complete checkpoints of dir, and the
 /// step-*.tmp folders older than the newest; a folder whose checkpoint.json
-/// cannot be read or disagrees with its name is kept (and named in a
-/// notice). Returns the folders removed.
-std::vector<std::string> prune(const std::string& dir, int keep_last);
+/// cannot be read or disagrees with its name is kept: a line for each goes
+/// to *kept, or, without kept, to a notice. Returns the folders removed.
+std::vector<std::string> prune(const std::string& dir, int keep_last, std::vector<std::string>* kept);
+
+/// Creates dir (and its parents) and writes, syncs and removes a small probe
+/// file in it, named after rank and process (so that simulated ranks do not
+/// collide). "" when that works, else what went wrong ("cannot create /x/ck:
+/// Permission denied", "D exists but is not a folder").
+std::string probe_dir(const std::string& dir, int rank);
 
 }  // namespace dopt::checkpoint

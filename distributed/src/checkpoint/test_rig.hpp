@@ -1,6 +1,7 @@
 #pragma once
 // The checkpointer tests' training rig (tests only): one rank's model and
-// optimizers, a deterministic step, and what the tests compare.
+// optimizers, a deterministic step, and what the tests compare; the
+// options and error capture the tests share.
 //   a: replicated parameters stepped by a local Adam (the same gradients on
 //      every rank, as after averaging);
 //   b: parameters of a ZeroRedundancyOptimizer (Adam; the same gradients on
@@ -8,11 +9,13 @@
 //   c: parameters of a PostLocalSGDOptimizer (SGD with momentum, averaged
 //      every 2 steps after 1): each rank's own gradients, per-rank state;
 //   a generator, a counter pair, a data position and extras.
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +30,7 @@
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "dopt/runtime/distributed_sampler.hpp"
+#include "dopt/runtime/error.hpp"
 
 namespace dopt::checkpoint_test {
 
@@ -50,6 +54,37 @@ inline std::string fresh_dir(const std::string& name) {
   made_dirs.dirs.push_back(d);
   return d.string();
 }
+
+inline SimulateOptions short_timeout() {
+  SimulateOptions o;
+  o.timeout = std::chrono::milliseconds(60000);
+  return o;
+}
+
+inline CheckpointerOptions options_for(RankContext& ctx, const std::string& dir, int keep_last = 0) {
+  CheckpointerOptions o;
+  o.group = ctx.world();
+  o.dir = dir;
+  o.keep_last = keep_last;
+  return o;
+}
+
+/// Every rank's error message of `fn` (empty: none), and the ops.
+struct Errors {
+  std::mutex m;
+  std::vector<std::string> what, op;
+  explicit Errors(int world) : what(static_cast<std::size_t>(world)), op(static_cast<std::size_t>(world)) {}
+  template <class F>
+  void capture(int rank, F&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(m);
+      what[static_cast<std::size_t>(rank)] = e.what();
+      op[static_cast<std::size_t>(rank)] = e.op();
+    }
+  }
+};
 
 /// n deterministic floats for (seed, k).
 inline Tensor values(int n, int seed) {
@@ -165,5 +200,15 @@ struct Rig {
     return out;
   }
 };
+
+/// Steps [from, to) of rig, each followed by save_async(t + 1); then waits
+/// for the last save.
+inline void train_saving_async(Rig& rig, Checkpointer& ck, int from, int to) {
+  for (int t = from; t < to; ++t) {
+    rig.step(t);
+    ck.save_async(t + 1);
+  }
+  ck.wait();
+}
 
 }  // namespace dopt::checkpoint_test
