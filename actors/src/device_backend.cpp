@@ -1,7 +1,7 @@
 #include "dopt/actors/device_backend.hpp"
 
 #include "access.hpp"
-#include "dopt/runtime/device_registry.hpp"
+#include "dopt/runtime/internal/device_registry.hpp"
 
 namespace dopt::detail {
 namespace {

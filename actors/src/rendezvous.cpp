@@ -17,7 +17,7 @@
 #include "internal.hpp"
 #include "caf_thread.hpp"
 #include "rendezvous_internal.hpp"
-#include "dopt/runtime/torch_store.hpp"
+#include "dopt/runtime/internal/torch_store.hpp"
 #include "secure_link.hpp"
 
 namespace dopt::detail {

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "cuda_util.hpp"
-#include "dopt/optim/device_step.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "dopt/optim/adadelta.hpp"
 #include "dopt/optim/adagrad.hpp"
 #include "dopt/optim/adam.hpp"

@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "dopt/optim/chunk_journal.hpp"
+#include "dopt/optim/internal/chunk_journal.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "optim_util.hpp"
 

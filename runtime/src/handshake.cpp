@@ -1,7 +1,7 @@
 // The handshake between ranks (handshake.hpp): the protocol, a blocking
 // client and the choice of the bind address (the listening server is in
 // auth_listener.cpp).
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "caf/all.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "engine/failure.hpp"
 #include "engine/op.hpp"
 #include "engine/peer_table.hpp"

@@ -14,7 +14,7 @@
 #include <random>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "engine/host_identity.hpp"
 #include "engine/rank_state.hpp"
 #include "engine/runtime_impl.hpp"

@@ -16,8 +16,8 @@
 
 #include "dopt/actors/device_backend.hpp"
 #include "dopt/actors/process_group.hpp"
-#include "dopt/distributed/device_ops.hpp"
-#include "dopt/optim/device_step.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "fake_optim_device.hpp"  // tests/support: kDev, host_view, FakeAllocator, FakeStepper
 #include "plsgd_util.hpp"
 

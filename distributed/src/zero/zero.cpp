@@ -9,7 +9,7 @@
 #include <unordered_set>
 
 #include "survive/agreement.hpp"
-#include "dopt/optim/param_checks.hpp"
+#include "dopt/optim/internal/param_checks.hpp"
 #include "zero_host_memory.hpp"
 #include "zero_internal.hpp"
 #include "zero_overlap_internal.hpp"

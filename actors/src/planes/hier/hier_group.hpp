@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "engine/executor.hpp"
 #include "engine/plane.hpp"
 #include "planes/shm/channel.hpp"

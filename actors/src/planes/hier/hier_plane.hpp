@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/group_registry.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "engine/peer_table.hpp"
 #include "engine/plane.hpp"
 #include "planes/hier/hier_group.hpp"

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "dopt/actors/sim_hooks.hpp"
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "planes/shm/futex.hpp"
 
 namespace dopt::detail::shm_plane {

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "engine/op.hpp"
 #include "engine/peer_table.hpp"
 #include "planes/shm/channel.hpp"
