@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "distributed_optimizer_detail.hpp"
+#include "distributed_optimizer_testing.hpp"
 #include "dopt/actors/rpc_membership.hpp"
 
 namespace dopt::optim {
