@@ -46,6 +46,7 @@
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "rpc_optim/distributed_optimizer_survive_scenarios.hpp"
+#include "rpc_optim/distributed_optimizer_testing.hpp"
 #include "peer_util.hpp"
 
 using namespace dopt;
