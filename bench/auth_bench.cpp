@@ -26,7 +26,7 @@
 
 #include "dopt/runtime/settings.hpp"
 #include "dopt/actors/distributed.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/tensor.hpp"
 

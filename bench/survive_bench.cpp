@@ -70,7 +70,7 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/zero.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 
 #include "bench_util.hpp"
 

@@ -2,7 +2,7 @@
 // What the fuzz targets and the seeds' writer (make_seeds.cpp) share.
 #include <string>
 
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 namespace dopt_fuzz {
 

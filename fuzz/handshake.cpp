@@ -1,4 +1,4 @@
-// Fuzz target: dopt's handshake (runtime/dopt/runtime/handshake.hpp), both
+// Fuzz target: dopt's handshake (runtime/dopt/runtime/internal/handshake.hpp), both
 // sides. The server reads a hello and a proof from a stranger; the client
 // reads a reply and a verdict from whatever listens on the port it dialled.
 // Every outcome is a refusal or a dopt::Error; nothing else may happen.
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "fuzz_common.hpp"
 
 using namespace dopt::net;

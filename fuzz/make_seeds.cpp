@@ -12,7 +12,7 @@
 #include "core/basp_frame_check.hpp"
 #include "fuzz_common.hpp"
 #include "dopt/actors/rpc_serialize.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "dopt/runtime/safetensors.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "tcp_wire.hpp"

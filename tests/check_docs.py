@@ -67,7 +67,7 @@ def installed_headers(root: Path):
     out = []
     for comp in ("runtime", "actors", "optim", "distributed", "gpu", "libtorch"):
         out += [h for h in sorted((root / comp / "dopt").rglob("*.hpp"))
-                if (comp, h.name) not in internal and "internal" not in h.parent.parts]
+                if (comp, h.name) not in internal and "internal" not in h.parent.relative_to(root / comp).parts]
     return out
 
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "proc_inspect.hpp"
 #include "processes.hpp"
 

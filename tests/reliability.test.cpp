@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "processes.hpp"
 #include "proc_inspect.hpp"
 

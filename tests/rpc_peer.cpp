@@ -48,6 +48,7 @@
 #include "rpc_optim/distributed_optimizer_survive_scenarios.hpp"
 #include "peer_main.hpp"
 #include "rpc_errors.hpp"
+#include "rpc_optim/distributed_optimizer_testing.hpp"
 
 using namespace dopt;
 using dopt::rpc::Agent;

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "dopt/runtime/launch_env.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 // Swaps "host:port" with every rank over the control plane (the rendezvous, in dopt).
 std::vector<std::string> exchange_over_control_plane(const std::string& me);

@@ -9,7 +9,7 @@
 
 #include "cuda_util.hpp"
 #include "ddp_ops_kernels.hpp"
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 
 namespace dopt::gpu {
 namespace {

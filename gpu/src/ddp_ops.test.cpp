@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ddp_ops_math.hpp"
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 #include "dopt/runtime/dtype.hpp"
 #include "dopt/runtime/tensor.hpp"
 

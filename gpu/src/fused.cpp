@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "cuda_util.hpp"
-#include "dopt/optim/device_step.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "dopt/optim/adadelta.hpp"
 #include "dopt/optim/adagrad.hpp"
 #include "dopt/optim/adam.hpp"
@@ -513,7 +513,7 @@ namespace detail {
 namespace {
 
 // What Optimizer::step / FunctionalOptimizer::step use for CUDA parameters
-// (dopt/optim/device_step.hpp): the fused kernels on the calling thread's
+// (dopt/optim/internal/device_step.hpp): the fused kernels on the calling thread's
 // current stream, then a wait for them, so step() keeps its synchronous
 // contract. Asynchronous stepping is fused_step_async.
 //

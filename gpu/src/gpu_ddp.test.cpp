@@ -25,7 +25,7 @@
 #include "dopt/gpu/device.hpp"
 #include "dopt/distributed/averagers.hpp"
 #include "dopt/distributed/comm_hooks.hpp"
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/sgd.hpp"

@@ -47,18 +47,22 @@ EventPool& event_pool() {
   return *p;
 }
 
-struct EventImpl {
+}  // namespace detail
+
+struct Event::Impl {
   int device = 0;
   cudaEvent_t event = nullptr;
-  ~EventImpl() {
-    if (event) event_pool().give(device, event);
+  ~Impl() {
+    if (event) detail::event_pool().give(device, event);
   }
 };
 
-struct StreamImpl {
+struct Stream::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
 };
+
+namespace detail {
 
 cudaStream_t native(Stream& s) { return static_cast<cudaStream_t>(s.native()); }
 
@@ -296,7 +300,7 @@ void* Event::native() const { return impl_ ? impl_->event : nullptr; }
 
 // --- Stream -----------------------------------------------------------------------------
 
-Stream::Stream(int device) : impl_(std::make_unique<detail::StreamImpl>()) {
+Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   detail::DeviceGuard dg(device);
   detail::check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -310,7 +314,7 @@ int Stream::device() const noexcept { return impl_->device; }
 void* Stream::native() const noexcept { return impl_->stream; }
 
 Event Stream::record() {
-  auto e = std::make_shared<detail::EventImpl>();
+  auto e = std::make_shared<Event::Impl>();
   e->device = impl_->device;
   e->event = detail::event_pool().take(impl_->device);
   detail::DeviceGuard dg(impl_->device);

@@ -1,8 +1,6 @@
 #include "dopt/optim/adagrad.hpp"
 
-#include "kernel_support.hpp"
-#include "optim_extra.hpp"
-#include "optim_util.hpp"
+#include "param_step.hpp"
 
 namespace dopt::optim {
 
@@ -13,6 +11,10 @@ template <class T>
 struct AdagradScalars {
   T gsign, wd, eps, neg_clr;
   bool has_wd;
+  /// clr: the decayed learning rate of this step.
+  AdagradScalars(const AdagradOptions& o, double clr)
+      : gsign(o.maximize() ? T(-1) : T(1)), wd(sc<T>(o.weight_decay())), eps(sc<T>(o.eps())), neg_clr(sc<T>(-clr)),
+        has_wd(o.weight_decay() != 0.0) {}
 };
 
 // No control flow in the loop (vectorises); maximize is an exact * -1.
@@ -21,8 +23,7 @@ inline __attribute__((always_inline)) void adagrad_body(T* __restrict p, const T
                                                         i64 n, const AdagradScalars<T>& s) {
   DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, sum) {
     const T pi = p[i];
-    T gi = g[i] * s.gsign;
-    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    const T gi = kernels::decayed_grad<Wd>(g[i], pi, s);
     const T si = std::fma(gi, gi, sum[i]);
     const T std_i = std::sqrt(si) + s.eps;
     p[i] = pi + (s.neg_clr * gi) / std_i;
@@ -37,33 +38,24 @@ inline __attribute__((always_inline)) void adagrad_select(T* p, const T* g, T* s
   else adagrad_body<T, false>(p, g, sum, n, s);
 }
 
-#define DOPT_ADAGRAD_PARAMS(T) T* p, const T* g, T* sum, i64 n, const AdagradScalars<T>& s
-DOPT_KERNEL_ENTRY(adagrad_kernel, adagrad_select, DOPT_ADAGRAD_PARAMS, (p, g, sum, n, s))
-#undef DOPT_ADAGRAD_PARAMS
+DOPT_KERNEL_ENTRY(adagrad_kernel, adagrad_select, (p, g, sum, n, s), T* p, const T* g, T* sum, i64 n,
+                  const AdagradScalars<T>& s)
 
 }  // namespace
 }  // namespace kernels
 
-void Adagrad::init_param_state(const AdagradOptions& o, const Tensor& p, ParamState& st) {
-  st["step"] = Tensor::scalar(0.0, DType::float32);
-  st["sum"] = Tensor::full(p.shape(), o.initial_accumulator_value(), p.dtype(), p.device());
-}
+// A float32 step counter; `sum` starts full of initial_accumulator_value.
+constexpr detail::StateLayout<1> kAdagradState{DType::float32, {"sum"}};
 
 void Adagrad::update_param(const AdagradOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
-  const char* op = "Adagrad.step";
-  Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& sum = detail::state_at(st, "sum", op);
-  if (sum.shape() != p.shape() || sum.dtype() != p.dtype())
-    throw StateError(op, "state 'sum' " + sum.str() + " does not match parameter " + p.str());
-  const double s = detail::increment_step(step_t);
-  const double clr = o.lr() / (1.0 + (s - 1.0) * o.lr_decay());
-  kernels::dispatch_float(p, op, [&](auto tag) {
-    using T = decltype(tag);
-    using kernels::sc;
-    kernels::AdagradScalars<T> k{o.maximize() ? T(-1) : T(1), sc<T>(o.weight_decay()), sc<T>(o.eps()), sc<T>(-clr),
-                                 o.weight_decay() != 0.0};
-    kernels::adagrad_kernel(p.data<T>(), g.data<T>(), sum.template data<T>(), p.numel(), k);
-  });
+  const auto step = kAdagradState.begin("Adagrad.step", p, g, st);
+  const double clr = o.lr() / (1.0 + (step.step - 1.0) * o.lr_decay());
+  step.run<kernels::AdagradScalars>(kernels::adagrad_kernel, o, clr);
+}
+
+void Adagrad::init_param_state(const AdagradOptions& o, const Tensor& p, ParamState& st) {
+  kAdagradState.init(p, st, {false});
+  st["sum"] = Tensor::full(p.shape(), o.initial_accumulator_value(), p.dtype(), p.device());
 }
 
 Adagrad::Adagrad(std::vector<Tensor> params, AdagradOptions defaults)

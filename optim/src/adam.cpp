@@ -1,8 +1,6 @@
 #include "dopt/optim/adam.hpp"
 
-#include "kernel_support.hpp"
-#include "optim_extra.hpp"
-#include "optim_util.hpp"
+#include "param_step.hpp"
 
 namespace dopt::optim {
 
@@ -13,6 +11,13 @@ template <class T>
 struct AdamScalars {
   T beta1, one_minus_beta1, beta2, one_minus_beta2, wd, neg_step_size, bc2_sqrt, eps, decay_mul;
   bool maximize, has_wd, decoupled, amsgrad;
+  /// step_size: lr over the first moment's bias correction; bc2_sqrt: the
+  /// square root of the second's; decoupled_: AdamW's weight decay.
+  AdamScalars(const AdamOptions& o, double step_size, double bc2_sqrt_, bool decoupled_)
+      : beta1(sc<T>(o.betas()[0])), one_minus_beta1(sc<T>(1.0 - o.betas()[0])), beta2(sc<T>(o.betas()[1])),
+        one_minus_beta2(sc<T>(1.0 - o.betas()[1])), wd(sc<T>(o.weight_decay())), neg_step_size(sc<T>(-step_size)),
+        bc2_sqrt(sc<T>(bc2_sqrt_)), eps(sc<T>(o.eps())), decay_mul(sc<T>(1.0 - o.lr() * o.weight_decay())),
+        maximize(o.maximize()), has_wd(o.weight_decay() != 0.0), decoupled(decoupled_), amsgrad(o.amsgrad()) {}
 };
 
 // VECTORISATION RULE for every kernel: the element loop must contain no
@@ -64,17 +69,15 @@ inline __attribute__((always_inline)) void adam_select(T* p, const T* g, T* m, T
   }
 }
 
-#define DOPT_ADAM_PARAMS(T) T* p, const T* g, T* m, T* v, T* vmax, i64 n, const AdamScalars<T>& s
-DOPT_KERNEL_ENTRY(adam_kernel, adam_select, DOPT_ADAM_PARAMS, (p, g, m, v, vmax, n, s))
-#undef DOPT_ADAM_PARAMS
+DOPT_KERNEL_ENTRY(adam_kernel, adam_select, (p, g, m, v, vmax, n, s), T* p, const T* g, T* m, T* v, T* vmax, i64 n,
+                  const AdamScalars<T>& s)
 
 }  // namespace
 }  // namespace kernels
 
-void Adam::init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st) {
-  if (o.amsgrad()) detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
-  else detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_avg_sq"});
-}
+// A float32 step counter, as torch keeps it (it saturates at 2^24);
+// max_exp_avg_sq only with amsgrad.
+constexpr detail::StateLayout<3> kAdamState{DType::float32, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}};
 
 void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   update_param(o, p, g, st, /*decoupled_weight_decay=*/false);
@@ -83,33 +86,17 @@ void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, 
 void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, ParamState& st,
                         bool decoupled) {
   const char* op = decoupled ? "AdamW.step" : "Adam.step";
-  // Look everything up before changing anything: a bad state leaves it untouched.
-  Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& exp_avg = detail::matching_state_at(st, "exp_avg", p, op);
-  Tensor& exp_avg_sq = detail::matching_state_at(st, "exp_avg_sq", p, op);
   if (o.amsgrad() && st.find("max_exp_avg_sq") == st.end())
     throw StateError(op, "amsgrad was enabled after the state of this parameter was created");
-  Tensor* vmax_t = o.amsgrad() ? &detail::matching_state_at(st, "max_exp_avg_sq", p, op) : nullptr;
   check_param_grad(p, g, op);
-  // float32 step counter, as torch keeps it (saturates at 2^24).
-  kernels::dispatch_float(p, op, [](auto) {});  // dtype/device errors before any change
-  const double s = detail::increment_step(step_t);
-  const double beta1 = o.betas()[0], beta2 = o.betas()[1];
-  const double bc1 = 1.0 - std::pow(beta1, s);
-  const double bc2 = 1.0 - std::pow(beta2, s);
-  const double step_size = o.lr() / bc1;
-  const double bc2_sqrt = std::sqrt(bc2);
-  kernels::dispatch_float(p, op, [&](auto tag) {
-    using T = decltype(tag);
-    using kernels::sc;
-    kernels::AdamScalars<T> k{sc<T>(beta1), sc<T>(1.0 - beta1), sc<T>(beta2), sc<T>(1.0 - beta2),
-                              sc<T>(o.weight_decay()), sc<T>(-step_size), sc<T>(bc2_sqrt), sc<T>(o.eps()),
-                              sc<T>(1.0 - o.lr() * o.weight_decay()), o.maximize(),
-                              o.weight_decay() != 0.0, decoupled, o.amsgrad()};
-    T* vmax = vmax_t ? vmax_t->template data<T>() : nullptr;
-    kernels::adam_kernel(p.data<T>(), g.data<T>(), exp_avg.template data<T>(),
-                         exp_avg_sq.template data<T>(), vmax, p.numel(), k);
-  });
+  const auto step = kAdamState.begin(op, p, g, st, {true, true, o.amsgrad()});
+  const double bc1 = 1.0 - std::pow(o.betas()[0], step.step);
+  const double bc2 = 1.0 - std::pow(o.betas()[1], step.step);
+  step.run<kernels::AdamScalars>(kernels::adam_kernel, o, o.lr() / bc1, std::sqrt(bc2), decoupled);
+}
+
+void Adam::init_param_state(const AdamOptions& o, const Tensor& p, ParamState& st) {
+  kAdamState.init(p, st, {true, true, o.amsgrad()});
 }
 
 }  // namespace dopt::optim

@@ -1,7 +1,6 @@
 #include "dopt/optim/adamax.hpp"
 
-#include "kernel_support.hpp"
-#include "optim_extra.hpp"
+#include "param_step.hpp"
 
 namespace dopt::optim {
 
@@ -11,6 +10,12 @@ namespace {
 template <class T>
 struct AdamaxScalars {
   T gsign, wd, beta1, one_minus_beta1, beta2, eps, neg_clr;
+  bool has_wd;
+  /// clr: the bias-corrected learning rate of this step.
+  AdamaxScalars(const AdamaxOptions& o, double clr)
+      : gsign(o.maximize() ? T(-1) : T(1)), wd(sc<T>(o.weight_decay())), beta1(sc<T>(o.betas()[0])),
+        one_minus_beta1(sc<T>(1.0 - o.betas()[0])), beta2(sc<T>(o.betas()[1])), eps(sc<T>(o.eps())),
+        neg_clr(sc<T>(-clr)), has_wd(o.weight_decay() != 0.0) {}
 };
 
 // No control flow in the loop (vectorises): weight decay is a template flag,
@@ -20,8 +25,7 @@ DOPT_INLINE void adamax_body(T* __restrict p, const T* __restrict g, T* __restri
                              const AdamaxScalars<T>& s) {
   DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, u) {
     const T pi = p[i];
-    T gi = g[i] * s.gsign;
-    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    const T gi = kernels::decayed_grad<Wd>(g[i], pi, s);
     T mi = m[i] * s.beta1;
     mi = std::fma(s.one_minus_beta1, gi, mi);
     const T a = u[i] * s.beta2;
@@ -35,34 +39,22 @@ DOPT_INLINE void adamax_body(T* __restrict p, const T* __restrict g, T* __restri
   }
 }
 
-#define DOPT_ADAMAX_PARAMS(T) T* p, const T* g, T* m, T* u, i64 n, const AdamaxScalars<T>& s
-DOPT_KERNEL_ENTRY_FLAG(adamax_kernel, adamax_body, DOPT_ADAMAX_PARAMS, (p, g, m, u, n, s))
-#undef DOPT_ADAMAX_PARAMS
+DOPT_KERNEL_ENTRY_FLAG(adamax_kernel, adamax_body, s.has_wd, (p, g, m, u, n, s), T* p, const T* g, T* m, T* u, i64 n,
+                       const AdamaxScalars<T>& s)
 
 }  // namespace
 }  // namespace kernels
 
-void Adamax::init_param_state(const AdamaxOptions& /*o*/, const Tensor& p, ParamState& st) {
-  detail::init_step_and_zeros(st, p, DType::float32, {"exp_avg", "exp_inf"});
-}
+constexpr detail::StateLayout<2> kAdamaxState{DType::float32, {"exp_avg", "exp_inf"}};
 
 void Adamax::update_param(const AdamaxOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
-  const char* op = "Adamax.step";
-  Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& m = detail::matching_state_at(st, "exp_avg", p, op);
-  Tensor& u = detail::matching_state_at(st, "exp_inf", p, op);
-  const double s = detail::increment_step(step_t);
-  const double beta1 = o.betas()[0], beta2 = o.betas()[1];
-  const double clr = o.lr() / (1.0 - std::pow(beta1, s));
-  kernels::dispatch_float(p, op, [&](auto tag) {
-    using T = decltype(tag);
-    using kernels::sc;
-    kernels::AdamaxScalars<T> k{o.maximize() ? T(-1) : T(1), sc<T>(o.weight_decay()), sc<T>(beta1),
-                                sc<T>(1.0 - beta1),           sc<T>(beta2),            sc<T>(o.eps()),
-                                sc<T>(-clr)};
-    kernels::adamax_kernel(p.data<T>(), g.data<T>(), m.template data<T>(), u.template data<T>(), p.numel(), k,
-                           o.weight_decay() != 0.0);
-  });
+  const auto step = kAdamaxState.begin("Adamax.step", p, g, st);
+  const double clr = o.lr() / (1.0 - std::pow(o.betas()[0], step.step));
+  step.run<kernels::AdamaxScalars>(kernels::adamax_kernel, o, clr);
+}
+
+void Adamax::init_param_state(const AdamaxOptions& /*o*/, const Tensor& p, ParamState& st) {
+  kAdamaxState.init(p, st);
 }
 
 }  // namespace dopt::optim

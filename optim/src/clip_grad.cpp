@@ -6,8 +6,8 @@
 #include <cmath>
 #include <string>
 
-#include "dopt/optim/clip_grad_sharded.hpp"
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/optim/internal/clip_grad_sharded.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "kernel_support.hpp"
 #include "optim_extra.hpp"
 

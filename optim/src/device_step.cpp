@@ -1,6 +1,6 @@
-#include "dopt/optim/device_step.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 
-#include "dopt/runtime/device_registry.hpp"
+#include "dopt/runtime/internal/device_registry.hpp"
 
 namespace dopt::optim::detail {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/optim/device_step.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/optim/sgd.hpp"
 

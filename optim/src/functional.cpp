@@ -1,11 +1,11 @@
 #include "dopt/optim/functional.hpp"
-#include "dopt/optim/state_check.hpp"
+#include "dopt/optim/internal/state_check.hpp"
 
 #include <unordered_set>
 
-#include "dopt/optim/device_step.hpp"
-#include "dopt/optim/param_checks.hpp"
-#include "dopt/optim/state_load.hpp"
+#include "dopt/optim/internal/device_step.hpp"
+#include "dopt/optim/internal/param_checks.hpp"
+#include "dopt/optim/internal/state_load.hpp"
 
 namespace dopt::optim {
 

@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "dopt/optim/chunk_journal.hpp"
+#include "dopt/optim/internal/chunk_journal.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "optim_util.hpp"
 
@@ -29,54 +29,47 @@
 
 #define DOPT_INLINE inline __attribute__((always_inline))
 
-/// A kernel's entry points: NAME_f32 and NAME_f64, compiled for each CPU
-/// level (target_clones cannot apply to a template), and NAME(...)
-/// overloaded on them. PARAMS(T) is the parameter list with element type T,
-/// ARGS the parenthesised argument names, BODY the template they call.
 #define DOPT_EXPAND(...) __VA_ARGS__
 
-/// While a ChunkJournal is set on the calling thread (kernels::chunk_journal),
-/// NAME(...) runs the kernel chunk by chunk through it (kernels::run_journaled).
-#define DOPT_KERNEL_ENTRY(NAME, BODY, PARAMS, ARGS)                                                    \
-  DOPT_KERNEL void NAME##_f32(PARAMS(float)) { BODY ARGS; }                                              \
-  DOPT_KERNEL void NAME##_f64(PARAMS(double)) { BODY ARGS; }                                             \
-  inline void NAME(PARAMS(float)) {                                                                      \
-    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                                         \
-      return ::dopt::optim::kernels::run_journaled(                                                      \
-          *dopt_j_, [](auto&&... x) { NAME##_f32(x...); }, DOPT_EXPAND ARGS);                            \
-    NAME##_f32 ARGS;                                                                                     \
-  }                                                                                                      \
-  inline void NAME(PARAMS(double)) {                                                                     \
-    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                                         \
-      return ::dopt::optim::kernels::run_journaled(                                                      \
-          *dopt_j_, [](auto&&... x) { NAME##_f64(x...); }, DOPT_EXPAND ARGS);                            \
-    NAME##_f64 ARGS;                                                                                     \
-  }
+/// A kernel's entry point: the function object NAME, called with the
+/// parameter list `...` (written with the element type T) for T = float or
+/// T = double. Each is compiled for every CPU level (target_clones cannot
+/// apply to a template) and runs BODY ARGS (ARGS: the parenthesised parameter
+/// names). While a ChunkJournal is set on the calling thread
+/// (kernels::chunk_journal), NAME runs the kernel chunk by chunk through it
+/// (kernels::run_journaled).
+#define DOPT_KERNEL_ENTRY(NAME, BODY, ARGS, ...) \
+  DOPT_KERNEL_ENTRY_SHAPED(NAME, (BODY ARGS), ARGS, __VA_ARGS__)
 
 /// DOPT_KERNEL_ENTRY for a loop BODY<T, bool Flag> with one option that
-/// changes its shape (weight decay on or off): the entry points take it as a
-/// trailing `bool flag` and run BODY<T, true> or BODY<T, false>, so the loop
+/// changes its shape (weight decay on or off), the condition FLAG (of the
+/// parameters): the entry runs BODY<T, true> or BODY<T, false>, so the loop
 /// itself has no control flow.
-#define DOPT_KERNEL_ENTRY_FLAG(NAME, BODY, PARAMS, ARGS)                                       \
-  DOPT_KERNEL void NAME##_f32(PARAMS(float), bool flag) {                                      \
-    if (flag) BODY<float, true> ARGS;                                                          \
-    else BODY<float, false> ARGS;                                                              \
-  }                                                                                            \
-  DOPT_KERNEL void NAME##_f64(PARAMS(double), bool flag) {                                     \
-    if (flag) BODY<double, true> ARGS;                                                         \
-    else BODY<double, false> ARGS;                                                             \
-  }                                                                                            \
-  inline void NAME(PARAMS(float), bool flag) {                                                 \
-    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                               \
-      return ::dopt::optim::kernels::run_journaled(                                            \
-          *dopt_j_, [](auto&&... x) { NAME##_f32(x...); }, DOPT_EXPAND ARGS, flag);            \
-    NAME##_f32(DOPT_EXPAND ARGS, flag);                                                        \
-  }                                                                                            \
-  inline void NAME(PARAMS(double), bool flag) {                                                \
-    if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                               \
-      return ::dopt::optim::kernels::run_journaled(                                            \
-          *dopt_j_, [](auto&&... x) { NAME##_f64(x...); }, DOPT_EXPAND ARGS, flag);            \
-    NAME##_f64(DOPT_EXPAND ARGS, flag);                                                        \
+#define DOPT_KERNEL_ENTRY_FLAG(NAME, BODY, FLAG, ARGS, ...) \
+  DOPT_KERNEL_ENTRY_SHAPED(NAME, (if (FLAG) BODY<T, true> ARGS; else BODY<T, false> ARGS), ARGS, __VA_ARGS__)
+
+/// The two entry points of NAME, each running the statement RUN.
+#define DOPT_KERNEL_ENTRY_SHAPED(NAME, RUN, ARGS, ...)                   \
+  DOPT_KERNEL_ENTRY_OF(NAME, float, RUN, ARGS, __VA_ARGS__)             \
+  DOPT_KERNEL_ENTRY_OF(NAME, double, RUN, ARGS, __VA_ARGS__)            \
+  struct NAME##_entry : NAME##_float::entry, NAME##_double::entry {     \
+    using NAME##_float::entry::operator();                              \
+    using NAME##_double::entry::operator();                             \
+  };                                                                    \
+  inline constexpr NAME##_entry NAME{};
+
+#define DOPT_KERNEL_ENTRY_OF(NAME, TYPE, RUN, ARGS, ...)                                           \
+  namespace NAME##_##TYPE {                                                                     \
+  using T = TYPE;                                                                               \
+  DOPT_KERNEL void run(__VA_ARGS__) { DOPT_EXPAND RUN; }                                        \
+  struct entry {                                                                                \
+    void operator()(__VA_ARGS__) const {                                                        \
+      if (auto* dopt_j_ = ::dopt::optim::kernels::chunk_journal())                              \
+        return ::dopt::optim::kernels::run_journaled(                                           \
+            *dopt_j_, [](auto&&... x) { run(x...); }, DOPT_EXPAND ARGS);                       \
+      run ARGS;                                                                                 \
+    }                                                                                           \
+  };                                                                                            \
   }
 
 namespace dopt::optim::kernels {
@@ -216,6 +209,17 @@ DOPT_INLINE void adam_moments(T& m, T& v, T g, const S& s) {
   v = std::fma(s.one_minus_beta2 * g, g, v * s.beta2);
 }
 
+/// The gradient an element's step uses: g times S's gsign (maximize: an
+/// exact * -1; an S without gsign: g), plus S's wd * p when Wd (L2 weight
+/// decay, torch's grad.add(p, alpha=wd): one fused multiply-add).
+template <bool Wd, class T, class S>
+DOPT_INLINE T decayed_grad(T g, T p, const S& s) {
+  T gi = g;
+  if constexpr (requires { s.gsign; }) gi = g * s.gsign;
+  if constexpr (Wd) gi = std::fma(s.wd, p, gi);
+  return gi;
+}
+
 /// Rounds a double scalar to the element type once (torch's scalar cast).
 template <class T> inline T sc(double v) noexcept { return static_cast<T>(v); }
 
@@ -235,15 +239,3 @@ void dispatch_float(const Tensor& p, const char* op, F&& f) {
 }
 
 }  // namespace dopt::optim::kernels
-
-namespace dopt::optim::detail {
-
-/// For a step that reads its scalars before its kernel runs: the dtype and
-/// device errors of kernels::dispatch_float first, so that a bad parameter
-/// leaves the state untouched, then increment_step(step_t).
-inline double check_kernel_then_increment(const Tensor& p, Tensor& step_t, const char* op) {
-  kernels::dispatch_float(p, op, [](auto) {});
-  return increment_step(step_t);
-}
-
-}  // namespace dopt::optim::detail

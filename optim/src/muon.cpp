@@ -133,12 +133,9 @@ DOPT_INLINE void apply_body(T* __restrict p, const T* __restrict o, i64 n, T dec
   DOPT_FOR_EACH_ELEMENT(T, n, i, p, o) { p[i] = std::fma(neg_lr, o[i], p[i] * decay); }
 }
 
-#define DOPT_MUON_MOMENTUM_PARAMS(T) T* buf, const T* g, T* u, i64 n, double wb, double wn, bool nes
-DOPT_KERNEL_ENTRY(muon_momentum, momentum_select, DOPT_MUON_MOMENTUM_PARAMS, (buf, g, u, n, wb, wn, nes))
-#undef DOPT_MUON_MOMENTUM_PARAMS
-#define DOPT_MUON_APPLY_PARAMS(T) T* p, const T* o, i64 n, T decay, T neg_lr
-DOPT_KERNEL_ENTRY(muon_apply, apply_body, DOPT_MUON_APPLY_PARAMS, (p, o, n, decay, neg_lr))
-#undef DOPT_MUON_APPLY_PARAMS
+DOPT_KERNEL_ENTRY(muon_momentum, momentum_select, (buf, g, u, n, wb, wn, nes), T* buf, const T* g, T* u, i64 n, double wb,
+                  double wn, bool nes)
+DOPT_KERNEL_ENTRY(muon_apply, apply_body, (p, o, n, decay, neg_lr), T* p, const T* o, i64 n, T decay, T neg_lr)
 
 }  // namespace
 }  // namespace kernels

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "dopt/optim/device_step.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/optim/nadam.hpp"
 #include "dopt/optim/radam.hpp"

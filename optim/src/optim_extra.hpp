@@ -1,9 +1,8 @@
 #pragma once
-// Internal helpers of the Adamax/Adadelta/Rprop sources and the functional
-// optimizers.
+// Internal helpers of the optimizer sources (their state lookups, the refusal
+// of a parameter off the CPU) and of the options' error texts.
 #include <charconv>
 #include <cmath>
-#include <initializer_list>
 #include <string>
 
 #include "optim_util.hpp"
@@ -17,14 +16,6 @@ inline Tensor& matching_state_at(ParamState& st, const char* key, const Tensor& 
   if (t.shape() != p.shape() || t.dtype() != p.dtype())
     throw StateError(op, std::string("state '") + key + "' " + t.str() + " does not match parameter " + p.str());
   return t;
-}
-
-/// The usual start of a parameter's state: `step` (a 0-d counter of
-/// step_dtype, as torch keeps it) and, under each name, zeros shaped like p.
-inline void init_step_and_zeros(ParamState& st, const Tensor& p, DType step_dtype,
-                                std::initializer_list<const char*> names) {
-  st["step"] = Tensor::scalar(0.0, step_dtype);
-  for (const char* name : names) st[name] = Tensor::zeros(p.shape(), p.dtype(), p.device());
 }
 
 /// The optimizers without device kernels refuse a parameter off the CPU

@@ -1,14 +1,14 @@
 #include "dopt/optim/optimizer.hpp"
-#include "dopt/optim/state_check.hpp"
+#include "dopt/optim/internal/state_check.hpp"
 
 #include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "dopt/optim/device_step.hpp"
-#include "dopt/runtime/parallel.hpp"
-#include "dopt/optim/param_checks.hpp"
-#include "dopt/optim/state_load.hpp"
+#include "dopt/optim/internal/device_step.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
+#include "dopt/optim/internal/param_checks.hpp"
+#include "dopt/optim/internal/state_load.hpp"
 
 namespace dopt::optim {
 

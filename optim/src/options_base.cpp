@@ -4,9 +4,7 @@
 
 namespace dopt::optim {
 
-namespace detail {
-
-void check_known_keys(const Hyperparams& h, const std::vector<const char*>& known, const std::string& op) {
+void OptionsFields::check_known_keys(const Hyperparams& h, const std::vector<const char*>& known, const std::string& op) {
   for (const auto& [k, v] : h) {
     bool ok = false;
     for (const char* name : known) ok = ok || k == name;
@@ -18,17 +16,18 @@ void check_known_keys(const Hyperparams& h, const std::vector<const char*>& know
   }
 }
 
-void no_fields(const char* type) {
+void OptionsFields::no_fields(const char* type) {
   throw StateError("OptionsCRTP", std::string("options type ") + type +
                                       " has no fields() and does not override to_hyperparams / set_hyperparams");
 }
 
-void from_hyper(const Hyperparams& h, const char* key, const char* op, double& out) { out = hyper_number(h, key, op); }
-void from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out) { out = hyper_flag(h, key, op); }
-void from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out) {
-  out = to_pair(hyper_pair(h, key, op));
+void OptionsFields::from_hyper(const Hyperparams& h, const char* key, const char* op, double& out) { out = hyper_number(h, key, op); }
+void OptionsFields::from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out) { out = hyper_flag(h, key, op); }
+void OptionsFields::from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out) {
+  const std::vector<double> v = hyper_pair(h, key, op);
+  out = Pair{v[0], v[1]};
 }
-void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out) {
+void OptionsFields::from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out) {
   auto it = h.find(key);
   if (it == h.end()) throw KeyError(op, std::string("no hyperparameter '") + key + "'");
   const auto* v = std::get_if<std::vector<double>>(&it->second);
@@ -36,17 +35,15 @@ void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& o
     throw TypeError(op, std::string("hyperparameter '") + key + "' must be a list of three numbers");
   out = Triple{(*v)[0], (*v)[1], (*v)[2]};
 }
-void from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out) {
+void OptionsFields::from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out) {
   const double n = hyper_number(h, key, op);
   if (!(std::fabs(n) < 9.007199254740992e15) || n != std::floor(n))
-    throw ValueError(op, std::string("hyperparameter '") + key + "' must be a whole number, got " + py_float(n));
+    throw ValueError(op, std::string("hyperparameter '") + key + "' must be a whole number, got " + detail::py_float(n));
   out = static_cast<std::int64_t>(n);
 }
-void from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out) {
+void OptionsFields::from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out) {
   out = hyper_string(h, key, op);
 }
-
-}  // namespace detail
 
 namespace checks {
 

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dopt/runtime/internal/json_object.hpp"
+
 namespace dopt::optim {
 
 // --- OptimizerSpec JSON ------------------------------------------------------
@@ -29,13 +31,7 @@ std::string OptimizerSpec::to_json() const {
 
 OptimizerSpec OptimizerSpec::from_json(const std::string& text) {
   const char* op = "OptimizerSpec.from_json";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    throw ValueError(op, std::string("not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) throw ValueError(op, "an optimizer spec must be a JSON object");
+  const nlohmann::json j = parse_json_object(text, op, "not valid JSON: ", "an optimizer spec must be a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "name" && it.key() != "hyperparameters")
       throw ValueError(op, "unknown key '" + it.key() + "' (known: name, hyperparameters)");

@@ -1,8 +1,6 @@
 #include "dopt/optim/rmsprop.hpp"
 
-#include "kernel_support.hpp"
-#include "optim_extra.hpp"
-#include "optim_util.hpp"
+#include "param_step.hpp"
 
 namespace dopt::optim {
 
@@ -13,6 +11,11 @@ template <class T>
 struct RMSpropScalars {
   T gsign, wd, alpha, one_minus_alpha, eps, momentum, neg_lr;
   bool has_wd, centered, has_momentum;
+  explicit RMSpropScalars(const RMSpropOptions& o)
+      : gsign(o.maximize() ? T(-1) : T(1)), wd(sc<T>(o.weight_decay())), alpha(sc<T>(o.alpha())),
+        one_minus_alpha(sc<T>(1.0 - o.alpha())), eps(sc<T>(o.eps())), momentum(sc<T>(o.momentum())),
+        neg_lr(sc<T>(-o.lr())), has_wd(o.weight_decay() != 0.0), centered(o.centered()),
+        has_momentum(o.momentum() > 0.0) {}
 };
 
 // No control flow in the loop (vectorises); maximize is an exact * -1.
@@ -23,8 +26,7 @@ inline __attribute__((always_inline)) void rmsprop_body(T* __restrict p, const T
   // Null streams (no grad_avg / momentum_buffer) are replaced by p in the prefetch list.
   DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, sq, (Centered ? ga : p), (Momentum ? buf : p)) {
     const T pi = p[i];
-    T gi = g[i] * s.gsign;
-    if constexpr (Wd) gi = std::fma(s.wd, pi, gi);
+    const T gi = kernels::decayed_grad<Wd>(g[i], pi, s);
     T sqi = sq[i] * s.alpha;
     sqi = std::fma(s.one_minus_alpha * gi, gi, sqi);
     sq[i] = sqi;
@@ -68,18 +70,15 @@ inline __attribute__((always_inline)) void rmsprop_select(T* p, const T* g, T* s
   else rmsprop_select2<T, false>(p, g, sq, ga, buf, n, s);
 }
 
-#define DOPT_RMSPROP_PARAMS(T) T* p, const T* g, T* sq, T* ga, T* buf, i64 n, const RMSpropScalars<T>& s
-DOPT_KERNEL_ENTRY(rmsprop_kernel, rmsprop_select, DOPT_RMSPROP_PARAMS, (p, g, sq, ga, buf, n, s))
-#undef DOPT_RMSPROP_PARAMS
+DOPT_KERNEL_ENTRY(rmsprop_kernel, rmsprop_select, (p, g, sq, ga, buf, n, s), T* p, const T* g, T* sq, T* ga, T* buf,
+                  i64 n, const RMSpropScalars<T>& s)
 
 }  // namespace
 }  // namespace kernels
 
-void RMSprop::init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st) {
-  detail::init_step_and_zeros(st, p, DType::int64, {"square_avg"});
-  if (o.momentum() > 0.0) st["momentum_buffer"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  if (o.centered()) st["grad_avg"] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-}
+// `step` counts as torch's Python int (the math does not use it);
+// grad_avg only when centered, momentum_buffer only with momentum > 0.
+constexpr detail::StateLayout<3> kRMSpropState{DType::int64, {"square_avg", "grad_avg", "momentum_buffer"}};
 
 void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
   const char* op = "RMSprop.step";
@@ -90,28 +89,12 @@ void RMSprop::update_param(const RMSpropOptions& o, const Tensor& p, const Tenso
   if (o.centered() && !st.count("grad_avg"))
     throw StateError(op, "centered was enabled after the state of this parameter was created (no "
                          "'grad_avg'; torch raises KeyError here)");
-  Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& sq = detail::matching_state_at(st, "square_avg", p, op);
-  Tensor* ga = o.centered() ? &detail::matching_state_at(st, "grad_avg", p, op) : nullptr;
-  Tensor* buf = has_momentum ? &detail::matching_state_at(st, "momentum_buffer", p, op) : nullptr;
-  detail::increment_step(step_t);
-  kernels::dispatch_float(p, op, [&](auto tag) {
-    using T = decltype(tag);
-    using kernels::sc;
-    kernels::RMSpropScalars<T> k{o.maximize() ? T(-1) : T(1),
-                                 sc<T>(o.weight_decay()),
-                                 sc<T>(o.alpha()),
-                                 sc<T>(1.0 - o.alpha()),
-                                 sc<T>(o.eps()),
-                                 sc<T>(o.momentum()),
-                                 sc<T>(-o.lr()),
-                                 o.weight_decay() != 0.0,
-                                 o.centered(),
-                                 has_momentum};
-    kernels::rmsprop_kernel(p.data<T>(), g.data<T>(), sq.template data<T>(),
-                            ga ? ga->template data<T>() : nullptr, buf ? buf->template data<T>() : nullptr,
-                            p.numel(), k);
-  });
+  kRMSpropState.begin(op, p, g, st, {true, o.centered(), has_momentum})
+      .run<kernels::RMSpropScalars>(kernels::rmsprop_kernel, o);
+}
+
+void RMSprop::init_param_state(const RMSpropOptions& o, const Tensor& p, ParamState& st) {
+  kRMSpropState.init(p, st, {true, o.centered(), o.momentum() > 0.0});
 }
 
 }  // namespace dopt::optim

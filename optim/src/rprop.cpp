@@ -1,7 +1,6 @@
 #include "dopt/optim/rprop.hpp"
 
-#include "kernel_support.hpp"
-#include "optim_extra.hpp"
+#include "param_step.hpp"
 
 namespace dopt::optim {
 
@@ -11,6 +10,9 @@ namespace {
 template <class T>
 struct RpropScalars {
   T gsign, etaplus, etaminus, step_min, step_max;
+  explicit RpropScalars(const RpropOptions& o)
+      : gsign(o.maximize() ? T(-1) : T(1)), etaplus(sc<T>(o.etas()[1])), etaminus(sc<T>(o.etas()[0])),
+        step_min(sc<T>(o.step_sizes()[0])), step_max(sc<T>(o.step_sizes()[1])) {}
 };
 
 // No control flow in the loop (the selects compile to blends, so it
@@ -42,31 +44,23 @@ DOPT_INLINE void rprop_body(T* __restrict p, const T* __restrict g, T* __restric
   }
 }
 
-#define DOPT_RPROP_PARAMS(T) T* p, const T* g, T* prev, T* ss, i64 n, const RpropScalars<T>& s
-DOPT_KERNEL_ENTRY(rprop_kernel, rprop_body, DOPT_RPROP_PARAMS, (p, g, prev, ss, n, s))
-#undef DOPT_RPROP_PARAMS
+DOPT_KERNEL_ENTRY(rprop_kernel, rprop_body, (p, g, prev, ss, n, s), T* p, const T* g, T* prev, T* ss, i64 n,
+                  const RpropScalars<T>& s)
 
 }  // namespace
 }  // namespace kernels
 
-void Rprop::init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st) {
-  detail::init_step_and_zeros(st, p, DType::int64, {"prev"});
-  st["step_size"] = Tensor::full(p.shape(), o.lr(), p.dtype(), p.device());
-}
+// `step` counts as torch's Python int; the math does not use it. step_size
+// starts full of the group's lr (not zeros).
+constexpr detail::StateLayout<2> kRpropState{DType::int64, {"prev", "step_size"}};
 
 void Rprop::update_param(const RpropOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
-  const char* op = "Rprop.step";
-  Tensor& step_t = detail::state_at(st, "step", op);
-  Tensor& prev = detail::matching_state_at(st, "prev", p, op);
-  Tensor& ss = detail::matching_state_at(st, "step_size", p, op);
-  detail::increment_step(step_t);
-  kernels::dispatch_float(p, op, [&](auto tag) {
-    using T = decltype(tag);
-    using kernels::sc;
-    kernels::RpropScalars<T> k{o.maximize() ? T(-1) : T(1), sc<T>(o.etas()[1]), sc<T>(o.etas()[0]),
-                               sc<T>(o.step_sizes()[0]), sc<T>(o.step_sizes()[1])};
-    kernels::rprop_kernel(p.data<T>(), g.data<T>(), prev.template data<T>(), ss.template data<T>(), p.numel(), k);
-  });
+  kRpropState.begin("Rprop.step", p, g, st).run<kernels::RpropScalars>(kernels::rprop_kernel, o);
+}
+
+void Rprop::init_param_state(const RpropOptions& o, const Tensor& p, ParamState& st) {
+  kRpropState.init(p, st, {true, false});
+  st["step_size"] = Tensor::full(p.shape(), o.lr(), p.dtype(), p.device());
 }
 
 }  // namespace dopt::optim

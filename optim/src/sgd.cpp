@@ -1,8 +1,6 @@
 #include "dopt/optim/sgd.hpp"
 
 #include "kernel_support.hpp"
-#include "optim_extra.hpp"
-#include "optim_util.hpp"
 
 namespace dopt::optim {
 
@@ -20,6 +18,10 @@ struct SGDScalars {
   T gsign, wd, momentum, one_minus_dampening, neg_lr;
   bool has_wd, nesterov;
   int mom_mode;  // 0 no momentum, 1 first momentum step (buf = d), 2 running buffer
+  SGDScalars(const SGDOptions& o, int mom_mode_)
+      : gsign(o.maximize() ? T(-1) : T(1)), wd(sc<T>(o.weight_decay())), momentum(sc<T>(o.momentum())),
+        one_minus_dampening(sc<T>(1.0 - o.dampening())), neg_lr(sc<T>(-o.lr())), has_wd(o.weight_decay() != 0.0),
+        nesterov(o.nesterov()), mom_mode(mom_mode_) {}
 };
 
 // Loop-shape options are template parameters (no control flow in the loop, so
@@ -69,9 +71,7 @@ inline __attribute__((always_inline)) void sgd_select(T* p, const T* g, T* buf, 
   }
 }
 
-#define DOPT_SGD_PARAMS(T) T* p, const T* g, T* buf, i64 n, const SGDScalars<T>& s
-DOPT_KERNEL_ENTRY(sgd_kernel, sgd_select, DOPT_SGD_PARAMS, (p, g, buf, n, s))
-#undef DOPT_SGD_PARAMS
+DOPT_KERNEL_ENTRY(sgd_kernel, sgd_select, (p, g, buf, n, s), T* p, const T* g, T* buf, i64 n, const SGDScalars<T>& s)
 
 }  // namespace
 }  // namespace kernels
@@ -99,16 +99,8 @@ void SGD::update_param(const SGDOptions& o, const Tensor& p, const Tensor& g, Pa
   }
   kernels::dispatch_float(p, op, [&](auto tag) {
     using T = decltype(tag);
-    using kernels::sc;
-    kernels::SGDScalars<T> k{o.maximize() ? T(-1) : T(1),
-                             sc<T>(o.weight_decay()),
-                             sc<T>(o.momentum()),
-                             sc<T>(1.0 - o.dampening()),
-                             sc<T>(-o.lr()),
-                             o.weight_decay() != 0.0,
-                             o.nesterov(),
-                             mom_mode};
-    kernels::sgd_kernel(p.data<T>(), g.data<T>(), has_momentum ? buf.template data<T>() : nullptr, p.numel(), k);
+    kernels::sgd_kernel(p.data<T>(), g.data<T>(), has_momentum ? buf.template data<T>() : nullptr, p.numel(),
+                        kernels::SGDScalars<T>(o, mom_mode));
   });
   if (mom_mode == 1) st["momentum_buffer"] = buf;
 }

@@ -1,4 +1,4 @@
-#include "dopt/optim/state_check.hpp"
+#include "dopt/optim/internal/state_check.hpp"
 
 #include <cmath>
 #include <cstdint>

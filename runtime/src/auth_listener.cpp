@@ -3,7 +3,7 @@
 // connection at once (each bounded by the handshake timeout), hands the ones
 // that pass to on_ready, makes room when too many stall and sheds
 // connections while the process is out of descriptors.
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

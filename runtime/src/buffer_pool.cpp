@@ -1,5 +1,5 @@
 // BufferPool: a free list of host buffers by capacity.
-#include "dopt/runtime/buffer_pool.hpp"
+#include "dopt/runtime/internal/buffer_pool.hpp"
 
 #include <iterator>
 #include <map>

@@ -1,5 +1,5 @@
 // BufferPool: reuse by size, the bound on what it keeps, leases across threads.
-#include "dopt/runtime/buffer_pool.hpp"
+#include "dopt/runtime/internal/buffer_pool.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
 // The handshake between ranks (handshake.hpp): the protocol, a blocking
 // client and the choice of the bind address (the listening server is in
 // auth_listener.cpp).
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -103,6 +103,22 @@ bool same(const std::string& a, const std::string& b) {
 
 std::string job_text(const std::string& job) { return job.empty() ? "no job id" : "job '" + job + "'"; }
 
+// What the server's status in its reply or verdict (msg: the status byte at
+// status_at, its text's length at len_at and the text at text_at) means to
+// the client: nothing for k_go, else the error it throws (naming op, the
+// peer and rank me). other_job ends the message of k_other_job, after the
+// client's job.
+void check_status(const std::string& msg, std::size_t status_at, std::size_t len_at, std::size_t text_at,
+                  const std::string& op, const std::string& peer, const std::string& my_job, const char* other_job,
+                  int me) {
+  const auto status = static_cast<unsigned char>(msg[status_at]);
+  const std::string why = get_text(msg, len_at, text_at, kMsgMax, true);
+  if (status == k_other_job)
+    throw ValueError(op, peer + " belongs to another job than this process (" + job_text(my_job) + other_job, me);
+  if (status == k_auth_refused) throw AuthenticationError(op, peer + " refused this process: " + why, me);
+  if (status != k_go) throw ValueError(op, peer + " refused this process: " + why, me);
+}
+
 }  // namespace
 
 const char* purpose_name(Purpose p) noexcept {
@@ -145,16 +161,12 @@ std::string ClientHandshake::on_reply(const std::string& reply) {
                                "dopt rank) listening on that port?", me);
   reply_ = reply;
   server_rank_ = get_i32(reply, kRRank);
-  const auto status = static_cast<unsigned char>(reply[kRStatus]);
-  const std::string why = get_text(reply, kRMsgLen, kRMsg, kMsgMax, true);
   // The server never names its job to a process that is not of it: a
   // stranger must not learn the id it would need to pass this check.
-  if (status == k_other_job)
-    throw ValueError(op_, peer_ + " belongs to another job than this process (" + job_text(mine_.job_id) +
-                              "): two jobs use the same address and port (give each job its own MASTER_PORT, or the "
-                              "same DOPT_JOB_ID if they are one job)", me);
-  if (status == k_auth_refused) throw AuthenticationError(op_, peer_ + " refused this process: " + why, me);
-  if (status != k_go) throw ValueError(op_, peer_ + " refused this process: " + why, me);
+  check_status(reply, kRStatus, kRMsgLen, kRMsg, op_, peer_, mine_.job_id,
+               "): two jobs use the same address and port (give each job its own MASTER_PORT, or the same "
+               "DOPT_JOB_ID if they are one job)",
+               me);
   const bool has_secret = (static_cast<unsigned char>(reply[kRFlags]) & 1) != 0;
   if (!mine_.secret.empty()) {
     if (!has_secret)
@@ -175,14 +187,10 @@ std::string ClientHandshake::on_reply(const std::string& reply) {
 void ClientHandshake::on_verdict(const std::string& verdict) {
   const int me = mine_.rank;
   if (verdict.size() != kVerdictSize) throw IOError(op_, peer_ + " sent a truncated handshake verdict", me);
-  const auto status = static_cast<unsigned char>(verdict[kVStatus]);
-  const std::string why = get_text(verdict, kVMsgLen, kVMsg, kMsgMax, true);
-  if (status == k_other_job)
-    throw ValueError(op_, peer_ + " belongs to another job than this process (" + job_text(mine_.job_id) +
-                              ") that has the same secret: give each job its own MASTER_PORT, or the same DOPT_JOB_ID "
-                              "if they are one job", me);
-  if (status == k_auth_refused) throw AuthenticationError(op_, peer_ + " refused this process: " + why, me);
-  if (status != k_go) throw ValueError(op_, peer_ + " refused this process: " + why, me);
+  check_status(verdict, kVStatus, kVMsgLen, kVMsg, op_, peer_, mine_.job_id,
+               ") that has the same secret: give each job its own MASTER_PORT, or the same DOPT_JOB_ID if they are "
+               "one job",
+               me);
 }
 
 // --- server ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // dopt::net's handshake: the protocol on its own, over real loopback sockets
 // (AuthListener + connect_authenticated), and inside TcpMesh.
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -19,7 +19,7 @@
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/notice.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 using namespace dopt;
 using namespace dopt::net;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/internal/json_object.hpp"
 
 namespace dopt {
 namespace {
@@ -50,13 +51,8 @@ std::string hyper_to_json(const Hyperparams& h) {
 }
 
 Hyperparams hyper_from_json(const std::string& text, const char* op) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    throw ValueError(op, std::string("hyperparameters are not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) throw ValueError(op, "hyperparameters must be a JSON object");
+  const nlohmann::json j =
+      parse_json_object(text, op, "hyperparameters are not valid JSON: ", "hyperparameters must be a JSON object");
   Hyperparams h;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const auto& v = it.value();

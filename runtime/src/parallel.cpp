@@ -1,4 +1,4 @@
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 
 #include <sched.h>
 

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 
 TEST_CASE("parallel_for runs every item once, on up to the threads asked for", "[parallel][runtime]") {
   for (int threads : {1, 2, 3, 8}) {

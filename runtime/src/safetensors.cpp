@@ -21,7 +21,7 @@
 #include <xxhash.h>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/read_faults.hpp"
+#include "dopt/runtime/internal/read_faults.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "dopt's safetensors I/O assumes a little-endian host");

@@ -1,4 +1,4 @@
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "dopt/runtime/settings.hpp"
 
 #include <dirent.h>

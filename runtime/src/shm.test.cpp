@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 
 namespace shm = dopt::shm;
 

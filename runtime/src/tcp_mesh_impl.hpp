@@ -30,7 +30,7 @@
 #include <boost/asio.hpp>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "tcp_wire.hpp"
 
 namespace dopt::transport {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "tcp_wire.hpp"
 
 namespace dopt::transport::tcp_detail {

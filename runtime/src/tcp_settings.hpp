@@ -1,6 +1,6 @@
 #pragma once
 // Internal to TcpMesh: its settings from the environment. Not installed.
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 namespace dopt::transport::tcp_detail {
 

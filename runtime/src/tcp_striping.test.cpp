@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/parallel.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "completions.hpp"
 #include "loopback_mesh.hpp"
 #include "tcp_settings.hpp"

@@ -1,10 +1,10 @@
 // TcpMesh: its lifetime (the I/O thread and the lane threads, close()) and
 // its public functions. The rest of the mesh: tcp_mesh_impl.hpp names the files.
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 #include <future>
 
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "tcp_mesh_impl.hpp"
 #include "tcp_settings.hpp"
 

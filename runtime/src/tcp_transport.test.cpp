@@ -1,5 +1,5 @@
 // TcpMesh: N meshes in one process on 127.0.0.1, one thread per rank for setup.
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "completions.hpp"
 #include "loopback_mesh.hpp"
 

@@ -1,6 +1,6 @@
 #include "dopt/runtime/tensor.hpp"
-#include "dopt/runtime/device_registry.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/device_registry.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 
 #include <dlpack/dlpack.h>
 #include <sys/mman.h>

@@ -5,7 +5,7 @@
 //   WAIT:   u64 number of keys (1), u64 key length, key     -> u8 0 (stop waiting)
 //   GET:    u64 key length, key                             -> u64 length, value
 // The client prefixes every key with "/" as torch's own client does.
-#include "dopt/runtime/torch_store.hpp"
+#include "dopt/runtime/internal/torch_store.hpp"
 
 #include <netdb.h>
 #include <netinet/in.h>

@@ -12,7 +12,7 @@ foreach(_h dopt/optim/adam.hpp dopt/distributed/zero.hpp dopt/distributed/reduce
     message(FATAL_ERROR "the installed package lacks include/${_h}")
   endif()
 endforeach()
-foreach(_h dopt/distributed/device_ops.hpp dopt/optim/state_load.hpp dopt/optim/chunk_journal.hpp)
+foreach(_h dopt/distributed/internal/device_ops.hpp dopt/optim/internal/state_load.hpp dopt/optim/internal/chunk_journal.hpp)
   if(EXISTS "${prefix}/include/${_h}")
     message(FATAL_ERROR "the installed package holds the internal header include/${_h}")
   endif()

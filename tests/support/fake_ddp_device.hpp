@@ -16,8 +16,8 @@
 
 #include "dopt/actors/internal/device_backend.hpp"
 #include "dopt/actors/process_group.hpp"
-#include "dopt/distributed/device_ops.hpp"
-#include "dopt/optim/device_step.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "ddp/plsgd_util.hpp"
 #include "fake_optim_device.hpp"  // kDev, host_view, FakeAllocator, FakeStepper
 

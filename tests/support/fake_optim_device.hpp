@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "dopt/optim/device_step.hpp"
+#include "dopt/optim/internal/device_step.hpp"
 #include "dopt/optim/sgd.hpp"
 
 namespace dopt::testing {

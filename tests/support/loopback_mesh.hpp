@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 #include "legacy_names.hpp"  // the tests of actors/ and ZeRO still say dopt_test::
 

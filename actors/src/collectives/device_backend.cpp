@@ -1,7 +1,7 @@
 #include "dopt/actors/internal/device_backend.hpp"
 
 #include "collectives/access.hpp"
-#include "dopt/runtime/device_registry.hpp"
+#include "dopt/runtime/internal/device_registry.hpp"
 
 namespace dopt::detail {
 namespace {

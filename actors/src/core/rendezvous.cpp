@@ -17,7 +17,7 @@
 #include "core/ranks.hpp"
 #include "core/caf_thread.hpp"
 #include "core/rendezvous_internal.hpp"
-#include "dopt/runtime/torch_store.hpp"
+#include "dopt/runtime/internal/torch_store.hpp"
 #include "core/secure_link.hpp"
 
 namespace dopt::detail {

@@ -8,7 +8,7 @@
 
 #include "caf/actor.hpp"
 #include "dopt/actors/rendezvous.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 namespace dopt::detail {
 

@@ -10,7 +10,7 @@
 #include "caf/io/all.hpp"
 #include "core/caf_thread.hpp"
 #include "dopt/actors/runtime.hpp"
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "transport/actor/messages.hpp"
 #include "core/ranks.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "caf/actor.hpp"
 #include "caf/actor_system.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 namespace dopt::detail {

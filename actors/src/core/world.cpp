@@ -14,7 +14,7 @@
 #include <random>
 
 #include "dopt/actors/distributed.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "core/host_identity.hpp"
 #include "transport/actor/rank_state.hpp"
 #include "core/runtime_impl.hpp"

@@ -12,7 +12,7 @@
 #include "caf/actor_system.hpp"
 #include "dopt/actors/rendezvous.hpp"
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 namespace dopt::detail {

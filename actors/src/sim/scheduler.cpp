@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/read_faults.hpp"
+#include "dopt/runtime/internal/read_faults.hpp"
 
 namespace dopt::detail::sim {
 

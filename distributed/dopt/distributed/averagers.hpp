@@ -38,7 +38,7 @@
 //
 // Devices: parameters may live on a device (CUDA after gpu::init()): the flat
 // buffer is then allocated there (one per dtype and device), filled and read
-// back with device copies and divided there (detail::DeviceOps, bitwise the
+// back with device copies and divided there (the device ops gpu/ registers, bitwise the
 // CPU arithmetic); the sum is one all_reduce_async(SUM) through the device
 // backend for every group size (NCCL's order, as torch on CUDA, not the
 // ring above). PostLocalSGDOptimizer on device parameters thus runs the

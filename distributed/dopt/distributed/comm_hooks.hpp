@@ -21,7 +21,7 @@
 // then all-reduces with SUM (sum_r g_r / n, not (sum_r g_r) / n).
 //
 // Devices: on a device bucket (CUDA after gpu::init()) the built-in hooks
-// divide and cast on the device (detail::DeviceOps, device_ops.hpp: bitwise
+// divide and cast on the device (the device ops gpu/ registers: bitwise
 // the CPU path's arithmetic and conversions; without registered ops they
 // stage through host memory) and all-reduce through the device backend.
 #include <cstddef>

@@ -283,19 +283,6 @@ class DistributedLambdaLR {
   double last_lr_ = 0;
 };
 
-namespace detail {
-/// Testing: called on the owner at the start of every owner step, with the
-/// step count of that owner's local optimizer (e.g. to kill the worker mid-step).
-void set_owner_step_hook(std::function<void(rpc::Agent&, long step)> hook);
-/// Testing (redundancy): called on the owner at points of its step: "begin"
-/// (before it read and forwarded the gradients), "mirrored" (after its own
-/// step and its buddies' replies, before it replies), with the step number;
-/// and on a buddy at "promote" (its copy is being taken over), with the
-/// copy's step count. Returning true aborts there (after the hook killed the
-/// worker).
-void set_owner_probe(std::function<bool(rpc::Agent&, const char* point, long step)> probe);
-}  // namespace detail
-
 // --- with the single-rank training utilities of dopt/optim/ ------------------
 class GradScaler;
 class ParamGroupAccess;

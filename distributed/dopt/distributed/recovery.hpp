@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
@@ -30,35 +31,36 @@ struct ZeroRecovery {
   bool step_completed = false;
 };
 
-namespace detail {
-/// An error of kind Base that carries the recovery it was thrown after.
-template <class Base>
-class WithRecovery : public Base {
+/// What MembershipChangedError and ShardLostError carry: the recovery they
+/// were thrown after.
+class WithRecovery {
  public:
-  WithRecovery(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
-      : Base(std::move(op), std::move(what), rank), recovery_(std::move(recovery)) {}
   const ZeroRecovery& recovery() const noexcept { return recovery_; }
+
+ protected:
+  explicit WithRecovery(ZeroRecovery recovery) : recovery_(std::move(recovery)) {}
 
  private:
   ZeroRecovery recovery_;
 };
-}  // namespace detail
 
 /// Thrown on every survivor after it recovered from a lost rank, where no
 /// on_membership_change callback is set: by ZeroRedundancyOptimizer::step()
 /// (redundancy > 0), PostLocalSGDOptimizer::step() and Reducer::finalize()
 /// (survive enabled). The object is usable over recovery().group.
-class MembershipChangedError : public detail::WithRecovery<Error> {
+class MembershipChangedError : public Error, public WithRecovery {
  public:
-  using WithRecovery::WithRecovery;
+  MembershipChangedError(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
+      : Error(std::move(op), std::move(what), rank), WithRecovery(std::move(recovery)) {}
 };
 
 /// Recovery found a shard whose owner and buddies were all lost: the message
 /// names the ranks and parameters whose state is gone. The optimizer is
 /// unusable; recovery().group is the survivors' group to fall back on.
-class ShardLostError : public detail::WithRecovery<StateError> {
+class ShardLostError : public StateError, public WithRecovery {
  public:
-  using WithRecovery::WithRecovery;
+  ShardLostError(std::string op, std::string what, ZeroRecovery recovery, std::optional<int> rank)
+      : StateError(std::move(op), std::move(what), rank), WithRecovery(std::move(recovery)) {}
 };
 
 }  // namespace dopt::optim

@@ -58,7 +58,7 @@
 // Devices: the parameters may live on any one device (all on the same; CUDA
 // after gpu::init()). The buckets are allocated there, gradients are copied
 // into them and back with device copies, the built-in hooks divide and cast
-// there (detail::DeviceOps, device_ops.hpp: bitwise the CPU arithmetic) and
+// there (the device ops gpu/ registers: bitwise the CPU arithmetic) and
 // their all-reduces go to the device backend (NCCL: NCCL's summation order,
 // as torch's DDP on CUDA). Join's own all-reduces stay on the CPU
 // (join_device()). The CPU path is unchanged.

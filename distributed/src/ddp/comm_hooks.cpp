@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 #include "plsgd_util.hpp"
 
 namespace dopt::optim {

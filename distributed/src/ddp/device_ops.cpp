@@ -1,8 +1,8 @@
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 
 #include <string>
 
-#include "dopt/runtime/device_registry.hpp"
+#include "dopt/runtime/internal/device_registry.hpp"
 
 #include "plsgd_util.hpp"
 

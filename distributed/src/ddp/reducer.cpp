@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 #include "survive/survive_util.hpp"
 
 namespace dopt::optim {

@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "dopt/distributed/device_ops.hpp"
+#include "dopt/distributed/internal/device_ops.hpp"
 #include "ddp/plsgd_util.hpp"
 
 namespace dopt::optim {

@@ -12,7 +12,7 @@
 
 #include "dopt/runtime/state_dict.hpp"
 #include "ddp/plsgd_util.hpp"
-#include "dopt/optim/state_load.hpp"
+#include "dopt/optim/internal/state_load.hpp"
 
 namespace dopt::optim {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "dopt/optim/state_load.hpp"
+#include "dopt/optim/internal/state_load.hpp"
 #include "survive/survive_util.hpp"
 
 namespace dopt::optim {

@@ -8,6 +8,7 @@
 
 #include "distributed_optimizer_detail.hpp"
 #include "dopt/actors/internal/served_mutex.hpp"
+#include "distributed_optimizer_testing.hpp"
 #include "dopt/actors/rpc_membership.hpp"
 
 namespace dopt::optim {

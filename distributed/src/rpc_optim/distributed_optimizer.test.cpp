@@ -17,6 +17,7 @@
 #include "dopt/actors/simulate.hpp"
 #include "rpc/testing.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
+#include "distributed_optimizer_testing.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 #include "reference_data.hpp"
 #include "rpc_errors.hpp"

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "distributed_optimizer_survive_scenarios.hpp"
+#include "distributed_optimizer_testing.hpp"
 #include "rpc/testing.hpp"
 
 using namespace dopt;

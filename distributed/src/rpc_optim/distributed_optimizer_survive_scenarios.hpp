@@ -36,6 +36,7 @@
 #include "dopt/actors/rpc.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/optim/registry.hpp"
+#include "distributed_optimizer_testing.hpp"
 
 namespace dopt::do_survive_test {
 

@@ -18,7 +18,7 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/optim/registry.hpp"
-#include "dopt/optim/state_check.hpp"
+#include "dopt/optim/internal/state_check.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/safetensors.hpp"
 #include "test_util.hpp"

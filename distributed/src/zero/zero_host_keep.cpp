@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/optim/chunk_journal.hpp"
+#include "dopt/optim/internal/chunk_journal.hpp"
 
 namespace dopt::optim::zero_detail {
 namespace {

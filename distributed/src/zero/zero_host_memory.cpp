@@ -13,7 +13,7 @@
 #include "survive/agreement.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/notice.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "zero_buddies.hpp"
 #include "zero_core.hpp"
 #include "zero_host_memory.hpp"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
 

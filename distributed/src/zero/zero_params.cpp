@@ -7,7 +7,7 @@
 #include <typeinfo>
 #include <unordered_map>
 
-#include "dopt/optim/param_checks.hpp"
+#include "dopt/optim/internal/param_checks.hpp"
 #include "survive/agreement.hpp"
 #include "zero_internal.hpp"
 #include "zero_repoint.hpp"

@@ -19,7 +19,7 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/notice.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "zero_survive_reference.hpp"
 
 using namespace dopt;

@@ -10,11 +10,11 @@
 #include <set>
 #include <sstream>
 
-#include "dopt/optim/state_check.hpp"
+#include "dopt/optim/internal/state_check.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
-#include "dopt/optim/state_load.hpp"
+#include "dopt/optim/internal/state_load.hpp"
 #include "zero_core.hpp"
 #include "zero_internal.hpp"
 #include "zero_state_dicts.hpp"

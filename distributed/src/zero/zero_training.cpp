@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/optim/clip_grad_sharded.hpp"
+#include "dopt/optim/internal/clip_grad_sharded.hpp"
 #include "dopt/optim/grad_scaler.hpp"
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/distributed/zero.hpp"

@@ -46,15 +46,13 @@
 
 namespace dopt::gpu {
 
-namespace detail {
-struct EventImpl;
-struct StreamImpl;
-}  // namespace detail
-
 /// A recorded point in a stream's work (a pooled cudaEvent_t). Copies share
 /// the event; it returns to its device's pool when the last copy goes.
 class Event {
  public:
+  /// The pooled event (defined by the gpu sources, which make events).
+  struct Impl;
+
   Event() = default;
   bool valid() const noexcept { return impl_ != nullptr; }
   int device() const;
@@ -63,10 +61,10 @@ class Event {
   /// cudaEvent_t, as void*.
   void* native() const;
 
-  explicit Event(std::shared_ptr<detail::EventImpl> impl) : impl_(std::move(impl)) {}
+  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
  private:
-  std::shared_ptr<detail::EventImpl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 class Stream {
@@ -102,7 +100,8 @@ class Stream {
   void zero_async(const Tensor& tensor);
 
  private:
-  std::unique_ptr<detail::StreamImpl> impl_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 /// The stream owned by the rank actor of `global_rank` on `device`: created on

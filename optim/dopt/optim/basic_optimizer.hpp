@@ -25,6 +25,25 @@
 
 namespace dopt::optim {
 
+/// The static per-parameter functions of optimizer class Opt (see
+/// DOPT_OPTIMIZER), called with its options as the OptimizerOptions base:
+/// what the virtual hooks of BasicOptimizer and BasicFunctional run.
+template <class Opt>
+struct OptimizerStatics {
+  using Options = typename Opt::Options;
+  static void init(const OptimizerOptions& o, const Tensor& p, ParamState& st) {
+    Opt::init_param_state(static_cast<const Options&>(o), p, st);
+  }
+  static void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) {
+    Opt::update_param(static_cast<const Options&>(o), p, g, st);
+  }
+  /// Opt::kDeviceKernels where Opt declares it (false: CPU only), else true.
+  static constexpr bool device_kernels() {
+    if constexpr (requires { Opt::kDeviceKernels; }) return Opt::kDeviceKernels;
+    else return true;
+  }
+};
+
 /// Derived provides (DOPT_OPTIMIZER declares them)
 ///   static constexpr const char* kName;   // torch's class name, e.g. "Adam"
 ///   static void init_param_state(const OptionsT&, const Tensor& p, ParamState& st);
@@ -52,15 +71,12 @@ class BasicOptimizer : public Optimizer {
       : Optimizer(Derived::kName, {}, std::make_unique<OptionsT>(std::move(defaults))) {}
 
   void init_state(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override {
-    Derived::init_param_state(static_cast<const OptionsT&>(o), p, st);
+    OptimizerStatics<Derived>::init(o, p, st);
   }
   void update(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override {
-    Derived::update_param(static_cast<const OptionsT&>(o), p, g, st);
+    OptimizerStatics<Derived>::update(o, p, g, st);
   }
-  bool has_device_kernels() const noexcept override {
-    if constexpr (requires { Derived::kDeviceKernels; }) return Derived::kDeviceKernels;
-    else return true;
-  }
+  bool has_device_kernels() const noexcept override { return OptimizerStatics<Derived>::device_kernels(); }
 };
 
 }  // namespace dopt::optim

@@ -159,15 +159,12 @@ class BasicFunctional final : public FunctionalOptimizer {
 
  protected:
   void init_param(const OptimizerOptions& o, const Tensor& p, ParamState& st) const override {
-    Opt::init_param_state(static_cast<const Options&>(o), p, st);
+    OptimizerStatics<Opt>::init(o, p, st);
   }
   void update_param(const OptimizerOptions& o, const Tensor& p, const Tensor& g, ParamState& st) const override {
-    Opt::update_param(static_cast<const Options&>(o), p, g, st);
+    OptimizerStatics<Opt>::update(o, p, g, st);
   }
-  bool has_device_kernels() const noexcept override {
-    if constexpr (requires { Opt::kDeviceKernels; }) return Opt::kDeviceKernels;
-    else return true;
-  }
+  bool has_device_kernels() const noexcept override { return OptimizerStatics<Opt>::device_kernels(); }
 };
 
 /// torch's _FunctionalSGD. lr is required, as for torch.optim.SGD (torch's

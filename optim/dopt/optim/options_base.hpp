@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <variant>
 #include <vector>
@@ -41,7 +42,7 @@
   }                                                                                                        \
   const T& name() const noexcept { return name##_; }                                                       \
   T& name() noexcept { return name##_; }                                                                   \
-  static ::dopt::optim::HyperField<Self> dopt_field(::dopt::optim::detail::FieldIndex<__COUNTER__>) {      \
+  static ::dopt::optim::HyperField<Self> dopt_field(std::integral_constant<int, __COUNTER__>) {             \
     return {#name, &Self::name##_ __VA_OPT__(, [](const Self& s, const std::string& op) {                 \
               ::dopt::optim::checks::apply(op, s.name##_, __VA_ARGS__);                                     \
             })};                                                                                           \
@@ -91,43 +92,37 @@ struct HyperField {
   void (*check)(const Self&, const std::string& op) = nullptr;
 };
 
-namespace detail {
-template <int I>
-struct FieldIndex {};
-void check_known_keys(const Hyperparams& h, const std::vector<const char*>& known, const std::string& op);
-/// Throws dopt::StateError: an options class has neither fields nor its own hyperparameter map.
-[[noreturn]] void no_fields(const char* type);
-inline HyperValue to_hyper(double v) { return v; }
-inline HyperValue to_hyper(bool v) { return v; }
-inline HyperValue to_hyper(std::int64_t v) { return static_cast<double>(v); }
-inline HyperValue to_hyper(const std::string& v) { return v; }
-template <std::size_t N>
-HyperValue to_hyper(const std::array<double, N>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-void from_hyper(const Hyperparams& h, const char* key, const char* op, double& out);
-void from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out);
-void from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out);
-void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out);
-/// A whole number (ValueError otherwise).
-void from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out);
-void from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out);
-
-template <class Self, int I>
-void collect_fields(std::vector<HyperField<Self>>& out) {
-  if constexpr (requires { Self::dopt_field(FieldIndex<I>{}); }) {
-    out.push_back(Self::dopt_field(FieldIndex<I>{}));
-    collect_fields<Self, I + 1>(out);
+/// The part of OptionsCRTP that does not depend on Self: one field's value
+/// to and from the hyperparameter map, and the errors of a bad map.
+class OptionsFields : public OptimizerOptions {
+ protected:
+  /// ValueError naming op for a key of h not in `known`.
+  static void check_known_keys(const Hyperparams& h, const std::vector<const char*>& known, const std::string& op);
+  /// Throws dopt::StateError: an options class has neither fields nor its own hyperparameter map.
+  [[noreturn]] static void no_fields(const char* type);
+  static HyperValue to_hyper(double v) { return v; }
+  static HyperValue to_hyper(bool v) { return v; }
+  static HyperValue to_hyper(std::int64_t v) { return static_cast<double>(v); }
+  static HyperValue to_hyper(const std::string& v) { return v; }
+  template <std::size_t N>
+  static HyperValue to_hyper(const std::array<double, N>& v) {
+    return std::vector<double>(v.begin(), v.end());
   }
-}
-}  // namespace detail
+  static void from_hyper(const Hyperparams& h, const char* key, const char* op, double& out);
+  static void from_hyper(const Hyperparams& h, const char* key, const char* op, bool& out);
+  static void from_hyper(const Hyperparams& h, const char* key, const char* op, Pair& out);
+  static void from_hyper(const Hyperparams& h, const char* key, const char* op, Triple& out);
+  /// A whole number (ValueError otherwise).
+  static void from_hyper(const Hyperparams& h, const char* key, const char* op, std::int64_t& out);
+  static void from_hyper(const Hyperparams& h, const char* key, const char* op, std::string& out);
+};
 
 /// CRTP base of the optimizers' options: clone, get_lr/set_lr, validate and
 /// the hyperparameter map, made from Self's fields (DOPT_OPTIONS and DOPT_ARG,
 /// or a static fields() table and kName). A Self with neither overrides
 /// to_hyperparams, set_hyperparams and validate.
 template <class Self>
-class OptionsCRTP : public OptimizerOptions {
+class OptionsCRTP : public OptionsFields {
  public:
   std::unique_ptr<OptimizerOptions> clone() const override {
     return std::make_unique<Self>(static_cast<const Self&>(*this));
@@ -145,10 +140,10 @@ class OptionsCRTP : public OptimizerOptions {
       return Self::fields();
     } else if constexpr (requires { Self::kFirstField; }) {
       std::vector<HyperField<Self>> out;
-      detail::collect_fields<Self, Self::kFirstField>(out);
+      collect_fields<Self::kFirstField>(out);
       return out;
     } else {
-      detail::no_fields(typeid(Self).name());
+      no_fields(typeid(Self).name());
     }
   }
 
@@ -157,9 +152,9 @@ class OptionsCRTP : public OptimizerOptions {
     if constexpr (has_fields()) {
       const Self& self = static_cast<const Self&>(*this);
       for (const auto& f : hyper_fields())
-        std::visit([&](auto m) { h[f.name] = detail::to_hyper(self.*m); }, f.member);
+        std::visit([&](auto m) { h[f.name] = to_hyper(self.*m); }, f.member);
     } else {
-      detail::no_fields(typeid(Self).name());
+      no_fields(typeid(Self).name());
     }
     return h;
   }
@@ -171,13 +166,13 @@ class OptionsCRTP : public OptimizerOptions {
       const auto fields = hyper_fields();
       std::vector<const char*> names;
       for (const auto& f : fields) names.push_back(f.name);
-      detail::check_known_keys(h, names, Self::kName);
+      check_known_keys(h, names, Self::kName);
       for (const auto& f : fields) {
         if (!h.count(f.name)) continue;
-        std::visit([&](auto m) { detail::from_hyper(h, f.name, Self::kName, self.*m); }, f.member);
+        std::visit([&](auto m) { from_hyper(h, f.name, Self::kName, self.*m); }, f.member);
       }
     } else {
-      detail::no_fields(typeid(Self).name());
+      no_fields(typeid(Self).name());
     }
   }
   /// Each field's rule, in declaration order (the first failure throws).
@@ -187,11 +182,16 @@ class OptionsCRTP : public OptimizerOptions {
         if (f.check) f.check(static_cast<const Self&>(*this), op);
     }
   }
-};
 
-namespace detail {
-inline Pair to_pair(const std::vector<double>& v) { return Pair{v[0], v[1]}; }
-inline std::vector<double> from_pair(const Pair& p) { return {p[0], p[1]}; }
-}  // namespace detail
+ private:
+  /// Appends the DOPT_ARG fields numbered I, I + 1, ... (up to the first gap).
+  template <int I>
+  static void collect_fields(std::vector<HyperField<Self>>& out) {
+    if constexpr (requires { Self::dopt_field(std::integral_constant<int, I>{}); }) {
+      out.push_back(Self::dopt_field(std::integral_constant<int, I>{}));
+      collect_fields<I + 1>(out);
+    }
+  }
+};
 
 }  // namespace dopt::optim

@@ -52,7 +52,7 @@
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/dtype.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 
 namespace dopt::detail {
 

@@ -5,7 +5,7 @@
 // plane here and on the data planes through the PeerTable.
 #include <algorithm>
 
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "transport/actor/rank_state.hpp"
 
 namespace dopt::detail {

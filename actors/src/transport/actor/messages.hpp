@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "caf/all.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "plane/failure.hpp"
 #include "plane/op.hpp"
 #include "plane/peer_table.hpp"

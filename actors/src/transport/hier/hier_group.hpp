@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "plane/executor.hpp"
 #include "plane/plane.hpp"
 #include "transport/shm/channel.hpp"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "plane/group_registry.hpp"
-#include "dopt/runtime/tcp_transport.hpp"
+#include "dopt/runtime/internal/tcp_transport.hpp"
 #include "plane/peer_table.hpp"
 #include "plane/plane.hpp"
 #include "transport/hier/hier_group.hpp"

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "dopt/runtime/buffer_pool.hpp"
+#include "dopt/runtime/internal/buffer_pool.hpp"
 
 namespace dopt::detail::mpi {
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "dopt/actors/internal/sim_hooks.hpp"
-#include "dopt/runtime/parallel.hpp"
+#include "dopt/runtime/internal/parallel.hpp"
 #include "transport/shm/futex.hpp"
 
 namespace dopt::detail::shm_plane {

@@ -8,7 +8,7 @@
 #include <new>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "transport/shm/region.hpp"
 
 namespace dopt::detail::shm_plane {

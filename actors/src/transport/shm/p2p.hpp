@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "dopt/runtime/shm.hpp"
+#include "dopt/runtime/internal/shm.hpp"
 #include "plane/op.hpp"
 #include "plane/peer_table.hpp"
 #include "transport/shm/channel.hpp"

@@ -107,8 +107,8 @@
 #include <string>
 #include <vector>
 
-#include "dopt/runtime/buffer_pool.hpp"
-#include "dopt/runtime/handshake.hpp"
+#include "dopt/runtime/internal/buffer_pool.hpp"
+#include "dopt/runtime/internal/handshake.hpp"
 
 namespace dopt::transport {
 
