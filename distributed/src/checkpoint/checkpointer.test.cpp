@@ -18,6 +18,7 @@
 #include "checkpoint/test_rig.hpp"
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/runtime/error.hpp"
+#include "sim_timeout.hpp"
 
 using namespace dopt;
 using namespace dopt::checkpoint_test;
@@ -26,11 +27,7 @@ namespace {
 
 using Fingerprints = std::vector<std::vector<std::uint64_t>>;
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::milliseconds(60000);
-  return o;
-}
+SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::milliseconds(60000)); }
 
 CheckpointerOptions options_for(RankContext& ctx, const std::string& dir, int keep_last = 0) {
   CheckpointerOptions o;
