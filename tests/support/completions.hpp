@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-
 namespace dopt::testing {
 
 /// Collects completions in the order they run; wait() blocks until every
