@@ -59,6 +59,7 @@
 #include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/tensor.hpp"
 #include "peer_main.hpp"
+#include "reductions.hpp"
 
 namespace {
 
@@ -76,17 +77,7 @@ Tensor make_input(int r, std::int64_t n, DType dt, std::int64_t offset = 0) {
 }
 
 double reduce_expected(ReduceOp op, int n, std::int64_t i, std::int64_t offset = 0) {
-  double acc = input(0, i + offset);
-  for (int r = 1; r < n; ++r) {
-    const double x = input(r, i + offset);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: acc += x; break;
-      case ReduceOp::product: acc *= x; break;
-      case ReduceOp::min: acc = std::min(acc, x); break;
-      case ReduceOp::max: acc = std::max(acc, x); break;
-    }
-  }
+  const double acc = dopt::testing::reduce_in_rank_order(op, n, [&](int r) { return input(r, i + offset); });
   return op == ReduceOp::avg ? acc / n : acc;
 }
 
@@ -289,6 +280,14 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
   const int n = world.size(), me = world.rank();
   Digest d;
   int stream = 0;
+  // reduce_scatter of n parts of len / n + 1 elements, into the digest
+  auto reduce_scatter = [&](std::int64_t len, DType dt) {
+    std::vector<Tensor> ins;
+    for (int k = 0; k < n; ++k) ins.push_back(random_input(me, ++stream, len / n + 1, dt));
+    Tensor out = Tensor::zeros({len / n + 1}, dt);
+    world.reduce_scatter(out, ins);
+    d.add(out);
+  };
   for (DType dt : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
     for (std::int64_t len : {std::int64_t{1000}, std::int64_t{70001}, std::int64_t{1300007}}) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
@@ -330,11 +329,7 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
       part.copy_(random_input(me, ++stream, len / n + 1, dt));
       world.all_gather_into_tensor(inplace, part);
       d.add(inplace);
-      std::vector<Tensor> ins;
-      for (int k = 0; k < n; ++k) ins.push_back(random_input(me, ++stream, len / n + 1, dt));
-      Tensor out = Tensor::zeros({len / n + 1}, dt);
-      world.reduce_scatter(out, ins);
-      d.add(out);
+      reduce_scatter(len, dt);
     }
   }
   // 16-bit floats over 4 MiB (float32 accumulators through the hierarchical
@@ -350,11 +345,7 @@ void digest(dopt::ProcessGroup& world, Checker& c) {
     Tensor ring = random_input(me, ++stream, len, dt);
     world.all_reduce_coalesced({ring}, o);
     d.add(ring);
-    std::vector<Tensor> ins;
-    for (int k = 0; k < n; ++k) ins.push_back(random_input(me, ++stream, len / n + 1, dt));
-    Tensor out = Tensor::zeros({len / n + 1}, dt);
-    world.reduce_scatter(out, ins);
-    d.add(out);
+    reduce_scatter(len, dt);
   }
   std::printf("digest %d %016llx\n", me, static_cast<unsigned long long>(d.h));
   c.expect(true, "digest");

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "local_sgd/diloco_case.hpp"
 #include "local_sgd/diloco_reference.hpp"
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
@@ -45,23 +46,11 @@ struct Run {
   std::unique_ptr<optim::PostLocalSGDOptimizer> opt;
 };
 
-optim::DiLoCoOptions options_of(const ref::Config& c) {
-  optim::DiLoCoOptions o;
-  o.sync_every = c.sync_every;
-  o.fragments = c.fragments;
-  o.fragment_sync_delay = c.delay;
-  o.fragment_update_alpha = c.alpha;
-  o.outer_optimizer = {"SGD", {{"lr", c.outer_lr}, {"momentum", c.outer_momentum}, {"nesterov", c.outer_nesterov}}};
-  return o;
-}
+using ref::options_of;
 
 Run make_run(const ref::Config& c, const optim::DiLoCoOptions& o, ProcessGroup& g, DType dt) {
   Run run;
-  for (std::size_t i = 0; i < c.numels.size(); ++i) {
-    std::vector<double> v;
-    for (std::int64_t e = 0; e < c.numels[i]; ++e) v.push_back(ref::init(static_cast<std::int64_t>(i), e));
-    run.params.push_back(Tensor::from_vector(v).to(dt));
-  }
+  run.params = ref::init_params(c, dt);
   auto inner = std::make_unique<optim::SGD>(run.params, optim::SGDOptions(c.inner_lr).momentum(c.inner_momentum));
   auto avg = std::make_unique<optim::DiLoCoAverager>(run.params, o, g);
   run.diloco = avg.get();
@@ -70,23 +59,12 @@ Run make_run(const ref::Config& c, const optim::DiLoCoOptions& o, ProcessGroup& 
 }
 
 void step(const ref::Config& c, Run& run, int rank, int t) {
-  for (std::size_t i = 0; i < run.params.size(); ++i) {
-    std::vector<double> g;
-    for (std::int64_t e = 0; e < c.numels[i]; ++e) g.push_back(ref::grad(rank, t, static_cast<std::int64_t>(i), e));
-    run.params[i].set_grad(Tensor::from_vector(g).to(run.params[i].dtype()));
-  }
+  ref::set_grads(c, rank, t, run.params);
   run.opt->step();
 }
 
 ref::Config streaming(int world) {
-  ref::Config c;
-  c.world = world;
-  c.sync_every = 4;
-  c.fragments = {{0, 2}, {3, 1}};
-  c.delay = 1;
-  c.alpha = 0.5;
-  c.steps = 13;
-  return c;
+  return {.world = world, .sync_every = 4, .fragments = {{0, 2}, {3, 1}}, .delay = 1, .alpha = 0.5, .steps = 13};
 }
 
 void against_reference(ProcessGroup& world, int rank, Checker& ck) {

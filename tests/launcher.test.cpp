@@ -11,16 +11,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
-#include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "dopt/runtime/launch_env.hpp"
+#include "text.hpp"
 
 namespace {
+
+using dopt::testing::contains;
+using dopt::testing::lines_of;
+using dopt::testing::slurp;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 
@@ -31,20 +37,15 @@ struct Result {
   int code() const { return WEXITSTATUS(status); }
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 std::string temp_path(const char* what) {
   return "/tmp/dopt_launcher_test_" + std::to_string(::getpid()) + "_" + what;
 }
 
-// Runs dopt-run with `args`, stdout and stderr into files, and waits for it.
-Result run_dopt_run(const std::vector<std::string>& args) {
-  const std::string out_path = temp_path("out"), err_path = temp_path("err");
+// Starts dopt-run with `args`, its stdout on out_fd and its stderr into the
+// file err_path; in a process group of its own if own_group. The caller
+// waits for it. out_fd is close-on-exec in the caller: only stdout keeps it.
+pid_t spawn_dopt_run(const std::vector<std::string>& args, int out_fd, const std::string& err_path,
+                     bool own_group = false) {
   std::vector<std::string> full{kDoptRun};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -53,13 +54,27 @@ Result run_dopt_run(const std::vector<std::string>& args) {
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    // A group of its own whose parent (this test) is in another group of the
+    // session: not orphaned, so the kernel does not discard SIGTSTP (as it
+    // would for an orphaned group, e.g. under some runners).
+    if (own_group) ::setpgid(0, 0);
     const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(o, STDOUT_FILENO);
+    ::dup2(out_fd, STDOUT_FILENO);
     ::dup2(e, STDERR_FILENO);
     ::execv(argv[0], argv.data());
     ::_exit(126);
   }
+  if (own_group) ::setpgid(pid, pid);
+  return pid;
+}
+
+// Runs dopt-run with `args`, stdout and stderr into files, and waits for it.
+Result run_dopt_run(const std::vector<std::string>& args) {
+  const std::string out_path = temp_path("out"), err_path = temp_path("err");
+  const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  REQUIRE(o >= 0);
+  const pid_t pid = spawn_dopt_run(args, o, err_path);
+  ::close(o);
   Result r;
   REQUIRE(::waitpid(pid, &r.status, 0) == pid);
   r.out = slurp(out_path);
@@ -69,13 +84,43 @@ Result run_dopt_run(const std::vector<std::string>& args) {
   return r;
 }
 
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::stringstream ss(text);
-  std::string line;
-  while (std::getline(ss, line)) lines.push_back(line);
-  return lines;
-}
+// dopt-run whose stdout this test reads as it comes (a pipe); stderr goes to
+// a file, read once it ended. Called from the test thread, which signals and
+// waits for it.
+struct Watched {
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string err_path;
+  std::string out;  // stdout so far
+
+  Watched(const std::vector<std::string>& args, const char* what, bool own_group = false)
+      : err_path(temp_path(what)) {
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    pid = spawn_dopt_run(args, p[1], err_path, own_group);
+    ::close(p[1]);
+    out_fd = p[0];
+  }
+  // Reads stdout (by blocking reads, no sleeps) while more(lines so far)
+  // holds, or to its end.
+  void read_while(const std::function<bool(const std::vector<std::string>&)>& more) {
+    char buf[4096];
+    while (more(lines_of(out))) {
+      const ssize_t n = ::read(out_fd, buf, sizeof buf);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  // Reads stdout to its end, waits for dopt-run; returns its stderr.
+  std::string finish(int& status) {
+    read_while([](const std::vector<std::string>&) { return true; });
+    ::close(out_fd);
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    const std::string err = slurp(err_path);
+    ::unlink(err_path.c_str());
+    return err;
+  }
+};
 
 // "[rank R] rest" -> rank -> lines; lines without a prefix go to rank -1.
 std::map<int, std::vector<std::string>> by_rank(const std::string& text) {
@@ -94,8 +139,6 @@ std::map<int, std::vector<std::string>> by_rank(const std::string& text) {
   }
   return m;
 }
-
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 }  // namespace
 
@@ -253,46 +296,19 @@ TEST_CASE("dopt-run: --no-prefix passes whole lines through unchanged", "[launch
 }
 
 TEST_CASE("dopt-run: forwards SIGTERM to the ranks", "[launch]") {
-  int out_pipe[2];
-  REQUIRE(::pipe(out_pipe) == 0);
-  const std::string err_path = temp_path("sigerr");
-  std::string exe = kDoptRun, a1 = "--nproc-per-node", a2 = "2", sh = "/bin/sh", c = "-c",
-              script = "echo ready; sleep 30; echo slept";
-  char* argv[] = {exe.data(), a1.data(), a2.data(), sh.data(), c.data(), script.data(), nullptr};
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(out_pipe[1], STDOUT_FILENO);
-    ::dup2(e, STDERR_FILENO);
-    ::close(out_pipe[0]);
-    ::execv(argv[0], argv);
-    ::_exit(126);
-  }
-  ::close(out_pipe[1]);
-  // Wait (by blocking reads, no sleeps) until both ranks are up.
-  std::string out;
+  Watched run({"--nproc-per-node", "2", "/bin/sh", "-c", "echo ready; sleep 30; echo slept"}, "sigerr");
+  // Wait until both ranks are up.
   int ready = 0;
-  char buf[4096];
-  while (ready < 2) {
-    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
+  run.read_while([&](const std::vector<std::string>& lines) {
     ready = 0;
-    for (const std::string& line : lines_of(out)) ready += line.size() > 6 && contains(line, "] ready");
-  }
+    for (const std::string& line : lines) ready += line.size() > 6 && contains(line, "] ready");
+    return ready < 2;
+  });
   REQUIRE(ready == 2);
-  REQUIRE(::kill(pid, SIGTERM) == 0);
-  for (;;) {
-    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(out_pipe[0]);
+  REQUIRE(::kill(run.pid, SIGTERM) == 0);
   int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  const std::string err = slurp(err_path);
-  ::unlink(err_path.c_str());
+  const std::string err = run.finish(status);
+  const std::string& out = run.out;
   INFO(err);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
@@ -390,41 +406,18 @@ TEST_CASE("dopt-run: a rank stopped by someone else is blamed when another rank 
 }
 
 TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues them", "[launch][reliability]") {
-  int out_pipe[2];
-  REQUIRE(::pipe(out_pipe) == 0);
-  const std::string err_path = temp_path("tstperr");
-  std::string exe = kDoptRun, a1 = "--nproc-per-node", a2 = "2", sh = "/bin/sh", c = "-c",
-              // sleep starts before the pid is printed: a shell stopped while it
-              // vforks `sleep` waits in the kernel ('D') for its stopped child.
-              script = "sleep 1 & echo pid $$; wait; echo done";
-  char* argv[] = {exe.data(), a1.data(), a2.data(), sh.data(), c.data(), script.data(), nullptr};
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    // A process group of its own whose parent (this test) is in another
-    // group of the session: not orphaned, so the kernel does not discard
-    // SIGTSTP (as it would for an orphaned group, e.g. under some runners).
-    ::setpgid(0, 0);
-    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(out_pipe[1], STDOUT_FILENO);
-    ::dup2(e, STDERR_FILENO);
-    ::close(out_pipe[0]);
-    ::execv(argv[0], argv);
-    ::_exit(126);
-  }
-  ::setpgid(pid, pid);
-  ::close(out_pipe[1]);
-  std::string out;
+  // sleep starts before the pid is printed: a shell stopped while it vforks
+  // `sleep` waits in the kernel ('D') for its stopped child.
+  Watched run({"--nproc-per-node", "2", "/bin/sh", "-c", "sleep 1 & echo pid $$; wait; echo done"}, "tstperr",
+              /*own_group=*/true);
+  const pid_t pid = run.pid;
   std::vector<int> pids;
-  char buf[4096];
-  while (pids.size() < 2) {
-    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
+  run.read_while([&](const std::vector<std::string>& lines) {
     pids.clear();
-    for (const std::string& line : lines_of(out))
+    for (const std::string& line : lines)
       if (auto p = line.find("] pid "); p != std::string::npos) pids.push_back(std::atoi(line.c_str() + p + 6));
-  }
+    return pids.size() < 2;
+  });
   REQUIRE(pids.size() == 2);
   REQUIRE(::kill(pid, SIGTSTP) == 0);
   int status = 0;
@@ -444,15 +437,8 @@ TEST_CASE("dopt-run: Ctrl-Z stops the ranks with dopt-run, SIGCONT continues the
   }
   ::usleep(1500 * 1000);  // longer than the ranks' sleep: stopped, they print nothing
   REQUIRE(::kill(pid, SIGCONT) == 0);
-  for (;;) {
-    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(out_pipe[0]);
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  const std::string err = slurp(err_path);
-  ::unlink(err_path.c_str());
+  const std::string err = run.finish(status);
+  const std::string& out = run.out;
   INFO(err << out);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);

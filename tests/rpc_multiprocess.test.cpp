@@ -15,6 +15,16 @@ using namespace dopt::testing;
 
 const PeerProgram kPeer{"rpc", {}};
 
+// The victim died of SIGKILL and every other rank exited 0; what those printed, together.
+std::string survivors_output(const std::vector<Done>& ds, int victim) {
+  std::string all;
+  check_victims_and_survivors(ds, {victim}, [&](int, const Done& d) {
+    CHECK(d.ok());
+    all += d.out;
+  }, SIGKILL);
+  return all;
+}
+
 }  // namespace
 
 TEST_CASE("rpc multiprocess: DistributedOptimizer equals local optimizers bit for bit for every class (3 and 5 processes)",
@@ -55,18 +65,7 @@ TEST_CASE("rpc multiprocess: an owner SIGKILLed mid-step fails the trainer's ste
   const int n = GENERATE(3, 4);
   INFO(n << " processes");
   const auto ds = kPeer.by_hand(n, {"kill"});
-  std::string all;
-  for (int r = 0; r < n; ++r) {
-    const Done& d = ds[static_cast<std::size_t>(r)];
-    INFO("rank " << r << ": " << d.out);
-    if (r == n - 1) {
-      CHECK(WIFSIGNALED(d.status));
-      if (WIFSIGNALED(d.status)) CHECK(WTERMSIG(d.status) == SIGKILL);
-    } else {
-      CHECK(d.ok());
-      all += d.out;
-    }
-  }
+  const std::string all = survivors_output(ds, n - 1);
   INFO(all);
   CHECK(contains(all, "kill_failure PeerLostError"));
   CHECK(contains(all, "'owner" + std::to_string(n - 1) + "' (rank " + std::to_string(n - 1) + ")"));
@@ -80,18 +79,7 @@ TEST_CASE("rpc multiprocess: DistributedOptimizer with redundancy: an owner SIGK
   const int victim = n == 3 ? 2 : 3;
   INFO(n << " processes, owner " << victim << " killed at '" << point << "' of step 2");
   const auto ds = kPeer.by_hand(n, {"survive", point});
-  std::string all;
-  for (int r = 0; r < n; ++r) {
-    const Done& d = ds[static_cast<std::size_t>(r)];
-    INFO("rank " << r << ": " << d.out);
-    if (r == victim) {
-      CHECK(WIFSIGNALED(d.status));
-      if (WIFSIGNALED(d.status)) CHECK(WTERMSIG(d.status) == SIGKILL);
-    } else {
-      CHECK(d.ok());
-      all += d.out;
-    }
-  }
+  const std::string all = survivors_output(ds, victim);
   INFO(all);
   // rank 0: the run, the count, every parameter bitwise (4 or 8), every owner not the victim, the shutdown
   CHECK(contains(all, n == 3 ? "ok 0 9" : "ok 0 15"));

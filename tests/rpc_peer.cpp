@@ -42,6 +42,7 @@
 #include <optional>
 
 #include "dopt/actors/rpc.hpp"
+#include "live_count.hpp"
 #include "rpc/testing.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
@@ -72,16 +73,9 @@ std::vector<float> vals(std::size_t n, std::uint64_t seed, double scale = 1.0) {
 
 bool has(const std::string& s, const std::string& x) { return s.find(x) != std::string::npos; }
 
-struct Tracked {
-  static std::atomic<int> live;
-  int value = 0;
-  Tracked() { ++live; }
-  explicit Tracked(int v) : value(v) { ++live; }
-  Tracked(const Tracked& o) : value(o.value) { ++live; }
-  Tracked(Tracked&& o) noexcept : value(o.value) { ++live; }
-  ~Tracked() { --live; }
+struct Tracked : dopt::testing::LiveCounted<Tracked> {
+  using LiveCounted::LiveCounted;
 };
-std::atomic<int> Tracked::live{0};
 void dopt_encode(rpc::Encoder& e, const Tracked& t) { rpc::write(e, t.value); }
 void dopt_decode(rpc::Decoder& d, Tracked& t) { rpc::read(d, t.value); }
 

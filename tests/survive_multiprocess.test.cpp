@@ -28,14 +28,7 @@ void survivors_ok(int n, const std::vector<std::string>& args, const std::vector
   const auto ds = run_ranks_by_hand(peer, n, args, kEnv);
   std::string all;
   int oks = 0;
-  for (int r = 0; r < n; ++r) {
-    const Done& d = ds[static_cast<std::size_t>(r)];
-    INFO("rank " << r << ": " << d.out);
-    if (std::find(victims.begin(), victims.end(), r) != victims.end()) {
-      CHECK(WIFSIGNALED(d.status));
-      CHECK(WTERMSIG(d.status) == SIGKILL);
-      continue;
-    }
+  check_victims_and_survivors(ds, victims, [&](int r, const Done& d) {
     CHECK(d.ok());
     CHECK_FALSE(contains(d.out, "error "));
     const std::string tag = "ok " + std::to_string(r) + " ";
@@ -43,7 +36,7 @@ void survivors_ok(int n, const std::vector<std::string>& args, const std::vector
     REQUIRE(at != std::string::npos);
     CHECK(std::stol(d.out.substr(at + tag.size())) >= min_checks);
     ++oks;
-  }
+  }, SIGKILL);
   CHECK(oks == n - static_cast<int>(victims.size()));
   CHECK(shm_left_by(ds).empty());
 }
@@ -108,14 +101,7 @@ TEST_CASE("survive multiprocess: a process lost with its buddy: every survivor n
   const int n = GENERATE(3, 5);
   INFO(n << " processes");
   const auto ds = run_ranks_by_hand(kPeer, n, {"zero", "1:2:computed", "2:2:computed"}, kEnv);
-  for (int r = 0; r < n; ++r) {
-    const Done& d = ds[static_cast<std::size_t>(r)];
-    INFO("rank " << r << ": " << d.out);
-    if (r == 1 || r == 2) {
-      CHECK(WIFSIGNALED(d.status));
-      CHECK(WTERMSIG(d.status) == SIGKILL);
-      continue;
-    }
+  check_victims_and_survivors(ds, {1, 2}, [](int, const Done& d) {
     REQUIRE(WIFEXITED(d.status));
     CHECK(WEXITSTATUS(d.status) == 1);
     CHECK(contains(d.out, "error StateError: "));
@@ -123,7 +109,7 @@ TEST_CASE("survive multiprocess: a process lost with its buddy: every survivor n
     CHECK(contains(d.out, "its buddies (rank(s) 2) were lost (redundancy 1)"));
     CHECK(contains(d.out, "Fall back to the last checkpoint"));
     CHECK_FALSE(contains(d.out, "rank 2's shard"));
-  }
+  }, SIGKILL);
   CHECK(shm_left_by(ds).empty());
 }
 

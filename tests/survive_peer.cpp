@@ -49,7 +49,6 @@ using namespace dopt::optim;
 
 using dopt::testing::die;
 
-using dopt::optim::survive_reference::grad_elem;
 using dopt::optim::survive_reference::Kill;
 
 // 70001 and 300000 elements take the shared-memory plane's staged path.
@@ -125,15 +124,7 @@ long zero_scenario(ProcessGroup& start, int me, const std::vector<Kill>& kills, 
     const std::int64_t t = zero.step_count();
     try {
       if (dies(t, "between", 0)) die();
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        std::vector<float> g(static_cast<std::size_t>(kSizes[i]));
-        for (std::int64_t k = 0; k < kSizes[i]; ++k) g[static_cast<std::size_t>(k)] = grad_elem(me, t, i, k);
-        Tensor gt = Tensor::from_vector(g);
-        world.all_reduce(gt);
-        float* d = gt.data<float>();
-        for (std::int64_t k = 0; k < kSizes[i]; ++k) d[k] /= static_cast<float>(world.size());
-        params[i].set_grad(gt);
-      }
+      survive_reference::set_mean_grads(params, world, me, t);
       zero.step();
     } catch (const MembershipChangedError& e) {
       world = e.recovery().group;

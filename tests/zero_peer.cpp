@@ -434,26 +434,51 @@ class GradAverager : public dopt::Joinable {
 /// Batches of rank r: 5, except rank 1 which has 3.
 int batches_of(int r) { return r == 1 ? 3 : 5; }
 
-void join(ProcessGroup& world, Checker& c) {
-  const int me = world.rank(), n = world.size();
+/// The iterations of a join run over n ranks: the most batches a rank has.
+int most_batches(int n) {
   int most = 0;
   for (int r = 0; r < n; ++r) most = std::max(most, batches_of(r));
+  return most;
+}
+
+/// Which of n ranks still have a batch at iteration t.
+std::vector<bool> active_at(int n, int t) {
+  std::vector<bool> active;
+  for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
+  return active;
+}
+
+/// The model of the join cases: big_model(opt), every parameter trained.
+Model join_model(const std::string& opt) {
+  Model m = big_model(opt);
+  m.frozen = SIZE_MAX;
+  m.skip_param = SIZE_MAX;
+  return m;
+}
+
+/// Steps ref as the reference of a join run over n ranks: iteration t
+/// averages, with grad_of (averaged_grad or ddp_averaged_grad), the gradients
+/// of the ranks that still have batches (the others contribute zeros),
+/// divided by the world size.
+template <class GradOf>
+void step_join_reference(Reference& ref, int n, GradOf grad_of) {
+  for (int t = 0; t < most_batches(n); ++t) {
+    const std::vector<bool> active = active_at(n, t);
+    for (std::size_t i = 0; i < ref.m.n(); ++i) ref.params[i].set_grad(grad_of(n, t, i, ref.m.shapes[i], active));
+    ref.opt->step();
+  }
+}
+
+void join(ProcessGroup& world, Checker& c) {
+  const int me = world.rank(), n = world.size();
+  const int most = most_batches(n);
   for (const std::string opt : {"Adam", "SGD"})
     for (bool bucket : {false, true}) {
       const std::string tag = "join " + opt + (bucket ? " bucket_view" : "");
-      Model m = big_model(opt);
-      m.frozen = SIZE_MAX;
-      m.skip_param = SIZE_MAX;
+      const Model m = join_model(opt);
       const OptimizerSpec spec = spec_of(opt);
-      // Reference: iteration t averages the gradients of the ranks that still
-      // have batches (the others contribute zeros), divided by the world size.
       Reference ref(m, spec);
-      for (int t = 0; t < most; ++t) {
-        std::vector<bool> active;
-        for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
-        for (std::size_t i = 0; i < m.n(); ++i) ref.params[i].set_grad(averaged_grad(n, t, i, m.shapes[i], active));
-        ref.opt->step();
-      }
+      step_join_reference(ref, n, averaged_grad);
       auto params = initial_params(m);
       auto zero = make_zero(m, spec, params, world, bucket);
       GradAverager avg(world, params);
@@ -581,22 +606,13 @@ void overlap(ProcessGroup& world, Checker& c) {
 
 void overlap_join(ProcessGroup& world, Checker& c) {
   const int me = world.rank(), n = world.size();
-  int most = 0;
-  for (int r = 0; r < n; ++r) most = std::max(most, batches_of(r));
+  const int most = most_batches(n);
   for (const std::string opt : {"Adam", "SGD"}) {
     const std::string tag = "overlap join " + opt;
-    Model m = big_model(opt);
-    m.frozen = SIZE_MAX;
-    m.skip_param = SIZE_MAX;
+    const Model m = join_model(opt);
     const OptimizerSpec spec = spec_of(opt);
     Reference ref(m, spec);
-    for (int t = 0; t < most; ++t) {
-      std::vector<bool> active;
-      for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
-      for (std::size_t i = 0; i < m.n(); ++i)
-        ref.params[i].set_grad(ddp_averaged_grad(n, t, i, m.shapes[i], active));
-      ref.opt->step();
-    }
+    step_join_reference(ref, n, ddp_averaged_grad);
     auto params = initial_params(m);
     auto zero = make_overlap_zero(m, spec, params, world);
     dopt::optim::Reducer red(params, world, kOverlapBuckets);
@@ -607,8 +623,7 @@ void overlap_join(ProcessGroup& world, Checker& c) {
     dopt::Join j({&red, zero.get()});
     for (int t = 0; t < batches_of(me); ++t) {
       backward(red, *zero, m, params, me, t);
-      std::vector<bool> active;
-      for (int r = 0; r < n; ++r) active.push_back(t < batches_of(r));
+      const std::vector<bool> active = active_at(n, t);
       for (std::size_t i = 0; i < m.n(); ++i)
         c.bitwise(params[i].grad(), ddp_averaged_grad(n, t, i, m.shapes[i], active),
                   tag + ": reduced gradient " + std::to_string(i) + " at iteration " + std::to_string(t));

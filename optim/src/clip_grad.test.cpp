@@ -75,14 +75,7 @@ T ref_clip(std::vector<std::vector<T>>& grads, double max_norm, double p) {
   return total;
 }
 
-const std::vector<std::size_t> kSizes = {1, 3, 4, 5, 7, 8, 12, 13, 17, 64, 100, 1031};
-
-template <class T>
-std::vector<std::vector<T>> make_grads(std::uint64_t seed, double scale) {
-  std::vector<std::vector<T>> g;
-  for (std::size_t k = 0; k < kSizes.size(); ++k) g.push_back(values<T>(kSizes[k], seed + k, scale));
-  return g;
-}
+using dopt::testing::clip_grads;
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
@@ -94,7 +87,7 @@ TEMPLATE_TEST_CASE("clip_grad_norm equals torch's reduction order bit for bit (L
   for (double p : {2.0, 1.0, kInfNorm}) {
     for (double max_norm : {0.5, 1e9}) {  // clipping, and a coefficient of 1
       DYNAMIC_SECTION("p=" << p << " max_norm=" << max_norm) {
-        auto ref = make_grads<T>(11, 3.0);
+        auto ref = clip_grads<T>(11, 3.0);
         std::vector<Tensor> params;
         for (const auto& g : ref) {
           Tensor t = Tensor::zeros({static_cast<std::int64_t>(g.size())}, dtype_of_v<T>);
@@ -115,7 +108,7 @@ TEMPLATE_TEST_CASE("clip_grad_norm equals torch's reduction order bit for bit (L
 }
 
 TEST_CASE("clip_grad_norm: threads, gradient lists, groups and the per-gradient norm give the same bits", "[clip_grad]") {
-  auto ref = make_grads<float>(5, 2.0);
+  auto ref = clip_grads<float>(5, 2.0);
   std::vector<Tensor> a, b, grads;
   for (const auto& g : ref) {
     a.push_back(Tensor::zeros({static_cast<std::int64_t>(g.size())}));

@@ -8,6 +8,7 @@
 #include "dopt/optim/functional.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/optim/sgd.hpp"
+#include "thrown.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -17,14 +18,7 @@ namespace {
 const std::vector<std::string> kNames = {"SGD",     "Adam",   "AdamW",    "Adagrad", "RMSprop",
                                          "Adamax",  "Adadelta", "Rprop",  "NAdam",   "RAdam"};
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DTypeError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::function<void()>& f) { return dopt::testing::what_thrown<DTypeError>(f); }
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dopt/runtime/error.hpp"
+#include "thrown.hpp"
 
 using namespace dopt;
 
@@ -46,14 +47,7 @@ class Env {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::function<void()>& f) { return dopt::testing::what_thrown<Error>(f); }
 
 }  // namespace
 

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "dopt/optim/grad_scaler.hpp"
-#include "legacy_names.hpp"  // the ZeRO training test says dopt::test::
 #include "reference_data.hpp"
 
 namespace dopt::testing {

@@ -10,7 +10,6 @@
 
 #include "dopt/runtime/internal/tcp_transport.hpp"
 
-#include "legacy_names.hpp"  // the tests of actors/ and ZeRO still say dopt_test::
 
 namespace dopt::testing {
 

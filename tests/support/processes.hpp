@@ -2,8 +2,9 @@
 // Processes for the multi-process tests in tests/: start a program as a child
 // process with its environment set, wait for it, read what it printed; start
 // a rank program (tests/*_peer.cpp) as n ranks, through dopt-run or by hand,
-// and require that every rank printed "ok R CHECKS". Called from the test
-// thread (they REQUIRE); each call waits for the processes it started.
+// and require that every rank printed "ok R CHECKS"; check a run in which
+// some ranks were killed. Called from the test thread (they REQUIRE); each
+// call waits for the processes it started.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -11,7 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -147,6 +150,24 @@ inline std::vector<std::string> shm_left_by(const std::vector<Done>& ds) {
       if (d.pid > 0 && n.rfind("dopt-" + std::to_string(d.pid) + "-", 0) == 0) out.push_back(n);
   }
   return out;
+}
+
+/// Walks the ranks of a run (ds, by rank) in which the ranks in `victims` were
+/// killed: a victim must have died of a signal (of `signal`, where nonzero);
+/// every other rank goes to survivor(r, d), which checks it. Each rank's
+/// checks run under an INFO naming it and what it printed. Test thread.
+inline void check_victims_and_survivors(const std::vector<Done>& ds, const std::vector<int>& victims,
+                                        const std::function<void(int, const Done&)>& survivor, int signal = 0) {
+  for (int r = 0; r < static_cast<int>(ds.size()); ++r) {
+    const Done& d = ds[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    if (std::find(victims.begin(), victims.end(), r) != victims.end()) {
+      CHECK(WIFSIGNALED(d.status));
+      if (signal != 0 && WIFSIGNALED(d.status)) CHECK(WTERMSIG(d.status) == signal);
+      continue;
+    }
+    survivor(r, d);
+  }
 }
 
 /// `peer args...` as n ranks through dopt-run: every rank must exit 0 and print "ok R CHECKS >= min_checks".

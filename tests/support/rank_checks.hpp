@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "legacy_names.hpp"  // the tests of actors/ and ZeRO still say dopt_test::
 
 namespace dopt::testing {
 

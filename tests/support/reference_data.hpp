@@ -42,4 +42,14 @@ Tensor tensor_of(const std::vector<T>& v, Shape shape = {}) {
   return Tensor::from_vector(v, std::move(shape));
 }
 
+/// The gradients of the clip_grad tests (optim's and ZeRO's, which must clip
+/// alike): vectors of 1 to 1031 values (odd sizes, vector chunks and tails),
+/// values(.., seed + k, scale) for vector k.
+template <class T>
+std::vector<std::vector<T>> clip_grads(std::uint64_t seed, double scale) {
+  std::vector<std::vector<T>> g;
+  for (std::size_t n : {1, 3, 4, 5, 7, 8, 12, 13, 17, 64, 100, 1031}) g.push_back(values<T>(n, seed + g.size(), scale));
+  return g;
+}
+
 }  // namespace dopt::testing

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "rank_checks.hpp"
+#include "reductions.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -38,25 +39,12 @@ double round_to(double x, DType dt) { return Tensor::scalar(x, DType::float64).t
 // The documented reduction, computed here from the formula: in rank order,
 // in float32 for the 16-bit floats, in the dtype otherwise.
 double expected_reduce(ReduceOp op, DType dt, int n, std::int64_t i, std::int64_t salt = 0) {
-  double acc = input_value(0, i + salt);
-  for (int r = 1; r < n; ++r) {
-    double x = input_value(r, i + salt);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: acc += x; break;
-      case ReduceOp::product: acc *= x; break;
-      case ReduceOp::min: acc = std::min(acc, x); break;
-      case ReduceOp::max: acc = std::max(acc, x); break;
-    }
-  }
-  if (op == ReduceOp::avg) {
-    if (dt == DType::float64) acc = acc / n;
-    else acc = static_cast<double>(static_cast<float>(acc) / static_cast<float>(n));  // float32 division
-  }
+  double acc = dopt::testing::reduce_in_rank_order(op, n, [&](int r) { return input_value(r, i + salt); });
+  if (op == ReduceOp::avg) acc = dopt::testing::avg_in(dt, acc, n);
   return round_to(acc, dt);
 }
 
-using Log = dopt_test::RankLog;
+using Log = dopt::testing::RankLog;
 
 void check_values(Log& log, const Tensor& t, const std::function<double(std::int64_t)>& want, const std::string& what) {
   bool ok = true;

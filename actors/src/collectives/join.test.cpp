@@ -11,16 +11,13 @@
 
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/simulate.hpp"
+#include "sim_timeout.hpp"
 
 using namespace dopt;
 
 namespace {
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::seconds(20);
-  return o;
-}
+SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::seconds(20)); }
 
 // A joinable doing `n` all-reduces of 1 per input; its hook shadows them with
 // all-reduces of 0; its post hook tells every rank who the last joiner was.

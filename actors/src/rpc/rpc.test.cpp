@@ -15,6 +15,7 @@
 #include "dopt/actors/internal/served_mutex.hpp"
 #include "dopt/actors/rpc.hpp"
 #include "dopt/actors/simulate.hpp"
+#include "live_count.hpp"
 #include "rpc/testing.hpp"
 
 using namespace dopt;
@@ -49,17 +50,9 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // A value that counts its live instances.
-struct Tracked {
-  static std::atomic<int> live;
-  int value = 0;
-  Tracked() { ++live; }
-  explicit Tracked(int v) : value(v) { ++live; }
-  Tracked(const Tracked& o) : value(o.value) { ++live; }
-  Tracked(Tracked&& o) noexcept : value(o.value) { ++live; }
-  Tracked& operator=(const Tracked&) = default;
-  ~Tracked() { --live; }
+struct Tracked : dopt::testing::LiveCounted<Tracked> {
+  using LiveCounted::LiveCounted;
 };
-std::atomic<int> Tracked::live{0};
 void dopt_encode(Encoder& e, const Tracked& t) { write(e, t.value); }
 void dopt_decode(Decoder& d, Tracked& t) { read(d, t.value); }
 

@@ -22,6 +22,7 @@
 
 #include <unistd.h>
 
+#include "sim_timeout.hpp"  // tests/support
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
 #include "dopt/distributed/checkpointer.hpp"
@@ -55,11 +56,7 @@ inline std::string fresh_dir(const std::string& name) {
   return d.string();
 }
 
-inline SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::milliseconds(60000);
-  return o;
-}
+inline SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::milliseconds(60000)); }
 
 inline CheckpointerOptions options_for(RankContext& ctx, const std::string& dir, int keep_last = 0) {
   CheckpointerOptions o;

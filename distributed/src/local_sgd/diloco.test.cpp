@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "diloco_case.hpp"
 #include "diloco_reference.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
@@ -26,33 +27,9 @@ using namespace dopt::optim;
 
 namespace {
 
-DiLoCoOptions options_of(const diloco_ref::Config& c) {
-  DiLoCoOptions o;
-  o.sync_every = c.sync_every;
-  o.fragments = c.fragments;
-  o.fragment_sync_delay = c.delay;
-  o.fragment_update_alpha = c.alpha;
-  o.outer_optimizer = {"SGD", {{"lr", c.outer_lr}, {"momentum", c.outer_momentum}, {"nesterov", c.outer_nesterov}}};
-  return o;
-}
-
-std::vector<Tensor> init_params(const diloco_ref::Config& c, DType dt) {
-  std::vector<Tensor> ps;
-  for (std::size_t i = 0; i < c.numels.size(); ++i) {
-    std::vector<double> v;
-    for (std::int64_t e = 0; e < c.numels[i]; ++e) v.push_back(diloco_ref::init(static_cast<std::int64_t>(i), e));
-    ps.push_back(Tensor::from_vector(v).to(dt));
-  }
-  return ps;
-}
-
-void set_grads(const diloco_ref::Config& c, int r, int t, const std::vector<Tensor>& ps) {
-  for (std::size_t i = 0; i < ps.size(); ++i) {
-    std::vector<double> g;
-    for (std::int64_t e = 0; e < c.numels[i]; ++e) g.push_back(diloco_ref::grad(r, t, static_cast<std::int64_t>(i), e));
-    ps[i].set_grad(Tensor::from_vector(g).to(ps[i].dtype()));
-  }
-}
+using diloco_ref::init_params;
+using diloco_ref::options_of;
+using diloco_ref::set_grads;
 
 struct Built {
   std::vector<Tensor> params;
@@ -300,12 +277,7 @@ TEST_CASE("quantized_all_reduce: error feedback makes repeated int4 averages unb
 
 TEST_CASE("DiLoCo with quantized wire formats stays within the quantization of the reference (world 3)",
           "[diloco][wire]") {
-  diloco_ref::Config c;
-  c.world = 3;
-  c.sync_every = 4;
-  c.fragments = {{0, 2}, {3, 1}};
-  c.delay = 1;
-  c.steps = 12;
+  const diloco_ref::Config c{.world = 3, .sync_every = 4, .fragments = {{0, 2}, {3, 1}}, .delay = 1, .steps = 12};
   const diloco_ref::Trace ref = diloco_ref::run(c);
   for (WireFormat f : {WireFormat::bfloat16, WireFormat::int8, WireFormat::int4}) {
     for (bool ef : {false, true}) {
@@ -361,12 +333,8 @@ TEST_CASE("DiLoCo state dict: resume from a checkpoint is bit for bit the uninte
   };
   for (const V& v : {V{WireFormat::float32, false, 1}, V{WireFormat::int8, true, 1}, V{WireFormat::int4, true, 0}}) {
     for (int world : {2, 3, 5}) {
-      diloco_ref::Config c;
-      c.world = world;
-      c.sync_every = 4;
-      c.fragments = {{0, 2}, {3, 1}};
-      c.delay = v.delay;
-      c.steps = 15;
+      const diloco_ref::Config c{
+          .world = world, .sync_every = 4, .fragments = {{0, 2}, {3, 1}}, .delay = v.delay, .steps = 15};
       DiLoCoOptions o = options_of(c);
       o.wire_format = v.f;
       o.error_feedback = v.ef;
@@ -519,12 +487,7 @@ TEST_CASE("DiLoCo sharded checkpoints: each rank writes its share of the anchors
   const auto dir = std::filesystem::temp_directory_path() / "dopt-diloco-sharded-test";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  diloco_ref::Config c;
-  c.world = 3;
-  c.sync_every = 4;
-  c.fragments = {{0, 2}, {3, 1}};
-  c.delay = 1;
-  c.steps = 15;
+  const diloco_ref::Config c{.world = 3, .sync_every = 4, .fragments = {{0, 2}, {3, 1}}, .delay = 1, .steps = 15};
   DiLoCoOptions o = options_of(c);
   o.wire_format = WireFormat::int8;
   o.error_feedback = true;

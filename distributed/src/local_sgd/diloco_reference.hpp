@@ -16,7 +16,7 @@ struct Config {
   int world = 2;
   std::vector<std::int64_t> numels{12, 7, 1, 30};
   std::int64_t sync_every = 4;
-  std::vector<std::vector<std::int64_t>> fragments;  // empty: one
+  std::vector<std::vector<std::int64_t>> fragments{};  // empty: one
   std::int64_t delay = 0;
   double alpha = 0.0;
   double inner_lr = 0.05, inner_momentum = 0.9;

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <future>
@@ -47,6 +48,28 @@ std::string bits_mismatch(const Tensor& got, const Tensor& want) {
   return "";
 }
 
+/// One step, in a fresh context, of `dist` and of local_opt, the local
+/// optimizer of the same parameters: grad_of(k), parameter k's gradient
+/// (undefined: none this step), is deposited for remote[k] and set on
+/// local[k]. Called on the trainer's thread; waits for dist's step.
+void step_both(Agent& a, DistributedOptimizer& dist, Optimizer& local_opt, const std::vector<RRef<Tensor>>& remote,
+               std::vector<Tensor>& local, const std::function<Tensor(std::size_t)>& grad_of) {
+  GradContext ctx = a.new_context();
+  std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
+  for (std::size_t k = 0; k < remote.size(); ++k) {
+    Tensor g = grad_of(k);
+    if (!g.defined()) {
+      local[k].set_grad(Tensor());
+      continue;
+    }
+    local[k].set_grad(g.clone());
+    deps.emplace_back(remote[k], g);
+  }
+  (void)ctx.deposit_all(deps);
+  dist.step(ctx);
+  local_opt.step();
+}
+
 struct TinyModule {
   Tensor w = Tensor::full({3}, 1.0);
   Tensor b = Tensor::full({1}, -1.0);
@@ -77,6 +100,18 @@ void register_test_functions() {
   });
 }
 
+/// Runs body on the trainer (rank 0) of 3 simulated workers with p0 = [1, 2, 3]
+/// on worker 1 and p1 = [4, 5] on worker 2; returns once every worker is done.
+void with_two_params(const std::function<void(Agent&, RRef<Tensor>, RRef<Tensor>)>& body) {
+  register_test_functions();
+  rpc::simulate(3, [&](Agent& a) {
+    if (a.rank() != 0) return;
+    const auto p0 = a.remote<Tensor>(1, "dt.make_param", std::vector<float>{1, 2, 3}, std::vector<std::int64_t>{3});
+    const auto p1 = a.remote<Tensor>(2, "dt.make_param", std::vector<float>{4, 5}, std::vector<std::int64_t>{2});
+    body(a, p0, p1);
+  });
+}
+
 /// K parameters spread over the owners 1..n-1; T steps, each in a fresh
 /// context with some gradients missing; after every step every remote
 /// parameter equals the local class's bit for bit.
@@ -100,22 +135,12 @@ void check_parity(const OptimizerSpec& spec, int n) {
     SCHECK(static_cast<int>(dist.owners().size()) == std::min<int>(n - 1, static_cast<int>(shapes.size())));
     auto lopt = make_optimizer(spec, {OptimizerParamGroup(local)});
     for (int t = 0; t < 5; ++t) {
-      GradContext ctx = a.new_context();
-      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-      for (std::size_t k = 0; k < shapes.size(); ++k) {
+      step_both(a, dist, *lopt, remote, local, [&](std::size_t k) {
         const bool none = t > 0 && (k + static_cast<std::size_t>(t)) % 3 == 0;
-        if (none) {
-          local[k].set_grad(Tensor());
-          continue;
-        }
-        Tensor g = Tensor::from_vector(
-            values<float>(static_cast<std::size_t>(shape_numel(shapes[k])), 100 * t + k, 2.0), shapes[k]);
-        local[k].set_grad(g.clone());
-        deps.emplace_back(remote[k], g);
-      }
-      (void)ctx.deposit_all(deps);
-      dist.step(ctx);
-      lopt->step();
+        if (none) return Tensor();
+        return Tensor::from_vector(values<float>(static_cast<std::size_t>(shape_numel(shapes[k])), 100 * t + k, 2.0),
+                                   shapes[k]);
+      });
       for (std::size_t k = 0; k < shapes.size(); ++k) {
         const std::string m = bits_mismatch(remote[k].to_here(), local[k]);
         CatchLock l(g_catch_mutex);
@@ -209,11 +234,7 @@ TEST_CASE("DistributedOptimizer: three trainers step concurrently on two shared 
 
 TEST_CASE("DistributedOptimizer: a parameter without a gradient in the context is skipped, nothing stale reapplied",
           "[distributed_optimizer]") {
-  register_test_functions();
-  rpc::simulate(3, [](Agent& a) {
-    if (a.rank() != 0) return;
-    auto p0 = a.remote<Tensor>(1, "dt.make_param", std::vector<float>{1, 2, 3}, std::vector<std::int64_t>{3});
-    auto p1 = a.remote<Tensor>(2, "dt.make_param", std::vector<float>{4, 5}, std::vector<std::int64_t>{2});
+  with_two_params([](Agent& a, RRef<Tensor> p0, RRef<Tensor> p1) {
     DistributedOptimizer dist(a, {"SGD", {{"lr", 0.1}, {"momentum", 0.9}}}, {p0, p1});
     {
       GradContext c1 = a.new_context();
@@ -236,11 +257,7 @@ TEST_CASE("DistributedOptimizer: a parameter without a gradient in the context i
 
 TEST_CASE("DistributedOptimizer: zero_grad, set_lr, set_hyperparameters and LambdaLR act on every owner",
           "[distributed_optimizer]") {
-  register_test_functions();
-  rpc::simulate(3, [](Agent& a) {
-    if (a.rank() != 0) return;
-    auto p0 = a.remote<Tensor>(1, "dt.make_param", std::vector<float>{1, 2, 3}, std::vector<std::int64_t>{3});
-    auto p1 = a.remote<Tensor>(2, "dt.make_param", std::vector<float>{4, 5}, std::vector<std::int64_t>{2});
+  with_two_params([](Agent& a, RRef<Tensor> p0, RRef<Tensor> p1) {
     DistributedOptimizer dist(a, {"SGD", {{"lr", 0.1}}}, {p0, p1});
     GradContext ctx = a.new_context();
     (void)ctx.deposit_all({{p0, Tensor::full({3}, 1.0)}, {p1, Tensor::full({2}, 1.0)}});
@@ -396,17 +413,10 @@ TEST_CASE("DistributedOptimizer: one schedule reaches all 3 remote owners (OneCy
     // the construction's values are already on every owner
     SCHECK(dist.lrs() == std::vector<double>(3, lopt.param_groups()[0].options->get_lr()));
     for (int t = 0; t < 8; ++t) {
-      GradContext ctx = a.new_context();
-      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-      for (std::size_t k = 0; k < shapes.size(); ++k) {
-        Tensor g = Tensor::from_vector(values<float>(static_cast<std::size_t>(shape_numel(shapes[k])), 900 + 10 * t + k, 2.0),
-                                       shapes[k]);
-        local[k].set_grad(g.clone());
-        deps.emplace_back(remote[k], g);
-      }
-      (void)ctx.deposit_all(deps);
-      dist.step(ctx);
-      lopt.step();
+      step_both(a, dist, lopt, remote, local, [&](std::size_t k) {
+        return Tensor::from_vector(
+            values<float>(static_cast<std::size_t>(shape_numel(shapes[k])), 900 + 10 * t + k, 2.0), shapes[k]);
+      });
       remote_sched.step();
       local_sched.step();
       const double lr = lopt.param_groups()[0].options->get_lr();
@@ -467,18 +477,10 @@ void two_trainers(const rpc::SimulateOptions& o) {
     }
     DistributedOptimizer dist(a, OptimizerSpec{"Adam", {{"lr", 0.01}}}, ps);
     auto lopt = make_optimizer(OptimizerSpec{"Adam", {{"lr", 0.01}}}, {OptimizerParamGroup(local)});
-    for (int t = 0; t < kSteps; ++t) {
-      GradContext ctx = a.new_context();
-      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-      for (std::size_t k = 0; k < ps.size(); ++k) {
-        Tensor g = Tensor::from_vector(values<float>(5, 100 * t + k + a.rank(), 2.0), {5});
-        local[k].set_grad(g.clone());
-        deps.emplace_back(ps[k], g);
-      }
-      (void)ctx.deposit_all(deps);
-      dist.step(ctx);
-      lopt->step();
-    }
+    for (int t = 0; t < kSteps; ++t)
+      step_both(a, dist, *lopt, ps, local, [&](std::size_t k) {
+        return Tensor::from_vector(values<float>(5, 100 * t + k + a.rank(), 2.0), {5});
+      });
     for (std::size_t k = 0; k < ps.size(); ++k) {
       SCHECK(bits_mismatch(ps[k].to_here(), local[k]) == "");
       ++checked;

@@ -6,6 +6,7 @@
 // must equal, bit for bit, one local optimizer applying the same gradients.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <mutex>
 
 #include "distributed_optimizer_survive_scenarios.hpp"
@@ -46,6 +47,34 @@ void check_bitwise(const Scenario& sc, const Result& got) {
     CHECK_THAT(got.log, Contains("lost=") && Contains(std::to_string(l.victim)));
     for (int o : got.owners) CHECK(o != l.victim);
   }
+}
+
+/// Runs body on the trainer (rank 0) of sc.n simulated workers with a
+/// DistributedOptimizer (redundancy 1) over sc's parameters, two per owner
+/// (workers 1, 2, ...), and step(t), which deposits sc's gradients of step t
+/// and steps. A worker told "dos.die" dies (rpc::testing::kill). Returns once
+/// every worker is done; the owner probe is reset.
+void on_trainer(const Scenario& sc,
+                const std::function<void(rpc::Agent&, DistributedOptimizer&, const std::function<void(std::int64_t)>&)>&
+                    body) {
+  die_fn() = [](rpc::Agent& a) { rpc::testing::kill(a); };
+  install(sc);
+  rpc::simulate(sc.n, [&](rpc::Agent& a) {
+    if (a.rank() != 0) return;
+    std::vector<rpc::RRef<Tensor>> ps;
+    for (std::size_t i = 0; i < num_params(sc); ++i)
+      ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
+    DistributedOptimizerOptions o;
+    o.redundancy = 1;
+    DistributedOptimizer opt(a, spec(), ps, o);
+    body(a, opt, [&](std::int64_t t) {
+      rpc::GradContext ctx = a.new_context();
+      const auto gs = grads_of(sc, t);
+      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
+      opt.step(ctx);
+    });
+  });
+  optim::detail::set_owner_probe({});
 }
 
 }  // namespace
@@ -152,24 +181,9 @@ TEST_CASE("DistributedOptimizer survive: learning-rate changes reach the copies,
           "[distributed_optimizer][survive][survive_do]") {
   Scenario sc;
   sc.n = 5;
-  die_fn() = [](rpc::Agent& a) { rpc::testing::kill(a); };
-  install(sc);
   std::vector<std::vector<unsigned char>> got;
   std::string log;
-  rpc::simulate(sc.n, [&](rpc::Agent& a) {
-    if (a.rank() != 0) return;
-    std::vector<rpc::RRef<Tensor>> ps;
-    for (std::size_t i = 0; i < num_params(sc); ++i)
-      ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
-    DistributedOptimizerOptions o;
-    o.redundancy = 1;
-    DistributedOptimizer opt(a, spec(), ps, o);
-    auto step = [&](std::int64_t t) {
-      rpc::GradContext ctx = a.new_context();
-      const auto gs = grads_of(sc, t);
-      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
-      opt.step(ctx);
-    };
+  on_trainer(sc, [&](rpc::Agent& a, DistributedOptimizer& opt, const std::function<void(std::int64_t)>& step) {
     auto kill = [&](int v) {
       (void)a.rpc_async(v, "dos.die");
       REQUIRE(a.wait_until_lost(v, std::chrono::seconds(20)));
@@ -194,14 +208,10 @@ TEST_CASE("DistributedOptimizer survive: learning-rate changes reach the copies,
     } catch (const OwnersChangedError& e) {
       log += "changed " + describe(e.owner_recovery());
       REQUIRE_FALSE(e.recovery().step_completed);
-      rpc::GradContext ctx = a.new_context();
-      const auto gs = grads_of(sc, 3);
-      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
-      opt.step(ctx);
+      step(3);
     }
     for (const auto& p : opt.parameters()) got.push_back(bytes_of(p.to_here()));
   });
-  optim::detail::set_owner_probe({});
   INFO(log);
   CHECK_THAT(log, Contains("changed lost=2 moved=2,3 needs= step=2;") && Contains("changed lost=4 moved=6,7 needs=6,7 step=3;"));
   // The reference: the same gradients and learning rates, in one optimizer.
@@ -225,23 +235,8 @@ TEST_CASE("DistributedOptimizer survive: recover() after a loss the trainer saw 
           "[distributed_optimizer][survive][survive_do]") {
   Scenario sc;
   sc.n = 3;
-  die_fn() = [](rpc::Agent& a) { rpc::testing::kill(a); };
-  install(sc);
   std::vector<std::vector<unsigned char>> got;
-  rpc::simulate(sc.n, [&](rpc::Agent& a) {
-    if (a.rank() != 0) return;
-    std::vector<rpc::RRef<Tensor>> ps;
-    for (std::size_t i = 0; i < num_params(sc); ++i)
-      ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
-    DistributedOptimizerOptions o;
-    o.redundancy = 1;
-    DistributedOptimizer opt(a, spec(), ps, o);
-    auto step = [&](std::int64_t t) {
-      rpc::GradContext ctx = a.new_context();
-      const auto gs = grads_of(sc, t);
-      for (std::size_t i = 0; i < gs.size(); ++i) (void)ctx.deposit(opt.parameters()[i], gs[i]);
-      opt.step(ctx);
-    };
+  on_trainer(sc, [&](rpc::Agent& a, DistributedOptimizer& opt, const std::function<void(std::int64_t)>& step) {
     step(0);
     (void)a.rpc_async(1, "dos.die");
     REQUIRE(a.wait_until_lost(1, std::chrono::seconds(20)));
@@ -258,7 +253,6 @@ TEST_CASE("DistributedOptimizer survive: recover() after a loss the trainer saw 
     step(1);  // no recovery: nothing more is lost
     for (const auto& p : opt.parameters()) got.push_back(bytes_of(p.to_here()));
   });
-  optim::detail::set_owner_probe({});
   sc.steps = 2;
   CHECK(got == reference(sc));
 }

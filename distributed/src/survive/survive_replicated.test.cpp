@@ -91,7 +91,12 @@ std::vector<RankResult> run(const Scenario& sc, RankResult (*rank_fn)(ProcessGro
 std::vector<RankResult> plsgd_run(const Scenario& sc) { return run(sc, plsgd_rank); }
 std::vector<RankResult> reducer_run(const Scenario& sc) { return run(sc, reducer_rank); }
 
-void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const std::vector<RankResult>& ref) {
+/// For each survivor of sc (under an INFO naming it and its log): its run
+/// (x) and the reference's (y) both done, x in a group of the survivors, its
+/// parameters bitwise y's; then more(x, y, survivors) checks the rest.
+template <class More>
+void check_survivors(const Scenario& sc, const std::vector<RankResult>& got, const std::vector<RankResult>& ref,
+                     More&& more) {
   const auto alive = survivors(sc);
   for (int r : alive) {
     const auto& x = got[static_cast<std::size_t>(r)];
@@ -105,8 +110,14 @@ void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const
       INFO("parameter " << i);
       CHECK(x.params[i] == y.params[i]);
     }
-    if (!sc.point.empty()) CHECK(x.log.find("lost=" + std::to_string(sc.victim)) != std::string::npos);
+    more(x, y, alive);
   }
+}
+
+void check_bitwise(const Scenario& sc, const std::vector<RankResult>& got, const std::vector<RankResult>& ref) {
+  check_survivors(sc, got, ref, [&](const RankResult& x, const RankResult&, const std::vector<int>&) {
+    if (!sc.point.empty()) CHECK(x.log.find("lost=" + std::to_string(sc.victim)) != std::string::npos);
+  });
 }
 
 /// The "lost=" lists of a survivor's log, one per recovery.
@@ -131,20 +142,8 @@ std::vector<std::vector<int>> recoveries(const std::string& log) {
 /// after a first recovery the survivors are renumbered).
 void check_bitwise_losses(const Scenario& sc, const std::vector<RankResult>& got, const std::vector<RankResult>& ref,
                           std::size_t expected_recoveries) {
-  const auto alive = survivors(sc);
-  for (int r : alive) {
-    const auto& x = got[static_cast<std::size_t>(r)];
-    const auto& y = ref[static_cast<std::size_t>(r)];
-    INFO("rank " << r << ": " << x.log);
-    REQUIRE(x.done);
-    REQUIRE(y.done);
-    CHECK(x.final_size == static_cast<int>(alive.size()));
+  check_survivors(sc, got, ref, [&](const RankResult& x, const RankResult& y, const std::vector<int>& alive) {
     CHECK(y.final_size == static_cast<int>(alive.size()));
-    REQUIRE(x.params.size() == y.params.size());
-    for (std::size_t i = 0; i < y.params.size(); ++i) {
-      INFO("parameter " << i);
-      CHECK(x.params[i] == y.params[i]);
-    }
     const auto recs = recoveries(x.log);
     CHECK(recs.size() == expected_recoveries);
     std::size_t n_lost = 0;
@@ -152,7 +151,7 @@ void check_bitwise_losses(const Scenario& sc, const std::vector<RankResult>& got
     CHECK(n_lost == static_cast<std::size_t>(sc.n) - alive.size());
     REQUIRE_FALSE(recs.empty());
     CHECK(std::find(recs[0].begin(), recs[0].end(), sc.victim) != recs[0].end());
-  }
+  });
 }
 
 /// Runs the survive run with the recovery probe losing sc.die_in_recovery.
@@ -165,6 +164,44 @@ std::vector<RankResult> with_probe(const Scenario& sc, F run_fn) {
   auto res = run_fn(sc);
   optim::detail::recovery_probe() = {};
   return res;
+}
+
+/// n ranks, `steps` steps, rank 1 lost during step `step`, with the
+/// averaging's callback or without.
+Scenario rank1_lost_during(int n, std::int64_t steps, std::int64_t step, bool callback) {
+  Scenario sc;
+  sc.n = n;
+  sc.steps = steps;
+  sc.callback = callback;
+  sc.victim = 1;
+  sc.point = "during";
+  sc.step = step;
+  return sc;
+}
+
+/// A case of the [survive_two] tests: a second loss added to the first.
+struct SecondLoss {
+  const char* section;
+  std::string point;  // the first loss's point instead of "during"; "": kept
+  std::vector<Loss> more;
+  int die_in_recovery = -1;
+  std::size_t recoveries = 1;
+};
+
+/// Each case, a SECTION of its own: `first` with the case's losses added runs
+/// (the recovery probe armed) and ends bitwise its reference.
+template <class RunFn, class RefFn>
+void check_second_losses(const Scenario& first, const std::vector<SecondLoss>& cases, RunFn run_fn, RefFn ref_fn) {
+  for (const SecondLoss& c : cases) {
+    SECTION(c.section) {
+      Scenario sc = first;
+      if (!c.point.empty()) sc.point = c.point;
+      sc.more = c.more;
+      sc.die_in_recovery = c.die_in_recovery;
+      INFO(sc.n << " ranks" << (sc.callback ? ", callback" : ""));
+      check_bitwise_losses(sc, with_probe(sc, run_fn), ref_fn(sc), c.recoveries);
+    }
+  }
 }
 
 }  // namespace
@@ -243,55 +280,26 @@ TEST_CASE("reducer survive: without a loss bitwise the plain reducer: refusals",
 
 TEST_CASE("post_local_sgd survive: two ranks lost in consecutive averages, two in one step, one during the recovery",
           "[survive][survive_plsgd][survive_two]") {
-  Scenario sc;
-  sc.n = 5;
-  sc.steps = 7;  // averages at steps 1, 3, 5
-  sc.callback = GENERATE(false, true);
-  sc.victim = 1;
-  sc.point = "during";
-  sc.step = 3;
-  std::size_t recs = 1;
-  SECTION("rank 1 during step 3's average, rank 3 before step 5's") {
-    sc.more = {Loss{3, 5, "before"}};
-    recs = 2;
-  }
-  SECTION("rank 1 during step 3's average, rank 3 before step 3") { sc.more = {Loss{3, 3, "before"}}; }
-  SECTION("rank 1 during step 3's average, rank 4 at the start of the survivors' recovery") {
-    sc.die_in_recovery = 4;
-  }
-  SECTION("rank 1 after step 3's average, rank 2 before step 4 (both noticed at step 5)") {
-    sc.point = "after";
-    sc.more = {Loss{2, 4, "before"}};
-  }
-  INFO(sc.n << " ranks" << (sc.callback ? ", callback" : ""));
-  check_bitwise_losses(sc, with_probe(sc, plsgd_run), plsgd_reference(sc), recs);
+  // averages at steps 1, 3, 5
+  check_second_losses(rank1_lost_during(5, 7, 3, GENERATE(false, true)),
+                      {{"rank 1 during step 3's average, rank 3 before step 5's", "", {Loss{3, 5, "before"}}, -1, 2},
+                       {"rank 1 during step 3's average, rank 3 before step 3", "", {Loss{3, 3, "before"}}, -1, 1},
+                       {"rank 1 during step 3's average, rank 4 at the start of the survivors' recovery", "", {}, 4, 1},
+                       {"rank 1 after step 3's average, rank 2 before step 4 (both noticed at step 5)", "after",
+                        {Loss{2, 4, "before"}}, -1, 1}},
+                      plsgd_run, plsgd_reference);
 }
 
 TEST_CASE("reducer survive: two ranks lost in consecutive steps, two in one step, one during the recovery",
           "[survive][survive_reducer][survive_two]") {
-  Scenario sc;
-  sc.n = 5;
-  sc.steps = 5;
-  sc.callback = GENERATE(false, true);
-  sc.victim = 1;
-  sc.point = "during";
-  sc.step = 2;
-  std::size_t recs = 1;
-  SECTION("rank 1 during step 2's bucket reduce, rank 3 during step 3's") {
-    sc.more = {Loss{3, 3, "during"}};
-    recs = 2;
-  }
-  SECTION("ranks 1 and 3 during step 2's bucket reduce") { sc.more = {Loss{3, 2, "during"}}; }
-  SECTION("rank 1 during step 2's bucket reduce, rank 4 at the start of the survivors' recovery") {
-    sc.die_in_recovery = 4;
-  }
-  SECTION("rank 1 before step 2, rank 2 before step 3") {
-    sc.point = "before";
-    sc.more = {Loss{2, 3, "before"}};
-    recs = 2;
-  }
-  INFO(sc.n << " ranks" << (sc.callback ? ", callback" : ""));
-  check_bitwise_losses(sc, with_probe(sc, reducer_run), reducer_reference(sc), recs);
+  check_second_losses(rank1_lost_during(5, 5, 2, GENERATE(false, true)),
+                      {{"rank 1 during step 2's bucket reduce, rank 3 during step 3's", "", {Loss{3, 3, "during"}}, -1,
+                        2},
+                       {"ranks 1 and 3 during step 2's bucket reduce", "", {Loss{3, 2, "during"}}, -1, 1},
+                       {"rank 1 during step 2's bucket reduce, rank 4 at the start of the survivors' recovery", "", {},
+                        4, 1},
+                       {"rank 1 before step 2, rank 2 before step 3", "before", {Loss{2, 3, "before"}}, -1, 2}},
+                      reducer_run, reducer_reference);
 }
 
 // Found with the tests above (fixed in the shared-memory plane): a rank that

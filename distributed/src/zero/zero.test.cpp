@@ -21,7 +21,9 @@
 #include "dopt/optim/internal/state_check.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/safetensors.hpp"
-#include "test_util.hpp"
+#include "bitwise_checks.hpp"
+#include "reference_data.hpp"
+#include "sim_timeout.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -29,19 +31,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::seconds(30);
-  return o;
-}
+SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::seconds(30)); }
 
 Tensor init_value(std::size_t i, const Shape& s, DType dt) {
-  auto v = test::values<double>(static_cast<std::size_t>(shape_numel(s)), 7 + i);
+  auto v = dopt::testing::values<double>(static_cast<std::size_t>(shape_numel(s)), 7 + i);
   return Tensor::from_vector(v, s).to(dt);
 }
 
 Tensor grad_value(int t, int r, std::size_t i, const Shape& s, DType dt) {
-  auto v = test::values<double>(static_cast<std::size_t>(shape_numel(s)),
+  auto v = dopt::testing::values<double>(static_cast<std::size_t>(shape_numel(s)),
                                 100000 + 1000 * static_cast<std::uint64_t>(t) + 37 * static_cast<std::uint64_t>(r) + i,
                                 2.0);
   return Tensor::from_vector(v, s).to(dt);
@@ -197,6 +195,18 @@ std::unique_ptr<ZeroRedundancyOptimizer> make_zero(const Scenario& s, RankContex
   auto z = std::make_unique<ZeroRedundancyOptimizer>(make_groups(s, params, 0, ng - 1), s.spec, o);
   z->add_param_group(make_groups(s, params, ng - 1, ng).front());
   return z;
+}
+
+/// make_zero, then `steps` steps on the averaged gradients (every rank of
+/// ctx's world calls it).
+std::unique_ptr<ZeroRedundancyOptimizer> make_zero(const Scenario& s, RankContext& ctx,
+                                                   const std::vector<Tensor>& params, int steps) {
+  auto zero = make_zero(s, ctx, params);
+  for (int t = 0; t < steps; ++t) {
+    set_averaged_grads(s, ctx, params, t);
+    zero->step();
+  }
+  return zero;
 }
 
 // Per rank: params after each step, [r][t][i].
@@ -398,11 +408,7 @@ TEST_CASE("ZeRO consolidate_state_dict on any rank gives the unsharded layout", 
     std::mutex m;
     simulate(world, [&](RankContext& ctx) {
       auto params = initial_params(s);
-      auto zero = make_zero(s, ctx, params);
-      for (int t = 0; t < 3; ++t) {
-        set_averaged_grads(s, ctx, params, t);
-        zero->step();
-      }
+      auto zero = make_zero(s, ctx, params, 3);
       for (int to = 0; to < world; ++to) {
         zero->consolidate_state_dict(to);
         if (ctx.rank() == to) {
@@ -435,7 +441,7 @@ TEST_CASE("ZeRO consolidate_state_dict on any rank gives the unsharded layout", 
       for (const auto& [id, st] : ref.final_state.state) {
         INFO("param " << id);
         REQUIRE(got.state.count(id) == 1);
-        test::require_same_state(st, got.state.at(id));
+        dopt::testing::require_same_state(st, got.state.at(id));
       }
     }
   }
@@ -453,11 +459,7 @@ TEST_CASE("ZeRO state-dict round trip: a fresh optimizer resumes bitwise like an
       std::vector<double> lr(world);
       simulate(world, [&](RankContext& ctx) {
         auto params = initial_params(s);
-        auto zero = make_zero(s, ctx, params);
-        for (int t = 0; t < 3; ++t) {
-          set_averaged_grads(s, ctx, params, t);
-          zero->step();
-        }
+        auto zero = make_zero(s, ctx, params, 3);
         zero->consolidate_state_dict(0);
         if (ctx.rank() == 0) shared = zero->state_dict();
         ctx.world().barrier();

@@ -17,18 +17,16 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/distributed/zero_overlap.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
+#include "thrown.hpp"
+#include "sim_timeout.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 
 namespace {
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::seconds(30);
-  return o;
-}
+SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::seconds(30)); }
 
 const std::vector<Shape> kShapes{{5}, {9}, {3, 2}, {7}, {4}};
 
@@ -41,7 +39,7 @@ struct CallerModel {
 
   explicit CallerModel(std::size_t n = kShapes.size()) {
     for (std::size_t i = 0; i < n; ++i) {
-      buffers.push_back(test::values<float>(static_cast<std::size_t>(shape_numel(kShapes[i])), 11 + i));
+      buffers.push_back(dopt::testing::values<float>(static_cast<std::size_t>(shape_numel(kShapes[i])), 11 + i));
       mine.push_back(Tensor::from_blob(buffers.back().data(), kShapes[i], DType::float32));
       params.push_back(Tensor::from_blob(buffers.back().data(), kShapes[i], DType::float32));
     }
@@ -58,20 +56,30 @@ struct CallerModel {
 };
 
 Tensor grad_for(int step, std::size_t i) {
-  return test::tensor_of(test::values<float>(static_cast<std::size_t>(shape_numel(kShapes[i])),
+  return dopt::testing::tensor_of(dopt::testing::values<float>(static_cast<std::size_t>(shape_numel(kShapes[i])),
                                              1000 + 10 * static_cast<std::uint64_t>(step) + i, 0.5),
                          kShapes[i]);
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "";
+/// Runs body on n simulated ranks (30 s timeout): body appends what it finds
+/// wrong to `bad` (Catch asserts are not thread-safe); once the ranks have
+/// ended, the test thread fails a check for each.
+void check_ranks(int n, const std::function<void(RankContext&, std::vector<std::string>& bad)>& body) {
+  std::mutex m;
+  std::vector<std::string> problems;
+  simulate(
+      n,
+      [&](RankContext& ctx) {
+        std::vector<std::string> bad;
+        body(ctx, bad);
+        std::lock_guard<std::mutex> lock(m);
+        problems.insert(problems.end(), bad.begin(), bad.end());
+      },
+      short_timeout());
+  for (const auto& p : problems) FAIL_CHECK(p);
 }
+
+std::string error_of(const std::function<void()>& f) { return dopt::testing::what_thrown<ValueError>(f); }
 
 }  // namespace
 
@@ -130,94 +138,76 @@ TEST_CASE("ZeRO bucket view with a rebind hook: the caller's tensors follow ever
           "[zero][caller_memory]") {
   for (int world : {2, 3}) {
     INFO("world " << world);
-    std::mutex m;
-    std::vector<std::string> problems;
-    simulate(
-        world,
-        [&](RankContext& ctx) {
-          std::vector<std::string> bad;
-          const OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
-          CallerModel cm;
-          std::vector<Tensor> ref;
-          for (const auto& p : cm.params) ref.push_back(p.clone());
-          cm.params[3].set_requires_grad(false);  // frozen: gets its own copy, the caller follows too
-          ref[3].set_requires_grad(false);
-          int calls = 0;
-          ZeroOptions zo{ctx.world(), true};
-          zo.rebind_parameter = cm.hook(&calls);
-          std::vector<Tensor> first(cm.params.begin(), cm.params.end() - 1);
-          ZeroRedundancyOptimizer z(first, spec, zo);
-          if (calls != 4) bad.push_back("the hook ran " + std::to_string(calls) + " times at construction, not 4");
-          // add_param_group with caller memory: the hook is set, so it is accepted and rebinds.
-          z.add_param_group(OptimizerParamGroup(std::vector<Tensor>{cm.params.back()}));
-          auto plain = make_optimizer(spec, {OptimizerParamGroup(ref)});
-          for (int step = 0; step < 4; ++step) {
-            if (step == 2) {  // trainability change: the buckets are rebuilt and the hook runs again
-              cm.params[3].set_requires_grad(true);
-              ref[3].set_requires_grad(true);
-            }
-            for (std::size_t i = 0; i < cm.params.size(); ++i) {
-              const bool frozen = !cm.params[i].requires_grad();
-              cm.params[i].set_grad(frozen ? Tensor() : grad_for(step, i));
-              ref[i].set_grad(frozen ? Tensor() : grad_for(step, i));
-            }
-            const int before = calls;
-            z.step();
-            plain->step();
-            if (step == 2 && calls == before) bad.push_back("no rebind after the trainability change");
-            for (std::size_t i = 0; i < cm.params.size(); ++i) {
-              if (!cm.mine[i].shares_storage_with(cm.params[i]))
-                bad.push_back("step " + std::to_string(step) + ": the caller's tensor " + std::to_string(i) +
-                              " lost the parameter's memory");
-              if (!cm.mine[i].equal(ref[i]))
-                bad.push_back("step " + std::to_string(step) + ": the caller's tensor " + std::to_string(i) +
-                              " differs from the plain optimizer's parameter");
-            }
-          }
-          std::lock_guard<std::mutex> lock(m);
-          problems.insert(problems.end(), bad.begin(), bad.end());
-        },
-        short_timeout());
-    for (const auto& p : problems) FAIL_CHECK(p);
+    check_ranks(world, [&](RankContext& ctx, std::vector<std::string>& bad) {
+      const OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
+      CallerModel cm;
+      std::vector<Tensor> ref;
+      for (const auto& p : cm.params) ref.push_back(p.clone());
+      cm.params[3].set_requires_grad(false);  // frozen: gets its own copy, the caller follows too
+      ref[3].set_requires_grad(false);
+      int calls = 0;
+      ZeroOptions zo{ctx.world(), true};
+      zo.rebind_parameter = cm.hook(&calls);
+      std::vector<Tensor> first(cm.params.begin(), cm.params.end() - 1);
+      ZeroRedundancyOptimizer z(first, spec, zo);
+      if (calls != 4) bad.push_back("the hook ran " + std::to_string(calls) + " times at construction, not 4");
+      // add_param_group with caller memory: the hook is set, so it is accepted and rebinds.
+      z.add_param_group(OptimizerParamGroup(std::vector<Tensor>{cm.params.back()}));
+      auto plain = make_optimizer(spec, {OptimizerParamGroup(ref)});
+      for (int step = 0; step < 4; ++step) {
+        if (step == 2) {  // trainability change: the buckets are rebuilt and the hook runs again
+          cm.params[3].set_requires_grad(true);
+          ref[3].set_requires_grad(true);
+        }
+        for (std::size_t i = 0; i < cm.params.size(); ++i) {
+          const bool frozen = !cm.params[i].requires_grad();
+          cm.params[i].set_grad(frozen ? Tensor() : grad_for(step, i));
+          ref[i].set_grad(frozen ? Tensor() : grad_for(step, i));
+        }
+        const int before = calls;
+        z.step();
+        plain->step();
+        if (step == 2 && calls == before) bad.push_back("no rebind after the trainability change");
+        for (std::size_t i = 0; i < cm.params.size(); ++i) {
+          if (!cm.mine[i].shares_storage_with(cm.params[i]))
+            bad.push_back("step " + std::to_string(step) + ": the caller's tensor " + std::to_string(i) +
+                          " lost the parameter's memory");
+          if (!cm.mine[i].equal(ref[i]))
+            bad.push_back("step " + std::to_string(step) + ": the caller's tensor " + std::to_string(i) +
+                          " differs from the plain optimizer's parameter");
+        }
+      }
+    });
   }
 }
 
 TEST_CASE("ZeRO overlap_with_ddp with a rebind hook: the caller's tensors view the overlap buffers", "[zero][caller_memory]") {
-  std::mutex m;
-  std::vector<std::string> problems;
-  simulate(
-      3,
-      [&](RankContext& ctx) {
-        std::vector<std::string> bad;
-        const OptimizerSpec spec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
-        CallerModel cm;
-        int calls = 0;
-        ZeroOptions zo{ctx.world(), false, true};
-        zo.rebind_parameter = cm.hook(&calls);
-        ZeroRedundancyOptimizer z(cm.params, spec, zo);
-        Reducer red(cm.params, ctx.world(), ReducerOptions{.bucket_cap_bytes = 24, .first_bucket_cap_bytes = 24});
-        red.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), red, z));
-        if (calls != static_cast<int>(cm.params.size()))
-          bad.push_back("the plan rebound " + std::to_string(calls) + " parameters");
-        std::vector<Tensor> ref;
-        for (const auto& p : cm.params) ref.push_back(p.clone());
-        auto plain = make_optimizer(spec, {OptimizerParamGroup(ref)});
-        for (int step = 0; step < 3; ++step) {
-          for (std::size_t i = cm.params.size(); i-- > 0;) {
-            cm.params[i].set_grad(grad_for(step + 10 * ctx.rank(), i));
-            red.mark_ready(cm.params[i]);
-          }
-          red.finalize();
-          for (std::size_t i = 0; i < ref.size(); ++i) ref[i].set_grad(cm.params[i].grad().clone());
-          plain->step();
-          for (std::size_t i = 0; i < cm.params.size(); ++i)
-            if (!cm.mine[i].shares_storage_with(cm.params[i]) || !cm.mine[i].equal(ref[i]))
-              bad.push_back("step " + std::to_string(step) + ": the caller's tensor " + std::to_string(i) +
-                            " does not hold the update");
-        }
-        std::lock_guard<std::mutex> lock(m);
-        problems.insert(problems.end(), bad.begin(), bad.end());
-      },
-      short_timeout());
-  for (const auto& p : problems) FAIL_CHECK(p);
+  check_ranks(3, [&](RankContext& ctx, std::vector<std::string>& bad) {
+    const OptimizerSpec spec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
+    CallerModel cm;
+    int calls = 0;
+    ZeroOptions zo{ctx.world(), false, true};
+    zo.rebind_parameter = cm.hook(&calls);
+    ZeroRedundancyOptimizer z(cm.params, spec, zo);
+    Reducer red(cm.params, ctx.world(), ReducerOptions{.bucket_cap_bytes = 24, .first_bucket_cap_bytes = 24});
+    red.register_comm_hook(hook_with_zero_step_interleaved(allreduce_hook(ctx.world()), red, z));
+    if (calls != static_cast<int>(cm.params.size()))
+      bad.push_back("the plan rebound " + std::to_string(calls) + " parameters");
+    std::vector<Tensor> ref;
+    for (const auto& p : cm.params) ref.push_back(p.clone());
+    auto plain = make_optimizer(spec, {OptimizerParamGroup(ref)});
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = cm.params.size(); i-- > 0;) {
+        cm.params[i].set_grad(grad_for(step + 10 * ctx.rank(), i));
+        red.mark_ready(cm.params[i]);
+      }
+      red.finalize();
+      for (std::size_t i = 0; i < ref.size(); ++i) ref[i].set_grad(cm.params[i].grad().clone());
+      plain->step();
+      for (std::size_t i = 0; i < cm.params.size(); ++i)
+        if (!cm.mine[i].shares_storage_with(cm.params[i]) || !cm.mine[i].equal(ref[i]))
+          bad.push_back("step " + std::to_string(step) + ": the caller's tensor " + std::to_string(i) +
+                        " does not hold the update");
+    }
+  });
 }

@@ -1,5 +1,5 @@
 // Device placement of ZeRO's buffers, without a GPU: the fake "CUDA" device
-// of ddp/fake_device.hpp (host memory behind a fake allocator). ZeRO with
+// of fake_ddp_device.hpp (host memory behind a fake allocator). ZeRO with
 // overlap_with_ddp keeps its bucket buffers, and so the parameters that
 // become views of them, on the parameters' device, and steps them there (the
 // GPU test "ZeRO overlap on CUDA parameters" in gpu/src/gpu.test.cpp runs the
@@ -22,11 +22,11 @@
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/distributed/zero_overlap.hpp"
-#include "ddp/fake_device.hpp"
+#include "fake_ddp_device.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using namespace dopt::optim::test;
+using namespace dopt::testing;
 
 namespace {
 
@@ -43,7 +43,7 @@ Tensor values(std::int64_t n, int seed) {
   return Tensor::from_vector(v);
 }
 
-using Failures = dopt_test::RankLog;
+using Failures = dopt::testing::RankLog;
 
 }  // namespace
 

@@ -19,7 +19,8 @@
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/distributed/zero.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
+#include "sim_timeout.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -30,16 +31,12 @@ namespace {
 const std::vector<Shape> kShapes{{24, 40}, {40, 24}, {32, 32}, {16, 64}, {8, 8}, {3, 5}, {64, 16}};
 constexpr int kMicro = 30;  // micro-batches per step, over all ranks: divisible by 1, 2, 3 and 5
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
+SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::seconds(60)); }
 
 std::vector<Tensor> initial(DType dt) {
   std::vector<Tensor> ps;
   for (std::size_t i = 0; i < kShapes.size(); ++i) {
-    auto v = test::values<double>(static_cast<std::size_t>(shape_numel(kShapes[i])), 3 + i, 0.5);
+    auto v = dopt::testing::values<double>(static_cast<std::size_t>(shape_numel(kShapes[i])), 3 + i, 0.5);
     ps.push_back(Tensor::from_vector(v, kShapes[i]).to(dt));
   }
   return ps;
@@ -50,7 +47,7 @@ std::vector<Tensor> initial(DType dt) {
 // accumulated, all-reduced gradient is then the same bits whatever the world
 // size and however the micro-batches are split over the ranks.
 Tensor micro_grad(int t, int j, std::size_t i, DType dt) {
-  auto v = test::values<double>(static_cast<std::size_t>(shape_numel(kShapes[i])),
+  auto v = dopt::testing::values<double>(static_cast<std::size_t>(shape_numel(kShapes[i])),
                                 7000 + 100 * static_cast<std::uint64_t>(t) + 3 * static_cast<std::uint64_t>(j) + 1000 * i);
   for (auto& x : v) x = std::round(x * 8192.0) / 1024.0;
   return Tensor::from_vector(v, kShapes[i]).to(dt);

@@ -23,20 +23,17 @@
 #include "dopt/optim/registry.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/distributed/zero_overlap.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
+#include "sim_timeout.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 
 namespace {
 
-SimulateOptions short_timeout() {
-  SimulateOptions o;
-  o.timeout = std::chrono::seconds(30);
-  return o;
-}
+SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::seconds(30)); }
 
-using Log = dopt_test::RankLog;
+using Log = dopt::testing::RankLog;
 
 struct Model {
   std::vector<Shape> shapes{{5}, {9}, {9}, {3}, {7}, {1}, {7}, {4, 3}, {}, {6}};
@@ -49,14 +46,14 @@ struct Model {
 std::vector<Tensor> make_params(const Model& m) {
   std::vector<Tensor> ps;
   for (std::size_t i = 0; i < m.n(); ++i) {
-    auto v = test::values<double>(static_cast<std::size_t>(shape_numel(m.shapes[i])), 7 + i);
+    auto v = dopt::testing::values<double>(static_cast<std::size_t>(shape_numel(m.shapes[i])), 7 + i);
     ps.push_back(Tensor::from_vector(v, m.shapes[i]).to(m.dt(i)));
   }
   return ps;
 }
 
 Tensor grad_value(const Model& m, int t, int r, std::size_t i) {
-  auto v = test::values<double>(static_cast<std::size_t>(shape_numel(m.shapes[i])),
+  auto v = dopt::testing::values<double>(static_cast<std::size_t>(shape_numel(m.shapes[i])),
                                 100000 + 1000 * static_cast<std::uint64_t>(t) + 37 * static_cast<std::uint64_t>(r) + i,
                                 2.0);
   return Tensor::from_vector(v, m.shapes[i]).to(m.dt(i));

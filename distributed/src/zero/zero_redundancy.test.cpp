@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -31,7 +32,6 @@ struct Killed : std::runtime_error {
   Killed() : std::runtime_error("killed by the test") {}
 };
 
-using survive_reference::grad_elem;
 using survive_reference::Kill;
 
 const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300, 1, 70001, 12};
@@ -41,17 +41,19 @@ std::vector<Tensor> make_params() { return survive_reference::make_params(kSizes
 struct Scenario {
   int n = 3;
   int redundancy = 1;
-  std::vector<Kill> kills;
+  std::vector<Kill> kills{};
   std::int64_t steps = 5;
   OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.1}}};
   bool bucket_view = false;
   bool callback = false;
   ZeroBuddyUpdate update = ZeroBuddyUpdate::step;
   int interval = 4;                // snapshot_interval (replay)
-  std::vector<std::string> hosts;  // ZeroOptions::hosts (empty: one host)
+  std::vector<std::string> hosts{};  // ZeroOptions::hosts (empty: one host)
   bool scheduler = false;          // LambdaLR changing lr at every step, in both runs
   std::int64_t chunk = 1000;       // host_memory_chunk (host_memory)
 };
+
+const OptimizerSpec kMomentumSgd{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
 
 /// The scheduler of Scenario::scheduler: a different lr at every step.
 double lr_factor(std::int64_t epoch) { return 1.0 + 0.25 * static_cast<double>(epoch % 3); }
@@ -130,15 +132,7 @@ std::vector<RankResult> run(const Scenario& sc) {
       const std::vector<int> members = world.ranks();
       try {
         if (dies(t, "between", 0)) throw Killed();
-        for (std::size_t i = 0; i < params.size(); ++i) {
-          std::vector<float> g(static_cast<std::size_t>(kSizes[i]));
-          for (std::int64_t k = 0; k < kSizes[i]; ++k) g[static_cast<std::size_t>(k)] = grad_elem(me, t, i, k);
-          Tensor gt = Tensor::from_vector(g);
-          world.all_reduce(gt);
-          float* d = gt.data<float>();
-          for (std::int64_t k = 0; k < kSizes[i]; ++k) d[k] /= static_cast<float>(world.size());
-          params[i].set_grad(gt);
-        }
+        survive_reference::set_mean_grads(params, world, me, t);
         changed = false;
         zero.step();
         if (sched) sched->step();
@@ -191,6 +185,20 @@ bool killed(const Scenario& sc, int r) {
 
 /// Every survivor: trained to the end, averaged over the expected members,
 /// parameters bitwise the reference's.
+/// Runs sc, in which a shard's every copy is lost: each rank of `ranks`
+/// (under an INFO naming it and its log) failed with "shard lost: ", and
+/// more(log) checks what its log names.
+void check_shard_lost(const Scenario& sc, std::initializer_list<int> ranks,
+                      const std::function<void(const std::string&)>& more) {
+  const auto res = run(sc);
+  for (int r : ranks) {
+    const auto& log = res[static_cast<std::size_t>(r)].log;
+    INFO("rank " << r << ": " << log);
+    CHECK(log.find("shard lost: ") == 0);
+    more(log);
+  }
+}
+
 void check_bitwise(const Scenario& sc) {
   const auto res = run(sc);
   const auto ref = reference(sc);
@@ -238,31 +246,20 @@ TEST_CASE("ZeRO redundancy: a rank lost at each point of a step, the survivors f
 
 TEST_CASE("ZeRO redundancy: two losses in a row", "[zero][survive]") {
   SECTION("5 ranks: rank 4 during the broadcasts of step 1, then rank 0 between steps 3 and 4") {
-    Scenario sc;
-    sc.n = 5;
-    sc.steps = 6;
-    sc.kills = {{4, 1, "broadcast", 1}, {0, 3, "between", 0}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{4, 1, "broadcast", 1}, {0, 3, "between", 0}}, .steps = 6});
   }
   SECTION("3 ranks down to 1: rank 2 after its local step 1, then rank 0 at the beginning of step 3") {
-    Scenario sc;
-    sc.n = 3;
-    sc.kills = {{2, 1, "computed", 0}, {0, 3, "begin", 0}};
-    check_bitwise(sc);
+    check_bitwise({.n = 3, .kills = {{2, 1, "computed", 0}, {0, 3, "begin", 0}}});
   }
   SECTION("redundancy 2 at 5 ranks: ranks 1 and 2 (one's buddy) at once") {
-    Scenario sc;
-    sc.n = 5;
-    sc.redundancy = 2;
-    sc.kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .redundancy = 2, .kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}}});
   }
 }
 
 TEST_CASE("ZeRO redundancy: SGD with momentum, bucket view, the callback", "[zero][survive]") {
   Scenario sc;
   sc.n = 5;
-  sc.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
+  sc.spec = kMomentumSgd;
   sc.bucket_view = true;
   sc.callback = true;
   sc.kills = {{3, 2, "broadcast", 2}};
@@ -275,16 +272,12 @@ TEST_CASE("ZeRO redundancy: a rank lost with its buddy names the state that is g
   Scenario sc;
   sc.n = 5;
   sc.kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}};
-  const auto res = run(sc);
-  for (int r : {0, 3, 4}) {
-    const auto& log = res[static_cast<std::size_t>(r)].log;
-    INFO("rank " << r << ": " << log);
-    CHECK(log.find("shard lost: ") == 0);
+  check_shard_lost(sc, {0, 3, 4}, [](const std::string& log) {
     CHECK(log.find("the optimizer state of rank 1's shard") != std::string::npos);
     CHECK(log.find("its buddies (rank(s) 2) were lost (redundancy 1)") != std::string::npos);
     CHECK(log.find("Fall back to the last checkpoint") != std::string::npos);
     CHECK(log.find("rank 2's shard") == std::string::npos);  // rank 2's own shard is with rank 3
-  }
+  });
 }
 
 TEST_CASE("ZeRO redundancy: argument checks", "[zero][survive]") {
@@ -393,45 +386,22 @@ TEST_CASE("ZeRO redundancy, replay: losses after the snapshot buffers are reused
 }
 
 TEST_CASE("ZeRO redundancy, replay: two losses in a row, Adam and SGD with momentum, bucket view", "[zero][survive]") {
+  constexpr auto replay = ZeroBuddyUpdate::replay;
   SECTION("5 ranks: rank 4 during the broadcasts of step 1, then rank 0 between steps 4 and 5") {
-    Scenario sc;
-    sc.n = 5;
-    sc.steps = 7;
-    sc.update = ZeroBuddyUpdate::replay;
-    sc.interval = 3;
-    sc.scheduler = true;
-    sc.kills = {{4, 1, "broadcast", 1}, {0, 4, "between", 0}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{4, 1, "broadcast", 1}, {0, 4, "between", 0}}, .steps = 7, .update = replay,
+                   .interval = 3, .scheduler = true});
   }
   SECTION("SGD with momentum, bucket view, the callback, interval 1 (a snapshot every step)") {
-    Scenario sc;
-    sc.n = 5;
-    sc.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
-    sc.bucket_view = true;
-    sc.callback = true;
-    sc.update = ZeroBuddyUpdate::replay;
-    sc.interval = 1;
-    sc.kills = {{3, 2, "broadcast", 2}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{3, 2, "broadcast", 2}}, .spec = kMomentumSgd, .bucket_view = true,
+                   .callback = true, .update = replay, .interval = 1});
   }
   SECTION("bucket view, two losses in a row (the buckets of moved parameters grow a row each time)") {
-    Scenario sc;
-    sc.n = 5;
-    sc.steps = 7;
-    sc.bucket_view = true;
-    sc.update = GENERATE(ZeroBuddyUpdate::step, ZeroBuddyUpdate::replay);
-    sc.interval = 2;
-    sc.kills = {{2, 1, "computed", 0}, {4, 4, "broadcast", 1}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{2, 1, "computed", 0}, {4, 4, "broadcast", 1}}, .steps = 7, .bucket_view = true,
+                   .update = GENERATE(ZeroBuddyUpdate::step, ZeroBuddyUpdate::replay), .interval = 2});
   }
   SECTION("redundancy 2 at 5 ranks: ranks 1 and 2 (one's buddy) at once") {
-    Scenario sc;
-    sc.n = 5;
-    sc.redundancy = 2;
-    sc.update = ZeroBuddyUpdate::replay;
-    sc.interval = 4;
-    sc.kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .redundancy = 2, .kills = {{1, 2, "computed", 0}, {2, 2, "computed", 0}}, .update = replay,
+                   .interval = 4});
   }
 }
 
@@ -571,67 +541,38 @@ TEST_CASE("ZeRO redundancy, host memory: a rank lost at each point of a step, bi
 
 TEST_CASE("ZeRO redundancy, host memory: state made inside the update, scalar state, two losses in a row",
           "[zero][survive]") {
+  constexpr auto host_memory = ZeroBuddyUpdate::host_memory;
   SECTION("SGD with momentum lost in its first step (the momentum buffer is made by the update), or later") {
     // A parameter's first step is not journaled: it runs whole, its state
     // goes into shared memory after; "chunk" 0 then comes between the two.
     const std::int64_t step = GENERATE(0, 2);
-    Scenario sc;
-    sc.n = 3;
-    sc.spec = OptimizerSpec{"SGD", {{"lr", 0.1}, {"momentum", 0.9}}};
-    sc.bucket_view = true;
-    sc.update = ZeroBuddyUpdate::host_memory;
-    sc.kills = {{owner_of(3, 7), step, "chunk", step == 0 ? 0 : 1}};
     INFO("step " << step);
-    check_bitwise(sc);
+    check_bitwise({.n = 3, .kills = {{owner_of(3, 7), step, "chunk", step == 0 ? 0 : 1}}, .spec = kMomentumSgd,
+                   .bucket_view = true, .update = host_memory});
   }
   SECTION("lost while committing a parameter: its first step (3 ranks) or a later one (5)") {
     const std::int64_t step = GENERATE(0, 2);
-    Scenario sc;
-    sc.n = step == 0 ? 3 : 5;
-    sc.bucket_view = true;
-    sc.update = ZeroBuddyUpdate::host_memory;
-    sc.kills = {{1, step, "committing", 0}};
     INFO("step " << step);
-    check_bitwise(sc);
+    check_bitwise({.n = step == 0 ? 3 : 5, .kills = {{1, step, "committing", 0}}, .bucket_view = true,
+                   .update = host_memory});
   }
   SECTION("NAdam (mu_product) lost in a chunk, the callback") {
-    Scenario sc;
-    sc.n = 5;
-    sc.spec = OptimizerSpec{"NAdam", {{"lr", 0.01}}};
-    sc.bucket_view = true;
-    sc.callback = true;
-    sc.update = ZeroBuddyUpdate::host_memory;
-    sc.kills = {{owner_of(5, 7), 2, "chunk", 2}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{owner_of(5, 7), 2, "chunk", 2}}, .spec = OptimizerSpec{"NAdam", {{"lr", 0.01}}},
+                   .bucket_view = true, .callback = true, .update = host_memory});
   }
   SECTION("5 ranks: the owner of the largest parameter in a chunk of step 1, then another during the broadcasts "
           "of step 3") {
-    Scenario sc;
-    sc.n = 5;
-    sc.steps = 6;
-    sc.bucket_view = true;
-    sc.update = ZeroBuddyUpdate::host_memory;
     const int first = owner_of(5, 7);
-    sc.kills = {{first, 1, "chunk", 1}, {(first + 2) % 5, 3, "broadcast", 1}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{first, 1, "chunk", 1}, {(first + 2) % 5, 3, "broadcast", 1}}, .steps = 6,
+                   .bucket_view = true, .update = host_memory});
   }
   SECTION("ranks 1 and 2 (both map each other's segments) at once, redundancy 1 and 2") {
-    Scenario sc;
-    sc.n = 5;
-    sc.redundancy = GENERATE(1, 2);
-    sc.bucket_view = true;
-    sc.update = ZeroBuddyUpdate::host_memory;
-    sc.kills = {{1, 2, "chunk", 0}, {2, 2, "computed", 0}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .redundancy = GENERATE(1, 2), .kills = {{1, 2, "chunk", 0}, {2, 2, "computed", 0}},
+                   .bucket_view = true, .update = host_memory});
   }
   SECTION("two hosts (2 + 3 ranks): a rank of each lost at once; the other host's survivors get the state sent") {
-    Scenario sc;
-    sc.n = 5;
-    sc.bucket_view = true;
-    sc.update = ZeroBuddyUpdate::host_memory;
-    sc.hosts = {"a", "a", "b", "b", "b"};
-    sc.kills = {{1, 2, "chunk", 0}, {3, 2, "broadcast", 1}};
-    check_bitwise(sc);
+    check_bitwise({.n = 5, .kills = {{1, 2, "chunk", 0}, {3, 2, "broadcast", 1}}, .bucket_view = true,
+                   .update = host_memory, .hosts = {"a", "a", "b", "b", "b"}});
   }
 }
 
@@ -645,14 +586,10 @@ TEST_CASE("ZeRO redundancy, host memory: a whole host lost names the state that 
   sc.update = ZeroBuddyUpdate::host_memory;
   sc.hosts = {"a", "a", "b", "b", "b"};
   sc.kills = {{0, 2, "chunk", 0}, {1, 2, "computed", 0}};
-  const auto res = run(sc);
-  for (int r : {2, 3, 4}) {
-    const auto& log = res[static_cast<std::size_t>(r)].log;
-    INFO("rank " << r << ": " << log);
-    CHECK(log.find("shard lost: ") == 0);
+  check_shard_lost(sc, {2, 3, 4}, [](const std::string& log) {
     CHECK(log.find("the optimizer state of rank 0's shard") != std::string::npos);
     CHECK(log.find("the optimizer state of rank 1's shard") != std::string::npos);
-  }
+  });
   std::mutex mu;
   std::vector<std::string> seen(2);
   simulate(2, [&](RankContext& ctx) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dopt/actors/process_group.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/tensor.hpp"
 
@@ -55,6 +56,23 @@ inline std::vector<Tensor> make_params(const std::vector<std::int64_t>& sizes) {
     ps.push_back(p);
   }
   return ps;
+}
+
+/// Rank r's part of step t's gradients: each parameter's gradient set to
+/// grad_elem(r, t, i, .) averaged over `world` (all_reduce, then a float32
+/// division by world.size()). Collective: every member of world calls it for
+/// step t, on its rank's thread; it waits for the all_reduces.
+inline void set_mean_grads(const std::vector<Tensor>& params, ProcessGroup& world, int r, std::int64_t t) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::int64_t n = params[i].numel();
+    std::vector<float> g(static_cast<std::size_t>(n));
+    for (std::int64_t k = 0; k < n; ++k) g[static_cast<std::size_t>(k)] = grad_elem(r, t, i, k);
+    Tensor gt = Tensor::from_vector(g);
+    world.all_reduce(gt);
+    float* d = gt.data<float>();
+    for (std::int64_t k = 0; k < n; ++k) d[k] /= static_cast<float>(world.size());
+    params[i].set_grad(gt);
+  }
 }
 
 /// Where a rank is lost: at step() number `step` (step_count() then), at `point`.

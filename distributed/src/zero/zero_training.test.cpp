@@ -20,30 +20,22 @@
 #include "dopt/optim/lr_scheduler.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "grad_scaler_fixture.hpp"
-#include "test_util.hpp"
+#include "reference_data.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
-using dopt::test::tensor_of;
-using dopt::test::values;
+using dopt::testing::tensor_of;
+using dopt::testing::values;
 
 namespace {
 
-using test::kInf;
-using test::small_scaler;
-using test::make_params;
-using test::set_grads;
-using test::all_equal;
+using dopt::testing::kInf;
+using dopt::testing::small_scaler;
+using dopt::testing::make_params;
+using dopt::testing::set_grads;
+using dopt::testing::all_equal;
 
-// clip_grad.test.cpp's gradients.
-const std::vector<std::size_t> kSizes = {1, 3, 4, 5, 7, 8, 12, 13, 17, 64, 100, 1031};
-
-template <class T>
-std::vector<std::vector<T>> make_grads(std::uint64_t seed, double scale) {
-  std::vector<std::vector<T>> g;
-  for (std::size_t k = 0; k < kSizes.size(); ++k) g.push_back(values<T>(kSizes[k], seed + k, scale));
-  return g;
-}
+using dopt::testing::clip_grads;
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
@@ -55,7 +47,7 @@ TEST_CASE("clip_grad_norm(ZeroRedundancyOptimizer) is the local clip over the fu
     for (double p : {2.0, 1.0, kInfNorm}) {
       DYNAMIC_SECTION("world " << world << " p=" << p) {
         // The reference: every gradient, clipped locally.
-        auto ref = make_grads<float>(21, 4.0);
+        auto ref = clip_grads<float>(21, 4.0);
         std::vector<Tensor> local;
         for (const auto& g : ref) {
           local.push_back(Tensor::zeros({static_cast<std::int64_t>(g.size())}));
@@ -177,11 +169,11 @@ TEST_CASE("Schedulers drive ZeroRedundancyOptimizer's owners: 3 ranks equal a lo
   const int world = 3, steps = 6;
   auto make_params = [] {
     std::vector<Tensor> ps;
-    for (int k = 0; k < 5; ++k) ps.push_back(test::tensor_of(test::values<float>(static_cast<std::size_t>(4 + 3 * k), 30 + k)));
+    for (int k = 0; k < 5; ++k) ps.push_back(tensor_of(values<float>(static_cast<std::size_t>(4 + 3 * k), 30 + k)));
     return ps;
   };
   auto grad = [](int t, int k, std::int64_t n) {
-    return test::tensor_of(test::values<float>(static_cast<std::size_t>(n), 500 + 10 * t + k, 2.0));
+    return tensor_of(values<float>(static_cast<std::size_t>(n), 500 + 10 * t + k, 2.0));
   };
   auto local = make_params();
   Adam ref(local, AdamOptions(0.05));

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "rank_checks.hpp"
+#include "reductions.hpp"
 
 #include <cmath>
 #include <cstdlib>
@@ -56,26 +57,25 @@ Tensor values(DType dt, std::int64_t n, int r, int k, bool rough = false) {
 /// products are exact in double; avg divides in the accumulation type
 /// (float for the 16-bit floats).
 double reduce_ref(ReduceOp op, const std::vector<double>& xs, DType dt) {
-  double acc = xs[0];
-  for (std::size_t i = 1; i < xs.size(); ++i) {
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: acc += xs[i]; break;
-      case ReduceOp::product: acc *= xs[i]; break;
-      case ReduceOp::min: acc = std::min(acc, xs[i]); break;
-      case ReduceOp::max: acc = std::max(acc, xs[i]); break;
-    }
-  }
-  if (op == ReduceOp::avg) {
-    if (dt == DType::float64) acc /= static_cast<double>(xs.size());
-    else acc = static_cast<double>(static_cast<float>(acc) / static_cast<float>(xs.size()));
-  }
-  return acc;
+  const int n = static_cast<int>(xs.size());
+  const double acc = dopt::testing::reduce_in_rank_order(op, n, [&](int r) { return xs[static_cast<std::size_t>(r)]; });
+  return op == ReduceOp::avg ? dopt::testing::avg_in(dt, acc, n) : acc;
 }
 
 const std::vector<DType> kDTypes = {DType::float32, DType::float64, DType::float16, DType::bfloat16,
                                     DType::int32,   DType::int64,   DType::int8,    DType::uint8};
-const std::vector<ReduceOp> kOps = {ReduceOp::sum, ReduceOp::product, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+/// The ops the tests reduce dt with: avg on floating point only, product
+/// not on the 8-bit integers (it would overflow).
+std::vector<ReduceOp> ops_for(DType dt) {
+  std::vector<ReduceOp> ops;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::product, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
+    if (op == ReduceOp::avg && !is_floating_point(dt)) continue;
+    if (op == ReduceOp::product && (dt == DType::int8 || dt == DType::uint8)) continue;
+    ops.push_back(op);
+  }
+  return ops;
+}
 
 /// Runs every collective on the world group and a subgroup; returns, per
 /// rank, the bytes of every output in call order.
@@ -87,9 +87,7 @@ std::vector<std::vector<std::vector<char>>> run_script(int n, std::int64_t numel
     const int r = ctx.rank();
     int k = 0;
     for (DType dt : kDTypes) {
-      for (ReduceOp op : kOps) {
-        if (op == ReduceOp::avg && !is_floating_point(dt)) continue;
-        if (op == ReduceOp::product && (dt == DType::int8 || dt == DType::uint8)) continue;  // overflow
+      for (ReduceOp op : ops_for(dt)) {
         Tensor t = values(dt, numel, r, ++k, rough);
         w.all_reduce(t, op);
         rec.push_back(bytes_of(t));
@@ -143,15 +141,14 @@ TEST_CASE("shm plane: every collective, dtype and op against a scalar reference 
     for (std::int64_t numel : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1000}}) {
       CAPTURE(n, numel);
       // Inputs are exact in every dtype, so any order gives the reference.
-      dopt_test::RankLog log;
+      dopt::testing::RankLog log;
       simulate(n, [&](RankContext& ctx) {
         auto& w = ctx.world();
         const int r = ctx.rank();
         int k = 0;
         for (DType dt : kDTypes) {
-          for (ReduceOp op : kOps) {
-            if (op == ReduceOp::avg && !is_floating_point(dt)) continue;
-            if (op == ReduceOp::product && (numel > 16 || dt == DType::int8 || dt == DType::uint8)) continue;
+          for (ReduceOp op : ops_for(dt)) {
+            if (op == ReduceOp::product && numel > 16) continue;
             ++k;
             Tensor t = values(dt, numel, r, k);
             w.all_reduce(t, op);

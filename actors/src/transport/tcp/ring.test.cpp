@@ -4,7 +4,6 @@
 
 #include <catch2/catch.hpp>
 
-#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -28,10 +27,11 @@ using Bytes = std::vector<unsigned char>;
 
 namespace {
 
-using dopt_test::is;
-using dopt_test::loopback_meshes;
-using dopt_test::Meshes;
-using dopt_test::message_of;
+using dopt::testing::is;
+using dopt::testing::loopback_meshes;
+using dopt::testing::Meshes;
+using dopt::testing::message_of;
+using dopt::testing::Waiter;
 
 RingGroup group_of(const Meshes& ms, std::vector<int> ranks, int me) {
   return RingGroup{ms[ranks[me]].get(), std::move(ranks), me};
@@ -47,42 +47,9 @@ std::uint64_t next_op_id() {
   return id++;
 }
 
-// Waits (bounded: a bug fails instead of hanging) for the callbacks it handed out.
-class Waiter {
- public:
-  dopt::detail::RingDone cb(int slot) {
-    std::lock_guard<std::mutex> l(m_);
-    if (errors_.size() <= std::size_t(slot)) {
-      errors_.resize(slot + 1);
-      done_.resize(slot + 1, false);
-    }
-    ++expected_;
-    return [this, slot](std::exception_ptr e) {
-      std::lock_guard<std::mutex> l(m_);
-      errors_[slot] = e;
-      done_[slot] = true;
-      ++got_;
-      cv_.notify_all();
-    };
-  }
-  std::vector<std::exception_ptr> wait() {
-    std::unique_lock<std::mutex> l(m_);
-    const bool ok = cv_.wait_for(l, 120s, [&] { return got_ >= expected_; });
-    REQUIRE(ok);
-    return errors_;
-  }
-  void wait_ok() {
-    for (auto& e : wait())
-      if (e) std::rethrow_exception(e);
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::size_t expected_ = 0, got_ = 0;
-  std::vector<std::exception_ptr> errors_;
-  std::vector<bool> done_;
-};
+// How long a Waiter waits for the callbacks it handed out (bounded: a bug
+// fails instead of hanging).
+constexpr auto kBound = 120s;
 
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -160,8 +127,14 @@ Bytes reference(DType dt, ReduceOp op, const std::vector<const unsigned char*>& 
 
 const std::vector<DType> k_dtypes = {DType::float32, DType::float64, DType::float16,
                                      DType::bfloat16, DType::int32, DType::int64};
-const std::vector<ReduceOp> k_ops = {ReduceOp::sum, ReduceOp::avg, ReduceOp::product, ReduceOp::min,
-                                     ReduceOp::max};
+
+/// The ops the tests reduce dt with: avg on floating point only.
+std::vector<ReduceOp> ops_for(DType dt) {
+  std::vector<ReduceOp> ops;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::product, ReduceOp::min, ReduceOp::max})
+    if (op != ReduceOp::avg || dopt::is_floating_point(dt)) ops.push_back(op);
+  return ops;
+}
 
 // Option sets: the pipelined path with tiny odd chunks, and the defaults.
 std::vector<RingOptions> option_sets() {
@@ -182,8 +155,7 @@ TEST_CASE("ring all_reduce: every dtype, op, size and world size, bitwise in ran
     auto ms = loopback_meshes(n);
     for (const RingOptions& opt : option_sets())
       for (DType dt : k_dtypes)
-        for (ReduceOp op : k_ops) {
-          if (op == ReduceOp::avg && !dopt::is_floating_point(dt)) continue;
+        for (ReduceOp op : ops_for(dt)) {
           for (std::int64_t numel : sizes) {
             INFO("n=" << n << " dtype=" << dopt::dtype_name(dt) << " op=" << dopt::reduce_op_name(op)
                       << " numel=" << numel << " chunk=" << opt.chunk_bytes);
@@ -198,7 +170,7 @@ TEST_CASE("ring all_reduce: every dtype, op, size and world size, bitwise in ran
             Waiter w;
             for (int r = 0; r < n; ++r)
               dopt::detail::ring_all_reduce(world(ms, r), id, buf[r].data(), numel, dt, op, w.cb(r), opt);
-            w.wait_ok();
+            w.wait_ok(kBound);
             for (int r = 0; r < n; ++r) CHECK(buf[r] == want);
           }
         }
@@ -219,7 +191,7 @@ TEST_CASE("ring all_reduce: 8M floats", "[tcp][ring]") {
     for (int r = 0; r < n; ++r)
       dopt::detail::ring_all_reduce(world(ms, r), id, buf[r].data(), numel, DType::float32, ReduceOp::sum,
                                     w.cb(r));
-    w.wait_ok();
+    w.wait_ok(kBound);
     for (int r = 0; r < n; ++r) CHECK(std::memcmp(buf[r].data(), want.data(), want.size()) == 0);
   }
 }
@@ -247,7 +219,7 @@ TEST_CASE("ring all_reduce: two ranks exchange whole buffers up to pair_bytes, b
           const std::uint64_t id = next_op_id();
           for (int r = 0; r < 2; ++r)
             dopt::detail::ring_all_reduce(world(ms, r), id, (*run)[r].data(), numel, dt, op, w.cb(r), opt);
-          w.wait_ok();
+          w.wait_ok(kBound);
         }
         for (int r = 0; r < 2; ++r) {
           CHECK(a[r] == want);
@@ -282,7 +254,7 @@ TEST_CASE("ring all_reduce: the latency path in pieces (uneven, 3 and 5 ranks, r
             const std::uint64_t id = next_op_id();
             for (int r = 0; r < n; ++r)
               dopt::detail::ring_all_reduce(world(ms, r), id, (*run)[r].data(), numel, dt, ReduceOp::avg, w.cb(r), opt);
-            w.wait_ok();
+            w.wait_ok(kBound);
           }
           for (int r = 0; r < n; ++r) CHECK(std::memcmp(a[r].data(), b[r].data(), a[r].size()) == 0);
           CHECK(std::memcmp(a[0].data(), a[n - 1].data(), a[0].size()) == 0);
@@ -295,8 +267,7 @@ TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "
     auto ms = loopback_meshes(n);
     for (const RingOptions& opt : option_sets())
       for (DType dt : k_dtypes)
-        for (ReduceOp op : k_ops) {
-          if (op == ReduceOp::avg && !dopt::is_floating_point(dt)) continue;
+        for (ReduceOp op : ops_for(dt)) {
           for (std::int64_t base : {0, 1, 777}) {
             std::vector<std::int64_t> counts(n);
             for (int s = 0; s < n; ++s) counts[s] = base == 0 ? 0 : base + s * 3 - (s == 1 ? base : 0);
@@ -325,7 +296,7 @@ TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "
               }
               dopt::detail::ring_reduce_scatter(world(ms, r), id, ptrs, counts, o, dt, op, w.cb(r), opt);
             }
-            w.wait_ok();
+            w.wait_ok(kBound);
             INFO("n=" << n << " dtype=" << dopt::dtype_name(dt) << " op=" << dopt::reduce_op_name(op)
                       << " base=" << base);
             for (int r = 0; r < n; ++r) CHECK((r % 2 == 0 ? out[r] : in[r][r]) == want[r]);
@@ -355,7 +326,7 @@ TEST_CASE("ring all_gather: sizes, flat and per-rank outputs, in place", "[tcp][
             dopt::detail::ring_all_gather(world(ms, r), id, flat[r].data() + r * bytes, bytes, outs, w.cb(r), opt);
           }
         }
-        w.wait_ok();
+        w.wait_ok(kBound);
         Bytes want;
         for (int s = 0; s < n; ++s) want.insert(want.end(), in[s].begin(), in[s].end());
         INFO("n=" << n << " bytes=" << bytes << " chunk=" << opt.chunk_bytes);
@@ -378,7 +349,7 @@ TEST_CASE("ring broadcast: every root and size", "[tcp][ring]") {
           const std::uint64_t id = next_op_id();
           for (int r = 0; r < n; ++r)
             dopt::detail::ring_broadcast(world(ms, r), id, buf[r].data(), bytes, root, w.cb(r), opt);
-          w.wait_ok();
+          w.wait_ok(kBound);
           INFO("n=" << n << " bytes=" << bytes << " root=" << root);
           for (int r = 0; r < n; ++r) CHECK(buf[r] == want);
         }
@@ -413,7 +384,7 @@ TEST_CASE("ring: many collectives in flight, started in different orders per ran
       }
     });
   for (auto& t : ts) t.join();
-  w.wait_ok();
+  w.wait_ok(kBound);
   for (int k = 0; k < K; ++k)
     for (int r = 0; r < n; ++r) CHECK(buf[k][r] == want[k]);
 }
@@ -440,7 +411,7 @@ TEST_CASE("ring: subgroups of one mesh run concurrently", "[tcp][ring]") {
     for (std::size_t i = 0; i < groups[gi].size(); ++i)
       dopt::detail::ring_all_reduce(group_of(ms, groups[gi], int(i)), id, buf[gi][i].data(), numel,
                                     DType::bfloat16, ReduceOp::avg, w.cb(gi * 5 + int(i)), opt);
-  w.wait_ok();
+  w.wait_ok(kBound);
   for (int gi = 0; gi < 2; ++gi)
     for (auto& b : buf[gi]) CHECK(b == want[gi]);
 }
@@ -456,6 +427,17 @@ void lost_peer_case(int n, Kind kind) {
   std::vector<Bytes> buf(n);
   for (int r = 0; r < n; ++r) buf[r] = make_data(DType::float32, numel, r);
   const std::string dead_lost = "rank " + std::to_string(dead) + " lost";
+  // Every rank but the dead one failed with PeerLostError naming the
+  // collective `what` and the dead rank.
+  auto others_lost = [&](const std::vector<std::exception_ptr>& errs, const std::string& what) {
+    for (int r = 0; r < n; ++r) {
+      if (r == dead) continue;
+      INFO("rank " << r << ": " << (errs[r] ? message_of(errs[r]) : "no error"));
+      REQUIRE(errs[r]);
+      CHECK(is<dopt::PeerLostError>(errs[r]));
+      CHECK_THAT(message_of(errs[r]), Catch::Contains(what) && Catch::Contains(dead_lost));
+    }
+  };
   const std::uint64_t id = next_op_id();
   Waiter w;
   if (kind == Kind::all_reduce_mid_op) {
@@ -465,16 +447,10 @@ void lost_peer_case(int n, Kind kind) {
       dopt::detail::ring_all_reduce(world(ms, r), id, buf[r].data(), numel, DType::float32,
                                     ReduceOp::sum, w.cb(r), opt);
     ms[dead]->close();  // while the collective runs everywhere
-    auto errs = w.wait();
+    auto errs = w.wait_by_slot(kBound);
     REQUIRE(errs[dead]);
     CHECK(is<dopt::StateError>(errs[dead]));
-    for (int r = 0; r < n; ++r) {
-      if (r == dead) continue;
-      INFO("rank " << r << ": " << (errs[r] ? message_of(errs[r]) : "no error"));
-      REQUIRE(errs[r]);
-      CHECK(is<dopt::PeerLostError>(errs[r]));
-      CHECK_THAT(message_of(errs[r]), Catch::Contains("all_reduce (tcp)") && Catch::Contains(dead_lost));
-    }
+    others_lost(errs, "all_reduce (tcp)");
   } else if (kind == Kind::all_gather_absent) {
     const std::size_t bytes = 3 << 20;
     std::vector<Bytes> out(n, Bytes(bytes * n));
@@ -482,20 +458,14 @@ void lost_peer_case(int n, Kind kind) {
     for (int r = 0; r < n; ++r)
       if (r != dead)
         dopt::detail::ring_all_gather(world(ms, r), id, buf[r].data(), bytes, out[r].data(), w.cb(r));
-    auto errs = w.wait();
-    for (int r = 0; r < n; ++r) {
-      if (r == dead) continue;
-      INFO("rank " << r << ": " << (errs[r] ? message_of(errs[r]) : "no error"));
-      REQUIRE(errs[r]);
-      CHECK(is<dopt::PeerLostError>(errs[r]));
-      CHECK_THAT(message_of(errs[r]), Catch::Contains("all_gather (tcp)") && Catch::Contains(dead_lost));
-    }
+    auto errs = w.wait_by_slot(kBound);
+    others_lost(errs, "all_gather (tcp)");
   } else {
     ms[dead]->close();
     const std::size_t bytes = 4 << 20;
     for (int r = 0; r < n; ++r)
       if (r != dead) dopt::detail::ring_broadcast(world(ms, r), id, buf[r].data(), bytes, 0, w.cb(r));
-    auto errs = w.wait();
+    auto errs = w.wait_by_slot(kBound);
     for (int r = 0; r < n; ++r) {
       if (r == dead) continue;
       INFO("rank " << r << ": " << (errs[r] ? message_of(errs[r]) : "no error"));
@@ -524,7 +494,7 @@ void lost_peer_case(int n, Kind kind) {
   for (std::size_t i = 0; i < alive.size(); ++i)
     dopt::detail::ring_all_reduce(group_of(ms, alive, int(i)), id2, b2[i].data(), 50001, DType::float64,
                                   ReduceOp::sum, w2.cb(int(i)), opt);
-  w2.wait_ok();
+  w2.wait_ok(kBound);
   for (auto& b : b2) CHECK(b == want);
 }
 
