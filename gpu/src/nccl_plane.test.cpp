@@ -65,7 +65,7 @@ TEST_CASE("the NCCL plane gives the CPU planes' results for every collective, dt
     const int r = ctx.rank(), n = ctx.world_size();
     const Device dev = Device::cuda(r);
     for (DType dt : kDTypes) {
-      const std::string in = std::string(" ") + dtype_name(dt) + " rank " + std::to_string(r);
+      const std::string in = " " + std::string(dtype_name(dt)) + " rank " + std::to_string(r);
       for (ReduceOp op : kOps) {
         if (op == ReduceOp::avg && !is_floating_point(dt)) continue;
         same_on_both(f, {input(r, 33, dt, 0)}, dev, [&](const std::vector<Tensor>& t) { w.all_reduce(t[0], op); },
