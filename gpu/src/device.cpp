@@ -8,7 +8,7 @@
 
 namespace dopt::gpu {
 namespace detail {
-void register_nccl_backend();   // nccl.cpp
+void register_nccl_plane();     // nccl_plane.cpp
 void register_fused_stepper();  // fused.cpp
 }
 
@@ -81,7 +81,7 @@ bool init() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_allocator(DeviceType::CUDA, &allocator());
-    detail::register_nccl_backend();
+    detail::register_nccl_plane();
     detail::register_fused_stepper();
     void register_ddp_ops(); register_ddp_ops();  // ddp_ops.cpp: reducer / comm hook / averager device ops
   });

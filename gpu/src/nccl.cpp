@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "cuda_util.hpp"
-#include "dopt/actors/internal/device_backend.hpp"
+#include "dopt/actors/internal/device_plane.hpp"
 #include "dopt/gpu/device.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "nccl_errors.hpp"
@@ -552,7 +552,7 @@ int nccl_version() noexcept {
   return v;
 }
 
-// --- the implicit backend ------------------------------------------------------------------
+// --- the communicators of the implicit path (nccl_plane.cpp) ------------------------------------------------------------------
 
 namespace detail {
 namespace {
@@ -592,55 +592,4 @@ std::shared_ptr<NcclProcessGroup> nccl_group_for(const ProcessGroup& group, int 
   return made;
 }
 
-namespace detail {
-namespace {
-
-int cuda_device_of(const Tensor& t) { return t.device().index; }
-
-class NcclBackend final : public dopt::detail::DeviceBackend {
- public:
-  Future<void> broadcast(ProcessGroup& g, const Tensor& t, int src) override {
-    return group(g, t, "broadcast")->broadcast_async(t, src);
-  }
-  Future<void> all_reduce(ProcessGroup& g, const Tensor& t, ReduceOp op) override {
-    return group(g, t, "all_reduce")->all_reduce_async(t, op);
-  }
-  Future<void> reduce(ProcessGroup& g, const Tensor& t, int dst, ReduceOp op) override {
-    return group(g, t, "reduce")->reduce_async(t, dst, op);
-  }
-  Future<void> all_gather(ProcessGroup& g, const std::vector<Tensor>& outputs, const Tensor& input) override {
-    return group(g, input, "all_gather")->all_gather_async(outputs, input);
-  }
-  Future<void> all_gather_into_tensor(ProcessGroup& g, const Tensor& output, const Tensor& input) override {
-    return group(g, input, "all_gather_into_tensor")->all_gather_into_tensor_async(output, input);
-  }
-  Future<void> reduce_scatter(ProcessGroup& g, const Tensor& output, const std::vector<Tensor>& inputs,
-                              ReduceOp op) override {
-    return group(g, output, "reduce_scatter")->reduce_scatter_async(output, inputs, op);
-  }
-  Future<void> send(ProcessGroup& g, const Tensor& t, int dst, int /*tag*/) override {
-    return group(g, t, "send")->send_async(t, dst);
-  }
-  Future<void> recv(ProcessGroup& g, const Tensor& t, int src, int /*tag*/) override {
-    return group(g, t, "recv")->recv_async(t, src);
-  }
-
- private:
-  static std::shared_ptr<NcclProcessGroup> group(ProcessGroup& g, const Tensor& t, const char* op) {
-    if (!g.valid()) throw StateError(std::string("ProcessGroup.") + op, "the process group is invalid");
-    if (!g.is_member())
-      throw StateError(std::string("ProcessGroup.") + op,
-                       "this rank is not a member of group " + std::to_string(g.id()));
-    return nccl_group_for(g, cuda_device_of(t));
-  }
-};
-
-}  // namespace
-
-void register_nccl_backend() {
-  static NcclBackend* backend = new NcclBackend();  // lives until exit
-  dopt::detail::register_device_backend(DeviceType::CUDA, backend);
-}
-
-}  // namespace detail
 }  // namespace dopt::gpu

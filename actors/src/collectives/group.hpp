@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -45,17 +46,32 @@ struct GroupImpl {
   /// Ranks per node (LOCAL_WORLD_SIZE) for new_subgroups(0); 0: all on one node.
   int local_world_size = 0;
   std::atomic<std::int64_t> timeout_ms{0};
+  /// Sequence numbers of the calls on CPU tensors, and apart from them of
+  /// those on device tensors: the CPU planes run their calls in sequence
+  /// order, so no number of theirs may go to a device plane.
   std::atomic<std::uint64_t> next_seq{0};
+  std::atomic<std::uint64_t> next_device_seq{0};
   std::mutex p2p_mutex;
-  std::map<std::pair<int, int>, std::uint64_t> send_seq;  // (dst global, tag)
-  std::map<std::pair<int, int>, std::uint64_t> recv_seq;  // (src global, tag)
-  /// Where the group's collectives run (null: the rank actor, through endpoint).
+  /// send/recv numbers per (peer global rank, tag, on a device).
+  std::map<std::tuple<int, int, bool>, std::uint64_t> send_seq;
+  std::map<std::tuple<int, int, bool>, std::uint64_t> recv_seq;
+  /// Where the group's collectives on CPU tensors run (null: the rank actor, through endpoint).
   std::shared_ptr<GroupPlane> plane;
+  /// The planes of its collectives on device tensors, by (device type, index),
+  /// made on first use (device_plane()).
+  std::mutex device_planes_mutex;
+  std::map<std::pair<int, int>, std::shared_ptr<GroupPlane>> device_planes;
   /// This process's view of every rank's liveness (shrink() reads it).
   std::shared_ptr<PeerTable> peers;
   /// A group made by shrink(): the id of the group its line started from.
   std::optional<std::uint64_t> origin;
 };
+
+/// This rank's plane of g for tensors on first's device (first is the
+/// call's first tensor, not on the CPU): made by the device type's factory on
+/// the first call (device_plane.hpp), kept in g. DeviceError naming `op` when
+/// no factory is registered for the device type.
+std::shared_ptr<GroupPlane> device_plane(const ProcessGroup& pg, GroupImpl& g, const Tensor& first, const char* op);
 
 /// An all_reduce of one tensor with the coalesced call's options (order,
 /// pre-division), on any plane.

@@ -5,8 +5,8 @@
 #include <functional>
 #include <set>
 
-#include "dopt/actors/internal/device_backend.hpp"
 #include "collectives/group.hpp"
+#include "dopt/actors/internal/device_plane.hpp"
 
 namespace dopt {
 
@@ -74,12 +74,22 @@ using detail::Op;
 
 std::string op_label(CollKind k) { return std::string("ProcessGroup.") + detail::coll_name(k); }
 
+/// Defined, and on the CPU or on a device with a registered plane.
 void check_tensor(const Tensor& t, CollKind k, const char* what) {
   std::string op = op_label(k);
   if (!t.defined()) throw ValueError(op, std::string(what) + " is undefined");
-  if (!t.device().is_cpu())
+  if (!t.device().is_cpu() && !detail::device_plane_factory(t))
     throw DeviceError(op, std::string(what) + " is on " + t.device().str() +
-                              "; only CPU tensors are supported by this backend");
+                              "; only CPU tensors are supported by this backend (no plane is registered for " +
+                              t.device().str() + ")");
+}
+
+/// The call's tensors all on one device (the plane is chosen by it).
+void check_one_device(const std::vector<Tensor>& ts, CollKind k) {
+  for (std::size_t i = 1; i < ts.size(); ++i)
+    if (ts[i].device() != ts[0].device())
+      throw DeviceError(op_label(k), "the call's tensors are on " + ts[0].device().str() + " and " +
+                                         ts[i].device().str() + "; a collective runs on one device");
 }
 
 void check_reducible(const Tensor& t, ReduceOp rop, CollKind k) {
@@ -122,7 +132,10 @@ std::vector<Tensor> with_one_per_rank(const Tensor& mine, const std::vector<Tens
   return ts;
 }
 
+/// The call, numbered: calls on device tensors apart from those on CPU ones
+/// (GroupImpl::next_device_seq).
 std::shared_ptr<Op> make_op(GroupImpl& g, detail::CollDesc desc, std::vector<Tensor> tensors) {
+  check_one_device(tensors, desc.kind);
   auto op = std::make_shared<Op>();
   op->gid = g.gid;
   op->members = g.members;
@@ -130,23 +143,9 @@ std::shared_ptr<Op> make_op(GroupImpl& g, detail::CollDesc desc, std::vector<Ten
   op->desc = std::move(desc);
   op->tensors = std::move(tensors);
   op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
-  op->seq = g.next_seq.fetch_add(1);
+  const bool on_device = !op->tensors.empty() && !op->tensors[0].device().is_cpu();
+  op->seq = (on_device ? g.next_device_seq : g.next_seq).fetch_add(1);
   return op;
-}
-
-/// Hands op to the group's plane (or, for what it does not run, to the
-/// rank actor).
-Future<void> post(GroupImpl& g, std::shared_ptr<Op> op) {
-  if (g.plane && g.plane->supports(op->desc)) return g.plane->run_async(op);
-  auto fut = op->promise.get_future();
-  g.endpoint->post(std::move(op));
-  return fut;
-}
-
-/// post(), then waits; on the shared-memory plane without a thread hand-off.
-void run(GroupImpl& g, std::shared_ptr<Op> op) {
-  if (g.plane && g.plane->supports(op->desc)) return g.plane->run(op);
-  post(g, std::move(op)).get();
 }
 
 detail::CollDesc desc_of(CollKind k, const Tensor& t, int root = -1, ReduceOp rop = ReduceOp::sum) {
@@ -178,7 +177,7 @@ std::shared_ptr<Op> make_p2p_op(GroupImpl& g, CollKind k, const Tensor& tensor, 
   op->tag = tag;
   {
     std::lock_guard<std::mutex> lock(g.p2p_mutex);
-    op->seq = (send ? g.send_seq : g.recv_seq)[{op->peer, tag}]++;
+    op->seq = (send ? g.send_seq : g.recv_seq)[{op->peer, tag, !tensor.device().is_cpu()}]++;
   }
   return op;
 }
@@ -187,9 +186,37 @@ void wait_blocking(const Future<void>& f) {
   if (f.valid()) f.get();
 }
 
-Future<void> submit(GroupImpl& g, std::shared_ptr<Op> op, bool blocking) {
-  if (!blocking) return post(g, std::move(op));
-  run(g, std::move(op));
+/// The plane that runs op: for tensors on a device, the group's plane for
+/// that device (made on first use; NotSupportedError for a call it does not
+/// run); for CPU tensors the group's plane, null when it does not run the
+/// call (the rank actor does).
+std::shared_ptr<detail::GroupPlane> plane_for(const ProcessGroup& pg, GroupImpl& g, const Op& op) {
+  if (!op.tensors.empty() && !op.tensors[0].device().is_cpu()) {
+    const std::string label = op_label(op.desc.kind);
+    auto plane = detail::device_plane(pg, g, op.tensors[0], label.c_str());
+    if (!plane->supports(op.desc))
+      throw NotSupportedError(label, std::string("the ") + plane->name() + " plane does not run " +
+                                         detail::coll_name(op.desc.kind) + " on " + op.tensors[0].device().str() +
+                                         " tensors");
+    return plane;
+  }
+  if (g.plane && g.plane->supports(op.desc)) return g.plane;
+  return nullptr;
+}
+
+/// Where every call meets its plane: blocking, it returns once op is done
+/// (on the shared-memory plane without a thread hand-off); otherwise with
+/// op's future.
+Future<void> submit(const ProcessGroup& pg, GroupImpl& g, std::shared_ptr<Op> op, bool blocking) {
+  if (auto plane = plane_for(pg, g, *op)) {
+    if (!blocking) return plane->run_async(op);
+    plane->run(op);
+    return Future<void>();
+  }
+  auto fut = op->promise.get_future();
+  g.endpoint->post(std::move(op));
+  if (!blocking) return fut;
+  fut.get();
   return Future<void>();
 }
 
@@ -246,40 +273,36 @@ void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
 
 Future<void> ProcessGroup::broadcast_impl(const Tensor& tensor, int src, bool blocking) {
   auto& g = member("ProcessGroup.broadcast");
-  if (auto* b = detail::device_backend_for(tensor)) return b->broadcast(*this, tensor, src);
   check_tensor(tensor, CollKind::broadcast, "tensor");
   check_rank(src, size(), CollKind::broadcast, "src");
-  return submit(g, make_op(g, desc_of(CollKind::broadcast, tensor, src), {tensor}), blocking);
+  return submit(*this, g, make_op(g, desc_of(CollKind::broadcast, tensor, src), {tensor}), blocking);
 }
 
 Future<void> ProcessGroup::all_reduce_impl(const Tensor& tensor, ReduceOp op, bool blocking) {
   auto& g = member("ProcessGroup.all_reduce");
-  if (auto* b = detail::device_backend_for(tensor)) return b->all_reduce(*this, tensor, op);
   check_tensor(tensor, CollKind::all_reduce, "tensor");
   check_reducible(tensor, op, CollKind::all_reduce);
-  return submit(g, make_op(g, desc_of(CollKind::all_reduce, tensor, -1, op), {tensor}), blocking);
+  return submit(*this, g, make_op(g, desc_of(CollKind::all_reduce, tensor, -1, op), {tensor}), blocking);
 }
 
 Future<void> ProcessGroup::reduce_impl(const Tensor& tensor, int dst, ReduceOp op, bool blocking) {
   auto& g = member("ProcessGroup.reduce");
-  if (auto* b = detail::device_backend_for(tensor)) return b->reduce(*this, tensor, dst, op);
   check_tensor(tensor, CollKind::reduce, "tensor");
   check_reducible(tensor, op, CollKind::reduce);
   check_rank(dst, size(), CollKind::reduce, "dst");
-  return submit(g, make_op(g, desc_of(CollKind::reduce, tensor, dst, op), {tensor}), blocking);
+  return submit(*this, g, make_op(g, desc_of(CollKind::reduce, tensor, dst, op), {tensor}), blocking);
 }
 
 Future<void> ProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs, const Tensor& input, bool blocking) {
   auto& g = member("ProcessGroup.all_gather");
-  if (auto* b = detail::device_backend_for(input)) return b->all_gather(*this, outputs, input);
   const CollKind k = CollKind::all_gather;
   check_tensor(input, k, "input");
-  return submit(g, make_op(g, desc_of(k, input), with_one_per_rank(input, outputs, size(), k, "output")), blocking);
+  return submit(*this, g, make_op(g, desc_of(k, input), with_one_per_rank(input, outputs, size(), k, "output")),
+                blocking);
 }
 
 Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, const Tensor& input, bool blocking) {
   auto& g = member("ProcessGroup.all_gather_into_tensor");
-  if (auto* b = detail::device_backend_for(input)) return b->all_gather_into_tensor(*this, output, input);
   const CollKind k = CollKind::all_gather_flat;
   check_tensor(input, k, "input");
   check_tensor(output, k, "output");
@@ -290,25 +313,24 @@ Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, con
     throw ShapeError(op_label(k), "output has " + std::to_string(output.numel()) +
                                       " elements, expected group size " + std::to_string(size()) +
                                       " x " + std::to_string(input.numel()));
-  return submit(g, make_op(g, desc_of(k, input), {input, output}), blocking);
+  return submit(*this, g, make_op(g, desc_of(k, input), {input, output}), blocking);
 }
 
 Future<void> ProcessGroup::reduce_scatter_impl(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op,
                                                bool blocking) {
   auto& g = member("ProcessGroup.reduce_scatter");
-  if (auto* b = detail::device_backend_for(output)) return b->reduce_scatter(*this, output, inputs, op);
   const CollKind k = CollKind::reduce_scatter;
   check_tensor(output, k, "output");
   check_reducible(output, op, k);
-  return submit(g, make_op(g, desc_of(k, output, -1, op), with_one_per_rank(output, inputs, size(), k, "input")),
-                blocking);
+  auto tensors = with_one_per_rank(output, inputs, size(), k, "input");
+  return submit(*this, g, make_op(g, desc_of(k, output, -1, op), std::move(tensors)), blocking);
 }
 
 Future<void> ProcessGroup::barrier_impl(bool blocking) {
   auto& g = member("ProcessGroup.barrier");
   detail::CollDesc d;
   d.kind = CollKind::barrier;
-  return submit(g, make_op(g, d, {}), blocking);
+  return submit(*this, g, make_op(g, d, {}), blocking);
 }
 
 namespace {
@@ -349,9 +371,9 @@ Future<void> ProcessGroup::all_reduce_coalesced_impl(const std::vector<Tensor>& 
   d.extra = shapes_str(tensors);
   d.order = options.order;
   d.pre_divisor = options.pre_divisor;
-  if (!g.plane || !g.plane->supports(d))  // a plane without it: flatten, reduce, copy back
+  if (tensors[0].device().is_cpu() && (!g.plane || !g.plane->supports(d)))  // flatten, reduce, copy back
     return detail::emulate_all_reduce_coalesced(*this, tensors, options, blocking);
-  return submit(g, make_op(g, std::move(d), tensors), blocking);
+  return submit(*this, g, make_op(g, std::move(d), tensors), blocking);
 }
 
 Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking) {
@@ -372,8 +394,9 @@ Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& t
   d.root = src;
   d.extra = shapes_str(tensors);
   for (const auto& t : tensors) d.extra += " " + std::string(dtype_name(t.dtype()));
-  if (!g.plane || !g.plane->supports(d)) return detail::emulate_broadcast_coalesced(*this, tensors, src, blocking);
-  return submit(g, make_op(g, std::move(d), tensors), blocking);
+  if (tensors[0].device().is_cpu() && (!g.plane || !g.plane->supports(d)))
+    return detail::emulate_broadcast_coalesced(*this, tensors, src, blocking);
+  return submit(*this, g, make_op(g, std::move(d), tensors), blocking);
 }
 
 Future<void> detail::all_reduce_with(ProcessGroup& pg, const Tensor& t, const AllReduceCoalescedOptions& options,
@@ -382,7 +405,7 @@ Future<void> detail::all_reduce_with(ProcessGroup& pg, const Tensor& t, const Al
   detail::CollDesc d = desc_of(CollKind::all_reduce, t, -1, options.op);
   d.order = options.order;
   d.pre_divisor = options.pre_divisor;
-  return submit(g, make_op(g, std::move(d), {t}), blocking);
+  return submit(pg, g, make_op(g, std::move(d), {t}), blocking);
 }
 
 Future<void> ProcessGroup::broadcast_async(const Tensor& t, int src) { return broadcast_impl(t, src, false); }
@@ -427,14 +450,12 @@ void ProcessGroup::broadcast_coalesced(const std::vector<Tensor>& tensors, int s
 
 Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
   auto& g = member("ProcessGroup.send");
-  if (auto* b = detail::device_backend_for(tensor)) return b->send(*this, tensor, dst, tag);
-  return post(g, make_p2p_op(g, CollKind::send, tensor, dst, tag));
+  return submit(*this, g, make_p2p_op(g, CollKind::send, tensor, dst, tag), false);
 }
 
 Future<void> ProcessGroup::recv_async(const Tensor& tensor, int src, int tag) {
   auto& g = member("ProcessGroup.recv");
-  if (auto* b = detail::device_backend_for(tensor)) return b->recv(*this, tensor, src, tag);
-  return post(g, make_p2p_op(g, CollKind::recv, tensor, src, tag));
+  return submit(*this, g, make_p2p_op(g, CollKind::recv, tensor, src, tag), false);
 }
 
 namespace {
@@ -449,7 +470,7 @@ std::string ranks_str(const std::vector<int>& r) {
 // The groups' ids derive from the call's sequence number, so every rank
 // computes the same ones: (seq + 1) << 16, plus k + 1 for subgroup k.
 // make_specs(seq) lists the groups (so the plane can set them up in the call).
-std::uint64_t group_creation_barrier(GroupImpl& world, const std::string& what,
+std::uint64_t group_creation_barrier(const ProcessGroup& pg, GroupImpl& world, const std::string& what,
                                      const std::function<std::vector<detail::GroupSpec>(std::uint64_t)>& make_specs) {
   detail::CollDesc d;
   d.kind = CollKind::new_group;
@@ -457,7 +478,7 @@ std::uint64_t group_creation_barrier(GroupImpl& world, const std::string& what,
   auto op = make_op(world, d, {});
   std::uint64_t seq = op->seq;
   op->creates = make_specs(seq);
-  run(world, std::move(op));
+  submit(pg, world, std::move(op), true);
   return seq;
 }
 
@@ -491,7 +512,7 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
     if (i && ranks[i] == ranks[i - 1])
       throw ValueError("ProcessGroup.new_group", "rank " + std::to_string(ranks[i]) + " is listed twice");
   }
-  std::uint64_t seq = group_creation_barrier(w, "ranks " + ranks_str(ranks), [&](std::uint64_t s) {
+  std::uint64_t seq = group_creation_barrier(*this, w, "ranks " + ranks_str(ranks), [&](std::uint64_t s) {
     return std::vector<detail::GroupSpec>{{(s + 1) << 16, ranks}};
   });
   return detail::Access::group(make_group(w, (seq + 1) << 16, std::move(ranks)));
@@ -514,7 +535,7 @@ Subgroups ProcessGroup::new_subgroups(int group_size) {
     for (int r = k * group_size; r < (k + 1) * group_size; ++r) ranks.push_back(r);
     return ranks;
   };
-  std::uint64_t seq = group_creation_barrier(w, "group_size " + std::to_string(group_size), [&](std::uint64_t s) {
+  std::uint64_t seq = group_creation_barrier(*this, w, "group_size " + std::to_string(group_size), [&](std::uint64_t s) {
     std::vector<detail::GroupSpec> specs;
     for (int k = 0; k * group_size < size(); ++k)
       specs.push_back({((s + 1) << 16) | static_cast<std::uint64_t>(k + 1), members_of(k)});

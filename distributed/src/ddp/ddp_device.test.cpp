@@ -1,7 +1,7 @@
 // The Reducer (every built-in comm hook), average_parameters, the model
 // averagers and PostLocalSGDOptimizer on device tensors, without a GPU: a
 // fake "CUDA" device backed by host memory (allocator), a fake device
-// backend (collectives staged through the CPU rank actors), fake DeviceOps
+// plane (collectives staged through the CPU rank actors), fake DeviceOps
 // (the CPU arithmetic on host views) and a fake DeviceStepper (CPU SGD on
 // host views). The device path must give the CPU path's values bitwise at 2,
 // 3 and 5 simulated ranks, with the ops registered (on-device arithmetic) and
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/actors/internal/device_backend.hpp"
+#include "dopt/actors/internal/device_plane.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
 #include "dopt/distributed/comm_hooks.hpp"
@@ -85,7 +85,7 @@ CommHook make_hook(Hook h, ProcessGroup& world) {
 }
 
 // The CPU path's average for every group size: divide, then the CPU rank
-// actors' SUM (what the device backend does here). On the CPU, 3 or more
+// actors' SUM (what the device plane does here). On the CPU, 3 or more
 // ranks of float32/float64 use gloo's ring order instead (averagers.hpp).
 void reference_average(const std::vector<Tensor>& params, ProcessGroup& group) {
   for (const Tensor& p : params) {
@@ -153,7 +153,7 @@ TEST_CASE("Reducer with every built-in comm hook on device tensors gives the CPU
           }
         });
         failures.report();
-        CHECK(fake.backend.calls > 0);
+        CHECK(fake.planes.calls > 0);
         if (with_ops) {
           CHECK(fake.ops.divides > 0);
           if (hook == Hook::fp16 || hook == Hook::bf16) CHECK(fake.ops.converts > 0);
@@ -172,7 +172,7 @@ TEST_CASE("Reducer keeps its buckets on the parameters' device and refuses mixed
     std::vector<Tensor> ps{Tensor::zeros({3}, DType::float32, kDev), Tensor::zeros({2})};
     CHECK_THROWS_AS(Reducer(ps, ctx.world()), ValueError);
     std::vector<Tensor> ok{Tensor::full({3}, 1.0 + ctx.rank(), DType::float32, kDev)};
-    Reducer r(ok, ctx.world());  // broadcasts from rank 0 through the device backend
+    Reducer r(ok, ctx.world());  // broadcasts from rank 0 through the device plane
     CHECK(bitwise(ok[0], Tensor::full({3}, 1.0)));
     r.mark_ready(ok[0]);  // no gradient: zeros
     r.finalize();
@@ -309,4 +309,23 @@ TEST_CASE("PostLocalSGDOptimizer on device parameters: device step, then the ave
     failures.report();
     CHECK(fake.stepper.steps == world * 7);
   }
+}
+
+TEST_CASE("the fake device plane with its calls compared finds a mismatch on every rank", "[reducer][device]") {
+  FakeDevice fake(true);
+  fake.planes.check_calls = true;
+  std::atomic<int> mismatches{0}, sums_ok{0};
+  simulate(3, [&](RankContext& ctx) {
+    ProcessGroup& w = ctx.world();
+    Tensor t = Tensor::full({4}, 1.0, DType::float32, kDev);
+    try {
+      w.all_reduce(t, ctx.rank() == 2 ? ReduceOp::max : ReduceOp::sum);
+    } catch (const CollectiveMismatchError&) {
+      ++mismatches;
+    }
+    w.all_reduce(t);  // nothing ran: every rank still has its ones
+    if (bitwise(t, Tensor::full({4}, 3.0))) ++sums_ok;
+  });
+  CHECK(mismatches == 3);
+  CHECK(sums_ok == 3);
 }

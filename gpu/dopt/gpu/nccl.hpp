@@ -3,11 +3,13 @@
 //
 // An NcclProcessGroup is one rank's NCCL communicator for the members of a
 // CPU ProcessGroup, on one CUDA device. Two ways to use it:
-//  * Implicitly: after gpu::init(), ProcessGroup collectives whose tensors
-//    are CUDA tensors go to NCCL (dopt/actors/internal/device_backend.hpp). The first
-//    CUDA collective on a group creates that group's communicator on the
-//    tensor's device (make_nccl_group over the group), so it is, like every
-//    collective, called by every member in the same order. Code written for
+//  * Implicitly: after gpu::init(), ProcessGroup checks and numbers its
+//    collectives on CUDA tensors as on the CPU and runs them on the group's
+//    NCCL plane (a GroupPlane over this class, gpu/src/nccl_plane.cpp; the
+//    seam: docs/architecture.md). The first CUDA collective on a group
+//    creates that group's communicator on the tensor's device
+//    (nccl_group_for over the group), so it is, like every collective,
+//    called by every member in the same order. Code written for
 //    ProcessGroup (ZeRO, post-local SGD, the reducer, model averagers) then
 //    runs on CUDA tensors unchanged.
 //  * Explicitly: make_nccl_group(cpu_group, device), then its methods.
@@ -15,7 +17,9 @@
 // Contract (the ProcessGroup's, with these differences):
 //  * Every member calls the same collectives in the same order; NCCL does not
 //    compare the calls, so a mismatch is not detected (it hangs until the
-//    timeout, then fails as below). send/recv tags are not sent: sends and
+//    timeout, then fails as below). On the implicit path,
+//    DOPT_NCCL_CHECK_CALLS=1 compares them first over the CPU group
+//    (CollectiveMismatchError; one CPU all_gather per call; docs/gpu.md). send/recv tags are not sent: sends and
 //    receives between two ranks match in the order they are issued.
 //  * Streams: each communicator has its own stream (stream(); torch keeps one
 //    NCCL stream per group and device), so collectives of two groups used
