@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "transport/actor/rank_state.hpp"
-#include "dopt/actors/detail/ring.hpp"
+#include "dopt/actors/internal/ring.hpp"
 
 namespace dopt::detail {
 

@@ -67,7 +67,7 @@ class Transfers {
   /// failed wait gave up on it).
   void send(int peer, transport::Tag tag, const void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
   void recv(int peer, transport::Tag tag, void* data, std::size_t n, std::shared_ptr<void> keep = nullptr);
-  /// Counts one more pending transfer (a whole collective of dopt/actors/detail/ring.hpp,
+  /// Counts one more pending transfer (a whole collective of dopt/actors/internal/ring.hpp,
   /// for instance) settled by the completion returned; keep as for send.
   transport::Completion expect(std::shared_ptr<void> keep = nullptr) { return track(std::move(keep)); }
   /// Waits for every posted transfer; `check` runs every 2 ms or so (it
@@ -200,7 +200,7 @@ void barrier(HierGroup& g, HierCall& c);
 
 // One member per host (hier_ring.cpp): the slices that cross are the whole
 // buffer, so there is nothing to stage in shared memory. After the call's
-// match, the TCP ring collectives (dopt/actors/detail/ring.hpp: pipelined, reduction
+// match, the TCP ring collectives (dopt/actors/internal/ring.hpp: pipelined, reduction
 // in the group's order, bit for bit the same) run straight on the tensors'
 // memory (packed into one buffer first when they are not one contiguous
 // range). Each returns false, having done nothing, when the group has more

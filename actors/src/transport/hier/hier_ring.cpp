@@ -1,5 +1,5 @@
 // One member per host: all_reduce and all_gather as the TCP ring collectives
-// (dopt/actors/detail/ring.hpp) among the group's members, straight on the tensors'
+// (dopt/actors/internal/ring.hpp) among the group's members, straight on the tensors'
 // memory. With one member per host the two-level algorithms have nothing to
 // do within a host, and their rounds of shared-memory staging (a copy in, a
 // copy out, the pipeline drained at each round's end) only cost time; the
@@ -12,7 +12,7 @@
 #include "plane/kernels.hpp"
 #include "transport/hier/hier_group.hpp"
 #include "transport/shm/flat_view.hpp"
-#include "dopt/actors/detail/ring.hpp"
+#include "dopt/actors/internal/ring.hpp"
 
 namespace dopt::detail::hier {
 

@@ -1,6 +1,6 @@
 // Ring collectives over TcpMesh: N ranks as meshes in one process on 127.0.0.1.
 // Results are compared bitwise with a sequential computation in group-rank order.
-#include "dopt/actors/detail/ring.hpp"
+#include "dopt/actors/internal/ring.hpp"
 
 #include <catch2/catch.hpp>
 

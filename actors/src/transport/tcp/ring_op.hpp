@@ -11,7 +11,7 @@
 
 #include "dopt/runtime/error.hpp"
 #include "plane/kernels.hpp"
-#include "dopt/actors/detail/ring.hpp"
+#include "dopt/actors/internal/ring.hpp"
 
 namespace dopt::detail::ring {
 

@@ -11,7 +11,7 @@
 // completion callback run on the one I/O thread of the mesh, or on a thread
 // that waits and drives the mesh meanwhile (drive()). CAF carries only
 // control messages; the collective algorithms over this mesh live in
-// actors/dopt/actors/detail/ring.hpp.
+// actors/dopt/actors/internal/ring.hpp.
 //
 // Setup (every rank, in this order):
 //   1. auto l = TcpMesh::listen("0.0.0.0");      // binds an ephemeral port

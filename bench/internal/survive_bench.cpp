@@ -72,7 +72,7 @@
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/internal/shm.hpp"
 
-#include "bench_util.hpp"
+#include "../bench_util.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "dopt/actors/detail/ring.hpp"
+#include "dopt/actors/internal/ring.hpp"
 
 using dopt::DType;
 using dopt::ReduceOp;
