@@ -53,7 +53,7 @@ std::string CollDesc::str() const {
   };
   if (has_op()) add(std::string(reduce_op_name(op)));
   if (root >= 0) {
-    const char* what = kind == CollKind::broadcast ? "src " : "dst ";
+    const char* what = kind == CollKind::broadcast || kind == CollKind::broadcast_coalesced ? "src " : "dst ";
     add(what + std::to_string(root));
   }
   if (has_tensor()) {
