@@ -11,11 +11,13 @@
 #include <vector>
 
 #include "dopt/actors/internal/call_label.hpp"
+#include "call_names.hpp"
 #include "dopt/actors/simulate.hpp"
 
 using namespace dopt;
 using Catch::Contains;
 using Catch::StartsWith;
+using dopt::testing::on_ranks_but;
 
 namespace {
 
@@ -45,14 +47,6 @@ std::vector<Outcome> run(int world, const std::string& plane, const std::functio
   return out;
 }
 
-/// "on ranks 0, 2, 3, 4" for the ranks of [0, world) but `except`.
-std::string ranks_but(int world, int except) {
-  std::string s;
-  for (int r = 0; r < world; ++r)
-    if (r != except) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return (world - 1 == 1 ? "on rank " : "on ranks ") + s;
-}
-
 }  // namespace
 
 TEST_CASE("call labels: the users' calls grouped by rank, each call once, in the order of its lowest rank",
@@ -61,7 +55,8 @@ TEST_CASE("call labels: the users' calls grouped by rank, each call once, in the
         "A::step() on ranks 0, 2; B::step() on rank 1");
   CHECK(detail::calls_by_rank({{0, "A::step()"}}) == "A::step() on rank 0");
   CHECK(detail::calls_by_rank({{3, ""}, {4, "f()"}}) == "an unnamed call on rank 3; f() on rank 4");
-  CHECK(detail::mismatch_text({{0, "f()"}, {1, "g()"}}, "x vs y") == "f() on rank 0; g() on rank 1; internally: x vs y");
+  CHECK(detail::mismatch_text({{0, "f()"}, {1, "g()"}}, "x vs y") ==
+        "f() on rank 0; g() on rank 1; internally: x vs y");
 }
 
 TEST_CASE("call labels: the outermost scope names the call, and only while it is open", "[actors][call_label]") {
@@ -87,7 +82,8 @@ TEST_CASE("a mismatch of direct ProcessGroup calls names the ProcessGroup method
     if (ctx.rank() == 1) ctx.world().broadcast(t, 0);
     else ctx.world().all_reduce(t);
   });
-  const std::string calls = "ProcessGroup::all_reduce() " + ranks_but(n, 1) + "; ProcessGroup::broadcast() on rank 1";
+  const std::string calls =
+      "ProcessGroup::all_reduce() " + on_ranks_but(n, 1) + "; ProcessGroup::broadcast() on rank 1";
   for (int r = 0; r < n; ++r) {
     const auto& s = o[static_cast<std::size_t>(r)];
     CHECK(s.op == (r == 1 ? "ProcessGroup::broadcast()" : "ProcessGroup::all_reduce()"));
@@ -124,7 +120,7 @@ TEST_CASE("a mismatch names the public calls that issued the collectives, sync o
       f.get();
     }
   });
-  const std::string calls = "Trainer::step() " + ranks_but(n, 2) + "; Evaluator::run() on rank 2";
+  const std::string calls = "Trainer::step() " + on_ranks_but(n, 2) + "; Evaluator::run() on rank 2";
   for (int r = 0; r < n; ++r) {
     const auto& s = o[static_cast<std::size_t>(r)];
     CHECK(s.op == (r == 2 ? "Evaluator::run()" : "Trainer::step()"));

@@ -316,7 +316,8 @@ Future<void> ProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs, c
 }
 
 Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, const Tensor& input, bool blocking) {
-  detail::CallScope scope(blocking ? "ProcessGroup::all_gather_into_tensor()" : "ProcessGroup::all_gather_into_tensor_async()");
+  detail::CallScope scope(blocking ? "ProcessGroup::all_gather_into_tensor()"
+                                   : "ProcessGroup::all_gather_into_tensor_async()");
   auto& g = member("ProcessGroup.all_gather_into_tensor");
   const CollKind k = CollKind::all_gather_flat;
   check_tensor(input, k, "input");
@@ -363,7 +364,8 @@ std::string shapes_str(const std::vector<Tensor>& ts) {
 
 Future<void> ProcessGroup::all_reduce_coalesced_impl(const std::vector<Tensor>& tensors,
                                                      const AllReduceCoalescedOptions& options, bool blocking) {
-  detail::CallScope scope(blocking ? "ProcessGroup::all_reduce_coalesced()" : "ProcessGroup::all_reduce_coalesced_async()");
+  detail::CallScope scope(blocking ? "ProcessGroup::all_reduce_coalesced()"
+                                   : "ProcessGroup::all_reduce_coalesced_async()");
   auto& g = member("ProcessGroup.all_reduce_coalesced");
   const CollKind k = CollKind::all_reduce_coalesced;
   if (tensors.empty()) return blocking ? Future<void>() : make_ready_future();
@@ -395,7 +397,8 @@ Future<void> ProcessGroup::all_reduce_coalesced_impl(const std::vector<Tensor>& 
 }
 
 Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking) {
-  detail::CallScope scope(blocking ? "ProcessGroup::broadcast_coalesced()" : "ProcessGroup::broadcast_coalesced_async()");
+  detail::CallScope scope(blocking ? "ProcessGroup::broadcast_coalesced()"
+                                   : "ProcessGroup::broadcast_coalesced_async()");
   auto& g = member("ProcessGroup.broadcast_coalesced");
   const CollKind k = CollKind::broadcast_coalesced;
   check_rank(src, size(), k, "src");

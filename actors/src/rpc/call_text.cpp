@@ -48,7 +48,8 @@ std::string user_call_text(const std::string& fn) {
 
 std::string call_text(const AgentCore& c, const CallSpec& spec, int dest) {
   const std::string who = c.who(dest);
-  if (spec.fn == "__rref.fetch" || spec.fn == "__rref.del") return user_call_text(spec.fn) + " of a value owned by " + who;
+  if (spec.fn == "__rref.fetch" || spec.fn == "__rref.del")
+    return user_call_text(spec.fn) + " of a value owned by " + who;
   if (spec.fn == "__rref.add") return user_call_text(spec.fn) + " owned by " + who;
   if (spec.fn.rfind("__", 0) == 0) return user_call_text(spec.fn) + " on " + who;
   if (std::string p = ::dopt::detail::rpc_function_call(spec.fn); !p.empty())

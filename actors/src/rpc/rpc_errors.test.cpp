@@ -7,10 +7,10 @@
 #include <mutex>
 #include <string>
 
-#include "dopt/actors/internal/served_mutex.hpp"
 #include "dopt/actors/rpc.hpp"
 #include "rpc/testing.hpp"
 #include "rpc_errors.hpp"
+#include "served_checks.hpp"
 
 using namespace dopt;
 using namespace dopt::rpc;
@@ -36,14 +36,6 @@ void register_error_functions() {
   });
 }
 
-// Catch2 2.x assertions are not thread-safe: worker threads assert under one lock.
-dopt::rpc::detail::ServedMutex g_lock;
-#define RCHECK_THAT(a, m)                                     \
-  do {                                                        \
-    std::lock_guard<dopt::rpc::detail::ServedMutex> l_(g_lock); \
-    CHECK_THAT(a, m);                                         \
-  } while (0)
-
 std::string owner_of(int r) { return "worker 'worker" + std::to_string(r) + "' (rank " + std::to_string(r) + ")"; }
 
 }  // namespace
@@ -59,13 +51,14 @@ TEST_CASE("rpc errors name the user's call: to_here() of a value whose owner is 
     auto dies = t.rpc_async("re.die_in_strand");
     auto fetched = t.to_here_async();  // queued behind re.die in the value's strand
     const std::string e = error_of([&] { fetched.get(); });
-    RCHECK_THAT(e, Contains("PeerLostError") &&
+    SERVED_CHECK_THAT(e, Contains("PeerLostError") &&
                        Contains("RRef.to_here() of a value owned by " + owner_of(owner) + " from " + owner_of(0) +
                                 " failed: " + owner_of(owner)) &&
                        !Contains("__rref"));
     (void)error_of([&] { dies.get(); });
     const std::string later = error_of([&] { t.to_here(); });
-    RCHECK_THAT(later, Contains("PeerLostError") && Contains("RRef.to_here() of a value owned by " + owner_of(owner)) &&
+    SERVED_CHECK_THAT(later, Contains("PeerLostError") &&
+                                 Contains("RRef.to_here() of a value owned by " + owner_of(owner)) &&
                            !Contains("__rref"));
   });
 }
@@ -80,7 +73,7 @@ TEST_CASE("rpc errors name the user's call: a method on a value whose owner is d
     RRef<Tally> t = a.remote<Tally>(owner, "re.make_tally");
     (void)error_of([&] { a.rpc_sync(owner, "re.die"); });
     const std::string e = error_of([&] { t.rpc_sync<long>("re.get"); });
-    RCHECK_THAT(e, Contains("PeerLostError") &&
+    SERVED_CHECK_THAT(e, Contains("PeerLostError") &&
                        Contains("RRef method 're.get' on a value owned by " + owner_of(owner) + " from " +
                                 owner_of(0) + " failed: " + owner_of(owner)));
   });

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "distributed_optimizer_testing.hpp"
-#include "dopt/actors/internal/served_mutex.hpp"
 #include "dopt/actors/rpc.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "rpc/testing.hpp"
 #include "rpc_errors.hpp"
+#include "served_checks.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -31,14 +31,6 @@ void register_error_functions() {
     rpc::register_function("de.make_param", [](int n) { return Tensor::full({n}, 1.0); });
   });
 }
-
-// Catch2 2.x assertions are not thread-safe: worker threads assert under one lock.
-dopt::rpc::detail::ServedMutex g_lock;
-#define DCHECK_THAT(a, m)                                       \
-  do {                                                          \
-    std::lock_guard<dopt::rpc::detail::ServedMutex> l_(g_lock); \
-    CHECK_THAT(a, m);                                           \
-  } while (0)
 
 }  // namespace
 
@@ -61,7 +53,7 @@ TEST_CASE("DistributedOptimizer: a step whose owner dies names DistributedOptimi
     (void)ctx.deposit_all(deps);
     const std::string e = error_of([&] { dist.step(ctx); });
     const std::string owner = "worker 'worker" + std::to_string(victim) + "' (rank " + std::to_string(victim) + ")";
-    DCHECK_THAT(e, Contains("PeerLostError") &&
+    SERVED_CHECK_THAT(e, Contains("PeerLostError") &&
                        Contains("DistributedOptimizer::step() on " + owner + " (internally 'dopt.optim.step') from "
                                 "worker 'worker0' (rank 0) failed: " + owner));
   });

@@ -4,9 +4,11 @@
 // simulated ranks.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "call_names.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
@@ -17,23 +19,9 @@ using namespace dopt;
 using namespace dopt::optim;
 using Catch::Contains;
 using Catch::StartsWith;
+using dopt::testing::on_ranks_but;
 
 namespace {
-
-/// Each rank's CollectiveMismatchError text ("" when its call did not raise one).
-std::vector<std::string> mismatches(int world, const std::function<void(RankContext&)>& fn) {
-  std::vector<std::string> out(static_cast<std::size_t>(world));
-  SimulateOptions opts;
-  opts.timeout = std::chrono::seconds(20);
-  simulate(world, [&](RankContext& ctx) {
-    try {
-      fn(ctx);
-    } catch (const CollectiveMismatchError& e) {
-      out[static_cast<std::size_t>(ctx.rank())] = e.what();
-    }
-  }, opts);
-  return out;
-}
 
 /// One parameter of 20 elements with a gradient.
 std::vector<Tensor> params() {
@@ -42,11 +30,25 @@ std::vector<Tensor> params() {
   return {p};
 }
 
-std::string others(int world, int except) {
-  std::string s;
-  for (int r = 0; r < world; ++r)
-    if (r != except) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return "on ranks " + s;
+/// Each rank's CollectiveMismatchError text ("" when its call did not raise
+/// one): every rank makes a ZeroRedundancyOptimizer over params(); rank 1
+/// runs rank1(ctx, params), the others step it.
+std::vector<std::string> zero_step_but_rank_1(int world,
+                                              const std::function<void(RankContext&, std::vector<Tensor>&)>& rank1) {
+  std::vector<std::string> out(static_cast<std::size_t>(world));
+  SimulateOptions opts;
+  opts.timeout = std::chrono::seconds(20);
+  simulate(world, [&](RankContext& ctx) {
+    auto ps = params();
+    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()});
+    try {
+      if (ctx.rank() == 1) rank1(ctx, ps);
+      else z.step();
+    } catch (const CollectiveMismatchError& e) {
+      out[static_cast<std::size_t>(ctx.rank())] = e.what();
+    }
+  }, opts);
+  return out;
 }
 
 }  // namespace
@@ -55,17 +57,14 @@ TEST_CASE("errors name the user's calls: ZeRO's step on all ranks but one, a dir
           "[zero][call_label]") {
   const int n = GENERATE(3, 5);
   CAPTURE(n);
-  auto e = mismatches(n, [](RankContext& ctx) {
-    auto ps = params();
-    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()});
-    if (ctx.rank() == 1) ctx.world().all_reduce(ps[0].grad());  // this rank skipped z.step()
-    else z.step();
+  auto e = zero_step_but_rank_1(n, [](RankContext& ctx, std::vector<Tensor>& ps) {
+    ctx.world().all_reduce(ps[0].grad());  // this rank skipped z.step()
   });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK_THAT(e[static_cast<std::size_t>(r)],
                StartsWith(std::string(r == 1 ? "ProcessGroup::all_reduce()" : "ZeroRedundancyOptimizer::step()") +
-                          " [rank " + std::to_string(r) + "]: ZeroRedundancyOptimizer::step() " + others(n, 1) +
+                          " [rank " + std::to_string(r) + "]: ZeroRedundancyOptimizer::step() " + on_ranks_but(n, 1) +
                           "; ProcessGroup::all_reduce() on rank 1; internally: ") &&
                    Contains("but rank 1 called all_reduce(sum, float32, [20])"));
   }
@@ -75,18 +74,15 @@ TEST_CASE("errors name the user's calls: ZeRO's step on all ranks but one, PostL
           "[zero][post_local_sgd][call_label]") {
   const int n = GENERATE(3, 5);
   CAPTURE(n);
-  auto e = mismatches(n, [](RankContext& ctx) {
-    auto ps = params();
-    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()});
+  auto e = zero_step_but_rank_1(n, [](RankContext& ctx, std::vector<Tensor>& ps) {
     PostLocalSGDOptimizer local(std::make_unique<SGD>(ps, SGDOptions(0.1)),
                                 std::make_unique<PeriodicModelAverager>(1, 0, ctx.world()));
-    if (ctx.rank() == 1) local.step();
-    else z.step();
+    local.step();
   });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK_THAT(e[static_cast<std::size_t>(r)],
-               Contains("]: ZeroRedundancyOptimizer::step() " + others(n, 1) +
+               Contains("]: ZeroRedundancyOptimizer::step() " + on_ranks_but(n, 1) +
                         "; PostLocalSGDOptimizer::step() on rank 1; internally: collective mismatch"));
   }
 }

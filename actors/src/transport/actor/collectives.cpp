@@ -172,7 +172,8 @@ void RankState::progress(CollKey key) {
       const auto& d = st.arrivals[static_cast<std::size_t>(g)]->desc;
       if (!(d == ref)) {
         std::vector<std::pair<int, std::string>> calls;
-        for (int m = 0; m < n; ++m) calls.emplace_back(global_of(st, m), st.arrivals[static_cast<std::size_t>(m)]->desc.caller);
+        for (int m = 0; m < n; ++m)
+          calls.emplace_back(global_of(st, m), st.arrivals[static_cast<std::size_t>(m)]->desc.caller);
         Failure f{FailKind::mismatch, name_,
                   mismatch_text(calls, "collective mismatch in " + group_str(key.first) + " at seq " +
                                            std::to_string(key.second) + ": rank " + std::to_string(global_of(st, 0)) +
