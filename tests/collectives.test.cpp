@@ -121,6 +121,8 @@ TEST_CASE("collectives: different collectives on different processes fail on eve
     CHECK(contains(d.out, "error CollectiveMismatchError"));
     CHECK(contains(d.out, "rank 0 called all_reduce(sum, float32, [8])"));
     CHECK(contains(d.out, "called broadcast(src 0, float32, [8])"));
+    // the users' calls first (call_label.hpp), grouped by rank
+    CHECK(contains(d.out, "ProcessGroup::all_reduce() on rank 0; ProcessGroup::broadcast() on ranks 1, 2; internally: "));
   }
 }
 
@@ -221,6 +223,7 @@ TEST_CASE("collectives: on the hierarchical plane, a mismatch between hosts fail
       CHECK(ds[r].failed());
       CHECK(contains(ds[r].out, "error CollectiveMismatchError"));
       CHECK(contains(ds[r].out, "called all_reduce"));
+      CHECK(contains(ds[r].out, "ProcessGroup::all_reduce() on rank 0; ProcessGroup::broadcast() on rank"));
       const long ms = elapsed_ms(ds[r].out);
       CHECK(ms >= 0);
       CHECK(ms < 20000);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dopt/actors/internal/device_plane.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 #include "plane/failure.hpp"
 
 namespace dopt::detail {
@@ -18,6 +19,7 @@ struct Record {
   std::uint64_t seq = 0;
   std::uint64_t hash = 0;
   char text[kText] = {};
+  char caller[64] = {};  // the public call that issued it (cut; not compared)
 };
 
 std::string key_of(const CollDesc& d) {
@@ -31,6 +33,7 @@ Record record_of(const Op& op) {
   r.hash = std::hash<std::string>{}(key_of(op.desc));
   const std::string s = op.desc.str();
   std::memcpy(r.text, s.data(), std::min(s.size(), kText - 1));
+  std::memcpy(r.caller, op.desc.caller.data(), std::min(op.desc.caller.size(), sizeof r.caller - 1));
   return r;
 }
 
@@ -45,6 +48,9 @@ void check_calls_match(ProcessGroup cpu, const Op& op) {
   Tensor all = Tensor::empty({n * cpu.size()}, DType::uint8);
   cpu.all_gather_into_tensor(all, in);
   const auto* recs = static_cast<const Record*>(all.data_ptr());
+  std::vector<std::pair<int, std::string>> calls;
+  for (int g = 0; g < cpu.size(); ++g)
+    calls.emplace_back(cpu.global_rank(g), std::string(recs[g].caller, strnlen(recs[g].caller, sizeof recs[g].caller)));
   for (int g = 0; g < cpu.size(); ++g) {
     const Record& r = recs[g];
     if (r.seq == recs[0].seq && r.hash == recs[0].hash) continue;
@@ -54,7 +60,7 @@ void check_calls_match(ProcessGroup cpu, const Op& op) {
                       ": rank " + std::to_string(cpu.global_rank(0)) + " called " + ref + " but rank " +
                       std::to_string(cpu.global_rank(g)) + " called " + other;
     if (r.seq != recs[0].seq) msg += " (at seq " + std::to_string(r.seq) + ")";
-    throw CollectiveMismatchError(coll_name(op.desc.kind), msg, cpu.global_rank(cpu.rank()));
+    throw CollectiveMismatchError(op.desc.who(), mismatch_text(calls, msg), cpu.global_rank(cpu.rank()));
   }
 }
 

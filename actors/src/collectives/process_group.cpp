@@ -6,6 +6,7 @@
 #include <set>
 
 #include "collectives/group.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/internal/device_plane.hpp"
 
 namespace dopt {
@@ -52,7 +53,7 @@ std::string CollDesc::str() const {
   };
   if (has_op()) add(std::string(reduce_op_name(op)));
   if (root >= 0) {
-    const char* what = kind == CollKind::broadcast ? "src " : "dst ";
+    const char* what = kind == CollKind::broadcast || kind == CollKind::broadcast_coalesced ? "src " : "dst ";
     add(what + std::to_string(root));
   }
   if (has_tensor()) {
@@ -132,10 +133,18 @@ std::vector<Tensor> with_one_per_rank(const Tensor& mine, const std::vector<Tens
   return ts;
 }
 
+/// The public call that issues a call of kind k now: the thread's CallScope,
+/// else the ProcessGroup method.
+std::string caller_of(CollKind k) {
+  if (const char* c = detail::current_call()) return c;
+  return std::string("ProcessGroup::") + detail::coll_name(k) + "()";
+}
+
 /// The call, numbered: calls on device tensors apart from those on CPU ones
 /// (GroupImpl::next_device_seq).
 std::shared_ptr<Op> make_op(GroupImpl& g, detail::CollDesc desc, std::vector<Tensor> tensors) {
   check_one_device(tensors, desc.kind);
+  desc.caller = caller_of(desc.kind);
   auto op = std::make_shared<Op>();
   op->gid = g.gid;
   op->members = g.members;
@@ -171,6 +180,7 @@ std::shared_ptr<Op> make_p2p_op(GroupImpl& g, CollKind k, const Tensor& tensor, 
   op->members = g.members;
   op->my_grank = g.my_grank;
   op->desc = desc_of(k, tensor);
+  op->desc.caller = caller_of(k);
   op->tensors = {tensor};
   op->timeout = std::chrono::milliseconds(g.timeout_ms.load());
   op->peer = (*g.members)[static_cast<std::size_t>(peer)];
@@ -272,6 +282,7 @@ void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
 // `blocking` selects how the call is handed over (submit()).
 
 Future<void> ProcessGroup::broadcast_impl(const Tensor& tensor, int src, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::broadcast()" : "ProcessGroup::broadcast_async()");
   auto& g = member("ProcessGroup.broadcast");
   check_tensor(tensor, CollKind::broadcast, "tensor");
   check_rank(src, size(), CollKind::broadcast, "src");
@@ -279,6 +290,7 @@ Future<void> ProcessGroup::broadcast_impl(const Tensor& tensor, int src, bool bl
 }
 
 Future<void> ProcessGroup::all_reduce_impl(const Tensor& tensor, ReduceOp op, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::all_reduce()" : "ProcessGroup::all_reduce_async()");
   auto& g = member("ProcessGroup.all_reduce");
   check_tensor(tensor, CollKind::all_reduce, "tensor");
   check_reducible(tensor, op, CollKind::all_reduce);
@@ -286,6 +298,7 @@ Future<void> ProcessGroup::all_reduce_impl(const Tensor& tensor, ReduceOp op, bo
 }
 
 Future<void> ProcessGroup::reduce_impl(const Tensor& tensor, int dst, ReduceOp op, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::reduce()" : "ProcessGroup::reduce_async()");
   auto& g = member("ProcessGroup.reduce");
   check_tensor(tensor, CollKind::reduce, "tensor");
   check_reducible(tensor, op, CollKind::reduce);
@@ -294,6 +307,7 @@ Future<void> ProcessGroup::reduce_impl(const Tensor& tensor, int dst, ReduceOp o
 }
 
 Future<void> ProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs, const Tensor& input, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::all_gather()" : "ProcessGroup::all_gather_async()");
   auto& g = member("ProcessGroup.all_gather");
   const CollKind k = CollKind::all_gather;
   check_tensor(input, k, "input");
@@ -302,6 +316,8 @@ Future<void> ProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs, c
 }
 
 Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, const Tensor& input, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::all_gather_into_tensor()"
+                                   : "ProcessGroup::all_gather_into_tensor_async()");
   auto& g = member("ProcessGroup.all_gather_into_tensor");
   const CollKind k = CollKind::all_gather_flat;
   check_tensor(input, k, "input");
@@ -318,6 +334,7 @@ Future<void> ProcessGroup::all_gather_into_tensor_impl(const Tensor& output, con
 
 Future<void> ProcessGroup::reduce_scatter_impl(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op,
                                                bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::reduce_scatter()" : "ProcessGroup::reduce_scatter_async()");
   auto& g = member("ProcessGroup.reduce_scatter");
   const CollKind k = CollKind::reduce_scatter;
   check_tensor(output, k, "output");
@@ -327,6 +344,7 @@ Future<void> ProcessGroup::reduce_scatter_impl(const Tensor& output, const std::
 }
 
 Future<void> ProcessGroup::barrier_impl(bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::barrier()" : "ProcessGroup::barrier_async()");
   auto& g = member("ProcessGroup.barrier");
   detail::CollDesc d;
   d.kind = CollKind::barrier;
@@ -346,6 +364,8 @@ std::string shapes_str(const std::vector<Tensor>& ts) {
 
 Future<void> ProcessGroup::all_reduce_coalesced_impl(const std::vector<Tensor>& tensors,
                                                      const AllReduceCoalescedOptions& options, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::all_reduce_coalesced()"
+                                   : "ProcessGroup::all_reduce_coalesced_async()");
   auto& g = member("ProcessGroup.all_reduce_coalesced");
   const CollKind k = CollKind::all_reduce_coalesced;
   if (tensors.empty()) return blocking ? Future<void>() : make_ready_future();
@@ -377,6 +397,8 @@ Future<void> ProcessGroup::all_reduce_coalesced_impl(const std::vector<Tensor>& 
 }
 
 Future<void> ProcessGroup::broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking) {
+  detail::CallScope scope(blocking ? "ProcessGroup::broadcast_coalesced()"
+                                   : "ProcessGroup::broadcast_coalesced_async()");
   auto& g = member("ProcessGroup.broadcast_coalesced");
   const CollKind k = CollKind::broadcast_coalesced;
   check_rank(src, size(), k, "src");
@@ -449,11 +471,13 @@ void ProcessGroup::broadcast_coalesced(const std::vector<Tensor>& tensors, int s
 }
 
 Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
+  detail::CallScope scope("ProcessGroup::send_async()");
   auto& g = member("ProcessGroup.send");
   return submit(*this, g, make_p2p_op(g, CollKind::send, tensor, dst, tag), false);
 }
 
 Future<void> ProcessGroup::recv_async(const Tensor& tensor, int src, int tag) {
+  detail::CallScope scope("ProcessGroup::recv_async()");
   auto& g = member("ProcessGroup.recv");
   return submit(*this, g, make_p2p_op(g, CollKind::recv, tensor, src, tag), false);
 }
@@ -500,6 +524,7 @@ std::shared_ptr<GroupImpl> make_group(const GroupImpl& world, std::uint64_t gid,
 }  // namespace
 
 ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
+  detail::CallScope scope("ProcessGroup::new_group()");
   auto& w = member("ProcessGroup.new_group");
   if (!w.is_world) throw StateError("ProcessGroup.new_group", "call new_group on the world group");
   std::sort(ranks.begin(), ranks.end());
@@ -519,6 +544,7 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) {
 }
 
 Subgroups ProcessGroup::new_subgroups(int group_size) {
+  detail::CallScope scope("ProcessGroup::new_subgroups()");
   auto& w = member("ProcessGroup.new_subgroups");
   if (!w.is_world) throw StateError("ProcessGroup.new_subgroups", "call new_subgroups on the world group");
   if (group_size == 0)  // one group per node (simulated ranks are all on one node)

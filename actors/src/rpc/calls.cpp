@@ -99,7 +99,8 @@ Future<std::vector<char>> post_call(const std::shared_ptr<AgentCore>& core, Call
     ::dopt::detail::sim::on_call("rpc");
   if (!core->running()) {
     call->promise.set_exception(std::make_exception_ptr(
-        StateError("rpc", "call of '" + call->spec.fn + "': " + core->who(core->rank) + " is shut down", core->rank)));
+        StateError("rpc", call_text(*core, call->spec, call->dest) + ": " + core->who(core->rank) + " is shut down",
+                   core->rank)));
     return fut;
   }
   {

@@ -27,6 +27,16 @@
 
 namespace dopt::rpc::detail {
 
+struct AgentCore;
+/// An outgoing call as its errors name it (call_text.cpp): "RRef.to_here()
+/// of a value owned by worker 'ps1' (rank 1)", "DistributedOptimizer::step()
+/// on worker 'ps1' (rank 1) (internally 'dopt.optim.step')", "rpc 'f' to
+/// worker 'b' (rank 1)".
+std::string call_text(const AgentCore& c, const CallSpec& spec, int dest);
+/// A function's name as the user knows it: "RRef.to_here()" for
+/// '__rref.fetch', the public call of an internal function, else "'fn'".
+std::string user_call_text(const std::string& fn);
+
 struct OutCall {
   int dest = -1;
   int attempts = 0;
@@ -34,7 +44,7 @@ struct OutCall {
   Promise<std::vector<char>> promise;
   ~OutCall() {
     promise.set_exception(std::make_exception_ptr(
-        StateError("rpc", "call of '" + spec.fn + "' was dropped: the calling worker's agent stopped")));
+        StateError("rpc", "call of " + user_call_text(spec.fn) + " was dropped: the calling worker's agent stopped")));
   }
 };
 using OutCallPtr = std::shared_ptr<OutCall>;
@@ -291,6 +301,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 // --- registry.cpp ---
 /// The registered function called `name`, or null.
 std::shared_ptr<const FunctionEntry> find_function(const std::string& name);
+
 
 // --- calls.cpp ---
 /// Posts one call to the agent (send_call without handing RRefs on).

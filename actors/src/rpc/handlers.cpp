@@ -171,7 +171,7 @@ void dispatch(AgentState& st, AgentLink& link, int caller, std::uint64_t id, int
     std::lock_guard<std::mutex> lock(c.obj_mutex);
     if (c.freed.count(target))
       return error(std::make_exception_ptr(StateError(
-          "rpc", "'" + fn + "': the RRef's value on " + c.who(c.rank) + " was freed already", c.rank)));
+          "rpc", user_call_text(fn) + ": the RRef's value on " + c.who(c.rank) + " was freed already", c.rank)));
     obj = c.get_or_placeholder_locked(target);
   }
   c.strand_post(obj, [core, obj, caller, id, fn, args = std::move(args)] {
@@ -230,8 +230,8 @@ void handle_lost(AgentState& st, AgentLink&, int r, const std::string& what) {
       auto call = it->second;
       it = st.pending.erase(it);
       fail_call(call, std::make_exception_ptr(PeerLostError(
-                          "rpc", "call of '" + call->spec.fn + "' from " + c.who(c.rank) + " to " + c.who(r) +
-                                     " failed: " + c.who(r) + " was lost (" + what + ")", c.rank)));
+                          "rpc", call_text(c, call->spec, r) + " from " + c.who(c.rank) + " failed: " + c.who(r) +
+                                     " was lost (" + what + ")", c.rank)));
     } else {
       ++it;
     }
@@ -254,8 +254,8 @@ void handle_out(AgentState& st, AgentLink& link, const OutCallPtr& call) {
   const int d = call->dest;
   if (c.is_lost(d) || !st.started) {
     fail_call(call, std::make_exception_ptr(PeerLostError(
-                        "rpc", "call of '" + call->spec.fn + "' from " + c.who(c.rank) + " to " + c.who(d) +
-                                   " failed: " + c.who(d) + " is gone", c.rank)));
+                        "rpc", call_text(c, call->spec, d) + " from " + c.who(c.rank) + " failed: " + c.who(d) +
+                                   " is gone", c.rank)));
     return;
   }
   const std::uint64_t id = st.next_call++;
@@ -298,7 +298,7 @@ void handle_timeout(AgentState& st, AgentLink& link, std::uint64_t id, int attem
   auto& c = *st.core;
   const auto ms = call->spec.timeout.value_or(c.options.rpc_timeout).count();
   fail_call(call, std::make_exception_ptr(TimeoutError(
-                      "rpc", "call of '" + call->spec.fn + "' from " + c.who(c.rank) + " to " + c.who(call->dest) +
+                      "rpc", call_text(c, call->spec, call->dest) + " from " + c.who(c.rank) +
                                  " got no reply within " + std::to_string(ms) + " ms" +
                                  (call->attempts > 1 ? " (each of " + std::to_string(call->attempts) + " attempts)"
                                                      : std::string()),

@@ -20,6 +20,7 @@
 #include "dopt/distributed/zero.hpp"
 #include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 
 namespace dopt {
 
@@ -231,9 +232,13 @@ void Checkpointer::add_extras(const std::string& name, std::map<std::string, std
   impl_->add(checkpoint::make_extras_item(name, extras, placement, std::move(check)), "Checkpointer::add_extras");
 }
 
-void Checkpointer::save(std::int64_t step) { save_async(step).get(); }
+void Checkpointer::save(std::int64_t step) {
+  dopt::detail::CallScope call_scope("Checkpointer::save()");
+  save_async(step).get();
+}
 
 Future<void> Checkpointer::save_async(std::int64_t step) {
+  dopt::detail::CallScope call_scope("Checkpointer::save_async()");
   static constexpr const char* op = "Checkpointer::save";
   Impl& m = *impl_;
   if (step < 0) throw ValueError(op, "the step is " + std::to_string(step) + " (expected >= 0)", m.rank);
@@ -268,9 +273,10 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   Promise<void> done;
   m.in_flight = done.get_future();
   // A simulated task under deterministic simulation (scheduled like the ranks).
-  m.writer = detail::sim::make_thread([done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
+  m.writer = detail::sim::make_thread([call = dopt::detail::current_call(), done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
                           dir = m.options.dir, keep_last = m.options.keep_last, hook = m.options.before_write,
                           on_commit = m.options.on_commit, rank = m.rank]() mutable {
+    dopt::detail::CallScope call_scope(call);  // its collectives name the save that started it
     try {
       if (!err) {
         try {
@@ -330,6 +336,7 @@ void Checkpointer::wait() {
 }
 
 void Checkpointer::load(std::int64_t step) {
+  dopt::detail::CallScope call_scope("Checkpointer::load()");
   static constexpr const char* op = "Checkpointer::load";
   Impl& m = *impl_;
   if (step < 0) throw ValueError(op, "the step is " + std::to_string(step) + " (expected >= 0)", m.rank);
@@ -339,6 +346,7 @@ void Checkpointer::load(std::int64_t step) {
 }
 
 std::optional<std::int64_t> Checkpointer::load_latest() {
+  dopt::detail::CallScope call_scope("Checkpointer::load_latest()");
   static constexpr const char* op = "Checkpointer::load_latest";
   Impl& m = *impl_;
   m.finish_writer();
@@ -360,6 +368,7 @@ std::optional<std::int64_t> Checkpointer::load_latest() {
 }
 
 std::int64_t Checkpointer::load_from(const std::string& folder) {
+  dopt::detail::CallScope call_scope("Checkpointer::load_from()");
   static constexpr const char* op = "Checkpointer::load_from";
   Impl& m = *impl_;
   m.finish_writer();

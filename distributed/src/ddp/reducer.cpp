@@ -6,6 +6,7 @@
 
 #include "dopt/distributed/internal/device_ops.hpp"
 #include "survive/survive_util.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 
 namespace dopt::optim {
 
@@ -115,6 +116,7 @@ void Reducer::register_comm_hook(CommHook hook) {
 }
 
 void Reducer::mark_ready(const Tensor& param) {
+  dopt::detail::CallScope call_scope("Reducer::mark_ready()");
   static constexpr const char* op = "Reducer.mark_ready";
   check_defined(param, op, "parameter");
   auto it = index_of_.find(param.key());
@@ -180,6 +182,7 @@ void Reducer::reset_iteration() {
 }
 
 void Reducer::finalize() {
+  dopt::detail::CallScope call_scope("Reducer::finalize()");
   static constexpr const char* op = "Reducer.finalize";
   started_ = true;
   if (!require_sync_) {
@@ -283,6 +286,7 @@ ZeroRecovery Reducer::recover_in_finalize() {
 }
 
 ZeroRecovery Reducer::recover(std::optional<ProcessGroup> shrunk) {
+  dopt::detail::CallScope call_scope("Reducer::recover()");
   static constexpr const char* op = "Reducer.recover";
   if (!options_.survive)
     throw StateError(op, "recovery needs ReducerOptions::survive (no copy of the local gradients is kept)",

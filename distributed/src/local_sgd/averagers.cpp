@@ -8,6 +8,7 @@
 
 #include "dopt/distributed/internal/device_ops.hpp"
 #include "ddp/plsgd_util.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 
 namespace dopt::optim {
 
@@ -126,11 +127,13 @@ void ModelAverager::save_state(StateDict& /*sd*/) const {}
 void ModelAverager::load_state(StateDict& /*sd*/) {}
 
 void ModelAverager::average_parameters(const std::vector<Tensor>& params) {
+  dopt::detail::CallScope call_scope("ModelAverager::average_parameters()");
   if (auto g = group_for_step(step_)) average_parameters_or_parameter_groups(params, *g);
   ++step_;
 }
 
 void ModelAverager::average_parameters(const std::vector<OptimizerParamGroup>& groups) {
+  dopt::detail::CallScope call_scope("ModelAverager::average_parameters()");
   if (auto g = group_for_step(step_)) average_parameters_or_parameter_groups(groups, *g);
   ++step_;
 }

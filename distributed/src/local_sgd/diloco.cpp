@@ -13,6 +13,7 @@
 #include "dopt/runtime/state_dict.hpp"
 #include "ddp/plsgd_util.hpp"
 #include "dopt/optim/internal/state_load.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 
 namespace dopt::optim {
 
@@ -215,6 +216,7 @@ DiLoCoStats DiLoCoAverager::stats() const {
 }
 
 void DiLoCoAverager::average_parameters(const std::vector<OptimizerParamGroup>& /*groups*/) {
+  dopt::detail::CallScope call_scope("DiLoCoAverager::average_parameters()");
   const std::int64_t c = step();
   const auto F = static_cast<std::int64_t>(fragments_.size());
   const std::int64_t H = options_.sync_every / F;
@@ -227,6 +229,7 @@ void DiLoCoAverager::average_parameters(const std::vector<OptimizerParamGroup>& 
 }
 
 void DiLoCoAverager::average_parameters(const std::vector<Tensor>& /*params*/) {
+  dopt::detail::CallScope call_scope("DiLoCoAverager::average_parameters()");
   average_parameters(std::vector<OptimizerParamGroup>{});
 }
 

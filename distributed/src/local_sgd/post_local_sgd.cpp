@@ -6,6 +6,7 @@
 
 #include "dopt/optim/internal/state_load.hpp"
 #include "survive/survive_util.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 
 namespace dopt::optim {
 
@@ -40,12 +41,14 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, s
 }
 
 void PostLocalSGDOptimizer::step() {
+  dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::step()");
   optim_->step();
   ++steps_taken_;
   average("PostLocalSGDOptimizer.step");
 }
 
 void PostLocalSGDOptimizer::skip_step() {
+  dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::skip_step()");
   // No local update, but the averager keeps its schedule: it averages when
   // this step is due (every rank skips together, so the collective matches)
   // and counts the step.
@@ -95,6 +98,7 @@ void PostLocalSGDOptimizer::average(const char* op) {
 }
 
 ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) {
+  dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::recover()");
   static constexpr const char* op = "PostLocalSGDOptimizer.recover";
   if (!survive_) throw StateError(op, "recovery needs enable_survive()", averager_->process_group().rank());
   const std::int64_t at = averager_->step();
@@ -114,6 +118,7 @@ ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) 
 }
 
 StateDict PostLocalSGDOptimizer::state_dict() const {
+  dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::state_dict()");
   StateDict sd = optim_->state_dict();
   sd.metadata[kAveragerStepKey] = std::to_string(averager_->step());
   averager_->save_state(sd);
@@ -121,6 +126,7 @@ StateDict PostLocalSGDOptimizer::state_dict() const {
 }
 
 void PostLocalSGDOptimizer::load_state_dict(const StateDict& sd) {
+  dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::load_state_dict()");
   static constexpr const char* op = "PostLocalSGDOptimizer.load_state_dict";
   std::optional<std::int64_t> step;
   if (auto it = sd.metadata.find(kAveragerStepKey); it != sd.metadata.end()) {

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "distributed_optimizer_detail.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/internal/served_mutex.hpp"
 #include "distributed_optimizer_testing.hpp"
 #include "dopt/actors/rpc_membership.hpp"
@@ -171,6 +172,23 @@ void DistributedOptimizer::register_functions() {
   std::call_once(once, [] {
     (void)g_registered;
     rpc::register_membership_functions();
+    // Errors of these calls name the public call first (call_label.hpp).
+    for (const auto& [fn, call] : std::initializer_list<std::pair<const char*, const char*>>{
+             {"dopt.optim.create", "DistributedOptimizer::DistributedOptimizer()"},
+             {"dopt.optim.create_r", "DistributedOptimizer::DistributedOptimizer()"},
+             {"dopt.optim.create_mirror", "DistributedOptimizer::DistributedOptimizer()"},
+             {"dopt.optim.mirror_steps", "DistributedOptimizer::DistributedOptimizer()"},
+             {"dopt.optim.step", "DistributedOptimizer::step()"},
+             {"dopt.optim.step_r", "DistributedOptimizer::step()"},
+             {"dopt.optim.mirror_step", "DistributedOptimizer::step()"},
+             {"dopt.optim.zero_grad", "DistributedOptimizer::zero_grad()"},
+             {"dopt.optim.set_lr", "DistributedOptimizer::set_lr()"},
+             {"dopt.optim.mirror_set_lr", "DistributedOptimizer::set_lr()"},
+             {"dopt.optim.set_hyperparameters", "DistributedOptimizer::set_hyperparameters()"},
+             {"dopt.optim.mirror_set_hyperparameters", "DistributedOptimizer::set_hyperparameters()"},
+             {"dopt.optim.lr", "DistributedOptimizer::lrs()"},
+             {"dopt.optim.mirror_promote", "DistributedOptimizer::step() (taking over a lost owner)"}})
+      dopt::detail::name_rpc_function(fn, call);
     rpc::register_function("dopt.optim.create", [](rpc::Agent& a, const std::string& spec_json,
                                                    std::vector<rpc::RRef<Tensor>> params) {
       return make_owner(a, spec_json, std::move(params));

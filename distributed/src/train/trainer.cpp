@@ -7,6 +7,7 @@
 
 #include "dopt/runtime/dtype.hpp"
 #include "dopt/runtime/error.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 
 namespace dopt {
 
@@ -76,6 +77,7 @@ extern "C" void on_stop_signal(int sig) {
 
 Future<void> average_gradients_async(const std::vector<Tensor>& params, ProcessGroup& group,
                                      const AverageGradientsOptions& options) {
+  dopt::detail::CallScope call_scope("average_gradients_async()");
   const char* op = "average_gradients";
   std::vector<Future<void>> done;
   AllReduceCoalescedOptions o;
@@ -88,11 +90,13 @@ Future<void> average_gradients_async(const std::vector<Tensor>& params, ProcessG
 }
 
 void average_gradients(const std::vector<Tensor>& params, ProcessGroup& group, const AverageGradientsOptions& options) {
+  dopt::detail::CallScope call_scope("average_gradients()");
   average_gradients_async(params, group, options).get();
 }
 
 std::map<std::string, double> all_reduce_metrics(ProcessGroup& group, const std::map<std::string, double>& metrics,
                                                  ReduceOp op) {
+  dopt::detail::CallScope call_scope("all_reduce_metrics()");
   const char* call = "all_reduce_metrics";
   if (op == ReduceOp::product)
     throw ValueError(call, "takes ReduceOp avg, sum, min or max, not product", group.rank());
@@ -147,6 +151,7 @@ CoordinatedStop::~CoordinatedStop() {
 }
 
 bool CoordinatedStop::should_stop(ProcessGroup& group) {
+  dopt::detail::CallScope call_scope("CoordinatedStop::should_stop()");
   Tensor flag = Tensor::zeros({1}, DType::float32);
   flag.data<float>()[0] = g_stop_signal.load() != 0 ? 1.0f : 0.0f;
   group.all_reduce(flag, ReduceOp::max);

@@ -3,6 +3,7 @@
 // pieces it holds (docs/architecture.md, "ZeRO inside").
 #include "dopt/distributed/zero.hpp"
 
+#include "dopt/actors/internal/call_label.hpp"
 #include "zero_core.hpp"
 #include "zero_internal.hpp"
 
@@ -52,24 +53,40 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
 std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure& closure) {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::step()");
   return core_->step(closure);
 }
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) { core_->zero_grad(set_to_none); }
-void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) { core_->add_param_group(std::move(group)); }
+void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::add_param_group()");
+  core_->add_param_group(std::move(group));
+}
 
 // --- state ---------------------------------------------------------------------
 
-void ZeroRedundancyOptimizer::consolidate_state_dict(int to) { core_->dicts.consolidate(*core_, to); }
-StateDict ZeroRedundancyOptimizer::state_dict() const { return core_->dicts.global(*core_); }
-void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) { core_->dicts.load(*core_, sd); }
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::consolidate_state_dict()");
+  core_->dicts.consolidate(*core_, to);
+}
+StateDict ZeroRedundancyOptimizer::state_dict() const {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::state_dict()");
+  return core_->dicts.global(*core_);
+}
+void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::load_state_dict()");
+  core_->dicts.load(*core_, sd);
+}
 void ZeroRedundancyOptimizer::save_sharded(const std::string& dir,
                                            const std::map<std::string, std::string>& metadata) const {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::save_sharded()");
   core_->dicts.save_sharded(*core_, dir, metadata);
 }
 StateDict ZeroRedundancyOptimizer::shard_state_dict(const std::map<std::string, std::string>& metadata) const {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::shard_state_dict()");
   return core_->dicts.shard(*core_, metadata, std::string(zero_detail::kName) + ".shard_state_dict", /*copy=*/true);
 }
 ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::load_sharded()");
   return core_->dicts.load_sharded(*core_, dir);
 }
 std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
@@ -78,7 +95,10 @@ std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
 
 // --- redundancy ----------------------------------------------------------------
 
-ZeroRecovery ZeroRedundancyOptimizer::recover() { return core_->redundancy->recover(*core_); }
+ZeroRecovery ZeroRedundancyOptimizer::recover() {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::recover()");
+  return core_->redundancy->recover(*core_);
+}
 int ZeroRedundancyOptimizer::redundancy() const noexcept { return core_->redundancy->k(core_->world); }
 std::vector<int> ZeroRedundancyOptimizer::buddies(int r) const {
   if (r < 0 || r >= core_->world)

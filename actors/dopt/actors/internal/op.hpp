@@ -29,7 +29,8 @@ enum class CollKind : std::uint8_t {
 };
 const char* coll_name(CollKind k) noexcept;
 
-/// What a rank asked for; ranks of one (group, seq) must agree on all of it.
+/// What a rank asked for; ranks of one (group, seq) must agree on all of it
+/// but `caller`.
 struct CollDesc {
   CollKind kind = CollKind::barrier;
   ReduceOp op = ReduceOp::sum;
@@ -39,6 +40,10 @@ struct CollDesc {
   std::string extra;       // new_group: the member list; coalesced: the tensors' shapes
   ReduceOrder order = ReduceOrder::rank;
   std::int64_t pre_divisor = 0;  // > 0: inputs divided by it before the reduction
+  /// The public call that issued it (call_label.hpp), what errors name first.
+  /// Not compared: ranks may reach one collective through different calls
+  /// (Join's shadow collectives), and the planes report it on a mismatch.
+  std::string caller;
   bool operator==(const CollDesc& o) const {
     return kind == o.kind && op == o.op && dtype == o.dtype && shape == o.shape && root == o.root &&
            extra == o.extra && order == o.order && pre_divisor == o.pre_divisor;
@@ -50,6 +55,8 @@ struct CollDesc {
            kind == CollKind::all_reduce_coalesced;
   }
   bool has_tensor() const { return kind != CollKind::barrier && kind != CollKind::new_group; }
+  /// The operation errors of this call name: the caller, else the collective.
+  const char* who() const { return caller.empty() ? coll_name(kind) : caller.c_str(); }
 };
 
 /// A group that a new_group call creates (its members, ascending global ranks).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "dopt/actors/internal/call_label.hpp"
 #include "transport/actor/rank_state.hpp"
 
 namespace dopt::detail {
@@ -12,7 +13,7 @@ namespace dopt::detail {
 void RankState::on_call(OpPtr op) {
   if (op->desc.kind == CollKind::send) return on_send(std::move(op));
   if (op->desc.kind == CollKind::recv) return on_recv(std::move(op));
-  const char* name_ = coll_name(op->desc.kind);
+  const char* name_ = op->desc.who();
   if (auto it = broken.find(op->gid); it != broken.end()) {
     Failure f = it->second;
     f.op = name_;
@@ -85,7 +86,7 @@ caf::message RankState::make_net_arrival(CollState& st, const Op& op) {
   // Decided from the descriptor alone, so every rank takes the same path.
   st.ring = !small && op.desc.has_tensor();
   if (st.ring && !mesh)
-    throw StateError(coll_name(op.desc.kind), "no TCP mesh for a buffer of more than " + std::to_string(kSmallBytes) +
+    throw StateError(op.desc.who(), "no TCP mesh for a buffer of more than " + std::to_string(kSmallBytes) +
                                                   " bytes between processes", rank);
   const bool is_root = op.my_grank == op.desc.root;
   na.bufs.resize(op.tensors.size());
@@ -164,16 +165,20 @@ void RankState::progress(CollKey key) {
   const int n = static_cast<int>(st.members->size());
   if (st.n_arrived < n) return;
   const auto& op = st.local;
-  const char* name_ = coll_name(op->desc.kind);
+  const char* name_ = op->desc.who();
   if (!st.computed) {
     const auto& ref = st.arrivals[0]->desc;
     for (int g = 1; g < n; ++g) {
       const auto& d = st.arrivals[static_cast<std::size_t>(g)]->desc;
       if (!(d == ref)) {
+        std::vector<std::pair<int, std::string>> calls;
+        for (int m = 0; m < n; ++m)
+          calls.emplace_back(global_of(st, m), st.arrivals[static_cast<std::size_t>(m)]->desc.caller);
         Failure f{FailKind::mismatch, name_,
-                  "collective mismatch in " + group_str(key.first) + " at seq " + std::to_string(key.second) +
-                      ": rank " + std::to_string(global_of(st, 0)) + " called " + ref.str() + " but rank " +
-                      std::to_string(global_of(st, g)) + " called " + d.str()};
+                  mismatch_text(calls, "collective mismatch in " + group_str(key.first) + " at seq " +
+                                           std::to_string(key.second) + ": rank " + std::to_string(global_of(st, 0)) +
+                                           " called " + ref.str() + " but rank " + std::to_string(global_of(st, g)) +
+                                           " called " + d.str())};
         fail(op, f);
         colls.erase(it);
         failed.insert(key);
@@ -227,7 +232,7 @@ void RankState::break_group(std::uint64_t gid, const Failure& why) {
     if (it->first.first == gid) {
       if (it->second.local) {
         Failure f = why;
-        f.op = coll_name(it->second.local->desc.kind);
+        f.op = it->second.local->desc.who();
         fail(it->second.local, f);
       }
       it = colls.erase(it);
@@ -253,7 +258,7 @@ void RankState::on_timeout(std::uint64_t gid, std::uint64_t seq) {
   }
   std::string msg = "timed out after " + std::to_string(op.timeout.count()) + " ms in " + op.desc.str() +
                     " (" + group_str(gid) + ", seq " + std::to_string(seq) + "): " + who;
-  Failure f{FailKind::timeout, coll_name(op.desc.kind), msg};
+  Failure f{FailKind::timeout, op.desc.who(), msg};
   auto members = st.members;
   if (st.ring && mesh)  // a stuck peer: end the ring (its buffers are released once it fails)
     for (int peer : *members)

@@ -18,7 +18,7 @@ Failure RankState::lost_failure_of(CollKey key, const CollState& st, int peer) c
     peer = q;
     break;
   }
-  return Failure{FailKind::peer_lost, coll_name(st.local->desc.kind),
+  return Failure{FailKind::peer_lost, st.local->desc.who(),
                  "rank " + std::to_string(peer) + " was lost during " + st.local->desc.str() + " in " +
                      group_str(key.first) + " (seq " + std::to_string(key.second) + "): " + lost.at(peer)};
 }

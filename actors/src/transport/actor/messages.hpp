@@ -85,7 +85,7 @@ struct NetP2P {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CollDesc& x) {
   return f(caf::meta::type_name("dopt.CollDesc"), x.kind, x.op, x.dtype, x.shape, x.root, x.extra, x.order,
-           x.pre_divisor);
+           x.pre_divisor, x.caller);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, P2PKey& x) {

@@ -68,7 +68,7 @@ void RankState::start_ring(CollKey key, CollState& st) {
       break;
     }
     default:
-      throw StateError(coll_name(op.desc.kind), "no ring algorithm for this collective", rank);
+      throw StateError(op.desc.who(), "no ring algorithm for this collective", rank);
   }
 }
 

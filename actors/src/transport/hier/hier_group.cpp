@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "dopt/actors/internal/call_label.hpp"
 #include "plane/failure.hpp"
 #include "transport/hier/hier_plane.hpp"
 
@@ -228,6 +229,7 @@ struct Record {
   std::int32_t rank = 0;
   char desc[240] = {};
   char why[496] = {};
+  char caller[64] = {};  // the public call that issued it (CollDesc::caller, cut), for the error
 };
 
 std::uint64_t hash_of(const CollDesc& d) {
@@ -277,14 +279,20 @@ struct Match {
                 std::to_string(r.buf_bytes) + " on rank " + std::to_string(r.rank) +
                 " (DOPT_SHM_BUFFER_BYTES must be the same on every host)",
             me));
-      if (r.seq != mine.seq || r.hash != mine.hash)
+      if (r.seq != mine.seq || r.hash != mine.hash) {
+        std::vector<std::pair<int, std::string>> calls{
+            {me, std::string(mine.caller, strnlen(mine.caller, sizeof mine.caller))},
+            {r.rank, std::string(r.caller, strnlen(r.caller, sizeof r.caller))}};
+        if (r.rank < me) std::swap(calls[0], calls[1]);
         return std::make_exception_ptr(CollectiveMismatchError(
             name,
-            "collective mismatch in " + group_str(gid) + " at seq " + std::to_string(mine.seq) + ": rank " +
-                std::to_string(me) + " called " + desc + " but rank " + std::to_string(r.rank) + " called " +
-                std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
-                (r.seq != mine.seq ? " at seq " + std::to_string(r.seq) : std::string()),
+            mismatch_text(calls, "collective mismatch in " + group_str(gid) + " at seq " + std::to_string(mine.seq) +
+                                     ": rank " + std::to_string(me) + " called " + desc + " but rank " +
+                                     std::to_string(r.rank) + " called " +
+                                     std::string(r.desc, strnlen(r.desc, sizeof r.desc)) +
+                                     (r.seq != mine.seq ? " at seq " + std::to_string(r.seq) : std::string())),
             me));
+      }
     }
     return nullptr;
   }
@@ -316,6 +324,7 @@ void HierGroup::start_match(std::uint64_t round, HierCall& c, transport::Complet
   mine.rank = global(topo_.me);
   copy_str(mine.desc, sizeof mine.desc, m->desc);
   copy_str(mine.why, sizeof mine.why, m->local_bad);
+  copy_str(mine.caller, sizeof mine.caller, op.desc.caller);
   const int H = topo_.num_hosts(), j = topo_.local();
   m->theirs.resize(static_cast<std::size_t>(H));
   auto pend = std::make_shared<Pending>();
@@ -375,7 +384,7 @@ std::vector<std::vector<std::uint64_t>> HierGroup::cross_memory_entries(std::uin
 void HierGroup::execute(const Op& op) {
   HierCall c;
   c.local.op = &op;
-  c.local.name = coll_name(op.desc.kind);
+  c.local.name = op.desc.who();
   local_->begin_call(c.local);
   c.op_id = (mesh_op_id(gid_, op.seq) ^ (std::uint64_t{1} << 62)) & ~(std::uint64_t{1} << 63);
   // Calls of up to k_drive_bytes drive the mesh while they wait: there the

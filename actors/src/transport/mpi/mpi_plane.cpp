@@ -34,6 +34,7 @@ std::shared_ptr<GroupPlane> make_world_plane(const LaunchEnv& env, std::shared_p
 #include <thread>
 
 #include "plane/executor.hpp"
+#include "dopt/actors/internal/call_label.hpp"
 #include "plane/failure.hpp"
 #include "plane/kernels.hpp"
 #include "transport/mpi/scratch.hpp"
@@ -141,7 +142,7 @@ class MpiGroup final : public GroupPlane {
 };
 
 void MpiGroup::wait(std::vector<MPI_Request>& reqs, const Op& op, Clock::time_point deadline) {
-  const char* what = coll_name(op.desc.kind);
+  const char* what = op.desc.who();
   std::uint64_t seen = ~std::uint64_t{0};  // look at the peers on the first poll
   Clock::time_point lost_at{};
   int lost_rank = -1;
@@ -194,19 +195,29 @@ void MpiGroup::match(const Op& op) {
   MPI_Iallgather(&h, 8, MPI_BYTE, all.data(), 8, MPI_BYTE, comm_, &reqs[0]);
   wait(reqs, op, deadline);
   if (std::all_of(all.begin(), all.end(), [&](std::uint64_t x) { return x == all[0]; })) return;
-  constexpr int kText = 512;
-  std::string text = op.desc.str();
+  // Each member's text: its call (kDesc bytes), then its caller (the rest).
+  constexpr std::size_t kText = 512, kDesc = 448;
+  std::string text = op.desc.str().substr(0, kDesc - 1);
+  text.resize(kDesc, '\0');
+  text += op.desc.caller.substr(0, kText - kDesc - 1);
   text.resize(kText, '\0');
-  std::string texts(static_cast<std::size_t>(kText) * static_cast<std::size_t>(n()), '\0');
-  MPI_Iallgather(text.data(), kText, MPI_BYTE, texts.data(), kText, MPI_BYTE, comm_, &reqs[0]);
+  std::string texts(kText * static_cast<std::size_t>(n()), '\0');
+  MPI_Iallgather(text.data(), static_cast<int>(kText), MPI_BYTE, texts.data(), static_cast<int>(kText), MPI_BYTE,
+                 comm_, &reqs[0]);
   wait(reqs, op, deadline);
   auto at = [&](int g) { return std::string(texts.c_str() + static_cast<std::size_t>(g) * kText); };
+  auto caller_at = [&](int g) { return std::string(texts.c_str() + static_cast<std::size_t>(g) * kText + kDesc); };
+  std::vector<std::pair<int, std::string>> calls;
+  for (int g = 0; g < n(); ++g) calls.emplace_back(members_[static_cast<std::size_t>(g)], caller_at(g));
   for (int g = 1; g < n(); ++g)
     if (all[static_cast<std::size_t>(g)] != all[0])
-      throw CollectiveMismatchError(coll_name(op.desc.kind),
-                                    "collective mismatch in " + where() + " at seq " + std::to_string(op.seq) +
-                                        ": rank " + std::to_string(members_[0]) + " called " + at(0) + " but rank " +
-                                        std::to_string(members_[static_cast<std::size_t>(g)]) + " called " + at(g),
+      throw CollectiveMismatchError(op.desc.who(),
+                                    mismatch_text(calls, "collective mismatch in " + where() + " at seq " +
+                                                             std::to_string(op.seq) + ": rank " +
+                                                             std::to_string(members_[0]) + " called " + at(0) +
+                                                             " but rank " +
+                                                             std::to_string(members_[static_cast<std::size_t>(g)]) +
+                                                             " called " + at(g)),
                                     sh_->rank);
 }
 
@@ -318,7 +329,7 @@ void MpiGroup::new_groups(const Op& op) {
 }
 
 void MpiGroup::execute(const Op& op) {
-  const char* what = coll_name(op.desc.kind);
+  const char* what = op.desc.who();
   if (!broken_.empty()) throw StateError(what, where() + " is unusable: " + broken_, sh_->rank);
   const auto deadline = Clock::now() + op.timeout;
   match(op);

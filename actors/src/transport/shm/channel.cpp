@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/runtime/internal/parallel.hpp"
 #include "transport/shm/futex.hpp"
@@ -38,6 +39,7 @@ CollDesc to_desc(const Desc& d) {
   c.root = d.root;
   for (int i = 0; i < std::min(d.ndim, kMaxDims); ++i) c.shape.push_back(d.shape[i]);
   c.extra.assign(d.extra, static_cast<std::size_t>(std::clamp<std::int32_t>(d.extra_len, 0, kExtraBytes)));
+  c.caller.assign(d.caller, strnlen(d.caller, kCallerBytes));
   return c;
 }
 
@@ -296,6 +298,9 @@ void Channel::publish(std::uint64_t round, const Op& op) {
   d.extra_hash = fnv1a(op.desc.extra.data(), op.desc.extra.size());
   d.extra_len = static_cast<std::int32_t>(std::min(op.desc.extra.size(), kExtraBytes));
   std::memcpy(d.extra, op.desc.extra.data(), static_cast<std::size_t>(d.extra_len));
+  const std::size_t nc = std::min(op.desc.caller.size(), kCallerBytes - 1);
+  std::memcpy(d.caller, op.desc.caller.data(), nc);
+  d.caller[nc] = '\0';
   d.op_ptr = reinterpret_cast<std::uint64_t>(&op);
   d.data_addr = op.tensors.empty() ? 0 : reinterpret_cast<std::uint64_t>(op.tensors[0].data_ptr());
 }
@@ -345,9 +350,11 @@ std::string Channel::mismatch(std::uint64_t round, Call& c) {
       break_group(f);
       throw_failure(f, my_global());
     }
-    return "collective mismatch in " + group_str() + " at seq " + std::to_string(c.op->seq) + ": rank " +
-           std::to_string(global(0)) + " called " + to_desc(ref).str() + " but rank " + std::to_string(global(g)) +
-           " called " + to_desc(d).str();
+    std::vector<std::pair<int, std::string>> calls;
+    for (int m = 0; m < size(); ++m) calls.emplace_back(global(m), to_desc(ctl(m).desc[round % 2]).caller);
+    return mismatch_text(calls, "collective mismatch in " + group_str() + " at seq " + std::to_string(c.op->seq) +
+                                    ": rank " + std::to_string(global(0)) + " called " + to_desc(ref).str() +
+                                    " but rank " + std::to_string(global(g)) + " called " + to_desc(d).str());
   }
   return "";
 }

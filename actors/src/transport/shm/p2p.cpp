@@ -200,7 +200,7 @@ Future<void> P2PEngine::post(const OpPtr& op) {
     }
   }
   if (!refused.empty()) {
-    op->promise.set_exception(std::make_exception_ptr(StateError(coll_name(op->desc.kind), refused, s_->members[static_cast<std::size_t>(s_->me)])));
+    op->promise.set_exception(std::make_exception_ptr(StateError(op->desc.who(), refused, s_->members[static_cast<std::size_t>(s_->me)])));
     return fut;
   }
   ring(s_->doorbell(s_->me), s_->shared);
@@ -216,7 +216,7 @@ void P2PEngine::State::fail_all(const std::string& why) {
   const Failure f{FailKind::state, "", why};
   auto failop = [&](const OpPtr& op) {
     Failure g = f;
-    g.op = coll_name(op->desc.kind);
+    g.op = op->desc.who();
     fail(op, g);
   };
   for (auto& op : in) failop(op);

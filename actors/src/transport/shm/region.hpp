@@ -13,9 +13,10 @@
 namespace dopt::detail::shm_plane {
 
 inline constexpr std::uint64_t kRegionMagic = 0x31676572746f6f64ULL;  // "doopreg1" (little-endian)
-inline constexpr std::uint32_t kRegionVersion = 3;
+inline constexpr std::uint32_t kRegionVersion = 4;
 inline constexpr int kMaxDims = 8;
 inline constexpr std::size_t kExtraBytes = 192;
+inline constexpr std::size_t kCallerBytes = 64;
 inline constexpr std::size_t kWhyBytes = 1024;
 
 /// The owner's progress: it only ever grows. Round k of the group's
@@ -56,6 +57,7 @@ struct Desc {
   std::uint64_t op_ptr = 0;      // threads only: the owner's Op (direct algorithms)
   std::uint64_t data_addr = 0;   // the owner's first tensor, in its address space (processes: read with CMA)
   char extra[kExtraBytes] = {};
+  char caller[kCallerBytes] = {};  // the public call that issued it (cut; not compared), for errors
 };
 
 struct ControlBlock {

@@ -124,7 +124,7 @@ std::unique_ptr<GroupBuilder> ShmGroup::builder(std::uint64_t gid,
 void ShmGroup::execute(const Op& op) {
   Call c;
   c.op = &op;
-  c.name = coll_name(op.desc.kind);
+  c.name = op.desc.who();
   ch_->begin_call(c);
   switch (op.desc.kind) {
     case CollKind::all_reduce:
