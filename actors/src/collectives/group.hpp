@@ -18,9 +18,9 @@
 #include "dopt/actors/future.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 #include "plane/peer_table.hpp"
-#include "plane/plane.hpp"
+#include "dopt/actors/internal/group_plane.hpp"
 
 namespace dopt::detail {
 
