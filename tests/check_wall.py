@@ -43,16 +43,12 @@ def strip_comments(text):
     return re.sub(r"//[^\n]*", "", text)
 
 
-# Installed headers that still name detail:: (issue 42's leftover: the opaque
-# Impl/Access friends of the handles, and rpc's template bodies, which are to
-# move to dopt/actors/detail/). The list only shrinks: a header on it that no
+# Installed headers that still name detail:: (rpc's template bodies, which are
+# to move to dopt/actors/detail/). The list only shrinks: a header on it that no
 # longer names detail:: fails too, so that it is taken off.
 KNOWN_DETAIL = {
-    "dopt/actors/process_group.hpp",
-    "dopt/actors/rendezvous.hpp",
     "dopt/actors/rpc.hpp",
     "dopt/actors/rpc_serialize.hpp",
-    "dopt/actors/runtime.hpp",
 }
 
 installed = installed_headers()
