@@ -43,18 +43,6 @@ def strip_comments(text):
     return re.sub(r"//[^\n]*", "", text)
 
 
-# Installed headers that still name detail:: (issue 42's leftover: the opaque
-# Impl/Access friends of the handles, and rpc's template bodies, which are to
-# move to dopt/actors/detail/). The list only shrinks: a header on it that no
-# longer names detail:: fails too, so that it is taken off.
-KNOWN_DETAIL = {
-    "dopt/actors/process_group.hpp",
-    "dopt/actors/rendezvous.hpp",
-    "dopt/actors/rpc.hpp",
-    "dopt/actors/rpc_serialize.hpp",
-    "dopt/actors/runtime.hpp",
-}
-
 installed = installed_headers()
 dopt_include = re.compile(r'^\s*#\s*include\s*[<"](dopt/[^">]+)[">]', re.M)
 any_include = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
@@ -65,10 +53,8 @@ for name, path in installed.items():
     code = strip_comments(text)
     in_detail = "/detail/" in name
     names_detail = bool(re.search(r"\bdetail::|namespace\s+(?:[\w:]+::)?detail\b", code))
-    if not in_detail and names_detail and name not in KNOWN_DETAIL:
+    if not in_detail and names_detail:
         bad.append(f"{name}: an installed header names detail:: outside a detail/ folder")
-    if name in KNOWN_DETAIL and not names_detail:
-        bad.append(f"{name}: names no detail:: any more: take it off KNOWN_DETAIL in tests/check_wall.py")
     if re.search(r"for_testing|test_hook", code):
         bad.append(f"{name}: an installed header carries a test hook")
     for inc in dopt_include.findall(text):

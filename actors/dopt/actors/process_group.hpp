@@ -77,11 +77,6 @@ struct AllReduceCoalescedOptions {
   std::int64_t pre_divisor = 0;
 };
 
-namespace detail {
-struct GroupImpl;
-struct Access;
-}
-
 struct Subgroups;
 struct ShrinkResult;
 
@@ -100,6 +95,12 @@ struct PlaneStats {
 
 class ProcessGroup {
  public:
+  /// The group's state (opaque: defined and used by the library only; a
+  /// handle and its copies share one).
+  struct Impl;
+  /// The library's own access to the private constructor and state (opaque).
+  struct Access;
+
   /// An invalid group (valid() == false).
   ProcessGroup() = default;
 
@@ -223,9 +224,8 @@ class ProcessGroup {
   ShrinkResult shrink();
 
  private:
-  friend struct detail::Access;  // the library's own access to the group's state
-  explicit ProcessGroup(std::shared_ptr<detail::GroupImpl> impl) : impl_(std::move(impl)) {}
-  detail::GroupImpl& member(const char* op) const;
+  explicit ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Impl& member(const char* op) const;
   Future<void> broadcast_impl(const Tensor& tensor, int src, bool blocking);
   Future<void> all_reduce_impl(const Tensor& tensor, ReduceOp op, bool blocking);
   Future<void> reduce_impl(const Tensor& tensor, int dst, ReduceOp op, bool blocking);
@@ -237,7 +237,7 @@ class ProcessGroup {
   Future<void> all_reduce_coalesced_impl(const std::vector<Tensor>& tensors, const AllReduceCoalescedOptions& options,
                                          bool blocking);
   Future<void> broadcast_coalesced_impl(const std::vector<Tensor>& tensors, int src, bool blocking);
-  std::shared_ptr<detail::GroupImpl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 /// What ProcessGroup::shrink() made.

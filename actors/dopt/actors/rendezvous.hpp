@@ -46,16 +46,16 @@
 
 namespace dopt {
 
-namespace detail {
-struct RendezvousImpl;
-struct Access;
-}
-
 /// What rendezvous() returns: this rank's place and the table of every
 /// rank's rendezvous actor (index: rank). Holds the actors alive; they exit
 /// when the last copy is destroyed or when the Runtime shuts down.
 class RendezvousResult {
  public:
+  /// The rendezvous state (opaque: defined and used by the library only).
+  struct Impl;
+  /// The library's own access to the private constructor and state (opaque).
+  struct Access;
+
   int rank() const noexcept;
   int world_size() const noexcept;
   /// The port rank 0 listens on (MASTER_PORT).
@@ -69,10 +69,9 @@ class RendezvousResult {
   void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(300)) const;
 
  private:
-  friend struct detail::Access;  // the library's own access to the rendezvous state
-  explicit RendezvousResult(std::shared_ptr<detail::RendezvousImpl> impl) : impl_(std::move(impl)) {}
-  detail::RendezvousImpl& impl() const { return *impl_; }
-  std::shared_ptr<detail::RendezvousImpl> impl_;
+  explicit RendezvousResult(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Impl& impl() const { return *impl_; }
+  std::shared_ptr<Impl> impl_;
 };
 
 struct RendezvousOptions {

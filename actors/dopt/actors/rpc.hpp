@@ -167,29 +167,20 @@ struct Fn : CallOptions {
 
 class Agent;
 class GradContext;
-
-}  // namespace dopt::rpc
-
-// The code the templates below expand to (not an API of its own).
-#define DOPT_RPC_CALLS_FROM_RPC_HPP
-#include "dopt/actors/detail/rpc_calls.hpp"
-
-namespace dopt::rpc {
+/// The state behind a GradContext (opaque: defined and used by the library
+/// only); the creator's handles and their copies share one.
+struct ContextState;
 
 /// Registers f under name, process-wide (a later registration of the same
 /// name replaces it). f's parameters and result are deduced; the parameters
 /// (after an optional leading `Agent&`: the worker it runs on) must be
 /// encodable, the result too unless f is only used with remote().
 template <class F>
-void register_function(const std::string& name, F f) {
-  detail::register_entry(name, detail::make_entry<void, false>(std::move(f)));
-}
+void register_function(const std::string& name, F f);
 /// Registers a method of values of type T (called through RRef<T>):
 /// f(T&, args...) or f(Agent&, T&, args...). It runs in the value's strand.
 template <class T, class F>
-void register_method(const std::string& name, F f) {
-  detail::register_entry(name, detail::make_entry<T, true>(std::move(f)));
-}
+void register_method(const std::string& name, F f);
 /// Whether name is registered in this process.
 bool is_registered(const std::string& name);
 
@@ -198,16 +189,18 @@ class RRef {
  public:
   using value_type = T;
   RRef() = default;
-  explicit RRef(std::shared_ptr<detail::RRefState> s) : s_(std::move(s)) {}
+  /// Made by the library (Agent::remote, make_rref, a decoded message).
+  explicit RRef(std::shared_ptr<RRefState> s) : s_(std::move(s)) {}
 
   bool valid() const noexcept { return s_ != nullptr; }
+  // The methods below throw StateError on an empty RRef (default-constructed).
   /// The owner worker.
-  WorkerInfo owner() const { return detail::core_worker(*state("RRef.owner").core, s_->owner); }
-  int owner_rank() const { return state("RRef.owner_rank").owner; }
+  WorkerInfo owner() const;
+  int owner_rank() const;
   /// Whether this worker owns the value.
-  bool is_owner() const { return detail::core_rank(*state("RRef.is_owner").core) == s_->owner; }
+  bool is_owner() const;
   /// The value's id (unique across workers).
-  std::uint64_t id() const { return state("RRef.id").id; }
+  std::uint64_t id() const;
 
   /// A copy of the value, fetched from the owner (in the value's strand,
   /// so after every call the owner received before). T must be encodable.
@@ -223,10 +216,7 @@ class RRef {
   /// The value itself; only on the owner (StateError elsewhere). Valid while
   /// any RRef to it lives. Waits while a remote() that makes it still runs
   /// here; not synchronised with the value's strand otherwise.
-  T& local_value() const {
-    auto& s = state("RRef.local_value");
-    return *static_cast<T*>(detail::local_object(*s.core, s.id, typeid(T).name(), "RRef.local_value"));
-  }
+  T& local_value() const;
 
   /// Calls method (register_method<T>) on the value, on the owner.
   template <class R = void, class... A>
@@ -238,60 +228,24 @@ class RRef {
     return call<R>(method, args...).get();
   }
 
-  const std::shared_ptr<detail::RRefState>& state_ptr() const noexcept { return s_; }
+  /// The hold this handle shares (the library's; encoding an RRef sends it).
+  const std::shared_ptr<RRefState>& state_ptr() const noexcept { return s_; }
 
  private:
+  /// Sends method(args...) to the owner; the future keeps this handle.
   template <class R, class... A>
-  Future<R> call(const Fn& method, const A&... args) const {
-    auto& s = state("RRef.rpc_async");
-    auto spec = detail::make_spec(To(s.owner), method, detail::Mode::method, args...);
-    spec.target = s.id;
-    auto f = detail::send_call(s.core, std::move(spec));
-    // The value must outlive the call: the future keeps this handle.
-    auto keep = s_;
-    return detail::typed_result<R>(s.core, f.then([keep](Future<std::vector<char>> b) { return b.get(); }),
-                                   "result of '" + method.name + "'");
-  }
-  const detail::RRefState& state(const char* op) const {
-    if (!s_) throw StateError(op, "the RRef is empty (default-constructed)");
-    return *s_;
-  }
-  std::shared_ptr<detail::RRefState> s_;
+  Future<R> call(const Fn& method, const A&... args) const;
+  /// *s_, or StateError naming op when empty.
+  const RRefState& state(const char* op) const;
+  std::shared_ptr<RRefState> s_;
 };
-
-template <class T>
-void write_rref(Encoder& e, const RRef<T>& r) {
-  if (!r.valid()) throw ValueError("rpc", "an empty RRef cannot be sent");
-  const auto& s = *r.state_ptr();
-  e.put_tag(tag::rref);
-  e.put_pod<std::int64_t>(s.owner);
-  e.put_pod<std::uint64_t>(s.id);
-  write(e, s.type);
-  e.rrefs.push_back(r.state_ptr());
-}
-template <class T>
-void read_rref(Decoder& d, RRef<T>& r) {
-  d.expect_tag(tag::rref, "RRef");
-  const auto owner = d.get_pod<std::int64_t>();
-  const auto id = d.get_pod<std::uint64_t>();
-  std::string type;
-  read(d, type);
-  if (type != typeid(T).name())
-    d.fail("an RRef to a value of type " + detail::readable_type_name(type) + " cannot be read as an RRef to " +
-           detail::readable_type_name(typeid(T).name()));
-  if (!d.core()) d.fail("RRefs can only be read by an agent");
-  r = RRef<T>(detail::adopt_rref(d.core(), static_cast<int>(owner), id, type));
-}
-
-namespace detail {
-struct ContextState;
-}
 
 /// A gradient context (see the top of this file). Copies share it.
 class GradContext {
  public:
   GradContext() = default;
-  explicit GradContext(std::shared_ptr<detail::ContextState> s) : s_(std::move(s)) {}
+  /// Made by the library (Agent::new_context, attach_context).
+  explicit GradContext(std::shared_ptr<ContextState> s) : s_(std::move(s)) {}
   bool valid() const noexcept { return s_ != nullptr; }
   std::uint64_t id() const;
   /// The rank of the worker that made it.
@@ -311,12 +265,13 @@ class GradContext {
   bool released() const;
 
  private:
-  std::shared_ptr<detail::ContextState> s_;
+  std::shared_ptr<ContextState> s_;
 };
 
 class Agent {
  public:
-  explicit Agent(std::shared_ptr<detail::AgentCore> core);
+  /// Made by rpc::init / rpc::simulate / rpc::run.
+  explicit Agent(std::shared_ptr<AgentCore> core);
 
   const std::string& name() const;
   int rank() const;
@@ -332,11 +287,10 @@ class Agent {
   std::vector<WorkerInfo> workers() const;
   const RpcOptions& options() const;
 
+  /// Calls fn(args...) on `to` (any thread); the future is filled on this
+  /// agent's thread (see Calls at the top of this file).
   template <class R = void, class... A>
-  Future<R> rpc_async(const To& to, const Fn& fn, const A&... args) const {
-    auto f = detail::send_call(core_, detail::make_spec(to, fn, detail::Mode::call, args...));
-    return detail::typed_result<R>(core_, std::move(f), "result of '" + fn.name + "'");
-  }
+  Future<R> rpc_async(const To& to, const Fn& fn, const A&... args) const;
   template <class R = void, class... A>
   R rpc_sync(const To& to, const Fn& fn, const A&... args) const {
     return rpc_async<R>(to, fn, args...).get();
@@ -344,29 +298,10 @@ class Agent {
   /// Runs fn(args...) on `to` and keeps the result (of type T) there. The
   /// RRef is returned at once; a failure of fn shows on the first use.
   template <class T, class... A>
-  RRef<T> remote(const To& to, const Fn& fn, const A&... args) const {
-    auto spec = detail::make_spec(to, fn, detail::Mode::remote, args...);
-    const int owner = detail::resolve_rank(*core_, to, "remote");
-    spec.new_object = detail::new_object_id(*core_);
-    auto state = detail::created_rref(core_, owner, spec.new_object, typeid(T).name());
-    // The creation's own reply carries only errors; uses of the RRef see them.
-    (void)detail::send_call(core_, std::move(spec));
-    return RRef<T>(std::move(state));
-  }
+  RRef<T> remote(const To& to, const Fn& fn, const A&... args) const;
   /// An RRef to a value owned by this worker (torch: RRef(value)).
   template <class T>
-  RRef<T> make_rref(T value) const {
-    detail::ObjectValue v;
-    v.value = std::make_shared<T>(std::move(value));
-    v.type = typeid(T).name();
-    v.encode = [](const void* p, Encoder& out) {
-      if constexpr (encodable<T>())
-        write(out, *static_cast<const T*>(p));
-      else
-        throw TypeError("RRef.to_here", "the value type " + detail::readable_type_name(typeid(T).name()) + " cannot travel");
-    };
-    return RRef<T>(detail::own_value(core_, std::move(v)));
-  }
+  RRef<T> make_rref(T value) const;
 
   GradContext new_context() const;
   /// A handle to an existing context (made elsewhere) that deposits into it
@@ -387,10 +322,10 @@ class Agent {
   bool wait_until_lost(const To& worker, std::chrono::milliseconds timeout) const;
 
   /// The agent's shared state (opaque; an identity for maps keyed by agent).
-  const std::shared_ptr<detail::AgentCore>& core() const noexcept { return core_; }
+  const std::shared_ptr<AgentCore>& core() const noexcept { return core_; }
 
  private:
-  std::shared_ptr<detail::AgentCore> core_;
+  std::shared_ptr<AgentCore> core_;
 };
 
 /// Remote modules (torch's RemoteModule.remote_parameters): M is a type
@@ -489,3 +424,9 @@ std::exception_ptr make_error(const std::string& kind, const std::string& op, co
                               std::optional<int> rank);
 
 }  // namespace dopt::rpc
+
+// The code the templates above expand to, and their bodies (not an API of
+// their own).
+#define DOPT_RPC_CALLS_FROM_RPC_HPP
+#include "dopt/actors/detail/rpc_calls.hpp"
+#include "dopt/actors/detail/rpc_templates.hpp"

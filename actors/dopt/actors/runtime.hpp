@@ -23,11 +23,6 @@
 
 namespace dopt {
 
-namespace detail {
-class RuntimeImpl;
-struct Access;
-}
-
 struct RuntimeOptions {
   /// CAF scheduler worker threads; 0 = hardware threads of this process.
   int threads = 0;
@@ -55,6 +50,12 @@ struct RuntimeOptions {
 
 class Runtime {
  public:
+  /// The actor system and what runs on it (opaque: defined and used by the
+  /// library only).
+  class Impl;
+  /// The library's own access to the actor system (opaque).
+  struct Access;
+
   /// Starts the actor system. Throws dopt::ValueError for bad options.
   explicit Runtime(RuntimeOptions options = RuntimeOptions::from_env());
   /// shutdown().
@@ -71,9 +72,8 @@ class Runtime {
   int threads() const noexcept;
 
  private:
-  friend struct detail::Access;  // the library's own access to the actor system
-  detail::RuntimeImpl& impl();
-  std::unique_ptr<detail::RuntimeImpl> impl_;
+  Impl& impl();
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace dopt

@@ -2,8 +2,9 @@
 // a device plane's calls across ranks, over the group's CPU plane.
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <string>
+
+#include <xxhash.h>
 
 #include "dopt/actors/internal/device_plane.hpp"
 #include "dopt/actors/internal/call_label.hpp"
@@ -12,8 +13,9 @@
 namespace dopt::detail {
 namespace {
 
-// One rank's record: its sequence number, a hash of its whole descriptor,
-// and the descriptor's text (cut to fit) for the message.
+// One rank's record: its sequence number, a hash of its whole descriptor
+// (XXH3-64: the same value in every build, so ranks built apart agree), and
+// the descriptor's text (cut to fit) for the message.
 constexpr std::size_t kText = 240;
 struct Record {
   std::uint64_t seq = 0;
@@ -30,7 +32,8 @@ std::string key_of(const CollDesc& d) {
 Record record_of(const Op& op) {
   Record r;
   r.seq = op.seq;
-  r.hash = std::hash<std::string>{}(key_of(op.desc));
+  const std::string key = key_of(op.desc);
+  r.hash = XXH3_64bits(key.data(), key.size());
   const std::string s = op.desc.str();
   std::memcpy(r.text, s.data(), std::min(s.size(), kText - 1));
   std::memcpy(r.caller, op.desc.caller.data(), std::min(op.desc.caller.size(), sizeof r.caller - 1));

@@ -15,12 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/access.hpp"
 #include "dopt/actors/future.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 #include "plane/peer_table.hpp"
-#include "plane/plane.hpp"
+#include "dopt/actors/internal/group_plane.hpp"
 
 namespace dopt::detail {
 
@@ -37,8 +38,13 @@ class RankEndpoint {
   virtual int world_size() const = 0;
 };
 
-struct GroupImpl {
-  std::shared_ptr<RankEndpoint> endpoint;
+}  // namespace dopt::detail
+
+namespace dopt {
+
+/// A group's state (detail::GroupImpl in the library's sources).
+struct ProcessGroup::Impl {
+  std::shared_ptr<detail::RankEndpoint> endpoint;
   std::uint64_t gid = 0;
   std::shared_ptr<const std::vector<int>> members;
   int my_grank = -1;
@@ -56,16 +62,20 @@ struct GroupImpl {
   std::map<std::tuple<int, int, bool>, std::uint64_t> send_seq;
   std::map<std::tuple<int, int, bool>, std::uint64_t> recv_seq;
   /// Where the group's collectives on CPU tensors run (null: the rank actor, through endpoint).
-  std::shared_ptr<GroupPlane> plane;
+  std::shared_ptr<detail::GroupPlane> plane;
   /// The planes of its collectives on device tensors, by (device type, index),
   /// made on first use (device_plane()).
   std::mutex device_planes_mutex;
-  std::map<std::pair<int, int>, std::shared_ptr<GroupPlane>> device_planes;
+  std::map<std::pair<int, int>, std::shared_ptr<detail::GroupPlane>> device_planes;
   /// This process's view of every rank's liveness (shrink() reads it).
-  std::shared_ptr<PeerTable> peers;
+  std::shared_ptr<detail::PeerTable> peers;
   /// A group made by shrink(): the id of the group its line started from.
   std::optional<std::uint64_t> origin;
 };
+
+}  // namespace dopt
+
+namespace dopt::detail {
 
 /// This rank's plane of g for tensors on first's device (first is the
 /// call's first tensor, not on the CPU): made by the device type's factory on

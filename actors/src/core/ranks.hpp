@@ -23,8 +23,6 @@ class Runtime;
 
 namespace dopt::detail {
 
-class RuntimeImpl;
-
 /// The runtime's actor system (StateError naming op once shut down).
 caf::actor_system& runtime_system(RuntimeImpl& rt, const char* op);
 /// stop() runs in Runtime::shutdown, before CAF's threads are joined: it must

@@ -247,13 +247,18 @@ std::string describe(const caf::actor& a) {
 
 }  // namespace
 
-struct RendezvousImpl {
+}  // namespace dopt::detail
+
+namespace dopt {
+
+/// The rendezvous state (detail::RendezvousImpl in the library's sources).
+struct RendezvousResult::Impl {
   std::mutex mutex;
   caf::actor_system* sys = nullptr;
   caf::actor mine;
   caf::actor coord;
-  Table table;
-  Table payloads;
+  detail::Table table;
+  detail::Table payloads;
   std::vector<std::string> infos;
   std::vector<std::string> names;
   int rank = 0;
@@ -267,7 +272,7 @@ struct RendezvousImpl {
 
   // Rank 0: the rendezvous port (closed by stop() only when the rendezvous
   // failed; otherwise at runtime shutdown).
-  std::shared_ptr<SecurePublication> publication;
+  std::shared_ptr<detail::SecurePublication> publication;
   bool completed = false;
 
   void stop() noexcept {
@@ -281,12 +286,12 @@ struct RendezvousImpl {
     table.clear();
     payloads.clear();
   }
-  ~RendezvousImpl() { stop(); }
+  ~Impl() { stop(); }
 
   /// One blocking request to the coordinator; returns the table of an ok reply
   /// (and the payloads and infos into the given pointers).
-  Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what,
-                  Table* payloads_out = nullptr, std::vector<std::string>* infos_out = nullptr,
+  detail::Table ask_coord(const caf::message& msg, std::chrono::milliseconds wait, const char* what,
+                  detail::Table* payloads_out = nullptr, std::vector<std::string>* infos_out = nullptr,
                   std::string* text_out = nullptr) {
     caf::actor c;
     {
@@ -294,14 +299,14 @@ struct RendezvousImpl {
       if (stopped) throw StateError("rendezvous", "the runtime has been shut down", rank);
       c = coord;
     }
-    UserThreadCafScope caf_scope;
+    detail::UserThreadCafScope caf_scope;
     caf::scoped_actor self{*sys};
-    Table out;
-    int kind = k_ok;
+    detail::Table out;
+    int kind = detail::k_ok;
     std::string text;
     self->request(c, caf::duration(wait), msg)
         .receive(
-            [&](int k, std::string& m, Table& t, Table& p, std::vector<std::string>& i) {
+            [&](int k, std::string& m, detail::Table& t, detail::Table& p, std::vector<std::string>& i) {
               kind = k;
               text = std::move(m);
               out = std::move(t);
@@ -310,7 +315,7 @@ struct RendezvousImpl {
             },
             [&](caf::error& e) {
               if (e == caf::sec::request_timeout) {
-                kind = k_timeout;
+                kind = detail::k_timeout;
                 text = std::string(what) + " timed out after " + std::to_string(wait.count()) +
                        " ms without an answer from rank 0";
               } else {
@@ -318,15 +323,11 @@ struct RendezvousImpl {
                                     rank);
               }
             });
-    if (kind != k_ok) throw_reply(kind, text, rank);
+    if (kind != detail::k_ok) detail::throw_reply(kind, text, rank);
     if (text_out) *text_out = std::move(text);
     return out;
   }
 };
-
-}  // namespace dopt::detail
-
-namespace dopt {
 
 using namespace std::chrono;
 
@@ -425,12 +426,12 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     throw ValueError("rendezvous", "MASTER_PORT must be in 1..65535, got " + std::to_string(env.master_port), rank);
   const auto deadline = steady_clock::now() + timeout;
   auto& sys = detail::runtime_system(detail::Access::impl(runtime), "rendezvous");
-  auto impl = std::make_shared<detail::RendezvousImpl>();
+  auto impl = std::make_shared<RendezvousResult::Impl>();
   impl->sys = &sys;
   impl->rank = rank;
   impl->world = env.world_size;
   impl->port = env.master_port;
-  std::weak_ptr<detail::RendezvousImpl> weak = impl;
+  std::weak_ptr<RendezvousResult::Impl> weak = impl;
   detail::runtime_add_stopper(detail::Access::impl(runtime), [weak] {
     if (auto p = weak.lock()) p->stop();
   });

@@ -6,10 +6,10 @@
 #include "transport/actor/rank_state.hpp"
 #include "core/runtime_impl.hpp"
 
-namespace dopt::detail {
+namespace dopt {
 
-void RuntimeImpl::shutdown() noexcept {
-  std::vector<std::weak_ptr<LocalEndpoint>> eps;
+void Runtime::Impl::shutdown() noexcept {
+  std::vector<std::weak_ptr<detail::LocalEndpoint>> eps;
   std::unique_ptr<caf::actor_system> sys;
   std::vector<std::function<void()>> stoppers;
   {
@@ -23,6 +23,10 @@ void RuntimeImpl::shutdown() noexcept {
   for (auto& f : stoppers) f();
   sys.reset();  // joins CAF's threads once every actor has exited
 }
+
+}  // namespace dopt
+
+namespace dopt::detail {
 
 caf::actor_system& runtime_system(RuntimeImpl& rt, const char* op) { return rt.system(op); }
 void runtime_add_stopper(RuntimeImpl& rt, std::function<void()> stop) { rt.add_stopper(std::move(stop)); }
@@ -85,7 +89,7 @@ void RuntimeOptions::validate() const {
                                     std::to_string(collective_timeout.count()) + " ms");
 }
 
-Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<detail::RuntimeImpl>(std::move(options))) {}
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 Runtime::~Runtime() { shutdown(); }
 void Runtime::shutdown() noexcept {
   if (impl_) impl_->shutdown();
@@ -93,7 +97,7 @@ void Runtime::shutdown() noexcept {
 bool Runtime::running() const noexcept { return impl_ && impl_->running(); }
 const RuntimeOptions& Runtime::options() const noexcept { return impl_->options_; }
 int Runtime::threads() const noexcept { return impl_->threads_; }
-detail::RuntimeImpl& Runtime::impl() { return *impl_; }
+Runtime::Impl& Runtime::impl() { return *impl_; }
 
 }  // namespace dopt
 

@@ -1,5 +1,5 @@
 #pragma once
-// The runtime's CAF side: the actor system (RuntimeImpl) and a rank's
+// The runtime's CAF side: the actor system (Runtime::Impl) and a rank's
 // endpoint to its rank actor (LocalEndpoint). Includes CAF.
 #include <functional>
 #include <memory>
@@ -15,12 +15,15 @@
 #include "core/ranks.hpp"
 
 namespace dopt::detail {
-
 class LocalEndpoint;
+}  // namespace dopt::detail
 
-class RuntimeImpl {
+namespace dopt {
+
+/// The runtime's state (detail::RuntimeImpl in the library's sources).
+class Runtime::Impl {
  public:
-  explicit RuntimeImpl(RuntimeOptions opts) : options_(std::move(opts)) {
+  explicit Impl(RuntimeOptions opts) : options_(std::move(opts)) {
     options_.validate();
     threads_ = options_.threads > 0 ? options_.threads : hardware_threads();
     cfg_.set("scheduler.max-threads", threads_);
@@ -28,14 +31,14 @@ class RuntimeImpl {
     cfg_.set("work-stealing.moderate-poll-attempts", options_.moderate_poll_attempts);
     cfg_.load<caf::io::middleman>();  // rendezvous of real processes (rendezvous.cpp)
     // Control messages between the rank actors of real processes.
-    cfg_.add_message_type<P2PKey>("dopt.P2PKey");
-    cfg_.add_message_type<P2PReply>("dopt.P2PReply");
-    cfg_.add_message_type<NetArrival>("dopt.NetArrival");
-    cfg_.add_message_type<NetP2P>("dopt.NetP2P");
-    UserThreadCafScope caf_scope;  // the thread that makes the runtime need not be the one that ends it
+    cfg_.add_message_type<detail::P2PKey>("dopt.P2PKey");
+    cfg_.add_message_type<detail::P2PReply>("dopt.P2PReply");
+    cfg_.add_message_type<detail::NetArrival>("dopt.NetArrival");
+    cfg_.add_message_type<detail::NetP2P>("dopt.NetP2P");
+    detail::UserThreadCafScope caf_scope;  // the thread that makes the runtime need not be the one that ends it
     system_ = std::make_unique<caf::actor_system>(cfg_);
   }
-  ~RuntimeImpl() { shutdown(); }
+  ~Impl() { shutdown(); }
 
   void shutdown() noexcept;
   bool running() const noexcept {
@@ -48,7 +51,7 @@ class RuntimeImpl {
     return *system_;
   }
 
-  void add_endpoint(const std::shared_ptr<LocalEndpoint>& ep) {
+  void add_endpoint(const std::shared_ptr<detail::LocalEndpoint>& ep) {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase_if(endpoints_, [](auto& w) { return w.expired(); });
     endpoints_.push_back(ep);
@@ -66,9 +69,13 @@ class RuntimeImpl {
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> system_;
   mutable std::mutex mutex_;
-  std::vector<std::weak_ptr<LocalEndpoint>> endpoints_;
+  std::vector<std::weak_ptr<detail::LocalEndpoint>> endpoints_;
   std::vector<std::function<void()>> stoppers_;
 };
+
+}  // namespace dopt
+
+namespace dopt::detail {
 
 class LocalEndpoint final : public RankEndpoint {
  public:

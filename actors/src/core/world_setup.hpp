@@ -10,14 +10,13 @@
 
 #include "caf/actor.hpp"
 #include "caf/actor_system.hpp"
+#include "collectives/access.hpp"
 #include "dopt/actors/rendezvous.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/internal/handshake.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 namespace dopt::detail {
-
-class RuntimeImpl;
 
 /// Publishes `a` on an authenticated control port of this rank (bound as
 /// choose_bind_address(env) says; open until the runtime shuts down; only

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "dopt/actors/future.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 
 namespace dopt::detail {
 

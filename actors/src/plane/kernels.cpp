@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "dopt/runtime/error.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 
 namespace dopt::detail {
 

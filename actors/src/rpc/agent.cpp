@@ -8,7 +8,7 @@ namespace dopt::rpc {
 
 using namespace std::chrono;
 
-Agent::Agent(std::shared_ptr<detail::AgentCore> core) : core_(std::move(core)) {
+Agent::Agent(std::shared_ptr<AgentCore> core) : core_(std::move(core)) {
   if (!core_) throw StateError("rpc.Agent", "no agent");
 }
 const std::string& Agent::name() const { return core_->name; }

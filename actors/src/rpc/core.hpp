@@ -90,6 +90,11 @@ void sim_send_out(SimAgent& a, OutCallPtr call);
 void sim_send_fin(SimAgent& a, int caller, std::uint64_t id, ReplyPtr r);
 void sim_stop(SimAgent& a, bool kill);
 
+}  // namespace dopt::rpc::detail
+
+namespace dopt::rpc {
+
+/// An agent's state (rpc_serialize.hpp declares it; see the top of this file).
 struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::string name;
   int rank = 0;
@@ -100,15 +105,15 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
   mutable std::mutex mutex;
   caf::actor actor;
-  std::shared_ptr<SimAgent> sim;  // deterministic simulation: the agent instead of `actor`
+  std::shared_ptr<detail::SimAgent> sim;  // deterministic simulation: the agent instead of `actor`
   bool stopped = false;
   bool killed = false;
   std::atomic<bool> shutting_down{false};
-  std::unique_ptr<Pool> pool;
+  std::unique_ptr<detail::Pool> pool;
 
   std::mutex obj_mutex;
   std::condition_variable obj_cv;  // an object was created
-  std::map<std::uint64_t, ObjectPtr> objects;
+  std::map<std::uint64_t, detail::ObjectPtr> objects;
   std::set<std::uint64_t> freed;
   std::atomic<std::uint64_t> next_object{1};
   std::atomic<std::uint64_t> next_context{1};
@@ -138,7 +143,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   }
   /// The agent's link (its actor, or its SimAgent in deterministic mode);
   /// false once it stopped.
-  bool link(caf::actor& a, std::shared_ptr<SimAgent>& s) const {
+  bool link(caf::actor& a, std::shared_ptr<detail::SimAgent>& s) const {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopped) return false;
     a = actor;
@@ -146,12 +151,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     return true;
   }
   /// To the agent: a user thread's call (false: the agent stopped).
-  bool send_out(OutCallPtr call) {
+  bool send_out(detail::OutCallPtr call) {
     caf::actor a;
-    std::shared_ptr<SimAgent> s;
+    std::shared_ptr<detail::SimAgent> s;
     if (!link(a, s)) return false;
     if (s)
-      sim_send_out(*s, std::move(call));
+      detail::sim_send_out(*s, std::move(call));
     else if (a)
       caf::anon_send(a, caf::atom("rpcout"), std::move(call));
     else
@@ -159,12 +164,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     return true;
   }
   /// To the agent: the reply of a call it ran (from a pool thread or a strand).
-  void send_fin(int caller, std::uint64_t id, ReplyPtr r) {
+  void send_fin(int caller, std::uint64_t id, detail::ReplyPtr r) {
     caf::actor a;
-    std::shared_ptr<SimAgent> s;
+    std::shared_ptr<detail::SimAgent> s;
     if (!link(a, s)) return;
     if (s)
-      sim_send_fin(*s, caller, id, std::move(r));
+      detail::sim_send_fin(*s, caller, id, std::move(r));
     else if (a)
       caf::anon_send(a, caf::atom("rpcfin"), caller, id, std::move(r));
   }
@@ -178,28 +183,28 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   }
 
   // objects (callers hold no lock)
-  ObjectPtr get_or_placeholder_locked(std::uint64_t id) {
+  detail::ObjectPtr get_or_placeholder_locked(std::uint64_t id) {
     auto& o = objects[id];
     if (!o) {
-      o = std::make_shared<Object>();
+      o = std::make_shared<detail::Object>();
       o->id = id;
     }
     return o;
   }
   /// Removes obj when nobody holds it; returns it (to drop outside the lock).
-  ObjectPtr maybe_free_locked(const ObjectPtr& o) {
+  detail::ObjectPtr maybe_free_locked(const detail::ObjectPtr& o) {
     if (!o->creation_seen || !o->created) return nullptr;
     for (auto& [w, c] : o->counts)
       if (c != 0) return nullptr;
     auto it = objects.find(o->id);
     if (it == objects.end() || it->second != o) return nullptr;
-    ObjectPtr out = it->second;
+    detail::ObjectPtr out = it->second;
     objects.erase(it);
     freed.insert(o->id);
     return out;
   }
   void count(std::uint64_t id, int holder, long delta) {
-    ObjectPtr drop;
+    detail::ObjectPtr drop;
     {
       std::lock_guard<std::mutex> lock(obj_mutex);
       if (freed.count(id)) return;
@@ -209,16 +214,16 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     }
     if (drop) release_object(drop);
   }
-  static void release_object(ObjectPtr& o) {
+  static void release_object(detail::ObjectPtr& o) {
     // The value goes when the last running task on it ends.
     std::lock_guard<std::mutex> lock(o->m);
     o->q.clear();
   }
   void drop_worker(int r) {
-    std::vector<ObjectPtr> drops;
+    std::vector<detail::ObjectPtr> drops;
     {
       std::lock_guard<std::mutex> lock(obj_mutex);
-      std::vector<ObjectPtr> all;
+      std::vector<detail::ObjectPtr> all;
       for (auto& [id, o] : objects) all.push_back(o);
       for (auto& o : all) {
         o->counts.erase(r);
@@ -232,7 +237,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   }
 
   // strands
-  void strand_post(const ObjectPtr& o, std::function<void()> task) {
+  void strand_post(const detail::ObjectPtr& o, std::function<void()> task) {
     std::lock_guard<std::mutex> lock(o->m);
     o->q.push_back(std::move(task));
     if (!o->busy) {
@@ -240,14 +245,14 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
       pool->post([self = shared_from_this(), o] { self->drain(o); });
     }
   }
-  void strand_open(const ObjectPtr& o) {
+  void strand_open(const detail::ObjectPtr& o) {
     std::lock_guard<std::mutex> lock(o->m);
     if (o->q.empty())
       o->busy = false;
     else
       pool->post([self = shared_from_this(), o] { self->drain(o); });
   }
-  void drain(const ObjectPtr& o) {
+  void drain(const detail::ObjectPtr& o) {
     for (;;) {
       std::function<void()> task;
       {
@@ -265,7 +270,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
   void stop(bool kill) {
     caf::actor a;
-    std::shared_ptr<SimAgent> s;
+    std::shared_ptr<detail::SimAgent> s;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopped) return;
@@ -276,12 +281,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
       s = std::move(sim);  // the SimAgent holds this core: no cycle once stopped
     }
     if (a) caf::anon_send_exit(a, kill ? caf::exit_reason::kill : caf::exit_reason::user_shutdown);
-    if (s) sim_stop(*s, kill);
+    if (s) detail::sim_stop(*s, kill);
     if (kill)
       pool->stop();
     else
       pool->join();
-    std::map<std::uint64_t, ObjectPtr> objs;
+    std::map<std::uint64_t, detail::ObjectPtr> objs;
     {
       std::lock_guard<std::mutex> lock(obj_mutex);
       objs.swap(objects);
@@ -297,6 +302,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     obj_cv.notify_all();
   }
 };
+
+}  // namespace dopt::rpc
+
+namespace dopt::rpc::detail {
 
 // --- registry.cpp ---
 /// The registered function called `name`, or null.

@@ -99,7 +99,7 @@ Agent init(Runtime& runtime, const LaunchEnv& launch_env, const std::string& nam
   if (name.empty()) throw ValueError("rpc.init", "the worker name is empty", rank);
   auto& sys = dopt::detail::runtime_system(dopt::detail::Access::impl(runtime), "rpc.init");
   auto core = detail::make_core(sys, name, rank, world_size, options);
-  std::weak_ptr<detail::AgentCore> weak = core;
+  std::weak_ptr<AgentCore> weak = core;
   dopt::detail::runtime_add_stopper(dopt::detail::Access::impl(runtime), [weak] {
     if (auto c = weak.lock()) c->stop(false);
   });
@@ -162,13 +162,13 @@ void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOption
   Runtime* rt = options.runtime;
   if (!rt) rt = &own.emplace(options.runtime_options);
   auto& sys = dopt::detail::runtime_system(dopt::detail::Access::impl(*rt), "rpc.simulate");
-  std::vector<std::shared_ptr<detail::AgentCore>> cores;
+  std::vector<std::shared_ptr<AgentCore>> cores;
   std::vector<caf::actor> actors;
   for (int r = 0; r < n; ++r) {
     cores.push_back(detail::make_core(sys, names[static_cast<std::size_t>(r)], r, n, options.rpc));
     cores.back()->names = names;
     actors.push_back(cores.back()->handle());
-    std::weak_ptr<detail::AgentCore> weak = cores.back();
+    std::weak_ptr<AgentCore> weak = cores.back();
     dopt::detail::runtime_add_stopper(dopt::detail::Access::impl(*rt), [weak] {
       if (auto c = weak.lock()) c->stop(true);
     });

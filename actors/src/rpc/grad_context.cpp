@@ -3,8 +3,8 @@
 #include "rpc/core.hpp"
 
 namespace dopt::rpc {
-namespace detail {
 
+/// A context's state: the creator's handles share it (rpc.hpp declares it).
 struct ContextState {
   std::shared_ptr<AgentCore> core;
   std::uint64_t id = 0;
@@ -21,15 +21,13 @@ struct ContextState {
       released = true;
       os.swap(owners);
     }
-    for (int o : os) (void)send_call(core, make_spec(To(o), Fn("__ctx.release"), Mode::call, id));
+    for (int o : os)
+      (void)detail::send_call(core, detail::make_spec(To(o), Fn("__ctx.release"), detail::Mode::call, id));
   }
   ~ContextState() {
     if (owns) release();
   }
 };
-
-
-}  // namespace detail
 
 std::uint64_t GradContext::id() const {
   if (!s_) throw StateError("GradContext", "the context is empty (default-constructed)");
@@ -83,14 +81,14 @@ bool GradContext::released() const {
 }
 
 GradContext Agent::new_context() const {
-  auto s = std::make_shared<detail::ContextState>();
+  auto s = std::make_shared<ContextState>();
   s->core = core_;
   s->id = (static_cast<std::uint64_t>(core_->rank) << 48) | core_->next_context.fetch_add(1);
   s->owns = true;
   return GradContext(std::move(s));
 }
 GradContext Agent::attach_context(std::uint64_t id) const {
-  auto s = std::make_shared<detail::ContextState>();
+  auto s = std::make_shared<ContextState>();
   s->core = core_;
   s->id = id;
   s->owns = false;

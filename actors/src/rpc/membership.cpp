@@ -18,7 +18,7 @@ namespace dopt::rpc {
 namespace {
 
 struct Entry {
-  std::weak_ptr<detail::AgentCore> agent;  // expired: a stale entry of an agent that is gone
+  std::weak_ptr<AgentCore> agent;  // expired: a stale entry of an agent that is gone
   std::uint64_t epoch = 0;
   std::vector<int> members;
 };

@@ -2,16 +2,20 @@
 // holds, and the owner's values (rpc.hpp, "RRefs").
 #include "rpc/core.hpp"
 
-namespace dopt::rpc::detail {
+namespace dopt::rpc {
 
 RRefState::~RRefState() {
   if (!core) return;
   try {
     // Release this worker's hold (fire and forget; counted for shutdown).
-    (void)send_call(core, make_spec(To(owner), Fn("__rref.del"), Mode::call, id, core->rank));
+    (void)detail::send_call(core, detail::make_spec(To(owner), Fn("__rref.del"), detail::Mode::call, id, core->rank));
   } catch (...) {
   }
 }
+
+}  // namespace dopt::rpc
+
+namespace dopt::rpc::detail {
 
 std::shared_ptr<RRefState> adopt_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
                                       const std::string& type) {

@@ -1,7 +1,7 @@
 // The machinery that the templates of rpc.hpp expand to: call specs,
 // type-erased function entries, RRef holds. Not an API of its own (names
 // here may change); include dopt/actors/rpc.hpp, which includes this file at
-// the point where its templates need it.
+// its end, before the templates' bodies (rpc_templates.hpp).
 #ifndef DOPT_RPC_CALLS_FROM_RPC_HPP
 #include "dopt/actors/rpc.hpp"  // included alone: rpc.hpp brings this file in
 #elif !defined(DOPT_ACTORS_DETAIL_RPC_CALLS_HPP)
@@ -21,6 +21,16 @@
 #include "dopt/actors/rpc_serialize.hpp"
 
 namespace dopt::rpc {
+
+/// One worker's counted hold on an object (rpc.hpp, "RRefs"). The
+/// destructor tells the owner.
+struct RRefState {
+  std::shared_ptr<AgentCore> core;
+  int owner = -1;
+  std::uint64_t id = 0;
+  std::string type;
+  ~RRefState();
+};
 
 namespace detail {
 
@@ -65,15 +75,6 @@ std::uint64_t new_object_id(AgentCore& core);
 int core_rank(const AgentCore& core);
 WorkerInfo core_worker(const AgentCore& core, int rank);
 
-/// One worker's counted hold on an object (see the top of this file). The
-/// destructor tells the owner.
-struct RRefState {
-  std::shared_ptr<AgentCore> core;
-  int owner = -1;
-  std::uint64_t id = 0;
-  std::string type;
-  ~RRefState();
-};
 /// A state for an RRef that arrived in a message (counted by its sender).
 std::shared_ptr<RRefState> adopt_rref(const std::shared_ptr<AgentCore>& core, int owner, std::uint64_t id,
                                       const std::string& type);

@@ -59,7 +59,7 @@ class WeakGroup {
   ProcessGroup lock() const;
 
  private:
-  std::weak_ptr<GroupImpl> impl_;
+  std::weak_ptr<ProcessGroup::Impl> impl_;
 };
 
 /// Identifies this rank's handle state of `group` (the same for every copy

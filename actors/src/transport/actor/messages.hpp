@@ -12,7 +12,7 @@
 #include "caf/all.hpp"
 #include "dopt/runtime/internal/tcp_transport.hpp"
 #include "plane/failure.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 #include "plane/peer_table.hpp"
 
 namespace dopt::detail {

@@ -33,7 +33,7 @@
 
 #include "dopt/runtime/internal/tcp_transport.hpp"
 #include "plane/executor.hpp"
-#include "plane/plane.hpp"
+#include "dopt/actors/internal/group_plane.hpp"
 #include "transport/shm/channel.hpp"
 
 namespace dopt::detail::hier {

@@ -12,7 +12,7 @@
 #include "plane/group_registry.hpp"
 #include "dopt/runtime/internal/tcp_transport.hpp"
 #include "plane/peer_table.hpp"
-#include "plane/plane.hpp"
+#include "dopt/actors/internal/group_plane.hpp"
 #include "transport/hier/hier_group.hpp"
 #include "transport/shm/shm_plane.hpp"
 

@@ -31,7 +31,7 @@
 
 #include "dopt/runtime/launch_env.hpp"
 #include "plane/peer_table.hpp"
-#include "plane/plane.hpp"
+#include "dopt/actors/internal/group_plane.hpp"
 
 namespace dopt::detail::mpi {
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "plane/failure.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 #include "plane/peer_table.hpp"
 #include "transport/shm/region.hpp"
 

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "dopt/runtime/internal/shm.hpp"
-#include "plane/op.hpp"
+#include "dopt/actors/internal/op.hpp"
 #include "plane/peer_table.hpp"
 #include "transport/shm/channel.hpp"
 

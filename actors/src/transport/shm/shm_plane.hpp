@@ -12,7 +12,7 @@
 #include "plane/group_registry.hpp"
 #include "plane/executor.hpp"
 #include "plane/peer_table.hpp"
-#include "plane/plane.hpp"
+#include "dopt/actors/internal/group_plane.hpp"
 #include "transport/shm/channel.hpp"
 #include "transport/shm/directory.hpp"
 #include "transport/shm/p2p.hpp"

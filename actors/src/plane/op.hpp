@@ -1,3 +1,0 @@
-#pragma once
-// Moved to dopt/actors/internal/op.hpp (gpu/ implements planes too).
-#include "dopt/actors/internal/op.hpp"
