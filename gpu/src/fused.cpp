@@ -36,6 +36,28 @@ double increment_step(Tensor& step_t) {
   return s;
 }
 
+// The scalars that every optimizer with L2 weight decay (all but Rprop)
+// sets alike: maximize, weight_decay and whether it is non-zero, and eps
+// where the options have one (all but SGD).
+template <class Options>
+void set_shared(FusedScalars& k, const Options& o) {
+  k.maximize = o.maximize();
+  k.wd = o.weight_decay();
+  k.has_wd = o.weight_decay() != 0.0;
+  if constexpr (requires { o.eps(); }) k.eps = o.eps();
+}
+
+// A moment's decay d and 1 - d: the first moment's in beta1, the second's
+// in beta2 (also RMSprop's alpha and Adadelta's rho).
+void set_beta1(FusedScalars& k, double d) {
+  k.beta1 = d;
+  k.one_minus_beta1 = 1.0 - d;
+}
+void set_beta2(FusedScalars& k, double d) {
+  k.beta2 = d;
+  k.one_minus_beta2 = 1.0 - d;
+}
+
 // What one kind of optimizer needs from the host side.
 struct Kind {
   FusedOp op;
@@ -291,12 +313,10 @@ class Stepper {
     switch (kind_.op) {
       case FusedOp::sgd: {
         const SGDOptions& o = *sgd_;
-        k.maximize = o.maximize();
-        k.wd = o.weight_decay();
+        set_shared(k, o);
         k.momentum = o.momentum();
         k.one_minus_dampening = 1.0 - o.dampening();
         k.neg_lr = -o.lr();
-        k.has_wd = o.weight_decay() != 0.0;
         k.nesterov = o.nesterov();
         k.mom_mode = mom_mode;
         break;
@@ -307,17 +327,12 @@ class Stepper {
         const double bc1 = 1.0 - std::pow(beta1, s);
         const double bc2 = 1.0 - std::pow(beta2, s);
         const double step_size = o.lr() / bc1;
-        k.beta1 = beta1;
-        k.one_minus_beta1 = 1.0 - beta1;
-        k.beta2 = beta2;
-        k.one_minus_beta2 = 1.0 - beta2;
-        k.wd = o.weight_decay();
+        set_beta1(k, beta1);
+        set_beta2(k, beta2);
+        set_shared(k, o);
         k.neg_lr = -step_size;
         k.bc2_sqrt = std::sqrt(bc2);
-        k.eps = o.eps();
         k.decay_mul = 1.0 - o.lr() * o.weight_decay();
-        k.maximize = o.maximize();
-        k.has_wd = o.weight_decay() != 0.0;
         k.decoupled = decoupled_;
         k.amsgrad = o.amsgrad();
         break;
@@ -325,23 +340,16 @@ class Stepper {
       case FusedOp::adagrad: {
         const AdagradOptions& o = *adagrad_;
         const double clr = o.lr() / (1.0 + (s - 1.0) * o.lr_decay());
-        k.maximize = o.maximize();
-        k.wd = o.weight_decay();
-        k.eps = o.eps();
+        set_shared(k, o);
         k.neg_lr = -clr;
-        k.has_wd = o.weight_decay() != 0.0;
         break;
       }
       case FusedOp::rmsprop: {
         const RMSpropOptions& o = *rmsprop_;
-        k.maximize = o.maximize();
-        k.wd = o.weight_decay();
-        k.beta2 = o.alpha();
-        k.one_minus_beta2 = 1.0 - o.alpha();
-        k.eps = o.eps();
+        set_shared(k, o);
+        set_beta2(k, o.alpha());
         k.momentum = o.momentum();
         k.neg_lr = -o.lr();
-        k.has_wd = o.weight_decay() != 0.0;
         k.centered = o.centered();
         k.has_momentum = o.momentum() > 0.0;
         break;
@@ -350,25 +358,17 @@ class Stepper {
         const AdamaxOptions& o = *adamax_;
         const double beta1 = o.betas()[0], beta2 = o.betas()[1];
         const double clr = o.lr() / (1.0 - std::pow(beta1, s));
-        k.maximize = o.maximize();
-        k.wd = o.weight_decay();
-        k.beta1 = beta1;
-        k.one_minus_beta1 = 1.0 - beta1;
-        k.beta2 = beta2;
-        k.eps = o.eps();
+        set_shared(k, o);
+        set_beta1(k, beta1);
+        k.beta2 = beta2;  // (Adamax's infinity norm has no 1 - beta2)
         k.neg_lr = -clr;
-        k.has_wd = o.weight_decay() != 0.0;
         break;
       }
       case FusedOp::adadelta: {
         const AdadeltaOptions& o = *adadelta_;
-        k.maximize = o.maximize();
-        k.wd = o.weight_decay();
-        k.beta2 = o.rho();
-        k.one_minus_beta2 = 1.0 - o.rho();
-        k.eps = o.eps();
+        set_shared(k, o);
+        set_beta2(k, o.rho());
         k.neg_lr = -o.lr();
-        k.has_wd = o.weight_decay() != 0.0;
         break;
       }
       case FusedOp::rprop: {

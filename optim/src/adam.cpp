@@ -90,8 +90,8 @@ void Adam::update_param(const AdamOptions& o, const Tensor& p, const Tensor& g, 
     throw StateError(op, "amsgrad was enabled after the state of this parameter was created");
   check_param_grad(p, g, op);
   const auto step = kAdamState.begin(op, p, g, st, {true, true, o.amsgrad()});
-  const double bc1 = 1.0 - std::pow(o.betas()[0], step.step);
-  const double bc2 = 1.0 - std::pow(o.betas()[1], step.step);
+  const double bc1 = step.bias_correction(o.betas()[0]);
+  const double bc2 = step.bias_correction(o.betas()[1]);
   step.run<kernels::AdamScalars>(kernels::adam_kernel, o, o.lr() / bc1, std::sqrt(bc2), decoupled);
 }
 

@@ -220,6 +220,36 @@ DOPT_INLINE T decayed_grad(T g, T p, const S& s) {
   return gi;
 }
 
+/// The element loop of an optimizer with two state buffers a and b shaped
+/// like the parameter (Adamax, NAdam, RAdam, Adadelta, Rprop). Per element,
+/// in registers: the gradient decayed_grad<Wd> makes, then S's update of the
+/// parameter and both buffers,
+///   void element(T& p, T g, T& a, T& b) const
+/// or, with Flags (options beyond weight decay that change the loop's shape,
+/// as RAdam's rectification), template <auto... Flags> element. Like every
+/// loop body, element has no control flow and loads each scalar of S
+/// unconditionally (a select between a member of S and another value is a
+/// conditional load, which GCC does not if-convert: no vectorisation).
+template <class T, bool Wd, auto... Flags, class S>
+DOPT_INLINE void two_buffer_loop(T* __restrict p, const T* __restrict g, T* __restrict a, T* __restrict b, i64 n,
+                                 const S& s) {
+  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, a, b) {
+    T pi = p[i], ai = a[i], bi = b[i];
+    const T gi = decayed_grad<Wd>(g[i], pi, s);
+    if constexpr (sizeof...(Flags) == 0) s.element(pi, gi, ai, bi);
+    else s.template element<Flags...>(pi, gi, ai, bi);
+    p[i] = pi;
+    a[i] = ai;
+    b[i] = bi;
+  }
+}
+
+/// The entry point NAME of a two_buffer_loop kernel with scalars
+/// SCALARS<T>, called as NAME(p, g, a, b, n, s); weight decay where s.has_wd.
+#define DOPT_TWO_BUFFER_KERNEL(NAME, SCALARS)                                                               \
+  DOPT_KERNEL_ENTRY_FLAG(NAME, ::dopt::optim::kernels::two_buffer_loop, s.has_wd, (p, g, a, b, n, s), T* p, \
+                         const T* g, T* a, T* b, i64 n, const SCALARS<T>& s)
+
 /// Rounds a double scalar to the element type once (torch's scalar cast).
 template <class T> inline T sc(double v) noexcept { return static_cast<T>(v); }
 

@@ -17,33 +17,22 @@ struct NAdamScalars {
       : wd(sc<T>(o.weight_decay())), beta1(sc<T>(o.betas()[0])), one_minus_beta1(sc<T>(1.0 - o.betas()[0])),
         beta2(sc<T>(o.betas()[1])), one_minus_beta2(sc<T>(1.0 - o.betas()[1])), bc2(sc<T>(bc2_)), eps(sc<T>(o.eps())),
         grad_coef(sc<T>(grad_coef_)), avg_coef(sc<T>(avg_coef_)), has_wd(o.weight_decay() != 0.0) {}
+
+  /// One element (two_buffer_loop) of torch 1.13's single-tensor NAdam, the
+  /// gradient g already g + wd * p (grad.add(p, alpha=wd): one FMA):
+  ///   m = m * beta1; m = m + (1 - beta1) * g          (mul_, add_ with alpha: FMA)
+  ///   v = v * beta2; v = v + ((1 - beta2) * g) * g    (mul_, addcmul_: FMA)
+  ///   d = sqrt(v / bc2) + eps                          (div, sqrt, add_)
+  ///   p = p + (grad_coef * g) / d; p = p + (avg_coef * m) / d   (two addcdiv_)
+  DOPT_INLINE void element(T& p, T g, T& m, T& v) const {
+    kernels::adam_moments(m, v, g, *this);
+    const T denom = std::sqrt(v / bc2) + eps;
+    p = p + (grad_coef * g) / denom;
+    p = p + (avg_coef * m) / denom;
+  }
 };
 
-// torch 1.13's single-tensor NAdam, one pass (no control flow in the loop):
-//   g = g + wd * p                       (grad.add(p, alpha=wd): one FMA)
-//   m = m * beta1; m = m + (1 - beta1) * g          (mul_, add_ with alpha: FMA)
-//   v = v * beta2; v = v + ((1 - beta2) * g) * g    (mul_, addcmul_: FMA)
-//   d = sqrt(v / bc2) + eps                          (div, sqrt, add_)
-//   p = p + (grad_coef * g) / d; p = p + (avg_coef * m) / d   (two addcdiv_)
-template <class T, bool Wd>
-DOPT_INLINE void nadam_body(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, i64 n,
-                            const NAdamScalars<T>& s) {
-  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v) {
-    T pi = p[i];
-    const T gi = kernels::decayed_grad<Wd>(g[i], pi, s);
-    T mi = m[i], vi = v[i];
-    kernels::adam_moments(mi, vi, gi, s);
-    const T denom = std::sqrt(vi / s.bc2) + s.eps;
-    pi = pi + (s.grad_coef * gi) / denom;
-    pi = pi + (s.avg_coef * mi) / denom;
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-  }
-}
-
-DOPT_KERNEL_ENTRY_FLAG(nadam_kernel, nadam_body, s.has_wd, (p, g, m, v, n, s), T* p, const T* g, T* m, T* v, i64 n,
-                       const NAdamScalars<T>& s)
+DOPT_TWO_BUFFER_KERNEL(nadam_kernel, NAdamScalars)
 
 }  // namespace
 }  // namespace kernels
@@ -59,7 +48,7 @@ void NAdam::update_param(const NAdamOptions& o, const Tensor& p, const Tensor& g
   const auto step = kNAdamState.begin(op, p, g, st);
   const double s = step.step;
   const double beta1 = o.betas()[0], beta2 = o.betas()[1];
-  const double bc2 = 1.0 - std::pow(beta2, s);
+  const double bc2 = step.bias_correction(beta2);
   const double mu = beta1 * (1.0 - 0.5 * std::pow(0.96, s * o.momentum_decay()));
   const double mu_next = beta1 * (1.0 - 0.5 * std::pow(0.96, (s + 1.0) * o.momentum_decay()));
   // torch keeps mu_product as a float32 0-d tensor: `mu_product *= mu`, then

@@ -9,6 +9,7 @@
 // take the parameter (NotSupportedError, DTypeError), the counter is
 // incremented, the kernel runs.
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <tuple>
 
@@ -27,6 +28,9 @@ struct ParamStep {
   double step;
   /// The layout's buffers, in its order; null: not used by this step.
   std::array<Tensor*, N> buffers;
+
+  /// torch's bias correction 1 - beta^step of a moment with decay beta.
+  double bias_correction(double beta) const { return 1.0 - std::pow(beta, step); }
 
   /// kernel(p, g, buffers..., numel, Scalars<T>(args...)) for the element
   /// type T of p (float or double); an unused buffer is passed as null.

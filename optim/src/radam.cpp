@@ -18,44 +18,36 @@ struct RAdamScalars {
         beta2(sc<T>(o.betas()[1])), one_minus_beta2(sc<T>(1.0 - o.betas()[1])), bc1(sc<T>(bc1_)), lr(sc<T>(o.lr())),
         eps(sc<T>(o.eps())), bc2_sqrt(sc<T>(std::sqrt(bc2))), rect(sc<T>(rect_)), has_wd(o.weight_decay() != 0.0),
         rectified(rectified_) {}
-};
 
-// torch 1.13's single-tensor RAdam, one pass (no control flow in the loop):
-//   g = g + wd * p; m, v as Adam's
-//   b = m / bc1                                      (exp_avg / bias_correction1)
-//   rectified:  a = (1 / (sqrt(v) + eps)) * sqrt(bc2)   (python scalar / tensor)
-//               p = p - ((b * lr) * a) * rect
-//   otherwise:  p = p - b * lr
-template <class T, bool Wd, bool Rect>
-DOPT_INLINE void radam_body(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, i64 n,
-                            const RAdamScalars<T>& s) {
-  DOPT_FOR_EACH_ELEMENT(T, n, i, p, g, m, v) {
-    const T pi = p[i];
-    const T gi = kernels::decayed_grad<Wd>(g[i], pi, s);
-    T mi = m[i], vi = v[i];
-    kernels::adam_moments(mi, vi, gi, s);
-    const T b = mi / s.bc1;
+  /// One element (two_buffer_loop) of torch 1.13's single-tensor RAdam, the
+  /// gradient g already g + wd * p; m, v as Adam's:
+  ///   b = m / bc1                                      (exp_avg / bias_correction1)
+  ///   Rect:       a = (1 / (sqrt(v) + eps)) * sqrt(bc2)   (python scalar / tensor)
+  ///               p = p - ((b * lr) * a) * rect
+  ///   otherwise:  p = p - b * lr
+  template <bool Rect>
+  DOPT_INLINE void element(T& p, T g, T& m, T& v) const {
+    kernels::adam_moments(m, v, g, *this);
+    const T b = m / bc1;
     T u;
     if constexpr (Rect) {
-      const T a = (T(1) / (std::sqrt(vi) + s.eps)) * s.bc2_sqrt;
-      u = ((b * s.lr) * a) * s.rect;
+      const T a = (T(1) / (std::sqrt(v) + eps)) * bc2_sqrt;
+      u = ((b * lr) * a) * rect;
     } else {
-      u = b * s.lr;
+      u = b * lr;
     }
-    p[i] = pi - u;
-    m[i] = mi;
-    v[i] = vi;
+    p = p - u;
   }
-}
+};
 
 template <class T>
 DOPT_INLINE void radam_select(T* p, const T* g, T* m, T* v, i64 n, const RAdamScalars<T>& s) {
   if (s.has_wd) {
-    if (s.rectified) radam_body<T, true, true>(p, g, m, v, n, s);
-    else radam_body<T, true, false>(p, g, m, v, n, s);
+    if (s.rectified) two_buffer_loop<T, true, true>(p, g, m, v, n, s);
+    else two_buffer_loop<T, true, false>(p, g, m, v, n, s);
   } else {
-    if (s.rectified) radam_body<T, false, true>(p, g, m, v, n, s);
-    else radam_body<T, false, false>(p, g, m, v, n, s);
+    if (s.rectified) two_buffer_loop<T, false, true>(p, g, m, v, n, s);
+    else two_buffer_loop<T, false, false>(p, g, m, v, n, s);
   }
 }
 
@@ -73,8 +65,8 @@ void RAdam::update_param(const RAdamOptions& o, const Tensor& p, const Tensor& g
   const auto step = kRAdamState.begin(op, p, g, st);
   const double s = step.step;
   const double beta1 = o.betas()[0], beta2 = o.betas()[1];
-  const double bc1 = 1.0 - std::pow(beta1, s);
-  const double bc2 = 1.0 - std::pow(beta2, s);
+  const double bc1 = step.bias_correction(beta1);
+  const double bc2 = step.bias_correction(beta2);
   // The length of the approximated simple moving average, and its limit.
   const double rho_inf = 2.0 / (1.0 - beta2) - 1.0;
   const double rho_t = rho_inf - 2.0 * s * std::pow(beta2, s) / bc2;

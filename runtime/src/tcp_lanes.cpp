@@ -42,11 +42,48 @@ void TcpMesh::Impl::lane_kill(DataConn& c, const std::string& why) {
   fail(c.rq, c.reading);
 }
 
-void TcpMesh::Impl::lane_send(DataConn& c, Piece pc) {
-  if (c.dead) return post_done(std::move(pc.done), c.dead_why);
-  c.wq.push_back(std::move(pc));
-  if (!c.writing) lane_write(c);
+namespace {
+
+using Impl = TcpMesh::Impl;
+using DataConn = Impl::DataConn;
+
+// One direction of a data connection: its queue (the front piece is in
+// flight while `busy`) and the member that starts the front piece.
+struct Direction {
+  std::deque<Impl::Piece> DataConn::*queue;
+  bool DataConn::*busy;
+  void (Impl::*start)(DataConn&);
+};
+constexpr Direction kWrite{&DataConn::wq, &DataConn::writing, &Impl::lane_write};
+constexpr Direction kRead{&DataConn::rq, &DataConn::reading, &Impl::lane_read};
+
+// Queues pc in direction d of c and starts it if d is idle; on a dead
+// connection pc fails at once. Lane thread.
+void enqueue(Impl& m, DataConn& c, Impl::Piece pc, const Direction& d) {
+  if (c.dead) return m.post_done(std::move(pc.done), c.dead_why);
+  (c.*d.queue).push_back(std::move(pc));
+  if (!(c.*d.busy)) (m.*d.start)(c);
 }
+
+// The front piece of direction d has finished, failed with `why` (empty:
+// no failure): a failure, or a connection killed meanwhile, kills c and
+// fails the piece with c's reason; otherwise the piece completes and the
+// next one starts. Lane thread (the piece's handler).
+void finish_front(Impl& m, DataConn& c, const Direction& d, const std::string& why) {
+  c.*d.busy = false;
+  Impl::Piece done = std::move((c.*d.queue).front());
+  (c.*d.queue).pop_front();
+  if (!why.empty() || c.dead) {
+    m.lane_kill(c, why.empty() ? "closed" : why);
+    return m.post_done(std::move(done.done), c.dead_why);
+  }
+  m.post_done(std::move(done.done), "");
+  if (!(c.*d.queue).empty()) (m.*d.start)(c);
+}
+
+}  // namespace
+
+void TcpMesh::Impl::lane_send(DataConn& c, Piece pc) { enqueue(*this, c, std::move(pc), kWrite); }
 
 void TcpMesh::Impl::lane_write(DataConn& c) {
   c.writing = true;
@@ -54,23 +91,11 @@ void TcpMesh::Impl::lane_write(DataConn& c) {
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(&pc.hdr, sizeof(PieceHeader)),
                                                asio::const_buffer(pc.data, pc.n)};
   asio::async_write(*c.sock, bufs, [this, &c](const boost::system::error_code& ec, std::size_t) {
-    c.writing = false;
-    Piece done = std::move(c.wq.front());
-    c.wq.pop_front();
-    if (ec || c.dead) {
-      lane_kill(c, "write failed: " + describe(ec));
-      return post_done(std::move(done.done), c.dead_why);
-    }
-    post_done(std::move(done.done), "");
-    if (!c.wq.empty()) lane_write(c);
+    finish_front(*this, c, kWrite, ec ? "write failed: " + describe(ec) : std::string());
   });
 }
 
-void TcpMesh::Impl::lane_expect(DataConn& c, Piece pc) {
-  if (c.dead) return post_done(std::move(pc.done), c.dead_why);
-  c.rq.push_back(std::move(pc));
-  if (!c.reading) lane_read(c);
-}
+void TcpMesh::Impl::lane_expect(DataConn& c, Piece pc) { enqueue(*this, c, std::move(pc), kRead); }
 
 void TcpMesh::Impl::lane_read(DataConn& c) {
   c.reading = true;
@@ -78,19 +103,8 @@ void TcpMesh::Impl::lane_read(DataConn& c) {
   const std::array<asio::mutable_buffer, 2> bufs{asio::buffer(&c.rhdr, sizeof(PieceHeader)),
                                                  asio::mutable_buffer(pc.data, pc.n)};
   asio::async_read(*c.sock, bufs, [this, &c](const boost::system::error_code& ec, std::size_t) {
-    c.reading = false;
-    Piece done = std::move(c.rq.front());
-    c.rq.pop_front();
-    std::string why;
-    if (ec) why = describe(ec);
-    else
-      why = piece_problem(c.rhdr, done.hdr.seq, done.n);
-    if (!why.empty() || c.dead) {
-      lane_kill(c, why.empty() ? "closed" : why);
-      return post_done(std::move(done.done), c.dead_why);
-    }
-    post_done(std::move(done.done), "");
-    if (!c.rq.empty()) lane_read(c);
+    const Piece& front = c.rq.front();
+    finish_front(*this, c, kRead, ec ? describe(ec) : piece_problem(c.rhdr, front.hdr.seq, front.n));
   });
 }
 

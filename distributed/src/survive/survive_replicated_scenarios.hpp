@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,14 +27,8 @@ namespace dopt::survive_test {
 using namespace dopt::optim;
 
 
+using dopt::optim::survive_reference::grad_elem;  // a multiple of 1/256: exact in float32 and float64
 using dopt::optim::survive_reference::mix64;
-
-inline double grad_elem(int r, std::int64_t t, std::size_t i, std::int64_t k) {
-  const std::uint64_t h = mix64(mix64(mix64(mix64(static_cast<std::uint64_t>(r) + 1) + static_cast<std::uint64_t>(t)) +
-                                      static_cast<std::uint64_t>(i)) +
-                                static_cast<std::uint64_t>(k));
-  return static_cast<double>(static_cast<std::int64_t>(h % 1024) - 512) / 256.0;
-}
 
 inline double init_elem(std::size_t i, std::int64_t k) {
   const std::uint64_t h = mix64(mix64(1000003ull + i) + static_cast<std::uint64_t>(k));
@@ -62,8 +57,8 @@ inline void set_grads(const std::vector<Tensor>& ps, int r, std::int64_t t) {
   for (std::size_t i = 0; i < ps.size(); ++i) {
     Tensor g = Tensor::zeros(ps[i].shape(), ps[i].dtype());
     for (std::int64_t k = 0; k < kSizes[i]; ++k) {
-      if (g.dtype() == DType::float64) g.data<double>()[k] = grad_elem(r, t, i, k);
-      else g.data<float>()[k] = static_cast<float>(grad_elem(r, t, i, k));
+      if (g.dtype() == DType::float64) g.data<double>()[k] = static_cast<double>(grad_elem(r, t, i, k));
+      else g.data<float>()[k] = grad_elem(r, t, i, k);
     }
     ps[i].set_grad(g);
   }
@@ -182,11 +177,67 @@ struct Hooks {
   std::function<void()> wait_all = [] {};
 };
 
+/// A recovery in a rank's log: "<what> lost=<ranks> step=<step>;"
+/// (" completed" before the ';' when `completed`).
+inline std::string recovery_entry(const char* what, const ZeroRecovery& r, bool completed = false) {
+  return std::string(what) + " lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) +
+         (completed ? " completed" : "") + ";";
+}
+
+/// Whether rank `me` of sc is lost at step t at `point` ("before", "during", "after").
+struct LossPoint {
+  std::optional<Loss> lost;
+  LossPoint(const Scenario& sc, int me) {
+    const auto ls = losses(sc);
+    if (const Loss* l = loss_of(ls, me)) lost = *l;
+  }
+  bool operator()(std::int64_t t, const char* point) const { return lost && t == lost->step && lost->point == point; }
+};
+
 /// Runs fn over n simulated ranks for a reference run.
 inline void simulate_ranks(int n, const std::function<void(RankContext&)>& fn) {
   SimulateOptions so;
   so.timeout = std::chrono::seconds(30);
   simulate(n, fn, so);
+}
+
+/// The reference run of sc without a crash: sc.n simulated ranks, each
+/// with make_params(mixed) and a Rank(params, world) over them; from each
+/// change of chs on, the ranks it keeps go on in a group of their own (made
+/// up front, by every rank of the world) and call rank.regroup(group) before
+/// that step's gradients, the others stop; rank.step(t, group) runs step t
+/// once its gradients are set. Each rank's result: its parameters and the
+/// size of its last group.
+template <class Rank>
+inline std::vector<RankResult> reference_run(const Scenario& sc, const std::vector<Change>& chs, bool mixed) {
+  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
+  std::mutex mu;
+  simulate_ranks(sc.n, [&](RankContext& ctx) {
+    const int me = ctx.rank();
+    RankResult out;
+    ProcessGroup world = ctx.world();
+    ProcessGroup group = world;
+    std::vector<ProcessGroup> subgroups;
+    for (const auto& c : chs) subgroups.push_back(world.new_group(c.alive));  // every rank of the world
+    auto params = make_params(mixed);
+    Rank rank(params, world);
+    for (std::int64_t t = 0; t < sc.steps; ++t) {
+      for (std::size_t k = 0; k < chs.size(); ++k)
+        if (t == chs[k].at) {
+          group = subgroups[k];
+          if (std::find(chs[k].alive.begin(), chs[k].alive.end(), me) == chs[k].alive.end()) return;
+          rank.regroup(group);
+        }
+      set_grads(params, me, t);
+      rank.step(t, group);
+    }
+    out.done = true;
+    out.final_size = group.size();
+    out.params = bytes_of(params);
+    std::lock_guard<std::mutex> lock(mu);
+    res[static_cast<std::size_t>(me)] = std::move(out);
+  });
+  return res;
 }
 
 // --- post-local SGD ------------------------------------------------------------
@@ -205,13 +256,11 @@ inline RankResult plsgd_rank(ProcessGroup world, int me, const Scenario& sc, con
   if (sc.callback)
     opt.enable_survive([&](const ZeroRecovery& r) {
       world = r.group;
-      out.log += "callback lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) + ";";
+      out.log += recovery_entry("callback", r);
     });
   else
     opt.enable_survive();
-  const auto ls = losses(sc);
-  const Loss* lost = loss_of(ls, me);
-  auto at = [&](std::int64_t t, const char* point) { return lost && t == lost->step && lost->point == point; };
+  const LossPoint at(sc, me);
   for (std::int64_t t = 0; t < sc.steps; ++t) {
     if (at(t, "before")) h.die();
     set_grads(params, me, t);
@@ -228,8 +277,7 @@ inline RankResult plsgd_rank(ProcessGroup world, int me, const Scenario& sc, con
       opt.step();
     } catch (const MembershipChangedError& e) {
       world = e.recovery().group;
-      out.log += "changed lost=" + ranks_str(e.recovery().lost) + " step=" + std::to_string(e.recovery().step) +
-                 (e.recovery().step_completed ? " completed" : "") + ";";
+      out.log += recovery_entry("changed", e.recovery(), e.recovery().step_completed);
     }
     if (!sc.point.empty() && t == sc.step) h.arrive();
     if (at(t, "after")) {
@@ -250,37 +298,22 @@ inline std::int64_t plsgd_change_at(const Loss& l) {
   return c;
 }
 
+/// A rank of the post-local SGD reference: the inner optimizer, and the
+/// average over the rank's group at the averaging steps.
+struct PlsgdReferenceRank {
+  std::unique_ptr<Optimizer> opt;
+  PlsgdReferenceRank(std::vector<Tensor>& params, ProcessGroup&)
+      : opt(make_optimizer(plsgd_inner(), {OptimizerParamGroup(params)})) {}
+  void regroup(ProcessGroup&) {}
+  void step(std::int64_t t, ProcessGroup& group) {
+    opt->step();
+    if (averages(t)) average_parameters(get_params_to_average(opt->param_groups()), group);
+  }
+};
+
 inline std::vector<RankResult> plsgd_reference(const Scenario& sc) {
-  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
-  std::mutex mu;
   const auto chs = changes(sc, [](const Loss& l) { return plsgd_change_at(l); });
-  simulate_ranks(sc.n, [&](RankContext& ctx) {
-    const int me = ctx.rank();
-    RankResult out;
-    ProcessGroup world = ctx.world();
-    ProcessGroup group = world;
-    std::vector<ProcessGroup> subgroups;
-    for (const auto& c : chs) subgroups.push_back(world.new_group(c.alive));  // every rank of the world
-    auto params = make_params(true);
-    std::vector<OptimizerParamGroup> gs{OptimizerParamGroup(params)};
-    auto opt = make_optimizer(plsgd_inner(), std::move(gs));
-    for (std::int64_t t = 0; t < sc.steps; ++t) {
-      for (std::size_t k = 0; k < chs.size(); ++k)
-        if (t == chs[k].at) {
-          group = subgroups[k];
-          if (std::find(chs[k].alive.begin(), chs[k].alive.end(), me) == chs[k].alive.end()) return;
-        }
-      set_grads(params, me, t);
-      opt->step();
-      if (averages(t)) average_parameters(get_params_to_average(opt->param_groups()), group);
-    }
-    out.done = true;
-    out.final_size = group.size();
-    out.params = bytes_of(params);
-    std::lock_guard<std::mutex> lock(mu);
-    res[static_cast<std::size_t>(me)] = std::move(out);
-  });
-  return res;
+  return reference_run<PlsgdReferenceRank>(sc, chs, true);
 }
 
 inline std::int64_t plsgd_change_at(const Scenario& sc) { return plsgd_change_at(Loss{sc.victim, sc.step, sc.point}); }
@@ -306,14 +339,12 @@ inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, c
   if (sc.callback)
     ro.on_membership_change = [&](const ZeroRecovery& r) {
       world = r.group;
-      out.log += "callback lost=" + ranks_str(r.lost) + " step=" + std::to_string(r.step) + ";";
+      out.log += recovery_entry("callback", r);
     };
   auto reducer = std::make_unique<Reducer>(params, world, ro);
   if (reducer->num_buckets() < 3) throw std::logic_error("the scenario needs 3 or more buckets");
   auto opt = make_optimizer(ddp_inner(), {OptimizerParamGroup(params)});
-  const auto ls = losses(sc);
-  const Loss* lost = loss_of(ls, me);
-  auto at = [&](std::int64_t t, const char* point) { return lost && t == lost->step && lost->point == point; };
+  const LossPoint at(sc, me);
   for (std::int64_t t = 0; t < sc.steps; ++t) {
     if (at(t, "before")) h.die();
     set_grads(params, me, t);
@@ -329,8 +360,7 @@ inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, c
       reducer->finalize();
     } catch (const MembershipChangedError& e) {
       world = e.recovery().group;
-      out.log += "changed lost=" + ranks_str(e.recovery().lost) + " step=" + std::to_string(e.recovery().step) +
-                 (e.recovery().step_completed ? " completed" : "") + ";";
+      out.log += recovery_entry("changed", e.recovery(), e.recovery().step_completed);
     }
     opt->step();
     if (!sc.point.empty() && t == sc.step) h.arrive();
@@ -345,39 +375,26 @@ inline RankResult reducer_rank(ProcessGroup world, int me, const Scenario& sc, c
   return out;
 }
 
+/// A rank of the Reducer reference: a plain Reducer over the rank's group
+/// (a new one for each new group) and the local Adam.
+struct ReducerReferenceRank {
+  std::vector<Tensor>& params;
+  std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<Optimizer> opt;
+  ReducerReferenceRank(std::vector<Tensor>& ps, ProcessGroup& world)
+      : params(ps), reducer(std::make_unique<Reducer>(ps, world, small_buckets(false))),
+        opt(make_optimizer(ddp_inner(), {OptimizerParamGroup(ps)})) {}
+  void regroup(ProcessGroup& group) { reducer = std::make_unique<Reducer>(params, group, small_buckets(false)); }
+  void step(std::int64_t, ProcessGroup&) {
+    for (std::size_t i = params.size(); i-- > 0;) reducer->mark_ready(params[i]);
+    reducer->finalize();
+    opt->step();
+  }
+};
+
 inline std::vector<RankResult> reducer_reference(const Scenario& sc) {
-  std::vector<RankResult> res(static_cast<std::size_t>(sc.n));
-  std::mutex mu;
   const auto chs = changes(sc, [](const Loss& l) { return l.point == "after" ? l.step + 1 : l.step; });
-  simulate_ranks(sc.n, [&](RankContext& ctx) {
-    const int me = ctx.rank();
-    RankResult out;
-    ProcessGroup world = ctx.world();
-    ProcessGroup group = world;
-    std::vector<ProcessGroup> subgroups;
-    for (const auto& c : chs) subgroups.push_back(world.new_group(c.alive));  // every rank of the world
-    auto params = make_params(false);
-    auto reducer = std::make_unique<Reducer>(params, world, small_buckets(false));
-    auto opt = make_optimizer(ddp_inner(), {OptimizerParamGroup(params)});
-    for (std::int64_t t = 0; t < sc.steps; ++t) {
-      for (std::size_t k = 0; k < chs.size(); ++k)
-        if (t == chs[k].at) {
-          group = subgroups[k];
-          if (std::find(chs[k].alive.begin(), chs[k].alive.end(), me) == chs[k].alive.end()) return;
-          reducer = std::make_unique<Reducer>(params, group, small_buckets(false));
-        }
-      set_grads(params, me, t);
-      for (std::size_t i = params.size(); i-- > 0;) reducer->mark_ready(params[i]);
-      reducer->finalize();
-      opt->step();
-    }
-    out.done = true;
-    out.final_size = group.size();
-    out.params = bytes_of(params);
-    std::lock_guard<std::mutex> lock(mu);
-    res[static_cast<std::size_t>(me)] = std::move(out);
-  });
-  return res;
+  return reference_run<ReducerReferenceRank>(sc, chs, false);
 }
 
 }  // namespace dopt::survive_test

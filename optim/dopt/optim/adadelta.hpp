@@ -11,12 +11,11 @@
 namespace dopt::optim {
 
 class AdadeltaOptions : public OptionsCRTP<AdadeltaOptions> {
-  DOPT_OPTIONS(AdadeltaOptions);
-  DOPT_ARG(AdadeltaOptions, double, lr, 1.0, checks::NonNegative{"learning rate"});
+  DOPT_OPTIONS_WITH_LR(AdadeltaOptions, 1.0);
   DOPT_ARG(AdadeltaOptions, double, rho, 0.9, checks::UnitInterval{"rho value"});
-  DOPT_ARG(AdadeltaOptions, double, eps, 1e-6, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(AdadeltaOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
-  DOPT_ARG(AdadeltaOptions, bool, maximize, false);
+  DOPT_ARG_EPS(AdadeltaOptions, 1e-6);
+  DOPT_ARG_WEIGHT_DECAY(AdadeltaOptions, 0.0);
+  DOPT_ARG_MAXIMIZE(AdadeltaOptions);
 };
 
 class Adadelta : public BasicOptimizer<Adadelta, AdadeltaOptions> {

@@ -16,13 +16,12 @@
 namespace dopt::optim {
 
 class AdagradOptions : public OptionsCRTP<AdagradOptions> {
-  DOPT_OPTIONS(AdagradOptions);
-  DOPT_ARG(AdagradOptions, double, lr, 1e-2, checks::NonNegative{"learning rate"});
+  DOPT_OPTIONS_WITH_LR(AdagradOptions, 1e-2);
   DOPT_ARG(AdagradOptions, double, lr_decay, 0.0, checks::NonNegative{"lr_decay value"});
-  DOPT_ARG(AdagradOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_ARG_WEIGHT_DECAY(AdagradOptions, 0.0);
   DOPT_ARG(AdagradOptions, double, initial_accumulator_value, 0.0, checks::NonNegative{"initial_accumulator_value value"});
-  DOPT_ARG(AdagradOptions, double, eps, 1e-10, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(AdagradOptions, bool, maximize, false);
+  DOPT_ARG_EPS(AdagradOptions, 1e-10);
+  DOPT_ARG_MAXIMIZE(AdagradOptions);
 };
 
 /// Unlike the others, Adagrad makes the state of every parameter as its group

@@ -7,13 +7,10 @@
 namespace dopt::optim {
 
 class AdamOptions : public OptionsCRTP<AdamOptions> {
-  DOPT_OPTIONS(AdamOptions);
-  DOPT_ARG(AdamOptions, double, lr, 1e-3, checks::NonNegative{"learning rate"});
-  DOPT_ARG(AdamOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
-  DOPT_ARG(AdamOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(AdamOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_OPTIONS_WITH_LR(AdamOptions, 1e-3);
+  DOPT_ADAM_ARGS(AdamOptions, 0.0);
   DOPT_ARG(AdamOptions, bool, amsgrad, false);
-  DOPT_ARG(AdamOptions, bool, maximize, false);
+  DOPT_ARG_MAXIMIZE(AdamOptions);
 };
 
 class Adam : public BasicOptimizer<Adam, AdamOptions> {

@@ -13,12 +13,9 @@
 namespace dopt::optim {
 
 class AdamaxOptions : public OptionsCRTP<AdamaxOptions> {
-  DOPT_OPTIONS(AdamaxOptions);
-  DOPT_ARG(AdamaxOptions, double, lr, 2e-3, checks::NonNegative{"learning rate"});
-  DOPT_ARG(AdamaxOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
-  DOPT_ARG(AdamaxOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(AdamaxOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
-  DOPT_ARG(AdamaxOptions, bool, maximize, false);
+  DOPT_OPTIONS_WITH_LR(AdamaxOptions, 2e-3);
+  DOPT_ADAM_ARGS(AdamaxOptions, 0.0);
+  DOPT_ARG_MAXIMIZE(AdamaxOptions);
 };
 
 class Adamax : public BasicOptimizer<Adamax, AdamaxOptions> {

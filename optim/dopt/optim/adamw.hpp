@@ -11,16 +11,14 @@
 namespace dopt::optim {
 
 class AdamWOptions : public OptionsCRTP<AdamWOptions> {
-  DOPT_OPTIONS(AdamWOptions);
+  DOPT_OPTIONS_WITH_LR(AdamWOptions, 1e-3);
+  DOPT_ADAM_ARGS(AdamWOptions, 1e-2);
+  DOPT_ARG(AdamWOptions, bool, amsgrad, false);
+  DOPT_ARG_MAXIMIZE(AdamWOptions);
+
+ public:
   /// The same hyperparameters as AdamOptions (for Adam's kernel).
   AdamOptions as_adam_options() const;
-
-  DOPT_ARG(AdamWOptions, double, lr, 1e-3, checks::NonNegative{"learning rate"});
-  DOPT_ARG(AdamWOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
-  DOPT_ARG(AdamWOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(AdamWOptions, double, weight_decay, 1e-2, checks::NonNegative{"weight_decay value"});
-  DOPT_ARG(AdamWOptions, bool, amsgrad, false);
-  DOPT_ARG(AdamWOptions, bool, maximize, false);
 };
 
 class AdamW : public BasicOptimizer<AdamW, AdamWOptions> {

@@ -18,11 +18,8 @@
 namespace dopt::optim {
 
 class NAdamOptions : public OptionsCRTP<NAdamOptions> {
-  DOPT_OPTIONS(NAdamOptions);
-  DOPT_ARG(NAdamOptions, double, lr, 2e-3, checks::NonNegative{"learning rate"});
-  DOPT_ARG(NAdamOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
-  DOPT_ARG(NAdamOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(NAdamOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_OPTIONS_WITH_LR(NAdamOptions, 2e-3);
+  DOPT_ADAM_ARGS(NAdamOptions, 0.0);
   DOPT_ARG(NAdamOptions, double, momentum_decay, 4e-3, checks::NonNegative{"momentum_decay value"});
 };
 

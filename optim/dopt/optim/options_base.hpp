@@ -51,6 +51,28 @@
  private:                                                                                                  \
   T name##_ = init
 
+/// The hyperparameters most of torch's optimizers share, each with its
+/// torch check (DOPT_ARG lines with the name, type and rule fixed): the
+/// learning rate, epsilon, L2 weight decay and the maximize flag.
+#define DOPT_ARG_LR(Self, init) DOPT_ARG(Self, double, lr, init, ::dopt::optim::checks::NonNegative{"learning rate"})
+#define DOPT_ARG_EPS(Self, init) DOPT_ARG(Self, double, eps, init, ::dopt::optim::checks::NonNegative{"epsilon value"})
+#define DOPT_ARG_WEIGHT_DECAY(Self, init) \
+  DOPT_ARG(Self, double, weight_decay, init, ::dopt::optim::checks::NonNegative{"weight_decay value"})
+#define DOPT_ARG_MAXIMIZE(Self) DOPT_ARG(Self, bool, maximize, false)
+
+/// DOPT_OPTIONS, then the learning rate with torch 1.13's check (default
+/// lr_init): how the options of torch 1.13's optimizers start.
+#define DOPT_OPTIONS_WITH_LR(Self, lr_init) \
+  DOPT_OPTIONS(Self);                       \
+  DOPT_ARG_LR(Self, lr_init)
+
+/// What Adam's family (Adam, AdamW, Adamax, NAdam, RAdam) has after lr, in
+/// torch's order: betas (0.9, 0.999), eps (1e-8) and weight_decay (wd_init).
+#define DOPT_ADAM_ARGS(Self, wd_init)                                                                     \
+  DOPT_ARG(Self, ::dopt::optim::Pair, betas, (::dopt::optim::Pair{0.9, 0.999}), ::dopt::optim::checks::Betas{}); \
+  DOPT_ARG_EPS(Self, 1e-8);                                                                               \
+  DOPT_ARG_WEIGHT_DECAY(Self, wd_init)
+
 namespace dopt::optim {
 
 using Pair = std::array<double, 2>;

@@ -18,11 +18,8 @@
 namespace dopt::optim {
 
 class RAdamOptions : public OptionsCRTP<RAdamOptions> {
-  DOPT_OPTIONS(RAdamOptions);
-  DOPT_ARG(RAdamOptions, double, lr, 1e-3, checks::NonNegative{"learning rate"});
-  DOPT_ARG(RAdamOptions, Pair, betas, (Pair{0.9, 0.999}), checks::Betas{});
-  DOPT_ARG(RAdamOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(RAdamOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_OPTIONS_WITH_LR(RAdamOptions, 1e-3);
+  DOPT_ADAM_ARGS(RAdamOptions, 0.0);
 };
 
 /// update_param refuses a parameter off the CPU with dopt::NotSupportedError.

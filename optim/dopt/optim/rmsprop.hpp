@@ -13,14 +13,13 @@
 namespace dopt::optim {
 
 class RMSpropOptions : public OptionsCRTP<RMSpropOptions> {
-  DOPT_OPTIONS(RMSpropOptions);
-  DOPT_ARG(RMSpropOptions, double, lr, 1e-2, checks::NonNegative{"learning rate"});
+  DOPT_OPTIONS_WITH_LR(RMSpropOptions, 1e-2);
   DOPT_ARG(RMSpropOptions, double, alpha, 0.99, checks::NonNegative{"alpha value"});
-  DOPT_ARG(RMSpropOptions, double, eps, 1e-8, checks::NonNegative{"epsilon value"});
-  DOPT_ARG(RMSpropOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_ARG_EPS(RMSpropOptions, 1e-8);
+  DOPT_ARG_WEIGHT_DECAY(RMSpropOptions, 0.0);
   DOPT_ARG(RMSpropOptions, double, momentum, 0.0, checks::NonNegative{"momentum value"});
   DOPT_ARG(RMSpropOptions, bool, centered, false);
-  DOPT_ARG(RMSpropOptions, bool, maximize, false);
+  DOPT_ARG_MAXIMIZE(RMSpropOptions);
 };
 
 class RMSprop : public BasicOptimizer<RMSprop, RMSpropOptions> {

@@ -18,12 +18,11 @@
 namespace dopt::optim {
 
 class RpropOptions : public OptionsCRTP<RpropOptions> {
-  DOPT_OPTIONS(RpropOptions);
-  DOPT_ARG(RpropOptions, double, lr, 1e-2, checks::NonNegative{"learning rate"});
+  DOPT_OPTIONS_WITH_LR(RpropOptions, 1e-2);
   DOPT_ARG(RpropOptions, Pair, etas, (Pair{0.5, 1.2}), checks::Etas{});
   /// Not checked (as torch).
   DOPT_ARG(RpropOptions, Pair, step_sizes, (Pair{1e-6, 50.0}));
-  DOPT_ARG(RpropOptions, bool, maximize, false);
+  DOPT_ARG_MAXIMIZE(RpropOptions);
 };
 
 class Rprop : public BasicOptimizer<Rprop, RpropOptions> {

@@ -17,12 +17,12 @@ class SGDOptions : public OptionsCRTP<SGDOptions> {
   /// The fields' rules, then: nesterov needs a momentum and zero dampening.
   void validate(const std::string& op) const override;
 
-  DOPT_ARG(SGDOptions, double, lr, 0.0, checks::NonNegative{"learning rate"});
+  DOPT_ARG_LR(SGDOptions, 0.0);
   DOPT_ARG(SGDOptions, double, momentum, 0.0, checks::NonNegative{"momentum value"});
   DOPT_ARG(SGDOptions, double, dampening, 0.0);
-  DOPT_ARG(SGDOptions, double, weight_decay, 0.0, checks::NonNegative{"weight_decay value"});
+  DOPT_ARG_WEIGHT_DECAY(SGDOptions, 0.0);
   DOPT_ARG(SGDOptions, bool, nesterov, false);
-  DOPT_ARG(SGDOptions, bool, maximize, false);
+  DOPT_ARG_MAXIMIZE(SGDOptions);
 };
 
 /// SGD has no state up front: update_param creates `momentum_buffer` when
