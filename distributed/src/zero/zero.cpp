@@ -54,22 +54,36 @@ ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure& closure) {
   return core_->step(closure);
 }
+Future<void> ZeroRedundancyOptimizer::step_async() { return core_->step_async(); }
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) { core_->zero_grad(set_to_none); }
 void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) { core_->add_param_group(std::move(group)); }
 
-// --- state ---------------------------------------------------------------------
+// --- state (each waits for a step_async in flight first: zero.hpp) ----------------
 
-void ZeroRedundancyOptimizer::consolidate_state_dict(int to) { core_->dicts.consolidate(*core_, to); }
-StateDict ZeroRedundancyOptimizer::state_dict() const { return core_->dicts.global(*core_); }
-void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) { core_->dicts.load(*core_, sd); }
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  core_->settle(std::string(kName) + ".consolidate_state_dict");
+  core_->dicts.consolidate(*core_, to);
+}
+StateDict ZeroRedundancyOptimizer::state_dict() const {
+  core_->settle(std::string(kName) + ".state_dict");
+  return core_->dicts.global(*core_);
+}
+void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
+  core_->settle(std::string(kName) + ".load_state_dict");
+  core_->dicts.load(*core_, sd);
+}
 void ZeroRedundancyOptimizer::save_sharded(const std::string& dir,
                                            const std::map<std::string, std::string>& metadata) const {
+  core_->settle(std::string(kName) + ".save_sharded");
   core_->dicts.save_sharded(*core_, dir, metadata);
 }
 StateDict ZeroRedundancyOptimizer::shard_state_dict(const std::map<std::string, std::string>& metadata) const {
-  return core_->dicts.shard(*core_, metadata, std::string(zero_detail::kName) + ".shard_state_dict", /*copy=*/true);
+  const std::string op = std::string(kName) + ".shard_state_dict";
+  core_->settle(op);
+  return core_->dicts.shard(*core_, metadata, op, /*copy=*/true);
 }
 ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
+  core_->settle(std::string(kName) + ".load_sharded");
   return core_->dicts.load_sharded(*core_, dir);
 }
 std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
@@ -78,7 +92,10 @@ std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
 
 // --- redundancy ----------------------------------------------------------------
 
-ZeroRecovery ZeroRedundancyOptimizer::recover() { return core_->redundancy->recover(*core_); }
+ZeroRecovery ZeroRedundancyOptimizer::recover() {
+  core_->settle(std::string(kName) + ".recover");
+  return core_->redundancy->recover(*core_);
+}
 int ZeroRedundancyOptimizer::redundancy() const noexcept { return core_->redundancy->k(core_->world); }
 std::vector<int> ZeroRedundancyOptimizer::buddies(int r) const {
   if (r < 0 || r >= core_->world)
