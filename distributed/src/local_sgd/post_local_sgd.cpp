@@ -3,7 +3,9 @@
 
 #include <cstdio>
 #include <string>
+#include <typeinfo>
 
+#include "dopt/distributed/diloco.hpp"
 #include "dopt/optim/internal/state_load.hpp"
 #include "survive/survive_util.hpp"
 
@@ -39,13 +41,69 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, s
   check_post_local_sgd_schedule(hook_state, *averager_);
 }
 
+PostLocalSGDOptimizer::~PostLocalSGDOptimizer() {
+  if (in_flight_.valid()) in_flight_.wait();  // the average writes into the parameters; its error is dropped
+}
+
+void PostLocalSGDOptimizer::settle(const char* op) const {
+  if (in_flight_.valid()) {
+    Future<void> f = std::move(in_flight_);
+    in_flight_ = Future<void>();
+    f.wait();
+    // DiLoCo's failed fragment is back at its anchors: nothing differs between the ranks.
+    if (f.exception() && !dynamic_cast<const DiLoCoAverager*>(averager_.get())) {
+      failed_ = "the average of step_async() (averager step " + std::to_string(averager_->step() - 1) + ") failed: ";
+      try {
+        f.get();
+      } catch (const std::exception& e) {
+        failed_ += e.what();
+      } catch (...) {
+        failed_ += "an unknown exception";
+      }
+    }
+  }
+  if (!failed_.empty())
+    throw StateError(op, failed_ + "; the ranks' parameters may differ from here on (build the optimizer anew "
+                                   "and load a checkpoint)", averager_->process_group().rank());
+}
+
 void PostLocalSGDOptimizer::step() {
+  settle("PostLocalSGDOptimizer.step");
   optim_->step();
   ++steps_taken_;
   average("PostLocalSGDOptimizer.step");
 }
 
+Future<void> PostLocalSGDOptimizer::step_async() {
+  static constexpr const char* op = "PostLocalSGDOptimizer.step_async";
+  settle(op);
+  optim_->step();
+  ++steps_taken_;
+  in_flight_ = average_async(op);
+  return in_flight_;
+}
+
+Future<void> PostLocalSGDOptimizer::average_async(const char* op) {
+  ModelAverager& a = *averager_;
+  if (!survive_) {
+    if (auto* diloco = dynamic_cast<DiLoCoAverager*>(&a)) return diloco->average_parameters_async(optim_->param_groups());
+    // ModelAverager::average_parameters with the wait left out (the same
+    // average_parameters_async underneath): only for the averagers whose
+    // call is exactly that.
+    if (typeid(a) == typeid(PeriodicModelAverager) || typeid(a) == typeid(HierarchicalModelAverager)) {
+      const std::int64_t at = a.step();
+      Future<void> done = make_ready_future();
+      if (auto g = a.group_for_step(at)) done = average_parameters_async(get_params_to_average(optim_->param_groups()), *g);
+      a.set_step(at + 1);
+      return done;
+    }
+  }
+  average(op);  // completes here (header)
+  return make_ready_future();
+}
+
 void PostLocalSGDOptimizer::skip_step() {
+  settle("PostLocalSGDOptimizer.skip_step");
   // No local update, but the averager keeps its schedule: it averages when
   // this step is due (every rank skips together, so the collective matches)
   // and counts the step.
@@ -54,6 +112,7 @@ void PostLocalSGDOptimizer::skip_step() {
 }
 
 void PostLocalSGDOptimizer::enable_survive(std::function<void(const ZeroRecovery&)> on_membership_change) {
+  settle("PostLocalSGDOptimizer.enable_survive");
   if (!dynamic_cast<PeriodicModelAverager*>(averager_.get()))
     throw NotSupportedError("PostLocalSGDOptimizer.enable_survive",
                             "only a PeriodicModelAverager can go on over the survivors' group (the hierarchical "
@@ -96,6 +155,7 @@ void PostLocalSGDOptimizer::average(const char* op) {
 
 ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) {
   static constexpr const char* op = "PostLocalSGDOptimizer.recover";
+  settle(op);
   if (!survive_) throw StateError(op, "recovery needs enable_survive()", averager_->process_group().rank());
   const std::int64_t at = averager_->step();
   ZeroRecovery rec;
@@ -114,6 +174,7 @@ ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) 
 }
 
 StateDict PostLocalSGDOptimizer::state_dict() const {
+  settle("PostLocalSGDOptimizer.state_dict");
   StateDict sd = optim_->state_dict();
   sd.metadata[kAveragerStepKey] = std::to_string(averager_->step());
   averager_->save_state(sd);
@@ -122,6 +183,7 @@ StateDict PostLocalSGDOptimizer::state_dict() const {
 
 void PostLocalSGDOptimizer::load_state_dict(const StateDict& sd) {
   static constexpr const char* op = "PostLocalSGDOptimizer.load_state_dict";
+  settle(op);
   std::optional<std::int64_t> step;
   if (auto it = sd.metadata.find(kAveragerStepKey); it != sd.metadata.end()) {
     step = detail::parse_count(it->second, op, "the averager step");
