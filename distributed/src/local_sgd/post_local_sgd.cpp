@@ -7,6 +7,7 @@
 
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/optim/internal/state_load.hpp"
+#include "survive/step_in_flight.hpp"
 #include "survive/survive_util.hpp"
 
 namespace dopt::optim {
@@ -46,25 +47,11 @@ PostLocalSGDOptimizer::~PostLocalSGDOptimizer() {
 }
 
 void PostLocalSGDOptimizer::settle(const char* op) const {
-  if (in_flight_.valid()) {
-    Future<void> f = std::move(in_flight_);
-    in_flight_ = Future<void>();
-    f.wait();
-    // DiLoCo's failed fragment is back at its anchors: nothing differs between the ranks.
-    if (f.exception() && !dynamic_cast<const DiLoCoAverager*>(averager_.get())) {
-      failed_ = "the average of step_async() (averager step " + std::to_string(averager_->step() - 1) + ") failed: ";
-      try {
-        f.get();
-      } catch (const std::exception& e) {
-        failed_ += e.what();
-      } catch (...) {
-        failed_ += "an unknown exception";
-      }
-    }
-  }
-  if (!failed_.empty())
-    throw StateError(op, failed_ + "; the ranks' parameters may differ from here on (build the optimizer anew "
-                                   "and load a checkpoint)", averager_->process_group().rank());
+  // DiLoCo's failed fragment is back at its anchors: nothing differs between the ranks.
+  const bool keep_error = !dynamic_cast<const DiLoCoAverager*>(averager_.get());
+  detail::settle_in_flight(in_flight_, failed_,
+                           "the average of step_async() (averager step " + std::to_string(averager_->step() - 1) + ")",
+                           keep_error, op, averager_->process_group().rank());
 }
 
 void PostLocalSGDOptimizer::step() {
@@ -85,15 +72,16 @@ Future<void> PostLocalSGDOptimizer::step_async() {
 
 Future<void> PostLocalSGDOptimizer::average_async(const char* op) {
   ModelAverager& a = *averager_;
+  const auto& groups = optim_->param_groups();
   if (!survive_) {
-    if (auto* diloco = dynamic_cast<DiLoCoAverager*>(&a)) return diloco->average_parameters_async(optim_->param_groups());
+    if (auto* diloco = dynamic_cast<DiLoCoAverager*>(&a)) return diloco->average_parameters_async(groups);
     // ModelAverager::average_parameters with the wait left out (the same
     // average_parameters_async underneath): only for the averagers whose
     // call is exactly that.
     if (typeid(a) == typeid(PeriodicModelAverager) || typeid(a) == typeid(HierarchicalModelAverager)) {
       const std::int64_t at = a.step();
       Future<void> done = make_ready_future();
-      if (auto g = a.group_for_step(at)) done = average_parameters_async(get_params_to_average(optim_->param_groups()), *g);
+      if (auto g = a.group_for_step(at)) done = average_parameters_async(get_params_to_average(groups), *g);
       a.set_step(at + 1);
       return done;
     }

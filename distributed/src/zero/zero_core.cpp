@@ -5,6 +5,7 @@
 #include "dopt/actors/join.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/runtime/notice.hpp"
+#include "survive/step_in_flight.hpp"
 #include "zero_internal.hpp"
 #include "zero_shard_sync.hpp"
 
@@ -146,24 +147,8 @@ Future<void> ZeroCore::post_shards(const Future<void>& notify) {
 }
 
 void ZeroCore::settle(const std::string& op) const {
-  if (in_flight.valid()) {
-    Future<void> f = std::move(in_flight);
-    in_flight = Future<void>();
-    f.wait();
-    if (std::exception_ptr e = f.exception()) {
-      failed = "the broadcasts of step_async() (step " + std::to_string(in_flight_step) + ") failed: ";
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& x) {
-        failed += x.what();
-      } catch (...) {
-        failed += "an unknown exception";
-      }
-    }
-  }
-  if (!failed.empty())
-    throw StateError(op, failed + "; the ranks' parameters may differ from here on (build the optimizer anew "
-                                  "and load a checkpoint)", rank);
+  const std::string what = "the broadcasts of step_async() (step " + std::to_string(in_flight_step) + ")";
+  detail::settle_in_flight(in_flight, failed, what, /*keep_error=*/true, op, rank);
 }
 
 std::optional<double> ZeroCore::step(const Optimizer::LossClosure& closure) {
