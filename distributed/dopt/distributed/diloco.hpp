@@ -56,6 +56,21 @@
 // only on the call counter, so the failed fragment is next synchronised at
 // its next turn. How a trainer recovers: docs/diloco.md.
 //
+// Async (average_parameters_async, PostLocalSGDOptimizer::step_async): the
+// same call, but a sync call returns before the average arrived: the wait,
+// the outer step and the parameter update run on the thread that completes
+// the average (a runtime thread for float32, this averager's worker for the
+// quantized formats), and the returned future completes after them, carrying
+// the average's error (the fragment then back at its anchors, as above).
+// Bitwise the blocking form's result: both run the same completion code,
+// the blocking form on the calling thread. Until that future is ready the fragment's parameters are not
+// final (reading them races the update); every call of this averager waits
+// for it first (a documented wait; the error is not thrown again: the
+// failed fragment is at its anchors and synchronises at its next turn),
+// except the accessors (options(), params(), fragments(), anchors(),
+// outer_optimizer(), pending_fragment(), stats()), which must not be called
+// while it is in flight.
+//
 // State: save_state()/load_state() put the anchors, the outer optimizers'
 // state, the error-feedback residuals and an average in flight (waited for)
 // into the state dict of PostLocalSGDOptimizer, under keys "diloco.*" of the
@@ -68,6 +83,7 @@
 // lerp with weight 0 gives the same, except NaN where a local value is
 // infinite).
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -133,6 +149,9 @@ class DiLoCoAverager : public ModelAverager {
   /// constructor's). A collective on prepare and sync calls (header).
   void average_parameters(const std::vector<Tensor>& params) override;
   void average_parameters(const std::vector<OptimizerParamGroup>& groups) override;
+  /// The same call with a sync's completion in the background (see the
+  /// header); a ready future on calls that do not sync. Rank thread.
+  Future<void> average_parameters_async(const std::vector<OptimizerParamGroup>& groups);
 
   /// The group on calls that prepare or sync a fragment.
   std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;
@@ -171,8 +190,20 @@ class DiLoCoAverager : public ModelAverager {
  private:
   struct Pending;
   void prepare(std::size_t k);
-  void sync(std::size_t k);
+  /// Both forms of average_parameters: the schedule, prepare and sync.
+  Future<void> call(bool background);
+  /// Fragment k's completion (the wait, the outer step, the parameter
+  /// update): here, or with `background` on the thread that completes its
+  /// average (the future then kept in in_sync_ until settle()).
+  Future<void> sync(std::size_t k, bool background);
+  /// sync's completion, the same code on either thread (waits for `average`).
+  void complete_sync(std::size_t k, const Future<void>& average, std::chrono::steady_clock::time_point t0);
+  /// Rank thread, first in every call: waits for a sync in flight, joins the worker it ran on.
+  void settle() const;
   void finish_pending();  // waits; the averaged deltas are then in pending_->deltas
+  /// The average of p arrived (`average` ready): its error kept, or the
+  /// deltas made averages; once (p.done).
+  void land(Pending& p, const Future<void>& average);
   // replicated: anchors, outer state, average in flight (only the parameters
   // i % shards == shard); local: residuals.
   void save_into(StateDict& sd, bool replicated, bool local, int shard, int shards) const;
@@ -187,6 +218,8 @@ class DiLoCoAverager : public ModelAverager {
   std::vector<std::vector<Tensor>> delta_bufs_;  // per fragment, reused by every sync (lazy)
   std::vector<Tensor> flat_bufs_;                // quantized formats: per fragment (lazy)
   std::unique_ptr<Pending> pending_;
+  mutable Future<void> in_sync_;     // a sync completing in the background
+  mutable std::thread done_worker_;  // the quantized worker that ran it, joined by settle()
   DiLoCoStats stats_;
   bool sharded_ = false;
 };

@@ -22,6 +22,30 @@
 // (decimal) since dopt's StateDict has no free top-level keys; the schedule
 // check below does not exist in torch.
 //
+// step_async() (dopt only; docs/post-local-sgd.md, "step_async"): the local
+// step on the calling thread, the averager's collective in the background:
+// PeriodicModelAverager's and HierarchicalModelAverager's average
+// (average_parameters_async), DiLoCoAverager's sync (its
+// average_parameters_async: the outer step runs where the average
+// completes). Called where step() would be; bitwise step()'s parameters,
+// state and averager counter (the same averaging code). The future is ready
+// once the parameters hold their new values (at once on steps that do not
+// average) and carries the collective's error. Until then the averaged
+// parameters are not final: reading them races the average. These calls
+// wait for it first (a documented wait): step(), step_async(), skip_step(),
+// add_param_group(), recover(), state_dict(), load_state_dict(),
+// enable_survive() and the destructor; zero_grad(), clip_grad_norm and the
+// GradScaler's unscale_ touch gradients only and do not wait, nor do the
+// accessors (optim(), averager(), state(), param_groups()), which must not
+// be used to change parameters or state meanwhile. A failed average makes
+// every later waiting call throw StateError naming itself and that error
+// (the ranks' parameters may differ), except with DiLoCoAverager, whose
+// failed fragment is back at its anchors as after a failed step() (the
+// error stays with the future). It completes before it returns (a ready
+// future; errors thrown as step()'s) after enable_survive() (the recovery
+// is part of the step) and with any other averager (its
+// average_parameters is all there is).
+//
 // Surviving a lost rank (dopt only; docs/fault-tolerance.md), after
 // enable_survive(): on the steps that average, the parameters to average are
 // copied first. When the average fails with PeerLostError, every survivor
@@ -40,8 +64,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "dopt/actors/future.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/distributed/averagers.hpp"
 #include "dopt/optim/clip_grad.hpp"
@@ -91,9 +117,17 @@ class PostLocalSGDOptimizer {
   /// (check_post_local_sgd_schedule); the state is not kept.
   PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, std::unique_ptr<ModelAverager> averager,
                         const PostLocalSGDState& hook_state);
+  /// Waits for a step_async() in flight (its error dropped).
+  ~PostLocalSGDOptimizer();
+  PostLocalSGDOptimizer(const PostLocalSGDOptimizer&) = delete;
+  PostLocalSGDOptimizer& operator=(const PostLocalSGDOptimizer&) = delete;
 
-  /// The local step, then averager().average_parameters(param_groups()).
+  /// Waits for a step_async() in flight (header), then the local step, then
+  /// averager().average_parameters(param_groups()).
   void step();
+  /// The local step here, the average in the background (see the header).
+  /// Errors of the local step are thrown here.
+  Future<void> step_async();
   /// A step without the local update, for a step that every rank skips (a
   /// loss scaler found inf/NaN gradients on some rank, GradScaler::step):
   /// the averager still runs, averaging the parameters if this step is one
@@ -120,8 +154,12 @@ class PostLocalSGDOptimizer {
   /// How many calls of step() / skip_step() there were.
   std::int64_t steps_taken() const noexcept { return steps_taken_; }
   std::int64_t steps_skipped() const noexcept { return steps_skipped_; }
+  /// Does not wait for a step_async() in flight (gradients only).
   void zero_grad(bool set_to_none = false) { optim_->zero_grad(set_to_none); }
-  void add_param_group(OptimizerParamGroup group) { optim_->add_param_group(std::move(group)); }
+  void add_param_group(OptimizerParamGroup group) {
+    settle("PostLocalSGDOptimizer.add_param_group");
+    optim_->add_param_group(std::move(group));
+  }
 
   /// The local optimizer's (the same objects).
   std::vector<OptimizerParamGroup>& param_groups() noexcept { return optim_->param_groups(); }
@@ -151,9 +189,18 @@ class PostLocalSGDOptimizer {
   std::int64_t steps_skipped_ = 0;
   bool survive_ = false;
   std::function<void(const ZeroRecovery&)> on_membership_change_;
+  // step_async(): its average until settle() collected it, and, once one
+  // failed (not with DiLoCo), what settle() reports from then on.
+  mutable Future<void> in_flight_;
+  mutable std::string failed_;
 
   /// The averager's call of this step, with the survive path (header).
   void average(const char* op);
+  /// step_async's averaging: in the background where the averager allows (header), else average(op).
+  Future<void> average_async(const char* op);
+  /// Rank thread, first in the calls that wait (header): waits for a
+  /// step_async in flight; StateError naming `op` once one failed.
+  void settle(const char* op) const;
 };
 
 // --- with the single-rank training utilities of dopt/optim/ ------------------

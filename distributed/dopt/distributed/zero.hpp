@@ -15,13 +15,37 @@
 // noted; nothing returns before the collective's data is in place:
 //   constructor (an all_gather of a descriptor of the parameter list, which
 //     must match on every rank: same groups, sizes, shapes, dtypes),
-//   step(), add_param_group() (same group on every rank), consolidate_state_dict(),
+//   step(), step_async() (its data is in place once its future is ready),
+//   add_param_group() (same group on every rank), consolidate_state_dict(),
 //   save_sharded() (ends with a barrier), recover().
 // Local (no communication): state_dict() (on the rank consolidate_state_dict
 // gathered to; StateError elsewhere), load_state_dict(), load_sharded(),
 // zero_grad(), param_groups(), join_hook(), the accessors.
 // Not thread-safe: one thread per rank at a time. step() calls
 // Join::notify_join_context(*this) first.
+//
+// step_async() (docs/zero.md, "step_async"): the local step on the calling
+// thread, the broadcasts of the updated shards in the background; the
+// Future completes (on a runtime thread) when every shard is in place and
+// carries their error (a lost peer: PeerLostError) if one failed. A
+// collective like step(), called where step() would be; bitwise step()'s
+// parameters and state (the same code posts the same broadcasts). Until the
+// future is ready the parameters this rank does not own are not final:
+// reading them gets old or new values, writing them (a forward pass, the
+// user's own updates) races the broadcasts. These calls wait for the step in
+// flight first (a documented wait): step(), step_async(), add_param_group(),
+// consolidate_state_dict(), state_dict(), load_state_dict(), save_sharded(),
+// shard_state_dict(), load_sharded(), recover() and the destructor (which
+// drops the error). When the background part failed, each of them (except
+// the destructor) throws StateError naming itself and the failed step's
+// error, from then on: the ranks' parameters may differ. zero_grad(),
+// clip_grad_norm, the GradScaler's unscale_ and LR schedulers touch
+// gradients and hyperparameters only, so they do not wait. step_async()
+// completes before it returns (a ready future) with redundancy > 0 (its
+// recovery is part of the step) and with overlap_with_ddp (step() only
+// waits for the overlapped iteration there); then its errors are thrown as
+// step()'s. It takes no closure: a closure's loss would need a forward pass
+// over parameters still in flight.
 //
 // Parameters re-pointed at memory ZeRO owns (parameters_as_bucket_view,
 // overlap_with_ddp): a parameter that is a view of memory dopt does not own
@@ -67,6 +91,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dopt/actors/future.hpp"
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/optim/clip_grad.hpp"
@@ -220,6 +245,12 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Collective. See the header. Returns the closure's loss (as computed on
   /// this rank), or nullopt without a closure.
   std::optional<double> step(const Optimizer::LossClosure& closure = nullptr);
+  /// Collective, where step() would be (see the header): the local step
+  /// here, the broadcasts in the background; the future is ready once every
+  /// shard is in place and carries the first broadcast's error. Errors of
+  /// the local step (before anything is posted) are thrown here.
+  /// step_count() counts it when it returns.
+  Future<void> step_async();
   /// Clears the gradients of *all* parameters (torch: inherited zero_grad).
   void zero_grad(bool set_to_none = false);
   /// Collective: every rank adds the same group; the partition is recomputed
@@ -327,8 +358,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Bytes of the local optimizer's state on this rank (with overlap: call it
   /// between iterations; mid-iteration the state is with the worker).
   std::int64_t local_state_bytes() const;
-  /// step() calls made so far (restored by load_sharded); with overlap: the
-  /// overlapped iterations completed.
+  /// step() and step_async() calls made so far (a step_async in flight
+  /// counted; restored by load_sharded); with overlap: the overlapped
+  /// iterations completed.
   std::int64_t step_count() const noexcept;
   bool overlap_with_ddp() const noexcept;
   /// overlap_with_ddp: the owner rank of each reducer bucket, by bucket index

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <utility>
 
@@ -196,7 +197,16 @@ DiLoCoAverager::DiLoCoAverager(std::vector<Tensor> params, DiLoCoOptions options
 }
 
 DiLoCoAverager::~DiLoCoAverager() {
+  settle();
   if (pending_ && pending_->worker.joinable()) pending_->worker.join();
+}
+
+void DiLoCoAverager::settle() const {
+  if (in_sync_.valid()) {
+    in_sync_.wait();  // its error stays with the future (the header)
+    in_sync_ = Future<void>();
+  }
+  if (done_worker_.joinable()) done_worker_.join();
 }
 
 std::optional<ProcessGroup> DiLoCoAverager::group_for_step(std::int64_t step) const {
@@ -217,15 +227,26 @@ DiLoCoStats DiLoCoAverager::stats() const {
 
 void DiLoCoAverager::average_parameters(const std::vector<OptimizerParamGroup>& /*groups*/) {
   dopt::detail::CallScope call_scope("DiLoCoAverager::average_parameters()");
+  call(/*background=*/false);
+}
+
+Future<void> DiLoCoAverager::average_parameters_async(const std::vector<OptimizerParamGroup>& /*groups*/) {
+  dopt::detail::CallScope call_scope("DiLoCoAverager::average_parameters_async()");
+  return call(/*background=*/true);
+}
+
+Future<void> DiLoCoAverager::call(bool background) {
+  settle();
   const std::int64_t c = step();
   const auto F = static_cast<std::int64_t>(fragments_.size());
   const std::int64_t H = options_.sync_every / F;
   const std::int64_t l = c % H + 1;
   const auto k = static_cast<std::size_t>((c / H) % F);
   set_step(c + 1);  // the schedule advances also when this call throws
-  if (!process_group().is_member()) return;
+  if (!process_group().is_member()) return make_ready_future();
   if (l == H - options_.fragment_sync_delay) prepare(k);
-  if (l == H) sync(k);
+  if (l == H) return sync(k, background);
+  return make_ready_future();
 }
 
 void DiLoCoAverager::average_parameters(const std::vector<Tensor>& /*params*/) {
@@ -317,20 +338,29 @@ void DiLoCoAverager::prepare(std::size_t k) {
 
 void DiLoCoAverager::finish_pending() {
   Pending& p = *pending_;
-  if (p.done) {
-    if (p.error) std::rethrow_exception(p.error);
-    return;
+  if (!p.done) {
+    const auto t0 = Clock::now();
+    p.future.wait();
+    land(p, p.future);
+    stats_.seconds_waiting += seconds_since(t0);
   }
-  const auto t0 = Clock::now();
+  if (p.error) std::rethrow_exception(p.error);
+}
+
+void DiLoCoAverager::land(Pending& p, const Future<void>& average) {
+  if (p.done) return;
+  p.done = true;
   try {
-    p.future.get();
+    average.get();
   } catch (...) {
     p.error = std::current_exception();
   }
-  if (p.worker.joinable()) p.worker.join();
-  stats_.seconds_waiting += seconds_since(t0);
-  p.done = true;
-  if (p.error) std::rethrow_exception(p.error);
+  if (p.worker.joinable()) {
+    // The continuation of a quantized average runs on that worker: the rank thread joins it (settle).
+    if (p.worker.get_id() == std::this_thread::get_id()) done_worker_ = std::move(p.worker);
+    else p.worker.join();
+  }
+  if (p.error) return;
   const int n = process_group().size();
   if (options_.wire_format == WireFormat::float32) {
     for (const auto& d : p.deltas) detail::divide_(d, n, kOp);  // sum first, then divide
@@ -343,17 +373,31 @@ void DiLoCoAverager::finish_pending() {
   }
 }
 
-void DiLoCoAverager::sync(std::size_t k) {
+Future<void> DiLoCoAverager::sync(std::size_t k, bool background) {
   if (!pending_ || pending_->fragment != k) prepare(k);  // e.g. after set_step to a sync step
+  const auto t0 = Clock::now();
+  if (!background) {
+    complete_sync(k, pending_->future, t0);  // waits here, throws here
+    return make_ready_future();
+  }
+  in_sync_ = pending_->future.then([this, k, t0](const Future<void>& average) { complete_sync(k, average, t0); });
+  return in_sync_;
+}
+
+void DiLoCoAverager::complete_sync(std::size_t k, const Future<void>& average, Clock::time_point t0) {
   const auto& frag = fragments_[k];
-  try {
-    finish_pending();
-  } catch (...) {
+  Pending& pending = *pending_;
+  if (!pending.done) {
+    land(pending, average);
+    stats_.seconds_waiting += seconds_since(t0);
+  }
+  if (pending.error) {
     // The fragment returns to its anchor; anchors and outer state stay.
     for (auto i : frag) params_[static_cast<std::size_t>(i)].copy_(anchors_[static_cast<std::size_t>(i)]);
+    const std::exception_ptr error = pending.error;
     pending_.reset();
     ++stats_.failed_syncs;
-    throw;
+    std::rethrow_exception(error);
   }
   std::unique_ptr<Pending> p = std::move(pending_);
   for (std::size_t j = 0; j < frag.size(); ++j) anchors_[static_cast<std::size_t>(frag[j])].set_grad(p->deltas[j]);
@@ -372,6 +416,7 @@ void DiLoCoAverager::save_state(StateDict& sd) const {
 }
 
 void DiLoCoAverager::save_into(StateDict& sd, bool replicated, bool local, int shard, int shards) const {
+  settle();
   auto* self = const_cast<DiLoCoAverager*>(this);
   if (pending_) self->finish_pending();  // the average in flight is part of the state
   auto mine = [&](std::int64_t i) { return i % shards == shard; };
@@ -418,6 +463,7 @@ void DiLoCoAverager::load_state(StateDict& sd) {
 }
 
 void DiLoCoAverager::load_from(StateDict& sd, bool replicated, bool local) {
+  settle();
   static constexpr const char* op = "DiLoCoAverager.load_state";
   if (!sd.metadata.count(kFormatMeta))
     throw StateDictError(op, "the state dict holds no DiLoCo state (no metadata '" + std::string(kFormatMeta) +

@@ -3,8 +3,11 @@
 
 #include <cstdio>
 #include <string>
+#include <typeinfo>
 
+#include "dopt/distributed/diloco.hpp"
 #include "dopt/optim/internal/state_load.hpp"
+#include "survive/step_in_flight.hpp"
 #include "survive/survive_util.hpp"
 #include "dopt/actors/internal/call_label.hpp"
 
@@ -40,15 +43,59 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<Optimizer> optim, s
   check_post_local_sgd_schedule(hook_state, *averager_);
 }
 
+PostLocalSGDOptimizer::~PostLocalSGDOptimizer() {
+  if (in_flight_.valid()) in_flight_.wait();  // the average writes into the parameters; its error is dropped
+}
+
+void PostLocalSGDOptimizer::settle(const char* op) const {
+  // DiLoCo's failed fragment is back at its anchors: nothing differs between the ranks.
+  const bool keep_error = !dynamic_cast<const DiLoCoAverager*>(averager_.get());
+  detail::settle_in_flight(in_flight_, failed_,
+                           "the average of step_async() (averager step " + std::to_string(averager_->step() - 1) + ")",
+                           keep_error, op, averager_->process_group().rank());
+}
+
 void PostLocalSGDOptimizer::step() {
   dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::step()");
+  settle("PostLocalSGDOptimizer.step");
   optim_->step();
   ++steps_taken_;
   average("PostLocalSGDOptimizer.step");
 }
 
+Future<void> PostLocalSGDOptimizer::step_async() {
+  dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::step_async()");
+  static constexpr const char* op = "PostLocalSGDOptimizer.step_async";
+  settle(op);
+  optim_->step();
+  ++steps_taken_;
+  in_flight_ = average_async(op);
+  return in_flight_;
+}
+
+Future<void> PostLocalSGDOptimizer::average_async(const char* op) {
+  ModelAverager& a = *averager_;
+  const auto& groups = optim_->param_groups();
+  if (!survive_) {
+    if (auto* diloco = dynamic_cast<DiLoCoAverager*>(&a)) return diloco->average_parameters_async(groups);
+    // ModelAverager::average_parameters with the wait left out (the same
+    // average_parameters_async underneath): only for the averagers whose
+    // call is exactly that.
+    if (typeid(a) == typeid(PeriodicModelAverager) || typeid(a) == typeid(HierarchicalModelAverager)) {
+      const std::int64_t at = a.step();
+      Future<void> done = make_ready_future();
+      if (auto g = a.group_for_step(at)) done = average_parameters_async(get_params_to_average(groups), *g);
+      a.set_step(at + 1);
+      return done;
+    }
+  }
+  average(op);  // completes here (header)
+  return make_ready_future();
+}
+
 void PostLocalSGDOptimizer::skip_step() {
   dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::skip_step()");
+  settle("PostLocalSGDOptimizer.skip_step");
   // No local update, but the averager keeps its schedule: it averages when
   // this step is due (every rank skips together, so the collective matches)
   // and counts the step.
@@ -57,6 +104,7 @@ void PostLocalSGDOptimizer::skip_step() {
 }
 
 void PostLocalSGDOptimizer::enable_survive(std::function<void(const ZeroRecovery&)> on_membership_change) {
+  settle("PostLocalSGDOptimizer.enable_survive");
   if (!dynamic_cast<PeriodicModelAverager*>(averager_.get()))
     throw NotSupportedError("PostLocalSGDOptimizer.enable_survive",
                             "only a PeriodicModelAverager can go on over the survivors' group (the hierarchical "
@@ -100,6 +148,7 @@ void PostLocalSGDOptimizer::average(const char* op) {
 ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) {
   dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::recover()");
   static constexpr const char* op = "PostLocalSGDOptimizer.recover";
+  settle(op);
   if (!survive_) throw StateError(op, "recovery needs enable_survive()", averager_->process_group().rank());
   const std::int64_t at = averager_->step();
   ZeroRecovery rec;
@@ -119,6 +168,7 @@ ZeroRecovery PostLocalSGDOptimizer::recover(std::optional<ProcessGroup> shrunk) 
 
 StateDict PostLocalSGDOptimizer::state_dict() const {
   dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::state_dict()");
+  settle("PostLocalSGDOptimizer.state_dict");
   StateDict sd = optim_->state_dict();
   sd.metadata[kAveragerStepKey] = std::to_string(averager_->step());
   averager_->save_state(sd);
@@ -128,6 +178,7 @@ StateDict PostLocalSGDOptimizer::state_dict() const {
 void PostLocalSGDOptimizer::load_state_dict(const StateDict& sd) {
   dopt::detail::CallScope call_scope("PostLocalSGDOptimizer::load_state_dict()");
   static constexpr const char* op = "PostLocalSGDOptimizer.load_state_dict";
+  settle(op);
   std::optional<std::int64_t> step;
   if (auto it = sd.metadata.find(kAveragerStepKey); it != sd.metadata.end()) {
     step = detail::parse_count(it->second, op, "the averager step");

@@ -56,37 +56,48 @@ std::optional<double> ZeroRedundancyOptimizer::step(const Optimizer::LossClosure
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::step()");
   return core_->step(closure);
 }
+Future<void> ZeroRedundancyOptimizer::step_async() {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::step_async()");
+  return core_->step_async();
+}
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) { core_->zero_grad(set_to_none); }
 void ZeroRedundancyOptimizer::add_param_group(OptimizerParamGroup group) {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::add_param_group()");
   core_->add_param_group(std::move(group));
 }
 
-// --- state ---------------------------------------------------------------------
+// --- state (each waits for a step_async in flight first: zero.hpp) ----------------
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::consolidate_state_dict()");
+  core_->settle(std::string(kName) + ".consolidate_state_dict");
   core_->dicts.consolidate(*core_, to);
 }
 StateDict ZeroRedundancyOptimizer::state_dict() const {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::state_dict()");
+  core_->settle(std::string(kName) + ".state_dict");
   return core_->dicts.global(*core_);
 }
 void ZeroRedundancyOptimizer::load_state_dict(const StateDict& sd) {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::load_state_dict()");
+  core_->settle(std::string(kName) + ".load_state_dict");
   core_->dicts.load(*core_, sd);
 }
 void ZeroRedundancyOptimizer::save_sharded(const std::string& dir,
                                            const std::map<std::string, std::string>& metadata) const {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::save_sharded()");
+  core_->settle(std::string(kName) + ".save_sharded");
   core_->dicts.save_sharded(*core_, dir, metadata);
 }
 StateDict ZeroRedundancyOptimizer::shard_state_dict(const std::map<std::string, std::string>& metadata) const {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::shard_state_dict()");
-  return core_->dicts.shard(*core_, metadata, std::string(zero_detail::kName) + ".shard_state_dict", /*copy=*/true);
+  const std::string op = std::string(kName) + ".shard_state_dict";
+  core_->settle(op);
+  return core_->dicts.shard(*core_, metadata, op, /*copy=*/true);
 }
 ShardLoadReport ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::load_sharded()");
+  core_->settle(std::string(kName) + ".load_sharded");
   return core_->dicts.load_sharded(*core_, dir);
 }
 std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
@@ -97,6 +108,7 @@ std::string ZeroRedundancyOptimizer::shard_file_name(int rank, int world_size) {
 
 ZeroRecovery ZeroRedundancyOptimizer::recover() {
   dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::recover()");
+  core_->settle(std::string(kName) + ".recover");
   return core_->redundancy->recover(*core_);
 }
 int ZeroRedundancyOptimizer::redundancy() const noexcept { return core_->redundancy->k(core_->world); }

@@ -1,10 +1,11 @@
-// ZeroCore (zero_core.hpp): construction, add_param_group, step() and the
-// overlap driver's host side. The pieces do the rest.
+// ZeroCore (zero_core.hpp): construction, add_param_group, step(),
+// step_async() and the overlap driver's host side. The pieces do the rest.
 #include "zero_core.hpp"
 
 #include "dopt/actors/join.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/runtime/notice.hpp"
+#include "survive/step_in_flight.hpp"
 #include "zero_internal.hpp"
 #include "zero_shard_sync.hpp"
 
@@ -81,6 +82,7 @@ ZeroCore::ZeroCore(ZeroRedundancyOptimizer& self_, std::vector<OptimizerParamGro
 }
 
 ZeroCore::~ZeroCore() {
+  if (in_flight.valid()) in_flight.wait();  // the broadcasts write into our buffers; their error is dropped
   overlap.reset();  // stops the worker before anything it uses goes
 }
 
@@ -92,6 +94,7 @@ void ZeroCore::require_overlap_idle(const std::string& op) const {
 
 void ZeroCore::add_param_group(OptimizerParamGroup group_to_add) {
   const std::string op = std::string(kName) + ".add_param_group";
+  settle(op);
   if (overlap)
     throw NotSupportedError(op, "ZeroRedundancyOptimizer with overlap_with_ddp=true cannot add parameter groups "
                                 "(the reducer's buckets are fixed); pass every group to the constructor", rank);
@@ -136,7 +139,20 @@ void ZeroCore::broadcast_shards(const std::function<void()>& meanwhile) {
       .run([this](int i) { probe_at("broadcast", i); }, meanwhile);
 }
 
+Future<void> ZeroCore::post_shards(const Future<void>& notify) {
+  Future<void> shards = zero_detail::ShardSync(group, part, buckets, bucket_view).start([this](int i) {
+    probe_at("broadcast", i);
+  });
+  return when_all(std::vector<Future<void>>{shards, notify});
+}
+
+void ZeroCore::settle(const std::string& op) const {
+  const std::string what = "the broadcasts of step_async() (step " + std::to_string(in_flight_step) + ")";
+  detail::settle_in_flight(in_flight, failed, what, /*keep_error=*/true, op, rank);
+}
+
 std::optional<double> ZeroCore::step(const Optimizer::LossClosure& closure) {
+  settle(std::string(kName) + ".step");
   if (overlap) {
     if (closure)
       throw ValueError(std::string(kName) + ".step",
@@ -145,7 +161,34 @@ std::optional<double> ZeroCore::step(const Optimizer::LossClosure& closure) {
     return std::nullopt;
   }
   redundancy->check_closure(closure, rank);
-  Future<void> notify = Join::notify_join_context(self);
+  Future<void> notify;
+  std::optional<double> loss = local_step(closure, notify);
+  std::optional<ZeroRecovery> rec = redundancy->finish_step(*this, notify);
+  if (!rec) return loss;
+  if (!on_membership_change)
+    throw MembershipChangedError(std::string(kName) + ".step",
+                                 "recovered from the loss of rank(s) of the group; the step was completed, " +
+                                     std::to_string(rec->group.size()) + " rank(s) continue",
+                                 *rec, rank);
+  on_membership_change(*rec);
+  return loss;
+}
+
+Future<void> ZeroCore::step_async() {
+  settle(std::string(kName) + ".step_async");
+  if (overlap || !redundancy->background_broadcasts()) {
+    step(nullptr);  // completes here (zero.hpp); its errors are thrown
+    return make_ready_future();
+  }
+  Future<void> notify;
+  local_step(nullptr, notify);
+  in_flight = post_shards(notify);
+  in_flight_step = steps++;
+  return in_flight;
+}
+
+std::optional<double> ZeroCore::local_step(const Optimizer::LossClosure& closure, Future<void>& notify) {
+  notify = Join::notify_join_context(self);
   const auto mask = params.trainable_mask();
   if (mask != trainable) {
     if (bucket_view) {
@@ -161,14 +204,6 @@ std::optional<double> ZeroCore::step(const Optimizer::LossClosure& closure) {
   redundancy->after_local_step(*this);
   sync_from_local();
   probe_at("computed", 0);
-  std::optional<ZeroRecovery> rec = redundancy->finish_step(*this, notify);
-  if (!rec) return loss;
-  if (!on_membership_change)
-    throw MembershipChangedError(std::string(kName) + ".step",
-                                 "recovered from the loss of rank(s) of the group; the step was completed, " +
-                                     std::to_string(rec->group.size()) + " rank(s) continue",
-                                 *rec, rank);
-  on_membership_change(*rec);
   return loss;
 }
 

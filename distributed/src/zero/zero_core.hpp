@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dopt/distributed/zero.hpp"
@@ -37,6 +38,12 @@ struct ZeroCore final : zero_detail::OverlapHost {
 
   // --- the calls of zero.hpp that span the pieces --------------------------------
   std::optional<double> step(const Optimizer::LossClosure& closure);
+  /// zero.hpp's step_async: local_step(), then the broadcasts left in flight
+  /// (kept in in_flight) where the mode lets them (Redundancy::background_broadcasts).
+  Future<void> step_async();
+  /// Waits for a step_async() in flight; StateError naming `op` when one failed
+  /// (from then on). Rank thread; const for the const calls of zero.hpp that wait.
+  void settle(const std::string& op) const;
   void zero_grad(bool set_to_none);
   void add_param_group(OptimizerParamGroup group);
   /// overlap: StateError unless the plan exists and no iteration is in flight.
@@ -54,6 +61,13 @@ struct ZeroCore final : zero_detail::OverlapHost {
   }
   /// ShardSync over the current group, partition and buckets ("broadcast" probes).
   void broadcast_shards(const std::function<void()>& meanwhile = nullptr);
+  /// The same broadcasts left in flight: the future completes when they and
+  /// `notify` (the Join context's) have, with the first error (broadcasts first).
+  Future<void> post_shards(const Future<void>& notify);
+  /// step() and step_async() alike up to the broadcasts: the Join context's
+  /// notify (into `notify`), the buckets when the trainable parameters
+  /// changed, the probes, the local step, the redundancy's after_local_step.
+  std::optional<double> local_step(const Optimizer::LossClosure& closure, Future<void>& notify);
 
   // --- OverlapHost -------------------------------------------------------------
   void adopt_plan(zero_detail::Partition part) override;
@@ -83,6 +97,11 @@ struct ZeroCore final : zero_detail::OverlapHost {
   zero_detail::StateDicts dicts;
   std::unique_ptr<zero_detail::Redundancy> redundancy;
   std::shared_ptr<zero_detail::ZeroOverlap> overlap;  // overlap_with_ddp only
+  // step_async(): its background part until settle() collected it, and, once
+  // one failed, what settle() reports from then on.
+  mutable Future<void> in_flight;
+  mutable std::int64_t in_flight_step = 0;
+  mutable std::string failed;
 };
 
 /// The facade's core, for the hook factories of zero_overlap.hpp.

@@ -14,8 +14,7 @@ void NoRedundancy::start(ZeroCore& z, const ZeroOptions&) {
 }
 
 std::optional<ZeroRecovery> NoRedundancy::finish_step(ZeroCore& z, Future<void>& notify) {
-  z.broadcast_shards();
-  notify.get();
+  z.post_shards(notify).get();  // what step_async leaves in flight
   ++z.steps;
   return std::nullopt;
 }

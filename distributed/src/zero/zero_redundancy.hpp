@@ -46,6 +46,10 @@ class Redundancy {
   /// is recovered from here (then the step is complete and the recovery
   /// returned); other errors propagate.
   virtual std::optional<ZeroRecovery> finish_step(ZeroCore& z, Future<void>& notify) = 0;
+  /// step_async(): whether finish_step is only the broadcasts of the shards
+  /// and the notify (then they may complete after step_async returns); the
+  /// buddy modes keep copies and recover inside the step, so they finish it.
+  virtual bool background_broadcasts() const noexcept { return false; }
   /// recover(): StateError without redundancy.
   virtual ZeroRecovery recover(ZeroCore& z) = 0;
 
@@ -71,6 +75,7 @@ class NoRedundancy final : public Redundancy {
   void check_add_group(const std::string&, int) const override {}
   void after_local_step(ZeroCore&) override {}
   std::optional<ZeroRecovery> finish_step(ZeroCore& z, Future<void>& notify) override;
+  bool background_broadcasts() const noexcept override { return true; }
   ZeroRecovery recover(ZeroCore& z) override;
   bool keeps_state_of(const ZeroCore& z, std::size_t i) const override;
   void install_state(ZeroCore& z, StateByParam local) override;

@@ -5,9 +5,9 @@
 
 namespace dopt::optim::zero_detail {
 
-void ShardSync::run(const std::function<void(int)>& posted, const std::function<void()>& meanwhile) {
+Future<void> ShardSync::start(const std::function<void(int)>& posted) {
   std::vector<Future<void>> works;
-  std::exception_ptr first;
+  std::exception_ptr posting;
   auto post = [&](Future<void> f) {
     works.push_back(std::move(f));
     if (posted) posted(static_cast<int>(works.size()) - 1);
@@ -48,8 +48,16 @@ void ShardSync::run(const std::function<void(int)>& posted, const std::function<
       }
     }
   } catch (...) {
-    first = std::current_exception();
+    posting = std::current_exception();
   }
+  Future<void> all = when_all(works);
+  if (!posting) return all;
+  // The posting's error comes first, once what was posted has completed.
+  return all.then([posting](const Future<void>&) { std::rethrow_exception(posting); });
+}
+
+void ShardSync::run(const std::function<void(int)>& posted, const std::function<void()>& meanwhile) {
+  Future<void> all = start(posted);
   std::exception_ptr during;
   if (meanwhile) {  // once, whatever the posting did (a recovery may need what it does)
     try {
@@ -58,9 +66,9 @@ void ShardSync::run(const std::function<void(int)>& posted, const std::function<
       during = std::current_exception();
     }
   }
-  for (auto& w : works) wait_keeping_first_error(w, first);
+  all.wait();
   if (during) std::rethrow_exception(during);  // before a lost peer: the recovery would need its work
-  if (first) std::rethrow_exception(first);
+  all.get();
 }
 
 }  // namespace dopt::optim::zero_detail
