@@ -85,7 +85,8 @@ struct ZeroCore final : zero_detail::OverlapHost {
   std::shared_ptr<zero_detail::ZeroOverlap> overlap;  // overlap_with_ddp only
 };
 
-/// The facade's core, for the hook factories of zero_overlap.hpp.
+/// The facade's core, for the hook factories of zero_overlap.hpp and the
+/// Checkpointer's shared_shard (zero_state_dicts.hpp).
 struct ZeroCoreAccess {
   static ZeroCore& core(ZeroRedundancyOptimizer& z) { return *z.core_; }
 };

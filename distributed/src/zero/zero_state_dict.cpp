@@ -416,6 +416,11 @@ ShardLoadReport StateDicts::load_sharded(ZeroCore& z, const std::string& dir) co
 
 namespace dopt::optim {
 
+StateDict zero_detail::shared_shard(ZeroRedundancyOptimizer& z, const std::map<std::string, std::string>& metadata) {
+  const ZeroCore& core = ZeroCoreAccess::core(z);
+  return core.dicts.shard(core, metadata, std::string(zero_detail::kName) + ".shard_state_dict", /*copy=*/false);
+}
+
 // With its implementation rather than with the other forwards in zero.cpp.
 void ZeroRedundancyOptimizer::load_state_dict(const std::string& path) { core_->dicts.load_file(*core_, path); }
 

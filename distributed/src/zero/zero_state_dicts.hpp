@@ -42,4 +42,10 @@ class StateDicts {
   std::vector<StateDict> consolidated_;  // by group rank, on the rank they went to
 };
 
+/// The Checkpointer's snapshot of a ZeRO shard (items.cpp): the shard as
+/// shard_state_dict(metadata) gives it, with its state tensors shared instead
+/// of copied, so that the caller copies them where it likes (its staging
+/// memory). Same thread and errors as shard_state_dict.
+StateDict shared_shard(ZeroRedundancyOptimizer& z, const std::map<std::string, std::string>& metadata);
+
 }  // namespace dopt::optim::zero_detail
