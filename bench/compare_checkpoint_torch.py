@@ -9,8 +9,10 @@ First both sides save, once, into a temporary folder (removed at the end):
   torch: bench/checkpoint_torch.py --mode save (consolidate_state_dict + torch.save on rank 0)
   dopt:  dopt-run ... BUILD/bench/dopt_bench_checkpoint_load --mode save
          (consolidate_state_dict + save_state_dict on rank 0, and save_sharded)
-Then for each run 1..RUNS, one launch after the other (each load in fresh
-processes, so that its peak RSS is its own; the files come from the page cache):
+Then for each run 1..RUNS, one launch after the other, in this order in odd
+runs and the reverse in even ones (each load in fresh processes, so that its
+peak RSS is its own; the files come from the page cache; a launch right after
+one that freed much memory tends to fault faster on this VM):
   torch consolidated load (torch.load + load_state_dict),
   dopt consolidated load (load_state_dict(path)),
   dopt consolidated load through a whole StateDict (load_state_dict(dopt::load_state_dict(path))),
@@ -46,13 +48,14 @@ MB = 1e6
 
 
 def run(a):
-    dopt_run = os.path.join(a.build, "tools", "dopt-run")
-    bench = os.path.join(a.build, "bench", "dopt_bench_checkpoint_load")
-    for f in (dopt_run, bench):
-        if not os.access(f, os.X_OK):
-            raise SystemExit(f"{f}: not built (cmake --build {a.build} --target dopt-run dopt_bench_checkpoint_load)")
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    dopt_run, bench = (os.path.join(a.build, *p) for p in (("tools", "dopt-run"),
+                                                            ("bench", "dopt_bench_checkpoint_load")))
+    missing = [f for f in (dopt_run, bench) if not os.access(f, os.X_OK)]
+    if missing:
+        raise SystemExit(f"not built: {' '.join(missing)} (cmake --build {a.build} --target dopt-run "
+                         "dopt_bench_checkpoint_load)")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="dopt-ckpt-compare-", dir=a.tmp)
     ws, n = "2", str(a.numel)
     torch_cmd = lambda mode: [PY, os.path.join(HERE, "checkpoint_torch.py"), "--mode", mode, "--dir", tmp,  # noqa: E731
@@ -80,7 +83,7 @@ def run(a):
         record("torch", "save", 0, torch_cmd("save"))
         record("dopt", "save", 0, dopt_cmd("save"))
         for r in range(1, a.runs + 1):
-            for impl, what, cmd in plan:
+            for impl, what, cmd in (plan if r % 2 else plan[::-1]):
                 record(impl, what, r, cmd)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -98,6 +101,8 @@ def summary(a):
     recs = [json.loads(l) for l in open(a.inp) if l.strip()]
     last = a.session or max(r.get("session", "") for r in recs)
     recs = [r for r in recs if r.get("session", "") == last]
+    if not recs:
+        raise SystemExit(f"{a.inp}: no session {last}")
     by = {}
     for r in recs:
         by.setdefault((r["impl"], r["what"]), []).append(r)
@@ -112,9 +117,16 @@ def summary(a):
                   get("dopt", "consolidated_via_dict", "load_ms"))
     tp, dp, vp = (get("torch", "consolidated", "peak_rise_bytes"), get("dopt", "consolidated", "peak_rise_bytes"),
                   get("dopt", "consolidated_via_dict", "peak_rise_bytes"))
+    # Per run: torch's and dopt's launches of one run are neighbours in time.
+    per_run = {}
+    for r in recs:
+        if r["what"] == "consolidated":
+            per_run.setdefault(r["run"], {})[r["impl"]] = r["load_ms"]
+    ratios = ", ".join(f"{v['dopt'] / v['torch']:.2f}" for _, v in sorted(per_run.items()) if len(v) == 2)
     print("| measure | torch 1.13 | dopt | dopt/torch | target |")
     print("|---|---|---|---|---|")
-    print(f"| consolidated load, ms (slowest rank) | {fmt(tl)} | {fmt(dl)} | {fmt(dl / tl, 2)} | <= 1.0 |")
+    print(f"| consolidated load, ms (slowest rank) | {fmt(tl)} | {fmt(dl)} | {fmt(dl / tl, 2)} (runs: {ratios}) "
+          f"| <= 1.0 |")
     print(f"| consolidated load, peak RSS rise MB/rank | {fmt(tp / MB)} | {fmt(dp / MB)} | {fmt(dp / tp, 2)} | - |")
     print(f"| the same through load_state_dict(dopt::load_state_dict(path)), ms | {fmt(tl)} | {fmt(vl)} | "
           f"{fmt(vl / tl, 2)} | - |")
@@ -133,19 +145,20 @@ def summary(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", "3")))
-    r.add_argument("--reps", type=int, default=3, help="async: saves of each kind per run")
-    r.add_argument("--build", default=os.environ.get("BUILD", os.path.join(ROOT, "build")))
-    r.add_argument("--out", default=os.path.join(HERE, "results", "checkpoint_compare.jsonl"))
-    r.add_argument("--numel", type=int, default=50_000_000)
-    r.add_argument("--tmp", default=None, help="where the temporary checkpoint folder goes (default: $TMPDIR)")
-    r.add_argument("--quiet-wait", type=float, default=0.0,
-                   help="wait up to this many seconds for foreign CPU < 10%% before each launch (default: no wait)")
-    s = sub.add_parser("summary")
-    s.add_argument("--in", dest="inp", default=os.path.join(HERE, "results", "checkpoint_compare.jsonl"))
-    s.add_argument("--session", default=None, help="only this session (default: the latest)")
+    ap.add_argument("cmd", choices=["run", "summary"])
+    results = os.path.join(HERE, "results", "checkpoint_compare.jsonl")
+    for flag, kw in [("--runs", dict(type=int, default=int(os.environ.get("RUNS", "3")))),
+                     ("--reps", dict(type=int, default=3, help="async: saves of each kind per run")),
+                     ("--build", dict(default=os.environ.get("BUILD", os.path.join(ROOT, "build")))),
+                     ("--numel", dict(type=int, default=50_000_000)),
+                     ("--tmp", dict(default=None, help="run: the temporary checkpoint folder's parent")),
+                     ("--quiet-wait", dict(type=float, default=0.0,
+                                           help="run: wait up to this many seconds for foreign CPU < 10%% "
+                                                "before each launch")),
+                     ("--out", dict(default=results, help="run: where the records are appended")),
+                     ("--in", dict(dest="inp", default=results, help="summary: the records")),
+                     ("--session", dict(default=None, help="summary: this session (default: the latest)"))]:
+        ap.add_argument(flag, **kw)
     a = ap.parse_args()
     run(a) if a.cmd == "run" else summary(a)
 

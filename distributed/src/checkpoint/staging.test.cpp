@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "checkpoint/staging.hpp"
@@ -48,27 +49,31 @@ TEST_CASE("Checkpointer staging: saves that reuse the memory still write each st
   const RigOptions ro{false, true, false, false};  // parameters and ZeRO
   std::vector<std::vector<std::uint64_t>> end(world), from10(world), from11(world);
   simulate(world, [&](RankContext& ctx) {
-    Rig rig(ctx, 0, ro);
-    Checkpointer ck(options_for(ctx, dir));
-    rig.add_to(ck);
-    rig.step(0);
-    ck.save(10);
-    rig.step(1);
-    ck.save(11);
-    rig.step(2);
-    end[static_cast<std::size_t>(ctx.rank())] = rig.fingerprint();
-  }, short_timeout());
-  simulate(world, [&](RankContext& ctx) {
-    Rig rig(ctx, 1, ro);
-    Checkpointer ck(options_for(ctx, dir));
-    rig.add_to(ck);
-    ck.load(11);
-    rig.step(2);
-    from11[static_cast<std::size_t>(ctx.rank())] = rig.fingerprint();
-    ck.load(10);
-    rig.step(1);
-    rig.step(2);
-    from10[static_cast<std::size_t>(ctx.rank())] = rig.fingerprint();
+    const auto me = static_cast<std::size_t>(ctx.rank());
+    // A rig (parameters of initial values `init`) registered with a Checkpointer, for `body`.
+    auto with_rig = [&](int init, const std::function<void(Rig&, Checkpointer&)>& body) {
+      Rig rig(ctx, init, ro);
+      Checkpointer ck(options_for(ctx, dir));
+      rig.add_to(ck);
+      body(rig, ck);
+    };
+    with_rig(0, [&](Rig& rig, Checkpointer& ck) {
+      rig.step(0);
+      ck.save(10);
+      rig.step(1);
+      ck.save(11);
+      rig.step(2);
+      end[me] = rig.fingerprint();
+    });
+    with_rig(1, [&](Rig& rig, Checkpointer& ck) {
+      ck.load(11);
+      rig.step(2);
+      from11[me] = rig.fingerprint();
+      ck.load(10);
+      rig.step(1);
+      rig.step(2);
+      from10[me] = rig.fingerprint();
+    });
   }, short_timeout());
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);

@@ -48,6 +48,19 @@ std::unique_ptr<ZeroRedundancyOptimizer> make_zero(RankContext& ctx, const std::
                                                    ZeroOptions{ctx.world()});
 }
 
+/// One ZeRO step over make_params, then the consolidated state saved to
+/// `file` by rank 0 and, unless `shards` is empty, the shards; the parameters.
+std::vector<Tensor> step_and_save(RankContext& ctx, const std::string& file, const std::string& shards) {
+  auto ps = make_params(ctx.rank());
+  auto zero = make_zero(ctx, ps, 0.01);
+  zero->step();
+  zero->consolidate_state_dict(0);
+  if (ctx.rank() == 0) save_state_dict(zero->state_dict(), file);
+  if (!shards.empty()) zero->save_sharded(shards);
+  ctx.world().barrier();
+  return ps;
+}
+
 /// A scratch folder, removed at the end.
 struct Scratch {
   fs::path dir = fs::temp_directory_path() / ("dopt-zero-load-" + std::to_string(::getpid()));
@@ -95,12 +108,7 @@ TEST_CASE("ZeRO load_state_dict(path) loads what load_state_dict(dopt::load_stat
   const int world = 3;
   std::vector<std::string> problems(world);
   simulate(world, [&](RankContext& ctx) {
-    auto ps = make_params(ctx.rank());
-    auto zero = make_zero(ctx, ps, 0.01);
-    zero->step();
-    zero->consolidate_state_dict(0);
-    if (ctx.rank() == 0) save_state_dict(zero->state_dict(), file);
-    ctx.world().barrier();
+    const auto ps = step_and_save(ctx, file, "");
     auto by_path = make_zero(ctx, ps, 0.5);
     auto by_dict = make_zero(ctx, ps, 0.5);
     by_path->load_state_dict(file);
@@ -136,14 +144,7 @@ TEST_CASE("ZeRO load_sharded and load_state_dict(path) hold one copy of the stat
   const std::string file = (scratch.dir / "consolidated.safetensors").string();
   const std::string shards = (scratch.dir / "sharded").string();
   const int world = 2;
-  simulate(world, [&](RankContext& ctx) {
-    auto ps = make_params(ctx.rank());
-    auto zero = make_zero(ctx, ps, 0.01);
-    zero->step();
-    zero->consolidate_state_dict(0);
-    if (ctx.rank() == 0) save_state_dict(zero->state_dict(), file);
-    zero->save_sharded(shards);
-  }, short_timeout());
+  simulate(world, [&](RankContext& ctx) { step_and_save(ctx, file, shards); }, short_timeout());
 
   for (const bool sharded : {true, false}) {
     INFO((sharded ? "load_sharded" : "load_state_dict(path)"));
