@@ -271,6 +271,10 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// 0-d tensors on the CPU) and replaces the local state; hyperparameters
   /// come from the dict. Nothing changes when it throws.
   void load_state_dict(const StateDict& sd);
+  /// load_state_dict(dopt::load_state_dict(path)) without reading the whole
+  /// file: only the state of the parameters this rank keeps is read, each
+  /// tensor once (the same checks and errors; IOError for an unreadable file).
+  void load_state_dict(const std::string& path);
 
   /// Collective: writes this rank's shard to dir/optim-rank{r}-of-{N}.safetensors
   /// (dir is created), then waits for every rank (barrier). `metadata` is

@@ -14,6 +14,7 @@
 #include "checkpoint/agree.hpp"
 #include "checkpoint/items.hpp"
 #include "checkpoint/layout.hpp"
+#include "checkpoint/staging.hpp"
 #include "dopt/distributed/checkpointer.hpp"
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
@@ -65,7 +66,9 @@ struct Checkpointer::Impl {
   std::string run;
   std::vector<std::unique_ptr<Item>> items;
   std::thread writer;
-  Future<void> in_flight;  // the save the writer runs (invalid: none since the last wait)
+  Future<void> in_flight;
+  /// The snapshots' memory, kept from one save to the next (shared with the writer).
+  std::shared_ptr<checkpoint::Staging> staging = std::make_shared<checkpoint::Staging>();  // the save the writer runs (invalid: none since the last wait)
 
   void add(std::unique_ptr<Item> item, const char* op) {
     if (!valid_name(item->name(), "-_."))
@@ -113,7 +116,7 @@ struct Checkpointer::Impl {
     static constexpr const char* op = "Checkpointer::save";
     FileJob replicated{(fs::path(tmp) / checkpoint::kReplicatedFile).string(), {}};
     FileJob mine{(fs::path(tmp) / checkpoint::rank_file_name(rank, world_size)).string(), {}};
-    const checkpoint::SaveContext ctx{tmp, &id, rank};
+    const checkpoint::SaveContext ctx{tmp, &id, rank, staging.get()};
     std::vector<FileJob> own;  // the items' own files
     for (const auto& item : items) {
       const bool rep = item->entry().placement == "replicated";
@@ -275,7 +278,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   // A simulated task under deterministic simulation (scheduled like the ranks).
   m.writer = detail::sim::make_thread([call = dopt::detail::current_call(), done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
                           dir = m.options.dir, keep_last = m.options.keep_last, hook = m.options.before_write,
-                          on_commit = m.options.on_commit, rank = m.rank]() mutable {
+                          on_commit = m.options.on_commit, rank = m.rank, staging = m.staging]() mutable {
     dopt::detail::CallScope call_scope(call);  // its collectives name the save that started it
     try {
       if (!err) {
@@ -289,7 +292,9 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
           err = std::current_exception();
         }
       }
-      jobs.clear();  // the snapshot's memory goes before the commit
+      // The snapshot's memory goes back to the staging before the commit.
+      for (FileJob& job : jobs) staging->give_back(job.staged_prefix, std::move(job.bundle.tensors));
+      jobs.clear();
       const std::string what = "the checkpoint of step " + std::to_string(id.step) + " was not committed";
       checkpoint::agree(commit, err, 0, op, what + " (" + tmp + " is left incomplete)");
       std::exception_ptr commit_error;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checkpoint/layout.hpp"
+#include "checkpoint/staging.hpp"
 #include "dopt/distributed/checkpointer.hpp"
 #include "dopt/runtime/safetensors.hpp"
 
@@ -31,12 +32,18 @@ using Bundle = SafetensorsFile;
 struct FileJob {
   std::string path;
   Bundle bundle;
+  /// The tensors were copied with Staging::copy under this prefix plus their
+  /// entry names ("" for the replicated and per-rank files, whose entry
+  /// names carry their item's prefix already).
+  std::string staged_prefix;
 };
 
 struct SaveContext {
   std::string folder;  // the step-XXXXXXXX.tmp folder
   const Identity* id = nullptr;
   int rank = 0;
+  /// Where an item copies the tensors of its snapshot (staging.hpp).
+  Staging* staging = nullptr;
 };
 
 struct LoadContext {

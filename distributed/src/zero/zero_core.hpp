@@ -104,7 +104,8 @@ struct ZeroCore final : zero_detail::OverlapHost {
   mutable std::string failed;
 };
 
-/// The facade's core, for the hook factories of zero_overlap.hpp.
+/// The facade's core, for the hook factories of zero_overlap.hpp and the
+/// Checkpointer's shared_shard (zero_state_dicts.hpp).
 struct ZeroCoreAccess {
   static ZeroCore& core(ZeroRedundancyOptimizer& z) { return *z.core_; }
 };

@@ -50,18 +50,21 @@ std::vector<std::int64_t> split_ints(const std::string& s, const std::string& wh
   return out;
 }
 
-/// Copy of a loaded state entry for parameter p: `step` as is, other tensors
+/// A loaded state entry for parameter p: `step` on the CPU, other tensors
 /// cast to p's dtype on p's device (shape checked); 0-d tensors on the CPU.
-/// `source(key)` names a state tensor in errors (the file and entry, or the
-/// parameter index).
+/// `owned`: the tensors were just read from a file and nothing else holds
+/// them, so one that already has the right dtype and device is taken as it
+/// is (a load then holds one copy of the state, not two); otherwise every
+/// tensor is copied (the caller's dict stays its own). `source(key)` names a
+/// state tensor in errors (the file and entry, or the parameter index).
 ParamState copy_state_for(const ParamState& st, const Tensor& p, std::int64_t index, const std::string& op,
-                          const std::function<std::string(const std::string&)>& source) {
+                          bool owned, const std::function<std::string(const std::string&)>& source) {
   ParamState out;
   for (const auto& [key, value] : st) {
     if (!value.defined()) continue;
     check_state_value(op, source(key), key, value);
     if (key == "step") {
-      out[key] = value.to(Device::cpu());
+      out[key] = owned && value.device().is_cpu() ? value : value.to(Device::cpu());
       continue;
     }
     if (value.dim() != 0 && value.shape() != p.shape())
@@ -69,6 +72,10 @@ ParamState copy_state_for(const ParamState& st, const Tensor& p, std::int64_t in
                                    shape_str(value.shape()) + " but the parameter has shape " +
                                    shape_str(p.shape()));
     const Device d = value.dim() == 0 ? Device::cpu() : p.device();
+    if (owned && value.device() == d && value.dtype() == p.dtype()) {
+      out[key] = value;
+      continue;
+    }
     Tensor t = Tensor::empty(value.shape(), p.dtype(), d);
     t.copy_(value);
     out[key] = std::move(t);
@@ -163,6 +170,32 @@ StateDict StateDicts::global(const ZeroCore& z) const {
 void StateDicts::load(ZeroCore& z, const StateDict& sd) const {
   const std::string op = std::string(kName) + ".load_state_dict";
   z.require_overlap_idle(op);
+  load_global(z, sd, op, /*owned=*/false);
+}
+
+void StateDicts::load_file(ZeroCore& z, const std::string& path) const {
+  const std::string op = std::string(kName) + ".load_state_dict";
+  z.require_overlap_idle(op);
+  SafetensorsReader rd(path);
+  // The dict without its tensors (the file's groups and names checked as
+  // load_state_dict(path) checks them), then only the state this rank keeps
+  // is read, each tensor once, straight into the tensor the optimizer keeps.
+  SafetensorsFile names;
+  names.metadata = rd.metadata();
+  for (const auto& e : rd.entries()) names.tensors.emplace(e.name, Tensor());
+  StateDict sd = state_dict_from_safetensors(names, path);
+  const auto n = static_cast<std::int64_t>(z.params.size());
+  for (auto& [index, st] : sd.state) {
+    if (index < 0 || index >= n || !z.redundancy->keeps_state_of(z, static_cast<std::size_t>(index))) continue;
+    for (auto& [key, value] : st) value = rd.read("state." + std::to_string(index) + "." + key);
+  }
+  if (!rd.has_checksums())
+    notice_once(path + " has no checksums (written by an older dopt or another program): it is loaded without "
+                       "verifying its bytes");
+  load_global(z, sd, op, /*owned=*/true);
+}
+
+void StateDicts::load_global(ZeroCore& z, const StateDict& sd, const std::string& op, bool owned) const {
   if (sd.param_groups.size() != z.params.groups().size())
     throw StateDictError(op, "loaded state dict has a different number of parameter groups (" +
                                  std::to_string(sd.param_groups.size()) + " vs " + std::to_string(z.params.groups().size()) +
@@ -181,7 +214,7 @@ void StateDicts::load(ZeroCore& z, const StateDict& sd) const {
                                    std::to_string(z.params.size()) + " parameters", z.rank);
     if (!z.redundancy->keeps_state_of(z, static_cast<std::size_t>(index))) continue;
     const Tensor& p = z.params.at(static_cast<std::size_t>(index));
-    local[p.key()] = copy_state_for(st, p, index, op, [&](const std::string& key) {
+    local[p.key()] = copy_state_for(st, p, index, op, owned, [&](const std::string& key) {
       return "state '" + key + "' of parameter " + std::to_string(index);
     });
   }
@@ -369,7 +402,7 @@ ShardLoadReport StateDicts::load_sharded(ZeroCore& z, const std::string& dir) co
                                "loaded without verifying the bytes");
     for (const auto& [idx, st] : states) {
       const Tensor& p = z.params.at(static_cast<std::size_t>(idx));
-      local[p.key()] = copy_state_for(st, p, idx, op, [&](const std::string& key) {
+      local[p.key()] = copy_state_for(st, p, idx, op, /*owned=*/true, [&](const std::string& key) {
         return rd->path() + ": tensor 'state." + std::to_string(idx) + "." + key + "'";
       });
     }
@@ -380,3 +413,15 @@ ShardLoadReport StateDicts::load_sharded(ZeroCore& z, const std::string& dir) co
 }
 
 }  // namespace dopt::optim::zero_detail
+
+namespace dopt::optim {
+
+StateDict zero_detail::shared_shard(ZeroRedundancyOptimizer& z, const std::map<std::string, std::string>& metadata) {
+  const ZeroCore& core = ZeroCoreAccess::core(z);
+  return core.dicts.shard(core, metadata, std::string(zero_detail::kName) + ".shard_state_dict", /*copy=*/false);
+}
+
+// With its implementation rather than with the other forwards in zero.cpp.
+void ZeroRedundancyOptimizer::load_state_dict(const std::string& path) { core_->dicts.load_file(*core_, path); }
+
+}  // namespace dopt::optim
