@@ -42,6 +42,16 @@ Tensor tensor_of(const std::vector<T>& v, Shape shape = {}) {
   return Tensor::from_vector(v, std::move(shape));
 }
 
+/// `count` float32 parameters of uneven sizes first, first + stride, ...
+/// (so that shards and buckets differ between ranks), parameter k filled with
+/// values(.., seed + k).
+inline std::vector<Tensor> uneven_params(int count, std::size_t first, std::size_t stride, std::uint64_t seed) {
+  std::vector<Tensor> ps;
+  for (int k = 0; k < count; ++k)
+    ps.push_back(tensor_of(values<float>(first + stride * static_cast<std::size_t>(k), seed + static_cast<std::uint64_t>(k))));
+  return ps;
+}
+
 /// The gradients of the clip_grad tests (optim's and ZeRO's, which must clip
 /// alike): vectors of 1 to 1031 values (odd sizes, vector chunks and tails),
 /// values(.., seed + k, scale) for vector k.

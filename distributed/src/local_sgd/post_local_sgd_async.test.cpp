@@ -29,12 +29,7 @@ using namespace dopt::optim;
 
 namespace {
 
-std::vector<Tensor> plsgd_params() {
-  std::vector<Tensor> ps;
-  for (int k = 0; k < 3; ++k)
-    ps.push_back(testing::tensor_of(testing::values<float>(static_cast<std::size_t>(4 + 7 * k), 60 + k)));
-  return ps;
-}
+std::vector<Tensor> plsgd_params() { return testing::uneven_params(3, 4, 7, 60); }
 
 /// Rank r's gradients of step t (they differ between the ranks: local SGD).
 void set_rank_grads(const std::vector<Tensor>& ps, int r, int t) {

@@ -30,12 +30,7 @@ using dopt::testing::state_dict_difference;
 namespace {
 
 /// Seven parameters of uneven sizes (the shards differ at 3 and 5 ranks).
-std::vector<Tensor> async_params() {
-  std::vector<Tensor> ps;
-  for (int k = 0; k < 7; ++k)
-    ps.push_back(testing::tensor_of(testing::values<float>(static_cast<std::size_t>(3 + 5 * k), 40 + k)));
-  return ps;
-}
+std::vector<Tensor> async_params() { return testing::uneven_params(7, 3, 5, 40); }
 
 /// The gradients of step t (the same on every rank: ZeRO takes averaged ones).
 void set_step_grads(const std::vector<Tensor>& ps, int t) {
