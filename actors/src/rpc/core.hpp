@@ -27,12 +27,11 @@
 
 namespace dopt::rpc::detail {
 
-struct AgentCore;
 /// An outgoing call as its errors name it (call_text.cpp): "RRef.to_here()
 /// of a value owned by worker 'ps1' (rank 1)", "DistributedOptimizer::step()
 /// on worker 'ps1' (rank 1) (internally 'dopt.optim.step')", "rpc 'f' to
 /// worker 'b' (rank 1)".
-std::string call_text(const AgentCore& c, const CallSpec& spec, int dest);
+std::string call_text(const rpc::AgentCore& c, const CallSpec& spec, int dest);
 /// A function's name as the user knows it: "RRef.to_here()" for
 /// '__rref.fetch', the public call of an internal function, else "'fn'".
 std::string user_call_text(const std::string& fn);
