@@ -550,7 +550,7 @@ int main(int argc, char** argv) {
                  "ranks on one host, survives processes, not hosts)")
       ->check(CLI::IsMember({"step", "host_memory"}))
       ->capture_default_str();
-  app.add_option("--kill-rank", o.kill_rank, "Testing (--survive): this rank dies (rank 0 too: the lowest survivor then leads), SIGKILL as a process, ...")
+  app.add_option("--kill-rank", o.kill_rank, "Testing: this rank dies (rank 0 too: with --survive the lowest survivor then leads, without it the job fails), SIGKILL as a process, ...")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done (equal to --steps: while the lead prints the final report)")->check(CLI::PositiveNumber);
   app.add_option("--interrupt-at-step", o.interrupt_at_step, "Testing: act as if Ctrl-C came at step N")
@@ -619,7 +619,6 @@ int main(int argc, char** argv) {
 
   if ((app.count("--kill-rank") > 0) != (app.count("--kill-at-step") > 0))
     return usage_error("--kill-rank and --kill-at-step go together");
-  if (app.count("--kill-rank") && !o.survive) return usage_error("--kill-rank needs --survive");
   if (o.survive_buddies != "step" && (!o.survive || o.optim != "zero"))
     return usage_error("--survive-buddies " + o.survive_buddies + " needs --survive and --optim zero");
   if (o.survive) {
@@ -728,7 +727,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     // Simulated ranks: the rank --kill-rank killed is rethrown once the
     // survivors finished; that is the run going as asked.
-    if (g_killed.load() && std::string(e.what()).find("(--kill-rank)") != std::string::npos) {
+    if (o.survive && g_killed.load() && std::string(e.what()).find("(--kill-rank)") != std::string::npos) {
       std::printf("dopt-train: %s; the others finished (--survive)\n", e.what());
       return g_exit_code.load();
     }
