@@ -19,8 +19,8 @@
 // every rank of it calls them in the same order, from the thread that
 // issues its other collectives, with the same step and the same items
 // registered (same names, kinds and placements, in the same order; a save
-// where they differ fails on every rank). add_*, wait and the accessors are
-// local. Not thread-safe: one thread per rank calls it. A load checks and
+// where they differ fails on every rank). add_*, wait, wait_snapshot and the
+// accessors are local. Not thread-safe: one thread per rank calls it. A load checks and
 // then applies the items in the order they were added.
 //
 // Collectives it runs. On the caller's thread: a DiLoCo averager's
@@ -34,16 +34,31 @@
 // makes with group.new_group(group.ranks()).
 //
 // Asynchronous saves. save_async(step) first waits for the save still in
-// flight (if any), then snapshots every item into CPU memory on the caller's
-// thread (tensors and optimizer state are copied), and returns; the files
-// are written by a background thread, after which the ranks commit it (rank
-// 0 writes checkpoint.json and renames step-XXXXXXXX.tmp to step-XXXXXXXX,
-// then removes checkpoints beyond keep_last). Its future completes on every
-// rank once the checkpoint is committed (or failed). A ZeroRedundancyOptimizer's
-// shard is snapshotted too (shard_state_dict). The exception: a DiLoCo
-// averager's replicated state, whose public API has no in-memory snapshot,
-// is written on the caller's thread before save_async returns (save_sharded).
-// save(step) is save_async(step).get().
+// flight (if any; when that save failed, it throws its error instead, see
+// Errors), then snapshots every item into CPU memory (tensors and optimizer
+// state are copied), and returns; the files are written by a background
+// thread, after which the ranks commit it (rank 0 writes checkpoint.json and
+// renames step-XXXXXXXX.tmp to step-XXXXXXXX, then removes checkpoints beyond
+// keep_last). Its future completes on every rank once the checkpoint is
+// committed (or failed). A ZeroRedundancyOptimizer's shard is snapshotted too
+// (shard_state_dict). The exception: a DiLoCo averager's replicated state,
+// whose public API has no in-memory snapshot, is written on the caller's
+// thread before save_async returns (save_sharded). save(step) is
+// save_async(step) then wait().
+//
+// Where the snapshot's copies are made (CheckpointerOptions::
+// background_snapshot). By default on the caller's thread, before save_async
+// returns: the caller may change the registered objects as soon as it
+// returns. With background_snapshot, save_async returns once the items are
+// referenced (numbers and strings copied; tensors on a device copied on the
+// caller's thread), and the writer thread copies the CPU tensors (parameters,
+// optimizer state, ZeRO's shard) before it writes. Until wait_snapshot()
+// returns, the caller must not change a registered object's tensors: it may
+// read them (a forward pass) and write gradients, and it calls
+// wait_snapshot() before anything that writes parameters or optimizer state
+// (an optimizer's step(), a load, its own writes); the Checkpointer's own
+// calls (save, save_async, wait, the loads, the destructor) wait for it
+// themselves. Either way, what is saved is the state at the call.
 //
 // Errors (dopt::Error subclasses naming the call, "Checkpointer::save",
 // "Checkpointer::load", ..., this rank, and the file): ValueError for bad
@@ -55,7 +70,11 @@
 // item missing, a tensor of another shape, per-rank state at another world
 // size). A load that fails on one rank fails on every rank (the others name
 // it). What the group's collectives raise (PeerLostError, TimeoutError)
-// passes through.
+// passes through. A save's error (its snapshot, in the background or not,
+// its write, its commit) fails it on every rank and is its future's; wait()
+// rethrows it, and the next save_async or save throws it (saving nothing)
+// when wait() has not, even when the future was read, so that a failed
+// save is never passed over; the loads and the destructor drop it.
 //
 // Not covered: DistributedOptimizer (its optimizer state lives on the
 // parameter owners, and its public API has no state dict or save call).
@@ -134,6 +153,10 @@ struct CheckpointerOptions {
   /// dopt::notice_once). What it throws is the save's error on every rank
   /// (the checkpoint stays committed).
   std::function<void(const CheckpointCommit& commit)> on_commit = {};
+  /// Copy the snapshot's CPU tensors on the writer thread, not the caller's
+  /// (see the header): save_async returns sooner, and the caller calls
+  /// wait_snapshot() before it changes a registered object.
+  bool background_snapshot = false;
 };
 
 /// What a load accepts in named tensors (add_tensors), beyond their shapes
@@ -217,6 +240,11 @@ class Checkpointer {
   /// Local: waits for the save in flight, if any (its commit on every
   /// rank); rethrows its error.
   void wait();
+  /// Local: returns once the save in flight no longer reads the registered
+  /// objects (at once without background_snapshot, or with none in flight);
+  /// the caller may then change them. Throws nothing: the snapshot's error
+  /// is the save's.
+  void wait_snapshot();
   /// Loads dir/step-XXXXXXXX into the registered items (see the header for
   /// what is checked). The run id becomes the checkpoint's.
   void load(std::int64_t step);

@@ -1,15 +1,18 @@
 // dopt::Checkpointer (dopt/distributed/checkpointer.hpp): the order of a save
 // and a load across ranks. A save: the ranks agree (rank 0 has made the
 // step-XXXXXXXX.tmp folder; every rank registered the same items and passed
-// the same step), the caller's thread snapshots every item, a writer thread
-// writes this rank's files, then the ranks agree again on the commit group
-// and rank 0 commits. A load: every rank checks the folder and prepares
+// the same step), the caller's thread snapshots every item (the items share
+// their tensors; the copies into the staging memory are made there too, or,
+// with background snapshots, first thing on the writer thread), a writer
+// thread writes this rank's files, then the ranks agree again on the commit
+// group and rank 0 commits. A load: every rank checks the folder and prepares
 // every item, the ranks agree, every rank applies, the ranks agree again.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/agree.hpp"
 #include "checkpoint/items.hpp"
@@ -67,6 +70,8 @@ struct Checkpointer::Impl {
   std::vector<std::unique_ptr<Item>> items;
   std::thread writer;
   Future<void> in_flight;
+  /// Ready once the save in flight no longer reads the registered objects.
+  Future<void> snapshot_taken;
   /// The snapshots' memory, kept from one save to the next (shared with the writer).
   std::shared_ptr<checkpoint::Staging> staging = std::make_shared<checkpoint::Staging>();  // the save the writer runs (invalid: none since the last wait)
 
@@ -109,14 +114,26 @@ struct Checkpointer::Impl {
     detail::sim::join_thread(writer);
   }
 
+  /// Waits for the save in flight and forgets it; `report`: rethrows its
+  /// error (wait() forgets a save it reported, so no call reports one twice).
+  void settle(bool report) {
+    finish_writer();
+    const Future<void> f = std::exchange(in_flight, {});
+    snapshot_taken = {};
+    if (report && f.valid())
+      if (std::exception_ptr e = f.exception()) std::rethrow_exception(e);
+  }
+
   /// The caller's part of a save: the files this rank writes, with the items'
-  /// snapshots. An item's error is kept in *err and the others still run (a
-  /// sharded item's save is a collective of its own group).
+  /// snapshots, their tensors copied into the staging memory (only those on
+  /// a device with background snapshots: the writer copies the rest). An
+  /// item's error is kept in *err and the others still run (a sharded item's
+  /// save is a collective of its own group).
   std::vector<FileJob> snapshot(const Identity& id, const std::string& tmp, std::exception_ptr* err) {
     static constexpr const char* op = "Checkpointer::save";
-    FileJob replicated{(fs::path(tmp) / checkpoint::kReplicatedFile).string(), {}};
-    FileJob mine{(fs::path(tmp) / checkpoint::rank_file_name(rank, world_size)).string(), {}};
-    const checkpoint::SaveContext ctx{tmp, &id, rank, staging.get()};
+    FileJob replicated{(fs::path(tmp) / checkpoint::kReplicatedFile).string(), {}, ""};
+    FileJob mine{(fs::path(tmp) / checkpoint::rank_file_name(rank, world_size)).string(), {}, ""};
+    const checkpoint::SaveContext ctx{tmp, &id, rank};
     std::vector<FileJob> own;  // the items' own files
     for (const auto& item : items) {
       const bool rep = item->entry().placement == "replicated";
@@ -139,7 +156,19 @@ struct Checkpointer::Impl {
       for (auto& [k, v] : id.metadata(rank)) job->bundle.metadata[k] = v;
       jobs.push_back(std::move(*job));
     }
+    if (!*err) {
+      try {
+        copy_jobs(*staging, jobs, options.background_snapshot);
+      } catch (...) {
+        *err = std::current_exception();
+      }
+    }
     return jobs;
+  }
+
+  /// Copies the jobs' tensors into the staging memory (see Staging::copy).
+  static void copy_jobs(checkpoint::Staging& staging, std::vector<FileJob>& jobs, bool device_only) {
+    for (FileJob& job : jobs) staging.copy(job.staged_prefix, job.bundle.tensors, device_only);
   }
 
   /// Loads folder (see load()); returns the step it holds.
@@ -237,7 +266,8 @@ void Checkpointer::add_extras(const std::string& name, std::map<std::string, std
 
 void Checkpointer::save(std::int64_t step) {
   dopt::detail::CallScope call_scope("Checkpointer::save()");
-  save_async(step).get();
+  save_async(step);
+  wait();
 }
 
 Future<void> Checkpointer::save_async(std::int64_t step) {
@@ -245,8 +275,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   static constexpr const char* op = "Checkpointer::save";
   Impl& m = *impl_;
   if (step < 0) throw ValueError(op, "the step is " + std::to_string(step) + " (expected >= 0)", m.rank);
-  m.finish_writer();
-  m.in_flight = {};
+  m.settle(/*report=*/true);
   const Identity id = m.identity(step);
   const std::string final_dir = folder(step);
   const std::string tmp = final_dir + ".tmp";
@@ -273,14 +302,26 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   std::exception_ptr snapshot_error;
   std::vector<FileJob> jobs = m.snapshot(id, tmp, &snapshot_error);
 
-  Promise<void> done;
+  Promise<void> done, taken;
   m.in_flight = done.get_future();
+  m.snapshot_taken = taken.get_future();
+  if (!m.options.background_snapshot) taken.set_value();
   // A simulated task under deterministic simulation (scheduled like the ranks).
-  m.writer = detail::sim::make_thread([call = dopt::detail::current_call(), done, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
+  m.writer = detail::sim::make_thread([call = dopt::detail::current_call(), done, taken, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
                           dir = m.options.dir, keep_last = m.options.keep_last, hook = m.options.before_write,
-                          on_commit = m.options.on_commit, rank = m.rank, staging = m.staging]() mutable {
+                          on_commit = m.options.on_commit, rank = m.rank, staging = m.staging,
+                          background = m.options.background_snapshot]() mutable {
     dopt::detail::CallScope call_scope(call);  // its collectives name the save that started it
     try {
+      if (background) {
+        // The snapshot's copies; the caller's wait_snapshot() returns once they are made.
+        try {
+          if (!err) Impl::copy_jobs(*staging, jobs, /*device_only=*/false);
+        } catch (...) {
+          err = std::current_exception();
+        }
+        taken.set_value();
+      }
       if (!err) {
         try {
           for (const FileJob& job : jobs) {
@@ -332,12 +373,12 @@ void Checkpointer::check_dir() {
 }
 
 void Checkpointer::wait() {
+  impl_->settle(/*report=*/true);
+}
+
+void Checkpointer::wait_snapshot() {
   Impl& m = *impl_;
-  if (!m.in_flight.valid()) return;
-  Future<void> f = m.in_flight;
-  m.finish_writer();
-  m.in_flight = {};
-  f.get();
+  if (m.snapshot_taken.valid()) m.snapshot_taken.wait();
 }
 
 void Checkpointer::load(std::int64_t step) {
@@ -345,8 +386,7 @@ void Checkpointer::load(std::int64_t step) {
   static constexpr const char* op = "Checkpointer::load";
   Impl& m = *impl_;
   if (step < 0) throw ValueError(op, "the step is " + std::to_string(step) + " (expected >= 0)", m.rank);
-  m.finish_writer();
-  m.in_flight = {};
+  m.settle(/*report=*/false);
   m.load_folder(folder(step), op);
 }
 
@@ -354,8 +394,7 @@ std::optional<std::int64_t> Checkpointer::load_latest() {
   dopt::detail::CallScope call_scope("Checkpointer::load_latest()");
   static constexpr const char* op = "Checkpointer::load_latest";
   Impl& m = *impl_;
-  m.finish_writer();
-  m.in_flight = {};
+  m.settle(/*report=*/false);
   // Rank 0 chooses, so that every rank loads the same step.
   std::exception_ptr err;
   std::int64_t found = -1;
@@ -376,8 +415,7 @@ std::int64_t Checkpointer::load_from(const std::string& folder) {
   dopt::detail::CallScope call_scope("Checkpointer::load_from()");
   static constexpr const char* op = "Checkpointer::load_from";
   Impl& m = *impl_;
-  m.finish_writer();
-  m.in_flight = {};
+  m.settle(/*report=*/false);
   return m.load_folder(folder, op);
 }
 

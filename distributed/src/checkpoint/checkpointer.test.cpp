@@ -24,8 +24,6 @@ using namespace dopt::checkpoint_test;
 
 namespace {
 
-using Fingerprints = std::vector<std::vector<std::uint64_t>>;
-
 /// Trains steps [0, save_at), saves, trains to `end`: the fingerprints at the
 /// save and at the end, by rank.
 void run_through(int world, const std::string& dir, RigOptions ro, int save_at, int end, Fingerprints* at_save,
@@ -51,11 +49,6 @@ std::set<std::string> names_in(const std::string& dir) {
   std::set<std::string> out;
   for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
   return out;
-}
-
-std::string bytes_of(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 /// Saves steps 2 and 4 at world 3 into dir (a rig without DiLoCo).

@@ -50,10 +50,11 @@ std::uint64_t parse_u64(const Item& item, const std::string& key, const std::str
   return v;
 }
 
-/// A state dict's file form under the item's prefix (tensors copied).
+/// A state dict's file form under the item's prefix (tensors shared: the
+/// Checkpointer copies them).
 void put_state_dict(const Item& item, const StateDict& sd, Bundle& out) {
   const SafetensorsFile f = state_dict_to_safetensors(sd);
-  for (const auto& [k, t] : f.tensors) out.tensors[item.prefix() + k] = t.to(Device::cpu());
+  for (const auto& [k, t] : f.tensors) out.tensors[item.prefix() + k] = t;
   for (const auto& [k, v] : f.metadata) out.metadata[item.prefix() + k] = v;
 }
 
@@ -88,11 +89,8 @@ class TensorsItem final : public Item {
  public:
   TensorsItem(const std::string& name, std::map<std::string, Tensor> tensors, Placement p, TensorValues values)
       : Item(name, "tensors", placement_name(p)), tensors_(std::move(tensors)), values_(values) {}
-  void snapshot(Bundle& out, const SaveContext& ctx) override {
-    std::map<std::string, Tensor> copies;
-    for (const auto& [k, t] : tensors_) copies.emplace(prefix() + k, t);
-    ctx.staging->copy("", copies);  // keyed by entry name, as the writer gives them back
-    out.tensors.merge(copies);
+  void snapshot(Bundle& out, const SaveContext&) override {
+    for (const auto& [k, t] : tensors_) out.tensors[prefix() + k] = t;
   }
   void prepare(const Bundle& in, const LoadContext& ctx) override {
     loaded_.clear();
@@ -153,15 +151,14 @@ class ZeroItem final : public Item {
   }
   bool in_bundle() const override { return false; }
   void snapshot(Bundle&, const SaveContext&) override {}
-  // The shard as save_sharded writes it (shard_state_dict's), copied now
-  // into the staging memory, written by the writer.
+  // The shard as save_sharded writes it (shard_state_dict's, its state
+  // tensors shared), copied into the staging memory under the item's prefix.
   std::vector<FileJob> snapshot_files(const SaveContext& ctx) override {
     const std::string file = optim::ZeroRedundancyOptimizer::shard_file_name(ctx.rank, ctx.id->world_size);
     std::vector<FileJob> out(1);
     out[0].path = (fs::path(ctx.folder) / name() / file).string();
     out[0].bundle = state_dict_to_safetensors(optim::zero_detail::shared_shard(zero_, ctx.id->metadata(ctx.rank)));
     out[0].staged_prefix = prefix();
-    ctx.staging->copy(prefix(), out[0].bundle.tensors);
     return out;
   }
   void prepare(const Bundle&, const LoadContext&) override {}

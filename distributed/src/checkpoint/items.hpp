@@ -8,8 +8,11 @@
 // An item's entries in the replicated or per-rank file are named with its
 // prefix "NAME/" (tensors and metadata alike). A sharded item (ZeRO, DiLoCo's
 // replicated state) writes files of its own under the folder NAME/.
-// Threads: every call on the caller's thread (snapshot copies, so that the
-// background writer never touches the registered object).
+// Threads: every call on the caller's thread. A snapshot shares the object's
+// tensors (it copies none): the Checkpointer copies every tensor of the
+// file jobs into its staging memory (on the caller's thread, or on the
+// writer's with background snapshots, while the caller waits for it before
+// it changes the object); small state (numbers, strings) is copied here.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,7 +21,6 @@
 #include <vector>
 
 #include "checkpoint/layout.hpp"
-#include "checkpoint/staging.hpp"
 #include "dopt/distributed/checkpointer.hpp"
 #include "dopt/runtime/safetensors.hpp"
 
@@ -32,7 +34,7 @@ using Bundle = SafetensorsFile;
 struct FileJob {
   std::string path;
   Bundle bundle;
-  /// The tensors were copied with Staging::copy under this prefix plus their
+  /// The tensors are copied with Staging::copy under this prefix plus their
   /// entry names ("" for the replicated and per-rank files, whose entry
   /// names carry their item's prefix already).
   std::string staged_prefix;
@@ -42,8 +44,6 @@ struct SaveContext {
   std::string folder;  // the step-XXXXXXXX.tmp folder
   const Identity* id = nullptr;
   int rank = 0;
-  /// Where an item copies the tensors of its snapshot (staging.hpp).
-  Staging* staging = nullptr;
 };
 
 struct LoadContext {
@@ -68,11 +68,12 @@ class Item {
   virtual std::vector<FileEntry> own_files(int /*world_size*/) const { return {}; }
   /// Whether it has entries in the replicated or per-rank file.
   virtual bool in_bundle() const { return true; }
-  /// Save, on the caller's thread: copies of its state into `out`, and its
-  /// own files written into ctx.folder.
+  /// Save, on the caller's thread: its state into `out` (tensors shared,
+  /// the rest copied), and its own files written into ctx.folder.
   virtual void snapshot(Bundle& out, const SaveContext& ctx) = 0;
   /// Save, on the caller's thread: snapshots of its own files (own_files()
-  /// of this rank), written by the background writer with the others. Items
+  /// of this rank; tensors shared, staged_prefix set), written by the
+  /// background writer with the others. Items
   /// that write their own files in snapshot() return none.
   virtual std::vector<FileJob> snapshot_files(const SaveContext& /*ctx*/) { return {}; }
   /// Load, first half: reads what it needs from `in` (the file of its saved

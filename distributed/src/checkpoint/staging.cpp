@@ -6,7 +6,7 @@
 
 namespace dopt::checkpoint {
 
-void Staging::copy(const std::string& prefix, std::map<std::string, Tensor>& tensors) {
+void Staging::copy(const std::string& prefix, std::map<std::string, Tensor>& tensors, bool device_only) {
   struct Work {
     Tensor* slot;
     Tensor buffer;  // undefined: fresh memory
@@ -15,6 +15,7 @@ void Staging::copy(const std::string& prefix, std::map<std::string, Tensor>& ten
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [name, t] : tensors) {
+      if (issued_.count(prefix + name) || (device_only && t.device().is_cpu())) continue;
       Work w{&t, {}};
       auto it = kept_.find(prefix + name);
       if (it != kept_.end()) {

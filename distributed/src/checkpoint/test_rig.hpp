@@ -9,10 +9,13 @@
 //   c: parameters of a PostLocalSGDOptimizer (SGD with momentum, averaged
 //      every 2 steps after 1): each rank's own gradients, per-rank state;
 //   a generator, a counter pair, a data position and extras.
+// Also the files' and fingerprints' helpers the tests compare with.
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +58,15 @@ inline std::string fresh_dir(const std::string& name) {
   made_dirs.dirs.push_back(d);
   return d.string();
 }
+
+/// A file's bytes.
+inline std::string bytes_of(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// Rig::fingerprint() of each rank.
+using Fingerprints = std::vector<std::vector<std::uint64_t>>;
 
 inline SimulateOptions short_timeout() { return dopt::testing::with_timeout(std::chrono::milliseconds(60000)); }
 
