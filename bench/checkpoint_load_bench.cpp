@@ -17,7 +17,12 @@
 //   async         a training loop with a Checkpointer (the parameters,
 //                 replicated, and the optimizer's shards) into D/ckpt: --reps
 //                 synchronous saves, then --reps asynchronous ones, each
-//                 followed by steps until the write is committed.
+//                 followed by steps until the write is committed; then the
+//                 same asynchronous saves with background_snapshot (into
+//                 D/ckpt-bg). A step is a forward stand-in that reads every
+//                 parameter once, wait_snapshot(), and zero.step(); the
+//                 stall of a save is save_async's time plus what the next
+//                 step's wait_snapshot() waited.
 // A load is timed from a barrier to the slowest rank's end; its memory is
 // the rise of the process's peak RSS (VmHWM, reset through
 // /proc/self/clear_refs just before) over the RSS before, the largest over
@@ -150,45 +155,72 @@ int main(int argc, char** argv) {
       dopt::Checkpointer ckpt(co);
       ckpt.add_tensors("model", named, dopt::Placement::replicated);
       ckpt.add_optimizer("optim", zero);
+      co.dir = (fs::path(dir) / "ckpt-bg").string();
+      co.background_snapshot = true;
+      dopt::Checkpointer bg(co);
+      bg.add_tensors("model", named, dopt::Placement::replicated);
+      bg.add_optimizer("optim", zero);
       std::int64_t step = 1;
-      std::vector<double> step_ms, sync_ms, async_ms, busy_step_ms;
-      auto timed_step = [&] {
+      std::vector<double> step_ms, sync_ms, async_ms, busy_step_ms, bg_ms, bg_wait_ms, bg_busy_step_ms;
+      volatile float sink = 0;
+      double waited_ms = 0;  // the last step's wait_snapshot()
+      auto timed_step = [&](dopt::Checkpointer& c) {
         world.barrier();
         const auto t0 = Clock::now();
+        float acc = 0;  // the forward pass's stand-in: it reads the parameters
+        for (const dopt::Tensor& p : ps)
+          for (const float* x = p.data<float>(), *e = x + p.numel(); x < e; ++x) acc += *x;
+        sink = acc;
+        const auto w0 = Clock::now();
+        c.wait_snapshot();
+        waited_ms = ms_since(w0);
         zero.step();
         ++step;
         return ms_since(t0);
       };
-      for (int i = 0; i < 3; ++i) step_ms.push_back(timed_step());
+      // --reps save_async of c, each followed by steps until every rank sees it committed.
+      auto async_saves = [&](dopt::Checkpointer& c, std::vector<double>& stall, std::vector<double>* waited,
+                             std::vector<double>& busy) {
+        for (int r = 0; r < reps; ++r) {
+          world.barrier();
+          const auto t0 = Clock::now();
+          dopt::Future<void> f = c.save_async(step);
+          stall.push_back(ms_since(t0));
+          for (bool first = true;; first = false) {
+            dopt::Tensor done = dopt::Tensor::full({1}, f.is_ready() ? 1.0 : 0.0, dopt::DType::int64);
+            world.all_reduce(done, dopt::ReduceOp::min);
+            if (done.data<std::int64_t>()[0] == 1) break;
+            busy.push_back(timed_step(c));
+            if (first && waited) waited->push_back(waited_ms);
+          }
+          if (waited && waited->size() < stall.size()) waited->push_back(0.0);  // committed before a step
+          f.get();
+        }
+      };
+      for (int i = 0; i < 3; ++i) step_ms.push_back(timed_step(ckpt));
       for (int r = 0; r < reps; ++r) {
         world.barrier();
         const auto t0 = Clock::now();
         ckpt.save(step);
         sync_ms.push_back(ms_since(t0));
-        step_ms.push_back(timed_step());
+        step_ms.push_back(timed_step(ckpt));
       }
-      for (int r = 0; r < reps; ++r) {
-        world.barrier();
-        const auto t0 = Clock::now();
-        dopt::Future<void> f = ckpt.save_async(step);
-        async_ms.push_back(ms_since(t0));
-        // Steps while it is written; every rank stops once all see it done.
-        for (;;) {
-          dopt::Tensor done = dopt::Tensor::full({1}, f.is_ready() ? 1.0 : 0.0, dopt::DType::int64);
-          world.all_reduce(done, dopt::ReduceOp::min);
-          if (done.data<std::int64_t>()[0] == 1) break;
-          busy_step_ms.push_back(timed_step());
-        }
-        f.get();
-      }
-      const auto s = dopt::bench::slowest(world, {dopt::bench::median(step_ms), dopt::bench::median(sync_ms),
-                                                  dopt::bench::median(async_ms), dopt::bench::median(busy_step_ms),
-                                                  static_cast<double>(busy_step_ms.size())});
-      char buf[512];
+      async_saves(ckpt, async_ms, nullptr, busy_step_ms);
+      async_saves(bg, bg_ms, &bg_wait_ms, bg_busy_step_ms);
+      std::vector<double> bg_stall;
+      for (std::size_t k = 0; k < bg_ms.size(); ++k) bg_stall.push_back(bg_ms[k] + bg_wait_ms[k]);
+      const auto s = dopt::bench::slowest(
+          world, {dopt::bench::median(step_ms), dopt::bench::median(sync_ms), dopt::bench::median(async_ms),
+                  dopt::bench::median(busy_step_ms), static_cast<double>(busy_step_ms.size()),
+                  dopt::bench::median(bg_ms), dopt::bench::median(bg_wait_ms), dopt::bench::median(bg_stall),
+                  dopt::bench::median(bg_busy_step_ms)});
+      char buf[768];
       std::snprintf(buf, sizeof buf,
                     "\"reps\": %d, \"step_ms\": %.1f, \"sync_save_ms\": %.1f, \"async_stall_ms\": %.1f, "
-                    "\"stall_over_sync\": %.4f, \"step_ms_while_writing\": %.1f, \"steps_while_writing\": %.0f",
-                    reps, s[0], s[1], s[2], s[2] / s[1], s[3], s[4]);
+                    "\"stall_over_sync\": %.4f, \"step_ms_while_writing\": %.1f, \"steps_while_writing\": %.0f, "
+                    "\"bg_return_ms\": %.1f, \"bg_wait_snapshot_ms\": %.1f, \"bg_stall_ms\": %.1f, "
+                    "\"bg_stall_over_sync\": %.4f, \"bg_step_ms_while_writing\": %.1f",
+                    reps, s[0], s[1], s[2], s[2] / s[1], s[3], s[4], s[5], s[6], s[7], s[7] / s[1], s[8]);
       emit(buf);
     });
   } catch (const std::exception& e) {
