@@ -90,6 +90,14 @@ class ModelAverager {
   /// (DiLoCoAverager, diloco.hpp, runs an outer optimizer).
   virtual void average_parameters(const std::vector<Tensor>& params);
   virtual void average_parameters(const std::vector<OptimizerParamGroup>& groups);
+  /// average_parameters(groups) with the collective's completion left in the
+  /// background (PostLocalSGDOptimizer::step_async, rank thread): the future
+  /// is ready once the parameters hold their averaged values and carries the
+  /// collective's error. Default: the blocking call, then a ready future.
+  /// The averagers below whose average can complete in the background
+  /// override it; a subclass that overrides average_parameters(groups)
+  /// overrides this too (or step_async bypasses its override).
+  virtual Future<void> average_parameters_async(const std::vector<OptimizerParamGroup>& groups);
 
   /// The averager's own state beyond step(), for PostLocalSGDOptimizer's
   /// state dict: save_state adds it to sd (entries of the parameters' state
@@ -125,6 +133,10 @@ class ModelAverager {
  protected:
   /// An invalid group is a ValueError naming `op`.
   ModelAverager(ProcessGroup process_group, const char* op);
+  /// The schedule of average_parameters(groups) with the average posted
+  /// (the free average_parameters_async): the async form of the averagers
+  /// whose average_parameters(groups) is this class's.
+  Future<void> average_on_schedule_async(const std::vector<OptimizerParamGroup>& groups);
   void set_process_group(ProcessGroup g) { process_group_ = std::move(g); }
 
  private:
@@ -143,6 +155,10 @@ class PeriodicModelAverager : public ModelAverager {
   std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;
   std::int64_t warmup_steps() const noexcept override { return warmup_steps_; }
   std::int64_t period() const noexcept { return period_; }
+  /// The average posted, as average_parameters(groups) runs it.
+  Future<void> average_parameters_async(const std::vector<OptimizerParamGroup>& groups) override {
+    return average_on_schedule_async(groups);
+  }
   /// Takes the survivors' group (see ModelAverager::replace_process_group).
   void replace_process_group(ProcessGroup survivors) override;
 
@@ -172,6 +188,10 @@ class HierarchicalModelAverager : public ModelAverager {
 
   std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;
   std::int64_t warmup_steps() const noexcept override { return warmup_steps_; }
+  /// The average posted, as average_parameters(groups) runs it.
+  Future<void> average_parameters_async(const std::vector<OptimizerParamGroup>& groups) override {
+    return average_on_schedule_async(groups);
+  }
   /// period -> the group this rank averages on at that period.
   const std::map<std::int64_t, ProcessGroup>& period_process_groups() const noexcept { return groups_; }
 

@@ -151,7 +151,7 @@ class DiLoCoAverager : public ModelAverager {
   void average_parameters(const std::vector<OptimizerParamGroup>& groups) override;
   /// The same call with a sync's completion in the background (see the
   /// header); a ready future on calls that do not sync. Rank thread.
-  Future<void> average_parameters_async(const std::vector<OptimizerParamGroup>& groups);
+  Future<void> average_parameters_async(const std::vector<OptimizerParamGroup>& groups) override;
 
   /// The group on calls that prepare or sync a fragment.
   std::optional<ProcessGroup> group_for_step(std::int64_t step) const override;

@@ -138,6 +138,20 @@ void ModelAverager::average_parameters(const std::vector<OptimizerParamGroup>& g
   ++step_;
 }
 
+Future<void> ModelAverager::average_parameters_async(const std::vector<OptimizerParamGroup>& groups) {
+  average_parameters(groups);
+  return make_ready_future();
+}
+
+Future<void> ModelAverager::average_on_schedule_async(const std::vector<OptimizerParamGroup>& groups) {
+  // average_parameters(groups) with the wait left out (the same free
+  // average_parameters_async underneath).
+  Future<void> done = make_ready_future();
+  if (auto g = group_for_step(step_)) done = optim::average_parameters_async(get_params_to_average(groups), *g);
+  ++step_;
+  return done;
+}
+
 // --- PeriodicModelAverager -------------------------------------------------------------
 
 PeriodicModelAverager::PeriodicModelAverager(std::int64_t period, std::int64_t warmup_steps,

@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <string>
-#include <typeinfo>
 
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/optim/internal/state_load.hpp"
@@ -76,19 +75,9 @@ Future<void> PostLocalSGDOptimizer::step_async() {
 Future<void> PostLocalSGDOptimizer::average_async(const char* op) {
   ModelAverager& a = *averager_;
   const auto& groups = optim_->param_groups();
-  if (!survive_) {
-    if (auto* diloco = dynamic_cast<DiLoCoAverager*>(&a)) return diloco->average_parameters_async(groups);
-    // ModelAverager::average_parameters with the wait left out (the same
-    // average_parameters_async underneath): only for the averagers whose
-    // call is exactly that.
-    if (typeid(a) == typeid(PeriodicModelAverager) || typeid(a) == typeid(HierarchicalModelAverager)) {
-      const std::int64_t at = a.step();
-      Future<void> done = make_ready_future();
-      if (auto g = a.group_for_step(at)) done = average_parameters_async(get_params_to_average(groups), *g);
-      a.set_step(at + 1);
-      return done;
-    }
-  }
+  // The averager's async form (a blocking average and a ready future for
+  // those without one); surviving averages block (header).
+  if (!survive_) return a.average_parameters_async(groups);
   average(op);  // completes here (header)
   return make_ready_future();
 }
