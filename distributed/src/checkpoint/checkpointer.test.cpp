@@ -240,16 +240,7 @@ TEST_CASE("Checkpointer: save_async writes byte for byte what save writes, and r
     CHECK(bytes_of(a / f) == bytes_of(b / f));
   }
   // The async checkpoint holds the state at save_async, not the step after.
-  Fingerprints loaded(3);
-  simulate(3, [&](RankContext& ctx) {
-    Rig rig(ctx, 1);
-    Checkpointer ck(options_for(ctx, async_dir));
-    rig.add_to(ck);
-    ck.load(2);
-    std::lock_guard<std::mutex> lock(m);
-    loaded[static_cast<std::size_t>(ctx.rank())] = rig.fingerprint();
-  }, short_timeout());
-  CHECK(loaded == at_save);
+  CHECK(loaded_fingerprints(3, async_dir, 2) == at_save);
 }
 
 TEST_CASE("Checkpointer: keep_last keeps the newest checkpoints and removes older leftovers", "[checkpointer]") {

@@ -210,6 +210,21 @@ struct Rig {
   }
 };
 
+/// Each rank's fingerprint after a fresh rig (init 1) loads `step` from dir.
+inline Fingerprints loaded_fingerprints(int world, const std::string& dir, std::int64_t step) {
+  Fingerprints loaded(static_cast<std::size_t>(world));
+  std::mutex m;
+  simulate(world, [&](RankContext& ctx) {
+    Rig rig(ctx, 1);
+    Checkpointer ck(options_for(ctx, dir));
+    rig.add_to(ck);
+    ck.load(step);
+    std::lock_guard<std::mutex> lock(m);
+    loaded[static_cast<std::size_t>(ctx.rank())] = rig.fingerprint();
+  }, short_timeout());
+  return loaded;
+}
+
 /// Steps [from, to) of rig, each followed by save_async(t + 1); then waits
 /// for the last save.
 inline void train_saving_async(Rig& rig, Checkpointer& ck, int from, int to) {
