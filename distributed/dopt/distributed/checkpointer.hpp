@@ -20,8 +20,8 @@
 // issues its other collectives, with the same step and the same items
 // registered (same names, kinds and placements, in the same order; a save
 // where they differ fails on every rank). add_*, wait, wait_snapshot and the
-// accessors are local. Not thread-safe: one thread per rank calls it. A load checks and
-// then applies the items in the order they were added.
+// accessors are local. Not thread-safe: one thread per rank calls it. A load
+// checks and then applies the items in the order they were added.
 //
 // Collectives it runs. On the caller's thread: a DiLoCo averager's
 // save_sharded (a barrier of its group) inside save/save_async, and its own
