@@ -14,6 +14,7 @@
 
 #include "dopt/actors/sim.hpp"
 #include "dopt/actors/simulate.hpp"
+#include "sim/sim_test_options.hpp"
 
 using namespace dopt;
 using Catch::Matchers::Contains;
@@ -21,12 +22,7 @@ using Catch::Matchers::Contains;
 namespace {
 
 SimulateOptions p2p_det(std::uint64_t seed, SimReport* rep = nullptr) {
-  SimulateOptions o;
-  o.deterministic = true;
-  o.seed = seed;
-  o.report = rep;
-  o.timeout = std::chrono::seconds(30);
-  return o;
+  return sim_test::deterministic(seed, rep, std::chrono::seconds(30));
 }
 
 /// Rank 1 sends a header (tag 1) and then a payload (tag 2), both async;
@@ -187,10 +183,7 @@ TEST_CASE("p2p fault plan: a partition cuts the sends between its sides, not wit
 
 TEST_CASE("p2p planted ordering bug: the swarm finds it with late sends, its seed replays it, never without faults",
           "[sim][p2p]") {
-  sim::SwarmOptions swarm;
-  swarm.seeds = 40;
-  swarm.budget = std::chrono::seconds(60);
-  swarm.print = false;
+  const sim::SwarmOptions swarm = sim_test::quiet_swarm(40);
   // Without faults no schedule lets the payload overtake the header.
   const auto clean = sim::swarm(header_then_payload, swarm);
   CHECK_FALSE(clean.failing_seed);
@@ -273,10 +266,7 @@ TEST_CASE("fault plans as text: sim::parse_faults, and DOPT_SIM_FAULTS added to 
   CHECK_THROWS_WITH(sim::parse_faults("flood:1"), Contains("unknown kind 'flood'"));
   // The environment's plan joins the options' one: the planted race shows with no plan in the code.
   ::setenv("DOPT_SIM_FAULTS", "delay:-1:0.5:50", 1);
-  sim::SwarmOptions swarm;
-  swarm.seeds = 40;
-  swarm.print = false;
-  const auto found = sim::swarm(header_then_payload, swarm);
+  const auto found = sim::swarm(header_then_payload, sim_test::quiet_swarm(40));
   ::unsetenv("DOPT_SIM_FAULTS");
   CHECK(found.failing_seed);
   CHECK_FALSE(sim::env_faults());
