@@ -10,12 +10,7 @@ namespace dopt::sim_test {
 
 /// A deterministic run of `seed` with the group timeout `timeout`, filling rep (may be null).
 inline SimulateOptions deterministic(std::uint64_t seed, SimReport* rep, std::chrono::milliseconds timeout) {
-  SimulateOptions o;
-  o.deterministic = true;
-  o.seed = seed;
-  o.report = rep;
-  o.timeout = timeout;
-  return o;
+  return SimulateOptions{.timeout = timeout, .deterministic = true, .seed = seed, .faults = {}, .report = rep};
 }
 
 /// A swarm of `seeds` seeds within a minute, printing nothing.
