@@ -45,8 +45,10 @@ struct SimulateOptions;
 /// rank from 1: every collective, send and recv the rank's code starts.
 /// Crashes and stops happen on the rank's own thread: when the k-th call
 /// comes from a helper thread (ZeRO's overlap worker), at the rank's next one.
+/// Messages are counted per rank from 1: the protocol steps of its
+/// collectives, its sends (each send is one message) and its RPC messages.
 struct FaultPlan {
-  enum class Kind { crash, stop, delay, drop, fail_read, corrupt_read };
+  enum class Kind { crash, stop, delay, drop, fail_read, corrupt_read, partition };
   struct Fault {
     Kind kind = Kind::crash;
     int rank = 0;          // -1: any rank (delay / drop)
@@ -54,6 +56,8 @@ struct FaultPlan {
     double probability = 0;                  // delay: the chance of each message
     std::chrono::milliseconds delay{0};      // delay: up to this much (drawn by the seed)
     std::string path;                        // reads: files whose path contains this
+    std::vector<int> side;                   // partition: the ranks on one side
+    std::chrono::milliseconds from{0};       // partition: from this virtual time on
   };
   std::vector<Fault> faults;
   /// Range of the call numbers drawn for `at == 0`.
@@ -63,38 +67,65 @@ struct FaultPlan {
   /// [1, random_call_limit] chosen by the seed): the call and everything
   /// after it never run, its peers' calls fail with PeerLostError naming it.
   FaultPlan& crash(int rank, int at_call = 0) {
-    faults.push_back({Kind::crash, rank, at_call, 0, {}, {}});
+    faults.push_back({Kind::crash, rank, at_call, 0, {}, {}, {}, {}});
     return *this;
   }
   /// Rank r stops (as SIGSTOP) at its k-th call: it neither progresses nor
   /// is declared lost, so its peers' calls end with TimeoutError after the
   /// group timeout (in virtual time: at once).
   FaultPlan& stop(int rank, int at_call = 0) {
-    faults.push_back({Kind::stop, rank, at_call, 0, {}, {}});
+    faults.push_back({Kind::stop, rank, at_call, 0, {}, {}, {}, {}});
     return *this;
   }
   /// Each protocol message of `rank` (-1: of every rank) is late with the
   /// given probability, by a virtual delay of up to max_delay.
   FaultPlan& delay_messages(int rank, double probability, std::chrono::milliseconds max_delay) {
-    faults.push_back({Kind::delay, rank, 0, probability, max_delay, {}});
+    faults.push_back({Kind::delay, rank, 0, probability, max_delay, {}, {}, {}});
     return *this;
   }
   /// The k-th protocol message of rank r is lost (k = 0: drawn by the seed).
+  /// When it is a send, the link from r to the receiver is lost with it: that
+  /// send and every later one on the link fail with PeerLostError after
+  /// their timeout, and so do the receiver's recvs of them.
   FaultPlan& drop_message(int rank, int at_message = 0) {
-    faults.push_back({Kind::drop, rank, at_message, 0, {}, {}});
+    faults.push_back({Kind::drop, rank, at_message, 0, {}, {}, {}, {}});
+    return *this;
+  }
+  /// From virtual time `from` on, the sends between the ranks in `side` and
+  /// the other ranks are lost, as on a cut link (drop_message). Collectives
+  /// and RPC messages are not partitioned.
+  FaultPlan& partition(std::vector<int> side, std::chrono::milliseconds from = std::chrono::milliseconds(0)) {
+    faults.push_back({Kind::partition, -1, 0, 0, {}, {}, std::move(side), from});
     return *this;
   }
   /// The first checkpoint read (safetensors load) of a file whose path
   /// contains `path` fails with IOError / returns flipped bytes.
   FaultPlan& fail_read(std::string path) {
-    faults.push_back({Kind::fail_read, -1, 0, 0, {}, std::move(path)});
+    faults.push_back({Kind::fail_read, -1, 0, 0, {}, std::move(path), {}, {}});
     return *this;
   }
   FaultPlan& corrupt_read(std::string path) {
-    faults.push_back({Kind::corrupt_read, -1, 0, 0, {}, std::move(path)});
+    faults.push_back({Kind::corrupt_read, -1, 0, 0, {}, std::move(path), {}, {}});
     return *this;
   }
   bool empty() const noexcept { return faults.empty(); }
+};
+
+/// How many faults of each kind fired.
+struct FaultCounts {
+  std::uint64_t collective_delays = 0;  // protocol steps of collectives made late
+  std::uint64_t p2p_delays = 0;         // sends made late
+  std::uint64_t rpc_delays = 0;         // RPC messages made late
+  std::uint64_t collective_drops = 0;   // protocol steps of collectives lost
+  std::uint64_t p2p_drops = 0;          // sends lost: the dropped one and the later ones on its link
+  std::uint64_t rpc_drops = 0;          // RPC messages lost
+  std::uint64_t partitioned = 0;        // sends lost to a partition
+  std::uint64_t crashes = 0, stops = 0, read_faults = 0;
+  std::uint64_t total() const noexcept {
+    return collective_delays + p2p_delays + rpc_delays + collective_drops + p2p_drops + rpc_drops + partitioned +
+           crashes + stops + read_faults;
+  }
+  bool operator==(const FaultCounts&) const = default;
 };
 
 /// What one deterministic run did (filled when SimulateOptions::report is set;
@@ -106,7 +137,11 @@ struct SimReport {
   std::uint64_t trace_hash = 0;
   std::uint64_t decisions = 0;           // scheduling points
   std::chrono::nanoseconds virtual_time{0};
-  std::vector<std::string> faults;       // the faults that fired, in order
+  /// The faults that fired, in order: crashes, stops, drops, the first loss
+  /// of each link to a partition, failed reads (delays are only counted).
+  std::vector<std::string> faults;
+  /// Every fault that fired, delays included, by kind.
+  FaultCounts fired;
   /// The trace itself (one line per scheduling point), when
   /// SimulateOptions::keep_trace (for comparing two runs).
   std::vector<std::string> trace;
@@ -146,8 +181,21 @@ SwarmResult swarm(const std::function<void(const SimulateOptions&)>& body, const
 /// The seed DOPT_SIM_SEED asks for, if set (ValueError when not a number).
 std::optional<std::uint64_t> env_seed();
 
+/// A fault plan from text, faults separated by ';' (ValueError naming the
+/// bad part):  crash:R:K  stop:R:K  delay:R:P:MS  drop:R:K
+/// partition:R,R,...@MS  fail_read:S  corrupt_read:S  (R -1: every rank for
+/// delay; K 0: drawn by the seed; "@MS" optional). E.g.
+/// "delay:-1:0.5:50;drop:1:3".
+FaultPlan parse_faults(const std::string& spec);
+/// DOPT_SIM_FAULTS, parsed: added to the fault plan of every deterministic
+/// simulate() (how dopt-swarm injects faults into a program it runs).
+std::optional<FaultPlan> env_faults();
+
 /// Where two traces first differ ("" when equal).
 std::string compare_traces(const SimReport& a, const SimReport& b);
+
+/// "5 faults: 3 p2p delays, 2 p2p drops" ("0 faults" when none fired).
+std::string describe(const FaultCounts& fired);
 
 }  // namespace sim
 }  // namespace dopt

@@ -8,6 +8,8 @@
 #include "collectives/group.hpp"
 #include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/internal/device_plane.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
+#include "sim/p2p.hpp"
 
 namespace dopt {
 
@@ -473,13 +475,23 @@ void ProcessGroup::broadcast_coalesced(const std::vector<Tensor>& tensors, int s
 Future<void> ProcessGroup::send_async(const Tensor& tensor, int dst, int tag) {
   detail::CallScope scope("ProcessGroup::send_async()");
   auto& g = member("ProcessGroup.send");
-  return submit(*this, g, make_p2p_op(g, CollKind::send, tensor, dst, tag), false);
+  auto op = make_p2p_op(g, CollKind::send, tensor, dst, tag);
+  if (detail::sim::active()) [[unlikely]]  // deterministic simulation: the fault plan's delays and losses
+    return detail::sim::faulty_send(std::move(op), [self = *this, &g](std::shared_ptr<Op> o) {
+      return submit(self, g, std::move(o), false);
+    });
+  return submit(*this, g, std::move(op), false);
 }
 
 Future<void> ProcessGroup::recv_async(const Tensor& tensor, int src, int tag) {
   detail::CallScope scope("ProcessGroup::recv_async()");
   auto& g = member("ProcessGroup.recv");
-  return submit(*this, g, make_p2p_op(g, CollKind::recv, tensor, src, tag), false);
+  auto op = make_p2p_op(g, CollKind::recv, tensor, src, tag);
+  if (detail::sim::active()) [[unlikely]] {
+    const Op& o = *op;
+    return detail::sim::faulty_recv(o, submit(*this, g, op, false));
+  }
+  return submit(*this, g, std::move(op), false);
 }
 
 namespace {

@@ -170,10 +170,32 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
 
 namespace detail::sim {
 
+namespace {
+
+/// DOPT_SIM_TRACE_DUMP: the whole trace of one simulation, for dopt-swarm's diff.
+void append_trace(const std::string& path, const Scheduler& sched, std::uint64_t seed, int world_size) {
+  SimReport r;
+  sched.fill(r);
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return;
+  std::fprintf(f, "simulate: seed %llu, %d ranks, %s\n", static_cast<unsigned long long>(seed), world_size,
+               dopt::sim::describe(r.fired).c_str());
+  for (const auto& line : r.faults) std::fprintf(f, "fault: %s\n", line.c_str());
+  for (const auto& line : r.trace) std::fprintf(f, "%s\n", line.c_str());
+  std::fclose(f);
+}
+
+}  // namespace
+
 void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool keep_trace, SimReport* report,
                const std::shared_ptr<PeerTable>& table, const std::function<void(int)>& body,
                std::function<void(int)> on_crash) {
-  auto sched = std::make_shared<Scheduler>(seed, faults, world_size, table, keep_trace);
+  // dopt-swarm's faults and trace dump (DOPT_SIM_FAULTS, DOPT_SIM_TRACE_DUMP).
+  FaultPlan plan = faults;
+  if (const auto extra = dopt::sim::env_faults())
+    plan.faults.insert(plan.faults.end(), extra->faults.begin(), extra->faults.end());
+  const auto dump = settings::text("DOPT_SIM_TRACE_DUMP");
+  auto sched = std::make_shared<Scheduler>(seed, plan, world_size, table, keep_trace || dump);
   if (on_crash) sched->set_on_crash(std::move(on_crash));
   std::vector<Task*> tasks;
   std::vector<std::thread> threads;
@@ -193,6 +215,7 @@ void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool
     for (auto& t : threads) t.detach();
     threads.clear();
     if (report) sched->fill(*report);
+    if (dump) append_trace(*dump, *sched, seed, world_size);
     std::fprintf(stderr, "dopt simulate: seed %llu: %s; replay with DOPT_SIM_SEED=%llu\n",
                  static_cast<unsigned long long>(seed), deadlock.c_str(), static_cast<unsigned long long>(seed));
     throw StateError("simulate", "seed " + std::to_string(seed) + ": " + deadlock);
@@ -211,13 +234,14 @@ void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool
     SimReport r;
     sched->fill(r);
     if (std::FILE* f = std::fopen(log->c_str(), "a")) {
-      std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx faults %zu\n",
+      std::fprintf(f, "seed %llu world %d points %llu virtual_ns %lld trace %016llx %s\n",
                    static_cast<unsigned long long>(seed), world_size, static_cast<unsigned long long>(r.decisions),
                    static_cast<long long>(r.virtual_time.count()), static_cast<unsigned long long>(r.trace_hash),
-                   r.faults.size());
+                   dopt::sim::describe(r.fired).c_str());
       std::fclose(f);
     }
   }
+  if (dump) append_trace(*dump, *sched, seed, world_size);
 }
 
 }  // namespace detail::sim

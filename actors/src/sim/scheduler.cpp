@@ -84,6 +84,12 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
     v[static_cast<std::size_t>(f.rank)] = at;
   }
   for (const auto& f : plan_.faults)
+    if (f.kind == FaultPlan::Kind::partition)
+      for (int x : f.side)
+        if (x < 0 || x >= world_size)
+          throw ValueError("simulate", "fault plan's partition names rank " + std::to_string(x) + " of a world of " +
+                                           std::to_string(world_size));
+  for (const auto& f : plan_.faults)
     if (f.kind == FaultPlan::Kind::fail_read || f.kind == FaultPlan::Kind::corrupt_read)
       g_read_fault_hook.store(&read_fault, std::memory_order_release);  // stays: it asks active() first
   calls_.assign(static_cast<std::size_t>(world_size), 0);
@@ -308,6 +314,7 @@ void Scheduler::on_call(Task* me, const char* what) {
     const std::string why = "rank " + std::to_string(me->rank) + " crashed at its call " + std::to_string(k) + " (" +
                             what + "): injected by the fault plan";
     fault(why);
+    ++counts_.crashes;
     freeze_rank(me->rank);
     any_frozen_ = true;
     if (peers_) peers_->mark(me->rank, PeerTable::lost, why);
@@ -322,6 +329,7 @@ void Scheduler::on_call(Task* me, const char* what) {
   }
   if (stop_at_[r] > 0 && k >= stop_at_[r]) {
     stop_at_[r] = 0;
+    ++counts_.stops;
     any_frozen_ = true;
     fault("rank " + std::to_string(me->rank) + " stopped at its call " + std::to_string(k) + " (" + what +
           "): injected by the fault plan");
@@ -333,17 +341,9 @@ void Scheduler::on_call(Task* me, const char* what) {
   yield(me, what);
 }
 
-std::chrono::nanoseconds Scheduler::message_fault(Task* me, const char* what) {
-  if (over() || me->released) return std::chrono::nanoseconds(0);
-  const auto r = static_cast<std::size_t>(me->rank);
-  const int k = ++messages_[r];
-  if (drop_at_[r] == k) {
-    fault("message " + std::to_string(k) + " of rank " + std::to_string(me->rank) + " (" + what +
-          ") dropped by the fault plan");
-    return std::chrono::nanoseconds(-1);
-  }
+std::chrono::nanoseconds Scheduler::draw_delay(int rank) {
   for (const auto& f : plan_.faults) {
-    if (f.kind != FaultPlan::Kind::delay || (f.rank >= 0 && f.rank != me->rank) || f.delay.count() <= 0) continue;
+    if (f.kind != FaultPlan::Kind::delay || (f.rank >= 0 && f.rank != rank) || f.delay.count() <= 0) continue;
     const double u = static_cast<double>(splitmix(fault_rng_) >> 11) * 0x1.0p-53;
     if (u >= f.probability) continue;
     const auto max_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(f.delay).count());
@@ -352,8 +352,77 @@ std::chrono::nanoseconds Scheduler::message_fault(Task* me, const char* what) {
   return std::chrono::nanoseconds(0);
 }
 
+std::chrono::nanoseconds Scheduler::message_fault(Task* me, const char* what, Channel channel) {
+  if (over() || me->released) return std::chrono::nanoseconds(0);
+  const auto r = static_cast<std::size_t>(me->rank);
+  const int k = ++messages_[r];
+  const bool coll = channel == Channel::collective;
+  if (drop_at_[r] == k) {
+    ++(coll ? counts_.collective_drops : counts_.rpc_drops);
+    fault("message " + std::to_string(k) + " of rank " + std::to_string(me->rank) + " (" + what +
+          ") dropped by the fault plan");
+    return std::chrono::nanoseconds(-1);
+  }
+  const auto d = draw_delay(me->rank);
+  if (d.count() > 0) ++(coll ? counts_.collective_delays : counts_.rpc_delays);
+  return d;
+}
+
+bool Scheduler::cut(int src, int dst, const std::string& why) {
+  std::lock_guard<std::mutex> lock(links_m_);
+  return cut_.emplace(std::make_pair(src, dst), why).second;
+}
+
+std::string Scheduler::link_lost(int src, int dst) const {
+  std::lock_guard<std::mutex> lock(links_m_);
+  auto it = cut_.find({src, dst});
+  return it == cut_.end() ? std::string() : it->second;
+}
+
+Scheduler::SendFault Scheduler::send_fault(Task* me, int src, int dst, int tag) {
+  SendFault out;
+  if (over() || me->released) return out;
+  const auto r = static_cast<std::size_t>(me->rank);
+  const int k = ++messages_[r];
+  const std::string msg = "send " + std::to_string(k) + " of rank " + std::to_string(src) + " (to rank " +
+                          std::to_string(dst) + ", tag " + std::to_string(tag) + ")";
+  for (const auto& f : plan_.faults) {
+    if (f.kind != FaultPlan::Kind::partition || now_ < std::chrono::nanoseconds(f.from).count()) continue;
+    const auto in = [&](int x) { return std::find(f.side.begin(), f.side.end(), x) != f.side.end(); };
+    if (in(src) == in(dst)) continue;
+    std::string side;
+    for (int x : f.side) side += (side.empty() ? "" : ", ") + std::to_string(x);
+    const std::string why = "the link from rank " + std::to_string(src) + " to rank " + std::to_string(dst) +
+                            " is cut by a partition of ranks [" + side + "] from the rest (fault plan, from " +
+                            std::to_string(f.from.count()) + " ms)";
+    if (cut(src, dst, why)) fault(msg + " lost: " + why);
+    ++counts_.partitioned;
+    out.lost = true;
+    out.why = why;
+    return out;
+  }
+  if (drop_at_[r] == k) {
+    const std::string why = "the link from rank " + std::to_string(src) + " to rank " + std::to_string(dst) +
+                            " was lost: " + msg + " dropped by the fault plan";
+    if (cut(src, dst, why)) fault(msg + " dropped by the fault plan: the link is lost");
+  }
+  if (std::string why = link_lost(src, dst); !why.empty()) {
+    ++counts_.p2p_drops;
+    out.lost = true;
+    out.why = std::move(why);
+    return out;
+  }
+  const auto d = draw_delay(me->rank);
+  if (d.count() > 0) ++counts_.p2p_delays;
+  // One (src, dst, tag) stays in order: never before its tag's earlier sends.
+  auto& last = fifo_[{src, dst, tag}];
+  last = std::max(last, now_ + d.count());
+  out.hold = std::chrono::nanoseconds(last - now_);
+  return out;
+}
+
 std::chrono::nanoseconds Scheduler::on_message(Task* me, const char* what) {
-  const auto d = message_fault(me, what);
+  const auto d = message_fault(me, what, Channel::collective);
   if (d.count() < 0) return d;
   if (d.count() > 0)
     sleep(me, d.count(), "delayed message");
@@ -370,6 +439,7 @@ int Scheduler::on_read(const std::string& path) {
     if (read_fault_used_[i] || path.find(f.path) == std::string::npos) continue;
     read_fault_used_[i] = true;
     const bool fail = f.kind == FaultPlan::Kind::fail_read;
+    ++counts_.read_faults;
     fault(std::string("checkpoint read of ") + path + (fail ? " failed" : " corrupted") + " by the fault plan");
     return fail ? 1 : 2;
   }
@@ -382,6 +452,17 @@ void Scheduler::fill(SimReport& r) const {
   r.decisions += decisions_;
   r.virtual_time += std::chrono::nanoseconds(now_);
   r.faults.insert(r.faults.end(), faults_.begin(), faults_.end());
+  auto& c = r.fired;
+  c.collective_delays += counts_.collective_delays;
+  c.p2p_delays += counts_.p2p_delays;
+  c.rpc_delays += counts_.rpc_delays;
+  c.collective_drops += counts_.collective_drops;
+  c.p2p_drops += counts_.p2p_drops;
+  c.rpc_drops += counts_.rpc_drops;
+  c.partitioned += counts_.partitioned;
+  c.crashes += counts_.crashes;
+  c.stops += counts_.stops;
+  c.read_faults += counts_.read_faults;
   if (keep_trace_)
     for (const auto& e : events_)
       r.trace.push_back("t=" + std::to_string(e.vt) + " run " + task_str(*tasks_[static_cast<std::size_t>(e.task)]) +

@@ -20,11 +20,13 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dopt/actors/sim.hpp"
@@ -101,11 +103,24 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::int64_t vnow() const noexcept { return now_; }
   void sleep(Task* me, std::int64_t ns, const char* what);
 
+  /// Where a message travels (what the report counts it as).
+  enum class Channel { collective, rpc };
   /// Fault plans: a call / a protocol message of `me`'s rank.
   void on_call(Task* me, const char* what);
   std::chrono::nanoseconds on_message(Task* me, const char* what);
   /// on_message's decision without its scheduling point: the delay, or negative (dropped).
-  std::chrono::nanoseconds message_fault(Task* me, const char* what);
+  std::chrono::nanoseconds message_fault(Task* me, const char* what, Channel channel = Channel::rpc);
+  /// The fault plan's decision for a send of global rank src to dst (a
+  /// message of `me`'s rank): how long to hold it back (its tag's earlier
+  /// sends on the link are never overtaken), or lost (why: the cut link).
+  struct SendFault {
+    std::chrono::nanoseconds hold{0};
+    bool lost = false;
+    std::string why;
+  };
+  SendFault send_fault(Task* me, int src, int dst, int tag);
+  /// Why the link from src to dst is lost ("" while it is not). Any thread.
+  std::string link_lost(int src, int dst) const;
   /// Rank r crashed: its other tasks never run again.
   void freeze_rank(int rank);
   /// Fault plan of checkpoint reads: 0 ok, 1 fail, 2 corrupt.
@@ -137,6 +152,10 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void let_go(const std::string& deadlock);
   void record(Task* t, const char* what);
   void fault(std::string what);
+  /// A delay drawn for a message of `rank` by the plan's delay faults (0: none).
+  std::chrono::nanoseconds draw_delay(int rank);
+  /// Cuts the link src -> dst (the first reason stays); true when it was up.
+  bool cut(int src, int dst, const std::string& why);
 
   std::uint64_t seed_;
   std::uint64_t serial_;
@@ -159,6 +178,10 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::uint64_t hash_ = 1469598103934665603ULL;
   std::uint64_t decisions_ = 0;
   std::vector<std::string> faults_;
+  FaultCounts counts_;
+  mutable std::mutex links_m_;                      // guards cut_ (read by continuations)
+  std::map<std::pair<int, int>, std::string> cut_;  // (src, dst): why the link is lost
+  std::map<std::tuple<int, int, int>, std::int64_t> fifo_;  // (src, dst, tag): last release (virtual ns)
   std::atomic<bool> over_{false};
   mutable std::mutex over_m_;
   std::condition_variable over_cv_;
@@ -172,8 +195,9 @@ std::string describe(const std::exception_ptr& e);
 
 /// Runs body(r) for ranks 0..world_size-1 as the rank tasks of one
 /// deterministic scheduler (simulate.cpp; dopt::simulate and rpc::simulate):
-/// returns when every rank's body ended, the threads joined. Fills
-/// `report` (when set) and appends the run's line to DOPT_SIM_TRACE_LOG.
+/// returns when every rank's body ended, the threads joined. The plan is
+/// `faults` plus DOPT_SIM_FAULTS. Fills `report` (when set), appends the
+/// run's line to DOPT_SIM_TRACE_LOG and its trace to DOPT_SIM_TRACE_DUMP.
 /// Throws StateError on a deadlock (the parked threads are abandoned).
 /// body must catch what fn throws, RankCrashed and RankStopped included.
 /// peers (may be null): marked lost for every rank when a rank was frozen.

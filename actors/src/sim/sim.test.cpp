@@ -18,6 +18,7 @@
 #include "dopt/actors/sim.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/runtime/safetensors.hpp"
+#include "sim/sim_test_options.hpp"
 
 using namespace dopt;
 
@@ -58,12 +59,7 @@ std::vector<std::vector<double>> workload(int world, const SimulateOptions& o) {
 }
 
 SimulateOptions det(std::uint64_t seed, SimReport* rep = nullptr) {
-  SimulateOptions o;
-  o.deterministic = true;
-  o.seed = seed;
-  o.report = rep;
-  o.timeout = std::chrono::seconds(60);
-  return o;
+  return sim_test::deterministic(seed, rep, std::chrono::seconds(60));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The swarm runner, replay from DOPT_SIM_SEED and the determinism check.
 #include <cstdio>
+#include <cstring>
 #include "dopt/runtime/settings.hpp"
 #include <cstdlib>
 #include <exception>
@@ -12,8 +13,25 @@ namespace dopt::sim {
 
 std::optional<std::uint64_t> env_seed() { return settings::unsigned_integer("DOPT_SIM_SEED"); }
 
+std::string describe(const FaultCounts& c) {
+  std::string out = std::to_string(c.total()) + (c.total() == 1 ? " fault" : " faults");
+  const std::pair<std::uint64_t, const char*> kinds[] = {
+      {c.collective_delays, "collective delay"}, {c.p2p_delays, "p2p delay"},   {c.rpc_delays, "rpc delay"},
+      {c.collective_drops, "collective drop"},   {c.p2p_drops, "p2p drop"},     {c.rpc_drops, "rpc drop"},
+      {c.partitioned, "partitioned send"},       {c.crashes, "crash"},          {c.stops, "stop"},
+      {c.read_faults, "read fault"}};
+  const char* sep = ": ";
+  for (const auto& [n, what] : kinds) {
+    if (n == 0) continue;
+    out += sep + std::to_string(n) + " " + what + (n == 1 ? "" : (what[std::strlen(what) - 1] == 'h' ? "es" : "s"));
+    sep = ", ";
+  }
+  return out;
+}
+
 std::string compare_traces(const SimReport& a, const SimReport& b) {
-  if (a.trace_hash == b.trace_hash && a.decisions == b.decisions && a.faults == b.faults) return "";
+  if (a.trace_hash == b.trace_hash && a.decisions == b.decisions && a.faults == b.faults && a.fired == b.fired)
+    return "";
   std::string out = "seed " + std::to_string(a.seed) + " is not deterministic: trace hashes " +
                     std::to_string(a.trace_hash) + " and " + std::to_string(b.trace_hash) + ", " +
                     std::to_string(a.decisions) + " and " + std::to_string(b.decisions) + " scheduling points";
@@ -21,7 +39,8 @@ std::string compare_traces(const SimReport& a, const SimReport& b) {
   for (std::size_t i = 0; i < n; ++i)
     if (a.trace[i] != b.trace[i])
       return out + "; first difference at point " + std::to_string(i) + ": '" + a.trace[i] + "' vs '" + b.trace[i] + "'";
-  if (a.faults != b.faults) return out + "; the faults that fired differ";
+  if (a.faults != b.faults || a.fired != b.fired)
+    return out + "; the faults that fired differ (" + describe(a.fired) + " and " + describe(b.fired) + ")";
   return out;
 }
 

@@ -1,0 +1,248 @@
+// dopt-swarm: runs a program whose ranks run under dopt::simulate over a
+// swarm of seeds (docs/testing.md, "Running a program under the swarm").
+//
+//   dopt-swarm [--seeds N] [--first S] [--budget SECONDS] [--faults SPEC] [--no-check] -- PROGRAM [ARGS...]
+//       runs PROGRAM once per seed (twice with the determinism check), with
+//       DOPT_SIM_SEED, DOPT_SIM_FAULTS and DOPT_SIM_TRACE_LOG set, until it exits
+//       non-zero, the seeds are used up or the budget is spent; exit code 1
+//       with the failing seed and how to replay it
+//   dopt-swarm --replay S [--faults SPEC] -- PROGRAM [ARGS...]
+//       runs seed S once, showing PROGRAM's output; exits as PROGRAM did
+//   dopt-swarm --diff A B [--faults SPEC] -- PROGRAM [ARGS...]
+//       runs seeds A and B with DOPT_SIM_TRACE_DUMP and prints where their
+//       traces part (A == B: two runs of one seed, a determinism check)
+//
+// The program itself decides what a failure is (its exit code); every
+// simulate() call in it becomes deterministic with the seed.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dopt/actors/sim.hpp"
+
+namespace {
+
+struct Args {
+  int seeds = 100;
+  unsigned long long first = 1;
+  double budget_s = 60;
+  std::string faults;
+  bool check = true;
+  std::optional<unsigned long long> replay;
+  std::optional<std::pair<unsigned long long, unsigned long long>> diff;
+  std::vector<std::string> program;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "dopt-swarm: %s\nusage: dopt-swarm [--seeds N] [--first S] [--budget SECONDS] [--faults SPEC] "
+               "[--no-check] -- PROGRAM [ARGS...]\n       dopt-swarm --replay S [--faults SPEC] -- PROGRAM [ARGS...]\n"
+               "       dopt-swarm --diff A B [--faults SPEC] -- PROGRAM [ARGS...]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+unsigned long long number(const char* s) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (!*s || *end) usage(std::string("'") + s + "' is not a number");
+  return v;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  int i = 1;
+  auto next = [&](const char* opt) -> const char* {
+    if (i + 1 >= argc) usage(std::string(opt) + " needs a value");
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string o = argv[i];
+    if (o == "--") {
+      for (++i; i < argc; ++i) a.program.emplace_back(argv[i]);
+      break;
+    }
+    if (o == "--seeds") a.seeds = static_cast<int>(number(next("--seeds")));
+    else if (o == "--first") a.first = number(next("--first"));
+    else if (o == "--budget") a.budget_s = static_cast<double>(number(next("--budget")));
+    else if (o == "--faults") a.faults = next("--faults");
+    else if (o == "--no-check") a.check = false;
+    else if (o == "--replay") a.replay = number(next("--replay"));
+    else if (o == "--diff") {
+      const auto x = number(next("--diff"));
+      a.diff.emplace(x, number(next("--diff")));
+    } else usage("unknown option '" + o + "'");
+  }
+  if (a.program.empty()) usage("no program (give it after --)");
+  if (a.seeds < 1) usage("--seeds must be >= 1");
+  if (!a.faults.empty()) dopt::sim::parse_faults(a.faults);  // a bad plan fails here, not in every run
+  return a;
+}
+
+std::string temp_file(const char* what) {
+  std::string path = std::string("/tmp/dopt-swarm-") + what + "-XXXXXX";
+  const int fd = ::mkstemp(path.data());
+  if (fd < 0) {
+    std::perror("dopt-swarm: mkstemp");
+    std::exit(2);
+  }
+  ::close(fd);
+  return path;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+/// Runs the program with seed (and the faults) in its environment, plus
+/// `extra` (DOPT_SIM_TRACE_LOG or DOPT_SIM_TRACE_DUMP: the file); its output
+/// goes to `out` ("" : this terminal). Returns its exit code (128 + signal
+/// when killed).
+int run(const Args& a, unsigned long long seed, const char* extra, const std::string& file, const std::string& out) {
+  std::vector<std::string> prog = a.program;
+  std::vector<char*> argv;
+  for (auto& v : prog) argv.push_back(v.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("dopt-swarm: fork");
+    std::exit(2);
+  }
+  if (pid == 0) {  // the child: its environment, its output, the program
+    ::unsetenv("DOPT_SIM_TRACE_LOG");
+    ::unsetenv("DOPT_SIM_TRACE_DUMP");
+    ::unsetenv("DOPT_SIM_FAULTS");
+    ::setenv("DOPT_SIM_SEED", std::to_string(seed).c_str(), 1);
+    if (!a.faults.empty()) ::setenv("DOPT_SIM_FAULTS", a.faults.c_str(), 1);
+    if (extra) ::setenv(extra, file.c_str(), 1);
+    if (!out.empty()) {
+      const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(126);
+      ::close(fd);
+    }
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "dopt-swarm: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string replay_line(const Args& a, unsigned long long seed) {
+  std::string s = "dopt-swarm --replay " + std::to_string(seed);
+  if (!a.faults.empty()) s += " --faults '" + a.faults + "'";
+  s += " --";
+  for (const auto& p : a.program) s += " " + p;
+  return s;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> v;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    v.push_back(text.substr(at, nl - at));
+    at = nl + 1;
+  }
+  return v;
+}
+
+std::string tail(const std::string& text, std::size_t lines) {
+  const auto v = lines_of(text);
+  std::string out;
+  for (std::size_t i = v.size() > lines ? v.size() - lines : 0; i < v.size(); ++i) out += "    " + v[i] + "\n";
+  return out;
+}
+
+int swarm(const Args& a) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = temp_file("out"), log1 = temp_file("log"), log2 = temp_file("log");
+  int tried = 0, rc = 0;
+  for (int i = 0; i < a.seeds; ++i) {
+    if (i > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= a.budget_s) break;
+    const unsigned long long seed = a.first + static_cast<unsigned long long>(i);
+    ++tried;
+    std::string failure;
+    std::remove(log1.c_str());
+    std::remove(log2.c_str());
+    if (const int code = run(a, seed, "DOPT_SIM_TRACE_LOG", log1, out); code != 0) {
+      failure = "exit code " + std::to_string(code) + "; its output ends with:\n" + tail(read_all(out), 20);
+    } else if (a.check) {
+      if (const int code2 = run(a, seed, "DOPT_SIM_TRACE_LOG", log2, out); code2 != 0)
+        failure = "passed once, then failed (exit code " + std::to_string(code2) + "): not deterministic";
+      else if (read_all(log1) != read_all(log2))
+        failure = "two runs gave different traces: not deterministic (dopt-swarm --diff " + std::to_string(seed) + " " +
+                  std::to_string(seed) + " shows where)";
+    }
+    if (!failure.empty()) {
+      std::printf("dopt-swarm: seed %llu failed (%d seed(s) tried): %s\n  replay with: %s\n", seed, tried,
+                  failure.c_str(), replay_line(a, seed).c_str());
+      rc = 1;
+      break;
+    }
+  }
+  if (rc == 0)
+    std::printf("dopt-swarm: %d seed(s) passed%s\n", tried, a.check ? ", each twice with equal traces" : "");
+  for (const auto& f : {out, log1, log2}) std::remove(f.c_str());
+  return rc;
+}
+
+int diff(const Args& a) {
+  const auto [sa, sb] = *a.diff;
+  const std::string out = temp_file("out"), da = temp_file("trace"), db = temp_file("trace");
+  std::remove(da.c_str());
+  std::remove(db.c_str());
+  const int ca = run(a, sa, "DOPT_SIM_TRACE_DUMP", da, out);
+  const int cb = run(a, sb, "DOPT_SIM_TRACE_DUMP", db, out);
+  // The runs' summaries (one line per simulate(), the faults that fired), then the traces.
+  std::vector<std::string> la, lb;
+  for (auto [trace, seed, code, lines] : {std::tuple{&da, sa, ca, &la}, std::tuple{&db, sb, cb, &lb}}) {
+    std::printf("seed %llu: exit code %d\n", seed, code);
+    for (auto& l : lines_of(read_all(*trace))) {
+      if (l.rfind("t=", 0) == 0) lines->push_back(std::move(l));
+      else std::printf("  %s\n", l.c_str());
+    }
+  }
+  for (const auto& f : {out, da, db}) std::remove(f.c_str());
+  std::size_t i = 0;
+  while (i < la.size() && i < lb.size() && la[i] == lb[i]) ++i;
+  if (i == la.size() && i == lb.size()) {
+    std::printf("the traces are equal (%zu scheduling points)\n", la.size());
+    return 0;
+  }
+  std::printf("the traces (%zu and %zu scheduling points) part at point %zu:\n", la.size(), lb.size(), i + 1);
+  for (std::size_t k = i >= 3 ? i - 3 : 0; k < i; ++k) std::printf("      %s\n", la[k].c_str());
+  std::printf("  %llu> %s\n  %llu> %s\n", sa, i < la.size() ? la[i].c_str() : "(end)", sb,
+              i < lb.size() ? lb[i].c_str() : "(end)");
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    if (a.diff) return diff(a);
+    if (a.replay) return run(a, *a.replay, nullptr, "", "");
+    return swarm(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dopt-swarm: %s\n", e.what());
+    return 2;
+  }
+}
