@@ -29,6 +29,8 @@
 #include <tuple>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "dopt/actors/sim.hpp"
 
 namespace {
@@ -44,50 +46,37 @@ struct Args {
   std::vector<std::string> program;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "dopt-swarm: %s\nusage: dopt-swarm [--seeds N] [--first S] [--budget SECONDS] [--faults SPEC] "
-               "[--no-check] -- PROGRAM [ARGS...]\n       dopt-swarm --replay S [--faults SPEC] -- PROGRAM [ARGS...]\n"
-               "       dopt-swarm --diff A B [--faults SPEC] -- PROGRAM [ARGS...]\n",
-               why.c_str());
-  std::exit(2);
-}
-
-unsigned long long number(const char* s) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (!*s || *end) usage(std::string("'") + s + "' is not a number");
-  return v;
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  int i = 1;
-  auto next = [&](const char* opt) -> const char* {
-    if (i + 1 >= argc) usage(std::string(opt) + " needs a value");
-    return argv[++i];
-  };
-  for (; i < argc; ++i) {
-    const std::string o = argv[i];
-    if (o == "--") {
-      for (++i; i < argc; ++i) a.program.emplace_back(argv[i]);
-      break;
-    }
-    if (o == "--seeds") a.seeds = static_cast<int>(number(next("--seeds")));
-    else if (o == "--first") a.first = number(next("--first"));
-    else if (o == "--budget") a.budget_s = static_cast<double>(number(next("--budget")));
-    else if (o == "--faults") a.faults = next("--faults");
-    else if (o == "--no-check") a.check = false;
-    else if (o == "--replay") a.replay = number(next("--replay"));
-    else if (o == "--diff") {
-      const auto x = number(next("--diff"));
-      a.diff.emplace(x, number(next("--diff")));
-    } else usage("unknown option '" + o + "'");
+/// The command line (CLI11, as dopt-run and dopt-train parse theirs).
+/// Returns the exit code when it must stop here (--help: 0; an error: 2).
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"dopt-swarm: runs PROGRAM (whose ranks run under dopt::simulate) over a swarm of seeds, "
+               "replays one seed, or diffs two seeds' traces (docs/testing.md)",
+               "dopt-swarm"};
+  app.add_option("--seeds", a.seeds, "How many seeds to try")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--first", a.first, "The first seed")->capture_default_str();
+  app.add_option("--budget", a.budget_s, "Stop starting seeds after this many seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--faults", a.faults, "A fault plan for every run (DOPT_SIM_FAULTS, docs/testing.md)");
+  app.add_flag("!--no-check", a.check, "Run each seed once, without the determinism check (two runs, equal traces)");
+  unsigned long long replay = 0;
+  std::vector<unsigned long long> diff;
+  auto* r = app.add_option("--replay", replay, "Run this seed once, showing the program's output");
+  auto* d = app.add_option("--diff", diff, "Run seeds A and B and show where their traces part")->expected(2);
+  r->excludes(d);
+  app.add_option("program", a.program, "The program and its arguments (after --)")->required();
+  try {
+    app.parse(argc, argv);
+    if (!a.faults.empty()) dopt::sim::parse_faults(a.faults);  // a bad plan fails here, not in every run
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dopt-swarm: --faults: %s\n", e.what());
+    return 2;
   }
-  if (a.program.empty()) usage("no program (give it after --)");
-  if (a.seeds < 1) usage("--seeds must be >= 1");
-  if (!a.faults.empty()) dopt::sim::parse_faults(a.faults);  // a bad plan fails here, not in every run
-  return a;
+  if (*r) a.replay = replay;
+  if (*d) a.diff.emplace(diff[0], diff[1]);
+  return std::nullopt;
 }
 
 std::string temp_file(const char* what) {
@@ -237,7 +226,8 @@ int diff(const Args& a) {
 
 int main(int argc, char** argv) {
   try {
-    const Args a = parse(argc, argv);
+    Args a;
+    if (const auto code = parse(argc, argv, a)) return *code == 0 ? 0 : 2;
     if (a.diff) return diff(a);
     if (a.replay) return run(a, *a.replay, nullptr, "", "");
     return swarm(a);
