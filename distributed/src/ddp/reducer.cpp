@@ -12,7 +12,8 @@ namespace dopt::optim {
 
 namespace {
 constexpr const char* kOp = "Reducer";
-}
+
+}  // namespace
 
 class ReducerJoinHook : public JoinHook {
  public:
@@ -66,6 +67,14 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
     if (!o.idx.empty()) result.push_back(std::move(o.idx));
   std::sort(result.begin(), result.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
   std::reverse(result.begin(), result.end());
+  if (!options_.gradient_owners.empty()) {
+    check_gradient_owners();
+    owner_of_ = options_.gradient_owners;
+    stage2_ = true;
+    // Stage 2: each owner's parameters contiguous inside every bucket.
+    for (auto& r : result)
+      std::stable_sort(r.begin(), r.end(), [&](std::size_t a, std::size_t b) { return owner_of_[a] < owner_of_[b]; });
+  }
 
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
@@ -79,9 +88,17 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
       bucket_of_[i] = b;
       slot_of_[i] = s;
       bucket.offsets.push_back(off);
+      if (stage2_ && (bucket.seg_owner.empty() || bucket.seg_owner.back() != owner_of_[i])) {
+        bucket.seg_owner.push_back(owner_of_[i]);
+        bucket.seg_offset.push_back(off);
+        bucket.seg_count.push_back(0);
+      }
+      if (stage2_) bucket.seg_count.back() += params_[i].numel();
       off += params_[i].numel();
     }
-    bucket.buffer = Tensor::zeros({off}, params_[bucket.params.front()].dtype(), params_.front().device());
+    bucket.numel = off;
+    // Stage 2 allocates the buffer when the bucket's first gradient arrives.
+    if (!stage2_) bucket.buffer = Tensor::zeros({off}, params_[bucket.params.front()].dtype(), params_.front().device());
     bucket.pending = bucket.params.size();
     buckets_.push_back(std::move(bucket));
   }
@@ -92,6 +109,21 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
     for (const auto& p : params_) fs.push_back(group_.broadcast_async(p, 0));
     for (auto& f : fs) f.get();
   }
+}
+
+void Reducer::check_gradient_owners() const {
+  const auto& owners = options_.gradient_owners;
+  if (owners.size() != params_.size())
+    throw ValueError(kOp, "ReducerOptions::gradient_owners has " + std::to_string(owners.size()) + " entries for " +
+                              std::to_string(params_.size()) + " parameters (one owner per parameter)", group_.rank());
+  for (std::size_t i = 0; i < owners.size(); ++i)
+    if (owners[i] < 0 || owners[i] >= group_.size())
+      throw ValueError(kOp, "ReducerOptions::gradient_owners[" + std::to_string(i) + "] = " +
+                                std::to_string(owners[i]) + " is not a rank of a group of size " +
+                                std::to_string(group_.size()), group_.rank());
+  if (options_.survive)
+    throw NotSupportedError(kOp, "ReducerOptions::gradient_owners (ZeRO stage 2) with survive: a recovery would need "
+                                 "every rank's averaged gradients, which stage 2 does not keep", group_.rank());
 }
 
 Reducer::~Reducer() {
@@ -112,6 +144,7 @@ void Reducer::register_comm_hook(CommHook hook) {
     throw StateError("Reducer.register_comm_hook",
                      "register_comm_hook can only be called once, before the first iteration");
   hook_ = std::move(hook);
+  default_hook_ = false;
   started_ = true;  // a second registration is refused as well
 }
 
@@ -144,9 +177,11 @@ void Reducer::mark_ready(const Tensor& param) {
   ++num_marked_;
   if (!require_sync_) return;
   Bucket& b = buckets_[bucket_of_[i]];
+  if (stage2_) ensure_buffer(b);
   Tensor slot = b.buffer.flat_slice(b.offsets[slot_of_[i]], param.numel());
   if (g.defined()) slot.copy_(g);
   else slot.zero_();
+  if (stage2_ && owner_of_[i] != group_.rank()) params_[i].set_grad(Tensor());  // stage 2: its owner keeps it
   if (--b.pending == 0 && options_.overlap) launch_ready();
 }
 
@@ -157,13 +192,32 @@ void Reducer::launch(std::size_t b) {
   if (options_.survive) bucket.saved = bucket.buffer.clone();  // what a recovery reduces again
   GradBucket gb(b, buckets_.size(), bucket.buffer, std::move(ps), bucket.offsets);
   try {
-    bucket.result = hook_(gb);
+    bucket.result = stage2_ && default_hook_ ? reduce_to_owners(bucket) : hook_(gb);
   } catch (...) {
     bucket.result = make_failed_future<Tensor>(std::current_exception());
   }
   if (!bucket.result.valid())
     bucket.result = make_failed_future<Tensor>(
         std::make_exception_ptr(StateError("Reducer", "the comm hook returned an invalid future")));
+}
+
+void Reducer::ensure_buffer(Bucket& bucket) {
+  if (!bucket.buffer.defined())
+    bucket.buffer = Tensor::empty({bucket.numel}, params_[bucket.params.front()].dtype(), params_.front().device());
+}
+
+Future<Tensor> Reducer::reduce_to_owners(Bucket& bucket) {
+  // allreduce_hook's arithmetic (divide, then sum in group-rank order), each
+  // owner's segment summed onto its owner only.
+  detail::divide_any_(bucket.buffer, group_.size(), "Reducer");
+  std::vector<Future<void>> fs;
+  for (std::size_t s = 0; s < bucket.seg_owner.size(); ++s)
+    fs.push_back(group_.reduce_async(bucket.buffer.flat_slice(bucket.seg_offset[s], bucket.seg_count[s]),
+                                     bucket.seg_owner[s], ReduceOp::sum));
+  return when_all(fs).then([buffer = bucket.buffer](Future<void> f) {
+    f.get();
+    return buffer;
+  });
 }
 
 void Reducer::launch_ready() {
@@ -249,6 +303,10 @@ std::exception_ptr Reducer::write_results(const char* op) {
       Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
       for (std::size_t s = 0; s < b.params.size(); ++s) {
         const Tensor& p = params_[b.params[s]];
+        if (stage2_ && owner_of_[b.params[s]] != group_.rank()) {
+          p.set_grad(Tensor());  // stage 2: only the owner keeps the average
+          continue;
+        }
         Tensor src = flat.flat_slice(b.offsets[s], p.numel());
         Tensor g = p.grad();
         if (!g.defined()) {
@@ -260,6 +318,7 @@ std::exception_ptr Reducer::write_results(const char* op) {
     } catch (...) {
       if (!error) error = std::current_exception();
     }
+    if (stage2_) b.buffer = Tensor();  // stage 2: allocated again by the next iteration
   }
   return error;
 }
@@ -316,6 +375,7 @@ ZeroRecovery Reducer::recover(std::optional<ProcessGroup> shrunk) {
 
 void Reducer::shadow_iteration() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (stage2_) ensure_buffer(buckets_[b]);
     buckets_[b].buffer.zero_();
     launch(b);
   }
@@ -323,11 +383,23 @@ void Reducer::shadow_iteration() {
   for (auto& b : buckets_) {
     wait_keeping_first_error(b.result, error);
     b.result = Future<Tensor>();
+    if (stage2_) b.buffer = Tensor();
   }
   if (error) std::rethrow_exception(error);
 }
 
 std::unique_ptr<JoinHook> Reducer::join_hook() { return std::make_unique<ReducerJoinHook>(*this); }
+
+std::int64_t Reducer::gradient_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& p : params_)
+    if (p.grad().defined()) n += static_cast<std::int64_t>(p.grad().nbytes());
+  for (const auto& b : buckets_) {
+    if (b.buffer.defined()) n += static_cast<std::int64_t>(b.buffer.nbytes());
+    if (b.saved.defined()) n += static_cast<std::int64_t>(b.saved.nbytes());
+  }
+  return n;
+}
 
 std::vector<std::vector<std::size_t>> Reducer::bucket_indices() const {
   std::vector<std::vector<std::size_t>> out;
