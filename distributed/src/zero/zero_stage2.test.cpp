@@ -1,0 +1,292 @@
+// ZeRO stage 2 (the Reducer with zero_stage2_options, zero.hpp) against
+// stage 1 (ZeroRedundancyOptimizer with a plain Reducer) over simulated
+// ranks: the same final parameters, optimizer state and owned gradients, bit
+// for bit (memcmp), at world sizes 1, 2, 3 and 5, for Adam, SGD with
+// momentum and Muon (cost-weighted partition), with the fp16 hook against
+// the same hook in stage 1, with no_sync accumulation and under Join with
+// uneven inputs; the gradient bytes each rank keeps; the refusals. Rank
+// functions only record; the test thread asserts after simulate() returned.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/join.hpp"
+#include "dopt/actors/simulate.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/optim/adam.hpp"
+#include "dopt/optim/muon.hpp"
+#include "dopt/optim/sgd.hpp"
+#include "reference_data.hpp"
+
+using namespace dopt;
+using namespace dopt::optim;
+
+namespace {
+
+enum class Hook { none, fp16 };
+
+struct Run {
+  OptimizerSpec spec;
+  std::vector<Shape> shapes{{7}, {13}, {4, 3}, {32}, {5}, {17}, {9}, {3, 2}};
+  ZeroPartitionWeight weight = ZeroPartitionWeight::element_count;
+  Hook hook = Hook::none;
+  int steps = 3;
+  int micro = 1;  // micro-batches per step: the first micro - 1 under no_sync
+  bool join = false;  // rank r runs steps - r iterations, under Join
+};
+
+// What one rank ends with: every parameter's bytes, its local optimizer
+// state's bytes, its owned gradients' bytes after the last finalize, which
+// non-owned gradients it still held, its gradient bytes between iterations.
+struct Result {
+  std::vector<std::string> params, state, grads;
+  int foreign_grads = 0;
+  std::int64_t gradient_bytes = 0, owned_bytes = 0, largest_bucket = 0, total_bytes = 0;
+};
+
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.nbytes()));
+}
+
+Tensor grad_of(const Run& run, int rank, int t, int j, std::size_t i) {
+  const auto n = static_cast<std::size_t>(shape_numel(run.shapes[i]));
+  return Tensor::from_vector(dopt::testing::values<float>(n, 9000 + 1000 * i + 97 * rank + 11 * t + j, 2.0),
+                             run.shapes[i]);
+}
+
+std::vector<Result> train(const Run& run, int world, bool stage2) {
+  std::vector<Result> out(world);
+  simulate(world, [&](RankContext& ctx) {
+    const int r = ctx.rank();
+    std::vector<Tensor> ps;
+    for (std::size_t i = 0; i < run.shapes.size(); ++i)
+      ps.push_back(Tensor::from_vector(
+          dopt::testing::values<float>(static_cast<std::size_t>(shape_numel(run.shapes[i])), 40 + i), run.shapes[i]));
+    ZeroOptions zo;
+    zo.process_group = ctx.world();
+    zo.partition_weight = run.weight;
+    ZeroRedundancyOptimizer zero(ps, run.spec, zo);
+    ReducerOptions ro{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 24};
+    Reducer red(ps, ctx.world(), stage2 ? zero_stage2_options(zero, ps, ro) : ro);
+    if (run.hook == Hook::fp16) red.register_comm_hook(fp16_compress_hook(ctx.world()));
+    std::optional<Join> join;
+    if (run.join) join.emplace(std::vector<Joinable*>{&red, &zero});
+    const int iters = run.join ? run.steps - r : run.steps;
+    Result res;
+    for (int t = 0; t < iters; ++t) {
+      zero.zero_grad(true);
+      for (int j = 0; j < run.micro; ++j) {
+        const bool sync = j + 1 == run.micro;
+        std::optional<Reducer::NoSync> guard;
+        if (!sync) guard.emplace(red.no_sync());
+        for (std::size_t k = ps.size(); k-- > 0;) {
+          Tensor g = grad_of(run, r, t, j, k);
+          if (ps[k].grad().defined()) {  // accumulate (no_sync): float32 adds, as a trainer's
+            float* acc = ps[k].grad().data<float>();
+            const float* add = g.data<float>();
+            for (std::int64_t e = 0; e < g.numel(); ++e) acc[e] += add[e];
+          } else {
+            ps[k].set_grad(g);
+          }
+          red.mark_ready(ps[k]);
+        }
+        red.finalize();
+      }
+      res.gradient_bytes = red.gradient_bytes();
+      zero.step();
+    }
+    if (join) join->finish();
+    const auto owners = zero.param_owners();
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      res.params.push_back(bytes_of(ps[k]));
+      res.total_bytes += static_cast<std::int64_t>(ps[k].nbytes());
+      if (owners[k] == r) {
+        res.owned_bytes += static_cast<std::int64_t>(ps[k].nbytes());
+        res.grads.push_back(ps[k].grad().defined() ? bytes_of(ps[k].grad()) : std::string("undefined"));
+      } else if (ps[k].grad().defined()) {
+        ++res.foreign_grads;
+      }
+    }
+    for (const auto& b : red.bucket_indices()) {
+      std::int64_t n = 0;
+      for (auto k : b) n += static_cast<std::int64_t>(ps[k].nbytes());
+      res.largest_bucket = std::max(res.largest_bucket, n);
+    }
+    const StateDict sd = zero.optim().state_dict();
+    for (const auto& [idx, st] : sd.state)
+      for (const auto& [key, tensor] : st) res.state.push_back(std::to_string(idx) + key + bytes_of(tensor));
+    out[r] = std::move(res);
+  });
+  return out;
+}
+
+// Stage 2 equals stage 1 on every rank: parameters, state, owned gradients.
+void check_same_bits(const Run& run, int world) {
+  const auto one = train(run, world, false);
+  const auto two = train(run, world, true);
+  for (int r = 0; r < world; ++r) {
+    INFO("world " << world << " rank " << r);
+    CHECK(two[r].params == one[r].params);
+    CHECK(two[r].state == one[r].state);
+    CHECK(!two[r].state.empty());
+    CHECK(two[r].grads == one[r].grads);
+    CHECK(two[r].foreign_grads == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO stage 2 equals stage 1 with the Reducer bit for bit: Adam and SGD with momentum, world 1, 2, 3, 5",
+          "[zero][stage2]") {
+  for (const auto& spec : {spec_of(AdamOptions(0.01)), spec_of(SGDOptions(0.1).momentum(0.9))}) {
+    for (int world : {1, 2, 3, 5}) {
+      DYNAMIC_SECTION(spec.name << " world " << world) {
+        Run run;
+        run.spec = spec;
+        check_same_bits(run, world);
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 2 equals stage 1 bit for bit: Muon with the cost-weighted partition, world 1, 2, 3, 5",
+          "[zero][stage2][muon]") {
+  for (int world : {1, 2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      Run run;
+      run.spec = spec_of(MuonOptions());
+      run.shapes = {{8, 12}, {12, 8}, {4, 4}, {6, 10}, {3, 5}, {16, 4}};
+      run.weight = ZeroPartitionWeight::step_cost;
+      check_same_bits(run, world);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 2 with fp16_compress_hook equals stage 1 with the same hook bit for bit (world 1, 2, 3, 5)",
+          "[zero][stage2]") {
+  for (int world : {1, 2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      Run run;
+      run.spec = spec_of(AdamOptions(0.01));
+      run.hook = Hook::fp16;
+      check_same_bits(run, world);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 2 with no_sync accumulation (3 micro-batches per step) equals stage 1 bit for bit",
+          "[zero][stage2]") {
+  for (int world : {2, 3}) {
+    DYNAMIC_SECTION("world " << world) {
+      Run run;
+      run.spec = spec_of(SGDOptions(0.1).momentum(0.9));
+      run.micro = 3;
+      check_same_bits(run, world);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 2 under Join with uneven inputs (rank r runs 4 - r steps) equals stage 1 bit for bit",
+          "[zero][stage2][join]") {
+  for (int world : {2, 3}) {
+    DYNAMIC_SECTION("world " << world) {
+      Run run;
+      run.spec = spec_of(AdamOptions(0.01));
+      run.steps = 4;
+      run.join = true;
+      check_same_bits(run, world);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 2 keeps only the owned gradients between iterations: Reducer::gradient_bytes",
+          "[zero][stage2]") {
+  for (int world : {2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      Run run;
+      run.spec = spec_of(AdamOptions(0.01));
+      const auto one = train(run, world, false);
+      const auto two = train(run, world, true);
+      std::int64_t sum_owned = 0;
+      for (int r = 0; r < world; ++r) {
+        INFO("rank " << r);
+        // Stage 1: every gradient and every bucket buffer.
+        CHECK(one[r].gradient_bytes == 2 * one[r].total_bytes);
+        // Stage 2: the owned gradients only (the buckets are released), at
+        // most 1/N of the gradients plus one bucket (the partition's imbalance
+        // is below one parameter, and no parameter is larger than a bucket here).
+        CHECK(two[r].gradient_bytes == two[r].owned_bytes);
+        CHECK(two[r].gradient_bytes <= two[r].total_bytes / world + two[r].largest_bucket);
+        sum_owned += two[r].owned_bytes;
+      }
+      CHECK(sum_owned == two[0].total_bytes);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 2 refuses redundancy, survive, a parameter the optimizer does not hold and bad owners, naming the call",
+          "[zero][stage2]") {
+  std::mutex m;
+  std::vector<std::string> errors;
+  simulate(2, [&](RankContext& ctx) {
+    auto ps = dopt::testing::uneven_params(4, 5, 3, 7);
+    auto record = [&](const std::exception& e) {
+      std::lock_guard<std::mutex> lock(m);
+      errors.push_back(e.what());
+    };
+    {
+      ZeroOptions zo;
+      zo.process_group = ctx.world();
+      zo.redundancy = 1;
+      ZeroRedundancyOptimizer zero(ps, AdamOptions(0.01), zo);
+      try {
+        (void)zero_stage2_options(zero, ps);
+      } catch (const NotSupportedError& e) {
+        record(e);
+      }
+    }
+    ZeroRedundancyOptimizer zero(ps, AdamOptions(0.01), ZeroOptions{ctx.world()});
+    try {
+      (void)zero_stage2_options(zero, ps, ReducerOptions{.survive = true});
+    } catch (const NotSupportedError& e) {
+      record(e);
+    }
+    auto more = ps;
+    more.push_back(Tensor::zeros({3}));
+    try {
+      (void)zero_stage2_options(zero, more);
+    } catch (const ValueError& e) {
+      record(e);
+    }
+    for (const auto& owners : {std::vector<int>{0, 1, 0}, std::vector<int>{0, 1, 2, 0}}) {
+      try {
+        Reducer red(ps, ctx.world(), ReducerOptions{.gradient_owners = owners});
+      } catch (const ValueError& e) {
+        record(e);
+      }
+    }
+  });
+  REQUIRE(errors.size() == 10);
+  int redundancy = 0, survive = 0, foreign = 0, count = 0, range = 0;
+  for (const auto& e : errors) {
+    redundancy += e.find("zero_stage2_options") != std::string::npos && e.find("redundancy 1") != std::string::npos;
+    survive += e.find("zero_stage2_options") != std::string::npos && e.find("survive") != std::string::npos;
+    foreign += e.find("zero_stage2_options") != std::string::npos && e.find("parameter 4") != std::string::npos &&
+               e.find("not one of the optimizer's") != std::string::npos;
+    count += e.find("Reducer") != std::string::npos && e.find("3 entries for 4 parameters") != std::string::npos;
+    range += e.find("Reducer") != std::string::npos && e.find("gradient_owners[2] = 2") != std::string::npos;
+  }
+  CHECK(redundancy == 2);
+  CHECK(survive == 2);
+  CHECK(foreign == 2);
+  CHECK(count == 2);
+  CHECK(range == 2);
+}
