@@ -8,44 +8,28 @@
 // functions only record; the test thread asserts after simulate() returned.
 #include <catch2/catch.hpp>
 
-#include <cstring>
-#include <map>
 #include <mutex>
-#include <optional>
-#include <algorithm>
 #include <string>
 #include <vector>
 
-#include "dopt/actors/join.hpp"
 #include "dopt/actors/simulate.hpp"
-#include "dopt/distributed/comm_hooks.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/muon.hpp"
 #include "dopt/optim/sgd.hpp"
 #include "reference_data.hpp"
+#include "zero_stage2_run.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
 
 namespace {
 
-enum class Hook { none, fp16 };
+using dopt::testing::Stage2Run;
+using Run = Stage2Run;
 
-struct Run {
-  OptimizerSpec spec;
-  std::vector<Shape> shapes{{7}, {13}, {4, 3}, {32}, {5}, {17}, {9}, {3, 2}};
-  ZeroPartitionWeight weight = ZeroPartitionWeight::element_count;
-  Hook hook = Hook::none;
-  int steps = 3;
-  int micro = 1;  // micro-batches per step: the first micro - 1 under no_sync
-  bool join = false;  // rank r runs steps - r iterations, under Join
-};
-
-// What one rank ends with: every parameter's bytes, its local optimizer
-// state's bytes, its owned gradients' bytes after the last finalize, which
-// non-owned gradients it still held, its gradient bytes between iterations.
+// What one rank ends with, as bytes (compared with ==: memcmp).
 struct Result {
   std::vector<std::string> params, state, grads;
   int foreign_grads = 0;
@@ -53,79 +37,34 @@ struct Result {
 };
 
 std::string bytes_of(const Tensor& t) {
+  if (!t.defined()) return "undefined";
   return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.nbytes()));
-}
-
-Tensor grad_of(const Run& run, int rank, int t, int j, std::size_t i) {
-  const auto n = static_cast<std::size_t>(shape_numel(run.shapes[i]));
-  return Tensor::from_vector(dopt::testing::values<float>(n, 9000 + 1000 * i + 97 * rank + 11 * t + j, 2.0),
-                             run.shapes[i]);
 }
 
 std::vector<Result> train(const Run& run, int world, bool stage2) {
   std::vector<Result> out(world);
   simulate(world, [&](RankContext& ctx) {
-    const int r = ctx.rank();
-    std::vector<Tensor> ps;
-    for (std::size_t i = 0; i < run.shapes.size(); ++i)
-      ps.push_back(Tensor::from_vector(
-          dopt::testing::values<float>(static_cast<std::size_t>(shape_numel(run.shapes[i])), 40 + i), run.shapes[i]));
-    ZeroOptions zo;
-    zo.process_group = ctx.world();
-    zo.partition_weight = run.weight;
-    ZeroRedundancyOptimizer zero(ps, run.spec, zo);
-    ReducerOptions ro{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 24};
-    Reducer red(ps, ctx.world(), stage2 ? zero_stage2_options(zero, ps, ro) : ro);
-    if (run.hook == Hook::fp16) red.register_comm_hook(fp16_compress_hook(ctx.world()));
-    std::optional<Join> join;
-    if (run.join) join.emplace(std::vector<Joinable*>{&red, &zero});
-    const int iters = run.join ? run.steps - r : run.steps;
+    const auto o = dopt::testing::run_stage(ctx.world(), run, stage2);
     Result res;
-    for (int t = 0; t < iters; ++t) {
-      zero.zero_grad(true);
-      for (int j = 0; j < run.micro; ++j) {
-        const bool sync = j + 1 == run.micro;
-        std::optional<Reducer::NoSync> guard;
-        if (!sync) guard.emplace(red.no_sync());
-        for (std::size_t k = ps.size(); k-- > 0;) {
-          Tensor g = grad_of(run, r, t, j, k);
-          if (ps[k].grad().defined()) {  // accumulate (no_sync): float32 adds, as a trainer's
-            float* acc = ps[k].grad().data<float>();
-            const float* add = g.data<float>();
-            for (std::int64_t e = 0; e < g.numel(); ++e) acc[e] += add[e];
-          } else {
-            ps[k].set_grad(g);
-          }
-          red.mark_ready(ps[k]);
-        }
-        red.finalize();
-      }
-      res.gradient_bytes = red.gradient_bytes();
-      zero.step();
-    }
-    if (join) join->finish();
-    const auto owners = zero.param_owners();
-    for (std::size_t k = 0; k < ps.size(); ++k) {
-      res.params.push_back(bytes_of(ps[k]));
-      res.total_bytes += static_cast<std::int64_t>(ps[k].nbytes());
-      if (owners[k] == r) {
-        res.owned_bytes += static_cast<std::int64_t>(ps[k].nbytes());
-        res.grads.push_back(ps[k].grad().defined() ? bytes_of(ps[k].grad()) : std::string("undefined"));
-      } else if (ps[k].grad().defined()) {
-        ++res.foreign_grads;
-      }
-    }
-    for (const auto& b : red.bucket_indices()) {
-      std::int64_t n = 0;
-      for (auto k : b) n += static_cast<std::int64_t>(ps[k].nbytes());
-      res.largest_bucket = std::max(res.largest_bucket, n);
-    }
-    const StateDict sd = zero.optim().state_dict();
-    for (const auto& [idx, st] : sd.state)
+    for (const auto& p : o.params) res.params.push_back(bytes_of(p));
+    for (const auto& g : o.grads) res.grads.push_back(bytes_of(g));
+    for (const auto& [idx, st] : o.state.state)
       for (const auto& [key, tensor] : st) res.state.push_back(std::to_string(idx) + key + bytes_of(tensor));
-    out[r] = std::move(res);
+    res.foreign_grads = o.foreign_grads;
+    res.gradient_bytes = o.gradient_bytes;
+    res.owned_bytes = o.owned_bytes;
+    res.largest_bucket = o.largest_bucket;
+    res.total_bytes = o.total_bytes;
+    out[ctx.rank()] = std::move(res);
   });
   return out;
+}
+
+Run base_run(const OptimizerSpec& spec) {
+  Run run;
+  run.spec = spec;
+  run.shapes = {{7}, {13}, {4, 3}, {32}, {5}, {17}, {9}, {3, 2}};
+  return run;
 }
 
 // Stage 2 equals stage 1 on every rank: parameters, state, owned gradients.
@@ -149,9 +88,7 @@ TEST_CASE("ZeRO stage 2 equals stage 1 with the Reducer bit for bit: Adam and SG
   for (const auto& spec : {spec_of(AdamOptions(0.01)), spec_of(SGDOptions(0.1).momentum(0.9))}) {
     for (int world : {1, 2, 3, 5}) {
       DYNAMIC_SECTION(spec.name << " world " << world) {
-        Run run;
-        run.spec = spec;
-        check_same_bits(run, world);
+        check_same_bits(base_run(spec), world);
       }
     }
   }
@@ -161,8 +98,7 @@ TEST_CASE("ZeRO stage 2 equals stage 1 bit for bit: Muon with the cost-weighted 
           "[zero][stage2][muon]") {
   for (int world : {1, 2, 3, 5}) {
     DYNAMIC_SECTION("world " << world) {
-      Run run;
-      run.spec = spec_of(MuonOptions());
+      Run run = base_run(spec_of(MuonOptions()));
       run.shapes = {{8, 12}, {12, 8}, {4, 4}, {6, 10}, {3, 5}, {16, 4}};
       run.weight = ZeroPartitionWeight::step_cost;
       check_same_bits(run, world);
@@ -174,9 +110,8 @@ TEST_CASE("ZeRO stage 2 with fp16_compress_hook equals stage 1 with the same hoo
           "[zero][stage2]") {
   for (int world : {1, 2, 3, 5}) {
     DYNAMIC_SECTION("world " << world) {
-      Run run;
-      run.spec = spec_of(AdamOptions(0.01));
-      run.hook = Hook::fp16;
+      Run run = base_run(spec_of(AdamOptions(0.01)));
+      run.fp16 = true;
       check_same_bits(run, world);
     }
   }
@@ -186,8 +121,7 @@ TEST_CASE("ZeRO stage 2 with no_sync accumulation (3 micro-batches per step) equ
           "[zero][stage2]") {
   for (int world : {2, 3}) {
     DYNAMIC_SECTION("world " << world) {
-      Run run;
-      run.spec = spec_of(SGDOptions(0.1).momentum(0.9));
+      Run run = base_run(spec_of(SGDOptions(0.1).momentum(0.9)));
       run.micro = 3;
       check_same_bits(run, world);
     }
@@ -198,8 +132,7 @@ TEST_CASE("ZeRO stage 2 under Join with uneven inputs (rank r runs 4 - r steps) 
           "[zero][stage2][join]") {
   for (int world : {2, 3}) {
     DYNAMIC_SECTION("world " << world) {
-      Run run;
-      run.spec = spec_of(AdamOptions(0.01));
+      Run run = base_run(spec_of(AdamOptions(0.01)));
       run.steps = 4;
       run.join = true;
       check_same_bits(run, world);
@@ -211,8 +144,7 @@ TEST_CASE("ZeRO stage 2 keeps only the owned gradients between iterations: Reduc
           "[zero][stage2]") {
   for (int world : {2, 3, 5}) {
     DYNAMIC_SECTION("world " << world) {
-      Run run;
-      run.spec = spec_of(AdamOptions(0.01));
+      const Run run = base_run(spec_of(AdamOptions(0.01)));
       const auto one = train(run, world, false);
       const auto two = train(run, world, true);
       std::int64_t sum_owned = 0;
