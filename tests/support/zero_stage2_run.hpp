@@ -6,6 +6,7 @@
 // Reducer) and stage 2 (the Reducer with zero_stage2_options), so that the
 // two can be compared bit for bit. Runs on the rank's thread; collective
 // over `world` (every rank runs it with the same Stage2Run).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -38,6 +39,8 @@ struct Stage2Outcome {
   /// Reducer::gradient_bytes() after the last finalize; the owned and all
   /// parameters' bytes; the largest bucket's bytes.
   std::int64_t gradient_bytes = 0, owned_bytes = 0, total_bytes = 0, largest_bucket = 0;
+  /// The largest Reducer::gradient_bytes() seen after a mark_ready.
+  std::int64_t peak_gradient_bytes = 0;
 };
 
 /// Rank r's gradient of parameter k at step t, micro-batch j: arbitrary
@@ -82,6 +85,7 @@ inline Stage2Outcome run_stage(const ProcessGroup& world, const Stage2Run& run, 
           ps[k].set_grad(g);
         }
         red.mark_ready(ps[k]);
+        o.peak_gradient_bytes = std::max(o.peak_gradient_bytes, red.gradient_bytes());
       }
       red.finalize();
     }

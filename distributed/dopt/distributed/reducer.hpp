@@ -90,12 +90,14 @@
 // so the owner's averages are stage 1's, bit for bit); with a registered
 // comm hook the hook runs as in stage 1 (its contract returns the whole
 // bucket) and only the owned part is kept. mark_ready drops p.grad() of a
-// parameter this rank does not own once it is copied into its bucket;
-// finalize() writes the averages of the owned parameters only (the others
-// have no gradient afterwards) and releases the bucket buffers, which are
-// allocated again by the next iteration's first mark_ready of the bucket:
-// between iterations the rank holds only its owned gradients
-// (gradient_bytes()). ZeroRedundancyOptimizer::step() then steps the owned
+// parameter this rank does not own once it is copied into its bucket. A
+// bucket gets a buffer at its first mark_ready: a spare one when there is
+// one; else, while two buffers are in use and a launched bucket is still
+// reducing, mark_ready waits for the oldest such bucket, writes its owned
+// averages and reuses its buffer; else a new one. finalize() writes the
+// averages of the owned parameters left (the others have no gradient
+// afterwards) and keeps one spare buffer, the largest: between iterations
+// the rank holds its owned gradients and one bucket (gradient_bytes()). ZeroRedundancyOptimizer::step() then steps the owned
 // parameters and broadcasts them (stage 1's step, unchanged). no_sync() and
 // Join work as above (a joined rank's shadow iteration reduces zero buckets
 // onto their owners). survive with owners: NotSupportedError at construction
@@ -223,6 +225,8 @@ class Reducer : public Joinable {
     std::vector<int> seg_owner;
     std::vector<std::int64_t> seg_offset, seg_count;
     std::int64_t numel = 0;
+    Tensor storage;        // stage 2: the pooled buffer that `buffer` views
+    bool written = false;  // stage 2: its averages are written this iteration
   };
   friend class ReducerJoinHook;
 
@@ -230,8 +234,17 @@ class Reducer : public Joinable {
   void launch_ready();
   /// stage 2: ReducerOptions::gradient_owners' rules (the constructor's).
   void check_gradient_owners() const;
-  /// stage 2: allocates the bucket's buffer when a released one is needed.
+  /// stage 2 (ddp/reducer_stage2.cpp): gives the bucket a buffer (see the header).
   void ensure_buffer(Bucket& bucket);
+  /// stage 2: when the bucket's reduction succeeded (waiting for it), writes
+  /// its owned averages and puts its buffer back among the spares.
+  bool harvest(Bucket& bucket);
+  /// stage 2: the bucket's buffer back among the spares.
+  void release_buffer(Bucket& bucket);
+  /// stage 2, between iterations: keeps the largest spare only.
+  void trim_spares();
+  /// Writes a bucket's reduced values into the gradients (stage 2: the owned ones).
+  void write_bucket(Bucket& bucket, const Tensor& reduced, const char* op);
   /// stage 2 with the default hook: divides, reduces each segment onto its owner.
   Future<Tensor> reduce_to_owners(Bucket& bucket);
   void reset_iteration();
@@ -260,6 +273,9 @@ class Reducer : public Joinable {
   Future<void> join_notify_;
   std::vector<int> owner_of_;  // stage 2 when not empty: owner by registration index
   bool stage2_ = false;
+  std::vector<Tensor> spares_;       // stage 2: bucket buffers not in use
+  std::size_t buffers_in_use_ = 0;   // stage 2: buckets holding a buffer
+  bool shadowing_ = false;           // a joined rank's shadow iteration: nothing is written
   bool default_hook_ = true;
 };
 

@@ -111,21 +111,6 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
   }
 }
 
-void Reducer::check_gradient_owners() const {
-  const auto& owners = options_.gradient_owners;
-  if (owners.size() != params_.size())
-    throw ValueError(kOp, "ReducerOptions::gradient_owners has " + std::to_string(owners.size()) + " entries for " +
-                              std::to_string(params_.size()) + " parameters (one owner per parameter)", group_.rank());
-  for (std::size_t i = 0; i < owners.size(); ++i)
-    if (owners[i] < 0 || owners[i] >= group_.size())
-      throw ValueError(kOp, "ReducerOptions::gradient_owners[" + std::to_string(i) + "] = " +
-                                std::to_string(owners[i]) + " is not a rank of a group of size " +
-                                std::to_string(group_.size()), group_.rank());
-  if (options_.survive)
-    throw NotSupportedError(kOp, "ReducerOptions::gradient_owners (ZeRO stage 2) with survive: a recovery would need "
-                                 "every rank's averaged gradients, which stage 2 does not keep", group_.rank());
-}
-
 Reducer::~Reducer() {
   // Never leave a collective writing into freed buffers.
   for (auto& b : buckets_)
@@ -201,25 +186,6 @@ void Reducer::launch(std::size_t b) {
         std::make_exception_ptr(StateError("Reducer", "the comm hook returned an invalid future")));
 }
 
-void Reducer::ensure_buffer(Bucket& bucket) {
-  if (!bucket.buffer.defined())
-    bucket.buffer = Tensor::empty({bucket.numel}, params_[bucket.params.front()].dtype(), params_.front().device());
-}
-
-Future<Tensor> Reducer::reduce_to_owners(Bucket& bucket) {
-  // allreduce_hook's arithmetic (divide, then sum in group-rank order), each
-  // owner's segment summed onto its owner only.
-  detail::divide_any_(bucket.buffer, group_.size(), "Reducer");
-  std::vector<Future<void>> fs;
-  for (std::size_t s = 0; s < bucket.seg_owner.size(); ++s)
-    fs.push_back(group_.reduce_async(bucket.buffer.flat_slice(bucket.seg_offset[s], bucket.seg_count[s]),
-                                     bucket.seg_owner[s], ReduceOp::sum));
-  return when_all(fs).then([buffer = bucket.buffer](Future<void> f) {
-    f.get();
-    return buffer;
-  });
-}
-
 void Reducer::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
 }
@@ -232,6 +198,7 @@ void Reducer::reset_iteration() {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.result = Future<Tensor>();
+    b.written = false;
   }
 }
 
@@ -292,34 +259,39 @@ void Reducer::finalize() {
   if (error) std::rethrow_exception(error);
 }
 
+void Reducer::write_bucket(Bucket& b, const Tensor& reduced, const char* op) {
+  if (reduced.numel() != b.numel)
+    throw ShapeError(op, "the comm hook returned " + reduced.str() + " for a bucket of " + std::to_string(b.numel) +
+                             " elements");
+  Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
+  for (std::size_t s = 0; s < b.params.size(); ++s) {
+    const Tensor& p = params_[b.params[s]];
+    if (stage2_ && owner_of_[b.params[s]] != group_.rank()) {
+      p.set_grad(Tensor());  // stage 2: only the owner keeps the average
+      continue;
+    }
+    Tensor src = flat.flat_slice(b.offsets[s], p.numel());
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = Tensor::empty(p.shape(), p.dtype(), p.device());
+      p.set_grad(g);
+    }
+    detail::convert_any_(g, src);  // a plain copy unless a custom hook returned another dtype
+  }
+}
+
 std::exception_ptr Reducer::write_results(const char* op) {
   std::exception_ptr error;
   for (auto& b : buckets_) {
     try {
       Tensor reduced = b.result.get();
-      if (reduced.numel() != b.buffer.numel())
-        throw ShapeError(op, "the comm hook returned " + reduced.str() + " for a bucket of " +
-                                 std::to_string(b.buffer.numel()) + " elements");
-      Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
-      for (std::size_t s = 0; s < b.params.size(); ++s) {
-        const Tensor& p = params_[b.params[s]];
-        if (stage2_ && owner_of_[b.params[s]] != group_.rank()) {
-          p.set_grad(Tensor());  // stage 2: only the owner keeps the average
-          continue;
-        }
-        Tensor src = flat.flat_slice(b.offsets[s], p.numel());
-        Tensor g = p.grad();
-        if (!g.defined()) {
-          g = Tensor::empty(p.shape(), p.dtype(), p.device());
-          p.set_grad(g);
-        }
-        detail::convert_any_(g, src);  // a plain copy unless a custom hook returned another dtype
-      }
+      if (!b.written) write_bucket(b, reduced, op);  // stage 2: a bucket mark_ready harvested is written
     } catch (...) {
       if (!error) error = std::current_exception();
     }
-    if (stage2_) b.buffer = Tensor();  // stage 2: allocated again by the next iteration
+    if (stage2_) release_buffer(b);
   }
+  if (stage2_) trim_spares();
   return error;
 }
 
@@ -374,6 +346,7 @@ ZeroRecovery Reducer::recover(std::optional<ProcessGroup> shrunk) {
 }
 
 void Reducer::shadow_iteration() {
+  shadowing_ = true;  // stage 2: a bucket whose buffer is reused is not written
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (stage2_) ensure_buffer(buckets_[b]);
     buckets_[b].buffer.zero_();
@@ -383,8 +356,10 @@ void Reducer::shadow_iteration() {
   for (auto& b : buckets_) {
     wait_keeping_first_error(b.result, error);
     b.result = Future<Tensor>();
-    if (stage2_) b.buffer = Tensor();
+    if (stage2_) release_buffer(b);
   }
+  shadowing_ = false;
+  if (stage2_) trim_spares();
   if (error) std::rethrow_exception(error);
 }
 
@@ -395,9 +370,11 @@ std::int64_t Reducer::gradient_bytes() const {
   for (const auto& p : params_)
     if (p.grad().defined()) n += static_cast<std::int64_t>(p.grad().nbytes());
   for (const auto& b : buckets_) {
-    if (b.buffer.defined()) n += static_cast<std::int64_t>(b.buffer.nbytes());
+    const Tensor& held = b.storage.defined() ? b.storage : b.buffer;
+    if (held.defined()) n += static_cast<std::int64_t>(held.nbytes());
     if (b.saved.defined()) n += static_cast<std::int64_t>(b.saved.nbytes());
   }
+  for (const auto& t : spares_) n += static_cast<std::int64_t>(t.nbytes());
   return n;
 }
 
