@@ -3,7 +3,7 @@
 // each rank holds for gradients.
 //
 //   dopt_bench_zero_stage2 --params N --tensors K [--optimizer adam|sgd] [--bucket-mb B]
-//                          [--delay-ms D] [--ranks R] [--steps S] [--warmup W]
+//                          [--delay-ms D] [--ranks R] [--steps S] [--warmup W] [--only 1|2]
 //
 // N float32 elements in K tensors (sizes in proportion to 1..10, as the ZeRO
 // benchmark's), registered with a Reducer (cap B MiB). A simulated backward
@@ -16,7 +16,9 @@
 //   gradient_bytes: Reducer::gradient_bytes() after finalize (the largest
 //   over the ranks), state_bytes: ZeRO's local state (the largest);
 // and one "zero_stage2_summary" line: iter_ms of both and their ratio
-// (median over the step pairs of stage 2 / stage 1).
+// (median over the step pairs of stage 2 / stage 1). --only S builds and
+// runs stage S alone and prints its line with peak_rss_bytes (the largest
+// getrusage ru_maxrss over the ranks; processes only), no summary.
 // Under a launcher (dopt-run) one rank per process; alone it simulates R
 // ranks (default 2).
 #include <algorithm>
@@ -25,6 +27,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+
+#include <sys/resource.h>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -61,7 +65,7 @@ int main(int argc, char** argv) {
   std::int64_t params = 10'000'000, tensors = 100;
   std::string optimizer = "adam";
   double bucket_mb = 25.0, delay_ms = 0.0;
-  int ranks = 2, steps = 6, warmup = 2;
+  int ranks = 2, steps = 6, warmup = 2, only = 0;
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", optimizer, "adam (lr 1e-3) or sgd (lr 0.01, momentum 0.9)")
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed iterations per stage")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
+  app.add_option("--only", only, "run stage 1 or 2 alone (with peak_rss_bytes)")->check(CLI::IsMember({1, 2}));
   CLI11_PARSE(app, argc, argv);
   const bool simulated = !dopt::launch_env_from_environment().has_value();
   const dopt::optim::OptimizerSpec spec =
@@ -86,7 +91,8 @@ int main(int argc, char** argv) {
           for (std::int64_t n : dopt::bench::tensor_sizes(params, tensors, true))
             grads.push_back(dopt::Tensor::full({n}, 1e-3 * static_cast<double>(grads.size() % 7 + ctx.rank() + 1)));
           Stage stages[2];
-          for (int s = 0; s < 2; ++s) {
+          const int first = only ? only - 1 : 0, last = only ? only - 1 : 1;
+          for (int s = first; s <= last; ++s) {
             Stage& st = stages[s];
             for (const auto& g : grads) st.ps.push_back(dopt::Tensor::full(g.shape(), 0.5));
             st.zero = std::make_unique<dopt::optim::ZeroRedundancyOptimizer>(st.ps, spec,
@@ -98,7 +104,8 @@ int main(int argc, char** argv) {
             st.buckets = st.reducer->bucket_indices();
           }
           for (int it = -warmup; it < steps; ++it)
-            for (Stage& st : stages) {
+            for (int s = first; s <= last; ++s) {
+              Stage& st = stages[s];
               world.barrier();
               const auto t0 = Clock::now();
               for (const auto& b : st.buckets) {
@@ -119,7 +126,10 @@ int main(int argc, char** argv) {
               st.backward.push_back(ms(t1 - t0));
               st.step.push_back(ms(t2 - t1));
             }
-          for (int s = 0; s < 2; ++s) {
+          rusage ru{};
+          getrusage(RUSAGE_SELF, &ru);
+          const double rss = slowest(world, {static_cast<double>(ru.ru_maxrss) * 1024.0})[0];
+          for (int s = first; s <= last; ++s) {
             Stage& st = stages[s];
             st.iter = slowest(world, st.iter);
             st.backward = slowest(world, st.backward);
@@ -130,13 +140,15 @@ int main(int argc, char** argv) {
             std::printf(
                 "{\"benchmark\": \"zero_stage2_iteration\", \"stage\": %d, \"iter_ms\": %.3f, \"min_iter_ms\": %.3f, "
                 "\"backward_ms\": %.3f, \"step_ms\": %.3f, \"gradient_bytes\": %.0f, \"state_bytes\": %.0f, "
+                "\"peak_rss_bytes\": %.0f, "
                 "\"params\": %lld, \"tensors\": %lld, \"buckets\": %zu, \"bucket_mb\": %.3f, \"delay_ms\": %.3f, "
                 "\"optimizer\": \"%s\", \"world_size\": %d, \"steps\": %d, \"simulated\": %s}\n",
                 s + 1, median(st.iter), *std::min_element(st.iter.begin(), st.iter.end()), median(st.backward),
-                median(st.step), held[0], held[1], static_cast<long long>(params), static_cast<long long>(tensors),
+                median(st.step), held[0], held[1], only ? rss : -1.0, static_cast<long long>(params), static_cast<long long>(tensors),
                 st.buckets.size(), bucket_mb, delay_ms, optimizer.c_str(), ctx.world_size(), steps,
                 simulated ? "true" : "false");
           }
+          if (only) return;
           std::vector<double> ratio;
           for (std::size_t k = 0; k < stages[0].iter.size(); ++k) ratio.push_back(stages[1].iter[k] / stages[0].iter[k]);
           if (ctx.rank() == 0) {
