@@ -36,7 +36,9 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/distributed/zero.hpp"
+#include "dopt/optim/adam.hpp"
 #include "dopt/optim/registry.hpp"
+#include "dopt/optim/sgd.hpp"
 #include "dopt/runtime/launch_env.hpp"
 
 #include "bench_util.hpp"
@@ -78,12 +80,12 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "run stage 1 or 2 alone (with peak_rss_bytes)")->check(CLI::IsMember({1, 2}));
   CLI11_PARSE(app, argc, argv);
   const bool simulated = !dopt::launch_env_from_environment().has_value();
-  const dopt::optim::OptimizerSpec spec =
-      optimizer == "adam" ? dopt::optim::OptimizerSpec{"Adam", {{"lr", 1e-3}}}
-                          : dopt::optim::OptimizerSpec{"SGD", {{"lr", 0.01}, {"momentum", 0.9}}};
+  dopt::RunOptions run_options;
+  run_options.simulated_ranks = ranks;
+  const dopt::optim::OptimizerSpec spec = optimizer == "adam"
+                                               ? dopt::optim::spec_of(dopt::optim::AdamOptions(1e-3))
+                                               : dopt::optim::spec_of(dopt::optim::SGDOptions(0.01).momentum(0.9));
   try {
-    dopt::RunOptions ro;
-    ro.simulated_ranks = ranks;
     dopt::run_distributed(
         [&](dopt::RankContext& ctx) {
           auto& world = ctx.world();
@@ -160,7 +162,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
           }
         },
-        ro);
+        run_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dopt_bench_zero_stage2: %s\n", e.what());
     return 1;
