@@ -550,6 +550,11 @@ int main(int argc, char** argv) {
                  "ranks on one host, survives processes, not hosts)")
       ->check(CLI::IsMember({"step", "host_memory"}))
       ->capture_default_str();
+  app.add_option("--zero-stage", o.zero_stage,
+                 "--optim zero: 1 (every rank gets every averaged gradient) or 2 (each rank keeps only the "
+                 "gradients of the parameters it owns; bit for bit stage 1's result); docs/zero.md")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "Testing: this rank dies (rank 0 too: with --survive the lowest survivor then leads, without it the job fails), SIGKILL as a process, ...")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done (equal to --steps: while the lead prints the final report)")->check(CLI::PositiveNumber);
@@ -621,6 +626,11 @@ int main(int argc, char** argv) {
     return usage_error("--kill-rank and --kill-at-step go together");
   if (o.survive_buddies != "step" && (!o.survive || o.optim != "zero"))
     return usage_error("--survive-buddies " + o.survive_buddies + " needs --survive and --optim zero");
+  if (o.zero_stage != 1 && o.optim != "zero")
+    return usage_error("--zero-stage " + std::to_string(o.zero_stage) + " needs --optim zero");
+  if (o.zero_stage == 2 && o.survive)
+    return usage_error("--zero-stage 2 does not go with --survive (the buddies of redundancy 1 step other ranks' "
+                       "shards from their averaged gradients, which stage 2 does not keep)");
   if (o.survive) {
     if (!mode_survives(o.optim))
       return usage_error("--survive needs --optim zero or ddp (" + o.optim + " cannot go on over the survivors yet; "
@@ -670,6 +680,7 @@ int main(int argc, char** argv) {
     plan.strategy.diloco_error_feedback = o.diloco_error_feedback;
     plan.strategy.survive = o.survive;
     plan.strategy.survive_host_memory = o.survive_buddies == "host_memory";
+    plan.strategy.zero_stage = o.zero_stage;
     if (o.kill_rank >= plan.world_size)
       return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
                          std::to_string(plan.world_size) + " ranks");

@@ -45,6 +45,7 @@ struct Options {
   std::string svg_bytes;
   bool survive = false;           // --survive: go on with the survivors when a rank is lost
   std::string survive_buddies = "step";  // --survive-buddies
+  int zero_stage = 1;                     // --zero-stage (--optim zero)
   int kill_rank = -1;             // --kill-rank: this rank dies ...
   std::int64_t kill_at_step = 0;  // --kill-at-step: ... once this many steps are done
 };

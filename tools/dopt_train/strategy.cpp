@@ -79,6 +79,8 @@ void note_lost(std::vector<int>& into, const std::vector<int>& lost) {
 /// zero: gradients averaged by the reducer, then ZeRO's sharded step.
 /// --survive: ZeRO with redundancy 1; the reducer and ZeRO recover by
 /// themselves inside finish_step() (callbacks), each over its own group.
+/// --zero-stage 2: the reducer reduces each gradient onto its owner only
+/// (main() refuses it with --survive).
 class ZeroStrategy : public Strategy {
  public:
   static ZeroOptions zero_options(dopt::ProcessGroup g, bool survive, bool host_memory,
@@ -96,19 +98,24 @@ class ZeroStrategy : public Strategy {
   }
   ZeroStrategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
       : survive_(cfg.survive),
-        reducer_(params, own_line(world, cfg.survive),
-                 reducer_options(cfg.survive, [this](const ZeroRecovery& r) { on_change(r, reducer_ranks_); })),
+        stage_(cfg.zero_stage),
         zero_(params, cfg.inner,
               zero_options(own_line(world, cfg.survive), cfg.survive, cfg.survive_host_memory,
                            [this](const ZeroRecovery& r) { on_change(r, zero_ranks_); })),
+        reducer_(params, own_line(world, cfg.survive),
+                 stage_ == 2 ? zero_stage2_options(zero_, params)
+                             : reducer_options(cfg.survive,
+                                               [this](const ZeroRecovery& r) { on_change(r, reducer_ranks_); })),
         reducer_ranks_(reducer_.process_group().ranks()), zero_ranks_(zero_.process_group().ranks()),
-        per_step_(ring_bytes(nbytes_of(params), world.size()) +
+        // stage 2 reduces each gradient onto its owner: counted as half a ring all-reduce
+        per_step_((stage_ == 2 ? ring_bytes(nbytes_of(params), world.size()) / 2
+                               : ring_bytes(nbytes_of(params), world.size())) +
                   (world.size() > 1 ? static_cast<std::uint64_t>(nbytes_of(params)) *
                                           static_cast<std::uint64_t>(world.size() - 1) /
                                           static_cast<std::uint64_t>(world.size())
                                     : 0)) {}
   std::string describe() const override {
-    return "ZeRO(" + zero_.optim().name() + ")" +
+    return "ZeRO(" + zero_.optim().name() + ")" + (stage_ == 2 ? ", stage 2" : "") +
            (survive_ ? (zero_.buddy_update() == ZeroBuddyUpdate::host_memory ? ", redundancy 1 (host memory)"
                                                                               : ", redundancy 1")
                      : "");
@@ -146,8 +153,9 @@ class ZeroStrategy : public Strategy {
     ranks = r.group.ranks();
   }
   bool survive_;
+  int stage_;
+  ZeroRedundancyOptimizer zero_;  // before reducer_: stage 2's reducer takes its partition
   Reducer reducer_;
-  ZeroRedundancyOptimizer zero_;
   std::vector<int> reducer_ranks_, zero_ranks_, lost_;
   std::uint64_t per_step_ = 0, sent_ = 0;
 };

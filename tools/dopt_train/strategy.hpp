@@ -55,6 +55,9 @@ struct StrategyConfig {
   /// --survive-buddies host_memory (zero): ZeroBuddyUpdate::host_memory
   /// (the shard in shared memory its buddies map, with parameter buckets).
   bool survive_host_memory = false;
+  /// --zero-stage (zero): 1, or 2: the reducer keeps only the owned
+  /// parameters' averaged gradients (zero_stage2_options, docs/zero.md "Stages").
+  int zero_stage = 1;
 };
 
 class Strategy {

@@ -80,6 +80,29 @@
 // comm hook (register_comm_hook is NotSupportedError: a hook's state holds
 // the old group); no_sync() and Join are not recovered.
 //
+// ZeRO stage 2 (ReducerOptions::gradient_owners, which zero_stage2_options in
+// zero.hpp fills from a ZeroRedundancyOptimizer's partition; docs/zero.md,
+// "Stages"): the reducer shards the gradients by owner. Inside each
+// bucket the parameters are ordered by owner (then registration order), so
+// each owner's gradients are one contiguous segment. A launched bucket is
+// divided by the group size and each segment is reduced onto its owner
+// (ProcessGroup::reduce: group-rank order, bitwise the all_reduce's sums,
+// so the owner's averages are stage 1's, bit for bit); with a registered
+// comm hook the hook runs as in stage 1 (its contract returns the whole
+// bucket) and only the owned part is kept. mark_ready drops p.grad() of a
+// parameter this rank does not own once it is copied into its bucket. A
+// bucket gets a buffer at its first mark_ready: a spare one when there is
+// one; else, while two buffers are in use and a launched bucket is still
+// reducing, mark_ready waits for the oldest such bucket, writes its owned
+// averages and reuses its buffer; else a new one. finalize() writes the
+// averages of the owned parameters left (the others have no gradient
+// afterwards) and keeps one spare buffer, the largest: between iterations
+// the rank holds its owned gradients and one bucket (gradient_bytes()). ZeroRedundancyOptimizer::step() then steps the owned
+// parameters and broadcasts them (stage 1's step, unchanged). no_sync() and
+// Join work as above (a joined rank's shadow iteration reduces zero buckets
+// onto their owners). survive with owners: NotSupportedError at construction
+// (a recovery would need every rank's averages).
+//
 // Not thread-safe: one thread per rank calls every method.
 #include <cstddef>
 #include <cstdint>
@@ -118,6 +141,12 @@ struct ReducerOptions {
   /// survive: called on every survivor when finalize() recovered (then it
   /// returns normally). Empty: finalize() throws MembershipChangedError.
   std::function<void(const ZeroRecovery&)> on_membership_change = {};
+  /// ZeRO stage 2 (see the header): the owner (group rank) of each parameter,
+  /// by registration index, the same on every rank; zero_stage2_options
+  /// (zero.hpp) fills it from the optimizer's partition. One per parameter,
+  /// each in [0, group size) (ValueError otherwise). Empty: every rank gets
+  /// every averaged gradient (DDP).
+  std::vector<int> gradient_owners = {};
 };
 
 class Reducer : public Joinable {
@@ -171,6 +200,13 @@ class Reducer : public Joinable {
   /// Buckets launched in the current iteration.
   std::size_t num_launched() const noexcept { return next_launch_; }
   const ProcessGroup& process_group() const noexcept { return group_; }
+  /// ZeRO stage 2: ReducerOptions::gradient_owners (empty: DDP).
+  const std::vector<int>& gradient_owners() const noexcept { return owner_of_; }
+  /// Bytes this rank holds for gradients now: the defined p.grad() of the
+  /// registered parameters, the bucket buffers and survive's copies. Between
+  /// iterations: the full gradients plus every bucket in stage 1, the owned
+  /// gradients only in stage 2.
+  std::int64_t gradient_bytes() const;
 
   // Joinable
   std::unique_ptr<JoinHook> join_hook() override;
@@ -185,11 +221,32 @@ class Reducer : public Joinable {
     std::size_t pending = 0;              // params not yet marked this iteration
     Future<Tensor> result;
     Tensor saved;                         // survive: the local gradients as launched
+    // stage 2: each owner's contiguous segment of buffer (owner, offset, count)
+    std::vector<int> seg_owner;
+    std::vector<std::int64_t> seg_offset, seg_count;
+    std::int64_t numel = 0;
+    Tensor storage;        // stage 2: the pooled buffer that `buffer` views
+    bool written = false;  // stage 2: its averages are written this iteration
   };
   friend class ReducerJoinHook;
 
   void launch(std::size_t b);
   void launch_ready();
+  /// stage 2: ReducerOptions::gradient_owners' rules (the constructor's).
+  void check_gradient_owners() const;
+  /// stage 2 (ddp/reducer_stage2.cpp): gives the bucket a buffer (see the header).
+  void ensure_buffer(Bucket& bucket);
+  /// stage 2: when the bucket's reduction succeeded (waiting for it), writes
+  /// its owned averages and puts its buffer back among the spares.
+  bool harvest(Bucket& bucket);
+  /// stage 2: the bucket's buffer back among the spares.
+  void release_buffer(Bucket& bucket);
+  /// stage 2, between iterations: keeps the largest spare only.
+  void trim_spares();
+  /// Writes a bucket's reduced values into the gradients (stage 2: the owned ones).
+  void write_bucket(Bucket& bucket, const Tensor& reduced, const char* op);
+  /// stage 2 with the default hook: divides, reduces each segment onto its owner.
+  Future<Tensor> reduce_to_owners(Bucket& bucket);
   void reset_iteration();
   /// Runs the hook over zero buckets (a joined rank's shadow iteration).
   void shadow_iteration();
@@ -214,6 +271,12 @@ class Reducer : public Joinable {
   bool started_ = false;
   std::int64_t iterations_ = 0;
   Future<void> join_notify_;
+  std::vector<int> owner_of_;  // stage 2 when not empty: owner by registration index
+  bool stage2_ = false;
+  std::vector<Tensor> spares_;       // stage 2: bucket buffers not in use
+  std::size_t buffers_in_use_ = 0;   // stage 2: buckets holding a buffer
+  bool shadowing_ = false;           // a joined rank's shadow iteration: nothing is written
+  bool default_hook_ = true;
 };
 
 }  // namespace dopt::optim

@@ -97,6 +97,7 @@
 #include "dopt/optim/clip_grad.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/distributed/recovery.hpp"
+#include "dopt/distributed/reducer.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/state_dict.hpp"
 
@@ -378,6 +379,20 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// Hands core_ to the hook factories of zero_overlap.hpp (zero_core.hpp); nothing else.
   friend struct ZeroCoreAccess;
 };
+
+// --- stage 2: sharded gradients, with the Reducer ------------------------------
+/// `options` with ReducerOptions::gradient_owners set to zero's owner of each
+/// of `params` (the list the Reducer registers, in its order). A Reducer over
+/// zero.process_group() built with them keeps on each rank only the averaged
+/// gradients of the parameters it owns (reducer.hpp, "ZeRO stage 2");
+/// zero.step() is unchanged (docs/zero.md, "Stages"). Local: no
+/// communication, any thread that may read zero. Throws ValueError for a
+/// parameter zero does not hold; NotSupportedError when zero has redundancy
+/// (its buddies step other ranks' shards from their averaged gradients, which
+/// stage 2 does not keep), overlap_with_ddp (it steps from the comm hook), or
+/// options.survive; each message names zero_stage2_options and the rank.
+ReducerOptions zero_stage2_options(const ZeroRedundancyOptimizer& zero, const std::vector<Tensor>& params,
+                                   ReducerOptions options = {});
 
 // --- with the single-rank training utilities of dopt/optim/ ------------------
 class GradScaler;

@@ -12,7 +12,8 @@ namespace dopt::optim {
 
 namespace {
 constexpr const char* kOp = "Reducer";
-}
+
+}  // namespace
 
 class ReducerJoinHook : public JoinHook {
  public:
@@ -66,6 +67,14 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
     if (!o.idx.empty()) result.push_back(std::move(o.idx));
   std::sort(result.begin(), result.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
   std::reverse(result.begin(), result.end());
+  if (!options_.gradient_owners.empty()) {
+    check_gradient_owners();
+    owner_of_ = options_.gradient_owners;
+    stage2_ = true;
+    // Stage 2: each owner's parameters contiguous inside every bucket.
+    for (auto& r : result)
+      std::stable_sort(r.begin(), r.end(), [&](std::size_t a, std::size_t b) { return owner_of_[a] < owner_of_[b]; });
+  }
 
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
@@ -79,9 +88,17 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
       bucket_of_[i] = b;
       slot_of_[i] = s;
       bucket.offsets.push_back(off);
+      if (stage2_ && (bucket.seg_owner.empty() || bucket.seg_owner.back() != owner_of_[i])) {
+        bucket.seg_owner.push_back(owner_of_[i]);
+        bucket.seg_offset.push_back(off);
+        bucket.seg_count.push_back(0);
+      }
+      if (stage2_) bucket.seg_count.back() += params_[i].numel();
       off += params_[i].numel();
     }
-    bucket.buffer = Tensor::zeros({off}, params_[bucket.params.front()].dtype(), params_.front().device());
+    bucket.numel = off;
+    // Stage 2 allocates the buffer when the bucket's first gradient arrives.
+    if (!stage2_) bucket.buffer = Tensor::zeros({off}, params_[bucket.params.front()].dtype(), params_.front().device());
     bucket.pending = bucket.params.size();
     buckets_.push_back(std::move(bucket));
   }
@@ -112,6 +129,7 @@ void Reducer::register_comm_hook(CommHook hook) {
     throw StateError("Reducer.register_comm_hook",
                      "register_comm_hook can only be called once, before the first iteration");
   hook_ = std::move(hook);
+  default_hook_ = false;
   started_ = true;  // a second registration is refused as well
 }
 
@@ -144,9 +162,11 @@ void Reducer::mark_ready(const Tensor& param) {
   ++num_marked_;
   if (!require_sync_) return;
   Bucket& b = buckets_[bucket_of_[i]];
+  if (stage2_) ensure_buffer(b);
   Tensor slot = b.buffer.flat_slice(b.offsets[slot_of_[i]], param.numel());
   if (g.defined()) slot.copy_(g);
   else slot.zero_();
+  if (stage2_ && owner_of_[i] != group_.rank()) params_[i].set_grad(Tensor());  // stage 2: its owner keeps it
   if (--b.pending == 0 && options_.overlap) launch_ready();
 }
 
@@ -157,7 +177,7 @@ void Reducer::launch(std::size_t b) {
   if (options_.survive) bucket.saved = bucket.buffer.clone();  // what a recovery reduces again
   GradBucket gb(b, buckets_.size(), bucket.buffer, std::move(ps), bucket.offsets);
   try {
-    bucket.result = hook_(gb);
+    bucket.result = stage2_ && default_hook_ ? reduce_to_owners(bucket) : hook_(gb);
   } catch (...) {
     bucket.result = make_failed_future<Tensor>(std::current_exception());
   }
@@ -178,6 +198,7 @@ void Reducer::reset_iteration() {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.result = Future<Tensor>();
+    b.written = false;
   }
 }
 
@@ -238,29 +259,39 @@ void Reducer::finalize() {
   if (error) std::rethrow_exception(error);
 }
 
+void Reducer::write_bucket(Bucket& b, const Tensor& reduced, const char* op) {
+  if (reduced.numel() != b.numel)
+    throw ShapeError(op, "the comm hook returned " + reduced.str() + " for a bucket of " + std::to_string(b.numel) +
+                             " elements");
+  Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
+  for (std::size_t s = 0; s < b.params.size(); ++s) {
+    const Tensor& p = params_[b.params[s]];
+    if (stage2_ && owner_of_[b.params[s]] != group_.rank()) {
+      p.set_grad(Tensor());  // stage 2: only the owner keeps the average
+      continue;
+    }
+    Tensor src = flat.flat_slice(b.offsets[s], p.numel());
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = Tensor::empty(p.shape(), p.dtype(), p.device());
+      p.set_grad(g);
+    }
+    detail::convert_any_(g, src);  // a plain copy unless a custom hook returned another dtype
+  }
+}
+
 std::exception_ptr Reducer::write_results(const char* op) {
   std::exception_ptr error;
   for (auto& b : buckets_) {
     try {
       Tensor reduced = b.result.get();
-      if (reduced.numel() != b.buffer.numel())
-        throw ShapeError(op, "the comm hook returned " + reduced.str() + " for a bucket of " +
-                                 std::to_string(b.buffer.numel()) + " elements");
-      Tensor flat = reduced.dim() == 1 ? reduced : reduced.flatten();
-      for (std::size_t s = 0; s < b.params.size(); ++s) {
-        const Tensor& p = params_[b.params[s]];
-        Tensor src = flat.flat_slice(b.offsets[s], p.numel());
-        Tensor g = p.grad();
-        if (!g.defined()) {
-          g = Tensor::empty(p.shape(), p.dtype(), p.device());
-          p.set_grad(g);
-        }
-        detail::convert_any_(g, src);  // a plain copy unless a custom hook returned another dtype
-      }
+      if (!b.written) write_bucket(b, reduced, op);  // stage 2: a bucket mark_ready harvested is written
     } catch (...) {
       if (!error) error = std::current_exception();
     }
+    if (stage2_) release_buffer(b);
   }
+  if (stage2_) trim_spares();
   return error;
 }
 
@@ -315,7 +346,9 @@ ZeroRecovery Reducer::recover(std::optional<ProcessGroup> shrunk) {
 }
 
 void Reducer::shadow_iteration() {
+  shadowing_ = true;  // stage 2: a bucket whose buffer is reused is not written
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (stage2_) ensure_buffer(buckets_[b]);
     buckets_[b].buffer.zero_();
     launch(b);
   }
@@ -323,11 +356,27 @@ void Reducer::shadow_iteration() {
   for (auto& b : buckets_) {
     wait_keeping_first_error(b.result, error);
     b.result = Future<Tensor>();
+    if (stage2_) release_buffer(b);
   }
+  shadowing_ = false;
+  if (stage2_) trim_spares();
   if (error) std::rethrow_exception(error);
 }
 
 std::unique_ptr<JoinHook> Reducer::join_hook() { return std::make_unique<ReducerJoinHook>(*this); }
+
+std::int64_t Reducer::gradient_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& p : params_)
+    if (p.grad().defined()) n += static_cast<std::int64_t>(p.grad().nbytes());
+  for (const auto& b : buckets_) {
+    const Tensor& held = b.storage.defined() ? b.storage : b.buffer;
+    if (held.defined()) n += static_cast<std::int64_t>(held.nbytes());
+    if (b.saved.defined()) n += static_cast<std::int64_t>(b.saved.nbytes());
+  }
+  for (const auto& t : spares_) n += static_cast<std::int64_t>(t.nbytes());
+  return n;
+}
 
 std::vector<std::vector<std::size_t>> Reducer::bucket_indices() const {
   std::vector<std::vector<std::size_t>> out;
