@@ -23,10 +23,14 @@
 //                 parameter once, wait_snapshot(), and zero.step(); the
 //                 stall of a save is save_async's time plus what the next
 //                 step's wait_snapshot() waited.
-// A load is timed from a barrier to the slowest rank's end; its memory is
+// A load is timed from a barrier to the slowest rank's end, and its CPU
+// time (the process's user + system time over the load, the largest over
+// the ranks: what the machine's other work cannot inflate); its memory is
 // the rise of the process's peak RSS (VmHWM, reset through
 // /proc/self/clear_refs just before) over the RSS before, the largest over
 // the ranks. One JSON line from rank 0.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -63,6 +67,14 @@ std::int64_t status_bytes(const std::string& field) {
 void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+/// The process's CPU time so far (user + system), ms.
+double cpu_ms() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return 1e3 * static_cast<double>(t.tv_sec) + 1e-3 * static_cast<double>(t.tv_usec); };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
 
 }  // namespace
 
@@ -125,21 +137,24 @@ int main(int argc, char** argv) {
         world.barrier();
         reset_peak();
         const std::int64_t rss0 = status_bytes("VmRSS");
+        const double cpu0 = cpu_ms();
         const auto t0 = Clock::now();
         if (mode == "sharded") zero.load_sharded(sharded);
         else if (via_dict) zero.load_state_dict(dopt::load_state_dict(consolidated));
         else zero.load_state_dict(consolidated);
         const double ms = ms_since(t0);
+        const double cpu = cpu_ms() - cpu0;
         const std::int64_t rise = status_bytes("VmHWM") - rss0;
         const std::int64_t state = zero.local_state_bytes();
         const auto m = dopt::bench::slowest(world, {ms, static_cast<double>(rise), static_cast<double>(state),
                                                     static_cast<double>(shard_file),
-                                                    static_cast<double>(rise) / static_cast<double>(state)});
+                                                    static_cast<double>(rise) / static_cast<double>(state), cpu});
         char buf[512];
         std::snprintf(buf, sizeof buf,
                       "\"via_dict\": %s, \"load_ms\": %.1f, \"peak_rise_bytes\": %.0f, \"state_bytes_per_rank\": %.0f, "
-                      "\"shard_file_bytes\": %.0f, \"peak_rise_over_state\": %.3f, \"peak_rise_over_shard_file\": %.3f",
-                      via_dict ? "true" : "false", m[0], m[1], m[2], m[3], m[4], m[3] > 0 ? m[1] / m[3] : 0.0);
+                      "\"shard_file_bytes\": %.0f, \"peak_rise_over_state\": %.3f, \"peak_rise_over_shard_file\": %.3f, "
+                      "\"load_cpu_ms\": %.1f",
+                      via_dict ? "true" : "false", m[0], m[1], m[2], m[3], m[4], m[3] > 0 ? m[1] / m[3] : 0.0, m[5]);
         emit(buf);
         return;
       }

@@ -14,13 +14,15 @@ lr 1e-3).
         and load_state_dict on every rank, timed to the slowest rank's end.
         Memory: the rise of the peak RSS (VmHWM, reset through
         /proc/self/clear_refs just before) over the RSS before, the largest
-        over the ranks.
+        over the ranks. CPU: the process's user + system time over the
+        load, the largest over the ranks.
 Prints one JSON line (rank 0).
 """
 import argparse
 import datetime
 import json
 import os
+import resource
 import socket
 import time
 
@@ -43,6 +45,12 @@ def status_bytes(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return -1
+
+
+def cpu_ms():
+    """The process's CPU time so far (user + system), ms."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return 1e3 * (u.ru_utime + u.ru_stime)
 
 
 def reset_peak():
@@ -79,15 +87,17 @@ def worker(rank, ws, port, a):
         dist.barrier()
         reset_peak()
         rss0 = status_bytes("VmRSS")
+        cpu0 = cpu_ms()
         t0 = time.perf_counter()
         opt.load_state_dict(torch.load(path))
         ms = 1e3 * (time.perf_counter() - t0)
+        cpu = cpu_ms() - cpu0
         rise = status_bytes("VmHWM") - rss0
-        m = torch.tensor([ms, rise, state_bytes(opt.optim)], dtype=torch.float64)
+        m = torch.tensor([ms, rise, state_bytes(opt.optim), cpu], dtype=torch.float64)
         dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        ms, rise, state = m.tolist()
+        ms, rise, state, cpu = m.tolist()
         rec.update(load_ms=round(ms, 1), peak_rise_bytes=int(rise), state_bytes_per_rank=int(state),
-                   peak_rise_over_state=round(rise / state, 3))
+                   peak_rise_over_state=round(rise / state, 3), load_cpu_ms=round(cpu, 1))
     if rank == 0:
         print(json.dumps(rec), flush=True)
     dist.barrier()

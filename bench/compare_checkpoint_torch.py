@@ -28,7 +28,9 @@ launch, the wall time, the command: compare_zero_torch.py's launch()).
 `summary`: a markdown table of the latest session: medians over runs, the
 ratios and the issue's targets (consolidated load <= 1.0 x torch's time;
 load_sharded's peak rise <= 1.1 x the shard; async stall <= 5% of a
-synchronous save), with each run's value after the median.
+synchronous save), with each run's value after the median; beside the
+consolidated load's time, its CPU time (user + system of the busiest rank),
+which the other work on a shared machine inflates far less than the time.
 """
 import argparse
 import json
@@ -75,7 +77,7 @@ def run(a):
         rec.update(impl=impl, what=what, run=run_no, session=started, load=load)
         with open(a.out, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        keys = ("load_ms", "peak_rise_bytes", "stall_over_sync", "sync_save_ms", "async_stall_ms", "bg_stall_ms",
+        keys = ("load_ms", "load_cpu_ms", "peak_rise_bytes", "stall_over_sync", "sync_save_ms", "async_stall_ms", "bg_stall_ms",
                 "bg_stall_over_sync")
         shown = ", ".join(f"{k} {rec[k]}" for k in keys if k in rec)
         print(f"run {run_no} {impl} {what}: {shown} (load avg {load['loadavg_before'][0]}-"
@@ -129,6 +131,15 @@ def summary(a):
     print("|---|---|---|---|---|")
     print(f"| consolidated load, ms (slowest rank) | {fmt(tl)} | {fmt(dl)} | {fmt(dl / tl, 2)} (runs: {ratios}) "
           f"| <= 1.0 |")
+    tc, dc = get("torch", "consolidated", "load_cpu_ms"), get("dopt", "consolidated", "load_cpu_ms")
+    cpu_runs = {}
+    for r in recs:
+        if r["what"] == "consolidated" and "load_cpu_ms" in r:
+            cpu_runs.setdefault(r["run"], {})[r["impl"]] = r["load_cpu_ms"]
+    cpu_ratios = ", ".join(f"{v['dopt'] / v['torch']:.2f}" for _, v in sorted(cpu_runs.items()) if len(v) == 2)
+    if tc is not None and dc is not None:
+        print(f"| consolidated load, CPU ms (user + system, largest rank) | {fmt(tc)} | {fmt(dc)} | "
+              f"{fmt(dc / tc, 2)} (runs: {cpu_ratios}) | - |")
     print(f"| consolidated load, peak RSS rise MB/rank | {fmt(tp / MB)} | {fmt(dp / MB)} | {fmt(dp / tp, 2)} | - |")
     print(f"| the same through load_state_dict(dopt::load_state_dict(path)), ms | {fmt(tl)} | {fmt(vl)} | "
           f"{fmt(vl / tl, 2)} | - |")

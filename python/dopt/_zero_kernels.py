@@ -120,6 +120,20 @@ class KernelZero(GroupedOptimizer, ZeroRedundancyOptimizer):
         self._notify_join()
         return self._kernel_step(closure)
 
+    @torch.no_grad()
+    def step_async(self):
+        """Collective, where ``step()`` would be: the local step on this rank's
+        shard here, the broadcasts of the updated shards in the background.
+        Returns a future (``done()``, ``wait()``, ``result()``; ``wait()``
+        releases the GIL and raises a failed broadcast's error): until it is
+        done, the parameters this rank does not own may still change, so wait
+        before a forward pass or your own writes (docs/zero.md, "step_async").
+        Takes no closure."""
+        self._notify_join()
+        self._push_hyperparams()
+        self._binding.sync(f"{self._where}.step_async")
+        return self._c.step_async()
+
     def add_param_group(self, param_group):
         """Collective: every rank adds the same group."""
         self._add_group(param_group, before_add=self._push_hyperparams_upto)

@@ -310,15 +310,21 @@ class Checkpointer:
         ckpt.save_async(step)                   # returns after the snapshot
     """
 
-    def __init__(self, dir, keep_last=0, process_group=None, commit_group=None):  # noqa: A002 (CheckpointerOptions::dir)
+    def __init__(self, dir, keep_last=0, process_group=None, commit_group=None,  # noqa: A002 (CheckpointerOptions::dir)
+                 background_snapshot=False):
         if isinstance(keep_last, bool) or not isinstance(keep_last, int):
             raise TypeError(f"dopt Checkpointer: keep_last must be an int, got {type(keep_last).__name__}")
+        if not isinstance(background_snapshot, bool):
+            raise TypeError("dopt Checkpointer: background_snapshot must be a bool, got "
+                            f"{type(background_snapshot).__name__}")
         self._group = resolve_process_group(process_group, "Checkpointer")
         commit = None if commit_group is None else resolve_process_group(commit_group, "Checkpointer").c
-        self._c = _C.Checkpointer(self._group.c, os.fspath(dir), keep_last, commit)
+        self._c = _C.Checkpointer(self._group.c, os.fspath(dir), keep_last, commit, background_snapshot)
+        self.background_snapshot = background_snapshot
         self.rank = self._group.rank()
         self.world_size = self._group.size()
         self._items = []
+        self._held = False  # the items hold a save's copies until its snapshot is taken
 
     @property
     def dir(self):
@@ -447,16 +453,43 @@ class Checkpointer:
         (``done()``, ``wait()``, ``result()``); the files are written and
         committed in the background. Waits first for the save still in flight."""
         step = self._step(step, "save")
+        self.wait_snapshot()  # the items are refilled below
+        done = False
         try:
             self._agree(self._each(lambda item: item.before_save(self)), "save", "nothing was saved")
-            return self._c.save_async(step)
+            future = self._c.save_async(step)
+            done = True
+            return future
         finally:
-            for item in self._items:
-                item.release()  # the save copied what it needs
+            if done and self.background_snapshot:
+                self._held = True  # the writer thread still reads them: released by wait_snapshot()
+            else:
+                self._release()  # the save copied what it needs
 
     def wait(self):
         """Waits for the save in flight, if any, and raises its error (local)."""
         self._c.wait()
+        self._release_held()
+
+    def wait_snapshot(self):
+        """Returns once the save in flight no longer reads the registered
+        objects (at once without ``background_snapshot`` or with no save in
+        flight). With ``background_snapshot=True`` call it before anything
+        that writes parameters or optimizer state after a ``save_async`` (an
+        optimizer's ``step()``, your own writes); a forward pass and the
+        gradients may go on meanwhile. Local; raises nothing (the snapshot's
+        error is the save's, from its future)."""
+        self._c.wait_snapshot()
+        self._release_held()
+
+    def _release_held(self):
+        if self._held:
+            self._held = False
+            self._release()
+
+    def _release(self):
+        for item in self._items:
+            item.release()
 
     def load(self, step):
         """Loads checkpoint ``step`` into the registered items."""
@@ -515,6 +548,7 @@ class Checkpointer:
             raise _C.Error(f"dopt Checkpointer.{where}: rank {bad[0]} failed (see its error); {consequence}")
 
     def _before_load(self, folder):
+        self.wait_snapshot()  # before_load resizes the items a background snapshot may still read
         self._agree(self._each(lambda item: item.before_load(self, folder)), "load", "nothing was loaded")
 
     def _after_load(self):

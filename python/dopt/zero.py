@@ -164,6 +164,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
 
     _shadowing = False
 
+    def step_async(self):
+        """dopt's ZeRO step_async (the broadcasts in the background) runs on
+        dopt's kernels only (``uses_dopt_kernels``); the kernel class overrides this."""
+        raise _C.NotSupportedError(f"dopt.ZeroRedundancyOptimizer.step_async: {type(self).__name__} steps its shard "
+                                   "with a Python optimizer class; step_async needs a class dopt computes "
+                                   "(uses_dopt_kernels); call step()")
+
     def _notify_join(self):
         if not self._shadowing:
             Join.notify_join_context(self)

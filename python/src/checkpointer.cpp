@@ -3,7 +3,7 @@
 //
 // Who calls what: the Python class, on the thread that issues the group's
 // collectives. The collectives (the constructor, save, save_async, load,
-// load_latest) and wait() run without the GIL: a rank blocks there until the
+// load_latest) and wait() and wait_snapshot() run without the GIL: a rank blocks there until the
 // others arrive, and a torch tensor dopt lets go of on another thread takes
 // the GIL to be released. add_* are local and keep the objects they register
 // alive as long as the Checkpointer (pybind11 keep_alive: released after the
@@ -79,24 +79,28 @@ class PyCheckpointer {
 
 void bind_checkpointer(py::module_& m) {
   py::class_<Future<void>>(m, "CheckpointFuture",
-                           "An asynchronous save: done() never blocks; wait() blocks until the checkpoint is "
-                           "committed on every rank and raises the save's error.")
+                           "An asynchronous save (or ZeRO's step_async): done() never blocks; wait() blocks until "
+                           "the checkpoint is committed on every rank (the step's parameters are in place) and "
+                           "raises its error.")
       .def("done", [](const Future<void>& f) { return f.is_ready(); })
       .def("wait", [](const Future<void>& f) { f.get(); }, py::call_guard<py::gil_scoped_release>())
       .def("result", [](const Future<void>& f) { f.get(); }, py::call_guard<py::gil_scoped_release>(),
            "wait() (concurrent.futures' name, as torch's async_save returns).");
 
   py::class_<PyCheckpointer>(m, "Checkpointer", "dopt::Checkpointer (use dopt.Checkpointer).")
-      .def(py::init([](ProcessGroup group, const std::string& dir, int keep_last, std::optional<ProcessGroup> commit) {
+      .def(py::init([](ProcessGroup group, const std::string& dir, int keep_last, std::optional<ProcessGroup> commit,
+                       bool background_snapshot) {
              CheckpointerOptions o;
              o.group = std::move(group);
              o.dir = dir;
              o.keep_last = keep_last;
              if (commit) o.commit_group = std::move(*commit);
+             o.background_snapshot = background_snapshot;
              py::gil_scoped_release release;  // a collective
              return std::make_unique<PyCheckpointer>(std::move(o));
            }),
-           py::arg("group"), py::arg("dir"), py::arg("keep_last"), py::arg("commit_group").none(true))
+           py::arg("group"), py::arg("dir"), py::arg("keep_last"), py::arg("commit_group").none(true),
+           py::arg("background_snapshot") = false)
       .def(
           "add_tensors",
           [](PyCheckpointer& c, const std::string& name, std::map<std::string, Tensor> tensors,
@@ -127,6 +131,8 @@ void bind_checkpointer(py::module_& m) {
       .def("save_async", [](PyCheckpointer& c, std::int64_t step) { return c.get().save_async(step); },
            py::call_guard<py::gil_scoped_release>())
       .def("wait", [](PyCheckpointer& c) { c.get().wait(); }, py::call_guard<py::gil_scoped_release>())
+      .def("wait_snapshot", [](PyCheckpointer& c) { c.get().wait_snapshot(); },
+           py::call_guard<py::gil_scoped_release>())
       .def("load", [](PyCheckpointer& c, std::int64_t step) { c.get().load(step); },
            py::call_guard<py::gil_scoped_release>())
       .def("load_latest", [](PyCheckpointer& c) { return c.get().load_latest(); },

@@ -27,6 +27,10 @@ void bind_zero(py::module_& m) {
            py::arg("groups"), py::arg("name"), py::arg("defaults"), py::arg("process_group"),
            py::arg("parameters_as_bucket_view"), py::arg("rebind").none(true))
       .def("step", [](ZeroRedundancyOptimizer& z) { z.step(); }, py::call_guard<py::gil_scoped_release>())
+      // The Future<void> class is bound by bind_checkpointer (CheckpointFuture:
+      // done(), wait() without the GIL).
+      .def("step_async", [](ZeroRedundancyOptimizer& z) { return z.step_async(); },
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "add_param_group",
           [](ZeroRedundancyOptimizer& z, const std::vector<Tensor>& params, const py::object& hp) {

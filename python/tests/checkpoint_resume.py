@@ -219,14 +219,18 @@ def train_and_save(rank, world, tmp):
     job.register(async_ckpt)
     sync_ckpt = dopt.Checkpointer(os.path.join(tmp, "sync"), process_group=dist.group.WORLD)
     job.register(sync_ckpt)
+    bg_ckpt = dopt.Checkpointer(os.path.join(tmp, "background"), background_snapshot=True)
+    job.register(bg_ckpt)
     if sync_ckpt.load_latest() is not None:
         raise AssertionError("load_latest found a checkpoint in an empty folder")
     pending = None
     for step in range(STEPS):
+        bg_ckpt.wait_snapshot()  # before the step writes what the background snapshot reads
         job.step(step)
         done = step + 1
         if done == SAVED:
             sync_ckpt.save(done)
+            bg_ckpt.save_async(done)  # returns before the CPU tensors are copied
             torch.save({"tensors": job.tensors(), "optimizers": job.consolidated()},
                        os.path.join(tmp, f"saved-rank{rank}.pt"))
         if done % 2 == 0 and done <= SAVED:
@@ -235,20 +239,24 @@ def train_and_save(rank, world, tmp):
             pending = async_ckpt.save_async(done)  # training goes on while it is written
     pending.wait()
     async_ckpt.wait()
+    bg_ckpt.wait()
     torch.save(job.tensors(), os.path.join(tmp, f"final-rank{rank}.pt"))
     kept = sorted(os.listdir(os.path.join(tmp, "async")))
     if kept != ["step-00000004", "step-00000006"]:
         raise AssertionError(f"keep_last=2 left {kept}")
     passed(rank, "save_async every 2 steps with keep_last=2 while training goes on")
     if rank == 0:
-        a, s = (os.path.join(tmp, d, "step-00000006") for d in ("async", "sync"))
-        files = sorted(os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a) for f in fs)
-        if files != sorted(os.path.relpath(os.path.join(r, f), s) for r, _, fs in os.walk(s) for f in fs):
-            raise AssertionError("the async and the sync checkpoint hold different files")
-        for f in files:
-            if f.endswith(".safetensors") and payload(os.path.join(a, f)) != payload(os.path.join(s, f)):
-                raise AssertionError(f"{f}: the async and the sync save wrote different tensors")
-        passed(rank, f"save_async wrote the tensors save wrote, byte for byte ({len(files)} files)")
+        s = os.path.join(tmp, "sync", "step-00000006")
+        for kind in ("async", "background"):
+            a = os.path.join(tmp, kind, "step-00000006")
+            files = sorted(os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a) for f in fs)
+            if files != sorted(os.path.relpath(os.path.join(r, f), s) for r, _, fs in os.walk(s) for f in fs):
+                raise AssertionError(f"the {kind} and the sync checkpoint hold different files")
+            for f in files:
+                if f.endswith(".safetensors") and payload(os.path.join(a, f)) != payload(os.path.join(s, f)):
+                    raise AssertionError(f"{f}: the {kind} and the sync save wrote different tensors")
+        passed(rank, f"save_async wrote the tensors save wrote, byte for byte ({len(files)} files), also with "
+                     "background_snapshot and training going on after wait_snapshot()")
     check_errors(rank, world, tmp, job)
 
 

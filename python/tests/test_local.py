@@ -378,6 +378,26 @@ def test_zero_takes_any_optimizer_class():
     assert not f.uses_dopt_kernels, "foreach=True: torch's Adam steps the shard"
 
 
+def test_zero_step_async_equals_step():
+    if not dopt.is_initialized():
+        dopt.init_process_group()  # not launched: a world of one on a free port
+    ours, theirs = make_params(torch.float32), make_params(torch.float32)
+    a = dopt.ZeroRedundancyOptimizer(ours, torch.optim.Adam, lr=0.1)
+    b = dopt.ZeroRedundancyOptimizer(theirs, torch.optim.Adam, lr=0.1)
+    for step in range(3):
+        for ps in (ours, theirs):
+            for p, g in zip(ps, grads_for(ps, step)):
+                p.grad = g
+        a.step()
+        f = b.step_async()
+        f.wait()
+        assert f.done()
+    assert same(ours, theirs), "step_async differs from step"
+    assert b._c.step_count == a._c.step_count == 3
+    z = dopt.ZeroRedundancyOptimizer(make_params(torch.float32), optimizer_class=_HalfStep, lr=0.1)
+    expect(dopt.NotSupportedError, z.step_async, "uses_dopt_kernels")
+
+
 def main():
     torch.set_num_threads(1)
     failed = 0
