@@ -55,7 +55,7 @@ std::vector<std::vector<std::string>> calls_across(std::uint64_t seed, SimReport
 
 }  // namespace
 
-TEST_CASE("rpc partition: a call to the other side fails as to a lost worker, in virtual time; within a side it works",
+TEST_CASE("rpc partition: a call to the other side fails as to a lost worker in virtual time, within a side it works",
           "[sim][rpc]") {
   SimReport rep;
   const auto t0 = std::chrono::steady_clock::now();

@@ -117,12 +117,10 @@ class SimAgent final : public AgentLink, public std::enable_shared_from_this<Sim
     auto p = peers_[static_cast<std::size_t>(dest)].lock();
     if (!p) return;
     std::optional<sim::Clock::time_point> at;
-    const int me = st_.core->rank;
-    if (std::string why = sim::partition_between(me, dest); !why.empty()) {
-      sim::lost_to_partition(me, dest, std::string(what) + " of rank " + std::to_string(me), why);
-      return;
-    }
     if (sim::active()) {
+      const int me = st_.core->rank;
+      if (const std::string why = sim::partition_between(me, dest); !why.empty())
+        return sim::lost_to_partition(me, dest, std::string(what) + " of rank " + std::to_string(me), why);
       const auto d = sim::message_fault(what);
       if (d.count() < 0) return;  // dropped by the fault plan
       if (d.count() > 0) at = sim::clock_now() + std::chrono::duration_cast<sim::Clock::duration>(d);
@@ -137,7 +135,7 @@ class SimAgent final : public AgentLink, public std::enable_shared_from_this<Sim
     auto it = st_.pending.find(id);
     if (it == st_.pending.end() || it->second->attempts != attempt || attempt <= it->second->spec.retries) return "";
     dest = it->second->dest;
-    const std::string why = sim::partition_between(st_.core->rank, dest);
+    const std::string why = sim::active() ? sim::partition_between(st_.core->rank, dest) : std::string();
     return why.empty() ? why : "cut off: " + why;
   }
 

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
-#include <string>
 #include <type_traits>
 
 #include "dopt/actors/internal/sim_hooks.hpp"
@@ -16,13 +15,6 @@ namespace dopt::detail::sim {
 /// for it (the virtual delay of its delivery, or negative: dropped), counted
 /// as on_message's, but not a scheduling point (the caller delivers it).
 std::chrono::nanoseconds message_fault(const char* what);
-/// Why the fault plan's partitions separate global ranks a and b now ("" when
-/// they do not, or the caller is not simulated). Not a scheduling point.
-std::string partition_between(int a, int b);
-/// A message from global rank src to dst lost to a partition (why, from
-/// partition_between): counted in the run report, the first on each link
-/// recorded as a fault. `what` names the message ("rpc request of rank 0").
-void lost_to_partition(int src, int dst, const std::string& what, const std::string& why);
 /// The calling task's simulation: unique in this process (0: none).
 std::uint64_t run_id();
 

@@ -13,7 +13,6 @@
 
 #include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/internal/sim_hooks.hpp"
-#include "sim/sync.hpp"
 #include "dopt/runtime/internal/parallel.hpp"
 #include "transport/shm/futex.hpp"
 
