@@ -91,9 +91,9 @@ struct FaultPlan {
     faults.push_back({Kind::drop, rank, at_message, 0, {}, {}, {}, {}});
     return *this;
   }
-  /// From virtual time `from` on, the sends between the ranks in `side` and
-  /// the other ranks are lost, as on a cut link (drop_message). Collectives
-  /// and RPC messages are not partitioned.
+  /// From virtual time `from` on, nothing crosses between the ranks in `side`
+  /// and the other ranks: sends are lost as on a cut link (drop_message), RPC
+  /// messages are lost, collectives across fail (docs/testing.md).
   FaultPlan& partition(std::vector<int> side, std::chrono::milliseconds from = std::chrono::milliseconds(0)) {
     faults.push_back({Kind::partition, -1, 0, 0, {}, {}, std::move(side), from});
     return *this;
@@ -119,7 +119,7 @@ struct FaultCounts {
   std::uint64_t collective_drops = 0;   // protocol steps of collectives lost
   std::uint64_t p2p_drops = 0;          // sends lost: the dropped one and the later ones on its link
   std::uint64_t rpc_drops = 0;          // RPC messages lost
-  std::uint64_t partitioned = 0;        // sends lost to a partition
+  std::uint64_t partitioned = 0;        // sends, RPC messages, collective calls lost to a partition
   std::uint64_t crashes = 0, stops = 0, read_faults = 0;
   std::uint64_t total() const noexcept {
     return collective_delays + p2p_delays + rpc_delays + collective_drops + p2p_drops + rpc_drops + partitioned +

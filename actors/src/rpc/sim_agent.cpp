@@ -99,8 +99,14 @@ class SimAgent final : public AgentLink, public std::enable_shared_from_this<Sim
     deliver(dest, "rpc reply", [id, r](SimAgent& p) { handle_reply(p.st_, p, id, *r); });
   }
   void arm_timeout(std::chrono::milliseconds d, std::uint64_t id, int attempt) override {
-    post([this, id, attempt] { handle_timeout(st_, *this, id, attempt); },
-         sim::clock_now() + std::chrono::duration_cast<sim::Clock::duration>(d));
+    post([this, id, attempt] {
+      // The last attempt's time is up while a partition cuts the callee off:
+      // to this side it is lost (its calls fail as if it died).
+      int dest = -1;
+      const std::string why = partitioned_call(id, attempt, dest);
+      if (why.empty()) return handle_timeout(st_, *this, id, attempt);
+      handle_lost(st_, *this, dest, why);
+    }, sim::clock_now() + std::chrono::duration_cast<sim::Clock::duration>(d));
   }
 
   AgentState& state() { return st_; }
@@ -112,12 +118,25 @@ class SimAgent final : public AgentLink, public std::enable_shared_from_this<Sim
     if (!p) return;
     std::optional<sim::Clock::time_point> at;
     if (sim::active()) {
+      const int me = st_.core->rank;
+      if (const std::string why = sim::partition_between(me, dest); !why.empty())
+        return sim::lost_to_partition(me, dest, std::string(what) + " of rank " + std::to_string(me), why);
       const auto d = sim::message_fault(what);
       if (d.count() < 0) return;  // dropped by the fault plan
       if (d.count() > 0) at = sim::clock_now() + std::chrono::duration_cast<sim::Clock::duration>(d);
     }
     SimAgent* raw = p.get();
     p->post([raw, fn = std::move(fn)] { fn(*raw); }, at);
+  }
+
+  /// Why call `id` failed for good at the timeout of its attempt `attempt`
+  /// because a partition cuts its callee (dest) off ("" when it did not).
+  std::string partitioned_call(std::uint64_t id, int attempt, int& dest) const {
+    auto it = st_.pending.find(id);
+    if (it == st_.pending.end() || it->second->attempts != attempt || attempt <= it->second->spec.retries) return "";
+    dest = it->second->dest;
+    const std::string why = sim::active() ? sim::partition_between(st_.core->rank, dest) : std::string();
+    return why.empty() ? why : "cut off: " + why;
   }
 
   /// The next job: the first queued one, else a timer that is due.

@@ -373,6 +373,26 @@ bool Scheduler::cut(int src, int dst, const std::string& why) {
   return cut_.emplace(std::make_pair(src, dst), why).second;
 }
 
+std::string Scheduler::partition_between(int a, int b) const {
+  for (const auto& f : plan_.faults) {
+    if (f.kind != FaultPlan::Kind::partition || now_ < std::chrono::nanoseconds(f.from).count()) continue;
+    const auto in = [&](int x) { return std::find(f.side.begin(), f.side.end(), x) != f.side.end(); };
+    if (in(a) == in(b)) continue;
+    std::string side;
+    for (int x : f.side) side += (side.empty() ? "" : ", ") + std::to_string(x);
+    return "the link from rank " + std::to_string(a) + " to rank " + std::to_string(b) +
+           " is cut by a partition of ranks [" + side + "] from the rest (fault plan, from " +
+           std::to_string(f.from.count()) + " ms)";
+  }
+  return "";
+}
+
+void Scheduler::lost_to_partition(int src, int dst, const std::string& what, const std::string& why) {
+  if (over()) return;
+  if (cut(src, dst, why)) fault(what + " lost: " + why);
+  ++counts_.partitioned;
+}
+
 std::string Scheduler::link_lost(int src, int dst) const {
   std::lock_guard<std::mutex> lock(links_m_);
   auto it = cut_.find({src, dst});
@@ -386,19 +406,10 @@ Scheduler::SendFault Scheduler::send_fault(Task* me, int src, int dst, int tag) 
   const int k = ++messages_[r];
   const std::string msg = "send " + std::to_string(k) + " of rank " + std::to_string(src) + " (to rank " +
                           std::to_string(dst) + ", tag " + std::to_string(tag) + ")";
-  for (const auto& f : plan_.faults) {
-    if (f.kind != FaultPlan::Kind::partition || now_ < std::chrono::nanoseconds(f.from).count()) continue;
-    const auto in = [&](int x) { return std::find(f.side.begin(), f.side.end(), x) != f.side.end(); };
-    if (in(src) == in(dst)) continue;
-    std::string side;
-    for (int x : f.side) side += (side.empty() ? "" : ", ") + std::to_string(x);
-    const std::string why = "the link from rank " + std::to_string(src) + " to rank " + std::to_string(dst) +
-                            " is cut by a partition of ranks [" + side + "] from the rest (fault plan, from " +
-                            std::to_string(f.from.count()) + " ms)";
-    if (cut(src, dst, why)) fault(msg + " lost: " + why);
-    ++counts_.partitioned;
+  if (std::string why = partition_between(src, dst); !why.empty()) {
+    lost_to_partition(src, dst, msg, why);
     out.lost = true;
-    out.why = why;
+    out.why = std::move(why);
     return out;
   }
   if (drop_at_[r] == k) {
@@ -550,6 +561,15 @@ std::string describe(const std::exception_ptr& e) {
 std::chrono::nanoseconds message_fault(const char* what) {
   Task* me = tl_task;
   return me ? me->sched->message_fault(me, what) : std::chrono::nanoseconds(0);
+}
+
+std::string partition_between(int a, int b) {
+  Task* me = tl_task;
+  return me && !me->sched->over() ? me->sched->partition_between(a, b) : std::string();
+}
+
+void lost_to_partition(int src, int dst, const std::string& what, const std::string& why) {
+  if (Task* me = tl_task) me->sched->lost_to_partition(src, dst, what, why);
 }
 
 }  // namespace dopt::detail::sim

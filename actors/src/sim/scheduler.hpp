@@ -119,6 +119,12 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
     std::string why;
   };
   SendFault send_fault(Task* me, int src, int dst, int tag);
+  /// Why the fault plan's partitions separate global ranks a and b at this
+  /// virtual time ("" when they do not). Any task; not a scheduling point.
+  std::string partition_between(int a, int b) const;
+  /// A message from src to dst (`what`: its kind) lost to a partition (why):
+  /// counted; the first loss on each link is recorded as a fault.
+  void lost_to_partition(int src, int dst, const std::string& what, const std::string& why);
   /// Why the link from src to dst is lost ("" while it is not). Any thread.
   std::string link_lost(int src, int dst) const;
   /// Rank r crashed: its other tasks never run again.

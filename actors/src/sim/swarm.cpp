@@ -18,7 +18,7 @@ std::string describe(const FaultCounts& c) {
   const std::pair<std::uint64_t, const char*> kinds[] = {
       {c.collective_delays, "collective delay"}, {c.p2p_delays, "p2p delay"},   {c.rpc_delays, "rpc delay"},
       {c.collective_drops, "collective drop"},   {c.p2p_drops, "p2p drop"},     {c.rpc_drops, "rpc drop"},
-      {c.partitioned, "partitioned send"},       {c.crashes, "crash"},          {c.stops, "stop"},
+      {c.partitioned, "partitioned message"},    {c.crashes, "crash"},          {c.stops, "stop"},
       {c.read_faults, "read fault"}};
   const char* sep = ": ";
   for (const auto& [n, what] : kinds) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 
 namespace dopt::detail::sim {
@@ -49,6 +50,15 @@ void on_call(const char* what);
 /// This rank publishes a protocol step: returns the virtual delay to apply
 /// first (fault plans: delayed messages), or a negative value to drop it.
 std::chrono::nanoseconds on_message(const char* what);
+
+/// Why the fault plan's partitions separate global ranks a and b now ("" when
+/// they do not). Not a scheduling point. Called by the shared-memory
+/// collectives and the simulated RPC agents (transport/shm, rpc).
+std::string partition_between(int a, int b);
+/// A message from global rank src to dst lost to a partition (why, from
+/// partition_between): counted in the run report, the first on each link
+/// recorded as a fault. `what` names the message ("rpc request of rank 0").
+void lost_to_partition(int src, int dst, const std::string& what, const std::string& why);
 
 /// The time the plane's waits measure deadlines against.
 inline Clock::time_point clock_now() { return active() ? now() : Clock::now(); }

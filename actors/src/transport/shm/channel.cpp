@@ -105,6 +105,7 @@ void Channel::begin_call(Call& c) {
   }
   c.deadline = sim::clock_now() + c.op->timeout;
   c.first_round = next_round_;
+  if (sim::active()) [[unlikely]] check_partition(c);
 }
 
 std::uint64_t Channel::begin_round(Call& c) {
@@ -130,6 +131,7 @@ void Channel::wait_all(std::uint64_t step, Call& c) {
 
 void Channel::wait(int g, std::uint64_t step, Call& c) {
   SyncLine& s = ctl(g).sync;
+  if (sim::active()) [[unlikely]] check_partition(c);  // no step crosses a partition
   if (s.step.load(std::memory_order_acquire) >= step) return;
   if (sim::active()) [[unlikely]] {
     if (wait_simulated(g, step, c)) return;
@@ -187,7 +189,24 @@ bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
     const bool simulated = sim::block(ready, c.deadline, "shm wait");
     if (s.step.load(std::memory_order_acquire) >= step) return true;
     if (!simulated) return false;  // the simulation let go: wait as usual
+    check_partition(c);            // one that began during the wait
     check_slow(g, step, c);        // throws on an abort, a lost peer, the deadline
+  }
+}
+
+void Channel::check_partition(Call& c) {
+  for (int h = 0; h < size(); ++h) {
+    if (h == me_) continue;
+    const std::string why = sim::partition_between(my_global(), global(h));
+    if (why.empty()) continue;
+    // Nothing crosses: to this side h is lost once the call's time is up
+    // (no abort is signalled to the group: it would cross the partition).
+    static const std::function<bool()> never = [] { return false; };
+    sim::block(never, c.deadline, "partitioned collective");
+    sim::lost_to_partition(my_global(), global(h), what(c) + " of rank " + std::to_string(my_global()), why);
+    Failure f{FailKind::peer_lost, c.name, "rank " + std::to_string(global(h)) + " was lost during " + what(c) + ": " + why};
+    break_group(f);
+    throw_failure(f, my_global());
   }
 }
 

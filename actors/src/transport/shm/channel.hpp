@@ -170,6 +170,10 @@ class Channel {
   /// wait() under the deterministic scheduler: true once the step is
   /// there, false when the simulation let go (then wait() goes on as usual).
   bool wait_simulated(int g, std::uint64_t step, Call& c);
+  /// Under the deterministic scheduler, when a fault plan's partition cuts a
+  /// member off: waits out c's (virtual) deadline, then throws PeerLostError
+  /// naming that member; else returns at once.
+  void check_partition(Call& c);
   std::string group_str() const;
   std::string what(const Call& c) const;
 
