@@ -29,6 +29,7 @@ using rdv_btmo_atom = caf::atom_constant<caf::atom("rdvbtmo")>;
 using rdv_ping_atom = caf::atom_constant<caf::atom("rdvping")>;
 using rdv_fail_atom = caf::atom_constant<caf::atom("rdvfail")>;
 using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
+using rdv_told_atom = caf::atom_constant<caf::atom("rdvtold")>;  // has every rank heard of the setup failure?
 using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
 using rdv_note_atom = caf::atom_constant<caf::atom("rdvnote")>;  // (rdvnote, after_ms): say who is missing
 
@@ -69,6 +70,10 @@ struct CoordState {
   // The first failure a rank reported after the registration (it could not
   // connect to a peer, ...): every barrier from then on fails with it.
   std::string setup_failure;
+  // The ranks that know of setup_failure (they reported one, or a barrier
+  // of theirs failed with it): rank 0 waits a little for all of them before
+  // its process goes, since a rank that asks a gone rank 0 learns no cause.
+  std::set<int> told;
   // Set once the world is complete: the rendezvous port then turns every
   // newcomer away in its handshake.
   std::shared_ptr<std::atomic<bool>> closed;
@@ -178,6 +183,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         auto& st = self->state;
         auto rp = self->make_response_promise();
         if (!st.setup_failure.empty()) {
+          st.told.insert(rank);
           rp.deliver(static_cast<int>(k_peer), st.setup_failure, Table{}, Table{}, std::vector<std::string>{});
           return;
         }
@@ -211,9 +217,11 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
       },
       [self](rdv_fail_atom, int rank, const std::string& what) {
         auto& st = self->state;
+        st.told.insert(rank);
         if (!st.setup_failure.empty()) return;
         st.setup_failure = "rank " + std::to_string(rank) + " failed while the ranks connected to each other: " + what;
         for (auto& [seq, b] : st.barriers) {
+          st.told.insert(b.arrived.begin(), b.arrived.end());
           for (auto& p : b.waiting)
             p.deliver(static_cast<int>(k_peer), st.setup_failure, Table{}, Table{}, std::vector<std::string>{});
           st.failed_barriers.emplace(seq, st.setup_failure);
@@ -221,6 +229,12 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         st.barriers.clear();
       },
       [self](rdv_why_atom) { return self->state.setup_failure; },
+      [self](rdv_told_atom) {
+        const auto& st = self->state;
+        for (int r = 1; r < st.world; ++r)
+          if (!st.told.count(r)) return false;
+        return true;
+      },
       // The key of the ranks' own ports in a job without a secret (asked
       // before a rank opens them; "" in a job with one).
       [session_key](rdv_key_atom) {
@@ -347,9 +361,14 @@ void RendezvousResult::barrier(milliseconds timeout) const {
   const std::uint64_t seq = impl_->next_barrier++;
   // Rank 0 answers with the missing ranks at `timeout`; wait a little longer
   // for that answer before giving up on rank 0 itself.
-  impl_->ask_coord(caf::make_message(detail::rdv_bar_atom::value, seq, impl_->rank,
-                                     static_cast<std::int64_t>(timeout.count())),
-                   timeout + seconds(2), "barrier");
+  try {
+    impl_->ask_coord(caf::make_message(detail::rdv_bar_atom::value, seq, impl_->rank,
+                                       static_cast<std::int64_t>(timeout.count())),
+                     timeout + seconds(2), "barrier");
+  } catch (const PeerLostError&) {
+    detail::rendezvous_linger(*this);  // rank 0: the others hear the cause first
+    throw;
+  }
 }
 
 RendezvousResult rendezvous(Runtime& runtime, const LaunchEnv& env, const RendezvousOptions& options) {
@@ -373,6 +392,31 @@ void rendezvous_report_failure(const RendezvousResult& r, const std::string& wha
       c = detail::Access::impl(r).coord;
     }
     if (c) caf::anon_send(c, rdv_fail_atom::value, detail::Access::impl(r).rank, what);
+  } catch (...) {
+  }
+  rendezvous_linger(r);
+}
+
+void rendezvous_linger(const RendezvousResult& r) noexcept {
+  auto& impl = detail::Access::impl(r);
+  if (impl.rank != 0) return;
+  try {
+    caf::actor c;
+    {
+      std::lock_guard<std::mutex> lock(impl.mutex);
+      c = impl.coord;
+    }
+    if (!c) return;
+    UserThreadCafScope caf_scope;
+    caf::scoped_actor self{*impl.sys};
+    const auto until = steady_clock::now() + seconds(2);
+    while (steady_clock::now() < until) {
+      bool all = false;
+      self->request(c, caf::duration(milliseconds(200)), rdv_told_atom::value)
+          .receive([&](bool b) { all = b; }, [](caf::error&) {});
+      if (all) return;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
   } catch (...) {
   }
 }

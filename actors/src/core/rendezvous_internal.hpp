@@ -39,7 +39,13 @@ const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r);
 /// that this rank failed (best effort). Every barrier of every rank fails
 /// from then on with PeerLostError "rank R failed while the ranks connected
 /// to each other: WHAT", so no rank waits out a timeout for it.
+/// On rank 0 it then lingers as rendezvous_linger does.
 void rendezvous_report_failure(const RendezvousResult& r, const std::string& what) noexcept;
+/// Rank 0, once a failure was reported: returns when every other rank has
+/// heard of it (it reported one, or a barrier of its failed with it), or
+/// after 2 s, so that no rank finds rank 0 gone without the cause. At once
+/// on the other ranks.
+void rendezvous_linger(const RendezvousResult& r) noexcept;
 /// The failure some rank reported ("" when none, or rank 0 did not answer
 /// within `wait`): for a rank whose own step timed out because of it.
 std::string rendezvous_failure(const RendezvousResult& r, std::chrono::milliseconds wait);
