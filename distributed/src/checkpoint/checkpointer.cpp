@@ -176,6 +176,7 @@ struct Checkpointer::Impl {
 };
 
 Checkpointer::Checkpointer(CheckpointerOptions options) : impl_(std::make_unique<Impl>()) {
+  dopt::detail::CallScope call_scope("Checkpointer::Checkpointer()");
   static constexpr const char* op = "Checkpointer";
   Impl& m = *impl_;
   m.options = std::move(options);

@@ -26,6 +26,7 @@ class ReducerJoinHook : public JoinHook {
 
 Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, ReducerOptions options)
     : params_(std::move(params)), group_(std::move(process_group)), options_(options) {
+  dopt::detail::CallScope call_scope("Reducer::Reducer()");
   if (!group_.valid()) throw ValueError(kOp, "the process group is invalid");
   if (params_.empty()) throw ValueError(kOp, "got an empty parameter list");
   if (options_.bucket_cap_bytes == 0 || options_.first_bucket_cap_bytes == 0)

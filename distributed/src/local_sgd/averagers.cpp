@@ -177,6 +177,7 @@ std::optional<ProcessGroup> PeriodicModelAverager::group_for_step(std::int64_t s
 HierarchicalModelAverager::HierarchicalModelAverager(std::map<std::int64_t, int> period_group_size,
                                                      std::int64_t warmup_steps, ProcessGroup process_group)
     : ModelAverager(std::move(process_group), "HierarchicalModelAverager"), warmup_steps_(warmup_steps) {
+  dopt::detail::CallScope call_scope("HierarchicalModelAverager::HierarchicalModelAverager()");
   static constexpr const char* op = "HierarchicalModelAverager";
   if (period_group_size.empty()) throw ValueError(op, "Arg ``period_group_size_dict`` must not be empty.");
   const std::int64_t first_period = period_group_size.begin()->first;

@@ -137,6 +137,7 @@ DiLoCoAverager::DiLoCoAverager(std::vector<Tensor> params, DiLoCoOptions options
     : ModelAverager(std::move(process_group), kOp),
       options_(std::move(options)),
       params_(std::move(params)) {
+  dopt::detail::CallScope call_scope("DiLoCoAverager::DiLoCoAverager()");
   const auto n = static_cast<std::int64_t>(params_.size());
   if (params_.empty()) throw ValueError(kOp, "got an empty parameter list");
   std::set<const TensorImpl*> seen_params;

@@ -4,6 +4,7 @@
 // simulated ranks.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "call_names.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
+#include "dopt/distributed/checkpointer.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/zero.hpp"
 #include "dopt/optim/sgd.hpp"
@@ -84,5 +86,51 @@ TEST_CASE("errors name the user's calls: ZeRO's step on all ranks but one, PostL
     CHECK_THAT(e[static_cast<std::size_t>(r)],
                Contains("]: ZeroRedundancyOptimizer::step() " + on_ranks_but(n, 1) +
                         "; PostLocalSGDOptimizer::step() on rank 1; internally: collective mismatch"));
+  }
+}
+
+namespace {
+
+/// Each rank's CollectiveMismatchError text ("" when none): every rank but 1
+/// runs make(ctx) (a constructor that talks to the others), rank 1 calls
+/// ProcessGroup::barrier() instead.
+std::vector<std::string> construct_but_rank_1(int world, const std::function<void(RankContext&)>& make) {
+  std::vector<std::string> out(static_cast<std::size_t>(world));
+  SimulateOptions opts;
+  opts.timeout = std::chrono::seconds(20);
+  simulate(world, [&](RankContext& ctx) {
+    try {
+      if (ctx.rank() == 1) ctx.world().barrier();
+      else make(ctx);
+    } catch (const CollectiveMismatchError& e) {
+      out[static_cast<std::size_t>(ctx.rank())] = e.what();
+    }
+  }, opts);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("errors name the user's calls: a constructor's collectives are named by the constructor",
+          "[zero][checkpoint][call_label]") {
+  const int n = GENERATE(3, 5);
+  // The constructors that agree on something with the other ranks.
+  const std::vector<std::pair<std::string, std::function<void(RankContext&)>>> ctors{
+      {"ZeroRedundancyOptimizer::ZeroRedundancyOptimizer()",
+       [](RankContext& ctx) { ZeroRedundancyOptimizer z(params(), OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()}); }},
+      {"Checkpointer::Checkpointer()",
+       [](RankContext& ctx) { Checkpointer c(CheckpointerOptions{ctx.world(), (std::filesystem::temp_directory_path() / "dopt-ctor-label-test").string(), 1}); }},
+      {"HierarchicalModelAverager::HierarchicalModelAverager()",
+       [](RankContext& ctx) { HierarchicalModelAverager h({{2, 1}, {4, ctx.world_size()}}, 0, ctx.world()); }},
+  };
+  for (const auto& [name, make] : ctors) {
+    CAPTURE(n, name);
+    auto e = construct_but_rank_1(n, make);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK_THAT(e[static_cast<std::size_t>(r)],
+                 Contains("]: " + name + " " + on_ranks_but(n, 1) +
+                          "; ProcessGroup::barrier() on rank 1; internally: collective mismatch"));
+    }
   }
 }

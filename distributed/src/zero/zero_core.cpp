@@ -2,6 +2,7 @@
 // step_async() and the overlap driver's host side. The pieces do the rest.
 #include "zero_core.hpp"
 
+#include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/join.hpp"
 #include "dopt/optim/functional.hpp"
 #include "dopt/runtime/notice.hpp"
@@ -19,6 +20,7 @@ ZeroCore::ZeroCore(ZeroRedundancyOptimizer& self_, std::vector<OptimizerParamGro
       bucket_view(options.parameters_as_bucket_view), weight(options.partition_weight),
       buddy_update(options.buddy_update), params(spec.name), repoint(std::move(options.rebind_parameter)),
       probe(std::move(options.probe)), on_membership_change(std::move(options.on_membership_change)) {
+  dopt::detail::CallScope call_scope("ZeroRedundancyOptimizer::ZeroRedundancyOptimizer()");
   if (!group.valid() || !group.is_member())
     throw ValueError(kName, "a valid process group this rank is a member of is required");
   rank = group.rank();
