@@ -9,6 +9,7 @@
 
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "processes.hpp"
 
@@ -246,6 +247,27 @@ TEST_CASE("collectives: on the hierarchical plane, a mismatch between hosts fail
     auto ds = run_as_hosts(2, 2, "kill", {{"DOPT_TIMEOUT_MS", "20000"}});
     check_rank1_killed(ds, "rank 1");
   }
+}
+
+TEST_CASE("collectives: on the hierarchical plane, a mismatch between hosts names every rank with its call",
+          "[collectives][multiprocess]") {
+  // Each host's ranks agree among themselves, the hosts differ (the lower
+  // half of the ranks all_reduce, the rest broadcast): every rank is named
+  // with its call, not only the two whose records were compared.
+  const auto [hosts, per_host] = GENERATE(std::pair{2, 2}, std::pair{3, 1});
+  auto ds = run_as_hosts(hosts, per_host, "mismatch_half", {{"DOPT_TIMEOUT_MS", "20000"}});
+  const std::string want = per_host == 2
+                               ? "ProcessGroup::all_reduce() on ranks 0, 1; ProcessGroup::broadcast() on ranks 2, 3; "
+                                 "internally: "
+                               : "ProcessGroup::all_reduce() on rank 0; ProcessGroup::broadcast() on ranks 1, 2; "
+                                 "internally: ";
+  for (std::size_t r = 0; r < ds.size(); ++r) {
+    INFO(hosts << " hosts of " << per_host << ", mismatch_half, rank " << r << ": " << ds[r].out);
+    CHECK(ds[r].failed());
+    CHECK(contains(ds[r].out, "error CollectiveMismatchError"));
+    CHECK(contains(ds[r].out, want));
+  }
+  CHECK(shm_left_by(ds).empty());
 }
 
 TEST_CASE("collectives: ranks suspended together for longer than the peer timeout go on when continued",

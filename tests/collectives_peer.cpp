@@ -11,6 +11,8 @@
 //                                    broadcast: everyone must get
 //                                    CollectiveMismatchError (8 elements)
 //   dopt_collectives_peer mismatch_big  the same with 4 MiB
+//   dopt_collectives_peer mismatch_half  the lower half of the ranks call
+//                                    all_reduce, the upper half broadcast
 //   dopt_collectives_peer kill       rank 1 joins a large all_reduce and then
 //                                    kills itself (SIGKILL): the others must get
 //                                    PeerLostError naming rank 1
@@ -395,9 +397,9 @@ int main(int argc, char** argv) {
           const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
           while (std::chrono::steady_clock::now() < end) world.all_reduce(t);
           c.expect(false, "the link was cut, yet every all_reduce of 60 s completed");
-        } else if (mode == "mismatch" || mode == "mismatch_big") {
-          Tensor t = Tensor::full({mode == "mismatch" ? 8 : 1 << 20}, 1.0);
-          if (rank == 0) world.all_reduce(t);
+        } else if (mode == "mismatch" || mode == "mismatch_big" || mode == "mismatch_half") {
+          Tensor t = Tensor::full({mode == "mismatch_big" ? 1 << 20 : 8}, 1.0);
+          if (mode == "mismatch_half" ? rank < world.size() / 2 : rank == 0) world.all_reduce(t);
           else world.broadcast(t, 0);
         } else if (mode == "kill" || mode == "stop") {
           Tensor t = Tensor::full({1 << 20}, 1.0);
@@ -445,7 +447,7 @@ int main(int argc, char** argv) {
           world.barrier();
         } else {
           throw dopt::testing::Usage{
-              "dopt_collectives_peer battery | digest | cut | mismatch | mismatch_big | kill | stop | loop | p2pkill | launch"};
+              "dopt_collectives_peer battery | digest | cut | mismatch | mismatch_big | mismatch_half | kill | stop | loop | p2pkill | launch"};
         }
         return c.checks;
       },

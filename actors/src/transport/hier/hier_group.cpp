@@ -260,6 +260,7 @@ struct Match {
   std::string desc;   // this rank's call (mine.desc may be cut short)
   std::uint64_t gid = 0;
   int host = 0;
+  std::vector<std::vector<int>> host_ranks;  // global ranks on each host
 
   /// nullptr when every host called the same collective; else the error.
   std::exception_ptr verdict() const {
@@ -279,11 +280,20 @@ struct Match {
                 std::to_string(r.buf_bytes) + " on rank " + std::to_string(r.rank) +
                 " (DOPT_SHM_BUFFER_BYTES must be the same on every host)",
             me));
+    }
+    // Every host's ranks agree among themselves: compare the hosts.
+    for (std::size_t h = 0; h < theirs.size(); ++h) {
+      if (static_cast<int>(h) == host) continue;
+      const Record& r = theirs[h];
       if (r.seq != mine.seq || r.hash != mine.hash) {
-        std::vector<std::pair<int, std::string>> calls{
-            {me, std::string(mine.caller, strnlen(mine.caller, sizeof mine.caller))},
-            {r.rank, std::string(r.caller, strnlen(r.caller, sizeof r.caller))}};
-        if (r.rank < me) std::swap(calls[0], calls[1]);
+        // No host reported a mismatch among its own ranks (local_bad), so
+        // every rank called what its host's record says: name them all.
+        std::vector<std::pair<int, std::string>> calls;
+        for (std::size_t k = 0; k < host_ranks.size(); ++k) {
+          const Record& on = static_cast<int>(k) == host ? mine : theirs[k];
+          for (int g : host_ranks[k]) calls.emplace_back(g, std::string(on.caller, strnlen(on.caller, sizeof on.caller)));
+        }
+        std::sort(calls.begin(), calls.end());
         return std::make_exception_ptr(CollectiveMismatchError(
             name,
             mismatch_text(calls, "collective mismatch in " + group_str(gid) + " at seq " + std::to_string(mine.seq) +
@@ -316,6 +326,9 @@ void HierGroup::start_match(std::uint64_t round, HierCall& c, transport::Complet
   m->desc = op.desc.str();
   m->gid = gid_;
   m->host = topo_.host();
+  m->host_ranks.resize(topo_.hosts.size());
+  for (std::size_t h = 0; h < topo_.hosts.size(); ++h)
+    for (int g : topo_.hosts[h]) m->host_ranks[h].push_back(global(g));
   Record& mine = m->mine;
   mine.seq = op.seq;
   mine.hash = hash_of(op.desc);
