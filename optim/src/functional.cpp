@@ -6,6 +6,7 @@
 #include "dopt/optim/internal/device_step.hpp"
 #include "dopt/optim/internal/param_checks.hpp"
 #include "dopt/optim/internal/state_load.hpp"
+#include "dopt/optim/internal/write_fence.hpp"
 
 namespace dopt::optim {
 
@@ -56,6 +57,7 @@ ParamState& FunctionalOptimizer::state_for(const Tensor& p) {
 }
 
 void FunctionalOptimizer::step(const std::vector<Tensor>& grads) {
+  dopt::detail::fence_wait();  // a background snapshot still copies the parameters or the state
   const std::string op = name_ + ".step";
   if (grads.size() != params_.size())
     throw ValueError(op, "the gradients passed in does not equal to the size of the parameters!Params length: " +

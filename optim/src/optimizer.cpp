@@ -9,6 +9,7 @@
 #include "dopt/runtime/internal/parallel.hpp"
 #include "dopt/optim/internal/param_checks.hpp"
 #include "dopt/optim/internal/state_load.hpp"
+#include "dopt/optim/internal/write_fence.hpp"
 
 namespace dopt::optim {
 
@@ -118,6 +119,7 @@ void Optimizer::add_param_group(OptimizerParamGroup group) {
 }
 
 std::optional<double> Optimizer::step(const LossClosure& closure) {
+  dopt::detail::fence_wait();  // a background snapshot of the state still copies it
   std::optional<double> loss;
   if (closure) loss = closure();
   struct Item {

@@ -53,12 +53,14 @@
 // referenced (numbers and strings copied; tensors on a device copied on the
 // caller's thread), and the writer thread copies the CPU tensors (parameters,
 // optimizer state, ZeRO's shard) before it writes. Until wait_snapshot()
-// returns, the caller must not change a registered object's tensors: it may
-// read them (a forward pass) and write gradients, and it calls
-// wait_snapshot() before anything that writes parameters or optimizer state
-// (an optimizer's step(), a load, its own writes); the Checkpointer's own
-// calls (save, save_async, wait, the loads, the destructor) wait for it
-// themselves. Either way, what is saved is the state at the call.
+// returns, the parameters and optimizer state must not change. dopt's own
+// writers wait for the copies by themselves: every optimizer's step(),
+// ZeroRedundancyOptimizer's step()/step_async(), the averagers (post-local
+// SGD, DiLoCo) and the Checkpointer's own calls (save, save_async, wait, the
+// loads, the destructor). The caller may read the tensors (a forward pass)
+// and write gradients at once; it calls wait_snapshot() before its own writes
+// to parameters or state (a manual update, an optimizer's load_state_dict).
+// Either way, what is saved is the state at the call.
 //
 // Errors (dopt::Error subclasses naming the call, "Checkpointer::save",
 // "Checkpointer::load", ..., this rank, and the file): ValueError for bad
@@ -154,8 +156,9 @@ struct CheckpointerOptions {
   /// (the checkpoint stays committed).
   std::function<void(const CheckpointCommit& commit)> on_commit = {};
   /// Copy the snapshot's CPU tensors on the writer thread, not the caller's
-  /// (see the header): save_async returns sooner, and the caller calls
-  /// wait_snapshot() before it changes a registered object.
+  /// (see the header): save_async returns sooner; dopt's optimizers and
+  /// averagers wait for the copies by themselves, the caller's own writes
+  /// to parameters or state call wait_snapshot() first.
   bool background_snapshot = false;
 };
 

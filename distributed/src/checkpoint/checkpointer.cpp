@@ -25,6 +25,7 @@
 #include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/actors/internal/call_label.hpp"
+#include "dopt/optim/internal/write_fence.hpp"
 
 namespace dopt {
 
@@ -307,6 +308,7 @@ Future<void> Checkpointer::save_async(std::int64_t step) {
   m.in_flight = done.get_future();
   m.snapshot_taken = taken.get_future();
   if (!m.options.background_snapshot) taken.set_value();
+  else dopt::detail::fence_add(m.snapshot_taken);  // dopt's optimizers and averagers wait for the copies
   // A simulated task under deterministic simulation (scheduled like the ranks).
   m.writer = detail::sim::make_thread([call = dopt::detail::current_call(), done, taken, jobs = std::move(jobs), err = snapshot_error, commit = m.commit, id, tmp, final_dir,
                           dir = m.options.dir, keep_last = m.options.keep_last, hook = m.options.before_write,

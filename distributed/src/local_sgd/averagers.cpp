@@ -9,6 +9,7 @@
 #include "dopt/distributed/internal/device_ops.hpp"
 #include "ddp/plsgd_util.hpp"
 #include "dopt/actors/internal/call_label.hpp"
+#include "dopt/optim/internal/write_fence.hpp"
 
 namespace dopt::optim {
 
@@ -32,6 +33,7 @@ std::vector<Tensor> get_params_to_average(const std::vector<OptimizerParamGroup>
 Future<void> average_parameters_async(const std::vector<Tensor>& params, ProcessGroup group) {
   static constexpr const char* op = "average_parameters";
   if (!group.valid()) throw ValueError(op, "the process group is invalid");
+  dopt::detail::fence_wait();  // a background snapshot still copies the parameters
   for (const auto& p : params) {
     check_defined(p, op, "parameter");
     if (!is_floating_point(p.dtype()))

@@ -15,6 +15,7 @@
 #include "ddp/plsgd_util.hpp"
 #include "dopt/optim/internal/state_load.hpp"
 #include "dopt/actors/internal/call_label.hpp"
+#include "dopt/optim/internal/write_fence.hpp"
 
 namespace dopt::optim {
 
@@ -238,6 +239,7 @@ Future<void> DiLoCoAverager::average_parameters_async(const std::vector<Optimize
 
 Future<void> DiLoCoAverager::call(bool background) {
   settle();
+  dopt::detail::fence_wait();  // a background snapshot still copies the parameters or the outer state
   const std::int64_t c = step();
   const auto F = static_cast<std::int64_t>(fragments_.size());
   const std::int64_t H = options_.sync_every / F;

@@ -5,6 +5,7 @@
 #include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/join.hpp"
 #include "dopt/optim/functional.hpp"
+#include "dopt/optim/internal/write_fence.hpp"
 #include "dopt/runtime/notice.hpp"
 #include "survive/step_in_flight.hpp"
 #include "zero_internal.hpp"
@@ -155,6 +156,7 @@ void ZeroCore::settle(const std::string& op) const {
 
 std::optional<double> ZeroCore::step(const Optimizer::LossClosure& closure) {
   settle(std::string(kName) + ".step");
+  dopt::detail::fence_wait();  // a background snapshot still copies the parameters or the shard
   if (overlap) {
     if (closure)
       throw ValueError(std::string(kName) + ".step",
@@ -178,6 +180,7 @@ std::optional<double> ZeroCore::step(const Optimizer::LossClosure& closure) {
 
 Future<void> ZeroCore::step_async() {
   settle(std::string(kName) + ".step_async");
+  dopt::detail::fence_wait();
   if (overlap || !redundancy->background_broadcasts()) {
     step(nullptr);  // completes here (zero.hpp); its errors are thrown
     return make_ready_future();
