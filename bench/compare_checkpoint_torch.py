@@ -9,12 +9,14 @@ First both sides save, once, into a temporary folder (removed at the end):
   torch: bench/checkpoint_torch.py --mode save (consolidate_state_dict + torch.save on rank 0)
   dopt:  dopt-run ... BUILD/bench/dopt_bench_checkpoint_load --mode save
          (consolidate_state_dict + save_state_dict on rank 0, and save_sharded)
-Then for each run 1..RUNS, one launch after the other, in this order in odd
+Then for each run 1..RUNS, one launch after the other (each after --settle
+seconds of sleep), in this order in odd
 runs and the reverse in even ones (each load in fresh processes, so that its
 peak RSS is its own; the files come from the page cache; a launch right after
 one that freed much memory tends to fault faster on this VM):
   torch consolidated load (torch.load + load_state_dict),
   dopt consolidated load (load_state_dict(path)),
+  the same with DOPT_HUGEPAGES=0 (the loaded state in 4 KiB pages),
   dopt consolidated load through a whole StateDict (load_state_dict(dopt::load_state_dict(path))),
   dopt load_sharded,
   dopt async save: a training loop with a Checkpointer (parameters and
@@ -67,11 +69,13 @@ def run(a):
                               "--params", n, "--mode", *mode]
     plan = [("torch", "consolidated", torch_cmd("load")),
             ("dopt", "consolidated", dopt_cmd("consolidated")),
+            ("dopt", "consolidated_small_pages", ["env", "DOPT_HUGEPAGES=0"] + dopt_cmd("consolidated")),
             ("dopt", "consolidated_via_dict", dopt_cmd("consolidated", "--via-dict")),
             ("dopt", "sharded", dopt_cmd("sharded")),
             ("dopt", "async", dopt_cmd("async", "--reps", str(a.reps)))]
 
     def record(impl, what, run_no, cmd):
+        time.sleep(a.settle)
         recs, load = launch(cmd, a.quiet_wait)
         rec = recs[0]
         rec.update(impl=impl, what=what, run=run_no, session=started, load=load)
@@ -141,6 +145,10 @@ def summary(a):
         print(f"| consolidated load, CPU ms (user + system, largest rank) | {fmt(tc)} | {fmt(dc)} | "
               f"{fmt(dc / tc, 2)} (runs: {cpu_ratios}) | - |")
     print(f"| consolidated load, peak RSS rise MB/rank | {fmt(tp / MB)} | {fmt(dp / MB)} | {fmt(dp / tp, 2)} | - |")
+    ql, qc = get("dopt", "consolidated_small_pages", "load_ms"), get("dopt", "consolidated_small_pages", "load_cpu_ms")
+    if ql is not None:
+        print(f"| the same in 4 KiB pages (DOPT_HUGEPAGES=0), ms / CPU ms | {fmt(tl)} / {fmt(tc)} | {fmt(ql)} / "
+              f"{fmt(qc)} | {fmt(ql / tl, 2)} / {fmt(qc / tc, 2)} | - |")
     print(f"| the same through load_state_dict(dopt::load_state_dict(path)), ms | {fmt(tl)} | {fmt(vl)} | "
           f"{fmt(vl / tl, 2)} | - |")
     print(f"| the same, peak RSS rise MB/rank | {fmt(tp / MB)} | {fmt(vp / MB)} | {fmt(vp / tp, 2)} | - |")
@@ -176,6 +184,10 @@ def main():
                      ("--quiet-wait", dict(type=float, default=0.0,
                                            help="run: wait up to this many seconds for foreign CPU < 10%% "
                                                 "before each launch")),
+                     ("--settle", dict(type=float, default=4.0,
+                                       help="run: seconds to sleep before each launch, so that the memory the "
+                                            "last launch freed has been handed back to the host (free page "
+                                            "reporting) and every launch faults its memory in from the same state")),
                      ("--out", dict(default=results, help="run: where the records are appended")),
                      ("--in", dict(dest="inp", default=results, help="summary: the records")),
                      ("--session", dict(default=None, help="summary: this session (default: the latest)"))]:
