@@ -161,6 +161,37 @@ TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on
   CHECK_FALSE(contains(z.out, "of 11,082 of 11,082"));
 }
 
+TEST_CASE("dopt-train: memory per rank in the report, the metrics and the SVG; ZeRO stage 2 holds fewer gradient bytes",
+          "[train]") {
+  TempDir dir("dopt-train-memory", "stages");
+  // One field of the last --metrics line.
+  auto last = [](const fs::path& metrics, const char* key) {
+    const auto lines = lines_of(slurp(metrics.string()));
+    REQUIRE_FALSE(lines.empty());
+    return nlohmann::json::parse(lines.back()).at(key).get<double>();
+  };
+  double mem[2] = {0, 0};
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    const fs::path m = dir.path / ("m" + std::to_string(stage) + ".jsonl"), svg = dir.path / "loss.svg";
+    const Done d = train(args_of("zero", 3, 20, {"--zero-stage", std::to_string(stage), "--metrics", m.string(),
+                                                 "--svg", svg.string()}));
+    INFO(d.out);
+    REQUIRE(d.ok());
+    CHECK(contains(d.out, "memory per rank after the first step (parameters + gradients + optimizer state; peak RSS):"));
+    // 11,082 float32 parameters on every rank: 43.3 KiB.
+    for (int r = 0; r < 3; ++r) CHECK(contains(d.out, "  rank " + std::to_string(r) + ": 43.3 KiB + "));
+    mem[stage - 1] = last(m, "mem_bytes");
+    CHECK(mem[stage - 1] > 11082 * 4 * 2);  // at least the parameters and their state's part
+    CHECK(last(m, "peak_rss") > mem[stage - 1]);
+    const std::string pic = slurp(svg.string());
+    CHECK(contains(pic, "memory per rank, MB"));
+    CHECK(contains(pic, "stroke=\"#d95f02\""));  // the memory curve beside the loss
+  }
+  // Stage 2 keeps the owned gradients and one bucket, not every gradient and bucket.
+  CHECK(mem[1] < mem[0]);
+}
+
 TEST_CASE("dopt-train: a resumed run ends bitwise where an uninterrupted one ends (simulated, each mode)", "[train]") {
   const std::string mode = GENERATE("zero", "ddp", "post-local-sgd");
   INFO(mode);

@@ -33,6 +33,7 @@
 
 #include "checkpoint.hpp"
 #include "finite.hpp"
+#include "memory.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/launch_env.hpp"
@@ -252,10 +253,12 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     ckpt->save_async(step);
   };
 
-  Tensor stats = Tensor::zeros({4}, dopt::DType::float64);
+  // loss, accuracy, stop, non-finite ranks, memory (memory.hpp): summed over the ranks.
+  Tensor stats = Tensor::zeros({6}, dopt::DType::float64);
   // Bytes sent: continued from the kept metrics lines when resuming.
   double bytes_before = 0;
   std::vector<std::pair<double, double>> bytes_history;
+  std::vector<std::pair<std::int64_t, double>> memory_history;  // (step, memory per rank), this run's
   if (metrics && !metrics->bytes_history().empty()) bytes_before = metrics->bytes_history().back().first;
   std::uint64_t last_bytes = 0;
   std::int64_t saved_at = -1, interrupted_at = -1;
@@ -302,7 +305,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     if (!std::isfinite(r.loss)) mine = "the loss is " + std::string(std::isnan(r.loss) ? "NaN" : "inf");
     else mine = nonfinite_parameter(model);
     st[3] = mine.empty() ? 0 : 1;
-    const std::vector<double> mine_stats(st, st + 4);
+    const RankMemory mem = measure_memory(model, *strategy);
+    st[4] = mem.total();
+    st[5] = mem.peak_rss;
+    const std::vector<double> mine_stats(st, st + 6);
     for (;;) {
       try {
         world.all_reduce(stats);
@@ -354,9 +360,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
 
     if (s == first) {  // optimizer state exists from the first step on
       Tensor mine = Tensor::from_vector(std::vector<double>{double(strategy->state_bytes()),
-                                                            double(strategy->owned_numel())});
+                                                            double(strategy->owned_numel()), mem.params, mem.grads,
+                                                            mem.peak_rss});
       std::vector<Tensor> all;
-      for (int k = 0; k < world_size; ++k) all.push_back(Tensor::zeros({2}, dopt::DType::float64));
+      for (int k = 0; k < world_size; ++k) all.push_back(Tensor::zeros({5}, dopt::DType::float64));
       world.all_gather(all, mine);
       if (lead && !o.quiet) {
         double total = 0;
@@ -372,6 +379,13 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
                       format_bytes(total).c_str(), world_size, format_bytes(total).c_str());
         else
           std::printf("  total %s over %d ranks (each holds a full copy)\n", format_bytes(total).c_str(), world_size);
+        std::printf("memory per rank after the first step (parameters + gradients + optimizer state; peak RSS):\n");
+        for (int k = 0; k < world_size; ++k) {
+          const Tensor& a = all[static_cast<std::size_t>(k)];
+          std::printf("  rank %d: %s + %s + %s = %s; peak RSS %s\n", k, format_bytes(a.at(2)).c_str(),
+                      format_bytes(a.at(3)).c_str(), format_bytes(a.at(0)).c_str(),
+                      format_bytes(a.at(2) + a.at(3) + a.at(0)).c_str(), format_bytes(a.at(4)).c_str());
+        }
         std::fflush(stdout);
       }
     }
@@ -386,6 +400,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       rec.steps_per_s = rec.time_s > 0 ? double(s + 1 - first) / rec.time_s : 0;
       rec.bytes_step = step_bytes;
       rec.bytes_sent = bytes_before + double(now_bytes);
+      rec.mem_bytes = stats.data<double>()[4] / world_size;
+      rec.peak_rss = stats.data<double>()[5] / world_size;
+      memory_history.emplace_back(rec.step, rec.mem_bytes);
       bytes_history.emplace_back(rec.bytes_sent, rec.loss);
       if (s == first) first_loss = rec.loss, first_acc = rec.accuracy;
       last_loss = rec.loss, last_acc = rec.accuracy;
@@ -420,8 +437,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   if (!o.svg.empty()) {
     // With --metrics the curve also has the steps before a resume; without, this run's only.
     std::vector<std::pair<std::int64_t, double>> points = metrics ? metrics->history() : history;
-    write_loss_svg(o.svg, points, "dopt-train: " + strategy->describe() + ", " + std::to_string(world_size) +
-                                      " ranks, MLP " + model.describe());
+    write_loss_svg(o.svg, points,
+                   "dopt-train: " + strategy->describe() + ", " + std::to_string(world_size) + " ranks, MLP " +
+                       model.describe(),
+                   metrics ? metrics->memory_history() : memory_history);
   }
   if (!o.svg_bytes.empty()) {
     std::vector<std::pair<double, double>> points = metrics ? metrics->bytes_history() : bytes_history;

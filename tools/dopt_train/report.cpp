@@ -103,6 +103,7 @@ MetricsWriter::MetricsWriter(const std::string& path, std::int64_t keep_up_to) :
           history_.emplace_back(s, j.at("loss").get<double>());
           if (j.contains("bytes_sent"))
             bytes_history_.emplace_back(j.at("bytes_sent").get<double>(), j.at("loss").get<double>());
+          if (j.contains("mem_bytes")) memory_history_.emplace_back(s, j.at("mem_bytes").get<double>());
         }
       } catch (const json::exception&) {
         // a line the interrupted run left half-written: dropped
@@ -137,10 +138,12 @@ void MetricsWriter::append(const std::string& line) {
 void MetricsWriter::write(const StepRecord& r) {
   const json j = {{"step", r.step},           {"loss", r.loss},    {"accuracy", r.accuracy},
                   {"lr", r.lr},               {"steps_per_s", r.steps_per_s}, {"time_s", r.time_s},
-                  {"bytes_step", r.bytes_step}, {"bytes_sent", r.bytes_sent}};
+                  {"bytes_step", r.bytes_step}, {"bytes_sent", r.bytes_sent},
+                  {"mem_bytes", r.mem_bytes}, {"peak_rss", r.peak_rss}};
   append(j.dump() + "\n");  // one write: the whole line or (an error) nothing
   history_.emplace_back(r.step, r.loss);
   bytes_history_.emplace_back(r.bytes_sent, r.loss);
+  memory_history_.emplace_back(r.step, r.mem_bytes);
 }
 
 namespace {
@@ -173,18 +176,17 @@ std::string escape(const std::string& s) {
 
 }  // namespace
 
-void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
-                    const std::string& title) {
-  std::vector<std::pair<double, double>> p;
-  for (const auto& [s, l] : points) p.emplace_back(double(s), l);
-  write_curve_svg(path, p, title, "step");
-}
+namespace {
 
-void write_curve_svg(const std::string& path, const std::vector<std::pair<double, double>>& points,
-                     const std::string& title, const std::string& xlabel) {
-  const double W = 720, H = 420, left = 70, right = 20, top = 40, bottom = 50;
+/// The plot of write_curve_svg; with `second`, that series too on a
+/// right-hand axis labelled second_label.
+void draw_svg(const std::string& path, const std::vector<std::pair<double, double>>& points, const std::string& title,
+              const std::string& xlabel, const std::vector<std::pair<double, double>>& second,
+              const std::string& second_label) {
+  const bool two = !second.empty();
+  const double W = 720, H = 420, left = 70, right = two ? 80 : 20, top = 40, bottom = 50;
   const double pw = W - left - right, ph = H - top - bottom;
-  double x0 = 0, x1 = 1, y1 = 1;
+  double x0 = 0, x1 = 1, y1 = 1, z1 = 1;
   if (!points.empty()) {
     x1 = std::max<double>(xlabel == "step" ? 1.0 : 1e-9, points.back().first);
     x0 = std::min<double>(points.front().first, xlabel == "step" ? x1 - 1 : 0.0);
@@ -193,11 +195,19 @@ void write_curve_svg(const std::string& path, const std::vector<std::pair<double
       if (std::isfinite(l)) y1 = std::max(y1, l);
     if (!(y1 > 0)) y1 = 1;
   }
-  const double ystep = nice_step(y1, 5);
+  if (two) {
+    z1 = 0;
+    for (const auto& [s, v] : second)
+      if (std::isfinite(v)) z1 = std::max(z1, v);
+    if (!(z1 > 0)) z1 = 1;
+  }
+  const double ystep = nice_step(y1, 5), zstep = nice_step(z1, 5);
   y1 = std::ceil(y1 / ystep) * ystep;
+  z1 = std::ceil(z1 / zstep) * zstep;
   const double xstep = nice_step(x1 - x0, 6);
   auto X = [&](double s) { return left + (s - x0) / (x1 - x0) * pw; };
   auto Y = [&](double l) { return top + ph - l / y1 * ph; };
+  auto Z = [&](double v) { return top + ph - v / z1 * ph; };
 
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
@@ -221,8 +231,22 @@ void write_curve_svg(const std::string& path, const std::vector<std::pair<double
   o << "<line x1=\"" << left << "\" y1=\"" << top + ph << "\" x2=\"" << left + pw << "\" y2=\"" << top + ph
     << "\" stroke=\"black\"/>\n";
   o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">" << escape(xlabel) << "</text>\n";
-  o << "<text x=\"16\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 16 "
+  o << "<text x=\"16\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" fill=\"#1f77b4\" transform=\"rotate(-90 16 "
     << top + ph / 2 << ")\">loss</text>\n";
+  if (two) {
+    const double ax = left + pw;
+    o << "<line x1=\"" << ax << "\" y1=\"" << top << "\" x2=\"" << ax << "\" y2=\"" << top + ph
+      << "\" stroke=\"black\"/>\n";
+    for (double v = 0; v <= z1 + zstep / 2; v += zstep)
+      o << "<text x=\"" << ax + 6 << "\" y=\"" << Z(v) + 4 << "\" text-anchor=\"start\" fill=\"#d95f02\">" << num(v)
+        << "</text>\n";
+    o << "<text x=\"" << W - 14 << "\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" fill=\"#d95f02\" "
+      << "transform=\"rotate(90 " << W - 14 << " " << top + ph / 2 << ")\">" << escape(second_label) << "</text>\n";
+    o << "<polyline fill=\"none\" stroke=\"#d95f02\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\" points=\"";
+    for (const auto& [s, v] : second)
+      if (std::isfinite(v)) o << num(X(s)) << "," << num(Z(v)) << " ";
+    o << "\"/>\n";
+  }
   // The curve.
   o << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
   for (const auto& [s, l] : points)
@@ -232,6 +256,21 @@ void write_curve_svg(const std::string& path, const std::vector<std::pair<double
   std::ofstream f(path, std::ios::trunc);
   f << o.str();
   if (!f) throw dopt::IOError("svg", "cannot write " + path);
+}
+
+}  // namespace
+
+void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
+                    const std::string& title, const std::vector<std::pair<std::int64_t, double>>& memory) {
+  std::vector<std::pair<double, double>> p, m;
+  for (const auto& [s, l] : points) p.emplace_back(double(s), l);
+  for (const auto& [s, b] : memory) m.emplace_back(double(s), b / 1e6);
+  draw_svg(path, p, title, "step", m, "memory per rank, MB (parameters, gradients, state)");
+}
+
+void write_curve_svg(const std::string& path, const std::vector<std::pair<double, double>>& points,
+                     const std::string& title, const std::string& xlabel) {
+  draw_svg(path, points, title, xlabel, {}, "");
 }
 
 }  // namespace dopt_train

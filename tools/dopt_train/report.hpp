@@ -22,6 +22,10 @@ struct StepRecord {
   /// in all steps so far (Strategy::bytes_sent; continued across a resume).
   double bytes_step = 0;
   double bytes_sent = 0;
+  /// Memory, mean per rank (memory.hpp): parameters + gradients + optimizer
+  /// state by the library's accounting, and the processes' peak resident set.
+  double mem_bytes = 0;
+  double peak_rss = 0;
 };
 
 /// "\r[#####-----] step 120/600 ..." on a terminal; a plain line every
@@ -71,6 +75,8 @@ class MetricsWriter {
   const std::vector<std::pair<std::int64_t, double>>& history() const { return history_; }
   /// (bytes_sent, loss) of the kept lines (lines without bytes_sent are left out).
   const std::vector<std::pair<double, double>>& bytes_history() const { return bytes_history_; }
+  /// (step, mem_bytes) of the kept lines (lines without it are left out).
+  const std::vector<std::pair<std::int64_t, double>>& memory_history() const { return memory_history_; }
 
  private:
   void append(const std::string& line);
@@ -78,11 +84,14 @@ class MetricsWriter {
   int fd_ = -1;
   std::vector<std::pair<std::int64_t, double>> history_;
   std::vector<std::pair<double, double>> bytes_history_;
+  std::vector<std::pair<std::int64_t, double>> memory_history_;
 };
 
-/// Draws the loss curve (steps on x, loss on y) as a small SVG file.
+/// Draws the loss curve (steps on x, loss on y) as a small SVG file; with
+/// `memory` (step, bytes per rank), beside it the memory per rank in MB on
+/// a right-hand axis.
 void write_loss_svg(const std::string& path, const std::vector<std::pair<std::int64_t, double>>& points,
-                    const std::string& title);
+                    const std::string& title, const std::vector<std::pair<std::int64_t, double>>& memory = {});
 /// The same plot with any x axis (e.g. megabytes sent per rank), labelled `xlabel`.
 void write_curve_svg(const std::string& path, const std::vector<std::pair<double, double>>& points,
                      const std::string& title, const std::string& xlabel);

@@ -136,6 +136,7 @@ class ZeroStrategy : public Strategy {
   /// (counted as a ring all-gather: (n - 1) / n of the parameters).
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return zero_.local_state_bytes(); }
+  std::int64_t gradient_bytes() const override { return reducer_.gradient_bytes(); }
   std::int64_t owned_numel() const override {
     std::int64_t n = 0;
     for (const auto& group : zero_.partition()[static_cast<std::size_t>(zero_.rank())]) n += numel_of(group);
@@ -181,6 +182,7 @@ class DdpStrategy : public Strategy {
   }
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(*opt_); }
+  std::int64_t gradient_bytes() const override { return reducer_.gradient_bytes(); }
   std::int64_t owned_numel() const override { return numel_of(opt_->all_params()); }
   void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) override {
     add_params(ckpt, params, dopt::Placement::replicated);
@@ -244,6 +246,7 @@ class PostLocalSgdStrategy : public Strategy {
   /// local group; parameters: all-reduced on the averager's steps.
   std::uint64_t bytes_sent() const override { return sent_; }
   std::int64_t state_bytes() const override { return optimizer_state_bytes(opt_->optim()); }
+  std::int64_t gradient_bytes() const override { return reducer_.gradient_bytes(); }
   std::int64_t owned_numel() const override { return numel_of(opt_->optim().all_params()); }
   /// The parameters differ between the ranks' averagings: per rank.
   void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params) override {

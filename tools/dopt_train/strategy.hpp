@@ -73,6 +73,11 @@ class Strategy {
   virtual std::int64_t state_bytes() const = 0;
   /// Parameter elements whose optimizer state this rank holds.
   virtual std::int64_t owned_numel() const = 0;
+  /// Bytes of gradients this rank holds between steps, by the library's
+  /// accounting (Reducer::gradient_bytes: the gradients and the buckets; in
+  /// ZeRO stage 2 the owned gradients and one bucket); -1: only the
+  /// parameters' own gradients (the caller counts them).
+  virtual std::int64_t gradient_bytes() const { return -1; }
   /// Local: registers what a checkpoint of this strategy holds with ckpt:
   /// `params` as the item "model" (replicated where every rank holds the
   /// same parameters, zero and ddp; per rank otherwise), finite values only,
