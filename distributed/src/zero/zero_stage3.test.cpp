@@ -93,3 +93,75 @@ TEST_CASE("ZeRO stage 3 equals stage 1 with the Reducer bit for bit: Adam and SG
     }
   }
 }
+
+TEST_CASE("ZeRO stage 3 with fp16_compress_hook equals stage 1 with the same hook bit for bit (world 1, 2, 3, 5)",
+          "[zero][zero3]") {
+  for (int world : {1, 2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
+      run.fp16 = true;
+      check_same_bits(run, world);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's errors with the call and the rank",
+          "[zero][zero3]") {
+  std::mutex m;
+  std::vector<std::string> errors;
+  simulate(2, [&](RankContext& ctx) {
+    auto record = [&](const std::exception& e) {
+      std::lock_guard<std::mutex> lock(m);
+      errors.push_back(e.what());
+    };
+    const std::vector<std::vector<Tensor>> units{{Tensor::zeros({5}), Tensor::zeros({2, 3})}, {Tensor::zeros({4})}};
+    try {
+      ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{.process_group = ctx.world(), .redundancy = 1});
+    } catch (const NotSupportedError& e) {
+      record(e);
+    }
+    try {
+      ShardedUnits model(units, MuonOptions(), ShardedUnitsOptions{ctx.world()});
+    } catch (const NotSupportedError& e) {
+      record(e);
+    }
+    ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{ctx.world()});
+    const std::vector<Tensor> grads{Tensor::zeros({5}), Tensor::zeros({2, 3})};
+    auto expect = [&](auto&& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        record(e);
+      }
+    };
+    expect([&] { model.step(); });                                      // no unit reduced
+    expect([&] { (void)model.gather(5); });                             // no such unit
+    expect([&] { model.reduce_gradients(0, {Tensor::zeros({5})}); });   // one gradient of two
+    expect([&] { model.reduce_gradients(0, {Tensor::zeros({5}), Tensor::zeros({6})}); });  // wrong shape
+    model.reduce_gradients(0, grads);
+    expect([&] { model.reduce_gradients(0, grads); });                  // twice in one iteration
+    expect([&] { model.register_comm_hook(fp16_compress_hook(ctx.world())); });  // after a reduction
+    expect([&] { model.step(); });                                      // unit 1 not reduced
+  });
+  REQUIRE(errors.size() == 18);
+  auto count = [&](std::initializer_list<const char*> parts) {
+    int n = 0;
+    for (const auto& e : errors) {
+      bool all = true;
+      for (const char* p : parts) all = all && e.find(p) != std::string::npos;
+      n += all;
+    }
+    return n;
+  };
+  CHECK(count({"ShardedUnits", "redundancy 1", "not supported in stage 3"}) == 2);
+  CHECK(count({"ShardedUnits", "Muon", "stages 1 and 2"}) == 2);
+  CHECK(count({"ShardedUnits.step", "unit(s) 0, 1 have no reduced gradients"}) == 2);
+  CHECK(count({"ShardedUnits.gather", "unit 5 is not one of the 2 units"}) == 2);
+  CHECK(count({"ShardedUnits.reduce_gradients", "has 2 parameters, got 1 gradients"}) == 2);
+  CHECK(count({"ShardedUnits.reduce_gradients", "gradient 1 has shape [6]"}) == 2);
+  CHECK(count({"ShardedUnits.reduce_gradients", "unit 0 was reduced already"}) == 2);
+  CHECK(count({"ShardedUnits.register_comm_hook", "reduced already"}) == 2);
+  CHECK(count({"ShardedUnits.step", "unit(s) 1 have no reduced gradients"}) == 2);
+  CHECK(count({"[rank 0]"}) == 9);
+  CHECK(count({"[rank 1]"}) == 9);
+}
