@@ -165,3 +165,29 @@ TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's erro
   CHECK(count({"[rank 0]"}) == 9);
   CHECK(count({"[rank 1]"}) == 9);
 }
+
+TEST_CASE("ZeRO stage 3 keeps 16/N bytes per parameter with Adam and gathers at most two units: bytes, gathered_bytes",
+          "[zero][zero3]") {
+  for (int world : {1, 2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      // 12 parameters of 500 floats in 6 units of 1000: 6000 parameters.
+      Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
+      run.shapes.assign(12, Shape{500});
+      run.unit_sizes.assign(6, 2);
+      run.steps = 2;
+      const Result three = train(run, world, true);
+      const std::int64_t per_rank = 16 * 6000 / world;
+      for (int r = 0; r < world; ++r) {
+        INFO("rank " << r);
+        const auto& n = three.counts[static_cast<std::size_t>(r)];
+        // Shards of parameters, gradients, exp_avg and exp_avg_sq (padding
+        // included) and one 4-byte step per unit.
+        CHECK(n.bytes >= per_rank);
+        CHECK(n.bytes <= per_rank * 105 / 100);
+        // The current unit and the prefetched one, never more.
+        CHECK(n.largest_unit >= 4000);
+        CHECK(n.peak_gathered == 2 * n.largest_unit);
+      }
+    }
+  }
+}
