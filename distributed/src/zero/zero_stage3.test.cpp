@@ -7,16 +7,21 @@
 // sizes. Rank functions only record; the test thread asserts after
 // simulate() returned.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "dopt/actors/simulate.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
 #include "dopt/distributed/zero_stage3.hpp"
 #include "dopt/optim/adam.hpp"
 #include "dopt/optim/muon.hpp"
 #include "dopt/optim/sgd.hpp"
+#include "dopt/runtime/state_dict.hpp"
 #include "zero_stage3_run.hpp"
 
 using namespace dopt;
@@ -188,6 +193,104 @@ TEST_CASE("ZeRO stage 3 keeps 16/N bytes per parameter with Adam and gathers at 
         CHECK(n.largest_unit >= 4000);
         CHECK(n.peak_gathered == 2 * n.largest_unit);
       }
+    }
+  }
+}
+
+namespace {
+
+// One leg of a run that moves between checkpoints: `world` simulated ranks
+// in stage 1, 2 or 3 start from `start` (every parameter) and, when `from`
+// is given, the consolidated state dict in that file (saved by a leg at
+// another world size and stage); they train steps t0..t1-1 and rank 0 saves
+// the consolidated state dict to `to`. Returns rank 0's parameters.
+std::vector<Tensor> leg(const Stage3Run& run, int world, int stage, const std::vector<Tensor>& start,
+                        const std::string& from, const std::string& to, int t0, int t1) {
+  std::vector<Tensor> out;
+  simulate(world, [&](RankContext& ctx) {
+    std::vector<Tensor> full;
+    StateDict sd;
+    if (stage == 3) {
+      std::vector<std::vector<Tensor>> units;
+      std::size_t k = 0;
+      for (std::size_t n : run.unit_sizes) {
+        units.emplace_back();
+        for (std::size_t i = 0; i < n; ++i, ++k) units.back().push_back(start[k].clone());
+      }
+      ShardedUnits model(units, run.spec, ShardedUnitsOptions{ctx.world()});
+      if (!from.empty()) model.load_state_dict(load_state_dict(from));
+      std::int64_t peak = 0;
+      for (int t = t0; t < t1; ++t) dopt::testing::stage3_iteration(model, run, t, peak);
+      full = model.full_parameters();
+      sd = model.state_dict();
+    } else {
+      for (const auto& p : start) full.push_back(p.clone());
+      ZeroRedundancyOptimizer zero(full, run.spec, ZeroOptions{ctx.world()});
+      if (!from.empty()) zero.load_state_dict(from);
+      const ReducerOptions ro{.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 24};
+      Reducer red(full, ctx.world(), stage == 2 ? zero_stage2_options(zero, full, ro) : ro);
+      for (int t = t0; t < t1; ++t) {
+        zero.zero_grad(true);
+        for (std::size_t k = full.size(); k-- > 0;) {
+          full[k].set_grad(dopt::testing::stage2_grad(run.shapes[k], ctx.rank(), t, 0, k));
+          red.mark_ready(full[k]);
+        }
+        red.finalize();
+        zero.step();
+      }
+      zero.consolidate_state_dict(0);
+      if (ctx.rank() == 0) sd = zero.state_dict();
+    }
+    if (ctx.rank() == 0) {
+      save_state_dict(sd, to);
+      for (const auto& p : full) out.push_back(p.clone());
+    }
+  });
+  return out;
+}
+
+std::string checkpoint_file(const std::string& name) {
+  namespace fs = std::filesystem;
+  const auto d = fs::temp_directory_path() /
+                 ("dopt-zero-stage3-test-" + std::to_string(::getpid()) + "-" + name + ".safetensors");
+  fs::remove(d);
+  return d.string();
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO checkpoints move between stage 3 and stages 1, 2 and world sizes 3, 5 and 2 bit for bit",
+          "[zero][zero3][checkpoint]") {
+  // The same run three times: 3 ranks (2 steps), save, 5 ranks (2 steps),
+  // save, 2 ranks (2 steps), save; in stage 1 throughout, then in stages
+  // 3, 1, 3 and in stages 3, 2, 3. The checkpoints are consolidated state
+  // dicts (torch's layout) in files; the final parameters and state are equal.
+  const Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
+  std::vector<Tensor> init;
+  for (std::size_t k = 0; k < run.shapes.size(); ++k) init.push_back(dopt::testing::stage3_param(run.shapes[k], k));
+  struct End {
+    std::vector<std::string> params, state;
+  };
+  auto three_legs = [&](const std::vector<int>& stages, const std::string& tag) {
+    const std::string a = checkpoint_file(tag + "a"), b = checkpoint_file(tag + "b"), c = checkpoint_file(tag + "c");
+    const auto p3 = leg(run, 3, stages[0], init, "", a, 0, 2);
+    const auto p5 = leg(run, 5, stages[1], p3, a, b, 2, 4);
+    const auto p2 = leg(run, 2, stages[2], p5, b, c, 4, 6);
+    End end;
+    for (const auto& p : p2) end.params.push_back(bytes_of(p));
+    end.state = state_bytes(load_state_dict(c));
+    for (const auto& f : {a, b, c}) std::filesystem::remove(f);
+    return end;
+  };
+  const End one = three_legs({1, 1, 1}, "one");
+  REQUIRE(one.params.size() == init.size());
+  for (std::size_t k = 0; k < init.size(); ++k) CHECK(one.params[k] != bytes_of(init[k]));  // it trained
+  CHECK(!one.state.empty());
+  for (const auto& stages : {std::vector<int>{3, 1, 3}, std::vector<int>{3, 2, 3}}) {
+    DYNAMIC_SECTION("stages " << stages[0] << stages[1] << stages[2]) {
+      const End mixed = three_legs(stages, "mixed");
+      CHECK(mixed.params == one.params);
+      CHECK(mixed.state == one.state);
     }
   }
 }
