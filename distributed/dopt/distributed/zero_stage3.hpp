@@ -38,10 +38,12 @@
 // return at once and the future completes (on a runtime thread) once the
 // full parameters are in place; gather() of a prefetched unit waits for that
 // future. reduce_gradients() waits for its reduces and writes this rank's
-// averaged shard; reduce_gradients_async() returns once the unit's gradients
-// are copied (the caller may drop them) and the shard is written when its
-// future completes; step() waits for the reductions in flight. release() of
-// a unit in flight waits for its all_gather (every rank posted it).
+// averaged shard; reduce_gradients_async() first waits for the reduction
+// still in flight (one at most: one unit's gradient buffer), then returns
+// once the unit's gradients are copied (the caller may drop them); the
+// shard's grad() holds the average when its future completes. step() waits
+// for the reduction in flight. release() of a unit in flight waits for its
+// all_gather (every rank posted it).
 //
 // Arithmetic (bit for bit stage 1, ZeroRedundancyOptimizer with a Reducer):
 // reduce_gradients divides the unit's flat gradient by N and reduces each

@@ -171,6 +171,9 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vect
       throw DTypeError(op, where + " gradient " + std::to_string(i) + " (" + grads[i].str() +
                                ") is not a float32 CPU tensor", rank);
   }
+  // One reduction in flight at most: the previous unit's (posted one
+  // unit's compute ago) is waited for, and its buffer freed, first.
+  for (auto& other : im.units) im.settle_reduction(other);
   const std::int64_t s = unit.shard_numel;
   Tensor buffer = Tensor::zeros({s * world});
   for (std::size_t i = 0; i < grads.size(); ++i)
