@@ -25,6 +25,9 @@ struct Stage3Run {
   std::vector<std::size_t> unit_sizes;
   bool fp16 = false;  // fp16_compress_hook in both stages
   int steps = 3;
+  /// Stage 3: gather_async and reduce_gradients_async (the gradients dropped
+  /// at once) instead of the blocking calls.
+  bool async = false;
 };
 
 /// What one rank ends with.
@@ -90,13 +93,16 @@ inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, i
     model.release(u);
   }
   for (std::size_t u = n; u-- > 0;) {  // backward
-    const auto full = model.gather(u);
+    const auto full = run.async ? model.gather_async(u).get() : model.gather(u);
     if (u > 0) model.prefetch(u - 1);
     peak = std::max(peak, model.gathered_bytes());
     std::vector<Tensor> grads;
     for (std::size_t i = 0; i < full.size(); ++i)
       grads.push_back(stage2_grad(run.shapes[first[u] + i], r, t, 0, first[u] + i));
-    model.reduce_gradients(u, grads);
+    if (run.async)
+      (void)model.reduce_gradients_async(u, grads);
+    else
+      model.reduce_gradients(u, grads);
     model.release(u);
   }
   model.step();

@@ -99,6 +99,17 @@ TEST_CASE("ZeRO stage 3 equals stage 1 with the Reducer bit for bit: Adam and SG
   }
 }
 
+TEST_CASE("ZeRO stage 3 with gather_async and reduce_gradients_async equals stage 1 bit for bit (world 2, 3, 5)",
+          "[zero][zero3]") {
+  for (int world : {2, 3, 5}) {
+    DYNAMIC_SECTION("world " << world) {
+      Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
+      run.async = true;
+      check_same_bits(run, world);
+    }
+  }
+}
+
 TEST_CASE("ZeRO stage 3 with fp16_compress_hook equals stage 1 with the same hook bit for bit (world 1, 2, 3, 5)",
           "[zero][zero3]") {
   for (int world : {1, 2, 3, 5}) {
