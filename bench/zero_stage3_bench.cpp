@@ -3,7 +3,7 @@
 // with a Reducer), and the bytes each rank holds.
 //
 //   dopt_bench_zero_stage3 --params N --tensors K --units U [--delay-ms D]
-//                          [--ranks R] [--steps S] [--warmup W] [--only 1|3]
+//                          [--no-prefetch] [--ranks R] [--steps S] [--warmup W] [--only 1|3]
 //
 // N float32 elements in K tensors (sizes in proportion to 1..10, as the ZeRO
 // benchmarks'), grouped in order into U units of about K/U tensors; Adam.
@@ -13,18 +13,19 @@
 // after its sleep, then finalize() and step(). Stage 3: the forward gathers
 // unit u, prefetches u + 1, sleeps, releases u; the backward gathers u,
 // prefetches u - 1, sleeps, reduce_gradients_async(u), releases u; then
-// step(). With --only unset the two setups live side by side and their
-// iterations alternate (each after a barrier; the slowest rank's time
-// counts). Rank 0 prints one JSON line per stage (iter_ms, min_iter_ms,
-// kept_bytes: what the rank keeps between iterations, the largest over the
-// ranks: stage 1 its parameters, gradients and ZeRO state, stage 3
-// ShardedUnits::bytes(); peak_gathered_bytes: stage 3's largest
-// gathered_bytes()) and a "zero_stage3_summary" line (the median ratio of
-// stage 3 / stage 1 over the iteration pairs). --only S builds and runs
-// stage S alone and adds peak_rss_bytes (getrusage, the largest over the
-// ranks; processes only) and rss_before_bytes (the same before either stage
-// was built: the process's own). Under a launcher (dopt-run) one rank per process;
-// alone it simulates R ranks (default 2).
+// step() (--no-prefetch: each gather waits for its all_gather). With --only
+// unset the two setups live side by side and their iterations alternate
+// (each after a barrier; the slowest rank's time counts). Rank 0 prints one
+// JSON line per stage (iter_ms, min_iter_ms, kept_bytes: what the rank
+// keeps between iterations, the largest over the ranks: stage 1 its
+// parameters, gradients and ZeRO state, stage 3 ShardedUnits::bytes();
+// peak_gathered_bytes: stage 3's largest gathered_bytes()) and a
+// "zero_stage3_summary" line (the median ratio of stage 3 / stage 1 over
+// the iteration pairs). --only S builds and runs stage S alone and adds
+// peak_rss_bytes (getrusage, the largest over the ranks; processes only)
+// and rss_before_bytes (the same before either stage was built: the
+// process's own). Under a launcher (dopt-run) one rank per process; alone
+// it simulates R ranks (default 2).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,6 +55,7 @@ using namespace dopt::optim;
 
 struct Setup {
   double delay_ms = 0.0;
+  bool prefetch = true;
   int rank = 0;
   std::vector<std::vector<std::size_t>> units;  // tensor indices of each unit
   std::vector<std::int64_t> sizes;              // of each tensor
@@ -101,14 +103,14 @@ struct StageThree {
     const std::size_t n = s.units.size();
     for (std::size_t u = 0; u < n; ++u) {
       (void)model->gather(u);
-      if (u + 1 < n) (void)model->prefetch(u + 1);
+      if (s.prefetch && u + 1 < n) (void)model->prefetch(u + 1);
       peak_gathered = std::max(peak_gathered, model->gathered_bytes());
       compute(s);
       model->release(u);
     }
     for (std::size_t u = n; u-- > 0;) {
       (void)model->gather(u);
-      if (u > 0) (void)model->prefetch(u - 1);
+      if (s.prefetch && u > 0) (void)model->prefetch(u - 1);
       compute(s);
       std::vector<Tensor> grads;
       for (auto i : s.units[u]) grads.push_back(s.grad(i));
@@ -128,11 +130,13 @@ int main(int argc, char** argv) {
   std::int64_t params = 10'000'000, tensors = 100, unit_count = 10;
   double delay_ms = 0.0;
   int ranks = 2, steps = 6, warmup = 2, only = 0;
+  bool no_prefetch = false;
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--units", unit_count, "units (groups of consecutive tensors)")->check(CLI::PositiveNumber);
   app.add_option("--delay-ms", delay_ms, "forward and backward compute per unit, in ms (a sleep)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-prefetch", no_prefetch, "stage 3 without prefetch (each gather waits for its all_gather)");
   app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed iterations per stage")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
@@ -150,6 +154,7 @@ int main(int argc, char** argv) {
           Setup setup;
           setup.delay_ms = delay_ms;
           setup.rank = ctx.rank();
+          setup.prefetch = !no_prefetch;
           const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
           setup.sizes = sizes;
           for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -200,11 +205,13 @@ int main(int argc, char** argv) {
             if (ctx.rank() != 0) return;
             std::printf(
                 "{\"benchmark\": \"zero_stage3_iteration\", \"stage\": %d, \"iter_ms\": %.3f, \"min_iter_ms\": %.3f, "
-                "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, \"rss_before_bytes\": %.0f, \"params\": %lld, "
+                "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, "
+                "\"rss_before_bytes\": %.0f, \"params\": %lld, "
                 "\"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, \"steps\": %d, "
                 "\"simulated\": %s}\n",
                 stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1],
-                only ? rss : -1.0, only ? rss0 : -1.0, static_cast<long long>(params), static_cast<long long>(tensors),
+                only ? rss : -1.0, only ? rss0 : -1.0, static_cast<long long>(params),
+                static_cast<long long>(tensors),
                 setup.units.size(), delay_ms, ctx.world_size(), steps, simulated ? "true" : "false");
           };
           if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
@@ -216,9 +223,11 @@ int main(int argc, char** argv) {
           if (ctx.rank() == 0) {
             std::printf(
                 "{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
-                "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"world_size\": %d, \"simulated\": %s}\n",
+                "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, \"world_size\": %d, "
+                "\"simulated\": %s}\n",
                 dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
-                static_cast<long long>(params), delay_ms, ctx.world_size(), simulated ? "true" : "false");
+                static_cast<long long>(params), delay_ms, no_prefetch ? "false" : "true", ctx.world_size(),
+                simulated ? "true" : "false");
             std::fflush(stdout);
           }
         },

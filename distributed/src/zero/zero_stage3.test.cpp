@@ -56,7 +56,8 @@ Result train(const Stage3Run& run, int world, bool stage3) {
   res.counts.resize(static_cast<std::size_t>(world));
   std::mutex m;
   simulate(world, [&](RankContext& ctx) {
-    Stage3Outcome o = stage3 ? dopt::testing::run_stage3(ctx.world(), run) : dopt::testing::run_stage1(ctx.world(), run);
+    Stage3Outcome o =
+        stage3 ? dopt::testing::run_stage3(ctx.world(), run) : dopt::testing::run_stage1(ctx.world(), run);
     std::lock_guard<std::mutex> lock(m);
     if (ctx.rank() == 0) {
       for (const auto& p : o.params) res.params.push_back(bytes_of(p));
