@@ -7,20 +7,10 @@
 
 #include "processes.hpp"
 
-namespace {
-
-using namespace dopt::testing;
-
-const PeerProgram kPeer{"zero_stage3", {{"DOPT_TIMEOUT_MS", "30000"}}};
-
-// Per rank at least: 3 configurations, each with 8 parameters and the
-// gathered-units check (rank 0 also checks the state).
-constexpr long kChecks = 27;
-
-}  // namespace
-
 TEST_CASE("zero stage 3 multiprocess: bit for bit stage 1 with the Reducer through dopt-run (2, 3 processes)",
           "[zero][zero3][multiprocess]") {
-  const int n = GENERATE(2, 3);
-  kPeer.require_ok_through_dopt_run(n, {"parity"}, kChecks);
+  const dopt::testing::PeerProgram peer{"zero_stage3", {{"DOPT_TIMEOUT_MS", "30000"}}};
+  // Per rank at least 27 checks: 3 configurations, each with 8 parameters and
+  // the gathered-units check (rank 0 also checks the state).
+  peer.require_ok_through_dopt_run(GENERATE(2, 3), {"parity"}, 27);
 }

@@ -51,12 +51,11 @@ void parity(ProcessGroup& world, Checker& c) {
     c.params(three.params, one.params, name + " parameters");
     c.expect(three.peak_gathered <= 2 * three.largest_unit, name + ": more than two units gathered at once");
     if (world.rank() != 0) continue;
-    c.expect(three.state.state.size() == one.state.state.size(), name + ": state entries");
-    for (const auto& [idx, st] : one.state.state) {
-      auto it = three.state.state.find(idx);
-      c.expect(it != three.state.state.end() && it->second.size() == st.size(), name + ": state keys");
-      for (const auto& [key, tensor] : st)
-        c.bitwise(it->second.at(key), tensor, name + " state " + std::to_string(idx) + "." + key);
+    const auto want = dopt::testing::named_state(one.state), got = dopt::testing::named_state(three.state);
+    c.expect(!want.empty() && got.size() == want.size(), name + ": state tensors");
+    for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+      c.expect(got[i].first == want[i].first, name + ": state " + got[i].first + " where stage 1 has " + want[i].first);
+      c.bitwise(got[i].second, want[i].second, name + " state " + want[i].first);
     }
   }
 }
@@ -64,11 +63,11 @@ void parity(ProcessGroup& world, Checker& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "parity";
+  const bool known = argc < 2 || std::string(argv[1]) == "parity";  // the only mode
   return dopt::testing::run_peer([&](ProcessGroup& world, int rank) {
+    if (!known) throw dopt::testing::Usage{"dopt_zero_stage3_peer parity"};
     Checker c{rank};
-    if (mode == "parity") parity(world, c);
-    else throw dopt::testing::Usage{"dopt_zero_stage3_peer parity"};
+    parity(world, c);
     return c.checks;
   });
 }

@@ -8,6 +8,8 @@
 // the rank's thread; collective over `world`.
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dopt/distributed/comm_hooks.hpp"
@@ -38,6 +40,14 @@ struct Stage3Outcome {
   /// gathered_bytes() seen, the largest unit's gathered bytes.
   std::int64_t bytes = 0, peak_gathered = 0, largest_unit = 0;
 };
+
+/// A state dict's tensors in order, each named "index.key".
+inline std::vector<std::pair<std::string, Tensor>> named_state(const StateDict& sd) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [idx, st] : sd.state)
+    for (const auto& [key, tensor] : st) out.emplace_back(std::to_string(idx) + "." + key, tensor);
+  return out;
+}
 
 /// The initial value of parameter k (the same on every rank).
 inline Tensor stage3_param(const Shape& shape, std::size_t k) {

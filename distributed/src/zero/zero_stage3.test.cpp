@@ -37,11 +37,10 @@ std::string bytes_of(const Tensor& t) {
   return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.nbytes()));
 }
 
-// A state dict as bytes: "index key bytes" per tensor, in order.
+// A state dict as bytes: "index.key bytes" per tensor, in order.
 std::vector<std::string> state_bytes(const StateDict& sd) {
   std::vector<std::string> out;
-  for (const auto& [idx, st] : sd.state)
-    for (const auto& [key, tensor] : st) out.push_back(std::to_string(idx) + " " + key + " " + bytes_of(tensor));
+  for (const auto& [name, tensor] : dopt::testing::named_state(sd)) out.push_back(name + " " + bytes_of(tensor));
   return out;
 }
 
@@ -87,39 +86,35 @@ void check_same_bits(const Stage3Run& run, int world) {
   CHECK(three.state == one.state);
 }
 
+// check_same_bits at each world size, a section each.
+void at_worlds(const Stage3Run& run, std::initializer_list<int> worlds) {
+  for (int world : worlds)
+    DYNAMIC_SECTION(run.spec.name << " world " << world) { check_same_bits(run, world); }
+}
+
+Stage3Run adam_with(bool async, bool fp16) {
+  Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
+  run.async = async;
+  run.fp16 = fp16;
+  return run;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO stage 3 equals stage 1 with the Reducer bit for bit: Adam and SGD with momentum, world 1, 2, 3, 5",
           "[zero][zero3]") {
-  for (const auto& spec : {spec_of(AdamOptions(0.01)), spec_of(SGDOptions(0.1).momentum(0.9))}) {
-    for (int world : {1, 2, 3, 5}) {
-      DYNAMIC_SECTION(spec.name << " world " << world) {
-        check_same_bits(base_run(spec), world);
-      }
-    }
-  }
+  at_worlds(base_run(spec_of(AdamOptions(0.01))), {1, 2, 3, 5});
+  at_worlds(base_run(spec_of(SGDOptions(0.1).momentum(0.9))), {1, 2, 3, 5});
 }
 
 TEST_CASE("ZeRO stage 3 with gather_async and reduce_gradients_async equals stage 1 bit for bit (world 2, 3, 5)",
           "[zero][zero3]") {
-  for (int world : {2, 3, 5}) {
-    DYNAMIC_SECTION("world " << world) {
-      Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
-      run.async = true;
-      check_same_bits(run, world);
-    }
-  }
+  at_worlds(adam_with(/*async=*/true, /*fp16=*/false), {2, 3, 5});
 }
 
 TEST_CASE("ZeRO stage 3 with fp16_compress_hook equals stage 1 with the same hook bit for bit (world 1, 2, 3, 5)",
           "[zero][zero3]") {
-  for (int world : {1, 2, 3, 5}) {
-    DYNAMIC_SECTION("world " << world) {
-      Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
-      run.fp16 = true;
-      check_same_bits(run, world);
-    }
-  }
+  at_worlds(adam_with(/*async=*/false, /*fp16=*/true), {1, 2, 3, 5});
 }
 
 TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's errors with the call and the rank",
