@@ -217,19 +217,17 @@ int main(int argc, char** argv) {
           if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
           if (run3)
             line(3, t3, static_cast<double>(three.model->bytes()), static_cast<double>(three.peak_gathered));
-          if (only) return;
-          std::vector<double> ratio;
-          for (std::size_t k = 0; k < t1.size(); ++k) ratio.push_back(t3[k] / t1[k]);
-          if (ctx.rank() == 0) {
-            std::printf(
-                "{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
-                "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, \"world_size\": %d, "
-                "\"simulated\": %s}\n",
-                dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
-                static_cast<long long>(params), delay_ms, no_prefetch ? "false" : "true", ctx.world_size(),
-                simulated ? "true" : "false");
-            std::fflush(stdout);
+          if (!only && ctx.rank() == 0) {
+            std::vector<double> ratio;  // stage 3 / stage 1, iteration by iteration
+            for (std::size_t k = 0; k < t1.size(); ++k) ratio.push_back(t3[k] / t1[k]);
+            std::printf("{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
+                        "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, "
+                        "\"world_size\": %d, \"simulated\": %s}\n",
+                        dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
+                        static_cast<long long>(params), delay_ms, no_prefetch ? "false" : "true",
+                        ctx.world_size(), simulated ? "true" : "false");
           }
+          std::fflush(stdout);
         },
         run_options);
   } catch (const std::exception& e) {
