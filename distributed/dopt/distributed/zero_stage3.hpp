@@ -143,7 +143,8 @@ class ShardedUnits {
   void load_state_dict(const StateDict& sd);
   /// Collective: every parameter in full (copies), in the units' order.
   std::vector<Tensor> full_parameters();
-  /// Local: sets the parameters from full values (in the units' order).
+  /// Local: sets the parameters from full values (in the units' order);
+  /// waits for the gathers in flight and releases every gathered unit.
   void load_parameters(const std::vector<Tensor>& full);
 
   std::size_t num_units() const noexcept;

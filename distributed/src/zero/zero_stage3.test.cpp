@@ -207,10 +207,11 @@ TEST_CASE("ZeRO stage 3 keeps 16/N bytes per parameter with Adam and gathers at 
 namespace {
 
 // One leg of a run that moves between checkpoints: `world` simulated ranks
-// in stage 1, 2 or 3 start from `start` (every parameter) and, when `from`
-// is given, the consolidated state dict in that file (saved by a leg at
-// another world size and stage); they train steps t0..t1-1 and rank 0 saves
-// the consolidated state dict to `to`. Returns rank 0's parameters.
+// in stage 1, 2 or 3 start from `start` (every parameter; stage 3 loads
+// them with load_parameters) and, when `from` is given, the consolidated
+// state dict in that file (saved by a leg at another world size and stage);
+// they train steps t0..t1-1 and rank 0 saves the consolidated state dict to
+// `to`. Returns rank 0's parameters.
 std::vector<Tensor> leg(const Stage3Run& run, int world, int stage, const std::vector<Tensor>& start,
                         const std::string& from, const std::string& to, int t0, int t1) {
   std::vector<Tensor> out;
@@ -222,9 +223,10 @@ std::vector<Tensor> leg(const Stage3Run& run, int world, int stage, const std::v
       std::size_t k = 0;
       for (std::size_t n : run.unit_sizes) {
         units.emplace_back();
-        for (std::size_t i = 0; i < n; ++i, ++k) units.back().push_back(start[k].clone());
+        for (std::size_t i = 0; i < n; ++i, ++k) units.back().push_back(Tensor::zeros(start[k].shape()));
       }
       ShardedUnits model(units, run.spec, ShardedUnitsOptions{ctx.world()});
+      model.load_parameters(start);  // the parameters of the checkpoint
       if (!from.empty()) model.load_state_dict(load_state_dict(from));
       std::int64_t peak = 0;
       for (int t = t0; t < t1; ++t) dopt::testing::stage3_iteration(model, run, t, peak);

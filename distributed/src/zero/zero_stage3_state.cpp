@@ -140,6 +140,7 @@ void ShardedUnits::load_parameters(const std::vector<Tensor>& full) {
   if (pos != full.size())
     throw ShapeError(op, std::to_string(full.size()) + " tensors for " + std::to_string(pos) + " parameters",
                      im.rank());
+  for (std::size_t u = 0; u < im.units.size(); ++u) release(u);  // gathers in flight read the shards
   pos = 0;
   for (const auto& unit : im.units) {
     const std::vector<Tensor> mine(full.begin() + static_cast<std::ptrdiff_t>(pos),
