@@ -1,0 +1,238 @@
+// dopt_bench_zero_stage3: one training iteration with ZeRO stage 3
+// (ShardedUnits, gather with prefetch) against stage 1 (ZeroRedundancyOptimizer
+// with a Reducer), and the bytes each rank holds.
+//
+//   dopt_bench_zero_stage3 --params N --tensors K --units U [--delay-ms D]
+//                          [--no-prefetch] [--ranks R] [--steps S] [--warmup W] [--only 1|3]
+//
+// N float32 elements in K tensors (sizes in proportion to 1..10, as the ZeRO
+// benchmarks'), grouped in order into U units of about K/U tensors; Adam.
+// The loop of a trainer that writes its own forward and backward: per unit
+// a forward compute and a backward compute of D ms each (a sleep). Stage 1:
+// the forward sleeps; the backward sets and marks each unit's gradients
+// after its sleep, then finalize() and step(). Stage 3: the forward gathers
+// unit u, prefetches u + 1, sleeps, releases u; the backward gathers u,
+// prefetches u - 1, sleeps, reduce_gradients_async(u), releases u; then
+// step() (--no-prefetch: each gather waits for its all_gather). With --only
+// unset the two setups live side by side and their iterations alternate
+// (each after a barrier; the slowest rank's time counts). Rank 0 prints one
+// JSON line per stage (iter_ms, min_iter_ms, kept_bytes: what the rank
+// keeps between iterations, the largest over the ranks: stage 1 its
+// parameters, gradients and ZeRO state, stage 3 ShardedUnits::bytes();
+// peak_gathered_bytes: stage 3's largest gathered_bytes()) and a
+// "zero_stage3_summary" line (the median ratio of stage 3 / stage 1 over
+// the iteration pairs). --only S builds and runs stage S alone and adds
+// peak_rss_bytes (getrusage, the largest over the ranks; processes only)
+// and rss_before_bytes (the same before either stage was built: the
+// process's own). Under a launcher (dopt-run) one rank per process; alone
+// it simulates R ranks (default 2).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+
+#include "dopt/actors/distributed.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_stage3.hpp"
+#include "dopt/optim/adam.hpp"
+#include "dopt/runtime/launch_env.hpp"
+
+#include "bench_util.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dopt::Tensor;
+using namespace dopt::optim;
+
+struct Setup {
+  double delay_ms = 0.0;
+  bool prefetch = true;
+  int rank = 0;
+  std::vector<std::vector<std::size_t>> units;  // tensor indices of each unit
+  std::vector<std::int64_t> sizes;              // of each tensor
+  /// This rank's fresh gradient of tensor i, made when the backward reaches
+  /// it (no rank holds every gradient in advance: stage 3's peak RSS is its own).
+  Tensor grad(std::size_t i) const {
+    return Tensor::full({sizes[i]}, 1e-3 * static_cast<double>(i % 7 + static_cast<std::size_t>(rank) + 1));
+  }
+};
+
+void compute(const Setup& s) {
+  if (s.delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(s.delay_ms));
+}
+
+/// Stage 1: every parameter in full on every rank.
+struct StageOne {
+  std::vector<Tensor> ps;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<Reducer> reducer;
+  std::int64_t kept_bytes() const {
+    std::int64_t b = zero->local_state_bytes();
+    for (const auto& p : ps) b += 2 * static_cast<std::int64_t>(p.nbytes());  // the parameter and its gradient
+    return b;
+  }
+  void iterate(const Setup& s) {
+    for (std::size_t u = 0; u < s.units.size(); ++u) compute(s);
+    for (std::size_t u = s.units.size(); u-- > 0;) {
+      compute(s);
+      for (auto i : s.units[u]) {
+        ps[i].set_grad(s.grad(i));
+        reducer->mark_ready(ps[i]);
+      }
+    }
+    reducer->finalize();
+    zero->step();
+    zero->zero_grad(true);
+  }
+};
+
+/// Stage 3: this rank's shards, two units gathered at a time.
+struct StageThree {
+  std::unique_ptr<ShardedUnits> model;
+  std::int64_t peak_gathered = 0;
+  void iterate(const Setup& s) {
+    const std::size_t n = s.units.size();
+    for (std::size_t u = 0; u < n; ++u) {
+      (void)model->gather(u);
+      if (s.prefetch && u + 1 < n) (void)model->prefetch(u + 1);
+      peak_gathered = std::max(peak_gathered, model->gathered_bytes());
+      compute(s);
+      model->release(u);
+    }
+    for (std::size_t u = n; u-- > 0;) {
+      (void)model->gather(u);
+      if (s.prefetch && u > 0) (void)model->prefetch(u - 1);
+      compute(s);
+      std::vector<Tensor> grads;
+      for (auto i : s.units[u]) grads.push_back(s.grad(i));
+      (void)model->reduce_gradients_async(u, grads);
+      model->release(u);
+    }
+    model->step();
+  }
+};
+
+double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dopt ZeRO stage 3 against stage 1"};
+  std::int64_t params = 10'000'000, tensors = 100, unit_count = 10;
+  double delay_ms = 0.0;
+  int ranks = 2, steps = 6, warmup = 2, only = 0;
+  bool no_prefetch = false;
+  app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
+  app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
+  app.add_option("--units", unit_count, "units (groups of consecutive tensors)")->check(CLI::PositiveNumber);
+  app.add_option("--delay-ms", delay_ms, "forward and backward compute per unit, in ms (a sleep)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-prefetch", no_prefetch, "stage 3 without prefetch (each gather waits for its all_gather)");
+  app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "timed iterations per stage")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
+  app.add_option("--only", only, "run stage 1 or 3 alone (with peak_rss_bytes)")->check(CLI::IsMember({1, 3}));
+  CLI11_PARSE(app, argc, argv);
+  if (unit_count > tensors) unit_count = tensors;
+  const bool simulated = !dopt::launch_env_from_environment().has_value();
+  dopt::RunOptions run_options;
+  run_options.simulated_ranks = ranks;
+  const OptimizerSpec spec = spec_of(AdamOptions(1e-3));
+  try {
+    dopt::run_distributed(
+        [&](dopt::RankContext& ctx) {
+          auto& world = ctx.world();
+          Setup setup;
+          setup.delay_ms = delay_ms;
+          setup.rank = ctx.rank();
+          setup.prefetch = !no_prefetch;
+          const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
+          setup.sizes = sizes;
+          for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const auto u = static_cast<std::size_t>(static_cast<std::int64_t>(i) * unit_count / tensors);
+            if (u >= setup.units.size()) setup.units.emplace_back();
+            setup.units[u].push_back(i);
+          }
+          rusage before{};
+          getrusage(RUSAGE_SELF, &before);  // the process without either stage
+          const double rss0 = dopt::bench::slowest(world, {static_cast<double>(before.ru_maxrss) * 1024.0})[0];
+          StageOne one;
+          StageThree three;
+          const bool run1 = only != 3, run3 = only != 1;
+          if (run1) {
+            for (auto n : sizes) one.ps.push_back(Tensor::full({n}, 0.5));
+            one.zero = std::make_unique<ZeroRedundancyOptimizer>(one.ps, spec, ZeroOptions{world});
+            one.reducer = std::make_unique<Reducer>(one.ps, world);
+          }
+          if (run3) {
+            std::vector<std::vector<Tensor>> units;
+            for (const auto& idx : setup.units) {
+              units.emplace_back();
+              for (auto i : idx) units.back().push_back(Tensor::full({sizes[i]}, 0.5));
+            }
+            three.model = std::make_unique<ShardedUnits>(std::move(units), spec, ShardedUnitsOptions{world});
+          }
+          std::vector<double> t1, t3;
+          for (int it = -warmup; it < steps; ++it) {
+            if (run1) {
+              world.barrier();
+              const auto t0 = Clock::now();
+              one.iterate(setup);
+              if (it >= 0) t1.push_back(ms(Clock::now() - t0));
+            }
+            if (run3) {
+              world.barrier();
+              const auto t0 = Clock::now();
+              three.iterate(setup);
+              if (it >= 0) t3.push_back(ms(Clock::now() - t0));
+            }
+          }
+          rusage ru{};
+          getrusage(RUSAGE_SELF, &ru);
+          const double rss = dopt::bench::slowest(world, {static_cast<double>(ru.ru_maxrss) * 1024.0})[0];
+          auto line = [&](int stage, std::vector<double>& t, double kept, double gathered) {
+            t = dopt::bench::slowest(world, t);
+            const auto held = dopt::bench::slowest(world, {kept, gathered});
+            if (ctx.rank() != 0) return;
+            std::printf(
+                "{\"benchmark\": \"zero_stage3_iteration\", \"stage\": %d, \"iter_ms\": %.3f, \"min_iter_ms\": %.3f, "
+                "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, "
+                "\"rss_before_bytes\": %.0f, \"params\": %lld, "
+                "\"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, \"steps\": %d, "
+                "\"simulated\": %s}\n",
+                stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1],
+                only ? rss : -1.0, only ? rss0 : -1.0, static_cast<long long>(params),
+                static_cast<long long>(tensors),
+                setup.units.size(), delay_ms, ctx.world_size(), steps, simulated ? "true" : "false");
+          };
+          if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
+          if (run3)
+            line(3, t3, static_cast<double>(three.model->bytes()), static_cast<double>(three.peak_gathered));
+          if (!only && ctx.rank() == 0) {
+            std::vector<double> ratio;  // stage 3 / stage 1, iteration by iteration
+            for (std::size_t k = 0; k < t1.size(); ++k) ratio.push_back(t3[k] / t1[k]);
+            std::printf("{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
+                        "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, "
+                        "\"world_size\": %d, \"simulated\": %s}\n",
+                        dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
+                        static_cast<long long>(params), delay_ms, no_prefetch ? "false" : "true",
+                        ctx.world_size(), simulated ? "true" : "false");
+          }
+          std::fflush(stdout);
+        },
+        run_options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dopt_bench_zero_stage3: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,176 @@
+#pragma once
+// dopt::optim::ShardedUnits: ZeRO stage 3, sharded parameters, for trainers
+// that write their own forward and backward (no autograd here), as
+// dopt-train does. docs/zero.md ("Stages") explains the stages and what each
+// holds per parameter.
+//
+//   ShardedUnits model(units, AdamOptions(1e-3), ShardedUnitsOptions{ctx.world()});
+//   for (...) {
+//     for (u = 0 .. U-1) {                           // forward
+//       auto full = model.gather(u);                 // waits for the prefetched all_gather
+//       if (u + 1 < U) model.prefetch(u + 1);        // overlaps the next unit's all_gather
+//       ... compute with full ...; model.release(u);
+//     }
+//     for (u = U-1 .. 0) {                           // backward
+//       auto full = model.gather(u); if (u > 0) model.prefetch(u - 1);
+//       ... grads of unit u ...; model.reduce_gradients(u, grads); model.release(u);
+//     }
+//     model.step();                                  // local: this rank's shards
+//   }
+//
+// A unit is a group of parameters (a layer, say), flattened in order and
+// padded with zeros to a multiple of the group size N: rank r keeps elements
+// [r*S, (r+1)*S) of it (S = ceil(numel / N)), the shard's gradient and the
+// optimizer's state of the shard. The full parameters exist only while a
+// unit is gathered.
+//
+// Collective contract. Collectives over the process group: every rank calls
+// them, in the same order, with the same unit: the constructor (a broadcast
+// of each unit from group rank 0 when broadcast_parameters), gather(),
+// gather_async() and prefetch() of a unit that is released (one all_gather;
+// of a unit gathered or in flight they are local and post nothing),
+// reduce_gradients() and reduce_gradients_async() (one reduce per rank's
+// shard, or the comm hook), state_dict() and full_parameters() (all_gathers).
+// Local: release(), step(), load_state_dict(), load_parameters(), the
+// accessors. Nothing is thread-safe: one thread per rank calls every method.
+//
+// Who waits: gather() waits for its all_gather; gather_async()/prefetch()
+// return at once and the future completes (on a runtime thread) once the
+// full parameters are in place; gather() of a prefetched unit waits for that
+// future. reduce_gradients() waits for its reduces and writes this rank's
+// averaged shard; reduce_gradients_async() first waits for the reduction
+// still in flight (one at most: one unit's gradient buffer), then returns
+// once the unit's gradients are copied (the caller may drop them); the
+// shard's grad() holds the average when its future completes. step() waits
+// for the reduction in flight. release() of a unit in flight waits for its
+// all_gather (every rank posted it).
+//
+// Arithmetic (bit for bit stage 1, ZeroRedundancyOptimizer with a Reducer):
+// reduce_gradients divides the unit's flat gradient by N and reduces each
+// rank's shard onto that rank (ProcessGroup::reduce: group-rank order, the
+// all_reduce's sums), so each element's average is the all_reduce's;
+// step() runs the optimizer elementwise on the shard, which is stage 1's
+// step of those elements. With a registered comm hook (fp16_compress_hook,
+// ...) the hook runs over the whole unit, as the Reducer runs it over a
+// bucket, and only this rank's shard is kept. Elementwise optimizers only
+// (Adam, AdamW, SGD): any other (Muon, whose step needs whole matrices) is a
+// NotSupportedError at construction; use stage 1 or 2 for it.
+//
+// Errors a caller can cause (dopt::Error subclasses naming the call and the
+// rank): an empty unit list or unit, undefined, non-float32 or non-CPU
+// parameters, a parameter in two units (ValueError); redundancy > 0 and
+// optimizers that are not elementwise (NotSupportedError); a unit index out
+// of range (ValueError); gradients of the wrong count or shape
+// (ShapeError); a second reduce_gradients of a unit in one iteration, step()
+// before every unit's gradients were reduced, a second register_comm_hook
+// or one after the first reduction (StateError). A collective's failure is
+// rethrown by the call that waits for it.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dopt/actors/future.hpp"
+#include "dopt/actors/process_group.hpp"
+#include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/optim/optimizer.hpp"
+#include "dopt/optim/registry.hpp"
+#include "dopt/runtime/state_dict.hpp"
+#include "dopt/runtime/tensor.hpp"
+
+namespace dopt::optim {
+
+/// A plain aggregate: ShardedUnitsOptions{ctx.world()}.
+struct ShardedUnitsOptions {
+  ProcessGroup process_group;
+  /// The constructor broadcasts every unit from group rank 0 before
+  /// sharding it (the Reducer's initial sync); false: every rank passes the
+  /// same values.
+  bool broadcast_parameters = true;
+  /// Buddies that keep other ranks' shards (stage 1's redundancy): not
+  /// supported in stage 3; > 0 is a NotSupportedError at construction.
+  int redundancy = 0;
+};
+
+class ShardedUnits {
+ public:
+  /// Collective (see the header). Takes each unit's parameters (their values;
+  /// only this rank's shard is kept: units moved in are freed unit by unit
+  /// as they are sharded, when the caller holds no other reference).
+  ShardedUnits(std::vector<std::vector<Tensor>> units, OptimizerSpec spec, ShardedUnitsOptions options);
+  ShardedUnits(std::vector<std::vector<Tensor>> units, const OptimizerOptions& optimizer,
+               ShardedUnitsOptions options);
+  /// Waits for the collectives in flight (their errors are dropped).
+  ~ShardedUnits();
+  ShardedUnits(const ShardedUnits&) = delete;
+  ShardedUnits& operator=(const ShardedUnits&) = delete;
+
+  /// The full parameters of `unit` (views of one gathered buffer, the
+  /// original shapes), until release(unit). Collective when released.
+  std::vector<Tensor> gather(std::size_t unit);
+  /// As gather(), without waiting: the future yields the parameters.
+  Future<std::vector<Tensor>> gather_async(std::size_t unit);
+  /// gather_async() whose result is taken later by gather(unit).
+  Future<void> prefetch(std::size_t unit);
+  /// Local: gives the gathered buffer back; the views gather() returned
+  /// must not be used after it (a later gather reuses their memory). A
+  /// released unit: nothing.
+  void release(std::size_t unit);
+
+  /// Replaces the default (divide, reduce each shard onto its rank) by a
+  /// comm hook over the unit's whole flat gradient; once, before the first
+  /// reduction (StateError otherwise).
+  void register_comm_hook(CommHook hook);
+  /// Collective: `grads` are this rank's gradients of the unit's parameters,
+  /// in order (an undefined one counts as zeros); this rank keeps the
+  /// average over the group of its shard. Once per unit per iteration.
+  void reduce_gradients(std::size_t unit, const std::vector<Tensor>& grads);
+  /// As reduce_gradients; see the header for who waits.
+  Future<void> reduce_gradients_async(std::size_t unit, const std::vector<Tensor>& grads);
+
+  /// Local: steps this rank's shards (after every unit's reduce_gradients of
+  /// the iteration; StateError otherwise) and starts the next iteration.
+  /// Waits for the gathers in flight and releases every gathered unit (its
+  /// values are the old ones): the next gather fetches the new values.
+  void step();
+
+  /// Collective: the consolidated state dict, torch's layout (one group,
+  /// global index = position in the units' order, per-element state in the
+  /// parameter's shape), on every rank; CPU tensors.
+  StateDict state_dict();
+  /// Local: loads a consolidated state dict (from state_dict() or a
+  /// ZeroRedundancyOptimizer's / torch optimizer's over the same parameters
+  /// in one group); keeps this rank's shard of each state tensor.
+  /// StateDictError for another layout; nothing changes when it throws.
+  void load_state_dict(const StateDict& sd);
+  /// Collective: every parameter in full (copies), in the units' order.
+  std::vector<Tensor> full_parameters();
+  /// Local: sets the parameters from full values (in the units' order);
+  /// waits for the gathers in flight and releases every gathered unit.
+  void load_parameters(const std::vector<Tensor>& full);
+
+  std::size_t num_units() const noexcept;
+  /// Elements of `unit` (without padding) and of its shard.
+  std::int64_t unit_numel(std::size_t unit) const;
+  std::int64_t shard_numel(std::size_t unit) const;
+  /// Bytes this rank keeps between iterations: the parameter shards, their
+  /// gradients and the optimizer's state (16/N B per float32 parameter with
+  /// Adam, plus padding).
+  std::int64_t bytes() const;
+  /// Bytes of the gather buffers now: the gathered (or in flight) units'
+  /// full parameters and the released one kept for the next gather (two
+  /// units in the loop of the header; 0 after step()).
+  std::int64_t gathered_bytes() const;
+  /// This rank's shard of `unit` (1-D; its grad() after reduce_gradients).
+  const Tensor& shard(std::size_t unit) const;
+  Optimizer& optim() noexcept;
+  const ProcessGroup& process_group() const noexcept;
+  int rank() const noexcept;
+  int world_size() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dopt::optim

@@ -1,0 +1,283 @@
+// ShardedUnits (zero_stage3.hpp), ZeRO stage 3: the units and their shards,
+// the all_gathers of gather/prefetch, the reductions of each shard onto its
+// rank, the buffers they reuse, the local step and the byte counts. The
+// state dicts and full parameters are in zero_stage3_state.cpp. Rank thread
+// only.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "dopt/distributed/internal/device_ops.hpp"
+#include "zero/zero_stage3_impl.hpp"
+
+namespace dopt::optim {
+
+using stage3_detail::kName;
+using stage3_detail::Unit;
+
+namespace {
+
+/// The optimizers whose step is elementwise: a flat shard steps as the
+/// whole parameters would.
+bool elementwise(const std::string& name) { return name == "Adam" || name == "AdamW" || name == "SGD"; }
+
+}  // namespace
+
+void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerSpec spec_in,
+                              ShardedUnitsOptions options_in) {
+  static constexpr const char* op = kName;
+  if (!options_in.process_group.valid()) throw ValueError(op, "invalid process group");
+  group = options_in.process_group;
+  options = std::move(options_in);
+  spec = std::move(spec_in);
+  const int rank = this->rank(), world = this->world();
+  if (options.redundancy > 0)
+    throw NotSupportedError(op, "redundancy " + std::to_string(options.redundancy) +
+                                    " is not supported in stage 3 (buddies would keep other ranks' shards; use "
+                                    "redundancy = 0, or stage 1)", rank);
+  if (!elementwise(spec.name))
+    throw NotSupportedError(op, "optimizer " + spec.name + " does not step elementwise (Muon needs whole matrices); "
+                                "stage 3 steps flat shards: use Adam, AdamW or SGD, or stages 1 and 2 for " +
+                                    spec.name, rank);
+  if (given.empty()) throw ValueError(op, "no units", rank);
+  std::set<const void*> seen;
+  std::vector<Tensor> shards;
+  for (std::size_t u = 0; u < given.size(); ++u) {
+    const std::vector<Tensor>& ps = given[u];
+    const std::string where = "unit " + std::to_string(u);
+    if (ps.empty()) throw ValueError(op, where + " has no parameters", rank);
+    Unit unit;
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const Tensor& p = ps[i];
+      const std::string what = where + " parameter " + std::to_string(i);
+      if (!p.defined()) throw ValueError(op, what + " is undefined", rank);
+      if (p.dtype() != DType::float32 || !p.device().is_cpu())
+        throw TypeError(op, what + " (" + p.str() + ") is not a float32 CPU tensor", rank);
+      if (p.numel() > 0 && !seen.insert(p.data_ptr()).second)
+        throw ValueError(op, what + " (" + p.str() + ") is already in a unit", rank);
+      unit.shapes.push_back(p.shape());
+      unit.offsets.push_back(unit.numel);
+      unit.numel += p.numel();
+    }
+    if (unit.numel == 0) throw ValueError(op, where + " has no elements", rank);
+    unit.shard_numel = (unit.numel + world - 1) / world;
+    // One unit in full at a time: the values (rank 0's), then this rank's part.
+    Tensor flat = Tensor::zeros({unit.shard_numel * world});
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      flat.flat_slice(unit.offsets[i], ps[i].numel()).view(ps[i].shape()).copy_(ps[i]);
+    if (options.broadcast_parameters) group.broadcast(flat, 0);
+    unit.shard = flat.flat_slice(rank * unit.shard_numel, unit.shard_numel).clone();
+    unit.shard.set_grad(Tensor::zeros({unit.shard_numel}));
+    shards.push_back(unit.shard);
+    units.push_back(std::move(unit));
+    given[u].clear();  // the caller's full tensors go now when it moved them in
+  }
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::move(shards));
+  optim = make_optimizer(spec, std::move(groups));
+}
+
+Unit& ShardedUnits::Impl::unit(std::size_t u, const char* op) {
+  if (u >= units.size())
+    throw ValueError(op, "unit " + std::to_string(u) + " is not one of the " + std::to_string(units.size()) +
+                             " units", rank());
+  return units[u];
+}
+
+std::vector<Tensor> ShardedUnits::Impl::views(const Unit& unit, const Tensor& flat) {
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < unit.shapes.size(); ++i)
+    out.push_back(flat.flat_slice(unit.offsets[i], shape_numel(unit.shapes[i])).view(unit.shapes[i]));
+  return out;
+}
+
+void ShardedUnits::Impl::settle_reduction(Unit& unit) {
+  if (!unit.reducing.valid()) return;
+  Future<void> f = std::move(unit.reducing);
+  unit.reducing = Future<void>();
+  Tensor storage = std::move(unit.reduce_storage);
+  unit.reduce_storage = Tensor();
+  f.get();
+  reduce_spares.assign(1, std::move(storage));  // done with it: the next reduction's
+}
+
+Tensor ShardedUnits::Impl::take(std::vector<Tensor>& spares, std::int64_t numel, Tensor& storage) {
+  for (auto& spare : spares)
+    if (spare.numel() >= numel) {
+      storage = std::move(spare);
+      spares.clear();
+      return storage.numel() == numel ? storage : storage.flat_slice(0, numel);
+    }
+  spares.clear();
+  storage = Tensor::empty({numel});
+  return storage;
+}
+
+ShardedUnits::ShardedUnits(std::vector<std::vector<Tensor>> units, OptimizerSpec spec, ShardedUnitsOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(std::move(units), std::move(spec), std::move(options));
+}
+
+ShardedUnits::ShardedUnits(std::vector<std::vector<Tensor>> units, const OptimizerOptions& optimizer,
+                           ShardedUnitsOptions options)
+    : ShardedUnits(std::move(units), spec_of(optimizer, kName), std::move(options)) {}
+
+ShardedUnits::~ShardedUnits() {
+  if (!impl_) return;
+  for (auto& unit : impl_->units) {
+    if (unit.gathering.valid()) unit.gathering.wait();
+    if (unit.reducing.valid()) unit.reducing.wait();
+  }
+}
+
+Future<std::vector<Tensor>> ShardedUnits::gather_async(std::size_t u) {
+  Unit& unit = impl_->unit(u, "ShardedUnits.gather");
+  if (!unit.gathered.defined()) {
+    unit.gathered = Impl::take(impl_->gather_spares, unit.shard_numel * impl_->world(), unit.gathered_storage);
+    unit.gathering = impl_->group.all_gather_into_tensor_async(unit.gathered, unit.shard);
+  }
+  return unit.gathering.then([unit_views = Impl::views(unit, unit.gathered)](Future<void> f) {
+    f.get();
+    return unit_views;
+  });
+}
+
+std::vector<Tensor> ShardedUnits::gather(std::size_t u) { return gather_async(u).get(); }
+
+Future<void> ShardedUnits::prefetch(std::size_t u) {
+  (void)impl_->unit(u, "ShardedUnits.prefetch");
+  (void)gather_async(u);
+  return impl_->units[u].gathering;
+}
+
+void ShardedUnits::release(std::size_t u) {
+  Unit& unit = impl_->unit(u, "ShardedUnits.release");
+  if (unit.gathering.valid()) unit.gathering.wait();  // every rank posted it; its error went to gather
+  const bool reusable = unit.gathering.valid() && !unit.gathering.exception();
+  unit.gathering = Future<void>();
+  unit.gathered = Tensor();
+  if (reusable) impl_->gather_spares.assign(1, std::move(unit.gathered_storage));
+  unit.gathered_storage = Tensor();
+}
+
+void ShardedUnits::register_comm_hook(CommHook hook) {
+  static constexpr const char* op = "ShardedUnits.register_comm_hook";
+  if (impl_->hook) throw StateError(op, "a comm hook is already registered", impl_->rank());
+  if (impl_->reduced_once)
+    throw StateError(op, "gradients were reduced already (register the hook before the first reduction)",
+                     impl_->rank());
+  if (!hook) throw ValueError(op, "empty hook", impl_->rank());
+  impl_->hook = std::move(hook);
+}
+
+Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vector<Tensor>& grads) {
+  static constexpr const char* op = "ShardedUnits.reduce_gradients";
+  Impl& im = *impl_;
+  Unit& unit = im.unit(u, op);
+  const int rank = im.rank(), world = im.world();
+  const std::string where = "unit " + std::to_string(u);
+  if (unit.reduced)
+    throw StateError(op, where + " was reduced already in this iteration (once per unit, then step())", rank);
+  if (grads.size() != unit.shapes.size())
+    throw ShapeError(op, where + " has " + std::to_string(unit.shapes.size()) + " parameters, got " +
+                             std::to_string(grads.size()) + " gradients", rank);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (grads[i].shape() != unit.shapes[i])
+      throw ShapeError(op, where + " gradient " + std::to_string(i) + " has shape " + shape_str(grads[i].shape()) +
+                               ", its parameter " + shape_str(unit.shapes[i]), rank);
+    if (grads[i].dtype() != DType::float32 || !grads[i].device().is_cpu())
+      throw DTypeError(op, where + " gradient " + std::to_string(i) + " (" + grads[i].str() +
+                               ") is not a float32 CPU tensor", rank);
+  }
+  // One reduction in flight at most: the previous unit's (posted one
+  // unit's compute ago) is waited for, and its buffer freed, first.
+  for (auto& other : im.units) im.settle_reduction(other);
+  const std::int64_t s = unit.shard_numel;
+  Tensor buffer = Impl::take(im.reduce_spares, s * world, unit.reduce_storage);
+  buffer.fill_(0.0);  // the padding and undefined gradients
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) buffer.flat_slice(unit.offsets[i], grads[i].numel()).view(unit.shapes[i]).copy_(grads[i]);
+  Future<Tensor> reduced;
+  if (im.hook) {
+    // The hook's contract returns the whole unit (as a Reducer's bucket).
+    GradBucket bucket(u, im.units.size(), buffer, Impl::views(unit, buffer), unit.offsets);
+    reduced = im.hook(bucket);
+  } else {
+    // allreduce_hook's arithmetic: divide, then each shard summed onto its
+    // rank in group-rank order (the all_reduce's sums).
+    detail::divide_any_(buffer, world, op);
+    std::vector<Future<void>> fs;
+    for (int q = 0; q < world; ++q) fs.push_back(im.group.reduce_async(buffer.flat_slice(q * s, s), q, ReduceOp::sum));
+    reduced = when_all(fs).then([buffer](Future<void> f) {
+      f.get();
+      return buffer;
+    });
+  }
+  im.reduced_once = true;
+  unit.reduced = true;
+  // The grad tensor is the rank's; the callback writes its values only.
+  unit.reducing = reduced.then([grad = unit.shard.grad(), offset = rank * s, s](Future<Tensor> f) {
+    grad.copy_(f.get().flat_slice(offset, s));
+  });
+  return unit.reducing;
+}
+
+void ShardedUnits::reduce_gradients(std::size_t u, const std::vector<Tensor>& grads) {
+  (void)reduce_gradients_async(u, grads);
+  impl_->settle_reduction(impl_->units[u]);
+}
+
+void ShardedUnits::step() {
+  static constexpr const char* op = "ShardedUnits.step";
+  Impl& im = *impl_;
+  std::string missing;
+  for (std::size_t u = 0; u < im.units.size(); ++u) {
+    im.settle_reduction(im.units[u]);
+    if (!im.units[u].reduced) missing += (missing.empty() ? "" : ", ") + std::to_string(u);
+  }
+  if (!missing.empty())
+    throw StateError(op, "unit(s) " + missing + " have no reduced gradients in this iteration "
+                         "(reduce_gradients of every unit before step)", im.rank());
+  // Gathered units hold the old values: drop them, the next gather fetches the new.
+  for (std::size_t u = 0; u < im.units.size(); ++u) release(u);
+  im.gather_spares.clear();
+  im.reduce_spares.clear();
+  im.optim->step();
+  for (auto& unit : im.units) unit.reduced = false;
+}
+
+std::size_t ShardedUnits::num_units() const noexcept { return impl_->units.size(); }
+std::int64_t ShardedUnits::unit_numel(std::size_t u) const { return impl_->unit(u, "ShardedUnits.unit_numel").numel; }
+std::int64_t ShardedUnits::shard_numel(std::size_t u) const {
+  return impl_->unit(u, "ShardedUnits.shard_numel").shard_numel;
+}
+const Tensor& ShardedUnits::shard(std::size_t u) const { return impl_->unit(u, "ShardedUnits.shard").shard; }
+
+std::int64_t ShardedUnits::bytes() const {
+  std::int64_t b = 0;
+  for (const auto& unit : impl_->units) {
+    b += static_cast<std::int64_t>(unit.shard.nbytes());
+    if (unit.shard.grad().defined()) b += static_cast<std::int64_t>(unit.shard.grad().nbytes());
+  }
+  for (const auto& [key, st] : impl_->optim->state())
+    for (const auto& [name, t] : st)
+      if (t.defined()) b += static_cast<std::int64_t>(t.nbytes());
+  return b;
+}
+
+std::int64_t ShardedUnits::gathered_bytes() const {
+  std::int64_t b = 0;
+  for (const auto& unit : impl_->units)
+    if (unit.gathered_storage.defined()) b += static_cast<std::int64_t>(unit.gathered_storage.nbytes());
+  for (const auto& spare : impl_->gather_spares) b += static_cast<std::int64_t>(spare.nbytes());
+  return b;
+}
+
+Optimizer& ShardedUnits::optim() noexcept { return *impl_->optim; }
+const ProcessGroup& ShardedUnits::process_group() const noexcept { return impl_->group; }
+int ShardedUnits::rank() const noexcept { return impl_->rank(); }
+int ShardedUnits::world_size() const noexcept { return impl_->world(); }
+
+}  // namespace dopt::optim
