@@ -57,11 +57,12 @@
 // NotSupportedError at construction; use stage 1 or 2 for it.
 //
 // Errors a caller can cause (dopt::Error subclasses naming the call and the
-// rank): an empty unit list or unit, undefined, non-float32 or non-CPU
-// parameters, a parameter in two units (ValueError); redundancy > 0 and
-// optimizers that are not elementwise (NotSupportedError); a unit index out
-// of range (ValueError); gradients of the wrong count or shape
-// (ShapeError); a second reduce_gradients of a unit in one iteration, step()
+// rank): an empty unit list or unit, undefined parameters, a parameter in
+// two units (ValueError); non-float32 or non-CPU parameters (TypeError);
+// redundancy > 0 and optimizers that are not elementwise
+// (NotSupportedError); a unit index out of range (ValueError); gradients of
+// the wrong count or shape (ShapeError) or not float32 on the CPU
+// (DTypeError); a second reduce_gradients of a unit in one iteration, step()
 // before every unit's gradients were reduced, a second register_comm_hook
 // or one after the first reduction (StateError). A collective's failure is
 // rethrown by the call that waits for it.
