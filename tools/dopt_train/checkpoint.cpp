@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/safetensors.hpp"
 
 namespace dopt_train {
 
@@ -112,6 +113,35 @@ void refuse_older_checkpoints(const std::string& checkpoint_dir, const std::stri
                       "checkpoints of an older dopt-train, which this one does not read: " + list +
                           ". Finish that run with the dopt-train that wrote them, or start afresh: move them out of "
                           "the way or give another --checkpoint-dir (docs/dopt-train.md, \"Checkpoints\")");
+}
+
+/// Writes every rank's parameters (gathered to rank 0) to one safetensors file,
+/// tensors "rank{r}.{name}" (for comparing runs bitwise). Collective.
+void dump_params(dopt::ProcessGroup& world, const std::vector<Tensor>& params, const std::vector<std::string>& names,
+                 const std::string& path, std::int64_t step) {
+  std::int64_t n = 0;
+  for (const Tensor& p : params) n += p.numel();
+  Tensor flat = Tensor::empty({n});
+  std::int64_t off = 0;
+  for (const Tensor& p : params) {
+    flat.flat_slice(off, p.numel()).copy_(p.flatten());
+    off += p.numel();
+  }
+  std::vector<Tensor> all;
+  for (int r = 0; r < world.size(); ++r) all.push_back(Tensor::empty({n}));
+  world.all_gather(all, flat);
+  if (world.rank() != 0) return;
+  std::map<std::string, Tensor> tensors;
+  for (int r = 0; r < world.size(); ++r) {
+    off = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor& p = params[i];
+      tensors["rank" + std::to_string(r) + "." + names[i]] =
+          all[static_cast<std::size_t>(r)].flat_slice(off, p.numel()).view(p.shape());
+      off += p.numel();
+    }
+  }
+  dopt::write_safetensors(path, tensors, {{"step", std::to_string(step)}});
 }
 
 }  // namespace dopt_train

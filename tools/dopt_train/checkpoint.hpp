@@ -80,4 +80,10 @@ class CommitLog {
 /// on. Empty arguments are skipped; plain file reads, on each process.
 void refuse_older_checkpoints(const std::string& checkpoint_dir, const std::string& resume_from);
 
+/// --dump-params: every rank's `params` (named `names`), gathered to rank 0
+/// and written to one safetensors file, tensors "rank{r}.{name}", with the
+/// step in its metadata. Collective of `world`.
+void dump_params(dopt::ProcessGroup& world, const std::vector<Tensor>& params, const std::vector<std::string>& names,
+                 const std::string& path, std::int64_t step);
+
 }  // namespace dopt_train

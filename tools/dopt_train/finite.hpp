@@ -2,8 +2,13 @@
 // The per-step check that parameters are finite (dopt-train --nonfinite):
 // one pass over every parameter each step, so it must cost next to nothing
 // beside the step.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include "dopt/runtime/tensor.hpp"
 
 namespace dopt_train {
 
@@ -30,6 +35,19 @@ inline std::int64_t first_nonfinite(const float* d, std::int64_t n) {
       }
   }
   return -1;
+}
+
+/// "parameter 'fc1.weight' holds NaN at element 3", or "" when every
+/// element of `params` (named `names`) is finite.
+inline std::string nonfinite_parameter(const std::vector<dopt::Tensor>& params, const std::vector<std::string>& names) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const float* d = params[i].data<float>();
+    const std::int64_t k = first_nonfinite(d, params[i].numel());
+    if (k >= 0)
+      return "parameter '" + names[i] + "' holds " + (std::isnan(d[k]) ? "NaN" : "inf") + " at element " +
+             std::to_string(k);
+  }
+  return {};
 }
 
 }  // namespace dopt_train

@@ -71,46 +71,6 @@ void install_signal_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-/// Writes every rank's parameters (gathered to rank 0) to one safetensors file,
-/// tensors "rank{r}.{name}" (for comparing runs bitwise).
-void dump_params(dopt::ProcessGroup& world, const Mlp& model, const std::string& path, std::int64_t step) {
-  const std::int64_t n = model.numel();
-  Tensor flat = Tensor::empty({n});
-  std::int64_t off = 0;
-  for (const Tensor& p : model.params()) {
-    flat.flat_slice(off, p.numel()).copy_(p.flatten());
-    off += p.numel();
-  }
-  std::vector<Tensor> all;
-  for (int r = 0; r < world.size(); ++r) all.push_back(Tensor::empty({n}));
-  world.all_gather(all, flat);
-  if (world.rank() != 0) return;
-  std::map<std::string, Tensor> tensors;
-  for (int r = 0; r < world.size(); ++r) {
-    off = 0;
-    for (std::size_t i = 0; i < model.params().size(); ++i) {
-      const Tensor& p = model.params()[i];
-      tensors["rank" + std::to_string(r) + "." + model.names()[i]] =
-          all[static_cast<std::size_t>(r)].flat_slice(off, p.numel()).view(p.shape());
-      off += p.numel();
-    }
-  }
-  dopt::write_safetensors(path, tensors, {{"step", std::to_string(step)}});
-}
-
-/// "parameter 'fc1.weight' holds NaN at element 3", or "" when all are finite.
-std::string nonfinite_parameter(const Mlp& model) {
-  for (std::size_t i = 0; i < model.params().size(); ++i) {
-    const Tensor& p = model.params()[i];
-    const float* d = p.data<float>();
-    const std::int64_t k = first_nonfinite(d, p.numel());
-    if (k >= 0)
-      return "parameter '" + model.names()[i] + "' holds " + (std::isnan(d[k]) ? "NaN" : "inf") + " at element " +
-             std::to_string(k);
-  }
-  return {};
-}
-
 /// The checkpoints' Checkpointer options: --checkpoint-dir (or, to resume
 /// without one, the folder holding --resume-from: it only loads), --keep-last,
 /// rank 0's commits reported into `commits`.
@@ -189,6 +149,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   Shard shard(o.data, rank, world_size);
   Mlp model(o.data.input_dim, o.hidden, o.layers, o.data.classes, o.data.seed);
   std::unique_ptr<Strategy> strategy = make_strategy(plan.strategy, model.params(), world);
+  LayerSource* layers = strategy->layer_source();  // ZeRO stage 3: the model keeps no parameters
+  if (layers) model.release_params();
   std::int64_t first = 0;
   std::string resumed_from;  // the checkpoint's folder, when resuming
   if (ckpt) {
@@ -285,7 +247,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     if (rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
     const std::vector<int> idx = shard.batch(s, o.batch);
     const BatchResult r =
-        model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); });
+        model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); }, layers);
     strategy->finish_step();
     // --survive: the ranks the strategy lost and recovered from in this step
     // (the step was completed over the survivors).
@@ -303,7 +265,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     // A non-finite loss or parameter: every rank learns how many ranks have one.
     std::string mine;
     if (!std::isfinite(r.loss)) mine = "the loss is " + std::string(std::isnan(r.loss) ? "NaN" : "inf");
-    else mine = nonfinite_parameter(model);
+    else if (layers) mine = nonfinite_parameter(strategy->local_params(), strategy->local_param_names());
+    else mine = nonfinite_parameter(model.params(), model.names());
     st[3] = mine.empty() ? 0 : 1;
     const RankMemory mem = measure_memory(model, *strategy);
     st[4] = mem.total();
@@ -427,7 +390,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     for (const std::string& line : commits.take()) progress.note(line);
   progress.finish();
   if (!o.dump_params.empty())
-    dump_params(world, model, o.dump_params, interrupted_at >= 0 ? interrupted_at : std::max(first, o.steps));
+    dump_params(world, layers ? strategy->full_params() : model.params(), model.names(), o.dump_params,
+                interrupted_at >= 0 ? interrupted_at : std::max(first, o.steps));
   if (interrupted_at >= 0) g_exit_code = 130;
 
   // The final report, printed by the lead.
@@ -572,7 +536,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero-stage", o.zero_stage,
                  "--optim zero: 1 (every rank gets every averaged gradient) or 2 (each rank keeps only the "
                  "gradients of the parameters it owns; bit for bit stage 1's result); docs/zero.md")
-      ->check(CLI::IsMember({1, 2}))
+      ->check(CLI::IsMember({1, 2, 3}))
       ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "Testing: this rank dies (rank 0 too: with --survive the lowest survivor then leads, without it the job fails), SIGKILL as a process, ...")
       ->check(CLI::NonNegativeNumber);
@@ -647,6 +611,9 @@ int main(int argc, char** argv) {
     return usage_error("--survive-buddies " + o.survive_buddies + " needs --survive and --optim zero");
   if (o.zero_stage != 1 && o.optim != "zero")
     return usage_error("--zero-stage " + std::to_string(o.zero_stage) + " needs --optim zero");
+  if (o.zero_stage == 3 && (o.survive || !o.checkpoint_dir.empty() || !o.resume_from.empty() || o.resume))
+    return usage_error("--zero-stage 3 does not go with --survive, --checkpoint-dir or --resume yet (its shards "
+                       "are not a checkpoint item of dopt-train; stages 1 and 2 have both)");
   if (o.zero_stage == 2 && o.survive)
     return usage_error("--zero-stage 2 does not go with --survive (the buddies of redundancy 1 step other ranks' "
                        "shards from their averaged gradients, which stage 2 does not keep)");

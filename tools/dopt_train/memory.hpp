@@ -12,7 +12,7 @@
 namespace dopt_train {
 
 struct RankMemory {
-  double params = 0;    // the model's parameters (every rank holds them all)
+  double params = 0;    // the model's parameters (every rank holds them all; stage 3: its shards)
   double grads = 0;     // Strategy::gradient_bytes, or the parameters' gradients
   double state = 0;     // Strategy::state_bytes
   double peak_rss = 0;  // the process's peak resident set so far
@@ -28,13 +28,15 @@ inline double peak_rss_bytes() {
 
 inline RankMemory measure_memory(const Mlp& model, const Strategy& strategy) {
   RankMemory m;
-  for (const Tensor& p : model.params()) m.params += static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
+  if (const std::int64_t b = strategy.param_bytes(); b >= 0) m.params = static_cast<double>(b);
+  else
+    for (const Tensor& p : model.params()) m.params += static_cast<double>(p.nbytes());
   const std::int64_t g = strategy.gradient_bytes();
   if (g >= 0) {
     m.grads = static_cast<double>(g);
   } else {
     for (const Tensor& p : model.params())
-      if (p.grad().defined()) m.grads += static_cast<double>(p.grad().numel()) * static_cast<double>(p.grad().element_size());
+      if (p.defined() && p.grad().defined()) m.grads += static_cast<double>(p.grad().nbytes());
   }
   m.state = static_cast<double>(strategy.state_bytes());
   m.peak_rss = peak_rss_bytes();

@@ -17,6 +17,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dopt/runtime/tensor.hpp"
@@ -105,6 +106,17 @@ class Shard {
   std::int64_t perm_epoch_ = -1;
 };
 
+/// Where layer l's weight and bias come from when the model does not hold
+/// them (ZeRO stage 3: strategy_stage3.cpp gathers them). Called on the
+/// rank's thread, layer by layer: acquire(l) before layer l's forward (l
+/// rising) or backward (l falling), done(l) right after it; in the backward
+/// the layer's gradients are w.grad() and b.grad() when done(l) runs.
+struct LayerSource {
+  virtual ~LayerSource() = default;
+  virtual std::pair<Tensor, Tensor> acquire(int layer, bool backward) = 0;
+  virtual void done(int layer, bool backward, const Tensor& w, const Tensor& b) = 0;
+};
+
 /// What one forward + backward pass measured on this rank's batch.
 struct BatchResult {
   double loss = 0;  // mean cross-entropy over the batch
@@ -125,6 +137,7 @@ class Mlp {
       const std::string name = "fc" + std::to_string(params_.size() / 2 + 1);
       params_.push_back(Tensor::from_vector(w, {out, in}));
       params_.push_back(Tensor::zeros({out}));
+      numel_ += static_cast<std::int64_t>(out) * in + out;
       names_.push_back(name + ".weight");
       names_.push_back(name + ".bias");
     };
@@ -141,10 +154,13 @@ class Mlp {
     for (std::size_t i = 0; i < params_.size(); ++i) out.emplace(names_[i], params_[i]);
     return out;
   }
-  std::int64_t numel() const {
-    std::int64_t n = 0;
-    for (const Tensor& p : params_) n += p.numel();
-    return n;
+  std::int64_t numel() const { return numel_; }
+  /// The layers: hidden ones and the output layer (weight and bias each).
+  int num_layers() const { return layers_ + 1; }
+  /// Drops the parameters' memory (a LayerSource supplies them from now
+  /// on); params() then holds undefined tensors.
+  void release_params() {
+    for (Tensor& p : params_) p = Tensor();
   }
   std::string describe() const {
     std::string s = std::to_string(d_);
@@ -157,20 +173,31 @@ class Mlp {
   /// order a backward pass produces them (last layer first), so a gradient
   /// reducer can start averaging the last layers while the first ones are
   /// still being computed.
+  /// With `source`, each layer's weight and bias come from it.
   BatchResult forward_backward(const Shard& data, const std::vector<int>& idx,
-                               const std::function<void(const Tensor&)>& ready) {
+                               const std::function<void(const Tensor&)>& ready, LayerSource* source = nullptr) {
+    auto layer = [&](int l, bool backward) {
+      return source ? source->acquire(l, backward)
+                    : std::pair<Tensor, Tensor>(params_[2 * static_cast<std::size_t>(l)],
+                                                params_[2 * static_cast<std::size_t>(l) + 1]);
+    };
     const int B = static_cast<int>(idx.size());
     // acts[0] = input, acts[l] = tanh output of hidden layer l.
     std::vector<std::vector<float>> acts(static_cast<std::size_t>(layers_) + 1);
     acts[0].resize(static_cast<std::size_t>(B) * d_);
     for (int b = 0; b < B; ++b) std::copy_n(data.x(idx[b]), d_, &acts[0][static_cast<std::size_t>(b) * d_]);
     for (int l = 0; l < layers_; ++l) {
-      const std::size_t k = 2 * static_cast<std::size_t>(l);
-      acts[l + 1] = linear(acts[l], B, l == 0 ? d_ : h_, params_[k], params_[k + 1]);
+      const auto [w, b] = layer(l, false);
+      acts[l + 1] = linear(acts[l], B, l == 0 ? d_ : h_, w, b);
+      if (source) source->done(l, false, w, b);
       for (float& v : acts[l + 1]) v = std::tanh(v);
     }
-    const std::size_t out = 2 * static_cast<std::size_t>(layers_);
-    std::vector<float> z = linear(acts[layers_], B, h_, params_[out], params_[out + 1]);
+    std::vector<float> z;
+    {
+      const auto [w, b] = layer(layers_, false);
+      z = linear(acts[layers_], B, h_, w, b);
+      if (source) source->done(layers_, false, w, b);
+    }
 
     // Softmax cross-entropy; dz = (softmax - onehot) / B.
     BatchResult r;
@@ -192,7 +219,9 @@ class Mlp {
     std::vector<float> d = std::move(z);
     for (int l = layers_; l >= 0; --l) {
       const int n_in = l == 0 ? d_ : h_, n_out = l == layers_ ? c_ : h_;
-      std::vector<float> dx = linear_backward(d, acts[l], B, n_in, n_out, 2 * static_cast<std::size_t>(l), ready, l > 0);
+      const auto [w, b] = layer(l, true);
+      std::vector<float> dx = linear_backward(d, acts[l], B, n_in, n_out, w, b, ready, l > 0);
+      if (source) source->done(l, true, w, b);
       if (l > 0) {
         const std::vector<float>& a = acts[l];
         for (std::size_t i = 0; i < dx.size(); ++i) dx[i] *= 1.f - a[i] * a[i];  // tanh'
@@ -229,13 +258,13 @@ class Mlp {
 
   // Gradients of params_[k] (weight) and params_[k + 1] (bias) from dout
   // [B, n_out] and the layer's input [B, n_in]; returns d input unless !need_dx.
-  std::vector<float> linear_backward(const std::vector<float>& dout, const std::vector<float>& in, int B, int n_in,
-                                     int n_out, std::size_t k, const std::function<void(const Tensor&)>& ready,
-                                     bool need_dx = true) {
-    Tensor gw = Tensor::zeros(params_[k].shape()), gb = Tensor::zeros(params_[k + 1].shape());
+  static std::vector<float> linear_backward(const std::vector<float>& dout, const std::vector<float>& in, int B,
+                                            int n_in, int n_out, Tensor w, Tensor bias,
+                                            const std::function<void(const Tensor&)>& ready, bool need_dx = true) {
+    Tensor gw = Tensor::zeros(w.shape()), gb = Tensor::zeros(bias.shape());
     float* GW = gw.data<float>();
     float* GB = gb.data<float>();
-    const float* W = params_[k].data<float>();
+    const float* W = w.data<float>();
     std::vector<float> dx(need_dx ? static_cast<std::size_t>(B) * n_in : 0);
     for (int b = 0; b < B; ++b) {
       const float* db = &dout[static_cast<std::size_t>(b) * n_out];
@@ -252,16 +281,17 @@ class Mlp {
         }
       }
     }
-    params_[k].set_grad(gw);
-    params_[k + 1].set_grad(gb);
+    w.set_grad(gw);
+    bias.set_grad(gb);
     if (ready) {
-      ready(params_[k + 1]);
-      ready(params_[k]);
+      ready(bias);
+      ready(w);
     }
     return dx;
   }
 
   int d_, h_, layers_, c_;
+  std::int64_t numel_ = 0;
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
 };

@@ -356,6 +356,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::ve
   std::string why;
   if (!mode_available(cfg.mode, &why)) throw dopt::NotSupportedError("dopt-train", why);
   if (cfg.mode == "remote") throw dopt::NotSupportedError("dopt-train", "--optim remote runs run_remote(), not a Strategy");
+  if (cfg.mode == "zero" && cfg.zero_stage == 3) return make_zero_stage3(cfg, params, world);
   if (cfg.mode == "zero") return std::make_unique<ZeroStrategy>(cfg, params, world);
   if (cfg.mode == "ddp") return std::make_unique<DdpStrategy>(cfg, params, world);
   if (cfg.mode == "diloco") return std::make_unique<DiLoCoStrategy>(cfg, params, world);

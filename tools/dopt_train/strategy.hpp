@@ -3,7 +3,9 @@
 // gradients into a parameter update. One class per --optim mode:
 //
 //   zero            Reducer (DDP gradient averaging) + ZeroRedundancyOptimizer
-//                   (each rank keeps the optimizer state of its shard only)
+//                   (each rank keeps the optimizer state of its shard only);
+//                   --zero-stage 3: ShardedUnits, one unit per layer, which
+//                   the model gathers layer by layer (strategy_stage3.cpp)
 //   ddp             Reducer + a full local optimizer on every rank
 //   post-local-sgd  Reducer with post_localSGD_hook + PostLocalSGDOptimizer:
 //                   global averaging for --plsgd-warmup steps, then local steps
@@ -32,6 +34,7 @@
 namespace dopt_train {
 
 using dopt::Tensor;
+struct LayerSource;  // model.hpp
 
 struct StrategyConfig {
   std::string mode;                  // zero | ddp | post-local-sgd | remote
@@ -78,6 +81,18 @@ class Strategy {
   /// ZeRO stage 2 the owned gradients and one bucket); -1: only the
   /// parameters' own gradients (the caller counts them).
   virtual std::int64_t gradient_bytes() const { return -1; }
+  /// Bytes of parameters this rank holds between steps; -1: the model's.
+  virtual std::int64_t param_bytes() const { return -1; }
+  /// ZeRO stage 3: where the model takes each layer's parameters from (the
+  /// model then holds none, Mlp::release_params); null: the model's own.
+  virtual LayerSource* layer_source() { return nullptr; }
+  /// With a layer_source: collective, the full parameters in the model's
+  /// order (--dump-params).
+  virtual std::vector<Tensor> full_params() { return {}; }
+  /// With a layer_source: the parameters this rank holds and their names
+  /// (the non-finite check).
+  virtual std::vector<Tensor> local_params() const { return {}; }
+  virtual std::vector<std::string> local_param_names() const { return {}; }
   /// Local: registers what a checkpoint of this strategy holds with ckpt:
   /// `params` as the item "model" (replicated where every rank holds the
   /// same parameters, zero and ddp; per rank otherwise), finite values only,
@@ -116,6 +131,10 @@ bool mode_available(const std::string& mode, std::string* why);
 
 /// Builds the strategy of cfg.mode over params (a collective: the reducer
 /// broadcasts the parameters from rank 0).
+/// --optim zero --zero-stage 3 (strategy_stage3.cpp): params are the
+/// model's, weight and bias of each layer in turn; each layer is a unit.
+std::unique_ptr<Strategy> make_zero_stage3(const StrategyConfig& cfg, const std::vector<Tensor>& params,
+                                           dopt::ProcessGroup world);
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
                                         dopt::ProcessGroup world);
 

@@ -53,7 +53,8 @@
 // step of those elements. With a registered comm hook (fp16_compress_hook,
 // ...) the hook runs over the whole unit, as the Reducer runs it over a
 // bucket, and only this rank's shard is kept. Elementwise optimizers only
-// (Adam, AdamW, SGD): any other (Muon, whose step needs whole matrices) is a
+// (SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, Adadelta, Rprop, NAdam,
+// RAdam): any other (Muon, whose step needs whole matrices) is a
 // NotSupportedError at construction; use stage 1 or 2 for it.
 //
 // Errors a caller can cause (dopt::Error subclasses naming the call and the
@@ -165,6 +166,7 @@ class ShardedUnits {
   /// This rank's shard of `unit` (1-D; its grad() after reduce_gradients).
   const Tensor& shard(std::size_t unit) const;
   Optimizer& optim() noexcept;
+  const Optimizer& optim() const noexcept;
   const ProcessGroup& process_group() const noexcept;
   int rank() const noexcept;
   int world_size() const noexcept;

@@ -19,8 +19,14 @@ using stage3_detail::Unit;
 namespace {
 
 /// The optimizers whose step is elementwise: a flat shard steps as the
-/// whole parameters would.
-bool elementwise(const std::string& name) { return name == "Adam" || name == "AdamW" || name == "SGD"; }
+/// whole parameters would (every registered one but Muon, whose step
+/// orthogonalises whole matrices; their per-parameter scalars, such as the
+/// step count, are the same for every parameter of a group).
+bool elementwise(const std::string& name) {
+  for (const char* n : {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "Adadelta", "Rprop", "NAdam", "RAdam"})
+    if (name == n) return true;
+  return false;
+}
 
 }  // namespace
 
@@ -38,7 +44,8 @@ void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerS
                                     "redundancy = 0, or stage 1)", rank);
   if (!elementwise(spec.name))
     throw NotSupportedError(op, "optimizer " + spec.name + " does not step elementwise (Muon needs whole matrices); "
-                                "stage 3 steps flat shards: use Adam, AdamW or SGD, or stages 1 and 2 for " +
+                                "stage 3 steps flat shards: use an elementwise one (SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, "
+                                "Adadelta, Rprop, NAdam, RAdam), or stages 1 and 2 for " +
                                     spec.name, rank);
   if (given.empty()) throw ValueError(op, "no units", rank);
   std::set<const void*> seen;
@@ -276,6 +283,7 @@ std::int64_t ShardedUnits::gathered_bytes() const {
 }
 
 Optimizer& ShardedUnits::optim() noexcept { return *impl_->optim; }
+const Optimizer& ShardedUnits::optim() const noexcept { return *impl_->optim; }
 const ProcessGroup& ShardedUnits::process_group() const noexcept { return impl_->group; }
 int ShardedUnits::rank() const noexcept { return impl_->rank(); }
 int ShardedUnits::world_size() const noexcept { return impl_->world(); }

@@ -1,0 +1,107 @@
+// dopt-train --zero-stage (tools/dopt_train, docs/dopt-train.md) run as a
+// process: stages 2 and 3 end with the same parameters, byte for byte, as
+// stage 1, with simulated ranks and under dopt-run; --zero-stage with another
+// --optim or with --survive (stage 3: or checkpoints) exits 2 with a clear
+// line.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <filesystem>
+
+#include "processes.hpp"
+#include "train_jobs.hpp"
+
+namespace {
+
+using namespace dopt::testing;
+namespace fs = std::filesystem;
+
+std::vector<std::string> stage_args(int stage, int ranks, const fs::path& dump, const std::string& inner = "adam") {
+  return {"--optim", "zero", "--zero-stage", std::to_string(stage), "--ranks", std::to_string(ranks), "--steps", "30",
+          "--hidden", "64", "--layers", "3", "--inner", inner, "--quiet", "--dump-params", dump.string()};
+}
+
+Done train(std::vector<std::string> args) {
+  args.insert(args.begin(), kDoptTrain);
+  return wait(start(args, kTrainEnv));
+}
+
+}  // namespace
+
+TEST_CASE("dopt-train: --zero-stage 2 ends bit for bit where --zero-stage 1 ends (3, 5 simulated ranks)",
+          "[train][zero][stage2]") {
+  const int ranks = GENERATE(3, 5);
+  INFO(ranks << " ranks");
+  TempDir dir("dopt-train-stage2", std::to_string(ranks));
+  for (int stage : {1, 2}) {
+    const Done d = train(stage_args(stage, ranks, dir.path / ("stage" + std::to_string(stage) + ".st")));
+    INFO(d.out);
+    REQUIRE(d.ok());
+  }
+  CHECK(slurp((dir.path / "stage1.st").string()) == slurp((dir.path / "stage2.st").string()));
+}
+
+TEST_CASE("dopt-train: --zero-stage 2 under dopt-run (2 processes) ends bit for bit where stage 1 ends",
+          "[train][zero][stage2][multiprocess]") {
+  TempDir dir("dopt-train-stage2-mp", "2");
+  for (int stage : {1, 2}) {
+    const Done d = run_through_dopt_run(tool_path("dopt-run"), kDoptTrain, 2,
+                                        stage_args(stage, 2, dir.path / ("stage" + std::to_string(stage) + ".st")),
+                                        kTrainEnv);
+    INFO(d.out);
+    REQUIRE(d.ok());
+  }
+  CHECK(slurp((dir.path / "stage1.st").string()) == slurp((dir.path / "stage2.st").string()));
+}
+
+TEST_CASE("dopt-train: --zero-stage 2 with --optim ddp or with --survive is a usage error", "[train][zero][stage2]") {
+  const Done a = train({"--optim", "ddp", "--zero-stage", "2", "--ranks", "2", "--steps", "2"});
+  CHECK(WIFEXITED(a.status));
+  CHECK(WEXITSTATUS(a.status) == 2);
+  CHECK(contains(a.out, "--zero-stage 2 needs --optim zero"));
+  const Done b = train({"--optim", "zero", "--zero-stage", "2", "--survive", "--ranks", "2", "--steps", "2"});
+  CHECK(WIFEXITED(b.status));
+  CHECK(WEXITSTATUS(b.status) == 2);
+  CHECK(contains(b.out, "--zero-stage 2 does not go with --survive"));
+}
+
+TEST_CASE("dopt-train: --zero-stage 3 ends bit for bit where --zero-stage 1 ends (3, 5 simulated ranks, each --inner)",
+          "[train][zero][stage3]") {
+  const int ranks = GENERATE(3, 5);
+  const std::string inner = GENERATE("adam", "adamw", "sgd", "adagrad", "rmsprop", "adamax", "adadelta", "rprop");
+  INFO(ranks << " ranks, " << inner);
+  TempDir dir("dopt-train-stage3", std::to_string(ranks) + inner);
+  for (int stage : {1, 3}) {
+    const Done d = train(stage_args(stage, ranks, dir.path / ("stage" + std::to_string(stage) + ".st"), inner));
+    INFO(d.out);
+    REQUIRE(d.ok());
+  }
+  CHECK(slurp((dir.path / "stage1.st").string()) == slurp((dir.path / "stage3.st").string()));
+}
+
+TEST_CASE("dopt-train: --zero-stage 3 under dopt-run (2 and 3 processes) ends bit for bit where stage 1 ends",
+          "[train][zero][stage3][multiprocess]") {
+  const int n = GENERATE(2, 3);
+  TempDir dir("dopt-train-stage3-mp", std::to_string(n));
+  for (int stage : {1, 3}) {
+    const Done d = run_through_dopt_run(tool_path("dopt-run"), kDoptTrain, n,
+                                        stage_args(stage, n, dir.path / ("stage" + std::to_string(stage) + ".st")),
+                                        kTrainEnv);
+    INFO(d.out);
+    REQUIRE(d.ok());
+  }
+  CHECK(slurp((dir.path / "stage1.st").string()) == slurp((dir.path / "stage3.st").string()));
+}
+
+TEST_CASE("dopt-train: --zero-stage 3 with --survive or --checkpoint-dir is a usage error", "[train][zero][stage3]") {
+  for (const char* flag : {"--survive", "--checkpoint-dir"}) {
+    INFO(flag);
+    std::vector<std::string> a{"--optim", "zero", "--zero-stage", "3", "--ranks", "2", "--steps", "2", flag};
+    if (std::string(flag) == "--checkpoint-dir") a.push_back((fs::temp_directory_path() / "dopt-stage3-refused").string());
+    const Done d = train(a);
+    CHECK(WIFEXITED(d.status));
+    CHECK(WEXITSTATUS(d.status) == 2);
+    CHECK(contains(d.out, "--zero-stage 3 does not go with --survive, --checkpoint-dir or --resume yet"));
+  }
+}
