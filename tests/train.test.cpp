@@ -161,7 +161,7 @@ TEST_CASE("dopt-train: ZeRO shards the optimizer state, DDP keeps a full copy on
   CHECK_FALSE(contains(z.out, "of 11,082 of 11,082"));
 }
 
-TEST_CASE("dopt-train: memory per rank in the report, the metrics and the SVG; ZeRO stage 2 holds fewer gradient bytes",
+TEST_CASE("dopt-train: memory per rank in the report, the metrics and the SVG, and ZeRO stage 2 holds fewer gradient bytes",
           "[train]") {
   TempDir dir("dopt-train-memory", "stages");
   // One field of the last --metrics line.
