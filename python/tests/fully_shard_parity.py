@@ -1,0 +1,183 @@
+"""dopt.fully_shard (ZeRO stage 3 through module and autograd hooks) against
+stage 1 under ``mp.spawn`` with gloo:
+
+    fully_shard_parity.py N
+
+Each rank trains a small MLP (three Linear layers, tanh) sharded with
+``dopt.fully_shard`` and, beside it, the same model whole with dopt's
+``ZeroRedundancyOptimizer`` (stage 1, dopt's kernels) whose gradients are
+averaged as dopt's Reducer does (divided by N, then dopt's all_reduce). The
+inputs differ per rank. Between the forward and the backward no
+parameter is held in full (the backward gathers each unit again). After every step each full parameter
+(``full_parameters()``) must equal stage 1's bit for bit (torch.equal), and
+then the consolidated optimizer states too. Cases: Adam with the default
+units (the children), SGD with momentum with a parameter of the root and
+explicit units (the last layer joins the root's unit). Between iterations
+every parameter must be empty, nothing gathered, and the shards
+ceil(numel_u / N) per unit. Last, the errors: step() before a backward, an
+optimizer stage 3 cannot step, a unit outside the module.
+Prints "fully_shard_parity: PASS <case>" per case and rank.
+"""
+import os
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import dopt
+
+STEPS = 6
+
+
+class MLP(nn.Module):
+    """Three Linear layers with tanh; ``scale``: a parameter of the root itself."""
+
+    def __init__(self, scale=False):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 24)
+        self.fc2 = nn.Linear(24, 17)
+        self.fc3 = nn.Linear(17, 5)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 5)) if scale else None
+
+    def forward(self, x):
+        y = self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+        return y * self.scale if self.scale is not None else y
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 12, generator=g), torch.randn(8, 5, generator=g)
+
+
+def stage1_step(model, opt, x, y, world):
+    """Stage 1: the whole model, gradients averaged as the Reducer does."""
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        p.grad.div_(world.size())
+        world.all_reduce(p.grad)
+    opt.step()
+
+
+def check_held(opt, model, total, case):
+    """Between iterations: only the shards (``total``: the model's elements)."""
+    n = opt.world_size
+    for name, p in model.named_parameters():
+        if p.numel() != 0:
+            raise AssertionError(f"{case}: parameter {name} holds {p.numel()} elements between iterations")
+    if opt.gathered_bytes != 0:
+        raise AssertionError(f"{case}: {opt.gathered_bytes} bytes still gathered between iterations")
+    unit_numels = opt.unit_numels()
+    if sum(unit_numels) != total:
+        raise AssertionError(f"{case}: the units hold {sum(unit_numels)} elements, the model {total}")
+    expected = [-(-k // n) for k in unit_numels]
+    shards = opt.shard_numels()
+    if shards != expected:
+        raise AssertionError(f"{case}: shards of {shards} elements, expected ceil(unit / {n}) = {expected}")
+    if sum(shards) > total // n + len(shards):
+        raise AssertionError(f"{case}: {sum(shards)} elements in this rank's shards, more than {total} / {n} + padding")
+    return sum(shards)
+
+
+def check_case(case, rank, optimizer_class, kwargs, scale=False, units=None):
+    world = dopt.get_world()
+    torch.manual_seed(0)
+    ref = MLP(scale)
+    torch.manual_seed(rank + 1)  # the other ranks' values are overwritten by rank 0's
+    model = MLP(scale)
+    if rank != 0 and all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters())):
+        raise AssertionError("the ranks' models must start apart (rank 0's values are broadcast)")
+    if rank == 0:
+        model.load_state_dict(ref.state_dict())
+    z = dopt.ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=optimizer_class, **kwargs)
+    opt = dopt.fully_shard(model, optimizer_class, units=None if units is None else units(model), **kwargs)
+    names = dict(ref.named_parameters())
+    total = sum(p.numel() for p in ref.parameters())
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        stage1_step(ref, z, x, y, world)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        if any(p.numel() for p in model.parameters()) or opt.gathered_bytes:
+            raise AssertionError(f"{case}, step {step}: full parameters held between the forward and the backward")
+        loss.backward()  # gathers each unit again
+        opt.step()
+        shard_elements = check_held(opt, model, total, case)
+        full = opt.full_parameters()
+        for name, p in full.items():
+            if not torch.equal(p, names[name].detach()):
+                raise AssertionError(f"{case}, step {step}, {name}: max |stage 3 - stage 1| = "
+                                     f"{(p - names[name]).abs().max().item()}")
+    z.consolidate_state_dict(to=0)
+    mine = opt.state_dict()
+    if rank == 0:
+        theirs = z.state_dict()
+        index = {n: i for i, (n, _) in enumerate(ref.named_parameters())}
+        for i, name in enumerate(opt.param_names):
+            for k, v in theirs["state"][index[name]].items():
+                w = mine["state"][i][k]
+                if not torch.equal(torch.as_tensor(w), torch.as_tensor(v)):
+                    raise AssertionError(f"{case}: state {name}.{k} differs from stage 1's")
+    print(f"fully_shard_parity: PASS {case} (rank {rank} of {opt.world_size}, {len(opt.units)} units, "
+          f"{shard_elements} of {total} elements held, {opt.bytes} bytes)", flush=True)
+
+
+def expect_error(cls, words, fn):
+    try:
+        fn()
+    except cls as e:
+        if not all(w in str(e) for w in words):
+            raise AssertionError(f"the {cls.__name__} does not name {words}: {e}") from None
+        return
+    raise AssertionError(f"no {cls.__name__} ({words})")
+
+
+def check_errors(rank):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
+    expect_error(dopt.StateError, ["ShardedUnits.step", "reduce_gradients"], opt.step)
+    expect_error(dopt.NotSupportedError, ["ShardedUnits", "Adagrad"],
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adagrad, lr=0.01))
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "unit 0", "not a submodule"],
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adam, units=[nn.Linear(2, 2)], lr=0.01))
+    print(f"fully_shard_parity: PASS errors name the call (rank {rank})", flush=True)
+
+
+def worker(rank, world_size, init_file):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size,
+                                timeout=timedelta(minutes=10))
+        check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01})
+        check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
+                   {"lr": 0.05, "momentum": 0.9}, scale=True, units=lambda m: [m.fc1, m.fc2])
+        check_errors(rank)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        print(f"fully_shard_parity: FAIL rank {rank}:\n{traceback.format_exc()}", flush=True)
+        raise
+
+
+def main():
+    world_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            mp.spawn(worker, args=(world_size, os.path.join(d, "init")), nprocs=world_size, join=True)
+        except Exception as e:  # the rank's own message was printed
+            print(f"fully_shard_parity: FAIL ({type(e).__name__})", flush=True)
+            return 1
+    print(f"fully_shard_parity: all cases passed on {world_size} ranks", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
