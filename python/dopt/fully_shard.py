@@ -289,6 +289,18 @@ class FullyShardedOptimizer(GroupedOptimizer):
         """Collective: {name: full parameter} (copies), names as in ``module.named_parameters()``."""
         return dict(zip(self.param_names, (to_torch(t) for t in self._c.full_parameters())))
 
+    def load_full_parameters(self, full):
+        """Local, between iterations: sets every parameter from ``full``
+        ({name: tensor}, as ``full_parameters()`` returns; each rank keeps its
+        shards). The optimizer's state is left as it is (``load_state_dict``)."""
+        missing = [n for n in self.param_names if n not in full]
+        if missing:
+            raise _C.KeyError(f"dopt FullyShardedOptimizer.load_full_parameters: no value for {', '.join(missing)}")
+        for unit in self._units:
+            self._release(unit.index)
+        self._c.load_parameters([to_dopt(full[n].detach().float().contiguous(), requires_grad=False)
+                                 for n in self.param_names])
+
     @property
     def units(self):
         """The modules whose parameters form each unit, in dopt's unit order."""

@@ -10,7 +10,8 @@ averaged as dopt's Reducer does (divided by N, then dopt's all_reduce). The
 inputs differ per rank. Between the forward and the backward no
 parameter is held in full (the backward gathers each unit again). After every step each full parameter
 (``full_parameters()``) must equal stage 1's bit for bit (torch.equal), and
-then the consolidated optimizer states too. Cases: Adam with the default
+then the consolidated optimizer states too, and the parameters loaded into a
+fresh sharded model (``load_full_parameters``) read back equal. Cases: Adam with the default
 units (the children), SGD with momentum with a parameter of the root and
 explicit units (the last layer joins the root's unit). Between iterations
 every parameter must be empty, nothing gathered, and the shards
@@ -123,6 +124,13 @@ def check_case(case, rank, optimizer_class, kwargs, scale=False, units=None):
                 w = mine["state"][i][k]
                 if not torch.equal(torch.as_tensor(w), torch.as_tensor(v)):
                     raise AssertionError(f"{case}: state {name}.{k} differs from stage 1's")
+    # A fresh sharded model from stage 1's parameters: the same full values on every rank.
+    fresh = MLP(scale)
+    again = dopt.fully_shard(fresh, optimizer_class, units=None if units is None else units(fresh), **kwargs)
+    again.load_full_parameters(dict(ref.named_parameters()))
+    for name, p in again.full_parameters().items():
+        if not torch.equal(p, names[name].detach()):
+            raise AssertionError(f"{case}: load_full_parameters: {name} differs from the values loaded")
     print(f"fully_shard_parity: PASS {case} (rank {rank} of {opt.world_size}, {len(opt.units)} units, "
           f"{shard_elements} of {total} elements held, {opt.bytes} bytes)", flush=True)
 
