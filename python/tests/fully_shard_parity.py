@@ -8,7 +8,8 @@ Each rank trains a small MLP (three Linear layers, tanh) sharded with
 ``ZeroRedundancyOptimizer`` (stage 1, dopt's kernels) whose gradients are
 averaged as dopt's Reducer does (divided by N, then dopt's all_reduce). The
 inputs differ per rank. Between the forward and the backward no
-parameter is held in full (the backward gathers each unit again). After every step each full parameter
+parameter is held in full (the backward gathers each unit again); a forward under no_grad between
+steps gives stage 1's outputs and changes nothing. After every step each full parameter
 (``full_parameters()``) must equal stage 1's bit for bit (torch.equal), and
 then the consolidated optimizer states too, and the parameters loaded into a
 fresh sharded model (``load_full_parameters``) read back equal. Cases: Adam with the default
@@ -101,6 +102,10 @@ def check_case(case, rank, optimizer_class, kwargs, scale=False, units=None):
     total = sum(p.numel() for p in ref.parameters())
     for step in range(STEPS):
         x, y = batch(rank, step)
+        if step % 2 == 1:  # an evaluation forward between steps: gathers and frees, no backward
+            with torch.no_grad():
+                if not torch.equal(model(x), ref(x)):
+                    raise AssertionError(f"{case}, step {step}: a forward under no_grad differs from stage 1's")
         stage1_step(ref, z, x, y, world)
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
