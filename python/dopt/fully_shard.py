@@ -140,6 +140,7 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self.param_groups = [dict(self.defaults, params=params)]
         self._synced, self._stepped, self._skips_some = [None], [list(range(len(params)))], False
         self._after_groups_built(c)
+        self.rank, self.world_size = c.rank, c.world_size  # in the process group
         self.defaults.update({k: v for k, v in self.param_groups[0].items() if k != "params"})
         self.state = {}
         self._order, self._order_fixed = [], False  # the units in forward order (the first forward's)
@@ -323,14 +324,6 @@ class FullyShardedOptimizer(GroupedOptimizer):
     def gathered_bytes(self):
         """Bytes of the full parameters held now (dopt's gathered buffers and the units' flat buffers)."""
         return self._c.gathered_bytes + sum(4 * u.numel for u in self._units if u.live)
-
-    @property
-    def rank(self):
-        return self._c.rank
-
-    @property
-    def world_size(self):
-        return self._c.world_size
 
 
 def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_group=None, **defaults):

@@ -79,10 +79,8 @@ void bind_zero3(py::module_& m) {
            [](ShardedUnits& s, std::size_t g, const py::dict& d) {
              set_group_hyperparams(s.optim().param_groups().at(g), d, "ShardedUnits");
            })
-      .def("shard", [](const ShardedUnits& s, std::size_t u) { return s.shard(u); })
       .def("unit_numel", &ShardedUnits::unit_numel)
       .def("shard_numel", &ShardedUnits::shard_numel)
-      .def_property_readonly("num_units", &ShardedUnits::num_units)
       .def_property_readonly("bytes", &ShardedUnits::bytes)
       .def_property_readonly("gathered_bytes", &ShardedUnits::gathered_bytes)
       .def_property_readonly("rank", &ShardedUnits::rank)

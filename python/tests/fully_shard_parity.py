@@ -23,7 +23,6 @@ Prints "fully_shard_parity: PASS <case>" per case and rank.
 import os
 import sys
 import tempfile
-import traceback
 from datetime import timedelta
 
 import torch
@@ -163,33 +162,31 @@ def check_errors(rank):
 
 
 def worker(rank, world_size, init_file):
+    """One rank; a failure's traceback reaches main through mp.spawn."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)
     torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size,
-                                timeout=timedelta(minutes=10))
-        check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01})
-        check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
-                   {"lr": 0.05, "momentum": 0.9}, scale=True, units=lambda m: [m.fc1, m.fc2])
-        check_errors(rank)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        print(f"fully_shard_parity: FAIL rank {rank}:\n{traceback.format_exc()}", flush=True)
-        raise
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size,
+                            timeout=timedelta(minutes=10))
+    check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01})
+    check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
+               {"lr": 0.05, "momentum": 0.9}, scale=True, units=lambda m: [m.fc1, m.fc2])
+    check_errors(rank)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main():
     world_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    failure = None
     with tempfile.TemporaryDirectory() as d:
         try:
             mp.spawn(worker, args=(world_size, os.path.join(d, "init")), nprocs=world_size, join=True)
-        except Exception as e:  # the rank's own message was printed
-            print(f"fully_shard_parity: FAIL ({type(e).__name__})", flush=True)
-            return 1
-    print(f"fully_shard_parity: all cases passed on {world_size} ranks", flush=True)
-    return 0
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:  # a rank's traceback, or its exit
+            failure = str(e)
+    verdict = f"FAIL {failure}" if failure else f"all cases passed on {world_size} ranks"
+    print(f"fully_shard_parity: {verdict}", flush=True)
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":
