@@ -57,11 +57,12 @@
 // NotSupportedError at construction; use stage 1 or 2 for it.
 //
 // Errors a caller can cause (dopt::Error subclasses naming the call and the
-// rank): an empty unit list or unit, undefined, non-float32 or non-CPU
-// parameters, a parameter in two units (ValueError); redundancy > 0 and
-// optimizers that are not elementwise (NotSupportedError); a unit index out
-// of range (ValueError); gradients of the wrong count or shape
-// (ShapeError); a second reduce_gradients of a unit in one iteration, step()
+// rank): an empty unit list or unit, undefined parameters, a parameter in
+// two units (ValueError); non-float32 or non-CPU parameters (TypeError);
+// redundancy > 0 and optimizers that are not elementwise
+// (NotSupportedError); a unit index out of range (ValueError); gradients of
+// the wrong count or shape (ShapeError) or not float32 on the CPU
+// (DTypeError); a second reduce_gradients of a unit in one iteration, step()
 // before every unit's gradients were reduced, a second register_comm_hook
 // or one after the first reduction (StateError). A collective's failure is
 // rethrown by the call that waits for it.
@@ -95,7 +96,8 @@ struct ShardedUnitsOptions {
 class ShardedUnits {
  public:
   /// Collective (see the header). Takes each unit's parameters (their values;
-  /// the caller may drop them afterwards: only this rank's shard is kept).
+  /// only this rank's shard is kept: units moved in are freed unit by unit
+  /// as they are sharded, when the caller holds no other reference).
   ShardedUnits(std::vector<std::vector<Tensor>> units, OptimizerSpec spec, ShardedUnitsOptions options);
   ShardedUnits(std::vector<std::vector<Tensor>> units, const OptimizerOptions& optimizer,
                ShardedUnitsOptions options);
@@ -111,8 +113,9 @@ class ShardedUnits {
   Future<std::vector<Tensor>> gather_async(std::size_t unit);
   /// gather_async() whose result is taken later by gather(unit).
   Future<void> prefetch(std::size_t unit);
-  /// Local: drops the gathered buffer (views the caller keeps stay valid
-  /// and keep its memory). A released unit: nothing.
+  /// Local: gives the gathered buffer back; the views gather() returned
+  /// must not be used after it (a later gather reuses their memory). A
+  /// released unit: nothing.
   void release(std::size_t unit);
 
   /// Replaces the default (divide, reduce each shard onto its rank) by a
@@ -155,7 +158,9 @@ class ShardedUnits {
   /// gradients and the optimizer's state (16/N B per float32 parameter with
   /// Adam, plus padding).
   std::int64_t bytes() const;
-  /// Bytes of the gathered (or in flight) units' full parameters now.
+  /// Bytes of the gather buffers now: the gathered (or in flight) units'
+  /// full parameters and the released one kept for the next gather (two
+  /// units in the loop of the header; 0 after step()).
   std::int64_t gathered_bytes() const;
   /// This rank's shard of `unit` (1-D; its grad() after reduce_gradients).
   const Tensor& shard(std::size_t unit) const;

@@ -1,7 +1,8 @@
 // ShardedUnits (zero_stage3.hpp), ZeRO stage 3: the units and their shards,
 // the all_gathers of gather/prefetch, the reductions of each shard onto its
-// rank, the local step and the byte counts. The state dicts and full
-// parameters are in zero_stage3_state.cpp. Rank thread only.
+// rank, the buffers they reuse, the local step and the byte counts. The
+// state dicts and full parameters are in zero_stage3_state.cpp. Rank thread
+// only.
 #include <algorithm>
 #include <set>
 #include <string>
@@ -43,7 +44,7 @@ void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerS
   std::set<const void*> seen;
   std::vector<Tensor> shards;
   for (std::size_t u = 0; u < given.size(); ++u) {
-    const auto& ps = given[u];
+    const std::vector<Tensor>& ps = given[u];
     const std::string where = "unit " + std::to_string(u);
     if (ps.empty()) throw ValueError(op, where + " has no parameters", rank);
     Unit unit;
@@ -70,6 +71,7 @@ void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerS
     unit.shard.set_grad(Tensor::zeros({unit.shard_numel}));
     shards.push_back(unit.shard);
     units.push_back(std::move(unit));
+    given[u].clear();  // the caller's full tensors go now when it moved them in
   }
   std::vector<OptimizerParamGroup> groups;
   groups.emplace_back(std::move(shards));
@@ -94,7 +96,22 @@ void ShardedUnits::Impl::settle_reduction(Unit& unit) {
   if (!unit.reducing.valid()) return;
   Future<void> f = std::move(unit.reducing);
   unit.reducing = Future<void>();
+  Tensor storage = std::move(unit.reduce_storage);
+  unit.reduce_storage = Tensor();
   f.get();
+  reduce_spares.assign(1, std::move(storage));  // done with it: the next reduction's
+}
+
+Tensor ShardedUnits::Impl::take(std::vector<Tensor>& spares, std::int64_t numel, Tensor& storage) {
+  for (auto& spare : spares)
+    if (spare.numel() >= numel) {
+      storage = std::move(spare);
+      spares.clear();
+      return storage.numel() == numel ? storage : storage.flat_slice(0, numel);
+    }
+  spares.clear();
+  storage = Tensor::empty({numel});
+  return storage;
 }
 
 ShardedUnits::ShardedUnits(std::vector<std::vector<Tensor>> units, OptimizerSpec spec, ShardedUnitsOptions options)
@@ -117,7 +134,7 @@ ShardedUnits::~ShardedUnits() {
 Future<std::vector<Tensor>> ShardedUnits::gather_async(std::size_t u) {
   Unit& unit = impl_->unit(u, "ShardedUnits.gather");
   if (!unit.gathered.defined()) {
-    unit.gathered = Tensor::empty({unit.shard_numel * impl_->world()});
+    unit.gathered = Impl::take(impl_->gather_spares, unit.shard_numel * impl_->world(), unit.gathered_storage);
     unit.gathering = impl_->group.all_gather_into_tensor_async(unit.gathered, unit.shard);
   }
   return unit.gathering.then([unit_views = Impl::views(unit, unit.gathered)](Future<void> f) {
@@ -137,8 +154,11 @@ Future<void> ShardedUnits::prefetch(std::size_t u) {
 void ShardedUnits::release(std::size_t u) {
   Unit& unit = impl_->unit(u, "ShardedUnits.release");
   if (unit.gathering.valid()) unit.gathering.wait();  // every rank posted it; its error went to gather
+  const bool reusable = unit.gathering.valid() && !unit.gathering.exception();
   unit.gathering = Future<void>();
   unit.gathered = Tensor();
+  if (reusable) impl_->gather_spares.assign(1, std::move(unit.gathered_storage));
+  unit.gathered_storage = Tensor();
 }
 
 void ShardedUnits::register_comm_hook(CommHook hook) {
@@ -175,7 +195,8 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vect
   // unit's compute ago) is waited for, and its buffer freed, first.
   for (auto& other : im.units) im.settle_reduction(other);
   const std::int64_t s = unit.shard_numel;
-  Tensor buffer = Tensor::zeros({s * world});
+  Tensor buffer = Impl::take(im.reduce_spares, s * world, unit.reduce_storage);
+  buffer.fill_(0.0);  // the padding and undefined gradients
   for (std::size_t i = 0; i < grads.size(); ++i)
     if (grads[i].defined()) buffer.flat_slice(unit.offsets[i], grads[i].numel()).view(unit.shapes[i]).copy_(grads[i]);
   Future<Tensor> reduced;
@@ -221,6 +242,8 @@ void ShardedUnits::step() {
                          "(reduce_gradients of every unit before step)", im.rank());
   // Gathered units hold the old values: drop them, the next gather fetches the new.
   for (std::size_t u = 0; u < im.units.size(); ++u) release(u);
+  im.gather_spares.clear();
+  im.reduce_spares.clear();
   im.optim->step();
   for (auto& unit : im.units) unit.reduced = false;
 }
@@ -247,7 +270,8 @@ std::int64_t ShardedUnits::bytes() const {
 std::int64_t ShardedUnits::gathered_bytes() const {
   std::int64_t b = 0;
   for (const auto& unit : impl_->units)
-    if (unit.gathered.defined()) b += static_cast<std::int64_t>(unit.gathered.nbytes());
+    if (unit.gathered_storage.defined()) b += static_cast<std::int64_t>(unit.gathered_storage.nbytes());
+  for (const auto& spare : impl_->gather_spares) b += static_cast<std::int64_t>(spare.nbytes());
   return b;
 }
 

@@ -22,8 +22,10 @@ struct Unit {
   std::int64_t shard_numel = 0;       // S = ceil(numel / N)
   Tensor shard;                       // [S], float32, its grad() the averaged shard
   Tensor gathered;                    // [S * N] while gathered or in flight
+  Tensor gathered_storage;            // the pooled buffer `gathered` views
   Future<void> gathering;             // the all_gather of `gathered`
   Future<void> reducing;              // reduce_gradients_async in flight
+  Tensor reduce_storage;              // the pooled buffer that reduction uses
   bool reduced = false;               // reduced this iteration
 };
 
@@ -39,6 +41,11 @@ struct ShardedUnits::Impl {
   std::unique_ptr<Optimizer> optim;  // over the shards, one per unit
   CommHook hook;                     // empty: divide and reduce onto the owners
   bool reduced_once = false;
+  // Buffers reused inside an iteration (fresh pages each gather cost page
+  // faults): a released unit's gather buffer (one kept) and the settled
+  // reduction's buffer. step() drops both.
+  std::vector<Tensor> gather_spares;
+  std::vector<Tensor> reduce_spares;
 
   /// The constructor's checks, shards and optimizer (see the header).
   void init(std::vector<std::vector<Tensor>> units, OptimizerSpec spec, ShardedUnitsOptions options);
@@ -48,8 +55,12 @@ struct ShardedUnits::Impl {
   stage3_detail::Unit& unit(std::size_t u, const char* op);
   /// The views of a gathered buffer in the unit's shapes.
   static std::vector<Tensor> views(const stage3_detail::Unit& unit, const Tensor& flat);
-  /// Waits for the unit's reduction in flight (its error is rethrown).
+  /// Waits for the unit's reduction in flight (its error is rethrown); its
+  /// buffer goes back among the spares when it succeeded.
   void settle_reduction(stage3_detail::Unit& unit);
+  /// A buffer of `numel` floats: a view of a spare that is large enough
+  /// (`storage` gets the spare), else a new one; the other spares are dropped.
+  static Tensor take(std::vector<Tensor>& spares, std::int64_t numel, Tensor& storage);
 };
 
 }  // namespace dopt::optim
