@@ -322,7 +322,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
 
     @property
     def gathered_bytes(self):
-        """Bytes of the full parameters held now (dopt's gathered buffers and the units' flat buffers)."""
+        """Bytes of the full parameters held now: dopt's gather buffers (with the
+        one it keeps for the next gather until ``step()``) and the units' flat buffers."""
         return self._c.gathered_bytes + sum(4 * u.numel for u in self._units if u.live)
 
 

@@ -8,7 +8,8 @@ Each rank trains a small MLP (three Linear layers, tanh) sharded with
 ``ZeroRedundancyOptimizer`` (stage 1, dopt's kernels) whose gradients are
 averaged as dopt's Reducer does (divided by N, then dopt's all_reduce). The
 inputs differ per rank. Between the forward and the backward no
-parameter is held in full (the backward gathers each unit again); a forward under no_grad between
+parameter is held in full (the backward gathers each unit again; dopt
+keeps one unit's gather buffer for reuse); a forward under no_grad between
 steps gives stage 1's outputs and changes nothing. After every step each full parameter
 (``full_parameters()``) must equal stage 1's bit for bit (torch.equal), and
 then the consolidated optimizer states too, and the parameters loaded into a
@@ -108,8 +109,11 @@ def check_case(case, rank, optimizer_class, kwargs, scale=False, units=None):
         stage1_step(ref, z, x, y, world)
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
-        if any(p.numel() for p in model.parameters()) or opt.gathered_bytes:
-            raise AssertionError(f"{case}, step {step}: full parameters held between the forward and the backward")
+        # dopt keeps the last gather buffer given back for the next gather (one unit, until step()).
+        spare = 4 * opt.world_size * max(opt.shard_numels())
+        if any(p.numel() for p in model.parameters()) or opt.gathered_bytes > spare:
+            raise AssertionError(f"{case}, step {step}: full parameters held between the forward and the backward "
+                                 f"({opt.gathered_bytes} bytes gathered)")
         loss.backward()  # gathers each unit again
         opt.step()
         shard_elements = check_held(opt, model, total, case)
