@@ -121,6 +121,9 @@ class FullyShardedOptimizer(GroupedOptimizer):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"dopt.fully_shard: expected a torch.nn.Module, got {type(module).__name__}")
         self._where = "dopt.fully_shard"
+        if getattr(module, "_dopt_fully_shard", None) is not None:
+            raise _C.ValueError(f"{self._where}: the module is sharded already (its hooks and parameters belong to "
+                                "the FullyShardedOptimizer that fully_shard returned for it)")
         name, torch_cls = resolve_optimizer_class(optimizer_class)
         self._name, self._torch_cls = name, torch_cls
         ours, theirs = split_hyperparams(name, torch_cls, defaults, self._where)
@@ -147,8 +150,10 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self._in_backward = False
         self._reducing = None
         self._handles = []
-        for unit in self._units:
-            self._install(unit)
+        with torch.enable_grad():
+            for unit in self._units:
+                self._install(unit)
+        module._dopt_fully_shard = self
 
     # --- the hooks ---------------------------------------------------------------------
     def _install(self, unit):
@@ -223,6 +228,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
 
     def _before_backward(self, u):
         if not self._in_backward:
+            if any(unit.reduced for unit in self._units):
+                self._second_backward(u)
             self._in_backward = True
             self._order_fixed = True
             Variable._execution_engine.queue_callback(self._after_backward)
@@ -233,10 +240,17 @@ class FullyShardedOptimizer(GroupedOptimizer):
 
     def _grad_ready(self, u):
         unit = self._units[u]
+        if unit.reduced:
+            self._second_backward(u)
         unit.ready += 1
-        if unit.ready == len(unit.params) and not unit.reduced:
+        if unit.ready == len(unit.params):
             self._reduce(u)
             self._release(u)
+
+    @staticmethod
+    def _second_backward(u):
+        raise _C.StateError(f"dopt FullyShardedOptimizer: a second backward before step() (unit {u}'s gradients were "
+                            "reduced already in this iteration); fully_shard takes one backward per step")
 
     def _reduce(self, u):
         """Collective: the unit's gradients to dopt (copied there), then dropped."""

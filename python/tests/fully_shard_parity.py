@@ -18,7 +18,8 @@ units (the children), SGD with momentum with a parameter of the root and
 explicit units (the last layer joins the root's unit). Between iterations
 every parameter must be empty, nothing gathered, and the shards
 ceil(numel_u / N) per unit. Last, the errors: step() before a backward, an
-optimizer stage 3 cannot step, a unit outside the module.
+optimizer stage 3 cannot step, a unit outside the module, a module sharded
+twice, a second backward before step().
 Prints "fully_shard_parity: PASS <case>" per case and rank.
 """
 import os
@@ -162,6 +163,12 @@ def check_errors(rank):
                  lambda: dopt.fully_shard(MLP(), torch.optim.Adagrad, lr=0.01))
     expect_error(dopt.ValueError, ["dopt.fully_shard", "unit 0", "not a submodule"],
                  lambda: dopt.fully_shard(MLP(), torch.optim.Adam, units=[nn.Linear(2, 2)], lr=0.01))
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "sharded already"],
+                 lambda: dopt.fully_shard(model, torch.optim.Adam, lr=0.01))
+    x, y = batch(rank, 0)
+    nn.functional.mse_loss(model(x), y).backward()
+    expect_error(dopt.StateError, ["second backward before step()", "one backward per step"],
+                 lambda: nn.functional.mse_loss(model(x), y).backward())
     print(f"fully_shard_parity: PASS errors name the call (rank {rank})", flush=True)
 
 
