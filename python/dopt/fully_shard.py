@@ -95,6 +95,7 @@ class _Unit:
         for p in self.params:
             self.views.append(self.flat[at:at + p.numel()].view(p.shape))
             at += p.numel()
+        self.flat.storage().resize_(0)  # allocated when gathered
         self.numel = numel
         self.live = False       # the parameters are views of `flat`
         self.in_flight = False  # prefetched and not yet gathered
@@ -166,7 +167,6 @@ class FullyShardedOptimizer(GroupedOptimizer):
             unit.accumulators.append(acc)
             p.data = torch.empty(0)
             p.grad = None
-        unit.flat.storage().resize_(0)
         self._handles.append(unit.module.register_forward_pre_hook(lambda m, inputs, u=u: self._before_forward(u)))
         self._handles.append(unit.module.register_forward_hook(lambda m, inputs, out, u=u: self._after_forward(u, out)))
 
