@@ -7,19 +7,26 @@ Each rank trains a small MLP (three Linear layers, tanh) sharded with
 ``dopt.fully_shard`` and, beside it, the same model whole with dopt's
 ``ZeroRedundancyOptimizer`` (stage 1, dopt's kernels) whose gradients are
 averaged as dopt's Reducer does (divided by N, then dopt's all_reduce). The
-inputs differ per rank. Between the forward and the backward no
-parameter is held in full (the backward gathers each unit again; dopt
-keeps one unit's gather buffer for reuse); a forward under no_grad between
-steps gives stage 1's outputs and changes nothing. After every step each full parameter
-(``full_parameters()``) must equal stage 1's bit for bit (torch.equal), and
-then the consolidated optimizer states too, and the parameters loaded into a
-fresh sharded model (``load_full_parameters``) read back equal. Cases: Adam with the default
-units (the children), SGD with momentum with a parameter of the root and
-explicit units (the last layer joins the root's unit). Between iterations
-every parameter must be empty, nothing gathered, and the shards
-ceil(numel_u / N) per unit. Last, the errors: step() before a backward, an
-optimizer stage 3 cannot step, a unit outside the module, a module sharded
-twice, a second backward before step().
+inputs differ per rank. Cases: Adam with the default units (the children),
+SGD with momentum with a parameter of the root and explicit units (the last
+layer joins the root's unit).
+
+* After every step each full parameter (``full_parameters()``) must equal
+  stage 1's bit for bit (torch.equal); at the end the consolidated optimizer
+  states too, and stage 1's parameters loaded into a fresh sharded model
+  (``load_full_parameters``) read back equal.
+* A forward under no_grad between steps gives stage 1's outputs and
+  changes nothing.
+* Between the forward and the backward no parameter is held in full (the
+  backward gathers each unit again; dopt keeps one unit's gather buffer for
+  reuse). Between iterations every parameter is empty, nothing is gathered,
+  the shards are ceil(numel_u / N) per unit and ``bytes`` is the shards,
+  their gradients and the optimizer's state (16 B per element with Adam,
+  12 with SGD and momentum, plus Adam's step counters).
+* The errors: step() before a backward, an optimizer stage 3 cannot step,
+  a unit outside the module, a module sharded twice, a second backward
+  before step().
+
 Prints "fully_shard_parity: PASS <case>" per case and rank.
 """
 import os
@@ -67,8 +74,9 @@ def stage1_step(model, opt, x, y, world):
     opt.step()
 
 
-def check_held(opt, model, total, case):
-    """Between iterations: only the shards (``total``: the model's elements)."""
+def check_held(opt, model, total, per_element, case):
+    """Between iterations: only the shards (``total``: the model's elements;
+    ``per_element``: bytes kept per shard element)."""
     n = opt.world_size
     for name, p in model.named_parameters():
         if p.numel() != 0:
@@ -84,10 +92,12 @@ def check_held(opt, model, total, case):
         raise AssertionError(f"{case}: shards of {shards} elements, expected ceil(unit / {n}) = {expected}")
     if sum(shards) > total // n + len(shards):
         raise AssertionError(f"{case}: {sum(shards)} elements in this rank's shards, more than {total} / {n} + padding")
+    if not per_element * sum(shards) <= opt.bytes <= per_element * sum(shards) + 8 * len(shards):
+        raise AssertionError(f"{case}: {opt.bytes} bytes kept, expected {per_element} per shard element")
     return sum(shards)
 
 
-def check_case(case, rank, optimizer_class, kwargs, scale=False, units=None):
+def check_case(case, rank, optimizer_class, kwargs, per_element, scale=False, units=None):
     world = dopt.get_world()
     torch.manual_seed(0)
     ref = MLP(scale)
@@ -117,7 +127,7 @@ def check_case(case, rank, optimizer_class, kwargs, scale=False, units=None):
                                  f"({opt.gathered_bytes} bytes gathered)")
         loss.backward()  # gathers each unit again
         opt.step()
-        shard_elements = check_held(opt, model, total, case)
+        shard_elements = check_held(opt, model, total, per_element, case)
         full = opt.full_parameters()
         for name, p in full.items():
             if not torch.equal(p, names[name].detach()):
@@ -179,9 +189,9 @@ def worker(rank, world_size, init_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size,
                             timeout=timedelta(minutes=10))
-    check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01})
+    check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01}, 16)
     check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
-               {"lr": 0.05, "momentum": 0.9}, scale=True, units=lambda m: [m.fc1, m.fc2])
+               {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2])
     check_errors(rank)
     dist.barrier()
     dist.destroy_process_group()
