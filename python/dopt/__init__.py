@@ -21,6 +21,7 @@ from . import optim
 from . import averagers
 from . import averagers as hierarchical_model_averager
 from .zero import ZeroRedundancyOptimizer
+from .fully_shard import fully_shard, FullyShardedOptimizer
 from .post_local_sgd import PostLocalSGDOptimizer
 from .functional import as_functional_optim
 from . import rpc
@@ -29,7 +30,7 @@ from .checkpoint import Checkpointer
 
 __version__ = "0.1.0"
 
-__all__ = ["ZeroRedundancyOptimizer", "PostLocalSGDOptimizer", "DistributedOptimizer", "as_functional_optim",
+__all__ = ["ZeroRedundancyOptimizer", "fully_shard", "FullyShardedOptimizer", "PostLocalSGDOptimizer", "DistributedOptimizer", "as_functional_optim",
            "Checkpointer", "optim", "averagers", "rpc", "init_process_group", "is_initialized", "get_world", "get_rank",
            "get_world_size", "new_group", "new_subgroups", "destroy_process_group", "ProcessGroup",
            "registered_optimizers", "to_dopt", "to_torch", "Error"]

@@ -3,6 +3,7 @@
 
 namespace dopt::python {
 void bind_checkpointer(py::module_& m);  // checkpointer.cpp
+void bind_zero3(py::module_& m);         // zero3.cpp
 }  // namespace dopt::python
 
 PYBIND11_MODULE(_C, m) {
@@ -13,6 +14,7 @@ PYBIND11_MODULE(_C, m) {
   bind_distributed(m);
   bind_optim(m);
   bind_zero(m);
+  bind_zero3(m);
   bind_rpc(m);
   bind_checkpointer(m);
 }

@@ -1,0 +1,358 @@
+"""dopt.fully_shard: ZeRO stage 3 (sharded parameters) for a torch module,
+driven by module and autograd hooks as torch's FullyShardedDataParallel is.
+docs/python.md ("Sharded parameters (ZeRO-3)") explains what each rank holds
+and moves.
+
+    opt = dopt.fully_shard(model, torch.optim.Adam, lr=1e-3)
+    loss_fn(model(x), y).backward()
+    opt.step()
+
+Who calls what: every rank of the process group builds it, runs the forward
+and the backward and calls ``step()`` in the same order (each gather and
+reduction is a collective); one Python thread per rank, the one that runs
+the forward and the backward (torch runs a CPU backward on it, hooks
+included). The hooks: a unit's forward pre-hook gathers it (waiting for its
+prefetch) and prefetches the next unit of the forward order; its forward
+hook frees the full parameters and hooks the unit's outputs, whose gradient
+hook gathers the unit again before its backward (and prefetches the
+previous unit). Once every parameter of a unit has its gradient (hooks on
+their AccumulateGrad nodes), the gradients go to dopt (which copies them)
+and are dropped, and the unit is freed. At the end of the backward (torch's
+engine callback) the units it did not reach are reduced too, the last
+reduction is waited for, and every unit is freed.
+"""
+import torch
+from torch.autograd import Variable
+
+from . import _C
+from ._groups import GroupedOptimizer, dopt_keys, resolve_optimizer_class, split_hyperparams, torch_only_defaults
+from ._tensor import to_dopt, to_torch
+from .distributed import resolve_process_group
+
+__all__ = ["fully_shard", "FullyShardedOptimizer"]
+
+
+def _tensors(x):
+    """The tensors in a module's output (a tensor, or lists, tuples and dicts of them)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)
+
+
+def _contains(outer, inner):
+    return any(m is inner for m in outer.modules())
+
+
+def split_units(module, units, where):
+    """[(submodule, [(name, parameter)])]: the root's parameters in no listed
+    unit first (the root is a unit), then each listed unit's parameters less
+    those of units nested in it. Default units: the direct children that
+    have trainable parameters. Frozen parameters (requires_grad False) stay
+    whole and are in no unit. Units without parameters are left out."""
+    if units is None:
+        units = [c for c in module.children() if any(p.requires_grad for p in c.parameters())]
+    elif isinstance(units, torch.nn.Module):
+        raise TypeError(f"dopt {where}: units must be a list of submodules, got one {type(units).__name__}")
+    units = list(units)
+    for i, m in enumerate(units):
+        if not isinstance(m, torch.nn.Module):
+            raise TypeError(f"dopt {where}: unit {i} is a {type(m).__name__}, not a torch.nn.Module")
+        if m is module or not _contains(module, m):
+            raise _C.ValueError(f"dopt {where}: unit {i} ({type(m).__name__}) is not a submodule of the module "
+                                "(the module itself is always a unit: it holds the parameters no unit takes)")
+    owner = {}
+    for i, m in enumerate(units):
+        for p in m.parameters():
+            j = owner.get(id(p))
+            if j is None or _contains(units[j], m):  # the innermost unit takes it
+                owner[id(p)] = i
+    out = [(module, [])] + [(m, []) for m in units]
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            out[owner.get(id(p), -1) + 1][1].append((name, p))
+    return [(m, ps) for m, ps in out if ps]
+
+
+class _Unit:
+    """One unit: its module, parameters, and the flat buffer whose views the
+    parameters are while the unit is gathered (its storage is freed, size 0,
+    otherwise: views that autograd saved keep pointing into it, as in torch's
+    FSDP)."""
+
+    def __init__(self, index, module, named):
+        self.index = index
+        self.module = module
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        numel = sum(p.numel() for p in self.params)
+        self.flat = torch.empty(numel, dtype=torch.float32)
+        self.views, at = [], 0
+        for p in self.params:
+            self.views.append(self.flat[at:at + p.numel()].view(p.shape))
+            at += p.numel()
+        self.flat.storage().resize_(0)  # allocated when gathered
+        self.numel = numel
+        self.live = False       # the parameters are views of `flat`
+        self.in_flight = False  # prefetched and not yet gathered
+        self.ready = 0          # parameters whose gradient arrived in this backward
+        self.reduced = False    # reduced in this iteration
+        self.accumulators = []  # the parameters' AccumulateGrad nodes (kept alive: the hooks are on them)
+
+
+class FullyShardedOptimizer(GroupedOptimizer):
+    r"""The optimizer ``dopt.fully_shard(module, ...)`` returns: it owns the
+    module's sharded parameters (ZeRO stage 3 over dopt's ``ShardedUnits``).
+
+    ``step()`` is local (each rank steps its shards); the constructor,
+    ``state_dict()`` and ``full_parameters()`` are collectives, as are the
+    forward and backward of the module. ``param_groups`` holds one group
+    (torch's LR schedulers work: a changed hyperparameter reaches dopt at
+    the next step). ``zero_grad()`` has nothing to clear: the full gradients
+    are dropped once reduced, each rank's shard of the average lives in dopt.
+    """
+
+    uses_dopt_kernels = True
+
+    def __init__(self, module, optimizer_class=torch.optim.Adam, units=None, process_group=None, **defaults):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"dopt.fully_shard: expected a torch.nn.Module, got {type(module).__name__}")
+        self._where = "dopt.fully_shard"
+        if getattr(module, "_dopt_fully_shard", None) is not None:
+            raise _C.ValueError(f"{self._where}: the module is sharded already (its hooks and parameters belong to "
+                                "the FullyShardedOptimizer that fully_shard returned for it)")
+        name, torch_cls = resolve_optimizer_class(optimizer_class)
+        self._name, self._torch_cls = name, torch_cls
+        ours, theirs = split_hyperparams(name, torch_cls, defaults, self._where)
+        self._keys = dopt_keys(name)
+        self._dopt_defaults = ours
+        self._group = resolve_process_group(process_group, self._where)
+        split = split_units(module, units, self._where)
+        if not split:
+            raise _C.ValueError(f"dopt {self._where}: the module has no trainable parameters")
+        c = _C.ShardedUnits([[to_dopt(p.detach().contiguous(), requires_grad=False) for _, p in named]
+                             for _, named in split], name, ours, self._group.c)
+        self.module = module
+        self._units = [_Unit(i, m, named) for i, (m, named) in enumerate(split)]
+        params = [p for u in self._units for p in u.params]
+        self.param_names = [n for u in self._units for n in u.names]
+        self.defaults = dict(torch_only_defaults(name, torch_cls), **theirs)
+        self.param_groups = [dict(self.defaults, params=params)]
+        self._synced, self._stepped, self._skips_some = [None], [list(range(len(params)))], False
+        self._after_groups_built(c)
+        self.rank, self.world_size = c.rank, c.world_size  # in the process group
+        self.defaults.update({k: v for k, v in self.param_groups[0].items() if k != "params"})
+        self.state = {}
+        self._order, self._order_fixed = [], False  # the units in forward order (the first forward's)
+        self._in_backward = False
+        self._reducing = None
+        self._handles = []
+        with torch.enable_grad():
+            for unit in self._units:
+                self._install(unit)
+        module._dopt_fully_shard = self
+
+    # --- the hooks ---------------------------------------------------------------------
+    def _install(self, unit):
+        """Frees the unit's parameters and hooks its module and their AccumulateGrad nodes."""
+        u = unit.index
+        for p in unit.params:
+            # The node is made while p has its shape (autograd checks gradients against it).
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._handles.append(acc.register_hook(lambda grads_in, grads_out, u=u: self._grad_ready(u)))
+            unit.accumulators.append(acc)
+            p.data = torch.empty(0)
+            p.grad = None
+        self._handles.append(unit.module.register_forward_pre_hook(lambda m, inputs, u=u: self._before_forward(u)))
+        self._handles.append(unit.module.register_forward_hook(lambda m, inputs, out, u=u: self._after_forward(u, out)))
+
+    def _neighbour(self, u, step):
+        """The unit after (step 1) or before (step -1) u in the forward order, once it is known."""
+        if not self._order_fixed or u not in self._order:
+            return None
+        i = self._order.index(u) + step
+        return self._order[i] if 0 <= i < len(self._order) else None
+
+    def _prefetch(self, u):
+        if u is None:
+            return
+        unit = self._units[u]
+        if not (unit.live or unit.in_flight or unit.reduced):
+            self._c.prefetch(u)
+            unit.in_flight = True
+
+    def _gather(self, u):
+        unit = self._units[u]
+        if unit.live:
+            return
+        full = self._c.gather(u)  # waits for its prefetch
+        unit.in_flight = False
+        unit.flat.storage().resize_(unit.numel)
+        with torch.no_grad():
+            for view, t in zip(unit.views, full):
+                view.copy_(to_torch(t))
+        del full
+        self._c.release(u)  # dopt's buffer: the copy in `flat` is the one used
+        for p, view in zip(unit.params, unit.views):
+            p.data = view
+        unit.live = True
+
+    def _release(self, u):
+        unit = self._units[u]
+        if unit.in_flight:
+            self._c.release(u)  # waits for the all_gather
+            unit.in_flight = False
+        if not unit.live:
+            return
+        for p in unit.params:
+            p.data = torch.empty(0)
+        unit.flat.storage().resize_(0)
+        unit.live = False
+
+    def _before_forward(self, u):
+        if not self._order_fixed and u not in self._order:
+            self._order.append(u)
+        self._gather(u)
+        self._prefetch(self._neighbour(u, 1))
+
+    def _after_forward(self, u, output):
+        self._release(u)
+        if torch.is_grad_enabled():
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda grad, u=u: self._before_backward(u))
+
+    def _before_backward(self, u):
+        if not self._in_backward:
+            if any(unit.reduced for unit in self._units):
+                self._second_backward(u)
+            self._in_backward = True
+            self._order_fixed = True
+            Variable._execution_engine.queue_callback(self._after_backward)
+        if self._units[u].reduced:
+            return
+        self._gather(u)
+        self._prefetch(self._neighbour(u, -1))
+
+    def _grad_ready(self, u):
+        unit = self._units[u]
+        if unit.reduced:
+            self._second_backward(u)
+        unit.ready += 1
+        if unit.ready == len(unit.params):
+            self._reduce(u)
+            self._release(u)
+
+    @staticmethod
+    def _second_backward(u):
+        raise _C.StateError(f"dopt FullyShardedOptimizer: a second backward before step() (unit {u}'s gradients were "
+                            "reduced already in this iteration); fully_shard takes one backward per step")
+
+    def _reduce(self, u):
+        """Collective: the unit's gradients to dopt (copied there), then dropped."""
+        unit = self._units[u]
+        grads = [None if p.grad is None else to_dopt(p.grad.detach().contiguous(), requires_grad=False)
+                 for p in unit.params]
+        self._reducing = self._c.reduce_gradients_async(u, grads)
+        unit.reduced = True
+        for p in unit.params:
+            p.grad = None
+
+    def _after_backward(self):
+        self._in_backward = False
+        for unit in self._units:
+            if not unit.reduced:  # a unit this backward did not reach: its gradients as they are (None: zeros)
+                self._reduce(unit.index)
+            unit.ready = 0
+        if self._reducing is not None:
+            self._reducing.wait()
+            self._reducing = None
+        for unit in self._units:
+            self._release(unit.index)
+
+    # --- torch's optimizer methods -----------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Local: steps this rank's shards with the averaged gradients of the
+        last backward (every unit's: StateError before a backward). Returns
+        the closure's loss."""
+        loss = self._closure_loss(closure)
+        self._push_hyperparams()
+        self._c.step()
+        for unit in self._units:
+            unit.reduced = False
+        return loss
+
+    def state_dict(self):
+        """Collective: the consolidated state in torch's layout (one group;
+        index i is ``param_names[i]``), on every rank."""
+        return self._torch_layout(self._c.state_dict())
+
+    def load_state_dict(self, state_dict):
+        """Local: a consolidated state dict (this class's, or a torch optimizer's
+        or a ZeroRedundancyOptimizer's over the parameters in ``param_names``
+        order, one group); each rank keeps its shard."""
+        self._c.load_state_dict(self._dopt_layout(state_dict))
+        self._adopt_groups(state_dict)
+
+    # --- dopt's additions --------------------------------------------------------------
+    def full_parameters(self):
+        """Collective: {name: full parameter} (copies), names as in ``module.named_parameters()``."""
+        return dict(zip(self.param_names, (to_torch(t) for t in self._c.full_parameters())))
+
+    def load_full_parameters(self, full):
+        """Local, between iterations: sets every parameter from ``full``
+        ({name: tensor}, as ``full_parameters()`` returns; each rank keeps its
+        shards). The optimizer's state is left as it is (``load_state_dict``)."""
+        missing = [n for n in self.param_names if n not in full]
+        if missing:
+            raise _C.KeyError(f"dopt FullyShardedOptimizer.load_full_parameters: no value for {', '.join(missing)}")
+        for unit in self._units:
+            self._release(unit.index)
+        self._c.load_parameters([to_dopt(full[n].detach().float().contiguous(), requires_grad=False)
+                                 for n in self.param_names])
+
+    @property
+    def units(self):
+        """The modules whose parameters form each unit, in dopt's unit order."""
+        return [u.module for u in self._units]
+
+    def unit_numels(self):
+        """Elements of each unit's parameters."""
+        return [self._c.unit_numel(u.index) for u in self._units]
+
+    def shard_numels(self):
+        """Elements of this rank's shard of each unit (ceil(unit's elements / world size))."""
+        return [self._c.shard_numel(u.index) for u in self._units]
+
+    @property
+    def bytes(self):
+        """Bytes this rank keeps between iterations: its parameter shards, their gradients and the optimizer's state."""
+        return self._c.bytes
+
+    @property
+    def gathered_bytes(self):
+        """Bytes of the full parameters held now: dopt's gather buffers (with the
+        one it keeps for the next gather until ``step()``) and the units' flat buffers."""
+        return self._c.gathered_bytes + sum(4 * u.numel for u in self._units if u.live)
+
+
+def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_group=None, **defaults):
+    """Shards ``module``'s parameters over the process group (ZeRO stage 3) and
+    returns the optimizer that steps them (a ``FullyShardedOptimizer``).
+
+    Collective: every rank calls it with the same module structure; rank 0's
+    values win (they are broadcast). ``optimizer_class``: torch.optim's Adam,
+    AdamW or SGD (or dopt.optim's, or the name); ``units``: the submodules
+    whose parameters are gathered together (default: each direct child with
+    trainable parameters; the module's remaining parameters form one more
+    unit); ``process_group`` as for ``ZeroRedundancyOptimizer``;
+    ``defaults``: the optimizer's hyperparameters (``lr=...``).
+
+    Afterwards each parameter is empty (``numel() == 0``) except while its
+    unit is gathered during a forward or backward of ``module``."""
+    return FullyShardedOptimizer(module, optimizer_class, units=units, process_group=process_group, **defaults)

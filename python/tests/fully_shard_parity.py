@@ -1,0 +1,214 @@
+"""dopt.fully_shard (ZeRO stage 3 through module and autograd hooks) against
+stage 1 under ``mp.spawn`` with gloo:
+
+    fully_shard_parity.py N
+
+Each rank trains a small MLP (three Linear layers, tanh) sharded with
+``dopt.fully_shard`` and, beside it, the same model whole with dopt's
+``ZeroRedundancyOptimizer`` (stage 1, dopt's kernels) whose gradients are
+averaged as dopt's Reducer does (divided by N, then dopt's all_reduce). The
+inputs differ per rank. Cases: Adam with the default units (the children),
+SGD with momentum with a parameter of the root and explicit units (the last
+layer joins the root's unit).
+
+* After every step each full parameter (``full_parameters()``) must equal
+  stage 1's bit for bit (torch.equal); at the end the consolidated optimizer
+  states too, and stage 1's parameters loaded into a fresh sharded model
+  (``load_full_parameters``) read back equal.
+* A forward under no_grad between steps gives stage 1's outputs and
+  changes nothing.
+* Between the forward and the backward no parameter is held in full (the
+  backward gathers each unit again; dopt keeps one unit's gather buffer for
+  reuse). Between iterations every parameter is empty, nothing is gathered,
+  the shards are ceil(numel_u / N) per unit and ``bytes`` is the shards,
+  their gradients and the optimizer's state (16 B per element with Adam,
+  12 with SGD and momentum, plus Adam's step counters).
+* The errors: step() before a backward, an optimizer stage 3 cannot step,
+  a unit outside the module, a module sharded twice, a second backward
+  before step().
+
+Prints "fully_shard_parity: PASS <case>" per case and rank.
+"""
+import os
+import sys
+import tempfile
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import dopt
+
+STEPS = 6
+
+
+class MLP(nn.Module):
+    """Three Linear layers with tanh; ``scale``: a parameter of the root itself."""
+
+    def __init__(self, scale=False):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 24)
+        self.fc2 = nn.Linear(24, 17)
+        self.fc3 = nn.Linear(17, 5)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 5)) if scale else None
+
+    def forward(self, x):
+        y = self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+        return y * self.scale if self.scale is not None else y
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 12, generator=g), torch.randn(8, 5, generator=g)
+
+
+def stage1_step(model, opt, x, y, world):
+    """Stage 1: the whole model, gradients averaged as the Reducer does."""
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        p.grad.div_(world.size())
+        world.all_reduce(p.grad)
+    opt.step()
+
+
+def check_held(opt, model, total, per_element, case):
+    """Between iterations: only the shards (``total``: the model's elements;
+    ``per_element``: bytes kept per shard element)."""
+    n = opt.world_size
+    for name, p in model.named_parameters():
+        if p.numel() != 0:
+            raise AssertionError(f"{case}: parameter {name} holds {p.numel()} elements between iterations")
+    if opt.gathered_bytes != 0:
+        raise AssertionError(f"{case}: {opt.gathered_bytes} bytes still gathered between iterations")
+    unit_numels = opt.unit_numels()
+    if sum(unit_numels) != total:
+        raise AssertionError(f"{case}: the units hold {sum(unit_numels)} elements, the model {total}")
+    expected = [-(-k // n) for k in unit_numels]
+    shards = opt.shard_numels()
+    if shards != expected:
+        raise AssertionError(f"{case}: shards of {shards} elements, expected ceil(unit / {n}) = {expected}")
+    if sum(shards) > total // n + len(shards):
+        raise AssertionError(f"{case}: {sum(shards)} elements in this rank's shards, more than {total} / {n} + padding")
+    if not per_element * sum(shards) <= opt.bytes <= per_element * sum(shards) + 8 * len(shards):
+        raise AssertionError(f"{case}: {opt.bytes} bytes kept, expected {per_element} per shard element")
+    return sum(shards)
+
+
+def check_case(case, rank, optimizer_class, kwargs, per_element, scale=False, units=None):
+    world = dopt.get_world()
+    torch.manual_seed(0)
+    ref = MLP(scale)
+    torch.manual_seed(rank + 1)  # the other ranks' values are overwritten by rank 0's
+    model = MLP(scale)
+    if rank != 0 and all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters())):
+        raise AssertionError("the ranks' models must start apart (rank 0's values are broadcast)")
+    if rank == 0:
+        model.load_state_dict(ref.state_dict())
+    z = dopt.ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=optimizer_class, **kwargs)
+    opt = dopt.fully_shard(model, optimizer_class, units=None if units is None else units(model), **kwargs)
+    names = dict(ref.named_parameters())
+    total = sum(p.numel() for p in ref.parameters())
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        if step % 2 == 1:  # an evaluation forward between steps: gathers and frees, no backward
+            with torch.no_grad():
+                if not torch.equal(model(x), ref(x)):
+                    raise AssertionError(f"{case}, step {step}: a forward under no_grad differs from stage 1's")
+        stage1_step(ref, z, x, y, world)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        # dopt keeps the last gather buffer given back for the next gather (one unit, until step()).
+        spare = 4 * opt.world_size * max(opt.shard_numels())
+        if any(p.numel() for p in model.parameters()) or opt.gathered_bytes > spare:
+            raise AssertionError(f"{case}, step {step}: full parameters held between the forward and the backward "
+                                 f"({opt.gathered_bytes} bytes gathered)")
+        loss.backward()  # gathers each unit again
+        opt.step()
+        shard_elements = check_held(opt, model, total, per_element, case)
+        full = opt.full_parameters()
+        for name, p in full.items():
+            if not torch.equal(p, names[name].detach()):
+                raise AssertionError(f"{case}, step {step}, {name}: max |stage 3 - stage 1| = "
+                                     f"{(p - names[name]).abs().max().item()}")
+    z.consolidate_state_dict(to=0)
+    mine = opt.state_dict()
+    if rank == 0:
+        theirs = z.state_dict()
+        index = {n: i for i, (n, _) in enumerate(ref.named_parameters())}
+        for i, name in enumerate(opt.param_names):
+            for k, v in theirs["state"][index[name]].items():
+                w = mine["state"][i][k]
+                if not torch.equal(torch.as_tensor(w), torch.as_tensor(v)):
+                    raise AssertionError(f"{case}: state {name}.{k} differs from stage 1's")
+    # A fresh sharded model from stage 1's parameters: the same full values on every rank.
+    fresh = MLP(scale)
+    again = dopt.fully_shard(fresh, optimizer_class, units=None if units is None else units(fresh), **kwargs)
+    again.load_full_parameters(dict(ref.named_parameters()))
+    for name, p in again.full_parameters().items():
+        if not torch.equal(p, names[name].detach()):
+            raise AssertionError(f"{case}: load_full_parameters: {name} differs from the values loaded")
+    print(f"fully_shard_parity: PASS {case} (rank {rank} of {opt.world_size}, {len(opt.units)} units, "
+          f"{shard_elements} of {total} elements held, {opt.bytes} bytes)", flush=True)
+
+
+def expect_error(cls, words, fn):
+    try:
+        fn()
+    except cls as e:
+        if not all(w in str(e) for w in words):
+            raise AssertionError(f"the {cls.__name__} does not name {words}: {e}") from None
+        return
+    raise AssertionError(f"no {cls.__name__} ({words})")
+
+
+def check_errors(rank):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
+    expect_error(dopt.StateError, ["ShardedUnits.step", "reduce_gradients"], opt.step)
+    expect_error(dopt.NotSupportedError, ["ShardedUnits", "Adagrad"],
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adagrad, lr=0.01))
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "unit 0", "not a submodule"],
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adam, units=[nn.Linear(2, 2)], lr=0.01))
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "sharded already"],
+                 lambda: dopt.fully_shard(model, torch.optim.Adam, lr=0.01))
+    x, y = batch(rank, 0)
+    nn.functional.mse_loss(model(x), y).backward()
+    expect_error(dopt.StateError, ["second backward before step()", "one backward per step"],
+                 lambda: nn.functional.mse_loss(model(x), y).backward())
+    print(f"fully_shard_parity: PASS errors name the call (rank {rank})", flush=True)
+
+
+def worker(rank, world_size, init_file):
+    """One rank; a failure's traceback reaches main through mp.spawn."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size,
+                            timeout=timedelta(minutes=10))
+    check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01}, 16)
+    check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
+               {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2])
+    check_errors(rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    world_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    failure = None
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            mp.spawn(worker, args=(world_size, os.path.join(d, "init")), nprocs=world_size, join=True)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:  # a rank's traceback, or its exit
+            failure = str(e)
+    verdict = f"FAIL {failure}" if failure else f"all cases passed on {world_size} ranks"
+    print(f"fully_shard_parity: {verdict}", flush=True)
+    return 1 if failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
