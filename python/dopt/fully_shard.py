@@ -346,8 +346,9 @@ def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_gr
     returns the optimizer that steps them (a ``FullyShardedOptimizer``).
 
     Collective: every rank calls it with the same module structure; rank 0's
-    values win (they are broadcast). ``optimizer_class``: torch.optim's Adam,
-    AdamW or SGD (or dopt.optim's, or the name); ``units``: the submodules
+    values win (they are broadcast). ``optimizer_class``: one of the elementwise
+    optimizers dopt computes (torch.optim's SGD, Adam, AdamW, Adagrad, RMSprop,
+    Adamax, Adadelta, Rprop, or dopt.optim's, or the name; not Muon); ``units``: the submodules
     whose parameters are gathered together (default: each direct child with
     trainable parameters; the module's remaining parameters form one more
     unit); ``process_group`` as for ``ZeroRedundancyOptimizer``;

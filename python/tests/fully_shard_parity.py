@@ -169,8 +169,8 @@ def check_errors(rank):
     model = MLP()
     opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
     expect_error(dopt.StateError, ["ShardedUnits.step", "reduce_gradients"], opt.step)
-    expect_error(dopt.NotSupportedError, ["ShardedUnits", "Adagrad"],
-                 lambda: dopt.fully_shard(MLP(), torch.optim.Adagrad, lr=0.01))
+    expect_error(dopt.NotSupportedError, ["ShardedUnits", "Muon", "stages 1 and 2"],
+                 lambda: dopt.fully_shard(MLP(), "Muon", lr=0.02))
     expect_error(dopt.ValueError, ["dopt.fully_shard", "unit 0", "not a submodule"],
                  lambda: dopt.fully_shard(MLP(), torch.optim.Adam, units=[nn.Linear(2, 2)], lr=0.01))
     expect_error(dopt.ValueError, ["dopt.fully_shard", "sharded already"],
