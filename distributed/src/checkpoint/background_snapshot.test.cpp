@@ -22,6 +22,39 @@ std::set<std::string> files_in(const fs::path& folder) {
   return out;
 }
 
+/// One rank's pair of saves: a Rig stepped twice, two Checkpointers of one
+/// run id (so that their files compare byte for byte) over the rig, the
+/// first synchronous, the second with background snapshots; step 2 saved
+/// synchronously by the first.
+struct TwoSaves {
+  static CheckpointerOptions options(RankContext& ctx, const std::string& dir, bool background) {
+    CheckpointerOptions o = options_for(ctx, dir);
+    o.background_snapshot = background;
+    o.run = "fixed-run";
+    return o;
+  }
+  TwoSaves(RankContext& ctx, const std::string& sync_dir, const std::string& bg_dir)
+      : rig(ctx, 0), sync(options(ctx, sync_dir, false)), bg(options(ctx, bg_dir, true)) {
+    for (int t = 0; t < 2; ++t) rig.step(t);
+    for (Checkpointer* ck : {&sync, &bg}) rig.add_to(*ck);
+    sync.save(2);
+  }
+  Rig rig;
+  Checkpointer sync, bg;
+};
+
+/// The files of step 2 in both folders: the same names, byte for byte.
+void check_same_files(const std::string& sync_dir, const std::string& bg_dir, std::size_t expected_files) {
+  const fs::path a = fs::path(sync_dir) / "step-00000002", b = fs::path(bg_dir) / "step-00000002";
+  const std::set<std::string> files = files_in(a);
+  REQUIRE(files_in(b) == files);
+  if (expected_files) CHECK(files.size() == expected_files);
+  for (const std::string& file : files) {
+    INFO(file);
+    CHECK(bytes_of(a / file) == bytes_of(b / file));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("Checkpointer: a background snapshot saves the state at save_async bit for bit, with the parameters, "
@@ -34,22 +67,15 @@ TEST_CASE("Checkpointer: a background snapshot saves the state at save_async bit
     std::mutex m;
     Fingerprints at_save(static_cast<std::size_t>(world));
     simulate(world, [&](RankContext& ctx) {
-      Rig rig(ctx, 0);
-      for (int t = 0; t < 2; ++t) rig.step(t);
-      // Two checkpointers of one run id, so that their files compare byte for byte.
-      CheckpointerOptions so = options_for(ctx, sync_dir), bo = options_for(ctx, bg_dir);
-      bo.background_snapshot = true;
-      so.run = bo.run = "fixed-run";
-      Checkpointer sync(so), bg(bo);
-      for (Checkpointer* ck : {&sync, &bg}) rig.add_to(*ck);
-      sync.save(2);
+      TwoSaves two(ctx, sync_dir, bg_dir);
+      Rig& rig = two.rig;
       const auto before = rig.fingerprint();
-      Future<void> f = bg.save_async(2);
+      Future<void> f = two.bg.save_async(2);
       // Numbers and strings are copied before save_async returns: changed at once.
       ++rig.counter;
       rig.extras["last"] = "changed before the snapshot was taken";
       (void)rig.rng();
-      bg.wait_snapshot();
+      two.bg.wait_snapshot();
       // The tensors (parameters, Adam's, ZeRO's and SGD's state) change now,
       // while the files may still be written.
       rig.step(2);
@@ -57,15 +83,8 @@ TEST_CASE("Checkpointer: a background snapshot saves the state at save_async bit
       std::lock_guard<std::mutex> lock(m);
       at_save[static_cast<std::size_t>(ctx.rank())] = before;
     }, short_timeout());
-    // Byte for byte what the synchronous save wrote.
-    const fs::path a = fs::path(sync_dir) / "step-00000002", b = fs::path(bg_dir) / "step-00000002";
-    const std::set<std::string> files = files_in(a);
-    CHECK(files_in(b) == files);
-    CHECK(files.size() == static_cast<std::size_t>(2 + 2 * world));  // manifest, replicated, per rank and ZeRO
-    for (const std::string& file : files) {
-      INFO(file);
-      CHECK(bytes_of(a / file) == bytes_of(b / file));
-    }
+    // Byte for byte what the synchronous save wrote: manifest, replicated, per rank and ZeRO.
+    check_same_files(sync_dir, bg_dir, static_cast<std::size_t>(2 + 2 * world));
     CHECK(loaded_fingerprints(world, bg_dir, 2) == at_save);
   }
 }
@@ -132,25 +151,12 @@ TEST_CASE("Checkpointer: with a background snapshot, the optimizers' step() wait
       opts.deterministic = true;
       opts.seed = seed;
       simulate(world, [&](RankContext& ctx) {
-        Rig rig(ctx, 0);
-        for (int t = 0; t < 2; ++t) rig.step(t);
-        CheckpointerOptions so = options_for(ctx, sync_dir), bo = options_for(ctx, bg_dir);
-        bo.background_snapshot = true;
-        so.run = bo.run = "fixed-run";
-        Checkpointer sync(so), bg(bo);
-        for (Checkpointer* ck : {&sync, &bg}) rig.add_to(*ck);
-        sync.save(2);
-        Future<void> f = bg.save_async(2);
-        rig.step(2);  // every tensor it changes goes through a dopt optimizer or averager
+        TwoSaves two(ctx, sync_dir, bg_dir);
+        Future<void> f = two.bg.save_async(2);
+        two.rig.step(2);  // every tensor it changes goes through a dopt optimizer or averager
         f.get();
       }, opts);
-      const fs::path a = fs::path(sync_dir) / "step-00000002", b = fs::path(bg_dir) / "step-00000002";
-      const std::set<std::string> files = files_in(a);
-      REQUIRE(files_in(b) == files);
-      for (const std::string& file : files) {
-        INFO(file);
-        CHECK(bytes_of(a / file) == bytes_of(b / file));
-      }
+      check_same_files(sync_dir, bg_dir, 0);
     }
   }
 }

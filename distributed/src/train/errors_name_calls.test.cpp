@@ -32,25 +32,41 @@ std::vector<Tensor> params() {
   return {p};
 }
 
-/// Each rank's CollectiveMismatchError text ("" when its call did not raise
-/// one): every rank makes a ZeroRedundancyOptimizer over params(); rank 1
-/// runs rank1(ctx, params), the others step it.
-std::vector<std::string> zero_step_but_rank_1(int world,
-                                              const std::function<void(RankContext&, std::vector<Tensor>&)>& rank1) {
+/// Each rank's CollectiveMismatchError text ("" when its body did not raise
+/// one): body(ctx) runs on every simulated rank.
+std::vector<std::string> mismatches(int world, const std::function<void(RankContext&)>& body) {
   std::vector<std::string> out(static_cast<std::size_t>(world));
   SimulateOptions opts;
   opts.timeout = std::chrono::seconds(20);
   simulate(world, [&](RankContext& ctx) {
-    auto ps = params();
-    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()});
     try {
-      if (ctx.rank() == 1) rank1(ctx, ps);
-      else z.step();
+      body(ctx);
     } catch (const CollectiveMismatchError& e) {
       out[static_cast<std::size_t>(ctx.rank())] = e.what();
     }
   }, opts);
   return out;
+}
+
+/// mismatches() where every rank makes a ZeroRedundancyOptimizer over
+/// params(); rank 1 runs rank1(ctx, params), the others step it.
+std::vector<std::string> zero_step_but_rank_1(int world,
+                                              const std::function<void(RankContext&, std::vector<Tensor>&)>& rank1) {
+  return mismatches(world, [&](RankContext& ctx) {
+    auto ps = params();
+    ZeroRedundancyOptimizer z(ps, OptimizerSpec{"SGD", {{"lr", 0.1}}}, ZeroOptions{ctx.world()});
+    if (ctx.rank() == 1) rank1(ctx, ps);
+    else z.step();
+  });
+}
+
+/// mismatches() where every rank but 1 runs make(ctx) (a constructor that
+/// talks to the others) and rank 1 calls ProcessGroup::barrier() instead.
+std::vector<std::string> construct_but_rank_1(int world, const std::function<void(RankContext&)>& make) {
+  return mismatches(world, [&](RankContext& ctx) {
+    if (ctx.rank() == 1) ctx.world().barrier();
+    else make(ctx);
+  });
 }
 
 }  // namespace
@@ -89,27 +105,6 @@ TEST_CASE("errors name the user's calls: ZeRO's step on all ranks but one, PostL
   }
 }
 
-namespace {
-
-/// Each rank's CollectiveMismatchError text ("" when none): every rank but 1
-/// runs make(ctx) (a constructor that talks to the others), rank 1 calls
-/// ProcessGroup::barrier() instead.
-std::vector<std::string> construct_but_rank_1(int world, const std::function<void(RankContext&)>& make) {
-  std::vector<std::string> out(static_cast<std::size_t>(world));
-  SimulateOptions opts;
-  opts.timeout = std::chrono::seconds(20);
-  simulate(world, [&](RankContext& ctx) {
-    try {
-      if (ctx.rank() == 1) ctx.world().barrier();
-      else make(ctx);
-    } catch (const CollectiveMismatchError& e) {
-      out[static_cast<std::size_t>(ctx.rank())] = e.what();
-    }
-  }, opts);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("errors name the user's calls: a constructor's collectives are named by the constructor",
           "[zero][checkpoint][call_label]") {
