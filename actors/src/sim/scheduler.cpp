@@ -4,9 +4,15 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <utility>
+
+#include <cxxabi.h>
+
+#include <boost/context/protected_fixedsize_stack.hpp>
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/internal/read_faults.hpp"
+#include "sim/task_locals.hpp"
 
 namespace dopt::detail::sim {
 
@@ -47,6 +53,27 @@ const std::function<bool()>& never() {
 
 std::string task_str(const Task& t) {
   return "rank " + std::to_string(t.rank) + " " + t.name + " #" + std::to_string(t.id);
+}
+
+/// The C++ runtime's per-thread exception state (the Itanium ABI's
+/// __cxa_eh_globals, as libstdc++ and libc++abi lay it out): the exceptions
+/// being handled and the count of those thrown and not yet caught. Every
+/// task keeps its own: a task that switches inside a catch handler would
+/// otherwise end another task's exception with its own.
+struct EhGlobals {
+  void* caught;
+  unsigned int uncaught;
+};
+
+EhGlobals* eh_globals() { return reinterpret_cast<EhGlobals*>(abi::__cxa_get_globals()); }
+
+/// Where the coroutines of abandoned tasks go: never resumed, never freed
+/// (destroying one would unwind its stack, running its destructors).
+void abandon(boost::context::fiber&& f) {
+  static std::mutex m;
+  static auto* graveyard = new std::vector<boost::context::fiber>();
+  std::lock_guard<std::mutex> lock(m);
+  graveyard->push_back(std::move(f));
 }
 
 /// The checkpoint-read hook of the runtime: the fault plan of the calling task's simulation.
@@ -98,42 +125,121 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
 
 Scheduler::~Scheduler() {
   if (started_ && !over()) let_go("");
+  if (started_ && !finished_) g_running.fetch_sub(1, std::memory_order_relaxed);
+  for (auto& t : tasks_)
+    if (t->ctx) abandon(std::move(t->ctx));
 }
 
 std::uint64_t Scheduler::next_random() { return splitmix(rng_); }
 
-Task* Scheduler::add(int rank, bool is_rank, const char* name) {
+Task* Scheduler::add(int rank, bool is_rank, const char* name, std::function<void()> fn) {
   auto t = std::make_unique<Task>();
   t->sched = this;
   t->id = static_cast<int>(tasks_.size());
   t->rank = rank;
   t->is_rank = is_rank;
   t->name = name;
+  t->fn = std::move(fn);
+  Task* raw = t.get();
+  raw->ctx = boost::context::fiber(std::allocator_arg, boost::context::protected_fixedsize_stack(kStackBytes),
+                                   [this, raw](boost::context::fiber&& driver) { return body(raw, std::move(driver)); });
   tasks_.push_back(std::move(t));
-  return tasks_.back().get();
+  return raw;
 }
 
-void Scheduler::enter(Task* t) {
-  tl_task = t;
-  wait_go(t);
-}
-
-void Scheduler::exit(Task* t) {
-  if (over()) return;
+boost::context::fiber Scheduler::body(Task* t, boost::context::fiber&& driver) {
+  driver_ = std::move(driver);
+  try {
+    const auto fn = std::move(t->fn);
+    fn();
+  } catch (const RankCrashed&) {
+    // A helper task the fault plan crashed (rank bodies catch their own).
+  } catch (const RankStopped&) {
+  }
   t->state = Task::done;
-  pass(t, "exit");
+  if (!over()) next_ = choose("exit");
+  return std::move(driver_);
 }
 
-void Scheduler::start() {
+void Scheduler::run() {
   started_ = true;
   g_running.fetch_add(1, std::memory_order_relaxed);
-  Task* first = choose("start");
-  if (first) hand(first);
+  next_ = choose("start");
+  while (Task* t = std::exchange(next_, nullptr)) resume(t);
 }
 
-void Scheduler::wait_over() {
-  std::unique_lock<std::mutex> lock(over_m_);
-  over_cv_.wait(lock, [&] { return over(); });
+void Scheduler::resume(Task* t) {
+  Task* const outer = std::exchange(tl_task, t);
+  EhGlobals* eh = eh_globals();
+  const EhGlobals mine = std::exchange(*eh, EhGlobals{t->caught_exceptions, t->uncaught_exceptions});
+  const char* label = exchange_call_label(t->call_label);
+  const bool agent = rpc::detail::exchange_in_sim_agent(t->in_agent);
+  t->ctx = std::move(t->ctx).resume();
+  t->call_label = exchange_call_label(label);
+  t->in_agent = rpc::detail::exchange_in_sim_agent(agent);
+  const EhGlobals theirs = std::exchange(*eh, mine);
+  t->caught_exceptions = theirs.caught;
+  t->uncaught_exceptions = theirs.uncaught;
+  tl_task = outer;
+}
+
+void Scheduler::suspend(Task*) { driver_ = std::move(driver_).resume(); }
+
+int Scheduler::finish() {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (Task* t = choose_free(give_up)) {
+    if (t->state == Task::blocked) t->state = Task::runnable;
+    resume(t);
+  }
+  int left = 0;
+  for (auto& t : tasks_)
+    if (t->state != Task::done) ++left;
+  finished_ = true;
+  g_running.fetch_sub(1, std::memory_order_relaxed);
+  return left;
+}
+
+Task* Scheduler::choose_free(std::chrono::steady_clock::time_point give_up) {
+  const bool deadlocked = !deadlock_.empty();
+  const auto n = tasks_.size();
+  const auto can_run = [&](Task* t) {
+    if (t->state == Task::done || (deadlocked && t->is_rank)) return false;
+    if (t->ready) return (*t->ready)();
+    return t->state == Task::runnable || t->state == Task::frozen;
+  };
+  const auto first_ready = [&]() -> Task* {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = (free_from_ + k) % n;
+      Task* t = tasks_[i].get();
+      if (can_run(t)) {
+        free_from_ = i + 1;
+        t->timed_out = false;
+        return t;
+      }
+    }
+    return nullptr;
+  };
+  for (;;) {
+    if (Task* t = first_ready()) return t;
+    // Nothing can run: the earliest deadline, once real time reached it (the
+    // clock is real again); a wait on something outside (an actor) meanwhile.
+    Task* best = nullptr;
+    for (auto& up : tasks_) {
+      Task* t = up.get();
+      if (t->state != Task::done && !(deadlocked && t->is_rank) && t->ready && t->deadline &&
+          (!best || *t->deadline < *best->deadline))
+        best = t;
+    }
+    const auto real = std::chrono::steady_clock::now();
+    if (best && epoch_ + std::chrono::nanoseconds(*best->deadline) <= real) {
+      best->timed_out = true;
+      return best;
+    }
+    if (real >= give_up) return nullptr;
+    if (!best && real + std::chrono::milliseconds(20) < give_up)
+      give_up = real + std::chrono::milliseconds(20);  // nothing to wait for but the outside: a short look
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void Scheduler::record(Task* t, const char* what) {
@@ -196,38 +302,11 @@ Task* Scheduler::choose(const char* why) {
   return nullptr;
 }
 
-void Scheduler::hand(Task* t) {
-  {
-    std::lock_guard<std::mutex> lock(t->m);
-    t->go.store(true, std::memory_order_release);
-  }
-  t->cv.notify_one();
-}
-
-bool Scheduler::wait_go(Task* t) {
-  // The baton often comes back within microseconds (two ranks taking turns
-  // in a collective): watch for it a little before sleeping, yielding the
-  // CPU to the holder, so that a hand-off is not always a wake-up. For at
-  // most 50 us: where other processes want the CPUs, one yield can give a
-  // whole time slice away (with two CPU hogs on two cores a simulation took 35 s
-  // with 64 yields, 21 s with this bound; 0.6 s on idle cores).
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-  for (int i = 0; i < 64 && !t->go.load(std::memory_order_acquire); ++i) {
-    std::this_thread::yield();
-    if (std::chrono::steady_clock::now() >= until) break;
-  }
-  std::unique_lock<std::mutex> lock(t->m);
-  t->cv.wait(lock, [&] { return t->go.load(std::memory_order_relaxed) || t->released; });
-  t->go.store(false, std::memory_order_relaxed);
-  return !t->released;
-}
-
 void Scheduler::pass(Task* me, const char* why) {
   Task* next = choose(why);
   if (next == me) return;
-  if (next) hand(next);
-  if (me->state == Task::done) return;
-  wait_go(me);
+  next_ = next;  // null: the scheduler let go
+  suspend(me);
 }
 
 void Scheduler::let_go(const std::string& deadlock) {
@@ -237,19 +316,8 @@ void Scheduler::let_go(const std::string& deadlock) {
     deadlock_ = deadlock;
     over_.store(true, std::memory_order_release);
   }
-  if (started_) g_running.fetch_sub(1, std::memory_order_relaxed);
-  // After a deadlock the ranks' threads stay parked for good (what they
-  // wait on will never come; simulate() abandons them); helper threads go
-  // on as ordinary threads, so that their groups can stop them.
-  for (auto& up : tasks_) {
-    if (!deadlock.empty() && up->is_rank) continue;
-    {
-      std::lock_guard<std::mutex> lock(up->m);
-      up->released = true;
-    }
-    up->cv.notify_all();
-  }
-  over_cv_.notify_all();
+  // The tasks still alive run on in finish(); after a deadlock the ranks'
+  // tasks are abandoned (what they wait on will never come).
 }
 
 std::string Scheduler::deadlock() const {
@@ -259,21 +327,23 @@ std::string Scheduler::deadlock() const {
 
 bool Scheduler::block(Task* me, const std::function<bool()>& ready, std::optional<Clock::time_point> deadline,
                       const char* what) {
-  if (over() || me->released) return false;
   me->ready = &ready;
   me->deadline.reset();
   if (deadline) me->deadline = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - epoch_).count();
   me->waits_on = what;
   me->state = Task::blocked;
-  pass(me, what);
+  if (over())
+    suspend(me);  // finish() resumes it once ready() holds, or at the deadline
+  else
+    pass(me, what);
   me->ready = nullptr;
   me->deadline.reset();
-  if (me->state == Task::blocked) me->state = Task::runnable;  // let go while blocked
-  return !me->released;
+  if (me->state == Task::blocked) me->state = Task::runnable;
+  return true;
 }
 
 void Scheduler::yield(Task* me, const char* what) {
-  if (over() || me->released) return;
+  if (over()) return;
   me->state = Task::runnable;
   pass(me, what);
 }
@@ -298,7 +368,7 @@ void Scheduler::freeze_rank(int rank) {
 }
 
 void Scheduler::on_call(Task* me, const char* what) {
-  if (over() || me->released) return;
+  if (over()) return;
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++calls_[r];
   const bool crash_due = crash_at_[r] > 0 && k >= crash_at_[r];
@@ -353,7 +423,7 @@ std::chrono::nanoseconds Scheduler::draw_delay(int rank) {
 }
 
 std::chrono::nanoseconds Scheduler::message_fault(Task* me, const char* what, Channel channel) {
-  if (over() || me->released) return std::chrono::nanoseconds(0);
+  if (over()) return std::chrono::nanoseconds(0);
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++messages_[r];
   const bool coll = channel == Channel::collective;
@@ -401,7 +471,7 @@ std::string Scheduler::link_lost(int src, int dst) const {
 
 Scheduler::SendFault Scheduler::send_fault(Task* me, int src, int dst, int tag) {
   SendFault out;
-  if (over() || me->released) return out;
+  if (over()) return out;
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++messages_[r];
   const std::string msg = "send " + std::to_string(k) + " of rank " + std::to_string(src) + " (to rank " +
@@ -504,28 +574,23 @@ std::uint64_t run_id() {
 std::thread spawn(std::function<void()> fn, const char* what) {
   Task* me = tl_task;
   if (!me || me->sched->over()) return std::thread(std::move(fn));
-  Scheduler* s = me->sched;
-  Task* t = s->add(me->rank, false, what);
-  auto keep = s->shared_from_this();
-  std::thread th([keep, t, fn = std::move(fn)] {
-    keep->enter(t);
-    struct Exit {
-      Scheduler* s;
-      Task* t;
-      ~Exit() { s->exit(t); }
-    } on_exit{keep.get(), t};
-    fn();
-  });
-  t->tid = th.get_id();
-  return th;
+  Task* t = me->sched->add(me->rank, false, what, std::move(fn));
+  // The caller owns a std::thread: a thread that ends at once, whose id
+  // (unique until it is joined) names the task for join().
+  std::thread handle([] {});
+  t->tid = handle.get_id();
+  return handle;
 }
 
 void join(std::thread& th) {
   Task* me = tl_task;
-  if (!me || me->sched->over()) return th.join();
+  if (!me) return th.join();
   Task* t = me->sched->find(th.get_id());
   if (!t) return th.join();
-  if (t->state == Task::frozen) return th.detach();  // a crashed rank's thread: never runs again here
+  t->tid = std::thread::id();
+  // Itself (its owner destroyed from its own task), or a crashed rank's
+  // task (never runs again here): let the handle go.
+  if (t == me || t->state == Task::frozen) return th.detach();
   const std::function<bool()> done = [t] { return t->state == Task::done || t->state == Task::frozen; };
   me->sched->block(me, done, std::nullopt, "join");
   if (t->state == Task::frozen) return th.detach();
@@ -533,7 +598,7 @@ void join(std::thread& th) {
 }
 
 Task* Scheduler::find(std::thread::id id) {
-  // The newest: ids of threads that ended are reused.
+  if (id == std::thread::id()) return nullptr;
   for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it)
     if ((*it)->tid == id) return it->get();
   return nullptr;

@@ -4,8 +4,9 @@
 //
 // Outside deterministic mode every hook is one relaxed load of a global
 // counter (no simulation anywhere in the process: 0) and does nothing else.
-// Inside it, the thread holds the scheduler's baton: it must call the hooks
-// without holding a mutex that another simulated thread could need.
+// Inside it, the caller is a task of the scheduler (a fiber on the thread
+// of run_ranks): it must call the hooks without holding a mutex that another
+// simulated task could need (they all run on that one thread).
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -19,7 +20,7 @@ struct Task;
 
 /// Number of deterministic simulations running in this process.
 inline std::atomic<int> g_running{0};
-/// The simulated task this thread runs as (null: an ordinary thread).
+/// The simulated task running on this thread (null: an ordinary thread).
 inline thread_local Task* tl_task = nullptr;
 
 /// This thread runs under a deterministic scheduler.
@@ -31,16 +32,18 @@ using Clock = std::chrono::steady_clock;
 
 // The out-of-line parts (actors/src/sim/scheduler.cpp); call only when active().
 
-/// Gives up the baton until ready() holds or the (virtual) deadline passed.
-/// ready() runs on whichever simulated thread schedules next: it only reads.
-/// Returns false when the scheduler let go of this thread (the simulation
-/// ended or gave up): the caller then waits as it would without simulation.
+/// Gives up control until ready() holds or the (virtual) deadline passed.
+/// ready() runs on whichever simulated task schedules next: it only reads.
+/// Returns false when the caller is not a simulated task (it then waits as
+/// it would without simulation); once the simulation ended, the wait goes on
+/// in the driver's finish() (the deadline in real time).
 bool block(const std::function<bool()>& ready, std::optional<Clock::time_point> deadline, const char* what);
 /// A scheduling point: another runnable thread may run first.
 void yield(const char* what);
 /// Virtual time (real time once the scheduler let go).
 Clock::time_point now();
-/// A thread that runs as a simulated task of the calling task's rank.
+/// A simulated task of the calling task's rank running fn; the std::thread
+/// returned is its handle (join it with join_thread).
 std::thread spawn(std::function<void()> fn, const char* what);
 /// Joins t, letting the scheduler run t's task to its end first.
 void join(std::thread& t);
