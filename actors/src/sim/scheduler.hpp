@@ -135,6 +135,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// Why the fault plan's partitions separate global ranks a and b at this
   /// virtual time ("" when they do not). Any task; not a scheduling point.
   std::string partition_between(int a, int b) const;
+  bool has_partitions() const noexcept { return has_partitions_; }
   /// A message from src to dst (`what`: its kind) lost to a partition (why):
   /// counted; the first loss on each link is recorded as a fault.
   void lost_to_partition(int src, int dst, const std::string& what, const std::string& why);
@@ -165,6 +166,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
  private:
   std::uint64_t next_random();
   Task* choose(const char* why);
+  /// A task that can run, drawn uniformly among them (null: none).
+  Task* pick_ready();
   /// After let_go (finish): the next task to run on, in turn (null: none
   /// can run, or real time reached give_up).
   Task* choose_free(std::chrono::steady_clock::time_point give_up);
@@ -193,6 +196,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::vector<int> calls_, messages_;  // per rank
   bool started_ = false;
   bool finished_ = false;
+  bool has_partitions_ = false;
   bool any_frozen_ = false;
   int world_size_;
   std::shared_ptr<PeerTable> peers_;
@@ -200,7 +204,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Clock::time_point epoch_;
   std::int64_t now_ = 0;
   std::deque<std::unique_ptr<Task>> tasks_;
-  std::vector<Task*> scratch_;
+  std::vector<Task*> live_;  // the tasks not yet ended or frozen (in the order the draws leave them)
   std::vector<Event> events_;
   std::uint64_t hash_ = 1469598103934665603ULL;
   std::uint64_t decisions_ = 0;

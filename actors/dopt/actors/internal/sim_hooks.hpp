@@ -58,6 +58,10 @@ std::chrono::nanoseconds on_message(const char* what);
 /// they do not). Not a scheduling point. Called by the shared-memory
 /// collectives and the simulated RPC agents (transport/shm, rpc).
 std::string partition_between(int a, int b);
+/// The calling task's fault plan has partitions (false when not simulated):
+/// without, partition_between is "" for every pair, and callers need not ask
+/// (the shared-memory waits asked for every member at every wait).
+bool any_partition();
 /// A message from global rank src to dst lost to a partition (why, from
 /// partition_between): counted in the run report, the first on each link
 /// recorded as a fault. `what` names the message ("rpc request of rank 0").
