@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -74,6 +75,23 @@ void abandon(boost::context::fiber&& f) {
   static auto* graveyard = new std::vector<boost::context::fiber>();
   std::lock_guard<std::mutex> lock(m);
   graveyard->push_back(std::move(f));
+}
+
+/// The parked helper tasks (Scheduler::finish) by the id of their handle,
+/// with their scheduler (kept alive until they are joined).
+std::mutex& parked_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::thread::id, std::shared_ptr<Scheduler>>& parked() {
+  static auto* p = new std::map<std::thread::id, std::shared_ptr<Scheduler>>();
+  return *p;
+}
+
+std::shared_ptr<Scheduler> parked_scheduler(std::thread::id id) {
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  auto it = parked().find(id);
+  return it == parked().end() ? nullptr : it->second;
 }
 
 /// The checkpoint-read hook of the runtime: the fault plan of the calling task's simulation.
@@ -197,9 +215,48 @@ int Scheduler::finish() {
   int left = 0;
   for (auto& t : tasks_)
     if (t->state != Task::done) ++left;
+  park();
   finished_ = true;
   g_running.fetch_sub(1, std::memory_order_relaxed);
   return left;
+}
+
+void Scheduler::park() {
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  for (auto& t : tasks_) {
+    const bool registered = parked().count(t->tid) != 0 && parked()[t->tid].get() == this;
+    if (t->tid == std::thread::id() || (t->state == Task::done) == !registered) continue;
+    if (t->state == Task::done) {
+      parked().erase(t->tid);
+      g_parked.fetch_sub(1, std::memory_order_release);
+    } else {
+      parked()[t->tid] = shared_from_this();
+      g_parked.fetch_add(1, std::memory_order_release);
+    }
+  }
+}
+
+void Scheduler::finish_parked(std::thread::id id) {
+  const auto keep = shared_from_this();  // park() may drop the registry's references
+  {
+    std::lock_guard<std::mutex> lock(driving_);  // one driver at a time
+    Task* target = find(id);
+    g_running.fetch_add(1, std::memory_order_relaxed);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (target && target->state != Task::done) {
+      Task* t = choose_free(give_up);
+      if (!t) break;
+      if (t->state == Task::blocked) t->state = Task::runnable;
+      resume(t);
+    }
+    g_running.fetch_sub(1, std::memory_order_relaxed);
+    park();
+  }
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  if (auto it = parked().find(id); it != parked().end() && it->second == keep) {  // never to end: abandoned
+    parked().erase(it);
+    g_parked.fetch_sub(1, std::memory_order_release);
+  }
 }
 
 Task* Scheduler::choose_free(std::chrono::steady_clock::time_point give_up) {
@@ -239,8 +296,8 @@ Task* Scheduler::choose_free(std::chrono::steady_clock::time_point give_up) {
       return best;
     }
     if (real >= give_up) return nullptr;
-    if (!best && real + std::chrono::milliseconds(20) < give_up)
-      give_up = real + std::chrono::milliseconds(20);  // nothing to wait for but the outside: a short look
+    if (!best && real + std::chrono::milliseconds(2) < give_up)
+      give_up = real + std::chrono::milliseconds(2);  // nothing to wait for but the outside: a short look
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -601,7 +658,12 @@ std::thread spawn(std::function<void()> fn, const char* what) {
 
 void join(std::thread& th) {
   Task* me = tl_task;
-  if (!me) return th.join();
+  if (!me) {
+    // An ordinary thread (the owner, after the simulation): a parked task
+    // runs to its end first, here.
+    if (auto s = parked_scheduler(th.get_id())) s->finish_parked(th.get_id());
+    return th.join();
+  }
   Task* t = me->sched->find(th.get_id());
   if (!t) return th.join();
   t->tid = std::thread::id();

@@ -15,9 +15,11 @@
 //
 // Once over (or deadlocked) the scheduler lets go: the driver then runs the
 // tasks still alive (not those of the ranks after a deadlock) without
-// recording, one whose wait holds at a time, deadlines timing out at once
-// when nothing else can run, until none can run; those left are abandoned
-// (their stacks are never resumed nor freed).
+// recording, one whose wait holds at a time, deadlines in real time, until
+// none can run. Helper tasks left then (a plane's engine that its owner stops
+// after the simulation) are parked: joining one's handle runs it on to its
+// end on the joining thread. Tasks never joined, and the ranks' after a
+// deadlock, are abandoned (their stacks never resumed nor freed).
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -105,9 +107,16 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// scheduler let go (all ranks ended, or a deadlock).
   void run();
   /// The driver, after run() (and after marking what a frozen rank left
-  /// lost): runs the tasks still alive to their end, or until none can run
-  /// (abandoned). Returns the number abandoned.
+  /// lost): runs the tasks still alive to their end, or until none can run.
+  /// The helper tasks left are parked: join() of their handle from an
+  /// ordinary thread (their owner's, typically simulate()'s after the run)
+  /// runs them on there (finish_parked); the ranks' tasks left are abandoned.
+  /// Returns the number of tasks left.
   int finish();
+  /// join() of the parked task whose handle has id, on an ordinary thread:
+  /// runs the parked tasks that can run until that one ended (or none can
+  /// run: it is abandoned).
+  void finish_parked(std::thread::id id);
 
   bool block(Task* me, const std::function<bool()>& ready, std::optional<Clock::time_point> deadline,
              const char* what);
@@ -176,6 +185,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void suspend(Task* me);
   /// The driver: runs t until it suspends or ends.
   void resume(Task* t);
+  /// Registers the helper tasks left alive as parked, unregisters the ended.
+  void park();
   /// The body of t's coroutine.
   boost::context::fiber body(Task* t, boost::context::fiber&& driver);
   void let_go(const std::string& deadlock);
@@ -219,6 +230,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   boost::context::fiber driver_;  // while a task runs: the driver, where it suspends to
   Task* next_ = nullptr;          // the task the driver resumes next
   std::size_t free_from_ = 0;     // after let_go: where choose_free looks first
+  std::mutex driving_;            // finish_parked: one thread drives at a time
   std::function<void(int)> on_crash_;
 };
 

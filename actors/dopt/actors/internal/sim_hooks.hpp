@@ -20,6 +20,9 @@ struct Task;
 
 /// Number of deterministic simulations running in this process.
 inline std::atomic<int> g_running{0};
+/// Helper tasks whose simulation ended while they waited (parked): joining
+/// one's handle from an ordinary thread runs it to its end first.
+inline std::atomic<int> g_parked{0};
 /// The simulated task running on this thread (null: an ordinary thread).
 inline thread_local Task* tl_task = nullptr;
 
@@ -45,7 +48,8 @@ Clock::time_point now();
 /// A simulated task of the calling task's rank running fn; the std::thread
 /// returned is its handle (join it with join_thread).
 std::thread spawn(std::function<void()> fn, const char* what);
-/// Joins t, letting the scheduler run t's task to its end first.
+/// Joins t, letting the scheduler run t's task to its end first (also from
+/// an ordinary thread, when t's task was parked).
 void join(std::thread& t);
 /// A collective, send or recv of the calling rank starts: fault plans may
 /// crash or stop the rank here. `what` names the call.
@@ -78,9 +82,10 @@ std::thread make_thread(F&& fn, const char* what) {
   return std::thread(std::forward<F>(fn));
 }
 
-/// t.join(), cooperating with the scheduler when the caller is simulated.
+/// t.join(), cooperating with the scheduler when the caller is simulated or
+/// t is a parked task's handle.
 inline void join_thread(std::thread& t) {
-  if (active()) [[unlikely]]
+  if (active() || g_parked.load(std::memory_order_acquire) != 0) [[unlikely]]
     return join(t);
   t.join();
 }
