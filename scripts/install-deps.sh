@@ -22,7 +22,7 @@
 # its own (own config, socket and ports) and skips without the packages.
 # --with-torch is accepted for compatibility (torch is always installed now).
 set -euo pipefail
-pkgs=(cmake g++ make python3 libcaf-dev libboost-dev catch2 libbenchmark-dev
+pkgs=(cmake g++ make python3 libcaf-dev libboost-dev libboost-context-dev catch2 libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libdlpack-dev libeigen3-dev
       libxxhash-dev libssl-dev pybind11-dev python3-dev python3-torch python3-numpy python3-venv python3-pip
       python3-setuptools python3-wheel libtorch-dev

@@ -1,4 +1,7 @@
 #include "dopt/actors/internal/call_label.hpp"
+#include "sim/task_locals.hpp"
+
+#include <utility>
 
 namespace dopt::detail {
 
@@ -19,6 +22,8 @@ CallScope::~CallScope() {
 }
 
 const char* current_call() noexcept { return t_call; }
+
+const char* exchange_call_label(const char* v) noexcept { return std::exchange(t_call, v); }
 
 std::string calls_by_rank(const std::vector<std::pair<int, std::string>>& calls) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;  // in order of first appearance

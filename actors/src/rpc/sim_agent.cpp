@@ -10,8 +10,10 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "rpc/handlers.hpp"
+#include "sim/task_locals.hpp"
 
 namespace dopt::rpc::detail {
 
@@ -22,6 +24,7 @@ thread_local bool tl_in_agent = false;
 }  // namespace
 
 bool in_sim_agent() noexcept { return tl_in_agent; }
+bool exchange_in_sim_agent(bool v) noexcept { return std::exchange(tl_in_agent, v); }
 
 class SimAgent final : public AgentLink, public std::enable_shared_from_this<SimAgent> {
  public:

@@ -3,10 +3,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
+#include <utility>
+
+#include <cxxabi.h>
+
+#include <boost/context/protected_fixedsize_stack.hpp>
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/internal/read_faults.hpp"
+#include "sim/task_locals.hpp"
 
 namespace dopt::detail::sim {
 
@@ -49,6 +56,44 @@ std::string task_str(const Task& t) {
   return "rank " + std::to_string(t.rank) + " " + t.name + " #" + std::to_string(t.id);
 }
 
+/// The C++ runtime's per-thread exception state (the Itanium ABI's
+/// __cxa_eh_globals, as libstdc++ and libc++abi lay it out): the exceptions
+/// being handled and the count of those thrown and not yet caught. Every
+/// task keeps its own: a task that switches inside a catch handler would
+/// otherwise end another task's exception with its own.
+struct EhGlobals {
+  void* caught;
+  unsigned int uncaught;
+};
+
+EhGlobals* eh_globals() { return reinterpret_cast<EhGlobals*>(abi::__cxa_get_globals()); }
+
+/// Where the coroutines of abandoned tasks go: never resumed, never freed
+/// (destroying one would unwind its stack, running its destructors).
+void abandon(boost::context::fiber&& f) {
+  static std::mutex m;
+  static auto* graveyard = new std::vector<boost::context::fiber>();
+  std::lock_guard<std::mutex> lock(m);
+  graveyard->push_back(std::move(f));
+}
+
+/// The parked helper tasks (Scheduler::finish) by the id of their handle,
+/// with their scheduler (kept alive until they are joined).
+std::mutex& parked_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::thread::id, std::shared_ptr<Scheduler>>& parked() {
+  static auto* p = new std::map<std::thread::id, std::shared_ptr<Scheduler>>();
+  return *p;
+}
+
+std::shared_ptr<Scheduler> parked_scheduler(std::thread::id id) {
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  auto it = parked().find(id);
+  return it == parked().end() ? nullptr : it->second;
+}
+
 /// The checkpoint-read hook of the runtime: the fault plan of the calling task's simulation.
 int read_fault(const std::string& path) {
   if (!active()) return 0;
@@ -84,6 +129,8 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
     v[static_cast<std::size_t>(f.rank)] = at;
   }
   for (const auto& f : plan_.faults)
+    if (f.kind == FaultPlan::Kind::partition) has_partitions_ = true;
+  for (const auto& f : plan_.faults)
     if (f.kind == FaultPlan::Kind::partition)
       for (int x : f.side)
         if (x < 0 || x >= world_size)
@@ -98,42 +145,161 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
 
 Scheduler::~Scheduler() {
   if (started_ && !over()) let_go("");
+  if (started_ && !finished_) g_running.fetch_sub(1, std::memory_order_relaxed);
+  for (auto& t : tasks_)
+    if (t->ctx) abandon(std::move(t->ctx));
 }
 
 std::uint64_t Scheduler::next_random() { return splitmix(rng_); }
 
-Task* Scheduler::add(int rank, bool is_rank, const char* name) {
+Task* Scheduler::add(int rank, bool is_rank, const char* name, std::function<void()> fn) {
   auto t = std::make_unique<Task>();
   t->sched = this;
   t->id = static_cast<int>(tasks_.size());
   t->rank = rank;
   t->is_rank = is_rank;
   t->name = name;
+  t->fn = std::move(fn);
+  Task* raw = t.get();
+  raw->ctx = boost::context::fiber(std::allocator_arg, boost::context::protected_fixedsize_stack(kStackBytes),
+                                   [this, raw](boost::context::fiber&& driver) { return body(raw, std::move(driver)); });
   tasks_.push_back(std::move(t));
-  return tasks_.back().get();
+  live_.push_back(raw);
+  return raw;
 }
 
-void Scheduler::enter(Task* t) {
-  tl_task = t;
-  wait_go(t);
-}
-
-void Scheduler::exit(Task* t) {
-  if (over()) return;
+boost::context::fiber Scheduler::body(Task* t, boost::context::fiber&& driver) {
+  driver_ = std::move(driver);
+  try {
+    const auto fn = std::move(t->fn);
+    fn();
+  } catch (const RankCrashed&) {
+    // A helper task the fault plan crashed (rank bodies catch their own).
+  } catch (const RankStopped&) {
+  }
   t->state = Task::done;
-  pass(t, "exit");
+  if (!over()) next_ = choose("exit");
+  return std::move(driver_);
 }
 
-void Scheduler::start() {
+void Scheduler::run() {
   started_ = true;
   g_running.fetch_add(1, std::memory_order_relaxed);
-  Task* first = choose("start");
-  if (first) hand(first);
+  next_ = choose("start");
+  while (Task* t = std::exchange(next_, nullptr)) resume(t);
 }
 
-void Scheduler::wait_over() {
-  std::unique_lock<std::mutex> lock(over_m_);
-  over_cv_.wait(lock, [&] { return over(); });
+void Scheduler::resume(Task* t) {
+  Task* const outer = std::exchange(tl_task, t);
+  EhGlobals* eh = eh_globals();
+  const EhGlobals mine = std::exchange(*eh, EhGlobals{t->caught_exceptions, t->uncaught_exceptions});
+  const char* label = exchange_call_label(t->call_label);
+  const bool agent = rpc::detail::exchange_in_sim_agent(t->in_agent);
+  t->ctx = std::move(t->ctx).resume();
+  t->call_label = exchange_call_label(label);
+  t->in_agent = rpc::detail::exchange_in_sim_agent(agent);
+  const EhGlobals theirs = std::exchange(*eh, mine);
+  t->caught_exceptions = theirs.caught;
+  t->uncaught_exceptions = theirs.uncaught;
+  tl_task = outer;
+}
+
+void Scheduler::suspend(Task*) { driver_ = std::move(driver_).resume(); }
+
+int Scheduler::finish() {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (Task* t = choose_free(give_up)) {
+    if (t->state == Task::blocked) t->state = Task::runnable;
+    resume(t);
+  }
+  int left = 0;
+  for (auto& t : tasks_)
+    if (t->state != Task::done) ++left;
+  park();
+  finished_ = true;
+  g_running.fetch_sub(1, std::memory_order_relaxed);
+  return left;
+}
+
+void Scheduler::park() {
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  for (auto& t : tasks_) {
+    const bool registered = parked().count(t->tid) != 0 && parked()[t->tid].get() == this;
+    if (t->tid == std::thread::id() || (t->state == Task::done) == !registered) continue;
+    if (t->state == Task::done) {
+      parked().erase(t->tid);
+      g_parked.fetch_sub(1, std::memory_order_release);
+    } else {
+      parked()[t->tid] = shared_from_this();
+      g_parked.fetch_add(1, std::memory_order_release);
+    }
+  }
+}
+
+void Scheduler::finish_parked(std::thread::id id) {
+  const auto keep = shared_from_this();  // park() may drop the registry's references
+  {
+    std::lock_guard<std::mutex> lock(driving_);  // one driver at a time
+    Task* target = find(id);
+    g_running.fetch_add(1, std::memory_order_relaxed);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (target && target->state != Task::done) {
+      Task* t = choose_free(give_up);
+      if (!t) break;
+      if (t->state == Task::blocked) t->state = Task::runnable;
+      resume(t);
+    }
+    g_running.fetch_sub(1, std::memory_order_relaxed);
+    park();
+  }
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  if (auto it = parked().find(id); it != parked().end() && it->second == keep) {  // never to end: abandoned
+    parked().erase(it);
+    g_parked.fetch_sub(1, std::memory_order_release);
+  }
+}
+
+Task* Scheduler::choose_free(std::chrono::steady_clock::time_point give_up) {
+  const bool deadlocked = !deadlock_.empty();
+  const auto n = tasks_.size();
+  const auto can_run = [&](Task* t) {
+    if (t->state == Task::done || (deadlocked && t->is_rank)) return false;
+    if (t->ready) return (*t->ready)();
+    return t->state == Task::runnable || t->state == Task::frozen;
+  };
+  const auto first_ready = [&]() -> Task* {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = (free_from_ + k) % n;
+      Task* t = tasks_[i].get();
+      if (can_run(t)) {
+        free_from_ = i + 1;
+        t->timed_out = false;
+        return t;
+      }
+    }
+    return nullptr;
+  };
+  for (;;) {
+    if (Task* t = first_ready()) return t;
+    // Nothing can run: the earliest deadline, once real time reached it (the
+    // clock is real again); a wait on something outside (an actor) meanwhile.
+    Task* best = nullptr;
+    for (auto& up : tasks_) {
+      Task* t = up.get();
+      if (t->state != Task::done && !(deadlocked && t->is_rank) && t->ready && t->deadline &&
+          (!best || *t->deadline < *best->deadline))
+        best = t;
+    }
+    const auto real = std::chrono::steady_clock::now();
+    if (best && epoch_ + std::chrono::nanoseconds(*best->deadline) <= real) {
+      best->timed_out = true;
+      return best;
+    }
+    if (real >= give_up) return nullptr;
+    if (!best && real + std::chrono::milliseconds(2) < give_up)
+      give_up = real + std::chrono::milliseconds(2);  // nothing to wait for but the outside: a short look
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void Scheduler::record(Task* t, const char* what) {
@@ -142,14 +308,29 @@ void Scheduler::record(Task* t, const char* what) {
   if (keep_trace_ && events_.size() < (4u << 20)) events_.push_back(Event{t->id, what, now_});
 }
 
-Task* Scheduler::choose(const char* why) {
-  scratch_.clear();
-  for (auto& up : tasks_) {
-    Task* t = up.get();
-    if (t->state == Task::runnable || (t->state == Task::blocked && (*t->ready)())) scratch_.push_back(t);
+Task* Scheduler::pick_ready() {
+  // A partial Fisher-Yates shuffle of the live tasks, in place, until the
+  // first that can run: uniform among those that can (as the first of them in
+  // a uniformly random order), and the readiness of the others goes unasked
+  // (at 1,024 ranks asking every blocked task made each decision O(ranks)).
+  std::size_t i = 0;
+  while (i < live_.size()) {
+    const std::size_t left = live_.size() - i;
+    if (left > 1) std::swap(live_[i], live_[i + static_cast<std::size_t>(next_random() % left)]);
+    Task* t = live_[i];
+    if (t->state == Task::done || t->state == Task::frozen) {  // never runs again before finish()
+      live_[i] = live_.back();
+      live_.pop_back();
+      continue;
+    }
+    if (t->state == Task::runnable || (t->state == Task::blocked && (*t->ready)())) return t;
+    ++i;
   }
-  if (!scratch_.empty()) {
-    Task* t = scratch_.size() == 1 ? scratch_[0] : scratch_[next_random() % scratch_.size()];
+  return nullptr;
+}
+
+Task* Scheduler::choose(const char* why) {
+  if (Task* t = pick_ready()) {
     t->state = Task::runnable;
     t->timed_out = false;
     record(t, why);
@@ -157,10 +338,10 @@ Task* Scheduler::choose(const char* why) {
   }
   // Nobody can run: time moves on to the earliest deadline.
   Task* best = nullptr;
-  for (auto& up : tasks_) {
-    Task* t = up.get();
-    if (t->state == Task::blocked && t->deadline && (!best || *t->deadline < *best->deadline)) best = t;
-  }
+  for (Task* t : live_)
+    if (t->state == Task::blocked && t->deadline &&
+        (!best || *t->deadline < *best->deadline || (*t->deadline == *best->deadline && t->id < best->id)))
+      best = t;
   if (best) {
     now_ = std::max(now_, *best->deadline);
     best->state = Task::runnable;
@@ -169,8 +350,8 @@ Task* Scheduler::choose(const char* why) {
     return best;
   }
   bool ranks_left = false;
-  for (auto& up : tasks_)
-    if (up->is_rank && up->state != Task::done && up->state != Task::frozen) ranks_left = true;
+  for (Task* t : live_)
+    if (t->is_rank && t->state != Task::done && t->state != Task::frozen) ranks_left = true;
   if (!ranks_left) {
     let_go("");
     return nullptr;
@@ -179,8 +360,7 @@ Task* Scheduler::choose(const char* why) {
   // fills): give it a moment of real time before calling it a deadlock.
   for (int i = 0; i < 2000; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    for (auto& up : tasks_) {
-      Task* t = up.get();
+    for (Task* t : live_) {
       if (t->state == Task::blocked && (*t->ready)()) {
         t->state = Task::runnable;
         record(t, "external");
@@ -196,38 +376,11 @@ Task* Scheduler::choose(const char* why) {
   return nullptr;
 }
 
-void Scheduler::hand(Task* t) {
-  {
-    std::lock_guard<std::mutex> lock(t->m);
-    t->go.store(true, std::memory_order_release);
-  }
-  t->cv.notify_one();
-}
-
-bool Scheduler::wait_go(Task* t) {
-  // The baton often comes back within microseconds (two ranks taking turns
-  // in a collective): watch for it a little before sleeping, yielding the
-  // CPU to the holder, so that a hand-off is not always a wake-up. For at
-  // most 50 us: where other processes want the CPUs, one yield can give a
-  // whole time slice away (with two CPU hogs on two cores a simulation took 35 s
-  // with 64 yields, 21 s with this bound; 0.6 s on idle cores).
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-  for (int i = 0; i < 64 && !t->go.load(std::memory_order_acquire); ++i) {
-    std::this_thread::yield();
-    if (std::chrono::steady_clock::now() >= until) break;
-  }
-  std::unique_lock<std::mutex> lock(t->m);
-  t->cv.wait(lock, [&] { return t->go.load(std::memory_order_relaxed) || t->released; });
-  t->go.store(false, std::memory_order_relaxed);
-  return !t->released;
-}
-
 void Scheduler::pass(Task* me, const char* why) {
   Task* next = choose(why);
   if (next == me) return;
-  if (next) hand(next);
-  if (me->state == Task::done) return;
-  wait_go(me);
+  next_ = next;  // null: the scheduler let go
+  suspend(me);
 }
 
 void Scheduler::let_go(const std::string& deadlock) {
@@ -237,19 +390,8 @@ void Scheduler::let_go(const std::string& deadlock) {
     deadlock_ = deadlock;
     over_.store(true, std::memory_order_release);
   }
-  if (started_) g_running.fetch_sub(1, std::memory_order_relaxed);
-  // After a deadlock the ranks' threads stay parked for good (what they
-  // wait on will never come; simulate() abandons them); helper threads go
-  // on as ordinary threads, so that their groups can stop them.
-  for (auto& up : tasks_) {
-    if (!deadlock.empty() && up->is_rank) continue;
-    {
-      std::lock_guard<std::mutex> lock(up->m);
-      up->released = true;
-    }
-    up->cv.notify_all();
-  }
-  over_cv_.notify_all();
+  // The tasks still alive run on in finish(); after a deadlock the ranks'
+  // tasks are abandoned (what they wait on will never come).
 }
 
 std::string Scheduler::deadlock() const {
@@ -259,21 +401,23 @@ std::string Scheduler::deadlock() const {
 
 bool Scheduler::block(Task* me, const std::function<bool()>& ready, std::optional<Clock::time_point> deadline,
                       const char* what) {
-  if (over() || me->released) return false;
   me->ready = &ready;
   me->deadline.reset();
   if (deadline) me->deadline = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - epoch_).count();
   me->waits_on = what;
   me->state = Task::blocked;
-  pass(me, what);
+  if (over())
+    suspend(me);  // finish() resumes it once ready() holds, or at the deadline
+  else
+    pass(me, what);
   me->ready = nullptr;
   me->deadline.reset();
-  if (me->state == Task::blocked) me->state = Task::runnable;  // let go while blocked
-  return !me->released;
+  if (me->state == Task::blocked) me->state = Task::runnable;
+  return true;
 }
 
 void Scheduler::yield(Task* me, const char* what) {
-  if (over() || me->released) return;
+  if (over()) return;
   me->state = Task::runnable;
   pass(me, what);
 }
@@ -298,7 +442,7 @@ void Scheduler::freeze_rank(int rank) {
 }
 
 void Scheduler::on_call(Task* me, const char* what) {
-  if (over() || me->released) return;
+  if (over()) return;
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++calls_[r];
   const bool crash_due = crash_at_[r] > 0 && k >= crash_at_[r];
@@ -353,7 +497,7 @@ std::chrono::nanoseconds Scheduler::draw_delay(int rank) {
 }
 
 std::chrono::nanoseconds Scheduler::message_fault(Task* me, const char* what, Channel channel) {
-  if (over() || me->released) return std::chrono::nanoseconds(0);
+  if (over()) return std::chrono::nanoseconds(0);
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++messages_[r];
   const bool coll = channel == Channel::collective;
@@ -401,7 +545,7 @@ std::string Scheduler::link_lost(int src, int dst) const {
 
 Scheduler::SendFault Scheduler::send_fault(Task* me, int src, int dst, int tag) {
   SendFault out;
-  if (over() || me->released) return out;
+  if (over()) return out;
   const auto r = static_cast<std::size_t>(me->rank);
   const int k = ++messages_[r];
   const std::string msg = "send " + std::to_string(k) + " of rank " + std::to_string(src) + " (to rank " +
@@ -504,28 +648,28 @@ std::uint64_t run_id() {
 std::thread spawn(std::function<void()> fn, const char* what) {
   Task* me = tl_task;
   if (!me || me->sched->over()) return std::thread(std::move(fn));
-  Scheduler* s = me->sched;
-  Task* t = s->add(me->rank, false, what);
-  auto keep = s->shared_from_this();
-  std::thread th([keep, t, fn = std::move(fn)] {
-    keep->enter(t);
-    struct Exit {
-      Scheduler* s;
-      Task* t;
-      ~Exit() { s->exit(t); }
-    } on_exit{keep.get(), t};
-    fn();
-  });
-  t->tid = th.get_id();
-  return th;
+  Task* t = me->sched->add(me->rank, false, what, std::move(fn));
+  // The caller owns a std::thread: a thread that ends at once, whose id
+  // (unique until it is joined) names the task for join().
+  std::thread handle([] {});
+  t->tid = handle.get_id();
+  return handle;
 }
 
 void join(std::thread& th) {
   Task* me = tl_task;
-  if (!me || me->sched->over()) return th.join();
+  if (!me) {
+    // An ordinary thread (the owner, after the simulation): a parked task
+    // runs to its end first, here.
+    if (auto s = parked_scheduler(th.get_id())) s->finish_parked(th.get_id());
+    return th.join();
+  }
   Task* t = me->sched->find(th.get_id());
   if (!t) return th.join();
-  if (t->state == Task::frozen) return th.detach();  // a crashed rank's thread: never runs again here
+  t->tid = std::thread::id();
+  // Itself (its owner destroyed from its own task), or a crashed rank's
+  // task (never runs again here): let the handle go.
+  if (t == me || t->state == Task::frozen) return th.detach();
   const std::function<bool()> done = [t] { return t->state == Task::done || t->state == Task::frozen; };
   me->sched->block(me, done, std::nullopt, "join");
   if (t->state == Task::frozen) return th.detach();
@@ -533,7 +677,7 @@ void join(std::thread& th) {
 }
 
 Task* Scheduler::find(std::thread::id id) {
-  // The newest: ids of threads that ended are reused.
+  if (id == std::thread::id()) return nullptr;
   for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it)
     if ((*it)->tid == id) return it->get();
   return nullptr;
@@ -561,6 +705,11 @@ std::string describe(const std::exception_ptr& e) {
 std::chrono::nanoseconds message_fault(const char* what) {
   Task* me = tl_task;
   return me ? me->sched->message_fault(me, what) : std::chrono::nanoseconds(0);
+}
+
+bool any_partition() {
+  Task* me = tl_task;
+  return me && !me->sched->over() && me->sched->has_partitions();
 }
 
 std::string partition_between(int a, int b) {

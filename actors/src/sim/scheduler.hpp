@@ -1,21 +1,26 @@
 #pragma once
 // The deterministic scheduler behind simulate({.deterministic = true}).
 //
-// Every thread of a simulation is a Task backed by its own OS thread; one
-// baton passes between them and only its holder runs. A task gives the
-// baton up at the hooks of dopt/actors/internal/sim_hooks.hpp (block, yield, the end
-// of its thread); the giving thread then picks the next holder itself (there
-// is no scheduler thread): among the runnable tasks (yielded, new, or blocked
-// with a ready() that now holds) one drawn by the seeded generator; when none
-// is runnable, the blocked task with the earliest virtual deadline (the
-// clock jumps to it); when none has a deadline and every rank's thread has
-// ended, the simulation is over; otherwise it is a deadlock.
+// Every simulated thread is a Task: a stackful coroutine (a Boost.Context
+// fiber with a guarded stack of kStackBytes) that the thread of run_ranks,
+// the driver, resumes. Only one task runs at a time; a task gives control up
+// at the hooks of dopt/actors/internal/sim_hooks.hpp (block, yield, the end of
+// its function): it picks the next task itself and switches to the driver,
+// which resumes that one. The pick: among the runnable tasks (yielded, new,
+// or blocked with a ready() that now holds) one drawn by the seeded
+// generator; when none is runnable, the blocked task with the earliest
+// virtual deadline (the clock jumps to it); when none has a deadline and
+// every rank's task has ended, the simulation is over; otherwise it is a
+// deadlock.
 //
-// Once over (or deadlocked) the scheduler lets go: every task that still
-// waits for the baton returns from its hook with `false` and continues as an
-// ordinary thread (the hooks' callers then wait as without simulation).
+// Once over (or deadlocked) the scheduler lets go: the driver then runs the
+// tasks still alive (not those of the ranks after a deadlock) without
+// recording, one whose wait holds at a time, deadlines in real time, until
+// none can run. Helper tasks left then (a plane's engine that its owner stops
+// after the simulation) are parked: joining one's handle runs it on to its
+// end on the joining thread. Tasks never joined, and the ranks' after a
+// deadlock, are abandoned (their stacks never resumed nor freed).
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -28,6 +33,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <boost/context/fiber.hpp>
 
 #include "dopt/actors/sim.hpp"
 #include "dopt/actors/internal/sim_hooks.hpp"
@@ -43,31 +50,40 @@ struct RankCrashed {
   int rank;
   std::string why;
 };
-/// Thrown on a stopped rank's thread when the simulation ends.
+/// Thrown on a stopped rank's task when the simulation ends.
 struct RankStopped {
   int rank;
 };
+
+/// The stack of every task: its size bounds a rank's stack memory (only the
+/// pages a task touched are resident); a guard page below it faults on overflow.
+inline constexpr std::size_t kStackBytes = 256u << 10;
 
 struct Task {
   enum State { runnable, blocked, done, frozen };
   Scheduler* sched = nullptr;
   int id = 0;
   int rank = 0;
-  bool is_rank = false;  // the rank's own thread (runs fn)
+  bool is_rank = false;  // the rank's own task (runs the rank's body)
   const char* name = "";
   State state = runnable;
-  // While blocked (owned by the blocked thread's frame).
+  // While blocked (owned by the blocked task's frame).
   const std::function<bool()>* ready = nullptr;
   std::optional<std::int64_t> deadline;  // virtual ns
   const char* waits_on = "";
   bool timed_out = false;
-  // Hand-off of the baton.
-  std::mutex m;
-  std::condition_variable cv;
-  std::atomic<bool> go{false};  // set under m (the sleeper's predicate), read without it while spinning
-  bool released = false;  // the scheduler let go of this thread
-  bool crashed = false;   // a fault plan crashed this rank thread
-  std::thread::id tid;    // helper threads: their std::thread
+  bool crashed = false;   // a fault plan crashed this rank's task
+  std::thread::id tid;    // helper tasks: the id of the handle spawn() returned
+  // The coroutine: what it runs (until it starts), and where it stopped.
+  std::function<void()> fn;
+  boost::context::fiber ctx;
+  // What belongs to a task on its thread, while it is suspended: the C++
+  // runtime's exceptions in flight (a task may switch inside a catch
+  // handler), and dopt's thread-locals.
+  void* caught_exceptions = nullptr;
+  unsigned int uncaught_exceptions = 0;
+  const char* call_label = nullptr;
+  bool in_agent = false;
 };
 
 struct Event {
@@ -85,16 +101,22 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  /// A new task (before start(), or by the baton holder).
-  Task* add(int rank, bool is_rank, const char* name);
-  /// On the task's own thread, first: waits for the baton.
-  void enter(Task* t);
-  /// On the task's own thread, last: passes the baton on.
-  void exit(Task* t);
-  /// Main thread: hands the baton to the first task.
-  void start();
-  /// Main thread: waits until the scheduler let go (all ranks ended, or a deadlock).
-  void wait_over();
+  /// A new task running fn (before run(), or by the running task).
+  Task* add(int rank, bool is_rank, const char* name, std::function<void()> fn);
+  /// The driver (the thread of run_ranks): runs the tasks until the
+  /// scheduler let go (all ranks ended, or a deadlock).
+  void run();
+  /// The driver, after run() (and after marking what a frozen rank left
+  /// lost): runs the tasks still alive to their end, or until none can run.
+  /// The helper tasks left are parked: join() of their handle from an
+  /// ordinary thread (their owner's, typically simulate()'s after the run)
+  /// runs them on there (finish_parked); the ranks' tasks left are abandoned.
+  /// Returns the number of tasks left.
+  int finish();
+  /// join() of the parked task whose handle has id, on an ordinary thread:
+  /// runs the parked tasks that can run until that one ended (or none can
+  /// run: it is abandoned).
+  void finish_parked(std::thread::id id);
 
   bool block(Task* me, const std::function<bool()>& ready, std::optional<Clock::time_point> deadline,
              const char* what);
@@ -122,6 +144,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// Why the fault plan's partitions separate global ranks a and b at this
   /// virtual time ("" when they do not). Any task; not a scheduling point.
   std::string partition_between(int a, int b) const;
+  bool has_partitions() const noexcept { return has_partitions_; }
   /// A message from src to dst (`what`: its kind) lost to a partition (why):
   /// counted; the first loss on each link is recorded as a fault.
   void lost_to_partition(int src, int dst, const std::string& what, const std::string& why);
@@ -131,15 +154,15 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void freeze_rank(int rank);
   /// Fault plan of checkpoint reads: 0 ok, 1 fail, 2 corrupt.
   int on_read(const std::string& path);
-  /// The helper task running on thread id (null: none).
+  /// The helper task whose handle (spawn) has id (null: none).
   Task* find(std::thread::id id);
 
   bool over() const noexcept { return over_.load(std::memory_order_acquire); }
-  /// A fault plan crashed or stopped a rank (its threads were frozen).
+  /// A fault plan crashed or stopped a rank (its tasks were frozen).
   bool any_frozen() const noexcept { return any_frozen_; }
-  /// Called (on the crashing thread, holding the baton) when a fault plan
-  /// crashes a rank; with it set, a crash may also happen on a helper
-  /// thread's call (which then never runs again). Set before start().
+  /// Called (on the crashing task) when a fault plan crashes a rank; with it
+  /// set, a crash may also happen on a helper task's call (which then never
+  /// runs again). Set before run().
   void set_on_crash(std::function<void(int rank)> f) { on_crash_ = std::move(f); }
   /// A deadlock the scheduler found ("" when none).
   std::string deadlock() const;
@@ -152,9 +175,20 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
  private:
   std::uint64_t next_random();
   Task* choose(const char* why);
+  /// A task that can run, drawn uniformly among them (null: none).
+  Task* pick_ready();
+  /// After let_go (finish): the next task to run on, in turn (null: none
+  /// can run, or real time reached give_up).
+  Task* choose_free(std::chrono::steady_clock::time_point give_up);
   void pass(Task* me, const char* why);
-  void hand(Task* t);
-  bool wait_go(Task* t);
+  /// The running task: back to the driver (returns when resumed).
+  void suspend(Task* me);
+  /// The driver: runs t until it suspends or ends.
+  void resume(Task* t);
+  /// Registers the helper tasks left alive as parked, unregisters the ended.
+  void park();
+  /// The body of t's coroutine.
+  boost::context::fiber body(Task* t, boost::context::fiber&& driver);
   void let_go(const std::string& deadlock);
   void record(Task* t, const char* what);
   void fault(std::string what);
@@ -172,6 +206,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::vector<bool> read_fault_used_;
   std::vector<int> calls_, messages_;  // per rank
   bool started_ = false;
+  bool finished_ = false;
+  bool has_partitions_ = false;
   bool any_frozen_ = false;
   int world_size_;
   std::shared_ptr<PeerTable> peers_;
@@ -179,7 +215,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Clock::time_point epoch_;
   std::int64_t now_ = 0;
   std::deque<std::unique_ptr<Task>> tasks_;
-  std::vector<Task*> scratch_;
+  std::vector<Task*> live_;  // the tasks not yet ended or frozen (in the order the draws leave them)
   std::vector<Event> events_;
   std::uint64_t hash_ = 1469598103934665603ULL;
   std::uint64_t decisions_ = 0;
@@ -190,8 +226,11 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::map<std::tuple<int, int, int>, std::int64_t> fifo_;  // (src, dst, tag): last release (virtual ns)
   std::atomic<bool> over_{false};
   mutable std::mutex over_m_;
-  std::condition_variable over_cv_;
   std::string deadlock_;
+  boost::context::fiber driver_;  // while a task runs: the driver, where it suspends to
+  Task* next_ = nullptr;          // the task the driver resumes next
+  std::size_t free_from_ = 0;     // after let_go: where choose_free looks first
+  std::mutex driving_;            // finish_parked: one thread drives at a time
   std::function<void(int)> on_crash_;
 };
 
@@ -200,11 +239,11 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
 std::string describe(const std::exception_ptr& e);
 
 /// Runs body(r) for ranks 0..world_size-1 as the rank tasks of one
-/// deterministic scheduler (simulate.cpp; dopt::simulate and rpc::simulate):
-/// returns when every rank's body ended, the threads joined. The plan is
+/// deterministic scheduler on the calling thread (run_ranks.cpp; called by
+/// dopt::simulate and rpc::simulate): returns when every rank's body ended. The plan is
 /// `faults` plus DOPT_SIM_FAULTS. Fills `report` (when set), appends the
 /// run's line to DOPT_SIM_TRACE_LOG and its trace to DOPT_SIM_TRACE_DUMP.
-/// Throws StateError on a deadlock (the parked threads are abandoned).
+/// Throws StateError on a deadlock (the ranks' tasks are abandoned).
 /// body must catch what fn throws, RankCrashed and RankStopped included.
 /// peers (may be null): marked lost for every rank when a rank was frozen.
 /// on_crash: Scheduler::set_on_crash.

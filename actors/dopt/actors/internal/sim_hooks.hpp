@@ -4,8 +4,9 @@
 //
 // Outside deterministic mode every hook is one relaxed load of a global
 // counter (no simulation anywhere in the process: 0) and does nothing else.
-// Inside it, the thread holds the scheduler's baton: it must call the hooks
-// without holding a mutex that another simulated thread could need.
+// Inside it, the caller is a task of the scheduler (a fiber on the thread
+// of run_ranks): it must call the hooks without holding a mutex that another
+// simulated task could need (they all run on that one thread).
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -19,7 +20,10 @@ struct Task;
 
 /// Number of deterministic simulations running in this process.
 inline std::atomic<int> g_running{0};
-/// The simulated task this thread runs as (null: an ordinary thread).
+/// Helper tasks whose simulation ended while they waited (parked): joining
+/// one's handle from an ordinary thread runs it to its end first.
+inline std::atomic<int> g_parked{0};
+/// The simulated task running on this thread (null: an ordinary thread).
 inline thread_local Task* tl_task = nullptr;
 
 /// This thread runs under a deterministic scheduler.
@@ -31,18 +35,21 @@ using Clock = std::chrono::steady_clock;
 
 // The out-of-line parts (actors/src/sim/scheduler.cpp); call only when active().
 
-/// Gives up the baton until ready() holds or the (virtual) deadline passed.
-/// ready() runs on whichever simulated thread schedules next: it only reads.
-/// Returns false when the scheduler let go of this thread (the simulation
-/// ended or gave up): the caller then waits as it would without simulation.
+/// Gives up control until ready() holds or the (virtual) deadline passed.
+/// ready() runs on whichever simulated task schedules next: it only reads.
+/// Returns false when the caller is not a simulated task (it then waits as
+/// it would without simulation); once the simulation ended, the wait goes on
+/// in the driver's finish() (the deadline in real time).
 bool block(const std::function<bool()>& ready, std::optional<Clock::time_point> deadline, const char* what);
 /// A scheduling point: another runnable thread may run first.
 void yield(const char* what);
 /// Virtual time (real time once the scheduler let go).
 Clock::time_point now();
-/// A thread that runs as a simulated task of the calling task's rank.
+/// A simulated task of the calling task's rank running fn; the std::thread
+/// returned is its handle (join it with join_thread).
 std::thread spawn(std::function<void()> fn, const char* what);
-/// Joins t, letting the scheduler run t's task to its end first.
+/// Joins t, letting the scheduler run t's task to its end first (also from
+/// an ordinary thread, when t's task was parked).
 void join(std::thread& t);
 /// A collective, send or recv of the calling rank starts: fault plans may
 /// crash or stop the rank here. `what` names the call.
@@ -55,6 +62,10 @@ std::chrono::nanoseconds on_message(const char* what);
 /// they do not). Not a scheduling point. Called by the shared-memory
 /// collectives and the simulated RPC agents (transport/shm, rpc).
 std::string partition_between(int a, int b);
+/// The calling task's fault plan has partitions (false when not simulated):
+/// without, partition_between is "" for every pair, and callers need not ask
+/// (the shared-memory waits asked for every member at every wait).
+bool any_partition();
 /// A message from global rank src to dst lost to a partition (why, from
 /// partition_between): counted in the run report, the first on each link
 /// recorded as a fault. `what` names the message ("rpc request of rank 0").
@@ -71,9 +82,10 @@ std::thread make_thread(F&& fn, const char* what) {
   return std::thread(std::forward<F>(fn));
 }
 
-/// t.join(), cooperating with the scheduler when the caller is simulated.
+/// t.join(), cooperating with the scheduler when the caller is simulated or
+/// t is a parked task's handle.
 inline void join_thread(std::thread& t) {
-  if (active()) [[unlikely]]
+  if (active() || g_parked.load(std::memory_order_acquire) != 0) [[unlikely]]
     return join(t);
   t.join();
 }

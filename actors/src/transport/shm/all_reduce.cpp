@@ -13,6 +13,16 @@ namespace dopt::detail::shm_plane {
 
 namespace {
 
+/// Whether the one-round way fits: the data fits a buffer, and what each
+/// receiver then reduces (every member's data, members x bytes) stays within
+/// 64 small calls' worth; past it (hundreds of members: simulated worlds)
+/// each member reduces a slice instead (O(bytes) per member, not O(members x
+/// bytes)). Every member sees the same size and group: they agree.
+bool small_fits(const Channel& ch, std::size_t bytes) {
+  return bytes <= ch.small_bytes() && bytes <= ch.buf_bytes() &&
+         bytes * static_cast<std::size_t>(ch.size()) <= 64 * ch.small_bytes();
+}
+
 /// Whether this member receives the result.
 bool receives(int me, int root) { return root < 0 || me == root; }
 
@@ -125,7 +135,7 @@ void reduce_to(Channel& ch, Call& c, int root) {
   const Op& op = *c.op;
   const FlatView v(op.tensors, 0, op.tensors.size());
   const std::size_t es = itemsize(op.desc.dtype);
-  if (v.bytes() <= ch.small_bytes() && v.bytes() <= ch.buf_bytes()) return small(ch, c, v, es, root);
+  if (small_fits(ch, v.bytes())) return small(ch, c, v, es, root);
   if (ch.in_process()) return direct(ch, c, v, es, root);
   staged(ch, c, v, es, root);
 }

@@ -53,6 +53,10 @@ bool same(const Desc& a, const Desc& b) {
 constexpr std::uint32_t kAbortLost = 2;
 constexpr std::uint32_t kAbortState = 3;
 
+/// Aborts of groups signalled in this process (simulated waits watch it
+/// instead of every member's abort flag).
+std::atomic<std::uint64_t> g_aborts{0};
+
 FailKind abort_kind(const ControlBlock& cb) {
   const std::uint32_t v = cb.abort.aborted.load(std::memory_order_acquire);
   return v == kAbortLost ? FailKind::peer_lost : v == kAbortState ? FailKind::state : FailKind::timeout;
@@ -182,9 +186,17 @@ bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
   SyncLine& s = ctl(g).sync;
   for (;;) {
     const std::uint64_t gen = peers_->generation();
+    const std::uint64_t aborts = g_aborts.load(std::memory_order_acquire);
+    if (aborts != clean_aborts_ || c.op->seq != clean_seq_) {  // an abort since the last look: is it one of ours?
+      if (aborted_before(c.op->seq) >= 0) check_slow(g, step, c);  // throws
+      clean_aborts_ = aborts;
+      clean_seq_ = c.op->seq;
+    }
+    // Wakes on the step, a change of the peers, or any abort in the process
+    // (then check_slow below decides whether it ends this wait).
     const std::function<bool()> ready = [&] {
-      if (s.step.load(std::memory_order_acquire) >= step || peers_->generation() != gen) return true;
-      return aborted_before(c.op->seq) >= 0;
+      return s.step.load(std::memory_order_acquire) >= step || peers_->generation() != gen ||
+             g_aborts.load(std::memory_order_acquire) != aborts;
     };
     const bool simulated = sim::block(ready, c.deadline, "shm wait");
     if (s.step.load(std::memory_order_acquire) >= step) return true;
@@ -195,6 +207,7 @@ bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
 }
 
 void Channel::check_partition(Call& c) {
+  if (!sim::any_partition()) return;
   for (int h = 0; h < size(); ++h) {
     if (h == me_) continue;
     const std::string why = sim::partition_between(my_global(), global(h));
@@ -293,6 +306,7 @@ void Channel::abort_group(const std::string& later, FailKind kind, std::uint64_t
     mine.abort.seq.store(seq, std::memory_order_relaxed);
     mine.abort.aborted.store(kind == FailKind::peer_lost ? kAbortLost : kind == FailKind::state ? kAbortState : 1,
                              std::memory_order_release);
+    g_aborts.fetch_add(1, std::memory_order_acq_rel);
     signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
   }
   break_group(Failure{kind, "", later});

@@ -189,6 +189,11 @@ class Channel {
   /// descheduled stops taking the CPU from them.
   std::chrono::nanoseconds spin_{0};
   std::uint32_t waits_ = 0;
+  // Simulation: the count of aborts in this process (abort_count()) when
+  // aborted_before(clean_seq_) last found none, so that a wait asks again only
+  // after an abort (ranks x ranks x waits otherwise, at 1,024 ranks).
+  std::uint64_t clean_aborts_ = ~std::uint64_t{0};
+  std::uint64_t clean_seq_ = 0;
   Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;
