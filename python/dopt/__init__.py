@@ -12,7 +12,7 @@ dopt's rendezvous stays clear of torch's MASTER_PORT.
 """
 from . import _C
 from ._C import (Error, ValueError, TypeError, KeyError, StateError, StateDictError, NotSupportedError,  # noqa: A004
-                 TimeoutError, CollectiveMismatchError, PeerLostError, IOError)
+                 TimeoutError, CollectiveMismatchError, PeerLostError, IOError, ShapeError, DTypeError)
 from ._groups import registered_optimizers
 from ._tensor import to_dopt, to_torch
 from .distributed import (ProcessGroup, init_process_group, is_initialized, get_world, get_rank,

@@ -21,6 +21,8 @@ and are dropped, and the unit is freed. At the end of the backward (torch's
 engine callback) the units it did not reach are reduced too, the last
 reduction is waited for, and every unit is freed.
 """
+import dataclasses
+
 import torch
 from torch.autograd import Variable
 
@@ -42,6 +44,17 @@ def _tensors(x):
     elif isinstance(x, dict):
         for y in x.values():
             yield from _tensors(y)
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        for f in dataclasses.fields(x):
+            yield from _tensors(getattr(x, f.name))
+
+
+def _broadcast_from_0(group, t):
+    """t (any dense CPU tensor) takes group rank 0's values, in place."""
+    buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
+    group.broadcast(buf.view(torch.uint8) if buf.dtype == torch.bool else buf, 0)
+    if buf.data_ptr() != t.data_ptr():
+        t.detach().copy_(buf)
 
 
 def _contains(outer, inner):
@@ -57,13 +70,13 @@ def split_units(module, units, where):
     if units is None:
         units = [c for c in module.children() if any(p.requires_grad for p in c.parameters())]
     elif isinstance(units, torch.nn.Module):
-        raise TypeError(f"dopt {where}: units must be a list of submodules, got one {type(units).__name__}")
+        raise TypeError(f"{where}: units must be a list of submodules, got one {type(units).__name__}")
     units = list(units)
     for i, m in enumerate(units):
         if not isinstance(m, torch.nn.Module):
-            raise TypeError(f"dopt {where}: unit {i} is a {type(m).__name__}, not a torch.nn.Module")
+            raise TypeError(f"{where}: unit {i} is a {type(m).__name__}, not a torch.nn.Module")
         if m is module or not _contains(module, m):
-            raise _C.ValueError(f"dopt {where}: unit {i} ({type(m).__name__}) is not a submodule of the module "
+            raise _C.ValueError(f"{where}: unit {i} ({type(m).__name__}) is not a submodule of the module "
                                 "(the module itself is always a unit: it holds the parameters no unit takes)")
     owner = {}
     for i, m in enumerate(units):
@@ -71,6 +84,18 @@ def split_units(module, units, where):
             j = owner.get(id(p))
             if j is None or _contains(units[j], m):  # the innermost unit takes it
                 owner[id(p)] = i
+    # A parameter used by a unit that does not own it, and not nested in its
+    # owner, is shared between units (tied weights): it would be gathered
+    # with one of them only.
+    for i, m in enumerate(units):
+        for p in m.parameters():
+            j = owner[id(p)]
+            if j != i and not _contains(m, units[j]):
+                pname = next((n for n, q in module.named_parameters() if q is p), "?")
+                raise _C.ValueError(
+                    f"{where}: parameter '{pname}' is shared by unit {i} ({type(m).__name__}) and unit {j} "
+                    f"({type(units[j]).__name__}): tied parameters must be in one unit (pass units= with a module "
+                    "that holds both users, or leave both to the root's unit)")
     out = [(module, [])] + [(m, []) for m in units]
     for name, p in module.named_parameters():
         if p.requires_grad:
@@ -133,7 +158,17 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self._group = resolve_process_group(process_group, self._where)
         split = split_units(module, units, self._where)
         if not split:
-            raise _C.ValueError(f"dopt {self._where}: the module has no trainable parameters")
+            raise _C.ValueError(f"{self._where}: the module has no trainable parameters")
+        for _, named in split:
+            for n, p in named:
+                if p.dtype != torch.float32 or p.device.type != "cpu":
+                    raise _C.TypeError(f"{self._where} [rank {self._group.rank()}]: parameter '{n}' is {p.dtype} on "
+                                       f"{p.device}; fully_shard shards float32 CPU parameters only")
+        # What is not sharded but must be the same everywhere: rank 0's frozen
+        # parameters and buffers (the sharded ones are broadcast below).
+        with torch.no_grad():
+            for t in [p for p in module.parameters() if not p.requires_grad] + list(module.buffers()):
+                _broadcast_from_0(self._group, t)
         c = _C.ShardedUnits([[to_dopt(p.detach().contiguous(), requires_grad=False) for _, p in named]
                              for _, named in split], name, ours, self._group.c)
         self.module = module
@@ -220,11 +255,17 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self._prefetch(self._neighbour(u, 1))
 
     def _after_forward(self, u, output):
-        self._release(u)
+        hooked = False
         if torch.is_grad_enabled():
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(lambda grad, u=u: self._before_backward(u))
+                    hooked = True
+        if hooked or not torch.is_grad_enabled():
+            self._release(u)
+        # Else the output holds its tensors where dopt cannot see them (an
+        # object of the user's own): nothing would gather the unit again
+        # before its backward, so it stays gathered until the backward ends.
 
     def _before_backward(self, u):
         if not self._in_backward:
@@ -247,9 +288,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
             self._reduce(u)
             self._release(u)
 
-    @staticmethod
-    def _second_backward(u):
-        raise _C.StateError(f"dopt FullyShardedOptimizer: a second backward before step() (unit {u}'s gradients were "
+    def _second_backward(self, u):
+        raise _C.StateError(f"dopt FullyShardedOptimizer [rank {self.rank}]: a second backward before step() (unit {u}'s gradients were "
                             "reduced already in this iteration); fully_shard takes one backward per step")
 
     def _reduce(self, u):
@@ -281,6 +321,11 @@ class FullyShardedOptimizer(GroupedOptimizer):
         last backward (every unit's: StateError before a backward). Returns
         the closure's loss."""
         loss = self._closure_loss(closure)
+        if not any(unit.reduced for unit in self._units):
+            raise _C.StateError(f"dopt FullyShardedOptimizer.step [rank {self.rank}]: no backward since the last step "
+                                "(or since the start): call loss.backward() before step()")
+        for unit in self._units:  # the next forward gathers the new values
+            self._release(unit.index)
         self._push_hyperparams()
         self._c.step()
         for unit in self._units:
@@ -311,6 +356,11 @@ class FullyShardedOptimizer(GroupedOptimizer):
         missing = [n for n in self.param_names if n not in full]
         if missing:
             raise _C.KeyError(f"dopt FullyShardedOptimizer.load_full_parameters: no value for {', '.join(missing)}")
+        shapes = {n: v.shape for u in self._units for n, v in zip(u.names, u.views)}
+        for n in self.param_names:
+            if tuple(full[n].shape) != tuple(shapes[n]):
+                raise _C.ShapeError(f"dopt FullyShardedOptimizer.load_full_parameters [rank {self.rank}]: '{n}' has "
+                                    f"shape {list(full[n].shape)}, the parameter {list(shapes[n])}")
         for unit in self._units:
             self._release(unit.index)
         self._c.load_parameters([to_dopt(full[n].detach().float().contiguous(), requires_grad=False)

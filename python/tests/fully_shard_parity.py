@@ -25,7 +25,13 @@ layer joins the root's unit).
   12 with SGD and momentum, plus Adam's step counters).
 * The errors: step() before a backward, an optimizer stage 3 cannot step,
   a unit outside the module, a module sharded twice, a second backward
-  before step().
+  before step(), a weight tied across two units, a float64 parameter, a
+  wrong shape for load_full_parameters: each names the call and the
+  parameter or unit.
+* What is not sharded takes rank 0's values: a frozen parameter and a
+  buffer made different on each rank are equal after fully_shard.
+* A unit whose output is an object dopt cannot look into (a dataclass
+  holding a tensor) trains as its plain counterpart does.
 
 Prints "fully_shard_parity: PASS <case>" per case and rank.
 """
@@ -168,7 +174,7 @@ def check_errors(rank):
     torch.manual_seed(0)
     model = MLP()
     opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
-    expect_error(dopt.StateError, ["ShardedUnits.step", "reduce_gradients"], opt.step)
+    expect_error(dopt.StateError, ["FullyShardedOptimizer.step", "[rank ", "call loss.backward() before step()"], opt.step)
     expect_error(dopt.NotSupportedError, ["ShardedUnits", "Muon", "stages 1 and 2"],
                  lambda: dopt.fully_shard(MLP(), "Muon", lr=0.02))
     expect_error(dopt.ValueError, ["dopt.fully_shard", "unit 0", "not a submodule"],
@@ -179,7 +185,79 @@ def check_errors(rank):
     nn.functional.mse_loss(model(x), y).backward()
     expect_error(dopt.StateError, ["second backward before step()", "one backward per step"],
                  lambda: nn.functional.mse_loss(model(x), y).backward())
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "'a.weight'", "shared by unit", "tied parameters"],
+                 lambda: dopt.fully_shard(Tied(), torch.optim.Adam, lr=0.01))
+    expect_error(dopt.TypeError, ["dopt.fully_shard", "[rank ", "'fc1.weight'", "float64"],
+                 lambda: dopt.fully_shard(MLP().double(), torch.optim.Adam, lr=0.01))
+    fresh = dopt.fully_shard(MLP(), torch.optim.Adam, lr=0.01)
+    full = fresh.full_parameters()
+    full["fc2.bias"] = torch.zeros(3)
+    expect_error(dopt.ShapeError, ["load_full_parameters", "'fc2.bias'", "[3]", "[17]"],
+                 lambda: fresh.load_full_parameters(full))
     print(f"fully_shard_parity: PASS errors name the call (rank {rank})", flush=True)
+
+
+def check_unsharded_and_objects(rank, world):
+    """Frozen parameters and buffers take rank 0's values; a unit returning a
+    dataclass trains bit for bit as the same model with the tensor returned."""
+    import dataclasses
+
+    model = MLP()
+    with torch.no_grad():
+        model.fc1.bias.fill_(float(rank))
+    model.fc1.bias.requires_grad_(False)
+    model.register_buffer("seen", torch.full((3,), float(rank)))
+    dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
+    assert torch.equal(model.fc1.bias, torch.zeros(24)), f"frozen parameter not rank 0's: {model.fc1.bias[:3]}"
+    assert torch.equal(model.seen, torch.zeros(3)), f"buffer not rank 0's: {model.seen}"
+
+    @dataclasses.dataclass
+    class Out:
+        y: torch.Tensor
+
+    class Boxed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(12, 5)
+
+        def forward(self, x):
+            return Out(self.lin(x))
+
+    class Net(nn.Module):
+        def __init__(self, boxed):
+            super().__init__()
+            self.first = Boxed() if boxed else nn.Linear(12, 5)
+            self.second = nn.Linear(5, 5)
+
+        def forward(self, x):
+            h = self.first(x)
+            return self.second(torch.tanh(h.y if isinstance(h, Out) else h))
+
+    nets = []
+    for boxed in (True, False):
+        torch.manual_seed(7)
+        net = Net(boxed)
+        nets.append((net, dopt.fully_shard(net, torch.optim.Adam, lr=0.01)))
+    for step in range(3):
+        x, y = batch(rank, step)
+        for net, opt in nets:
+            nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+    a, b = (opt.full_parameters() for _, opt in nets)
+    for (na, ta), tb in zip(sorted(a.items()), (t for _, t in sorted(b.items()))):
+        assert torch.equal(ta, tb), f"{na}: a unit returning a dataclass trained differently"
+    print(f"fully_shard_parity: PASS frozen parameters and buffers from rank 0, dataclass outputs (rank {rank})",
+          flush=True)
 
 
 def worker(rank, world_size, init_file):
@@ -193,6 +271,7 @@ def worker(rank, world_size, init_file):
     check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
                {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2])
     check_errors(rank)
+    check_unsharded_and_objects(rank, world_size)
     dist.barrier()
     dist.destroy_process_group()
 
