@@ -4,7 +4,8 @@
 // over a ParameterBinding, gradients averaged by dopt's Reducer) bit for bit
 // after every step, for Adam and SGD with momentum at 2 and 3 ranks; between
 // iterations the parameters hold no memory; a checkpoint (state dict and
-// full parameters) carries a run over; the caller's errors name the call
+// full parameters) carries a run over into a model whose forward calls each
+// unit by hand (forward(unit, fn)); the caller's errors name the call
 // and the rank. Rank functions only record; the test thread asserts after
 // simulate() returned.
 #include <cstring>
@@ -148,7 +149,7 @@ TEST_CASE("libtorch FullyShard: stage 3 equals stage 1 bit for bit with SGD and 
     DYNAMIC_SECTION("world " << world) { stage3_equals_stage1(world, {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}); }
 }
 
-TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over into another model",
+TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over into another model, forward by unit",
           "[libtorch][fully_shard][checkpoint]") {
   Problems problems;
   simulate(2, [&](RankContext& ctx) {
@@ -157,16 +158,23 @@ TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over 
     auto net_b = make_net(7);  // other values: the checkpoint sets them
     libtorch::FullyShard a(linear_units(net_a), spec, optim::ShardedUnitsOptions{ctx.world()});
     libtorch::FullyShard b(linear_units(net_b), spec, optim::ShardedUnitsOptions{ctx.world()});
-    auto iteration = [&](libtorch::FullyShard& fs, torch::nn::Sequential& net, int step) {
-      fs.forward(net, batch(ctx.rank(), step)).square().sum().backward();
-      fs.step();
+    auto iteration = [&](int step) {
+      a.forward(net_a, batch(ctx.rank(), step)).square().sum().backward();
+      a.step();
     };
-    for (int step = 0; step < 2; ++step) iteration(a, net_a, step);
+    for (int step = 0; step < 2; ++step) iteration(step);
     b.load_full_parameters(a.full_parameters());
     b.load_state_dict(a.state_dict());
+    // b's forward written out: each unit through forward(unit, fn), the tanh between them directly.
+    auto first = net_b->ptr<torch::nn::LinearImpl>(0), second = net_b->ptr<torch::nn::LinearImpl>(2),
+         third = net_b->ptr<torch::nn::LinearImpl>(4);
     for (int step = 2; step < 4; ++step) {
-      iteration(a, net_a, step);
-      iteration(b, net_b, step);
+      iteration(step);
+      const at::Tensor x = batch(ctx.rank(), step);
+      at::Tensor h = b.forward(0, [&] { return first->forward(x); }).tanh();
+      h = b.forward(1, [&] { return second->forward(h); }).tanh();
+      b.forward(2, [&] { return third->forward(h); }).square().sum().backward();
+      b.step();
     }
     const auto pa = a.full_parameters(), pb = b.full_parameters();
     for (std::size_t i = 0; i < pa.size(); ++i)
