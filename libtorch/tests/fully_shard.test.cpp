@@ -228,7 +228,10 @@ TEST_CASE("libtorch FullyShard: the caller's errors name the call and the rank",
     const auto x = batch(ctx.rank(), 0);
     expect([&] { (void)fs.forward(3, [&] { return x; }); });  // no such unit
     expect([&] { fs.step(); });                                  // no backward yet
-    fs.forward(net, x).square().sum().backward();
+    const at::Tensor out = fs.forward(net, x);
+    for (const auto& p : fs.parameters())  // autograd's saved views keep storage of size 0 until the backward
+      if (p.numel() != 0 || p.storage().nbytes() != 0) record(std::runtime_error("after the forward: a full parameter"));
+    out.square().sum().backward();
     expect([&] { fs.forward(net, x).square().sum().backward(); });  // a second backward before step()
     fs.step();  // the first backward's gradients
     expect([&] { fs.step(); });  // no backward since
