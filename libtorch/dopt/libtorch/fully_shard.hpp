@@ -5,7 +5,8 @@
 // python/dopt/fully_shard.py is. docs/libtorch.md ("Sharded parameters
 // (ZeRO-3)") explains it and its limits.
 //
-//   dopt::libtorch::FullyShard fs({net->ptr(0), net->ptr(2), net->ptr(4)}, {"Adam", {{"lr", 1e-3}}},
+//   dopt::libtorch::FullyShard fs({net->ptr(0), net->ptr(2), net->ptr(4)},
+//                                 dopt::optim::OptimizerSpec{"Adam", {{"lr", 1e-3}}},
 //                                 dopt::optim::ShardedUnitsOptions{ctx.world()});
 //   for (...) {
 //     auto loss = fs.forward(net, x).square().sum();   // or fs.forward(u, [&] { return unit->forward(h); })
@@ -37,10 +38,7 @@
 // Local: step(), load_state_dict(), load_full_parameters(), the accessors.
 //
 // Threads and who waits. One thread per rank calls every method and runs
-// the backward (a CPU backward runs its hooks on the calling thread). Not
-// under dopt::simulate's deterministic mode: its ranks are fibers of one
-// thread, and torch's autograd keeps per-thread state (grad mode, the
-// running backward) that a rank waiting inside a hook would leave to the next.
+// the backward (a CPU backward runs its hooks on the calling thread).
 // forward() waits for the unit's all_gather (its prefetch, when one was
 // posted); the hook on the output's gradient waits for the unit's
 // all_gather before the unit's backward; once every parameter of a unit
@@ -50,11 +48,15 @@
 // dropped (p.grad() stays undefined). At the end of the backward (a
 // callback queued on torch's autograd engine) the units the backward did
 // not reach are reduced as zeros, the last reduction is waited for and
-// every unit is freed: when backward() returns, no unit is gathered.
+// every unit is freed: when backward() returns, no unit is gathered. Not
+// under dopt::simulate's deterministic mode: its ranks are fibers of one
+// thread, and torch's autograd keeps per-thread state (grad mode, the
+// running backward) that a rank waiting inside a hook would leave to the next.
 //
-// Errors a caller can cause (dopt::Error subclasses naming the call
-// "FullyShard.<call>" and the rank): no units, a null unit, a unit without
-// trainable parameters, a parameter in two units (ValueError); parameters
+// Errors a caller can cause (dopt::Error subclasses naming the call,
+// "FullyShard" for the constructor or "FullyShard.<call>", and the rank):
+// no units, a null unit, a unit without trainable parameters, a parameter
+// in two units (ValueError); parameters
 // that are not float32 CPU tensors (TypeError); a unit index out of range
 // (ValueError); a second backward before step(), step() without a finished
 // backward since the last step, forward() inside a backward (StateError);
