@@ -1,0 +1,260 @@
+// FullyShard (dopt/libtorch/fully_shard.hpp): a torch::nn::Sequential of
+// three Linear layers (tanh between) trained with stage 3 over simulated
+// ranks equals the same model trained with stage 1 (ZeroRedundancyOptimizer
+// over a ParameterBinding, gradients averaged by dopt's Reducer) bit for bit
+// after every step, for Adam and SGD with momentum at 2 and 3 ranks; between
+// iterations the parameters hold no memory; a checkpoint (state dict and
+// full parameters) carries a run over into a model whose forward calls each
+// unit by hand (forward(unit, fn)); the caller's errors name the call
+// and the rank. Rank functions only record; the test thread asserts after
+// simulate() returned.
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+// glog (through c10) defines CHECK; the tests use Catch's.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "dopt/actors/simulate.hpp"
+#include "dopt/distributed/reducer.hpp"
+#include "dopt/distributed/zero.hpp"
+#include "dopt/libtorch/fully_shard.hpp"
+#include "dopt/libtorch/interop.hpp"
+
+using namespace dopt;
+
+namespace {
+
+std::mutex seed_mutex;  // torch's default generator, one rank at a time
+
+torch::nn::Sequential make_net(int seed = 0) {
+  std::lock_guard<std::mutex> lock(seed_mutex);
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(6, 5), torch::nn::Tanh(), torch::nn::Linear(5, 4), torch::nn::Tanh(),
+                               torch::nn::Linear(4, 3));
+}
+
+/// Each rank's batch of a step (different per rank: the average matters).
+at::Tensor batch(int rank, int step) {
+  auto gen = at::detail::createCPUGenerator(1000 + 10 * step + rank);
+  return torch::randn({8, 6}, gen);
+}
+
+/// The units of make_net(): its three Linear layers.
+std::vector<std::shared_ptr<torch::nn::Module>> linear_units(const torch::nn::Sequential& net) {
+  return {net->ptr(0), net->ptr(2), net->ptr(4)};
+}
+
+/// Stage 1 over the torch parameters: the reference.
+struct Stage1 {
+  Stage1(const ProcessGroup& world, const optim::OptimizerSpec& spec)
+      : net(make_net()), bind(net->parameters()), zero(bind.params(), spec, optim::ZeroOptions{world}),
+        reducer(bind.params(), world) {}
+  void iteration(int rank, int step) {
+    net->zero_grad(true);
+    net->forward(batch(rank, step)).square().sum().backward();
+    bind.sync();
+    const auto& ps = bind.params();
+    for (std::size_t i = ps.size(); i-- > 0;) reducer.mark_ready(ps[i]);
+    reducer.finalize();  // every gradient: divided by N, all_reduced
+    zero.step();
+  }
+  torch::nn::Sequential net;
+  libtorch::ParameterBinding bind;
+  optim::ZeroRedundancyOptimizer zero;
+  optim::Reducer reducer;
+};
+
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.nbytes()));
+}
+
+/// A state dict as "index.key bytes" lines.
+std::vector<std::string> state_bytes(const StateDict& sd) {
+  std::vector<std::string> out;
+  for (const auto& [idx, st] : sd.state)
+    for (const auto& [key, t] : st) out.push_back(std::to_string(idx) + "." + key + " " + bytes_of(t));
+  return out;
+}
+
+/// What the ranks found wrong; asserted by the test thread.
+struct Problems {
+  std::mutex m;
+  std::vector<std::string> list;
+  void add(int rank, const std::string& what) {
+    std::lock_guard<std::mutex> lock(m);
+    list.push_back("rank " + std::to_string(rank) + ": " + what);
+  }
+};
+
+/// Problems with the parameters between iterations: any that holds memory
+/// or a gradient, or a gathered unit.
+std::string between_iterations(libtorch::FullyShard& fs) {
+  for (const auto& p : fs.parameters())
+    if (p.numel() != 0 || p.storage().nbytes() != 0 || p.grad().defined()) return "a parameter holds memory";
+  if (fs.gathered_bytes() != 0) return "gathered bytes " + std::to_string(fs.gathered_bytes());
+  return "";
+}
+
+void stage3_equals_stage1(int world, const optim::OptimizerSpec& spec) {
+  constexpr int steps = 4;
+  Problems problems;
+  std::vector<std::string> state1, state3;
+  simulate(world, [&](RankContext& ctx) {
+    const int r = ctx.rank();
+    Stage1 ref(ctx.world(), spec);
+    auto net = make_net();
+    dopt::libtorch::FullyShard fs(linear_units(net), spec, dopt::optim::ShardedUnitsOptions{ctx.world()});
+    for (int step = 0; step < steps; ++step) {
+      auto loss = fs.forward(net, batch(ctx.rank(), step)).square().sum();  // gathers, prefetches, frees each unit
+      loss.backward();  // re-gathers each unit before its backward, reduces its gradients, frees it
+      fs.step();        // this rank's shards
+      ref.iteration(r, step);
+      const std::string held = between_iterations(fs);
+      if (!held.empty()) problems.add(r, "step " + std::to_string(step) + ": " + held);
+      const auto full = fs.full_parameters();
+      const auto& expected = ref.bind.torch_params();
+      if (full.size() != expected.size()) problems.add(r, "parameter count " + std::to_string(full.size()));
+      for (std::size_t i = 0; i < full.size() && i < expected.size(); ++i)
+        if (!torch::equal(full[i], expected[i]))
+          problems.add(r, "step " + std::to_string(step) + ": parameter " + std::to_string(i) + " differs from stage 1");
+    }
+    const StateDict sd3 = fs.state_dict();
+    ref.zero.consolidate_state_dict(0);
+    if (r == 0) {
+      std::lock_guard<std::mutex> lock(problems.m);
+      state3 = state_bytes(sd3);
+      state1 = state_bytes(ref.zero.state_dict());
+    }
+  });
+  for (const auto& p : problems.list) FAIL_CHECK(p);
+  CHECK(!state3.empty());
+  CHECK(state3 == state1);
+}
+
+}  // namespace
+
+TEST_CASE("libtorch FullyShard: a Sequential of 3 Linear trained with stage 3 equals stage 1 bit for bit (Adam)",
+          "[libtorch][fully_shard]") {
+  for (int world : {2, 3})
+    DYNAMIC_SECTION("world " << world) { stage3_equals_stage1(world, {"Adam", {{"lr", 0.01}}}); }
+}
+
+TEST_CASE("libtorch FullyShard: stage 3 equals stage 1 bit for bit with SGD and momentum",
+          "[libtorch][fully_shard]") {
+  for (int world : {2, 3})
+    DYNAMIC_SECTION("world " << world) { stage3_equals_stage1(world, {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}); }
+}
+
+TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over into another model, forward by unit",
+          "[libtorch][fully_shard][checkpoint]") {
+  Problems problems;
+  simulate(2, [&](RankContext& ctx) {
+    const optim::OptimizerSpec spec{"Adam", {{"lr", 0.01}}};
+    auto net_a = make_net();
+    auto net_b = make_net(7);  // other values: the checkpoint sets them
+    libtorch::FullyShard a(linear_units(net_a), spec, optim::ShardedUnitsOptions{ctx.world()});
+    libtorch::FullyShard b(linear_units(net_b), spec, optim::ShardedUnitsOptions{ctx.world()});
+    auto iteration = [&](int step) {
+      a.forward(net_a, batch(ctx.rank(), step)).square().sum().backward();
+      a.step();
+    };
+    for (int step = 0; step < 2; ++step) iteration(step);
+    b.load_full_parameters(a.full_parameters());
+    b.load_state_dict(a.state_dict());
+    // b's forward written out: each unit through forward(unit, fn), the tanh between them directly.
+    auto first = net_b->ptr<torch::nn::LinearImpl>(0), second = net_b->ptr<torch::nn::LinearImpl>(2),
+         third = net_b->ptr<torch::nn::LinearImpl>(4);
+    for (int step = 2; step < 4; ++step) {
+      iteration(step);
+      const at::Tensor x = batch(ctx.rank(), step);
+      at::Tensor h = b.forward(0, [&] { return first->forward(x); }).tanh();
+      h = b.forward(1, [&] { return second->forward(h); }).tanh();
+      b.forward(2, [&] { return third->forward(h); }).square().sum().backward();
+      b.step();
+    }
+    const auto pa = a.full_parameters(), pb = b.full_parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i)
+      if (!torch::equal(pa[i], pb[i])) problems.add(ctx.rank(), "parameter " + std::to_string(i) + " differs");
+    if (state_bytes(a.state_dict()) != state_bytes(b.state_dict())) problems.add(ctx.rank(), "the states differ");
+  });
+  for (const auto& p : problems.list) FAIL_CHECK(p);
+}
+
+TEST_CASE("libtorch FullyShard: the caller's errors name the call and the rank", "[libtorch][fully_shard]") {
+  std::mutex m;
+  std::vector<std::vector<std::string>> errors(2);  // each rank's, in the order of the calls
+  simulate(2, [&](RankContext& ctx) {
+    auto record = [&](const std::exception& e) {
+      std::lock_guard<std::mutex> lock(m);
+      errors[static_cast<std::size_t>(ctx.rank())].push_back(e.what());
+    };
+    const optim::OptimizerSpec spec{"Adam", {{"lr", 0.01}}};
+    const optim::ShardedUnitsOptions options{ctx.world()};
+    auto net = make_net();
+    try {
+      libtorch::FullyShard fs({}, spec, options);
+    } catch (const ValueError& e) {
+      record(e);
+    }
+    try {
+      libtorch::FullyShard fs({net->ptr(0), net->ptr(1)}, spec, options);  // Tanh: no parameters
+    } catch (const ValueError& e) {
+      record(e);
+    }
+    try {
+      libtorch::FullyShard fs({net->ptr(0), net->ptr(0)}, spec, options);
+    } catch (const ValueError& e) {
+      record(e);
+    }
+    try {
+      torch::nn::Linear wide(3, 2);
+      wide->to(torch::kDouble);
+      libtorch::FullyShard fs({wide.ptr()}, spec, options);
+    } catch (const TypeError& e) {
+      record(e);
+    }
+    libtorch::FullyShard fs(linear_units(net), spec, options);
+    auto expect = [&](auto&& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        record(e);
+      }
+    };
+    const auto x = batch(ctx.rank(), 0);
+    expect([&] { (void)fs.forward(3, [&] { return x; }); });  // no such unit
+    expect([&] { fs.step(); });                                  // no backward yet
+    const at::Tensor out = fs.forward(net, x);
+    for (const auto& p : fs.parameters())  // autograd's saved views keep storage of size 0 until the backward
+      if (p.numel() != 0 || p.storage().nbytes() != 0) record(std::runtime_error("after the forward: a full parameter"));
+    out.square().sum().backward();
+    expect([&] { fs.forward(net, x).square().sum().backward(); });  // a second backward before step()
+    fs.step();  // the first backward's gradients
+    expect([&] { fs.step(); });  // no backward since
+    const std::string held = between_iterations(fs);
+    if (!held.empty()) record(std::runtime_error("after the errors: " + held));
+  });
+  const std::vector<std::vector<std::string>> expected{
+      {"FullyShard", "no units"},
+      {"FullyShard", "unit 1", "has no trainable parameters"},
+      {"FullyShard", "unit 1", "shares a parameter with unit 0"},
+      {"FullyShard", "Double", "float32 CPU parameters only"},
+      {"FullyShard.forward", "unit 3 is not one of the 3 units"},
+      {"FullyShard.step", "no backward since the last step"},
+      {"FullyShard.backward", "a second backward before step()"},
+      {"FullyShard.step", "no backward since the last step"},
+  };
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[r].size() == expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      INFO(errors[r][i]);
+      for (const auto& part : expected[i]) CHECK(errors[r][i].find(part) != std::string::npos);
+      CHECK(errors[r][i].find("[rank " + std::to_string(r) + "]") != std::string::npos);
+    }
+  }
+}
