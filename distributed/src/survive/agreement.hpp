@@ -28,16 +28,31 @@ class StructureHash {
   std::uint64_t h_ = 1469598103934665603ull;
 };
 
-/// Collective over group: every rank's descriptor (all the same length), by group rank.
-inline std::vector<std::vector<std::int64_t>> all_gather_descriptors(ProcessGroup& group,
-                                                                     const std::vector<std::int64_t>& mine) {
+/// Every rank's descriptor, by group rank, in one flat buffer: a group of R
+/// ranks costs each rank R x n words, not R tensors (at thousands of
+/// simulated ranks in one process, R tensors on each rank were R x R
+/// allocations). all[r] is a copy of rank r's descriptor.
+class Descriptors {
+ public:
+  Descriptors(std::vector<std::int64_t> flat, std::size_t n) : flat_(std::move(flat)), n_(n) {}
+  std::size_t size() const { return n_ == 0 ? 0 : flat_.size() / n_; }
+  std::vector<std::int64_t> operator[](std::size_t r) const {
+    const auto first = flat_.begin() + static_cast<std::ptrdiff_t>(r * n_);
+    return {first, first + static_cast<std::ptrdiff_t>(n_)};
+  }
+
+ private:
+  std::vector<std::int64_t> flat_;
+  std::size_t n_;
+};
+
+/// Collective over group: every rank's descriptor (all the same length), by
+/// group rank (one all_gather_into_tensor).
+inline Descriptors all_gather_descriptors(ProcessGroup& group, const std::vector<std::int64_t>& mine) {
   const auto n = static_cast<std::int64_t>(mine.size());
-  std::vector<Tensor> outs;
-  for (int r = 0; r < group.size(); ++r) outs.push_back(Tensor::zeros({n}, DType::int64));
-  group.all_gather(outs, Tensor::from_vector(mine));
-  std::vector<std::vector<std::int64_t>> all;
-  for (const auto& t : outs) all.push_back(t.to_vector<std::int64_t>());
-  return all;
+  Tensor out = Tensor::zeros({n * group.size()}, DType::int64);
+  group.all_gather_into_tensor(out, Tensor::from_vector(mine));
+  return Descriptors(out.to_vector<std::int64_t>(), static_cast<std::size_t>(n));
 }
 
 }  // namespace dopt::optim::detail

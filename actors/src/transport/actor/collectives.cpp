@@ -29,6 +29,7 @@ void RankState::on_call(OpPtr op) {
   st.members = op->members;
   const int n = static_cast<int>(op->members->size());
   st.arrivals.resize(static_cast<std::size_t>(n));
+  for (int g = 0; g < n; ++g) watch(global_of(st, g));
   // A member that was lost before arriving will never arrive (messages from
   // one actor arrive in order, and its 'lost' came after its arrivals).
   for (int g = 0; g < n; ++g) {
@@ -67,8 +68,8 @@ void RankState::on_call(OpPtr op) {
   for (int g = 0; g < n; ++g) {
     int peer = global_of(st, g);
     if (peer == rank) continue;
-    if (net_msg) self->send(peers[static_cast<std::size_t>(peer)], *net_msg);
-    else self->send(peers[static_cast<std::size_t>(peer)], arrive_atom::value, ap);
+    if (net_msg) self->send(actor_of(peer), *net_msg);
+    else self->send(actor_of(peer), arrive_atom::value, ap);
   }
   self->delayed_send(me(), op->timeout, tmo_atom::value, op->gid, op->seq);
   progress(key);
@@ -208,7 +209,7 @@ void RankState::progress(CollKey key) {
       ++st.n_done;
       for (int g = 0; g < n; ++g) {
         int peer = global_of(st, g);
-        if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], done_atom::value, key.first, key.second);
+        if (peer != rank) self->send(actor_of(peer), done_atom::value, key.first, key.second);
       }
     } else {
       st.n_done = n;
@@ -269,7 +270,7 @@ void RankState::on_timeout(std::uint64_t gid, std::uint64_t seq) {
                                            std::to_string(rank) + ": " + msg};
   break_group(gid, later);
   for (int peer : *members)
-    if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], abort_atom::value, gid, rank, later.msg);
+    if (peer != rank) self->send(actor_of(peer), abort_atom::value, gid, rank, later.msg);
 }
 
 void RankState::on_abort(std::uint64_t gid, int /*from*/, const std::string& msg) {

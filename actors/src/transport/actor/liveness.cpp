@@ -52,7 +52,7 @@ void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead,
   if (pass_on && first && net)
     for (int k = 0; k < world; ++k)
       if (k != rank && k != peer && !dead.count(k))
-        self->send(peers[static_cast<std::size_t>(k)], gone_atom::value, peer, what, certain);
+        self->send(actor_of(k), gone_atom::value, peer, what, certain);
   for (auto it = colls.begin(); it != colls.end();) {
     auto& st = it->second;
     bool fails = false;
@@ -109,7 +109,7 @@ void RankState::on_heartbeat_tick() {
   last_tick = now;
   for (int r = 0; r < world; ++r) {
     if (r == rank || dead.count(r)) continue;
-    self->send(peers[static_cast<std::size_t>(r)], hb_atom::value, rank);
+    self->send(actor_of(r), hb_atom::value, rank);
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard[static_cast<std::size_t>(r)]);
     if (silent > peer_timeout) {
       const std::string what = "no word from its process for " + std::to_string(silent.count()) +
@@ -126,7 +126,7 @@ void RankState::on_self_failed(const std::string& what) {
   self_failed = true;
   self_failed_what = what;
   for (int peer = 0; peer < world; ++peer)
-    if (peer != rank) self->send(peers[static_cast<std::size_t>(peer)], lost_atom::value, rank, what);
+    if (peer != rank) self->send(actor_of(peer), lost_atom::value, rank, what);
   for (auto& [key, a] : unmatched) reply_lost(a->key);
   unmatched.clear();
 }
@@ -134,14 +134,22 @@ void RankState::on_self_failed(const std::string& what) {
 int RankState::rank_of(const caf::strong_actor_ptr& who) const {
   if (!who) return -1;
   for (int r = 0; r < world; ++r)
-    if (r != rank && peers[static_cast<std::size_t>(r)].address() == who->address()) return r;
+    if (r != rank && actor_of(r).address() == who->address()) return r;
   return -1;
+}
+
+void RankState::watch(int peer_rank) {
+  if (peer_rank == rank || peer_rank < 0 || peer_rank >= world) return;
+  const auto i = static_cast<std::size_t>(peer_rank);
+  if (watched[i]) return;
+  watched[i] = true;
+  self->monitor(actor_of(peer_rank));  // an actor already gone: its down message comes at once
 }
 
 void RankState::fence(int peer) {
   if (removed) return;  // a removed rank removes nobody
   auto it = lost.find(peer);
-  self->send(peers[static_cast<std::size_t>(peer)], fence_atom::value, rank,
+  self->send(actor_of(peer), fence_atom::value, rank,
              it == lost.end() ? std::string("it was lost") : it->second);
 }
 

@@ -15,11 +15,12 @@ Failure RankState::lost_failure(const char* op) const {
 
 void RankState::reply_lost(const P2PKey& key) {
   P2PReply r{key, true, lost_failure("send")};
-  self->send(peers[static_cast<std::size_t>(key.src)], p2pdone_atom::value, r);
+  self->send(actor_of(key.src), p2pdone_atom::value, r);
 }
 
 void RankState::on_send(OpPtr op) {
   P2PKey key{op->gid, rank, op->peer, op->tag, op->seq};
+  watch(op->peer);
   if (dead.count(op->peer)) {
     return fail(op, Failure{FailKind::peer_lost, "send",
                             "rank " + std::to_string(op->peer) + " was lost: " + lost[op->peer]});
@@ -49,20 +50,21 @@ void RankState::on_send(OpPtr op) {
       return;
     }
     sends.emplace(key, op);
-    self->send(peers[static_cast<std::size_t>(op->peer)], p2p_atom::value, std::move(np));
+    self->send(actor_of(op->peer), p2p_atom::value, std::move(np));
   } else {
     auto a = std::make_shared<P2PArrival>();
     a->key = key;
     a->desc = op->desc;
     a->tensor = op->tensors[0];
     sends.emplace(key, op);
-    self->send(peers[static_cast<std::size_t>(op->peer)], p2p_atom::value, P2PArrivalPtr(a));
+    self->send(actor_of(op->peer), p2p_atom::value, P2PArrivalPtr(a));
   }
   self->delayed_send(me(), op->timeout, p2ptmo_atom::value, key, true);
 }
 
 void RankState::on_recv(OpPtr op) {
   P2PKey key{op->gid, op->peer, rank, op->tag, op->seq};
+  watch(op->peer);
   if (auto it = unmatched.find(key); it != unmatched.end()) {
     auto a = it->second;
     unmatched.erase(it);
@@ -86,7 +88,7 @@ void RankState::on_net_p2p(NetP2P& np) {
   } catch (const std::exception& e) {
     P2PReply reply{np.key, true,
                    Failure{FailKind::state, "send", std::string("the receiver cannot read the buffer: ") + e.what()}};
-    self->send(peers[static_cast<std::size_t>(np.key.src)], p2pdone_atom::value, reply);
+    self->send(actor_of(np.key.src), p2pdone_atom::value, reply);
     return;
   }
   on_p2p(a);
@@ -134,7 +136,7 @@ void RankState::match(const OpPtr& op, const P2PArrivalPtr& a) {
       std::memmove(dst.data_ptr(), a->tensor.data_ptr(), dst.nbytes());
     op->promise.set_value();
   }
-  self->send(peers[static_cast<std::size_t>(a->key.src)], p2pdone_atom::value, reply);
+  self->send(actor_of(a->key.src), p2pdone_atom::value, reply);
 }
 
 void RankState::on_p2p_done(const P2PReply& r) {
@@ -159,7 +161,7 @@ void RankState::on_p2p_timeout(const P2PKey& key, bool is_send) {
   fail(op, Failure{FailKind::timeout, is_send ? "send" : "recv", msg});
   if (is_send) {
     send_hold.erase(key);
-    self->send(peers[static_cast<std::size_t>(key.dst)], p2pcncl_atom::value, key);
+    self->send(actor_of(key.dst), p2pcncl_atom::value, key);
   }
 }
 

@@ -33,7 +33,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     for (int r = 0; r < st.world; ++r) {
-      if (r == st.rank || st.peers[static_cast<std::size_t>(r)].address() != dm.source) continue;
+      if (r == st.rank || st.actor_of(r).address() != dm.source) continue;
       const bool cut = dm.reason == caf::exit_reason::remote_link_unreachable;
       const std::string what =
           cut ? std::string("the connection to its process was lost (the process died or the network failed)")
@@ -43,23 +43,23 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
   });
   return {
       [self](init_atom, const PeersPtr& p) {
+        // Ranks of this process: peers are monitored when a call needs them (watch).
         auto& st = self->state;
-        st.peers = p->actors;
+        st.peer_set = p;
         st.table = p->table;
-        for (int r = 0; r < st.world; ++r)
-          if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
+        st.watched.assign(static_cast<std::size_t>(st.world), false);
       },
       [self](initnet_atom, const PeersPtr& p, std::int64_t peer_timeout_ms,
              const std::shared_ptr<transport::TcpMesh>& mesh) {
         // Real processes: peers are remote handles; buffers go through shared
         // memory, or over the TCP mesh when there is one.
         auto& st = self->state;
-        st.peers = p->actors;
+        st.peer_set = p;
         st.table = p->table;
         st.net = true;
         st.mesh = mesh;
-        for (int r = 0; r < st.world; ++r)
-          if (r != st.rank) self->monitor(st.peers[static_cast<std::size_t>(r)]);
+        st.watched.assign(static_cast<std::size_t>(st.world), false);
+        for (int r = 0; r < st.world; ++r) st.watch(r);
         st.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
         // The first tick measures from here: a process stopped before it
         // still doubts the losses it sees when it comes back (in_doubt).

@@ -77,7 +77,10 @@ struct RankState {
   caf::event_based_actor* self = nullptr;
   int rank = 0;
   int world = 0;
-  std::vector<caf::actor> peers;
+  PeersPtr peer_set;  // every rank's actor, shared by the ranks of one process
+  const caf::actor& actor_of(int r) const { return peer_set->actors[static_cast<std::size_t>(r)]; }
+  /// Local worlds: peers monitored so far (watch). Net: every peer, from the start.
+  std::vector<bool> watched;
   std::shared_ptr<PeerTable> table;          // liveness as the data planes see it
   bool net = false;                          // peers are other processes
   std::shared_ptr<transport::TcpMesh> mesh;  // tcp: connections to every peer
@@ -143,6 +146,13 @@ struct RankState {
   void on_self_failed(const std::string& what);
   /// The rank of the peer whose rank actor is `who` (-1: none).
   int rank_of(const caf::strong_actor_ptr& who) const;
+  /// Monitors `peer` unless it already is (its exit then reaches the down
+  /// handler). Net ranks monitor every peer at init; the ranks of one process
+  /// only the peers of their pending calls, when the call is made: a rank
+  /// monitoring every other costs ranks x ranks monitors (and as many down
+  /// messages when the world ends) for losses that, between threads or
+  /// simulated ranks, only the end of the world brings.
+  void watch(int peer);
   /// Word from a peer this rank declared lost (it was stopped or cut off,
   /// and came back): it is told it was removed; what it says counts for nothing.
   void fence(int peer);

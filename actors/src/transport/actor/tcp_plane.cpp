@@ -115,7 +115,7 @@ void RankState::on_p2p_received(const P2PKey& key, const std::string& error) {
   } else {
     op->promise.set_value();
   }
-  self->send(peers[static_cast<std::size_t>(key.src)], p2pdone_atom::value, reply);
+  self->send(actor_of(key.src), p2pdone_atom::value, reply);
 }
 
 }  // namespace dopt::detail
