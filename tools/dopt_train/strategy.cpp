@@ -16,8 +16,6 @@ namespace dopt_train {
 
 using namespace dopt::optim;
 
-namespace {
-
 std::int64_t optimizer_state_bytes(const Optimizer& opt) {
   std::int64_t b = 0;
   for (const auto& [k, st] : opt.state())
@@ -26,17 +24,21 @@ std::int64_t optimizer_state_bytes(const Optimizer& opt) {
   return b;
 }
 
+std::int64_t nbytes_of(const std::vector<Tensor>& ps) {
+  std::int64_t n = 0;
+  for (const Tensor& p : ps) n += static_cast<std::int64_t>(p.nbytes());
+  return n;
+}
+
+namespace {
+
 std::int64_t numel_of(const std::vector<Tensor>& ps) {
   std::int64_t n = 0;
   for (const Tensor& p : ps) n += p.numel();
   return n;
 }
 
-std::int64_t nbytes_of(const std::vector<Tensor>& ps) {
-  std::int64_t n = 0;
-  for (const Tensor& p : ps) n += static_cast<std::int64_t>(p.nbytes());
-  return n;
-}
+
 
 /// The parameters as a checkpoint's item "model" (Strategy::add_to).
 void add_params(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& params, dopt::Placement placement) {

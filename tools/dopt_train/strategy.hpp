@@ -28,6 +28,7 @@
 
 #include "dopt/actors/process_group.hpp"
 #include "dopt/distributed/checkpointer.hpp"
+#include "dopt/optim/optimizer.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/tensor.hpp"
 
@@ -131,6 +132,10 @@ bool mode_available(const std::string& mode, std::string* why);
 
 /// Builds the strategy of cfg.mode over params (a collective: the reducer
 /// broadcasts the parameters from rank 0).
+/// Bytes of the defined tensors of an optimizer's state; of a list of tensors.
+std::int64_t optimizer_state_bytes(const dopt::optim::Optimizer& opt);
+std::int64_t nbytes_of(const std::vector<Tensor>& ps);
+
 /// --optim zero --zero-stage 3 (strategy_stage3.cpp): params are the
 /// model's, weight and bias of each layer in turn; each layer is a unit.
 std::unique_ptr<Strategy> make_zero_stage3(const StrategyConfig& cfg, const std::vector<Tensor>& params,

@@ -33,8 +33,7 @@ class ZeroStage3Strategy : public Strategy, public LayerSource {
   ZeroStage3Strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params, dopt::ProcessGroup world)
       : units_(layers_of(params), cfg.inner, ShardedUnitsOptions{world}) {
     const int n = world.size();
-    std::int64_t bytes = 0;
-    for (const Tensor& p : params) bytes += static_cast<std::int64_t>(p.nbytes());
+    const std::int64_t bytes = nbytes_of(params);
     // Each unit is all-gathered twice (forward, backward): (n - 1) / n of
     // its bytes sent per rank each time; the reduce of the gradients sends
     // every other rank's shard once: (n - 1) / n again.
@@ -48,13 +47,7 @@ class ZeroStage3Strategy : public Strategy, public LayerSource {
     units_.step();
     sent_ += per_step_;
   }
-  std::int64_t state_bytes() const override {
-    std::int64_t b = 0;
-    for (const auto& [k, st] : units_.optim().state())
-      for (const auto& [name, t] : st)
-        if (t.defined()) b += static_cast<std::int64_t>(t.nbytes());
-    return b;
-  }
+  std::int64_t state_bytes() const override { return optimizer_state_bytes(units_.optim()); }
   std::int64_t owned_numel() const override {
     std::int64_t n = 0;
     for (std::size_t u = 0; u < units_.num_units(); ++u) n += units_.shard_numel(u);
