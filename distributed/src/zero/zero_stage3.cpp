@@ -9,26 +9,13 @@
 #include <utility>
 
 #include "dopt/distributed/internal/device_ops.hpp"
+#include "zero/zero_host_memory.hpp"  // zero_detail::elementwise_optimizer
 #include "zero/zero_stage3_impl.hpp"
 
 namespace dopt::optim {
 
 using stage3_detail::kName;
 using stage3_detail::Unit;
-
-namespace {
-
-/// The optimizers whose step is elementwise: a flat shard steps as the
-/// whole parameters would (every registered one but Muon, whose step
-/// orthogonalises whole matrices; their per-parameter scalars, such as the
-/// step count, are the same for every parameter of a group).
-bool elementwise(const std::string& name) {
-  for (const char* n : {"SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "Adadelta", "Rprop", "NAdam", "RAdam"})
-    if (name == n) return true;
-  return false;
-}
-
-}  // namespace
 
 void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerSpec spec_in,
                               ShardedUnitsOptions options_in) {
@@ -42,7 +29,7 @@ void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerS
     throw NotSupportedError(op, "redundancy " + std::to_string(options.redundancy) +
                                     " is not supported in stage 3 (buddies would keep other ranks' shards; use "
                                     "redundancy = 0, or stage 1)", rank);
-  if (!elementwise(spec.name))
+  if (!zero_detail::elementwise_optimizer(spec.name))
     throw NotSupportedError(op, "optimizer " + spec.name + " does not step elementwise (Muon needs whole matrices); "
                                 "stage 3 steps flat shards: use an elementwise one (SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, "
                                 "Adadelta, Rprop, NAdam, RAdam), or stages 1 and 2 for " +
@@ -101,6 +88,7 @@ std::vector<Tensor> ShardedUnits::Impl::views(const Unit& unit, const Tensor& fl
 
 void ShardedUnits::Impl::settle_reduction(Unit& unit) {
   if (!unit.reducing.valid()) return;
+  in_flight.reset();  // at most one reduction is in flight: this one
   Future<void> f = std::move(unit.reducing);
   unit.reducing = Future<void>();
   Tensor storage = std::move(unit.reduce_storage);
@@ -138,12 +126,15 @@ ShardedUnits::~ShardedUnits() {
   }
 }
 
+void ShardedUnits::Impl::start_gather(Unit& unit) {
+  if (unit.gathered.defined()) return;  // gathered or in flight: nothing to post
+  unit.gathered = take(gather_spares, unit.shard_numel * world(), unit.gathered_storage);
+  unit.gathering = group.all_gather_into_tensor_async(unit.gathered, unit.shard);
+}
+
 Future<std::vector<Tensor>> ShardedUnits::gather_async(std::size_t u) {
   Unit& unit = impl_->unit(u, "ShardedUnits.gather");
-  if (!unit.gathered.defined()) {
-    unit.gathered = Impl::take(impl_->gather_spares, unit.shard_numel * impl_->world(), unit.gathered_storage);
-    unit.gathering = impl_->group.all_gather_into_tensor_async(unit.gathered, unit.shard);
-  }
+  impl_->start_gather(unit);
   return unit.gathering.then([unit_views = Impl::views(unit, unit.gathered)](Future<void> f) {
     f.get();
     return unit_views;
@@ -153,9 +144,9 @@ Future<std::vector<Tensor>> ShardedUnits::gather_async(std::size_t u) {
 std::vector<Tensor> ShardedUnits::gather(std::size_t u) { return gather_async(u).get(); }
 
 Future<void> ShardedUnits::prefetch(std::size_t u) {
-  (void)impl_->unit(u, "ShardedUnits.prefetch");
-  (void)gather_async(u);
-  return impl_->units[u].gathering;
+  Unit& unit = impl_->unit(u, "ShardedUnits.prefetch");
+  impl_->start_gather(unit);
+  return unit.gathering;
 }
 
 void ShardedUnits::release(std::size_t u) {
@@ -200,7 +191,7 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vect
   }
   // One reduction in flight at most: the previous unit's (posted one
   // unit's compute ago) is waited for, and its buffer freed, first.
-  for (auto& other : im.units) im.settle_reduction(other);
+  if (im.in_flight) im.settle_reduction(im.units[*im.in_flight]);
   const std::int64_t s = unit.shard_numel;
   Tensor buffer = Impl::take(im.reduce_spares, s * world, unit.reduce_storage);
   buffer.fill_(0.0);  // the padding and undefined gradients
@@ -228,6 +219,7 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vect
   unit.reducing = reduced.then([grad = unit.shard.grad(), offset = rank * s, s](Future<Tensor> f) {
     grad.copy_(f.get().flat_slice(offset, s));
   });
+  im.in_flight = u;
   return unit.reducing;
 }
 

@@ -4,6 +4,7 @@
 // state of ShardedUnits. Not installed. Rank thread only.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ struct ShardedUnits::Impl {
   std::unique_ptr<Optimizer> optim;  // over the shards, one per unit
   CommHook hook;                     // empty: divide and reduce onto the owners
   bool reduced_once = false;
+  std::optional<std::size_t> in_flight;  // the unit whose reduction is in flight (one at most)
   // Buffers reused inside an iteration (fresh pages each gather cost page
   // faults): a released unit's gather buffer (one kept) and the settled
   // reduction's buffer. step() drops both.
@@ -53,6 +55,9 @@ struct ShardedUnits::Impl {
   int world() const { return group.size(); }
   /// ValueError naming `op` for an index out of range.
   stage3_detail::Unit& unit(std::size_t u, const char* op);
+  /// Posts the unit's all_gather into a gather buffer, unless it is gathered
+  /// or in flight already.
+  void start_gather(stage3_detail::Unit& unit);
   /// The views of a gathered buffer in the unit's shapes.
   static std::vector<Tensor> views(const stage3_detail::Unit& unit, const Tensor& flat);
   /// Waits for the unit's reduction in flight (its error is rethrown); its
