@@ -4,6 +4,7 @@
 // hashes its structure (FNV-1a), puts the hash and a few counts in a
 // descriptor, and all-gathers the descriptors; the caller compares them with
 // rank 0's and names the first rank that differs.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -39,6 +40,13 @@ class Descriptors {
   std::vector<std::int64_t> operator[](std::size_t r) const {
     const auto first = flat_.begin() + static_cast<std::ptrdiff_t>(r * n_);
     return {first, first + static_cast<std::ptrdiff_t>(n_)};
+  }
+  /// Word i of rank r's descriptor (no copy).
+  std::int64_t at(std::size_t r, std::size_t i) const { return flat_[r * n_ + i]; }
+  /// Whether ranks a and b passed the same descriptor (no copy).
+  bool same(std::size_t a, std::size_t b) const {
+    const auto at_a = flat_.begin() + static_cast<std::ptrdiff_t>(a * n_);
+    return std::equal(at_a, at_a + static_cast<std::ptrdiff_t>(n_), flat_.begin() + static_cast<std::ptrdiff_t>(b * n_));
   }
 
  private:

@@ -32,7 +32,7 @@ inline bool is_peer_lost(const std::exception_ptr& e) {
 inline void check_same_point(ProcessGroup& ng, const char* op, const std::vector<std::int64_t>& where, int rank) {
   const auto all = all_gather_descriptors(ng, where);
   for (int r = 1; r < ng.size(); ++r)
-    if (all[static_cast<std::size_t>(r)] != all[0]) {
+    if (!all.same(static_cast<std::size_t>(r), 0)) {
       auto at = [&](int g) {
         std::string s = "rank " + std::to_string(ng.global_rank(g)) + " at";
         for (auto v : all[static_cast<std::size_t>(g)]) s += " " + std::to_string(v);

@@ -104,7 +104,7 @@ void Buddies::start(ZeroCore& z, const ZeroOptions& options) {
     // Measured: every rank's host id, as a hash (equal ids, equal hashes).
     const auto all = ::dopt::optim::detail::all_gather_descriptors(z.group, {host_hash(this_host_id())});
     for (int r = 0; r < z.world; ++r)
-      host_of_[members[static_cast<std::size_t>(r)]] = std::to_string(all[static_cast<std::size_t>(r)][0]);
+      host_of_[members[static_cast<std::size_t>(r)]] = std::to_string(all.at(static_cast<std::size_t>(r), 0));
   }
   table_ = table_of(members);
   setup(z);

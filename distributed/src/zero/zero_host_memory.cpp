@@ -139,8 +139,8 @@ KeepShare HostMemoryBuddies::share(const ZeroCore& z, ProcessGroup& g, const std
       if (it != specs_.end()) out.specs[gr] = it->second;
     }
     KeepSpec sp = fresh.at(gr);
-    const auto& d = names[static_cast<std::size_t>(r)];
-    sp.name = "/dopt-" + std::to_string(d[0]) + "-keep" + std::to_string(d[1]);
+    const auto k = static_cast<std::size_t>(r);
+    sp.name = "/dopt-" + std::to_string(names.at(k, 0)) + "-keep" + std::to_string(names.at(k, 1));
     out.specs[gr].push_back(std::move(sp));
   }
   std::map<std::string, std::shared_ptr<HostKeep>> mapped;  // reuse what this rank maps already
@@ -170,7 +170,7 @@ KeepShare HostMemoryBuddies::share(const ZeroCore& z, ProcessGroup& g, const std
   }
   const auto verdicts = detail::all_gather_descriptors(g, {bad});
   for (int r = 0; r < n; ++r) {
-    const auto b = verdicts[static_cast<std::size_t>(r)][0];
+    const auto b = verdicts.at(static_cast<std::size_t>(r), 0);
     if (b < 0) continue;
     throw IOError(kName,
                   "host_memory redundancy: rank " + std::to_string(g.global_rank(r)) +

@@ -136,7 +136,7 @@ void ZeroOverlap::plan(const Reducer& reducer, const char* op) {
   const auto all = detail::all_gather_descriptors(
       group_, {h.value(), static_cast<std::int64_t>(buckets.size()), total, static_cast<std::int64_t>(world)});
   for (int r = 1; r < world; ++r)
-    if (all[static_cast<std::size_t>(r)] != all[0])
+    if (!all.same(static_cast<std::size_t>(r), 0))
       throw ValueError(op, "the overlap plans differ across ranks: rank " + std::to_string(r) +
                                " has another bucket layout than rank 0 (every rank's reducer must have the same "
                                "parameters and bucket caps)", rank);

@@ -77,13 +77,11 @@ void ZeroParams::check_same_everywhere(ProcessGroup g, ZeroPartitionWeight weigh
     return std::to_string(d[1]) + " groups, " + std::to_string(d[2]) + " parameters, " + std::to_string(d[3]) +
            " elements, structure hash " + std::to_string(d[0]);
   };
-  const auto& ref = all[0];
   for (std::size_t r = 1; r < all.size(); ++r) {
-    const auto& other = all[r];
-    if (other != ref)
+    if (!all.same(r, 0))
       throw ValueError(op,
-                       "the parameter lists differ across ranks: rank 0 has " + describe(ref) + ", rank " +
-                           std::to_string(r) + " has " + describe(other) +
+                       "the parameter lists differ across ranks: rank 0 has " + describe(all[0]) + ", rank " +
+                           std::to_string(r) + " has " + describe(all[r]) +
                            " (every rank must pass the same parameter groups, in the same order, with the same "
                            "shapes and dtypes)",
                        rank);

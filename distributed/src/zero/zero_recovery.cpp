@@ -121,7 +121,7 @@ ZeroRecovery Buddies::recover_from_loss(ZeroCore& z, bool in_step) {
       // 1. Every survivor stopped at the same step, in the same place.
       const auto where = ::dopt::optim::detail::all_gather_descriptors(ng, {z.steps, in_step ? 1 : 0});
       for (int r = 1; r < nw; ++r)
-        if (where[static_cast<std::size_t>(r)] != where[0]) {
+        if (!where.same(static_cast<std::size_t>(r), 0)) {
           auto at = [&](int g) {
             const auto& w = where[static_cast<std::size_t>(g)];
             return "rank " + std::to_string(ng.global_rank(g)) + " at step " + std::to_string(w[0]) +
