@@ -128,14 +128,14 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
     auto& v = f.kind == FaultPlan::Kind::crash ? crash_at_ : f.kind == FaultPlan::Kind::stop ? stop_at_ : drop_at_;
     v[static_cast<std::size_t>(f.rank)] = at;
   }
-  for (const auto& f : plan_.faults)
-    if (f.kind == FaultPlan::Kind::partition) has_partitions_ = true;
-  for (const auto& f : plan_.faults)
-    if (f.kind == FaultPlan::Kind::partition)
-      for (int x : f.side)
-        if (x < 0 || x >= world_size)
-          throw ValueError("simulate", "fault plan's partition names rank " + std::to_string(x) + " of a world of " +
-                                           std::to_string(world_size));
+  for (const auto& f : plan_.faults) {
+    if (f.kind != FaultPlan::Kind::partition) continue;
+    has_partitions_ = true;
+    for (int x : f.side)
+      if (x < 0 || x >= world_size)
+        throw ValueError("simulate", "fault plan's partition names rank " + std::to_string(x) + " of a world of " +
+                                         std::to_string(world_size));
+  }
   for (const auto& f : plan_.faults)
     if (f.kind == FaultPlan::Kind::fail_read || f.kind == FaultPlan::Kind::corrupt_read)
       g_read_fault_hook.store(&read_fault, std::memory_order_release);  // stays: it asks active() first
@@ -224,7 +224,8 @@ int Scheduler::finish() {
 void Scheduler::park() {
   std::lock_guard<std::mutex> lock(parked_mutex());
   for (auto& t : tasks_) {
-    const bool registered = parked().count(t->tid) != 0 && parked()[t->tid].get() == this;
+    const auto it = parked().find(t->tid);
+    const bool registered = it != parked().end() && it->second.get() == this;
     if (t->tid == std::thread::id() || (t->state == Task::done) == !registered) continue;
     if (t->state == Task::done) {
       parked().erase(t->tid);
