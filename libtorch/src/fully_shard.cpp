@@ -6,7 +6,6 @@
 // Rank thread only (the backward's hooks run on it too).
 #include "dopt/libtorch/fully_shard.hpp"
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -61,6 +60,8 @@ struct FullyShard::Impl : std::enable_shared_from_this<Impl> {
   std::unique_ptr<optim::ShardedUnits> model;
   std::vector<Unit> units;
   std::vector<std::size_t> order;  // the units in forward order (the first forward's)
+  std::vector<std::ptrdiff_t> place;  // unit -> its index in `order` (-1: not yet run)
+  std::unordered_map<const torch::nn::Module*, std::size_t> unit_of;  // module -> unit
   bool order_fixed = false;
   bool in_backward = false;
   bool backward_done = false;  // a backward ended since the last step
@@ -126,8 +127,10 @@ void FullyShard::Impl::init(std::vector<std::shared_ptr<torch::nn::Module>> modu
       throw ValueError(op, where + " (" + modules[u]->name() + ") has no trainable parameters", r);
     shards.emplace_back();
     for (const auto& p : unit.params) shards.back().push_back(to_dopt(p.detach().contiguous()));
+    unit_of[unit.module.get()] = units.size();
     units.push_back(std::move(unit));
   }
+  place.assign(units.size(), -1);
   model = std::make_unique<optim::ShardedUnits>(std::move(shards), std::move(spec), std::move(options));
   rank = model->rank();
   torch::AutoGradMode grad_on(true);
@@ -160,9 +163,8 @@ FullyShard::Impl::Unit& FullyShard::Impl::unit(std::size_t u, const char* op) {
 
 std::optional<std::size_t> FullyShard::Impl::neighbour(std::size_t u, int step) const {
   if (!order_fixed) return std::nullopt;
-  auto it = std::find(order.begin(), order.end(), u);
-  if (it == order.end()) return std::nullopt;
-  const auto i = (it - order.begin()) + step;
+  if (place[u] < 0) return std::nullopt;
+  const auto i = place[u] + step;
   if (i < 0 || i >= static_cast<std::ptrdiff_t>(order.size())) return std::nullopt;
   return order[static_cast<std::size_t>(i)];
 }
@@ -294,7 +296,10 @@ at::Tensor FullyShard::forward(std::size_t u, const std::function<at::Tensor()>&
   (void)im.unit(u, op);
   if (im.in_backward)
     throw StateError(op, "unit " + std::to_string(u) + ": forward inside a backward (not supported)", im.rank);
-  if (!im.order_fixed && std::find(im.order.begin(), im.order.end(), u) == im.order.end()) im.order.push_back(u);
+  if (!im.order_fixed && im.place[u] < 0) {
+    im.place[u] = static_cast<std::ptrdiff_t>(im.order.size());
+    im.order.push_back(u);
+  }
   im.gather(u);
   im.prefetch(im.neighbour(u, 1));
   at::Tensor out;
@@ -314,11 +319,9 @@ at::Tensor FullyShard::forward(std::size_t u, const std::function<at::Tensor()>&
 
 at::Tensor FullyShard::forward(torch::nn::Sequential net, at::Tensor x) {
   for (auto& child : *net) {
-    std::optional<std::size_t> u;
-    for (std::size_t i = 0; i < impl_->units.size() && !u; ++i)
-      if (impl_->units[i].module.get() == child.ptr().get()) u = i;
-    if (u)
-      x = forward(*u, [&] { return child.forward(x); });
+    const auto it = impl_->unit_of.find(child.ptr().get());
+    if (it != impl_->unit_of.end())
+      x = forward(it->second, [&] { return child.forward(x); });
     else
       x = child.forward(x);
   }
