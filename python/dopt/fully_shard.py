@@ -183,6 +183,7 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self.defaults.update({k: v for k, v in self.param_groups[0].items() if k != "params"})
         self.state = {}
         self._order, self._order_fixed = [], False  # the units in forward order (the first forward's)
+        self._place = {}  # unit -> its index in _order
         self._in_backward = False
         self._reducing = None
         self._handles = []
@@ -207,9 +208,9 @@ class FullyShardedOptimizer(GroupedOptimizer):
 
     def _neighbour(self, u, step):
         """The unit after (step 1) or before (step -1) u in the forward order, once it is known."""
-        if not self._order_fixed or u not in self._order:
+        if not self._order_fixed or u not in self._place:
             return None
-        i = self._order.index(u) + step
+        i = self._place[u] + step
         return self._order[i] if 0 <= i < len(self._order) else None
 
     def _prefetch(self, u):
@@ -249,7 +250,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
         unit.live = False
 
     def _before_forward(self, u):
-        if not self._order_fixed and u not in self._order:
+        if not self._order_fixed and u not in self._place:
+            self._place[u] = len(self._order)
             self._order.append(u)
         self._gather(u)
         self._prefetch(self._neighbour(u, 1))
