@@ -141,7 +141,10 @@ TEST_CASE("dopt-train --survive: rank 0 killed mid-training, the lowest survivor
   const Done d = wait(start(argv, kTrainEnv));
   INFO(d.out);
   CHECK(d.ok());
-  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue"));
+  // Rank 0 is named as killed. Whether dopt-run adds "; the other ranks
+  // continue" depends on which of the two ends it reaps first: rank 1 exits
+  // as soon as it sees rank 0 gone (CI once reaped rank 1 first).
+  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL)"));
   CHECK(contains(d.out, "[rank 1] dopt-train: rank 0 was lost; rank 1 leads from here: metrics, progress and the "
                         "report (--survive)"));
   CHECK(contains(d.out, "[rank 1] dopt-train: rank(s) 0 lost during step " + std::to_string(kill_at + 1) +
@@ -174,7 +177,10 @@ TEST_CASE("dopt-run --on-failure continue: a program that cannot survive the los
   INFO(d.out);
   CHECK(WIFEXITED(d.status));
   CHECK(WEXITSTATUS(d.status) == 1);  // the survivor's own exit code: it could not go on
-  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue"));
+  // Rank 0 is named as killed. Whether dopt-run adds "; the other ranks
+  // continue" depends on which of the two ends it reaps first: rank 1 exits
+  // as soon as it sees rank 0 gone (CI once reaped rank 1 first).
+  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL)"));
   CHECK(contains(d.out, "[rank 1] dopt-train: error: "));
   CHECK(contains(d.out, "rank 0 was lost"));
 }
@@ -252,7 +258,10 @@ TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report,
   const Done d = wait(start(argv, kTrainEnv));
   INFO(d.out);
   CHECK(contains(d.out, "[rank 0] dopt-train: " + std::to_string(steps) + " steps in"));
-  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue"));
+  // Rank 0 is named as killed. Whether dopt-run adds "; the other ranks
+  // continue" depends on which of the two ends it reaps first: rank 1 exits
+  // as soon as it sees rank 0 gone (CI once reaped rank 1 first).
+  CHECK(contains(d.out, "dopt-run: rank 0 killed by signal 9 (SIGKILL)"));
   if (survive) {
     CHECK(d.ok());
     CHECK(contains(d.out, "[rank 1] dopt-train: rank 0 was lost; rank 1 leads from here"));
