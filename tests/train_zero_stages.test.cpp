@@ -1,7 +1,8 @@
 // dopt-train --zero-stage (tools/dopt_train, docs/dopt-train.md) run as a
 // process: stages 2 and 3 end with the same parameters, byte for byte, as
-// stage 1, with simulated ranks and under dopt-run; --zero-stage with another
-// --optim or with --survive (stage 3: or checkpoints) exits 2 with a clear
+// stage 1, with simulated ranks and under dopt-run; a stage 3 run resumed
+// from its sharded checkpoint ends where an uninterrupted one ends;
+// --zero-stage with another --optim or with --survive exits 2 with a clear
 // line.
 #include <catch2/catch.hpp>
 
@@ -94,14 +95,36 @@ TEST_CASE("dopt-train: --zero-stage 3 under dopt-run (2 and 3 processes) ends bi
   CHECK(slurp((dir.path / "stage1.st").string()) == slurp((dir.path / "stage3.st").string()));
 }
 
-TEST_CASE("dopt-train: --zero-stage 3 with --survive or --checkpoint-dir is a usage error", "[train][zero][stage3]") {
-  for (const char* flag : {"--survive", "--checkpoint-dir"}) {
-    INFO(flag);
-    std::vector<std::string> a{"--optim", "zero", "--zero-stage", "3", "--ranks", "2", "--steps", "2", flag};
-    if (std::string(flag) == "--checkpoint-dir") a.push_back((fs::temp_directory_path() / "dopt-stage3-refused").string());
-    const Done d = train(a);
-    CHECK(WIFEXITED(d.status));
-    CHECK(WEXITSTATUS(d.status) == 2);
-    CHECK(contains(d.out, "--zero-stage 3 does not go with --survive, --checkpoint-dir or --resume yet"));
-  }
+TEST_CASE("dopt-train: --zero-stage 3 with --survive is a usage error", "[train][zero][stage3]") {
+  const Done d = train({"--optim", "zero", "--zero-stage", "3", "--ranks", "2", "--steps", "2", "--survive"});
+  CHECK(WIFEXITED(d.status));
+  CHECK(WEXITSTATUS(d.status) == 2);
+  CHECK(contains(d.out, "--zero-stage 3 does not go with --survive yet"));
+}
+
+TEST_CASE("dopt-train: --zero-stage 3 resumed from its sharded checkpoint ends bitwise where an uninterrupted run "
+          "ends (3 simulated ranks)",
+          "[train][zero][stage3]") {
+  TempDir dir("dopt-train-stage3-resume", "3");
+  const fs::path ck = dir.path / "ck", full = dir.path / "full.st", resumed = dir.path / "resumed.st";
+  auto args = [&](int ranks, int steps, std::vector<std::string> more) {
+    std::vector<std::string> a = stage_args(3, ranks, full);
+    a.erase(a.end() - 2, a.end());  // no --dump-params unless asked
+    a[std::size_t(7)] = std::to_string(steps);
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const Done a = train(args(3, 30, {"--dump-params", full.string()}));
+  INFO(a.out);
+  REQUIRE(a.ok());
+  const Done b = train(args(3, 20, {"--checkpoint-dir", ck.string(), "--checkpoint-every", "10"}));
+  INFO(b.out);
+  REQUIRE(b.ok());
+  CHECK(fs::exists(ck / "step-00000020" / "optim" / "units-rank2-of-3.safetensors"));
+  const Done c = train(args(3, 30, {"--checkpoint-dir", ck.string(), "--resume", "--dump-params", resumed.string()}));
+  INFO(c.out);
+  REQUIRE(c.ok());
+  CHECK(contains(c.out, "dopt-train: 10 steps"));  // it went on from step 20 (--quiet prints no resume line)
+  REQUIRE(fs::exists(resumed));
+  CHECK(slurp(full.string()) == slurp(resumed.string()));  // every rank's parameters, bitwise
 }

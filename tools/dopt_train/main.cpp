@@ -612,9 +612,9 @@ int main(int argc, char** argv) {
     return usage_error("--survive-buddies " + o.survive_buddies + " needs --survive and --optim zero");
   if (o.zero_stage != 1 && o.optim != "zero")
     return usage_error("--zero-stage " + std::to_string(o.zero_stage) + " needs --optim zero");
-  if (o.zero_stage == 3 && (o.survive || !o.checkpoint_dir.empty() || !o.resume_from.empty() || o.resume))
-    return usage_error("--zero-stage 3 does not go with --survive, --checkpoint-dir or --resume yet (its shards "
-                       "are not a checkpoint item of dopt-train; stages 1 and 2 have both)");
+  if (o.zero_stage == 3 && o.survive)
+    return usage_error("--zero-stage 3 does not go with --survive yet (stage 3 has no buddies: redundancy is "
+                       "refused; stages 1 and 2 survive)");
   if (o.zero_stage == 2 && o.survive)
     return usage_error("--zero-stage 2 does not go with --survive (the buddies of redundancy 1 step other ranks' "
                        "shards from their averaged gradients, which stage 2 does not keep)");

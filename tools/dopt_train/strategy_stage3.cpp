@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "dopt/distributed/checkpointer.hpp"
 #include "dopt/distributed/zero_stage3.hpp"
 #include "dopt/runtime/error.hpp"
 #include "model.hpp"
@@ -64,8 +65,10 @@ class ZeroStage3Strategy : public Strategy, public LayerSource {
     for (std::size_t u = 0; u < units_.num_units(); ++u) b += static_cast<std::int64_t>(units_.shard(u).nbytes());
     return b;
   }
-  void add_to(dopt::Checkpointer& /*ckpt*/, const std::map<std::string, Tensor>& /*params*/) override {
-    throw dopt::NotSupportedError("dopt-train", "--zero-stage 3 has no checkpoints in dopt-train yet");
+  // The parameters live only in the shards: one sharded item, "optim",
+  // holds them with the optimizer state (no "model" item).
+  void add_to(dopt::Checkpointer& ckpt, const std::map<std::string, Tensor>& /*params*/) override {
+    ckpt.add_optimizer("optim", units_);
   }
   double lr() const override { return units_.optim().param_groups()[0].options->get_lr(); }
   std::uint64_t bytes_sent() const override { return sent_; }

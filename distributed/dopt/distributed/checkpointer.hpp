@@ -99,6 +99,7 @@ class DistributedSampler;
 namespace optim {
 class Optimizer;
 class ZeroRedundancyOptimizer;
+class ShardedUnits;
 class PostLocalSGDOptimizer;
 }  // namespace optim
 
@@ -204,6 +205,11 @@ class Checkpointer {
   /// file save_sharded would write); loads at
   /// any world size (load_sharded reshards).
   void add_optimizer(const std::string& name, optim::ZeroRedundancyOptimizer& optimizer);
+  /// ZeRO stage 3: each rank's shards of the parameters and of the optimizer
+  /// state (the file ShardedUnits::save_sharded would write; the parameters
+  /// live only there, so they need no add_tensors); loads at any world size
+  /// (load_sharded reshards). Gathered units are released by a load.
+  void add_optimizer(const std::string& name, optim::ShardedUnits& units);
   /// Post-local SGD: its state dict, per rank. With a DiLoCoAverager as its
   /// averager, the averager is switched to sharded checkpoints
   /// (set_sharded_checkpoints(true)): its replicated state goes to its own

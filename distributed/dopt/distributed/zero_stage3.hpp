@@ -30,9 +30,10 @@
 // gather_async() and prefetch() of a unit that is released (one all_gather;
 // of a unit gathered or in flight they are local and post nothing),
 // reduce_gradients() and reduce_gradients_async() (one reduce per rank's
-// shard, or the comm hook), state_dict() and full_parameters() (all_gathers).
-// Local: release(), step(), load_state_dict(), load_parameters(), the
-// accessors. Nothing is thread-safe: one thread per rank calls every method.
+// shard, or the comm hook), state_dict() and full_parameters() (all_gathers),
+// save_sharded() (ends with an all_reduce of the ranks' write failures).
+// Local: release(), step(), load_state_dict(), load_parameters(),
+// shard_state_dict(), load_sharded(), the accessors. Nothing is thread-safe: one thread per rank calls every method.
 //
 // Who waits: gather() waits for its all_gather; gather_async()/prefetch()
 // return at once and the future completes (on a runtime thread) once the
@@ -69,18 +70,25 @@
 // rethrown by the call that waits for it.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dopt/actors/future.hpp"
 #include "dopt/actors/process_group.hpp"
 #include "dopt/distributed/comm_hooks.hpp"
+#include "dopt/distributed/zero.hpp"  // ShardLoadReport
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/optim/registry.hpp"
 #include "dopt/runtime/state_dict.hpp"
 #include "dopt/runtime/tensor.hpp"
 
 namespace dopt::optim {
+
+namespace stage3_detail {
+struct Access;  // the Checkpointer's snapshot of the shards (not installed)
+}  // namespace stage3_detail
 
 /// A plain aggregate: ShardedUnitsOptions{ctx.world()}.
 struct ShardedUnitsOptions {
@@ -145,6 +153,23 @@ class ShardedUnits {
   /// in one group); keeps this rank's shard of each state tensor.
   /// StateDictError for another layout; nothing changes when it throws.
   void load_state_dict(const StateDict& sd);
+  /// Collective: writes this rank's shards (parameters and optimizer state)
+  /// to dir/shard_file_name(rank(), world_size()) (dir is created); every
+  /// rank learns whether all were written (IOError otherwise). `metadata` is
+  /// added to the file's; ValueError for a key that starts with "dopt.zero3.".
+  void save_sharded(const std::string& dir, const std::map<std::string, std::string>& metadata = {});
+  /// Local: this rank's shards as save_sharded writes them (copies: training
+  /// may go on while another thread saves them with save_state_dict).
+  StateDict shard_state_dict(const std::map<std::string, std::string>& metadata = {}) const;
+  /// Local: loads shards written by save_sharded at any world size (this
+  /// rank reads the files that hold its new part of each unit). IOError for
+  /// a folder with missing files or several world sizes; StateDictError for
+  /// other units, another optimizer, or files of different steps (the odd
+  /// file named). Nothing changes when it throws. Waits for the gathers in
+  /// flight and releases every gathered unit.
+  ShardLoadReport load_sharded(const std::string& dir);
+  /// "units-rank{r}-of-{N}.safetensors".
+  static std::string shard_file_name(int rank, int world_size);
   /// Collective: every parameter in full (copies), in the units' order.
   std::vector<Tensor> full_parameters();
   /// Local: sets the parameters from full values (in the units' order);
@@ -172,6 +197,7 @@ class ShardedUnits {
   int world_size() const noexcept;
 
  private:
+  friend struct stage3_detail::Access;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -22,6 +22,7 @@
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_stage3.hpp"
 #include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/actors/internal/call_label.hpp"
@@ -240,6 +241,12 @@ void Checkpointer::add_optimizer(const std::string& name, optim::ZeroRedundancyO
   static constexpr const char* op = "Checkpointer::add_optimizer";
   impl_->check_same_ranks(optimizer.process_group(), op, "ZeroRedundancyOptimizer '" + name + "'");
   impl_->add(checkpoint::make_zero_item(name, optimizer), op);
+}
+
+void Checkpointer::add_optimizer(const std::string& name, optim::ShardedUnits& units) {
+  static constexpr const char* op = "Checkpointer::add_optimizer";
+  impl_->check_same_ranks(units.process_group(), op, "ShardedUnits '" + name + "'");
+  impl_->add(checkpoint::make_sharded_units_item(name, units), op);
 }
 
 void Checkpointer::add_optimizer(const std::string& name, optim::PostLocalSGDOptimizer& optimizer) {

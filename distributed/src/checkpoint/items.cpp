@@ -13,6 +13,7 @@
 #include "dopt/runtime/distributed_sampler.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/state_dict.hpp"
+#include "zero/zero_stage3_impl.hpp"
 #include "zero/zero_state_dicts.hpp"
 
 namespace dopt::checkpoint {
@@ -139,25 +140,34 @@ class OptimizerItem final : public Item {
   StateDict loaded_;
 };
 
-// --- ZeRO: its own shards ---------------------------------------------------------------
+// --- ZeRO (stages 1 and 2: ZeroRedundancyOptimizer; stage 3: ShardedUnits): their own shards ---
 
+StateDict shared_shard_of(optim::ZeroRedundancyOptimizer& z, const std::map<std::string, std::string>& metadata) {
+  return optim::zero_detail::shared_shard(z, metadata);
+}
+StateDict shared_shard_of(optim::ShardedUnits& s, const std::map<std::string, std::string>& metadata) {
+  return optim::stage3_detail::shared_shard(s, metadata);
+}
+
+/// Z: ZeroRedundancyOptimizer or ShardedUnits (shard_file_name, load_sharded).
+template <class Z>
 class ZeroItem final : public Item {
  public:
-  ZeroItem(const std::string& name, optim::ZeroRedundancyOptimizer& z) : Item(name, "zero", "sharded"), zero_(z) {}
+  ZeroItem(const std::string& name, const char* kind, Z& z) : Item(name, kind, "sharded"), zero_(z) {}
   std::vector<FileEntry> own_files(int n) const override {
     std::vector<FileEntry> files;
-    for (int r = 0; r < n; ++r) files.push_back({name() + "/" + optim::ZeroRedundancyOptimizer::shard_file_name(r, n), r});
+    for (int r = 0; r < n; ++r) files.push_back({name() + "/" + Z::shard_file_name(r, n), r});
     return files;
   }
   bool in_bundle() const override { return false; }
   void snapshot(Bundle&, const SaveContext&) override {}
-  // The shard as save_sharded writes it (shard_state_dict's, its state
-  // tensors shared), copied into the staging memory under the item's prefix.
+  // The shard as save_sharded writes it (shard_state_dict's, its tensors
+  // shared), copied into the staging memory under the item's prefix.
   std::vector<FileJob> snapshot_files(const SaveContext& ctx) override {
-    const std::string file = optim::ZeroRedundancyOptimizer::shard_file_name(ctx.rank, ctx.id->world_size);
+    const std::string file = Z::shard_file_name(ctx.rank, ctx.id->world_size);
     std::vector<FileJob> out(1);
     out[0].path = (fs::path(ctx.folder) / name() / file).string();
-    out[0].bundle = state_dict_to_safetensors(optim::zero_detail::shared_shard(zero_, ctx.id->metadata(ctx.rank)));
+    out[0].bundle = state_dict_to_safetensors(shared_shard_of(zero_, ctx.id->metadata(ctx.rank)));
     out[0].staged_prefix = prefix();
     return out;
   }
@@ -165,7 +175,7 @@ class ZeroItem final : public Item {
   void apply(const LoadContext& ctx) override { zero_.load_sharded((fs::path(ctx.folder) / name()).string()); }
 
  private:
-  optim::ZeroRedundancyOptimizer& zero_;
+  Z& zero_;
 };
 
 // --- post-local SGD (and DiLoCo) ----------------------------------------------------------
@@ -323,7 +333,10 @@ std::unique_ptr<Item> make_optimizer_item(const std::string& name, optim::Optimi
   return std::make_unique<OptimizerItem>(name, optimizer, placement);
 }
 std::unique_ptr<Item> make_zero_item(const std::string& name, optim::ZeroRedundancyOptimizer& optimizer) {
-  return std::make_unique<ZeroItem>(name, optimizer);
+  return std::make_unique<ZeroItem<optim::ZeroRedundancyOptimizer>>(name, "zero", optimizer);
+}
+std::unique_ptr<Item> make_sharded_units_item(const std::string& name, optim::ShardedUnits& units) {
+  return std::make_unique<ZeroItem<optim::ShardedUnits>>(name, "zero3", units);
 }
 std::unique_ptr<Item> make_post_local_sgd_item(const std::string& name, optim::PostLocalSGDOptimizer& optimizer) {
   return std::make_unique<PostLocalSgdItem>(name, optimizer);

@@ -91,6 +91,7 @@ std::unique_ptr<Item> make_tensors_item(const std::string& name, std::map<std::s
                                         Placement placement, TensorValues values);
 std::unique_ptr<Item> make_optimizer_item(const std::string& name, optim::Optimizer& optimizer, Placement placement);
 std::unique_ptr<Item> make_zero_item(const std::string& name, optim::ZeroRedundancyOptimizer& optimizer);
+std::unique_ptr<Item> make_sharded_units_item(const std::string& name, optim::ShardedUnits& units);
 std::unique_ptr<Item> make_post_local_sgd_item(const std::string& name, optim::PostLocalSGDOptimizer& optimizer);
 std::unique_ptr<Item> make_rng_item(const std::string& name, std::mt19937_64& rng, Placement placement);
 std::unique_ptr<Item> make_counter_rng_item(const std::string& name, std::uint64_t& seed, std::uint64_t& counter,

@@ -3,6 +3,7 @@
 // step; zero_stage3_state.cpp: state dicts and full parameters) share: the
 // state of ShardedUnits. Not installed. Rank thread only.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,11 @@ struct Unit {
   Tensor reduce_storage;              // the pooled buffer that reduction uses
   bool reduced = false;               // reduced this iteration
 };
+
+/// The Checkpointer's snapshot of the shards (items.cpp): shard_state_dict's
+/// dict with the tensors shared instead of copied (the caller copies them
+/// into its staging memory). Same thread and errors as shard_state_dict.
+StateDict shared_shard(ShardedUnits& s, const std::map<std::string, std::string>& metadata);
 
 }  // namespace dopt::optim::stage3_detail
 

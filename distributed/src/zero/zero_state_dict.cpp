@@ -18,6 +18,7 @@
 #include "zero_core.hpp"
 #include "zero_internal.hpp"
 #include "zero_state_dicts.hpp"
+#include "zero/shard_files.hpp"
 
 namespace dopt::optim::zero_detail {
 namespace {
@@ -267,47 +268,15 @@ void StateDicts::save_sharded(const ZeroCore& z, const std::string& dir,
                               const std::map<std::string, std::string>& metadata) const {
   const std::string op = std::string(kName) + ".save_sharded";
   const StateDict sd = shard(z, metadata, op, /*copy=*/false);  // argument errors before any collective
-  std::exception_ptr failure;
-  try {
-    fs::create_directories(dir);
-    save_state_dict(sd, (fs::path(dir) / ZeroRedundancyOptimizer::shard_file_name(z.rank, z.world)).string());
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  // Every rank learns whether all shards were written (instead of a barrier,
-  // so a failing rank does not leave the others waiting).
-  Tensor failed = Tensor::full({1}, failure ? 1.0 : 0.0, DType::int64);
-  ProcessGroup g = z.group;  // a handle; the methods are not const
-  g.all_reduce(failed, ReduceOp::sum);
-  if (failure) std::rethrow_exception(failure);
-  const auto n = failed.data<std::int64_t>()[0];
-  if (n > 0)
-    throw IOError(op, std::to_string(n) + " rank(s) failed to write their shard under " + dir +
-                          "; the checkpoint is incomplete", z.rank);
+  save_shard_everywhere(z.group, sd, dir, ZeroRedundancyOptimizer::shard_file_name(z.rank, z.world), op, z.rank);
 }
 
 ShardLoadReport StateDicts::load_sharded(ZeroCore& z, const std::string& dir) const {
   const std::string op = std::string(kName) + ".load_sharded";
   z.require_overlap_idle(op);
-  if (!fs::is_directory(dir)) throw IOError(op, dir + ": not a directory", z.rank);
   static const std::regex re(R"(optim-rank(\d+)-of-(\d+)\.safetensors)");
-  std::map<int, std::set<int>> found;  // world size -> ranks
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, re)) found[std::stoi(m[2].str())].insert(std::stoi(m[1].str()));
-  }
-  if (found.empty()) throw IOError(op, dir + ": no shard files optim-rank{r}-of-{N}.safetensors", z.rank);
-  if (found.size() > 1) {
-    std::string sizes;
-    for (const auto& [n, rs] : found) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
-    throw IOError(op, dir + ": shards of several world sizes (" + sizes + "); keep one checkpoint per folder",
-                  z.rank);
-  }
-  const int n = found.begin()->first;
-  for (int r = 0; r < n; ++r)
-    if (!found.begin()->second.count(r))
-      throw IOError(op, dir + ": missing shard " + ZeroRedundancyOptimizer::shard_file_name(r, n), z.rank);
+  const int n = shard_world_size(dir, re, "optim-rank{r}-of-{N}.safetensors", &ZeroRedundancyOptimizer::shard_file_name,
+                                 op, z.rank);
   auto path_of = [&](int r) { return (fs::path(dir) / ZeroRedundancyOptimizer::shard_file_name(r, n)).string(); };
 
   // Rank 0's header describes the checkpoint (every shard carries the same).
