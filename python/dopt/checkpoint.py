@@ -37,6 +37,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from . import _C
 from ._tensor import to_dopt
 from .distributed import resolve_process_group
+from .fully_shard import FullyShardedOptimizer
 from .optim import Optimizer as DoptOptimizer
 from .post_local_sgd import PostLocalSGDOptimizer
 from .zero import ZeroRedundancyOptimizer
@@ -174,6 +175,15 @@ class _DoptState(_Item):
         self.optimizer._pull_hyperparams()
 
 
+class _ShardedUnitsState(_DoptState):
+    """``dopt.fully_shard``'s optimizer: dopt's sharded files hold its
+    parameters and state; a load first lets go of the gathered units (the
+    module's views of them)."""
+
+    def before_load(self, ckpt, folder):
+        self.optimizer._release_all()
+
+
 class _PythonState(_Item):
     """An object whose state lives in Python: its state_dict() in torch.save's
     format, one uint8 tensor of the checkpoint. With ``consolidate``, every
@@ -273,10 +283,13 @@ class _Extras(_Item):
 # --- the Checkpointer ------------------------------------------------------------------
 
 def _route(optimizer):
-    """How an optimizer's state is saved: "zero" (dopt's C++ ZeRO, sharded),
+    """How an optimizer's state is saved: "fully_shard" (dopt.fully_shard's:
+    parameters and state, sharded), "zero" (dopt's C++ ZeRO, sharded),
     "consolidate" (a ZeRO whose state lives in Python: dopt's over a class
     dopt does not compute, or torch's own), "post_local_sgd" (Python, per
     rank), "dopt" (a dopt.optim optimizer, C++) or "python" (its state_dict)."""
+    if isinstance(optimizer, FullyShardedOptimizer):
+        return "fully_shard"
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         return "zero" if optimizer.uses_dopt_kernels else "consolidate"
     if isinstance(optimizer, TorchZero):
@@ -365,6 +378,9 @@ class Checkpointer:
 
         * ``dopt.ZeroRedundancyOptimizer`` over a class dopt computes: dopt's
           sharded files (each rank its shard); loads at any world size;
+        * the optimizer ``dopt.fully_shard`` returns: each rank's shards of
+          the parameters and of the state (the module's parameters live only
+          there: register no ``add_tensors`` for them); any world size;
         * ``dopt.ZeroRedundancyOptimizer`` over a Python class, and torch's
           own: consolidated on rank 0 and saved once; every rank loads it and
           keeps its part, at any world size;
@@ -383,7 +399,14 @@ class Checkpointer:
                 raise _C.ValueError(f"dopt Checkpointer.add_optimizer: '{name}' is a ZeroRedundancyOptimizer, whose "
                                     f"state is sharded; leave placement out (got {placement!r})")
             self._check_zero_group(name, optimizer)
-        if route == "zero":
+        if route == "fully_shard":
+            if placement not in (None, "sharded"):
+                raise _C.ValueError(f"dopt Checkpointer.add_optimizer: '{name}' is fully sharded; leave placement "
+                                    f"out (got {placement!r})")
+            self._check_zero_group(name, optimizer)
+            self._c.add_sharded_units(name, optimizer._c)
+            self._items.append(_ShardedUnitsState(name, optimizer))
+        elif route == "zero":
             self._c.add_zero(name, optimizer._c)
             self._items.append(_DoptState(name, optimizer))
         elif route == "consolidate":

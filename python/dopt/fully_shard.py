@@ -22,6 +22,7 @@ engine callback) the units it did not reach are reduced too, the last
 reduction is waited for, and every unit is freed.
 """
 import dataclasses
+import os
 
 import torch
 from torch.autograd import Variable
@@ -367,6 +368,26 @@ class FullyShardedOptimizer(GroupedOptimizer):
             self._release(unit.index)
         self._c.load_parameters([to_dopt(full[n].detach().float().contiguous(), requires_grad=False)
                                  for n in self.param_names])
+
+    def save_sharded(self, dir):
+        """Collective: writes each rank's shards of the parameters and of the
+        state to ``dir`` (one file per rank; every rank learns whether all
+        were written)."""
+        self._push_hyperparams()
+        self._c.save_sharded(os.fspath(dir))
+
+    def load_sharded(self, dir):
+        """Local, between iterations: loads what ``save_sharded`` wrote, at any
+        world size (each rank reads the files holding its new part). Returns
+        the world size it was saved at."""
+        self._release_all()
+        saved = self._c.load_sharded(os.fspath(dir))
+        self._pull_hyperparams()
+        return saved
+
+    def _release_all(self):
+        for unit in self._units:
+            self._release(unit.index)
 
     @property
     def units(self):

@@ -20,6 +20,7 @@
 #include "convert.hpp"
 #include "dopt/distributed/checkpointer.hpp"
 #include "dopt/distributed/zero.hpp"
+#include "dopt/distributed/zero_stage3.hpp"
 #include "dopt/optim/optimizer.hpp"
 #include "dopt/runtime/error.hpp"
 
@@ -120,6 +121,10 @@ void bind_checkpointer(py::module_& m) {
             c.get().add_optimizer(name, z);
           },
           py::arg("name"), py::arg("optimizer"), py::keep_alive<1, 3>())
+      .def(
+          "add_sharded_units",
+          [](PyCheckpointer& c, const std::string& name, optim::ShardedUnits& s) { c.get().add_optimizer(name, s); },
+          py::arg("name"), py::arg("units"), py::keep_alive<1, 3>())
       .def("add_extras", &PyCheckpointer::add_extras, py::arg("name"), py::arg("placement"))
       .def("extras", [](PyCheckpointer& c, const std::string& name) { return c.extras(name); })
       .def("set_extras",

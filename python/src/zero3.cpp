@@ -68,6 +68,12 @@ void bind_zero3(py::module_& m) {
            [](ShardedUnits& s, const py::dict& d) {
              s.load_state_dict(state_dict_from_py(d, "ShardedUnits.load_state_dict"));
            })
+      .def("save_sharded",
+           [](ShardedUnits& s, const std::string& dir) { s.save_sharded(dir); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("load_sharded",
+           [](ShardedUnits& s, const std::string& dir) { return s.load_sharded(dir).saved_world_size; },
+           py::call_guard<py::gil_scoped_release>())
       .def("full_parameters", &ShardedUnits::full_parameters, py::call_guard<py::gil_scoped_release>())
       .def("load_parameters", &ShardedUnits::load_parameters, py::call_guard<py::gil_scoped_release>())
       // One group (index 0): the names GroupedOptimizer uses for ZeRO's groups.

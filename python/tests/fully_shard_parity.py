@@ -260,6 +260,61 @@ def check_unsharded_and_objects(rank, world):
           flush=True)
 
 
+def check_checkpoint(rank, folder):
+    """The Checkpointer and save_sharded/load_sharded hold the sharded
+    parameters and state: a load brings back the saved values, and training
+    goes on from them as from load_state_dict + load_full_parameters."""
+    torch.manual_seed(0)
+    model = MLP(False)
+    opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
+
+    def train(m, o, steps, first):
+        for step in range(first, first + steps):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+
+    train(model, opt, 3, 0)
+    ck = dopt.Checkpointer(os.path.join(folder, "ck"))
+    ck.add_optimizer("model", opt)
+    ck.save(3)
+    opt.save_sharded(os.path.join(folder, "shards"))
+    saved_params, saved_state = opt.full_parameters(), opt.state_dict()
+    train(model, opt, 2, 3)
+    if all(torch.equal(p, saved_params[n]) for n, p in opt.full_parameters().items()):
+        raise AssertionError("checkpoint: training after the save changed nothing")
+
+    def same(o, what):
+        for n, p in o.full_parameters().items():
+            if not torch.equal(p, saved_params[n]):
+                raise AssertionError(f"{what}: parameter {n} differs from the saved one")
+        st = o.state_dict()["state"]
+        for i, keys in saved_state["state"].items():
+            for k, v in keys.items():
+                if not torch.equal(torch.as_tensor(st[i][k]), torch.as_tensor(v)):
+                    raise AssertionError(f"{what}: state {i}.{k} differs from the saved one")
+
+    ck.load(3)
+    same(opt, "Checkpointer.load")
+    fresh = MLP(False)
+    again = dopt.fully_shard(fresh, torch.optim.Adam, lr=0.01)
+    again.load_sharded(os.path.join(folder, "shards"))
+    same(again, "load_sharded")
+    ref_model = MLP(False)
+    ref = dopt.fully_shard(ref_model, torch.optim.Adam, lr=0.01)
+    ref.load_full_parameters(saved_params)
+    ref.load_state_dict(saved_state)
+    for m, o in ((model, opt), (fresh, again), (ref_model, ref)):
+        train(m, o, 2, 3)
+    want = ref.full_parameters()
+    for what, o in (("Checkpointer.load", opt), ("load_sharded", again)):
+        for n, p in o.full_parameters().items():
+            if not torch.equal(p, want[n]):
+                raise AssertionError(f"{what}: after two more steps {n} differs from load_state_dict's run")
+    print(f"fully_shard_parity: PASS Checkpointer and save_sharded/load_sharded (rank {rank})", flush=True)
+
+
 def worker(rank, world_size, init_file):
     """One rank; a failure's traceback reaches main through mp.spawn."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -272,6 +327,7 @@ def worker(rank, world_size, init_file):
                {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2])
     check_errors(rank)
     check_unsharded_and_objects(rank, world_size)
+    check_checkpoint(rank, os.path.dirname(init_file))
     dist.barrier()
     dist.destroy_process_group()
 
