@@ -20,6 +20,15 @@
 // Arithmetic (bitwise torch's): every built-in averaging hook divides first,
 // then all-reduces with SUM (sum_r g_r / n, not (sum_r g_r) / n).
 //
+// Owner segments (ZeRO stages 2 and 3): when bucket.owner_segments() is not
+// empty, the caller reads back only the segments this rank owns, so a hook
+// need not return the other segments' sums. allreduce_hook and the compress
+// hooks then reduce each segment onto its owner (ProcessGroup::reduce, which
+// sums in the all_reduce's group-rank order: the owner's values are the
+// all_reduce's bits) and write back only the owned segments; the other
+// segments of the returned tensor are unspecified. A hook that all-reduces
+// the whole bucket (a user's, post_localSGD_hook) stays correct.
+//
 // Devices: on a device bucket (CUDA after gpu::init()) the built-in hooks
 // divide and cast on the device (the device ops gpu/ registers: bitwise
 // the CPU path's arithmetic and conversions; without registered ops they
@@ -39,6 +48,14 @@ namespace dopt::optim {
 /// One bucket of gradients handed to a comm hook (torch's dist.GradBucket).
 class GradBucket {
  public:
+  /// A run of the buffer whose reduced values only `owner` (a group rank)
+  /// reads back.
+  struct Segment {
+    std::int64_t offset = 0;
+    std::int64_t numel = 0;
+    int owner = 0;
+  };
+
   GradBucket(std::size_t index, std::size_t num_buckets, Tensor buffer, std::vector<Tensor> parameters,
              std::vector<std::int64_t> offsets);
 
@@ -56,6 +73,13 @@ class GradBucket {
   std::vector<Tensor> gradients() const;
   /// Element offset of parameters()[i] in buffer().
   const std::vector<std::int64_t>& offsets() const noexcept { return offsets_; }
+  /// Empty (every rank reads the whole bucket back), or the segments that
+  /// cover the buffer in order, each read back by its owner only (see the
+  /// header: ZeRO stages 2 and 3).
+  const std::vector<Segment>& owner_segments() const noexcept { return owner_segments_; }
+  /// Set by the reducer before the hook runs (ValueError unless they cover
+  /// the buffer in order).
+  void set_owner_segments(std::vector<Segment> segments);
 
  private:
   std::size_t index_;
@@ -63,6 +87,7 @@ class GradBucket {
   Tensor buffer_;
   std::vector<Tensor> parameters_;
   std::vector<std::int64_t> offsets_;
+  std::vector<Segment> owner_segments_;
 };
 
 /// A comm hook (torch: hook(state, bucket) -> Future[Tensor]; the state is
@@ -73,7 +98,8 @@ using CommHook = std::function<Future<Tensor>(GradBucket&)>;
 /// group; the future yields `tensor` (torch's _allreduce_fut).
 Future<Tensor> allreduce_fut(ProcessGroup group, const Tensor& tensor);
 
-/// The default: average the bucket over process_group (torch's allreduce_hook).
+/// The default: average the bucket over process_group (torch's allreduce_hook;
+/// with owner segments, a reduce of each onto its owner).
 CommHook allreduce_hook(ProcessGroup process_group);
 /// Casts the bucket to float16, divides it by the group size in float16
 /// arithmetic, all-reduces it (SUM), and writes it back into the bucket's

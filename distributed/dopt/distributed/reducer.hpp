@@ -84,12 +84,13 @@
 // zero.hpp fills from a ZeroRedundancyOptimizer's partition; docs/zero.md,
 // "Stages"): the reducer shards the gradients by owner. Inside each
 // bucket the parameters are ordered by owner (then registration order), so
-// each owner's gradients are one contiguous segment. A launched bucket is
-// divided by the group size and each segment is reduced onto its owner
-// (ProcessGroup::reduce: group-rank order, bitwise the all_reduce's sums,
-// so the owner's averages are stage 1's, bit for bit); with a registered
-// comm hook the hook runs as in stage 1 (its contract returns the whole
-// bucket) and only the owned part is kept. mark_ready drops p.grad() of a
+// each owner's gradients are one contiguous segment. A launched bucket goes
+// to the hook with these segments as its GradBucket::owner_segments(): the
+// default allreduce_hook and the compress hooks divide by the group size
+// and reduce each segment onto its owner (ProcessGroup::reduce: group-rank
+// order, bitwise the all_reduce's sums, so the owner's averages are stage
+// 1's with the same hook, bit for bit); a hook that all-reduces the whole
+// bucket stays correct. Only the owned part is kept. mark_ready drops p.grad() of a
 // parameter this rank does not own once it is copied into its bucket. A
 // bucket gets a buffer at its first mark_ready: a spare one when there is
 // one; else, while two buffers are in use and a launched bucket is still
@@ -221,9 +222,8 @@ class Reducer : public Joinable {
     std::size_t pending = 0;              // params not yet marked this iteration
     Future<Tensor> result;
     Tensor saved;                         // survive: the local gradients as launched
-    // stage 2: each owner's contiguous segment of buffer (owner, offset, count)
-    std::vector<int> seg_owner;
-    std::vector<std::int64_t> seg_offset, seg_count;
+    // stage 2: each owner's contiguous segment of buffer (the hook's owner segments)
+    std::vector<GradBucket::Segment> segments;
     std::int64_t numel = 0;
     Tensor storage;        // stage 2: the pooled buffer that `buffer` views
     bool written = false;  // stage 2: its averages are written this iteration
@@ -245,8 +245,6 @@ class Reducer : public Joinable {
   void trim_spares();
   /// Writes a bucket's reduced values into the gradients (stage 2: the owned ones).
   void write_bucket(Bucket& bucket, const Tensor& reduced, const char* op);
-  /// stage 2 with the default hook: divides, reduces each segment onto its owner.
-  Future<Tensor> reduce_to_owners(Bucket& bucket);
   void reset_iteration();
   /// Runs the hook over zero buckets (a joined rank's shadow iteration).
   void shadow_iteration();
@@ -276,7 +274,6 @@ class Reducer : public Joinable {
   std::vector<Tensor> spares_;       // stage 2: bucket buffers not in use
   std::size_t buffers_in_use_ = 0;   // stage 2: buckets holding a buffer
   bool shadowing_ = false;           // a joined rank's shadow iteration: nothing is written
-  bool default_hook_ = true;
 };
 
 }  // namespace dopt::optim

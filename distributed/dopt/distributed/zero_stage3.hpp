@@ -53,7 +53,8 @@
 // step() runs the optimizer elementwise on the shard, which is stage 1's
 // step of those elements. With a registered comm hook (fp16_compress_hook,
 // ...) the hook runs over the whole unit, as the Reducer runs it over a
-// bucket, and only this rank's shard is kept. Elementwise optimizers only
+// bucket, with the ranks' shards as its owner segments (the built-in hooks
+// reduce each shard onto its rank), and only this rank's shard is kept. Elementwise optimizers only
 // (SGD, Adam, AdamW, Adagrad, RMSprop, Adamax, Adadelta, Rprop, NAdam,
 // RAdam): any other (Muon, whose step needs whole matrices) is a
 // NotSupportedError at construction; use stage 1 or 2 for it.

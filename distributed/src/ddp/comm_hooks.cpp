@@ -21,6 +21,21 @@ GradBucket::GradBucket(std::size_t index, std::size_t num_buckets, Tensor buffer
     throw ValueError("GradBucket", "one offset per parameter is needed");
 }
 
+void GradBucket::set_owner_segments(std::vector<Segment> segments) {
+  std::int64_t at = 0;
+  for (const auto& s : segments) {
+    if (s.offset != at || s.numel < 0 || s.owner < 0)
+      throw ValueError("GradBucket.set_owner_segments", "segments must cover the buffer in order (a segment at " +
+                                                            std::to_string(s.offset) + " where " +
+                                                            std::to_string(at) + " was next)");
+    at += s.numel;
+  }
+  if (!segments.empty() && at != buffer_.numel())
+    throw ValueError("GradBucket.set_owner_segments", "the segments cover " + std::to_string(at) + " of " +
+                                                          std::to_string(buffer_.numel()) + " elements");
+  owner_segments_ = std::move(segments);
+}
+
 void GradBucket::set_buffer(const Tensor& buffer) {
   check_defined(buffer, "GradBucket.set_buffer", "buffer");
   if (buffer.numel() != buffer_.numel())
@@ -48,9 +63,32 @@ Future<Tensor> allreduce_fut(ProcessGroup group, const Tensor& tensor) {
   });
 }
 
+namespace {
+
+/// Sums `t` over `group` (SUM): all_reduce, or with owner segments a reduce
+/// of each segment onto its owner (the all_reduce's sums on the owner).
+Future<void> sum_to_readers(ProcessGroup& group, const Tensor& t, const GradBucket& bucket) {
+  const auto& segs = bucket.owner_segments();
+  if (segs.empty()) return group.all_reduce_async(t, ReduceOp::sum);
+  std::vector<Future<void>> fs;
+  for (const auto& s : segs)
+    if (s.numel > 0) fs.push_back(group.reduce_async(t.flat_slice(s.offset, s.numel), s.owner, ReduceOp::sum));
+  return when_all(fs);
+}
+
+}  // namespace
+
 CommHook allreduce_hook(ProcessGroup process_group) {
   if (!process_group.valid()) throw ValueError("allreduce_hook", "the process group is invalid");
-  return [pg = std::move(process_group)](GradBucket& bucket) { return allreduce_fut(pg, bucket.buffer()); };
+  return [pg = std::move(process_group)](GradBucket& bucket) mutable -> Future<Tensor> {
+    if (bucket.owner_segments().empty()) return allreduce_fut(pg, bucket.buffer());
+    const Tensor& buffer = bucket.buffer();
+    detail::divide_any_(buffer, pg.size(), "allreduce_hook");
+    return sum_to_readers(pg, buffer, bucket).then([buffer](Future<void> f) {
+      f.get();
+      return buffer;
+    });
+  };
 }
 
 namespace {
@@ -64,9 +102,15 @@ CommHook compress_hook(ProcessGroup process_group, DType wire, const char* op) {
     Tensor compressed = Tensor::empty(buffer.shape(), wire, buffer.device());
     detail::convert_any_(compressed, buffer);
     detail::divide_any_(compressed, pg.size(), op);
-    return pg.all_reduce_async(compressed, ReduceOp::sum).then([buffer, compressed](Future<void> f) {
+    std::vector<GradBucket::Segment> mine;  // with owner segments: only those this rank reads back
+    for (const auto& s : bucket.owner_segments())
+      if (s.owner == pg.rank() && s.numel > 0) mine.push_back(s);
+    const bool whole = bucket.owner_segments().empty();
+    return sum_to_readers(pg, compressed, bucket).then([buffer, compressed, whole, mine](Future<void> f) {
       f.get();
-      detail::convert_any_(buffer, compressed);  // decompress in place
+      if (whole) detail::convert_any_(buffer, compressed);  // decompress in place
+      for (const auto& s : mine)
+        detail::convert_any_(buffer.flat_slice(s.offset, s.numel), compressed.flat_slice(s.offset, s.numel));
       return buffer;
     });
   };

@@ -89,12 +89,9 @@ Reducer::Reducer(std::vector<Tensor> params, ProcessGroup process_group, Reducer
       bucket_of_[i] = b;
       slot_of_[i] = s;
       bucket.offsets.push_back(off);
-      if (stage2_ && (bucket.seg_owner.empty() || bucket.seg_owner.back() != owner_of_[i])) {
-        bucket.seg_owner.push_back(owner_of_[i]);
-        bucket.seg_offset.push_back(off);
-        bucket.seg_count.push_back(0);
-      }
-      if (stage2_) bucket.seg_count.back() += params_[i].numel();
+      if (stage2_ && (bucket.segments.empty() || bucket.segments.back().owner != owner_of_[i]))
+        bucket.segments.push_back({off, 0, owner_of_[i]});
+      if (stage2_) bucket.segments.back().numel += params_[i].numel();
       off += params_[i].numel();
     }
     bucket.numel = off;
@@ -130,7 +127,6 @@ void Reducer::register_comm_hook(CommHook hook) {
     throw StateError("Reducer.register_comm_hook",
                      "register_comm_hook can only be called once, before the first iteration");
   hook_ = std::move(hook);
-  default_hook_ = false;
   started_ = true;  // a second registration is refused as well
 }
 
@@ -178,7 +174,8 @@ void Reducer::launch(std::size_t b) {
   if (options_.survive) bucket.saved = bucket.buffer.clone();  // what a recovery reduces again
   GradBucket gb(b, buckets_.size(), bucket.buffer, std::move(ps), bucket.offsets);
   try {
-    bucket.result = stage2_ && default_hook_ ? reduce_to_owners(bucket) : hook_(gb);
+    if (stage2_) gb.set_owner_segments(bucket.segments);  // the built-in hooks reduce each onto its owner
+    bucket.result = hook_(gb);
   } catch (...) {
     bucket.result = make_failed_future<Tensor>(std::current_exception());
   }

@@ -1,12 +1,11 @@
 // The Reducer's ZeRO stage 2 part (reducer.hpp, "ZeRO stage 2"): the rules of
-// ReducerOptions::gradient_owners, the reduce of each owner's segment onto
-// it, and the bucket buffers: taken from the spares, reused from a bucket
+// ReducerOptions::gradient_owners and the bucket buffers (the reduce of each
+// owner's segment onto it is the hook's, given the bucket's owner segments): taken from the spares, reused from a bucket
 // whose reduction is done, or allocated; given back when written; one kept
 // between iterations. Rank thread only, as the rest of the Reducer.
 #include <algorithm>
 #include <string>
 
-#include "dopt/distributed/internal/device_ops.hpp"
 #include "dopt/distributed/reducer.hpp"
 
 namespace dopt::optim {
@@ -31,20 +30,6 @@ void Reducer::check_gradient_owners() const {
   if (options_.survive)
     throw NotSupportedError(kOp, "ReducerOptions::gradient_owners (ZeRO stage 2) with survive: a recovery would need "
                                  "every rank's averaged gradients, which stage 2 does not keep", group_.rank());
-}
-
-Future<Tensor> Reducer::reduce_to_owners(Bucket& bucket) {
-  // allreduce_hook's arithmetic (divide, then sum in group-rank order), each
-  // owner's segment summed onto its owner only.
-  detail::divide_any_(bucket.buffer, group_.size(), kOp);
-  std::vector<Future<void>> fs;
-  for (std::size_t s = 0; s < bucket.seg_owner.size(); ++s)
-    fs.push_back(group_.reduce_async(bucket.buffer.flat_slice(bucket.seg_offset[s], bucket.seg_count[s]),
-                                     bucket.seg_owner[s], ReduceOp::sum));
-  return when_all(fs).then([buffer = bucket.buffer](Future<void> f) {
-    f.get();
-    return buffer;
-  });
 }
 
 void Reducer::ensure_buffer(Bucket& bucket) {

@@ -199,8 +199,12 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vect
     if (grads[i].defined()) buffer.flat_slice(unit.offsets[i], grads[i].numel()).view(unit.shapes[i]).copy_(grads[i]);
   Future<Tensor> reduced;
   if (im.hook) {
-    // The hook's contract returns the whole unit (as a Reducer's bucket).
+    // The hook's contract returns the whole unit (as a Reducer's bucket);
+    // each rank reads back its shard only: the owner segments.
     GradBucket bucket(u, im.units.size(), buffer, Impl::views(unit, buffer), unit.offsets);
+    std::vector<GradBucket::Segment> segments;
+    for (int q = 0; q < world; ++q) segments.push_back({q * s, s, q});
+    bucket.set_owner_segments(std::move(segments));
     reduced = im.hook(bucket);
   } else {
     // allreduce_hook's arithmetic: divide, then each shard summed onto its
