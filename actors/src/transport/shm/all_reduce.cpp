@@ -15,12 +15,14 @@ namespace {
 
 /// Whether the one-round way fits: the data fits a buffer, and what each
 /// receiver then reduces (every member's data, members x bytes) stays within
-/// 64 small calls' worth; past it (hundreds of members: simulated worlds)
-/// each member reduces a slice instead (O(bytes) per member, not O(members x
-/// bytes)). Every member sees the same size and group: they agree.
+/// 64 small calls' worth (processes), one small call's worth (threads: every
+/// member's reduction runs on the cores of one process, thousands of them
+/// on one when simulated); past it each member reduces a slice instead
+/// (O(bytes) per member, not O(members x bytes)). Every member sees the same
+/// size and group: they agree.
 bool small_fits(const Channel& ch, std::size_t bytes) {
-  return bytes <= ch.small_bytes() && bytes <= ch.buf_bytes() &&
-         bytes * static_cast<std::size_t>(ch.size()) <= 64 * ch.small_bytes();
+  const std::size_t most = ch.in_process() ? ch.small_bytes() : 64 * ch.small_bytes();
+  return bytes <= ch.small_bytes() && bytes <= ch.buf_bytes() && bytes * static_cast<std::size_t>(ch.size()) <= most;
 }
 
 /// Whether this member receives the result.
@@ -102,19 +104,20 @@ void direct(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
   const std::uint64_t k = ch.meet(c);
-  {
+  const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
+  const std::int64_t lo = total * me / n, hi = total * (me + 1) / n;
+  if (lo < hi) {
     // The members' views live only until this member's slice is done, not
     // across the wait below: simulated members all wait there at once, and
-    // n views each would hold n x n of them.
+    // n views each would hold n x n of them. A member with an empty slice
+    // (more members than elements) makes none.
     std::vector<FlatView> views;
     views.reserve(static_cast<std::size_t>(n));
     for (int g = 0; g < n; ++g) {
       const Op& po = g == me ? op : ch.peer_op(g, k);
       views.emplace_back(po.tensors, 0, po.tensors.size());
     }
-    const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
     const ReduceSpec spec = reduce_spec_of(op, total);
-    const std::int64_t lo = total * me / n, hi = total * (me + 1) / n;
     std::vector<const void*> ins(static_cast<std::size_t>(n));
     std::vector<void*> outs;
     v.for_each(static_cast<std::size_t>(lo) * es, static_cast<std::size_t>(hi) * es,
