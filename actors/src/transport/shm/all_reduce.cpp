@@ -107,30 +107,27 @@ void direct(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
   const std::int64_t lo = total * me / n, hi = total * (me + 1) / n;
   if (lo < hi) {
-    // The members' views live only until this member's slice is done, not
-    // across the wait below: simulated members all wait there at once, and
-    // n views each would hold n x n of them. A member with an empty slice
-    // (more members than elements) makes none.
-    std::vector<FlatView> views;
-    views.reserve(static_cast<std::size_t>(n));
-    for (int g = 0; g < n; ++g) {
-      const Op& po = g == me ? op : ch.peer_op(g, k);
-      views.emplace_back(po.tensors, 0, po.tensors.size());
-    }
+    // The members' tensors have the sizes of this member's (the descriptors
+    // matched), so each piece of the slice is the same tensor at the same
+    // offset in every member's list: one address per member and piece, no
+    // view of a member's whole list (O(members x tensors) for each member).
+    // A member with an empty slice (more members than elements) reads none.
+    std::vector<const Op*> ops(static_cast<std::size_t>(n));
+    for (int g = 0; g < n; ++g) ops[static_cast<std::size_t>(g)] = g == me ? &op : &ch.peer_op(g, k);
     const ReduceSpec spec = reduce_spec_of(op, total);
     std::vector<const void*> ins(static_cast<std::size_t>(n));
     std::vector<void*> outs;
-    v.for_each(static_cast<std::size_t>(lo) * es, static_cast<std::size_t>(hi) * es,
-               [&](char*, std::size_t byte, std::size_t nb) {
-                 outs.clear();
-                 for (int g = 0; g < n; ++g) {
-                   char* p = views[static_cast<std::size_t>(g)].contiguous(byte, nb);
-                   ins[static_cast<std::size_t>(g)] = p;
-                   if (receives(g, root)) outs.push_back(p);
-                 }
-                 reduce_members(spec, ins, outs, static_cast<std::int64_t>(byte / es),
-                                static_cast<std::int64_t>(nb / es));
-               });
+    v.for_each_piece(static_cast<std::size_t>(lo) * es, static_cast<std::size_t>(hi) * es,
+                     [&](std::size_t t, std::size_t offset, std::size_t byte, std::size_t nb) {
+                       outs.clear();
+                       for (int g = 0; g < n; ++g) {
+                         char* p = static_cast<char*>(ops[static_cast<std::size_t>(g)]->tensors[t].data_ptr()) + offset;
+                         ins[static_cast<std::size_t>(g)] = p;
+                         if (receives(g, root)) outs.push_back(p);
+                       }
+                       reduce_members(spec, ins, outs, static_cast<std::int64_t>(byte / es),
+                                      static_cast<std::int64_t>(nb / es));
+                     });
   }
   ch.signal(Channel::B(k));
   ch.wait_all(Channel::B(k), c);

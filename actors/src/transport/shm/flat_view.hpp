@@ -20,6 +20,7 @@ class FlatView {
       const Tensor& t = tensors[i];
       if (t.nbytes() == 0) continue;
       ptrs_.push_back(static_cast<char*>(t.data_ptr()));
+      index_.push_back(i);
       starts_.push_back(starts_.back() + t.nbytes());
     }
   }
@@ -38,6 +39,23 @@ class FlatView {
     while (lo < hi && i < ptrs_.size()) {
       const std::size_t end = std::min(hi, starts_[i + 1]);
       f(ptrs_[i] + (lo - starts_[i]), lo, end - lo);
+      lo = end;
+      ++i;
+    }
+  }
+  /// f(std::size_t tensor, std::size_t offset, std::size_t at, std::size_t n)
+  /// for each contiguous piece of bytes [lo, hi): bytes [offset, offset + n)
+  /// of tensors[tensor] (of the list the view was made of), which are byte
+  /// `at` of the view on. A list of tensors of the same sizes has its pieces
+  /// at the same places.
+  template <class F>
+  void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
+    if (lo >= hi) return;
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), lo);
+    std::size_t i = static_cast<std::size_t>(it - starts_.begin()) - 1;
+    while (lo < hi && i < ptrs_.size()) {
+      const std::size_t end = std::min(hi, starts_[i + 1]);
+      f(index_[i], lo - starts_[i], lo, end - lo);
       lo = end;
       ++i;
     }
@@ -64,6 +82,7 @@ class FlatView {
 
  private:
   std::vector<char*> ptrs_;
+  std::vector<std::size_t> index_;   // index_[i]: piece i's tensor in the list
   std::vector<std::size_t> starts_;  // prefix sums; starts_[i] = first byte of piece i
 };
 
