@@ -98,14 +98,23 @@ void staged(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   }
 }
 
-/// Threads: member g reduces slice g of the whole buffer, reading every
-/// member's tensors and writing each receiver's result in place.
+/// The least a member's slice of the direct way holds (but the last
+/// members' slices may be empty): a member reads every member's tensors for
+/// its slice, and with thousands of simulated members a slice of a few
+/// elements costs the look-ups of every member's tensors, not the adding.
+constexpr std::size_t kMinSliceBytes = 4096;
+
+/// Threads: member g reduces slice g of the whole buffer (slices of at least
+/// kMinSliceBytes: the first members only, when there is little data),
+/// reading every member's tensors and writing each receiver's result in place.
 void direct(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
   const std::uint64_t k = ch.meet(c);
   const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
-  const std::int64_t lo = total * me / n, hi = total * (me + 1) / n;
+  const std::int64_t least = std::max<std::int64_t>(1, static_cast<std::int64_t>(kMinSliceBytes / es));
+  const std::int64_t parts = std::clamp<std::int64_t>(total / least, 1, n);
+  const std::int64_t lo = me < parts ? total * me / parts : total, hi = me < parts ? total * (me + 1) / parts : total;
   if (lo < hi) {
     // The members' tensors have the sizes of this member's (the descriptors
     // matched), so each piece of the slice is the same tensor at the same
