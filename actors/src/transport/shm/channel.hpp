@@ -105,7 +105,8 @@ class Channel {
   /// First round of a call: this member's descriptor (before signal(A)).
   void publish(std::uint64_t round, const Op& op);
   /// After wait_all(A(round)) of a call's first round: every member compares
-  /// all descriptors, so all of them fail alike on a mismatch.
+  /// all descriptors, so all of them fail alike on a mismatch (threads: once
+  /// one member found them all alike, the others take its word: the Board).
   void match(std::uint64_t round, Call& c);
   /// A call's first round without staged data: begin_round, publish, A,
   /// wait for every member's A, match. Returns the round.
