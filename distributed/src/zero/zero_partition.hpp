@@ -2,8 +2,13 @@
 // Partition: which rank owns which parameter (ZeRO stage 1 assigns whole
 // parameters). Values: every rank computes the same one from the same
 // inputs; ZeroCore holds the current one and replaces it whole (a new group,
-// the overlap plan, a recovery).
+// the overlap plan, a recovery). It holds the parts of the ranks that own
+// something, not one per rank of the world: at most one per parameter (so
+// that thousands of simulated ranks in one process do not each hold one
+// part per rank).
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "dopt/optim/optimizer.hpp"
@@ -29,10 +34,15 @@ class Partition {
   /// Appends p (global index i, group g) to rank r's part.
   void assign(const Tensor& p, std::int64_t i, std::size_t g, int r);
 
-  int world() const noexcept { return static_cast<int>(by_rank_.size()); }
-  /// [rank][group] -> parameters, in assignment order.
-  const std::vector<std::vector<std::vector<Tensor>>>& by_rank() const noexcept { return by_rank_; }
-  const std::vector<std::vector<Tensor>>& of(int r) const { return by_rank_[static_cast<std::size_t>(r)]; }
+  int world() const noexcept { return world_; }
+  /// [rank][group] -> parameters, in assignment order: every rank's part,
+  /// made when first asked (O(world); the public partition(), the bucket
+  /// view). Not concurrently with itself on one Partition.
+  const std::vector<std::vector<std::vector<Tensor>>>& by_rank() const;
+  /// Rank r's part: [group] -> parameters (every group empty when it owns nothing).
+  const std::vector<std::vector<Tensor>>& of(int r) const;
+  /// The ranks that own a parameter, ascending (at most one per parameter).
+  std::vector<int> owning_ranks() const;
   /// Rank r's parameters in partition order (groups, then assignment).
   std::vector<Tensor> shard(int r) const;
   /// Owner of each parameter, by global index (-1: none).
@@ -42,8 +52,11 @@ class Partition {
   std::vector<OptimizerParamGroup> local_groups(const ZeroParams& params, int r, std::size_t first = 0) const;
 
  private:
-  std::vector<std::vector<std::vector<Tensor>>> by_rank_;
+  int world_ = 0;
+  std::vector<std::vector<Tensor>> none_;  // [group] -> nothing: a rank's part before it owns anything
+  std::vector<std::pair<int, std::vector<std::vector<Tensor>>>> owning_;  // (rank, part), by rank
   std::vector<int> owner_;
+  mutable std::shared_ptr<const std::vector<std::vector<std::vector<Tensor>>>> by_rank_;  // once made
 };
 
 }  // namespace dopt::optim::zero_detail

@@ -2,6 +2,7 @@
 #include "zero_shard_sync.hpp"
 
 #include <exception>
+#include <vector>
 
 namespace dopt::optim::zero_detail {
 
@@ -12,8 +13,18 @@ Future<void> ShardSync::start(const std::function<void(int)>& posted) {
     works.push_back(std::move(f));
     if (posted) posted(static_cast<int>(works.size()) - 1);
   };
+  // Without the bucket view only owners post (in rank order): a rank that
+  // owns nothing has nothing to send, and nobody looks at it (thousands of
+  // simulated ranks would otherwise each look at every rank).
+  std::vector<int> ranks;
+  if (bucket_view_) {
+    ranks.resize(static_cast<std::size_t>(part_.world()));
+    for (int r = 0; r < part_.world(); ++r) ranks[static_cast<std::size_t>(r)] = r;
+  } else {
+    ranks = part_.owning_ranks();
+  }
   try {
-    for (int r = 0; r < part_.world(); ++r) {
+    for (const int r : ranks) {
       if (bucket_view_) {
         for (const auto& kind : buckets_.rows()) post(group_.broadcast_async(kind[static_cast<std::size_t>(r)], r));
         // A frozen parameter is in no bucket, but its owner still steps it

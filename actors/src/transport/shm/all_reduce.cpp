@@ -15,12 +15,14 @@ namespace {
 
 /// Whether the one-round way fits: the data fits a buffer, and what each
 /// receiver then reduces (every member's data, members x bytes) stays within
-/// 64 small calls' worth; past it (hundreds of members: simulated worlds)
-/// each member reduces a slice instead (O(bytes) per member, not O(members x
-/// bytes)). Every member sees the same size and group: they agree.
+/// 64 small calls' worth (processes), one small call's worth (threads: every
+/// member's reduction runs on the cores of one process, thousands of them
+/// on one when simulated); past it each member reduces a slice instead
+/// (O(bytes) per member, not O(members x bytes)). Every member sees the same
+/// size and group: they agree.
 bool small_fits(const Channel& ch, std::size_t bytes) {
-  return bytes <= ch.small_bytes() && bytes <= ch.buf_bytes() &&
-         bytes * static_cast<std::size_t>(ch.size()) <= 64 * ch.small_bytes();
+  const std::size_t most = ch.in_process() ? ch.small_bytes() : 64 * ch.small_bytes();
+  return bytes <= ch.small_bytes() && bytes <= ch.buf_bytes() && bytes * static_cast<std::size_t>(ch.size()) <= most;
 }
 
 /// Whether this member receives the result.
@@ -96,38 +98,45 @@ void staged(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   }
 }
 
-/// Threads: member g reduces slice g of the whole buffer, reading every
-/// member's tensors and writing each receiver's result in place.
+/// The least a member's slice of the direct way holds (but the last
+/// members' slices may be empty): a member reads every member's tensors for
+/// its slice, and with thousands of simulated members a slice of a few
+/// elements costs the look-ups of every member's tensors, not the adding.
+constexpr std::size_t kMinSliceBytes = 4096;
+
+/// Threads: member g reduces slice g of the whole buffer (slices of at least
+/// kMinSliceBytes: the first members only, when there is little data),
+/// reading every member's tensors and writing each receiver's result in place.
 void direct(Channel& ch, Call& c, const FlatView& v, std::size_t es, int root) {
   const Op& op = *c.op;
   const int n = ch.size(), me = ch.me();
   const std::uint64_t k = ch.meet(c);
-  {
-    // The members' views live only until this member's slice is done, not
-    // across the wait below: simulated members all wait there at once, and
-    // n views each would hold n x n of them.
-    std::vector<FlatView> views;
-    views.reserve(static_cast<std::size_t>(n));
-    for (int g = 0; g < n; ++g) {
-      const Op& po = g == me ? op : ch.peer_op(g, k);
-      views.emplace_back(po.tensors, 0, po.tensors.size());
-    }
-    const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
+  const std::int64_t total = static_cast<std::int64_t>(v.bytes() / es);
+  const std::int64_t least = std::max<std::int64_t>(1, static_cast<std::int64_t>(kMinSliceBytes / es));
+  const std::int64_t parts = std::clamp<std::int64_t>(total / least, 1, n);
+  const std::int64_t lo = me < parts ? total * me / parts : total, hi = me < parts ? total * (me + 1) / parts : total;
+  if (lo < hi) {
+    // The members' tensors have the sizes of this member's (the descriptors
+    // matched), so each piece of the slice is the same tensor at the same
+    // offset in every member's list: one address per member and piece, no
+    // view of a member's whole list (O(members x tensors) for each member).
+    // A member with an empty slice (more members than elements) reads none.
+    std::vector<const Op*> ops(static_cast<std::size_t>(n));
+    for (int g = 0; g < n; ++g) ops[static_cast<std::size_t>(g)] = g == me ? &op : &ch.peer_op(g, k);
     const ReduceSpec spec = reduce_spec_of(op, total);
-    const std::int64_t lo = total * me / n, hi = total * (me + 1) / n;
     std::vector<const void*> ins(static_cast<std::size_t>(n));
     std::vector<void*> outs;
-    v.for_each(static_cast<std::size_t>(lo) * es, static_cast<std::size_t>(hi) * es,
-               [&](char*, std::size_t byte, std::size_t nb) {
-                 outs.clear();
-                 for (int g = 0; g < n; ++g) {
-                   char* p = views[static_cast<std::size_t>(g)].contiguous(byte, nb);
-                   ins[static_cast<std::size_t>(g)] = p;
-                   if (receives(g, root)) outs.push_back(p);
-                 }
-                 reduce_members(spec, ins, outs, static_cast<std::int64_t>(byte / es),
-                                static_cast<std::int64_t>(nb / es));
-               });
+    v.for_each_piece(static_cast<std::size_t>(lo) * es, static_cast<std::size_t>(hi) * es,
+                     [&](std::size_t t, std::size_t offset, std::size_t byte, std::size_t nb) {
+                       outs.clear();
+                       for (int g = 0; g < n; ++g) {
+                         char* p = static_cast<char*>(ops[static_cast<std::size_t>(g)]->tensors[t].data_ptr()) + offset;
+                         ins[static_cast<std::size_t>(g)] = p;
+                         if (receives(g, root)) outs.push_back(p);
+                       }
+                       reduce_members(spec, ins, outs, static_cast<std::int64_t>(byte / es),
+                                      static_cast<std::int64_t>(nb / es));
+                     });
   }
   ch.signal(Channel::B(k));
   ch.wait_all(Channel::B(k), c);

@@ -87,6 +87,7 @@ Channel::Channel(std::uint64_t gid, int me, std::shared_ptr<const std::vector<in
       peers_(std::move(peers)),
       policy_(policy),
       spin_(policy.spin),
+      bases_(memory_.base->data()),
       layout_(Layout::of(static_cast<int>(members_->size()), memory_.buf_bytes, memory_.heap_bytes)) {}
 
 std::string Channel::group_str() const { return detail::group_str(gid_); }
@@ -124,13 +125,50 @@ void Channel::signal(std::uint64_t step) {
   }
   SyncLine& s = ctl(me_).sync;
   s.step.store(step, std::memory_order_seq_cst);
+  if (memory_.board) memory_.board->reached(me_, step);
   s.futex.fetch_add(1, std::memory_order_seq_cst);
   if (s.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&s.futex, memory_.shared);
 }
 
 void Channel::wait_all(std::uint64_t step, Call& c) {
+  if (memory_.board && sim::active()) [[unlikely]] {
+    if (wait_all_simulated(step, c)) return;
+  }
   for (int g = 0; g < size(); ++g)
     if (g != me_) wait(g, step, c);
+}
+
+int Channel::first_below(std::uint64_t step) const {
+  for (int g = 0; g < size(); ++g)
+    if (g != me_ && ctl(g).sync.step.load(std::memory_order_acquire) < step) return g;
+  return -1;
+}
+
+bool Channel::wait_all_simulated(std::uint64_t step, Call& c) {
+  // The Board's least step counts this member too: of use only once its own
+  // step is there (a fault plan may have dropped its signal).
+  if (ctl(me_).sync.step.load(std::memory_order_acquire) < step) return false;
+  const Board& b = *memory_.board;
+  check_partition(c);  // no step crosses a partition
+  for (;;) {
+    if (b.least() >= step) return true;
+    // What wait_simulated does, on the first member still below the step
+    // (the one a wait for each member in turn would be on): only when a
+    // wait ends without the step is it looked for.
+    const std::uint64_t gen = peers_->generation();
+    const std::uint64_t aborts = g_aborts.load(std::memory_order_acquire);
+    if (aborted_before(c.op->seq) >= 0) check_slow(std::max(0, first_below(step)), step, c);  // throws
+    const std::function<bool()> ready = [&] {
+      return b.least() >= step || peers_->generation() != gen || g_aborts.load(std::memory_order_acquire) != aborts;
+    };
+    const bool simulated = sim::block(ready, c.deadline, "shm wait");
+    if (b.least() >= step) return true;
+    if (!simulated) return false;  // the simulation let go: wait as usual
+    check_partition(c);
+    const int g = first_below(step);
+    if (g < 0) return true;
+    check_slow(g, step, c);  // throws on an abort, a lost peer, the deadline
+  }
 }
 
 void Channel::wait(int g, std::uint64_t step, Call& c) {
@@ -187,11 +225,7 @@ bool Channel::wait_simulated(int g, std::uint64_t step, Call& c) {
   for (;;) {
     const std::uint64_t gen = peers_->generation();
     const std::uint64_t aborts = g_aborts.load(std::memory_order_acquire);
-    if (aborts != clean_aborts_ || c.op->seq != clean_seq_) {  // an abort since the last look: is it one of ours?
-      if (aborted_before(c.op->seq) >= 0) check_slow(g, step, c);  // throws
-      clean_aborts_ = aborts;
-      clean_seq_ = c.op->seq;
-    }
+    if (aborted_before(c.op->seq) >= 0) check_slow(g, step, c);  // throws
     // Wakes on the step, a change of the peers, or any abort in the process
     // (then check_slow below decides whether it ends this wait).
     const std::function<bool()> ready = [&] {
@@ -306,6 +340,7 @@ void Channel::abort_group(const std::string& later, FailKind kind, std::uint64_t
     mine.abort.seq.store(seq, std::memory_order_relaxed);
     mine.abort.aborted.store(kind == FailKind::peer_lost ? kAbortLost : kind == FailKind::state ? kAbortState : 1,
                              std::memory_order_release);
+    if (memory_.board) memory_.board->aborted();
     g_aborts.fetch_add(1, std::memory_order_acq_rel);
     signal(mine.sync.step.load(std::memory_order_relaxed));  // wakes sleepers, who then see the abort
   }
@@ -371,6 +406,9 @@ void Channel::check(Call& c) {
 }
 
 std::string Channel::mismatch(std::uint64_t round, Call& c) {
+  // Threads: one member compares them all for every member.
+  Board* const board = memory_.board.get();
+  if (board && board->matched(round)) return "";
   const Desc& ref = ctl(0).desc[round % 2];
   for (int g = 1; g < size(); ++g) {
     const Desc& d = ctl(g).desc[round % 2];
@@ -389,6 +427,7 @@ std::string Channel::mismatch(std::uint64_t round, Call& c) {
                                     ": rank " + std::to_string(global(0)) + " called " + to_desc(ref).str() +
                                     " but rank " + std::to_string(global(g)) + " called " + to_desc(d).str());
   }
+  if (board) board->set_matched(round);
   return "";
 }
 
@@ -415,6 +454,9 @@ void Channel::break_group(const Failure& f) {
 }
 
 int Channel::aborted_before(std::uint64_t seq) const {
+  // Threads of one process: the Board counts the members' aborts (each
+  // after its abort line is set): while none did, no line is read.
+  if (memory_.board && memory_.board->aborts() == 0) return -1;
   for (int h = 0; h < size(); ++h)
     if (h != me_ && ctl(h).abort.aborted.load(std::memory_order_acquire) != 0 &&
         ctl(h).abort.seq.load(std::memory_order_relaxed) <= seq)

@@ -14,6 +14,7 @@
 // Threads: one thread at a time uses a Channel (the group's executor
 // serialises the calls); peers' regions are read concurrently by their own
 // threads or processes.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "plane/failure.hpp"
 #include "dopt/actors/internal/op.hpp"
 #include "plane/peer_table.hpp"
+#include "transport/shm/board.hpp"
 #include "transport/shm/region.hpp"
 
 namespace dopt::detail::shm_plane {
@@ -40,7 +42,8 @@ struct WaitPolicy {
 
 /// Every member's region, as mapped here.
 struct GroupMemory {
-  std::vector<void*> base;  // index: group rank
+  std::shared_ptr<const std::vector<void*>> base;  // index: group rank (threads: one list for all members)
+  std::shared_ptr<Board> board;                    // threads of one process: what the members share (else null)
   std::size_t buf_bytes = 0;
   std::size_t small_bytes = 0;  // calls with at most this much data per member take the small path
   std::size_t heap_bytes = 0;   // send/recv staging (processes)
@@ -69,9 +72,9 @@ class Channel {
   int size() const noexcept { return static_cast<int>(members_->size()); }
   int global(int g) const { return (*members_)[static_cast<std::size_t>(g)]; }
   int my_global() const { return global(me_); }
-  ControlBlock& ctl(int g) const { return *static_cast<ControlBlock*>(memory_.base[static_cast<std::size_t>(g)]); }
-  char* buf(int g, std::uint64_t round) const { return layout_.buf_of(memory_.base[static_cast<std::size_t>(g)], round); }
-  void* base(int g) const { return memory_.base[static_cast<std::size_t>(g)]; }
+  ControlBlock& ctl(int g) const { return *static_cast<ControlBlock*>(base(g)); }
+  char* buf(int g, std::uint64_t round) const { return layout_.buf_of(base(g), round); }
+  void* base(int g) const { return bases_[static_cast<std::size_t>(g)]; }
   const Layout& layout() const noexcept { return layout_; }
   bool shared() const noexcept { return memory_.shared; }
   const WaitPolicy& policy() const noexcept { return policy_; }
@@ -96,12 +99,14 @@ class Channel {
   /// fail with PeerLostError naming the lost rank (checked between naps,
   /// never in the polling).
   void wait(int g, std::uint64_t step, Call& c);
-  /// wait() for every other member.
+  /// wait() for every other member (simulated threads: one wait on the
+  /// group's Board, not one per member).
   void wait_all(std::uint64_t step, Call& c);
   /// First round of a call: this member's descriptor (before signal(A)).
   void publish(std::uint64_t round, const Op& op);
   /// After wait_all(A(round)) of a call's first round: every member compares
-  /// all descriptors, so all of them fail alike on a mismatch.
+  /// all descriptors, so all of them fail alike on a mismatch (threads: once
+  /// one member found them all alike, the others take its word: the Board).
   void match(std::uint64_t round, Call& c);
   /// A call's first round without staged data: begin_round, publish, A,
   /// wait for every member's A, match. Returns the round.
@@ -170,6 +175,12 @@ class Channel {
   /// wait() under the deterministic scheduler: true once the step is
   /// there, false when the simulation let go (then wait() goes on as usual).
   bool wait_simulated(int g, std::uint64_t step, Call& c);
+  /// wait_all() under the deterministic scheduler, on the Board: true once
+  /// every member reached step; false when it cannot tell (this member's own
+  /// step is behind: a dropped signal) or the simulation let go.
+  bool wait_all_simulated(std::uint64_t step, Call& c);
+  /// The first member (group rank) whose step is below step (-1: none).
+  int first_below(std::uint64_t step) const;
   /// Under the deterministic scheduler, when a fault plan's partition cuts a
   /// member off: waits out c's (virtual) deadline, then throws PeerLostError
   /// naming that member; else returns at once.
@@ -189,11 +200,7 @@ class Channel {
   /// descheduled stops taking the CPU from them.
   std::chrono::nanoseconds spin_{0};
   std::uint32_t waits_ = 0;
-  // Simulation: the count of aborts in this process (abort_count()) when
-  // aborted_before(clean_seq_) last found none, so that a wait asks again only
-  // after an abort (ranks x ranks x waits otherwise, at 1,024 ranks).
-  std::uint64_t clean_aborts_ = ~std::uint64_t{0};
-  std::uint64_t clean_seq_ = 0;
+  void* const* bases_;  // memory_.base's data
   Layout layout_;
   std::uint64_t next_round_ = 0;
   std::optional<Failure> broken_;

@@ -5,10 +5,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/internal/shm.hpp"
+#include "transport/shm/board.hpp"
 #include "transport/shm/region.hpp"
 
 namespace dopt::detail::shm_plane {
@@ -36,6 +38,18 @@ void check_region(void* base, std::uint64_t gid, const std::string& what) {
 
 }  // namespace
 
+GroupRegions RegionDirectory::open_group(std::uint64_t gid, const std::vector<int>& members, int global_rank,
+                                         const Mapped& mine, std::size_t bytes) {
+  auto base = std::make_shared<std::vector<void*>>();
+  auto keeps = std::make_shared<std::vector<std::shared_ptr<void>>>();
+  for (int r : members) {
+    Mapped x = r == global_rank ? mine : open(gid, r, bytes);
+    base->push_back(x.base);
+    keeps->push_back(x.keep);
+  }
+  return GroupRegions{std::move(base), std::move(keeps), nullptr};
+}
+
 Mapped LocalDirectory::create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
@@ -56,9 +70,24 @@ Mapped LocalDirectory::open(std::uint64_t gid, int global_rank, std::size_t) {
   return it->second;
 }
 
+GroupRegions LocalDirectory::open_group(std::uint64_t gid, const std::vector<int>& members, int global_rank,
+                                        const Mapped& mine, std::size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = groups_.find(gid);
+    if (it != groups_.end() && it->second.base->size() == members.size()) return it->second;
+  }
+  GroupRegions g = RegionDirectory::open_group(gid, members, global_rank, mine, bytes);
+  g.board = std::make_shared<Board>(static_cast<int>(members.size()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return groups_.try_emplace(gid, std::move(g)).first->second;  // another member's, when it was first
+}
+
 void LocalDirectory::seal(std::uint64_t gid, int global_rank) {
   std::lock_guard<std::mutex> lock(mutex_);
   regions_.erase({gid, global_rank});
+  const auto next = regions_.lower_bound({gid, std::numeric_limits<int>::min()});
+  if (next == regions_.end() || next->first.first != gid) groups_.erase(gid);  // every member's region is sealed
 }
 
 ShmDirectory::ShmDirectory(std::vector<int> pids, std::string job) : pids_(std::move(pids)), job_(std::move(job)) {}

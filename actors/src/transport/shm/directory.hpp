@@ -20,6 +20,15 @@ struct Mapped {
   std::shared_ptr<void> keep;  // the mapping lives while this does
 };
 
+class Board;
+
+/// Every member's region of one group, as one member maps them.
+struct GroupRegions {
+  std::shared_ptr<const std::vector<void*>> base;  // index: group rank
+  std::shared_ptr<void> keep;                      // keeps the mappings
+  std::shared_ptr<Board> board;                    // threads of one process only (else null)
+};
+
 class RegionDirectory {
  public:
   virtual ~RegionDirectory() = default;
@@ -30,6 +39,11 @@ class RegionDirectory {
   virtual Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) = 0;
   /// Member global_rank's region of gid (it called create() before).
   virtual Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) = 0;
+  /// Every member's region of gid (members: their global ranks, in group
+  /// order; `mine`: the caller's own, from create()). Called by each member
+  /// after every member created its region. This one opens each in turn.
+  virtual GroupRegions open_group(std::uint64_t gid, const std::vector<int>& members, int global_rank,
+                                  const Mapped& mine, std::size_t bytes);
   /// Every member mapped global_rank's region of gid: drop its name.
   virtual void seal(std::uint64_t gid, int global_rank) = 0;
   /// Regions of other processes (futexes must be shared).
@@ -39,11 +53,15 @@ class RegionDirectory {
 };
 
 /// Simulated ranks: regions are anonymous memory of this process, found by
-/// (group, rank) in a table.
+/// (group, rank) in a table. The members of a group share one GroupRegions
+/// (made by the first member that opens the group; with a Board), so that
+/// n members cost O(n), not n x n, to attach and to hold.
 class LocalDirectory final : public RegionDirectory {
  public:
   Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) override;
   Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) override;
+  GroupRegions open_group(std::uint64_t gid, const std::vector<int>& members, int global_rank, const Mapped& mine,
+                          std::size_t bytes) override;
   void seal(std::uint64_t gid, int global_rank) override;
   bool shared() const override { return false; }
   bool in_process() const override { return true; }
@@ -51,6 +69,7 @@ class LocalDirectory final : public RegionDirectory {
  private:
   std::mutex mutex_;
   std::map<std::pair<std::uint64_t, int>, Mapped> regions_;
+  std::map<std::uint64_t, GroupRegions> groups_;  // until every member's region of the group is sealed
 };
 
 /// Processes on one host: regions are /dev/shm segments named

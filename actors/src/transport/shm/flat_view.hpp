@@ -20,6 +20,7 @@ class FlatView {
       const Tensor& t = tensors[i];
       if (t.nbytes() == 0) continue;
       ptrs_.push_back(static_cast<char*>(t.data_ptr()));
+      index_.push_back(i);
       starts_.push_back(starts_.back() + t.nbytes());
     }
   }
@@ -32,15 +33,16 @@ class FlatView {
   /// bytes [lo, hi): p points at byte `at` of the view, n bytes long.
   template <class F>
   void for_each(std::size_t lo, std::size_t hi, F&& f) const {
-    if (lo >= hi) return;
-    auto it = std::upper_bound(starts_.begin(), starts_.end(), lo);
-    std::size_t i = static_cast<std::size_t>(it - starts_.begin()) - 1;
-    while (lo < hi && i < ptrs_.size()) {
-      const std::size_t end = std::min(hi, starts_[i + 1]);
-      f(ptrs_[i] + (lo - starts_[i]), lo, end - lo);
-      lo = end;
-      ++i;
-    }
+    walk(lo, hi, [&](std::size_t i, std::size_t offset, std::size_t at, std::size_t n) { f(ptrs_[i] + offset, at, n); });
+  }
+  /// f(std::size_t tensor, std::size_t offset, std::size_t at, std::size_t n)
+  /// for each contiguous piece of bytes [lo, hi): bytes [offset, offset + n)
+  /// of tensors[tensor] (of the list the view was made of), which are byte
+  /// `at` of the view on. A list of tensors of the same sizes has its pieces
+  /// at the same places.
+  template <class F>
+  void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
+    walk(lo, hi, [&](std::size_t i, std::size_t offset, std::size_t at, std::size_t n) { f(index_[i], offset, at, n); });
   }
   /// dst <- bytes [lo, hi).
   void gather(std::size_t lo, std::size_t hi, char* dst) const {
@@ -63,7 +65,22 @@ class FlatView {
   }
 
  private:
+  /// f(piece i, offset in it, at, n) for each piece of bytes [lo, hi).
+  template <class F>
+  void walk(std::size_t lo, std::size_t hi, F&& f) const {
+    if (lo >= hi) return;
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), lo);
+    std::size_t i = static_cast<std::size_t>(it - starts_.begin()) - 1;
+    while (lo < hi && i < ptrs_.size()) {
+      const std::size_t end = std::min(hi, starts_[i + 1]);
+      f(i, lo - starts_[i], lo, end - lo);
+      lo = end;
+      ++i;
+    }
+  }
+
   std::vector<char*> ptrs_;
+  std::vector<std::size_t> index_;   // index_[i]: piece i's tensor in the list
   std::vector<std::size_t> starts_;  // prefix sums; starts_[i] = first byte of piece i
 };
 

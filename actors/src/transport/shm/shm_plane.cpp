@@ -164,14 +164,11 @@ std::unique_ptr<Channel> ShmPlane::make_channel(std::uint64_t gid, std::shared_p
   auto pos = std::find(m.begin(), m.end(), rank_);
   if (pos == m.end()) throw StateError("shm", "rank " + std::to_string(rank_) + " is not in group " + std::to_string(gid));
   GroupMemory mem;
-  auto keeps = std::make_shared<std::vector<std::shared_ptr<void>>>();
-  for (int r : m) {
-    Mapped x = r == rank_ ? mine
-                          : dir_->open(gid, r, Layout::of(static_cast<int>(m.size()), options_.buf_bytes, options_.heap_bytes).total);
-    mem.base.push_back(x.base);
-    keeps->push_back(x.keep);
-  }
-  mem.keep = keeps;
+  GroupRegions regions = dir_->open_group(
+      gid, m, rank_, mine, Layout::of(static_cast<int>(m.size()), options_.buf_bytes, options_.heap_bytes).total);
+  mem.base = std::move(regions.base);
+  mem.keep = std::move(regions.keep);
+  mem.board = std::move(regions.board);
   mem.buf_bytes = options_.buf_bytes;
   mem.small_bytes = options_.small_bytes;
   mem.heap_bytes = options_.heap_bytes;
