@@ -136,7 +136,7 @@ TEST_CASE("grow: two newcomers join at once", "[grow]") {
     CHECK(seen[static_cast<std::size_t>(r)] == "ranks=0,1,2,3,4 me=" + std::to_string(r) + " fresh=1 15");
 }
 
-TEST_CASE("grow: a member is lost while the group grows; the survivors shrink and grow again", "[grow]") {
+TEST_CASE("grow: a member is lost while the group grows, and the survivors shrink and grow again", "[grow]") {
   const std::uint64_t seed = GENERATE(3, 11, 19);
   INFO("seed " << seed);
   const auto seen = record(4, grow_options(seed, 1), [&](dopt::RankContext& ctx) {
