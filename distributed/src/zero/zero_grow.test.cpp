@@ -2,8 +2,10 @@
 // deterministic simulation: 5 ranks train; with redundancy one is lost at
 // step k and the survivors recover; a newcomer joins at step k + j (grow,
 // join_group), every rank makes a ZeRO over the grown group and catches up;
-// training goes on to the end. Every rank's final parameters, the
-// newcomer's included, are compared bitwise with a reference defined here:
+// training goes on to the end (and, in one test, the newcomer is lost later:
+// its shard comes back from the buddy copy the catch-up rebuilt). Every
+// rank's final parameters, the newcomer's included, are compared bitwise
+// with a reference defined here:
 // a plain optimizer (same spec) stepped with, at each step, the mean of the
 // gradients of the ranks that contributed to it (grad_elem of
 // zero_survive_reference.hpp, summed in rank order, float32 division).
@@ -38,6 +40,8 @@ struct Plan {
   bool bucket_view = false;
   int lost = -1;              // the rank lost before step lost_at's gradients (-1: none)
   std::int64_t lost_at = 0;
+  int lost_later = -1;        // another, lost before step lost_later_at's (after the join)
+  std::int64_t lost_later_at = 0;
   std::int64_t join_at = 3;   // the newcomer (rank 5) joins before this step
   std::int64_t steps = 7;
 };
@@ -45,9 +49,9 @@ struct Plan {
 /// The ranks whose gradients step t averages.
 std::vector<int> contributors(const Plan& p, std::int64_t t) {
   std::vector<int> m;
-  for (int r = 0; r < 5; ++r)
-    if (r != p.lost || t < p.lost_at) m.push_back(r);
-  if (t >= p.join_at) m.push_back(5);
+  for (int r = 0; r < 6; ++r)
+    if ((r != p.lost || t < p.lost_at) && (r != p.lost_later || t < p.lost_later_at) && (r < 5 || t >= p.join_at))
+      m.push_back(r);
   return m;
 }
 
@@ -126,7 +130,7 @@ std::vector<Outcome> run(const Plan& p, std::uint64_t seed) {
         out.log += "grew at " + std::to_string(t) + ";";
       }
       try {
-        if (me == p.lost && t == p.lost_at) throw Lost();
+        if ((me == p.lost && t == p.lost_at) || (me == p.lost_later && t == p.lost_later_at)) throw Lost();
         survive_reference::set_mean_grads(params, g, me, t);
         zero->step();
       } catch (const PeerLostError&) {
@@ -161,7 +165,7 @@ void check_bitwise(const Plan& p, std::uint64_t seed) {
   const auto res = run(p, seed);
   const auto ref = reference(p);
   for (int r = 0; r < 6; ++r)
-    if (r != p.lost) {
+    if (r != p.lost && r != p.lost_later) {
       INFO("rank " << r << ": " << res[static_cast<std::size_t>(r)].log);
       CHECK(differing(res[static_cast<std::size_t>(r)], ref).empty());
     }
@@ -189,5 +193,20 @@ TEST_CASE("zero_catch_up: redundancy 1, a rank lost at step 2, a newcomer at ste
   p.lost = 3;
   p.lost_at = 2;
   p.join_at = 4;
+  check_bitwise(p, seed);
+}
+
+TEST_CASE("zero_catch_up: redundancy 1, the copies rebuilt at the join carry a later loss of the newcomer",
+          "[zero][grow]") {
+  const std::uint64_t seed = GENERATE(5, 6);
+  INFO("seed " << seed);
+  Plan p;
+  p.redundancy = 1;
+  p.lost = 3;
+  p.lost_at = 2;
+  p.join_at = 4;
+  p.lost_later = 5;  // the newcomer: its shard (state it received) comes back from its buddy's rebuilt copy
+  p.lost_later_at = 6;
+  p.steps = 8;
   check_bitwise(p, seed);
 }
