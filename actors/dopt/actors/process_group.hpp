@@ -79,6 +79,22 @@ struct AllReduceCoalescedOptions {
 
 struct Subgroups;
 struct ShrinkResult;
+struct GrowResult;
+
+/// ProcessGroup::grow()'s arguments.
+struct GrowOptions {
+  /// How many newcomers to admit (>= 1, else ValueError): grow() waits until
+  /// that many newcomers of this job called join_group().
+  int newcomers = 1;
+};
+
+/// ProcessGroup::join_group()'s arguments: the newcomer's credentials. The
+/// members admit only a newcomer whose job id and secret are the job's (in
+/// simulate(): SimulateOptions::job_id and ::secret).
+struct JoinGroupOptions {
+  std::string job_id;
+  std::string secret;
+};
 
 /// What a group runs on (diagnostics): "shm" (shared memory, ranks on one
 /// host), "hier" (shared memory within hosts, TCP between them), "actor"
@@ -223,6 +239,48 @@ class ProcessGroup {
   /// it cannot rejoin" (docs/fault-tolerance.md, "Who goes on").
   ShrinkResult shrink();
 
+  // --- gaining members ----------------------------------------------------------------
+  /// The members of this group and options.newcomers newcomers agree on a new
+  /// group of all of them, and return it. Call it on every member, at a step
+  /// boundary (no call of this group in flight: a newcomer waiting to join
+  /// waits until then); it is a collective of the members and the newcomers
+  /// (this group's own calls are not used). Blocks the calling thread (the
+  /// rank's thread) until every member and newcomer attached to the new
+  /// group, or it failed; bounded by this group's timeout (TimeoutError
+  /// saying how many newcomers came).
+  ///
+  /// The new group: this group's members and the admitted newcomers, in
+  /// ascending global rank order, group ranks 0..n-1, a fresh id, sequence
+  /// numbers from 0 and fresh data-plane state; it is a new line for
+  /// shrink() (it shrinks to groups of its own, never back to one of this
+  /// group's line). Admitted: the newcomers with the lowest global ranks
+  /// among those waiting whose job id and secret are the job's (the others
+  /// are refused: their join_group() throws AuthenticationError, and the
+  /// members go on waiting). It cannot make subgroups (like a shrunk group).
+  ///
+  /// A member lost while they meet fails grow() on the other members with
+  /// PeerLostError naming it; the newcomers keep waiting, so the survivors
+  /// shrink() this group and grow() the result (the rules of shrink()). A
+  /// newcomer lost while they meet: PeerLostError naming it; grow() again.
+  /// This group stays as it is.
+  ///
+  /// Where: between the ranks of a deterministic simulation (simulate()
+  /// with deterministic = true and SimulateOptions::newcomers). Elsewhere
+  /// NotSupportedError naming the call and the plane: processes (shm, TCP,
+  /// hierarchical planes) are not supported yet; the MPI plane cannot grow
+  /// (an MPI communicator's members are fixed at MPI_Init; use dopt's own
+  /// planes for an elastic job). StateError on a newcomer's handle.
+  GrowResult grow(const GrowOptions& options = {});
+  /// A newcomer's side of grow(): called once on the handle of the job this
+  /// rank is not yet a member of (a newcomer's RankContext::world()), on
+  /// the rank's thread; blocks until the members admitted it and the new
+  /// group is ready, and returns it (GrowResult::new_rank empty). A
+  /// newcomer whose credentials are not the job's: AuthenticationError
+  /// naming the call and rank, at once. Bounded by the handle's timeout
+  /// (TimeoutError: no member grew the group meanwhile). StateError on a
+  /// member's handle; NotSupportedError where grow() is.
+  GrowResult join_group(const JoinGroupOptions& options = {});
+
  private:
   explicit ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   Impl& member(const char* op) const;
@@ -248,6 +306,17 @@ struct ShrinkResult {
   std::vector<int> new_rank;
   /// Ranks of the old group that were left out, ascending.
   std::vector<int> lost;
+};
+
+/// What ProcessGroup::grow() and join_group() made.
+struct GrowResult {
+  /// The group of the old members and the newcomers.
+  ProcessGroup group;
+  /// Members: new_rank[r] is the rank in `group` of rank r of the old group
+  /// (empty on a newcomer).
+  std::vector<int> new_rank;
+  /// The newcomers' global ranks, ascending (group.group_rank(g) gives each one's rank).
+  std::vector<int> joined;
 };
 
 struct Subgroups {

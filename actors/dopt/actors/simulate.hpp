@@ -57,6 +57,18 @@ struct SimulateOptions {
   SimReport* report = nullptr;
   /// Keep the trace's lines in `report` (for comparing runs; costs memory).
   bool keep_trace = false;
+
+  /// Newcomers for ProcessGroup::grow (deterministic only, else
+  /// ValueError): this many more ranks, global ranks world_size, ...,
+  /// world_size + newcomers - 1. Their fn starts with the others' and sees
+  /// RankContext::newcomer() true; their world() is a handle of the job they
+  /// are not members of, which they pass to join_group() when they want in
+  /// (it waits until the members grow()). The world group stays ranks
+  /// 0..world_size-1.
+  int newcomers = 0;
+  /// The job's identity and secret that join_group() must present (JoinGroupOptions).
+  std::string job_id = {};
+  std::string secret = {};
 };
 
 class RankContext {
@@ -66,13 +78,17 @@ class RankContext {
   /// The group of all ranks.
   ProcessGroup& world() noexcept { return world_; }
 
-  RankContext(int rank, int world_size, ProcessGroup world)
-      : rank_(rank), world_size_(world_size), world_(std::move(world)) {}
+  /// A newcomer (SimulateOptions::newcomers): not a member of world(); it joins with world().join_group().
+  bool newcomer() const noexcept { return newcomer_; }
+
+  RankContext(int rank, int world_size, ProcessGroup world, bool newcomer = false)
+      : rank_(rank), world_size_(world_size), world_(std::move(world)), newcomer_(newcomer) {}
 
  private:
   int rank_;
   int world_size_;
   ProcessGroup world_;
+  bool newcomer_ = false;
 };
 
 /// Runs fn for ranks 0..world_size-1 (see header). world_size >= 1, else ValueError.

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/grow.hpp"
 #include "core/ranks.hpp"
 #include "transport/shm/shm_plane.hpp"
 #include "sim/scheduler.hpp"
@@ -74,8 +75,13 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
                                      plane + "'");
   if (!deterministic && !options.faults.empty())
     throw ValueError("simulate", "fault plans need deterministic = true");
+  if (options.newcomers < 0 || (options.newcomers > 0 && !deterministic))
+    throw ValueError("simulate", "newcomers need deterministic = true and must be >= 0, got " +
+                                     std::to_string(options.newcomers));
+  // Newcomers (ProcessGroup::grow): ranks world_size.. of the run, outside the world group.
+  const int ranks = world_size + options.newcomers;
 
-  auto world = detail::spawn_local_world(dopt::detail::Access::impl(*rt), world_size);
+  auto world = detail::spawn_local_world(dopt::detail::Access::impl(*rt), ranks);
   auto& endpoints = world.endpoints;
   auto members = std::make_shared<std::vector<int>>();
   for (int r = 0; r < world_size; ++r) members->push_back(r);
@@ -83,14 +89,21 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
 
   // The shared-memory plane: one per rank, over one directory of regions.
   std::vector<std::shared_ptr<detail::shm_plane::ShmPlane>> planes;
-  std::vector<std::shared_ptr<detail::GroupPlane>> world_planes(static_cast<std::size_t>(world_size));
+  std::vector<std::shared_ptr<detail::GroupPlane>> world_planes(static_cast<std::size_t>(ranks));
   if (plane == "shm") {
     auto dir = std::make_shared<detail::shm_plane::LocalDirectory>();
-    const auto opts = detail::shm_plane::ShmPlane::Options::from_env(world_size, false);
+    const auto opts = detail::shm_plane::ShmPlane::Options::from_env(ranks, false);
     std::vector<detail::shm_plane::Mapped> regions;
-    for (int r = 0; r < world_size; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       planes.push_back(std::make_shared<detail::shm_plane::ShmPlane>(r, dir, world.table, opts));
-      regions.push_back(planes.back()->create_region(0, world_size));
+      if (r < world_size) regions.push_back(planes.back()->create_region(0, world_size));
+    }
+    for (int r = world_size; r < ranks; ++r) {  // a newcomer's plane: a group of its own until it joins
+      const auto gid = detail::newcomer_gid(r);
+      auto& p = planes[static_cast<std::size_t>(r)];
+      world_planes[static_cast<std::size_t>(r)] =
+          p->attach(gid, std::make_shared<const std::vector<int>>(1, r), p->create_region(gid, 1));
+      dir->seal(gid, r);
     }
     for (int r = 0; r < world_size; ++r)
       world_planes[static_cast<std::size_t>(r)] = planes[static_cast<std::size_t>(r)]->attach(0, cmembers, regions[static_cast<std::size_t>(r)]);
@@ -113,20 +126,27 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     }
   } end_ranks{*world.table};
 
+  if (deterministic) detail::open_grow_lobby(world.table.get(), options.job_id, options.secret);
+  struct CloseLobby {
+    const detail::PeerTable* table;
+    ~CloseLobby() { detail::close_grow_lobby(table); }
+  } close_lobby{world.table.get()};
+
   std::mutex mutex;
   std::optional<std::pair<int, std::exception_ptr>> first;
   auto body = [&](int r) {
+    const bool newcomer = r >= world_size;
     auto g = std::make_shared<detail::GroupImpl>();
     g->endpoint = endpoints[static_cast<std::size_t>(r)];
-    g->gid = 0;
+    g->gid = newcomer ? detail::newcomer_gid(r) : 0;
     g->members = cmembers;
-    g->my_grank = r;
-    g->is_world = true;
+    g->my_grank = newcomer ? -1 : r;
+    g->is_world = !newcomer;
     g->timeout_ms.store(timeout.count());
     g->plane = world_planes[static_cast<std::size_t>(r)];
     g->peers = world.table;
     try {
-      RankContext ctx(r, world_size, detail::Access::group(std::move(g)));
+      RankContext ctx(r, world_size, detail::Access::group(std::move(g)), newcomer);
       fn(ctx);
     } catch (const detail::sim::RankCrashed&) {
       // A fault plan crashed this rank: its peers see it lost (the scheduler marked it).
@@ -146,7 +166,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
   if (deterministic) {
-    detail::sim::run_ranks(world_size, seed, options.faults, options.keep_trace, options.report, world.table, body);
+    detail::sim::run_ranks(ranks, seed, options.faults, options.keep_trace, options.report, world.table, body);
   } else try {
     for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   } catch (...) {

@@ -394,6 +394,34 @@ class ZeroRedundancyOptimizer : public Joinable {
 ReducerOptions zero_stage2_options(const ZeroRedundancyOptimizer& zero, const std::vector<Tensor>& params,
                                    ReducerOptions options = {});
 
+// --- growing back: a newcomer catches up -------------------------------------
+/// After ProcessGroup::grow() / join_group() (process_group.hpp; design in
+/// docs/fault-tolerance.md, "Growing back"): brings `zero`, a
+/// ZeroRedundancyOptimizer over grown.group, to where the members' optimizer
+/// over the old group stands. Collective over grown.group: every member and
+/// every newcomer calls it, on its rank thread, at a step boundary, after
+/// constructing `zero` with the same parameter list (groups, shapes, dtypes),
+/// spec and options as the members' optimizer and process_group =
+/// grown.group (a newcomer's parameter values and numeric hyperparameters
+/// do not matter: they are sent). `before`: on a member its optimizer over the old
+/// group (its state is moved out: destroy it afterwards, never step it
+/// again); null on a newcomer. Moves, point to point over grown.group: each
+/// parameter's optimizer state from its owner in `before` to the ranks that
+/// keep it in `zero` (its owner and, with redundancy, its buddies: the
+/// copies are rebuilt); the parameters, hyperparameters and step_count() to
+/// each newcomer from the lowest-ranked member. Then `zero` steps bitwise as
+/// `before` would have, over the larger group. With parameters_as_bucket_view
+/// a member's parameters are views of before's buckets when it constructs
+/// `zero`: set ZeroOptions::rebind_parameter there (a hook that does nothing
+/// where the caller holds the parameter tensors themselves). Throws
+/// ValueError (naming zero_catch_up and the rank) when `before` is null on a member or set on a
+/// newcomer, when zero is not over grown.group, or when before's parameters
+/// are not zero's; NotSupportedError with overlap_with_ddp and with
+/// redundancy under buddy_update replay or host_memory; PeerLostError
+/// when a rank is lost meanwhile (zero and before are then unusable: fall
+/// back to the last checkpoint).
+void zero_catch_up(ZeroRedundancyOptimizer& zero, ZeroRedundancyOptimizer* before, const GrowResult& grown);
+
 // --- with the single-rank training utilities of dopt/optim/ ------------------
 class GradScaler;
 class ParamGroupAccess;
