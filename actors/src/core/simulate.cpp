@@ -12,6 +12,7 @@
 
 #include "core/ranks.hpp"
 #include "transport/shm/shm_plane.hpp"
+#include "sim/network.hpp"
 #include "sim/scheduler.hpp"
 
 namespace dopt {
@@ -72,6 +73,9 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (deterministic && plane != "shm")
     throw ValueError("simulate", "deterministic simulation runs on the shared-memory plane only, not on plane '" +
                                      plane + "'");
+  if (!deterministic && options.network)
+    throw ValueError("simulate", "a network model needs deterministic = true");
+  if (options.network) detail::sim::check_network(*options.network, world_size);
   if (!deterministic && !options.faults.empty())
     throw ValueError("simulate", "fault plans need deterministic = true");
 
@@ -146,7 +150,8 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
   if (deterministic) {
-    detail::sim::run_ranks(world_size, seed, options.faults, options.keep_trace, options.report, world.table, body);
+    detail::sim::run_ranks(world_size, seed, options.faults, options.keep_trace, options.report, world.table, body, {},
+                           options.network);
   } else try {
     for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   } catch (...) {
