@@ -144,8 +144,12 @@ struct NetworkModel {
   /// (bytes/s of payload, each way; every host has one link to a switch).
   std::chrono::nanoseconds link_latency{20000};
   double link_bandwidth = 1.25e9;
-  /// Bytes read plus written per second by all cores of a host together.
+  /// Bytes read plus written per second by all cores of a host together;
+  /// host_cache_bandwidth instead where a call's data and buffers on the
+  /// host fit host_cache_bytes (0: no cache modelled).
   double host_memory_bandwidth = 2e10;
+  double host_cache_bandwidth = 0;
+  std::size_t host_cache_bytes = 0;
   int cores_per_host = 8;
   /// Every call, and every synchronisation of a host's members (a round).
   std::chrono::nanoseconds call_overhead{0};

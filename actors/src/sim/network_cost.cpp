@@ -14,12 +14,22 @@ using dopt::sim::NetworkModel;
 
 std::int64_t ns_of(double seconds) { return static_cast<std::int64_t>(std::llround(seconds * 1e9)); }
 
-/// Seconds for `traffic` bytes (read + written) per member while k members
-/// of a host move theirs at once: each gets the host's bandwidth over
-/// max(k, cores) (one core's share; members past the cores take turns).
-double memory_s(const NetworkModel& m, double traffic, int k) {
-  if (traffic <= 0 || k <= 0) return 0;
-  return traffic * std::max(k, std::max(1, m.cores_per_host)) / m.host_memory_bandwidth;
+/// Seconds for one member's traffic (bytes read + written) while k members
+/// of a host move theirs at once: `tensor` bytes on its own tensors (`data`
+/// bytes of them) and `buffer` bytes on the shared-memory buffers (chunks of
+/// up to shm_buffer_bytes). Each side goes at the cache's bandwidth when what
+/// it touches on the host fits the cache (the buffers: k chunks; the tensors:
+/// k times data and chunk), else at the memory's; each member gets its
+/// bandwidth over max(k, cores): one core's share, and members past the
+/// cores take turns.
+double memory_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
+  if (k <= 0) return 0;
+  const double chunk = std::min(data, static_cast<double>(m.shm_buffer_bytes));
+  const bool cache = m.host_cache_bytes > 0 && m.host_cache_bandwidth > 0;
+  const double limit = static_cast<double>(m.host_cache_bytes);
+  const double buffer_bw = cache && k * chunk <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  const double tensor_bw = cache && k * (data + chunk) <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  return (tensor / tensor_bw + buffer / buffer_bw) * std::max(k, std::max(1, m.cores_per_host));
 }
 
 double link_s(const NetworkModel& m, double bytes) { return bytes / m.link_bandwidth; }
@@ -37,22 +47,24 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:
     case CollKind::reduce:
-      // small: stage B, reduce n x B into B; staged: per chunk a stage of the
+      // small: stage B, reduce n x B into B (tensor: B read, B written;
+      // buffers: B written, n B read); staged: per chunk a stage of the
       // others' slices, a reduce of one slice over n buffers, a copy of the
-      // others' slices out, two synchronisations.
+      // others' slices out, two synchronisations (tensor: 2 B; buffers:
+      // (3n - 2) / n B).
       if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
           b * n <= 64.0 * static_cast<double>(m.shm_small_bytes))
-        return sync_s(m) + memory_s(m, (n + 3) * b, n);
-      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, b * (5.0 * n - 2) / n, n);
+        return sync_s(m) + memory_s(m, 2 * b, (n + 1) * b, n, b);
+      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
     case CollKind::reduce_scatter: return shm_s(m, CollKind::all_reduce, b * n, n);
     case CollKind::broadcast:
     case CollKind::broadcast_coalesced:
       // the root stages, the others copy out
-      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, 2 * b, 1) + memory_s(m, 2 * b, n - 1);
+      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, b, b, 1, b) + memory_s(m, b, b, n - 1, b);
     case CollKind::all_gather:
     case CollKind::all_gather_flat:
       // each stages its input, then copies all n inputs out
-      return 2 * chunks(m, b * n) * sync_s(m) + memory_s(m, 2 * b * (n + 1), n);
+      return 2 * chunks(m, b * n) * sync_s(m) + memory_s(m, b * (n + 1), b * (n + 1), n, b * (n + 1));
     default: return sync_s(m);  // barrier, new_group
   }
 }
@@ -139,7 +151,7 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
   CallCost c;
   const int hs = host_of(m, world_size, src);
   if (hs == host_of(m, world_size, dst)) {
-    s += sync_s(m) + memory_s(m, 2 * b, 1);  // into the mailbox and out (or one cross-memory read)
+    s += sync_s(m) + memory_s(m, b, b, 1, b);  // into the mailbox and out (or one cross-memory read)
   } else {
     s += latency_s(m) + link_s(m, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);

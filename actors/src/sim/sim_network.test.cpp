@@ -65,6 +65,18 @@ TEST_CASE("network model: an all_reduce on one host takes the shared-memory plan
   CHECK(tiny.virtual_time == small);
 }
 
+TEST_CASE("network model: data that fits the cache moves at the cache's bandwidth", "[sim][netmodel]") {
+  auto m = model(1, 0);
+  m.host_cache_bandwidth = 4e10;
+  m.host_cache_bytes = 4u << 20;
+  // 2 ranks, 1 MiB: tensor and buffer, 2 MiB a member, 4 MiB in all: cached (4 B a member)
+  const double b = 1 << 20;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 8 / 2 * 2 / 4e10));
+  // 3 ranks: 6 MiB, past the cache: the tensors' 2 B from memory, the buffers' (3n - 2) / n B from the cache
+  CHECK(all_reduce_run(3, 1 << 18, m).modelled_time ==
+        ns(3e-6 + 2 * 7e-6 + (2 * b / 1e10 + b * 7 / 3 / 4e10) * 3));
+}
+
 TEST_CASE("network model: an all_reduce across hosts adds the hierarchical plane's link time", "[sim][netmodel]") {
   // 5 ranks on 2 hosts (3 + 2), 4 KiB: the small round among 3 members,
   // then a chain through the hosts and the result back: 2 latencies, B each way on the link.
