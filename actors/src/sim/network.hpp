@@ -7,14 +7,15 @@
 // nothing: it ends when the send arrives). Outside a simulation with a
 // network model it does nothing.
 #include "dopt/actors/internal/op.hpp"
+#include "dopt/actors/internal/sim_hooks.hpp"
 #include "dopt/actors/sim.hpp"
 
 namespace dopt::detail::sim {
 
-/// The calling task sleeps the call's cost (network_cost.hpp) in virtual
-/// time; group rank 0 (a send: the sender) adds its bytes per link and its
-/// time to the run's report. A scheduling point.
-void model_call(const Op& op);
+/// model_call (declared in dopt/actors/internal/sim_hooks.hpp, for the
+/// transports): the calling task sleeps the call's cost (network_cost.hpp)
+/// in virtual time; group rank 0 (a send: the sender) adds its bytes per
+/// link and its time to the run's report. A scheduling point.
 
 /// ValueError naming what is wrong with m for world_size ranks (hosts < 1,
 /// more ranks than hosts x ranks_per_host, a rate not positive).

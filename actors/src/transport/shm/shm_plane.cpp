@@ -5,7 +5,6 @@
 #include <cstdlib>
 
 #include "dopt/actors/internal/sim_hooks.hpp"
-#include "sim/network.hpp"
 #include "transport/shm/algorithms.hpp"
 
 namespace dopt::detail::shm_plane {
