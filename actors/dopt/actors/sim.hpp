@@ -31,6 +31,7 @@
 //   * Only the shared-memory plane (the default) runs deterministically;
 //     plane "actor" (and DOPT_PLANE=actor) with deterministic is a ValueError.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -128,6 +129,38 @@ struct FaultCounts {
   bool operator==(const FaultCounts&) const = default;
 };
 
+namespace sim {
+
+/// A network and hosts for the virtual time of a deterministic simulation
+/// (SimulateOptions::network; docs/testing.md, "A network model"). Rank r
+/// lives on host r / ranks_per_host (0: ceil(world size / hosts)). With it,
+/// every collective and send advances its ranks' virtual time by the cost of
+/// the algorithm the real planes run for that layout and size: one host, the
+/// shared-memory plane between processes; several, the hierarchical plane.
+struct NetworkModel {
+  int hosts = 1;
+  int ranks_per_host = 0;
+  /// One message's latency between two hosts, and each host's link rate
+  /// (bytes/s of payload, each way; every host has one link to a switch).
+  std::chrono::nanoseconds link_latency{20000};
+  double link_bandwidth = 1.25e9;
+  /// Bytes read plus written per second by all cores of a host together;
+  /// host_cache_bandwidth instead where a call's data and buffers on the
+  /// host fit host_cache_bytes (0: no cache modelled).
+  double host_memory_bandwidth = 2e10;
+  double host_cache_bandwidth = 0;
+  std::size_t host_cache_bytes = 0;
+  int cores_per_host = 8;
+  /// Every call, and every synchronisation of a host's members (a round).
+  std::chrono::nanoseconds call_overhead{0};
+  std::chrono::nanoseconds sync_latency{5000};
+  /// The shared-memory plane's settings (ShmPlane::Options; DOPT_SHM_*).
+  std::size_t shm_small_bytes = 32u << 10;
+  std::size_t shm_buffer_bytes = 4u << 20;
+};
+
+}  // namespace sim
+
 /// What one deterministic run did (filled when SimulateOptions::report is set;
 /// successive simulate() calls with the same report accumulate).
 struct SimReport {
@@ -145,6 +178,10 @@ struct SimReport {
   /// The trace itself (one line per scheduling point), when
   /// SimulateOptions::keep_trace (for comparing two runs).
   std::vector<std::string> trace;
+  /// With SimulateOptions::network: bytes each host sent on its link (index:
+  /// host), and the virtual time the model's costs added (each call counted once).
+  std::vector<std::uint64_t> link_bytes;
+  std::chrono::nanoseconds modelled_time{0};
 };
 
 namespace sim {

@@ -57,6 +57,9 @@ struct SimulateOptions {
   SimReport* report = nullptr;
   /// Keep the trace's lines in `report` (for comparing runs; costs memory).
   bool keep_trace = false;
+  /// Deterministic only: collectives and sends take the virtual time of
+  /// this network (sim::NetworkModel); absent: no time unless a fault delays.
+  std::optional<sim::NetworkModel> network;
 
   /// Newcomers for ProcessGroup::grow (deterministic only, else
   /// ValueError): this many more ranks, global ranks world_size, ...,

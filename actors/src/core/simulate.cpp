@@ -13,6 +13,7 @@
 #include "collectives/grow.hpp"
 #include "core/ranks.hpp"
 #include "transport/shm/shm_plane.hpp"
+#include "sim/network.hpp"
 #include "sim/scheduler.hpp"
 
 namespace dopt {
@@ -73,6 +74,8 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   if (deterministic && plane != "shm")
     throw ValueError("simulate", "deterministic simulation runs on the shared-memory plane only, not on plane '" +
                                      plane + "'");
+  if (!deterministic && options.network)
+    throw ValueError("simulate", "a network model needs deterministic = true");
   if (!deterministic && !options.faults.empty())
     throw ValueError("simulate", "fault plans need deterministic = true");
   if (options.newcomers < 0 || (options.newcomers > 0 && !deterministic))
@@ -80,6 +83,7 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
                                      std::to_string(options.newcomers));
   // Newcomers (ProcessGroup::grow): ranks world_size.. of the run, outside the world group.
   const int ranks = world_size + options.newcomers;
+  if (options.network) detail::sim::check_network(*options.network, ranks);
 
   auto world = detail::spawn_local_world(dopt::detail::Access::impl(*rt), ranks);
   auto& endpoints = world.endpoints;
@@ -166,7 +170,8 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
   if (deterministic) {
-    detail::sim::run_ranks(ranks, seed, options.faults, options.keep_trace, options.report, world.table, body);
+    detail::sim::run_ranks(ranks, seed, options.faults, options.keep_trace, options.report, world.table, body, {},
+                           options.network);
   } else try {
     for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   } catch (...) {

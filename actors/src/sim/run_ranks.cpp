@@ -42,7 +42,7 @@ void append_line(const std::string& path, const Scheduler& sched, std::uint64_t 
 
 void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool keep_trace, SimReport* report,
                const std::shared_ptr<PeerTable>& table, const std::function<void(int)>& body,
-               std::function<void(int)> on_crash) {
+               std::function<void(int)> on_crash, const std::optional<dopt::sim::NetworkModel>& network) {
   // dopt-swarm's faults and trace dump (DOPT_SIM_FAULTS, DOPT_SIM_TRACE_DUMP).
   FaultPlan plan = faults;
   if (const auto extra = dopt::sim::env_faults())
@@ -50,6 +50,7 @@ void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool
   const auto dump = settings::text("DOPT_SIM_TRACE_DUMP");
   auto sched = std::make_shared<Scheduler>(seed, plan, world_size, table, keep_trace || dump);
   if (on_crash) sched->set_on_crash(std::move(on_crash));
+  if (network) sched->set_network(*network);
   for (int r = 0; r < world_size; ++r) sched->add(r, true, "main", [&body, r] { body(r); });
   sched->run();
   const std::string deadlock = sched->deadlock();

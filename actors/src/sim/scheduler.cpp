@@ -619,6 +619,7 @@ void Scheduler::fill(SimReport& r) const {
   c.crashes += counts_.crashes;
   c.stops += counts_.stops;
   c.read_faults += counts_.read_faults;
+  fill_network(r);
   if (keep_trace_)
     for (const auto& e : events_)
       r.trace.push_back("t=" + std::to_string(e.vt) + " run " + task_str(*tasks_[static_cast<std::size_t>(e.task)]) +

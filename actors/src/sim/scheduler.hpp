@@ -164,6 +164,15 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// set, a crash may also happen on a helper task's call (which then never
   /// runs again). Set before run().
   void set_on_crash(std::function<void(int rank)> f) { on_crash_ = std::move(f); }
+  /// The network model whose costs the calls take (network.cpp); set before run().
+  void set_network(const dopt::sim::NetworkModel& m);
+  const dopt::sim::NetworkModel* network() const noexcept { return network_ ? &*network_ : nullptr; }
+  int world_size() const noexcept { return world_size_; }
+  /// The running task `me` spends ns of virtual time on a modelled call;
+  /// `count`: the call's bytes and time go into the report (once per call).
+  void charge(Task* me, std::int64_t ns, const std::vector<std::uint64_t>& link_bytes, bool count);
+  /// fill()'s part for the network model (network.cpp).
+  void fill_network(SimReport& r) const;
   /// A deadlock the scheduler found ("" when none).
   std::string deadlock() const;
   /// The run's report (call after wait_over()).
@@ -232,6 +241,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   std::size_t free_from_ = 0;     // after let_go: where choose_free looks first
   std::mutex driving_;            // finish_parked: one thread drives at a time
   std::function<void(int)> on_crash_;
+  std::optional<dopt::sim::NetworkModel> network_;
+  std::vector<std::uint64_t> link_bytes_;  // per host
+  std::int64_t modelled_ns_ = 0;
 };
 
 /// What a simulation reports for a rank's exception: its what(), or
@@ -246,9 +258,10 @@ std::string describe(const std::exception_ptr& e);
 /// Throws StateError on a deadlock (the ranks' tasks are abandoned).
 /// body must catch what fn throws, RankCrashed and RankStopped included.
 /// peers (may be null): marked lost for every rank when a rank was frozen.
-/// on_crash: Scheduler::set_on_crash.
+/// on_crash: Scheduler::set_on_crash. network: Scheduler::set_network.
 void run_ranks(int world_size, std::uint64_t seed, const FaultPlan& faults, bool keep_trace, SimReport* report,
                const std::shared_ptr<PeerTable>& peers, const std::function<void(int)>& body,
-               std::function<void(int)> on_crash = {});
+               std::function<void(int)> on_crash = {},
+               const std::optional<dopt::sim::NetworkModel>& network = std::nullopt);
 
 }  // namespace dopt::detail::sim

@@ -14,6 +14,10 @@
 #include <string>
 #include <thread>
 
+namespace dopt::detail {
+struct Op;
+}
+
 namespace dopt::detail::sim {
 
 struct Task;
@@ -57,6 +61,9 @@ void on_call(const char* what);
 /// This rank publishes a protocol step: returns the virtual delay to apply
 /// first (fault plans: delayed messages), or a negative value to drop it.
 std::chrono::nanoseconds on_message(const char* what);
+/// SimulateOptions::network: the calling task spends the call's modelled
+/// time (actors/src/sim/network.cpp); nothing without a network model.
+void model_call(const Op& op);
 
 /// Why the fault plan's partitions separate global ranks a and b now ("" when
 /// they do not). Not a scheduling point. Called by the shared-memory

@@ -49,6 +49,7 @@ bool is_p2p(const Op& op) { return op.desc.kind == CollKind::send || op.desc.kin
 
 void ShmGroup::run(const OpPtr& op) {
   if (sim::active()) [[unlikely]] sim::on_call(coll_name(op->desc.kind));  // a scheduling point; fault plans
+  if (sim::active() && is_p2p(*op)) [[unlikely]] sim::model_call(*op);    // SimulateOptions::network
   if (is_p2p(*op)) return p2p().post(op).get();
   ch_->note_submitted(op->seq);
   exec_.run(op);
@@ -56,6 +57,7 @@ void ShmGroup::run(const OpPtr& op) {
 
 Future<void> ShmGroup::run_async(const OpPtr& op) {
   if (sim::active()) [[unlikely]] sim::on_call(coll_name(op->desc.kind));
+  if (sim::active() && is_p2p(*op)) [[unlikely]] sim::model_call(*op);
   if (is_p2p(*op)) return p2p().post(op);
   ch_->note_submitted(op->seq);
   return exec_.run_async(op);
@@ -125,6 +127,7 @@ void ShmGroup::execute(const Op& op) {
   Call c;
   c.op = &op;
   c.name = op.desc.who();
+  if (sim::active()) [[unlikely]] sim::model_call(op);  // the network model's time (SimulateOptions::network)
   ch_->begin_call(c);
   switch (op.desc.kind) {
     case CollKind::all_reduce:

@@ -1,0 +1,164 @@
+// The cost formulas of the network model (network_cost.hpp).
+#include "sim/network_cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <map>
+
+namespace dopt::detail::sim {
+
+namespace {
+
+using dopt::sim::NetworkModel;
+
+std::int64_t ns_of(double seconds) { return static_cast<std::int64_t>(std::llround(seconds * 1e9)); }
+
+/// Seconds for one member's traffic (bytes read + written) while k members
+/// of a host move theirs at once: `tensor` bytes on its own tensors (`data`
+/// bytes of them) and `buffer` bytes on the shared-memory buffers (chunks of
+/// up to shm_buffer_bytes). Each side goes at the cache's bandwidth when what
+/// it touches on the host fits the cache (the buffers: k chunks; the tensors:
+/// k times data and chunk), else at the memory's; each member gets its
+/// bandwidth over max(k, cores): one core's share, and members past the
+/// cores take turns.
+double memory_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
+  if (k <= 0) return 0;
+  const double chunk = std::min(data, static_cast<double>(m.shm_buffer_bytes));
+  const bool cache = m.host_cache_bytes > 0 && m.host_cache_bandwidth > 0;
+  const double limit = static_cast<double>(m.host_cache_bytes);
+  const double buffer_bw = cache && k * chunk <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  const double tensor_bw = cache && k * (data + chunk) <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  return (tensor / tensor_bw + buffer / buffer_bw) * std::max(k, std::max(1, m.cores_per_host));
+}
+
+double link_s(const NetworkModel& m, double bytes) { return bytes / m.link_bandwidth; }
+double latency_s(const NetworkModel& m) { return std::chrono::duration<double>(m.link_latency).count(); }
+double sync_s(const NetworkModel& m) { return std::chrono::duration<double>(m.sync_latency).count(); }
+
+double chunks(const NetworkModel& m, double bytes) {
+  return std::max(1.0, std::ceil(bytes / static_cast<double>(m.shm_buffer_bytes)));
+}
+
+/// The shared-memory plane between n processes of one host.
+double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
+  if (n <= 1) return 0;
+  switch (kind) {
+    case CollKind::all_reduce:
+    case CollKind::all_reduce_coalesced:
+    case CollKind::reduce:
+      // small: stage B, reduce n x B into B (tensor: B read, B written;
+      // buffers: B written, n B read); staged: per chunk a stage of the
+      // others' slices, a reduce of one slice over n buffers, a copy of the
+      // others' slices out, two synchronisations (tensor: 2 B; buffers:
+      // (3n - 2) / n B).
+      if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
+          b * n <= 64.0 * static_cast<double>(m.shm_small_bytes))
+        return sync_s(m) + memory_s(m, 2 * b, (n + 1) * b, n, b);
+      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
+    case CollKind::reduce_scatter: return shm_s(m, CollKind::all_reduce, b * n, n);
+    case CollKind::broadcast:
+    case CollKind::broadcast_coalesced:
+      // the root stages, the others copy out
+      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, b, b, 1, b) + memory_s(m, b, b, n - 1, b);
+    case CollKind::all_gather:
+    case CollKind::all_gather_flat:
+      // each stages its input, then copies all n inputs out
+      return 2 * chunks(m, b * n) * sync_s(m) + memory_s(m, b * (n + 1), b * (n + 1), n, b * (n + 1));
+    default: return sync_s(m);  // barrier, new_group
+  }
+}
+
+/// The hierarchical plane across H hosts with up to L members on each:
+/// (seconds, the bytes each host sends per byte of b, the root host's factor).
+struct Cross {
+  double s = 0;
+  std::vector<double> factor;  // per host (of the H involved, in order)
+};
+
+Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int root_host) {
+  Cross x;
+  x.factor.assign(static_cast<std::size_t>(H), 0.0);
+  const double a = latency_s(m);
+  switch (kind) {
+    case CollKind::reduce_scatter: return hier(m, CollKind::all_reduce, b * L * H, H, L, root_host);
+    case CollKind::all_reduce:
+    case CollKind::all_reduce_coalesced:
+    case CollKind::reduce:
+      if (L == 1) {  // the TCP ring: reduce-scatter then all-gather, 2(H-1) steps of b/H
+        for (auto& f : x.factor) f = 2.0 * (H - 1) / H;
+        x.s = 2 * (H - 1) * a + link_s(m, 2.0 * (H - 1) / H * b);
+        return x;
+      }
+      // per chunk: a chain of accumulators through the hosts (H - 1 hops),
+      // then the last host sends the result to every other host (one hop);
+      // the chunks follow each other on full-duplex links, so the busiest
+      // direction bounds: the last host's (H - 1) B out
+      for (int h = 0; h + 1 < H; ++h) x.factor[static_cast<std::size_t>(h)] = 1;
+      x.factor.back() = H - 1;
+      x.s = chunks(m, b) * H * a + link_s(m, (H - 1) * b);
+      return x;
+    case CollKind::broadcast:
+    case CollKind::broadcast_coalesced:
+      x.factor[static_cast<std::size_t>(root_host)] = H - 1;
+      x.s = chunks(m, b) * a + link_s(m, (H - 1) * b);
+      return x;
+    case CollKind::all_gather:
+    case CollKind::all_gather_flat:
+      for (auto& f : x.factor) f = static_cast<double>(H - 1) * L;
+      x.s = a + link_s(m, static_cast<double>(H - 1) * L * b);
+      return x;
+    default: x.s = a; return x;  // barrier, new_group: one exchange between the hosts
+  }
+}
+
+}  // namespace
+
+int host_of(const NetworkModel& m, int world_size, int r) {
+  const int hosts = std::max(1, m.hosts);
+  const int per = m.ranks_per_host > 0 ? m.ranks_per_host : (world_size + hosts - 1) / hosts;
+  return std::min(hosts - 1, r / std::max(1, per));
+}
+
+CallCost collective_cost(const NetworkModel& m, int world_size, CollKind kind, std::size_t bytes,
+                         const std::vector<int>& members, int root) {
+  std::map<int, int> per_host;  // host: its members in the call
+  for (int r : members) ++per_host[host_of(m, world_size, r)];
+  int L = 0;
+  for (const auto& [h, k] : per_host) L = std::max(L, k);
+  const int H = static_cast<int>(per_host.size());
+  const double b = static_cast<double>(bytes);
+  double s = std::chrono::duration<double>(m.call_overhead).count() + shm_s(m, kind, b, L);
+  CallCost c;
+  if (H > 1) {
+    const int rh = root >= 0 ? host_of(m, world_size, root) : per_host.begin()->first;
+    const auto at = per_host.find(rh);
+    const int root_host = at == per_host.end() ? 0 : static_cast<int>(std::distance(per_host.begin(), at));
+    const Cross x = hier(m, kind, b, H, L, root_host);
+    s += x.s;
+    c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);
+    int i = 0;
+    for (const auto& [h, k] : per_host)
+      c.link_bytes[static_cast<std::size_t>(h)] = static_cast<std::uint64_t>(std::llround(x.factor[static_cast<std::size_t>(i++)] * b));
+  }
+  c.ns = ns_of(s);
+  return c;
+}
+
+CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int src, int dst) {
+  const double b = static_cast<double>(bytes);
+  double s = std::chrono::duration<double>(m.call_overhead).count();
+  CallCost c;
+  const int hs = host_of(m, world_size, src);
+  if (hs == host_of(m, world_size, dst)) {
+    s += sync_s(m) + memory_s(m, b, b, 1, b);  // into the mailbox and out (or one cross-memory read)
+  } else {
+    s += latency_s(m) + link_s(m, b);
+    c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);
+    c.link_bytes[static_cast<std::size_t>(hs)] = bytes;
+  }
+  c.ns = ns_of(s);
+  return c;
+}
+
+}  // namespace dopt::detail::sim

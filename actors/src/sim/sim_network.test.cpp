@@ -1,0 +1,160 @@
+// The network model of deterministic simulation (SimulateOptions::network):
+// the virtual time of a call is the model's formula (docs/testing.md, "A
+// network model"), runs of a seed repeat, bytes per link are counted.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "dopt/actors/sim.hpp"
+#include "dopt/actors/simulate.hpp"
+#include "sim/sim_test_options.hpp"
+
+using namespace dopt;
+using std::chrono::nanoseconds;
+
+namespace {
+
+sim::NetworkModel model(int hosts, int per_host) {
+  sim::NetworkModel m;
+  m.hosts = hosts;
+  m.ranks_per_host = per_host;
+  m.link_latency = std::chrono::microseconds(50);
+  m.link_bandwidth = 1e9;
+  m.host_memory_bandwidth = 1e10;
+  m.cores_per_host = 2;
+  m.call_overhead = std::chrono::microseconds(3);
+  m.sync_latency = std::chrono::microseconds(7);
+  return m;
+}
+
+/// One all_reduce of `floats` float32 elements on `world` ranks under m.
+SimReport all_reduce_run(int world, std::int64_t floats, const sim::NetworkModel& m, std::uint64_t seed = 1,
+                         bool keep_trace = false) {
+  SimReport rep;
+  auto o = sim_test::deterministic(seed, &rep, std::chrono::seconds(30));
+  o.network = m;
+  o.keep_trace = keep_trace;
+  simulate(world, [&](RankContext& ctx) {
+    Tensor t = Tensor::full({floats}, 1.0 + ctx.rank());
+    ctx.world().all_reduce(t);
+  }, o);
+  return rep;
+}
+
+nanoseconds ns(double seconds) { return nanoseconds(static_cast<std::int64_t>(std::llround(seconds * 1e9))); }
+
+}  // namespace
+
+TEST_CASE("network model: an all_reduce on one host takes the shared-memory plane's time", "[sim][netmodel]") {
+  const auto m = model(1, 0);
+  // 3 ranks, 1 MiB: staged, one chunk (two synchronisations); each member
+  // moves B (5n - 2) / n bytes, 3 members on 2 cores.
+  const double b = 1 << 20;
+  const auto staged = ns(3e-6 + 2 * 7e-6 + b * 13 / 3 * 3 / 1e10);
+  const SimReport big = all_reduce_run(3, 1 << 18, m);
+  CHECK(big.modelled_time == staged);
+  CHECK(big.virtual_time == staged);
+  CHECK(big.link_bytes == std::vector<std::uint64_t>{0});
+  // 5 ranks, 4 KiB: one small round; each member moves (n + 3) B bytes, 5 members on 2 cores.
+  const auto small = ns(3e-6 + 7e-6 + 4096.0 * 8 * 5 / 1e10);
+  const SimReport tiny = all_reduce_run(5, 1024, m);
+  CHECK(tiny.modelled_time == small);
+  CHECK(tiny.virtual_time == small);
+}
+
+TEST_CASE("network model: data that fits the cache moves at the cache's bandwidth", "[sim][netmodel]") {
+  auto m = model(1, 0);
+  m.host_cache_bandwidth = 4e10;
+  m.host_cache_bytes = 4u << 20;
+  // 2 ranks, 1 MiB: tensor and buffer, 2 MiB a member, 4 MiB in all: cached (4 B a member)
+  const double b = 1 << 20;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 8 / 2 * 2 / 4e10));
+  // 3 ranks: 6 MiB, past the cache: the tensors' 2 B from memory, the buffers' (3n - 2) / n B from the cache
+  CHECK(all_reduce_run(3, 1 << 18, m).modelled_time ==
+        ns(3e-6 + 2 * 7e-6 + (2 * b / 1e10 + b * 7 / 3 / 4e10) * 3));
+}
+
+TEST_CASE("network model: an all_reduce across hosts adds the hierarchical plane's link time", "[sim][netmodel]") {
+  // 5 ranks on 2 hosts (3 + 2), 4 KiB: the small round among 3 members,
+  // then a chain through the hosts and the result back: 2 latencies, B each way on the link.
+  const double b = 4096;
+  const SimReport rep = all_reduce_run(5, 1024, model(2, 3));
+  CHECK(rep.modelled_time == ns(3e-6 + 7e-6 + b * 6 * 3 / 1e10 + 2 * 50e-6 + b / 1e9));
+  CHECK(rep.link_bytes == std::vector<std::uint64_t>{4096, 4096});
+  // one rank per host: the TCP ring, 2 (H - 1) steps, each host sends 2 (H - 1) / H of B
+  const SimReport ring = all_reduce_run(3, 3 << 10, model(3, 1));
+  const double rb = 3 << 12;
+  CHECK(ring.modelled_time == ns(3e-6 + 4 * 50e-6 + 4.0 / 3 * rb / 1e9));
+  CHECK(ring.link_bytes == std::vector<std::uint64_t>{16384, 16384, 16384});
+}
+
+TEST_CASE("network model: two hosts take longer than one at a large size", "[sim][netmodel]") {
+  const std::int64_t floats = 4 << 20;  // 16 MiB
+  const SimReport one = all_reduce_run(4, floats, model(1, 4));
+  const SimReport two = all_reduce_run(4, floats, model(2, 2));
+  CHECK(two.virtual_time > one.virtual_time);
+  CHECK(two.link_bytes == std::vector<std::uint64_t>{16u << 20, 16u << 20});
+}
+
+TEST_CASE("network model: two runs of a seed give the same trace", "[sim][netmodel]") {
+  for (std::uint64_t seed : {1u, 7u}) {
+    const SimReport a = all_reduce_run(5, 1 << 12, model(2, 3), seed, true);
+    const SimReport b = all_reduce_run(5, 1 << 12, model(2, 3), seed, true);
+    CHECK(sim::compare_traces(a, b).empty());
+    CHECK(a.trace_hash == b.trace_hash);
+    CHECK(a.virtual_time == b.virtual_time);
+  }
+}
+
+TEST_CASE("network model: sends across hosts are counted on the sender's link", "[sim][netmodel]") {
+  SimReport rep;
+  auto o = sim_test::deterministic(3, &rep, std::chrono::seconds(30));
+  o.network = model(2, 2);
+  simulate(3, [&](RankContext& ctx) {
+    Tensor t = Tensor::full({1000}, 1.0);
+    if (ctx.rank() == 0) {
+      ctx.world().send(t, 2, 0);  // host 0 -> host 1
+      ctx.world().send(t, 1, 0);  // within host 0
+    } else if (ctx.rank() == 1) {
+      ctx.world().recv(t, 0, 0);
+    } else {
+      ctx.world().recv(t, 0, 0);
+    }
+  }, o);
+  CHECK(rep.link_bytes == std::vector<std::uint64_t>{4000, 0});
+  // the cross-host send: overhead, latency, 4000 B on the link; the local one: a round and a copy
+  CHECK(rep.modelled_time == ns(3e-6 + 50e-6 + 4000 / 1e9) + ns(3e-6 + 7e-6 + 8000.0 * 2 / 1e10));
+}
+
+TEST_CASE("network model: costs of zero leave the trace as it was", "[sim][netmodel]") {
+  sim::NetworkModel free;
+  free.hosts = 2;
+  free.link_latency = nanoseconds(0);
+  free.link_bandwidth = 1e30;
+  free.host_memory_bandwidth = 1e30;
+  free.sync_latency = nanoseconds(0);
+  const SimReport with = all_reduce_run(3, 64, free, 5, true);
+  SimReport without;
+  auto o = sim_test::deterministic(5, &without, std::chrono::seconds(30));
+  o.keep_trace = true;
+  simulate(3, [&](RankContext& ctx) {
+    Tensor t = Tensor::full({64}, 1.0 + ctx.rank());
+    ctx.world().all_reduce(t);
+  }, o);
+  CHECK(with.trace_hash == without.trace_hash);
+  CHECK(with.virtual_time == nanoseconds(0));
+}
+
+TEST_CASE("network model: asked for without deterministic, or not fitting the world, is a ValueError",
+          "[sim][netmodel]") {
+  SimulateOptions o;
+  o.network = model(1, 0);
+  auto noop = [](RankContext&) {};
+  CHECK_THROWS_AS(simulate(2, noop, o), ValueError);
+  o.deterministic = true;
+  o.network = model(2, 1);
+  CHECK_THROWS_AS(simulate(3, noop, o), ValueError);
+}

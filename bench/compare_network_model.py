@@ -1,0 +1,328 @@
+#!/usr/bin/python3
+"""The network model of deterministic simulation against real runs.
+
+    sudo /usr/bin/python3 bench/compare_network_model.py BUILD_DIR [--out OUT.jsonl] [--rounds 2]
+
+Every round, for every configuration in turn (interleaved; the load average
+before each run recorded), so that parameters and figures share the load:
+1. Measures the model's parameters, none of them from the figures it predicts:
+   the host's memory and cache traffic (a copy benchmark: one 64 MiB, then
+   one 1 MiB copy per core at once; the cache's size from sysfs), the
+   synchronisation of a host's processes (an 8-byte all_reduce on the
+   shared-memory plane), the link's rate (raw TCP, both hosts sending 16 MiB
+   to each other at once, dopt_bench_raw_tcp) and latency (an 8-byte
+   all_reduce between the two hosts: two ring steps).
+2. Predicts all_reduce at 4 KiB, 1 MiB and 64 MiB with the model
+   (dopt_bench_sim predict: a deterministic simulate() with
+   SimulateOptions::network).
+3. Measures them (dopt_bench_collectives under dopt-run, in the run that
+   timed the 8-byte call): the shared-memory plane with 2 and 4 processes,
+   and two network-namespace "hosts" (one rank each, a veth pair on a
+   bridge, the link limited with tc tbf to each rate).
+The medians over the rounds are compared.
+4. Prints predicted / measured / ratio and appends every line (parameters,
+   predictions, measurements, comparison) to OUT (default
+   bench/results/network_model.jsonl).
+
+Needs root (network namespaces, tc). Only namespaces it creates carry traffic;
+they are removed at the end.
+"""
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = [4096, 1 << 20, 64 << 20]
+TAG = "dnm%d" % os.getpid()
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+
+
+def run(cmd, timeout=900, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr[-2000:]))
+    return p.stdout
+
+
+# --- the parameters ------------------------------------------------------------------
+
+def _copy_worker(n, reps, go, q):
+    src = bytearray(os.urandom(1 << 20)) * (n >> 20)
+    dst = bytearray(n)
+    mv_d, mv_s = memoryview(dst), memoryview(src)
+    mv_d[:] = mv_s  # touch
+    go.wait()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        mv_d[:] = mv_s
+    q.put(time.perf_counter() - t0)
+
+
+def memory_traffic_gbs(cores, n=64 << 20, reps=8, tries=3):
+    """Bytes read + written per second by `cores` processes copying at once (best of tries)."""
+    best = 0.0
+    for _ in range(tries):
+        go = multiprocessing.Event()
+        q = multiprocessing.Queue()
+        ps = [multiprocessing.Process(target=_copy_worker, args=(n, reps, go, q)) for _ in range(cores)]
+        for p in ps:
+            p.start()
+        time.sleep(1.0)
+        go.set()
+        secs = [q.get(timeout=120) for _ in ps]
+        for p in ps:
+            p.join()
+        best = max(best, 2.0 * n * reps * cores / max(secs) / 1e9)
+    return best
+
+
+def cache_bytes():
+    """The largest cache's size (sysfs), 0 when unknown."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for d in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, d, "size")) as f:
+                t = f.read().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20}.get(t[-1:], 1)
+        best = max(best, int(t.rstrip("KM")) * mult)
+    return best
+
+
+def shm_collective(build, nproc, sizes, iters=None):
+    cmd = [build + "/tools/dopt-run", "--nproc-per-node", str(nproc), "--master-port", "0", "--no-prefix",
+           build + "/bench/dopt_bench_collectives", "--op", "all_reduce", "--bytes"] + [str(s) for s in sizes]
+    if iters:
+        cmd += ["--iters", str(iters)]
+    return json_lines(run(cmd))
+
+
+class Hosts:
+    """Two network namespaces joined by veth pairs on a bridge (as bench/compare_multihost.sh)."""
+
+    def __init__(self, workdir):
+        self.nss = []
+        self.work = workdir
+        self.port = 29700
+        sw = TAG + "sw"
+        self._ns(sw)
+        self._ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        self._ip("-n", sw, "link", "set", "br0", "up")
+        for i in (0, 1):
+            h = "%sh%d" % (TAG, i)
+            self._ns(h)
+            self._ip("-n", sw, "link", "add", "p%d" % i, "type", "veth", "peer", "name", "eth0", "netns", h)
+            self._ip("-n", sw, "link", "set", "p%d" % i, "master", "br0", "up")
+            self._ip("-n", h, "link", "set", "lo", "up")
+            self._ip("-n", h, "addr", "add", "10.232.0.%d/24" % (i + 1), "dev", "eth0")
+            self._ip("-n", h, "link", "set", "eth0", "up")
+        secret = os.path.join(workdir, "secret")
+        os.mkdir(secret, 0o700)
+        with open(os.path.join(secret, "s"), "w") as f:
+            f.write(os.urandom(32).hex())
+        os.chmod(os.path.join(secret, "s"), 0o600)
+        self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s")
+
+    def _ns(self, name):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        self.nss.append(name)
+
+    @staticmethod
+    def _ip(*args):
+        subprocess.run(["ip"] + list(args), check=True)
+
+    def rate(self, rate):
+        """Each host's link (egress, each way) limited to `rate` by tc tbf."""
+        for i in (0, 1):
+            subprocess.run(["tc", "-n", "%sh%d" % (TAG, i), "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+                            rate, "burst", "1mb", "latency", "200ms"], check=True)
+
+    def cmd(self, i, argv):
+        """argv in host i: its own network, hostname and /dev/shm."""
+        inner = 'hostname host%d; mount -t tmpfs -o size=2g tmpfs /dev/shm; exec "$@"' % i
+        return ["ip", "netns", "exec", "%sh%d" % (TAG, i), "unshare", "--uts", "--ipc", "--mount",
+                "--propagation", "private", "bash", "-c", inner, "_"] + argv
+
+    def both(self, argvs, timeout=900):
+        ps = [subprocess.Popen(self.cmd(i, argvs[i]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=self.env) for i in (0, 1)]
+        outs = []
+        try:
+            for p in ps:
+                out, err = p.communicate(timeout=timeout)
+                if p.returncode != 0:
+                    raise RuntimeError("host command failed (%d): %s" % (p.returncode, err[-2000:]))
+                outs.append(out)
+        finally:
+            for p in ps:
+                if p.poll() is None:
+                    p.kill()
+        return outs
+
+    def collective(self, build, sizes, iters=None):
+        self.port += 1
+        argvs = []
+        for i in (0, 1):
+            a = [build + "/tools/dopt-run", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(i),
+                 "--master-addr", "10.232.0.1", "--master-port", str(self.port), "--no-prefix",
+                 build + "/bench/dopt_bench_collectives", "--op", "all_reduce", "--bytes"] + [str(s) for s in sizes]
+            if iters:
+                a += ["--iters", str(iters)]
+            argvs.append(a)
+        return json_lines(self.both(argvs)[0])
+
+    def raw_tcp_gbits(self, build, nbytes=16 << 20):
+        self.port += 1
+        srv = subprocess.Popen(self.cmd(0, [build + "/bench/dopt_bench_raw_tcp", "server", str(self.port), "1",
+                                            str(nbytes)]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        run(self.cmd(1, [build + "/bench/dopt_bench_raw_tcp", "client", "10.232.0.1", str(self.port), "1",
+                         str(nbytes)]))
+        out, _ = srv.communicate(timeout=300)
+        return max(r["gbs_per_direction"] for r in json_lines(out)) * 8
+
+    def close(self):
+        for n in self.nss:
+            pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
+            for q in pids:
+                try:
+                    os.kill(int(q), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
+        for n in self.nss:
+            subprocess.run(["ip", "netns", "del", n], stderr=subprocess.DEVNULL)
+
+
+def predict(build, hosts, per_host, p):
+    cmd = [build + "/bench/dopt_bench_sim", "predict", "--hosts", str(hosts), "--per-host", str(per_host),
+           "--link-gbits", str(p["link_gbits"]), "--link-latency-us", str(p["link_latency_us"]),
+           "--memory-gbs", str(p["memory_gbs"]), "--cache-gbs", str(p["cache_gbs"]),
+           "--cache-bytes", str(p["cache_bytes"]), "--cores", str(p["cores"]), "--sync-us", str(p["sync_us"]),
+           "--bytes"] + [str(s) for s in SIZES]
+    return {r["bytes"]: r for r in json_lines(run(cmd))}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("build")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                  "network_model.jsonl"))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--procs", default="2,4", help="process counts on the shared-memory plane")
+    ap.add_argument("--rates", default="1gbit,4gbit", help="tc tbf rates of the two hosts' links")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    if os.geteuid() != 0:
+        sys.exit("compare_network_model: needs root (network namespaces, tc)")
+    procs = [int(x) for x in args.procs.split(",") if x]
+    rates = [x for x in args.rates.split(",") if x]
+    date = datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ")
+    cmdline = " ".join(["bench/compare_network_model.py"] + sys.argv[1:])
+    records = []
+
+    def emit(r):
+        r.update(date=date, command=cmdline)
+        records.append(r)
+        print(json.dumps(r), flush=True)
+
+    cores = os.cpu_count() or 1
+    work = tempfile.mkdtemp(prefix="dopt-netmodel.")
+    hosts = None
+    try:
+        hosts = Hosts(work)
+        configs = [("shm", n, None) for n in procs] + [("2 hosts", 1, rate) for rate in rates]
+        preds = {c: {b: [] for b in SIZES} for c in configs}
+        meas = {c: {b: [] for b in SIZES} for c in configs}
+        loads = {c: [] for c in configs}
+        cbytes = cache_bytes()
+        for rnd in range(args.rounds):
+            # 1. the host's parameters, once a round
+            mem = memory_traffic_gbs(cores, tries=1)
+            cache = memory_traffic_gbs(cores, n=1 << 20, reps=256, tries=1)
+            emit(dict(kind="parameter", name="memory", round=rnd + 1, memory_gbs=round(mem, 3),
+                      cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores, load=load(),
+                      how="%d processes copying 64 MiB (memory), then 1 MiB (cache) each at once, read + written "
+                      "bytes per second; cache_bytes: the largest cache (sysfs)" % cores))
+            for c in configs:
+                plane, n, rate = c
+                before = load()
+                # 3. the measurement, and last in the same run the 8-byte call that gives the latency parameter
+                if rate is None:
+                    rs = shm_collective(build, n, SIZES + [8])
+                    gbits = 10
+                else:
+                    hosts.rate(rate)
+                    gbits = hosts.raw_tcp_gbits(build)
+                    rs = hosts.collective(build, SIZES + [8])
+                loads[c].append(before)
+                by = {r["bytes"]: r for r in rs}
+                tiny = by[8]["median_us"]
+                p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
+                         sync_us=tiny if rate is None else 0, link_gbits=round(gbits, 4),
+                         link_latency_us=round(tiny / 2, 2) if rate else 0)
+                emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
+                          round=rnd + 1, tiny_us=tiny, load=before, **p,
+                          how="sync_us: an 8-byte all_reduce on one host; link_latency_us: half of one across the "
+                          "hosts (two ring steps); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
+                # 2. the prediction with this round's parameters
+                pr = predict(build, 1 if rate is None else 2, n, p)
+                for b in SIZES:
+                    preds[c][b].append(pr[b]["predicted_us"])
+                    meas[c][b].append(by[b]["median_us"])
+                    emit(dict(kind="prediction", plane=plane, procs=n if rate is None else 2, rate=rate,
+                              round=rnd + 1, **pr[b]))
+                    emit(dict(kind="measurement", plane=plane, procs=n if rate is None else 2, rate=rate,
+                              round=rnd + 1, loadavg_before=before, **by[b]))
+        # 4. the table
+        print("\n| layout | size | predicted | measured | ratio | load |")
+        print("|---|---|---|---|---|---|")
+        for c in configs:
+            plane, n, rate = c
+            layout = "shm, %d processes" % n if rate is None else "2 hosts x 1, tbf %s" % rate
+            for b in SIZES:
+                pr = statistics.median(preds[c][b])
+                me = statistics.median(meas[c][b])
+                ratio = pr / me
+                ld = "/".join(x.split()[0] for x in loads[c])
+                emit(dict(kind="comparison", layout=layout, bytes=b, predicted_us=pr, measured_us=me,
+                          ratio=round(ratio, 3), within_25=abs(ratio - 1) <= 0.25, loads=ld))
+                print("| %s | %s | %s | %s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me), ratio, ld))
+    finally:
+        if hosts:
+            hosts.close()
+        shutil.rmtree(work, ignore_errors=True)
+        if records:
+            os.makedirs(os.path.dirname(args.out), exist_ok=True)
+            with open(args.out, "a") as f:
+                for r in records:
+                    f.write(json.dumps(r) + "\n")
+            print("compare_network_model: appended %d lines to %s" % (len(records), args.out), file=sys.stderr)
+
+
+def size_str(b):
+    return "%d KiB" % (b >> 10) if b < (1 << 20) else "%d MiB" % (b >> 20)
+
+
+def us_str(us):
+    return "%.0f us" % us if us < 1000 else "%.1f ms" % (us / 1000)
+
+
+if __name__ == "__main__":
+    main()
