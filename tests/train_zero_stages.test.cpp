@@ -28,6 +28,15 @@ Done train(std::vector<std::string> args) {
   return wait(start(args, kTrainEnv));
 }
 
+/// dopt-train with `args` exits 2 and prints `words`.
+void check_usage_error(const std::vector<std::string>& args, const std::string& words) {
+  const Done d = train(args);
+  INFO(d.out);
+  CHECK(WIFEXITED(d.status));
+  CHECK(WEXITSTATUS(d.status) == 2);
+  CHECK(contains(d.out, words));
+}
+
 }  // namespace
 
 TEST_CASE("dopt-train: --zero-stage 2 ends bit for bit where --zero-stage 1 ends (3, 5 simulated ranks)",
@@ -57,14 +66,10 @@ TEST_CASE("dopt-train: --zero-stage 2 under dopt-run (2 processes) ends bit for 
 }
 
 TEST_CASE("dopt-train: --zero-stage 2 with --optim ddp or with --survive is a usage error", "[train][zero][stage2]") {
-  const Done a = train({"--optim", "ddp", "--zero-stage", "2", "--ranks", "2", "--steps", "2"});
-  CHECK(WIFEXITED(a.status));
-  CHECK(WEXITSTATUS(a.status) == 2);
-  CHECK(contains(a.out, "--zero-stage 2 needs --optim zero"));
-  const Done b = train({"--optim", "zero", "--zero-stage", "2", "--survive", "--ranks", "2", "--steps", "2"});
-  CHECK(WIFEXITED(b.status));
-  CHECK(WEXITSTATUS(b.status) == 2);
-  CHECK(contains(b.out, "--zero-stage 2 does not go with --survive"));
+  check_usage_error({"--optim", "ddp", "--zero-stage", "2", "--ranks", "2", "--steps", "2"},
+                    "--zero-stage 2 needs --optim zero");
+  check_usage_error({"--optim", "zero", "--zero-stage", "2", "--survive", "--ranks", "2", "--steps", "2"},
+                    "--zero-stage 2 does not go with --survive");
 }
 
 TEST_CASE("dopt-train: --zero-stage 3 ends bit for bit where --zero-stage 1 ends (3, 5 simulated ranks, each --inner)",
@@ -96,10 +101,8 @@ TEST_CASE("dopt-train: --zero-stage 3 under dopt-run (2 and 3 processes) ends bi
 }
 
 TEST_CASE("dopt-train: --zero-stage 3 with --survive is a usage error", "[train][zero][stage3]") {
-  const Done d = train({"--optim", "zero", "--zero-stage", "3", "--ranks", "2", "--steps", "2", "--survive"});
-  CHECK(WIFEXITED(d.status));
-  CHECK(WEXITSTATUS(d.status) == 2);
-  CHECK(contains(d.out, "--zero-stage 3 does not go with --survive yet"));
+  check_usage_error({"--optim", "zero", "--zero-stage", "3", "--ranks", "2", "--steps", "2", "--survive"},
+                    "--zero-stage 3 does not go with --survive yet");
 }
 
 TEST_CASE("dopt-train: --zero-stage 3 resumed from its sharded checkpoint ends bitwise where an uninterrupted run "

@@ -50,6 +50,15 @@ inline std::vector<std::pair<std::string, Tensor>> named_state(const StateDict& 
 }
 
 /// The initial value of parameter k (the same on every rank).
+/// The small run the stage 3 unit tests share: 8 tensors in 4 units.
+inline Stage3Run small_stage3_run(const optim::OptimizerSpec& spec) {
+  Stage3Run run;
+  run.spec = spec;
+  run.shapes = {{7}, {13}, {4, 3}, {32}, {5}, {17}, {9}, {3, 2}};
+  run.unit_sizes = {2, 1, 3, 2};
+  return run;
+}
+
 inline Tensor stage3_param(const Shape& shape, std::size_t k) {
   return Tensor::from_vector(values<float>(static_cast<std::size_t>(shape_numel(shape)), 60 + k), shape);
 }

@@ -69,13 +69,7 @@ Result train(const Stage3Run& run, int world, bool stage3) {
   return res;
 }
 
-Stage3Run base_run(const OptimizerSpec& spec) {
-  Stage3Run run;
-  run.spec = spec;
-  run.shapes = {{7}, {13}, {4, 3}, {32}, {5}, {17}, {9}, {3, 2}};
-  run.unit_sizes = {2, 1, 3, 2};
-  return run;
-}
+Stage3Run base_run(const OptimizerSpec& spec) { return dopt::testing::small_stage3_run(spec); }
 
 void check_same_bits(const Stage3Run& run, int world) {
   const Result one = train(run, world, false);

@@ -47,13 +47,7 @@ Snapshot snapshot_of(ShardedUnits& model) {
   return s;
 }
 
-Stage3Run run_of(const OptimizerSpec& spec) {
-  Stage3Run run;
-  run.spec = spec;
-  run.shapes = {{7}, {13}, {4, 3}, {32}, {5}, {17}, {9}, {3, 2}};
-  run.unit_sizes = {2, 1, 3, 2};
-  return run;
-}
+Stage3Run run_of(const OptimizerSpec& spec) { return dopt::testing::small_stage3_run(spec); }
 
 fs::path temp_dir(const std::string& name) {
   const auto d = fs::temp_directory_path() / ("dopt-zero3-sharded-" + std::to_string(::getpid()) + "-" + name);
