@@ -17,6 +17,7 @@
 #include "collectives/access.hpp"
 #include "collectives/group.hpp"
 #include "collectives/grow.hpp"
+#include "collectives/meeting.hpp"
 #include "sim/sync.hpp"
 
 namespace dopt {
@@ -47,8 +48,6 @@ struct Lobby {
   std::map<std::pair<std::uint64_t, int>, int> calls;
   /// The leader's decision for each (group id, attempt).
   std::map<std::pair<std::uint64_t, int>, Admission> decided;
-  /// The new groups' meetings: group id -> (member -> the last step it reached).
-  std::map<std::uint64_t, std::map<int, int>> met;
 };
 
 std::mutex& lobby_mutex() {
@@ -103,46 +102,21 @@ int first_lost(const PeerTable& peers, const std::vector<int>& ranks, int me) {
 /// Every member of the new group (old members and newcomers alike) makes
 /// its part of the group on its plane between barriers of the meeting, as
 /// shrink() does, and returns it.
-ProcessGroup build(const GroupImpl& g, Lobby& lobby, const Admission& a, int me, const char* op) {
+ProcessGroup build(const GroupImpl& g, const Admission& a, int me, const char* op) {
   const std::vector<int>& members = *a.members;
   const std::chrono::milliseconds timeout(g.timeout_ms.load());
-  auto meet = [&](int step) {
-    {
-      std::lock_guard<std::mutex> lock(lobby_mutex());
-      lobby.met[a.gid][me] = step;
-    }
-    auto all_came = [&] {
-      std::lock_guard<std::mutex> lock(lobby_mutex());
-      const auto& m = lobby.met[a.gid];
-      return std::all_of(members.begin(), members.end(), [&](int r) {
-        auto it = m.find(r);
-        return it != m.end() && it->second >= step;
-      });
-    };
-    sim::block([&] { return all_came() || first_lost(*g.peers, members, me) >= 0; }, sim::now() + timeout,
-               "grow meeting");
-    if (all_came()) return;
-    if (const int r = first_lost(*g.peers, members, me); r >= 0)
-      throw PeerLostError(op, "rank " + std::to_string(r) + " was lost while the group " + list_str(members) +
-                                  " was being made", me);
-    throw TimeoutError(op, "the members of " + list_str(members) + " did not meet within " +
-                               std::to_string(timeout.count()) + " ms", me);
-  };
+  detail::SimMeeting meeting(*g.peers, a.gid, members, me, "the members and newcomers", "grow meeting");
+  auto meet = [&](int step) { meeting.barrier(step, timeout, op); };
   // The plane's part as shrink() makes it: every member knows the group (1),
   // made its own state (2), attached every member's (3); then sealed.
   std::shared_ptr<detail::GroupPlane> plane;
   auto builder = g.plane ? g.plane->builder(a.gid, a.members) : nullptr;
   meet(1);
   if (builder) builder->create(), meet(2), plane = builder->attach(), meet(3), builder->seal();
-  auto ng = std::make_shared<GroupImpl>();
-  ng->gid = a.gid;
-  ng->members = a.members;
-  ng->my_grank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  meeting.leave();
+  auto ng = detail::group_over(g, a.gid, a.members,
+                               static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin()));
   ng->plane = std::move(plane);
-  ng->endpoint = g.endpoint;
-  ng->peers = g.peers;
-  ng->local_world_size = g.local_world_size;
-  ng->timeout_ms.store(timeout.count());
   return detail::Access::group(std::move(ng));
 }
 
@@ -214,7 +188,7 @@ GrowResult ProcessGroup::grow(const GrowOptions& options) {
     a = lobby->decided[key];
   }
   GrowResult out;
-  out.group = build(g, *lobby, a, me, op);
+  out.group = build(g, a, me, op);
   for (int r : old)
     out.new_rank.push_back(static_cast<int>(std::find(a.members->begin(), a.members->end(), r) - a.members->begin()));
   out.joined = a.joined;
@@ -261,7 +235,7 @@ GrowResult ProcessGroup::join_group(const JoinGroupOptions& options) {
     }
     try {
       GrowResult out;
-      out.group = build(g, *lobby, a, me, op);
+      out.group = build(g, a, me, op);
       out.joined = a.joined;
       std::lock_guard<std::mutex> lock(lobby_mutex());
       lobby->waiting.erase(me);

@@ -13,6 +13,7 @@
 #include "dopt/actors/process_group.hpp"
 #include "collectives/access.hpp"
 #include "collectives/group.hpp"
+#include "collectives/meeting.hpp"
 #include "sim/sync.hpp"
 
 namespace dopt {
@@ -20,6 +21,9 @@ namespace {
 
 using detail::GroupImpl;
 using detail::PeerTable;
+using detail::SimMeeting;
+using detail::group_over;
+using detail::ranks_str;
 namespace sim = detail::sim;
 
 std::uint64_t mix64(std::uint64_t x) {  // splitmix64 finaliser
@@ -45,88 +49,6 @@ std::uint64_t shrunk_gid(std::uint64_t origin, const std::vector<int>& members) 
   return kShrunkBit | (h & ~(kShrunkBit | kMeetingBit));
 }
 
-std::string ranks_str(const std::vector<int>& r) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
-  return s + "]";
-}
-
-std::shared_ptr<GroupImpl> group_over(const GroupImpl& from, std::uint64_t gid,
-                                      std::shared_ptr<const std::vector<int>> members, int my_grank) {
-  auto g = std::make_shared<GroupImpl>();
-  g->endpoint = from.endpoint;
-  g->gid = gid;
-  g->members = std::move(members);
-  g->my_grank = my_grank;
-  g->timeout_ms.store(from.timeout_ms.load());
-  g->local_world_size = from.local_world_size;
-  g->peers = from.peers;
-  return g;
-}
-
-/// The survivors' meeting in deterministic simulation: every rank is a
-/// thread of this process, so they meet in its memory, waiting through the
-/// scheduler (the rank actors' barriers run on CAF's threads, which it does
-/// not drive). Same outcomes as the barriers: every proposed member arrived,
-/// or PeerLostError when one is lost first, or TimeoutError (virtual time).
-class SimMeeting {
- public:
-  SimMeeting(const PeerTable& peers, std::uint64_t gid, std::vector<int> members, int me)
-      : peers_(peers), key_{sim::run_id(), &peers, gid}, members_(std::move(members)), me_(me) {}
-
-  void barrier(int step, std::chrono::milliseconds timeout, const char* op) {
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      table()[key_].arrived[me_] = step;
-    }
-    auto arrived = [&] {
-      std::lock_guard<std::mutex> lock(mutex());
-      auto& m = table()[key_];
-      for (int r : members_)
-        if (auto it = m.arrived.find(r); it == m.arrived.end() || it->second < step) return false;
-      return true;
-    };
-    auto lost = [&] {
-      for (int r : members_)
-        if (r != me_ && peers_.state(r) != PeerTable::alive) return r;
-      return -1;
-    };
-    sim::block([&] { return arrived() || lost() >= 0; }, sim::now() + timeout, "shrink meeting");
-    if (arrived()) return;
-    if (const int r = lost(); r >= 0)
-      throw PeerLostError(op, "rank " + std::to_string(r) + " was lost while the survivors met", me_);
-    throw TimeoutError(op, "the survivors " + ranks_str(members_) + " did not meet within " +
-                               std::to_string(timeout.count()) + " ms", me_);
-  }
-
- private:
-  struct Entry {
-    std::map<int, int> arrived;  // member -> the last step it reached
-    std::size_t left = 0;
-  };
-  using Key = std::tuple<std::uint64_t, const void*, std::uint64_t>;
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::map<Key, Entry>& table() {
-    static std::map<Key, Entry> t;
-    return t;
-  }
-
- public:
-  /// After the last barrier: the last member to leave forgets the meeting.
-  void leave() {
-    std::lock_guard<std::mutex> lock(mutex());
-    auto it = table().find(key_);
-    if (it != table().end() && ++it->second.left == members_.size()) table().erase(it);
-  }
-
-  const PeerTable& peers_;
-  Key key_;
-  std::vector<int> members_;
-  int me_;
-};
 
 }  // namespace
 
@@ -199,7 +121,7 @@ ShrinkResult ProcessGroup::shrink() {
     std::unique_ptr<detail::GroupBuilder> builder;
     try {
       std::optional<SimMeeting> sim_meeting;
-      if (sim::active()) sim_meeting.emplace(*g.peers, gid | kMeetingBit, alive, me);
+      if (sim::active()) sim_meeting.emplace(*g.peers, gid | kMeetingBit, alive, me, "the survivors", "shrink meeting");
       const std::chrono::milliseconds timeout(g.timeout_ms.load());
       auto meet = [&](int step) {
         if (sim_meeting)
