@@ -6,6 +6,8 @@
 #include <iterator>
 #include <map>
 
+#include "transport/shm/one_round.hpp"
+
 namespace dopt::detail::sim {
 
 namespace {
@@ -53,7 +55,7 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // others' slices out, two synchronisations (tensor: 2 B; buffers:
       // (3n - 2) / n B).
       if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
-          b * n <= 64.0 * static_cast<double>(m.shm_small_bytes))
+          b * n <= static_cast<double>(shm_plane::kOneRoundSmallCalls * m.shm_small_bytes))
         return sync_s(m) + memory_s(m, 2 * b, (n + 1) * b, n, b);
       return 2 * chunks(m, b) * sync_s(m) + memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
     case CollKind::reduce_scatter: return shm_s(m, CollKind::all_reduce, b * n, n);
