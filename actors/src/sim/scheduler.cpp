@@ -1,4 +1,5 @@
 #include "sim/scheduler.hpp"
+#include "sim/stacks.hpp"
 #include "sim/sync.hpp"
 
 #include <algorithm>
@@ -8,8 +9,6 @@
 #include <utility>
 
 #include <cxxabi.h>
-
-#include <boost/context/protected_fixedsize_stack.hpp>
 
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/internal/read_faults.hpp"
@@ -161,7 +160,7 @@ Task* Scheduler::add(int rank, bool is_rank, const char* name, std::function<voi
   t->name = name;
   t->fn = std::move(fn);
   Task* raw = t.get();
-  raw->ctx = boost::context::fiber(std::allocator_arg, boost::context::protected_fixedsize_stack(kStackBytes),
+  raw->ctx = boost::context::fiber(std::allocator_arg, PooledStack(kStackBytes),
                                    [this, raw](boost::context::fiber&& driver) { return body(raw, std::move(driver)); });
   tasks_.push_back(std::move(t));
   live_.push_back(raw);

@@ -56,7 +56,8 @@ struct RankStopped {
 };
 
 /// The stack of every task: its size bounds a rank's stack memory (only the
-/// pages a task touched are resident); a guard page below it faults on overflow.
+/// pages a task touched are resident); a guard page below it faults on
+/// overflow (stacks.hpp: where the kernel's limit on mappings allows one).
 inline constexpr std::size_t kStackBytes = 256u << 10;
 
 struct Task {
