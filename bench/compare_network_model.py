@@ -6,8 +6,9 @@
 Every round, for every configuration in turn (interleaved; the load average
 before each run recorded), so that parameters and figures share the load:
 1. Measures the model's parameters, none of them from the figures it predicts:
-   the host's memory and cache traffic (a copy benchmark: one 64 MiB, then
-   one 1 MiB copy per core at once; the cache's size from sysfs), the
+   the host's memory and cache traffic (a reduce benchmark, read two write
+   one: one 64 MiB, then one 1 MiB float32 addition per core at once; the
+   cache's size from sysfs), the
    synchronisation of a host's processes (an 8-byte all_reduce on the
    shared-memory plane), the link's rate (raw TCP, both hosts sending 16 MiB
    to each other at once, dopt_bench_raw_tcp) and latency (an 8-byte
@@ -18,7 +19,8 @@ before each run recorded), so that parameters and figures share the load:
 3. Measures them (dopt_bench_collectives under dopt-run, in the run that
    timed the 8-byte call): the shared-memory plane with 2 and 4 processes,
    and two network-namespace "hosts" (one rank each, a veth pair on a
-   bridge, the link limited with tc tbf to each rate).
+   bridge, the link limited with tc tbf to each rate; the TCP plane does not
+   poll: the hosts share the machine's cores).
 The medians over the rounds are compared.
 4. Prints predicted / measured / ratio and appends every line (parameters,
    predictions, measurements, comparison) to OUT (default
@@ -61,25 +63,29 @@ def run(cmd, timeout=900, env=None):
 
 # --- the parameters ------------------------------------------------------------------
 
-def _copy_worker(n, reps, go, q):
-    src = bytearray(os.urandom(1 << 20)) * (n >> 20)
-    dst = bytearray(n)
-    mv_d, mv_s = memoryview(dst), memoryview(src)
-    mv_d[:] = mv_s  # touch
+def _traffic_worker(kernel, n, reps, go, q):
+    import numpy
+    a = numpy.random.default_rng(1).random(n // 4, dtype=numpy.float32)
+    b = a.copy()
+    out = numpy.empty_like(a)
+    step = (lambda: numpy.add(a, b, out=out)) if kernel == "reduce" else (lambda: numpy.copyto(out, a))
+    step()  # touch
     go.wait()
     t0 = time.perf_counter()
     for _ in range(reps):
-        mv_d[:] = mv_s
+        step()
     q.put(time.perf_counter() - t0)
 
 
-def memory_traffic_gbs(cores, n=64 << 20, reps=8, tries=3):
-    """Bytes read + written per second by `cores` processes copying at once (best of tries)."""
+def memory_traffic_gbs(cores, n=64 << 20, reps=8, tries=3, kernel="reduce"):
+    """Bytes read + written per second by `cores` processes at once, each running `kernel` over float32
+    arrays of n bytes: reduce adds two into a third (reads two, writes one: the plane's reduce, which
+    reads n inputs and writes its outputs), copy copies one into another. Best of tries."""
     best = 0.0
     for _ in range(tries):
         go = multiprocessing.Event()
         q = multiprocessing.Queue()
-        ps = [multiprocessing.Process(target=_copy_worker, args=(n, reps, go, q)) for _ in range(cores)]
+        ps = [multiprocessing.Process(target=_traffic_worker, args=(kernel, n, reps, go, q)) for _ in range(cores)]
         for p in ps:
             p.start()
         time.sleep(1.0)
@@ -87,7 +93,7 @@ def memory_traffic_gbs(cores, n=64 << 20, reps=8, tries=3):
         secs = [q.get(timeout=120) for _ in ps]
         for p in ps:
             p.join()
-        best = max(best, 2.0 * n * reps * cores / max(secs) / 1e9)
+        best = max(best, (3.0 if kernel == "reduce" else 2.0) * n * reps * cores / max(secs) / 1e9)
     return best
 
 
@@ -138,7 +144,11 @@ class Hosts:
         with open(os.path.join(secret, "s"), "w") as f:
             f.write(os.urandom(32).hex())
         os.chmod(os.path.join(secret, "s"), 0o600)
-        self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s")
+        # The two hosts share this machine's cores: each rank's TCP plane polls as dopt does for two ranks on
+        # them (not at all). Its default for one rank on two cores (TcpMesh::default_poll_us: 200 us after every
+        # event) took the core the other host's rank needed: 4 KiB calls of ~510 us instead of ~40-95 us.
+        self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s",
+                        DOPT_TCP_POLL_US="0")
 
     def _ns(self, name):
         subprocess.run(["ip", "netns", "add", name], check=True)
@@ -256,10 +266,14 @@ def main():
             # 1. the host's parameters, once a round
             mem = memory_traffic_gbs(cores, tries=1)
             cache = memory_traffic_gbs(cores, n=1 << 20, reps=256, tries=1)
+            copy = [memory_traffic_gbs(cores, tries=1, kernel="copy"),
+                    memory_traffic_gbs(cores, n=1 << 20, reps=256, tries=1, kernel="copy")]
             emit(dict(kind="parameter", name="memory", round=rnd + 1, memory_gbs=round(mem, 3),
                       cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores, load=load(),
-                      how="%d processes copying 64 MiB (memory), then 1 MiB (cache) each at once, read + written "
-                      "bytes per second; cache_bytes: the largest cache (sysfs)" % cores))
+                      copy_memory_gbs=round(copy[0], 3), copy_cache_gbs=round(copy[1], 3),
+                      how="%d processes adding two float32 arrays of 64 MiB (memory), then 1 MiB (cache) into a third "
+                      "each at once, read + written bytes per second; cache_bytes: the largest cache (sysfs); "
+                      "copy_*: the same with a copy (numpy.copyto), not used by the model" % cores))
             for c in configs:
                 plane, n, rate = c
                 before = load()
