@@ -8,8 +8,8 @@ before each run recorded), so that parameters and figures share the load:
 1. Measures the model's parameters, none of them from the figures it predicts:
    the host's memory and cache traffic (a reduce benchmark, read two write
    one: one 64 MiB, then one 1 MiB float32 addition per core at once; the
-   cache's size from sysfs), the
-   synchronisation of a host's processes (an 8-byte all_reduce on the
+   cache's size from sysfs), just before and just after each run on the
+   shared-memory plane (their mean), the synchronisation of a host's processes (an 8-byte all_reduce on the
    shared-memory plane), the link's rate (raw TCP, both hosts sending 16 MiB
    to each other at once, dopt_bench_raw_tcp) and latency (an 8-byte
    all_reduce between the two hosts: two ring steps).
@@ -262,25 +262,37 @@ def main():
         meas = {c: {b: [] for b in SIZES} for c in configs}
         loads = {c: [] for c in configs}
         cbytes = cache_bytes()
-        for rnd in range(args.rounds):
-            # 1. the host's parameters, once a round
+        def host_traffic(rnd, **where):
+            """The memory and cache traffic parameters (reduce kernel), with the load, emitted."""
             mem = memory_traffic_gbs(cores, tries=1)
             cache = memory_traffic_gbs(cores, n=1 << 20, reps=256, tries=1)
+            emit(dict(kind="parameter", name="memory", round=rnd + 1, memory_gbs=round(mem, 3),
+                      cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores, load=load(), **where,
+                      how="%d processes adding two float32 arrays of 64 MiB (memory), then 1 MiB (cache) into a third "
+                      "each at once, read + written bytes per second; cache_bytes: the largest cache (sysfs)" % cores))
+            return mem, cache
+
+        for rnd in range(args.rounds):
+            # 1. a copy's traffic, for comparison only (the model takes the reduce kernel's)
             copy = [memory_traffic_gbs(cores, tries=1, kernel="copy"),
                     memory_traffic_gbs(cores, n=1 << 20, reps=256, tries=1, kernel="copy")]
-            emit(dict(kind="parameter", name="memory", round=rnd + 1, memory_gbs=round(mem, 3),
-                      cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores, load=load(),
-                      copy_memory_gbs=round(copy[0], 3), copy_cache_gbs=round(copy[1], 3),
-                      how="%d processes adding two float32 arrays of 64 MiB (memory), then 1 MiB (cache) into a third "
-                      "each at once, read + written bytes per second; cache_bytes: the largest cache (sysfs); "
-                      "copy_*: the same with a copy (numpy.copyto), not used by the model" % cores))
+            emit(dict(kind="parameter", name="copy", round=rnd + 1, copy_memory_gbs=round(copy[0], 3),
+                      copy_cache_gbs=round(copy[1], 3), load=load(),
+                      how="as memory_gbs and cache_gbs with a copy (numpy.copyto), not used by the model"))
+            mem, cache = 0.0, 0.0
             for c in configs:
                 plane, n, rate = c
+                # 1. the host's traffic just before and just after the run (their means), so that the
+                # parameters share the run's load
+                if rate is None:
+                    mem, cache = host_traffic(rnd, plane=plane, procs=n, when="before")
                 before = load()
                 # 3. the measurement, and last in the same run the 8-byte call that gives the latency parameter
                 if rate is None:
                     rs = shm_collective(build, n, SIZES + [8])
                     gbits = 10
+                    after = host_traffic(rnd, plane=plane, procs=n, when="after")
+                    mem, cache = (mem + after[0]) / 2, (cache + after[1]) / 2
                 else:
                     hosts.rate(rate)
                     gbits = hosts.raw_tcp_gbits(build)
