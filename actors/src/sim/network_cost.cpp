@@ -6,7 +6,7 @@
 #include <iterator>
 #include <map>
 
-#include "transport/shm/one_round.hpp"
+#include "plane/shm_one_round.hpp"
 
 namespace dopt::detail::sim {
 

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "plane/kernels.hpp"
+#include "plane/shm_one_round.hpp"
 #include "transport/shm/algorithms.hpp"
 #include "transport/shm/flat_view.hpp"
-#include "transport/shm/one_round.hpp"
 
 namespace dopt::detail::shm_plane {
 
@@ -16,12 +16,12 @@ namespace {
 
 /// Whether the one-round way fits: the data fits a buffer, and what each
 /// receiver then reduces (every member's data, members x bytes) stays within
-/// kOneRoundSmallCalls (one_round.hpp) small calls' worth (processes), one
-/// small call's worth (threads: every member's reduction runs on the cores of
-/// one process, thousands of them on one when simulated); past it each
-/// member reduces a slice instead
-/// (O(bytes) per member, not O(members x bytes)). Every member sees the same
-/// size and group: they agree.
+/// kOneRoundSmallCalls (plane/shm_one_round.hpp) small calls' worth
+/// (processes), one small call's worth (threads: every member's reduction
+/// runs on the cores of one process, thousands of them on one when
+/// simulated); past it each member reduces a slice instead (O(bytes) per
+/// member, not O(members x bytes)). Every member sees the same size and
+/// group: they agree.
 bool small_fits(const Channel& ch, std::size_t bytes) {
   const std::size_t most = ch.in_process() ? ch.small_bytes() : kOneRoundSmallCalls * ch.small_bytes();
   return bytes <= ch.small_bytes() && bytes <= ch.buf_bytes() && bytes * static_cast<std::size_t>(ch.size()) <= most;

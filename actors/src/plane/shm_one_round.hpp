@@ -1,8 +1,10 @@
 #pragma once
 // Internal to dopt_actors: the shared-memory plane's limit on its one-round
-// all_reduce between processes, shared by the plane (all_reduce.cpp, which
-// picks its algorithm by it) and the network model (sim/network_cost.cpp,
-// which charges the algorithm the plane would pick). A constant: any thread.
+// all_reduce between processes, shared by the plane
+// (transport/shm/all_reduce.cpp, which picks its algorithm by it) and the
+// network model (sim/network_cost.cpp, which charges the algorithm the plane
+// would pick); here, below both (the seam), as neither may include the
+// other. A constant: any thread.
 #include <cstddef>
 
 namespace dopt::detail::shm_plane {
