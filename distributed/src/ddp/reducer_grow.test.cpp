@@ -27,24 +27,15 @@ using namespace dopt::grow_test;
 namespace {
 
 const std::vector<std::int64_t> kSizes = {257, 64, 3000, 33, 5, 300};
-constexpr int kLost = 3;
-constexpr std::int64_t kLostAt = 2;
-constexpr int kNewcomer = 5;
-constexpr std::int64_t kSteps = 6;
-
-std::vector<int> present(std::int64_t t, std::int64_t join_at) {
-  std::vector<int> out;
-  for (int r = 0; r <= kNewcomer; ++r)
-    if ((r != kLost || t < kLostAt) && (r != kNewcomer || t >= join_at)) out.push_back(r);
-  return out;
-}
+constexpr int kLost = 3, kNewcomer = 5;
+constexpr std::int64_t kLostAt = 2, kSteps = 6;
 
 /// Rank r's record in the reference: the averaged gradients of the steps it
 /// was there, then the parameters (every rank's initial ones: nothing steps them).
-std::vector<Params> reference(std::int64_t join_at) {
+std::vector<Params> reference(const Plan& plan) {
   std::vector<Params> out(kNewcomer + 1);
   for (std::int64_t t = 0; t < kSteps; ++t) {
-    const auto ranks = present(t, join_at);
+    const auto ranks = plan.present(t);
     const auto n = static_cast<float>(ranks.size());
     for (std::size_t i = 0; i < kSizes.size(); ++i) {
       std::vector<float> avg(static_cast<std::size_t>(kSizes[i]));
@@ -119,5 +110,5 @@ TEST_CASE("Reducer over a grown group: a rank lost at step 2, a newcomer later: 
       kNewcomer, seed, [&](RankContext& ctx, std::string& log) { return rank_run(ctx, log, join_at); });
   CHECK(got[0].second == "shrank after 3;grew at " + std::to_string(join_at) + ";");  // the scenario ran
   CHECK(got[kNewcomer].second == "joined;");
-  check_bitwise(got, reference(join_at), kLost);
+  check_bitwise(got, reference(Plan{kLost, kLostAt, kNewcomer, join_at}), kLost);
 }
