@@ -231,8 +231,10 @@ class PostLocalSGDOptimizer {
 ///    the lowest-ranked member's, the same rank whose parameters it gets, so
 ///    it starts as an exact copy of one rank that was there.
 /// Not sent: survives() and the callback (a newcomer calls enable_survive()
-/// itself); a join is not reported through on_membership_change (the caller
-/// that grew knows it).
+/// itself). On a member, once caught up, the on_membership_change callback
+/// of enable_survive() (when set) is called with the join
+/// (ZeroRecovery::joined, recovery.hpp; step = steps_taken() +
+/// steps_skipped(), step_completed false); without one nothing is thrown.
 /// Errors, naming "post_local_sgd_catch_up" and the rank: ValueError for
 /// grown.group invalid or without this rank, a member whose averager's group
 /// is not the one that grew, a newcomer whose averager is not over

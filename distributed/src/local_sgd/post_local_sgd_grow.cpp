@@ -116,6 +116,8 @@ void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown
   }
   for (auto& f : sends) wait_keeping_first_error(f, first);
   if (first) std::rethrow_exception(first);
+  if (!newcomer && opt.on_membership_change_)  // a join (recovery.hpp)
+    opt.on_membership_change_(join_record(grown, opt.steps_taken_ + opt.steps_skipped_));
 }
 
 }  // namespace dopt::optim

@@ -81,3 +81,41 @@ TEST_CASE("post_local_sgd_catch_up: a rank lost at step 2, a newcomer later: eve
   CHECK(got[kNewcomer].second == "joined at " + std::to_string(join_at) + ";");
   check_bitwise(got, reference(plan), kLost);
 }
+
+namespace {
+
+std::string ranks_of(const std::vector<int>& rs) {
+  std::string out;
+  for (int r : rs) out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("post_local_sgd_catch_up reports the join to the members' on_membership_change", "[post_local_sgd][grow]") {
+  const auto got = run_with_newcomer(3, 7, [](RankContext& ctx, std::string& log) {
+    auto params = survive_reference::make_params(kSizes);
+    GrowResult joined;
+    if (ctx.newcomer()) joined = join_patiently(ctx);
+    auto opt = make_opt(params, ctx.newcomer() ? joined.group : ctx.world());
+    opt->enable_survive([&log](const ZeroRecovery& r) {
+      log += "size " + std::to_string(r.group.size()) + " joined " + ranks_of(r.joined) + " new ranks " +
+             ranks_of(r.new_rank) + " lost " + ranks_of(r.lost) + " step " + std::to_string(r.step) +
+             (r.step_completed ? " completed" : "") + ";";
+    });
+    if (ctx.newcomer()) {
+      post_local_sgd_catch_up(*opt, joined);  // not reported on the newcomer
+      return values_of(params);
+    }
+    for (std::int64_t t = 0; t < 2; ++t) {
+      set_rank_grads(params, ctx.rank(), t);
+      opt->step();
+    }
+    ProcessGroup old = ctx.world();
+    post_local_sgd_catch_up(*opt, old.grow());
+    return values_of(params);
+  });
+  for (int r = 0; r < 3; ++r) CHECK(got[static_cast<std::size_t>(r)].second == "size 4 joined 3 new ranks 0,1,2 lost  step 2;");
+  CHECK(got[3].second.empty());
+  CHECK(got[3].first == got[0].first);  // the newcomer holds rank 0's parameters
+}
