@@ -133,7 +133,8 @@ void ModelAverager::take_grown_group(ProcessGroup /*grown*/, const char* op) {
 }
 
 void PeriodicModelAverager::take_grown_group(ProcessGroup grown, const char* op) {
-  if (!grown.valid() || !grown.is_member()) throw ValueError(op, "the grown group is invalid or lacks this rank");
+  if (!grown.valid() || !grown.is_member())
+    throw ValueError(op, "the grown group is invalid or does not hold this rank", process_group().rank());
   set_process_group(std::move(grown));
 }
 
