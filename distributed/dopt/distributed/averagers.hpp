@@ -129,6 +129,15 @@ class ModelAverager {
   /// supports it; the others throw NotSupportedError (their subgroups, or
   /// DiLoCo's in-flight fragments, are built over the old group).
   virtual void replace_process_group(ProcessGroup survivors);
+  /// Growing back (post_local_sgd_catch_up, post_local_sgd.hpp;
+  /// docs/fault-tolerance.md, "Growing back"): averages over `grown`
+  /// (ProcessGroup::grow()'s group of this group's members and the
+  /// newcomers, or on a newcomer the group it was built over) from now on.
+  /// Rank thread, at a step boundary; local. PeriodicModelAverager takes it;
+  /// DiLoCoAverager first waits for an average in flight (diloco.hpp); the
+  /// others throw NotSupportedError naming `op` (the hierarchical averager's
+  /// subgroups are built over the old group).
+  virtual void take_grown_group(ProcessGroup grown, const char* op);
 
  protected:
   /// An invalid group is a ValueError naming `op`.
@@ -161,6 +170,8 @@ class PeriodicModelAverager : public ModelAverager {
   }
   /// Takes the survivors' group (see ModelAverager::replace_process_group).
   void replace_process_group(ProcessGroup survivors) override;
+  /// Takes the grown group (see ModelAverager::take_grown_group).
+  void take_grown_group(ProcessGroup grown, const char* op) override;
 
  private:
   std::int64_t period_;

@@ -49,6 +49,11 @@
 // only. Not thread-safe: one thread per rank at a time. The parameters must
 // not be replaced (set_data) while the averager holds them.
 //
+// Growing back (docs/fault-tolerance.md, "Growing back"): after the group
+// grew, PostLocalSGDOptimizer's post_local_sgd_catch_up moves this averager
+// onto the grown group (take_grown_group below: a fragment in flight is
+// completed over the old group first) and sends its state to the newcomers.
+//
 // Failure: when the average fails (a lost peer: PeerLostError naming it; a
 // timeout), the sync call resets the fragment's parameters to their anchors
 // (the local progress since the last sync of that fragment is dropped),
@@ -159,6 +164,21 @@ class DiLoCoAverager : public ModelAverager {
 
   void save_state(StateDict& sd) const override;
   void load_state(StateDict& sd) override;
+
+  /// Growing back (diloco_grow.cpp; post_local_sgd_catch_up in
+  /// post_local_sgd.hpp runs it on every rank of the grown group, before any
+  /// state is sent). Rank thread, at a step boundary; local (no
+  /// communication of its own). A fragment in flight is supported: this call
+  /// first waits for a sync completing in the background and for an average
+  /// in flight, which was started over the old group and is completed over it
+  /// (its sum divided by the old group's size: the members that prepared it).
+  /// That averaged fragment then stays pending, goes to the newcomers with
+  /// save_state, and every rank of the grown group applies it at the
+  /// fragment's sync; the next prepare averages over `grown`. An average in
+  /// flight that failed rethrows its error here (PeerLostError: shrink the
+  /// group and grow again). `grown` invalid or without this rank: ValueError
+  /// naming `op`.
+  void take_grown_group(ProcessGroup grown, const char* op) override;
 
   /// Sharded checkpoints. With set_sharded_checkpoints(true), save_state
   /// (so PostLocalSGDOptimizer::state_dict) keeps only this rank's own part

@@ -60,6 +60,12 @@
 // averaging steps is noticed at the next average (or by the trainer's own
 // collectives: then recover(), below). Only PeriodicModelAverager can go on
 // over a shrunk group (NotSupportedError from enable_survive otherwise).
+//
+// Growing back (dopt only; docs/fault-tolerance.md, "Growing back"): after
+// the averager's group grew (ProcessGroup::grow(), join_group()), every rank
+// of the grown group calls post_local_sgd_catch_up (below): the members go on
+// with their optimizers over the grown group, a newcomer's fresh optimizer
+// becomes a copy of the lowest-ranked member's.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -194,6 +200,8 @@ class PostLocalSGDOptimizer {
   mutable Future<void> in_flight_;
   mutable std::string failed_;
 
+  friend void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown);
+
   /// The averager's call of this step, with the survive path (header).
   void average(const char* op);
   /// step_async's averaging: in the background where the averager allows (header), else average(op).
@@ -202,6 +210,39 @@ class PostLocalSGDOptimizer {
   /// step_async in flight; StateError naming `op` once one failed.
   void settle(const char* op) const;
 };
+
+/// Growing back (post_local_sgd_grow.cpp; docs/fault-tolerance.md, "Growing
+/// back"). Who calls: every rank of grown.group (what grow() returned to the
+/// members, join_group() to the newcomers), once, on its rank thread, at the
+/// same step boundary (a step_async() in flight is waited for first). A
+/// collective over grown.group, point to point; it returns once this rank's
+/// sends and receives completed.
+///  - A member passes the optimizer it trains with, whose averager's group is
+///    the group that grew; it goes on averaging over grown.group
+///    (ModelAverager::take_grown_group). Nothing of its own changes.
+///  - A newcomer passes a fresh optimizer over the same parameter list (same
+///    shapes, dtypes, groups, optimizer kind) with its averager built alike
+///    over grown.group. From the lowest-ranked member of grown.group it
+///    receives the parameters' values and that member's state_dict() (its
+///    local optimizer's state and hyperparameters, the averager's step and
+///    own state: DiLoCo's anchors, outer state, an average in flight), then
+///    steps_taken() and steps_skipped(). The local optimizer's state differs
+///    from rank to rank (each steps on its own gradients); the newcomer gets
+///    the lowest-ranked member's, the same rank whose parameters it gets, so
+///    it starts as an exact copy of one rank that was there.
+/// Not sent: survives() and the callback (a newcomer calls enable_survive()
+/// itself). On a member, once caught up, the on_membership_change callback
+/// of enable_survive() (when set) is called with the join
+/// (ZeroRecovery::joined, recovery.hpp; step = steps_taken() +
+/// steps_skipped(), step_completed false); without one nothing is thrown.
+/// Errors, naming "post_local_sgd_catch_up" and the rank: ValueError for
+/// grown.group invalid or without this rank, a member whose averager's group
+/// is not the one that grew, a newcomer whose averager is not over
+/// grown.group; NotSupportedError for an averager that cannot take a grown
+/// group (HierarchicalModelAverager); on a newcomer, StateDictError when the
+/// member's state does not fit its optimizer (load_state_dict's); the group's
+/// errors (PeerLostError) from the sends and receives.
+void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown);
 
 // --- with the single-rank training utilities of dopt/optim/ ------------------
 class GradScaler;

@@ -2,7 +2,9 @@
 // What ZeroRedundancyOptimizer, PostLocalSGDOptimizer and the Reducer report
 // after they recovered from a lost rank (docs/fault-tolerance.md): the
 // Recovery record, passed to their on_membership_change callback or carried
-// by MembershipChangedError; ShardLostError when state is gone.
+// by MembershipChangedError; ShardLostError when state is gone. A member's
+// zero_catch_up and post_local_sgd_catch_up report a join with the same
+// record (ZeroRecovery::joined) through the callback only.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,7 +31,23 @@ struct ZeroRecovery {
   /// the gradients it was given (the trainer goes on with the next batch);
   /// false after recover(): no step was taken.
   bool step_completed = false;
+  /// A join (zero_catch_up, post_local_sgd_catch_up, on a member): the
+  /// newcomers' global ranks, ascending; `group` is then the grown group,
+  /// `lost` is empty and new_rank[r] is the grown group's rank of old group
+  /// rank r. Empty after a loss.
+  std::vector<int> joined = {};
 };
+
+/// The record of a join on a member, after `step` (zero_catch_up,
+/// post_local_sgd_catch_up): grown's group, new_rank and joined.
+inline ZeroRecovery join_record(const GrowResult& grown, std::int64_t step) {
+  ZeroRecovery rec;
+  rec.group = grown.group;
+  rec.new_rank = grown.new_rank;
+  rec.joined = grown.joined;
+  rec.step = step;
+  return rec;
+}
 
 /// What MembershipChangedError and ShardLostError carry: the recovery they
 /// were thrown after.

@@ -419,7 +419,10 @@ ReducerOptions zero_stage2_options(const ZeroRedundancyOptimizer& zero, const st
 /// are not zero's; NotSupportedError with overlap_with_ddp and with
 /// redundancy under buddy_update replay or host_memory; PeerLostError
 /// when a rank is lost meanwhile (zero and before are then unusable: fall
-/// back to the last checkpoint).
+/// back to the last checkpoint). On a member, once caught up, zero's
+/// ZeroOptions::on_membership_change (when set) is called with the join
+/// (ZeroRecovery::joined, step = step_count(), step_completed false); without
+/// one nothing is thrown (the caller grew the group).
 void zero_catch_up(ZeroRedundancyOptimizer& zero, ZeroRedundancyOptimizer* before, const GrowResult& grown);
 
 // --- with the single-rank training utilities of dopt/optim/ ------------------

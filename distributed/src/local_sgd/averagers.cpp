@@ -125,6 +125,19 @@ void PeriodicModelAverager::replace_process_group(ProcessGroup survivors) {
   set_process_group(std::move(survivors));
 }
 
+void ModelAverager::take_grown_group(ProcessGroup /*grown*/, const char* op) {
+  throw NotSupportedError(op,
+                          "this averager cannot go on over a grown group (PeriodicModelAverager and DiLoCoAverager "
+                          "can): build a new one over the grown group",
+                          process_group_.rank());
+}
+
+void PeriodicModelAverager::take_grown_group(ProcessGroup grown, const char* op) {
+  if (!grown.valid() || !grown.is_member())
+    throw ValueError(op, "the grown group is invalid or does not hold this rank", process_group().rank());
+  set_process_group(std::move(grown));
+}
+
 void ModelAverager::save_state(StateDict& /*sd*/) const {}
 void ModelAverager::load_state(StateDict& /*sd*/) {}
 

@@ -10,6 +10,7 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/averagers.hpp"
+#include "ring_order_reference.hpp"
 
 using namespace dopt;
 using namespace dopt::optim;
@@ -18,21 +19,12 @@ namespace {
 
 // p_r = base + r (+ e for element e); the average torch computes: each
 // rank's value divided by n, summed in gloo's ring order (for n >= 3),
-// computed here independently.
+// computed here independently (ring_order_reference.hpp).
 float avg_of(float base, int e, int numel, const std::vector<int>& ranks) {
-  // gloo's ring as measured against torch 1.13: segments of at most 1 MiB, at
-  // least 2n of them and a multiple of n, ceil(bytes / segments) bytes each;
-  // run b of segments / n segments is summed from rank b - 1 down to rank b.
   const int n = static_cast<int>(ranks.size());
-  auto up = [](long v, long m) { return (v + m - 1) / m * m; };
-  const long bytes = 4L * numel;
-  const long seg0 = up(std::min<long>((bytes + 2 * n - 1) / (2 * n), 1L << 20), 4);
-  const long nseg = up(std::max<long>((bytes + seg0 - 1) / seg0, 2L * n), n);
-  const long span = std::max<long>(1, (nseg / n) * up((bytes + nseg - 1) / nseg, 4) / 4);
-  const int b = static_cast<int>(std::min<long>(e / span, n - 1));
   float acc = 0.0f;
   for (int k = 0; k < n; ++k) {
-    const int g = n >= 3 ? ((b - 1 - k) % n + n) % n : k;
+    const int g = ring_reference::contributor(e, numel, n, k);
     const float v = (base + static_cast<float>(ranks[static_cast<std::size_t>(g)]) + static_cast<float>(e)) /
                     static_cast<float>(n);
     acc = k == 0 ? v : acc + v;

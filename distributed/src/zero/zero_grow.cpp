@@ -172,6 +172,7 @@ void zero_catch_up(ZeroRedundancyOptimizer& zero, ZeroRedundancyOptimizer* befor
   }
   z.sync_to_local();
   z.redundancy->install_state(z, std::move(local));
+  if (b && z.on_membership_change) z.on_membership_change(join_record(grown, z.steps));  // a join (recovery.hpp)
 }
 
 }  // namespace dopt::optim
