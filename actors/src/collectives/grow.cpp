@@ -85,10 +85,17 @@ Lobby& lobby_of(const GroupImpl& g, const char* op, int me) {
     throw NotSupportedError(op, "the MPI plane cannot grow a group: an MPI communicator's members are fixed when "
                                 "MPI starts (run an elastic job on dopt's shm, TCP or hierarchical planes)", me);
   auto it = g.peers && sim::active() ? lobbies().find(g.peers.get()) : lobbies().end();
-  if (it == lobbies().end())
+  if (it == lobbies().end()) {
+    // Which plane this group runs on: processes that share memory ("shm"),
+    // several hosts ("hier"), or messages between rank actors (TCP, threads).
+    const std::string plane = g.plane ? g.plane->name() : "actor";
     throw NotSupportedError(op, "growing a group works between the ranks of a deterministic simulation "
-                                "(simulate() with deterministic = true and newcomers) only; between processes "
-                                "(shm, TCP and hierarchical planes) it is not implemented yet", me);
+                                "(simulate() with deterministic = true and newcomers) only; this group runs on the " +
+                                plane + " plane" + (g.peers && !g.peers->in_process()
+                                    ? ", between processes, where it is not implemented yet (docs/fault-tolerance.md, "
+                                      "\"Between processes\")"
+                                    : ", outside such a simulation"), me);
+  }
   return it->second;
 }
 
