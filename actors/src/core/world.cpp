@@ -37,6 +37,32 @@ std::string job_token() {
   return buf;
 }
 
+/// A replacement of a lost rank (DOPT_REPLACES, set by dopt-run --on-failure
+/// replace) would join the running job through ProcessGroup::join_group,
+/// which processes cannot do yet. It still presents the job's id and secret
+/// at rank 0's rendezvous port first, so that a process without them is
+/// refused as any other (AuthenticationError, rethrown); one with them is
+/// turned away as a latecomer there (the world is closed), and told here what
+/// is missing (NotSupportedError). Throws always.
+[[noreturn]] void refuse_replacement(Runtime& runtime, const LaunchEnv& env, long long replaces, const char* op) {
+  const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
+                          std::to_string(settings::integer("DOPT_INCARNATION").value_or(0)) +
+                          ", DOPT_REPLACES set by dopt-run --on-failure replace)";
+  const std::string missing = "a process cannot join a running job yet: grow() and join_group() work between the "
+                              "ranks of a deterministic simulation only (docs/fault-tolerance.md, \"Between processes\")";
+  if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
+    throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it); and " +
+                                    missing, env.rank);
+  try {
+    // Bounded by the handshake timeout: a lost rank 0 must not hold the replacement for the job's timeout.
+    (void)rendezvous_with(runtime, env, env.handshake_timeout, nullptr, nullptr, nullptr);
+  } catch (const ValueError& e) {
+    if (e.detail().find("the world is already closed") == std::string::npos) throw;
+    throw NotSupportedError(op, who + ": rank 0 accepted its job id and secret, but " + missing, env.rank);
+  }
+  throw NotSupportedError(op, who + ", but " + missing, env.rank);
+}
+
 }  // namespace
 
 ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options) {
@@ -52,6 +78,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
     throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
                      env.rank);
+  if (const auto replaces = settings::integer("DOPT_REPLACES")) refuse_replacement(runtime, env, *replaces, op);
   // DOPT_BACKEND=mpi: the collectives go through MPI (transport/mpi); the rank
   // actors still connect (liveness, send/recv, subgroups' bookkeeping).
   const std::string backend = settings::text("DOPT_BACKEND").value_or("dopt");
