@@ -1,0 +1,55 @@
+// One rank of the growth tests between real processes
+// (tests/replace_multiprocess.test.cpp), started by hand or by dopt-run:
+//
+//   dopt_grow_peer refused
+//       every rank calls grow() on the world: between processes it is not
+//       implemented yet, so each gets NotSupportedError naming the call and
+//       the world's plane; join_group() on a member's handle is a StateError.
+//
+// Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
+#include <string>
+
+#include "peer_main.hpp"
+
+namespace {
+
+using dopt::ProcessGroup;
+using dopt::Tensor;
+
+long refused_scenario(ProcessGroup& world, int me) {
+  dopt::testing::Checker c{me};
+  world.barrier();
+  std::string why;
+  try {
+    world.grow();
+  } catch (const dopt::NotSupportedError& e) {
+    why = e.what();
+  }
+  const std::string plane = world.plane_stats().plane;
+  c.expect(why.find("ProcessGroup.grow") != std::string::npos, "grow: NotSupportedError naming the call: " + why);
+  c.expect(why.find("the " + plane + " plane") != std::string::npos, "grow: naming the " + plane + " plane: " + why);
+  c.expect(why.find("between processes") != std::string::npos, "grow: saying processes cannot grow yet: " + why);
+  bool member = false;
+  try {
+    world.join_group();
+  } catch (const dopt::StateError& e) {
+    member = std::string(e.what()).find("already a member") != std::string::npos;
+  }
+  c.expect(member, "join_group on a member's handle: StateError");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  world.all_reduce(t);  // the world goes on after the refusals
+  const double n = world.size();
+  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the world after the refusals");
+  world.barrier();
+  return c.checks;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
+    if (mode == "refused") return refused_scenario(world, rank);
+    throw dopt::testing::Usage{"dopt_grow_peer refused"};
+  });
+}
