@@ -5,10 +5,20 @@
 //       every rank calls grow() on the world: between processes it is not
 //       implemented yet, so each gets NotSupportedError naming the call and
 //       the world's plane; join_group() on a member's handle is a StateError.
+//   dopt_grow_peer replaced VICTIM MARK
+//       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
+//       the world and wait (up to 30 s) until the file MARK exists (written
+//       once the lost rank's replacement has ended: it needs rank 0's
+//       rendezvous port open), then all_reduce over the shrunk group.
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
-#include <string>
+#include <unistd.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "lost_rank.hpp"
 #include "peer_main.hpp"
 
 namespace {
@@ -44,12 +54,34 @@ long refused_scenario(ProcessGroup& world, int me) {
   return c.checks;
 }
 
+long replaced_scenario(ProcessGroup& world, int me, int victim, const std::string& mark) {
+  dopt::testing::Checker c{me};
+  world.barrier();
+  if (me == victim) dopt::testing::die();
+  c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
+           "the all_reduce fails with PeerLostError");
+  auto s = world.shrink();
+  c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (::access(mark.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  c.expect(::access(mark.c_str(), F_OK) == 0, "the replacement ended within 30 s");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  s.group.all_reduce(t);
+  double want = 0;
+  for (int r : s.group.ranks()) want += r + 1;
+  c.expect(t.at(7) == want, "all_reduce on the shrunk group");
+  s.group.barrier();
+  return c.checks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
     if (mode == "refused") return refused_scenario(world, rank);
-    throw dopt::testing::Usage{"dopt_grow_peer refused"};
-  });
+    if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
+    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK"};
+  }, /*leave_together=*/false);
 }

@@ -2,7 +2,7 @@
 // lost rank's program again (DOPT_REPLACES, DOPT_INCARNATION), and grow() /
 // join_group() between processes refuse clearly while they are not
 // implemented (docs/fault-tolerance.md, "Between processes"). The ranks are
-// small shell programs, tests/grow_peer.cpp and tests/survive_peer.cpp.
+// small shell programs and tests/grow_peer.cpp.
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "processes.hpp"
+#include "temp_dir.hpp"
 
 namespace {
 
@@ -19,7 +20,6 @@ using namespace dopt::testing;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kGrowPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_grow_peer";
-const std::string kSurvivePeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_survive_peer";
 
 /// dopt-run --on-failure replace with `options` (after it), `ranks` ranks of
 /// `program` (run by /bin/sh -c), and `env` over a 30 s collective timeout.
@@ -49,12 +49,20 @@ std::string dying_rank(int until) {
          "kill -9 $$; fi; sleep 0.2";
 }
 
-/// 3 ranks of dopt_survive_peer shrink 1 (rank 1 kills itself, the others
-/// shrink and go on), one replacement at most, whose program is `prefix`
-/// followed by the peer; `replacement_error`: what its error says.
+/// 3 ranks of dopt_grow_peer replaced 1 (rank 1 kills itself, the others
+/// shrink and wait until its replacement ended), one replacement at most,
+/// which runs the peer after `prefix` (shell); `replacement_error`: what its
+/// error says.
 void replacement_refused(const std::string& prefix, std::map<std::string, std::string> env,
                          const std::vector<std::string>& replacement_error) {
-  const Done d = run_replacing({"--max-replacements", "1"}, 3, prefix + "exec " + kSurvivePeer + " shrink 1", env);
+  static int runs = 0;
+  const TempDir dir("dopt-replace", std::to_string(runs++));
+  const std::string mark = (dir.path / "replacement-ended").string();
+  const std::string peer = kGrowPeer + " replaced 1 " + mark;
+  const Done d = run_replacing({"--max-replacements", "1"}, 3,
+                               "if [ -n \"$DOPT_REPLACES\" ]; then " + prefix + peer + "; touch " + mark +
+                                   "; exit 1; fi; exec " + peer,
+                               env);
   INFO(d.out);
   REQUIRE(WIFEXITED(d.status));
   CHECK(WEXITSTATUS(d.status) == 1);  // the replacement's error
@@ -115,7 +123,7 @@ TEST_CASE("replace: a replacement without the job's secret is refused, and the s
   // The job's secret comes from the environment (dopt-run passes it on); the
   // replacement presents another one. It checks rank 0's proof first, and
   // neither side gives its secret away.
-  replacement_refused("if [ -n \"$DOPT_REPLACES\" ]; then DOPT_SECRET=not-the-jobs-secret-0123456789; fi; ",
+  replacement_refused("DOPT_SECRET=not-the-jobs-secret-0123456789 ",
                       {{"DOPT_SECRET", "the-jobs-own-secret-0123456789"}},
                       {"[rank 1] error AuthenticationError: ", "could not prove that it knows this job's secret"});
 }
