@@ -115,7 +115,8 @@ TEST_CASE("replace: grow() between processes refuses, naming the plane, and the 
 TEST_CASE("replace: a replacement of a dopt program is refused clearly, and the survivors go on",
           "[replace][multiprocess]") {
   replacement_refused("", {}, {"[rank 1] error ", "this process replaces lost rank 1 (incarnation 1",
-                               "rank 0 accepted its job id and secret, but a process cannot join a running job yet"});
+                               "rank 0 accepted its job id and secret and admitted it to rank 1's slot (the "
+                               "members: ranks 0, 2), but a process cannot join a running job yet"});
 }
 
 TEST_CASE("replace: a replacement without the job's secret is refused, and the survivors go on",

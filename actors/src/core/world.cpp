@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/internal/shm.hpp"
@@ -38,29 +39,53 @@ std::string job_token() {
 }
 
 /// A replacement of a lost rank (DOPT_REPLACES, set by dopt-run --on-failure
-/// replace) would join the running job through ProcessGroup::join_group,
-/// which processes cannot do yet. It still presents the job's id and secret
-/// at rank 0's rendezvous port first, so that a process without them is
-/// refused as any other (AuthenticationError, rethrown); one with them is
-/// turned away as a latecomer there (the world is closed), and told here what
-/// is missing (NotSupportedError). Throws always.
+/// replace) would join the running job through ProcessGroup::join_group.
+/// It presents the job's id and secret at rank 0's rendezvous port and is
+/// admitted there to the lost rank's slot (a process without them is refused
+/// as any other: AuthenticationError, rethrown), then told here what is
+/// missing (NotSupportedError): its rank actor does not connect to the
+/// members yet. Throws always.
 [[noreturn]] void refuse_replacement(Runtime& runtime, const LaunchEnv& env, long long replaces, const char* op) {
+  const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
   const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
-                          std::to_string(settings::integer("DOPT_INCARNATION").value_or(0)) +
-                          ", DOPT_REPLACES set by dopt-run --on-failure replace)";
-  const std::string missing = "a process cannot join a running job yet: grow() and join_group() work between the "
-                              "ranks of a deterministic simulation only (docs/fault-tolerance.md, \"Between processes\")";
+                          std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
+  const std::string missing = "a process cannot join a running job yet: its rank actor does not connect to the "
+                              "members, and grow() and join_group() work between the ranks of a deterministic "
+                              "simulation only (docs/fault-tolerance.md, \"Between processes\")";
   if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
     throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it); and " +
                                     missing, env.rank);
-  try {
-    // Bounded by the handshake timeout: a lost rank 0 must not hold the replacement for the job's timeout.
-    (void)rendezvous_with(runtime, env, env.handshake_timeout, nullptr, nullptr, nullptr);
-  } catch (const ValueError& e) {
-    if (e.detail().find("the world is already closed") == std::string::npos) throw;
-    throw NotSupportedError(op, who + ": rank 0 accepted its job id and secret, but " + missing, env.rank);
+  if (replaces != env.rank)
+    throw ValueError(op, who + ", but its RANK is " + std::to_string(env.rank) + ": a replacement takes the lost "
+                                 "rank's number", env.rank);
+  // dopt-run starts it as soon as the lost process ended; rank 0 may not have
+  // seen the loss yet and turns it away as a latecomer until then: it tries
+  // again, within the handshake timeout (a lost rank 0 must not hold it for
+  // the job's timeout).
+  const auto until = std::chrono::steady_clock::now() + env.handshake_timeout;
+  for (;;) {
+    try {
+      RendezvousResult rdv =
+          rendezvous_with(runtime, env, env.handshake_timeout, nullptr, nullptr, nullptr, incarnation);
+      std::string alive;
+      for (int r = 0; r < env.world_size; ++r)
+        if (r != env.rank && rendezvous_payloads(rdv)[static_cast<std::size_t>(r)])
+          alive += (alive.empty() ? "" : ", ") + std::to_string(r);
+      throw NotSupportedError(op, who + ": rank 0 accepted its job id and secret and admitted it to rank " +
+                                      std::to_string(env.rank) + "'s slot (the members: ranks " + alive +
+                                      "), but " + missing,
+                              env.rank);
+    } catch (const ValueError& e) {
+      const bool latecomer = e.detail().find("the world is already closed") != std::string::npos;
+      if (!latecomer) throw;
+      if (std::chrono::steady_clock::now() >= until)
+        throw ValueError(op, who + ", but rank 0 still sees rank " + std::to_string(env.rank) +
+                                 " alive after the handshake timeout (" +
+                                 std::to_string(env.handshake_timeout.count()) + " ms): " + e.detail(),
+                         env.rank);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
-  throw NotSupportedError(op, who + ", but " + missing, env.rank);
 }
 
 }  // namespace
@@ -254,8 +279,21 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   if (settings::flag("DOPT_DEBUG").value_or(false))
     notice("[rank " + std::to_string(env.rank) + "]: the world group runs on the " +
            (world_plane ? std::string(world_plane->name()) : std::string(use_tcp ? "tcp" : "actor")) + " plane");
-  // The rank actors hold the peer handles now; the rendezvous actors can go
-  // when rdv does.
+  // Rank 0: from now on its rendezvous admits the replacement of a rank it
+  // sees lost (DOPT_REPLACES); its coordinator stays until the runtime shuts
+  // down. The other ranks' rendezvous actors can go when rdv does: the rank
+  // actors hold the peer handles now.
+  if (env.rank == 0) {
+    std::weak_ptr<PeerTable> weak_table = peers->table;
+    rendezvous_admit_replacements(rdv, [weak_table](int r) -> std::string {
+      auto table = weak_table.lock();
+      if (!table || table->shutting_down()) return "rank 0 is shutting down";
+      if (table->state(r) != PeerTable::lost)
+        return "rank " + std::to_string(r) + " is alive in rank 0's view";
+      return {};
+    });
+    runtime_add_stopper(rt, [keep = rdv] { (void)keep; });
+  }
   auto g = std::make_shared<GroupImpl>();
   g->endpoint = ep;
   g->gid = 0;
