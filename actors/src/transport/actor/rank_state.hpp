@@ -20,6 +20,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -108,6 +109,10 @@ struct RankState {
   std::map<P2PKey, P2PArrivalPtr> unmatched;  // sends to me without a recv yet
   std::map<P2PKey, OpPtr> tcp_recvs;          // tcp: recvs whose bytes are on the way
 
+  // Growing back (transport/actor/revive.cpp).
+  std::string admission;                         // a newcomer's: what grow()'s leader sent
+  std::optional<caf::response_promise> admission_waiter;  // join_group() waiting for it
+
   static const char* name;
 
   ~RankState();
@@ -167,6 +172,13 @@ struct RankState {
   /// This rank is out of the job (why: the PeerTable's fenced()): every peer
   /// is lost to it, its calls fail and ProcessGroup::shrink refuses.
   void remove_self(const std::string& why);
+
+  // --- growing back (transport/actor/revive.cpp) --------------------------------------
+  /// Net: the replacement `who` of lost rank `peer` (a later incarnation)
+  /// joined: the slot is alive again (peer handle, lost/dead sets, PeerTable,
+  /// liveness). "" or why not. The TCP mesh's connection to it stays cut.
+  std::string revive(int peer, int incarnation, const caf::actor& who);
+  void on_admission(std::string text);
 
   // --- point to point (transport/actor/p2p.cpp) -------------------------------------------
   Failure lost_failure(const char* op) const;

@@ -1,0 +1,43 @@
+// Growing back between processes (issue 45, docs/fault-tolerance.md
+// "Between processes"): a member's rank actor takes a lost rank's
+// replacement into its slot, and a newcomer's keeps the admission that
+// grow()'s leader sent until join_group() asks for it.
+#include <algorithm>
+
+#include "transport/actor/rank_state.hpp"
+
+namespace dopt::detail {
+
+std::string RankState::revive(int peer, int incarnation, const caf::actor& who) {
+  const std::string me = "rank " + std::to_string(rank);
+  if (!net || peer < 0 || peer >= world || peer == rank || !who)
+    return me + " cannot take rank " + std::to_string(peer) + "'s replacement (not a peer process)";
+  if (removed) return me + " was removed from the job";
+  if (!dead.count(peer)) return "rank " + std::to_string(peer) + " is alive in " + me + "'s view";
+  if (!table || !table->revive(peer, incarnation))
+    return "incarnation " + std::to_string(incarnation) + " of rank " + std::to_string(peer) + " is stale in " + me +
+           "'s view (it has seen incarnation " + std::to_string(table ? table->incarnation(peer) : 0) + ")";
+  // The peer handles are shared (copy on write): the old process's handle
+  // goes, so its down message or word no longer counts as the rank's.
+  auto next = std::make_shared<Peers>(*peer_set);
+  next->actors[static_cast<std::size_t>(peer)] = who;
+  peer_set = std::move(next);
+  lost.erase(peer);
+  lost_order.erase(std::remove(lost_order.begin(), lost_order.end(), peer), lost_order.end());
+  dead.erase(peer);
+  watched[static_cast<std::size_t>(peer)] = false;
+  watch(peer);
+  last_heard[static_cast<std::size_t>(peer)] = std::chrono::steady_clock::now();
+  return {};
+}
+
+void RankState::on_admission(std::string text) {
+  if (admission_waiter) {
+    admission_waiter->deliver(std::move(text));
+    admission_waiter.reset();
+  } else {
+    admission = std::move(text);
+  }
+}
+
+}  // namespace dopt::detail
