@@ -2,19 +2,27 @@
 // (tests/replace_multiprocess.test.cpp), started by hand or by dopt-run:
 //
 //   dopt_grow_peer refused
-//       every rank calls grow() on the world: between processes it is not
-//       implemented yet, so each gets NotSupportedError naming the call and
-//       the world's plane; join_group() on a member's handle is a StateError.
+//       every rank calls grow() on the world with no newcomer coming: on
+//       the shm plane it is not implemented yet (NotSupportedError naming
+//       the call and the plane); on the actor plane (DOPT_TRANSPORT=tcp) it
+//       waits for one (a 2 s timeout here) and fails with TimeoutError;
+//       join_group() on a member's handle is a StateError.
 //   dopt_grow_peer replaced VICTIM MARK
 //       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
 //       the world and wait (up to 30 s) until the file MARK exists (written
 //       once the lost rank's replacement has ended: it needs rank 0's
 //       rendezvous port open), then all_reduce over the shrunk group.
+//   dopt_grow_peer grown VICTIM
+//       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
+//       the world and grow() it by one; its replacement (dopt-run
+//       --on-failure replace) calls join_group(); all of them all_reduce
+//       over the grown group (the sum of RANK + 1 over every rank).
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -30,15 +38,25 @@ long refused_scenario(ProcessGroup& world, int me) {
   dopt::testing::Checker c{me};
   world.barrier();
   std::string why;
+  const std::string plane = world.plane_stats().plane;
+  const auto timeout = world.timeout();
+  if (plane == "actor") world.set_timeout(std::chrono::seconds(2));
   try {
     world.grow();
   } catch (const dopt::NotSupportedError& e) {
-    why = e.what();
+    why = plane == "actor" ? std::string() : e.what();
+  } catch (const dopt::TimeoutError& e) {
+    why = plane == "actor" ? e.what() : std::string();
   }
-  const std::string plane = world.plane_stats().plane;
-  c.expect(why.find("ProcessGroup.grow") != std::string::npos, "grow: NotSupportedError naming the call: " + why);
-  c.expect(why.find("the " + plane + " plane") != std::string::npos, "grow: naming the " + plane + " plane: " + why);
-  c.expect(why.find("between processes") != std::string::npos, "grow: saying processes cannot grow yet: " + why);
+  world.set_timeout(timeout);
+  c.expect(why.find("ProcessGroup.grow") != std::string::npos, "grow: an error naming the call: " + why);
+  if (plane == "actor") {
+    c.expect(why.find("1 newcomer(s) expected, 0 came") != std::string::npos, "grow: no newcomer came: " + why);
+    c.expect(why.find("the replacement of a lost rank") != std::string::npos, "grow: saying who comes: " + why);
+  } else {
+    c.expect(why.find("the " + plane + " plane") != std::string::npos, "grow: naming the " + plane + " plane: " + why);
+    c.expect(why.find("between processes") != std::string::npos, "grow: saying processes cannot grow yet: " + why);
+  }
   bool member = false;
   try {
     world.join_group();
@@ -75,6 +93,40 @@ long replaced_scenario(ProcessGroup& world, int me, int victim, const std::strin
   return c.checks;
 }
 
+long grown_scenario(ProcessGroup& world, int me, int victim) {
+  dopt::testing::Checker c{me};
+  const double n = std::atoi(std::getenv("WORLD_SIZE"));
+  if (std::getenv("DOPT_REPLACES")) {  // the replacement: a newcomer
+    auto j = world.join_group();
+    c.expect(j.joined == std::vector<int>{me}, "joined: this rank");
+    c.expect(j.group.size() == n, "the grown group has every rank");
+    Tensor t = Tensor::full({8}, me + 1.0);
+    j.group.all_reduce(t);
+    c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
+    j.group.barrier();
+    return c.checks;
+  }
+  world.barrier();
+  if (me == victim) {
+    // (Not at once: on the actor plane the others may not have seen the
+    // barrier end yet, and would lose it.)
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    dopt::testing::die();
+  }
+  c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
+           "the all_reduce fails with PeerLostError");
+  auto s = world.shrink();
+  c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+  auto g = s.group.grow();
+  c.expect(g.joined == std::vector<int>{victim}, "the replacement joined");
+  c.expect(g.group.size() == n, "the grown group has every rank");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  g.group.all_reduce(t);
+  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
+  g.group.barrier();
+  return c.checks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,6 +134,7 @@ int main(int argc, char** argv) {
   return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
     if (mode == "refused") return refused_scenario(world, rank);
     if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
-    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK"};
+    if (mode == "grown" && argc > 2) return grown_scenario(world, rank, std::stoi(argv[2]));
+    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM"};
   }, /*leave_together=*/false);
 }

@@ -1,8 +1,9 @@
 // Growing back between real processes: dopt-run --on-failure replace starts a
-// lost rank's program again (DOPT_REPLACES, DOPT_INCARNATION), and grow() /
-// join_group() between processes refuse clearly while they are not
-// implemented (docs/fault-tolerance.md, "Between processes"). The ranks are
-// small shell programs and tests/grow_peer.cpp.
+// lost rank's program again (DOPT_REPLACES, DOPT_INCARNATION); on the actor
+// plane (DOPT_TRANSPORT=tcp) the replacement joins the running job through
+// join_group() while the survivors grow(); on the shm plane grow() and the
+// replacement refuse clearly (docs/fault-tolerance.md, "Between processes").
+// The ranks are small shell programs and tests/grow_peer.cpp.
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
@@ -127,4 +128,17 @@ TEST_CASE("replace: a replacement without the job's secret is refused, and the s
   replacement_refused("DOPT_SECRET=not-the-jobs-secret-0123456789 ",
                       {{"DOPT_SECRET", "the-jobs-own-secret-0123456789"}},
                       {"[rank 1] error AuthenticationError: ", "could not prove that it knows this job's secret"});
+}
+
+TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow, and the grown group all_reduces",
+          "[replace][multiprocess]") {
+  // Rank 1 kills itself; ranks 0 and 2 shrink, then grow() by one; rank 1's
+  // replacement joins through join_group(); all three sum RANK + 1.
+  const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " grown 1",
+                               {{"DOPT_TRANSPORT", "tcp"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 5", "[rank 1] ok 1 3", "[rank 2] ok 2 5"});
+  CHECK_FALSE(contains(d.out, "error "));
 }

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/internal/shm.hpp"
@@ -38,56 +37,6 @@ std::string job_token() {
   return buf;
 }
 
-/// A replacement of a lost rank (DOPT_REPLACES, set by dopt-run --on-failure
-/// replace) would join the running job through ProcessGroup::join_group.
-/// It presents the job's id and secret at rank 0's rendezvous port and is
-/// admitted there to the lost rank's slot (a process without them is refused
-/// as any other: AuthenticationError, rethrown), then told here what is
-/// missing (NotSupportedError): its rank actor does not connect to the
-/// members yet. Throws always.
-[[noreturn]] void refuse_replacement(Runtime& runtime, const LaunchEnv& env, long long replaces, const char* op) {
-  const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
-  const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
-                          std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
-  const std::string missing = "a process cannot join a running job yet: its rank actor does not connect to the "
-                              "members, and grow() and join_group() work between the ranks of a deterministic "
-                              "simulation only (docs/fault-tolerance.md, \"Between processes\")";
-  if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
-    throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it); and " +
-                                    missing, env.rank);
-  if (replaces != env.rank)
-    throw ValueError(op, who + ", but its RANK is " + std::to_string(env.rank) + ": a replacement takes the lost "
-                                 "rank's number", env.rank);
-  // dopt-run starts it as soon as the lost process ended; rank 0 may not have
-  // seen the loss yet and turns it away as a latecomer until then: it tries
-  // again, within the handshake timeout (a lost rank 0 must not hold it for
-  // the job's timeout).
-  const auto until = std::chrono::steady_clock::now() + env.handshake_timeout;
-  for (;;) {
-    try {
-      RendezvousResult rdv =
-          rendezvous_with(runtime, env, env.handshake_timeout, nullptr, nullptr, nullptr, incarnation);
-      std::string alive;
-      for (int r = 0; r < env.world_size; ++r)
-        if (r != env.rank && rendezvous_payloads(rdv)[static_cast<std::size_t>(r)])
-          alive += (alive.empty() ? "" : ", ") + std::to_string(r);
-      throw NotSupportedError(op, who + ": rank 0 accepted its job id and secret and admitted it to rank " +
-                                      std::to_string(env.rank) + "'s slot (the members: ranks " + alive +
-                                      "), but " + missing,
-                              env.rank);
-    } catch (const ValueError& e) {
-      const bool latecomer = e.detail().find("the world is already closed") != std::string::npos;
-      if (!latecomer) throw;
-      if (std::chrono::steady_clock::now() >= until)
-        throw ValueError(op, who + ", but rank 0 still sees rank " + std::to_string(env.rank) +
-                                 " alive after the handshake timeout (" +
-                                 std::to_string(env.handshake_timeout.count()) + " ms): " + e.detail(),
-                         env.rank);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-}
-
 }  // namespace
 
 ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options) {
@@ -103,7 +52,10 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
     throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
                      env.rank);
-  if (const auto replaces = settings::integer("DOPT_REPLACES")) refuse_replacement(runtime, env, *replaces, op);
+  // A replacement of a lost rank (dopt-run --on-failure replace) joins the
+  // running job instead (core/replacement.cpp).
+  if (const auto replaces = settings::integer("DOPT_REPLACES"))
+    return join_running_world(runtime, env, options, *replaces, plane_choice, op);
   // DOPT_BACKEND=mpi: the collectives go through MPI (transport/mpi); the rank
   // actors still connect (liveness, send/recv, subgroups' bookkeeping).
   const std::string backend = settings::text("DOPT_BACKEND").value_or("dopt");
@@ -114,6 +66,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   // The TCP mesh still carries send/recv (the actor plane's); the MPI plane
   // replaces the shm/hier planes below for the collectives.
   if (use_mpi) plane_choice = "tcp";
+  install_admission_post();  // grow() between processes (collectives/grow.hpp)
   auto& rt = detail::Access::impl(runtime);
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
