@@ -93,17 +93,23 @@ long replaced_scenario(ProcessGroup& world, int me, int victim, const std::strin
   return c.checks;
 }
 
+/// The grown group: `joined` joined it, it has every rank, and an
+/// all_reduce over it sums RANK + 1 over them.
+void check_grown(dopt::testing::Checker& c, dopt::GrowResult& g, int joined, double n, int me) {
+  c.expect(g.joined == std::vector<int>{joined}, "joined: the lost rank's replacement");
+  c.expect(g.group.size() == n, "the grown group has every rank");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  g.group.all_reduce(t);
+  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
+  g.group.barrier();
+}
+
 long grown_scenario(ProcessGroup& world, int me, int victim) {
   dopt::testing::Checker c{me};
   const double n = std::atoi(std::getenv("WORLD_SIZE"));
   if (std::getenv("DOPT_REPLACES")) {  // the replacement: a newcomer
     auto j = world.join_group();
-    c.expect(j.joined == std::vector<int>{me}, "joined: this rank");
-    c.expect(j.group.size() == n, "the grown group has every rank");
-    Tensor t = Tensor::full({8}, me + 1.0);
-    j.group.all_reduce(t);
-    c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
-    j.group.barrier();
+    check_grown(c, j, me, n, me);
     return c.checks;
   }
   world.barrier();
@@ -118,12 +124,7 @@ long grown_scenario(ProcessGroup& world, int me, int victim) {
   auto s = world.shrink();
   c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
   auto g = s.group.grow();
-  c.expect(g.joined == std::vector<int>{victim}, "the replacement joined");
-  c.expect(g.group.size() == n, "the grown group has every rank");
-  Tensor t = Tensor::full({8}, me + 1.0);
-  g.group.all_reduce(t);
-  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
-  g.group.barrier();
+  check_grown(c, g, victim, n, me);
   return c.checks;
 }
 
