@@ -14,7 +14,8 @@
 //       rendezvous port open), then all_reduce over the shrunk group.
 //   dopt_grow_peer grown VICTIM
 //       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
-//       the world and grow() it by one; its replacement (dopt-run
+//       the world 1.5 s later (its replacement has connected by then) and
+//       grow() it by one; the replacement (dopt-run
 //       --on-failure replace) calls join_group(); all of them all_reduce
 //       over the grown group (the sum of RANK + 1 over every rank).
 //
@@ -121,6 +122,9 @@ long grown_scenario(ProcessGroup& world, int me, int victim) {
   }
   c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
            "the all_reduce fails with PeerLostError");
+  // Long enough for the replacement to connect first: it waits for grow(),
+  // so shrink() still sees the loss.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   auto s = world.shrink();
   c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
   auto g = s.group.grow();

@@ -123,17 +123,17 @@ bool between_processes(const GroupImpl& g) {
 /// How this process's rank actor is reached (installed by init_process_group).
 detail::AdmissionPost& post_of(const GroupImpl& g, const char* op, int me) {
   auto& post = detail::admission_post();
-  if (!g.endpoint || !post.send.load() || !post.wait.load())
+  if (!g.endpoint || !post.send.load() || !post.wait.load() || !post.revive.load())
     throw StateError(op, "this group's runtime has no rank actor to carry an admission", me);
   return post;
 }
 
 /// The newcomers the members of `old` may take: replacements of lost ranks
-/// (incarnation > 0) that this process sees alive, not members already.
+/// waiting at this process (PeerTable::announce), not members already.
 std::vector<int> replacements_waiting(const PeerTable& peers, const std::vector<int>& old) {
   std::vector<int> c;
   for (int r = 0; r < peers.world_size(); ++r)
-    if (peers.incarnation(r) > 0 && peers.state(r) == PeerTable::alive &&
+    if (peers.waiting(r) > 0 && peers.state(r) != PeerTable::alive &&
         std::find(old.begin(), old.end(), r) == old.end())
       c.push_back(r);
   return c;
@@ -220,6 +220,11 @@ GrowResult grow_between_processes(ProcessGroup& group, const GroupImpl& g, int m
   std::sort(members.begin(), members.end());
   a.gid = grown_gid(g.gid, static_cast<int>(decision[1]), members);
   a.members = std::make_shared<const std::vector<int>>(std::move(members));
+  // Every member revives the newcomers' slots (alive again, the new
+  // process's handle) before the meeting; until now a shrink() saw them lost.
+  for (int r : a.joined)
+    if (const std::string why = post_of(g, op, me).revive.load()(*g.endpoint, r, timeout); !why.empty())
+      throw PeerLostError(op, "newcomer " + std::to_string(r) + " could not be taken: " + why, me);
   if (me == old.front())
     for (int r : a.joined) post_of(g, op, me).send.load()(*g.endpoint, r, encode(a));
   GrowResult out;

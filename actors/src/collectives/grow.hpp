@@ -32,8 +32,13 @@ struct AdmissionPost {
   /// sent arrives (its text), or returns "" after `timeout`. StateError once
   /// the runtime shut down.
   using Wait = std::string (*)(RankEndpoint& ep, std::chrono::milliseconds timeout, int me);
+  /// Every member (user thread), once the members agreed to take rank
+  /// `peer`'s waiting replacement: its rank actor revives the slot (blocks
+  /// until it did). "" or why not.
+  using Revive = std::string (*)(RankEndpoint& ep, int peer, std::chrono::milliseconds timeout);
   std::atomic<Send> send{nullptr};
   std::atomic<Wait> wait{nullptr};
+  std::atomic<Revive> revive{nullptr};
 };
 AdmissionPost& admission_post();
 

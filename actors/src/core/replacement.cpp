@@ -70,11 +70,25 @@ std::string wait_admission(RankEndpoint& ep, std::chrono::milliseconds timeout, 
   return text;
 }
 
+std::string revive_waiting(RankEndpoint& ep, int peer, std::chrono::milliseconds timeout) {
+  auto* local = dynamic_cast<LocalEndpoint*>(&ep);
+  caf::actor a = local ? local->actor() : caf::actor();
+  if (!a) return "the runtime has been shut down";
+  UserThreadCafScope caf_scope;
+  caf::scoped_actor self{a.home_system()};
+  std::string why;
+  self->request(a, caf::duration(timeout), revivenow_atom::value, peer)
+      .receive([&](std::string& w) { why = std::move(w); },
+               [&](caf::error& e) { why = "the rank actor did not answer (" + self->home_system().render(e) + ")"; });
+  return why;
+}
+
 }  // namespace
 
 void install_admission_post() {
   admission_post().send.store(&post_admission);
   admission_post().wait.store(&wait_admission);
+  admission_post().revive.store(&revive_waiting);
 }
 
 ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options,
@@ -141,8 +155,8 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
                 static_cast<std::int64_t>(rt.options_.peer_timeout.count()), std::shared_ptr<transport::TcpMesh>())
       .receive([](bool) {},
                [&](caf::error& e) { throw StateError(op, "the rank actor did not start: " + sys.render(e), env.rank); });
-  // Every member revives the slot before init_process_group returns, so a
-  // grow() that follows sees this rank alive everywhere.
+  // Every member holds it as waiting (a shrink() there still sees the rank
+  // lost) before init_process_group returns; a grow() revives the slot.
   for (int r : members) {
     std::string why;
     self->request(peers->actors[static_cast<std::size_t>(r)], caf::duration(env.handshake_timeout),

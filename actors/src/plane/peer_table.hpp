@@ -80,6 +80,22 @@ class PeerTable {
   /// Changes whenever a state changes (cheap check before looking closer).
   std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
 
+  /// Rank `rank`'s replacement (incarnation > the last one) connected to
+  /// this rank and waits for a grow() to take it (the rank actor, CAF
+  /// thread); the rank stays lost until revive(). Any thread may ask
+  /// waiting(rank): the waiting incarnation, 0 when none.
+  void announce(int rank, int incarnation) {
+    if (rank < 0 || rank >= world_size()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.resize(states_.size());
+    waiting_[static_cast<std::size_t>(rank)] = incarnation;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  int waiting(int rank) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<std::size_t>(rank) < waiting_.size() ? waiting_[static_cast<std::size_t>(rank)] : 0;
+  }
+
   /// Rank `rank`'s replacement (incarnation > the last one) joined the job:
   /// the rank is alive again, its reasons and its place in order() are
   /// forgotten. Called by the rank actor that admitted it (CAF thread), and
@@ -92,6 +108,7 @@ class PeerTable {
     auto& last = incarnations_[static_cast<std::size_t>(rank)];
     if (incarnation <= last) return false;
     last = incarnation;
+    if (static_cast<std::size_t>(rank) < waiting_.size()) waiting_[static_cast<std::size_t>(rank)] = 0;
     if (static_cast<std::size_t>(rank) < whys_.size()) whys_[static_cast<std::size_t>(rank)].clear();
     if (static_cast<std::size_t>(rank) < suspected_.size()) suspected_[static_cast<std::size_t>(rank)] = false;
     order_.erase(std::remove(order_.begin(), order_.end(), rank), order_.end());
@@ -133,6 +150,7 @@ class PeerTable {
   std::vector<char> suspected_;
   std::vector<int> order_;
   std::vector<int> incarnations_;
+  std::vector<int> waiting_;
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<bool> shutdown_{false};
   bool in_process_ = false;

@@ -161,9 +161,12 @@ using hb_atom = caf::atom_constant<caf::atom("hb")>;      // (hb, rank): heartbe
 // from it again: the receiver was removed and must not go on.
 using fence_atom = caf::atom_constant<caf::atom("fence")>;
 // Growing back (issue 45, docs/fault-tolerance.md "Between processes").
-// (revive, rank, incarnation, actor) replacement -> member: revive the lost
-// rank's slot with this actor; answers "" or why not.
+// (revive, rank, incarnation, actor) replacement -> member: the lost rank's
+// replacement waits for a grow(); answers "" or why not.
 using revive_atom = caf::atom_constant<caf::atom("revive")>;
+// (revivenow, rank) user thread (grow() admitted it) -> own rank actor:
+// revive the waiting replacement's slot; answers "" or why not.
+using revivenow_atom = caf::atom_constant<caf::atom("revivenow")>;
 // (admit, text) grow()'s leader's rank actor -> a newcomer's: the grown
 // group ("GID MEMBER,MEMBER,... JOINED,JOINED,..."), kept until asked for.
 using admit_atom = caf::atom_constant<caf::atom("admit")>;

@@ -79,6 +79,10 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       [self](hb_atom, int from) {
         auto& st = self->state;
         if (from < 0 || from >= static_cast<int>(st.last_heard.size())) return;
+        auto w = st.waiting.find(from);
+        const auto sender = self->current_sender();
+        if (w != st.waiting.end() && sender && w->second.actor.address() == sender->address())
+          return;  // its replacement, waiting for a grow()
         if (st.dead.count(from))
           st.fence(from);  // declared lost, and back (it was stopped or cut off)
         else
@@ -113,8 +117,9 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       [self](failed_atom, const std::string& what) { self->state.on_self_failed(what); },
       [self](p2p_atom, const P2PArrivalPtr& a) { self->state.on_p2p(a); },
       [self](revive_atom, int peer, int incarnation, const caf::actor& who) {
-        return self->state.revive(peer, incarnation, who);
+        return self->state.announce(peer, incarnation, who);
       },
+      [self](revivenow_atom, int peer) { return self->state.revive(peer); },
       [self](admit_atom, std::string& text) { self->state.on_admission(std::move(text)); },
       [self](admitwait_atom) -> caf::result<std::string> {
         auto& st = self->state;

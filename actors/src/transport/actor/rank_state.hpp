@@ -110,6 +110,11 @@ struct RankState {
   std::map<P2PKey, OpPtr> tcp_recvs;          // tcp: recvs whose bytes are on the way
 
   // Growing back (transport/actor/revive.cpp).
+  struct Waiting {
+    int incarnation = 0;
+    caf::actor actor;
+  };
+  std::map<int, Waiting> waiting;                // replacements of lost ranks until grow() takes them
   std::string admission;                         // a newcomer's: what grow()'s leader sent
   std::optional<caf::response_promise> admission_waiter;  // join_group() waiting for it
 
@@ -175,9 +180,14 @@ struct RankState {
 
   // --- growing back (transport/actor/revive.cpp) --------------------------------------
   /// Net: the replacement `who` of lost rank `peer` (a later incarnation)
-  /// joined: the slot is alive again (peer handle, lost/dead sets, PeerTable,
-  /// liveness). "" or why not. The TCP mesh's connection to it stays cut.
-  std::string revive(int peer, int incarnation, const caf::actor& who);
+  /// connected: it waits (heartbeats both ways, PeerTable::announce) until a
+  /// grow() takes it; the rank stays lost meanwhile, so a shrink() still
+  /// sees the loss. "" or why not.
+  std::string announce(int peer, int incarnation, const caf::actor& who);
+  /// grow() took waiting rank `peer`: the slot is alive again (peer handle,
+  /// lost/dead sets, PeerTable, liveness). "" or why not. The TCP mesh's
+  /// connection to it stays cut.
+  std::string revive(int peer);
   void on_admission(std::string text);
 
   // --- point to point (transport/actor/p2p.cpp) -------------------------------------------

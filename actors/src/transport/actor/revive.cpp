@@ -8,15 +8,31 @@
 
 namespace dopt::detail {
 
-std::string RankState::revive(int peer, int incarnation, const caf::actor& who) {
+std::string RankState::announce(int peer, int incarnation, const caf::actor& who) {
   const std::string me = "rank " + std::to_string(rank);
-  if (!net || peer < 0 || peer >= world || peer == rank || !who)
+  if (!net || !table || peer < 0 || peer >= world || peer == rank || !who)
     return me + " cannot take rank " + std::to_string(peer) + "'s replacement (not a peer process)";
   if (removed) return me + " was removed from the job";
   if (!dead.count(peer)) return "rank " + std::to_string(peer) + " is alive in " + me + "'s view";
-  if (!table || !table->revive(peer, incarnation))
+  const int last = std::max(table->incarnation(peer), waiting.count(peer) ? waiting[peer].incarnation : 0);
+  if (incarnation <= last)
     return "incarnation " + std::to_string(incarnation) + " of rank " + std::to_string(peer) + " is stale in " + me +
-           "'s view (it has seen incarnation " + std::to_string(table ? table->incarnation(peer) : 0) + ")";
+           "'s view (it has seen incarnation " + std::to_string(last) + ")";
+  waiting[peer] = Waiting{incarnation, who};
+  table->announce(peer, incarnation);
+  return {};
+}
+
+std::string RankState::revive(int peer) {
+  auto w = waiting.find(peer);
+  if (w == waiting.end() || !table)
+    return "no replacement of rank " + std::to_string(peer) + " waits at rank " + std::to_string(rank);
+  const caf::actor who = w->second.actor;
+  const int incarnation = w->second.incarnation;
+  waiting.erase(w);
+  if (!dead.count(peer) || !table->revive(peer, incarnation))
+    return "rank " + std::to_string(peer) + "'s replacement (incarnation " + std::to_string(incarnation) +
+           ") is stale at rank " + std::to_string(rank);
   // The peer handles are shared (copy on write): the old process's handle
   // goes, so its down message or word no longer counts as the rank's.
   auto next = std::make_shared<Peers>(*peer_set);
