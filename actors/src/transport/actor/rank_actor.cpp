@@ -32,6 +32,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
   s.world = world;
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
+    st.forget_waiting(dm.source);  // a replacement that died waiting (revive.cpp)
     for (int r = 0; r < st.world; ++r) {
       if (r == st.rank || st.actor_of(r).address() != dm.source) continue;
       const bool cut = dm.reason == caf::exit_reason::remote_link_unreachable;
@@ -83,6 +84,9 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         const auto sender = self->current_sender();
         if (w != st.waiting.end() && sender && w->second.actor.address() == sender->address())
           return;  // its replacement, waiting for a grow()
+        if (st.table && st.table->incarnation(from) > 0 && sender &&
+            st.actor_of(from).address() != sender->address())
+          return st.fence_stale(from, sender);  // the process a replacement took over from
         if (st.dead.count(from))
           st.fence(from);  // declared lost, and back (it was stopped or cut off)
         else

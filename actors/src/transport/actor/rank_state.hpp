@@ -188,6 +188,12 @@ struct RankState {
   /// lost/dead sets, PeerTable, liveness). "" or why not. The TCP mesh's
   /// connection to it stays cut.
   std::string revive(int peer);
+  /// A down message: a waiting replacement whose actor is `gone` died
+  /// before a grow() took it, and waits no longer.
+  void forget_waiting(const caf::actor_addr& gone);
+  /// Word from `sender`, an older process of revived rank `peer`: it is
+  /// told it was removed (as fence() tells a rank declared lost).
+  void fence_stale(int peer, const caf::strong_actor_ptr& sender);
   void on_admission(std::string text);
 
   // --- point to point (transport/actor/p2p.cpp) -------------------------------------------

@@ -20,7 +20,24 @@ std::string RankState::announce(int peer, int incarnation, const caf::actor& who
            "'s view (it has seen incarnation " + std::to_string(last) + ")";
   waiting[peer] = Waiting{incarnation, who};
   table->announce(peer, incarnation);
+  self->monitor(who);
   return {};
+}
+
+void RankState::forget_waiting(const caf::actor_addr& gone) {
+  for (auto it = waiting.begin(); it != waiting.end(); ++it)
+    if (it->second.actor.address() == gone) {
+      if (table) table->announce(it->first, 0);
+      waiting.erase(it);
+      return;
+    }
+}
+
+void RankState::fence_stale(int peer, const caf::strong_actor_ptr& sender) {
+  if (removed) return;
+  self->send(caf::actor_cast<caf::actor>(sender), fence_atom::value, rank,
+             "rank " + std::to_string(peer) + " was replaced (incarnation " +
+                 std::to_string(table ? table->incarnation(peer) : 0) + ")");
 }
 
 std::string RankState::revive(int peer) {
