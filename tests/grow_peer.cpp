@@ -12,10 +12,10 @@
 //       the world and wait (up to 30 s) until the file MARK exists (written
 //       once the lost rank's replacement has ended: it needs rank 0's
 //       rendezvous port open), then all_reduce over the shrunk group.
-//   dopt_grow_peer grown VICTIM
+//   dopt_grow_peer grown VICTIM WAIT_MS
 //       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
-//       the world 1.5 s later (its replacement has connected by then) and
-//       grow() it by one; the replacement (dopt-run
+//       the world WAIT_MS later (1500: its replacement has connected by then;
+//       0: grow() waits for it) and grow() it by one; the replacement (dopt-run
 //       --on-failure replace) calls join_group(); all of them all_reduce
 //       over the grown group (the sum of RANK + 1 over every rank).
 //
@@ -105,7 +105,7 @@ void check_grown(dopt::testing::Checker& c, dopt::GrowResult& g, int joined, dou
   g.group.barrier();
 }
 
-long grown_scenario(ProcessGroup& world, int me, int victim) {
+long grown_scenario(ProcessGroup& world, int me, int victim, int wait_ms) {
   dopt::testing::Checker c{me};
   const double n = std::atoi(std::getenv("WORLD_SIZE"));
   if (std::getenv("DOPT_REPLACES")) {  // the replacement: a newcomer
@@ -122,9 +122,9 @@ long grown_scenario(ProcessGroup& world, int me, int victim) {
   }
   c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
            "the all_reduce fails with PeerLostError");
-  // Long enough for the replacement to connect first: it waits for grow(),
-  // so shrink() still sees the loss.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // (Long enough, the replacement connects first: it waits for grow(), so
+  // shrink() still sees the loss.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
   auto s = world.shrink();
   c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
   auto g = s.group.grow();
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
     if (mode == "refused") return refused_scenario(world, rank);
     if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
-    if (mode == "grown" && argc > 2) return grown_scenario(world, rank, std::stoi(argv[2]));
-    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM"};
+    if (mode == "grown" && argc > 3) return grown_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
+    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS"};
   }, /*leave_together=*/false);
 }

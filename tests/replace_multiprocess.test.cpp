@@ -133,8 +133,12 @@ TEST_CASE("replace: a replacement without the job's secret is refused, and the s
 TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow, and the grown group all_reduces",
           "[replace][multiprocess]") {
   // Rank 1 kills itself; ranks 0 and 2 shrink, then grow() by one; rank 1's
-  // replacement joins through join_group(); all three sum RANK + 1.
-  const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " grown 1",
+  // replacement joins through join_group(); all three sum RANK + 1. The
+  // survivors shrink at once (grow() then waits for the replacement), or
+  // 1.5 s later (it waits for them, and shrink() must still see the loss).
+  const std::string wait_ms = GENERATE(std::string("0"), std::string("1500"));
+  INFO("the survivors shrink after " << wait_ms << " ms");
+  const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " grown 1 " + wait_ms,
                                {{"DOPT_TRANSPORT", "tcp"}});
   INFO(d.out);
   CHECK(d.ok());
