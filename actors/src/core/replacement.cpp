@@ -77,7 +77,7 @@ std::string revive_waiting(RankEndpoint& ep, int peer, std::chrono::milliseconds
   UserThreadCafScope caf_scope;
   caf::scoped_actor self{a.home_system()};
   std::string why;
-  self->request(a, caf::duration(timeout), revivenow_atom::value, peer)
+  self->request(a, caf::duration(timeout), revivenow_atom::value, peer, static_cast<std::int64_t>(timeout.count()))
       .receive([&](std::string& w) { why = std::move(w); },
                [&](caf::error& e) { why = "the rank actor did not answer (" + self->home_system().render(e) + ")"; });
   return why;

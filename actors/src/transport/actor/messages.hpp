@@ -164,8 +164,9 @@ using fence_atom = caf::atom_constant<caf::atom("fence")>;
 // (revive, rank, incarnation, actor) replacement -> member: the lost rank's
 // replacement waits for a grow(); answers "" or why not.
 using revive_atom = caf::atom_constant<caf::atom("revive")>;
-// (revivenow, rank) user thread (grow() admitted it) -> own rank actor:
-// revive the waiting replacement's slot; answers "" or why not.
+// (revivenow, rank, timeout ms) user thread (grow() admitted it) -> own rank
+// actor: revive the replacement's slot once it waits here (within the
+// timeout: the leader may have seen it first); answers "" or why not.
 using revivenow_atom = caf::atom_constant<caf::atom("revivenow")>;
 // (admit, text) grow()'s leader's rank actor -> a newcomer's: the grown
 // group ("GID MEMBER,MEMBER,... JOINED,JOINED,..."), kept until asked for.

@@ -123,7 +123,9 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       [self](revive_atom, int peer, int incarnation, const caf::actor& who) {
         return self->state.announce(peer, incarnation, who);
       },
-      [self](revivenow_atom, int peer) { return self->state.revive(peer); },
+      [self](revivenow_atom, int peer, std::int64_t timeout_ms) {
+        return self->state.revive_when_waiting(peer, std::chrono::milliseconds(timeout_ms));
+      },
       [self](admit_atom, std::string& text) { self->state.on_admission(std::move(text)); },
       [self](admitwait_atom) -> caf::result<std::string> {
         auto& st = self->state;

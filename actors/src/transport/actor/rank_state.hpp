@@ -115,6 +115,11 @@ struct RankState {
     caf::actor actor;
   };
   std::map<int, Waiting> waiting;                // replacements of lost ranks until grow() takes them
+  struct ReviveRequest {
+    caf::response_promise promise;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<int, ReviveRequest> revive_requests;  // grow() took a rank whose replacement is not here yet
   std::string admission;                         // a newcomer's: what grow()'s leader sent
   std::optional<caf::response_promise> admission_waiter;  // join_group() waiting for it
 
@@ -188,6 +193,9 @@ struct RankState {
   /// lost/dead sets, PeerTable, liveness). "" or why not. The TCP mesh's
   /// connection to it stays cut.
   std::string revive(int peer);
+  /// grow() (revivenow): revive(peer) now, or once its replacement waits
+  /// here, within `timeout`.
+  caf::result<std::string> revive_when_waiting(int peer, std::chrono::milliseconds timeout);
   /// A down message: a waiting replacement whose actor is `gone` died
   /// before a grow() took it, and waits no longer.
   void forget_waiting(const caf::actor_addr& gone);

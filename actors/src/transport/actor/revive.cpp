@@ -21,7 +21,19 @@ std::string RankState::announce(int peer, int incarnation, const caf::actor& who
   waiting[peer] = Waiting{incarnation, who};
   table->announce(peer, incarnation);
   self->monitor(who);
+  // A grow() that took it already (its leader saw it first): revive now.
+  if (auto r = revive_requests.find(peer); r != revive_requests.end()) {
+    auto request = std::move(r->second);
+    revive_requests.erase(r);
+    if (std::chrono::steady_clock::now() < request.until) request.promise.deliver(revive(peer));
+  }
   return {};
+}
+
+caf::result<std::string> RankState::revive_when_waiting(int peer, std::chrono::milliseconds timeout) {
+  if (waiting.count(peer) || peer < 0 || peer >= world) return revive(peer);
+  revive_requests[peer] = ReviveRequest{self->make_response_promise(), std::chrono::steady_clock::now() + timeout};
+  return caf::delegated<std::string>();
 }
 
 void RankState::forget_waiting(const caf::actor_addr& gone) {
