@@ -2,7 +2,8 @@
 // torchrun sets (docs/launching.md).
 //
 //   dopt-run --nproc-per-node N [--nnodes M --node-rank K]
-//            [--master-addr A --master-port P] [--grace S] PROGRAM ARGS...
+//            [--master-addr A --master-port P] [--grace S]
+//            [--on-failure stop|continue|replace] [--max-replacements R] PROGRAM ARGS...
 //
 // Each of the N processes gets RANK = K*N + i, WORLD_SIZE = N*M, LOCAL_RANK =
 // i, LOCAL_WORLD_SIZE = N, GROUP_RANK = K, GROUP_WORLD_SIZE = M, MASTER_ADDR,
@@ -44,6 +45,18 @@
 // code 75 (kExitRemoved: it was cut off or removed from the job, and the
 // others may go on without it; dopt-train --survive) counts as lost, like a
 // killed rank, not as an error of its own; when no rank finished, 3.
+//
+// With --on-failure replace, a rank that fails (as above, exit 75 included)
+// is reported ("...; starting its replacement (incarnation N, --on-failure
+// replace)") and started again: the same command and launch environment
+// (RANK, LOCAL_RANK, ... of the lost rank) plus DOPT_REPLACES=<its rank> and
+// DOPT_INCARNATION=N (1 for its first replacement). The program must then
+// join the running job (ProcessGroup::join_group) instead of starting one;
+// the other ranks grow() their group to take it (docs/fault-tolerance.md,
+// "Between processes"). At most --max-replacements (default 10) are started
+// in all; a failure after that is handled as with --on-failure continue.
+// Once all ended: "N replacement(s) started (...)", and the exit status is
+// that of --on-failure continue over the last process of each rank.
 //
 // Exit status: 0 when every rank exits 0; the first failed rank's exit code
 // (128 + S when killed by signal S); 128 + S when dopt-run itself got signal
@@ -165,6 +178,7 @@ struct Stream {
 
 struct Rank {
   int rank = 0;
+  int incarnation = 0;  // --on-failure replace: how many times it was replaced
   pid_t pid = -1;
   bool running = false;
   // Stopped by someone other than dopt-run (SIGSTOP, a debugger): since when.
@@ -209,7 +223,7 @@ int pick_free_port() {
 std::size_t find_program(int argc, char** argv) {
   static const std::set<std::string> with_value = {"--nproc-per-node", "--nnodes",      "--node-rank",
                                                    "--master-addr",    "--master-port", "--grace",
-                                                   "--on-failure"};
+                                                   "--on-failure",     "--max-replacements"};
   // (--no-secret and --no-prefix take no value)
   int i = 1;
   while (i < argc) {
@@ -235,11 +249,15 @@ struct Config {
   int master_port = 29500;
   double grace_s = 5.0;
   bool no_prefix = false;
-  bool continue_on_failure = false;  // --on-failure continue
+  bool continue_on_failure = false;  // --on-failure continue (or replace, once no replacement is left)
+  bool replace_on_failure = false;   // --on-failure replace
+  int max_replacements = 10;         // --max-replacements
   std::vector<std::string> command;
 };
 
-std::vector<std::string> child_environment(const Config& c, int local_rank) {
+/// The launch environment of local rank `local_rank`; incarnation > 0: the
+/// replacement of its lost process (DOPT_REPLACES, DOPT_INCARNATION).
+std::vector<std::string> child_environment(const Config& c, int local_rank, int incarnation) {
   const std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(c.node_rank * c.nproc_per_node + local_rank)},
       {"WORLD_SIZE", std::to_string(c.nproc_per_node * c.nnodes)},
@@ -253,11 +271,17 @@ std::vector<std::string> child_environment(const Config& c, int local_rank) {
   std::vector<std::pair<std::string, std::string>> extra;
   if (!c.job_id.empty()) extra.emplace_back("DOPT_JOB_ID", c.job_id);
   if (!c.secret_file.empty()) extra.emplace_back("DOPT_SECRET_FILE", c.secret_file);
+  // (Never passed on from dopt-run's own environment: only a replacement has them.)
+  const std::set<std::string> replacement_keys = {"DOPT_REPLACES", "DOPT_INCARNATION"};
+  if (incarnation > 0) {
+    extra.emplace_back("DOPT_REPLACES", std::to_string(c.node_rank * c.nproc_per_node + local_rank));
+    extra.emplace_back("DOPT_INCARNATION", std::to_string(incarnation));
+  }
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string kv = *e;
     const std::string key = kv.substr(0, kv.find('='));
-    bool replaced = false;
+    bool replaced = replacement_keys.count(key) > 0;
     for (const auto& [k, v] : ours) replaced = replaced || k == key;
     for (const auto& [k, v] : extra) replaced = replaced || k == key;
     if (!replaced) env.push_back(kv);
@@ -355,6 +379,12 @@ class Launcher {
       }
     }
     loop();
+    if (exec_failed_) return 127;  // a replacement could not be executed (said so)
+    if (!replaced_.empty() && !got_signal_) {
+      std::string who;
+      for (int rank : replaced_) who += (who.empty() ? "" : ", ") + std::to_string(rank);
+      say(std::to_string(replaced_.size()) + " replacement(s) started (ranks " + who + ")");
+    }
     if (cfg_.continue_on_failure && !lost_.empty() && !got_signal_) return continued_status();
     if (first_failure_) {
       const int st = first_failure_->second;
@@ -368,12 +398,13 @@ class Launcher {
   bool spawn(int local) {
     Rank& r = ranks_[static_cast<std::size_t>(local)];
     r.rank = cfg_.node_rank * cfg_.nproc_per_node + local;
+    r.stopped_since.reset();
     int out[2], err[2], exec_err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(exec_err, O_CLOEXEC) != 0) {
       say(std::string("pipe: ") + std::strerror(errno));
       return false;
     }
-    const std::vector<std::string> env = child_environment(cfg_, local);
+    const std::vector<std::string> env = child_environment(cfg_, local, r.incarnation);
     std::vector<char*> envp, argv;
     for (const std::string& s : env) envp.push_back(const_cast<char*>(s.c_str()));
     envp.push_back(nullptr);
@@ -492,10 +523,17 @@ class Launcher {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (exec_failed_) {
         // the reason was printed already
+      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ &&
+                 static_cast<int>(replaced_.size()) < cfg_.max_replacements) {
+        replace(r, status);
       } else if (!ok && cfg_.continue_on_failure && !stopping_ && !got_signal_) {
         lost_.emplace_back(r.rank, status);
         say("rank " + std::to_string(r.rank) + " " + describe_end(status) +
-            (running_ > 0 ? "; the other ranks continue (--on-failure continue)" : ""));
+            (running_ == 0 ? ""
+             : cfg_.replace_on_failure
+                 ? "; the other ranks continue (--on-failure replace: --max-replacements " +
+                       std::to_string(cfg_.max_replacements) + " reached)"
+                 : "; the other ranks continue (--on-failure continue)"));
       } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
         first_failure_ = std::make_pair(r.rank, status);
         if (WIFEXITED(status)) {
@@ -514,6 +552,26 @@ class Launcher {
       } else if (stopping_ || got_signal_) {
         say("rank " + std::to_string(r.rank) + " stopped: " + describe(status));
       }
+    }
+  }
+
+  /// --on-failure replace: rank r's process ended with `status`; what it
+  /// wrote is passed on, then its replacement starts (the next incarnation).
+  /// One that cannot be executed stops the job as at the start.
+  void replace(Rank& r, int status) {
+    replaced_.push_back(r.rank);
+    ++r.incarnation;
+    say("rank " + std::to_string(r.rank) + " " + describe_end(status) + "; starting its replacement (incarnation " +
+        std::to_string(r.incarnation) + ", --on-failure replace)");
+    for (Stream* s : {&r.out, &r.err}) {
+      if (s->fd < 0) continue;
+      s->read_some();
+      s->close_stream();
+    }
+    if (!spawn(r.rank - cfg_.node_rank * cfg_.nproc_per_node)) {
+      stopping_ = true;
+      stop_all(SIGTERM);
+      start_grace();
     }
   }
 
@@ -685,6 +743,7 @@ class Launcher {
   int got_signal_ = 0;
   std::optional<std::pair<int, int>> first_failure_;  // rank, wait status
   std::vector<std::pair<int, int>> lost_;             // --on-failure continue: rank, wait status
+  std::vector<int> replaced_;                         // --on-failure replace: the rank of each replacement started
   std::optional<Clock::time_point> kill_deadline_;
 };
 
@@ -716,8 +775,14 @@ int main(int argc, char** argv) {
   app.add_option("--on-failure", on_failure,
                  "stop: when a rank fails, stop the others (default); continue: report it and let the others "
                  "go on (programs that survive the loss of a rank; a rank that exits 75 left the job: cut off or removed, "
-                 "counted as lost)")
-      ->check(CLI::IsMember({"stop", "continue"}));
+                 "counted as lost); replace: as continue, and start the lost rank's program again with its launch "
+                 "environment plus DOPT_REPLACES=<rank> and DOPT_INCARNATION=<n>: started so, the program must join "
+                 "the running job (ProcessGroup::join_group) while the others grow() their group")
+      ->check(CLI::IsMember({"stop", "continue", "replace"}));
+  app.add_option("--max-replacements", cfg.max_replacements,
+                 "--on-failure replace: replacements to start at most, in all (default 10); later failures are "
+                 "handled as with --on-failure continue")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("program", program, "Program to run, followed by its arguments")->required();
   app.footer("Everything from PROGRAM on is passed to it unparsed; use -- before a PROGRAM that starts with '-'.");
 
@@ -743,7 +808,8 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   cfg.command.assign(argv + prog, argv + argc);
-  cfg.continue_on_failure = on_failure == "continue";
+  cfg.replace_on_failure = on_failure == "replace";
+  cfg.continue_on_failure = on_failure == "continue" || cfg.replace_on_failure;
 
   if (cfg.master_port == 0) {
     cfg.master_port = pick_free_port();

@@ -3,14 +3,20 @@
 // process_group.hpp, design in docs/fault-tolerance.md, "Growing back").
 // Between the ranks of a deterministic simulation: every rank is a task of
 // this process, so members and newcomers meet in its memory (the lobby),
-// waiting through the scheduler in virtual time.
+// waiting through the scheduler in virtual time. Between processes on the
+// actor plane: the newcomers are replacements of lost ranks that joined the
+// job (core/replacement.cpp); the members' leader admits them, tells the
+// members in a broadcast over the old group and each newcomer through its
+// rank actor, and they meet on rank-actor barriers as shrink's survivors do.
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <sstream>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "dopt/actors/process_group.hpp"
@@ -85,10 +91,17 @@ Lobby& lobby_of(const GroupImpl& g, const char* op, int me) {
     throw NotSupportedError(op, "the MPI plane cannot grow a group: an MPI communicator's members are fixed when "
                                 "MPI starts (run an elastic job on dopt's shm, TCP or hierarchical planes)", me);
   auto it = g.peers && sim::active() ? lobbies().find(g.peers.get()) : lobbies().end();
-  if (it == lobbies().end())
+  if (it == lobbies().end()) {
+    // Which plane this group runs on: processes that share memory ("shm"),
+    // several hosts ("hier"), or messages between rank actors (TCP, threads).
+    const std::string plane = g.plane ? g.plane->name() : "actor";
     throw NotSupportedError(op, "growing a group works between the ranks of a deterministic simulation "
-                                "(simulate() with deterministic = true and newcomers) only; between processes "
-                                "(shm, TCP and hierarchical planes) it is not implemented yet", me);
+                                "(simulate() with deterministic = true and newcomers) only; this group runs on the " +
+                                plane + " plane" + (g.peers && !g.peers->in_process()
+                                    ? ", between processes, where it is not implemented yet (docs/fault-tolerance.md, "
+                                      "\"Between processes\")"
+                                    : ", outside such a simulation"), me);
+  }
   return it->second;
 }
 
@@ -97,6 +110,145 @@ int first_lost(const PeerTable& peers, const std::vector<int>& ranks, int me) {
   for (int r : ranks)
     if (r != me && peers.state(r) != PeerTable::alive) return r;
   return -1;
+}
+
+// --- between processes, on the actor plane -------------------------------------------
+
+/// Whether `g` grows between processes on the actor plane (TCP): no data
+/// plane of its own, so the rank actors carry its collectives and meetings.
+bool between_processes(const GroupImpl& g) {
+  return g.peers && !g.peers->in_process() && !g.plane && !sim::active();
+}
+
+/// How this process's rank actor is reached (installed by init_process_group).
+detail::AdmissionPost& post_of(const GroupImpl& g, const char* op, int me) {
+  auto& post = detail::admission_post();
+  if (!g.endpoint || !post.send.load() || !post.wait.load() || !post.revive.load())
+    throw StateError(op, "this group's runtime has no rank actor to carry an admission", me);
+  return post;
+}
+
+/// The newcomers the members of `old` may take: replacements of lost ranks
+/// waiting at this process (PeerTable::announce), not members already.
+std::vector<int> replacements_waiting(const PeerTable& peers, const std::vector<int>& old) {
+  std::vector<int> c;
+  for (int r = 0; r < peers.world_size(); ++r)
+    if (peers.waiting(r) > 0 && peers.state(r) != PeerTable::alive &&
+        std::find(old.begin(), old.end(), r) == old.end())
+      c.push_back(r);
+  return c;
+}
+
+/// An admission as the rank actors carry it: "GID M,M,... J,J,...".
+std::string encode(const Admission& a) {
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
+    return s;
+  };
+  return std::to_string(a.gid) + " " + list(*a.members) + " " + list(a.joined);
+}
+Admission decode(const std::string& text) {
+  std::istringstream in(text);
+  std::string members, joined;
+  Admission a;
+  in >> a.gid >> members >> joined;
+  auto list = [](const std::string& s) {
+    std::vector<int> v;
+    std::istringstream items(s);
+    for (std::string x; std::getline(items, x, ',');) v.push_back(std::stoi(x));
+    return v;
+  };
+  a.members = std::make_shared<const std::vector<int>>(list(members));
+  a.joined = list(joined);
+  return a;
+}
+
+/// The new group between processes: every member (old and new) meets on a
+/// barrier of the rank actors among the new members (as shrink's survivors);
+/// the group then runs on the actor plane.
+ProcessGroup build_between_processes(const GroupImpl& g, const Admission& a, int me) {
+  const std::vector<int>& members = *a.members;
+  const int my_new = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+  ProcessGroup meeting = detail::Access::group(detail::group_over(g, a.gid | (1ull << 62), a.members, my_new));
+  meeting.barrier();
+  return detail::Access::group(detail::group_over(g, a.gid, a.members, my_new));
+}
+
+/// The members' side of grow() between processes (see the top of this file).
+/// The leader waits for the newcomers until 3/4 of the group's timeout, so
+/// the others' broadcast does not time out first.
+GrowResult grow_between_processes(ProcessGroup& group, const GroupImpl& g, int me, std::size_t n, const char* op) {
+  const std::vector<int>& old = *g.members;
+  const std::chrono::milliseconds timeout(g.timeout_ms.load());
+  static std::map<std::pair<const PeerTable*, std::uint64_t>, int> calls;  // guarded by lobby_mutex()
+  int attempt = 0;
+  {
+    std::lock_guard<std::mutex> lock(lobby_mutex());
+    attempt = calls[{g.peers.get(), g.gid}]++;
+  }
+  const auto world = static_cast<std::size_t>(g.peers->world_size());
+  std::vector<std::int64_t> decision(2 + world, -1);  // [count, attempt, newcomers...]
+  decision[0] = 0;
+  decision[1] = attempt;
+  if (me == old.front()) {
+    const auto until = std::chrono::steady_clock::now() + timeout * 3 / 4;
+    std::vector<int> chosen = replacements_waiting(*g.peers, old);
+    while (chosen.size() < n && first_lost(*g.peers, old, me) < 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      chosen = replacements_waiting(*g.peers, old);
+    }
+    if (chosen.size() >= n) {
+      decision[0] = static_cast<std::int64_t>(n);
+      for (std::size_t i = 0; i < n; ++i) decision[2 + i] = chosen[i];
+    }
+  }
+  Tensor t = Tensor::from_vector(decision);
+  group.broadcast(t, 0);  // the members agree on the leader's decision (PeerLostError when one is lost)
+  decision = t.to_vector<std::int64_t>();
+  if (decision[0] <= 0)
+    throw TimeoutError(op, std::to_string(n) + " newcomer(s) expected, " +
+                               std::to_string(replacements_waiting(*g.peers, old).size()) + " came within " +
+                               std::to_string((timeout * 3 / 4).count()) + " ms (a newcomer between processes is "
+                               "the replacement of a lost rank: dopt-run --on-failure replace)", me);
+  Admission a;
+  std::vector<int> members = old;
+  for (std::int64_t i = 0; i < decision[0]; ++i) {
+    a.joined.push_back(static_cast<int>(decision[2 + static_cast<std::size_t>(i)]));
+    members.push_back(a.joined.back());
+  }
+  std::sort(members.begin(), members.end());
+  a.gid = grown_gid(g.gid, static_cast<int>(decision[1]), members);
+  a.members = std::make_shared<const std::vector<int>>(std::move(members));
+  // Every member revives the newcomers' slots (alive again, the new
+  // process's handle) before the meeting; until now a shrink() saw them lost.
+  for (int r : a.joined)
+    if (const std::string why = post_of(g, op, me).revive.load()(*g.endpoint, r, timeout); !why.empty())
+      throw PeerLostError(op, "newcomer " + std::to_string(r) + " could not be taken: " + why, me);
+  if (me == old.front())
+    for (int r : a.joined) post_of(g, op, me).send.load()(*g.endpoint, r, encode(a));
+  GrowResult out;
+  out.group = build_between_processes(g, a, me);
+  for (int r : old)
+    out.new_rank.push_back(static_cast<int>(std::find(a.members->begin(), a.members->end(), r) - a.members->begin()));
+  out.joined = a.joined;
+  return out;
+}
+
+/// A newcomer's join_group() between processes: it was admitted to the job
+/// at rank 0's rendezvous already (the job's id and secret); it waits for
+/// grow()'s leader to name its group, within the handle's timeout.
+GrowResult join_between_processes(const GroupImpl& g, int me, const char* op) {
+  const std::chrono::milliseconds timeout(g.timeout_ms.load());
+  const std::string text = post_of(g, op, me).wait.load()(*g.endpoint, timeout, me);
+  if (text.empty())
+    throw TimeoutError(op, "no member grew a group within " + std::to_string(timeout.count()) + " ms; rank " +
+                               std::to_string(me) + " was not admitted", me);
+  const Admission a = decode(text);
+  GrowResult out;
+  out.group = build_between_processes(g, a, me);
+  out.joined = a.joined;
+  return out;
 }
 
 /// Every member of the new group (old members and newcomers alike) makes
@@ -132,6 +284,7 @@ GrowResult ProcessGroup::grow(const GrowOptions& options) {
   const int me = old[static_cast<std::size_t>(g.my_grank)];
   if (options.newcomers < 1)
     throw ValueError(op, "newcomers must be >= 1, got " + std::to_string(options.newcomers), me);
+  if (between_processes(g)) return grow_between_processes(*this, g, me, static_cast<std::size_t>(options.newcomers), op);
   Lobby* lobby = nullptr;
   int attempt = 0;
   {
@@ -203,6 +356,7 @@ GrowResult ProcessGroup::join_group(const JoinGroupOptions& options) {
   if (g.my_grank >= 0)
     throw StateError(op, "this rank is already a member of group " + std::to_string(g.gid) +
                              "; its members call grow()", me);
+  if (between_processes(g)) return join_between_processes(g, me, op);
   Lobby* lobby = nullptr;
   {
     std::lock_guard<std::mutex> lock(lobby_mutex());
@@ -252,6 +406,11 @@ GrowResult ProcessGroup::join_group(const JoinGroupOptions& options) {
 }  // namespace dopt
 
 namespace dopt::detail {
+
+AdmissionPost& admission_post() {
+  static AdmissionPost post;
+  return post;
+}
 
 void open_grow_lobby(const PeerTable* peers, std::string job_id, std::string secret) {
   std::lock_guard<std::mutex> lock(lobby_mutex());

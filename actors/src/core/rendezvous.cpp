@@ -32,6 +32,8 @@ using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
 using rdv_told_atom = caf::atom_constant<caf::atom("rdvtold")>;  // has every rank heard of the setup failure?
 using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
 using rdv_note_atom = caf::atom_constant<caf::atom("rdvnote")>;  // (rdvnote, after_ms): say who is missing
+// (rdvrejoin, rank, world, incarnation, who, payload, info): a replacement of a lost rank registers
+using rdv_rejoin_atom = caf::atom_constant<caf::atom("rdvrejoin")>;
 
 namespace {
 
@@ -48,6 +50,22 @@ std::string join_ranks(const std::vector<int>& rs) {
   for (int r : rs) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
 }
+
+/// Rank 0: which ranks' replacements its rendezvous admits once the world is
+/// up (rendezvous_admit_replacements), and the incarnation each slot has now.
+/// Shared by the rendezvous port's admit (its own thread) and the coordinator.
+struct Replacements {
+  std::mutex mutex;
+  SlotCheck check;                    // unset until rank 0's world is up
+  std::map<int, int> incarnation;     // rank -> the incarnation admitted last
+
+  /// "" when rank r's replacement may come in.
+  std::string judge(int r) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!check) return "rank " + std::to_string(r) + " is already taken";
+    return check(r);
+  }
+};
 
 struct BarrierState {
   std::set<int> arrived;
@@ -77,6 +95,7 @@ struct CoordState {
   // Set once the world is complete: the rendezvous port then turns every
   // newcomer away in its handshake.
   std::shared_ptr<std::atomic<bool>> closed;
+  std::shared_ptr<Replacements> replacements;
   static const char* name;
 
   void fail_all(int kind, std::string msg) {
@@ -89,10 +108,12 @@ struct CoordState {
 const char* CoordState::name = "dopt.rendezvous";
 
 caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms,
-                          std::shared_ptr<std::atomic<bool>> closed, std::string session_key) {
+                          std::shared_ptr<std::atomic<bool>> closed, std::string session_key,
+                          std::shared_ptr<Replacements> replacements) {
   auto& s = self->state;
   s.world = world;
   s.closed = std::move(closed);
+  s.replacements = std::move(replacements);
   s.table.resize(static_cast<std::size_t>(world));
   s.payloads.resize(static_cast<std::size_t>(world));
   s.infos.resize(static_cast<std::size_t>(world));
@@ -169,6 +190,46 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
           for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table, st.payloads, st.infos);
           st.pending.clear();
         }
+      },
+      // A replacement of a lost rank, once the world is up: it takes the
+      // rank's slot (a later incarnation than any before) and gets every
+      // rank's handle and info, but none of the ranks rank 0 sees lost.
+      [self](rdv_rejoin_atom, int rank, int world_, int incarnation, const caf::actor& who,
+             const caf::actor& payload, const std::string& info) {
+        auto& st = self->state;
+        auto refuse = [](int kind, std::string why) {
+          return caf::make_message(kind, std::move(why), Table{}, Table{}, std::vector<std::string>{});
+        };
+        if (!st.done)
+          return refuse(k_state, "rank " + std::to_string(rank) + " cannot be replaced before every rank has joined");
+        if (world_ != st.world || rank <= 0 || rank >= st.world)
+          return refuse(k_value, "rank " + std::to_string(rank) + " of a world of " + std::to_string(world_) +
+                                     " cannot replace a rank of this world of " + std::to_string(st.world) +
+                                     " (rank 0 cannot be replaced)");
+        if (const std::string why = st.replacements->judge(rank); !why.empty())
+          return refuse(k_value, "rank 0 does not admit a replacement of rank " + std::to_string(rank) + ": " + why);
+        {
+          std::lock_guard<std::mutex> lock(st.replacements->mutex);
+          int& last = st.replacements->incarnation[rank];
+          if (incarnation <= last)
+            return refuse(k_value, "incarnation " + std::to_string(incarnation) + " of rank " +
+                                       std::to_string(rank) + " is stale: incarnation " + std::to_string(last) +
+                                       " was admitted already");
+          last = incarnation;
+        }
+        const auto i = static_cast<std::size_t>(rank);
+        st.table[i] = who;
+        st.payloads[i] = payload;
+        st.infos[i] = info;
+        Table payloads = st.payloads;
+        std::vector<std::string> infos = st.infos;
+        for (int r = 1; r < st.world; ++r)
+          if (r != rank && st.replacements->judge(r).empty()) {
+            payloads[static_cast<std::size_t>(r)] = caf::actor();
+            infos[static_cast<std::size_t>(r)].clear();
+          }
+        return caf::make_message(static_cast<int>(k_ok), std::string(), st.table, std::move(payloads),
+                                 std::move(infos));
       },
       [self](rdv_tmo_atom, std::int64_t ms) {
         auto& st = self->state;
@@ -288,6 +349,7 @@ struct RendezvousResult::Impl {
   // failed; otherwise at runtime shutdown).
   std::shared_ptr<detail::SecurePublication> publication;
   bool completed = false;
+  std::shared_ptr<detail::Replacements> replacements;  // rank 0
 
   void stop() noexcept {
     std::lock_guard<std::mutex> lock(mutex);
@@ -382,6 +444,13 @@ namespace dopt::detail {
 using namespace std::chrono;
 
 const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r) { return detail::Access::impl(r).payloads; }
+
+void rendezvous_admit_replacements(const RendezvousResult& r, SlotCheck check) {
+  auto& impl = detail::Access::impl(r);
+  if (!impl.replacements) return;
+  std::lock_guard<std::mutex> lock(impl.replacements->mutex);
+  impl.replacements->check = std::move(check);
+}
 const net::BindPlan& rendezvous_bind_plan(const RendezvousResult& r) { return detail::Access::impl(r).plan; }
 
 void rendezvous_report_failure(const RendezvousResult& r, const std::string& what) noexcept {
@@ -458,7 +527,7 @@ std::string random_key(const char* op, int rank) {
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key) {
+                                 std::string* session_key, int incarnation) {
   detail::UserThreadCafScope caf_scope;
   LaunchEnv env = launch_env;
   const int rank = env.rank;
@@ -521,9 +590,11 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
   std::string key = env.secret;
   if (rank == 0) {
     auto closed = std::make_shared<std::atomic<bool>>(false);
+    auto replacements = std::make_shared<detail::Replacements>();
+    impl->replacements = replacements;
     if (key.empty()) key = random_key("rendezvous", rank);
     impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed,
-                           env.secret.empty() ? key : std::string());
+                           env.secret.empty() ? key : std::string(), replacements);
     impl->coord = impl->mine;
     // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
     // listening until the runtime shuts down, to turn latecomers away.
@@ -547,7 +618,12 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     // 4 * world + 32 admissions the rendezvous refuses, naming why.
     const int max_admitted = env.secret.empty() ? 4 * world + 32 : -1;
     auto admitted = std::make_shared<std::atomic<int>>(0);
-    o.admit = [closed, world, job, max_admitted, admitted](const net::PeerHello& p) -> std::string {
+    o.admit = [closed, world, job, max_admitted, admitted, replacements](const net::PeerHello& p) -> std::string {
+      // Once the world is up, only the replacement of a rank rank 0 sees lost
+      // comes in (its coordinator checks the rest).
+      if (closed->load() && p.rank > 0 && p.rank < world && p.world_size == world &&
+          replacements->judge(p.rank).empty())
+        return {};
       if (closed->load())
         return "the world is already closed: all " + std::to_string(world) + " ranks of " + job +
                " have joined, so rank " + std::to_string(p.rank) + " is already taken";
@@ -616,15 +692,17 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     // Only now (rank 0 listens on MASTER_PORT already) may the caller open
     // ephemeral ports: earlier, one could take MASTER_PORT from rank 0.
     const std::string info = make_info ? make_info() : std::string();
-    impl->table = impl->ask_coord(caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine,
-                                                    payload, info),
-                                  remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);
+    const caf::message reg =
+        incarnation > 0 ? caf::make_message(detail::rdv_rejoin_atom::value, rank, env.world_size, incarnation,
+                                            impl->mine, payload, info)
+                        : caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine, payload, info);
+    impl->table = impl->ask_coord(reg, remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);
     if (static_cast<int>(impl->table.size()) != env.world_size)
       throw StateError("rendezvous", "rank 0 sent a table of " + std::to_string(impl->table.size()) +
                                          " ranks, expected " + std::to_string(env.world_size), rank);
     for (auto& a : impl->table) impl->names.push_back(detail::describe(a));
     RendezvousResult result = detail::Access::rendezvous(impl);
-    result.barrier(remaining());
+    if (incarnation == 0) result.barrier(remaining());  // a replacement's peers are past theirs
     impl->completed = true;
     return result;
   } catch (...) {

@@ -26,9 +26,26 @@ namespace dopt::detail {
 /// rendezvous port itself admits processes by job id alone (every rank
 /// notes that once, naming how to set a secret); a process that was not
 /// part of the rendezvous never passes the handshake of a rank's own port.
+///
+/// incarnation > 0: this process replaces lost rank env.rank of a running
+/// job (DOPT_REPLACES): it registers at rank 0's coordinator as that rank's
+/// replacement (admitted only when rank 0 sees the rank lost, see
+/// rendezvous_admit_replacements) and gets what a starting rank gets (every
+/// rank's payload and info; a rank rank 0 sees lost has a null payload and
+/// an empty info). No barrier follows: the others are past theirs.
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, std::chrono::milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key);
+                                 std::string* session_key, int incarnation = 0);
+
+/// Rank 0's judgement of a replacement for rank r: "" admits it (rank 0 sees
+/// rank r lost), anything else is why not. Called on CAF's and the rendezvous
+/// port's threads: it must not block.
+using SlotCheck = std::function<std::string(int rank)>;
+/// Rank 0 (user thread, once its world is up): from now on its rendezvous
+/// port and coordinator admit the replacement of any rank `check` admits, and
+/// the coordinator stays until the runtime shuts down (the caller keeps `r`).
+/// No-op on the other ranks.
+void rendezvous_admit_replacements(const RendezvousResult& r, SlotCheck check);
 /// Index: rank.
 const std::vector<caf::actor>& rendezvous_payloads(const RendezvousResult& r);
 const std::vector<std::string>& rendezvous_infos(const RendezvousResult& r);

@@ -113,6 +113,11 @@ class LocalEndpoint final : public RankEndpoint {
   }
 
   std::chrono::milliseconds default_timeout() const { return timeout_; }
+  /// The rank actor (null once stopped). Any thread.
+  caf::actor actor() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return actor_;
+  }
 
  private:
   std::mutex mutex_;

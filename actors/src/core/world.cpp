@@ -52,6 +52,10 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
     throw ValueError(op, "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")",
                      env.rank);
+  // A replacement of a lost rank (dopt-run --on-failure replace) joins the
+  // running job instead (core/replacement.cpp).
+  if (const auto replaces = settings::integer("DOPT_REPLACES"))
+    return join_running_world(runtime, env, options, *replaces, plane_choice, op);
   // DOPT_BACKEND=mpi: the collectives go through MPI (transport/mpi); the rank
   // actors still connect (liveness, send/recv, subgroups' bookkeeping).
   const std::string backend = settings::text("DOPT_BACKEND").value_or("dopt");
@@ -62,6 +66,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   // The TCP mesh still carries send/recv (the actor plane's); the MPI plane
   // replaces the shm/hier planes below for the collectives.
   if (use_mpi) plane_choice = "tcp";
+  install_admission_post();  // grow() between processes (collectives/grow.hpp)
   auto& rt = detail::Access::impl(runtime);
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
@@ -227,8 +232,21 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   if (settings::flag("DOPT_DEBUG").value_or(false))
     notice("[rank " + std::to_string(env.rank) + "]: the world group runs on the " +
            (world_plane ? std::string(world_plane->name()) : std::string(use_tcp ? "tcp" : "actor")) + " plane");
-  // The rank actors hold the peer handles now; the rendezvous actors can go
-  // when rdv does.
+  // Rank 0: from now on its rendezvous admits the replacement of a rank it
+  // sees lost (DOPT_REPLACES); its coordinator stays until the runtime shuts
+  // down. The other ranks' rendezvous actors can go when rdv does: the rank
+  // actors hold the peer handles now.
+  if (env.rank == 0) {
+    std::weak_ptr<PeerTable> weak_table = peers->table;
+    rendezvous_admit_replacements(rdv, [weak_table](int r) -> std::string {
+      auto table = weak_table.lock();
+      if (!table || table->shutting_down()) return "rank 0 is shutting down";
+      if (table->state(r) != PeerTable::lost)
+        return "rank " + std::to_string(r) + " is alive in rank 0's view";
+      return {};
+    });
+    runtime_add_stopper(rt, [keep = rdv] { (void)keep; });
+  }
   auto g = std::make_shared<GroupImpl>();
   g->endpoint = ep;
   g->gid = 0;

@@ -11,6 +11,7 @@
 #include "caf/actor.hpp"
 #include "caf/actor_system.hpp"
 #include "collectives/access.hpp"
+#include "dopt/actors/distributed.hpp"
 #include "dopt/actors/rendezvous.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/internal/handshake.hpp"
@@ -49,6 +50,21 @@ std::string data_endpoint(const std::string& host_prefix, const std::string& pee
 /// as PeerLostError naming it.
 template <class F>
 auto setup_step(const RendezvousResult& rdv, int rank, const char* op, F&& step) -> decltype(step());
+
+/// init_process_group on a replacement of lost rank `replaces` (DOPT_REPLACES;
+/// core/replacement.cpp), user thread: admitted at rank 0's rendezvous to
+/// the lost rank's slot, it connects to the members, and each revives the
+/// slot before this returns (bounded by the handshake timeout). Returns the
+/// newcomer's handle (member of no group: it calls ProcessGroup::join_group).
+/// Between processes on the actor plane (plane_choice "tcp") only:
+/// NotSupportedError otherwise, after the admission (so a process without
+/// the job's secret is refused as any other, AuthenticationError).
+/// Lets grow() and join_group() between processes reach the rank actors
+/// (collectives/grow.hpp, AdmissionPost). Idempotent; user thread.
+void install_admission_post();
+
+ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options,
+                                long long replaces, const std::string& plane_choice, const char* op);
 
 std::string rendezvous_failure_of(const RendezvousResult& rdv);
 void rendezvous_report(const RendezvousResult& rdv, const std::string& what) noexcept;

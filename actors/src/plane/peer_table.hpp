@@ -80,6 +80,48 @@ class PeerTable {
   /// Changes whenever a state changes (cheap check before looking closer).
   std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
 
+  /// Rank `rank`'s replacement (incarnation > the last one) connected to
+  /// this rank and waits for a grow() to take it (the rank actor, CAF
+  /// thread); the rank stays lost until revive(). Any thread may ask
+  /// waiting(rank): the waiting incarnation, 0 when none.
+  void announce(int rank, int incarnation) {
+    if (rank < 0 || rank >= world_size()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.resize(states_.size());
+    waiting_[static_cast<std::size_t>(rank)] = incarnation;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  int waiting(int rank) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<std::size_t>(rank) < waiting_.size() ? waiting_[static_cast<std::size_t>(rank)] : 0;
+  }
+
+  /// Rank `rank`'s replacement (incarnation > the last one) joined the job:
+  /// the rank is alive again, its reasons and its place in order() are
+  /// forgotten. Called by the rank actor that admitted it (CAF thread), and
+  /// by the replacement itself for its own rank; false when `incarnation` is
+  /// not newer than the rank's (a stale process).
+  bool revive(int rank, int incarnation) {
+    if (rank < 0 || rank >= world_size()) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    incarnations_.resize(states_.size());
+    auto& last = incarnations_[static_cast<std::size_t>(rank)];
+    if (incarnation <= last) return false;
+    last = incarnation;
+    if (static_cast<std::size_t>(rank) < waiting_.size()) waiting_[static_cast<std::size_t>(rank)] = 0;
+    if (static_cast<std::size_t>(rank) < whys_.size()) whys_[static_cast<std::size_t>(rank)].clear();
+    if (static_cast<std::size_t>(rank) < suspected_.size()) suspected_[static_cast<std::size_t>(rank)] = false;
+    order_.erase(std::remove(order_.begin(), order_.end(), rank), order_.end());
+    states_[static_cast<std::size_t>(rank)].store(alive, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_release);
+    return true;
+  }
+  /// How many times rank's process was replaced (0: its first process). Any thread.
+  int incarnation(int rank) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<std::size_t>(rank) < incarnations_.size() ? incarnations_[static_cast<std::size_t>(rank)] : 0;
+  }
+
   /// This rank was removed from the job: a peer that had declared it lost
   /// heard from it again (it had been stopped, or cut off) and told it so.
   /// Called by the rank actor; the first reason is kept;
@@ -107,6 +149,8 @@ class PeerTable {
   std::vector<std::string> whys_;
   std::vector<char> suspected_;
   std::vector<int> order_;
+  std::vector<int> incarnations_;
+  std::vector<int> waiting_;
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<bool> shutdown_{false};
   bool in_process_ = false;

@@ -107,6 +107,7 @@ void RankState::on_heartbeat_tick() {
   if (last_tick.time_since_epoch().count() != 0 && now - last_tick > 3 * heartbeat_period(peer_timeout))
     std::fill(last_heard.begin(), last_heard.end(), now);
   last_tick = now;
+  for (const auto& [r, w] : waiting) self->send(w.actor, hb_atom::value, rank);  // replacements (revive.cpp)
   for (int r = 0; r < world; ++r) {
     if (r == rank || dead.count(r)) continue;
     self->send(actor_of(r), hb_atom::value, rank);

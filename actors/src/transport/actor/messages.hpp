@@ -160,6 +160,21 @@ using hb_atom = caf::atom_constant<caf::atom("hb")>;      // (hb, rank): heartbe
 // (fence, rank, why): the sender had declared the receiver lost and heard
 // from it again: the receiver was removed and must not go on.
 using fence_atom = caf::atom_constant<caf::atom("fence")>;
+// Growing back (issue 45, docs/fault-tolerance.md "Between processes").
+// (revive, rank, incarnation, actor) replacement -> member: the lost rank's
+// replacement waits for a grow(); answers "" or why not.
+using revive_atom = caf::atom_constant<caf::atom("revive")>;
+// (revivenow, rank, timeout ms) user thread (grow() admitted it) -> own rank
+// actor: revive the replacement's slot once it waits here (within the
+// timeout: the leader may have seen it first); answers "" or why not.
+using revivenow_atom = caf::atom_constant<caf::atom("revivenow")>;
+// (admit, text) grow()'s leader's rank actor -> a newcomer's: the grown
+// group ("GID MEMBER,MEMBER,... JOINED,JOINED,..."), kept until asked for.
+using admit_atom = caf::atom_constant<caf::atom("admit")>;
+// (admitwait) user thread -> own rank actor: the admission, once it came.
+using admitwait_atom = caf::atom_constant<caf::atom("admitwait")>;
+// (admitsend, rank, text) user thread -> own rank actor: send admit to rank.
+using admitsend_atom = caf::atom_constant<caf::atom("admitsend")>;
 // Rank actor -> itself.
 using tmo_atom = caf::atom_constant<caf::atom("tmo")>;            // (tmo, gid, seq): a call's timeout
 using p2ptmo_atom = caf::atom_constant<caf::atom("p2ptmo")>;      // (p2ptmo, key, is_send)

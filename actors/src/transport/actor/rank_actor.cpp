@@ -32,6 +32,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
   s.world = world;
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
+    st.forget_waiting(dm.source);  // a replacement that died waiting (revive.cpp)
     for (int r = 0; r < st.world; ++r) {
       if (r == st.rank || st.actor_of(r).address() != dm.source) continue;
       const bool cut = dm.reason == caf::exit_reason::remote_link_unreachable;
@@ -59,7 +60,15 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         st.net = true;
         st.mesh = mesh;
         st.watched.assign(static_cast<std::size_t>(st.world), false);
-        for (int r = 0; r < st.world; ++r) st.watch(r);
+        // (A replacement's table marks the ranks lost before it joined.)
+        for (int r = 0; r < st.world; ++r)
+          if (r != st.rank && st.table && st.table->state(r) == PeerTable::lost) {
+            st.lost.emplace(r, st.table->why(r));
+            st.lost_order.push_back(r);
+            st.dead.insert(r);
+          } else {
+            st.watch(r);
+          }
         st.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
         // The first tick measures from here: a process stopped before it
         // still doubts the losses it sees when it comes back (in_doubt).
@@ -71,6 +80,13 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       [self](hb_atom, int from) {
         auto& st = self->state;
         if (from < 0 || from >= static_cast<int>(st.last_heard.size())) return;
+        auto w = st.waiting.find(from);
+        const auto sender = self->current_sender();
+        if (w != st.waiting.end() && sender && w->second.actor.address() == sender->address())
+          return;  // its replacement, waiting for a grow()
+        if (st.table && st.table->incarnation(from) > 0 && sender &&
+            st.actor_of(from).address() != sender->address())
+          return st.fence_stale(from, sender);  // the process a replacement took over from
         if (st.dead.count(from))
           st.fence(from);  // declared lost, and back (it was stopped or cut off)
         else
@@ -104,6 +120,24 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       },
       [self](failed_atom, const std::string& what) { self->state.on_self_failed(what); },
       [self](p2p_atom, const P2PArrivalPtr& a) { self->state.on_p2p(a); },
+      [self](revive_atom, int peer, int incarnation, const caf::actor& who) {
+        return self->state.announce(peer, incarnation, who);
+      },
+      [self](revivenow_atom, int peer, std::int64_t timeout_ms) {
+        return self->state.revive_when_waiting(peer, std::chrono::milliseconds(timeout_ms));
+      },
+      [self](admit_atom, std::string& text) { self->state.on_admission(std::move(text)); },
+      [self](admitwait_atom) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (!st.admission.empty()) return std::exchange(st.admission, std::string());
+        st.admission_waiter = self->make_response_promise();
+        return caf::delegated<std::string>();
+      },
+      [self](admitsend_atom, int to, const std::string& text) {
+        auto& st = self->state;
+        if (to >= 0 && to < st.world && to != st.rank && !st.dead.count(to))
+          self->send(st.actor_of(to), admit_atom::value, text);
+      },
       [self](p2pdone_atom, const P2PReply& r) { self->state.on_p2p_done(r); },
       [self](p2ptmo_atom, const P2PKey& k, bool is_send) { self->state.on_p2p_timeout(k, is_send); },
       [self](p2pcncl_atom, const P2PKey& k) { self->state.on_p2p_cancel(k); },

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -108,6 +109,20 @@ struct RankState {
   std::map<P2PKey, P2PArrivalPtr> unmatched;  // sends to me without a recv yet
   std::map<P2PKey, OpPtr> tcp_recvs;          // tcp: recvs whose bytes are on the way
 
+  // Growing back (transport/actor/revive.cpp).
+  struct Waiting {
+    int incarnation = 0;
+    caf::actor actor;
+  };
+  std::map<int, Waiting> waiting;                // replacements of lost ranks until grow() takes them
+  struct ReviveRequest {
+    caf::response_promise promise;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<int, ReviveRequest> revive_requests;  // grow() took a rank whose replacement is not here yet
+  std::string admission;                         // a newcomer's: what grow()'s leader sent
+  std::optional<caf::response_promise> admission_waiter;  // join_group() waiting for it
+
   static const char* name;
 
   ~RankState();
@@ -167,6 +182,27 @@ struct RankState {
   /// This rank is out of the job (why: the PeerTable's fenced()): every peer
   /// is lost to it, its calls fail and ProcessGroup::shrink refuses.
   void remove_self(const std::string& why);
+
+  // --- growing back (transport/actor/revive.cpp) --------------------------------------
+  /// Net: the replacement `who` of lost rank `peer` (a later incarnation)
+  /// connected: it waits (heartbeats both ways, PeerTable::announce) until a
+  /// grow() takes it; the rank stays lost meanwhile, so a shrink() still
+  /// sees the loss. "" or why not.
+  std::string announce(int peer, int incarnation, const caf::actor& who);
+  /// grow() took waiting rank `peer`: the slot is alive again (peer handle,
+  /// lost/dead sets, PeerTable, liveness). "" or why not. The TCP mesh's
+  /// connection to it stays cut.
+  std::string revive(int peer);
+  /// grow() (revivenow): revive(peer) now, or once its replacement waits
+  /// here, within `timeout`.
+  caf::result<std::string> revive_when_waiting(int peer, std::chrono::milliseconds timeout);
+  /// A down message: a waiting replacement whose actor is `gone` died
+  /// before a grow() took it, and waits no longer.
+  void forget_waiting(const caf::actor_addr& gone);
+  /// Word from `sender`, an older process of revived rank `peer`: it is
+  /// told it was removed (as fence() tells a rank declared lost).
+  void fence_stale(int peer, const caf::strong_actor_ptr& sender);
+  void on_admission(std::string text);
 
   // --- point to point (transport/actor/p2p.cpp) -------------------------------------------
   Failure lost_failure(const char* op) const;

@@ -1,0 +1,184 @@
+// A replacement of a lost rank joins the running job (init_process_group
+// with DOPT_REPLACES, set by dopt-run --on-failure replace; issue 45,
+// docs/fault-tolerance.md "Between processes"): admission at rank 0's
+// rendezvous port, direct connections to the members, which revive the
+// slot; it then waits in ProcessGroup::join_group() for a grow().
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "collectives/access.hpp"
+#include "collectives/grow.hpp"
+#include "core/host_identity.hpp"
+#include "core/rendezvous_internal.hpp"
+#include "core/runtime_impl.hpp"
+#include "core/world_setup.hpp"
+#include "dopt/actors/distributed.hpp"
+#include "dopt/runtime/settings.hpp"
+#include "transport/actor/rank_state.hpp"
+
+namespace dopt::detail {
+
+namespace {
+
+/// Rank 0's rendezvous, as the replacement (incarnation) of env.rank. dopt-run
+/// starts it as soon as the lost process ended; rank 0 may not have seen the
+/// loss yet and turns it away as a latecomer until then: it tries again,
+/// within the handshake timeout (a lost rank 0 must not hold it for the
+/// job's timeout).
+RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
+                        const std::function<std::string()>& make_info, const std::string& who, const char* op) {
+  const auto until = std::chrono::steady_clock::now() + env.handshake_timeout;
+  const LaunchEnv launch_env = env;
+  for (;;) {
+    try {
+      env = launch_env;
+      return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
+    } catch (const ValueError& e) {
+      if (e.detail().find("the world is already closed") == std::string::npos) throw;
+      if (std::chrono::steady_clock::now() >= until)
+        throw ValueError(op, who + ", but rank 0 still sees rank " + std::to_string(env.rank) +
+                                 " alive after the handshake timeout (" +
+                                 std::to_string(env.handshake_timeout.count()) + " ms): " + e.detail(),
+                         env.rank);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
+void post_admission(RankEndpoint& ep, int to, const std::string& text) {
+  auto* local = dynamic_cast<LocalEndpoint*>(&ep);
+  if (caf::actor a = local ? local->actor() : caf::actor()) caf::anon_send(a, admitsend_atom::value, to, text);
+}
+
+std::string wait_admission(RankEndpoint& ep, std::chrono::milliseconds timeout, int me) {
+  const char* op = "ProcessGroup.join_group";
+  auto* local = dynamic_cast<LocalEndpoint*>(&ep);
+  caf::actor a = local ? local->actor() : caf::actor();
+  if (!a) throw StateError(op, "the runtime has been shut down", me);
+  UserThreadCafScope caf_scope;
+  caf::scoped_actor self{a.home_system()};
+  std::string text;
+  self->request(a, caf::duration(timeout), admitwait_atom::value)
+      .receive([&](std::string& t) { text = std::move(t); },
+               [&](caf::error& e) {
+                 if (e != caf::sec::request_timeout)
+                   throw StateError(op, "the rank actor is gone: " + self->home_system().render(e), me);
+               });
+  return text;
+}
+
+std::string revive_waiting(RankEndpoint& ep, int peer, std::chrono::milliseconds timeout) {
+  auto* local = dynamic_cast<LocalEndpoint*>(&ep);
+  caf::actor a = local ? local->actor() : caf::actor();
+  if (!a) return "the runtime has been shut down";
+  UserThreadCafScope caf_scope;
+  caf::scoped_actor self{a.home_system()};
+  std::string why;
+  self->request(a, caf::duration(timeout), revivenow_atom::value, peer, static_cast<std::int64_t>(timeout.count()))
+      .receive([&](std::string& w) { why = std::move(w); },
+               [&](caf::error& e) { why = "the rank actor did not answer (" + self->home_system().render(e) + ")"; });
+  return why;
+}
+
+}  // namespace
+
+void install_admission_post() {
+  admission_post().send.store(&post_admission);
+  admission_post().wait.store(&wait_admission);
+  admission_post().revive.store(&revive_waiting);
+}
+
+ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options,
+                                long long replaces, const std::string& plane_choice, const char* op) {
+  UserThreadCafScope caf_scope;
+  LaunchEnv env = launch_env;
+  const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
+  const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
+                          std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
+  const std::string how = "a process joins a running job on the actor plane only yet (every rank started with "
+                          "DOPT_TRANSPORT=tcp, on dopt's backend; docs/fault-tolerance.md, \"Between processes\")";
+  if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
+    throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it)", env.rank);
+  if (replaces != env.rank)
+    throw ValueError(op, who + ", but its RANK is " + std::to_string(env.rank) + ": a replacement takes the lost "
+                                 "rank's number", env.rank);
+  install_admission_post();
+  auto& rt = Access::impl(runtime);
+  auto& sys = rt.system(op);
+  caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
+  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout, nullptr);
+  rt.add_endpoint(ep);
+  HostIdentity identity;
+  const std::string& host = identity.host_field();
+  auto make_info = [&] {
+    return host + publish_control_port(rt, sys, a, env, op) + " tcp=0 pid=" + std::to_string(::getpid());
+  };
+  RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op);
+  const auto& payloads = rendezvous_payloads(rdv);
+  const auto& infos = rendezvous_infos(rdv);
+  std::vector<int> members;
+  std::string listed;
+  for (int r = 0; r < env.world_size; ++r)
+    if (r != env.rank && payloads[static_cast<std::size_t>(r)]) {
+      members.push_back(r);
+      listed += (listed.empty() ? "" : ", ") + std::to_string(r);
+    }
+  const std::string admitted = who + ": rank 0 accepted its job id and secret and admitted it to rank " +
+                               std::to_string(env.rank) + "'s slot (the members: ranks " + listed + ")";
+  const bool mpi = settings::text("DOPT_BACKEND").value_or("dopt") == "mpi";
+  if (plane_choice != "tcp" || mpi)
+    throw NotSupportedError(op, admitted + ", but a process cannot join a running job yet on the " +
+                                    (mpi ? std::string("mpi") : plane_choice == "shm" ? "shm" : "shm or hier") +
+                                    " plane: " + how, env.rank);
+  // Its own view: the ranks rank 0 saw lost stay lost (the rank actor does
+  // not watch them); its own slot has this incarnation.
+  auto peers = std::make_shared<Peers>();
+  peers->table = std::make_shared<PeerTable>(env.world_size);
+  peers->table->revive(env.rank, incarnation);
+  for (int r = 0; r < env.world_size; ++r)
+    if (r != env.rank && !payloads[static_cast<std::size_t>(r)])
+      peers->table->mark(r, PeerTable::lost, "rank " + std::to_string(r) + " was lost before rank " +
+                                                 std::to_string(env.rank) + "'s replacement joined (rank 0's view)");
+  peers->actors = payloads;
+  peers->actors[static_cast<std::size_t>(env.rank)] = a;
+  // Direct connections to every member (rank 0's came with the rendezvous),
+  // each bounded by the handshake timeout.
+  for (int r : members)
+    if (r != 0)
+      peers->actors[static_cast<std::size_t>(r)] =
+          connect_control_port(sys, env, r, host, infos[static_cast<std::size_t>(r)], op);
+  caf::scoped_actor self{sys};
+  self->request(a, caf::infinite, initnet_atom::value, PeersPtr(peers),
+                static_cast<std::int64_t>(rt.options_.peer_timeout.count()), std::shared_ptr<transport::TcpMesh>())
+      .receive([](bool) {},
+               [&](caf::error& e) { throw StateError(op, "the rank actor did not start: " + sys.render(e), env.rank); });
+  // Every member holds it as waiting (a shrink() there still sees the rank
+  // lost) before init_process_group returns; a grow() revives the slot.
+  for (int r : members) {
+    std::string why;
+    self->request(peers->actors[static_cast<std::size_t>(r)], caf::duration(env.handshake_timeout),
+                  revive_atom::value, env.rank, incarnation, a)
+        .receive([&](std::string& w) { why = std::move(w); },
+                 [&](caf::error& e) { why = "no answer (" + sys.render(e) + ")"; });
+    if (!why.empty())
+      throw PeerLostError(op, admitted + ", but member " + std::to_string(r) + " did not take it: " + why, env.rank);
+  }
+  // A newcomer's handle: no member of any group until join_group().
+  std::vector<int> world;
+  for (int r = 0; r < env.world_size; ++r) world.push_back(r);
+  auto g = std::make_shared<GroupImpl>();
+  g->endpoint = ep;
+  g->gid = newcomer_gid(env.rank);
+  g->members = std::make_shared<const std::vector<int>>(std::move(world));
+  g->peers = peers->table;
+  g->my_grank = -1;
+  g->local_world_size = env.local_world_size;
+  g->timeout_ms.store(rt.options_.collective_timeout.count());
+  (void)options;
+  return Access::group(std::move(g));
+}
+
+}  // namespace dopt::detail

@@ -1,0 +1,145 @@
+// One rank of the growth tests between real processes
+// (tests/replace_multiprocess.test.cpp), started by hand or by dopt-run:
+//
+//   dopt_grow_peer refused
+//       every rank calls grow() on the world with no newcomer coming: on
+//       the shm plane it is not implemented yet (NotSupportedError naming
+//       the call and the plane); on the actor plane (DOPT_TRANSPORT=tcp) it
+//       waits for one (a 2 s timeout here) and fails with TimeoutError;
+//       join_group() on a member's handle is a StateError.
+//   dopt_grow_peer replaced VICTIM MARK
+//       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
+//       the world and wait (up to 30 s) until the file MARK exists (written
+//       once the lost rank's replacement has ended: it needs rank 0's
+//       rendezvous port open), then all_reduce over the shrunk group.
+//   dopt_grow_peer grown VICTIM WAIT_MS
+//       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
+//       the world WAIT_MS later (1500: its replacement has connected by then;
+//       0: grow() waits for it) and grow() it by one; the replacement (dopt-run
+//       --on-failure replace) calls join_group(); all of them all_reduce
+//       over the grown group (the sum of RANK + 1 over every rank).
+//
+// Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "lost_rank.hpp"
+#include "peer_main.hpp"
+
+namespace {
+
+using dopt::ProcessGroup;
+using dopt::Tensor;
+
+long refused_scenario(ProcessGroup& world, int me) {
+  dopt::testing::Checker c{me};
+  world.barrier();
+  std::string why;
+  const std::string plane = world.plane_stats().plane;
+  const auto timeout = world.timeout();
+  if (plane == "actor") world.set_timeout(std::chrono::seconds(2));
+  try {
+    world.grow();
+  } catch (const dopt::NotSupportedError& e) {
+    why = plane == "actor" ? std::string() : e.what();
+  } catch (const dopt::TimeoutError& e) {
+    why = plane == "actor" ? e.what() : std::string();
+  }
+  world.set_timeout(timeout);
+  c.expect(why.find("ProcessGroup.grow") != std::string::npos, "grow: an error naming the call: " + why);
+  if (plane == "actor") {
+    c.expect(why.find("1 newcomer(s) expected, 0 came") != std::string::npos, "grow: no newcomer came: " + why);
+    c.expect(why.find("the replacement of a lost rank") != std::string::npos, "grow: saying who comes: " + why);
+  } else {
+    c.expect(why.find("the " + plane + " plane") != std::string::npos, "grow: naming the " + plane + " plane: " + why);
+    c.expect(why.find("between processes") != std::string::npos, "grow: saying processes cannot grow yet: " + why);
+  }
+  bool member = false;
+  try {
+    world.join_group();
+  } catch (const dopt::StateError& e) {
+    member = std::string(e.what()).find("already a member") != std::string::npos;
+  }
+  c.expect(member, "join_group on a member's handle: StateError");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  world.all_reduce(t);  // the world goes on after the refusals
+  const double n = world.size();
+  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the world after the refusals");
+  world.barrier();
+  return c.checks;
+}
+
+long replaced_scenario(ProcessGroup& world, int me, int victim, const std::string& mark) {
+  dopt::testing::Checker c{me};
+  world.barrier();
+  if (me == victim) dopt::testing::die();
+  c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
+           "the all_reduce fails with PeerLostError");
+  auto s = world.shrink();
+  c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (::access(mark.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  c.expect(::access(mark.c_str(), F_OK) == 0, "the replacement ended within 30 s");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  s.group.all_reduce(t);
+  double want = 0;
+  for (int r : s.group.ranks()) want += r + 1;
+  c.expect(t.at(7) == want, "all_reduce on the shrunk group");
+  s.group.barrier();
+  return c.checks;
+}
+
+/// The grown group: `joined` joined it, it has every rank, and an
+/// all_reduce over it sums RANK + 1 over them.
+void check_grown(dopt::testing::Checker& c, dopt::GrowResult& g, int joined, double n, int me) {
+  c.expect(g.joined == std::vector<int>{joined}, "joined: the lost rank's replacement");
+  c.expect(g.group.size() == n, "the grown group has every rank");
+  Tensor t = Tensor::full({8}, me + 1.0);
+  g.group.all_reduce(t);
+  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
+  g.group.barrier();
+}
+
+long grown_scenario(ProcessGroup& world, int me, int victim, int wait_ms) {
+  dopt::testing::Checker c{me};
+  const double n = std::atoi(std::getenv("WORLD_SIZE"));
+  if (std::getenv("DOPT_REPLACES")) {  // the replacement: a newcomer
+    auto j = world.join_group();
+    check_grown(c, j, me, n, me);
+    return c.checks;
+  }
+  world.barrier();
+  if (me == victim) {
+    // (Not at once: on the actor plane the others may not have seen the
+    // barrier end yet, and would lose it.)
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    dopt::testing::die();
+  }
+  c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
+           "the all_reduce fails with PeerLostError");
+  // (Long enough, the replacement connects first: it waits for grow(), so
+  // shrink() still sees the loss.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  auto s = world.shrink();
+  c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+  auto g = s.group.grow();
+  check_grown(c, g, victim, n, me);
+  return c.checks;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
+    if (mode == "refused") return refused_scenario(world, rank);
+    if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
+    if (mode == "grown" && argc > 3) return grown_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
+    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS"};
+  }, /*leave_together=*/false);
+}

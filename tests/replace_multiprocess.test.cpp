@@ -1,0 +1,148 @@
+// Growing back between real processes: dopt-run --on-failure replace starts a
+// lost rank's program again (DOPT_REPLACES, DOPT_INCARNATION); on the actor
+// plane (DOPT_TRANSPORT=tcp) the replacement joins the running job through
+// join_group() while the survivors grow(); on the shm plane grow() and the
+// replacement refuse clearly (docs/fault-tolerance.md, "Between processes").
+// The ranks are small shell programs and tests/grow_peer.cpp.
+// CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <string>
+#include <vector>
+
+#include "processes.hpp"
+#include "temp_dir.hpp"
+
+namespace {
+
+using namespace dopt::testing;
+
+const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
+const std::string kGrowPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_grow_peer";
+
+/// dopt-run --on-failure replace with `options` (after it), `ranks` ranks of
+/// `program` (run by /bin/sh -c), and `env` over a 30 s collective timeout.
+Done run_replacing(const std::vector<std::string>& options, int ranks, const std::string& program,
+                   std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> argv{kDoptRun, "--on-failure", "replace"};
+  argv.insert(argv.end(), options.begin(), options.end());
+  for (std::string a : {"--nproc-per-node", "N", "--master-port", "0", "/bin/sh", "-c", "P"})
+    argv.push_back(a == "N" ? std::to_string(ranks) : a == "P" ? program : a);
+  env.emplace("DOPT_TIMEOUT_MS", "30000");
+  return wait(start(argv, env));
+}
+
+/// Every one of `lines` is in `out`.
+void check_has(const std::string& out, const std::vector<std::string>& lines) {
+  for (const std::string& line : lines) {
+    INFO("expected: " << line);
+    CHECK(contains(out, line));
+  }
+}
+
+/// A rank that says which process it is, and (rank 1, below incarnation
+/// `until`) kills itself with SIGKILL.
+std::string dying_rank(int until) {
+  return "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0} replaces ${DOPT_REPLACES:-none}\"; "
+         "if [ \"$RANK\" = 1 ] && [ \"${DOPT_INCARNATION:-0}\" -lt " + std::to_string(until) + " ]; then "
+         "kill -9 $$; fi; sleep 0.2";
+}
+
+/// 3 ranks of dopt_grow_peer replaced 1 (rank 1 kills itself, the others
+/// shrink and wait until its replacement ended), one replacement at most,
+/// which runs the peer after `prefix` (shell); `replacement_error`: what its
+/// error says.
+void replacement_refused(const std::string& prefix, std::map<std::string, std::string> env,
+                         const std::vector<std::string>& replacement_error) {
+  static int runs = 0;
+  const TempDir dir("dopt-replace", std::to_string(runs++));
+  const std::string mark = (dir.path / "replacement-ended").string();
+  const std::string peer = kGrowPeer + " replaced 1 " + mark;
+  const Done d = run_replacing({"--max-replacements", "1"}, 3,
+                               "if [ -n \"$DOPT_REPLACES\" ]; then " + prefix + peer + "; touch " + mark +
+                                   "; exit 1; fi; exec " + peer,
+                               env);
+  INFO(d.out);
+  REQUIRE(WIFEXITED(d.status));
+  CHECK(WEXITSTATUS(d.status) == 1);  // the replacement's error
+  check_has(d.out, replacement_error);
+  check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 ", "[rank 2] ok 2 ", "dopt-run: 1 rank(s) failed (1), 2 finished"});
+}
+
+}  // namespace
+
+TEST_CASE("replace: dopt-run --on-failure replace starts a lost rank again as its replacement",
+          "[replace][multiprocess]") {
+  // DOPT_REPLACES in dopt-run's own environment is not passed on to first starts.
+  const Done d = run_replacing({}, 3, dying_rank(2), {{"DOPT_REPLACES", "7"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"[rank 0] rank 0 incarnation 0 replaces none", "[rank 1] rank 1 incarnation 0 replaces none",
+                    "dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1, "
+                    "--on-failure replace)",
+                    "[rank 1] rank 1 incarnation 1 replaces 1",
+                    "starting its replacement (incarnation 2, --on-failure replace)",
+                    "[rank 1] rank 1 incarnation 2 replaces 1", "dopt-run: 2 replacement(s) started (ranks 1, 1)"});
+  CHECK_FALSE(contains(d.out, "incarnation 3"));
+  CHECK_FALSE(contains(d.out, "rank(s) failed"));
+}
+
+TEST_CASE("replace: past --max-replacements a failure is handled as with --on-failure continue",
+          "[replace][multiprocess]") {
+  const Done d = run_replacing({"--max-replacements", "2"}, 2, dying_rank(1000));
+  INFO(d.out);
+  CHECK(d.ok());  // rank 0 finished
+  check_has(d.out, {"[rank 1] rank 1 incarnation 2 replaces 1",
+                    "dopt-run: rank 1 killed by signal 9 (SIGKILL); the other ranks continue (--on-failure "
+                    "replace: --max-replacements 2 reached)",
+                    "dopt-run: 2 replacement(s) started (ranks 1, 1)", "dopt-run: 1 rank(s) failed (1), 1 finished"});
+  CHECK_FALSE(contains(d.out, "incarnation 3"));
+}
+
+TEST_CASE("replace: grow() between processes refuses, naming the plane, and the world goes on (shm, tcp)",
+          "[replace][multiprocess]") {
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO("DOPT_TRANSPORT=" << transport);
+  const Done d = run_through_dopt_run(kDoptRun, kGrowPeer, 3, {"refused"},
+                                      {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}});
+  INFO(d.out);
+  CHECK(d.ok());
+  require_all_ok(d.out, 3, 5);
+}
+
+TEST_CASE("replace: a replacement of a dopt program is refused clearly, and the survivors go on",
+          "[replace][multiprocess]") {
+  replacement_refused("", {}, {"[rank 1] error ", "this process replaces lost rank 1 (incarnation 1",
+                               "rank 0 accepted its job id and secret and admitted it to rank 1's slot (the "
+                               "members: ranks 0, 2), but a process cannot join a running job yet"});
+}
+
+TEST_CASE("replace: a replacement without the job's secret is refused, and the survivors go on",
+          "[replace][multiprocess]") {
+  // The job's secret comes from the environment (dopt-run passes it on); the
+  // replacement presents another one. It checks rank 0's proof first, and
+  // neither side gives its secret away.
+  replacement_refused("DOPT_SECRET=not-the-jobs-secret-0123456789 ",
+                      {{"DOPT_SECRET", "the-jobs-own-secret-0123456789"}},
+                      {"[rank 1] error AuthenticationError: ", "could not prove that it knows this job's secret"});
+}
+
+TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow, and the grown group all_reduces",
+          "[replace][multiprocess]") {
+  // Rank 1 kills itself; ranks 0 and 2 shrink, then grow() by one; rank 1's
+  // replacement joins through join_group(); all three sum RANK + 1. The
+  // survivors shrink at once (grow() then waits for the replacement), or
+  // 1.5 s later (it waits for them, and shrink() must still see the loss).
+  const std::string wait_ms = GENERATE(std::string("0"), std::string("1500"));
+  INFO("the survivors shrink after " << wait_ms << " ms");
+  const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " grown 1 " + wait_ms,
+                               {{"DOPT_TRANSPORT", "tcp"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 5", "[rank 1] ok 1 3", "[rank 2] ok 2 5"});
+  CHECK_FALSE(contains(d.out, "error "));
+}
