@@ -265,14 +265,22 @@ class ProcessGroup {
   /// This group stays as it is.
   ///
   /// Where: between the ranks of a deterministic simulation (simulate()
-  /// with deterministic = true and SimulateOptions::newcomers). Elsewhere
-  /// NotSupportedError naming the call and the plane: processes (shm, TCP,
-  /// hierarchical planes) are not supported yet; the MPI plane cannot grow
-  /// (an MPI communicator's members are fixed at MPI_Init; use dopt's own
-  /// planes for an elastic job). StateError on a newcomer's handle.
+  /// with deterministic = true and SimulateOptions::newcomers), and between
+  /// processes on the actor plane (DOPT_TRANSPORT=tcp), where the newcomers
+  /// are replacements of lost ranks (dopt-run --on-failure replace: each
+  /// takes its lost rank's number with a new incarnation, and rank 0 admits
+  /// it; rank 0 itself cannot be replaced). On that plane the grown group's
+  /// calls carry buffers of up to 64 KiB for now (larger ones:
+  /// NotSupportedError on the replacement, docs/fault-tolerance.md "Between
+  /// processes"). Elsewhere NotSupportedError naming the call and the plane:
+  /// the shm and hierarchical planes are not supported yet; the MPI plane
+  /// cannot grow (an MPI communicator's members are fixed at MPI_Init; use
+  /// dopt's own planes for an elastic job). StateError on a newcomer's
+  /// handle.
   GrowResult grow(const GrowOptions& options = {});
   /// A newcomer's side of grow(): called once on the handle of the job this
-  /// rank is not yet a member of (a newcomer's RankContext::world()), on
+  /// rank is not yet a member of (a newcomer's RankContext::world(), or what
+  /// init_process_group returned in a replacement process), on
   /// the rank's thread; blocks until the members admitted it and the new
   /// group is ready, and returns it (GrowResult::new_rank empty). A
   /// newcomer whose credentials are not the job's: AuthenticationError
