@@ -57,6 +57,7 @@ void TcpMesh::Impl::part_done(Peer& p, const std::shared_ptr<Striped>& st, const
 }
 
 void TcpMesh::Impl::do_send(int peer, SendOp op) {
+  if (!rejoining.empty() && park(peer, [this, peer, op]() mutable { do_send(peer, std::move(op)); })) return;
   Peer& p = *peers[peer];
   if (closing_ || p.lost) return deliver(std::move(op.done), failure(p));
   const std::uint32_t pieces = pieces_for(op.n);
@@ -140,6 +141,8 @@ Completion TcpMesh::Impl::ordered(Peer& p, Tag tag, Completion done) {
 }
 
 void TcpMesh::Impl::do_recv(int peer, Tag tag, RecvOp op) {
+  if (!rejoining.empty() && park(peer, [this, peer, tag, op]() mutable { do_recv(peer, tag, std::move(op)); }))
+    return;
   Peer& p = *peers[peer];
   auto e = p.early.find(tag);
   if (e != p.early.end()) {

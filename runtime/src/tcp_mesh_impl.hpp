@@ -7,6 +7,8 @@
 //                     matching messages to recvs, striped message headers
 //   tcp_lanes.cpp     the data connections (one lane thread per index): the
 //                     pieces of striped messages
+//   tcp_rejoin.cpp    reconnect_peer(): a member's connections to a
+//                     replacement, and their installation
 //   tcp_settings.cpp  the DOPT_TCP_* settings
 //   tcp_transport.cpp the threads, close(), and TcpMesh's public functions
 #include <algorithm>
@@ -137,6 +139,17 @@ struct TcpMesh::Impl {
   int streams;
   std::vector<std::unique_ptr<Lane>> lanes;  // before peers: their sockets die first
   std::vector<std::unique_ptr<Peer>> peers;
+  // Replacing a peer (tcp_rejoin.cpp): the peers whose reconnection is under
+  // way, with the operations requested meanwhile (I/O thread); the replaced
+  // Peer states (their sockets' last handlers still point at them); the
+  // reconnecting threads (joined by close()). peers_m guards swapping an
+  // entry of `peers` against peer_lost() from other threads.
+  std::map<int, std::vector<std::function<void()>>> rejoining;
+  std::vector<std::unique_ptr<Peer>> retired;
+  mutable std::mutex peers_m;
+  std::mutex rejoin_m;
+  std::vector<std::thread> rejoin_threads;
+  std::atomic<bool> stop_rejoin{false};
 
   std::mutex m;            // guards closed_ and posting from foreign threads
   bool closed_ = false;    // no more operations accepted from foreign threads
@@ -183,6 +196,21 @@ struct TcpMesh::Impl {
   bool fully_connected(int peer) const {
     for (int c = 0; c <= streams; ++c)
       if (!connected(peer, c)) return false;
+    return true;
+  }
+
+  // ---- replacing a peer (tcp_rejoin.cpp) ---------------------------------------
+  bool accepts(int peer) const {
+    return std::find(opts.accept_from.begin(), opts.accept_from.end(), peer) != opts.accept_from.end();
+  }
+  void reconnect(int peer, const std::string& endpoint, std::chrono::milliseconds timeout);  // its thread
+  void install(int peer, std::unique_ptr<tcp::socket> ctl, std::vector<std::unique_ptr<tcp::socket>> data);
+  void rejoin_done(int peer);  // I/O thread: runs the operations that waited
+  /// I/O thread: true when op was kept until peer's reconnection ends.
+  bool park(int peer, std::function<void()> op) {
+    auto it = rejoining.find(peer);
+    if (it == rejoining.end()) return false;
+    it->second.push_back(std::move(op));
     return true;
   }
 

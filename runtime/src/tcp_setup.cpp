@@ -121,8 +121,10 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
   creds.world_size = world;
 
   // Resolve every peer we connect to first (synchronously; names a bad endpoint).
+  // A replacement's mesh (accept_from) connects to nobody: its members connect to it.
+  const bool replacement = !opts.accept_from.empty();
   std::vector<std::unique_ptr<Conn>> conns;
-  for (int j = rank + 1; j < world; ++j) {
+  for (int j = rank + 1; j < world && !replacement; ++j) {
     const Endpoint ep = parse_endpoint(endpoints[j], j, rank);
     boost::system::error_code ec;
     tcp::resolver resolver(io);
@@ -140,7 +142,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     }
   }
 
-  const int expected = (world - 1) * (streams + 1);
+  const int expected = (replacement ? int(opts.accept_from.size()) : world - 1) * (streams + 1);
   int have = 0;
   bool done = false;
   std::exception_ptr fatal;
@@ -280,13 +282,15 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
       }
       const int peer = a->in.rank;
       const int conn = a->in.conn;
-      if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= rank ||
+      const bool ours = replacement ? peer != rank && accepts(peer) : peer < rank;
+      if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= world || !ours ||
           (a->in.streams == streams && (conn < 0 || conn > streams))) {
         return finish(std::make_exception_ptr(IOError(
             k_op,
             "a peer connected as rank " + std::to_string(peer) + " of a world of " +
                 std::to_string(a->in.world) + " (protocol " + std::to_string(a->in.version) +
-                "); expected a rank below " + std::to_string(rank) + " of " + std::to_string(world),
+                "); expected " + (replacement ? "a member" : "a rank below " + std::to_string(rank)) +
+                " of " + std::to_string(world),
             rank)));
       }
       const bool differ = a->in.streams != streams;
@@ -364,9 +368,9 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     if (ec || done) return;
     std::string missing;
     for (int j = 0; j < world; ++j) {
-      if (j == rank || fully_connected(j)) continue;
+      if (j == rank || fully_connected(j) || (replacement && !accepts(j))) continue;
       if (!missing.empty()) missing += "; ";
-      if (j > rank)
+      if (j > rank && !replacement)
         missing += "rank " + std::to_string(j) + " at " + endpoints[j] + " (" +
                    (last_error[j].empty() ? std::string("no answer") : last_error[j]) + ")";
       else
@@ -377,7 +381,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
         k_op, "not connected within " + std::to_string(timeout.count()) + " ms to " + missing, rank)));
   });
 
-  if (rank > 0) do_accept();
+  if (rank > 0 || replacement) do_accept();
   for (auto& c : conns) try_connect(c.get());
   io.run();
   io.restart();
@@ -391,6 +395,14 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     }
     std::rethrow_exception(fatal);
   }
+  // A replacement's peers that are not members were lost before it came.
+  for (auto& p : peers)
+    if (replacement && p->rank != rank && !accepts(p->rank)) {
+      p->lost = std::make_exception_ptr(PeerLostError(
+          k_op, "rank " + std::to_string(p->rank) + " was lost before rank " + std::to_string(rank) + "'s replacement joined",
+          rank));
+      p->lost_flag = true;
+    }
   // Data connection k moves to lane k's io_context (its thread serves it).
   for (auto& p : peers)
     for (int k = 0; k < streams; ++k) {

@@ -60,7 +60,7 @@ void TcpMesh::Impl::start_threads() {
   }
   guard.emplace(asio::make_work_guard(io));
   for (int j = 0; j < world; ++j)
-    if (j != rank) read_header(*peers[j]);
+    if (j != rank && !peers[j]->lost) read_header(*peers[j]);
   thread = std::thread([this] { run_io(); });
 }
 
@@ -162,6 +162,13 @@ bool TcpMesh::Impl::drive(const std::function<bool()>& done, const std::function
 void TcpMesh::Impl::close() {
   if (in_io_thread())
     throw StateError(k_op, "close() called from a completion callback of the mesh", rank);
+  stop_rejoin = true;  // reconnect_peer's threads give up within 50 ms
+  std::vector<std::thread> rejoiners;
+  {
+    std::lock_guard<std::mutex> lock(rejoin_m);
+    rejoiners.swap(rejoin_threads);
+  }
+  for (auto& t : rejoiners) t.join();
   std::promise<void> shut;
   {
     std::lock_guard<std::mutex> lock(m);
@@ -270,6 +277,7 @@ void TcpMesh::fail_peer(int peer, const std::string& why) {
 
 bool TcpMesh::peer_lost(int peer) const {
   impl_->check_peer(peer, "peer_lost");
+  std::lock_guard<std::mutex> lock(impl_->peers_m);  // reconnect_peer swaps the entry
   return impl_->peers[peer]->lost_flag.load();
 }
 

@@ -165,6 +165,13 @@ struct TcpMeshOptions {
   /// Job id and secret every connection presents in its handshake (rank and
   /// world size are the mesh's). Default: no job id, no secret.
   net::Credentials credentials;
+  /// A replacement's mesh (a process that took a lost rank's slot in a
+  /// running job): when not empty, the constructor connects to nobody and
+  /// waits (until `timeout`) for these ranks, whatever their number, to
+  /// connect to it (each calls reconnect_peer with this rank's endpoint);
+  /// every other rank is lost from the start (PeerLostError). `endpoints`
+  /// are not used then. Empty: the ordinary setup.
+  std::vector<int> accept_from;
 };
 
 /// A bound, listening TCP socket (step 1 of the setup). Move-only.
@@ -272,6 +279,17 @@ class TcpMesh {
   void fail_peer(int peer, const std::string& why);
   /// True once the connection to peer has failed.
   bool peer_lost(int peer) const;
+
+  /// A member's side of a replacement (any thread; returns at once): connects
+  /// to the new process of rank `peer` at endpoint ("host:port" of its mesh,
+  /// built with TcpMeshOptions::accept_from), every connection with the
+  /// setup's handshake and hello, on a thread of its own, within timeout.
+  /// Operations with peer requested meanwhile wait for the outcome. Once
+  /// connected, peer's connections are the new ones (the old ones fail first
+  /// where they had not: PeerLostError to what was pending on them) and its
+  /// messages start afresh. A failure is told through dopt::notice() and
+  /// leaves peer lost. close() stops an attempt in progress.
+  void reconnect_peer(int peer, const std::string& endpoint, std::chrono::milliseconds timeout);
 
   /// Fails pending operations with StateError, closes the sockets and joins
   /// the I/O thread. Idempotent. Not from a completion callback.
