@@ -1,19 +1,23 @@
 // A replacement of a lost rank joins the running job (init_process_group
 // with DOPT_REPLACES, set by dopt-run --on-failure replace; issue 45,
 // docs/fault-tolerance.md "Between processes"): admission at rank 0's
-// rendezvous port, direct connections to the members, which revive the
-// slot; it then waits in ProcessGroup::join_group() for a grow().
+// rendezvous port, direct connections to the members, which hold it
+// waiting and connect their TCP meshes to its own; it then waits in
+// ProcessGroup::join_group() for a grow(), which revives the slot.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "collectives/access.hpp"
 #include "collectives/grow.hpp"
 #include "core/host_identity.hpp"
+#include "core/ranks.hpp"
 #include "core/rendezvous_internal.hpp"
 #include "core/runtime_impl.hpp"
+#include "core/secure_link.hpp"
 #include "core/world_setup.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/settings.hpp"
@@ -83,6 +87,19 @@ std::string revive_waiting(RankEndpoint& ep, int peer, std::chrono::milliseconds
   return why;
 }
 
+/// The endpoint of this process's TCP mesh (its rendezvous info `mine`) as
+/// the member whose info is `member` dials it (loopback in one network
+/// namespace, the advertised address otherwise), as world setup's
+/// data_endpoint does the other way round.
+std::string mesh_endpoint_for(const std::string& mine, const std::string& member, const std::string& host) {
+  const std::string net = info_field(member, "net");
+  const bool same_host = net.empty() ? member.rfind(host + " ", 0) == 0 : net == info_field(mine, "net");
+  const std::string addr = info_field(mine, "advx") == "1"
+                               ? info_field(mine, "addr")
+                               : peer_connect_address(same_host, info_field(mine, "addr"), info_field(mine, "bind"));
+  return addr + ":" + info_field(mine, "tcp");
+}
+
 }  // namespace
 
 void install_admission_post() {
@@ -113,8 +130,21 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   rt.add_endpoint(ep);
   HostIdentity identity;
   const std::string& host = identity.host_field();
+  // The TCP mesh's listener: the members connect to it once they hold this
+  // process waiting (TcpMesh::reconnect_peer), before init_process_group returns.
+  std::optional<transport::TcpListener> listener;
+  std::string my_info;
   auto make_info = [&] {
-    return host + publish_control_port(rt, sys, a, env, op) + " tcp=0 pid=" + std::to_string(::getpid());
+    my_info = host + publish_control_port(rt, sys, a, env, op);
+    if (plane_choice == "tcp" && !listener) {
+      try {
+        listener.emplace(transport::TcpMesh::listen(info_field(my_info, "bind"), env.port_range_lo, env.port_range_hi));
+      } catch (const IOError& e) {
+        throw IOError(op, "the data plane " + e.detail(), env.rank);
+      }
+    }
+    my_info += " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid());
+    return my_info;
   };
   RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op);
   const auto& payloads = rendezvous_payloads(rdv);
@@ -160,12 +190,29 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   for (int r : members) {
     std::string why;
     self->request(peers->actors[static_cast<std::size_t>(r)], caf::duration(env.handshake_timeout),
-                  revive_atom::value, env.rank, incarnation, a)
+                  revive_atom::value, env.rank, incarnation, a,
+                  mesh_endpoint_for(my_info, infos[static_cast<std::size_t>(r)], host),
+                  static_cast<std::int64_t>(env.handshake_timeout.count()))
         .receive([&](std::string& w) { why = std::move(w); },
                  [&](caf::error& e) { why = "no answer (" + sys.render(e) + ")"; });
     if (!why.empty())
       throw PeerLostError(op, admitted + ", but member " + std::to_string(r) + " did not take it: " + why, env.rank);
   }
+  // The TCP mesh: every member connects to it (the ranks lost before stay
+  // lost there); the rank actor takes it for buffers over 64 KiB.
+  transport::TcpMeshOptions mesh_options;
+  mesh_options.credentials = net::Credentials::from(env);
+  mesh_options.accept_from = members;
+  auto mesh = std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener),
+                                                   std::vector<std::string>(static_cast<std::size_t>(env.world_size)),
+                                                   env.handshake_timeout, mesh_options);
+  std::weak_ptr<transport::TcpMesh> weak = mesh;
+  runtime_add_stopper(rt, [weak] {
+    if (auto m = weak.lock()) m->close();
+  });
+  self->request(a, caf::infinite, setmesh_atom::value, mesh)
+      .receive([](bool) {},
+               [&](caf::error& e) { throw StateError(op, "the rank actor did not take its mesh: " + sys.render(e), env.rank); });
   // A newcomer's handle: no member of any group until join_group().
   std::vector<int> world;
   for (int r = 0; r < env.world_size; ++r) world.push_back(r);

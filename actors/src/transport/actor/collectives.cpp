@@ -87,9 +87,7 @@ caf::message RankState::make_net_arrival(CollState& st, const Op& op) {
   // Decided from the descriptor alone, so every rank takes the same path.
   st.ring = !small && op.desc.has_tensor();
   if (st.ring && !mesh)
-    throw NotSupportedError(op.desc.who(), "no TCP mesh for a buffer of more than " + std::to_string(kSmallBytes) +
-                                 " bytes between processes: a replacement that joined a running job has "
-                                 "none yet (docs/fault-tolerance.md, \"Between processes\")", rank);
+    throw no_mesh(op.desc.who());
   const bool is_root = op.my_grank == op.desc.root;
   na.bufs.resize(op.tensors.size());
   for (std::size_t i = 0; i < op.tensors.size(); ++i) {

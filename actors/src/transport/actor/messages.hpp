@@ -161,9 +161,14 @@ using hb_atom = caf::atom_constant<caf::atom("hb")>;      // (hb, rank): heartbe
 // from it again: the receiver was removed and must not go on.
 using fence_atom = caf::atom_constant<caf::atom("fence")>;
 // Growing back (issue 45, docs/fault-tolerance.md "Between processes").
-// (revive, rank, incarnation, actor) replacement -> member: the lost rank's
-// replacement waits for a grow(); answers "" or why not.
+// (revive, rank, incarnation, actor, mesh endpoint, timeout ms) replacement ->
+// member: the lost rank's replacement waits for a grow(); the member connects
+// its TCP mesh to the endpoint ("" when the replacement has no mesh) within
+// the timeout. Answers "" or why not.
 using revive_atom = caf::atom_constant<caf::atom("revive")>;
+// (setmesh, mesh) a replacement's init_process_group -> own rank actor, once
+// every member connected to its TCP mesh: the large buffers go over it.
+using setmesh_atom = caf::atom_constant<caf::atom("setmesh")>;
 // (revivenow, rank, timeout ms) user thread (grow() admitted it) -> own rank
 // actor: revive the replacement's slot once it waits here (within the
 // timeout: the leader may have seen it first); answers "" or why not.

@@ -39,9 +39,7 @@ void RankState::on_send(OpPtr op) {
         const char* p = static_cast<const char*>(t.data_ptr());
         np.buf.data.assign(p, p + t.nbytes());
       } else {
-        if (!mesh) throw NotSupportedError("send", "no TCP mesh for a buffer of more than " + std::to_string(kSmallBytes) +
-                                 " bytes between processes: a replacement that joined a running job has "
-                                 "none yet (docs/fault-tolerance.md, \"Between processes\")", rank);
+        if (!mesh) throw no_mesh("send");
         np.buf.over_mesh = true;  // the bytes follow on the mesh
         send_hold[key] = t;
         mesh->send(op->peer, p2p_tag(key), t.data_ptr(), t.nbytes(), [](std::exception_ptr) {});

@@ -120,8 +120,13 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
       },
       [self](failed_atom, const std::string& what) { self->state.on_self_failed(what); },
       [self](p2p_atom, const P2PArrivalPtr& a) { self->state.on_p2p(a); },
-      [self](revive_atom, int peer, int incarnation, const caf::actor& who) {
-        return self->state.announce(peer, incarnation, who);
+      [self](revive_atom, int peer, int incarnation, const caf::actor& who, const std::string& endpoint,
+             std::int64_t timeout_ms) {
+        return self->state.announce(peer, incarnation, who, endpoint, std::chrono::milliseconds(timeout_ms));
+      },
+      [self](setmesh_atom, const std::shared_ptr<transport::TcpMesh>& mesh) {
+        self->state.mesh = mesh;
+        return true;
       },
       [self](revivenow_atom, int peer, std::int64_t timeout_ms) {
         return self->state.revive_when_waiting(peer, std::chrono::milliseconds(timeout_ms));

@@ -151,6 +151,8 @@ struct RankState {
   void start_ring(CollKey key, CollState& st);
   void on_ring_done(const RingResult& r);
   static transport::Tag p2p_tag(const P2PKey& k);
+  /// The error of a call (`who`) whose buffer needs the mesh where there is none.
+  NotSupportedError no_mesh(const std::string& who) const;
   void on_p2p_received(const P2PKey& key, const std::string& error);
 
   // --- liveness (transport/actor/liveness.cpp) ------------------------------------------------
@@ -187,11 +189,14 @@ struct RankState {
   /// Net: the replacement `who` of lost rank `peer` (a later incarnation)
   /// connected: it waits (heartbeats both ways, PeerTable::announce) until a
   /// grow() takes it; the rank stays lost meanwhile, so a shrink() still
-  /// sees the loss. "" or why not.
-  std::string announce(int peer, int incarnation, const caf::actor& who);
+  /// sees the loss. The TCP mesh (when there is one) connects to the
+  /// replacement's at `endpoint` (when not "") within `timeout`, on a thread
+  /// of the mesh's (TcpMesh::reconnect_peer). "" or why not.
+  std::string announce(int peer, int incarnation, const caf::actor& who, const std::string& endpoint,
+                       std::chrono::milliseconds timeout);
   /// grow() took waiting rank `peer`: the slot is alive again (peer handle,
   /// lost/dead sets, PeerTable, liveness). "" or why not. The TCP mesh's
-  /// connection to it stays cut.
+  /// connection to it is the replacement's (announce).
   std::string revive(int peer);
   /// grow() (revivenow): revive(peer) now, or once its replacement waits
   /// here, within `timeout`.

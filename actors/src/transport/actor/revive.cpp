@@ -8,7 +8,8 @@
 
 namespace dopt::detail {
 
-std::string RankState::announce(int peer, int incarnation, const caf::actor& who) {
+std::string RankState::announce(int peer, int incarnation, const caf::actor& who, const std::string& endpoint,
+                                std::chrono::milliseconds timeout) {
   const std::string me = "rank " + std::to_string(rank);
   if (!net || !table || peer < 0 || peer >= world || peer == rank || !who)
     return me + " cannot take rank " + std::to_string(peer) + "'s replacement (not a peer process)";
@@ -20,6 +21,8 @@ std::string RankState::announce(int peer, int incarnation, const caf::actor& who
            "'s view (it has seen incarnation " + std::to_string(last) + ")";
   waiting[peer] = Waiting{incarnation, who};
   table->announce(peer, incarnation);
+  // Before the answer: the replacement's mesh waits for this connection.
+  if (mesh && !endpoint.empty()) mesh->reconnect_peer(peer, endpoint, timeout);
   self->monitor(who);
   // A grow() that took it already (its leader saw it first): revive now.
   if (auto r = revive_requests.find(peer); r != revive_requests.end()) {

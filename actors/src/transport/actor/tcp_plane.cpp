@@ -8,6 +8,11 @@
 
 namespace dopt::detail {
 
+NotSupportedError RankState::no_mesh(const std::string& who) const {
+  return NotSupportedError(who, "no TCP mesh for a buffer of more than " + std::to_string(kSmallBytes) +
+                                    " bytes between processes (this world runs without one)", rank);
+}
+
 /// Tcp: runs the collective on the mesh; its completion comes back as a
 /// (ringdone, RingResult) message.
 void RankState::start_ring(CollKey key, CollState& st) {
