@@ -17,12 +17,15 @@
 //       the world WAIT_MS later (1500: its replacement has connected by then;
 //       0: grow() waits for it) and grow() it by one; the replacement (dopt-run
 //       --on-failure replace) calls join_group(); all of them all_reduce
-//       over the grown group (the sum of RANK + 1 over every rank).
+//       over the grown group (the sum of RANK + 1 over every rank), 8
+//       floats (inline with the control messages) and 1 MiB (over the TCP
+//       mesh, which the members connected to the replacement's).
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -94,14 +97,19 @@ long replaced_scenario(ProcessGroup& world, int me, int victim, const std::strin
   return c.checks;
 }
 
-/// The grown group: `joined` joined it, it has every rank, and an
-/// all_reduce over it sums RANK + 1 over them.
+/// The grown group: `joined` joined it, it has every rank, and all_reduces
+/// over it, small and 1 MiB, sum RANK + 1 over them.
 void check_grown(dopt::testing::Checker& c, dopt::GrowResult& g, int joined, double n, int me) {
   c.expect(g.joined == std::vector<int>{joined}, "joined: the lost rank's replacement");
   c.expect(g.group.size() == n, "the grown group has every rank");
   Tensor t = Tensor::full({8}, me + 1.0);
   g.group.all_reduce(t);
   c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
+  Tensor big = Tensor::full({1 << 18}, me + 1.0);
+  g.group.all_reduce(big);
+  bool summed = true;
+  for (std::int64_t i = 0; i < (1 << 18); ++i) summed = summed && big.at(i) == n * (n + 1) / 2;
+  c.expect(summed, "all_reduce of 1 MiB on the grown group (the TCP mesh)");
   g.group.barrier();
 }
 

@@ -133,7 +133,9 @@ TEST_CASE("replace: a replacement without the job's secret is refused, and the s
 TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow, and the grown group all_reduces",
           "[replace][multiprocess]") {
   // Rank 1 kills itself; ranks 0 and 2 shrink, then grow() by one; rank 1's
-  // replacement joins through join_group(); all three sum RANK + 1. The
+  // replacement joins through join_group(); all three sum RANK + 1, in 8
+  // floats and in 1 MiB (over the TCP mesh: the survivors' meshes connect to
+  // the replacement's when it joins). The
   // survivors shrink at once (grow() then waits for the replacement), or
   // 1.5 s later (it waits for them, and shrink() must still see the loss).
   const std::string wait_ms = GENERATE(std::string("0"), std::string("1500"));
@@ -143,6 +145,6 @@ TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow
   INFO(d.out);
   CHECK(d.ok());
   check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
-                    "[rank 0] ok 0 5", "[rank 1] ok 1 3", "[rank 2] ok 2 5"});
+                    "[rank 0] ok 0 6", "[rank 1] ok 1 4", "[rank 2] ok 2 6"});
   CHECK_FALSE(contains(d.out, "error "));
 }
