@@ -160,6 +160,7 @@ void TcpMesh::reconnect_peer(int peer, const std::string& endpoint, std::chrono:
   // Marked first: what this thread requests after this call waits for it.
   im->submit([im, peer] { im->rejoining[peer]; });
   std::lock_guard<std::mutex> lock(im->rejoin_m);
+  if (im->stop_rejoin) return;  // closing: its operations fail with the mesh's
   im->rejoin_threads.emplace_back([im, peer, endpoint, timeout] { im->reconnect(peer, endpoint, timeout); });
 }
 

@@ -44,6 +44,10 @@ TcpMesh::Impl::~Impl() {
 
 void TcpMesh::Impl::shutdown_all() {
   closing_ = true;
+  // What waited for a reconnection fails as the rest does.
+  auto parked = std::exchange(rejoining, {});
+  for (auto& [peer, ops] : parked)
+    for (auto& op : ops) op();
   for (auto& pp : peers) {
     Peer& p = *pp;
     boost::system::error_code ec;
@@ -162,10 +166,10 @@ bool TcpMesh::Impl::drive(const std::function<bool()>& done, const std::function
 void TcpMesh::Impl::close() {
   if (in_io_thread())
     throw StateError(k_op, "close() called from a completion callback of the mesh", rank);
-  stop_rejoin = true;  // reconnect_peer's threads give up within 50 ms
   std::vector<std::thread> rejoiners;
   {
     std::lock_guard<std::mutex> lock(rejoin_m);
+    stop_rejoin = true;  // reconnect_peer's threads give up within 50 ms; no new one starts
     rejoiners.swap(rejoin_threads);
   }
   for (auto& t : rejoiners) t.join();
