@@ -270,8 +270,8 @@ class ProcessGroup {
   /// are replacements of lost ranks (dopt-run --on-failure replace: each
   /// takes its lost rank's number with a new incarnation, and rank 0 admits
   /// it; rank 0 itself cannot be replaced). On that plane the grown group's
-  /// calls carry buffers of up to 64 KiB for now (larger ones:
-  /// NotSupportedError on the replacement, docs/fault-tolerance.md "Between
+  /// calls carry buffers of any size (the members' TCP meshes connect to
+  /// the replacement's as it joins; docs/fault-tolerance.md "Between
   /// processes"). Elsewhere NotSupportedError naming the call and the plane:
   /// the shm and hierarchical planes are not supported yet; the MPI plane
   /// cannot grow (an MPI communicator's members are fixed at MPI_Init; use
