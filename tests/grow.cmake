@@ -1,6 +1,9 @@
 # Growing a group between real processes (tests/replace_multiprocess.test.cpp,
 # tags [replace][multiprocess]): tests/grow_peer.cpp is one rank, started by
-# hand or by dopt-run. Label and timeout from tests/rendezvous.cmake.
+# hand or by dopt-run; tests/zero_grow_peer.cpp is one rank of ZeRO growing
+# back (its reference run shares zero_survive_reference.hpp with the
+# simulated tests). Label and timeout from tests/rendezvous.cmake.
 if(TARGET dopt_tests)
   dopt_test_peer(grow)
+  dopt_test_peer(zero_grow distributed/src)
 endif()

@@ -3,7 +3,8 @@
 // plane (DOPT_TRANSPORT=tcp) the replacement joins the running job through
 // join_group() while the survivors grow(); on the shm plane grow() and the
 // replacement refuse clearly (docs/fault-tolerance.md, "Between processes").
-// The ranks are small shell programs and tests/grow_peer.cpp.
+// The ranks are small shell programs, tests/grow_peer.cpp and
+// tests/zero_grow_peer.cpp.
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
@@ -21,6 +22,7 @@ using namespace dopt::testing;
 
 const std::string kDoptRun = std::string(DOPT_BINARY_DIR) + "/tools/dopt-run";
 const std::string kGrowPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_grow_peer";
+const std::string kZeroGrowPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_zero_grow_peer";
 
 /// dopt-run --on-failure replace with `options` (after it), `ranks` ranks of
 /// `program` (run by /bin/sh -c), and `env` over a 30 s collective timeout.
@@ -146,5 +148,23 @@ TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow
   CHECK(d.ok());
   check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
                     "[rank 0] ok 0 6", "[rank 1] ok 1 4", "[rank 2] ok 2 6"});
+  CHECK_FALSE(contains(d.out, "error "));
+}
+
+TEST_CASE("replace: ZeRO (redundancy 1) loses a rank at step 2, its replacement joins at step 4, bitwise the reference",
+          "[replace][multiprocess]") {
+  // 5 ranks train ZeRO (Adam); rank 2 kills itself before step 2's
+  // gradients; the others recover (its shard from the buddy copy) and train
+  // steps 2 and 3 over 4 ranks; before step 4 they grow() and catch the
+  // replacement up (zero_catch_up); all train to step 7 and compare their
+  // parameters bitwise with a reference run of a plain Adam over the mean
+  // gradients of the ranks that contributed to each step (tests/zero_grow_peer.cpp).
+  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kZeroGrowPeer + " 2 2 4 7",
+                               {{"DOPT_TRANSPORT", "tcp"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"dopt-run: rank 2 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 32", "[rank 1] ok 1 32", "[rank 2] ok 2 31", "[rank 3] ok 3 32",
+                    "[rank 4] ok 4 32"});
   CHECK_FALSE(contains(d.out, "error "));
 }
