@@ -159,7 +159,10 @@ TEST_CASE("replace: ZeRO (redundancy 1) loses a rank at step 2, its replacement 
   // replacement up (zero_catch_up); all train to step 7 and compare their
   // parameters bitwise with a reference run of a plain Adam over the mean
   // gradients of the ranks that contributed to each step (tests/zero_grow_peer.cpp).
-  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kZeroGrowPeer + " 2 2 4 7",
+  // With the parameters as views of ZeRO's buckets, and without.
+  const std::string bucket_view = GENERATE(std::string(""), std::string(" bucket_view"));
+  INFO("dopt_zero_grow_peer 2 2 4 7" << bucket_view);
+  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kZeroGrowPeer + " 2 2 4 7" + bucket_view,
                                {{"DOPT_TRANSPORT", "tcp"}});
   INFO(d.out);
   CHECK(d.ok());

@@ -2,7 +2,7 @@
 // (tests/replace_multiprocess.test.cpp), started by dopt-run --on-failure
 // replace on the actor plane (DOPT_TRANSPORT=tcp):
 //
-//   dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS
+//   dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view]
 //       the ranks train a ZeroRedundancyOptimizer (Adam, redundancy 1) over
 //       the gradients of survive_reference::grad_elem, averaged over the
 //       current group each step; rank VICTIM kills itself (SIGKILL) before
@@ -13,7 +13,7 @@
 //       VICTIM's replacement (DOPT_REPLACES) join_group()s, makes its ZeRO
 //       and catches up (state, parameters, step count: sent by the members).
 //       All train to step STEPS; every rank compares its parameters bitwise
-//       with the reference below.
+//       with the reference below. bucket_view: parameters_as_bucket_view.
 //
 // The reference: a plain Adam (same spec) over make_params, stepped at step t
 // with the mean of grad_elem(r, t, ...) over the ranks r that contributed:
@@ -50,6 +50,7 @@ struct Plan {
   int victim = 2;
   std::int64_t lost_at = 2, join_at = 4, steps = 7;
   int n = 5;
+  bool bucket_view = false;
 };
 
 /// The reference run's parameters after p.steps steps.
@@ -76,9 +77,13 @@ std::vector<Tensor> reference(const Plan& p) {
   return ps;
 }
 
-ZeroOptions options_over(const ProcessGroup& g) {
+ZeroOptions options_over(const ProcessGroup& g, const Plan& p) {
   ZeroOptions zo{g};
   zo.redundancy = 1;
+  zo.parameters_as_bucket_view = p.bucket_view;
+  // A member's parameters are views of its old optimizer's buckets when it
+  // makes the new one; the tensors here are the parameters themselves.
+  if (p.bucket_view) zo.rebind_parameter = [](const Tensor&) {};
   return zo;
 }
 
@@ -92,11 +97,11 @@ long zero_grow_scenario(ProcessGroup& world, int me, const Plan& p) {
     for (auto& q : params) q.data<float>()[0] = 1e6f;  // what it holds does not matter: it is sent
     auto joined = world.join_group();
     g = joined.group;
-    zero = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(g));
+    zero = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(g, p));
     zero_catch_up(*zero, nullptr, joined);
     c.expect(zero->step_count() == p.join_at, "the newcomer caught up at step JOIN_AT");
   } else {
-    zero = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(g));
+    zero = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(g, p));
   }
   int recoveries = 0;
   while (zero->step_count() < p.steps) {
@@ -104,7 +109,7 @@ long zero_grow_scenario(ProcessGroup& world, int me, const Plan& p) {
     if (t == p.join_at && g.size() < p.n) {
       auto grown = g.grow();
       c.expect(grown.joined == std::vector<int>{p.victim}, "joined: the lost rank's replacement");
-      auto bigger = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(grown.group));
+      auto bigger = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(grown.group, p));
       zero_catch_up(*bigger, zero.get(), grown);
       zero = std::move(bigger);
       g = grown.group;
@@ -135,12 +140,13 @@ long zero_grow_scenario(ProcessGroup& world, int me, const Plan& p) {
 
 int main(int argc, char** argv) {
   return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
-    if (argc <= 4) throw dopt::testing::Usage{"dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS"};
+    if (argc <= 4) throw dopt::testing::Usage{"dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view]"};
     Plan p;
     p.victim = std::stoi(argv[1]);
     p.lost_at = std::stoll(argv[2]);
     p.join_at = std::stoll(argv[3]);
     p.steps = std::stoll(argv[4]);
+    p.bucket_view = argc > 5 && std::string(argv[5]) == "bucket_view";
     p.n = std::atoi(std::getenv("WORLD_SIZE"));
     return zero_grow_scenario(world, rank, p);
   }, /*leave_together=*/false);
