@@ -20,6 +20,13 @@
 //       over the grown group (the sum of RANK + 1 over every rank), 8
 //       floats (inline with the control messages) and 1 MiB (over the TCP
 //       mesh, which the members connected to the replacement's).
+//   dopt_grow_peer cycles VICTIM KILLS
+//       rank VICTIM is lost KILLS times in a row: each of its incarnations
+//       below KILLS (DOPT_INCARNATION; the first start is 0) kills itself
+//       (SIGKILL) after the group it is in has done an all_reduce; each
+//       replacement join_group()s; the others, after each loss, shrink,
+//       grow and check the grown group as in `grown`, and go on; at the end
+//       every rank checks an all_reduce over the last grown group.
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
 #include <unistd.h>
@@ -140,6 +147,48 @@ long grown_scenario(ProcessGroup& world, int me, int victim, int wait_ms) {
   return c.checks;
 }
 
+/// An all_reduce of 8 floats over `g` sums RANK + 1 over its `n` ranks.
+void check_sum(dopt::testing::Checker& c, ProcessGroup& g, double n, int me, const std::string& what) {
+  Tensor t = Tensor::full({8}, me + 1.0);
+  g.all_reduce(t);
+  c.expect(t.at(7) == n * (n + 1) / 2, what);
+}
+
+long cycles_scenario(ProcessGroup& world, int me, int victim, int kills) {
+  dopt::testing::Checker c{me};
+  const double n = std::atoi(std::getenv("WORLD_SIZE"));
+  const char* inc = std::getenv("DOPT_INCARNATION");
+  const int incarnation = inc ? std::atoi(inc) : 0;
+  ProcessGroup g = world;
+  if (me == victim) {
+    if (std::getenv("DOPT_REPLACES")) {
+      auto j = world.join_group();
+      check_grown(c, j, me, n, me);
+      g = j.group;
+    }
+    if (incarnation < kills) {
+      check_sum(c, g, n, me, "all_reduce before the loss");
+      // (Not at once: the others may not have seen the all_reduce end yet.)
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      dopt::testing::die();
+    }
+  } else {
+    for (int cycle = 0; cycle < kills; ++cycle) {
+      check_sum(c, g, n, me, "all_reduce before loss " + std::to_string(cycle + 1));
+      c.expect(dopt::testing::carries_peer_lost(g.all_reduce_async(Tensor::full({8}, 1.0))),
+               "the all_reduce fails with PeerLostError");
+      auto s = g.shrink();
+      c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+      auto grown = s.group.grow();
+      check_grown(c, grown, victim, n, me);
+      g = grown.group;
+    }
+  }
+  check_sum(c, g, n, me, "all_reduce over the last grown group");
+  g.barrier();
+  return c.checks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,6 +197,7 @@ int main(int argc, char** argv) {
     if (mode == "refused") return refused_scenario(world, rank);
     if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
     if (mode == "grown" && argc > 3) return grown_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
-    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS"};
+    if (mode == "cycles" && argc > 3) return cycles_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
+    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM KILLS"};
   }, /*leave_together=*/false);
 }
