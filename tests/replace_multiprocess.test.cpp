@@ -10,6 +10,9 @@
 
 #include <sys/wait.h>
 
+#include <filesystem>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -72,6 +75,27 @@ void replacement_refused(const std::string& prefix, std::map<std::string, std::s
   check_has(d.out, replacement_error);
   check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
                     "[rank 0] ok 0 ", "[rank 2] ok 2 ", "dopt-run: 1 rank(s) failed (1), 2 finished"});
+}
+
+/// The names in /dev/shm that dopt makes ("dopt-<creator pid>-...", runtime/src/shm.cpp).
+std::set<std::string> dopt_shm_names() {
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("dopt-", 0) == 0) names.insert(n);
+  }
+  return names;
+}
+
+/// The pids that lines "[rank R] pid P" in `out` name.
+std::vector<std::string> printed_pids(const std::string& out) {
+  std::vector<std::string> pids;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const auto at = line.find("] pid ");
+    if (line.rfind("[rank ", 0) == 0 && at != std::string::npos) pids.push_back(line.substr(at + 6));
+  }
+  return pids;
 }
 
 }  // namespace
@@ -170,4 +194,33 @@ TEST_CASE("replace: ZeRO (redundancy 1) loses a rank at step 2, its replacement 
                     "[rank 0] ok 0 32", "[rank 1] ok 1 32", "[rank 2] ok 2 31", "[rank 3] ok 3 32",
                     "[rank 4] ok 4 32"});
   CHECK_FALSE(contains(d.out, "error "));
+}
+
+TEST_CASE("replace: 10 kill-and-replace cycles in one run of dopt-run --on-failure replace leave /dev/shm clean",
+          "[replace][multiprocess]") {
+  // Rank 1 is lost 10 times in a row: each incarnation below 10 kills itself
+  // after its group's all_reduce; ranks 0 and 2 shrink, grow and check the
+  // grown group (8 floats and 1 MiB) each time; the 10th replacement stays
+  // and all three check the last group (tests/grow_peer.cpp, mode cycles).
+  // Every process prints its pid: afterwards /dev/shm holds no name that one
+  // of them made (other tests running alongside may make their own).
+  const std::set<std::string> before = dopt_shm_names();
+  const Done d = run_replacing({"--max-replacements", "10"}, 3,
+                               "echo \"pid $$\"; exec " + kGrowPeer + " cycles 1 10", {{"DOPT_TRANSPORT", "tcp"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"starting its replacement (incarnation 10, --on-failure replace)",
+                    "dopt-run: 10 replacement(s) started (ranks 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)", "[rank 0] ok 0 71",
+                    "[rank 1] ok 1 5", "[rank 2] ok 2 71"});
+  CHECK_FALSE(contains(d.out, "incarnation 11"));
+  CHECK_FALSE(contains(d.out, "error "));
+  const std::vector<std::string> pids = printed_pids(d.out);
+  CHECK(pids.size() == 13);  // 3 first starts and 10 replacements
+  for (const std::string& name : dopt_shm_names()) {
+    if (before.count(name)) continue;
+    for (const std::string& pid : pids) {
+      INFO("left in /dev/shm: " << name);
+      CHECK(name.rfind("dopt-" + pid + "-", 0) != 0);
+    }
+  }
 }
