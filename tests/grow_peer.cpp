@@ -104,14 +104,19 @@ long replaced_scenario(ProcessGroup& world, int me, int victim, const std::strin
   return c.checks;
 }
 
+/// An all_reduce of 8 floats over `g` sums RANK + 1 over its `n` ranks.
+void check_sum(dopt::testing::Checker& c, ProcessGroup& g, double n, int me, const std::string& what) {
+  Tensor t = Tensor::full({8}, me + 1.0);
+  g.all_reduce(t);
+  c.expect(t.at(7) == n * (n + 1) / 2, what);
+}
+
 /// The grown group: `joined` joined it, it has every rank, and all_reduces
 /// over it, small and 1 MiB, sum RANK + 1 over them.
 void check_grown(dopt::testing::Checker& c, dopt::GrowResult& g, int joined, double n, int me) {
   c.expect(g.joined == std::vector<int>{joined}, "joined: the lost rank's replacement");
   c.expect(g.group.size() == n, "the grown group has every rank");
-  Tensor t = Tensor::full({8}, me + 1.0);
-  g.group.all_reduce(t);
-  c.expect(t.at(7) == n * (n + 1) / 2, "all_reduce on the grown group");
+  check_sum(c, g.group, n, me, "all_reduce on the grown group");
   Tensor big = Tensor::full({1 << 18}, me + 1.0);
   g.group.all_reduce(big);
   bool summed = true;
@@ -145,13 +150,6 @@ long grown_scenario(ProcessGroup& world, int me, int victim, int wait_ms) {
   auto g = s.group.grow();
   check_grown(c, g, victim, n, me);
   return c.checks;
-}
-
-/// An all_reduce of 8 floats over `g` sums RANK + 1 over its `n` ranks.
-void check_sum(dopt::testing::Checker& c, ProcessGroup& g, double n, int me, const std::string& what) {
-  Tensor t = Tensor::full({8}, me + 1.0);
-  g.all_reduce(t);
-  c.expect(t.at(7) == n * (n + 1) / 2, what);
 }
 
 long cycles_scenario(ProcessGroup& world, int me, int victim, int kills) {
