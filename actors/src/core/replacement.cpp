@@ -125,9 +125,8 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   install_admission_post();
   auto& rt = Access::impl(runtime);
   auto& sys = rt.system(op);
-  caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
-  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout, nullptr);
-  rt.add_endpoint(ep);
+  caf::actor a;
+  auto ep = start_rank_actor(rt, sys, env, &a);
   HostIdentity identity;
   const std::string& host = identity.host_field();
   // The TCP mesh's listener: the members connect to it once they hold this

@@ -70,9 +70,8 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   auto& rt = detail::Access::impl(runtime);
   auto& sys = rt.system(op);
   if (env.local_rank == 0) shm::remove_stale_segments();
-  caf::actor a = sys.spawn(rank_actor, env.rank, env.world_size);
-  auto ep = std::make_shared<LocalEndpoint>(a, env.rank, env.world_size, rt.options_.collective_timeout, nullptr);
-  rt.add_endpoint(ep);
+  caf::actor a;
+  auto ep = start_rank_actor(rt, sys, env, &a);
   // Every rank actor listens on a port of its own, so that every pair of
   // ranks gets a direct connection: a peer's death is then seen by all
   // (BASP would otherwise route through rank 0, and lose sight of the dead

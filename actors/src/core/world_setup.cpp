@@ -6,7 +6,9 @@
 #include "core/host_identity.hpp"
 #include "core/ranks.hpp"
 #include "core/rendezvous_internal.hpp"
+#include "core/runtime_impl.hpp"
 #include "core/secure_link.hpp"
+#include "transport/actor/rank_state.hpp"
 
 namespace dopt::detail {
 
@@ -82,6 +84,14 @@ std::string rendezvous_failure_of(const RendezvousResult& rdv) {
 
 void rendezvous_report(const RendezvousResult& rdv, const std::string& what) noexcept {
   rendezvous_report_failure(rdv, what);
+}
+
+std::shared_ptr<LocalEndpoint> start_rank_actor(RuntimeImpl& rt, caf::actor_system& sys, const LaunchEnv& env,
+                                                caf::actor* actor) {
+  *actor = sys.spawn(rank_actor, env.rank, env.world_size);
+  auto ep = std::make_shared<LocalEndpoint>(*actor, env.rank, env.world_size, rt.options_.collective_timeout, nullptr);
+  rt.add_endpoint(ep);
+  return ep;
 }
 
 }  // namespace dopt::detail

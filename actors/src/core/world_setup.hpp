@@ -5,6 +5,7 @@
 // of one rank reaches all of them at once.
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -29,6 +30,15 @@ namespace dopt::detail {
 std::string publish_control_port(RuntimeImpl& rt, caf::actor_system& sys, caf::actor a, const LaunchEnv& env,
                                  const char* op);
 
+class LocalEndpoint;
+
+/// Spawns this process's rank actor (env.rank of env.world_size) and adds
+/// its endpoint to the runtime, which then routes this rank's calls to it.
+/// User thread, once per init_process_group (a starting rank's or a
+/// replacement's); *actor gets the rank actor.
+std::shared_ptr<LocalEndpoint> start_rank_actor(RuntimeImpl& rt, caf::actor_system& sys, const LaunchEnv& env,
+                                                caf::actor* actor);
+
 /// The value of " key=value" in an info text ("" when absent).
 std::string info_field(const std::string& info, const std::string& key);
 
@@ -51,6 +61,10 @@ std::string data_endpoint(const std::string& host_prefix, const std::string& pee
 template <class F>
 auto setup_step(const RendezvousResult& rdv, int rank, const char* op, F&& step) -> decltype(step());
 
+/// Lets grow() and join_group() between processes reach the rank actors
+/// (collectives/grow.hpp, AdmissionPost). Idempotent; user thread.
+void install_admission_post();
+
 /// init_process_group on a replacement of lost rank `replaces` (DOPT_REPLACES;
 /// core/replacement.cpp), user thread: admitted at rank 0's rendezvous to
 /// the lost rank's slot, it connects to the members, and each revives the
@@ -59,10 +73,6 @@ auto setup_step(const RendezvousResult& rdv, int rank, const char* op, F&& step)
 /// Between processes on the actor plane (plane_choice "tcp") only:
 /// NotSupportedError otherwise, after the admission (so a process without
 /// the job's secret is refused as any other, AuthenticationError).
-/// Lets grow() and join_group() between processes reach the rank actors
-/// (collectives/grow.hpp, AdmissionPost). Idempotent; user thread.
-void install_admission_post();
-
 ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options,
                                 long long replaces, const std::string& plane_choice, const char* op);
 
