@@ -87,10 +87,17 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dopt_run_output.hpp"
+#include "dopt_run_secret.hpp"
+
 extern char** environ;
 
 namespace {
 
+using dopt_run::say;
+using dopt_run::SecretFile;
+using dopt_run::Stream;
+using dopt_run::random_hex;
 using Clock = std::chrono::steady_clock;
 
 int g_signal_pipe[2] = {-1, -1};
@@ -101,80 +108,6 @@ void on_signal(int sig) {
   [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
   errno = saved;
 }
-
-void write_all(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // EPIPE etc.: the reader is gone, drop the output
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
-
-void say(const std::string& msg) {
-  const std::string line = "dopt-run: " + msg + "\n";
-  write_all(STDERR_FILENO, line.data(), line.size());
-}
-
-// One output stream (stdout or stderr) of one rank.
-struct Stream {
-  int fd = -1;      // read end, -1 once closed
-  int out_fd = -1;  // where the prefixed lines go
-  std::string prefix;
-  std::string partial;
-
-  void emit(const char* p, std::size_t n) {
-    std::string line;
-    line.reserve(prefix.size() + n + 1);
-    line += prefix;
-    line.append(p, n);
-    line += '\n';
-    write_all(out_fd, line.data(), line.size());
-  }
-
-  void consume(const char* p, std::size_t n) {
-    partial.append(p, n);
-    std::size_t start = 0;
-    for (;;) {
-      const std::size_t nl = partial.find('\n', start);
-      if (nl == std::string::npos) break;
-      emit(partial.data() + start, nl - start);
-      start = nl + 1;
-    }
-    partial.erase(0, start);
-    constexpr std::size_t kMaxLine = 1 << 20;  // a line this long is cut
-    if (partial.size() >= kMaxLine) {
-      emit(partial.data(), partial.size());
-      partial.clear();
-    }
-  }
-
-  // Reads what is available; returns false at EOF (and closes).
-  bool read_some() {
-    char buf[65536];
-    for (;;) {
-      const ssize_t r = ::read(fd, buf, sizeof buf);
-      if (r > 0) {
-        consume(buf, static_cast<std::size_t>(r));
-        continue;  // non-blocking: read until EAGAIN
-      }
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      close_stream();
-      return false;
-    }
-  }
-
-  void close_stream() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-    if (!partial.empty()) emit(partial.data(), partial.size());
-    partial.clear();
-  }
-};
 
 struct Rank {
   int rank = 0;
@@ -305,53 +238,6 @@ char process_state(pid_t pid) {
     if (buf[i] == ')') close = buf + i;
   return close && close + 2 < buf + n ? close[2] : '?';
 }
-
-std::string random_hex(std::size_t bytes) {
-  std::vector<unsigned char> b(bytes);
-  std::size_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = ::getrandom(b.data() + got, bytes - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error(std::string("getrandom: ") + std::strerror(errno));
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : b) out += digits[c >> 4], out += digits[c & 15];
-  return out;
-}
-
-/// A fresh random secret in a new folder only this user can enter; removed
-/// by the destructor.
-class SecretFile {
- public:
-  SecretFile() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dopt-run-XXXXXX";
-    if (!::mkdtemp(templ.data())) throw std::runtime_error("cannot create a folder for the job's secret in " + templ +
-                                                           ": " + std::strerror(errno));
-    dir_ = templ;
-    path_ = dir_ + "/secret";
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) throw std::runtime_error("cannot create " + path_ + ": " + std::strerror(errno));
-    const std::string secret = random_hex(32);
-    const bool ok = ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
-    ::close(fd);
-    if (!ok) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
-  }
-  ~SecretFile() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  SecretFile(const SecretFile&) = delete;
-  SecretFile& operator=(const SecretFile&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string dir_, path_;
-};
 
 class Launcher {
  public:
