@@ -126,6 +126,7 @@ const char* purpose_name(Purpose p) noexcept {
     case Purpose::rendezvous: return "the rendezvous";
     case Purpose::control: return "a control port";
     case Purpose::data: return "a data port";
+    case Purpose::rejoin: return "the rendezvous (rejoining)";
   }
   return "an unknown port";
 }
@@ -293,7 +294,7 @@ std::string ServerHandshake::on_proof(const std::string& proof) {
                job_text(peer_.job_id);  // this side's note
     return verdict;
   }
-  if (peer_.purpose != purpose_)
+  if (peer_.purpose != purpose_ && !(purpose_ == Purpose::rendezvous && peer_.purpose == Purpose::rejoin))
     return refuse(k_refused, std::string("this is ") + purpose_name(purpose_) + " of rank " +
                                  std::to_string(mine_.rank) + ", not " + purpose_name(peer_.purpose));
   if (admit_) {

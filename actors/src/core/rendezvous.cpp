@@ -620,10 +620,16 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     auto admitted = std::make_shared<std::atomic<int>>(0);
     o.admit = [closed, world, job, max_admitted, admitted, replacements](const net::PeerHello& p) -> std::string {
       // Once the world is up, only the replacement of a rank rank 0 sees lost
-      // comes in (its coordinator checks the rest).
-      if (closed->load() && p.rank > 0 && p.rank < world && p.world_size == world &&
-          replacements->judge(p.rank).empty())
-        return {};
+      // comes in (its coordinator checks the rest); it presents Purpose::rejoin,
+      // so a starting rank is never taken for one.
+      if (p.purpose == net::Purpose::rejoin) {
+        if (closed->load() && p.rank > 0 && p.rank < world && p.world_size == world &&
+            replacements->judge(p.rank).empty())
+          return {};
+        // (The replacement tries again on "the world is already closed": rank 0 may not have seen the loss yet.)
+        return "the world is already closed to a replacement of rank " + std::to_string(p.rank) + " now: " +
+               (closed->load() ? replacements->judge(p.rank) : std::string("rank 0's world is not up yet"));
+      }
       if (closed->load())
         return "the world is already closed: all " + std::to_string(world) + " ranks of " + job +
                " have joined, so rank " + std::to_string(p.rank) + " is already taken";
@@ -664,7 +670,8 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     impl->mine = sys.spawn(detail::member);
     try {
       impl->coord = detail::secure_remote_actor(
-          sys, env.master_addr, env.master_port, net::Purpose::rendezvous, impl->creds, env.handshake_timeout,
+          sys, env.master_addr, env.master_port, incarnation > 0 ? net::Purpose::rejoin : net::Purpose::rendezvous,
+          impl->creds, env.handshake_timeout,
           deadline, /*retry_until_deadline=*/true, "rank 0 at " + env.master_addr + ":" + std::to_string(env.master_port),
           "rendezvous");
     } catch (...) {

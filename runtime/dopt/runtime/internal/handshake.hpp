@@ -50,8 +50,10 @@
 namespace dopt::net {
 
 /// Which kind of port a connection is for (a server refuses the others).
-enum class Purpose : std::uint8_t { rendezvous = 1, control = 2, data = 3 };
-/// "the rendezvous", "a control port", "a data port".
+/// rejoin: a replacement of a lost rank at the rendezvous port (a server of
+/// Purpose::rendezvous takes it too; its admit tells the two apart).
+enum class Purpose : std::uint8_t { rendezvous = 1, control = 2, data = 3, rejoin = 4 };
+/// "the rendezvous", "a control port", "a data port", "the rendezvous (rejoining)".
 const char* purpose_name(Purpose p) noexcept;
 
 /// What this process presents: from LaunchEnv (job_id, secret, rank,
