@@ -160,7 +160,9 @@ def summarize(lines, nproc):
                  newcomer_s=join["first_step_end"] - join["proc_start"],
                  newcomer_from_main_s=join["first_step_end"] - join["main_start"],
                  newcomer_init_s=join["init_done"] - join["main_start"],
-                 newcomer_lobby_s=join["joined"] - join["init_done"],
+                 newcomer_alloc_s=join["allocated"] - join["init_done"],
+                 newcomer_wait_s=join["joined"] - join["allocated"],
+                 newcomer_ready_s=join["allocated"] - join["proc_start"],
                  newcomer_catch_up_s=join["caught_up"] - join["joined"],
                  newcomer_first_step_s=join["first_step_end"] - join["caught_up"],
                  exec_to_main_s=join["main_start"] - join["proc_start"])
@@ -170,6 +172,9 @@ def summarize(lines, nproc):
     if copy and join:
         r["bound_s"] = 1.5 * join["bytes_received"] / copy["rate_bytes_per_s"] + 1.0
         r["ratio_to_bound"] = r["newcomer_s"] / r["bound_s"]
+        # What the join itself costs the newcomer: its start-up and the catch-up, without the wait for
+        # the members' step boundary and without its first step's own length.
+        r["newcomer_join_cost_s"] = r["newcomer_ready_s"] + r["newcomer_catch_up_s"]
     # The members: ranks that ran from the start and were not killed.
     victim = kill["rank"] if kill else nproc - 1
     members = [x for x in steps if x["incarnation"] == 0 and x["rank"] != victim]
@@ -190,6 +195,8 @@ def summarize(lines, nproc):
         r["member_join_step_s"] = slowest
         r["member_grow_s"] = max(x["grow_s"] for x in grow_steps)
         r["member_catch_up_s"] = max(x["catch_up_s"] for x in grow_steps)
+        r["catch_up_bytes_total"] = grow_steps[0].get("catch_up_bytes_total")
+        r["catch_up_bytes_max_into_one"] = grow_steps[0].get("catch_up_bytes_max_into_one")
         if base:
             r["member_lost_s"] = slowest - max(base)
             r["member_lost_in_steps"] = r["member_lost_s"] / max(base)
@@ -203,18 +210,20 @@ def summarize(lines, nproc):
 
 
 def table(rows):
-    head = ("| variant | run | load before | state bytes | copy rate GB/s | bound s | newcomer s | "
-            "/bound | members' median step s | join step s | lost (steps) |")
+    head = ("| variant | run | load before | bytes received | copy rate GB/s | bound s | newcomer s | /bound | "
+            "start-up s | wait s | catch-up s | first step s | members' median step s | join step s | lost (steps) |")
     out = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
 
     def f(v, fmt):
         return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
     for x in rows:
-        out.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        out.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             x["variant"], x["run"], x["loadavg_before"], f(x.get("bytes_received"), "{:,}"),
             f(x.get("copy_rate_bytes_per_s") and x["copy_rate_bytes_per_s"] / 1e9, "{:.2f}"),
             f(x.get("bound_s"), "{:.2f}"), f(x.get("newcomer_s"), "{:.2f}"), f(x.get("ratio_to_bound"), "{:.2f}"),
+            f(x.get("newcomer_ready_s"), "{:.2f}"), f(x.get("newcomer_wait_s"), "{:.2f}"),
+            f(x.get("newcomer_catch_up_s"), "{:.2f}"), f(x.get("newcomer_first_step_s"), "{:.2f}"),
             f(x.get("member_median_step_s"), "{:.3f}"), f(x.get("member_join_step_s"), "{:.3f}"),
             f(x.get("member_lost_in_steps"), "{:.2f}")))
     return "\n".join(out)

@@ -35,7 +35,8 @@
 //                           grew, grow_s, catch_up_s
 //   {"kind": "kill", ...}   the victim just before SIGKILL: rank, step, time
 //   {"kind": "join", ...}   the replacement after its first step: proc_start (from
-//                           /proc/self/stat, 10 ms ticks), main_start, init_done, joined,
+//                           /proc/self/stat, 10 ms ticks), main_start, init_done (it writes
+//                           DIR/waiting then), allocated (its parameters and gradients), joined,
 //                           caught_up, first_step_end (CLOCK_REALTIME seconds),
 //                           bytes_received (the parameters plus the optimizer state it
 //                           holds after the catch-up: owned and buddy copies), step
@@ -153,6 +154,40 @@ ZeroOptions zero_options(const ProcessGroup& g, const Options& o) {
   return zo;
 }
 
+/// What zero_catch_up moves over the grown group (zero_grow.cpp): each
+/// parameter's Adam moments (8 bytes an element) from its owner in `before`
+/// to each of its keepers in `after` (owner and buddies) other than that
+/// owner, and every parameter from the lowest member to each newcomer.
+struct Traffic {
+  std::int64_t total = 0;
+  std::int64_t max_into_one = 0;
+};
+
+Traffic catch_up_traffic(const ZeroRedundancyOptimizer& before, const ZeroRedundancyOptimizer& after,
+                         const std::vector<Tensor>& params, const dopt::GrowResult& grown) {
+  const ProcessGroup& old_g = before.process_group();
+  const ProcessGroup& new_g = grown.group;
+  const auto was = before.param_owners();
+  const auto now = after.param_owners();
+  std::vector<std::int64_t> into(static_cast<std::size_t>(new_g.size()), 0);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const int from = old_g.global_rank(was[i]);
+    std::vector<int> keepers = {now[i]};
+    for (int b : after.buddies(now[i])) keepers.push_back(b);
+    for (int k : keepers)
+      if (new_g.global_rank(k) != from) into[static_cast<std::size_t>(k)] += 8 * params[i].numel();
+  }
+  std::int64_t param_bytes = 0;
+  for (const auto& p : params) param_bytes += static_cast<std::int64_t>(p.nbytes());
+  for (int j : grown.joined) into[static_cast<std::size_t>(new_g.group_rank(j))] += param_bytes;
+  Traffic t;
+  for (auto b : into) {
+    t.total += b;
+    t.max_into_one = std::max(t.max_into_one, b);
+  }
+  return t;
+}
+
 dopt::optim::OptimizerSpec spec() { return dopt::optim::OptimizerSpec{"Adam", {{"lr", 1e-3}}}; }
 
 int run(const Options& o, double main_start) {
@@ -177,6 +212,8 @@ int run(const Options& o, double main_start) {
   ProcessGroup world = dopt::init_process_group(rt, *env);
   const double init_done = realtime_now();
 
+  // A replacement says it waits at once, and allocates its tensors while the members finish their step.
+  if (newcomer) std::ofstream(signal) << me << "\n";
   const auto sizes = dopt::bench::tensor_sizes(o.params, o.tensors, /*torch_like=*/false);
   std::vector<Tensor> params;
   for (std::int64_t s : sizes) {
@@ -189,11 +226,10 @@ int run(const Options& o, double main_start) {
 
   ProcessGroup g = world;
   std::unique_ptr<ZeroRedundancyOptimizer> zero;
-  double joined = -1.0, caught_up = -1.0;
+  double allocated = -1.0, joined = -1.0, caught_up = -1.0;
   std::int64_t bytes_received = 0;
   if (newcomer) {
-    // Tell the members (group rank 0 looks at step boundaries) that this replacement waits.
-    { std::ofstream(signal) << me << "\n"; }
+    allocated = realtime_now();
     auto grown = world.join_group();
     joined = realtime_now();
     g = grown.group;
@@ -213,6 +249,7 @@ int run(const Options& o, double main_start) {
     const double start = realtime_now();
     bool grew = false, recovered = false;
     double grow_s = 0, catch_up_s = 0;
+    Traffic moved;
     if (!newcomer && g.size() < n) {
       Tensor flag = Tensor::full({1}, g.rank() == 0 && file_exists(signal) ? 1.0 : 0.0);
       g.all_reduce(flag, dopt::ReduceOp::max);
@@ -221,6 +258,7 @@ int run(const Options& o, double main_start) {
         auto grown = g.grow();
         const double b = realtime_now();
         auto bigger = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), zero_options(grown.group, o));
+        moved = catch_up_traffic(*zero, *bigger, params, grown);
         dopt::optim::zero_catch_up(*bigger, zero.get(), grown);
         zero = std::move(bigger);
         g = grown.group;
@@ -252,16 +290,18 @@ int run(const Options& o, double main_start) {
     const double end = realtime_now();
     std::printf(
         "{\"kind\": \"step\", \"rank\": %d, \"incarnation\": %lld, \"step\": %lld, \"start\": %.6f, \"end\": %.6f, "
-        "\"group_size\": %d, \"recovered\": %s, \"grew\": %s, \"grow_s\": %.6f, \"catch_up_s\": %.6f}\n",
+        "\"group_size\": %d, \"recovered\": %s, \"grew\": %s, \"grow_s\": %.6f, \"catch_up_s\": %.6f, "
+        "\"catch_up_bytes_total\": %lld, \"catch_up_bytes_max_into_one\": %lld}\n",
         me, incarnation, static_cast<long long>(t), start, end, g.size(), recovered ? "true" : "false",
-        grew ? "true" : "false", grow_s, catch_up_s);
+        grew ? "true" : "false", grow_s, catch_up_s, static_cast<long long>(moved.total),
+        static_cast<long long>(moved.max_into_one));
     if (first && !recovered) {
       first = false;
       std::printf(
           "{\"kind\": \"join\", \"rank\": %d, \"incarnation\": %lld, \"proc_start\": %.6f, \"main_start\": %.6f, "
-          "\"init_done\": %.6f, \"joined\": %.6f, \"caught_up\": %.6f, \"first_step_end\": %.6f, "
+          "\"init_done\": %.6f, \"allocated\": %.6f, \"joined\": %.6f, \"caught_up\": %.6f, \"first_step_end\": %.6f, "
           "\"bytes_received\": %lld, \"step\": %lld, \"params\": %lld}\n",
-          me, incarnation, proc_start, main_start, init_done, joined, caught_up, end,
+          me, incarnation, proc_start, main_start, init_done, allocated, joined, caught_up, end,
           static_cast<long long>(bytes_received), static_cast<long long>(t), static_cast<long long>(o.params));
     }
     std::fflush(stdout);
