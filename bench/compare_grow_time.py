@@ -251,6 +251,8 @@ def main():
     variants = [v for v in a.variants.split(",") if v]
     if "twohost" in variants and (os.geteuid() != 0 or a.nproc % 2):
         sys.exit("compare_grow_time: twohost needs root and an even --nproc")
+    commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip()
     work = tempfile.mkdtemp(prefix="dopt-growtime.")
     hosts = None
     rows = []
@@ -270,7 +272,8 @@ def main():
                 row = {"variant": v, "plane": a.plane, "run": run, "rc": rc, "loadavg_before": before,
                        "loadavg_after": loadavg(), "params": a.params, "tensors": a.tensors, "nproc": a.nproc,
                        "steps": a.steps, "kill_at": a.kill_at, "compute_ms": a.compute_ms,
-                       "rate": a.rate if v == "twohost" else "", "date": date}
+                       "rate": a.rate if v == "twohost" else "", "date": date, "commit": commit,
+                       "utc": datetime.datetime.utcnow().strftime("%H:%M:%S")}
                 row.update(summarize(parse_lines(so), a.nproc))
                 if rc != 0 or "newcomer_s" not in row:
                     row["stderr_tail"] = se[-2000:]
