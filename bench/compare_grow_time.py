@@ -26,7 +26,8 @@ DOPT_BIND_ADDR=0.0.0.0) or shm (DOPT_TRANSPORT unset: shm on one host, the
 hierarchical plane across two) once a plane other than the actor plane takes
 a replacement. Every run records /proc/loadavg before and after; results go
 to bench/results/grow_time_<UTC date>.jsonl (one line per run) and a markdown
-table is printed."""
+table is printed. Exits 1 when a run failed: dopt-run's exit status, no first
+step of the replacement, or a rank that did not finish in the grown group."""
 import argparse
 import datetime
 import json
@@ -275,7 +276,8 @@ def main():
                        "rate": a.rate if v == "twohost" else "", "date": date, "commit": commit,
                        "utc": datetime.datetime.utcnow().strftime("%H:%M:%S")}
                 row.update(summarize(parse_lines(so), a.nproc))
-                if rc != 0 or "newcomer_s" not in row:
+                row["ok"] = rc == 0 and "newcomer_s" in row and row["done_ranks"] == list(range(a.nproc))
+                if not row["ok"]:
                     row["stderr_tail"] = se[-2000:]
                     print(f"compare_grow_time: {v} run {run}: exit {rc}\n{se[-2000:]}", file=sys.stderr)
                 rows.append(row)
@@ -292,6 +294,10 @@ def main():
     print(f"\n(plane {a.plane}; {a.params:,} float32 parameters in {a.tensors} tensors, Adam, ZeRO redundancy 1, "
           f"{a.nproc} ranks, {a.compute_ms} ms compute per step; twohost link: {a.rate or 'unlimited veth'}; "
           f"results in {out})")
+    failed = [f"{x['variant']} run {x['run']}" for x in rows if not x["ok"]]
+    if failed:
+        sys.exit("compare_grow_time: failed (exit status, no first step of the replacement, or not every rank "
+                 "done in the grown group): " + ", ".join(failed))
 
 
 if __name__ == "__main__":

@@ -12,16 +12,17 @@
 // for forward and backward), a synthetic gradient written in place (the same
 // on every rank; no gradient all-reduce), zero.step(). Rank R (not 0) kills
 // itself with SIGKILL at the start of step T (300 ms after the step began, so
-// that the others have seen step T-1 end); the others catch PeerLostError and
-// recover() (redundancy 1: the lost shard comes back from its buddy copy) and
-// go on over the shrunk group (the step that sees the loss throws
-// MembershipChangedError after recovering, or PeerLostError before it). dopt-run starts R's replacement, which
-// init_process_group()s, writes DIR/waiting (the library has no call that
-// tells the members a replacement waits), join_group()s, builds its ZeRO and
-// zero_catch_up()s. The members check DIR/waiting on group rank 0 at every
-// step boundary while shrunk (a 1-float all_reduce max tells the others), and
-// when it is there they grow(), build a ZeRO over the grown group and
-// zero_catch_up() from the old one, then step.
+// that the others have seen step T-1 end). The others recover (redundancy 1:
+// the lost shard comes back from its buddy copy; the step that sees the loss
+// throws MembershipChangedError after recovering, or PeerLostError, then
+// recover()) and go on over the shrunk group. dopt-run starts R's
+// replacement, which init_process_group()s, writes DIR/waiting (the library
+// has no call that tells the members a replacement waits), allocates its
+// tensors, join_group()s, builds its ZeRO and zero_catch_up()s. Group rank 0
+// of the members looks for DIR/waiting at every step boundary while shrunk (a
+// 1-float all_reduce max tells the others); when it is there they grow(),
+// build a ZeRO over the grown group and zero_catch_up() from the old one,
+// then step.
 //
 // Before training, ranks 0 and R measure the plane's point-to-point copy rate:
 // P round trips of B bytes (send 0 -> R, send back), rate = 2 B / round trip,
@@ -45,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -56,8 +58,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "bench_util.hpp"
 #include "dopt/actors/distributed.hpp"
@@ -221,7 +221,8 @@ int run(const Options& o, double main_start) {
     params.back().set_grad(Tensor::zeros({s}));
   }
   auto write_grads = [&](std::int64_t t) {
-    for (std::size_t i = 0; i < params.size(); ++i) params[i].grad().fill_(1e-3 * static_cast<double>((t + static_cast<std::int64_t>(i)) % 7 + 1));
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i].grad().fill_(1e-3 * static_cast<double>((t + static_cast<std::int64_t>(i)) % 7 + 1));
   };
 
   ProcessGroup g = world;
@@ -333,8 +334,9 @@ int main(int argc, char** argv) {
       ->required();
   CLI11_PARSE(app, argc, argv);
   if (o.tensors > o.params || o.copy_bytes % 4 != 0 || o.kill_at >= o.steps - 1) {
-    std::fprintf(stderr, "dopt_bench_grow: need --tensors <= --params, --copy-bytes a multiple of 4, "
-                         "--kill-at < --steps - 1\n");
+    std::fprintf(stderr,
+                 "dopt_bench_grow: need --tensors <= --params, --copy-bytes a multiple of 4, "
+                 "--kill-at < --steps - 1\n");
     return 2;
   }
   try {
