@@ -252,8 +252,11 @@ def main():
     variants = [v for v in a.variants.split(",") if v]
     if "twohost" in variants and (os.geteuid() != 0 or a.nproc % 2):
         sys.exit("compare_grow_time: twohost needs root and an even --nproc")
-    commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip()
+    try:
+        commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:  # no git
+        commit = ""
     work = tempfile.mkdtemp(prefix="dopt-growtime.")
     hosts = None
     rows = []
