@@ -2,6 +2,7 @@
 #include "dopt/runtime/settings.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,7 +24,6 @@
 #include <xxhash.h>
 
 #include "dopt/runtime/error.hpp"
-#include "dopt/runtime/internal/read_ahead.hpp"
 #include "dopt/runtime/internal/read_faults.hpp"
 
 static_assert(std::endian::native == std::endian::little,
@@ -482,6 +482,23 @@ void verify_bytes(std::uint64_t want, const SafetensorsEntry& e, const void* byt
 /// instead of a second pass over the whole tensor from memory.
 constexpr std::size_t kReadChunk = std::size_t(1) << 20;
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+/// Maps the whole pages of [p, p + n) writable in one call: a destination
+/// freshly allocated (a load's new state) would otherwise take a page fault
+/// per 4 KiB page inside pread (tensors under 2 MiB, and the tails of larger
+/// ones, are not on huge pages). Advice only: an older kernel's EINVAL is
+/// ignored, and memory already mapped is only walked.
+void prefault(void* p, std::size_t n) {
+  constexpr std::uintptr_t kPage = 4096;
+  if (n < 16 * kPage) return;
+  const auto lo = (reinterpret_cast<std::uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  const auto hi = (reinterpret_cast<std::uintptr_t>(p) + n) & ~(kPage - 1);
+  if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
+}
+
 struct Xxh3StateFree {
   void operator()(XXH3_state_t* s) const noexcept { XXH3_freeState(s); }
 };
@@ -680,9 +697,7 @@ void SafetensorsReader::read_into(const std::string& name, const Tensor& t) {
   std::unique_ptr<XXH3_state_t, Xxh3StateFree> state(checksummed_ ? XXH3_createState() : nullptr);
   if (checksummed_ && (!state || XXH3_64bits_reset(state.get()) != XXH_OK)) throw std::bad_alloc();
   auto* b = static_cast<unsigned char*>(t.data_ptr());
-  // Mapped in one call (fresh memory would otherwise fault once per 4 KiB page
-  // inside pread); memory already mapped is only walked.
-  detail::populate_pages(b, e.nbytes());
+  prefault(b, e.nbytes());
   for (std::uint64_t done = 0; done < e.nbytes();) {
     const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(kReadChunk, e.nbytes() - done));
     std::size_t got = 0;

@@ -14,7 +14,6 @@
 #include "dopt/distributed/zero.hpp"
 #include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/safetensors.hpp"
-#include "dopt/runtime/internal/read_ahead.hpp"
 #include "dopt/optim/internal/state_load.hpp"
 #include "zero_core.hpp"
 #include "zero_internal.hpp"
@@ -187,19 +186,10 @@ void StateDicts::load_file(ZeroCore& z, const std::string& path) const {
   for (const auto& e : rd.entries()) names.tensors.emplace(e.name, Tensor());
   StateDict sd = state_dict_from_safetensors(names, path);
   const auto n = static_cast<std::int64_t>(z.params.size());
-  // All destinations first, then read in order while a second thread maps
-  // their fresh pages ahead (docs/checkpointing.md, "Memory of a load").
-  std::vector<std::pair<std::string, Tensor>> reads;
   for (auto& [index, st] : sd.state) {
     if (index < 0 || index >= n || !z.redundancy->keeps_state_of(z, static_cast<std::size_t>(index))) continue;
-    for (auto& [key, value] : st) {
-      std::string name = "state." + std::to_string(index) + "." + key;
-      const SafetensorsEntry& e = rd.entry(name);
-      value = Tensor::empty(e.shape, e.dtype);
-      reads.emplace_back(std::move(name), value);
-    }
+    for (auto& [key, value] : st) value = rd.read("state." + std::to_string(index) + "." + key);
   }
-  dopt::detail::read_into_all(rd, reads);
   if (!rd.has_checksums())
     notice_once(path + " has no checksums (written by an older dopt or another program): it is loaded without "
                        "verifying its bytes");
