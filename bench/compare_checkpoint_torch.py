@@ -16,6 +16,7 @@ peak RSS is its own; the files come from the page cache; a launch right after
 one that freed much memory tends to fault faster on this VM):
   torch consolidated load (torch.load + load_state_dict),
   dopt consolidated load (load_state_dict(path)),
+  with --baseline BENCH: the same with another build's bench binary,
   the same with DOPT_HUGEPAGES=0 (the loaded state in 4 KiB pages),
   dopt consolidated load through a whole StateDict (load_state_dict(dopt::load_state_dict(path))),
   dopt load_sharded,
@@ -73,6 +74,10 @@ def run(a):
             ("dopt", "consolidated_via_dict", dopt_cmd("consolidated", "--via-dict")),
             ("dopt", "sharded", dopt_cmd("sharded")),
             ("dopt", "async", dopt_cmd("async", "--reps", str(a.reps)))]
+    if a.baseline:  # another build's bench (copied aside), right after this build's consolidated load
+        plan.insert(2, ("dopt_baseline", "consolidated", [dopt_run, "--nproc-per-node", ws, "--master-port", "0",
+                                                          a.baseline, "--dir", tmp, "--params", n,
+                                                          "--mode", "consolidated"]))
 
     def record(impl, what, run_no, cmd):
         time.sleep(a.settle)
@@ -130,7 +135,7 @@ def summary(a):
     for r in recs:
         if r["what"] == "consolidated":
             per_run.setdefault(r["run"], {})[r["impl"]] = r["load_ms"]
-    ratios = ", ".join(f"{v['dopt'] / v['torch']:.2f}" for _, v in sorted(per_run.items()) if len(v) == 2)
+    ratios = ", ".join(f"{v['dopt'] / v['torch']:.2f}" for _, v in sorted(per_run.items()) if "dopt" in v and "torch" in v)
     print("| measure | torch 1.13 | dopt | dopt/torch | target |")
     print("|---|---|---|---|---|")
     print(f"| consolidated load, ms (slowest rank) | {fmt(tl)} | {fmt(dl)} | {fmt(dl / tl, 2)} (runs: {ratios}) "
@@ -140,11 +145,22 @@ def summary(a):
     for r in recs:
         if r["what"] == "consolidated" and "load_cpu_ms" in r:
             cpu_runs.setdefault(r["run"], {})[r["impl"]] = r["load_cpu_ms"]
-    cpu_ratios = ", ".join(f"{v['dopt'] / v['torch']:.2f}" for _, v in sorted(cpu_runs.items()) if len(v) == 2)
+    cpu_ratios = ", ".join(f"{v['dopt'] / v['torch']:.2f}" for _, v in sorted(cpu_runs.items())
+                           if "dopt" in v and "torch" in v)
     if tc is not None and dc is not None:
         print(f"| consolidated load, CPU ms (user + system, largest rank) | {fmt(tc)} | {fmt(dc)} | "
               f"{fmt(dc / tc, 2)} (runs: {cpu_ratios}) | - |")
     print(f"| consolidated load, peak RSS rise MB/rank | {fmt(tp / MB)} | {fmt(dp / MB)} | {fmt(dp / tp, 2)} | - |")
+    bl, bc = get("dopt_baseline", "consolidated", "load_ms"), get("dopt_baseline", "consolidated", "load_cpu_ms")
+    if bl is not None:
+        base_runs = {}
+        for r in recs:
+            if r["what"] == "consolidated":
+                base_runs.setdefault(r["run"], {})[r["impl"]] = r["load_ms"]
+        base_ratios = ", ".join(f"{v['dopt'] / v['dopt_baseline']:.2f}" for _, v in sorted(base_runs.items())
+                                if "dopt" in v and "dopt_baseline" in v)
+        print(f"| the same, --baseline build: ms / CPU ms (this build / baseline, runs: {base_ratios}) | {fmt(tl)} / "
+              f"{fmt(tc)} | {fmt(bl)} / {fmt(bc)} | {fmt(bl / tl, 2)} / {fmt(bc / tc, 2)} | {fmt(dl / bl, 2)} |")
     ql, qc = get("dopt", "consolidated_small_pages", "load_ms"), get("dopt", "consolidated_small_pages", "load_cpu_ms")
     if ql is not None:
         print(f"| the same in 4 KiB pages (DOPT_HUGEPAGES=0), ms / CPU ms | {fmt(tl)} / {fmt(tc)} | {fmt(ql)} / "
@@ -180,6 +196,8 @@ def main():
                      ("--reps", dict(type=int, default=3, help="async: saves of each kind per run")),
                      ("--build", dict(default=os.environ.get("BUILD", os.path.join(ROOT, "build")))),
                      ("--numel", dict(type=int, default=50_000_000)),
+                     ("--baseline", dict(default=None, help="run: another build's dopt_bench_checkpoint_load (copied "
+                                                            "aside), whose consolidated load runs beside this one's")),
                      ("--tmp", dict(default=None, help="run: the temporary checkpoint folder's parent")),
                      ("--quiet-wait", dict(type=float, default=0.0,
                                            help="run: wait up to this many seconds for foreign CPU < 10%% "
