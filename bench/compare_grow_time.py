@@ -58,9 +58,9 @@ def parse_lines(text):
     return out
 
 
-def bench_args(a, signal_dir):
+def bench_args(a):
     return ["--params", str(a.params), "--tensors", str(a.tensors), "--steps", str(a.steps), "--kill-at",
-            str(a.kill_at), "--compute-ms", str(a.compute_ms), "--signal-dir", signal_dir]
+            str(a.kill_at), "--compute-ms", str(a.compute_ms)]
 
 
 def plane_env(a, across_hosts):
@@ -74,9 +74,8 @@ def plane_env(a, across_hosts):
 
 
 def run_loopback(a, work):
-    sig = tempfile.mkdtemp(dir=work)
     cmd = [str(a.build / "tools/dopt-run"), "--nproc-per-node", str(a.nproc), "--on-failure", "replace",
-           "--max-replacements", "1", "--no-prefix", str(a.build / "bench/dopt_bench_grow")] + bench_args(a, sig)
+           "--max-replacements", "1", "--no-prefix", str(a.build / "bench/dopt_bench_grow")] + bench_args(a)
     p = subprocess.run(cmd, env=plane_env(a, False), capture_output=True, text=True, timeout=a.timeout)
     return p.returncode, p.stdout, p.stderr
 
@@ -128,7 +127,6 @@ class Hosts:
 
 
 def run_twohost(a, work, hosts, port):
-    sig = tempfile.mkdtemp(dir=work)
     secret_dir = tempfile.mkdtemp(dir=work)
     os.chmod(secret_dir, 0o700)
     secret = pathlib.Path(secret_dir) / "s"
@@ -141,7 +139,7 @@ def run_twohost(a, work, hosts, port):
     for i in (0, 1):
         argv = [str(a.build / "tools/dopt-run"), "--nproc-per-node", str(per), "--nnodes", "2", "--node-rank", str(i),
                 "--master-addr", "10.232.0.1", "--master-port", str(port), "--on-failure", "replace",
-                "--max-replacements", "1", "--no-prefix", str(a.build / "bench/dopt_bench_grow")] + bench_args(a, sig)
+                "--max-replacements", "1", "--no-prefix", str(a.build / "bench/dopt_bench_grow")] + bench_args(a)
         procs.append(subprocess.Popen(hosts.command(i, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     outs = [p.communicate(timeout=a.timeout) for p in procs]

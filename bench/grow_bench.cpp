@@ -3,7 +3,7 @@
 // dopt-run --on-failure replace, every rank with DOPT_TRANSPORT=tcp (the actor
 // plane) or whichever plane can take a replacement:
 //
-//   dopt-run --nproc-per-node 4 --on-failure replace dopt_bench_grow --signal-dir DIR
+//   dopt-run --nproc-per-node 4 --on-failure replace dopt_bench_grow
 //       [--params N] [--tensors K] [--steps S] [--kill-rank R] [--kill-at T]
 //       [--compute-ms C] [--redundancy 1] [--copy-bytes B] [--copy-reps P]
 //
@@ -16,12 +16,12 @@
 // the lost shard comes back from its buddy copy; the step that sees the loss
 // throws MembershipChangedError after recovering, or PeerLostError, then
 // recover()) and go on over the shrunk group. dopt-run starts R's
-// replacement, which init_process_group()s, writes DIR/waiting (the library
-// has no call that tells the members a replacement waits), allocates its
-// tensors, join_group()s, builds its ZeRO and zero_catch_up()s. Group rank 0
-// of the members looks for DIR/waiting at every step boundary while shrunk (a
-// 1-float all_reduce max tells the others); when it is there they grow(),
-// build a ZeRO over the grown group and zero_catch_up() from the old one,
+// replacement, which init_process_group()s (rank 0 admits it to the job),
+// allocates its tensors, join_group()s, builds its ZeRO and zero_catch_up()s.
+// While shrunk, the members ask ProcessGroup::newcomers_waiting() at every
+// step boundary (one broadcast from the lowest member, so all agree); once
+// it is not 0 they grow() by that many, build a ZeRO over the grown group and
+// zero_catch_up() from the old one,
 // then step.
 //
 // Before training, ranks 0 and R measure the plane's point-to-point copy rate:
@@ -36,13 +36,12 @@
 //                           grew, grow_s, catch_up_s
 //   {"kind": "kill", ...}   the victim just before SIGKILL: rank, step, time
 //   {"kind": "join", ...}   the replacement after its first step: proc_start (from
-//                           /proc/self/stat, 10 ms ticks), main_start, init_done (it writes
-//                           DIR/waiting then), allocated (its parameters and gradients), joined,
+//                           /proc/self/stat, 10 ms ticks), main_start, init_done (rank 0
+//                           admitted it then), allocated (its parameters and gradients), joined,
 //                           caught_up, first_step_end (CLOCK_REALTIME seconds),
 //                           bytes_received (the parameters plus the optimizer state it
 //                           holds after the catch-up: owned and buddy copies), step
 //   {"kind": "done", ...}   every rank at the end: rank, incarnation, steps, group_size
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -111,13 +110,7 @@ struct Options {
   int redundancy = 1;
   std::int64_t copy_bytes = 64 << 20;
   int copy_reps = 5;
-  std::string signal_dir;
 };
-
-bool file_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 /// Rank 0 and `peer` time reps round trips of `bytes`; rank 0 prints the copy line.
 void measure_copy(ProcessGroup& world, int peer, const Options& o) {
@@ -205,15 +198,14 @@ int run(const Options& o, double main_start) {
     std::fprintf(stderr, "dopt_bench_grow: --kill-rank must be 1 .. %d (rank 0 cannot be replaced)\n", n - 1);
     return 2;
   }
-  const std::string signal = o.signal_dir + "/waiting";
   const double proc_start = newcomer ? process_start_realtime() : -1.0;
 
   dopt::Runtime rt(dopt::RuntimeOptions::from_env());
   ProcessGroup world = dopt::init_process_group(rt, *env);
   const double init_done = realtime_now();
 
-  // A replacement says it waits at once, and allocates its tensors while the members finish their step.
-  if (newcomer) std::ofstream(signal) << me << "\n";
+  // A replacement waits from here on (rank 0 admitted it); it allocates its
+  // tensors while the members finish their step.
   const auto sizes = dopt::bench::tensor_sizes(o.params, o.tensors, /*torch_like=*/false);
   std::vector<Tensor> params;
   for (std::int64_t s : sizes) {
@@ -252,11 +244,9 @@ int run(const Options& o, double main_start) {
     double grow_s = 0, catch_up_s = 0;
     Traffic moved;
     if (!newcomer && g.size() < n) {
-      Tensor flag = Tensor::full({1}, g.rank() == 0 && file_exists(signal) ? 1.0 : 0.0);
-      g.all_reduce(flag, dopt::ReduceOp::max);
-      if (flag.data<float>()[0] > 0) {
+      if (const int waiting = g.newcomers_waiting(); waiting > 0) {
         const double a = realtime_now();
-        auto grown = g.grow();
+        auto grown = g.grow({.newcomers = waiting});
         const double b = realtime_now();
         auto bigger = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), zero_options(grown.group, o));
         moved = catch_up_traffic(*zero, *bigger, params, grown);
@@ -330,8 +320,6 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4));
   app.add_option("--copy-bytes", o.copy_bytes, "bytes of the copy-rate round trips")->check(CLI::PositiveNumber);
   app.add_option("--copy-reps", o.copy_reps, "timed round trips")->check(CLI::PositiveNumber);
-  app.add_option("--signal-dir", o.signal_dir, "a folder every rank sees (the replacement writes 'waiting' there)")
-      ->required();
   CLI11_PARSE(app, argc, argv);
   if (o.tensors > o.params || o.copy_bytes % 4 != 0 || o.kill_at >= o.steps - 1) {
     std::fprintf(stderr,

@@ -288,6 +288,18 @@ class ProcessGroup {
   /// (TimeoutError: no member grew the group meanwhile). StateError on a
   /// member's handle; NotSupportedError where grow() is.
   GrowResult join_group(const JoinGroupOptions& options = {});
+  /// Collective of this group's members (every member calls it, at a step
+  /// boundary, on its rank's thread; newcomers do not): how many newcomers
+  /// wait to join this group now, as its lowest member sees them, agreed by
+  /// one broadcast from that member, so every member returns the same count
+  /// and may call grow() on it together without waiting for anyone. Waiting:
+  /// in a deterministic simulation, newcomers of this job in join_group() not
+  /// yet admitted; between processes, replacements of lost ranks that rank 0
+  /// admitted to the job (dopt-run --on-failure replace) and that are not
+  /// members. Blocks until the broadcast completes (PeerLostError as for the
+  /// group's other calls, bounded by its timeout). NotSupportedError where
+  /// grow() is; StateError on a newcomer's handle.
+  int newcomers_waiting();
 
  private:
   explicit ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}

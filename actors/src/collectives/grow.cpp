@@ -348,6 +348,29 @@ GrowResult ProcessGroup::grow(const GrowOptions& options) {
   return out;
 }
 
+int ProcessGroup::newcomers_waiting() {
+  const char* op = "ProcessGroup.newcomers_waiting";
+  if (impl_ && impl_->my_grank < 0)
+    throw StateError(op, "this rank is not a member of group " + std::to_string(impl_->gid) +
+                             "; a newcomer calls join_group()", impl_->endpoint ? impl_->endpoint->rank() : -1);
+  auto& g = member(op);
+  const std::vector<int>& old = *g.members;
+  const int me = old[static_cast<std::size_t>(g.my_grank)];
+  std::int64_t count = 0;
+  if (between_processes(g)) {
+    if (me == old.front()) count = static_cast<std::int64_t>(replacements_waiting(*g.peers, old).size());
+  } else {
+    std::lock_guard<std::mutex> lock(lobby_mutex());
+    Lobby& lobby = lobby_of(g, op, me);  // NotSupportedError where grow() is
+    if (me == old.front())
+      for (const auto& [r, w] : lobby.waiting)
+        if (!w.admitted && g.peers->state(r) == PeerTable::alive) ++count;
+  }
+  Tensor t = Tensor::from_vector(std::vector<std::int64_t>{count});
+  broadcast(t, 0);  // the lowest member's view, on every member
+  return static_cast<int>(t.to_vector<std::int64_t>()[0]);
+}
+
 GrowResult ProcessGroup::join_group(const JoinGroupOptions& options) {
   const char* op = "ProcessGroup.join_group";
   if (!impl_) throw StateError(op, "the process group is invalid (default-constructed)");

@@ -193,6 +193,41 @@ TEST_CASE("grow: a newcomer without the job's secret is refused and the job goes
     CHECK(seen[static_cast<std::size_t>(r)] == "6;grew 4;ranks=0,1,2,4 me=" + std::to_string(r) + " fresh=1 11");
 }
 
+TEST_CASE("grow: the members learn together that newcomers wait, and grow then", "[grow]") {
+  const std::uint64_t seed = GENERATE(4, 9, 31);
+  INFO("seed " << seed);
+  const int newcomers = GENERATE(0, 2);
+  INFO("newcomers " << newcomers);
+  const auto seen = record(5, grow_options(seed, newcomers), [&](dopt::RankContext& ctx) {
+    if (ctx.newcomer()) return describe(ctx.world().join_group().group);
+    ProcessGroup g = ctx.world();
+    std::string out;
+    for (int s = 0; s < 40; ++s) {
+      step(g);
+      const int waiting = g.newcomers_waiting();
+      out += std::to_string(waiting) + ",";
+      if (waiting == newcomers && waiting > 0) {
+        g = g.grow({.newcomers = waiting}).group;
+        out += "grew;";
+        break;
+      }
+    }
+    return out + describe(g) + " " + step(g);
+  });
+  // Every member saw the same counts at every step (the lowest member's view).
+  const std::string counts = seen[0].substr(0, seen[0].find("ranks="));
+  for (int r = 1; r < 5; ++r) CHECK(seen[static_cast<std::size_t>(r)].substr(0, counts.size()) == counts);
+  if (newcomers == 0) {
+    std::string zeros;
+    for (int s = 0; s < 40; ++s) zeros += "0,";
+    CHECK(seen[0] == zeros + "ranks=0,1,2,3,4 me=0 fresh=0 15");
+  } else {
+    CHECK(seen[0].find("2,grew;ranks=0,1,2,3,4,5,6 me=0 fresh=1 28") != std::string::npos);
+    for (int r : {5, 6})
+      CHECK(seen[static_cast<std::size_t>(r)] == "ranks=0,1,2,3,4,5,6 me=" + std::to_string(r) + " fresh=1");
+  }
+}
+
 TEST_CASE("grow: refused clearly where it is not supported", "[grow]") {
   SECTION("newcomers without deterministic simulation") {
     dopt::SimulateOptions o;
@@ -212,6 +247,35 @@ TEST_CASE("grow: refused clearly where it is not supported", "[grow]") {
       CHECK(s.find("ProcessGroup.grow") != std::string::npos);
       CHECK(s.find("deterministic simulation") != std::string::npos);
     }
+  }
+  SECTION("newcomers_waiting between threads, and on a newcomer's handle") {
+    const auto seen = record(2, {}, [](dopt::RankContext& ctx) {
+      try {
+        ctx.world().newcomers_waiting();
+      } catch (const dopt::NotSupportedError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    });
+    for (const auto& s : seen) CHECK(s.find("ProcessGroup.newcomers_waiting") != std::string::npos);
+    const auto newcomer = record(2, grow_options(3, 1), [](dopt::RankContext& ctx) {
+      if (!ctx.newcomer()) {
+        ProcessGroup g = ctx.world();
+        while (g.newcomers_waiting() < 1) step(g);
+        g.grow();
+        return std::string();
+      }
+      std::string out;
+      try {
+        ctx.world().newcomers_waiting();
+      } catch (const dopt::StateError& e) {
+        out = e.what();
+      }
+      ctx.world().join_group();
+      return out;
+    });
+    CHECK(newcomer[2].find("ProcessGroup.newcomers_waiting") != std::string::npos);
+    CHECK(newcomer[2].find("a newcomer calls join_group()") != std::string::npos);
   }
   SECTION("join_group on a member's handle, grow with no newcomer") {
     const auto seen = record(2, grow_options(1, 0), [](dopt::RankContext& ctx) {
