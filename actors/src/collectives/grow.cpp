@@ -43,6 +43,9 @@ struct Admission {
   std::shared_ptr<const std::vector<int>> members;
   /// The admitted newcomers, ascending.
   std::vector<int> joined;
+  /// Between processes: the plane the members build the group on ("shm"),
+  /// or "-" for none (the actor plane), so that a newcomer builds alike.
+  std::string plane = "-";
 };
 
 struct Waiting {
@@ -130,8 +133,9 @@ void check_plane_grows(const GroupImpl& g, const char* op, int me) {
   const std::string plane = g.plane->name();
   throw NotSupportedError(op, "growing a group between processes works on the shm plane (every rank on one host) "
                               "and on the actor plane (DOPT_TRANSPORT=tcp); this group runs on the " + plane +
-                              " plane" + (plane == "hier" ? ", where it is not implemented yet: start every rank "
-                                                            "with DOPT_TRANSPORT=tcp to grow back across hosts"
+                              " plane" + (plane == "hier" ? ", where it is not implemented yet (a group that "
+                                                            "shrink() made there runs on the actor plane and grows; "
+                                                            "or start every rank with DOPT_TRANSPORT=tcp)"
                                                           : plane == "mpi" ? ": an MPI communicator's members are "
                                                                              "fixed when MPI starts" : "") +
                               " (docs/fault-tolerance.md, \"Between processes\")", me);
@@ -156,20 +160,20 @@ std::vector<int> replacements_waiting(const PeerTable& peers, const std::vector<
   return c;
 }
 
-/// An admission as the rank actors carry it: "GID M,M,... J,J,...".
+/// An admission as the rank actors carry it: "GID M,M,... J,J,... PLANE".
 std::string encode(const Admission& a) {
   auto list = [](const std::vector<int>& v) {
     std::string s;
     for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
     return s;
   };
-  return std::to_string(a.gid) + " " + list(*a.members) + " " + list(a.joined);
+  return std::to_string(a.gid) + " " + list(*a.members) + " " + list(a.joined) + " " + a.plane;
 }
 Admission decode(const std::string& text) {
   std::istringstream in(text);
   std::string members, joined;
   Admission a;
-  in >> a.gid >> members >> joined;
+  in >> a.gid >> members >> joined >> a.plane;
   auto list = [](const std::string& s) {
     std::vector<int> v;
     std::istringstream items(s);
@@ -181,18 +185,20 @@ Admission decode(const std::string& text) {
   return a;
 }
 
-/// The new group between processes: every member (old and new) meets on
-/// the rank actors among the new members (as shrink's survivors). Without a
-/// plane one barrier, and the group runs on the actor plane. On the shm
-/// plane the first meeting also tells every member the others' process ids
+/// The new group between processes, on plane `on` (the members' group's,
+/// the admission says which): every member (old and new) meets on the rank
+/// actors among the new members (as shrink's survivors). Without a plane one
+/// barrier, and the group runs on the actor plane. On the shm plane the
+/// first meeting also tells every member the others' process ids
 /// (a newcomer's is new; the regions are named by them), then each makes its
 /// part of the group between barriers as shrink() does: create, meet,
 /// attach, meet, seal (a failed attempt drops its own region).
-ProcessGroup build_between_processes(const GroupImpl& g, const Admission& a, int me, const char* op) {
+ProcessGroup build_between_processes(const GroupImpl& g, const std::shared_ptr<detail::GroupPlane>& on,
+                                     const Admission& a, int me, const char* op) {
   const std::vector<int>& members = *a.members;
   const int my_new = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   ProcessGroup meeting = detail::Access::group(detail::group_over(g, a.gid | (1ull << 62), a.members, my_new));
-  if (!g.plane) {
+  if (!on) {
     meeting.barrier();
     return detail::Access::group(detail::group_over(g, a.gid, a.members, my_new));
   }
@@ -202,10 +208,10 @@ ProcessGroup build_between_processes(const GroupImpl& g, const Admission& a, int
   meeting.all_reduce(t);  // every member knows the group and every member's process
   pids = t.to_vector<std::int64_t>();
   for (int r : members)
-    if (r != me && !g.plane->renew_process(r, pids[static_cast<std::size_t>(r)]))
-      throw NotSupportedError(op, "the " + std::string(g.plane->name()) + " plane cannot take rank " +
+    if (r != me && !on->renew_process(r, pids[static_cast<std::size_t>(r)]))
+      throw NotSupportedError(op, "the " + std::string(on->name()) + " plane cannot take rank " +
                                       std::to_string(r) + "'s new process", me);
-  auto builder = g.plane->builder(a.gid, a.members);
+  auto builder = on->builder(a.gid, a.members);
   std::shared_ptr<detail::GroupPlane> plane;
   if (builder) builder->create(), meeting.barrier(), plane = builder->attach(), meeting.barrier(), builder->seal();
   auto ng = detail::group_over(g, a.gid, a.members, my_new);
@@ -258,6 +264,7 @@ GrowResult grow_between_processes(ProcessGroup& group, const GroupImpl& g, int m
   std::sort(members.begin(), members.end());
   a.gid = grown_gid(g.gid, static_cast<int>(decision[1]), members);
   a.members = std::make_shared<const std::vector<int>>(std::move(members));
+  if (g.plane) a.plane = g.plane->name();
   // Every member revives the newcomers' slots (alive again, the new
   // process's handle) before the meeting; until now a shrink() saw them lost.
   for (int r : a.joined)
@@ -266,7 +273,7 @@ GrowResult grow_between_processes(ProcessGroup& group, const GroupImpl& g, int m
   if (me == old.front())
     for (int r : a.joined) post_of(g, op, me).send.load()(*g.endpoint, r, encode(a));
   GrowResult out;
-  out.group = build_between_processes(g, a, me, op);
+  out.group = build_between_processes(g, g.plane, a, me, op);
   for (int r : old)
     out.new_rank.push_back(static_cast<int>(std::find(a.members->begin(), a.members->end(), r) - a.members->begin()));
   out.joined = a.joined;
@@ -283,8 +290,12 @@ GrowResult join_between_processes(const GroupImpl& g, int me, const char* op) {
     throw TimeoutError(op, "no member grew a group within " + std::to_string(timeout.count()) + " ms; rank " +
                                std::to_string(me) + " was not admitted", me);
   const Admission a = decode(text);
+  const std::string mine = g.plane ? g.plane->name() : "actor";
+  if (a.plane != "-" && a.plane != mine)
+    throw NotSupportedError(op, "the members grow their group on the " + a.plane + " plane and rank " +
+                                    std::to_string(me) + " runs on the " + mine + " plane", me);
   GrowResult out;
-  out.group = build_between_processes(g, a, me, op);
+  out.group = build_between_processes(g, a.plane == "-" ? nullptr : g.plane, a, me, op);
   out.joined = a.joined;
   return out;
 }

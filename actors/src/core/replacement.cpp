@@ -119,10 +119,6 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
   const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
                           std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
-  const std::string how = "a process joins a running job on the shm plane (every rank on one host) and on the "
-                          "actor plane (every rank started with DOPT_TRANSPORT=tcp), on dopt's backend; across "
-                          "hosts start every rank with DOPT_TRANSPORT=tcp (docs/fault-tolerance.md, \"Between "
-                          "processes\")";
   if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
     throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it)", env.rank);
   if (replaces != env.rank)
@@ -141,7 +137,7 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   std::string my_info;
   auto make_info = [&] {
     my_info = host + publish_control_port(rt, sys, a, env, op);
-    if (plane_choice == "tcp" && !listener) {
+    if (plane_choice != "shm" && !listener) {  // (dropped below when the world runs on the shm plane)
       try {
         listener.emplace(transport::TcpMesh::listen(info_field(my_info, "bind"), env.port_range_lo, env.port_range_hi));
       } catch (const IOError& e) {
@@ -163,17 +159,22 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
     }
   const std::string admitted = who + ": rank 0 accepted its job id and secret and admitted it to rank " +
                                std::to_string(env.rank) + "'s slot (the members: ranks " + listed + ")";
-  // The world's plane, as its ranks chose it (world.cpp): the actor plane
-  // with DOPT_TRANSPORT=tcp; shm when every member is on this host; across
-  // hosts the hierarchical plane (or the actor plane, hosts uneven).
-  const bool mpi = settings::text("DOPT_BACKEND").value_or("dopt") == "mpi";
+  // The world's plane, as its ranks chose it (world.cpp): shm when every
+  // member is on this host and DOPT_TRANSPORT is not tcp; otherwise the TCP
+  // mesh, with the hierarchical plane over it across hosts (a group that
+  // lost a rank there runs on the actor plane: hosts with different numbers
+  // of members), which this process joins as on the actor plane.
+  if (settings::text("DOPT_BACKEND").value_or("dopt") == "mpi")
+    throw NotSupportedError(op, admitted + ", but a process cannot join a running job on the mpi plane (an MPI "
+                                    "communicator's members are fixed when MPI starts; a replacement joins on "
+                                    "dopt's backend: docs/fault-tolerance.md, \"Between processes\")", env.rank);
   bool elsewhere = false;
   for (int r : members) elsewhere = elsewhere || infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0;
   const bool on_shm = plane_choice != "tcp" && !elsewhere;
-  if (mpi || (plane_choice != "tcp" && elsewhere))
-    throw NotSupportedError(op, admitted + ", but a process cannot join a running job yet on the " +
-                                    (mpi ? std::string("mpi plane") : "hier plane (its members are on several hosts)") +
-                                    ": " + how, env.rank);
+  if (on_shm) listener.reset();  // no TCP mesh in a world on the shm plane
+  if (!on_shm && !listener)
+    throw ValueError(op, admitted + ", but transport 'shm' needs every rank on this host and the members are on "
+                                    "several hosts; set the same DOPT_TRANSPORT on every rank", env.rank);
   // Its own view: the ranks rank 0 saw lost stay lost (the rank actor does
   // not watch them); its own slot has this incarnation.
   auto peers = std::make_shared<Peers>();
