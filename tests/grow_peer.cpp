@@ -3,10 +3,10 @@
 //
 //   dopt_grow_peer refused
 //       every rank calls grow() on the world with no newcomer coming: on
-//       the shm plane it is not implemented yet (NotSupportedError naming
-//       the call and the plane); on the actor plane (DOPT_TRANSPORT=tcp) it
-//       waits for one (a 2 s timeout here) and fails with TimeoutError;
-//       join_group() on a member's handle is a StateError.
+//       the shm and actor planes (DOPT_TRANSPORT=tcp) it waits for one (a
+//       2 s timeout here) and fails with TimeoutError; on the hierarchical
+//       plane it is not implemented yet (NotSupportedError naming the call
+//       and the plane); join_group() on a member's handle is a StateError.
 //   dopt_grow_peer replaced VICTIM MARK
 //       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
 //       the world and wait (up to 30 s) until the file MARK exists (written
@@ -18,8 +18,9 @@
 //       0: grow() waits for it) and grow() it by one; the replacement (dopt-run
 //       --on-failure replace) calls join_group(); all of them all_reduce
 //       over the grown group (the sum of RANK + 1 over every rank), 8
-//       floats (inline with the control messages) and 1 MiB (over the TCP
-//       mesh, which the members connected to the replacement's).
+//       floats and 1 MiB (actor plane: inline with the control messages, and
+//       over the TCP mesh, which the members connected to the replacement's;
+//       shm plane: the grown group's new regions, the replacement's among them).
 //   dopt_grow_peer cycles VICTIM KILLS
 //       rank VICTIM is lost KILLS times in a row: each of its incarnations
 //       below KILLS (DOPT_INCARNATION; the first start is 0) kills itself
@@ -50,23 +51,25 @@ long refused_scenario(ProcessGroup& world, int me) {
   world.barrier();
   std::string why;
   const std::string plane = world.plane_stats().plane;
+  const bool grows = plane == "actor" || plane == "shm";  // between processes
   const auto timeout = world.timeout();
-  if (plane == "actor") world.set_timeout(std::chrono::seconds(2));
+  if (grows) world.set_timeout(std::chrono::seconds(2));
   try {
     world.grow();
   } catch (const dopt::NotSupportedError& e) {
-    why = plane == "actor" ? std::string() : e.what();
+    why = grows ? std::string() : e.what();
   } catch (const dopt::TimeoutError& e) {
-    why = plane == "actor" ? e.what() : std::string();
+    why = grows ? e.what() : std::string();
   }
   world.set_timeout(timeout);
   c.expect(why.find("ProcessGroup.grow") != std::string::npos, "grow: an error naming the call: " + why);
-  if (plane == "actor") {
+  if (grows) {
     c.expect(why.find("1 newcomer(s) expected, 0 came") != std::string::npos, "grow: no newcomer came: " + why);
     c.expect(why.find("the replacement of a lost rank") != std::string::npos, "grow: saying who comes: " + why);
   } else {
     c.expect(why.find("the " + plane + " plane") != std::string::npos, "grow: naming the " + plane + " plane: " + why);
-    c.expect(why.find("between processes") != std::string::npos, "grow: saying processes cannot grow yet: " + why);
+    c.expect(why.find("not implemented yet") != std::string::npos, "grow: saying this plane cannot grow yet: " + why);
+    c.expect(why.find("DOPT_TRANSPORT=tcp") != std::string::npos, "grow: saying what works instead: " + why);
   }
   bool member = false;
   try {
@@ -121,7 +124,7 @@ void check_grown(dopt::testing::Checker& c, dopt::GrowResult& g, int joined, dou
   g.group.all_reduce(big);
   bool summed = true;
   for (std::int64_t i = 0; i < (1 << 18); ++i) summed = summed && big.at(i) == n * (n + 1) / 2;
-  c.expect(summed, "all_reduce of 1 MiB on the grown group (the TCP mesh)");
+  c.expect(summed, "all_reduce of 1 MiB on the grown group (the TCP mesh, or the shm plane's new regions)");
   g.group.barrier();
 }
 

@@ -1,8 +1,11 @@
 // Growing back between real processes: dopt-run --on-failure replace starts a
 // lost rank's program again (DOPT_REPLACES, DOPT_INCARNATION); on the actor
-// plane (DOPT_TRANSPORT=tcp) the replacement joins the running job through
-// join_group() while the survivors grow(); on the shm plane grow() and the
-// replacement refuse clearly (docs/fault-tolerance.md, "Between processes").
+// plane (DOPT_TRANSPORT=tcp) and on the shm plane (every rank on this host,
+// the default) the replacement joins the running job through join_group()
+// while the survivors grow(); on the hierarchical plane (hosts faked with
+// DOPT_HOST_ID) the replacement joins the survivors' shrunk group, which
+// runs on the actor plane, and grow() on the hierarchical world group
+// refuses clearly (docs/fault-tolerance.md, "Between processes").
 // The ranks are small shell programs, tests/grow_peer.cpp and
 // tests/zero_grow_peer.cpp.
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
@@ -54,6 +57,10 @@ std::string dying_rank(int until) {
          "if [ \"$RANK\" = 1 ] && [ \"${DOPT_INCARNATION:-0}\" -lt " + std::to_string(until) + " ]; then "
          "kill -9 $$; fi; sleep 0.2";
 }
+
+/// Shell: this rank's "host" is DOPT_HOST_ID host0 or host1, 2 ranks each
+/// (4 ranks run on the hierarchical plane).
+const std::string kTwoHosts = "export DOPT_HOST_ID=host$((RANK / 2)) LOCAL_RANK=$((RANK % 2)) LOCAL_WORLD_SIZE=2; ";
 
 /// 3 ranks of dopt_grow_peer replaced 1 (rank 1 kills itself, the others
 /// shrink and wait until its replacement ended), one replacement at most,
@@ -128,7 +135,7 @@ TEST_CASE("replace: past --max-replacements a failure is handled as with --on-fa
   CHECK_FALSE(contains(d.out, "incarnation 3"));
 }
 
-TEST_CASE("replace: grow() between processes refuses, naming the plane, and the world goes on (shm, tcp)",
+TEST_CASE("replace: grow() between processes with no newcomer coming times out, and the world goes on (shm, tcp)",
           "[replace][multiprocess]") {
   const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
   INFO("DOPT_TRANSPORT=" << transport);
@@ -139,11 +146,32 @@ TEST_CASE("replace: grow() between processes refuses, naming the plane, and the 
   require_all_ok(d.out, 3, 5);
 }
 
-TEST_CASE("replace: a replacement of a dopt program is refused clearly, and the survivors go on",
+TEST_CASE("replace: on the hierarchical plane grow() refuses, naming the plane and what works instead",
           "[replace][multiprocess]") {
-  replacement_refused("", {}, {"[rank 1] error ", "this process replaces lost rank 1 (incarnation 1",
-                               "rank 0 accepted its job id and secret and admitted it to rank 1's slot (the "
-                               "members: ranks 0, 2), but a process cannot join a running job yet"});
+  // 2 "hosts" (DOPT_HOST_ID) of 2 ranks: the world runs on the hier plane.
+  const Done d = run_replacing({}, 4, kTwoHosts + "exec " + kGrowPeer + " refused", {{"DOPT_DEBUG", "1"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"runs on the hier plane"});
+  require_all_ok(d.out, 4, 6);
+}
+
+TEST_CASE("replace: on the hierarchical plane the replacement joins the survivors' group, which grows on the actor plane",
+          "[replace][multiprocess]") {
+  // 2 "hosts" (DOPT_HOST_ID) of 2 ranks: the world runs on the hier plane.
+  // Rank 1 kills itself; ranks 0, 2 and 3 shrink (a group with 1 and 2
+  // members on the hosts: the actor plane) and grow() by one; rank 1's
+  // replacement (on host0 again) joins with a TCP mesh of its own, which
+  // the survivors' meshes connect to; all four sum RANK + 1, in 8 floats
+  // and in 1 MiB (tests/grow_peer.cpp, mode grown).
+  const Done d = run_replacing({"--max-replacements", "1"}, 4, kTwoHosts + "exec " + kGrowPeer + " grown 1 0",
+                               {{"DOPT_DEBUG", "1"}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"runs on the hier plane",
+                    "dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 6", "[rank 1] ok 1 4", "[rank 2] ok 2 6", "[rank 3] ok 3 6"});
+  CHECK_FALSE(contains(d.out, "error "));
 }
 
 TEST_CASE("replace: a replacement without the job's secret is refused, and the survivors go on",
@@ -156,38 +184,58 @@ TEST_CASE("replace: a replacement without the job's secret is refused, and the s
                       {"[rank 1] error AuthenticationError: ", "could not prove that it knows this job's secret"});
 }
 
-TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow, and the grown group all_reduces",
-          "[replace][multiprocess]") {
-  // Rank 1 kills itself; ranks 0 and 2 shrink, then grow() by one; rank 1's
-  // replacement joins through join_group(); all three sum RANK + 1, in 8
-  // floats and in 1 MiB (over the TCP mesh: the survivors' meshes connect to
-  // the replacement's when it joins). The
-  // survivors shrink at once (grow() then waits for the replacement), or
-  // 1.5 s later (it waits for them, and shrink() must still see the loss).
+namespace {
+
+/// Rank 1 kills itself; ranks 0 and 2 shrink, then grow() by one; rank 1's
+/// replacement joins through join_group(); all three sum RANK + 1, in 8
+/// floats and in 1 MiB (tests/grow_peer.cpp, mode grown) with DOPT_TRANSPORT
+/// `transport`. The survivors shrink at once (grow() then waits for the
+/// replacement), or 1.5 s later (it waits for them, and shrink() must still
+/// see the loss).
+void check_grown(const std::string& transport) {
   const std::string wait_ms = GENERATE(std::string("0"), std::string("1500"));
-  INFO("the survivors shrink after " << wait_ms << " ms");
+  INFO("DOPT_TRANSPORT=" << transport << ", the survivors shrink after " << wait_ms << " ms");
   const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " grown 1 " + wait_ms,
-                               {{"DOPT_TRANSPORT", "tcp"}});
+                               {{"DOPT_TRANSPORT", transport}, {"DOPT_DEBUG", "1"}});
   INFO(d.out);
   CHECK(d.ok());
   check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
-                    "[rank 0] ok 0 6", "[rank 1] ok 1 4", "[rank 2] ok 2 6"});
+                    "[rank 0] ok 0 6", "[rank 1] ok 1 4", "[rank 2] ok 2 6",
+                    "the world group runs on the " + std::string(transport == "tcp" ? "tcp" : "shm") + " plane"});
   CHECK_FALSE(contains(d.out, "error "));
 }
 
-TEST_CASE("replace: ZeRO (redundancy 1) loses a rank at step 2, its replacement joins at step 4, bitwise the reference",
+}  // namespace
+
+TEST_CASE("replace: on the actor plane the replacement joins, the survivors grow, and the grown group all_reduces",
           "[replace][multiprocess]") {
-  // 5 ranks train ZeRO (Adam); rank 2 kills itself before step 2's
-  // gradients; the others recover (its shard from the buddy copy) and train
-  // steps 2 and 3 over 4 ranks; before step 4 they grow() and catch the
-  // replacement up (zero_catch_up); all train to step 7 and compare their
-  // parameters bitwise with a reference run of a plain Adam over the mean
-  // gradients of the ranks that contributed to each step (tests/zero_grow_peer.cpp).
-  // With the parameters as views of ZeRO's buckets, and without.
+  // 1 MiB goes over the TCP mesh: the survivors' meshes connect to the
+  // replacement's when it joins.
+  check_grown("tcp");
+}
+
+TEST_CASE("replace: on the shm plane the replacement joins, the survivors grow, and the grown group all_reduces",
+          "[replace][multiprocess]") {
+  // The grown group runs on new shared-memory regions, the replacement's
+  // among them (its process id came with the meeting).
+  check_grown("shm");
+}
+
+namespace {
+
+/// 5 ranks train ZeRO (Adam) with DOPT_TRANSPORT `transport`; rank 2 kills
+/// itself before step 2's gradients; the others recover (its shard from the
+/// buddy copy) and train steps 2 and 3 over 4 ranks; before step 4 they
+/// grow() and catch the replacement up (zero_catch_up); all train to step 7
+/// and compare their parameters bitwise with a reference run of a plain Adam
+/// over the mean gradients of the ranks that contributed to each step
+/// (tests/zero_grow_peer.cpp). With the parameters as views of ZeRO's
+/// buckets, and without.
+void check_zero_grown(const std::string& transport) {
   const std::string bucket_view = GENERATE(std::string(""), std::string(" bucket_view"));
-  INFO("dopt_zero_grow_peer 2 2 4 7" << bucket_view);
+  INFO("DOPT_TRANSPORT=" << transport << " dopt_zero_grow_peer 2 2 4 7" << bucket_view);
   const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kZeroGrowPeer + " 2 2 4 7" + bucket_view,
-                               {{"DOPT_TRANSPORT", "tcp"}});
+                               {{"DOPT_TRANSPORT", transport}});
   INFO(d.out);
   CHECK(d.ok());
   check_has(d.out, {"dopt-run: rank 2 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
@@ -196,17 +244,31 @@ TEST_CASE("replace: ZeRO (redundancy 1) loses a rank at step 2, its replacement 
   CHECK_FALSE(contains(d.out, "error "));
 }
 
-TEST_CASE("replace: 10 kill-and-replace cycles in one run of dopt-run --on-failure replace leave /dev/shm clean",
+}  // namespace
+
+TEST_CASE("replace: ZeRO (redundancy 1) loses a rank at step 2, its replacement joins at step 4, bitwise the reference",
           "[replace][multiprocess]") {
-  // Rank 1 is lost 10 times in a row: each incarnation below 10 kills itself
-  // after its group's all_reduce; ranks 0 and 2 shrink, grow and check the
-  // grown group (8 floats and 1 MiB) each time; the 10th replacement stays
-  // and all three check the last group (tests/grow_peer.cpp, mode cycles).
-  // Every process prints its pid: afterwards /dev/shm holds no name that one
-  // of them made (other tests running alongside may make their own).
+  check_zero_grown("tcp");
+}
+
+TEST_CASE("replace: on the shm plane ZeRO (redundancy 1) grows back at step 4, bitwise the reference",
+          "[replace][multiprocess]") {
+  check_zero_grown("shm");
+}
+
+namespace {
+
+/// Rank 1 is lost 10 times in a row (DOPT_TRANSPORT `transport`): each
+/// incarnation below 10 kills itself after its group's all_reduce; ranks 0
+/// and 2 shrink, grow and check the grown group (8 floats and 1 MiB) each
+/// time; the 10th replacement stays and all three check the last group
+/// (tests/grow_peer.cpp, mode cycles). Every process prints its pid:
+/// afterwards /dev/shm holds no name that one of them made (other tests
+/// running alongside may make their own).
+void check_cycles(const std::string& transport) {
   const std::set<std::string> before = dopt_shm_names();
-  const Done d = run_replacing({"--max-replacements", "10"}, 3,
-                               "echo \"pid $$\"; exec " + kGrowPeer + " cycles 1 10", {{"DOPT_TRANSPORT", "tcp"}});
+  const Done d = run_replacing({"--max-replacements", "10"}, 3, "echo \"pid $$\"; exec " + kGrowPeer + " cycles 1 10",
+                               {{"DOPT_TRANSPORT", transport}});
   INFO(d.out);
   CHECK(d.ok());
   check_has(d.out, {"starting its replacement (incarnation 10, --on-failure replace)",
@@ -223,4 +285,15 @@ TEST_CASE("replace: 10 kill-and-replace cycles in one run of dopt-run --on-failu
       CHECK(name.rfind("dopt-" + pid + "-", 0) != 0);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("replace: 10 kill-and-replace cycles in one run of dopt-run --on-failure replace leave /dev/shm clean",
+          "[replace][multiprocess]") {
+  check_cycles("tcp");
+}
+
+TEST_CASE("replace: on the shm plane 10 kill-and-replace cycles leave /dev/shm clean", "[replace][multiprocess]") {
+  check_cycles("shm");
 }

@@ -1,6 +1,6 @@
 // One rank of the ZeRO growing-back test between real processes
 // (tests/replace_multiprocess.test.cpp), started by dopt-run --on-failure
-// replace on the actor plane (DOPT_TRANSPORT=tcp):
+// replace on the actor plane (DOPT_TRANSPORT=tcp) or on the shm plane:
 //
 //   dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view]
 //       the ranks train a ZeroRedundancyOptimizer (Adam, redundancy 1) over

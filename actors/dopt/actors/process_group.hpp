@@ -266,17 +266,19 @@ class ProcessGroup {
   ///
   /// Where: between the ranks of a deterministic simulation (simulate()
   /// with deterministic = true and SimulateOptions::newcomers), and between
-  /// processes on the actor plane (DOPT_TRANSPORT=tcp), where the newcomers
-  /// are replacements of lost ranks (dopt-run --on-failure replace: each
-  /// takes its lost rank's number with a new incarnation, and rank 0 admits
-  /// it; rank 0 itself cannot be replaced). On that plane the grown group's
-  /// calls carry buffers of any size (the members' TCP meshes connect to
-  /// the replacement's as it joins; docs/fault-tolerance.md "Between
-  /// processes"). Elsewhere NotSupportedError naming the call and the plane:
-  /// the shm and hierarchical planes are not supported yet; the MPI plane
-  /// cannot grow (an MPI communicator's members are fixed at MPI_Init; use
-  /// dopt's own planes for an elastic job). StateError on a newcomer's
-  /// handle.
+  /// processes on the shm plane and on the actor plane (DOPT_TRANSPORT=tcp,
+  /// and the groups that shrink() makes on the hierarchical plane), where
+  /// the newcomers are replacements of lost ranks (dopt-run --on-failure
+  /// replace: each takes its lost rank's number with a new incarnation, and
+  /// rank 0 admits it; rank 0 itself cannot be replaced). The grown group
+  /// runs on the old group's plane and its calls carry buffers of any size
+  /// (shm: new regions, the replacement's among them; actor: the members'
+  /// TCP meshes connect to the replacement's as it joins;
+  /// docs/fault-tolerance.md "Between processes"). Elsewhere
+  /// NotSupportedError naming the call and the plane: a group on the
+  /// hierarchical plane itself cannot grow yet; the MPI plane cannot grow
+  /// (an MPI communicator's members are fixed at MPI_Init; use dopt's own
+  /// planes for an elastic job). StateError on a newcomer's handle.
   GrowResult grow(const GrowOptions& options = {});
   /// A newcomer's side of grow(): called once on the handle of the job this
   /// rank is not yet a member of (a newcomer's RankContext::world(), or what

@@ -4,10 +4,12 @@
 // Between the ranks of a deterministic simulation: every rank is a task of
 // this process, so members and newcomers meet in its memory (the lobby),
 // waiting through the scheduler in virtual time. Between processes on the
-// actor plane: the newcomers are replacements of lost ranks that joined the
-// job (core/replacement.cpp); the members' leader admits them, tells the
-// members in a broadcast over the old group and each newcomer through its
-// rank actor, and they meet on rank-actor barriers as shrink's survivors do.
+// actor plane or the shared-memory plane: the newcomers are replacements of
+// lost ranks that joined the job (core/replacement.cpp); the members' leader
+// admits them, tells the members in a broadcast over the old group and each
+// newcomer through its rank actor, and they meet on rank-actor barriers as
+// shrink's survivors do (on the shm plane, making the new group's regions
+// between them).
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -18,6 +20,8 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+
+#include <unistd.h>
 
 #include "dopt/actors/process_group.hpp"
 #include "collectives/access.hpp"
@@ -39,6 +43,9 @@ struct Admission {
   std::shared_ptr<const std::vector<int>> members;
   /// The admitted newcomers, ascending.
   std::vector<int> joined;
+  /// Between processes: the plane the members build the group on ("shm"),
+  /// or "-" for none (the actor plane), so that a newcomer builds alike.
+  std::string plane = "-";
 };
 
 struct Waiting {
@@ -112,12 +119,26 @@ int first_lost(const PeerTable& peers, const std::vector<int>& ranks, int me) {
   return -1;
 }
 
-// --- between processes, on the actor plane -------------------------------------------
+// --- between processes, on the actor and shm planes ------------------------------------
 
-/// Whether `g` grows between processes on the actor plane (TCP): no data
-/// plane of its own, so the rank actors carry its collectives and meetings.
-bool between_processes(const GroupImpl& g) {
-  return g.peers && !g.peers->in_process() && !g.plane && !sim::active();
+/// Whether `g`'s ranks are processes (outside a deterministic simulation):
+/// the rank actors carry the admission and the meetings.
+bool between_processes(const GroupImpl& g) { return g.peers && !g.peers->in_process() && !sim::active(); }
+
+/// Between processes, a group grows on the actor plane (no data plane of its
+/// own) and on the shared-memory plane; NotSupportedError naming op and the
+/// plane otherwise (before anybody waits for a newcomer).
+void check_plane_grows(const GroupImpl& g, const char* op, int me) {
+  if (!g.plane || std::string_view(g.plane->name()) == "shm") return;
+  const std::string plane = g.plane->name();
+  throw NotSupportedError(op, "growing a group between processes works on the shm plane (every rank on one host) "
+                              "and on the actor plane (DOPT_TRANSPORT=tcp); this group runs on the " + plane +
+                              " plane" + (plane == "hier" ? ", where it is not implemented yet (a group that "
+                                                            "shrink() made there runs on the actor plane and grows; "
+                                                            "or start every rank with DOPT_TRANSPORT=tcp)"
+                                                          : plane == "mpi" ? ": an MPI communicator's members are "
+                                                                             "fixed when MPI starts" : "") +
+                              " (docs/fault-tolerance.md, \"Between processes\")", me);
 }
 
 /// How this process's rank actor is reached (installed by init_process_group).
@@ -139,20 +160,20 @@ std::vector<int> replacements_waiting(const PeerTable& peers, const std::vector<
   return c;
 }
 
-/// An admission as the rank actors carry it: "GID M,M,... J,J,...".
+/// An admission as the rank actors carry it: "GID M,M,... J,J,... PLANE".
 std::string encode(const Admission& a) {
   auto list = [](const std::vector<int>& v) {
     std::string s;
     for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
     return s;
   };
-  return std::to_string(a.gid) + " " + list(*a.members) + " " + list(a.joined);
+  return std::to_string(a.gid) + " " + list(*a.members) + " " + list(a.joined) + " " + a.plane;
 }
 Admission decode(const std::string& text) {
   std::istringstream in(text);
   std::string members, joined;
   Admission a;
-  in >> a.gid >> members >> joined;
+  in >> a.gid >> members >> joined >> a.plane;
   auto list = [](const std::string& s) {
     std::vector<int> v;
     std::istringstream items(s);
@@ -164,15 +185,38 @@ Admission decode(const std::string& text) {
   return a;
 }
 
-/// The new group between processes: every member (old and new) meets on a
-/// barrier of the rank actors among the new members (as shrink's survivors);
-/// the group then runs on the actor plane.
-ProcessGroup build_between_processes(const GroupImpl& g, const Admission& a, int me) {
+/// The new group between processes, on plane `on` (the members' group's,
+/// the admission says which): every member (old and new) meets on the rank
+/// actors among the new members (as shrink's survivors). Without a plane one
+/// barrier, and the group runs on the actor plane. On the shm plane the
+/// first meeting also tells every member the others' process ids
+/// (a newcomer's is new; the regions are named by them), then each makes its
+/// part of the group between barriers as shrink() does: create, meet,
+/// attach, meet, seal (a failed attempt drops its own region).
+ProcessGroup build_between_processes(const GroupImpl& g, const std::shared_ptr<detail::GroupPlane>& on,
+                                     const Admission& a, int me, const char* op) {
   const std::vector<int>& members = *a.members;
   const int my_new = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   ProcessGroup meeting = detail::Access::group(detail::group_over(g, a.gid | (1ull << 62), a.members, my_new));
-  meeting.barrier();
-  return detail::Access::group(detail::group_over(g, a.gid, a.members, my_new));
+  if (!on) {
+    meeting.barrier();
+    return detail::Access::group(detail::group_over(g, a.gid, a.members, my_new));
+  }
+  std::vector<std::int64_t> pids(static_cast<std::size_t>(g.peers->world_size()), 0);
+  pids[static_cast<std::size_t>(me)] = static_cast<std::int64_t>(::getpid());
+  Tensor t = Tensor::from_vector(pids);
+  meeting.all_reduce(t);  // every member knows the group and every member's process
+  pids = t.to_vector<std::int64_t>();
+  for (int r : members)
+    if (r != me && !on->renew_process(r, pids[static_cast<std::size_t>(r)]))
+      throw NotSupportedError(op, "the " + std::string(on->name()) + " plane cannot take rank " +
+                                      std::to_string(r) + "'s new process", me);
+  auto builder = on->builder(a.gid, a.members);
+  std::shared_ptr<detail::GroupPlane> plane;
+  if (builder) builder->create(), meeting.barrier(), plane = builder->attach(), meeting.barrier(), builder->seal();
+  auto ng = detail::group_over(g, a.gid, a.members, my_new);
+  ng->plane = std::move(plane);
+  return detail::Access::group(std::move(ng));
 }
 
 /// The members' side of grow() between processes (see the top of this file).
@@ -220,6 +264,7 @@ GrowResult grow_between_processes(ProcessGroup& group, const GroupImpl& g, int m
   std::sort(members.begin(), members.end());
   a.gid = grown_gid(g.gid, static_cast<int>(decision[1]), members);
   a.members = std::make_shared<const std::vector<int>>(std::move(members));
+  if (g.plane) a.plane = g.plane->name();
   // Every member revives the newcomers' slots (alive again, the new
   // process's handle) before the meeting; until now a shrink() saw them lost.
   for (int r : a.joined)
@@ -228,7 +273,7 @@ GrowResult grow_between_processes(ProcessGroup& group, const GroupImpl& g, int m
   if (me == old.front())
     for (int r : a.joined) post_of(g, op, me).send.load()(*g.endpoint, r, encode(a));
   GrowResult out;
-  out.group = build_between_processes(g, a, me);
+  out.group = build_between_processes(g, g.plane, a, me, op);
   for (int r : old)
     out.new_rank.push_back(static_cast<int>(std::find(a.members->begin(), a.members->end(), r) - a.members->begin()));
   out.joined = a.joined;
@@ -245,8 +290,12 @@ GrowResult join_between_processes(const GroupImpl& g, int me, const char* op) {
     throw TimeoutError(op, "no member grew a group within " + std::to_string(timeout.count()) + " ms; rank " +
                                std::to_string(me) + " was not admitted", me);
   const Admission a = decode(text);
+  const std::string mine = g.plane ? g.plane->name() : "actor";
+  if (a.plane != "-" && a.plane != mine)
+    throw NotSupportedError(op, "the members grow their group on the " + a.plane + " plane and rank " +
+                                    std::to_string(me) + " runs on the " + mine + " plane", me);
   GrowResult out;
-  out.group = build_between_processes(g, a, me);
+  out.group = build_between_processes(g, a.plane == "-" ? nullptr : g.plane, a, me, op);
   out.joined = a.joined;
   return out;
 }
@@ -284,7 +333,10 @@ GrowResult ProcessGroup::grow(const GrowOptions& options) {
   const int me = old[static_cast<std::size_t>(g.my_grank)];
   if (options.newcomers < 1)
     throw ValueError(op, "newcomers must be >= 1, got " + std::to_string(options.newcomers), me);
-  if (between_processes(g)) return grow_between_processes(*this, g, me, static_cast<std::size_t>(options.newcomers), op);
+  if (between_processes(g)) {
+    check_plane_grows(g, op, me);
+    return grow_between_processes(*this, g, me, static_cast<std::size_t>(options.newcomers), op);
+  }
   Lobby* lobby = nullptr;
   int attempt = 0;
   {
@@ -379,7 +431,10 @@ GrowResult ProcessGroup::join_group(const JoinGroupOptions& options) {
   if (g.my_grank >= 0)
     throw StateError(op, "this rank is already a member of group " + std::to_string(g.gid) +
                              "; its members call grow()", me);
-  if (between_processes(g)) return join_between_processes(g, me, op);
+  if (between_processes(g)) {
+    check_plane_grows(g, op, me);
+    return join_between_processes(g, me, op);
+  }
   Lobby* lobby = nullptr;
   {
     std::lock_guard<std::mutex> lock(lobby_mutex());

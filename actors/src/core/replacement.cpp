@@ -2,12 +2,15 @@
 // with DOPT_REPLACES, set by dopt-run --on-failure replace; issue 45,
 // docs/fault-tolerance.md "Between processes"): admission at rank 0's
 // rendezvous port, direct connections to the members, which hold it
-// waiting and connect their TCP meshes to its own; it then waits in
-// ProcessGroup::join_group() for a grow(), which revives the slot.
+// waiting and connect their TCP meshes to its own (actor plane); on the
+// shm plane it makes its own shared-memory plane, a group of itself until
+// it joins; it then waits in ProcessGroup::join_group() for a grow(), which
+// revives the slot and makes the grown group's regions.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -22,6 +25,7 @@
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/settings.hpp"
 #include "transport/actor/rank_state.hpp"
+#include "transport/shm/shm_plane.hpp"
 
 namespace dopt::detail {
 
@@ -115,8 +119,6 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
   const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
                           std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
-  const std::string how = "a process joins a running job on the actor plane only yet (every rank started with "
-                          "DOPT_TRANSPORT=tcp, on dopt's backend; docs/fault-tolerance.md, \"Between processes\")";
   if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
     throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it)", env.rank);
   if (replaces != env.rank)
@@ -135,7 +137,7 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   std::string my_info;
   auto make_info = [&] {
     my_info = host + publish_control_port(rt, sys, a, env, op);
-    if (plane_choice == "tcp" && !listener) {
+    if (plane_choice != "shm" && !listener) {  // (dropped below when the world runs on the shm plane)
       try {
         listener.emplace(transport::TcpMesh::listen(info_field(my_info, "bind"), env.port_range_lo, env.port_range_hi));
       } catch (const IOError& e) {
@@ -157,11 +159,22 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
     }
   const std::string admitted = who + ": rank 0 accepted its job id and secret and admitted it to rank " +
                                std::to_string(env.rank) + "'s slot (the members: ranks " + listed + ")";
-  const bool mpi = settings::text("DOPT_BACKEND").value_or("dopt") == "mpi";
-  if (plane_choice != "tcp" || mpi)
-    throw NotSupportedError(op, admitted + ", but a process cannot join a running job yet on the " +
-                                    (mpi ? std::string("mpi") : plane_choice == "shm" ? "shm" : "shm or hier") +
-                                    " plane: " + how, env.rank);
+  // The world's plane, as its ranks chose it (world.cpp): shm when every
+  // member is on this host and DOPT_TRANSPORT is not tcp; otherwise the TCP
+  // mesh, with the hierarchical plane over it across hosts (a group that
+  // lost a rank there runs on the actor plane: hosts with different numbers
+  // of members), which this process joins as on the actor plane.
+  if (settings::text("DOPT_BACKEND").value_or("dopt") == "mpi")
+    throw NotSupportedError(op, admitted + ", but a process cannot join a running job on the mpi plane (an MPI "
+                                    "communicator's members are fixed when MPI starts; a replacement joins on "
+                                    "dopt's backend: docs/fault-tolerance.md, \"Between processes\")", env.rank);
+  bool elsewhere = false;
+  for (int r : members) elsewhere = elsewhere || infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0;
+  const bool on_shm = plane_choice != "tcp" && !elsewhere;
+  if (on_shm) listener.reset();  // no TCP mesh in a world on the shm plane
+  if (!on_shm && !listener)
+    throw ValueError(op, admitted + ", but transport 'shm' needs every rank on this host and the members are on "
+                                    "several hosts; set the same DOPT_TRANSPORT on every rank", env.rank);
   // Its own view: the ranks rank 0 saw lost stay lost (the rank actor does
   // not watch them); its own slot has this incarnation.
   auto peers = std::make_shared<Peers>();
@@ -190,28 +203,51 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
     std::string why;
     self->request(peers->actors[static_cast<std::size_t>(r)], caf::duration(env.handshake_timeout),
                   revive_atom::value, env.rank, incarnation, a,
-                  mesh_endpoint_for(my_info, infos[static_cast<std::size_t>(r)], host),
+                  listener ? mesh_endpoint_for(my_info, infos[static_cast<std::size_t>(r)], host) : std::string(),
                   static_cast<std::int64_t>(env.handshake_timeout.count()))
         .receive([&](std::string& w) { why = std::move(w); },
                  [&](caf::error& e) { why = "no answer (" + sys.render(e) + ")"; });
     if (!why.empty())
       throw PeerLostError(op, admitted + ", but member " + std::to_string(r) + " did not take it: " + why, env.rank);
   }
-  // The TCP mesh: every member connects to it (the ranks lost before stay
-  // lost there); the rank actor takes it for buffers over 64 KiB.
-  transport::TcpMeshOptions mesh_options;
-  mesh_options.credentials = net::Credentials::from(env);
-  mesh_options.accept_from = members;
-  auto mesh = std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener),
-                                                   std::vector<std::string>(static_cast<std::size_t>(env.world_size)),
-                                                   env.handshake_timeout, mesh_options);
-  std::weak_ptr<transport::TcpMesh> weak = mesh;
-  runtime_add_stopper(rt, [weak] {
-    if (auto m = weak.lock()) m->close();
-  });
-  self->request(a, caf::infinite, setmesh_atom::value, mesh)
-      .receive([](bool) {},
-               [&](caf::error& e) { throw StateError(op, "the rank actor did not take its mesh: " + sys.render(e), env.rank); });
+  // The TCP mesh (actor plane): every member connects to it (the ranks lost
+  // before stay lost there); the rank actor takes it for buffers over 64 KiB.
+  if (listener) {
+    transport::TcpMeshOptions mesh_options;
+    mesh_options.credentials = net::Credentials::from(env);
+    mesh_options.accept_from = members;
+    auto mesh = std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener),
+                                                     std::vector<std::string>(static_cast<std::size_t>(env.world_size)),
+                                                     env.handshake_timeout, mesh_options);
+    std::weak_ptr<transport::TcpMesh> weak = mesh;
+    runtime_add_stopper(rt, [weak] {
+      if (auto m = weak.lock()) m->close();
+    });
+    self->request(a, caf::infinite, setmesh_atom::value, mesh)
+        .receive([](bool) {},
+                 [&](caf::error& e) {
+                   throw StateError(op, "the rank actor did not take its mesh: " + sys.render(e), env.rank);
+                 });
+  }
+  // The shm plane: this process's own (regions named by every rank's process
+  // id and rank 0's job token, as world.cpp names them), a group of itself
+  // until join_group() makes the grown group's regions with the members.
+  std::shared_ptr<GroupPlane> plane;
+  if (on_shm) {
+    std::vector<int> pids(static_cast<std::size_t>(env.world_size), 0);
+    for (int r : members)
+      pids[static_cast<std::size_t>(r)] = std::atoi(info_field(infos[static_cast<std::size_t>(r)], "pid").c_str());
+    pids[static_cast<std::size_t>(env.rank)] = static_cast<int>(::getpid());
+    auto dir = std::make_shared<shm_plane::ShmDirectory>(std::move(pids), info_field(infos[0], "job"));
+    auto shm = std::make_shared<shm_plane::ShmPlane>(
+        env.rank, dir, peers->table,
+        shm_plane::ShmPlane::Options::from_env(env.local_world_size > 0 ? env.local_world_size : env.world_size,
+                                               true));
+    const std::uint64_t gid = newcomer_gid(env.rank);
+    plane = shm->attach(gid, std::make_shared<const std::vector<int>>(1, env.rank), shm->create_region(gid, 1));
+    dir->seal(gid, env.rank);
+    runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
+  }
   // A newcomer's handle: no member of any group until join_group().
   std::vector<int> world;
   for (int r = 0; r < env.world_size; ++r) world.push_back(r);
@@ -219,6 +255,7 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   g->endpoint = ep;
   g->gid = newcomer_gid(env.rank);
   g->members = std::make_shared<const std::vector<int>>(std::move(world));
+  g->plane = std::move(plane);
   g->peers = peers->table;
   g->my_grank = -1;
   g->local_world_size = env.local_world_size;

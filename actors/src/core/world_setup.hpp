@@ -70,9 +70,13 @@ void install_admission_post();
 /// the lost rank's slot, it connects to the members, and each revives the
 /// slot before this returns (bounded by the handshake timeout). Returns the
 /// newcomer's handle (member of no group: it calls ProcessGroup::join_group).
-/// Between processes on the actor plane (plane_choice "tcp") only:
-/// NotSupportedError otherwise, after the admission (so a process without
-/// the job's secret is refused as any other, AuthenticationError).
+/// On the shm plane (every member on this host, plane_choice not "tcp"):
+/// the handle carries this process's shared-memory plane, a group of itself
+/// until it joins. Otherwise (the actor plane, or members on other hosts:
+/// the hierarchical plane's shrunk groups run on the actor plane) the
+/// members connect their TCP meshes to its own. NotSupportedError with
+/// DOPT_BACKEND=mpi, after the admission (so a process without the job's
+/// secret is refused as any other, AuthenticationError).
 ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, const InitOptions& options,
                                 long long replaces, const std::string& plane_choice, const char* op);
 

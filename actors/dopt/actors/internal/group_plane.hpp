@@ -70,6 +70,12 @@ class GroupPlane {
                                                 std::shared_ptr<const std::vector<int>> /*members*/) const {
     return nullptr;
   }
+  /// Rank `global_rank` runs in process `pid` from now on (the replacement
+  /// of a lost rank that grow() takes in between processes): the builders
+  /// this plane makes later find that rank's state under its new process.
+  /// Called by grow() on the user thread before builder(); false when this
+  /// plane cannot reach a replaced rank (its groups cannot grow back).
+  virtual bool renew_process(int /*global_rank*/, std::int64_t /*pid*/) { return false; }
 };
 
 }  // namespace dopt::detail

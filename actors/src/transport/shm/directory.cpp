@@ -93,8 +93,17 @@ void LocalDirectory::seal(std::uint64_t gid, int global_rank) {
 ShmDirectory::ShmDirectory(std::vector<int> pids, std::string job) : pids_(std::move(pids)), job_(std::move(job)) {}
 
 std::string ShmDirectory::name(std::uint64_t gid, int global_rank) const {
-  return "/dopt-" + std::to_string(pids_.at(static_cast<std::size_t>(global_rank))) + "-" + job_ + "-g" +
-         std::to_string(gid);
+  int pid = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pid = pids_.at(static_cast<std::size_t>(global_rank));
+  }
+  return "/dopt-" + std::to_string(pid) + "-" + job_ + "-g" + std::to_string(gid);
+}
+
+void ShmDirectory::renew_process(int global_rank, int pid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pids_.at(static_cast<std::size_t>(global_rank)) = pid;
 }
 
 Mapped ShmDirectory::create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) {

@@ -46,6 +46,10 @@ class RegionDirectory {
                                   const Mapped& mine, std::size_t bytes);
   /// Every member mapped global_rank's region of gid: drop its name.
   virtual void seal(std::uint64_t gid, int global_rank) = 0;
+  /// Rank global_rank runs in process `pid` from now on (a replacement):
+  /// its regions of later groups are found there (this one names none by
+  /// process: nothing to do).
+  virtual void renew_process(int /*global_rank*/, int /*pid*/) {}
   /// Regions of other processes (futexes must be shared).
   virtual bool shared() const = 0;
   /// Members are threads of this process (their tensors are addressable).
@@ -82,14 +86,15 @@ class ShmDirectory final : public RegionDirectory {
   Mapped create(std::uint64_t gid, int global_rank, std::size_t bytes, std::size_t reserve) override;
   Mapped open(std::uint64_t gid, int global_rank, std::size_t bytes) override;
   void seal(std::uint64_t gid, int global_rank) override;
+  void renew_process(int global_rank, int pid) override;
   bool shared() const override { return true; }
   bool in_process() const override { return false; }
   std::string name(std::uint64_t gid, int global_rank) const;
 
  private:
-  std::vector<int> pids_;
+  std::vector<int> pids_;  // guarded by mutex_ (a replacement renews its rank's)
   std::string job_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::map<std::uint64_t, std::shared_ptr<void>> own_;  // gid -> this rank's segment, until sealed
 };
 

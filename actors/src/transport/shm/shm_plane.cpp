@@ -123,6 +123,11 @@ std::unique_ptr<GroupBuilder> ShmGroup::builder(std::uint64_t gid,
   return std::make_unique<ShmBuilder>(plane_, gid, std::move(members));
 }
 
+bool ShmGroup::renew_process(int global_rank, std::int64_t pid) {
+  plane_->directory().renew_process(global_rank, static_cast<int>(pid));
+  return true;
+}
+
 void ShmGroup::execute(const Op& op) {
   Call c;
   c.op = &op;

@@ -36,6 +36,8 @@ class ShmGroup final : public GroupPlane {
   /// A group of some of this group's members on this plane (new regions).
   std::unique_ptr<GroupBuilder> builder(std::uint64_t gid,
                                         std::shared_ptr<const std::vector<int>> members) const override;
+  /// Later regions of global_rank are the replacement process pid's.
+  bool renew_process(int global_rank, std::int64_t pid) override;
   /// Fails queued and later calls with StateError(why).
   void stop(const std::string& why);
 

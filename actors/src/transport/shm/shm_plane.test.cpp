@@ -1,14 +1,18 @@
 // The shared-memory plane with simulated ranks: every collective x dtype x
 // op at world sizes 1, 2, 3, 5 against a scalar reference, bitwise equality
 // with the actor plane and between the plane's three algorithms (small,
-// staged, direct), mismatches, timeouts, lost ranks, many calls in flight.
+// staged, direct), mismatches, timeouts, lost ranks, many calls in flight;
+// and the process directory's names for a replaced rank.
 #include <catch2/catch.hpp>
 
 #include "rank_checks.hpp"
 #include "reductions.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <thread>
 #include <atomic>
@@ -20,6 +24,7 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/runtime/error.hpp"
+#include "transport/shm/directory.hpp"
 
 using namespace dopt;
 
@@ -423,4 +428,31 @@ TEST_CASE("shm plane: a rank lost in a shrunk group's call fails every survivor'
     lose_last(g, members, ctx.rank(), op, out);
   }, so), Catch::Contains("boom"));
   check_named(out, std::vector<int>(members.begin(), members.end() - 1), members.back());
+}
+
+TEST_CASE("shm plane: a replaced rank's regions are found under its new process's name", "[shm][grow]") {
+  // Two ranks' directories in this process: rank 0 a member (its process:
+  // this test's parent, alive throughout, so nobody takes its names for a
+  // dead process's), rank 1 lost (a process id nobody creates under) and
+  // replaced by this process. The member finds the replacement's region only
+  // once it has renewed the slot (grow() between processes does so).
+  using detail::shm_plane::ShmDirectory;
+  const int parent = static_cast<int>(::getppid());
+  const int me = static_cast<int>(::getpid());
+  const std::string job = "renew" + std::to_string(me);
+  ShmDirectory member({parent, 0}, job);
+  ShmDirectory replacement({parent, me}, job);
+  const std::uint64_t gid = 77;
+  const std::size_t bytes = 1u << 16;
+  auto mine = replacement.create(gid, 1, bytes, bytes);
+  static_cast<char*>(mine.base)[bytes - 1] = 42;
+  CHECK(member.name(gid, 1) != replacement.name(gid, 1));
+  CHECK_THROWS_AS(member.open(gid, 1, bytes), IOError);  // the lost process's name: nothing there
+  member.renew_process(1, me);
+  CHECK(member.name(gid, 1) == replacement.name(gid, 1));
+  CHECK(member.name(gid, 0) == replacement.name(gid, 0));  // the other ranks' names stay
+  auto seen = member.open(gid, 1, bytes);
+  CHECK(static_cast<const char*>(seen.base)[bytes - 1] == 42);
+  replacement.seal(gid, 1);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + replacement.name(gid, 1)));
 }
