@@ -410,6 +410,7 @@ int ProcessGroup::newcomers_waiting() {
   const int me = old[static_cast<std::size_t>(g.my_grank)];
   std::int64_t count = 0;
   if (between_processes(g)) {
+    check_plane_grows(g, op, me);
     if (me == old.front()) count = static_cast<std::int64_t>(replacements_waiting(*g.peers, old).size());
   } else {
     std::lock_guard<std::mutex> lock(lobby_mutex());
