@@ -3,7 +3,8 @@
 // with a Reducer), and the bytes each rank holds.
 //
 //   dopt_bench_zero_stage3 --params N --tensors K --units U [--delay-ms D]
-//                          [--no-prefetch] [--ranks R] [--steps S] [--warmup W] [--only 1|3]
+//                          [--no-prefetch] [--copy-gradients] [--ranks R] [--steps S] [--warmup W]
+//                          [--only 1|3]
 //
 // N float32 elements in K tensors (sizes in proportion to 1..10, as the ZeRO
 // benchmarks'), grouped in order into U units of about K/U tensors; Adam.
@@ -12,8 +13,11 @@
 // the forward sleeps; the backward sets and marks each unit's gradients
 // after its sleep, then finalize() and step(). Stage 3: the forward gathers
 // unit u, prefetches u + 1, sleeps, releases u; the backward gathers u,
-// prefetches u - 1, sleeps, reduce_gradients_async(u), releases u; then
-// step() (--no-prefetch: each gather waits for its all_gather). With --only
+// prefetches u - 1, sleeps, writes the unit's gradients into
+// gradient_buffers(u) and calls reduce_gradients_async(u) (--copy-gradients:
+// makes its own gradient tensors and passes them, which the library copies),
+// releases u; then step() (--no-prefetch: each gather waits for its
+// all_gather). With --only
 // unset the two setups live side by side and their iterations alternate
 // (each after a barrier; the slowest rank's time counts). Rank 0 prints one
 // JSON line per stage (iter_ms, min_iter_ms, kept_bytes: what the rank
@@ -21,14 +25,24 @@
 // parameters, gradients and ZeRO state, stage 3 ShardedUnits::bytes();
 // peak_gathered_bytes: stage 3's largest gathered_bytes()) and a
 // "zero_stage3_summary" line (the median ratio of stage 3 / stage 1 over
-// the iteration pairs). --only S builds and runs stage S alone and adds
-// peak_rss_bytes (getrusage, the largest over the ranks; processes only)
-// and rss_before_bytes (the same before either stage was built: the
-// process's own). Under a launcher (dopt-run) one rank per process; alone
-// it simulates R ranks (default 2).
+// the iteration pairs). --only S builds and runs stage S alone and adds the
+// process's memory, each the largest over the ranks (processes only):
+// peak_rss_bytes (getrusage), rss_before_bytes (VmRSS before either stage
+// was built: the process's own), peak_rss_rise_bytes (their difference),
+// peak_pss_bytes and pss_before_bytes (/proc/self/smaps_rollup's Pss, which
+// counts a page shared by k processes as 1/k of it, polled every 2 ms by a
+// thread from before the build to the end of the timed loop; with
+// peak_pss_anon/shmem/file_bytes, its parts at that peak: private memory,
+// the shared-memory plane's segment, binary and libraries), and for stage
+// 3 target_bytes: kept_bytes plus two of the largest unit's gathered bytes
+// (16/N B per parameter with Adam plus two gathered units). Under a launcher
+// (dopt-run) one rank per process; alone it simulates R ranks (default 2).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,14 +70,83 @@ using namespace dopt::optim;
 struct Setup {
   double delay_ms = 0.0;
   bool prefetch = true;
+  bool copy_gradients = false;  // stage 3: pass own gradients (copied) instead of gradient_buffers
   int rank = 0;
   std::vector<std::vector<std::size_t>> units;  // tensor indices of each unit
   std::vector<std::int64_t> sizes;              // of each tensor
   /// This rank's fresh gradient of tensor i, made when the backward reaches
   /// it (no rank holds every gradient in advance: stage 3's peak RSS is its own).
-  Tensor grad(std::size_t i) const {
-    return Tensor::full({sizes[i]}, 1e-3 * static_cast<double>(i % 7 + static_cast<std::size_t>(rank) + 1));
+  double grad_value(std::size_t i) const {
+    return 1e-3 * static_cast<double>(i % 7 + static_cast<std::size_t>(rank) + 1);
   }
+  Tensor grad(std::size_t i) const { return Tensor::full({sizes[i]}, grad_value(i)); }
+};
+
+/// A field of a /proc file in bytes ("Name:   123 kB"); -1 when absent.
+double proc_kb_field(const char* path, const char* name) {
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return -1.0;
+  char line[256];
+  double out = -1.0;
+  const std::size_t n = std::strlen(name);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, name, n) == 0 && line[n] == ':') {
+      out = std::strtod(line + n + 1, nullptr) * 1024.0;
+      break;
+    }
+  std::fclose(f);
+  return out;
+}
+
+/// /proc/self/smaps_rollup's Pss and its parts, in bytes (-1: absent).
+struct Pss {
+  double total = -1, anon = -1, file = -1, shmem = -1;
+  static Pss now() {
+    Pss p;
+    std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return p;
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      auto field = [&](const char* name, double& out) {
+        const std::size_t n = std::strlen(name);
+        if (std::strncmp(line, name, n) == 0 && line[n] == ':') out = std::strtod(line + n + 1, nullptr) * 1024.0;
+      };
+      field("Pss", p.total);
+      field("Pss_Anon", p.anon);
+      field("Pss_File", p.file);
+      field("Pss_Shmem", p.shmem);
+    }
+    std::fclose(f);
+    return p;
+  }
+};
+
+/// The largest Pss of this process (with its parts at that moment) seen by
+/// a thread that polls every 2 ms while it lives.
+class PssPeak {
+ public:
+  PssPeak() : first_(Pss::now()), peak_(first_), thread_([this] { poll(); }) {}
+  ~PssPeak() { stop(); }
+  /// Joins the poller; first() and peak() are read after it.
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  const Pss& first() const { return first_; }
+  const Pss& peak() const { return peak_; }
+
+ private:
+  void poll() {
+    while (!stop_) {
+      const Pss p = Pss::now();
+      if (p.total > peak_.total) peak_ = p;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  Pss first_;
+  Pss peak_;  // the poller's until stop()
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 void compute(const Setup& s) {
@@ -112,9 +195,15 @@ struct StageThree {
       (void)model->gather(u);
       if (s.prefetch && u > 0) (void)model->prefetch(u - 1);
       compute(s);
-      std::vector<Tensor> grads;
-      for (auto i : s.units[u]) grads.push_back(s.grad(i));
-      (void)model->reduce_gradients_async(u, grads);
+      if (s.copy_gradients) {
+        std::vector<Tensor> grads;
+        for (auto i : s.units[u]) grads.push_back(s.grad(i));
+        (void)model->reduce_gradients_async(u, grads);
+      } else {
+        const std::vector<Tensor> bufs = model->gradient_buffers(u);
+        for (std::size_t k = 0; k < bufs.size(); ++k) bufs[k].fill_(s.grad_value(s.units[u][k]));
+        (void)model->reduce_gradients_async(u);
+      }
       model->release(u);
     }
     model->step();
@@ -130,13 +219,15 @@ int main(int argc, char** argv) {
   std::int64_t params = 10'000'000, tensors = 100, unit_count = 10;
   double delay_ms = 0.0;
   int ranks = 2, steps = 6, warmup = 2, only = 0;
-  bool no_prefetch = false;
+  bool no_prefetch = false, copy_gradients = false;
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--units", unit_count, "units (groups of consecutive tensors)")->check(CLI::PositiveNumber);
   app.add_option("--delay-ms", delay_ms, "forward and backward compute per unit, in ms (a sleep)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-prefetch", no_prefetch, "stage 3 without prefetch (each gather waits for its all_gather)");
+  app.add_flag("--copy-gradients", copy_gradients,
+               "stage 3 passes its own gradient tensors (copied) instead of writing gradient_buffers");
   app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed iterations per stage")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
@@ -155,6 +246,7 @@ int main(int argc, char** argv) {
           setup.delay_ms = delay_ms;
           setup.rank = ctx.rank();
           setup.prefetch = !no_prefetch;
+          setup.copy_gradients = copy_gradients;
           const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
           setup.sizes = sizes;
           for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -162,9 +254,11 @@ int main(int argc, char** argv) {
             if (u >= setup.units.size()) setup.units.emplace_back();
             setup.units[u].push_back(i);
           }
-          rusage before{};
-          getrusage(RUSAGE_SELF, &before);  // the process without either stage
-          const double rss0 = dopt::bench::slowest(world, {static_cast<double>(before.ru_maxrss) * 1024.0})[0];
+          // The process without either stage; the Pss poller (one per rank's process) starts here.
+          const double own_rss0 = proc_kb_field("/proc/self/status", "VmRSS");
+          const double rss0 = dopt::bench::slowest(world, {own_rss0})[0];
+          std::unique_ptr<PssPeak> pss;
+          if (only && !simulated) pss = std::make_unique<PssPeak>();
           StageOne one;
           StageThree three;
           const bool run1 = only != 3, run3 = only != 1;
@@ -196,9 +290,18 @@ int main(int argc, char** argv) {
               if (it >= 0) t3.push_back(ms(Clock::now() - t0));
             }
           }
+          if (pss) pss->stop();
           rusage ru{};
           getrusage(RUSAGE_SELF, &ru);
-          const double rss = dopt::bench::slowest(world, {static_cast<double>(ru.ru_maxrss) * 1024.0})[0];
+          const auto mem = dopt::bench::slowest(
+              world, {static_cast<double>(ru.ru_maxrss) * 1024.0, static_cast<double>(ru.ru_maxrss) * 1024.0 - own_rss0,
+                      pss ? pss->peak().total : -1.0, pss ? pss->first().total : -1.0,
+                      pss ? pss->peak().anon : -1.0, pss ? pss->peak().shmem : -1.0, pss ? pss->peak().file : -1.0});
+          const double rss = mem[0];
+          std::int64_t largest_unit = 0;  // stage 3's largest gathered unit, bytes
+          if (run3)
+            for (std::size_t u = 0; u < three.model->num_units(); ++u)
+              largest_unit = std::max(largest_unit, three.model->shard_numel(u) * ctx.world_size() * 4);
           auto line = [&](int stage, std::vector<double>& t, double kept, double gathered) {
             t = dopt::bench::slowest(world, t);
             const auto held = dopt::bench::slowest(world, {kept, gathered});
@@ -206,13 +309,17 @@ int main(int argc, char** argv) {
             std::printf(
                 "{\"benchmark\": \"zero_stage3_iteration\", \"stage\": %d, \"iter_ms\": %.3f, \"min_iter_ms\": %.3f, "
                 "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, "
-                "\"rss_before_bytes\": %.0f, \"params\": %lld, "
+                "\"rss_before_bytes\": %.0f, \"peak_rss_rise_bytes\": %.0f, \"peak_pss_bytes\": %.0f, "
+                "\"pss_before_bytes\": %.0f, \"peak_pss_anon_bytes\": %.0f, \"peak_pss_shmem_bytes\": %.0f, "
+                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"params\": %lld, "
                 "\"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, \"steps\": %d, "
                 "\"simulated\": %s}\n",
                 stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1],
-                only ? rss : -1.0, only ? rss0 : -1.0, static_cast<long long>(params),
-                static_cast<long long>(tensors),
-                setup.units.size(), delay_ms, ctx.world_size(), steps, simulated ? "true" : "false");
+                only ? rss : -1.0, only ? rss0 : -1.0, only ? mem[1] : -1.0, mem[2], mem[3], mem[4], mem[5], mem[6],
+                stage == 3 ? held[0] + 2.0 * static_cast<double>(largest_unit) : -1.0,
+                stage == 3 && copy_gradients ? "true" : "false", static_cast<long long>(params),
+                static_cast<long long>(tensors), setup.units.size(), delay_ms, ctx.world_size(), steps,
+                simulated ? "true" : "false");
           };
           if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
           if (run3)

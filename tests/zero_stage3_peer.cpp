@@ -9,7 +9,9 @@
 // is 16/N B per parameter with Adam within 5%.
 //
 //   dopt_zero_stage3_peer parity     Adam, SGD with momentum, Adam with
-//                              fp16_compress_hook; 3 steps, 4 units
+//                              fp16_compress_hook, and Adam and SGD with
+//                              momentum writing gradient_buffers (reduced
+//                              in place, sync and async); 3 steps, 4 units
 //
 // The gradients are arbitrary floats (not exact sums): the sums' order
 // matters, so equal bits mean each shard's reduce added in the all_reduce's
@@ -30,12 +32,14 @@ using namespace dopt::optim;
 using dopt::testing::Checker;
 using dopt::testing::Stage3Run;
 
-Stage3Run config(OptimizerSpec spec, bool fp16 = false) {
+Stage3Run config(OptimizerSpec spec, bool fp16 = false, bool in_place = false, bool async = false) {
   Stage3Run run;
   run.spec = std::move(spec);
   run.shapes = {{37}, {5, 9}, {64}, {13}, {3, 11}, {100}, {7}, {20, 2}};
   run.unit_sizes = {3, 1, 2, 2};
   run.fp16 = fp16;
+  run.in_place = in_place;
+  run.async = async;
   return run;
 }
 
@@ -44,6 +48,9 @@ void parity(ProcessGroup& world, Checker& c) {
       {"Adam", config(spec_of(AdamOptions(0.01)))},
       {"SGD-momentum", config(spec_of(SGDOptions(0.1).momentum(0.9)))},
       {"Adam-fp16", config(spec_of(AdamOptions(0.01)), true)},
+      {"Adam-in-place", config(spec_of(AdamOptions(0.01)), false, /*in_place=*/true)},
+      {"SGD-momentum-in-place-async",
+       config(spec_of(SGDOptions(0.1).momentum(0.9)), false, /*in_place=*/true, /*async=*/true)},
   };
   for (const auto& [name, run] : configs) {
     const auto one = dopt::testing::run_stage1(world, run);

@@ -21,9 +21,10 @@ void zero_stage3(int steps) {
       for (std::size_t u = n; u-- > 0;) {              // backward, last layer first
         std::vector<dopt::Tensor> w = model.gather(u);
         if (u > 0) model.prefetch(u - 1);
-        std::vector<dopt::Tensor> grads;
-        for (const auto& p : w) grads.push_back(snippets::local_grad(p, ctx.rank()));
-        model.reduce_gradients(u, grads);              // this rank keeps the average of its shard
+        std::vector<dopt::Tensor> g = model.gradient_buffers(u);  // the reduce buffer, in w's shapes
+        for (std::size_t i = 0; i < w.size(); ++i)     // the layer's backward writes its gradients there
+          g[i].copy_(snippets::local_grad(w[i], ctx.rank()));
+        model.reduce_gradients(u);                     // in place: this rank keeps the average of its shard
         model.release(u);
       }
       model.step();                                    // local: each rank steps its shards

@@ -30,6 +30,10 @@ struct Stage3Run {
   /// Stage 3: gather_async and reduce_gradients_async (the gradients dropped
   /// at once) instead of the blocking calls.
   bool async = false;
+  /// Stage 3: the backward writes each gradient into gradient_buffers(u)
+  /// and reduces them in place (reduce_gradients(u)) instead of passing
+  /// its own tensors (a copy).
+  bool in_place = false;
 };
 
 /// What one rank ends with.
@@ -115,6 +119,17 @@ inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, i
     const auto full = run.async ? model.gather_async(u).get() : model.gather(u);
     if (u > 0) model.prefetch(u - 1);
     peak = std::max(peak, model.gathered_bytes());
+    if (run.in_place) {
+      const std::vector<Tensor> bufs = model.gradient_buffers(u);
+      for (std::size_t i = 0; i < bufs.size(); ++i)
+        bufs[i].copy_(stage2_grad(run.shapes[first[u] + i], r, t, 0, first[u] + i));
+      if (run.async)
+        (void)model.reduce_gradients_async(u);
+      else
+        model.reduce_gradients(u);
+      model.release(u);
+      continue;
+    }
     std::vector<Tensor> grads;
     for (std::size_t i = 0; i < full.size(); ++i)
       grads.push_back(stage2_grad(run.shapes[first[u] + i], r, t, 0, first[u] + i));

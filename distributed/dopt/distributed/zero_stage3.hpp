@@ -14,6 +14,8 @@
 //     for (u = U-1 .. 0) {                           // backward
 //       auto full = model.gather(u); if (u > 0) model.prefetch(u - 1);
 //       ... grads of unit u ...; model.reduce_gradients(u, grads); model.release(u);
+//       // or, without a copy: auto g = model.gradient_buffers(u); ... write g ...;
+//       //                     model.reduce_gradients_async(u);
 //     }
 //     model.step();                                  // local: this rank's shards
 //   }
@@ -32,7 +34,7 @@
 // reduce_gradients() and reduce_gradients_async() (one reduce per rank's
 // shard, or the comm hook), state_dict() and full_parameters() (all_gathers),
 // save_sharded() (ends with an all_reduce of the ranks' write failures).
-// Local: release(), step(), load_state_dict(), load_parameters(),
+// Local: release(), gradient_buffers(), step(), load_state_dict(), load_parameters(),
 // shard_state_dict(), load_sharded(), the accessors. Nothing is thread-safe: one thread per rank calls every method.
 //
 // Who waits: gather() waits for its all_gather; gather_async()/prefetch()
@@ -42,7 +44,10 @@
 // averaged shard; reduce_gradients_async() first waits for the reduction
 // still in flight (one at most: one unit's gradient buffer), then returns
 // once the unit's gradients are copied (the caller may drop them); the
-// shard's grad() holds the average when its future completes. step() waits
+// shard's grad() holds the average when its future completes. Without a
+// copy: gradient_buffers(u) waits for the reduction in flight and hands out
+// the reduce buffer's views; reduce_gradients(_async)(u) reduce it in place
+// (the views are the reduction's from then on). step() waits
 // for the reduction in flight. release() of a unit in flight waits for its
 // all_gather (every rank posted it).
 //
@@ -65,7 +70,10 @@
 // redundancy > 0 and optimizers that are not elementwise
 // (NotSupportedError); a unit index out of range (ValueError); gradients of
 // the wrong count or shape (ShapeError) or not float32 on the CPU
-// (DTypeError); a second reduce_gradients of a unit in one iteration, step()
+// (DTypeError); a second reduce_gradients of a unit in one iteration,
+// gradient_buffers of a reduced unit, reduce_gradients(u) without
+// gradient_buffers(u), the copying reduce_gradients while u's buffers are
+// out, step()
 // before every unit's gradients were reduced, a second register_comm_hook
 // or one after the first reduction (StateError). A collective's failure is
 // rethrown by the call that waits for it.
@@ -138,6 +146,29 @@ class ShardedUnits {
   void reduce_gradients(std::size_t unit, const std::vector<Tensor>& grads);
   /// As reduce_gradients; see the header for who waits.
   Future<void> reduce_gradients_async(std::size_t unit, const std::vector<Tensor>& grads);
+
+  /// Local: views, in the parameters' shapes, of the buffer that
+  /// reduce_gradients(unit) reduces in place, zeros at first (a view the
+  /// caller leaves unwritten counts as zeros), so the backward writes the
+  /// unit's gradients there and nothing is copied. Waits for the reduction
+  /// in flight, if any (it holds the buffer); call it when the gradients are
+  /// about to be written, after the unit's compute, to keep that reduction
+  /// overlapped. A second call before the reduction returns views of the
+  /// same buffer (its values kept). The views may be written until
+  /// reduce_gradients(unit) / reduce_gradients_async(unit) is called and
+  /// must not be used after it: the reduction writes them, and the next
+  /// unit's buffers reuse their memory (not detected). StateError for a
+  /// unit reduced already in this iteration.
+  std::vector<Tensor> gradient_buffers(std::size_t unit);
+  /// Collective: reduce_gradients of the values written into
+  /// gradient_buffers(unit), in place (bit for bit the copying overload).
+  /// StateError when gradient_buffers(unit) was not taken in this iteration
+  /// or the unit was reduced already; the copying overloads are a
+  /// StateError while the unit's buffers are out.
+  void reduce_gradients(std::size_t unit);
+  /// As reduce_gradients(unit); returns once the reduction is posted (after
+  /// waiting for another unit's reduction in flight, if any).
+  Future<void> reduce_gradients_async(std::size_t unit);
 
   /// Local: steps this rank's shards (after every unit's reduce_gradients of
   /// the iteration; StateError otherwise) and starts the next iteration.

@@ -189,42 +189,91 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u, const std::vect
       throw DTypeError(op, where + " gradient " + std::to_string(i) + " (" + grads[i].str() +
                                ") is not a float32 CPU tensor", rank);
   }
+  if (unit.grad_buffer.defined())
+    throw StateError(op, where + "'s gradient_buffers are out: reduce them with reduce_gradients(" +
+                             std::to_string(u) + ") (without gradients)", rank);
   // One reduction in flight at most: the previous unit's (posted one
   // unit's compute ago) is waited for, and its buffer freed, first.
   if (im.in_flight) im.settle_reduction(im.units[*im.in_flight]);
-  const std::int64_t s = unit.shard_numel;
-  Tensor buffer = Impl::take(im.reduce_spares, s * world, unit.reduce_storage);
+  Tensor buffer = Impl::take(im.reduce_spares, unit.shard_numel * world, unit.reduce_storage);
   buffer.fill_(0.0);  // the padding and undefined gradients
   for (std::size_t i = 0; i < grads.size(); ++i)
     if (grads[i].defined()) buffer.flat_slice(unit.offsets[i], grads[i].numel()).view(unit.shapes[i]).copy_(grads[i]);
+  return im.start_reduction(u, std::move(buffer), op);
+}
+
+Future<void> ShardedUnits::Impl::start_reduction(std::size_t u, Tensor buffer, const char* op) {
+  Unit& unit = units[u];
+  const int rank = this->rank(), world = this->world();
+  const std::int64_t s = unit.shard_numel;
   Future<Tensor> reduced;
-  if (im.hook) {
+  if (hook) {
     // The hook's contract returns the whole unit (as a Reducer's bucket);
     // each rank reads back its shard only: the owner segments.
-    GradBucket bucket(u, im.units.size(), buffer, Impl::views(unit, buffer), unit.offsets);
+    GradBucket bucket(u, units.size(), buffer, Impl::views(unit, buffer), unit.offsets);
     std::vector<GradBucket::Segment> segments;
     for (int q = 0; q < world; ++q) segments.push_back({q * s, s, q});
     bucket.set_owner_segments(std::move(segments));
-    reduced = im.hook(bucket);
+    reduced = hook(bucket);
   } else {
     // allreduce_hook's arithmetic: divide, then each shard summed onto its
     // rank in group-rank order (the all_reduce's sums).
     detail::divide_any_(buffer, world, op);
     std::vector<Future<void>> fs;
-    for (int q = 0; q < world; ++q) fs.push_back(im.group.reduce_async(buffer.flat_slice(q * s, s), q, ReduceOp::sum));
+    for (int q = 0; q < world; ++q) fs.push_back(group.reduce_async(buffer.flat_slice(q * s, s), q, ReduceOp::sum));
     reduced = when_all(fs).then([buffer](Future<void> f) {
       f.get();
       return buffer;
     });
   }
-  im.reduced_once = true;
+  reduced_once = true;
   unit.reduced = true;
   // The grad tensor is the rank's; the callback writes its values only.
   unit.reducing = reduced.then([grad = unit.shard.grad(), offset = rank * s, s](Future<Tensor> f) {
     grad.copy_(f.get().flat_slice(offset, s));
   });
-  im.in_flight = u;
+  in_flight = u;
   return unit.reducing;
+}
+
+std::vector<Tensor> ShardedUnits::gradient_buffers(std::size_t u) {
+  static constexpr const char* op = "ShardedUnits.gradient_buffers";
+  Impl& im = *impl_;
+  Unit& unit = im.unit(u, op);
+  if (unit.reduced)
+    throw StateError(op, "unit " + std::to_string(u) +
+                             " was reduced already in this iteration (its buffers are the reduction's until step())",
+                     im.rank());
+  if (!unit.grad_buffer.defined()) {
+    // The reduction in flight holds the spare buffer: wait for it.
+    if (im.in_flight) im.settle_reduction(im.units[*im.in_flight]);
+    unit.grad_buffer = Impl::take(im.reduce_spares, unit.shard_numel * im.world(), unit.reduce_storage);
+    unit.grad_buffer.fill_(0.0);  // the padding and the gradients the caller leaves unwritten
+  }
+  return Impl::views(unit, unit.grad_buffer);
+}
+
+Future<void> ShardedUnits::reduce_gradients_async(std::size_t u) {
+  static constexpr const char* op = "ShardedUnits.reduce_gradients";
+  Impl& im = *impl_;
+  Unit& unit = im.unit(u, op);
+  const std::string where = "unit " + std::to_string(u);
+  if (unit.reduced)
+    throw StateError(op, where + " was reduced already in this iteration (once per unit, then step())", im.rank());
+  if (!unit.grad_buffer.defined())
+    throw StateError(op, where + " has no gradient_buffers to reduce (call gradient_buffers(" + std::to_string(u) +
+                             ") and write them first, or pass the gradients)", im.rank());
+  // Another unit's reduction may be in flight (its buffers were taken
+  // before this unit's): one in flight at most.
+  if (im.in_flight) im.settle_reduction(im.units[*im.in_flight]);
+  Tensor buffer = std::move(unit.grad_buffer);
+  unit.grad_buffer = Tensor();
+  return im.start_reduction(u, std::move(buffer), op);
+}
+
+void ShardedUnits::reduce_gradients(std::size_t u) {
+  (void)reduce_gradients_async(u);
+  impl_->settle_reduction(impl_->units[u]);
 }
 
 void ShardedUnits::reduce_gradients(std::size_t u, const std::vector<Tensor>& grads) {

@@ -86,6 +86,22 @@ void at_worlds(const Stage3Run& run, std::initializer_list<int> worlds) {
     DYNAMIC_SECTION(run.spec.name << " world " << world) { check_same_bits(run, world); }
 }
 
+// The in-place path (gradient_buffers, reduce_gradients(u)) against the
+// copying path and stage 1, bit for bit.
+void check_in_place(Stage3Run run, int world) {
+  run.in_place = false;
+  const Result copying = train(run, world, true);
+  const Result one = train(run, world, false);
+  run.in_place = true;
+  const Result in_place = train(run, world, true);
+  REQUIRE(in_place.params.size() == run.shapes.size());
+  CHECK(in_place.params == copying.params);
+  CHECK(in_place.params == one.params);
+  CHECK(!in_place.state.empty());
+  CHECK(in_place.state == copying.state);
+  CHECK(in_place.state == one.state);
+}
+
 Stage3Run adam_with(bool async, bool fp16) {
   Stage3Run run = base_run(spec_of(AdamOptions(0.01)));
   run.async = async;
@@ -109,6 +125,78 @@ TEST_CASE("ZeRO stage 3 with gather_async and reduce_gradients_async equals stag
 TEST_CASE("ZeRO stage 3 with fp16_compress_hook equals stage 1 with the same hook bit for bit (world 1, 2, 3, 5)",
           "[zero][zero3]") {
   at_worlds(adam_with(/*async=*/false, /*fp16=*/true), {1, 2, 3, 5});
+}
+
+TEST_CASE("ZeRO stage 3 gradient_buffers with reduce_gradients(u) equals the copying path and stage 1 bit for bit",
+          "[zero][zero3]") {
+  for (const OptimizerSpec& spec : {spec_of(AdamOptions(0.01)), spec_of(SGDOptions(0.1).momentum(0.9))})
+    for (bool async : {false, true})
+      for (int world : {1, 2, 3, 5})
+        DYNAMIC_SECTION(spec.name << (async ? " async" : " sync") << " world " << world) {
+          Stage3Run run = base_run(spec);
+          run.async = async;
+          check_in_place(run, world);
+        }
+  SECTION("fp16_compress_hook world 3") {
+    Stage3Run run = adam_with(/*async=*/true, /*fp16=*/true);
+    check_in_place(run, 3);
+  }
+}
+
+TEST_CASE("ZeRO stage 3 gradient_buffers: the caller's misuse is a StateError naming the call and the rank",
+          "[zero][zero3]") {
+  std::mutex m;
+  std::vector<std::string> errors;
+  std::vector<int> same_buffer, zeros_at_first;
+  simulate(2, [&](RankContext& ctx) {
+    const std::vector<std::vector<Tensor>> units{{Tensor::zeros({5}), Tensor::zeros({2, 3})}, {Tensor::zeros({4})}};
+    ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{ctx.world()});
+    std::vector<std::string> mine;
+    auto expect = [&](auto&& call) {
+      try {
+        call();
+      } catch (const StateError& e) {
+        mine.push_back(e.what());
+      }
+    };
+    expect([&] { model.reduce_gradients(0); });  // no gradient_buffers taken
+    auto bufs = model.gradient_buffers(0);
+    const bool zeros = bufs.size() == 2 && bufs[1].shape() == Shape{2, 3} &&
+                       bufs[0].to_vector<float>() == std::vector<float>(5, 0.0f) &&
+                       bufs[1].to_vector<float>() == std::vector<float>(6, 0.0f);
+    bufs[1].fill_(2.0);
+    auto again = model.gradient_buffers(0);  // the same buffer, values kept
+    const bool same =
+        again[1].data_ptr() == bufs[1].data_ptr() && again[1].to_vector<float>() == std::vector<float>(6, 2.0f);
+    expect([&] { model.reduce_gradients(0, {Tensor::zeros({5}), Tensor::zeros({2, 3})}); });  // buffers are out
+    (void)model.reduce_gradients_async(0);
+    expect([&] { (void)model.gradient_buffers(0); });  // reduced already
+    expect([&] { model.reduce_gradients(0); });        // twice
+    model.reduce_gradients(1, {Tensor::zeros({4})});
+    model.step();
+    std::lock_guard<std::mutex> lock(m);
+    errors.insert(errors.end(), mine.begin(), mine.end());
+    same_buffer.push_back(same);
+    zeros_at_first.push_back(zeros);
+  });
+  CHECK(same_buffer == std::vector<int>{1, 1});
+  CHECK(zeros_at_first == std::vector<int>{1, 1});
+  REQUIRE(errors.size() == 8);
+  auto count = [&](std::initializer_list<const char*> parts) {
+    int n = 0;
+    for (const auto& e : errors) {
+      bool all = true;
+      for (const char* p : parts) all = all && e.find(p) != std::string::npos;
+      n += all;
+    }
+    return n;
+  };
+  CHECK(count({"ShardedUnits.reduce_gradients", "unit 0 has no gradient_buffers"}) == 2);
+  CHECK(count({"ShardedUnits.reduce_gradients", "gradient_buffers are out"}) == 2);
+  CHECK(count({"ShardedUnits.gradient_buffers", "unit 0 was reduced already"}) == 2);
+  CHECK(count({"ShardedUnits.reduce_gradients", "unit 0 was reduced already"}) == 2);
+  CHECK(count({"[rank 0]"}) == 4);
+  CHECK(count({"[rank 1]"}) == 4);
 }
 
 TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's errors with the call and the rank",

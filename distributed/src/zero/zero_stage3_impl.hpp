@@ -27,7 +27,8 @@ struct Unit {
   Tensor gathered_storage;            // the pooled buffer `gathered` views
   Future<void> gathering;             // the all_gather of `gathered`
   Future<void> reducing;              // reduce_gradients_async in flight
-  Tensor reduce_storage;              // the pooled buffer that reduction uses
+  Tensor reduce_storage;              // the pooled buffer that reduction (or grad_buffer) uses
+  Tensor grad_buffer;                 // [S * N] handed out by gradient_buffers, not reduced yet
   bool reduced = false;               // reduced this iteration
 };
 
@@ -69,6 +70,10 @@ struct ShardedUnits::Impl {
   /// Waits for the unit's reduction in flight (its error is rethrown); its
   /// buffer goes back among the spares when it succeeded.
   void settle_reduction(stage3_detail::Unit& unit);
+  /// Posts the reduction of `buffer` (the unit's flat gradient, S * N
+  /// floats, padding zero) in place: the hook or divide and reduce; marks
+  /// the unit reduced and in flight.
+  Future<void> start_reduction(std::size_t u, Tensor buffer, const char* op);
   /// A buffer of `numel` floats: a view of a spare that is large enough
   /// (`storage` gets the spare), else a new one; the other spares are dropped.
   static Tensor take(std::vector<Tensor>& spares, std::int64_t numel, Tensor& storage);
