@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "dopt/runtime/safetensors.hpp"
 #include "proc_inspect.hpp"
 #include "processes.hpp"
 #include "train_jobs.hpp"
@@ -277,4 +278,52 @@ TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report,
     CHECK_FALSE(contains(d.out, "[rank 0] bytes sent per rank: "));
     CHECK_FALSE(contains(d.out, "[rank 1] dopt-train: " + std::to_string(steps) + " steps in"));
   }
+}
+
+TEST_CASE("dopt-train --survive under dopt-run --on-failure replace: the killed rank's replacement rejoins, every "
+          "rank ends in the group of 3 with the same parameters and the loss curve continues",
+          "[train][survive][multiprocess]") {
+  // auto: the shared-memory plane (one host); tcp: the actor plane.
+  const std::string transport = GENERATE("auto", "tcp");
+  INFO("DOPT_TRANSPORT=" << transport);
+  TempDir dir("dopt-train-survive-rejoin", transport);
+  const long steps = 400, kill_at = 30;
+  const fs::path params = dir.path / "p.st";
+  std::vector<std::string> argv{kDoptRun, "--on-failure", "replace", "--nproc-per-node", "3", "--master-port", "0",
+                                kDoptTrain};
+  for (auto& a : args_of("zero", 3, steps, 1, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  argv.push_back("--dump-params");
+  argv.push_back(params.string());
+  auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = transport;
+  const Done d = wait(start(argv, env));
+  INFO(d.out);
+  CHECK(d.ok());  // every rank's last process exited 0
+  CHECK(contains(d.out, "dopt-run: rank 1 killed by signal 9 (SIGKILL)"));
+  CHECK(contains(d.out, "dopt-train: rank(s) 1 lost during step " + std::to_string(kill_at + 1) +
+                            "; 2 ranks go on (--survive)"));
+  // The replacement's own line, the lead's note and its final report.
+  CHECK(contains(d.out, "dopt-train: rank 1 (replacement, incarnation 1) rejoined the job at step "));
+  CHECK(contains(d.out, "dopt-train: rank(s) 1 rejoined before step "));
+  CHECK(contains(d.out, "(--survive); the run ended with 3 ranks"));
+  CHECK(contains(d.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d.out, "error"));
+  require_curve_continues(dir.path / "m.jsonl", steps, kill_at);
+  // --dump-params: every rank of the final group (rank0.*, rank1.*, rank2.*,
+  // the replacement among them), each with the same parameters, bitwise.
+  const dopt::SafetensorsFile f = dopt::read_safetensors(params.string());
+  CHECK(f.metadata.at("step") == std::to_string(steps));
+  std::size_t names = 0;
+  for (const auto& [name, t] : f.tensors) {
+    CHECK(name.rfind("rank3.", 0) != 0);
+    if (name.rfind("rank0.", 0) != 0) continue;
+    ++names;
+    const std::string rest = name.substr(6);
+    for (const std::string& other : {"rank1." + rest, "rank2." + rest}) {
+      INFO(other);
+      REQUIRE(f.tensors.count(other) == 1);
+      CHECK(f.tensors.at(other).to_vector<float>() == t.to_vector<float>());
+    }
+  }
+  CHECK(names == 2 * 4);  // --layers 3: four linear layers, weight and bias
 }
