@@ -25,8 +25,14 @@ std::int64_t join_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& str
 }
 
 std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
-                           const std::vector<Tensor>& params, std::int64_t step) {
-  const int waiting = world.newcomers_waiting();
+                           const std::vector<Tensor>& params, std::int64_t step, bool& may_grow) {
+  int waiting = 0;
+  try {
+    waiting = world.newcomers_waiting();
+  } catch (const dopt::NotSupportedError&) {
+    may_grow = false;  // the group's plane cannot grow (MPI, ...): the same on every member
+    return {};
+  }
   if (waiting == 0) return {};
   dopt::GrowResult grown = world.grow({.newcomers = waiting});
   std::unique_ptr<Strategy> bigger = grow_strategy(cfg, params, grown, strategy.get());

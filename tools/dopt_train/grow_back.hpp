@@ -30,8 +30,11 @@ std::int64_t join_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& str
 /// members (newcomers_waiting). When replacements wait, grows world to take
 /// them, rebuilds `strategy` over the grown group (the old one is spent)
 /// and sends the newcomers `step`; returns the newcomers' global ranks
-/// (empty: none waited, nothing changed).
+/// (empty: none waited, nothing changed). Where world's plane cannot grow
+/// (newcomers_waiting() throws NotSupportedError on every member alike:
+/// MPI, a hierarchical world group) sets may_grow to false and returns
+/// empty: the caller stops asking.
 std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
-                           const std::vector<Tensor>& params, std::int64_t step);
+                           const std::vector<Tensor>& params, std::int64_t step, bool& may_grow);
 
 }  // namespace dopt_train
