@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "dopt/runtime/safetensors.hpp"
@@ -327,4 +328,34 @@ TEST_CASE("dopt-train --survive under dopt-run --on-failure replace: the killed 
     }
   }
   CHECK(names == 2 * 4);  // --layers 3: four linear layers, weight and bias
+}
+
+TEST_CASE("dopt-train: a replacement (DOPT_REPLACES) of a run that cannot grow back is a usage error naming the "
+          "option (exit 2)",
+          "[train][survive]") {
+  // A launch environment of rank 1 of 3 with dopt-run's replacement
+  // variables: refused before the rendezvous (nothing listens on the port).
+  auto env = kTrainEnv;
+  for (const auto& [k, v] : std::map<std::string, std::string>{{"RANK", "1"},
+                                                               {"WORLD_SIZE", "3"},
+                                                               {"LOCAL_RANK", "1"},
+                                                               {"LOCAL_WORLD_SIZE", "3"},
+                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                               {"MASTER_PORT", "1"},
+                                                               {"DOPT_REPLACES", "1"},
+                                                               {"DOPT_INCARNATION", "1"}})
+    env[k] = v;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--optim", "ddp", "--survive"}, "--optim ddp --survive cannot take a replacement"},
+      {{"--optim", "zero", "--survive", "--survive-buddies", "host_memory"},
+       "--survive-buddies host_memory cannot take a replacement"},
+      {{"--optim", "zero"}, "joins only a run with --survive"}};
+  for (const auto& [args, says] : cases) {
+    std::vector<std::string> argv{kDoptTrain};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Done d = wait(start(argv, env));
+    INFO(d.out);
+    CHECK(WEXITSTATUS(d.status) == 2);
+    CHECK(contains(d.out, says));
+  }
 }
