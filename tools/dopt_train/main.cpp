@@ -29,7 +29,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -289,12 +288,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       }
     }
     if (!plan.replacement && rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
-    const auto step_began = std::chrono::steady_clock::now();
     const std::vector<int> idx = shard.batch(s, o.batch);
     const BatchResult r =
         model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); }, layers);
     strategy->finish_step();
-    if (o.min_step_ms > 0) std::this_thread::sleep_until(step_began + std::chrono::milliseconds(o.min_step_ms));
     // --survive: the ranks the strategy lost and recovered from in this step
     // (the step was completed over the survivors).
     std::vector<int> lost = strategy->take_lost();
@@ -601,7 +598,6 @@ int main(int argc, char** argv) {
   app.add_option("--kill-at-step", o.kill_at_step, "... once this many steps are done (equal to --steps: while the lead prints the final report)")->check(CLI::PositiveNumber);
   app.add_option("--interrupt-at-step", o.interrupt_at_step, "Testing: act as if Ctrl-C came at step N")
       ->group("");  // hidden
-  app.add_option("--min-step-ms", o.min_step_ms, "Testing: every step takes at least N ms")->group("");  // hidden
   app.add_option("--plsgd-warmup", o.plsgd_warmup, "post-local-sgd: steps of global gradient averaging first")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

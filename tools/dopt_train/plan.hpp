@@ -34,7 +34,6 @@ struct Options {
   bool quiet = false;
   std::int64_t log_every = 0;
   std::int64_t interrupt_at_step = 0;  // testing: raise SIGINT at this step
-  int min_step_ms = 0;                 // testing: a step takes at least this long (a sleep)
   std::int64_t plsgd_warmup = 20, plsgd_period = 4;
   int plsgd_local_group = 1;
   std::int64_t diloco_sync_every = 50;
