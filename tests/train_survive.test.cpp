@@ -12,8 +12,10 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "dopt/runtime/safetensors.hpp"
 #include "proc_inspect.hpp"
 #include "processes.hpp"
 #include "train_jobs.hpp"
@@ -276,5 +278,85 @@ TEST_CASE("dopt-train --survive: rank 0 killed while it prints the final report,
     CHECK(contains(d.out.substr(at, d.out.find('\n', at) - at), "rank 0"));  // the error names the lost rank
     CHECK_FALSE(contains(d.out, "[rank 0] bytes sent per rank: "));
     CHECK_FALSE(contains(d.out, "[rank 1] dopt-train: " + std::to_string(steps) + " steps in"));
+  }
+}
+
+TEST_CASE("dopt-train --survive under dopt-run --on-failure replace: the killed rank's replacement rejoins, every "
+          "rank ends in the group of 3 with the same parameters and the loss curve continues",
+          "[train][survive][multiprocess]") {
+  // auto: the shared-memory plane (one host); tcp: the actor plane.
+  const std::string transport = GENERATE("auto", "tcp");
+  INFO("DOPT_TRANSPORT=" << transport);
+  TempDir dir("dopt-train-survive-rejoin", transport);
+  // The replacement starts as soon as rank 1 died; it rejoined within 8
+  // steps of the loss in 16 runs: 2000 steps leave it time.
+  const long steps = 2000, kill_at = 30;
+  const fs::path params = dir.path / "p.st";
+  std::vector<std::string> argv{kDoptRun, "--on-failure", "replace", "--nproc-per-node", "3", "--master-port", "0",
+                                kDoptTrain};
+  for (auto& a : args_of("zero", 3, steps, 1, kill_at, dir.path / "m.jsonl")) argv.push_back(a);
+  argv.push_back("--dump-params");
+  argv.push_back(params.string());
+  auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = transport;
+  const Done d = wait(start(argv, env));
+  INFO(d.out);
+  CHECK(d.ok());  // every rank's last process exited 0
+  CHECK(contains(d.out, "dopt-run: rank 1 killed by signal 9 (SIGKILL)"));
+  CHECK(contains(d.out, "dopt-train: rank(s) 1 lost during step " + std::to_string(kill_at + 1) +
+                            "; 2 ranks go on (--survive)"));
+  // The replacement's own line, the lead's note and its final report.
+  CHECK(contains(d.out, "dopt-train: rank 1 (replacement, incarnation 1) rejoined the job at step "));
+  CHECK(contains(d.out, "dopt-train: rank(s) 1 rejoined before step "));
+  CHECK(contains(d.out, "(--survive); the run ended with 3 ranks"));
+  CHECK(contains(d.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d.out, "error"));
+  require_curve_continues(dir.path / "m.jsonl", steps, kill_at);
+  // --dump-params: every rank of the final group (rank0.*, rank1.*, rank2.*,
+  // the replacement among them), each with the same parameters, bitwise.
+  const dopt::SafetensorsFile f = dopt::read_safetensors(params.string());
+  CHECK(f.metadata.at("step") == std::to_string(steps));
+  std::size_t names = 0;
+  for (const auto& [name, t] : f.tensors) {
+    CHECK(name.rfind("rank3.", 0) != 0);
+    if (name.rfind("rank0.", 0) != 0) continue;
+    ++names;
+    const std::string rest = name.substr(6);
+    for (const std::string& other : {"rank1." + rest, "rank2." + rest}) {
+      INFO(other);
+      REQUIRE(f.tensors.count(other) == 1);
+      CHECK(f.tensors.at(other).to_vector<float>() == t.to_vector<float>());
+    }
+  }
+  CHECK(names == 2 * 4);  // --layers 3: four linear layers, weight and bias
+}
+
+TEST_CASE("dopt-train: a replacement (DOPT_REPLACES) of a run that cannot grow back is a usage error naming the "
+          "option (exit 2)",
+          "[train][survive]") {
+  // A launch environment of rank 1 of 3 with dopt-run's replacement
+  // variables: refused before the rendezvous (nothing listens on the port).
+  auto env = kTrainEnv;
+  for (const auto& [k, v] : std::map<std::string, std::string>{{"RANK", "1"},
+                                                               {"WORLD_SIZE", "3"},
+                                                               {"LOCAL_RANK", "1"},
+                                                               {"LOCAL_WORLD_SIZE", "3"},
+                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                               {"MASTER_PORT", "1"},
+                                                               {"DOPT_REPLACES", "1"},
+                                                               {"DOPT_INCARNATION", "1"}})
+    env[k] = v;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--optim", "ddp", "--survive"}, "--optim ddp --survive cannot take a replacement"},
+      {{"--optim", "zero", "--survive", "--survive-buddies", "host_memory"},
+       "--survive-buddies host_memory cannot take a replacement"},
+      {{"--optim", "zero"}, "joins only a run with --survive"}};
+  for (const auto& [args, says] : cases) {
+    std::vector<std::string> argv{kDoptTrain};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Done d = wait(start(argv, env));
+    INFO(d.out);
+    CHECK(WEXITSTATUS(d.status) == 2);
+    CHECK(contains(d.out, says));
   }
 }

@@ -33,11 +33,13 @@
 
 #include "checkpoint.hpp"
 #include "finite.hpp"
+#include "grow_back.hpp"
 #include "memory.hpp"
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/error.hpp"
 #include "dopt/runtime/launch_env.hpp"
 #include "dopt/runtime/safetensors.hpp"
+#include "dopt/runtime/settings.hpp"
 #include "model.hpp"
 #include "report.hpp"
 #include "plan.hpp"
@@ -148,10 +150,26 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
 
   Shard shard(o.data, rank, world_size);
   Mlp model(o.data.input_dim, o.hidden, o.layers, o.data.classes, o.data.seed);
-  std::unique_ptr<Strategy> strategy = make_strategy(plan.strategy, model.params(), world);
+  // A replacement joins the running job: the grown group, its strategy
+  // caught up (the parameters, the optimizer state), and the step the
+  // members are at (its data position: the shard's batches follow the step).
+  std::int64_t start = 0;
+  std::unique_ptr<Strategy> strategy;
+  if (plan.replacement) {
+    start = join_back(world, strategy, plan.strategy, model.params());
+    world_size = world.size();
+    if (!o.quiet) {
+      std::printf("dopt-train: rank %d (replacement, incarnation %lld) rejoined the job at step %lld: parameters, "
+                  "optimizer state and step from the members; %d ranks go on (--survive)\n",
+                  rank, plan.incarnation, static_cast<long long>(start), world_size);
+      std::fflush(stdout);
+    }
+  } else {
+    strategy = make_strategy(plan.strategy, model.params(), world);
+  }
   LayerSource* layers = strategy->layer_source();  // ZeRO stage 3: the model keeps no parameters
   if (layers) model.release_params();
-  std::int64_t first = 0;
+  std::int64_t first = 0;  // where this run started (a replacement: where the members' did)
   std::string resumed_from;  // the checkpoint's folder, when resuming
   if (ckpt) {
     // The settings first: a load checks them before the model's shapes.
@@ -175,6 +193,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       }
     }
     if (!resumed_from.empty()) strategy->resumed(first);
+    start = first;
   }
   const bool tty = ::isatty(1) != 0;
   std::optional<MetricsWriter> metrics;
@@ -223,6 +242,11 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   std::vector<std::pair<std::int64_t, double>> memory_history;  // (step, memory per rank), this run's
   if (metrics && !metrics->bytes_history().empty()) bytes_before = metrics->bytes_history().back().first;
   std::uint64_t last_bytes = 0;
+  // Bytes the strategies before a grow-back sent (the one after starts at 0).
+  std::uint64_t bytes_carried = 0;
+  // --survive, growing back: the lost ranks' replacements that rejoined, and before which step.
+  std::vector<std::string> rejoins;
+  bool may_grow = true;  // false once the plane refused (grow_back)
   std::int64_t saved_at = -1, interrupted_at = -1;
   bool warned_nonfinite = false;
   const auto t0 = std::chrono::steady_clock::now();
@@ -242,9 +266,28 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       progress.note("dopt-train: rank " + std::to_string(was) + " was lost; rank " + std::to_string(rank) +
                     " leads from here: metrics, progress and the report (--survive)");
   };
-  for (std::int64_t s = first; s < o.steps; ++s) {
+  for (std::int64_t s = start; s < o.steps; ++s) {
     at_step = s + 1;
-    if (rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
+    // --survive under dopt-run --on-failure replace: while the group is
+    // smaller than the job, the members ask at every step boundary whether
+    // replacements wait; all get the same count, grow together and rebuild
+    // the strategy over the grown group, which catches the newcomers up. The
+    // lead stays: rank 0 cannot be replaced, so the lowest member stays the
+    // grown group's rank 0.
+    if (o.survive && may_grow && world.size() < plan.world_size && strategy->can_grow()) {
+      const std::uint64_t sent = strategy->bytes_sent();
+      if (const std::vector<int> joined = grow_back(world, strategy, plan.strategy, model.params(), s, may_grow);
+          !joined.empty()) {
+        bytes_carried += sent;
+        last_bytes = 0;
+        world_size = world.size();
+        rejoins.push_back("rank(s) " + ranks_list(joined) + " rejoined before step " + std::to_string(s + 1));
+        if (lead && !o.quiet)
+          progress.note("dopt-train: " + rejoins.back() + " (replacement; ZeRO catch-up: parameters, optimizer "
+                        "state, step); " + std::to_string(world_size) + " ranks go on (--survive)");
+      }
+    }
+    if (!plan.replacement && rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
     const std::vector<int> idx = shard.batch(s, o.batch);
     const BatchResult r =
         model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); }, layers);
@@ -276,8 +319,14 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       try {
         world.all_reduce(stats);
         break;
-      } catch (const dopt::PeerLostError&) {
+      } catch (const dopt::PeerLostError& e) {
         if (!o.survive) throw;
+        if (!rejoins.empty())
+          throw dopt::NotSupportedError("dopt-train --survive",
+                                        "step " + std::to_string(s + 1) + ": a rank was lost after the group grew "
+                                        "back (" + rejoins.back() + "); a grown-back run does not survive a "
+                                        "further loss yet: " + e.detail(),
+                                        rank);
         // The survivors take a world of their own; when the strategy did not
         // see the loss in this step (it came after finish_step), it recovers
         // too, between steps. Then this step's report again over them.
@@ -362,7 +411,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
       rec.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rec.steps_per_s = rec.time_s > 0 ? double(s + 1 - first) / rec.time_s : 0;
       rec.bytes_step = step_bytes;
-      rec.bytes_sent = bytes_before + double(now_bytes);
+      rec.bytes_sent = bytes_before + double(bytes_carried + now_bytes);
       rec.mem_bytes = stats.data<double>()[4] / world_size;
       rec.peak_rss = stats.data<double>()[5] / world_size;
       memory_history.emplace_back(rec.step, rec.mem_bytes);
@@ -429,13 +478,17 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
                 first_acc, last_acc);
   }
   // Tests (--kill-at-step equal to --steps): the lead dies while it prints the report.
-  if (rank == o.kill_rank && o.kill_at_step == o.steps) kill_this_rank(rank, o.steps, plan.launched);
+  if (!plan.replacement && rank == o.kill_rank && o.kill_at_step == o.steps)
+    kill_this_rank(rank, o.steps, plan.launched);
+  for (const std::string& r : rejoins)
+    std::printf("dopt-train: %s (--survive); the run ended with %d ranks\n", r.c_str(), world_size);
   if (!o.metrics.empty()) std::printf("metrics: %s\n", o.metrics.c_str());
   if (!o.svg.empty()) std::printf("loss curve: %s\n", o.svg.c_str());
   if (!o.svg_bytes.empty()) std::printf("loss against bytes sent: %s\n", o.svg_bytes.c_str());
   if (o.steps > first && interrupted_at < 0)
-    std::printf("bytes sent per rank: %s in %lld steps (%s per step)\n", format_bytes(double(last_bytes)).c_str(),
-                static_cast<long long>(o.steps - first), format_bytes(double(last_bytes) / double(o.steps - first)).c_str());
+    std::printf("bytes sent per rank: %s in %lld steps (%s per step)\n",
+                format_bytes(double(bytes_carried + last_bytes)).c_str(), static_cast<long long>(o.steps - first),
+                format_bytes(double(bytes_carried + last_bytes) / double(o.steps - first)).c_str());
   if (!o.dump_params.empty()) std::printf("parameters: %s\n", o.dump_params.c_str());
   std::fflush(stdout);
   };
@@ -450,7 +503,8 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     world.barrier();
     return;
   }
-  if (rank == o.kill_rank && o.kill_at_step == o.steps && !lead) kill_this_rank(rank, o.steps, plan.launched);
+  if (!plan.replacement && rank == o.kill_rank && o.kill_at_step == o.steps && !lead)
+    kill_this_rank(rank, o.steps, plan.launched);
   for (;;) {
     try {
       world.barrier();
@@ -526,7 +580,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", o.quiet, "Print only the summary");
   app.add_flag("--survive", o.survive,
                "Go on with the survivors when a rank is lost (--optim zero: redundancy 1; ddp); run the processes "
-               "under dopt-run --on-failure continue");
+               "under dopt-run --on-failure continue, or replace (--optim zero: the replacement rejoins)");
   app.add_option("--survive-buddies", o.survive_buddies,
                  "--survive with --optim zero: how a rank's buddy keeps its shard: step (steps a copy; buddies on "
                  "other hosts where there are any) or host_memory (the shard in shared memory the buddy maps; "
@@ -668,6 +722,11 @@ int main(int argc, char** argv) {
     plan.strategy.survive = o.survive;
     plan.strategy.survive_host_memory = o.survive_buddies == "host_memory";
     plan.strategy.zero_stage = o.zero_stage;
+    // A replacement of a lost rank (dopt-run --on-failure replace) joins the
+    // running job; only a strategy with a catch-up can take it.
+    plan.replacement = plan.launched && dopt::settings::integer("DOPT_REPLACES").has_value();
+    plan.incarnation = dopt::settings::integer("DOPT_INCARNATION").value_or(0);
+    if (std::string why; plan.replacement && !config_grows(plan.strategy, &why)) return usage_error(why);
     if (o.kill_rank >= plan.world_size)
       return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
                          std::to_string(plan.world_size) + " ranks");

@@ -70,6 +70,10 @@ struct Plan {
   StrategyConfig strategy;
   int world_size = 1;
   bool launched = false;
+  /// A replacement of a lost rank (DOPT_REPLACES, dopt-run --on-failure
+  /// replace): it joins the running job (--survive) instead of starting one.
+  bool replacement = false;
+  long long incarnation = 0;  // DOPT_INCARNATION
 };
 
 

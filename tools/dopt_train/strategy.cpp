@@ -134,6 +134,14 @@ class ZeroStrategy : public Strategy {
     on_change(zero_.recover(), zero_ranks_);  // ShardLostError when a shard is gone
   }
   std::vector<int> take_lost() override { return std::exchange(lost_, {}); }
+  bool can_grow() const override {
+    return survive_ && stage_ == 1 && zero_.buddy_update() != ZeroBuddyUpdate::host_memory;
+  }
+  /// grow_strategy(): this strategy, over grown.group, catches up from
+  /// `before` (a member's, over the old group) or as a newcomer (null).
+  void catch_up(ZeroStrategy* before, const dopt::GrowResult& grown) {
+    zero_catch_up(zero_, before ? &before->zero_ : nullptr, grown);
+  }
   /// The gradient all-reduce plus the parameters' broadcast from their owners
   /// (counted as a ring all-gather: (n - 1) / n of the parameters).
   std::uint64_t bytes_sent() const override { return sent_; }
@@ -351,6 +359,38 @@ bool mode_available(const std::string& mode, std::string* why) {
     return false;
   }
   return mode == "zero" || mode == "ddp" || mode == "post-local-sgd" || mode == "diloco";
+}
+
+bool config_grows(const StrategyConfig& cfg, std::string* why) {
+  std::string w;
+  if (!cfg.survive)
+    w = "a replacement of a lost rank (dopt-run --on-failure replace) joins only a run with --survive";
+  else if (cfg.mode != "zero")
+    w = "--optim " + cfg.mode + " --survive cannot take a replacement of a lost rank yet (there is no catch-up for "
+        "its optimizer; --optim zero has one): run it under dopt-run --on-failure continue";
+  else if (cfg.survive_host_memory)
+    w = "--survive-buddies host_memory cannot take a replacement of a lost rank yet (zero_catch_up does not "
+        "rebuild shards in host memory): use --survive-buddies step, or dopt-run --on-failure continue";
+  else if (cfg.zero_stage != 1)
+    w = "--zero-stage " + std::to_string(cfg.zero_stage) + " cannot take a replacement of a lost rank";
+  if (why) *why = w;
+  return w.empty();
+}
+
+std::unique_ptr<Strategy> grow_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
+                                        const dopt::GrowResult& grown, Strategy* before) {
+  std::string why;
+  if (!config_grows(cfg, &why) || (before && !before->can_grow()))
+    throw dopt::NotSupportedError("dopt-train --survive", why.empty() ? "this strategy cannot grow back" : why,
+                                  grown.group.rank());
+  auto* old = dynamic_cast<ZeroStrategy*>(before);
+  // Over grown.group itself: no lines of its own (own_line), no recovery.
+  StrategyConfig over = cfg;
+  over.survive = false;
+  over.survive_host_memory = false;
+  auto grown_strategy = std::make_unique<ZeroStrategy>(over, params, grown.group);
+  grown_strategy->catch_up(old, grown);
+  return grown_strategy;
 }
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,

@@ -120,6 +120,10 @@ class Strategy {
   /// --survive: the lost ranks (global) that finish_step() or recover()
   /// recovered from since the last call, and clears them.
   virtual std::vector<int> take_lost() { return {}; }
+  /// --survive under dopt-run --on-failure replace: whether grow_strategy()
+  /// can rebuild this strategy over a grown group (a catch-up exists for it).
+  /// Local.
+  virtual bool can_grow() const { return false; }
 };
 
 /// The modes that can run with --survive.
@@ -142,5 +146,24 @@ std::unique_ptr<Strategy> make_zero_stage3(const StrategyConfig& cfg, const std:
                                            dopt::ProcessGroup world);
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
                                         dopt::ProcessGroup world);
+
+/// Whether a strategy of cfg can take a replacement of a lost rank (--survive,
+/// zero stage 1 with buddies that step); when not, why (a usage message
+/// naming the option). Local.
+bool config_grows(const StrategyConfig& cfg, std::string* why);
+
+/// Growing back (--survive under dopt-run --on-failure replace;
+/// docs/fault-tolerance.md, "dopt-train --survive"): cfg's strategy over
+/// grown.group, brought to where the members' strategy stands (ZeRO:
+/// zero_catch_up: the optimizer state to its new owners, the parameters,
+/// hyperparameters and step count to the newcomers). Collective over
+/// grown.group, on the rank thread, at one step boundary: every member
+/// passes its strategy over the old group as `before` (spent afterwards:
+/// destroy it, never step it), every newcomer null. The new strategy runs
+/// over grown.group itself (a grown group makes no lines of its own), so it
+/// does not survive a later loss (can_grow() false). NotSupportedError when
+/// config_grows(cfg) is false.
+std::unique_ptr<Strategy> grow_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
+                                        const dopt::GrowResult& grown, Strategy* before);
 
 }  // namespace dopt_train

@@ -1,0 +1,46 @@
+#include "grow_back.hpp"
+
+#include <utility>
+
+#include "dopt/runtime/error.hpp"
+
+namespace dopt_train {
+
+std::int64_t join_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
+                       const std::vector<Tensor>& params) {
+  dopt::GrowResult joined;
+  for (int tries = 0;; ++tries) {
+    try {
+      joined = world.join_group();
+      break;
+    } catch (const dopt::TimeoutError&) {
+      if (tries == 3) throw;
+    }
+  }
+  world = joined.group;
+  strategy = grow_strategy(cfg, params, joined, nullptr);
+  Tensor at = Tensor::from_vector(std::vector<std::int64_t>{0});
+  world.broadcast(at, 0);
+  return at.to_vector<std::int64_t>()[0];
+}
+
+std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
+                           const std::vector<Tensor>& params, std::int64_t step, bool& may_grow) {
+  int waiting = 0;
+  try {
+    waiting = world.newcomers_waiting();
+  } catch (const dopt::NotSupportedError&) {
+    may_grow = false;  // the group's plane cannot grow (MPI, ...): the same on every member
+    return {};
+  }
+  if (waiting == 0) return {};
+  dopt::GrowResult grown = world.grow({.newcomers = waiting});
+  std::unique_ptr<Strategy> bigger = grow_strategy(cfg, params, grown, strategy.get());
+  strategy = std::move(bigger);
+  world = grown.group;
+  Tensor at = Tensor::from_vector(std::vector<std::int64_t>{step});
+  world.broadcast(at, 0);
+  return grown.joined;
+}
+
+}  // namespace dopt_train

@@ -1,0 +1,40 @@
+#pragma once
+// dopt-train --survive under dopt-run --on-failure replace: a lost rank's
+// replacement joins the running job and the survivors grow back to it
+// (docs/fault-tolerance.md, "dopt-train --survive"). Both sides run on the
+// rank's thread, at a step boundary, in this order: the members grow() the
+// training loop's group, every rank of the grown group rebuilds its
+// strategy over it with the catch-up (grow_strategy), then one broadcast
+// from the grown group's rank 0 gives the newcomers the step to train from
+// (their data position: a rank's batches follow the step).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dopt/actors/process_group.hpp"
+#include "strategy.hpp"
+
+namespace dopt_train {
+
+/// A newcomer (a replacement process): waits on its handle `world` until the
+/// members grow their group (asking join_group() again after a timeout, 4
+/// times at most: the members notice the loss only when a collective times
+/// out), then catches up. On return `world` is the grown group, `strategy`
+/// the caught-up one; returns the step the members are at.
+std::int64_t join_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
+                       const std::vector<Tensor>& params);
+
+/// A member, at the boundary before step `step` + 1, while `world` is
+/// smaller than the job and strategy->can_grow(): a collective of world's
+/// members (newcomers_waiting). When replacements wait, grows world to take
+/// them, rebuilds `strategy` over the grown group (the old one is spent)
+/// and sends the newcomers `step`; returns the newcomers' global ranks
+/// (empty: none waited, nothing changed). Where world's plane cannot grow
+/// (newcomers_waiting() throws NotSupportedError on every member alike:
+/// MPI, a hierarchical world group) sets may_grow to false and returns
+/// empty: the caller stops asking.
+std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
+                           const std::vector<Tensor>& params, std::int64_t step, bool& may_grow);
+
+}  // namespace dopt_train
