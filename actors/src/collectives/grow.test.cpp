@@ -199,7 +199,10 @@ TEST_CASE("grow: the members learn together that newcomers wait, and grow then",
   const int newcomers = GENERATE(0, 2);
   INFO("newcomers " << newcomers);
   const auto seen = record(5, grow_options(seed, newcomers), [&](dopt::RankContext& ctx) {
-    if (ctx.newcomer()) return describe(ctx.world().join_group().group);
+    if (ctx.newcomer()) {
+      ProcessGroup joined = ctx.world().join_group().group;
+      return describe(joined) + " " + step(joined);
+    }
     ProcessGroup g = ctx.world();
     std::string out;
     for (int s = 0; s < 40; ++s) {
@@ -224,7 +227,7 @@ TEST_CASE("grow: the members learn together that newcomers wait, and grow then",
   } else {
     CHECK(seen[0].find("2,grew;ranks=0,1,2,3,4,5,6 me=0 fresh=1 28") != std::string::npos);
     for (int r : {5, 6})
-      CHECK(seen[static_cast<std::size_t>(r)] == "ranks=0,1,2,3,4,5,6 me=" + std::to_string(r) + " fresh=1");
+      CHECK(seen[static_cast<std::size_t>(r)] == "ranks=0,1,2,3,4,5,6 me=" + std::to_string(r) + " fresh=1 28");
   }
 }
 
