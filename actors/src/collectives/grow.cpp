@@ -321,13 +321,19 @@ ProcessGroup build(const GroupImpl& g, const Admission& a, int me, const char* o
   return detail::Access::group(std::move(ng));
 }
 
+/// StateError naming op on a newcomer's handle (not a member of its group):
+/// grow() and newcomers_waiting() are the members' calls.
+void refuse_newcomer(const GroupImpl* g, const char* op) {
+  if (g && g->my_grank < 0)
+    throw StateError(op, "this rank is not a member of group " + std::to_string(g->gid) +
+                             "; a newcomer calls join_group()", g->endpoint ? g->endpoint->rank() : -1);
+}
+
 }  // namespace
 
 GrowResult ProcessGroup::grow(const GrowOptions& options) {
   const char* op = "ProcessGroup.grow";
-  if (impl_ && impl_->my_grank < 0)
-    throw StateError(op, "this rank is not a member of group " + std::to_string(impl_->gid) +
-                             "; a newcomer calls join_group()", impl_->endpoint ? impl_->endpoint->rank() : -1);
+  refuse_newcomer(impl_.get(), op);
   auto& g = member(op);
   const std::vector<int>& old = *g.members;
   const int me = old[static_cast<std::size_t>(g.my_grank)];
@@ -402,9 +408,7 @@ GrowResult ProcessGroup::grow(const GrowOptions& options) {
 
 int ProcessGroup::newcomers_waiting() {
   const char* op = "ProcessGroup.newcomers_waiting";
-  if (impl_ && impl_->my_grank < 0)
-    throw StateError(op, "this rank is not a member of group " + std::to_string(impl_->gid) +
-                             "; a newcomer calls join_group()", impl_->endpoint ? impl_->endpoint->rank() : -1);
+  refuse_newcomer(impl_.get(), op);
   auto& g = member(op);
   const std::vector<int>& old = *g.members;
   const int me = old[static_cast<std::size_t>(g.my_grank)];
