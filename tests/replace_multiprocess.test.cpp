@@ -135,6 +135,32 @@ TEST_CASE("replace: past --max-replacements a failure is handled as with --on-fa
   CHECK_FALSE(contains(d.out, "incarnation 3"));
 }
 
+TEST_CASE("replace: rank 0 is not replaced, and a loss with nobody left to take a replacement is not either",
+          "[replace][multiprocess]") {
+  SECTION("rank 0 lost: handled as with --on-failure continue") {
+    const Done d = run_replacing({}, 3,
+                                 "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0}\"; "
+                                 "if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; sleep 0.5");
+    INFO(d.out);
+    CHECK(d.ok());  // ranks 1 and 2 finished
+    check_has(d.out, {"dopt-run: rank 0 killed by signal 9 (SIGKILL); the other ranks continue (--on-failure "
+                      "replace: rank 0 is not replaced, the job's rendezvous went with it)",
+                      "dopt-run: 1 rank(s) failed (0), 2 finished"});
+    CHECK_FALSE(contains(d.out, "starting its replacement"));
+    CHECK_FALSE(contains(d.out, "incarnation 1"));
+  }
+  SECTION("the last rank running of a one-node job lost: nobody is left to take its replacement") {
+    const Done d = run_replacing({}, 2,
+                                 "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0}\"; "
+                                 "if [ \"$RANK\" = 1 ]; then sleep 0.5; kill -9 $$; fi");
+    INFO(d.out);
+    CHECK(d.ok());  // rank 0 finished
+    check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL)", "dopt-run: 1 rank(s) failed (1), 1 finished"});
+    CHECK_FALSE(contains(d.out, "starting its replacement"));
+    CHECK_FALSE(contains(d.out, "incarnation 1"));
+  }
+}
+
 TEST_CASE("replace: grow() between processes with no newcomer coming times out, and the world goes on (shm, tcp)",
           "[replace][multiprocess]") {
   const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));

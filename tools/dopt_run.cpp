@@ -46,9 +46,10 @@
 // others may go on without it; dopt-train --survive) counts as lost, like a
 // killed rank, not as an error of its own; when no rank finished, 3.
 //
-// With --on-failure replace, a rank that fails (as above, exit 75 included)
-// is reported ("...; starting its replacement (incarnation N, --on-failure
-// replace)") and started again: the same command and launch environment
+// With --on-failure replace, a rank other than 0 that fails (as above, exit
+// 75 included) is reported ("...; starting its replacement (incarnation N,
+// --on-failure replace)") and started again, unless it was the last rank
+// running of a single-node job (nobody is left to take it): the same command and launch environment
 // (RANK, LOCAL_RANK, ... of the lost rank) plus DOPT_REPLACES=<its rank> and
 // DOPT_INCARNATION=N (1 for its first replacement). The program must then
 // join the running job (ProcessGroup::join_group) instead of starting one;
@@ -409,17 +410,19 @@ class Launcher {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (exec_failed_) {
         // the reason was printed already
-      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ &&
+      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ && r.rank != 0 &&
+                 (running_ > 0 || cfg_.nnodes > 1) &&
                  static_cast<int>(replaced_.size()) < cfg_.max_replacements) {
         replace(r, status);
       } else if (!ok && cfg_.continue_on_failure && !stopping_ && !got_signal_) {
         lost_.emplace_back(r.rank, status);
         say("rank " + std::to_string(r.rank) + " " + describe_end(status) +
             (running_ == 0 ? ""
-             : cfg_.replace_on_failure
-                 ? "; the other ranks continue (--on-failure replace: --max-replacements " +
-                       std::to_string(cfg_.max_replacements) + " reached)"
-                 : "; the other ranks continue (--on-failure continue)"));
+             : !cfg_.replace_on_failure ? "; the other ranks continue (--on-failure continue)"
+             : r.rank == 0 ? "; the other ranks continue (--on-failure replace: rank 0 is not replaced, the job's "
+                             "rendezvous went with it)"
+                           : "; the other ranks continue (--on-failure replace: --max-replacements " +
+                                 std::to_string(cfg_.max_replacements) + " reached)"));
       } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
         first_failure_ = std::make_pair(r.rank, status);
         if (WIFEXITED(status)) {

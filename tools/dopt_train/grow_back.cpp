@@ -43,4 +43,13 @@ std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>&
   return grown.joined;
 }
 
+dopt::NotSupportedError no_survival_after_rejoin(int rank, std::int64_t step, const std::string& rejoin,
+                                                 const dopt::PeerLostError& lost) {
+  return dopt::NotSupportedError("dopt-train --survive",
+                                 "step " + std::to_string(step + 1) + ": a rank was lost after the group grew back (" +
+                                     rejoin + "); a grown-back run does not survive a further loss yet: " +
+                                     lost.detail(),
+                                 rank);
+}
+
 }  // namespace dopt_train

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dopt/actors/process_group.hpp"
+#include "dopt/runtime/error.hpp"
 #include "strategy.hpp"
 
 namespace dopt_train {
@@ -36,5 +37,11 @@ std::int64_t join_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& str
 /// empty: the caller stops asking.
 std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
                            const std::vector<Tensor>& params, std::int64_t step, bool& may_grow);
+
+/// --survive: a rank lost after the group grew back (`rejoin` says when)
+/// ends the run, in the strategy's step or in the report's all_reduce: the
+/// error to throw, naming dopt-train --survive and the step (`step` + 1).
+dopt::NotSupportedError no_survival_after_rejoin(int rank, std::int64_t step, const std::string& rejoin,
+                                                 const dopt::PeerLostError& lost);
 
 }  // namespace dopt_train

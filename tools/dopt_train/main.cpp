@@ -289,9 +289,14 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     }
     if (!plan.replacement && rank == o.kill_rank && s == o.kill_at_step) kill_this_rank(rank, s, plan.launched);
     const std::vector<int> idx = shard.batch(s, o.batch);
-    const BatchResult r =
-        model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); }, layers);
-    strategy->finish_step();
+    BatchResult r;
+    try {
+      r = model.forward_backward(shard, idx, [&](const Tensor& p) { strategy->grad_ready(p); }, layers);
+      strategy->finish_step();
+    } catch (const dopt::PeerLostError& e) {
+      if (o.survive && !rejoins.empty()) throw no_survival_after_rejoin(rank, s, rejoins.back(), e);
+      throw;
+    }
     // --survive: the ranks the strategy lost and recovered from in this step
     // (the step was completed over the survivors).
     std::vector<int> lost = strategy->take_lost();
@@ -321,12 +326,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
         break;
       } catch (const dopt::PeerLostError& e) {
         if (!o.survive) throw;
-        if (!rejoins.empty())
-          throw dopt::NotSupportedError("dopt-train --survive",
-                                        "step " + std::to_string(s + 1) + ": a rank was lost after the group grew "
-                                        "back (" + rejoins.back() + "); a grown-back run does not survive a "
-                                        "further loss yet: " + e.detail(),
-                                        rank);
+        if (!rejoins.empty()) throw no_survival_after_rejoin(rank, s, rejoins.back(), e);
         // The survivors take a world of their own; when the strategy did not
         // see the loss in this step (it came after finish_step), it recovers
         // too, between steps. Then this step's report again over them.

@@ -102,12 +102,10 @@ Lobby& lobby_of(const GroupImpl& g, const char* op, int me) {
     // Which plane this group runs on: processes that share memory ("shm"),
     // several hosts ("hier"), or messages between rank actors (TCP, threads).
     const std::string plane = g.plane ? g.plane->name() : "actor";
-    throw NotSupportedError(op, "growing a group works between the ranks of a deterministic simulation "
-                                "(simulate() with deterministic = true and newcomers) only; this group runs on the " +
-                                plane + " plane" + (g.peers && !g.peers->in_process()
-                                    ? ", between processes, where it is not implemented yet (docs/fault-tolerance.md, "
-                                      "\"Between processes\")"
-                                    : ", outside such a simulation"), me);
+    throw NotSupportedError(op, "growing a group works between processes (a replacement started by dopt-run "
+                                "--on-failure replace) and between the ranks of a deterministic simulation "
+                                "(simulate() with deterministic = true and newcomers); this group's ranks are "
+                                "threads of one process outside such a simulation, on the " + plane + " plane", me);
   }
   return it->second;
 }
