@@ -39,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 
+from namespace_hosts import NamespaceHosts
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -80,50 +82,17 @@ def run_loopback(a, work):
     return p.returncode, p.stdout, p.stderr
 
 
-class Hosts:
+class Hosts(NamespaceHosts):
     """Two network namespaces h0, h1 (10.232.0.1, .2) on a bridge in a third; removed on exit."""
 
     def __init__(self, rate):
-        self.tag = f"dgt{os.getpid()}"
-        self.nss = []
-        sw = self.tag + "sw"
-        self._ip("netns", "add", sw)
-        self.nss.append(sw)
-        self._ip("-n", sw, "link", "add", "br0", "type", "bridge")
-        self._ip("-n", sw, "link", "set", "br0", "up")
-        for i in (0, 1):
-            h = f"{self.tag}h{i}"
-            self._ip("netns", "add", h)
-            self.nss.append(h)
-            self._ip("-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", h)
-            self._ip("-n", sw, "link", "set", f"p{i}", "master", "br0", "up")
-            self._ip("-n", h, "link", "set", "lo", "up")
-            self._ip("-n", h, "addr", "add", f"10.232.0.{i + 1}/24", "dev", "eth0")
-            self._ip("-n", h, "link", "set", "eth0", "up")
-            if rate:
-                subprocess.run(["tc", "-n", h, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst",
-                                "1mb", "latency", "200ms"], check=True)
-
-    @staticmethod
-    def _ip(*args):
-        subprocess.run(["ip", *args], check=True)
+        super().__init__(f"dgt{os.getpid()}")
+        if rate:
+            self.rate(rate)
 
     def command(self, i, argv):
         """argv run in host i: its namespace, hostname host<i>, a /dev/shm of its own."""
-        script = f'hostname host{i}; mount -t tmpfs -o size=4g tmpfs /dev/shm; exec "$@"'
-        return ["ip", "netns", "exec", f"{self.tag}h{i}", "unshare", "--uts", "--ipc", "--mount", "--propagation",
-                "private", "bash", "-c", script, "_", *argv]
-
-    def close(self):
-        for n in self.nss:
-            pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
-            for q in pids:
-                try:
-                    os.kill(int(q), 9)
-                except OSError:
-                    pass
-        for n in self.nss:
-            subprocess.run(["ip", "netns", "del", n], stderr=subprocess.DEVNULL)
+        return self.in_host(i, argv, "4g")
 
 
 def run_twohost(a, work, hosts, port):

@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 
+from namespace_hosts import NamespaceHosts
+
 SIZES = [4096, 1 << 20, 64 << 20]
 TAG = "dnm%d" % os.getpid()
 
@@ -124,25 +126,13 @@ def shm_collective(build, nproc, sizes, iters=None):
     return json_lines(run(cmd))
 
 
-class Hosts:
+class Hosts(NamespaceHosts):
     """Two network namespaces joined by veth pairs on a bridge (as bench/compare_multihost.sh)."""
 
     def __init__(self, workdir):
-        self.nss = []
+        super().__init__(TAG)
         self.work = workdir
         self.port = 29700
-        sw = TAG + "sw"
-        self._ns(sw)
-        self._ip("-n", sw, "link", "add", "br0", "type", "bridge")
-        self._ip("-n", sw, "link", "set", "br0", "up")
-        for i in (0, 1):
-            h = "%sh%d" % (TAG, i)
-            self._ns(h)
-            self._ip("-n", sw, "link", "add", "p%d" % i, "type", "veth", "peer", "name", "eth0", "netns", h)
-            self._ip("-n", sw, "link", "set", "p%d" % i, "master", "br0", "up")
-            self._ip("-n", h, "link", "set", "lo", "up")
-            self._ip("-n", h, "addr", "add", "10.232.0.%d/24" % (i + 1), "dev", "eth0")
-            self._ip("-n", h, "link", "set", "eth0", "up")
         secret = os.path.join(workdir, "secret")
         os.mkdir(secret, 0o700)
         with open(os.path.join(secret, "s"), "w") as f:
@@ -154,25 +144,9 @@ class Hosts:
         self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s",
                         DOPT_TCP_POLL_US="0")
 
-    def _ns(self, name):
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        self.nss.append(name)
-
-    @staticmethod
-    def _ip(*args):
-        subprocess.run(["ip"] + list(args), check=True)
-
-    def rate(self, rate):
-        """Each host's link (egress, each way) limited to `rate` by tc tbf."""
-        for i in (0, 1):
-            subprocess.run(["tc", "-n", "%sh%d" % (TAG, i), "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
-                            rate, "burst", "1mb", "latency", "200ms"], check=True)
-
     def cmd(self, i, argv):
         """argv in host i: its own network, hostname and /dev/shm."""
-        inner = 'hostname host%d; mount -t tmpfs -o size=2g tmpfs /dev/shm; exec "$@"' % i
-        return ["ip", "netns", "exec", "%sh%d" % (TAG, i), "unshare", "--uts", "--ipc", "--mount",
-                "--propagation", "private", "bash", "-c", inner, "_"] + argv
+        return self.in_host(i, argv, "2g")
 
     def both(self, argvs, timeout=900):
         ps = [subprocess.Popen(self.cmd(i, argvs[i]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -211,17 +185,6 @@ class Hosts:
                          str(nbytes)]))
         out, _ = srv.communicate(timeout=300)
         return max(r["gbs_per_direction"] for r in json_lines(out)) * 8
-
-    def close(self):
-        for n in self.nss:
-            pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
-            for q in pids:
-                try:
-                    os.kill(int(q), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
-        for n in self.nss:
-            subprocess.run(["ip", "netns", "del", n], stderr=subprocess.DEVNULL)
 
 
 def predict(build, hosts, per_host, p):
