@@ -25,7 +25,8 @@
 // JSON line per stage (iter_ms, min_iter_ms, kept_bytes: what the rank
 // keeps between iterations, the largest over the ranks: stage 1 its
 // parameters, gradients and ZeRO state, stage 3 ShardedUnits::bytes();
-// peak_gathered_bytes: stage 3's largest gathered_bytes()) and a
+// peak_gathered_bytes: stage 3's largest gathered_bytes(); prefetch: true,
+// "forward" or false, null for stage 1) and a
 // "zero_stage3_summary" line (the median ratio of stage 3 / stage 1 over
 // the iteration pairs). --only S builds and runs stage S alone and adds the
 // process's memory, each the largest over the ranks (processes only):
@@ -356,6 +357,7 @@ int main(int argc, char** argv) {
           if (run3)
             for (std::size_t u = 0; u < three.model->num_units(); ++u)
               largest_unit = std::max(largest_unit, three.model->shard_numel(u) * ctx.world_size() * 4);
+          const char* prefetch_mode = no_prefetch ? "false" : (no_backward_prefetch ? "\"forward\"" : "true");
           auto line = [&](int stage, std::vector<double>& t, double kept, double gathered) {
             t = dopt::bench::slowest(world, t);
             const auto held = dopt::bench::slowest(world, {kept, gathered});
@@ -365,15 +367,15 @@ int main(int argc, char** argv) {
                 "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, "
                 "\"rss_before_bytes\": %.0f, \"peak_rss_rise_bytes\": %.0f, \"peak_pss_bytes\": %.0f, "
                 "\"pss_before_bytes\": %.0f, \"peak_pss_anon_bytes\": %.0f, \"peak_pss_shmem_bytes\": %.0f, "
-                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"params\": %lld, "
-                "\"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, \"steps\": %d, "
-                "\"simulated\": %s}\n",
+                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"prefetch\": %s, "
+                "\"params\": %lld, \"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, "
+                "\"steps\": %d, \"simulated\": %s}\n",
                 stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1],
                 only ? rss : -1.0, only ? rss0 : -1.0, only ? mem[1] : -1.0, mem[2], mem[3], mem[4], mem[5], mem[6],
                 stage == 3 ? held[0] + 2.0 * static_cast<double>(largest_unit) : -1.0,
-                stage == 3 && copy_gradients ? "true" : "false", static_cast<long long>(params),
-                static_cast<long long>(tensors), setup.units.size(), delay_ms, ctx.world_size(), steps,
-                simulated ? "true" : "false");
+                stage == 3 && copy_gradients ? "true" : "false", stage != 3 ? "null" : prefetch_mode,
+                static_cast<long long>(params), static_cast<long long>(tensors), setup.units.size(), delay_ms,
+                ctx.world_size(), steps, simulated ? "true" : "false");
           };
           if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
           if (run3)
@@ -386,8 +388,7 @@ int main(int argc, char** argv) {
                 "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, "
                 "\"world_size\": %d, \"simulated\": %s}\n",
                 dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
-                static_cast<long long>(params), delay_ms,
-                no_prefetch ? "false" : (no_backward_prefetch ? "\"forward\"" : "true"), ctx.world_size(),
+                static_cast<long long>(params), delay_ms, prefetch_mode, ctx.world_size(),
                 simulated ? "true" : "false");
           }
           std::fflush(stdout);
