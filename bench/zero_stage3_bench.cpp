@@ -3,8 +3,9 @@
 // with a Reducer), and the bytes each rank holds.
 //
 //   dopt_bench_zero_stage3 --params N --tensors K --units U [--delay-ms D]
-//                          [--no-prefetch] [--copy-gradients] [--ranks R] [--steps S] [--warmup W]
-//                          [--only 1|3]
+//                          [--no-prefetch | --no-backward-prefetch] [--copy-gradients] [--ranks R] [--steps S]
+//                          [--warmup W]
+//                          [--only 1|3 [--peak-mappings]]
 //
 // N float32 elements in K tensors (sizes in proportion to 1..10, as the ZeRO
 // benchmarks'), grouped in order into U units of about K/U tensors; Adam.
@@ -17,13 +18,15 @@
 // gradient_buffers(u) and calls reduce_gradients_async(u) (--copy-gradients:
 // makes its own gradient tensors and passes them, which the library copies),
 // releases u; then step() (--no-prefetch: each gather waits for its
-// all_gather). With --only
+// all_gather; --no-backward-prefetch: only the backward's do, so that a rank
+// holds two unit-sized buffers instead of three). With --only
 // unset the two setups live side by side and their iterations alternate
 // (each after a barrier; the slowest rank's time counts). Rank 0 prints one
 // JSON line per stage (iter_ms, min_iter_ms, kept_bytes: what the rank
 // keeps between iterations, the largest over the ranks: stage 1 its
 // parameters, gradients and ZeRO state, stage 3 ShardedUnits::bytes();
-// peak_gathered_bytes: stage 3's largest gathered_bytes()) and a
+// peak_gathered_bytes: stage 3's largest gathered_bytes(); prefetch: true,
+// "forward" or false, null for stage 1) and a
 // "zero_stage3_summary" line (the median ratio of stage 3 / stage 1 over
 // the iteration pairs). --only S builds and runs stage S alone and adds the
 // process's memory, each the largest over the ranks (processes only):
@@ -35,8 +38,12 @@
 // peak_pss_anon/shmem/file_bytes, its parts at that peak: private memory,
 // the shared-memory plane's segment, binary and libraries), and for stage
 // 3 target_bytes: kept_bytes plus two of the largest unit's gathered bytes
-// (16/N B per parameter with Adam plus two gathered units). Under a launcher
-// (dopt-run) one rank per process; alone it simulates R ranks (default 2).
+// (16/N B per parameter with Adam plus two gathered units). --peak-mappings
+// adds rank 0's "zero_stage3_peak_mappings" line: at its peak Pss, each
+// private anonymous mapping ([heap] or unnamed) with at least 256 KiB
+// resident, its size and resident bytes in address order (which buffers are
+// live at the peak: their sizes name them). Under a launcher (dopt-run) one
+// rank per process; alone it simulates R ranks (default 2).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -70,6 +77,7 @@ using namespace dopt::optim;
 struct Setup {
   double delay_ms = 0.0;
   bool prefetch = true;
+  bool backward_prefetch = true;
   bool copy_gradients = false;  // stage 3: pass own gradients (copied) instead of gradient_buffers
   int rank = 0;
   std::vector<std::vector<std::size_t>> units;  // tensor indices of each unit
@@ -121,11 +129,42 @@ struct Pss {
   }
 };
 
+/// The private anonymous mappings of /proc/self/smaps with at least 256 KiB
+/// resident, as JSON objects {"name", "size_bytes", "rss_bytes"}, in address order.
+std::string anonymous_mappings() {
+  std::string out;
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return out;
+  char line[512];
+  unsigned long long lo = 0, hi = 0;
+  std::string name;
+  bool anonymous = false;
+  while (std::fgets(line, sizeof line, f)) {
+    char perms[8] = {}, path[256] = {};
+    if (std::sscanf(line, "%llx-%llx %7s %*s %*s %*s %255s", &lo, &hi, perms, path) >= 3) {
+      name = path;
+      anonymous = perms[3] == 'p' && (name.empty() || name == "[heap]");
+      continue;
+    }
+    if (!anonymous || std::strncmp(line, "Rss:", 4) != 0) continue;
+    const double rss = std::strtod(line + 4, nullptr) * 1024.0;
+    if (rss < 256.0 * 1024.0) continue;
+    char item[160];
+    std::snprintf(item, sizeof item, "%s{\"name\": \"%s\", \"size_bytes\": %llu, \"rss_bytes\": %.0f}",
+                  out.empty() ? "" : ", ", name.c_str(), hi - lo, rss);
+    out += item;
+  }
+  std::fclose(f);
+  return out;
+}
+
 /// The largest Pss of this process (with its parts at that moment) seen by
-/// a thread that polls every 2 ms while it lives.
+/// a thread that polls every 2 ms while it lives; with `mappings`, also
+/// anonymous_mappings() at that peak.
 class PssPeak {
  public:
-  PssPeak() : first_(Pss::now()), peak_(first_), thread_([this] { poll(); }) {}
+  explicit PssPeak(bool mappings)
+      : mappings_(mappings), first_(Pss::now()), peak_(first_), thread_([this] { poll(); }) {}
   ~PssPeak() { stop(); }
   /// Joins the poller; first() and peak() are read after it.
   void stop() {
@@ -134,17 +173,23 @@ class PssPeak {
   }
   const Pss& first() const { return first_; }
   const Pss& peak() const { return peak_; }
+  const std::string& peak_mappings() const { return peak_mappings_; }
 
  private:
   void poll() {
     while (!stop_) {
       const Pss p = Pss::now();
-      if (p.total > peak_.total) peak_ = p;
+      if (p.total > peak_.total) {
+        peak_ = p;
+        if (mappings_) peak_mappings_ = anonymous_mappings();
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
+  const bool mappings_;
   Pss first_;
-  Pss peak_;  // the poller's until stop()
+  Pss peak_;                   // the poller's until stop()
+  std::string peak_mappings_;  // the poller's until stop()
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -193,7 +238,7 @@ struct StageThree {
     }
     for (std::size_t u = n; u-- > 0;) {
       (void)model->gather(u);
-      if (s.prefetch && u > 0) (void)model->prefetch(u - 1);
+      if (s.prefetch && s.backward_prefetch && u > 0) (void)model->prefetch(u - 1);
       compute(s);
       if (s.copy_gradients) {
         std::vector<Tensor> grads;
@@ -219,19 +264,23 @@ int main(int argc, char** argv) {
   std::int64_t params = 10'000'000, tensors = 100, unit_count = 10;
   double delay_ms = 0.0;
   int ranks = 2, steps = 6, warmup = 2, only = 0;
-  bool no_prefetch = false, copy_gradients = false;
+  bool no_prefetch = false, no_backward_prefetch = false, copy_gradients = false, peak_mappings = false;
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--units", unit_count, "units (groups of consecutive tensors)")->check(CLI::PositiveNumber);
   app.add_option("--delay-ms", delay_ms, "forward and backward compute per unit, in ms (a sleep)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-prefetch", no_prefetch, "stage 3 without prefetch (each gather waits for its all_gather)");
+  app.add_flag("--no-backward-prefetch", no_backward_prefetch,
+               "stage 3 prefetches in the forward only (the backward's gathers wait)");
   app.add_flag("--copy-gradients", copy_gradients,
                "stage 3 passes its own gradient tensors (copied) instead of writing gradient_buffers");
   app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed iterations per stage")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
   app.add_option("--only", only, "run stage 1 or 3 alone (with peak_rss_bytes)")->check(CLI::IsMember({1, 3}));
+  app.add_flag("--peak-mappings", peak_mappings,
+               "with --only: print rank 0's anonymous mappings at its peak Pss (which buffers are live)");
   CLI11_PARSE(app, argc, argv);
   if (unit_count > tensors) unit_count = tensors;
   const bool simulated = !dopt::launch_env_from_environment().has_value();
@@ -246,6 +295,7 @@ int main(int argc, char** argv) {
           setup.delay_ms = delay_ms;
           setup.rank = ctx.rank();
           setup.prefetch = !no_prefetch;
+          setup.backward_prefetch = !no_backward_prefetch;
           setup.copy_gradients = copy_gradients;
           const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
           setup.sizes = sizes;
@@ -258,7 +308,7 @@ int main(int argc, char** argv) {
           const double own_rss0 = proc_kb_field("/proc/self/status", "VmRSS");
           const double rss0 = dopt::bench::slowest(world, {own_rss0})[0];
           std::unique_ptr<PssPeak> pss;
-          if (only && !simulated) pss = std::make_unique<PssPeak>();
+          if (only && !simulated) pss = std::make_unique<PssPeak>(peak_mappings);
           StageOne one;
           StageThree three;
           const bool run1 = only != 3, run3 = only != 1;
@@ -291,6 +341,11 @@ int main(int argc, char** argv) {
             }
           }
           if (pss) pss->stop();
+          if (pss && peak_mappings && ctx.rank() == 0)
+            std::printf(
+                "{\"benchmark\": \"zero_stage3_peak_mappings\", \"rank\": 0, \"peak_pss_anon_bytes\": %.0f, "
+                "\"mappings\": [%s]}\n",
+                pss->peak().anon, pss->peak_mappings().c_str());
           rusage ru{};
           getrusage(RUSAGE_SELF, &ru);
           const auto mem = dopt::bench::slowest(
@@ -302,6 +357,7 @@ int main(int argc, char** argv) {
           if (run3)
             for (std::size_t u = 0; u < three.model->num_units(); ++u)
               largest_unit = std::max(largest_unit, three.model->shard_numel(u) * ctx.world_size() * 4);
+          const char* prefetch_mode = no_prefetch ? "false" : (no_backward_prefetch ? "\"forward\"" : "true");
           auto line = [&](int stage, std::vector<double>& t, double kept, double gathered) {
             t = dopt::bench::slowest(world, t);
             const auto held = dopt::bench::slowest(world, {kept, gathered});
@@ -311,15 +367,15 @@ int main(int argc, char** argv) {
                 "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, "
                 "\"rss_before_bytes\": %.0f, \"peak_rss_rise_bytes\": %.0f, \"peak_pss_bytes\": %.0f, "
                 "\"pss_before_bytes\": %.0f, \"peak_pss_anon_bytes\": %.0f, \"peak_pss_shmem_bytes\": %.0f, "
-                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"params\": %lld, "
-                "\"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, \"steps\": %d, "
-                "\"simulated\": %s}\n",
+                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"prefetch\": %s, "
+                "\"params\": %lld, \"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, "
+                "\"steps\": %d, \"simulated\": %s}\n",
                 stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1],
                 only ? rss : -1.0, only ? rss0 : -1.0, only ? mem[1] : -1.0, mem[2], mem[3], mem[4], mem[5], mem[6],
                 stage == 3 ? held[0] + 2.0 * static_cast<double>(largest_unit) : -1.0,
-                stage == 3 && copy_gradients ? "true" : "false", static_cast<long long>(params),
-                static_cast<long long>(tensors), setup.units.size(), delay_ms, ctx.world_size(), steps,
-                simulated ? "true" : "false");
+                stage == 3 && copy_gradients ? "true" : "false", stage != 3 ? "null" : prefetch_mode,
+                static_cast<long long>(params), static_cast<long long>(tensors), setup.units.size(), delay_ms,
+                ctx.world_size(), steps, simulated ? "true" : "false");
           };
           if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
           if (run3)
@@ -327,12 +383,13 @@ int main(int argc, char** argv) {
           if (!only && ctx.rank() == 0) {
             std::vector<double> ratio;  // stage 3 / stage 1, iteration by iteration
             for (std::size_t k = 0; k < t1.size(); ++k) ratio.push_back(t3[k] / t1[k]);
-            std::printf("{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
-                        "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, "
-                        "\"world_size\": %d, \"simulated\": %s}\n",
-                        dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
-                        static_cast<long long>(params), delay_ms, no_prefetch ? "false" : "true",
-                        ctx.world_size(), simulated ? "true" : "false");
+            std::printf(
+                "{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
+                "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, "
+                "\"world_size\": %d, \"simulated\": %s}\n",
+                dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
+                static_cast<long long>(params), delay_ms, prefetch_mode, ctx.world_size(),
+                simulated ? "true" : "false");
           }
           std::fflush(stdout);
         },

@@ -8,6 +8,10 @@
 #include <string>
 #include <utility>
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim
+#endif
+
 #include "dopt/distributed/internal/device_ops.hpp"
 #include "zero/zero_host_memory.hpp"  // zero_detail::elementwise_optimizer
 #include "zero/zero_stage3_impl.hpp"
@@ -70,6 +74,13 @@ void ShardedUnits::Impl::init(std::vector<std::vector<Tensor>> given, OptimizerS
   std::vector<OptimizerParamGroup> groups;
   groups.emplace_back(std::move(shards));
   optim = make_optimizer(spec, std::move(groups));
+  return_freed_memory();  // the full tensors the caller moved in (those below the mmap threshold sit in malloc's heap)
+}
+
+void ShardedUnits::Impl::return_freed_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 Unit& ShardedUnits::Impl::unit(std::size_t u, const char* op) {

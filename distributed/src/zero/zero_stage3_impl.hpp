@@ -56,6 +56,10 @@ struct ShardedUnits::Impl {
   std::vector<Tensor> gather_spares;
   std::vector<Tensor> reduce_spares;
 
+  /// Gives the pages of freed memory back to the OS (glibc's malloc_trim;
+  /// nothing elsewhere): freed blocks inside malloc's heap otherwise stay in
+  /// the process's RSS until malloc reuses them.
+  static void return_freed_memory();
   /// The constructor's checks, shards and optimizer (see the header).
   void init(std::vector<std::vector<Tensor>> units, OptimizerSpec spec, ShardedUnitsOptions options);
   int rank() const { return group.rank(); }
