@@ -323,3 +323,53 @@ TEST_CASE("replace: 10 kill-and-replace cycles in one run of dopt-run --on-failu
 TEST_CASE("replace: on the shm plane 10 kill-and-replace cycles leave /dev/shm clean", "[replace][multiprocess]") {
   check_cycles("shm");
 }
+
+namespace {
+
+/// Whitespace of `text` (a Markdown page) as single spaces.
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool space = c == '\n' || c == ' ';
+    if (!space)
+      out += c;
+    else if (!out.empty() && out.back() != ' ')
+      out += ' ';
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("continue: dopt-run's exit status under --on-failure continue is the one both pages state",
+          "[replace][multiprocess]") {
+  // Three shell ranks; rank R ends after 0.1 * (R + 1) s (in that order) as `ends` says.
+  struct Case {
+    std::string what, ends;
+    int status;
+  };
+  const Case c = GENERATE(
+      Case{"a rank left (75), the others finished", "[ $RANK = 1 ] && exit 75; exit 0", 0},
+      Case{"every rank left (75): nobody finished", "exit 75", 75},
+      Case{"the first failed rank was killed, the others left (75)", "[ $RANK = 0 ] && kill -9 $$; exit 75", 128 + 9},
+      Case{"a rank left (75), a later one failed with an error of its own (4)",
+           "[ $RANK = 1 ] && exit 75; [ $RANK = 2 ] && exit 4; exit 0", 4});
+  INFO(c.what);
+  const Done d = wait(start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0",
+                             "/bin/sh", "-c", "sleep 0.$((RANK + 1)); " + c.ends},
+                            {}));
+  INFO(d.out);
+  REQUIRE(WIFEXITED(d.status));
+  CHECK(WEXITSTATUS(d.status) == c.status);
+  // docs/launching.md and docs/fault-tolerance.md state the same rule.
+  for (const char* page : {"docs/launching.md", "docs/fault-tolerance.md"}) {
+    INFO(page);
+    const std::string text = one_line(slurp(std::string(DOPT_SOURCE_DIR) + "/" + page));
+    for (const char* rule : {"exit status is then the exit code of the first failed rank that exited with a non-zero "
+                             "code other than 75 (an error of its own",
+                             "else 0 when some rank finished; else, when no rank finished, 75 if the first failed "
+                             "rank left the job with exit code 75",
+                             "or `128 + S` if it was killed by signal S."})
+      CHECK(contains(text, rule));
+  }
+}

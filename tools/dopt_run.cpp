@@ -44,7 +44,8 @@
 // error of its own), else 0 when some rank finished. A rank that exits with
 // code 75 (kExitRemoved: it was cut off or removed from the job, and the
 // others may go on without it; dopt-train --survive) counts as lost, like a
-// killed rank, not as an error of its own; when no rank finished, 3.
+// killed rank, not as an error of its own; when no rank finished, 75 if the
+// first failed rank exited 75, else 128 + S of its signal (continued_status).
 //
 // With --on-failure replace, a rank other than 0 that fails (as above, exit
 // 75 included) is reported ("...; starting its replacement (incarnation N,
