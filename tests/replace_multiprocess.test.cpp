@@ -324,6 +324,23 @@ TEST_CASE("replace: on the shm plane 10 kill-and-replace cycles leave /dev/shm c
   check_cycles("shm");
 }
 
+TEST_CASE("replace: a replacement whose members end without growing fails join_group() at once, not at its timeout",
+          "[replace][multiprocess]") {
+  // Rank 1 kills itself; ranks 0 and 2 shrink, see its replacement wait
+  // (newcomers_waiting) and end; its join_group(), with a 30 s timeout,
+  // fails within 10 s with PeerLostError saying the job ended
+  // (tests/grow_peer.cpp, mode abandoned).
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO("DOPT_TRANSPORT=" << transport);
+  const Done d =
+      run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " abandoned 1", {{"DOPT_TRANSPORT", transport}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 3", "[rank 1] ok 1 5", "[rank 2] ok 2 3"});
+  CHECK_FALSE(contains(d.out, "error "));
+}
+
 namespace {
 
 /// Whitespace of `text` (a Markdown page) as single spaces.

@@ -68,13 +68,20 @@ std::string wait_admission(RankEndpoint& ep, std::chrono::milliseconds timeout, 
   if (!a) throw StateError(op, "the runtime has been shut down", me);
   UserThreadCafScope caf_scope;
   caf::scoped_actor self{a.home_system()};
-  std::string text;
+  std::string text, gone;
   self->request(a, caf::duration(timeout), admitwait_atom::value)
-      .receive([&](std::string& t) { text = std::move(t); },
-               [&](caf::error& e) {
-                 if (e != caf::sec::request_timeout)
-                   throw StateError(op, "the rank actor is gone: " + self->home_system().render(e), me);
-               });
+      .receive(
+          [&](std::string& t, std::string& why) {
+            text = std::move(t);
+            gone = std::move(why);
+          },
+          [&](caf::error& e) {
+            if (e != caf::sec::request_timeout)
+              throw StateError(op, "the rank actor is gone: " + self->home_system().render(e), me);
+          });
+  // (The rank actor answers at once when the members it watches are all lost.)
+  if (!gone.empty())
+    throw PeerLostError(op, "rank " + std::to_string(me) + " waited to join a grown group in vain: " + gone, me);
   return text;
 }
 
