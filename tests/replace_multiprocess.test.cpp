@@ -343,6 +343,45 @@ TEST_CASE("replace: a replacement whose members end without growing fails join_g
 
 namespace {
 
+/// Rank 1 of 3 started by hand as a replacement (DOPT_REPLACES=1,
+/// incarnation 1) of tests/grow_peer.cpp (mode grown: it calls join_group)
+/// whose rank 0 is at 127.0.0.1:`port`, with a 30 s handshake timeout.
+Proc start_replacement_by_hand(int port) {
+  auto env = rank_env(1, 3, port);
+  env.insert({{"DOPT_REPLACES", "1"},
+              {"DOPT_INCARNATION", "1"},
+              {"DOPT_HANDSHAKE_TIMEOUT_MS", "30000"},
+              {"DOPT_SECRET", "the-jobs-own-secret-0123456789"}});
+  return start({kGrowPeer, "grown", "1", "0"}, env);
+}
+
+/// The elapsed_ms a rank program printed with its error (peer_main.hpp), -1 without one.
+long elapsed_ms(const std::string& out) {
+  const auto at = out.find("elapsed_ms ");
+  return at == std::string::npos ? -1 : std::stol(out.substr(at + 11));
+}
+
+}  // namespace
+
+TEST_CASE("replace: a replacement whose rank 0 is gone fails at once, not after the handshake timeout",
+          "[replace][multiprocess]") {
+  // Nothing listens at rank 0's port any more (the job ended, or rank 0 was
+  // lost): rank 0 listened there for the whole job, so the refusal is final.
+  const Done d = wait(start_replacement_by_hand(free_port()));
+  INFO(d.out);
+  CHECK(d.failed());
+  check_has(d.out, {"error PeerLostError: init_process_group [rank 1]: this process replaces lost rank 1 "
+                    "(incarnation 1, ",
+                    "but rank 0's rendezvous did not take it: rank 0 at 127.0.0.1:",
+                    "refused the connection (Connection refused): the job's rank 0 is gone (the job ended, or rank 0 "
+                    "was lost)"});
+  const long ms = elapsed_ms(d.out);
+  CHECK(ms >= 0);
+  CHECK(ms < 10000);  // the handshake timeout is 30 s
+}
+
+namespace {
+
 /// Whitespace of `text` (a Markdown page) as single spaces.
 std::string one_line(const std::string& text) {
   std::string out;

@@ -35,7 +35,8 @@ namespace {
 /// starts it as soon as the lost process ended; rank 0 may not have seen the
 /// loss yet and turns it away as a latecomer until then: it tries again,
 /// within the handshake timeout (a lost rank 0 must not hold it for the
-/// job's timeout).
+/// job's timeout). Rank 0's port refusing the connection (it listened for
+/// the whole job) ends it at once: the job's rank 0 is gone.
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
                         const std::function<std::string()>& make_info, const std::string& who, const char* op) {
   const auto until = std::chrono::steady_clock::now() + env.handshake_timeout;
@@ -44,6 +45,8 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
     try {
       env = launch_env;
       return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
+    } catch (const PeerLostError& e) {
+      throw PeerLostError(op, who + ", but rank 0's rendezvous did not take it: " + e.detail(), env.rank);
     } catch (const ValueError& e) {
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
       if (std::chrono::steady_clock::now() >= until)
