@@ -11,12 +11,15 @@
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "processes.hpp"
@@ -378,6 +381,29 @@ TEST_CASE("replace: a replacement whose rank 0 is gone fails at once, not after 
   const long ms = elapsed_ms(d.out);
   CHECK(ms >= 0);
   CHECK(ms < 10000);  // the handshake timeout is 30 s
+}
+
+TEST_CASE("replace: a replacement ended by SIGTERM while it waits for rank 0 leaves nothing in /dev/shm",
+          "[replace][multiprocess]") {
+  // Rank 0's port takes the connection (the listen backlog) and never
+  // answers: the replacement waits in init_process_group (up to the 30 s
+  // handshake timeout) until SIGTERM (dopt-run's stop) ends it; what it
+  // made in /dev/shm ("dopt-<pid>-...", its host probe among them) is gone.
+  const Listener rank0;
+  const Proc p = start_replacement_by_hand(rank0.port);
+  pollfd pending{rank0.fd, POLLIN, 0};  // its connection waits in the backlog: it measured its host before
+  const bool connected = ::poll(&pending, 1, 10000) == 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const Done d = wait(p);
+  INFO(d.out);
+  CHECK(connected);
+  REQUIRE(WIFSIGNALED(d.status));
+  CHECK(WTERMSIG(d.status) == SIGTERM);
+  for (const std::string& name : dopt_shm_names()) {
+    INFO("left in /dev/shm: " << name);
+    CHECK(name.rfind("dopt-" + std::to_string(p.pid) + "-", 0) != 0);
+  }
 }
 
 namespace {

@@ -140,6 +140,11 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   caf::actor a;
   auto ep = start_rank_actor(rt, sys, env, &a);
   HostIdentity identity;
+  // Its probe segment is measured only: a replacement publishes none (the
+  // members do not map it), so it goes now, not at the end of this call: a
+  // replacement ended by a signal while it waits for rank 0 leaves nothing
+  // in /dev/shm.
+  identity.release();
   const std::string& host = identity.host_field();
   // The TCP mesh's listener: the members connect to it once they hold this
   // process waiting (TcpMesh::reconnect_peer), before init_process_group returns.
