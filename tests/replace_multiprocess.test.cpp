@@ -152,6 +152,20 @@ TEST_CASE("replace: rank 0 is not replaced, and a loss with nobody left to take 
     CHECK_FALSE(contains(d.out, "starting its replacement"));
     CHECK_FALSE(contains(d.out, "incarnation 1"));
   }
+  SECTION("a rank lost after rank 0 ended: its rendezvous port went with it") {
+    // Rank 0 finishes at once, rank 1 kills itself 0.5 s later, rank 2 runs on.
+    const Done d = run_replacing({}, 3,
+                                 "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0}\"; "
+                                 "[ \"$RANK\" = 0 ] && exit 0; [ \"$RANK\" = 1 ] && sleep 0.5 && kill -9 $$; "
+                                 "sleep 1.5");
+    INFO(d.out);
+    CHECK(d.ok());  // ranks 0 and 2 finished
+    check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); the other ranks continue (--on-failure "
+                      "replace: rank 0 has ended, a replacement would find no job to join)",
+                      "dopt-run: 1 rank(s) failed (1), 2 finished"});
+    CHECK_FALSE(contains(d.out, "starting its replacement"));
+    CHECK_FALSE(contains(d.out, "incarnation 1"));
+  }
   SECTION("the last rank running of a one-node job lost: nobody is left to take its replacement") {
     const Done d = run_replacing({}, 2,
                                  "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0}\"; "

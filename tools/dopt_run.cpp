@@ -50,7 +50,8 @@
 // With --on-failure replace, a rank other than 0 that fails (as above, exit
 // 75 included) is reported ("...; starting its replacement (incarnation N,
 // --on-failure replace)") and started again, unless it was the last rank
-// running of a single-node job (nobody is left to take it): the same command and launch environment
+// running of a single-node job (nobody is left to take it) or rank 0 (on this
+// node) has ended (its rendezvous port went with it): the same command and launch environment
 // (RANK, LOCAL_RANK, ... of the lost rank) plus DOPT_REPLACES=<its rank> and
 // DOPT_INCARNATION=N (1 for its first replacement). The program must then
 // join the running job (ProcessGroup::join_group) instead of starting one;
@@ -404,6 +405,9 @@ class Launcher {
     std::stable_sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) {
       return WIFSIGNALED(a.second) && !WIFSIGNALED(b.second);
     });
+    // Rank 0 (on this node) ended, however: its rendezvous port is closed,
+    // and a replacement started now or later could only fail.
+    for (auto& [rp, status] : ended) rank0_ended_ = rank0_ended_ || rp->rank == 0;
     for (auto& [rp, status] : ended) {
       Rank& r = *rp;
       r.running = false;
@@ -411,7 +415,7 @@ class Launcher {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (exec_failed_) {
         // the reason was printed already
-      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ && r.rank != 0 &&
+      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ && r.rank != 0 && !rank0_ended_ &&
                  (running_ > 0 || cfg_.nnodes > 1) &&
                  static_cast<int>(replaced_.size()) < cfg_.max_replacements) {
         replace(r, status);
@@ -422,6 +426,8 @@ class Launcher {
              : !cfg_.replace_on_failure ? "; the other ranks continue (--on-failure continue)"
              : r.rank == 0 ? "; the other ranks continue (--on-failure replace: rank 0 is not replaced, the job's "
                              "rendezvous went with it)"
+             : rank0_ended_ ? "; the other ranks continue (--on-failure replace: rank 0 has ended, a replacement "
+                              "would find no job to join)"
                            : "; the other ranks continue (--on-failure replace: --max-replacements " +
                                  std::to_string(cfg_.max_replacements) + " reached)"));
       } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
@@ -634,6 +640,7 @@ class Launcher {
   std::optional<std::pair<int, int>> first_failure_;  // rank, wait status
   std::vector<std::pair<int, int>> lost_;             // --on-failure continue: rank, wait status
   std::vector<int> replaced_;                         // --on-failure replace: the rank of each replacement started
+  bool rank0_ended_ = false;  // rank 0 runs on this node and ended: no replacement is started after that
   std::optional<Clock::time_point> kill_deadline_;
 };
 
