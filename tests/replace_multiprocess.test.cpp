@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -356,6 +357,43 @@ TEST_CASE("replace: a replacement whose members end without growing fails join_g
   check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
                     "[rank 0] ok 0 3", "[rank 1] ok 1 5", "[rank 2] ok 2 3"});
   CHECK_FALSE(contains(d.out, "error "));
+}
+
+TEST_CASE("replace: SIGTERM (dopt-run's stop) ends a dopt-train replacement waiting in join_group() at once",
+          "[replace][multiprocess]") {
+  // Ranks 0 and 2 are tests/grow_peer.cpp (mode abandoned, holding 20 s):
+  // after rank 1's loss they shrink, see its replacement wait and never
+  // grow. The replacement is dopt-train --optim zero --survive, waiting in
+  // join_group() (30 s timeout). dopt-run gets SIGTERM once it waits: the
+  // replacement ends with exit code 130 well within the grace period (8 s,
+  // then SIGKILL), and nothing of its process stays in /dev/shm.
+  const std::string program = "echo \"pid $$\"; if [ -n \"$DOPT_REPLACES\" ]; then exec " +
+                              std::string(DOPT_BINARY_DIR) + "/tools/dopt-train --optim zero --survive --steps 50; fi; " +
+                              "exec " + kGrowPeer + " abandoned 1 20000";
+  const Proc p = start({kDoptRun, "--on-failure", "replace", "--max-replacements", "1", "--grace", "8",
+                        "--nproc-per-node", "3", "--master-port", "0", "/bin/sh", "-c", program},
+                       {{"DOPT_TIMEOUT_MS", "30000"}});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!contains(slurp(p.out_path), "replacement waiting") && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // from init_process_group into join_group()
+  const auto stop = std::chrono::steady_clock::now();
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const Done d = wait(p);
+  const auto took = std::chrono::steady_clock::now() - stop;
+  INFO(d.out);
+  check_has(d.out, {"starting its replacement (incarnation 1", "replacement waiting",
+                    "[rank 1] dopt-train: stopped by a signal while this replacement waited in join_group() to "
+                    "rejoin the job",
+                    "dopt-run: rank 1 stopped: exit code 130"});
+  CHECK(took < std::chrono::seconds(5));
+  const std::vector<std::string> pids = printed_pids(d.out);
+  CHECK(pids.size() == 4);  // 3 first starts and the replacement
+  for (const std::string& name : dopt_shm_names())
+    for (const std::string& pid : pids) {
+      INFO("left in /dev/shm: " << name);
+      CHECK(name.rfind("dopt-" + pid + "-", 0) != 0);
+    }
 }
 
 namespace {
