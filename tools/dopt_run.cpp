@@ -53,7 +53,8 @@
 // running of a single-node job (nobody is left to take it) or rank 0 (on this
 // node) has ended (its rendezvous port went with it): the same command and launch environment
 // (RANK, LOCAL_RANK, ... of the lost rank) plus DOPT_REPLACES=<its rank> and
-// DOPT_INCARNATION=N (1 for its first replacement). The program must then
+// DOPT_INCARNATION=N (1 for its first replacement); every rank gets
+// DOPT_ON_FAILURE=<stop|continue|replace> from the start. The program must then
 // join the running job (ProcessGroup::join_group) instead of starting one;
 // the other ranks grow() their group to take it (docs/fault-tolerance.md,
 // "Between processes"). At most --max-replacements (default 10) are started
@@ -187,6 +188,7 @@ struct Config {
   bool no_prefix = false;
   bool continue_on_failure = false;  // --on-failure continue (or replace, once no replacement is left)
   bool replace_on_failure = false;   // --on-failure replace
+  std::string on_failure = "stop";   // --on-failure, as given (DOPT_ON_FAILURE for the ranks)
   int max_replacements = 10;         // --max-replacements
   std::vector<std::string> command;
 };
@@ -207,6 +209,8 @@ std::vector<std::string> child_environment(const Config& c, int local_rank, int 
   std::vector<std::pair<std::string, std::string>> extra;
   if (!c.job_id.empty()) extra.emplace_back("DOPT_JOB_ID", c.job_id);
   if (!c.secret_file.empty()) extra.emplace_back("DOPT_SECRET_FILE", c.secret_file);
+  // Every rank knows whether replacements may come (a program that cannot take one refuses to start).
+  extra.emplace_back("DOPT_ON_FAILURE", c.on_failure);
   // (Never passed on from dopt-run's own environment: only a replacement has them.)
   const std::set<std::string> replacement_keys = {"DOPT_REPLACES", "DOPT_INCARNATION"};
   if (incarnation > 0) {
@@ -705,6 +709,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   cfg.command.assign(argv + prog, argv + argc);
+  cfg.on_failure = on_failure;
   cfg.replace_on_failure = on_failure == "replace";
   cfg.continue_on_failure = on_failure == "continue" || cfg.replace_on_failure;
 

@@ -709,6 +709,11 @@ int main(int argc, char** argv) {
     plan.replacement = plan.launched && dopt::settings::integer("DOPT_REPLACES").has_value();
     plan.incarnation = dopt::settings::integer("DOPT_INCARNATION").value_or(0);
     if (std::string why; plan.replacement && !config_grows(plan.strategy, &why)) return usage_error(why);
+    // Under dopt-run --on-failure replace every rank refuses such a run at
+    // the start, before any training, not only a replacement after a loss.
+    if (std::string why; plan.launched && dopt::settings::text("DOPT_ON_FAILURE").value_or("") == "replace" &&
+                         !config_grows(plan.strategy, &why))
+      return usage_error(why + " (refused at the start: dopt-run --on-failure replace, DOPT_ON_FAILURE=replace)");
     if (o.kill_rank >= plan.world_size)
       return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
                          std::to_string(plan.world_size) + " ranks");
