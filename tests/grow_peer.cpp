@@ -40,8 +40,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -249,7 +249,8 @@ int main(int argc, char** argv) {
     if (mode == "cycles" && argc > 3) return cycles_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
     if (mode == "abandoned" && argc > 2)
       return abandoned_scenario(world, rank, std::stoi(argv[2]), argc > 3 ? std::stoi(argv[3]) : 0);
-    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM "
-                               "KILLS | abandoned VICTIM [HOLD_MS]"};
+    throw dopt::testing::Usage{
+        "dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM "
+        "KILLS | abandoned VICTIM [HOLD_MS]"};
   }, /*leave_together=*/false);
 }

@@ -350,8 +350,8 @@ TEST_CASE("replace: a replacement whose members end without growing fails join_g
   // (tests/grow_peer.cpp, mode abandoned).
   const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
   INFO("DOPT_TRANSPORT=" << transport);
-  const Done d =
-      run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " abandoned 1", {{"DOPT_TRANSPORT", transport}});
+  const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " abandoned 1",
+                               {{"DOPT_TRANSPORT", transport}});
   INFO(d.out);
   CHECK(d.ok());
   check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
@@ -367,9 +367,9 @@ TEST_CASE("replace: SIGTERM (dopt-run's stop) ends a dopt-train replacement wait
   // join_group() (30 s timeout). dopt-run gets SIGTERM once it waits: the
   // replacement ends with exit code 130 well within the grace period (8 s,
   // then SIGKILL), and nothing of its process stays in /dev/shm.
-  const std::string program = "echo \"pid $$\"; if [ -n \"$DOPT_REPLACES\" ]; then exec " +
-                              std::string(DOPT_BINARY_DIR) + "/tools/dopt-train --optim zero --survive --steps 50; fi; " +
-                              "exec " + kGrowPeer + " abandoned 1 20000";
+  const std::string program =
+      "echo \"pid $$\"; if [ -n \"$DOPT_REPLACES\" ]; then exec " + std::string(DOPT_BINARY_DIR) +
+      "/tools/dopt-train --optim zero --survive --steps 50; fi; " + "exec " + kGrowPeer + " abandoned 1 20000";
   const Proc p = start({kDoptRun, "--on-failure", "replace", "--max-replacements", "1", "--grace", "8",
                         "--nproc-per-node", "3", "--master-port", "0", "/bin/sh", "-c", program},
                        {{"DOPT_TIMEOUT_MS", "30000"}});

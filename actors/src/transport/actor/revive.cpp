@@ -97,8 +97,7 @@ caf::result<std::string, std::string> RankState::wait_admission() {
 
 std::string RankState::members_gone() const {
   const std::string me = "rank " + std::to_string(rank);
-  if (removed)
-    return me + " was removed from the job" + (lost.empty() ? std::string() : ": " + lost.begin()->second);
+  if (removed) return me + " was removed from the job" + (lost.empty() ? std::string() : ": " + lost.begin()->second);
   std::string ranks;
   for (int r = 0; r < world; ++r) {
     if (r == rank) continue;
