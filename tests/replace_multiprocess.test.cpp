@@ -179,6 +179,46 @@ TEST_CASE("replace: rank 0 is not replaced, and a loss with nobody left to take 
   }
 }
 
+TEST_CASE("replace: on another node dopt-run starts no replacement once rank 0's port refuses connections",
+          "[replace][multiprocess]") {
+  // Two nodes of two ranks (two dopt-runs): rank 0 listens on MASTER_PORT
+  // for HOLD seconds (as a rank 0 does for its whole job), rank 2 (node 1)
+  // kills itself after DIE seconds, ranks 1 and 3 run for 3.5 s; node 1's
+  // dopt-run cannot see rank 0's process, only its port. A replacement just
+  // says so and exits 0.
+  struct Case {
+    std::string hold, die;
+    bool replaced;
+  };
+  const Case c = GENERATE(Case{"5", "1.5", true}, Case{"0.3", "2.5", false});
+  INFO("rank 0 listens for " << c.hold << " s, rank 2 dies after " << c.die << " s");
+  const std::string port = std::to_string(free_port());
+  const std::string program =
+      "if [ -n \"$DOPT_REPLACES\" ]; then echo \"replacement of rank $RANK\"; exit 0; fi; "
+      "if [ \"$RANK\" = 0 ]; then exec python3 -c 'import os, socket, time; s = socket.socket(); "
+      "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", "
+      "int(os.environ[\"MASTER_PORT\"]))); s.listen(8); time.sleep(" +
+      c.hold + ")'; fi; if [ \"$RANK\" = 2 ]; then sleep " + c.die + "; kill -9 $$; fi; sleep 3.5";
+  std::vector<Proc> nodes;
+  for (const char* node : {"0", "1"})
+    nodes.push_back(
+        start({kDoptRun, "--on-failure", "replace", "--nnodes", "2", "--node-rank", node, "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", port, "/bin/sh", "-c", program},
+              {{"DOPT_JOB_ID", "replace-two-nodes"}}));
+  const Done node0 = wait(nodes[0]), node1 = wait(nodes[1]);
+  INFO("node 0: " << node0.out << "node 1: " << node1.out);
+  CHECK(node0.ok());
+  CHECK(node1.ok());  // rank 3 finished; rank 2's replacement did, or rank 2 was lost
+  CHECK(contains(node1.out, "dopt-run: rank 2 killed by signal 9 (SIGKILL)"));
+  if (c.replaced) {
+    check_has(node1.out, {"starting its replacement (incarnation 1", "[rank 2] replacement of rank 2"});
+  } else {
+    check_has(node1.out, {"the other ranks continue (--on-failure replace: rank 0's port 127.0.0.1:" + port +
+                          " refuses connections, a replacement would find no job to join)"});
+    CHECK_FALSE(contains(node1.out, "starting its replacement"));
+  }
+}
+
 TEST_CASE("replace: grow() between processes with no newcomer coming times out, and the world goes on (shm, tcp)",
           "[replace][multiprocess]") {
   const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
