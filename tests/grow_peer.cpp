@@ -28,12 +28,20 @@
 //       replacement join_group()s; the others, after each loss, shrink,
 //       grow and check the grown group as in `grown`, and go on; at the end
 //       every rank checks an all_reduce over the last grown group.
+//   dopt_grow_peer abandoned VICTIM [HOLD_MS]
+//       rank VICTIM kills itself (SIGKILL) after a barrier; the others shrink
+//       the world, ask newcomers_waiting() until its replacement waits (and
+//       print "replacement waiting"), sleep HOLD_MS (default 0) and end
+//       without growing; the replacement's join_group() (the handle's
+//       timeout, DOPT_TIMEOUT_MS, is long) must fail with PeerLostError
+//       naming the call, its rank and the job's end, within 10 s.
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -190,6 +198,46 @@ long cycles_scenario(ProcessGroup& world, int me, int victim, int kills) {
   return c.checks;
 }
 
+long abandoned_scenario(ProcessGroup& world, int me, int victim, int hold_ms) {
+  dopt::testing::Checker c{me};
+  if (std::getenv("DOPT_REPLACES")) {  // the replacement: nobody will grow a group to take it
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string why;
+    try {
+      world.join_group();
+    } catch (const dopt::PeerLostError& e) {
+      why = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    c.expect(!why.empty(), "join_group: PeerLostError");
+    c.expect(why.find("ProcessGroup.join_group") != std::string::npos, "join_group: naming the call: " + why);
+    c.expect(why.find("rank " + std::to_string(me)) != std::string::npos, "join_group: naming the rank: " + why);
+    c.expect(why.find("the job ended: its rank 0 and every other member are gone") != std::string::npos,
+             "join_group: saying the job ended: " + why);
+    c.expect(waited < std::chrono::seconds(10), "join_group: failed within 10 s (its timeout is " +
+                                                    std::to_string(world.timeout().count()) + " ms): " + why);
+    return c.checks;
+  }
+  world.barrier();
+  if (me == victim) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (the others see the barrier end first)
+    dopt::testing::die();
+  }
+  c.expect(dopt::testing::carries_peer_lost(world.all_reduce_async(Tensor::full({8}, 1.0))),
+           "the all_reduce fails with PeerLostError");
+  auto s = world.shrink();
+  c.expect(s.lost == std::vector<int>{victim}, "the lost rank");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int waiting = 0;
+  while ((waiting = s.group.newcomers_waiting()) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  c.expect(waiting == 1, "the replacement waits to join within 20 s");
+  std::printf("replacement waiting\n");
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  return c.checks;  // and end without growing
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,6 +247,10 @@ int main(int argc, char** argv) {
     if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
     if (mode == "grown" && argc > 3) return grown_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
     if (mode == "cycles" && argc > 3) return cycles_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
-    throw dopt::testing::Usage{"dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM KILLS"};
+    if (mode == "abandoned" && argc > 2)
+      return abandoned_scenario(world, rank, std::stoi(argv[2]), argc > 3 ? std::stoi(argv[3]) : 0);
+    throw dopt::testing::Usage{
+        "dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM "
+        "KILLS | abandoned VICTIM [HOLD_MS]"};
   }, /*leave_together=*/false);
 }

@@ -11,12 +11,16 @@
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "processes.hpp"
@@ -149,6 +153,20 @@ TEST_CASE("replace: rank 0 is not replaced, and a loss with nobody left to take 
     CHECK_FALSE(contains(d.out, "starting its replacement"));
     CHECK_FALSE(contains(d.out, "incarnation 1"));
   }
+  SECTION("a rank lost after rank 0 ended: its rendezvous port went with it") {
+    // Rank 0 finishes at once, rank 1 kills itself 0.5 s later, rank 2 runs on.
+    const Done d = run_replacing({}, 3,
+                                 "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0}\"; "
+                                 "[ \"$RANK\" = 0 ] && exit 0; [ \"$RANK\" = 1 ] && sleep 0.5 && kill -9 $$; "
+                                 "sleep 1.5");
+    INFO(d.out);
+    CHECK(d.ok());  // ranks 0 and 2 finished
+    check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); the other ranks continue (--on-failure "
+                      "replace: rank 0 has ended, a replacement would find no job to join)",
+                      "dopt-run: 1 rank(s) failed (1), 2 finished"});
+    CHECK_FALSE(contains(d.out, "starting its replacement"));
+    CHECK_FALSE(contains(d.out, "incarnation 1"));
+  }
   SECTION("the last rank running of a one-node job lost: nobody is left to take its replacement") {
     const Done d = run_replacing({}, 2,
                                  "echo \"rank $RANK incarnation ${DOPT_INCARNATION:-0}\"; "
@@ -158,6 +176,46 @@ TEST_CASE("replace: rank 0 is not replaced, and a loss with nobody left to take 
     check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL)", "dopt-run: 1 rank(s) failed (1), 1 finished"});
     CHECK_FALSE(contains(d.out, "starting its replacement"));
     CHECK_FALSE(contains(d.out, "incarnation 1"));
+  }
+}
+
+TEST_CASE("replace: on another node dopt-run starts no replacement once rank 0's port refuses connections",
+          "[replace][multiprocess]") {
+  // Two nodes of two ranks (two dopt-runs): rank 0 listens on MASTER_PORT
+  // for HOLD seconds (as a rank 0 does for its whole job), rank 2 (node 1)
+  // kills itself after DIE seconds, ranks 1 and 3 run for 3.5 s; node 1's
+  // dopt-run cannot see rank 0's process, only its port. A replacement just
+  // says so and exits 0.
+  struct Case {
+    std::string hold, die;
+    bool replaced;
+  };
+  const Case c = GENERATE(Case{"5", "1.5", true}, Case{"0.3", "2.5", false});
+  INFO("rank 0 listens for " << c.hold << " s, rank 2 dies after " << c.die << " s");
+  const std::string port = std::to_string(free_port());
+  const std::string program =
+      "if [ -n \"$DOPT_REPLACES\" ]; then echo \"replacement of rank $RANK\"; exit 0; fi; "
+      "if [ \"$RANK\" = 0 ]; then exec python3 -c 'import os, socket, time; s = socket.socket(); "
+      "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", "
+      "int(os.environ[\"MASTER_PORT\"]))); s.listen(8); time.sleep(" +
+      c.hold + ")'; fi; if [ \"$RANK\" = 2 ]; then sleep " + c.die + "; kill -9 $$; fi; sleep 3.5";
+  std::vector<Proc> nodes;
+  for (const char* node : {"0", "1"})
+    nodes.push_back(
+        start({kDoptRun, "--on-failure", "replace", "--nnodes", "2", "--node-rank", node, "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", port, "/bin/sh", "-c", program},
+              {{"DOPT_JOB_ID", "replace-two-nodes"}}));
+  const Done node0 = wait(nodes[0]), node1 = wait(nodes[1]);
+  INFO("node 0: " << node0.out << "node 1: " << node1.out);
+  CHECK(node0.ok());
+  CHECK(node1.ok());  // rank 3 finished; rank 2's replacement did, or rank 2 was lost
+  CHECK(contains(node1.out, "dopt-run: rank 2 killed by signal 9 (SIGKILL)"));
+  if (c.replaced) {
+    check_has(node1.out, {"starting its replacement (incarnation 1", "[rank 2] replacement of rank 2"});
+  } else {
+    check_has(node1.out, {"the other ranks continue (--on-failure replace: rank 0's port 127.0.0.1:" + port +
+                          " refuses connections, a replacement would find no job to join)"});
+    CHECK_FALSE(contains(node1.out, "starting its replacement"));
   }
 }
 
@@ -322,4 +380,170 @@ TEST_CASE("replace: 10 kill-and-replace cycles in one run of dopt-run --on-failu
 
 TEST_CASE("replace: on the shm plane 10 kill-and-replace cycles leave /dev/shm clean", "[replace][multiprocess]") {
   check_cycles("shm");
+}
+
+TEST_CASE("replace: a replacement whose members end without growing fails join_group() at once, not at its timeout",
+          "[replace][multiprocess]") {
+  // Rank 1 kills itself; ranks 0 and 2 shrink, see its replacement wait
+  // (newcomers_waiting) and end; its join_group(), with a 30 s timeout,
+  // fails within 10 s with PeerLostError saying the job ended
+  // (tests/grow_peer.cpp, mode abandoned).
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO("DOPT_TRANSPORT=" << transport);
+  const Done d = run_replacing({"--max-replacements", "1"}, 3, "exec " + kGrowPeer + " abandoned 1",
+                               {{"DOPT_TRANSPORT", transport}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out, {"dopt-run: rank 1 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 3", "[rank 1] ok 1 5", "[rank 2] ok 2 3"});
+  CHECK_FALSE(contains(d.out, "error "));
+}
+
+TEST_CASE("replace: SIGTERM (dopt-run's stop) ends a dopt-train replacement waiting in join_group() at once",
+          "[replace][multiprocess]") {
+  // Ranks 0 and 2 are tests/grow_peer.cpp (mode abandoned, holding 20 s):
+  // after rank 1's loss they shrink, see its replacement wait and never
+  // grow. The replacement is dopt-train --optim zero --survive, waiting in
+  // join_group() (30 s timeout). dopt-run gets SIGTERM once it waits: the
+  // replacement ends with exit code 130 well within the grace period (8 s,
+  // then SIGKILL), and nothing of its process stays in /dev/shm.
+  const std::string program =
+      "echo \"pid $$\"; if [ -n \"$DOPT_REPLACES\" ]; then exec " + std::string(DOPT_BINARY_DIR) +
+      "/tools/dopt-train --optim zero --survive --steps 50; fi; " + "exec " + kGrowPeer + " abandoned 1 20000";
+  const Proc p = start({kDoptRun, "--on-failure", "replace", "--max-replacements", "1", "--grace", "8",
+                        "--nproc-per-node", "3", "--master-port", "0", "/bin/sh", "-c", program},
+                       {{"DOPT_TIMEOUT_MS", "30000"}});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!contains(slurp(p.out_path), "replacement waiting") && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // from init_process_group into join_group()
+  const auto stop = std::chrono::steady_clock::now();
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const Done d = wait(p);
+  const auto took = std::chrono::steady_clock::now() - stop;
+  INFO(d.out);
+  check_has(d.out, {"starting its replacement (incarnation 1", "replacement waiting",
+                    "[rank 1] dopt-train: stopped by a signal while this replacement waited in join_group() to "
+                    "rejoin the job",
+                    "dopt-run: rank 1 stopped: exit code 130"});
+  CHECK(took < std::chrono::seconds(5));
+  const std::vector<std::string> pids = printed_pids(d.out);
+  CHECK(pids.size() == 4);  // 3 first starts and the replacement
+  for (const std::string& name : dopt_shm_names())
+    for (const std::string& pid : pids) {
+      INFO("left in /dev/shm: " << name);
+      CHECK(name.rfind("dopt-" + pid + "-", 0) != 0);
+    }
+}
+
+namespace {
+
+/// Rank 1 of 3 started by hand as a replacement (DOPT_REPLACES=1,
+/// incarnation 1) of tests/grow_peer.cpp (mode grown: it calls join_group)
+/// whose rank 0 is at 127.0.0.1:`port`, with a 30 s handshake timeout.
+Proc start_replacement_by_hand(int port) {
+  auto env = rank_env(1, 3, port);
+  env.insert({{"DOPT_REPLACES", "1"},
+              {"DOPT_INCARNATION", "1"},
+              {"DOPT_HANDSHAKE_TIMEOUT_MS", "30000"},
+              {"DOPT_SECRET", "the-jobs-own-secret-0123456789"}});
+  return start({kGrowPeer, "grown", "1", "0"}, env);
+}
+
+/// The elapsed_ms a rank program printed with its error (peer_main.hpp), -1 without one.
+long elapsed_ms(const std::string& out) {
+  const auto at = out.find("elapsed_ms ");
+  return at == std::string::npos ? -1 : std::stol(out.substr(at + 11));
+}
+
+}  // namespace
+
+TEST_CASE("replace: a replacement whose rank 0 is gone fails at once, not after the handshake timeout",
+          "[replace][multiprocess]") {
+  // Nothing listens at rank 0's port any more (the job ended, or rank 0 was
+  // lost): rank 0 listened there for the whole job, so the refusal is final.
+  const Done d = wait(start_replacement_by_hand(free_port()));
+  INFO(d.out);
+  CHECK(d.failed());
+  check_has(d.out, {"error PeerLostError: init_process_group [rank 1]: this process replaces lost rank 1 "
+                    "(incarnation 1, ",
+                    "but rank 0's rendezvous did not take it: rank 0 at 127.0.0.1:",
+                    "refused the connection (Connection refused): the job's rank 0 is gone (the job ended, or rank 0 "
+                    "was lost)"});
+  const long ms = elapsed_ms(d.out);
+  CHECK(ms >= 0);
+  CHECK(ms < 10000);  // the handshake timeout is 30 s
+}
+
+TEST_CASE("replace: a replacement ended by SIGTERM while it waits for rank 0 leaves nothing in /dev/shm",
+          "[replace][multiprocess]") {
+  // Rank 0's port takes the connection (the listen backlog) and never
+  // answers: the replacement waits in init_process_group (up to the 30 s
+  // handshake timeout) until SIGTERM (dopt-run's stop) ends it; what it
+  // made in /dev/shm ("dopt-<pid>-...", its host probe among them) is gone.
+  const Listener rank0;
+  const Proc p = start_replacement_by_hand(rank0.port);
+  pollfd pending{rank0.fd, POLLIN, 0};  // its connection waits in the backlog: it measured its host before
+  const bool connected = ::poll(&pending, 1, 10000) == 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const Done d = wait(p);
+  INFO(d.out);
+  CHECK(connected);
+  REQUIRE(WIFSIGNALED(d.status));
+  CHECK(WTERMSIG(d.status) == SIGTERM);
+  for (const std::string& name : dopt_shm_names()) {
+    INFO("left in /dev/shm: " << name);
+    CHECK(name.rfind("dopt-" + std::to_string(p.pid) + "-", 0) != 0);
+  }
+}
+
+namespace {
+
+/// Whitespace of `text` (a Markdown page) as single spaces.
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool space = c == '\n' || c == ' ';
+    if (!space)
+      out += c;
+    else if (!out.empty() && out.back() != ' ')
+      out += ' ';
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("continue: dopt-run's exit status under --on-failure continue is the one both pages state",
+          "[replace][multiprocess]") {
+  // Three shell ranks; rank R ends after 0.1 * (R + 1) s (in that order) as `ends` says.
+  struct Case {
+    std::string what, ends;
+    int status;
+  };
+  const Case c = GENERATE(
+      Case{"a rank left (75), the others finished", "[ $RANK = 1 ] && exit 75; exit 0", 0},
+      Case{"every rank left (75): nobody finished", "exit 75", 75},
+      Case{"the first failed rank was killed, the others left (75)", "[ $RANK = 0 ] && kill -9 $$; exit 75", 128 + 9},
+      Case{"a rank left (75), a later one failed with an error of its own (4)",
+           "[ $RANK = 1 ] && exit 75; [ $RANK = 2 ] && exit 4; exit 0", 4});
+  INFO(c.what);
+  const Done d = wait(start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0",
+                             "/bin/sh", "-c", "sleep 0.$((RANK + 1)); " + c.ends},
+                            {}));
+  INFO(d.out);
+  REQUIRE(WIFEXITED(d.status));
+  CHECK(WEXITSTATUS(d.status) == c.status);
+  // docs/launching.md and docs/fault-tolerance.md state the same rule.
+  for (const char* page : {"docs/launching.md", "docs/fault-tolerance.md"}) {
+    INFO(page);
+    const std::string text = one_line(slurp(std::string(DOPT_SOURCE_DIR) + "/" + page));
+    for (const char* rule : {"exit status is then the exit code of the first failed rank that exited with a non-zero "
+                             "code other than 75 (an error of its own",
+                             "else 0 when some rank finished; else, when no rank finished, 75 if the first failed "
+                             "rank left the job with exit code 75",
+                             "or `128 + S` if it was killed by signal S."})
+      CHECK(contains(text, rule));
+  }
 }

@@ -331,6 +331,33 @@ TEST_CASE("dopt-train --survive under dopt-run --on-failure replace: the killed 
   CHECK(names == 2 * 4);  // --layers 3: four linear layers, weight and bias
 }
 
+TEST_CASE(
+    "dopt-train under dopt-run --on-failure replace: a run that cannot grow back is refused at the start, on "
+    "every rank, naming the option (exit 2)",
+    "[train][survive][multiprocess]") {
+  // dopt-run tells every rank (DOPT_ON_FAILURE=replace) that a lost rank's
+  // replacement may come: a run without a catch-up refuses before any step,
+  // not only in the replacement after a loss.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--optim", "ddp", "--survive"}, "--optim ddp --survive cannot take a replacement"},
+      {{"--optim", "zero", "--survive", "--survive-buddies", "host_memory"},
+       "--survive-buddies host_memory cannot take a replacement"}};
+  for (const auto& [args, says] : cases) {
+    std::vector<std::string> argv{
+        kDoptRun,   "--on-failure", "replace", "--nproc-per-node", "3", "--master-port",  "0",
+        kDoptTrain, "--steps",      "50",      "--kill-rank",      "1", "--kill-at-step", "10"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Done d = wait(start(argv, kTrainEnv));
+    INFO(d.out);
+    REQUIRE(WIFEXITED(d.status));
+    CHECK(WEXITSTATUS(d.status) == 2);
+    for (int r = 0; r < 3; ++r) CHECK(contains(d.out, "[rank " + std::to_string(r) + "] dopt-train: " + says));
+    CHECK(contains(d.out, "(refused at the start: dopt-run --on-failure replace, DOPT_ON_FAILURE=replace)"));
+    CHECK_FALSE(contains(d.out, "killed by signal"));  // nobody got to --kill-at-step 10
+    CHECK_FALSE(contains(d.out, "steps in"));
+  }
+}
+
 TEST_CASE("dopt-train: a replacement (DOPT_REPLACES) of a run that cannot grow back is a usage error naming the "
           "option (exit 2)",
           "[train][survive]") {

@@ -44,14 +44,18 @@
 // error of its own), else 0 when some rank finished. A rank that exits with
 // code 75 (kExitRemoved: it was cut off or removed from the job, and the
 // others may go on without it; dopt-train --survive) counts as lost, like a
-// killed rank, not as an error of its own; when no rank finished, 3.
+// killed rank, not as an error of its own; when no rank finished, 75 if the
+// first failed rank exited 75, else 128 + S of its signal (continued_status).
 //
 // With --on-failure replace, a rank other than 0 that fails (as above, exit
 // 75 included) is reported ("...; starting its replacement (incarnation N,
 // --on-failure replace)") and started again, unless it was the last rank
-// running of a single-node job (nobody is left to take it): the same command and launch environment
+// running of a single-node job (nobody is left to take it) or rank 0 has
+// ended (its rendezvous port went with it: on this node its process ended, on
+// another its port refuses connections): the same command and launch environment
 // (RANK, LOCAL_RANK, ... of the lost rank) plus DOPT_REPLACES=<its rank> and
-// DOPT_INCARNATION=N (1 for its first replacement). The program must then
+// DOPT_INCARNATION=N (1 for its first replacement); every rank gets
+// DOPT_ON_FAILURE=<stop|continue|replace> from the start. The program must then
 // join the running job (ProcessGroup::join_group) instead of starting one;
 // the other ranks grow() their group to take it (docs/fault-tolerance.md,
 // "Between processes"). At most --max-replacements (default 10) are started
@@ -64,6 +68,7 @@
 // S; 2 for a usage error; 127 when PROGRAM cannot be executed; 1 for other
 // errors of dopt-run itself.
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -151,6 +156,35 @@ int pick_free_port() {
   return port;
 }
 
+/// Whether every address of host:port refuses a TCP connection (nothing
+/// listens there), each tried for up to 1 s; false when one accepts, does not
+/// answer or the name does not resolve. A connection closed before a byte is
+/// not reported by dopt's listeners (auth_listener.cpp).
+bool refuses_connections(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0) return false;
+  bool refused = list != nullptr;
+  for (addrinfo* a = list; a && refused; a = a->ai_next) {
+    const int s = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (s < 0) {
+      refused = false;
+      break;
+    }
+    int err = ::connect(s, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    pollfd p{s, POLLOUT, 0};
+    if (err == EINPROGRESS) {
+      socklen_t len = sizeof err;
+      err = ::poll(&p, 1, 1000) == 1 && ::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
+    }
+    ::close(s);
+    refused = err == ECONNREFUSED;
+  }
+  ::freeaddrinfo(list);
+  return refused;
+}
+
 // Splits argv into dopt-run's own arguments and PROGRAM ARGS...: the program
 // is the first argument that is neither an option nor an option's value, or
 // the argument after "--".
@@ -185,6 +219,7 @@ struct Config {
   bool no_prefix = false;
   bool continue_on_failure = false;  // --on-failure continue (or replace, once no replacement is left)
   bool replace_on_failure = false;   // --on-failure replace
+  std::string on_failure = "stop";   // --on-failure, as given (DOPT_ON_FAILURE for the ranks)
   int max_replacements = 10;         // --max-replacements
   std::vector<std::string> command;
 };
@@ -205,6 +240,8 @@ std::vector<std::string> child_environment(const Config& c, int local_rank, int 
   std::vector<std::pair<std::string, std::string>> extra;
   if (!c.job_id.empty()) extra.emplace_back("DOPT_JOB_ID", c.job_id);
   if (!c.secret_file.empty()) extra.emplace_back("DOPT_SECRET_FILE", c.secret_file);
+  // Every rank knows whether replacements may come (a program that cannot take one refuses to start).
+  extra.emplace_back("DOPT_ON_FAILURE", c.on_failure);
   // (Never passed on from dopt-run's own environment: only a replacement has them.)
   const std::set<std::string> replacement_keys = {"DOPT_REPLACES", "DOPT_INCARNATION"};
   if (incarnation > 0) {
@@ -403,14 +440,23 @@ class Launcher {
     std::stable_sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) {
       return WIFSIGNALED(a.second) && !WIFSIGNALED(b.second);
     });
+    // Rank 0 (on this node) ended, however: its rendezvous port is closed,
+    // and a replacement started now or later could only fail.
+    for (auto& [rp, status] : ended)
+      if (rp->rank == 0) rank0_gone_ = "rank 0 has ended";
     for (auto& [rp, status] : ended) {
       Rank& r = *rp;
       r.running = false;
       --running_;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      // On another node, rank 0's end shows as its rendezvous port refusing connections.
+      if (!ok && cfg_.replace_on_failure && cfg_.node_rank != 0 && rank0_gone_.empty() && !stopping_ &&
+          !got_signal_ && refuses_connections(cfg_.master_addr, cfg_.master_port))
+        rank0_gone_ = "rank 0's port " + cfg_.master_addr + ":" + std::to_string(cfg_.master_port) +
+                      " refuses connections";
       if (exec_failed_) {
         // the reason was printed already
-      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ && r.rank != 0 &&
+      } else if (!ok && cfg_.replace_on_failure && !stopping_ && !got_signal_ && r.rank != 0 && rank0_gone_.empty() &&
                  (running_ > 0 || cfg_.nnodes > 1) &&
                  static_cast<int>(replaced_.size()) < cfg_.max_replacements) {
         replace(r, status);
@@ -421,6 +467,8 @@ class Launcher {
              : !cfg_.replace_on_failure ? "; the other ranks continue (--on-failure continue)"
              : r.rank == 0 ? "; the other ranks continue (--on-failure replace: rank 0 is not replaced, the job's "
                              "rendezvous went with it)"
+             : !rank0_gone_.empty() ? "; the other ranks continue (--on-failure replace: " + rank0_gone_ +
+                                          ", a replacement would find no job to join)"
                            : "; the other ranks continue (--on-failure replace: --max-replacements " +
                                  std::to_string(cfg_.max_replacements) + " reached)"));
       } else if (!ok && !first_failure_ && !stopping_ && !got_signal_) {
@@ -633,6 +681,7 @@ class Launcher {
   std::optional<std::pair<int, int>> first_failure_;  // rank, wait status
   std::vector<std::pair<int, int>> lost_;             // --on-failure continue: rank, wait status
   std::vector<int> replaced_;                         // --on-failure replace: the rank of each replacement started
+  std::string rank0_gone_;  // how this node saw rank 0 end ("": it did not): no replacement is started after that
   std::optional<Clock::time_point> kill_deadline_;
 };
 
@@ -697,6 +746,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   cfg.command.assign(argv + prog, argv + argc);
+  cfg.on_failure = on_failure;
   cfg.replace_on_failure = on_failure == "replace";
   cfg.continue_on_failure = on_failure == "continue" || cfg.replace_on_failure;
 

@@ -21,7 +21,8 @@ namespace dopt_train {
 /// A newcomer (a replacement process): waits on its handle `world` until the
 /// members grow their group (asking join_group() again after a timeout, 4
 /// times at most: the members notice the loss only when a collective times
-/// out), then catches up. On return `world` is the grown group, `strategy`
+/// out; join_group()'s PeerLostError, every member gone, ends it at once),
+/// then catches up. On return `world` is the grown group, `strategy`
 /// the caught-up one; returns the step the members are at.
 std::int64_t join_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>& strategy, const StrategyConfig& cfg,
                        const std::vector<Tensor>& params);

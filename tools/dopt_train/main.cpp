@@ -42,6 +42,7 @@
 #include "dopt/runtime/settings.hpp"
 #include "model.hpp"
 #include "report.hpp"
+#include "signals.hpp"
 #include "plan.hpp"
 #include "remote.hpp"
 #include "strategy.hpp"
@@ -51,27 +52,6 @@ using namespace dopt_train;
 using dopt::Tensor;
 
 namespace {
-
-// Ctrl-C / SIGTERM: the first one asks every rank to stop after the current
-// step (and to checkpoint there); a second one kills the process.
-std::atomic<int> g_signal{0};
-std::atomic<int> g_exit_code{0};
-
-void on_signal(int sig) {
-  g_signal.store(sig);
-  ::signal(sig, SIG_DFL);
-}
-
-/// Installed once the ranks are connected (train_rank): during the
-/// rendezvous a signal keeps its default action and ends the process at once.
-void install_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 /// The checkpoints' Checkpointer options: --checkpoint-dir (or, to resume
 /// without one, the folder holding --resume-from: it only loads), --keep-last,
@@ -156,7 +136,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   std::int64_t start = 0;
   std::unique_ptr<Strategy> strategy;
   if (plan.replacement) {
+    g_joining = true;
     start = join_back(world, strategy, plan.strategy, model.params());
+    g_joining = false;
     world_size = world.size();
     if (!o.quiet) {
       std::printf("dopt-train: rank %d (replacement, incarnation %lld) rejoined the job at step %lld: parameters, "
@@ -727,6 +709,11 @@ int main(int argc, char** argv) {
     plan.replacement = plan.launched && dopt::settings::integer("DOPT_REPLACES").has_value();
     plan.incarnation = dopt::settings::integer("DOPT_INCARNATION").value_or(0);
     if (std::string why; plan.replacement && !config_grows(plan.strategy, &why)) return usage_error(why);
+    // Under dopt-run --on-failure replace every rank refuses such a run at
+    // the start, before any training, not only a replacement after a loss.
+    if (std::string why; plan.launched && dopt::settings::text("DOPT_ON_FAILURE").value_or("") == "replace" &&
+                         !config_grows(plan.strategy, &why))
+      return usage_error(why + " (refused at the start: dopt-run --on-failure replace, DOPT_ON_FAILURE=replace)");
     if (o.kill_rank >= plan.world_size)
       return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
                          std::to_string(plan.world_size) + " ranks");

@@ -286,9 +286,9 @@ class ProcessGroup {
   /// the rank's thread; blocks until the members admitted it and the new
   /// group is ready, and returns it (GrowResult::new_rank empty). A
   /// newcomer whose credentials are not the job's: AuthenticationError
-  /// naming the call and rank, at once. Bounded by the handle's timeout
-  /// (TimeoutError: no member grew the group meanwhile). StateError on a
-  /// member's handle; NotSupportedError where grow() is.
+  /// naming the call and rank, at once. Bounded by the handle's timeout (TimeoutError: no member grew the
+  /// group meanwhile); between processes, PeerLostError naming the call and rank as soon as every member is gone
+  /// (the job ended). StateError on a member's handle; NotSupportedError where grow() is.
   GrowResult join_group(const JoinGroupOptions& options = {});
   /// Collective of this group's members (every member calls it, at a step
   /// boundary, on its rank's thread; newcomers do not): how many newcomers

@@ -30,7 +30,8 @@ struct AdmissionPost {
   using Send = void (*)(RankEndpoint& ep, int to, const std::string& text);
   /// join_group() (user thread): blocks until the admission grow()'s leader
   /// sent arrives (its text), or returns "" after `timeout`. StateError once
-  /// the runtime shut down.
+  /// the runtime shut down; PeerLostError (op, me) as soon as every other
+  /// rank of the job is lost to this one (the job ended: nobody can send it).
   using Wait = std::string (*)(RankEndpoint& ep, std::chrono::milliseconds timeout, int me);
   /// Every member (user thread), once the members agreed to take rank
   /// `peer`'s waiting replacement: its rank actor revives the slot (blocks

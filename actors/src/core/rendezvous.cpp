@@ -671,9 +671,9 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     try {
       impl->coord = detail::secure_remote_actor(
           sys, env.master_addr, env.master_port, incarnation > 0 ? net::Purpose::rejoin : net::Purpose::rendezvous,
-          impl->creds, env.handshake_timeout,
-          deadline, /*retry_until_deadline=*/true, "rank 0 at " + env.master_addr + ":" + std::to_string(env.master_port),
-          "rendezvous");
+          impl->creds, env.handshake_timeout, deadline, /*retry_until_deadline=*/true,
+          "rank 0 at " + env.master_addr + ":" + std::to_string(env.master_port), "rendezvous",
+          incarnation > 0 ? "the job's rank 0 is gone (the job ended, or rank 0 was lost)" : "");
     } catch (...) {
       impl->stop();
       throw;

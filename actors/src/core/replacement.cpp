@@ -35,7 +35,8 @@ namespace {
 /// starts it as soon as the lost process ended; rank 0 may not have seen the
 /// loss yet and turns it away as a latecomer until then: it tries again,
 /// within the handshake timeout (a lost rank 0 must not hold it for the
-/// job's timeout).
+/// job's timeout). Rank 0's port refusing the connection (it listened for
+/// the whole job) ends it at once: the job's rank 0 is gone.
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
                         const std::function<std::string()>& make_info, const std::string& who, const char* op) {
   const auto until = std::chrono::steady_clock::now() + env.handshake_timeout;
@@ -44,6 +45,8 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
     try {
       env = launch_env;
       return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
+    } catch (const PeerLostError& e) {
+      throw PeerLostError(op, who + ", but rank 0's rendezvous did not take it: " + e.detail(), env.rank);
     } catch (const ValueError& e) {
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
       if (std::chrono::steady_clock::now() >= until)
@@ -68,13 +71,20 @@ std::string wait_admission(RankEndpoint& ep, std::chrono::milliseconds timeout, 
   if (!a) throw StateError(op, "the runtime has been shut down", me);
   UserThreadCafScope caf_scope;
   caf::scoped_actor self{a.home_system()};
-  std::string text;
+  std::string text, gone;
   self->request(a, caf::duration(timeout), admitwait_atom::value)
-      .receive([&](std::string& t) { text = std::move(t); },
-               [&](caf::error& e) {
-                 if (e != caf::sec::request_timeout)
-                   throw StateError(op, "the rank actor is gone: " + self->home_system().render(e), me);
-               });
+      .receive(
+          [&](std::string& t, std::string& why) {
+            text = std::move(t);
+            gone = std::move(why);
+          },
+          [&](caf::error& e) {
+            if (e != caf::sec::request_timeout)
+              throw StateError(op, "the rank actor is gone: " + self->home_system().render(e), me);
+          });
+  // (The rank actor answers at once when the members it watches are all lost.)
+  if (!gone.empty())
+    throw PeerLostError(op, "rank " + std::to_string(me) + " waited to join a grown group in vain: " + gone, me);
   return text;
 }
 
@@ -130,6 +140,11 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   caf::actor a;
   auto ep = start_rank_actor(rt, sys, env, &a);
   HostIdentity identity;
+  // Its probe segment is measured only: a replacement publishes none (the
+  // members do not map it), so it goes now, not at the end of this call: a
+  // replacement ended by a signal while it waits for rank 0 leaves nothing
+  // in /dev/shm.
+  identity.release();
   const std::string& host = identity.host_field();
   // The TCP mesh's listener: the members connect to it once they hold this
   // process waiting (TcpMesh::reconnect_peer), before init_process_group returns.

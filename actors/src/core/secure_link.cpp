@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -63,7 +65,7 @@ void SecurePublication::close() {
 caf::actor secure_remote_actor(caf::actor_system& sys, const std::string& host, int port, net::Purpose purpose,
                                const net::Credentials& creds, std::chrono::milliseconds handshake_timeout,
                                std::chrono::steady_clock::time_point deadline, bool retry_until_deadline,
-                               const std::string& peer, const std::string& op) {
+                               const std::string& peer, const std::string& op, const std::string& refused_means) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto next_note = std::chrono::seconds(10);
@@ -77,6 +79,8 @@ caf::actor secure_remote_actor(caf::actor_system& sys, const std::string& host, 
     }
     if (!retry_until_deadline)
       throw PeerLostError(op, "cannot connect to " + peer + ": " + retry.reason, creds.rank);
+    if (!refused_means.empty() && retry.reason == std::strerror(ECONNREFUSED))
+      throw PeerLostError(op, peer + " refused the connection (" + retry.reason + "): " + refused_means, creds.rank);
     if (Clock::now() >= deadline)
       throw TimeoutError(op, "could not reach " + peer + " within " +
                                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - start)

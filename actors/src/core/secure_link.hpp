@@ -45,11 +45,14 @@ class SecurePublication {
 /// net::connect_authenticated for the other failures, TimeoutError when
 /// nothing was reached by `deadline` ("could not reach PEER within ..."),
 /// and PeerLostError / TimeoutError (after the handshake timeout) when
-/// CAF's own handshake fails on the authenticated socket.
+/// CAF's own handshake fails on the authenticated socket. When
+/// `refused_means` is not "", a refused connection is not retried: it
+/// throws PeerLostError at once, saying what the refusal means (a replacement
+/// dialling rank 0, which listened for the whole job: rank 0 is gone).
 caf::actor secure_remote_actor(caf::actor_system& sys, const std::string& host, int port, net::Purpose purpose,
                                const net::Credentials& creds, std::chrono::milliseconds handshake_timeout,
                                std::chrono::steady_clock::time_point deadline, bool retry_until_deadline,
-                               const std::string& peer, const std::string& op);
+                               const std::string& peer, const std::string& op, const std::string& refused_means = {});
 
 /// The address to connect to for a peer that advertised `advertised` (and
 /// bound `bind`, possibly every interface): ranks on the same host whose

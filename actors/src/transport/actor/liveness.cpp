@@ -92,6 +92,7 @@ void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead,
   };
   fail_p2p(recvs, &P2PKey::src, "recv", "sending");
   if (actor_dead) fail_p2p(sends, &P2PKey::dst, "send", "receiving");
+  answer_admission_waiter();  // a newcomer in join_group() whose members are all gone (revive.cpp)
 }
 
 /// Net: heartbeat every peer_timeout / 4; a peer silent for peer_timeout is lost.

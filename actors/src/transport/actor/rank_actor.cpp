@@ -132,12 +132,7 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
         return self->state.revive_when_waiting(peer, std::chrono::milliseconds(timeout_ms));
       },
       [self](admit_atom, std::string& text) { self->state.on_admission(std::move(text)); },
-      [self](admitwait_atom) -> caf::result<std::string> {
-        auto& st = self->state;
-        if (!st.admission.empty()) return std::exchange(st.admission, std::string());
-        st.admission_waiter = self->make_response_promise();
-        return caf::delegated<std::string>();
-      },
+      [self](admitwait_atom) { return self->state.wait_admission(); },
       [self](admitsend_atom, int to, const std::string& text) {
         auto& st = self->state;
         if (to >= 0 && to < st.world && to != st.rank && !st.dead.count(to))

@@ -121,7 +121,7 @@ struct RankState {
   };
   std::map<int, ReviveRequest> revive_requests;  // grow() took a rank whose replacement is not here yet
   std::string admission;                         // a newcomer's: what grow()'s leader sent
-  std::optional<caf::response_promise> admission_waiter;  // join_group() waiting for it
+  std::optional<caf::response_promise> admission_waiter;  // join_group() waiting for it (admitwait)
 
   static const char* name;
 
@@ -208,6 +208,17 @@ struct RankState {
   /// told it was removed (as fence() tells a rank declared lost).
   void fence_stale(int peer, const caf::strong_actor_ptr& sender);
   void on_admission(std::string text);
+  /// A newcomer's join_group() (admitwait): answers (admission, "") once
+  /// grow()'s leader sent it, or ("", why) once no member is left to send
+  /// it (members_gone); until then the promise waits in admission_waiter.
+  caf::result<std::string, std::string> wait_admission();
+  /// A newcomer: "" while some other rank of the job is not lost here (any
+  /// member may lead the grow() that takes it); else why it waits in vain:
+  /// the job ended (every member, rank 0 among them, is gone) or this rank
+  /// was removed from it.
+  std::string members_gone() const;
+  /// After a loss: a join_group() waiting in vain (members_gone) is answered.
+  void answer_admission_waiter();
 
   // --- point to point (transport/actor/p2p.cpp) -------------------------------------------
   Failure lost_failure(const char* op) const;

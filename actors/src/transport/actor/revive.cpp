@@ -81,10 +81,41 @@ std::string RankState::revive(int peer) {
 
 void RankState::on_admission(std::string text) {
   if (admission_waiter) {
-    admission_waiter->deliver(std::move(text));
+    admission_waiter->deliver(std::move(text), std::string());
     admission_waiter.reset();
   } else {
     admission = std::move(text);
+  }
+}
+
+caf::result<std::string, std::string> RankState::wait_admission() {
+  if (!admission.empty()) return {std::exchange(admission, std::string()), std::string()};
+  if (std::string why = members_gone(); !why.empty()) return {std::string(), std::move(why)};
+  admission_waiter = self->make_response_promise();
+  return caf::delegated<std::string, std::string>();
+}
+
+std::string RankState::members_gone() const {
+  const std::string me = "rank " + std::to_string(rank);
+  if (removed) return me + " was removed from the job" + (lost.empty() ? std::string() : ": " + lost.begin()->second);
+  std::string ranks;
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    if (!lost.count(r)) return {};  // alive here: it may still grow a group that takes this rank
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (ranks.empty()) return {};  // a world of one: nobody to wait for, nobody lost either
+  const auto zero = lost.find(0);
+  return "the job ended: its rank 0 and every other member are gone (ranks " + ranks +
+         "), so no member is left to grow a group that takes " + me +
+         (zero != lost.end() && rank != 0 ? " (rank 0: " + zero->second + ")" : std::string());
+}
+
+void RankState::answer_admission_waiter() {
+  if (!admission_waiter) return;
+  if (std::string why = members_gone(); !why.empty()) {
+    admission_waiter->deliver(std::string(), std::move(why));
+    admission_waiter.reset();
   }
 }
 
