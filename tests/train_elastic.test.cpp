@@ -2,7 +2,8 @@
 // process: a checkpoint written by 2 ranks resumed at 3 and 5 simulated ranks,
 // as under torchrun's elastic agent when a node joins (docs/launching.md,
 // "torchrun's elastic agent"). ZeRO's optimizer state, resharded on load, ends
-// bit for bit where DDP's (the whole state on every rank) ends; without
+// bit for bit where DDP's (the whole state on every rank) ends, and its own
+// checkpoints are then of the new rank count; without
 // --elastic the other rank count is refused, naming the flag; per-rank models
 // (post-local SGD) are refused by the Checkpointer, which cannot reshard them.
 #include <sys/wait.h>
@@ -49,6 +50,10 @@ TEST_CASE(
     CHECK(contains(b.out,
                    "the checkpoint was written by 2 ranks, this run has " + std::to_string(ranks) + " (--elastic)"));
     CHECK(contains(b.out, "dopt-train: 20 steps in"));
+    // its checkpoints are of this rank count: resumed again without --elastic
+    const Done c = train(mode, ranks, 50, {"--checkpoint-dir", ck.string(), "--resume", "--quiet"});
+    INFO(c.out);
+    CHECK(c.ok());
   }
   CHECK(slurp((dir.path / "zero.st").string()) == slurp((dir.path / "ddp.st").string()));
 }

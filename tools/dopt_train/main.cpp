@@ -194,6 +194,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
         std::fflush(stdout);
       }
     }
+    // The load replaced the settings with the checkpoint's: with --elastic
+    // the next checkpoints are this run's rank count's.
+    if (plan.run.any_ranks) run_settings["ranks"] = plan.run.to_extras().at("ranks");
     if (!resumed_from.empty()) strategy->resumed(first);
     start = first;
   }
