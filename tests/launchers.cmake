@@ -13,6 +13,7 @@ if(TARGET dopt_collectives_peer AND TARGET dopt-run)
     "elastic-restart|torchrun's elastic agent (c10d, --nnodes 1:2, --max_restarts 3): a worker SIGKILLed, dopt-train resumes in round 1 and ends as an uninterrupted run|120"
     "static-restart|torchrun's static rendezvous with --max_restarts 3: rank 0 SIGKILLed, dopt-train resumes in round 1 and ends as an uninterrupted run|120"
     "elastic-grow|torchrun's elastic agent: a second agent joins, dopt-train --elastic resumes at 4 ranks where the 2 stopped|120"
+    "elastic-shrink|torchrun's elastic agent: the second node dies, dopt-train --elastic resumes its 4 ranks' checkpoint at 2|120"
     "slurm|SLURM's environment, 3 ranks"
     "srun|a real srun and sbatch on a SLURM cluster of this machine, 2 to 4 ranks|240"
     "mpi-battery|DOPT_BACKEND=mpi under mpirun, every collective, 3 ranks"
