@@ -150,6 +150,7 @@ case $scenario in
     check_restart False
     ;;
   static-restart)
+    /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || skip "torch (python3-torch) is not installed: no torchrun"
     restart_worker 0
     torchrun --nproc_per_node 2 --max_restarts 3 --monitor_interval 1 --master_port "$(free_port)" --no_python \
       --redirects 1 --tee 1 "$work/worker.sh" >"$work/out" 2>&1 || fail "torchrun --max_restarts 3 failed"
