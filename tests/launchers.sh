@@ -8,6 +8,28 @@
 #   torchrun      plain torchrun (static rendezvous: its agent holds MASTER_PORT
 #                 with its own store), 2 ranks
 #   standalone    torchrun --standalone, 3 ranks
+#   elastic-restart  torchrun's elastic agent (--nnodes 1:2, c10d rendezvous,
+#                 --max_restarts 3), dopt-train on 2 ranks with checkpoints every
+#                 20 steps: rank 1 SIGKILLed after step 45 in round 0; the agent
+#                 starts round 1 (TORCHELASTIC_RESTART_COUNT=1, a new
+#                 MASTER_PORT), which resumes at step 40 (20 when the save of
+#                 40 was not complete) and ends bit for bit
+#                 where an uninterrupted run under dopt-run ends; nothing of
+#                 round 0's workers left in /dev/shm
+#   static-restart   the same under torchrun's static rendezvous (its agent's
+#                 store on MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True), rank 0
+#                 killed: round 1 meets under the store's attempt_1 keys
+#   elastic-grow  a second agent (a second torchrun, same rendezvous id) joins
+#                 a running 2-rank job (--nnodes 1:2): torch's agents stop the
+#                 workers (SIGTERM: dopt-train checkpoints the step it stops at)
+#                 and start 4; dopt-train --elastic resumes there at 4 ranks and
+#                 ends bit for bit where 2 ranks to that step, then a resume at
+#                 4 ranks under dopt-run, end
+#   elastic-shrink  two agents start a 4-rank job; the second "node" dies
+#                 (its torchrun and workers SIGKILLed): the first agent starts
+#                 round 1 alone, whose 2 ranks resume the 4 ranks' checkpoint
+#                 with --elastic and end bit for bit where 4 ranks to that
+#                 step, then 2 under dopt-run, end
 #   slurm         3 ranks started with SLURM's variables only (as srun sets them)
 #   srun          a real srun and sbatch on a SLURM cluster started here
 #                 (tests/slurm_cluster.sh: two nodes, both this machine): the
@@ -41,6 +63,62 @@ torchrun() {
   /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || skip "torch (python3-torch) is not installed: no torchrun"
   /usr/bin/python3 -m torch.distributed.run "$@"
 }
+train=$build/tools/dopt-train
+# elastic PORT ID [LAST_CALL]: in $ecmd, torchrun's elastic agent (2 workers
+# of $work/worker.sh) with the c10d rendezvous on 127.0.0.1:PORT, run id ID;
+# last_call_timeout LAST_CALL, default 1: a round closes 1 s after its first
+# agent, not 30 s
+elastic() {
+  /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || skip "torch (python3-torch) is not installed: no torchrun"
+  ecmd=(timeout 90 /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 --nnodes 1:2 --nproc_per_node 2
+    --max_restarts 3 --monitor_interval 1 --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$1" --rdzv_id "$2"
+    --rdzv_conf "last_call_timeout=${3:-1}" --no_python "$work/worker.sh")
+}
+# The worker of both restart scenarios: dopt-train on 2 ranks, 100 steps, a
+# checkpoint every 20; in round 0 rank $1 dies (SIGKILL) after step 45.
+restart_worker() {
+  [ -x "$train" ] || fail "no $train: build the dopt-train target"
+  cat >"$work/worker.sh" <<EOF
+#!/bin/bash
+echo "worker pid=\$\$ rank=\$RANK world=\$WORLD_SIZE restart=\$TORCHELASTIC_RESTART_COUNT master_port=\$MASTER_PORT agent_store=\$TORCHELASTIC_USE_AGENT_STORE"
+extra=()
+[ "\$TORCHELASTIC_RESTART_COUNT" = 0 ] && extra=(--kill-rank $1 --kill-at-step 45)
+exec "$train" --steps 100 --hidden 64 --layers 2 --checkpoint-every 20 --checkpoint-dir "$work/ck" --resume \
+  --log-every 20 --dump-params "$work/params.st" "\${extra[@]}"
+EOF
+  chmod +x "$work/worker.sh"
+}
+# After a job: none of its workers' segments left in /dev/shm (named
+# /dopt-<pid>-...), and no rank failed to listen on its port
+no_leftovers() {
+  local pid
+  for pid in $(sed -n 's/.*worker pid=\([0-9]*\) .*/\1/p' "$work/out"); do
+    ! ls /dev/shm | grep -q "^dopt-$pid-" ||
+      fail "worker $pid left $(ls /dev/shm | grep "^dopt-$pid-" | head -n 3 | tr '\n' ' ')in /dev/shm"
+  done
+  ! grep "rendezvous.*cannot listen\|is the port already in use" "$work/out" || fail "a rank could not listen on its port"
+}
+# Round 0 lost a rank after step 45; round 1 (restart 1) resumed from the
+# last complete checkpoint and ended where an uninterrupted run ends. $1: TORCHELASTIC_USE_AGENT_STORE
+check_restart() {
+  for r in 0 1; do
+    grep -q "worker pid=[0-9]* rank=$r world=2 restart=0 .*agent_store=$1" "$work/out" || fail "no rank $r in round 0"
+    grep -q "worker pid=[0-9]* rank=$r world=2 restart=1 .*agent_store=$1" "$work/out" || fail "no rank $r in round 1"
+  done
+  # at step 40, or 20 when the kill came before the save of step 40 was complete
+  # (a checkpoint is written in the background)
+  local step
+  step=$(sed -n "s|.*resuming from $work/ck/step-000000\([24]0\) at step \1\$|\1|p" "$work/out")
+  [ -n "$step" ] || fail "round 1 did not resume at step 40 or 20"
+  grep -q "dopt-train: $((100 - step)) steps in" "$work/out" || fail "round 1 did not train the $((100 - step)) steps left"
+  no_leftovers
+  "$build/tools/dopt-run" --nproc-per-node 2 "$train" --steps 100 --hidden 64 --layers 2 --quiet \
+    --dump-params "$work/ref.st" >"$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "the uninterrupted run failed"; }
+  cmp -s "$work/params.st" "$work/ref.st" || fail "the parameters differ from the uninterrupted run's"
+  echo "round 0: $(grep -m1 "worker pid=[0-9]* rank=0 .*restart=0" "$work/out" | sed 's/.*\(restart=.*\)/\1/')"
+  echo "round 1: $(grep -m1 "worker pid=[0-9]* rank=0 .*restart=1" "$work/out" | sed 's/.*\(restart=.*\)/\1/')"
+  echo "round 1 resumed at step $step; its parameters are byte for byte the uninterrupted run's"
+}
 mpi() {
   command -v mpirun >/dev/null || skip "OpenMPI's mpirun is not installed"
   grep -q "MPI plane enabled\|DOPT_HAVE_MPI:INTERNAL=ON" "$build/CMakeCache.txt" || skip "this build has no MPI plane"
@@ -64,6 +142,109 @@ case $scenario in
     torchrun --standalone --nproc_per_node 3 --no_python --redirects 1 --tee 1 \
       "$peer" battery >"$work/out" 2>&1 || fail "torchrun --standalone failed"
     all_ok 3
+    ;;
+  elastic-restart)
+    restart_worker 1
+    elastic "$(free_port)" "elastic-$$"
+    "${ecmd[@]}" >"$work/out" 2>&1 || fail "torchrun's elastic agent failed"
+    check_restart False
+    ;;
+  static-restart)
+    /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || skip "torch (python3-torch) is not installed: no torchrun"
+    restart_worker 0
+    torchrun --nproc_per_node 2 --max_restarts 3 --monitor_interval 1 --master_port "$(free_port)" --no_python \
+      --redirects 1 --tee 1 "$work/worker.sh" >"$work/out" 2>&1 || fail "torchrun --max_restarts 3 failed"
+    check_restart True
+    ;;
+  elastic-grow)
+    [ -x "$train" ] || fail "no $train: build the dopt-train target"
+    # 2 ranks train until stopped; 4 ranks train 60 steps past the checkpoint they resume from
+    cat >"$work/worker.sh" <<EOF
+#!/bin/bash
+echo "worker pid=\$\$ rank=\$RANK world=\$WORLD_SIZE restart=\$TORCHELASTIC_RESTART_COUNT master_port=\$MASTER_PORT"
+steps=1000000
+if [ "\$WORLD_SIZE" = 4 ]; then
+  last=\$(ls "$work/ck" | grep '^step-[0-9]*\$' | sort | tail -n 1)
+  steps=\$((10#\${last#step-} + 60))
+fi
+exec "$train" --steps \$steps --hidden 64 --layers 2 --checkpoint-every 500 --keep-last 2 --checkpoint-dir "$work/ck" \
+  --resume --elastic --log-every 500 --dump-params "$work/params.st"
+EOF
+    chmod +x "$work/worker.sh"
+    port=$(free_port)
+    elastic "$port" "grow-$$"
+    "${ecmd[@]}" >"$work/out" 2>&1 &
+    first=$!
+    for ((i = 0; i < 300; i++)); do [ -d "$work/ck/step-00000500" ] && break; sleep 0.1; done
+    [ -d "$work/ck/step-00000500" ] || fail "the first agent's 2 ranks wrote no checkpoint"
+    "${ecmd[@]}" >"$work/out2" 2>&1 || {
+      cat "$work/out2" >>"$work/out"
+      fail "the second agent failed"
+    }
+    wait "$first" || fail "the first agent failed"
+    cat "$work/out2" >>"$work/out"
+    step=$(sed -n 's/.*resuming from .* at step \([0-9]*\)$/\1/p' "$work/out" | head -n 1)
+    [ -n "$step" ] || fail "the 4 ranks did not resume"
+    grep -q "interrupted after step $step of 1000000; checkpoint saved" "$work/out" ||
+      fail "the 4 ranks did not resume where the agent stopped the 2"
+    for r in 0 1 2 3; do grep -q "worker pid=[0-9]* rank=$r world=4 " "$work/out" || fail "no rank $r of 4"; done
+    grep -q "the checkpoint was written by 2 ranks, this run has 4 (--elastic)" "$work/out" || fail "no resharding note"
+    grep -q "dopt-train: 60 steps in" "$work/out" || fail "the 4 ranks did not train 60 steps"
+    no_leftovers
+    # the reference: 2 ranks to that step, then 4 ranks from its checkpoint, under dopt-run
+    "$build/tools/dopt-run" --nproc-per-node 2 "$train" --steps "$step" --hidden 64 --layers 2 --checkpoint-dir \
+      "$work/ref" --quiet >"$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "the reference's 2 ranks failed"; }
+    "$build/tools/dopt-run" --nproc-per-node 4 "$train" --steps $((step + 60)) --hidden 64 --layers 2 --checkpoint-dir \
+      "$work/ref" --resume --elastic --quiet --dump-params "$work/ref.st" >"$work/ref.out" 2>&1 ||
+      { cat "$work/ref.out"; fail "the reference's 4 ranks failed"; }
+    cmp -s "$work/params.st" "$work/ref.st" || fail "the parameters differ from the reference's"
+    echo "2 ranks stopped at step $step by the agents' scale-up; 4 ranks resumed there;" \
+      "parameters byte for byte the reference's"
+    ;;
+  elastic-shrink)
+    [ -x "$train" ] || fail "no $train: build the dopt-train target"
+    # 4 ranks train until stopped; 2 ranks train 60 steps past the checkpoint they resume from
+    cat >"$work/worker.sh" <<EOF
+#!/bin/bash
+echo "worker pid=\$\$ rank=\$RANK world=\$WORLD_SIZE restart=\$TORCHELASTIC_RESTART_COUNT master_port=\$MASTER_PORT"
+steps=1000000
+if [ "\$WORLD_SIZE" = 2 ] && [ "\$TORCHELASTIC_RESTART_COUNT" != 0 ]; then
+  last=\$(ls "$work/ck" | grep '^step-[0-9]*\$' | sort | tail -n 1)
+  steps=\$((10#\${last#step-} + 60))
+fi
+exec "$train" --steps \$steps --hidden 64 --layers 2 --checkpoint-every 200 --keep-last 2 --checkpoint-dir "$work/ck" \
+  --resume --elastic --log-every 200 --dump-params "$work/params.st"
+EOF
+    chmod +x "$work/worker.sh"
+    # the first agent's round waits up to 10 s for the second (last_call_timeout)
+    elastic "$(free_port)" "shrink-$$" 10
+    "${ecmd[@]}" >"$work/out" 2>&1 &
+    first=$!
+    sleep 0.5
+    # the second "node": a session of its own ($! is its leader), to end it whole
+    setsid "${ecmd[@]}" >"$work/out2" 2>&1 &
+    second=$!
+    for ((i = 0; i < 600; i++)); do [ -d "$work/ck/step-00000400" ] && break; sleep 0.1; done
+    [ -d "$work/ck/step-00000400" ] || fail "the 4 ranks wrote no checkpoint at step 400"
+    grep -q "worker pid=[0-9]* rank=3 world=4 " "$work/out" "$work/out2" || fail "the job did not start with 4 ranks"
+    kill -KILL -- -"$second" 2>/dev/null
+    wait "$second" 2>/dev/null
+    wait "$first" || fail "the first agent failed"
+    cat "$work/out2" >>"$work/out"
+    step=$(sed -n 's/.*resuming from .* at step \([0-9]*\)$/\1/p' "$work/out" | head -n 1)
+    [ -n "$step" ] || fail "the 2 ranks did not resume"
+    grep -q "the checkpoint was written by 4 ranks, this run has 2 (--elastic)" "$work/out" || fail "no resharding note"
+    for r in 0 1; do grep -q "worker pid=[0-9]* rank=$r world=2 restart=1 " "$work/out" || fail "no rank $r in round 1"; done
+    grep -q "dopt-train: 60 steps in" "$work/out" || fail "the 2 ranks did not train 60 steps"
+    no_leftovers
+    "$build/tools/dopt-run" --nproc-per-node 4 "$train" --steps "$step" --hidden 64 --layers 2 --checkpoint-dir \
+      "$work/ref" --quiet >"$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "the reference's 4 ranks failed"; }
+    "$build/tools/dopt-run" --nproc-per-node 2 "$train" --steps $((step + 60)) --hidden 64 --layers 2 --checkpoint-dir \
+      "$work/ref" --resume --elastic --quiet --dump-params "$work/ref.st" >"$work/ref.out" 2>&1 ||
+      { cat "$work/ref.out"; fail "the reference's 2 ranks failed"; }
+    cmp -s "$work/params.st" "$work/ref.st" || fail "the parameters differ from the reference's"
+    echo "the second node lost; round 1's 2 ranks resumed the 4 ranks' checkpoint of step $step;" \
+      "parameters byte for byte the reference's"
     ;;
   slurm)
     port=$(free_port)

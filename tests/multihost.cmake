@@ -18,7 +18,8 @@ if(TARGET dopt_collectives_peer AND TARGET dopt-run)
     "sharedshm|two network namespaces sharing /dev/shm: the shared-memory plane"
     "ipc|two processes in separate IPC namespaces on one network: hierarchical plane"
     "unreachable|an advertised address nobody has: every rank fails naming it"
-    "mpirun|mpirun across the namespaces: the battery, and DOPT_BACKEND=mpi bit for bit as one host")
+    "mpirun|mpirun across the namespaces: the battery, and DOPT_BACKEND=mpi bit for bit as one host"
+    "torchrun|torchrun's c10d rendezvous across 2 hosts whose own name is 127.0.1.1: the battery")
   foreach(_t IN LISTS _mh_tests)
     string(REPLACE "|" ";" _parts "${_t}")
     list(GET _parts 0 _scenario)

@@ -35,6 +35,11 @@
 #              namespaces with their own /dev/shm: hierarchical plane
 #   unreachable host 1's ranks advertise an address nobody has: every rank
 #              fails naming it, within the handshake bound
+#   torchrun   torchrun's agent with the c10d rendezvous (the backend of
+#              --nnodes MIN:MAX) on each host, each host's /etc/hosts as
+#              Debian writes it (its own name 127.0.1.1, the other host by
+#              its address): MASTER_ADDR is host 0's name, loopback there;
+#              the battery on 2 x 2 ranks, hierarchical plane
 #   mpirun     OpenMPI's mpirun across the namespaces (its daemons started
 #              through an rsh agent that enters them): the battery on the
 #              hierarchical plane, then DOPT_BACKEND=mpi: every collective bit
@@ -100,18 +105,21 @@ chmod 600 "$secret_dir/s"
 export DOPT_JOB_ID=multihost-$$ DOPT_SECRET_FILE=$secret_dir/s DOPT_DEBUG=1
 export DOPT_TIMEOUT_MS=${DOPT_TIMEOUT_MS:-60000}
 
-# in_host I [--same-name] [--shared-shm] CMD...: CMD in host I's namespaces.
+# in_host I [--same-name] [--shared-shm] [--hosts FILE] CMD...: CMD in host I's
+# namespaces (FILE: its /etc/hosts).
 in_host() {
-  local i=$1 name=1 shm=1
+  local i=$1 name=1 shm=1 hosts_file=""
   shift
   while :; do
     case $1 in
       --same-name) name=0; shift ;;
       --shared-shm) shm=0; shift ;;
+      --hosts) hosts_file=$2; shift 2 ;;
       *) break ;;
     esac
   done
   local setup=""
+  [ -n "${hosts_file:-}" ] && setup+="mount --bind $hosts_file /etc/hosts; "
   [ $name = 1 ] && setup+="hostname host$i; "
   [ $shm = 1 ] && setup+="mount -t tmpfs -o size=1g tmpfs /dev/shm; "
   ip netns exec "${tag}h$i" unshare --uts --ipc --mount --propagation private \
@@ -172,6 +180,37 @@ expect_ok() {
 
 t0=$(date +%s)
 case $scenario in
+  torchrun)
+    /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || skip "torch (python3-torch) is not installed: no torchrun"
+    for ((i = 0; i < hosts; i++)); do
+      {
+        echo "127.0.0.1 localhost"
+        for ((j = 0; j < hosts; j++)); do
+          if [ $j = $i ]; then echo "127.0.1.1 host$j"; else echo "10.231.0.$((j + 1)) host$j"; fi
+        done
+      } >"$work/hosts$i"
+    done
+    printf '#!/bin/bash\necho "worker rank=$RANK MASTER_ADDR=$MASTER_ADDR"\nexec %s battery\n' \
+      "$peers/dopt_collectives_peer" >"$work/worker.sh"
+    chmod +x "$work/worker.sh"
+    unset DOPT_JOB_ID  # torchrun's rendezvous id is the job id
+    for ((i = 0; i < hosts; i++)); do
+      in_host "$i" --hosts "$work/hosts$i" timeout 100 /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 \
+        --nnodes "$hosts" --nproc_per_node "$per" --rdzv_backend c10d --rdzv_endpoint "host0:$port" \
+        --rdzv_id "mh-$$" --no_python "$work/worker.sh" >"$work/h$i.out" 2>"$work/h$i.err" &
+      hpid[$i]=$!
+      pids+=($!)
+    done
+    wait_hosts || fail "a host's torchrun failed"
+    cat "$work"/h*.out "$work"/h*.err >"$work/all"
+    for ((r = 0; r < per * hosts; r++)); do
+      grep -q "worker rank=$r MASTER_ADDR=host0$" "$work/all" || fail "rank $r was not given MASTER_ADDR=host0"
+      grep -Eq "(^|[] :])ok $r [0-9]+" "$work/all" || fail "rank $r did not finish"
+    done
+    [ "$(grep -c "the world group runs on the hier plane" "$work/all")" = $((per * hosts)) ] ||
+      fail "not every rank ran on the hierarchical plane"
+    echo "MASTER_ADDR=host0 (127.0.1.1 on host 0, 10.231.0.1 on host 1): every rank ok, hierarchical plane"
+    ;;
   battery | slow | ipv6 | portrange)
     env_extra=()
     if [ "$scenario" = slow ]; then

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -502,6 +503,17 @@ std::string numeric(const sockaddr* sa, socklen_t len) {
   return host;
 }
 
+/// MASTER_ADDR is a host name (not an address, not "localhost").
+bool is_host_name(std::string host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  in6_addr a6{};
+  in_addr a4{};
+  std::string lower = host;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool address = ::inet_pton(AF_INET, host.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+  return !host.empty() && !address && lower != "localhost" && lower.find('%') == std::string::npos;
+}
+
 std::string hostname() {
   char h[256] = {};
   ::gethostname(h, sizeof h - 1);
@@ -522,7 +534,10 @@ std::string route_source(std::string host, int port, bool* loopback) {
   if (is_loopback(res->ai_addr)) {
     if (!loopback) return {};
     *loopback = true;
-    return res->ai_family == AF_INET6 ? "::1" : "127.0.0.1";
+    // The address itself: a host's own name is 127.0.1.1 on Debian, where
+    // a listener on 127.0.0.1 is not reached.
+    const std::string self = numeric(res->ai_addr, res->ai_addrlen);
+    return !self.empty() ? self : res->ai_family == AF_INET6 ? "::1" : "127.0.0.1";
   }
   std::string out;
   const int s = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -576,6 +591,12 @@ BindPlan choose_bind_address(const LaunchEnv& env) {
     // kernel would send from to reach MASTER_ADDR (rank 0: MASTER_ADDR itself).
     bool loopback = false;
     plan.bind = route_source(env.master_addr, env.master_port, &loopback);
+    // A host name that is loopback here while the job spans hosts: rank 0's
+    // host by its own name (torchrun's c10d rendezvous sets MASTER_ADDR so),
+    // which /etc/hosts maps to 127.0.1.1 here and the other hosts to its
+    // address: every interface, as torch's store listens.
+    if (loopback && env.world_size > env.local_world_size && is_host_name(env.master_addr))
+      plan.bind = plan.bind.find(':') != std::string::npos ? "::" : "0.0.0.0";
     if (plan.bind.empty()) plan.bind = "0.0.0.0";  // MASTER_ADDR does not resolve here (yet)
   }
   plan.wildcard = plan.bind == "0.0.0.0" || plan.bind == "::" || plan.bind == "*";

@@ -505,3 +505,38 @@ TEST_CASE("handshake: IPv6 loopback binds and advertises ::1, every interface ad
   env.bind_addr = "0.0.0.0";
   CHECK_FALSE(choose_bind_address(env).advertise.empty());
 }
+
+TEST_CASE("handshake: a loopback MASTER_ADDR binds the address it names, a host name that is loopback here binds every "
+          "interface when the job spans hosts (torchrun's c10d rendezvous)",
+          "[handshake][network]") {
+  LaunchEnv env;
+  env.master_addr = "127.0.0.2";  // rank 0 must listen where the others dial
+  BindPlan p = choose_bind_address(env);
+  CHECK(p.bind == "127.0.0.2");
+  CHECK(p.advertise == "127.0.0.2");
+  env.world_size = 4;  // two hosts of 2 ranks: a written address is kept
+  env.local_world_size = 2;
+  CHECK(choose_bind_address(env).bind == "127.0.0.2");
+  env.master_addr = "localhost";  // "localhost" means this machine: kept too
+  p = choose_bind_address(env);
+  CHECK_FALSE(p.wildcard);
+  CHECK((p.bind.rfind("127.", 0) == 0 || p.bind == "::1"));
+  // This host's own name (torchrun's c10d agent sets MASTER_ADDR so), when it
+  // is loopback here (/etc/hosts: 127.0.0.1 or Debian's 127.0.1.1).
+  char name[256] = {};
+  REQUIRE(::gethostname(name, sizeof name - 1) == 0);
+  LaunchEnv one;
+  one.master_addr = name;
+  const BindPlan alone = choose_bind_address(one);
+  if (alone.bind.rfind("127.", 0) != 0 && alone.bind != "::1") {
+    WARN("this host's name '" << name << "' is not loopback here (bind " << alone.bind << "): not checked");
+    return;
+  }
+  CHECK_FALSE(alone.wildcard);  // one host: stays on the loopback address the name has
+  one.world_size = 4;
+  one.local_world_size = 2;
+  p = choose_bind_address(one);
+  CHECK(p.wildcard);
+  CHECK((p.bind == "0.0.0.0" || p.bind == "::"));
+  CHECK(p.advertise == name);  // the other hosts resolve it to this host's address
+}

@@ -51,6 +51,7 @@ void check_compatible(const std::map<std::string, std::string>& saved, const Run
                       const std::string& folder) {
   std::string diffs;
   for (const auto& [key, value] : run.to_extras()) {
+    if (run.any_ranks && key == "ranks") continue;
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     auto it = saved.find(key);
@@ -59,7 +60,10 @@ void check_compatible(const std::map<std::string, std::string>& saved, const Run
   }
   if (!diffs.empty())
     throw dopt::ValueError("resume", "checkpoint " + folder + " was written by a different run (" + diffs.substr(2) +
-                                         "); resume with the checkpoint's settings");
+                                         "); resume with the checkpoint's settings" +
+                                         (diffs.find("; --ranks:") != std::string::npos
+                                              ? std::string(" (another number of ranks: --elastic)")
+                                              : std::string()));
 }
 
 void CommitLog::add(const dopt::CheckpointCommit& commit) {

@@ -40,6 +40,9 @@ struct RunInfo {
   double diloco_alpha = 0, diloco_outer_lr = 0, diloco_outer_momentum = 0;
   std::string diloco_wire;
   bool diloco_error_feedback = false;
+  /// --elastic: a checkpoint written by another number of ranks is resumed
+  /// too (not saved: it is this run's choice, not the checkpoint's).
+  bool any_ranks = false;
   /// The settings as the checkpoint's extras: key (the flag without "--",
   /// '_' for '-') -> its value as JSON ("\"zero\"", "3", "0.003"); the
   /// post-local-sgd and diloco settings only in their modes.
@@ -49,8 +52,8 @@ struct RunInfo {
 /// ValueError ("resume") listing every setting of `run` that the
 /// checkpoint in `folder` holds otherwise in `saved` (its extras "run"), or
 /// lacks: "checkpoint F was written by a different run (--optim: checkpoint
-/// "zero", this run "ddp"; --ranks: checkpoint 3, this run 2)". An
-/// ExtrasCheck (called on every rank, in the load's first half).
+/// "zero", this run "ddp"; --ranks: checkpoint 3, this run 2)"; --ranks is
+/// not compared when run.any_ranks. An ExtrasCheck (called on every rank, in the load's first half).
 void check_compatible(const std::map<std::string, std::string>& saved, const RunInfo& run, const std::string& folder);
 
 /// Rank 0's committed saves as lines for the lead to print: add() is the

@@ -153,11 +153,13 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   if (layers) model.release_params();
   std::int64_t first = 0;  // where this run started (a replacement: where the members' did)
   std::string resumed_from;  // the checkpoint's folder, when resuming
+  std::string saved_ranks;   // the rank count the checkpoint was written by (JSON), when resuming
   if (ckpt) {
     // The settings first: a load checks them before the model's shapes.
     ckpt->add_extras("run", run_settings, dopt::Placement::replicated,
-                     [&plan](const std::map<std::string, std::string>& saved, const std::string& folder) {
+                     [&plan, &saved_ranks](const std::map<std::string, std::string>& saved, const std::string& folder) {
                        check_compatible(saved, plan.run, folder);
+                       if (auto it = saved.find("ranks"); it != saved.end()) saved_ranks = it->second;
                      });
     strategy->add_to(*ckpt, model.named_params());
     if (!o.resume_from.empty()) {
@@ -174,6 +176,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
         std::fflush(stdout);
       }
     }
+    // The load replaced the settings with the checkpoint's: with --elastic
+    // the next checkpoints are this run's rank count's.
+    if (plan.run.any_ranks) run_settings["ranks"] = plan.run.to_extras().at("ranks");
     if (!resumed_from.empty()) strategy->resumed(first);
     start = first;
   }
@@ -192,6 +197,10 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
                   thousands(shard.size()).c_str());
       if (!resumed_from.empty())
         std::printf("resuming from %s at step %lld\n", resumed_from.c_str(), static_cast<long long>(first));
+      if (!resumed_from.empty() && saved_ranks != std::to_string(world_size))
+        std::printf("dopt-train: note: the checkpoint was written by %s ranks, this run has %d (--elastic): the "
+                    "optimizer state is resharded, the data are dealt over %d ranks from step %lld on\n",
+                    saved_ranks.c_str(), world_size, world_size, static_cast<long long>(first));
       std::fflush(stdout);
     }
   }
@@ -552,6 +561,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"error", "warn"}))
       ->capture_default_str();
   app.add_option("--resume-from", o.resume_from, "Resume from this checkpoint folder (DIR/step-XXXXXXXX)");
+  app.add_flag("--elastic", o.elastic,
+               "Resume a checkpoint written by another number of ranks (torchrun --nnodes MIN:MAX): the optimizer "
+               "state is resharded and the data are dealt over this run's ranks from the checkpoint's step on");
   app.add_option("--metrics", o.metrics,
                  "Write one JSON line per step here (step, loss, accuracy, lr, steps_per_s, time_s, bytes_step, bytes_sent)");
   app.add_option("--svg", o.svg, "Draw the loss curve into this SVG file");
@@ -626,6 +638,7 @@ int main(int argc, char** argv) {
   if (o.resume && o.checkpoint_dir.empty()) return usage_error("--resume needs --checkpoint-dir");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) return usage_error("--checkpoint-every needs --checkpoint-dir");
   if (o.keep_last > 0 && o.checkpoint_dir.empty()) return usage_error("--keep-last needs --checkpoint-dir");
+  if (o.elastic && !o.resume && o.resume_from.empty()) return usage_error("--elastic needs --resume or --resume-from");
   for (const char* f : {"--plsgd-warmup", "--plsgd-period", "--plsgd-local-group"})
     if (o.optim != "post-local-sgd" && app.count(f)) return usage_error(std::string(f) + " needs --optim post-local-sgd");
   for (const char* f : {"--diloco-sync-every", "--diloco-fragments", "--diloco-delay", "--diloco-alpha",
@@ -720,6 +733,7 @@ int main(int argc, char** argv) {
     plan.run.optim = o.optim;
     plan.run.inner = o.inner;
     plan.run.ranks = plan.world_size;
+    plan.run.any_ranks = o.elastic;
     plan.run.seed = o.data.seed;
     plan.run.hidden = o.hidden;
     plan.run.layers = o.layers;

@@ -28,6 +28,7 @@ struct Options {
   bool resume = false;               // --resume given (resume_mode says how)
   std::string resume_mode = "auto";  // auto: the latest checkpoint if any, else from scratch; required
   std::string resume_from;
+  bool elastic = false;              // --elastic: resume a checkpoint of another rank count
   int keep_last = 0;                 // 0: keep every checkpoint
   std::string nonfinite = "error";   // error | warn
   std::string metrics, svg, dump_params;

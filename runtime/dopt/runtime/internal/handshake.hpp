@@ -225,9 +225,12 @@ struct BindPlan {
 
 /// From env: DOPT_BIND_ADDR, else DOPT_SOCKET_IFNAME's address (IPv4, else a
 /// global IPv6 one, else a link-local IPv6 one as "fe80::..%ifname"), else
-/// the loopback address of MASTER_ADDR's family when MASTER_ADDR is a
-/// loopback address, else the local address the kernel routes MASTER_ADDR
-/// through (IPv4 or IPv6). advertise: DOPT_ADVERTISE_ADDR, else the bind
+/// the loopback address MASTER_ADDR resolves to when it is loopback here
+/// ("127.0.1.1" for a host's own name on Debian) - but every interface when
+/// MASTER_ADDR is a host name (not an address, not "localhost") and the job
+/// spans hosts (world_size > local_world_size: the other hosts resolve the
+/// name to this host's address) - else the local address the kernel routes
+/// MASTER_ADDR through (IPv4 or IPv6). advertise: DOPT_ADVERTISE_ADDR, else the bind
 /// address, else (every interface) the address the kernel routes MASTER_ADDR
 /// through, else this host's name. Throws ValueError for an interface
 /// without an address or that does not exist.
