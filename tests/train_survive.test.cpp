@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "dopt/runtime/safetensors.hpp"
@@ -359,4 +360,112 @@ TEST_CASE("dopt-train: a replacement (DOPT_REPLACES) of a run that cannot grow b
     CHECK(WEXITSTATUS(d.status) == 2);
     CHECK(contains(d.out, says));
   }
+}
+
+namespace {
+
+/// One dopt-run of an elastic job (--nnodes 1:2, two ranks per node, on
+/// 127.0.0.1:port) running dopt-train --survive --optim zero.
+Proc start_elastic_node(int node, int port, long steps, const fs::path& dir,
+                        const std::map<std::string, std::string>& env) {
+  std::vector<std::string> argv{kDoptRun,     "--nnodes", "1:2", "--node-rank", std::to_string(node),
+                                "--nproc-per-node", "2",  "--master-port", std::to_string(port),
+                                "--on-failure", "continue", kDoptTrain};
+  for (std::string a : {"--optim", "zero", "--survive", "--hidden", "64", "--layers", "3", "--log-every", "10"})
+    argv.push_back(a);
+  for (const std::string& a : {std::string("--steps"), std::to_string(steps), std::string("--metrics"),
+                               (dir / "m.jsonl").string(), std::string("--dump-params"), (dir / "p.st").string()})
+    argv.push_back(a);
+  return start(argv, env);
+}
+
+/// Waits (at most 60 s) until `p`'s output holds `text`.
+bool wait_for_output(const Proc& p, const std::string& text) {
+  for (int i = 0; i < 600; ++i) {
+    if (contains(slurp(p.out_path), text)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1 arrives while it trains and its 2 "
+          "ranks join, every rank ends with the same parameters",
+          "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-elastic", "grow");
+  const long steps = 1500;
+  const int port = free_port();
+  auto env = kTrainEnv;
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
+  // Node 0 trains (its lead printed step 10) before node 1 starts.
+  const bool training = wait_for_output(node0, "step 10/");
+  const Proc node1 = start_elastic_node(1, port, steps, dir.path, env);
+  const Done d1 = wait(node1);
+  const Done d0 = wait(node0);
+  INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out);
+  CHECK(training);
+  CHECK(d0.ok());
+  CHECK(d1.ok());
+  // The job started with ranks 0 and 1; ranks 2 and 3 took their vacant slots.
+  CHECK(contains(d0.out, ", 2 ranks, MLP"));
+  CHECK(contains(d1.out, "[rank 2] dopt-train: rank 2 (replacement, incarnation 1) rejoined the job at step "));
+  CHECK(contains(d1.out, "[rank 3] dopt-train: rank 3 (replacement, incarnation 1) rejoined the job at step "));
+  CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
+  CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d0.out + d1.out, "error"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
+  // --dump-params: the grown group's four ranks, each with the same parameters, bitwise.
+  const dopt::SafetensorsFile f = dopt::read_safetensors((dir.path / "p.st").string());
+  CHECK(f.metadata.at("step") == std::to_string(steps));
+  std::size_t names = 0;
+  for (const auto& [name, t] : f.tensors) {
+    CHECK(name.rfind("rank4.", 0) != 0);
+    if (name.rfind("rank0.", 0) != 0) continue;
+    ++names;
+    const std::string rest = name.substr(6);
+    for (const std::string& other : {"rank1." + rest, "rank2." + rest, "rank3." + rest}) {
+      INFO(other);
+      REQUIRE(f.tensors.count(other) == 1);
+      CHECK(f.tensors.at(other).to_vector<float>() == t.to_vector<float>());
+    }
+  }
+  CHECK(names == 2 * 4);  // --layers 3: four linear layers, weight and bias
+}
+
+TEST_CASE("dopt-run --nnodes 1:2: a late node without the job's secret is refused, and the job goes on without it",
+          "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-elastic", "refused");
+  const long steps = 1000;
+  const int port = free_port();
+  auto env = kTrainEnv;
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
+  const bool training = wait_for_output(node0, "step 10/");
+  env["DOPT_SECRET"] = "not-the-jobs-secret-0123456789abc";
+  const fs::path other = dir.path / "late";
+  fs::create_directories(other);
+  const Done d1 = wait(start_elastic_node(1, port, steps, other, env));
+  const Done d0 = wait(node0);
+  INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out);
+  CHECK(training);
+  CHECK_FALSE(d1.ok());
+  CHECK(contains(d1.out, "[rank 2] "));
+  CHECK(contains(d1.out, "AuthenticationError"));
+  CHECK(contains(d1.out, "could not prove that it knows this job's secret"));
+  CHECK(d0.ok());
+  CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d0.out, "rejoined"));
+  CHECK_FALSE(contains(d0.out, "error"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
+  const dopt::SafetensorsFile f = dopt::read_safetensors((dir.path / "p.st").string());
+  std::size_t rank1 = 0;
+  for (const auto& [name, t] : f.tensors) {
+    CHECK(name.rfind("rank2.", 0) != 0);
+    if (name.rfind("rank1.", 0) == 0) ++rank1;
+  }
+  CHECK(rank1 == 2 * 4);
 }
