@@ -394,7 +394,7 @@ TEST_CASE("dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1
           "ranks join, every rank ends with the same parameters",
           "[train][survive][multiprocess]") {
   TempDir dir("dopt-train-elastic", "grow");
-  const long steps = 1500;
+  const long steps = 5000;  // node 1 joins within about 1000 steps on a quiet machine
   const int port = free_port();
   auto env = kTrainEnv;
   env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
@@ -410,7 +410,7 @@ TEST_CASE("dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1
   CHECK(d0.ok());
   CHECK(d1.ok());
   // The job started with ranks 0 and 1; ranks 2 and 3 took their vacant slots.
-  CHECK(contains(d0.out, ", 2 ranks, MLP"));
+  CHECK(contains(d0.out, " parameters), 2 processes, ZeRO(Adam)"));
   CHECK(contains(d1.out, "[rank 2] dopt-train: rank 2 (replacement, incarnation 1) rejoined the job at step "));
   CHECK(contains(d1.out, "[rank 3] dopt-train: rank 3 (replacement, incarnation 1) rejoined the job at step "));
   CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
@@ -438,7 +438,7 @@ TEST_CASE("dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1
 TEST_CASE("dopt-run --nnodes 1:2: a late node without the job's secret is refused, and the job goes on without it",
           "[train][survive][multiprocess]") {
   TempDir dir("dopt-train-elastic", "refused");
-  const long steps = 1000;
+  const long steps = 4000;  // node 0 still runs when node 1 is refused
   const int port = free_port();
   auto env = kTrainEnv;
   env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
@@ -453,8 +453,8 @@ TEST_CASE("dopt-run --nnodes 1:2: a late node without the job's secret is refuse
   INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out);
   CHECK(training);
   CHECK_FALSE(d1.ok());
-  CHECK(contains(d1.out, "[rank 2] "));
-  CHECK(contains(d1.out, "AuthenticationError"));
+  CHECK(contains(d1.out, "[rank 2] dopt-train: error: rendezvous [rank 2]: rank 0 at 127.0.0.1:"));
+  CHECK(contains(d1.out, "[rank 3] dopt-train: error: rendezvous [rank 3]: rank 0 at 127.0.0.1:"));
   CHECK(contains(d1.out, "could not prove that it knows this job's secret"));
   CHECK(d0.ok());
   CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
