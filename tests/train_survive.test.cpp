@@ -368,9 +368,10 @@ namespace {
 /// 127.0.0.1:port) running dopt-train --survive --optim zero.
 Proc start_elastic_node(int node, int port, long steps, const fs::path& dir,
                         const std::map<std::string, std::string>& env) {
-  std::vector<std::string> argv{kDoptRun,     "--nnodes", "1:2", "--node-rank", std::to_string(node),
-                                "--nproc-per-node", "2",  "--master-port", std::to_string(port),
-                                "--on-failure", "continue", kDoptTrain};
+  std::vector<std::string> argv{
+      kDoptRun,           "--nnodes", "1:2",           "--node-rank",        std::to_string(node),
+      "--nproc-per-node", "2",        "--master-port", std::to_string(port), "--on-failure",
+      "continue",         kDoptTrain};
   for (std::string a : {"--optim", "zero", "--survive", "--hidden", "64", "--layers", "3", "--log-every", "10"})
     argv.push_back(a);
   for (const std::string& a : {std::string("--steps"), std::to_string(steps), std::string("--metrics"),
@@ -390,9 +391,10 @@ bool wait_for_output(const Proc& p, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1 arrives while it trains and its 2 "
-          "ranks join, every rank ends with the same parameters",
-          "[train][survive][multiprocess]") {
+TEST_CASE(
+    "dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1 arrives while it trains and its 2 "
+    "ranks join, every rank ends with the same parameters",
+    "[train][survive][multiprocess]") {
   TempDir dir("dopt-train-elastic", "grow");
   const long steps = 5000;  // node 1 joins within about 1000 steps on a quiet machine
   const int port = free_port();

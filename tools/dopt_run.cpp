@@ -226,7 +226,8 @@ std::vector<std::string> child_environment(const Config& c, int local_rank, int 
   if (!c.secret_file.empty()) extra.emplace_back("DOPT_SECRET_FILE", c.secret_file);
   // (Never passed on from dopt-run's own environment: only a replacement has them.)
   const std::set<std::string> replacement_keys = {"DOPT_REPLACES", "DOPT_INCARNATION", "DOPT_MIN_WORLD_SIZE"};
-  if (c.nnodes_min < c.nnodes) extra.emplace_back("DOPT_MIN_WORLD_SIZE", std::to_string(c.nproc_per_node * c.nnodes_min));
+  if (c.nnodes_min < c.nnodes)
+    extra.emplace_back("DOPT_MIN_WORLD_SIZE", std::to_string(c.nproc_per_node * c.nnodes_min));
   if (late_node(c)) ++incarnation;
   if (incarnation > 0) {
     extra.emplace_back("DOPT_REPLACES", std::to_string(c.node_rank * c.nproc_per_node + local_rank));

@@ -152,7 +152,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
         for (int r = 0; r < st.required; ++r)
           if (!st.have[static_cast<std::size_t>(r)]) missing.push_back(r);
         notice("rendezvous [rank 0]: " + std::to_string(st.required_in) + " of " + std::to_string(st.required) +
-               (st.required < st.world ? " required" : "") + " ranks have joined after " + std::to_string(after_ms / 1000) + " s; waiting for rank" +
+               (st.required < st.world ? " required" : "") + " ranks have joined after " +
+               std::to_string(after_ms / 1000) + " s; waiting for rank" +
                (missing.size() == 1 ? " " : "s ") + join_ranks(missing) + " (the limit is " +
                std::to_string(timeout_ms / 1000) + " s; a rank that never started, or that cannot reach " +
                "this one, is the usual cause)");
@@ -629,7 +630,8 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     replacements->settle = 2 * env.handshake_timeout;
     impl->replacements = replacements;
     if (key.empty()) key = random_key("rendezvous", rank);
-    impl->mine = sys.spawn(detail::coordinator, env.world_size, required, static_cast<std::int64_t>(timeout.count()), closed,
+    impl->mine = sys.spawn(detail::coordinator, env.world_size, required,
+                           static_cast<std::int64_t>(timeout.count()), closed,
                            env.secret.empty() ? key : std::string(), replacements);
     impl->coord = impl->mine;
     // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
@@ -654,7 +656,8 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     // 4 * world + 32 admissions the rendezvous refuses, naming why.
     const int max_admitted = env.secret.empty() ? 4 * world + 32 : -1;
     auto admitted = std::make_shared<std::atomic<int>>(0);
-    o.admit = [closed, world, required, job, max_admitted, admitted, replacements](const net::PeerHello& p) -> std::string {
+    o.admit = [closed, world, required, job, max_admitted, admitted,
+               replacements](const net::PeerHello& p) -> std::string {
       // Once the world is up, only the replacement of a rank rank 0 sees lost
       // comes in (its coordinator checks the rest); it presents Purpose::rejoin,
       // so a starting rank is never taken for one.

@@ -50,7 +50,8 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
       if (std::chrono::steady_clock::now() >= until)
         throw ValueError(op, who + ", but rank 0 did not admit it within " + std::to_string(patience.count()) +
-                                 " ms (" + (patience == env.handshake_timeout ? "the handshake timeout" : "the timeout") +
+                                 " ms (" +
+                                 (patience == env.handshake_timeout ? "the handshake timeout" : "the timeout") +
                                  "): " + e.detail(),
                          env.rank);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
