@@ -395,10 +395,16 @@ TEST_CASE(
     "dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1 arrives while it trains and its 2 "
     "ranks join, every rank ends with the same parameters",
     "[train][survive][multiprocess]") {
-  TempDir dir("dopt-train-elastic", "grow");
-  const long steps = 5000;  // node 1 joins within about 1000 steps on a quiet machine
+  // auto: the actor plane over the TCP mesh (an elastic world takes it: a
+  // later node may be on another host); shm: the shared-memory plane.
+  const std::string transport = GENERATE("auto", "shm");
+  INFO("DOPT_TRANSPORT=" << transport);
+  TempDir dir("dopt-train-elastic", "grow-" + transport);
+  const long steps = 3000;  // node 1's ranks joined within 1000 steps in every run seen
   const int port = free_port();
   auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = transport;
+  env["DOPT_DEBUG"] = "1";
   env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
   env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
   const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
@@ -418,6 +424,8 @@ TEST_CASE(
   CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
   CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
   CHECK_FALSE(contains(d0.out + d1.out, "error"));
+  CHECK(contains(d0.out, "[rank 0]: the world group runs on the " + std::string(transport == "shm" ? "shm" : "tcp") +
+                             " plane"));
   require_every_step_once(dir.path / "m.jsonl", steps);
   // --dump-params: the grown group's four ranks, each with the same parameters, bitwise.
   const dopt::SafetensorsFile f = dopt::read_safetensors((dir.path / "p.st").string());

@@ -123,7 +123,10 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   };
   for (int r : present)
     if (infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0) elsewhere.push_back(r);
-  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty();
+  // With vacant slots the newcomers may come from other hosts, so an auto
+  // choice takes the TCP mesh even when the ranks present share this host
+  // (DOPT_TRANSPORT=shm keeps the job on this host's shared memory).
+  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty() || (vacant && plane_choice == "auto");
   if (use_tcp && plane_choice == "shm") {
     std::string who;
     for (int r : elsewhere) who += (who.empty() ? "" : ", ") + std::to_string(r);
