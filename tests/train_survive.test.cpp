@@ -479,3 +479,44 @@ TEST_CASE("dopt-run --nnodes 1:2: a late node without the job's secret is refuse
   }
   CHECK(rank1 == 2 * 4);
 }
+
+TEST_CASE(
+    "dopt-run --nnodes 1:2: a second node 1 while node 1's ranks are in the job is refused at once, and the job "
+    "goes on",
+    "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-elastic", "twice");
+  const long steps = 6000;  // the job still runs when the second node 1 comes
+  const int port = free_port();
+  auto env = kTrainEnv;
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
+  const bool training = wait_for_output(node0, "step 10/");
+  const Proc node1 = start_elastic_node(1, port, steps, dir.path, env);
+  const bool grown = wait_for_output(node0, "; 4 ranks go on (--survive)");
+  const fs::path other = dir.path / "again";
+  fs::create_directories(other);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Done again = wait(start_elastic_node(1, port, steps, other, env));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Done d1 = wait(node1);
+  const Done d0 = wait(node0);
+  INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out << "\nnode 1 again:\n" << again.out);
+  CHECK(training);
+  CHECK(grown);
+  CHECK_FALSE(again.ok());
+  for (const std::string r : {"2", "3"})
+    CHECK(contains(again.out, "[rank " + r + "] dopt-train: error: init_process_group [rank " + r +
+                                  "]: this process takes rank " + r +
+                                  "'s vacant slot (incarnation 1, DOPT_REPLACES set "
+                                  "by dopt-run --nnodes MIN:MAX on a node that joins the running job), but another "
+                                  "process holds rank " +
+                                  r +
+                                  "'s slot already (a node started twice with the same "
+                                  "--node-rank?)"));
+  CHECK(took < 10);  // refused at once, not after the job's timeout (30 s)
+  CHECK(d0.ok());
+  CHECK(d1.ok());
+  CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
+}

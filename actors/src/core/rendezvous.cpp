@@ -239,7 +239,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
           if (incarnation <= last)
             return refuse(k_value, "incarnation " + std::to_string(incarnation) + " of rank " +
                                        std::to_string(rank) + " is stale: incarnation " + std::to_string(last) +
-                                       " was admitted already");
+                                       " was admitted already (another process took rank " + std::to_string(rank) +
+                                       "'s slot)");
           last = incarnation;
         }
         const auto i = static_cast<std::size_t>(rank);

@@ -36,10 +36,11 @@ namespace {
 /// loss yet and turns it away as a latecomer until then: it tries again,
 /// within the handshake timeout (a lost rank 0 must not hold it for the
 /// job's timeout). A newcomer of a vacant slot tries for `patience` (rank 0
-/// admits one newcomer at a time, and the job may not have started yet).
+/// admits one newcomer at a time, and the job may not have started yet);
+/// its slot alive in rank 0's view is taken by another process: refused at once.
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
                         const std::function<std::string()>& make_info, const std::string& who, const char* op,
-                        std::chrono::milliseconds patience) {
+                        std::chrono::milliseconds patience, bool vacant_slot) {
   const auto until = std::chrono::steady_clock::now() + patience;
   const LaunchEnv launch_env = env;
   for (;;) {
@@ -48,6 +49,10 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
       return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
     } catch (const ValueError& e) {
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
+      if (vacant_slot && e.detail().find("is alive in rank 0's view") != std::string::npos)
+        throw ValueError(op, who + ", but another process holds rank " + std::to_string(env.rank) +
+                                 "'s slot already (a node started twice with the same --node-rank?): " + e.detail(),
+                         env.rank);
       if (std::chrono::steady_clock::now() >= until)
         throw ValueError(op, who + ", but rank 0 did not admit it within " + std::to_string(patience.count()) +
                                  " ms (" +
@@ -158,7 +163,8 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
     return my_info;
   };
   RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op,
-                                vacant_slot ? std::max(env.handshake_timeout, options.timeout) : env.handshake_timeout);
+                                vacant_slot ? std::max(env.handshake_timeout, options.timeout) : env.handshake_timeout,
+                                vacant_slot);
   const auto& payloads = rendezvous_payloads(rdv);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> members;
