@@ -35,6 +35,15 @@
 //       without growing; the replacement's join_group() (the handle's
 //       timeout, DOPT_TIMEOUT_MS, is long) must fail with PeerLostError
 //       naming the call, its rank and the job's end, within 10 s.
+//   dopt_grow_peer elastic
+//       an elastic world (DOPT_MIN_WORLD_SIZE = MIN of WORLD_SIZE): ranks
+//       below MIN start it and check that the world group is them (size,
+//       rank, an all_reduce); the others are newcomers of vacant slots
+//       (DOPT_REPLACES, as dopt-run --nnodes MIN:MAX starts a later node's
+//       ranks) and join_group(). Every member asks newcomers_waiting() in
+//       each round and grows by the one admitted (one at a time), a newcomer
+//       takes part from the round after its join, until the group has every
+//       rank (30 s at most); then all_reduce over it, the sum of RANK + 1.
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
 #include <unistd.h>
@@ -238,19 +247,52 @@ long abandoned_scenario(ProcessGroup& world, int me, int victim, int hold_ms) {
   return c.checks;  // and end without growing
 }
 
+long elastic_scenario(ProcessGroup& world, int me) {
+  dopt::testing::Checker c{me};
+  const int n = std::atoi(std::getenv("WORLD_SIZE"));
+  const int min = std::atoi(std::getenv("DOPT_MIN_WORLD_SIZE"));
+  ProcessGroup g = world;
+  if (std::getenv("DOPT_REPLACES")) {
+    auto j = world.join_group();
+    c.expect(j.joined == std::vector<int>{me}, "the newcomer joined alone (one at a time)");
+    g = j.group;
+  } else {
+    c.expect(world.size() == min && world.rank() == me, "the world group is the ranks that started the job");
+    check_sum(c, world, min, me, "all_reduce over the ranks present");
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (g.size() < n && std::chrono::steady_clock::now() < until) {
+    if (const int waiting = g.newcomers_waiting(); waiting > 0) {
+      c.expect(waiting == 1, "one newcomer at a time");
+      auto grown = g.grow({.newcomers = waiting});
+      g = grown.group;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  c.expect(g.size() == n, "the group has every rank");
+  c.expect(g.rank() == me, "group ranks are world ranks");
+  check_sum(c, g, n, me, "all_reduce over the full group");
+  g.barrier();
+  return c.checks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
-    if (mode == "refused") return refused_scenario(world, rank);
-    if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
-    if (mode == "grown" && argc > 3) return grown_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
-    if (mode == "cycles" && argc > 3) return cycles_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
-    if (mode == "abandoned" && argc > 2)
-      return abandoned_scenario(world, rank, std::stoi(argv[2]), argc > 3 ? std::stoi(argv[3]) : 0);
-    throw dopt::testing::Usage{
-        "dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM "
-        "KILLS | abandoned VICTIM [HOLD_MS]"};
-  }, /*leave_together=*/false);
+  return dopt::testing::run_peer(
+      [&](ProcessGroup& world, int rank) -> long {
+        if (mode == "refused") return refused_scenario(world, rank);
+        if (mode == "replaced" && argc > 3) return replaced_scenario(world, rank, std::stoi(argv[2]), argv[3]);
+        if (mode == "grown" && argc > 3) return grown_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
+        if (mode == "cycles" && argc > 3) return cycles_scenario(world, rank, std::stoi(argv[2]), std::stoi(argv[3]));
+        if (mode == "abandoned" && argc > 2)
+          return abandoned_scenario(world, rank, std::stoi(argv[2]), argc > 3 ? std::stoi(argv[3]) : 0);
+        if (mode == "elastic") return elastic_scenario(world, rank);
+        throw dopt::testing::Usage{
+            "dopt_grow_peer refused | replaced VICTIM MARK | grown VICTIM WAIT_MS | cycles VICTIM KILLS | abandoned "
+            "VICTIM [HOLD_MS] | elastic"};
+      },
+      /*leave_together=*/false);
 }

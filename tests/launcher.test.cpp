@@ -356,6 +356,47 @@ TEST_CASE("dopt-run: usage errors exit 2, a missing program is reported", "[laun
   CHECK(passthrough.out == "[rank 0] --nproc-per-node --bogus\n");
 }
 
+TEST_CASE("dopt-run: --nnodes MIN:MAX, its usage errors name the option, and a late node's ranks start as newcomers",
+          "[launch]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
+      {{"--nnodes", "3:2", "--on-failure", "continue"}, "--nnodes 3:2: MIN 3 is larger than MAX 2"},
+      {{"--nnodes", "0:2", "--on-failure", "continue"}, "--nnodes 0:2: MIN must be a whole number >= 1"},
+      {{"--nnodes", "1:x", "--on-failure", "continue"}, "--nnodes 1:x: MAX must be a whole number >= 1"},
+      {{"--nnodes", "1:2"},
+       "--nnodes 1:2 needs --on-failure continue or replace: the job starts without the ranks "
+       "of node 1"},
+      {{"--nnodes", "1:3", "--on-failure", "stop"}, "without the ranks of nodes 1..2"},
+      {{"--nnodes", "1:2", "--node-rank", "2", "--on-failure", "continue"},
+       "--node-rank 2 must be less than --nnodes MAX 2"},
+  };
+  for (const auto& [extra, says] : refused) {
+    std::vector<std::string> args{"--nproc-per-node", "1", "--master-port", "29999"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("/bin/true");
+    const Result r = run_dopt_run(args);
+    INFO(r.err);
+    REQUIRE(r.exited());
+    CHECK(r.code() == 2);
+    CHECK(contains(r.err, says));
+  }
+  // Node 0 of 1:3 (2 ranks each) starts the job; node 2 arrives later: its
+  // ranks are newcomers of slots 4 and 5 of 6.
+  const std::string show =
+      "echo $RANK $WORLD_SIZE $GROUP_WORLD_SIZE $DOPT_MIN_WORLD_SIZE r=$DOPT_REPLACES "
+      "i=$DOPT_INCARNATION";
+  for (const auto& [node, want] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"0", {"0 6 3 2 r= i=", "1 6 3 2 r= i="}}, {"2", {"4 6 3 2 r=4 i=1", "5 6 3 2 r=5 i=1"}}}) {
+    const Result r = run_dopt_run({"--nproc-per-node", "2", "--nnodes", "1:3", "--node-rank", node, "--master-port",
+                                   "29999", "--on-failure", "continue", "--no-prefix", "/bin/sh", "-c", show});
+    INFO(r.out << r.err);
+    REQUIRE(r.exited());
+    CHECK(r.code() == 0);
+    std::vector<std::string> got = lines_of(r.out);
+    std::sort(got.begin(), got.end());
+    CHECK(got == want);
+  }
+}
+
 TEST_CASE("dopt-run: one node gets a job id and a secret file only the user can read, removed at the end",
           "[launch][reliability]") {
   const Result r = run_dopt_run({"--nproc-per-node", "2", "/bin/sh", "-c",

@@ -547,3 +547,34 @@ TEST_CASE("continue: dopt-run's exit status under --on-failure continue is the o
       CHECK(contains(text, rule));
   }
 }
+
+TEST_CASE(
+    "replace: an elastic world of 3 (2 start) and of 5 (3 start), started by hand: the newcomers of the vacant "
+    "slots join one at a time and the group grows to every rank (tcp, shm)",
+    "[replace][multiprocess]") {
+  const std::string transport = GENERATE("auto", "shm");
+  for (const auto& [n, min] : std::vector<std::pair<int, int>>{{3, 2}, {5, 3}}) {
+    INFO("DOPT_TRANSPORT=" << transport << ", world " << n << ", " << min << " start it");
+    const int port = free_port();
+    std::vector<Proc> ps;
+    // Every process at once: the newcomers wait until the world is up.
+    for (int r = 0; r < n; ++r) {
+      auto e = rank_env(r, n, port);
+      e["DOPT_MIN_WORLD_SIZE"] = std::to_string(min);
+      e["DOPT_TRANSPORT"] = transport;
+      e["DOPT_SECRET"] = "the-elastic-worlds-secret-0123456789";
+      if (r >= min) {
+        e["DOPT_REPLACES"] = std::to_string(r);
+        e["DOPT_INCARNATION"] = "1";
+      }
+      ps.push_back(start({kGrowPeer, "elastic"}, e));
+    }
+    for (int r = 0; r < n; ++r) {
+      const Done d = wait(ps[static_cast<std::size_t>(r)]);
+      INFO("rank " << r << ": " << d.out);
+      CHECK(d.ok());
+      CHECK(contains(d.out, "ok " + std::to_string(r) + " "));
+      CHECK_FALSE(contains(d.out, "error"));
+    }
+  }
+}

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "dopt/runtime/safetensors.hpp"
@@ -386,4 +387,165 @@ TEST_CASE("dopt-train: a replacement (DOPT_REPLACES) of a run that cannot grow b
     CHECK(WEXITSTATUS(d.status) == 2);
     CHECK(contains(d.out, says));
   }
+}
+
+namespace {
+
+/// One dopt-run of an elastic job (--nnodes 1:2, two ranks per node, on
+/// 127.0.0.1:port) running dopt-train --survive --optim zero.
+Proc start_elastic_node(int node, int port, long steps, const fs::path& dir,
+                        const std::map<std::string, std::string>& env) {
+  std::vector<std::string> argv{
+      kDoptRun,           "--nnodes", "1:2",           "--node-rank",        std::to_string(node),
+      "--nproc-per-node", "2",        "--master-port", std::to_string(port), "--on-failure",
+      "continue",         kDoptTrain};
+  for (std::string a : {"--optim", "zero", "--survive", "--hidden", "64", "--layers", "3", "--log-every", "10"})
+    argv.push_back(a);
+  for (const std::string& a : {std::string("--steps"), std::to_string(steps), std::string("--metrics"),
+                               (dir / "m.jsonl").string(), std::string("--dump-params"), (dir / "p.st").string()})
+    argv.push_back(a);
+  return start(argv, env);
+}
+
+/// Waits (at most 60 s) until `p`'s output holds `text`.
+bool wait_for_output(const Proc& p, const std::string& text) {
+  for (int i = 0; i < 600; ++i) {
+    if (contains(slurp(p.out_path), text)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "dopt-run --nnodes 1:2: node 0 starts the job with its 2 ranks, node 1 arrives while it trains and its 2 "
+    "ranks join, every rank ends with the same parameters",
+    "[train][survive][multiprocess]") {
+  // auto: the actor plane over the TCP mesh (an elastic world takes it: a
+  // later node may be on another host); shm: the shared-memory plane.
+  const std::string transport = GENERATE("auto", "shm");
+  INFO("DOPT_TRANSPORT=" << transport);
+  TempDir dir("dopt-train-elastic", "grow-" + transport);
+  const long steps = 3000;  // node 1's ranks joined within 1000 steps in every run seen
+  const int port = free_port();
+  auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = transport;
+  env["DOPT_DEBUG"] = "1";
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
+  // Node 0 trains (its lead printed step 10) before node 1 starts.
+  const bool training = wait_for_output(node0, "step 10/");
+  const Proc node1 = start_elastic_node(1, port, steps, dir.path, env);
+  const Done d1 = wait(node1);
+  const Done d0 = wait(node0);
+  INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out);
+  CHECK(training);
+  CHECK(d0.ok());
+  CHECK(d1.ok());
+  // The job started with ranks 0 and 1; ranks 2 and 3 took their vacant slots.
+  CHECK(contains(d0.out, " parameters), 2 processes, ZeRO(Adam)"));
+  CHECK(contains(d1.out, "[rank 2] dopt-train: rank 2 (replacement, incarnation 1) rejoined the job at step "));
+  CHECK(contains(d1.out, "[rank 3] dopt-train: rank 3 (replacement, incarnation 1) rejoined the job at step "));
+  CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
+  CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d0.out + d1.out, "error"));
+  CHECK(contains(d0.out, "[rank 0]: the world group runs on the " + std::string(transport == "shm" ? "shm" : "tcp") +
+                             " plane"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
+  // --dump-params: the grown group's four ranks, each with the same parameters, bitwise.
+  const dopt::SafetensorsFile f = dopt::read_safetensors((dir.path / "p.st").string());
+  CHECK(f.metadata.at("step") == std::to_string(steps));
+  std::size_t names = 0;
+  for (const auto& [name, t] : f.tensors) {
+    CHECK(name.rfind("rank4.", 0) != 0);
+    if (name.rfind("rank0.", 0) != 0) continue;
+    ++names;
+    const std::string rest = name.substr(6);
+    for (const std::string& other : {"rank1." + rest, "rank2." + rest, "rank3." + rest}) {
+      INFO(other);
+      REQUIRE(f.tensors.count(other) == 1);
+      CHECK(f.tensors.at(other).to_vector<float>() == t.to_vector<float>());
+    }
+  }
+  CHECK(names == 2 * 4);  // --layers 3: four linear layers, weight and bias
+}
+
+TEST_CASE("dopt-run --nnodes 1:2: a late node without the job's secret is refused, and the job goes on without it",
+          "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-elastic", "refused");
+  const long steps = 3000;  // node 0 still runs when node 1 is refused
+  const int port = free_port();
+  auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = "shm";  // (the faster plane on one host: the refusal does not depend on it)
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
+  const bool training = wait_for_output(node0, "step 10/");
+  env["DOPT_SECRET"] = "not-the-jobs-secret-0123456789abc";
+  const fs::path other = dir.path / "late";
+  fs::create_directories(other);
+  const Done d1 = wait(start_elastic_node(1, port, steps, other, env));
+  const Done d0 = wait(node0);
+  INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out);
+  CHECK(training);
+  CHECK_FALSE(d1.ok());
+  CHECK(contains(d1.out, "[rank 2] dopt-train: error: rendezvous [rank 2]: rank 0 at 127.0.0.1:"));
+  CHECK(contains(d1.out, "[rank 3] dopt-train: error: rendezvous [rank 3]: rank 0 at 127.0.0.1:"));
+  CHECK(contains(d1.out, "could not prove that it knows this job's secret"));
+  CHECK(d0.ok());
+  CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d0.out, "rejoined"));
+  CHECK_FALSE(contains(d0.out, "error"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
+  const dopt::SafetensorsFile f = dopt::read_safetensors((dir.path / "p.st").string());
+  std::size_t rank1 = 0;
+  for (const auto& [name, t] : f.tensors) {
+    CHECK(name.rfind("rank2.", 0) != 0);
+    if (name.rfind("rank1.", 0) == 0) ++rank1;
+  }
+  CHECK(rank1 == 2 * 4);
+}
+
+TEST_CASE(
+    "dopt-run --nnodes 1:2: a second node 1 while node 1's ranks are in the job is refused at once, and the job "
+    "goes on",
+    "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-elastic", "twice");
+  const long steps = 3000;  // the job still runs when the second node 1 comes
+  const int port = free_port();
+  auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = "shm";  // (the faster plane on one host: what is tested does not depend on it)
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env);
+  const bool training = wait_for_output(node0, "step 10/");
+  const Proc node1 = start_elastic_node(1, port, steps, dir.path, env);
+  const bool grown = wait_for_output(node0, "; 4 ranks go on (--survive)");
+  const fs::path other = dir.path / "again";
+  fs::create_directories(other);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Done again = wait(start_elastic_node(1, port, steps, other, env));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Done d1 = wait(node1);
+  const Done d0 = wait(node0);
+  INFO("node 0:\n" << d0.out << "\nnode 1:\n" << d1.out << "\nnode 1 again:\n" << again.out);
+  CHECK(training);
+  CHECK(grown);
+  CHECK_FALSE(again.ok());
+  for (const std::string r : {"2", "3"})
+    CHECK(contains(again.out, "[rank " + r + "] dopt-train: error: init_process_group [rank " + r +
+                                  "]: this process takes rank " + r +
+                                  "'s vacant slot (incarnation 1, DOPT_REPLACES set "
+                                  "by dopt-run --nnodes MIN:MAX on a node that joins the running job), but another "
+                                  "process holds rank " +
+                                  r +
+                                  "'s slot already (a node started twice with the same "
+                                  "--node-rank?)"));
+  CHECK(took < 10);  // refused at once, not after the job's timeout (30 s)
+  CHECK(d0.ok());
+  CHECK(d1.ok());
+  CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
 }

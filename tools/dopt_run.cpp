@@ -1,7 +1,7 @@
 // dopt-run: starts the ranks of one node with the launch contract that
 // torchrun sets (docs/launching.md).
 //
-//   dopt-run --nproc-per-node N [--nnodes M --node-rank K]
+//   dopt-run --nproc-per-node N [--nnodes M|MIN:MAX --node-rank K]
 //            [--master-addr A --master-port P] [--grace S]
 //            [--on-failure stop|continue|replace] [--max-replacements R] PROGRAM ARGS...
 //
@@ -9,6 +9,17 @@
 // i, LOCAL_WORLD_SIZE = N, GROUP_RANK = K, GROUP_WORLD_SIZE = M, MASTER_ADDR,
 // MASTER_PORT. --master-port 0 picks a free port on 127.0.0.1 (one node only:
 // with --nnodes > 1 every node must be given the same port).
+//
+// --nnodes MIN:MAX (an elastic job, docs/launching.md "Nodes that arrive
+// later"): the world has MAX*N rank slots (WORLD_SIZE), and every rank gets
+// DOPT_MIN_WORLD_SIZE=MIN*N. Nodes 0..MIN-1 start the job: rank 0's
+// rendezvous completes once their ranks have joined, and the slots of the
+// other nodes are vacant (lost from the start). A node K >= MIN joins the
+// running job whenever it comes: its ranks start as newcomers of their
+// vacant slots (DOPT_REPLACES=<rank>, DOPT_INCARNATION=<n + 1>), admitted
+// with the job's id and secret, and the members grow() to take them. It
+// needs --on-failure continue or replace (a program that goes on without
+// some ranks, and grows).
 //
 // Job identity (docs/launching.md, "Who may join"): on one node, dopt-run
 // gives the ranks a job id of its own (DOPT_JOB_ID=dopt-run-<random>) unless
@@ -81,6 +92,7 @@
 #include <arpa/inet.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +101,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -211,7 +224,8 @@ struct Config {
   std::string job_id;       // DOPT_JOB_ID for the ranks ("" = pass the environment's on)
   std::string secret_file;  // DOPT_SECRET_FILE for the ranks ("" = none made here)
   int nproc_per_node = 0;
-  int nnodes = 1;
+  int nnodes = 1;      // --nnodes M, or MAX of --nnodes MIN:MAX
+  int nnodes_min = 1;  // MIN of --nnodes MIN:MAX (M when not elastic)
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
@@ -224,8 +238,13 @@ struct Config {
   std::vector<std::string> command;
 };
 
+/// --nnodes MIN:MAX: this node is not one of the MIN that start the job, so
+/// its ranks join the running job as newcomers of their vacant slots.
+bool late_node(const Config& c) { return c.nnodes_min < c.nnodes && c.node_rank >= c.nnodes_min; }
+
 /// The launch environment of local rank `local_rank`; incarnation > 0: the
-/// replacement of its lost process (DOPT_REPLACES, DOPT_INCARNATION).
+/// replacement of its lost process (DOPT_REPLACES, DOPT_INCARNATION). A late
+/// node's ranks are newcomers from the start: incarnation + 1.
 std::vector<std::string> child_environment(const Config& c, int local_rank, int incarnation) {
   const std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(c.node_rank * c.nproc_per_node + local_rank)},
@@ -243,7 +262,10 @@ std::vector<std::string> child_environment(const Config& c, int local_rank, int 
   // Every rank knows whether replacements may come (a program that cannot take one refuses to start).
   extra.emplace_back("DOPT_ON_FAILURE", c.on_failure);
   // (Never passed on from dopt-run's own environment: only a replacement has them.)
-  const std::set<std::string> replacement_keys = {"DOPT_REPLACES", "DOPT_INCARNATION"};
+  const std::set<std::string> replacement_keys = {"DOPT_REPLACES", "DOPT_INCARNATION", "DOPT_MIN_WORLD_SIZE"};
+  if (c.nnodes_min < c.nnodes)
+    extra.emplace_back("DOPT_MIN_WORLD_SIZE", std::to_string(c.nproc_per_node * c.nnodes_min));
+  if (late_node(c)) ++incarnation;
   if (incarnation > 0) {
     extra.emplace_back("DOPT_REPLACES", std::to_string(c.node_rank * c.nproc_per_node + local_rank));
     extra.emplace_back("DOPT_INCARNATION", std::to_string(incarnation));
@@ -499,7 +521,7 @@ class Launcher {
     replaced_.push_back(r.rank);
     ++r.incarnation;
     say("rank " + std::to_string(r.rank) + " " + describe_end(status) + "; starting its replacement (incarnation " +
-        std::to_string(r.incarnation) + ", --on-failure replace)");
+        std::to_string(r.incarnation + (late_node(cfg_) ? 1 : 0)) + ", --on-failure replace)");
     for (Stream* s : {&r.out, &r.err}) {
       if (s->fd < 0) continue;
       s->read_some();
@@ -685,6 +707,38 @@ class Launcher {
   std::optional<Clock::time_point> kill_deadline_;
 };
 
+/// --nnodes M or MIN:MAX into cfg.nnodes (M, MAX) and cfg.nnodes_min (M,
+/// MIN); CLI::ValidationError naming --nnodes for anything else.
+void parse_nnodes(const std::string& text, const std::string& on_failure, Config& cfg) {
+  auto number = [&](std::string_view part, const char* what) {
+    int v = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size() || v < 1)
+      throw CLI::ValidationError("--nnodes", "--nnodes " + text + ": " + what + " must be a whole number >= 1");
+    return v;
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) {
+    cfg.nnodes = cfg.nnodes_min = number(text, "M");
+    return;
+  }
+  cfg.nnodes_min = number(std::string_view(text).substr(0, colon), "MIN");
+  cfg.nnodes = number(std::string_view(text).substr(colon + 1), "MAX");
+  if (cfg.nnodes_min > cfg.nnodes)
+    throw CLI::ValidationError("--nnodes", "--nnodes " + text + ": MIN " + std::to_string(cfg.nnodes_min) +
+                                               " is larger than MAX " + std::to_string(cfg.nnodes));
+  if (cfg.nnodes_min < cfg.nnodes && on_failure == "stop")
+    throw CLI::ValidationError(
+        "--nnodes", "--nnodes " + text +
+                        " needs --on-failure continue or replace: the job starts without the ranks of node" +
+                        (cfg.nnodes - cfg.nnodes_min == 1 ? " " + std::to_string(cfg.nnodes_min)
+                                                          : "s " + std::to_string(cfg.nnodes_min) + ".." +
+                                                                std::to_string(cfg.nnodes - 1)) +
+                        " (their slots are lost from the start), so its program must go on without them and grow() "
+                        "when they join (dopt-train --survive --optim zero does); with --on-failure stop nothing "
+                        "says it can");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -696,8 +750,11 @@ int main(int argc, char** argv) {
   app.add_option("--nproc-per-node", cfg.nproc_per_node, "Processes (ranks) to start on this node")
       ->required()
       ->check(CLI::PositiveNumber);
-  app.add_option("--nnodes", cfg.nnodes, "Number of nodes (default 1)")->check(CLI::PositiveNumber);
-  app.add_option("--node-rank", cfg.node_rank, "Rank of this node, 0..nnodes-1 (default 0)")
+  std::string nnodes = "1";
+  app.add_option("--nnodes", nnodes,
+                 "Number of nodes M (default 1), or MIN:MAX: the job starts with nodes 0..MIN-1 and nodes MIN..MAX-1 "
+                 "may join it later (their ranks are newcomers; needs --on-failure continue or replace)");
+  app.add_option("--node-rank", cfg.node_rank, "Rank of this node, 0..nnodes-1 (0..MAX-1 with MIN:MAX; default 0)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--master-addr", cfg.master_addr, "Address of rank 0's rendezvous (default 127.0.0.1)");
   app.add_option("--master-port", cfg.master_port, "Port of rank 0's rendezvous; 0 picks a free one (default 29500)")
@@ -730,9 +787,12 @@ int main(int argc, char** argv) {
   if (prog < static_cast<std::size_t>(argc)) own.push_back(argv[prog]);
   try {
     app.parse(static_cast<int>(own.size()), own.data());
+    parse_nnodes(nnodes, on_failure, cfg);
     if (cfg.node_rank >= cfg.nnodes) {
       throw CLI::ValidationError("--node-rank", "--node-rank " + std::to_string(cfg.node_rank) +
-                                                     " must be less than --nnodes " + std::to_string(cfg.nnodes));
+                                                     " must be less than --nnodes " +
+                                                     (cfg.nnodes_min < cfg.nnodes ? "MAX " : "") +
+                                                     std::to_string(cfg.nnodes));
     }
     if (cfg.master_addr.empty()) throw CLI::ValidationError("--master-addr", "--master-addr must not be empty");
     if (cfg.master_port == 0 && cfg.nnodes > 1)

@@ -123,8 +123,12 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
   // Resolve every peer we connect to first (synchronously; names a bad endpoint).
   // A replacement's mesh (accept_from) connects to nobody: its members connect to it.
   const bool replacement = !opts.accept_from.empty();
+  auto vacant = [&](int j) { return std::find(opts.absent.begin(), opts.absent.end(), j) != opts.absent.end(); };
+  int present = world;
+  for (int j = 0; j < world; ++j) present -= vacant(j) && j != rank ? 1 : 0;
   std::vector<std::unique_ptr<Conn>> conns;
   for (int j = rank + 1; j < world && !replacement; ++j) {
+    if (vacant(j)) continue;
     const Endpoint ep = parse_endpoint(endpoints[j], j, rank);
     boost::system::error_code ec;
     tcp::resolver resolver(io);
@@ -142,7 +146,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     }
   }
 
-  const int expected = (replacement ? int(opts.accept_from.size()) : world - 1) * (streams + 1);
+  const int expected = (replacement ? int(opts.accept_from.size()) : present - 1) * (streams + 1);
   int have = 0;
   bool done = false;
   std::exception_ptr fatal;
@@ -282,7 +286,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
       }
       const int peer = a->in.rank;
       const int conn = a->in.conn;
-      const bool ours = replacement ? peer != rank && accepts(peer) : peer < rank;
+      const bool ours = replacement ? peer != rank && accepts(peer) : peer < rank && !vacant(peer);
       if (a->in.version != k_version || a->in.world != world || peer < 0 || peer >= world || !ours ||
           (a->in.streams == streams && (conn < 0 || conn > streams))) {
         return finish(std::make_exception_ptr(IOError(
@@ -368,7 +372,7 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     if (ec || done) return;
     std::string missing;
     for (int j = 0; j < world; ++j) {
-      if (j == rank || fully_connected(j) || (replacement && !accepts(j))) continue;
+      if (j == rank || fully_connected(j) || (replacement && !accepts(j)) || vacant(j)) continue;
       if (!missing.empty()) missing += "; ";
       if (j > rank && !replacement)
         missing += "rank " + std::to_string(j) + " at " + endpoints[j] + " (" +
@@ -381,7 +385,8 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
         k_op, "not connected within " + std::to_string(timeout.count()) + " ms to " + missing, rank)));
   });
 
-  if (rank > 0 || replacement) do_accept();
+  if (expected == 0) finish(nullptr);  // every other slot is vacant
+  else if (rank > 0 || replacement) do_accept();
   for (auto& c : conns) try_connect(c.get());
   io.run();
   io.restart();
@@ -395,9 +400,14 @@ void TcpMesh::Impl::establish(const std::vector<std::string>& endpoints,
     }
     std::rethrow_exception(fatal);
   }
-  // A replacement's peers that are not members were lost before it came.
+  // A replacement's peers that are not members were lost before it came;
+  // vacant slots are lost from the start.
   for (auto& p : peers)
-    if (replacement && p->rank != rank && !accepts(p->rank)) {
+    if (p->rank != rank && vacant(p->rank)) {
+      p->lost = std::make_exception_ptr(PeerLostError(
+          k_op, "rank " + std::to_string(p->rank) + "'s slot is vacant: the job started without it", rank));
+      p->lost_flag = true;
+    } else if (replacement && p->rank != rank && !accepts(p->rank)) {
       p->lost = std::make_exception_ptr(PeerLostError(
           k_op, "rank " + std::to_string(p->rank) + " was lost before rank " + std::to_string(rank) + "'s replacement joined",
           rank));

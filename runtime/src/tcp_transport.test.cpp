@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <condition_variable>
@@ -468,4 +469,67 @@ TEST_CASE("tcp mesh: setup errors", "[tcp]") {
     CHECK_THAT(e.what(), Catch::Contains("world of 2"));
   }
   CHECK_THROWS_AS(f0.get(), dopt::Error);
+}
+
+TEST_CASE("tcp mesh: vacant slots (absent) are lost from the start, and a newcomer in one connects later", "[tcp]") {
+  for (const auto& [n, absent] : std::vector<std::pair<int, std::vector<int>>>{{3, {2}}, {5, {1, 4}}}) {
+    INFO("world " << n);
+    std::vector<int> present;
+    for (int r = 0; r < n; ++r)
+      if (std::find(absent.begin(), absent.end(), r) == absent.end()) present.push_back(r);
+    std::vector<TcpListener> ls(static_cast<std::size_t>(n));
+    std::vector<std::string> eps(static_cast<std::size_t>(n));
+    for (int r : present) {
+      ls[std::size_t(r)] = TcpMesh::listen("127.0.0.1");
+      eps[std::size_t(r)] = "127.0.0.1:" + std::to_string(ls[std::size_t(r)].port());
+    }
+    TcpMeshOptions o;
+    o.absent = absent;
+    std::vector<std::future<std::unique_ptr<TcpMesh>>> fs;
+    for (int r : present)
+      fs.push_back(std::async(std::launch::async, [&, r] {
+        return std::make_unique<TcpMesh>(r, n, std::move(ls[std::size_t(r)]), eps, 20s, o);
+      }));
+    std::vector<std::unique_ptr<TcpMesh>> ms(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < present.size(); ++i) ms[std::size_t(present[i])] = fs[i].get();
+    // Every pair of present ranks talks; a vacant slot fails at once, named.
+    auto exchange = [&](int a, int b) {
+      int v = a * 10 + b, got = -1;
+      Waiter w;
+      ms[std::size_t(b)]->recv(a, &got, sizeof got, w.cb());
+      ms[std::size_t(a)]->send(b, &v, sizeof v, w.cb());
+      w.wait_ok();
+      CHECK(got == v);
+    };
+    for (int a : present)
+      for (int b : present)
+        if (a != b) exchange(a, b);
+    for (int a : present)
+      for (int v : absent) {
+        CHECK(ms[std::size_t(a)]->peer_lost(v));
+        int x = 1;
+        Waiter w;
+        ms[std::size_t(a)]->send(v, &x, sizeof x, w.cb());
+        auto e = w.wait();
+        REQUIRE(e[0]);
+        CHECK(is<dopt::PeerLostError>(e[0]));
+        CHECK_THAT(message_of(e[0]), Catch::Contains("rank " + std::to_string(v) + "'s slot is vacant"));
+      }
+    // A newcomer takes the first vacant slot: its mesh accepts the present
+    // ranks, each of which connects to it (reconnect_peer).
+    const int v = absent.front();
+    TcpListener nl = TcpMesh::listen("127.0.0.1");
+    const std::string nep = "127.0.0.1:" + std::to_string(nl.port());
+    TcpMeshOptions no;
+    no.accept_from = present;
+    auto nf = std::async(std::launch::async, [&] {
+      return std::make_unique<TcpMesh>(v, n, std::move(nl), std::vector<std::string>(std::size_t(n)), 20s, no);
+    });
+    for (int a : present) ms[std::size_t(a)]->reconnect_peer(v, nep, 20s);
+    ms[std::size_t(v)] = nf.get();
+    for (int a : present) {
+      exchange(a, v);
+      exchange(v, a);
+    }
+  }
 }

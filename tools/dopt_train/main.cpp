@@ -129,6 +129,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(*ckpt, rank);
 
   Shard shard(o.data, rank, world_size);
+  // An elastic job (dopt-run --nnodes MIN:MAX) may start with vacant slots:
+  // the world group holds the ranks present, and each keeps its slot's shard.
+  if (!plan.replacement) world_size = world.size();
   Mlp model(o.data.input_dim, o.hidden, o.layers, o.data.classes, o.data.seed);
   // A replacement joins the running job: the grown group, its strategy
   // caught up (the parameters, the optimizer state), and the step the
@@ -265,7 +268,9 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
     // the strategy over the grown group, which catches the newcomers up. The
     // lead stays: rank 0 cannot be replaced, so the lowest member stays the
     // grown group's rank 0.
-    if (o.survive && may_grow && world.size() < plan.world_size && strategy->can_grow()) {
+    // (A newcomer's first boundary is the one the members grew at already.)
+    if (o.survive && may_grow && world.size() < plan.world_size && strategy->can_grow() &&
+        !(plan.replacement && s == start)) {
       const std::uint64_t sent = strategy->bytes_sent();
       if (const std::vector<int> joined = grow_back(world, strategy, plan.strategy, model.params(), s, may_grow);
           !joined.empty()) {

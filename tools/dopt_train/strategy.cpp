@@ -135,8 +135,11 @@ class ZeroStrategy : public Strategy {
   }
   std::vector<int> take_lost() override { return std::exchange(lost_, {}); }
   bool can_grow() const override {
-    return survive_ && stage_ == 1 && zero_.buddy_update() != ZeroBuddyUpdate::host_memory;
+    return (survive_ || grown_) && stage_ == 1 && zero_.buddy_update() != ZeroBuddyUpdate::host_memory;
   }
+  /// A strategy that grow_strategy() made grows again (newcomers of an
+  /// elastic job join one at a time), though it survives no loss.
+  void set_grown() { grown_ = true; }
   /// grow_strategy(): this strategy, over grown.group, catches up from
   /// `before` (a member's, over the old group) or as a newcomer (null).
   void catch_up(ZeroStrategy* before, const dopt::GrowResult& grown) {
@@ -164,6 +167,7 @@ class ZeroStrategy : public Strategy {
     ranks = r.group.ranks();
   }
   bool survive_;
+  bool grown_ = false;  // made by grow_strategy()
   int stage_;
   ZeroRedundancyOptimizer zero_;  // before reducer_: stage 2's reducer takes its partition
   Reducer reducer_;
@@ -390,6 +394,7 @@ std::unique_ptr<Strategy> grow_strategy(const StrategyConfig& cfg, const std::ve
   over.survive_host_memory = false;
   auto grown_strategy = std::make_unique<ZeroStrategy>(over, params, grown.group);
   grown_strategy->catch_up(old, grown);
+  grown_strategy->set_grown();
   return grown_strategy;
 }
 

@@ -161,7 +161,8 @@ bool config_grows(const StrategyConfig& cfg, std::string* why);
 /// passes its strategy over the old group as `before` (spent afterwards:
 /// destroy it, never step it), every newcomer null. The new strategy runs
 /// over grown.group itself (a grown group makes no lines of its own), so it
-/// does not survive a later loss (can_grow() false). NotSupportedError when
+/// does not survive a later loss; it grows again (can_grow(): the newcomers
+/// of an elastic job join one at a time). NotSupportedError when
 /// config_grows(cfg) is false.
 std::unique_ptr<Strategy> grow_strategy(const StrategyConfig& cfg, const std::vector<Tensor>& params,
                                         const dopt::GrowResult& grown, Strategy* before);

@@ -58,6 +58,11 @@ struct Replacements {
   std::mutex mutex;
   SlotCheck check;                    // unset until rank 0's world is up
   std::map<int, int> incarnation;     // rank -> the incarnation admitted last
+  // rank -> when the coordinator admitted its newcomer last; one that has
+  // not announced itself to rank 0 yet (check() still admits its slot)
+  // holds the others back for 2 handshake timeouts: one joins at a time.
+  std::map<int, std::chrono::steady_clock::time_point> admitted_at;
+  std::chrono::milliseconds settle{20000};
 
   /// "" when rank r's replacement may come in.
   std::string judge(int r) {
@@ -74,6 +79,10 @@ struct BarrierState {
 
 struct CoordState {
   int world = 1;
+  // Ranks 0..required-1 must join; the world is complete once they have
+  // (DOPT_MIN_WORLD_SIZE: the other slots are vacant, lost from the start).
+  int required = 1;
+  int required_in = 0;  // how many of them have
   Table table;
   Table payloads;
   std::vector<std::string> infos;
@@ -107,11 +116,12 @@ struct CoordState {
 };
 const char* CoordState::name = "dopt.rendezvous";
 
-caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std::int64_t timeout_ms,
+caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int required, std::int64_t timeout_ms,
                           std::shared_ptr<std::atomic<bool>> closed, std::string session_key,
                           std::shared_ptr<Replacements> replacements) {
   auto& s = self->state;
   s.world = world;
+  s.required = required;
   s.closed = std::move(closed);
   s.replacements = std::move(replacements);
   s.table.resize(static_cast<std::size_t>(world));
@@ -139,10 +149,11 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         auto& st = self->state;
         if (st.done || st.fail_kind != k_ok) return;
         std::vector<int> missing;
-        for (int r = 0; r < st.world; ++r)
+        for (int r = 0; r < st.required; ++r)
           if (!st.have[static_cast<std::size_t>(r)]) missing.push_back(r);
-        notice("rendezvous [rank 0]: " + std::to_string(st.arrived) + " of " + std::to_string(st.world) +
-               " ranks have joined after " + std::to_string(after_ms / 1000) + " s; waiting for rank" +
+        notice("rendezvous [rank 0]: " + std::to_string(st.required_in) + " of " + std::to_string(st.required) +
+               (st.required < st.world ? " required" : "") + " ranks have joined after " +
+               std::to_string(after_ms / 1000) + " s; waiting for rank" +
                (missing.size() == 1 ? " " : "s ") + join_ranks(missing) + " (the limit is " +
                std::to_string(timeout_ms / 1000) + " s; a rank that never started, or that cannot reach " +
                "this one, is the usual cause)");
@@ -168,6 +179,11 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
           problem = "rank " + std::to_string(rank) +
                     " registered twice: two processes were started with the same RANK=" + std::to_string(rank) +
                     " (rank " + std::to_string(rank) + " is already taken)";
+        else if (st.done)
+          problem = "rank " + std::to_string(rank) + " comes after the world started with ranks 0.." +
+                    std::to_string(st.required - 1) + " of " + std::to_string(st.world) +
+                    " (DOPT_MIN_WORLD_SIZE): its slot is vacant and it joins as a newcomer (DOPT_REPLACES=" +
+                    std::to_string(rank) + ", which dopt-run --nnodes MIN:MAX sets on a node K >= MIN)";
         if (!problem.empty()) {
           if (st.done) {  // the others are through already: only the newcomer fails
             rp.deliver(static_cast<int>(k_value), problem, Table{}, Table{}, std::vector<std::string>{});
@@ -183,8 +199,9 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         st.payloads[static_cast<std::size_t>(rank)] = payload;
         st.infos[static_cast<std::size_t>(rank)] = info;
         ++st.arrived;
+        if (rank < st.required) ++st.required_in;
         st.pending.push_back(rp);
-        if (st.arrived == st.world) {
+        if (st.required_in == st.required) {
           st.done = true;
           if (st.closed) st.closed->store(true);
           for (auto& p : st.pending) p.deliver(static_cast<int>(k_ok), std::string(), st.table, st.payloads, st.infos);
@@ -208,13 +225,22 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
                                      " (rank 0 cannot be replaced)");
         if (const std::string why = st.replacements->judge(rank); !why.empty())
           return refuse(k_value, "rank 0 does not admit a replacement of rank " + std::to_string(rank) + ": " + why);
+        const auto now = std::chrono::steady_clock::now();
+        for (const auto& [other, when] : st.replacements->admitted_at)
+          if (other != rank && now - when < st.replacements->settle && st.replacements->judge(other).empty())
+            return refuse(k_value, "rank 0 does not admit a replacement of rank " + std::to_string(rank) +
+                                       " now: rank " + std::to_string(other) +
+                                       "'s newcomer was admitted and has not been taken in yet; the world is "
+                                       "already closed to other newcomers until then (one joins at a time)");
         {
           std::lock_guard<std::mutex> lock(st.replacements->mutex);
+          st.replacements->admitted_at[rank] = now;
           int& last = st.replacements->incarnation[rank];
           if (incarnation <= last)
             return refuse(k_value, "incarnation " + std::to_string(incarnation) + " of rank " +
                                        std::to_string(rank) + " is stale: incarnation " + std::to_string(last) +
-                                       " was admitted already");
+                                       " was admitted already (another process took rank " + std::to_string(rank) +
+                                       "'s slot)");
           last = incarnation;
         }
         const auto i = static_cast<std::size_t>(rank);
@@ -235,10 +261,16 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         auto& st = self->state;
         if (st.done || st.fail_kind != k_ok) return;
         std::vector<int> missing, present;
-        for (int r = 0; r < st.world; ++r) (st.have[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
+        for (int r = 0; r < st.world; ++r)
+          if (st.have[static_cast<std::size_t>(r)]) present.push_back(r);
+          else if (r < st.required) missing.push_back(r);
         st.fail_all(k_timeout, "timed out after " + std::to_string(ms) + " ms: missing ranks: " + join_ranks(missing) +
                                    " (arrived: " + (present.empty() ? "none" : join_ranks(present)) +
-                                   " of world size " + std::to_string(st.world) + ")");
+                                   " of world size " + std::to_string(st.world) +
+                                   (st.required < st.world ? ", of which ranks 0.." + std::to_string(st.required - 1) +
+                                                                 " must join (DOPT_MIN_WORLD_SIZE)"
+                                                           : std::string()) +
+                                   ")");
       },
       [self](rdv_bar_atom, std::uint64_t seq, int rank, std::int64_t ms) {
         auto& st = self->state;
@@ -256,7 +288,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         if (fresh) self->delayed_send(self, std::chrono::milliseconds(ms), rdv_btmo_atom::value, seq, ms);
         it->second.arrived.insert(rank);
         it->second.waiting.push_back(rp);
-        if (static_cast<int>(it->second.arrived.size()) == st.world) {
+        if (static_cast<int>(it->second.arrived.size()) == st.arrived) {  // every rank present
           for (auto& p : it->second.waiting)
             p.deliver(static_cast<int>(k_ok), std::string(), Table{}, Table{}, std::vector<std::string>{});
           st.barriers.erase(it);
@@ -268,7 +300,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
         if (it == st.barriers.end()) return;
         std::vector<int> missing;
         for (int r = 0; r < st.world; ++r)
-          if (!it->second.arrived.count(r)) missing.push_back(r);
+          if (st.have[static_cast<std::size_t>(r)] && !it->second.arrived.count(r)) missing.push_back(r);
         std::string msg = "barrier " + std::to_string(seq) + " timed out after " + std::to_string(ms) +
                           " ms: missing ranks: " + join_ranks(missing);
         for (auto& p : it->second.waiting)
@@ -293,7 +325,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, std:
       [self](rdv_told_atom) {
         const auto& st = self->state;
         for (int r = 1; r < st.world; ++r)
-          if (!st.told.count(r)) return false;
+          if (st.have[static_cast<std::size_t>(r)] && !st.told.count(r)) return false;
         return true;
       },
       // The key of the ranks' own ports in a job without a secret (asked
@@ -317,6 +349,7 @@ caf::behavior member(caf::event_based_actor*) {
 }
 
 std::string describe(const caf::actor& a) {
+  if (!a) return "vacant";  // a slot nobody joined (DOPT_MIN_WORLD_SIZE)
   return std::to_string(a.id()) + "@" + caf::to_string(a.node());
 }
 
@@ -527,7 +560,7 @@ std::string random_key(const char* op, int rank) {
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key, int incarnation) {
+                                 std::string* session_key, int incarnation, int required) {
   detail::UserThreadCafScope caf_scope;
   LaunchEnv env = launch_env;
   const int rank = env.rank;
@@ -537,6 +570,10 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
                                        std::to_string(env.world_size) + ")", rank);
   if (env.master_port < 1 || env.master_port > 65535)
     throw ValueError("rendezvous", "MASTER_PORT must be in 1..65535, got " + std::to_string(env.master_port), rank);
+  if (required <= 0) required = env.world_size;
+  if (required > env.world_size)
+    throw ValueError("init_process_group", "DOPT_MIN_WORLD_SIZE " + std::to_string(required) +
+                                               " is larger than WORLD_SIZE " + std::to_string(env.world_size), rank);
   const auto deadline = steady_clock::now() + timeout;
   auto& sys = detail::runtime_system(detail::Access::impl(runtime), "rendezvous");
   auto impl = std::make_shared<RendezvousResult::Impl>();
@@ -591,9 +628,11 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
   if (rank == 0) {
     auto closed = std::make_shared<std::atomic<bool>>(false);
     auto replacements = std::make_shared<detail::Replacements>();
+    replacements->settle = 2 * env.handshake_timeout;
     impl->replacements = replacements;
     if (key.empty()) key = random_key("rendezvous", rank);
-    impl->mine = sys.spawn(detail::coordinator, env.world_size, static_cast<std::int64_t>(timeout.count()), closed,
+    impl->mine = sys.spawn(detail::coordinator, env.world_size, required,
+                           static_cast<std::int64_t>(timeout.count()), closed,
                            env.secret.empty() ? key : std::string(), replacements);
     impl->coord = impl->mine;
     // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
@@ -618,7 +657,8 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     // 4 * world + 32 admissions the rendezvous refuses, naming why.
     const int max_admitted = env.secret.empty() ? 4 * world + 32 : -1;
     auto admitted = std::make_shared<std::atomic<int>>(0);
-    o.admit = [closed, world, job, max_admitted, admitted, replacements](const net::PeerHello& p) -> std::string {
+    o.admit = [closed, world, required, job, max_admitted, admitted,
+               replacements](const net::PeerHello& p) -> std::string {
       // Once the world is up, only the replacement of a rank rank 0 sees lost
       // comes in (its coordinator checks the rest); it presents Purpose::rejoin,
       // so a starting rank is never taken for one.
@@ -630,6 +670,11 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
         return "the world is already closed to a replacement of rank " + std::to_string(p.rank) + " now: " +
                (closed->load() ? replacements->judge(p.rank) : std::string("rank 0's world is not up yet"));
       }
+      if (closed->load() && required < world && p.rank >= required && p.rank < world)
+        return "the world is already closed: " + job + " started with ranks 0.." + std::to_string(required - 1) +
+               " of " + std::to_string(world) + " (DOPT_MIN_WORLD_SIZE); rank " + std::to_string(p.rank) +
+               "'s slot is vacant and a rank that comes later joins as a newcomer (DOPT_REPLACES=" +
+               std::to_string(p.rank) + ", which dopt-run --nnodes MIN:MAX sets on a node K >= MIN)";
       if (closed->load())
         return "the world is already closed: all " + std::to_string(world) + " ranks of " + job +
                " have joined, so rank " + std::to_string(p.rank) + " is already taken";

@@ -33,9 +33,15 @@ namespace dopt::detail {
 /// rendezvous_admit_replacements) and gets what a starting rank gets (every
 /// rank's payload and info; a rank rank 0 sees lost has a null payload and
 /// an empty info). No barrier follows: the others are past theirs.
+///
+/// required in 1..env.world_size (rank 0's counts; DOPT_MIN_WORLD_SIZE of
+/// an elastic job): the rendezvous completes once ranks 0..required-1 have
+/// joined; the slots of ranks that have not are vacant, with a null payload
+/// and an empty info on every rank, and its barriers count the ranks that
+/// joined. 0: every rank (env.world_size). ValueError above world_size.
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, std::chrono::milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key, int incarnation = 0);
+                                 std::string* session_key, int incarnation = 0, int required = 0);
 
 /// Rank 0's judgement of a replacement for rank r: "" admits it (rank 0 sees
 /// rank r lost), anything else is why not. Called on CAF's and the rendezvous

@@ -36,10 +36,14 @@ namespace {
 /// loss yet and turns it away as a latecomer until then: it tries again,
 /// within the handshake timeout (a lost rank 0 must not hold it for the
 /// job's timeout). Rank 0's port refusing the connection (it listened for
-/// the whole job) ends it at once: the job's rank 0 is gone.
+/// the whole job) ends it at once: the job's rank 0 is gone. A newcomer of a
+/// vacant slot tries for `patience` (rank 0 admits one newcomer at a time,
+/// and the job may not have started yet); its slot alive in rank 0's view is
+/// taken by another process: refused at once.
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
-                        const std::function<std::string()>& make_info, const std::string& who, const char* op) {
-  const auto until = std::chrono::steady_clock::now() + env.handshake_timeout;
+                        const std::function<std::string()>& make_info, const std::string& who, const char* op,
+                        std::chrono::milliseconds patience, bool vacant_slot) {
+  const auto until = std::chrono::steady_clock::now() + patience;
   const LaunchEnv launch_env = env;
   for (;;) {
     try {
@@ -49,10 +53,15 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
       throw PeerLostError(op, who + ", but rank 0's rendezvous did not take it: " + e.detail(), env.rank);
     } catch (const ValueError& e) {
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
+      if (vacant_slot && e.detail().find("is alive in rank 0's view") != std::string::npos)
+        throw ValueError(op, who + ", but another process holds rank " + std::to_string(env.rank) +
+                                 "'s slot already (a node started twice with the same --node-rank?): " + e.detail(),
+                         env.rank);
       if (std::chrono::steady_clock::now() >= until)
-        throw ValueError(op, who + ", but rank 0 still sees rank " + std::to_string(env.rank) +
-                                 " alive after the handshake timeout (" +
-                                 std::to_string(env.handshake_timeout.count()) + " ms): " + e.detail(),
+        throw ValueError(op, who + ", but rank 0 did not admit it within " + std::to_string(patience.count()) +
+                                 " ms (" +
+                                 (patience == env.handshake_timeout ? "the handshake timeout" : "the timeout") +
+                                 "): " + e.detail(),
                          env.rank);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -127,8 +136,15 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   UserThreadCafScope caf_scope;
   LaunchEnv env = launch_env;
   const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
-  const std::string who = "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
-                          std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
+  // A node that arrives after an elastic job started (dopt-run --nnodes
+  // MIN:MAX, node K >= MIN) takes a vacant slot as a replacement takes a lost one.
+  const bool vacant_slot = replaces >= settings::integer("DOPT_MIN_WORLD_SIZE").value_or(env.world_size);
+  const std::string who =
+      vacant_slot ? "this process takes rank " + std::to_string(replaces) + "'s vacant slot (incarnation " +
+                        std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --nnodes MIN:MAX on a node "
+                        "that joins the running job)"
+                  : "this process replaces lost rank " + std::to_string(replaces) + " (incarnation " +
+                        std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --on-failure replace)";
   if (replaces == 0 || env.rank == 0)  // its rendezvous port went with it: nobody to present credentials to
     throw NotSupportedError(op, who + ", but rank 0 cannot be replaced (the job's rendezvous went with it)", env.rank);
   if (replaces != env.rank)
@@ -162,7 +178,9 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
     my_info += " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid());
     return my_info;
   };
-  RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op);
+  RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op,
+                                vacant_slot ? std::max(env.handshake_timeout, options.timeout) : env.handshake_timeout,
+                                vacant_slot);
   const auto& payloads = rendezvous_payloads(rdv);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> members;

@@ -94,8 +94,26 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
     return info + " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid()) +
            " job=" + job_token() + identity.probe_fields();
   };
-  RendezvousResult rdv = rendezvous_with(runtime, launch_env, options.timeout, a, make_info, &env.secret);
+  // An elastic job (dopt-run --nnodes MIN:MAX): ranks 0..required-1 start
+  // it; the slots of the ranks that did not join are vacant (lost from the
+  // start) until newcomers take them (core/replacement.cpp, grow()).
+  const int required = static_cast<int>(settings::integer("DOPT_MIN_WORLD_SIZE").value_or(env.world_size));
+  if (required < 1 || required > env.world_size)
+    throw ValueError(op, "DOPT_MIN_WORLD_SIZE " + std::to_string(required) + " must be in 1.." +
+                             std::to_string(env.world_size) + " (WORLD_SIZE)", env.rank);
+  if (required < env.world_size && use_mpi)
+    throw NotSupportedError(op, "DOPT_MIN_WORLD_SIZE " + std::to_string(required) + " of " +
+                                    std::to_string(env.world_size) + " (an elastic job) needs dopt's backend: an MPI "
+                                    "communicator's members are fixed when MPI starts", env.rank);
+  RendezvousResult rdv =
+      rendezvous_with(runtime, launch_env, options.timeout, a, make_info, &env.secret, 0, required);
   const auto& infos = rendezvous_infos(rdv);
+  // The ranks present (the others' slots are vacant: a null payload).
+  std::vector<int> present;
+  for (int r = 0; r < env.world_size; ++r)
+    if (r == env.rank || rendezvous_payloads(rdv)[static_cast<std::size_t>(r)]) present.push_back(r);
+  const bool vacant = static_cast<int>(present.size()) < env.world_size;
+  auto absent = [&](int r) { return !std::binary_search(present.begin(), present.end(), r); };
   std::vector<int> elsewhere;
   auto field = [](const std::string& text, const std::string& key) {
     auto p = text.find(" " + key + "=");
@@ -103,9 +121,12 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
     p += key.size() + 2;
     return text.substr(p, text.find(' ', p) - p);
   };
-  for (int r = 0; r < env.world_size; ++r)
+  for (int r : present)
     if (infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0) elsewhere.push_back(r);
-  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty();
+  // With vacant slots the newcomers may come from other hosts, so an auto
+  // choice takes the TCP mesh even when the ranks present share this host
+  // (DOPT_TRANSPORT=shm keeps the job on this host's shared memory).
+  const bool use_tcp = plane_choice == "tcp" || !elsewhere.empty() || (vacant && plane_choice == "auto");
   if (use_tcp && plane_choice == "shm") {
     std::string who;
     for (int r : elsewhere) who += (who.empty() ? "" : ", ") + std::to_string(r);
@@ -113,13 +134,20 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
                      env.rank);
   }
   for (int r = 0; use_tcp && r < env.world_size; ++r)
-    if (field(infos[static_cast<std::size_t>(r)], "tcp") == "0")
+    if (!absent(r) && field(infos[static_cast<std::size_t>(r)], "tcp") == "0")
       throw ValueError(op, "rank " + std::to_string(r) + " has no TCP data plane (DOPT_TRANSPORT=shm there?) but " +
                                "this world needs one; set the same DOPT_TRANSPORT on every rank", env.rank);
   auto peers = std::make_shared<Peers>();
   peers->table = std::make_shared<PeerTable>(env.world_size);
   peers->actors = rendezvous_payloads(rdv);
   peers->actors[static_cast<std::size_t>(env.rank)] = a;
+  // Vacant slots are lost from the start (the rank actor does not watch
+  // them; grow() takes a newcomer into one as into a lost rank's).
+  for (int r = 0; r < env.world_size; ++r)
+    if (absent(r))
+      peers->table->mark(r, PeerTable::lost, "rank " + std::to_string(r) + "'s slot is vacant: the job started with " +
+                                                 std::to_string(present.size()) + " of " +
+                                                 std::to_string(env.world_size) + " ranks (DOPT_MIN_WORLD_SIZE)");
   // Every rank first checks the probes of the ranks it takes for its host;
   // nobody goes on (and may fail and remove its probe) before all did.
   setup_step(rdv, env.rank, op, [&] { identity.verify(infos, env.rank, op); });
@@ -131,14 +159,16 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   // every rank stops at the barrier below naming it.
   setup_step(rdv, env.rank, op, [&] {
     for (int r = std::max(1, env.rank + 1); env.rank > 0 && r < env.world_size; ++r)
-      peers->actors[static_cast<std::size_t>(r)] =
+      if (!absent(r))
+        peers->actors[static_cast<std::size_t>(r)] =
           connect_control_port(sys, env, r, host, infos[static_cast<std::size_t>(r)], op);
   });
   rdv.barrier(options.timeout);
   std::shared_ptr<transport::TcpMesh> mesh;
   if (use_tcp) {
     std::vector<std::string> endpoints;
-    for (int r = 0; r < env.world_size; ++r) endpoints.push_back(data_endpoint(host, infos[static_cast<std::size_t>(r)]));
+    for (int r = 0; r < env.world_size; ++r)
+      endpoints.push_back(absent(r) ? std::string() : data_endpoint(host, infos[static_cast<std::size_t>(r)]));
     // A connection of the mesh that ends is not taken as the peer's loss: a
     // peer that finished and exited closes it before its last control
     // messages (on CAF's connection) may have arrived. Collectives that still
@@ -146,7 +176,9 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
     // Every rank is here now: connecting is bounded by the handshake timeout.
     transport::TcpMeshOptions mesh_options;
     mesh_options.credentials = net::Credentials::from(env);
-    mesh_options.ranks_on_host = env.world_size - static_cast<int>(elsewhere.size());
+    mesh_options.ranks_on_host = static_cast<int>(present.size() - elsewhere.size());
+    for (int r = 0; r < env.world_size; ++r)
+      if (absent(r)) mesh_options.absent.push_back(r);
     mesh = setup_step(rdv, env.rank, op, [&] {
       return std::make_shared<transport::TcpMesh>(env.rank, env.world_size, std::move(*listener), endpoints,
                                                   env.handshake_timeout, mesh_options);
@@ -174,25 +206,26 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   // leaves nothing in /dev/shm).
   std::shared_ptr<shm_plane::ShmPlane> shm;
   shm_plane::Mapped mine;
-  auto members = std::make_shared<std::vector<int>>();
-  for (int r = 0; r < env.world_size; ++r) members->push_back(r);
+  auto members = std::make_shared<std::vector<int>>(present);
+  const int my_index = static_cast<int>(std::find(present.begin(), present.end(), env.rank) - present.begin());
   if (!use_tcp && !use_mpi) {
     std::vector<int> pids;
-    for (int r = 0; r < env.world_size; ++r)
+    for (int r = 0; r < env.world_size; ++r)  // (0 for a vacant slot)
       pids.push_back(std::atoi(field(infos[static_cast<std::size_t>(r)], "pid").c_str()));
     auto dir = std::make_shared<shm_plane::ShmDirectory>(std::move(pids), field(infos[0], "job"));
     shm = std::make_shared<shm_plane::ShmPlane>(env.rank, dir, peers->table,
                                                 shm_plane::ShmPlane::Options::from_env(
                                                     env.local_world_size > 0 ? env.local_world_size : env.world_size,
                                                     true));
-    mine = shm->create_region(0, env.world_size);
+    mine = shm->create_region(0, static_cast<int>(present.size()));
     runtime_add_stopper(rt, [shm] { shm->shutdown("the runtime shut down"); });  // keeps the plane until then
   }
   // Several hosts with the same number of ranks each (and no forced flat
   // TCP): the hierarchical plane, shared memory within each host and the
-  // TCP mesh between hosts.
+  // TCP mesh between hosts. Not with vacant slots: a group that grows runs
+  // on the actor plane there (as a group shrink() made).
   std::shared_ptr<hier::HierPlane> hierarchical;
-  if (use_tcp && plane_choice == "auto") {
+  if (use_tcp && plane_choice == "auto" && !vacant) {
     std::vector<std::string> host_ids;
     std::vector<int> pids;
     for (int r = 0; r < env.world_size; ++r) {
@@ -242,6 +275,13 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
       if (!table || table->shutting_down()) return "rank 0 is shutting down";
       if (table->state(r) != PeerTable::lost)
         return "rank " + std::to_string(r) + " is alive in rank 0's view";
+      // One newcomer at a time: a newcomer learns the members when it is
+      // admitted, so one admitted while another waits for its grow() would
+      // not know that one (it tries again, core/replacement.cpp).
+      for (int q = 0; q < table->world_size(); ++q)
+        if (q != r && table->state(q) == PeerTable::lost && table->waiting(q) > 0)
+          return "rank " + std::to_string(q) + "'s newcomer waits for the members' grow(): the world is already "
+                 "closed to other newcomers until then (one joins at a time)";
       return {};
     });
     runtime_add_stopper(rt, [keep = rdv] { (void)keep; });
@@ -252,7 +292,7 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
   g->members = std::move(members);
   g->plane = std::move(world_plane);
   g->peers = peers->table;
-  g->my_grank = env.rank;
+  g->my_grank = my_index;
   g->is_world = true;
   g->local_world_size = env.local_world_size;
   g->timeout_ms.store(rt.options_.collective_timeout.count());

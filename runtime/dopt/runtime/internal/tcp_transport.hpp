@@ -172,6 +172,11 @@ struct TcpMeshOptions {
   /// every other rank is lost from the start (PeerLostError). `endpoints`
   /// are not used then. Empty: the ordinary setup.
   std::vector<int> accept_from;
+  /// The ordinary setup in a world with vacant slots (an elastic job that
+  /// started without these ranks): nobody connects to them or waits for
+  /// them, and they are lost from the start (PeerLostError) until a
+  /// newcomer in the slot connects (reconnect_peer), as a replacement does.
+  std::vector<int> absent;
 };
 
 /// A bound, listening TCP socket (step 1 of the setup). Move-only.
