@@ -517,7 +517,9 @@ std::string one_line(const std::string& text) {
 
 TEST_CASE("continue: dopt-run's exit status under --on-failure continue is the one both pages state",
           "[replace][multiprocess]") {
-  // Three shell ranks; rank R ends after 0.1 * (R + 1) s (in that order) as `ends` says.
+  // Three shell ranks end in rank order as `ends` says: rank R > 0 starts
+  // its ending only once rank R - 1's process is gone (reaped by dopt-run),
+  // so the order holds under any load.
   struct Case {
     std::string what, ends;
     int status;
@@ -529,8 +531,14 @@ TEST_CASE("continue: dopt-run's exit status under --on-failure continue is the o
       Case{"a rank left (75), a later one failed with an error of its own (4)",
            "[ $RANK = 1 ] && exit 75; [ $RANK = 2 ] && exit 4; exit 0", 4});
   INFO(c.what);
+  static int runs = 0;
+  const TempDir dir("dopt-continue-status", std::to_string(runs++));
+  const std::string d_ = dir.path.string();
+  const std::string in_order = "if [ $RANK -gt 0 ]; then while [ ! -f " + d_ + "/$((RANK - 1)) ]; do sleep 0.02; done; " +
+                               "while kill -0 $(cat " + d_ + "/$((RANK - 1))) 2>/dev/null; do sleep 0.02; done; fi; " +
+                               "echo $$ > " + d_ + "/$RANK.part && mv " + d_ + "/$RANK.part " + d_ + "/$RANK; ";
   const Done d = wait(start({kDoptRun, "--on-failure", "continue", "--nproc-per-node", "3", "--master-port", "0",
-                             "/bin/sh", "-c", "sleep 0.$((RANK + 1)); " + c.ends},
+                             "/bin/sh", "-c", in_order + c.ends},
                             {}));
   INFO(d.out);
   REQUIRE(WIFEXITED(d.status));
