@@ -601,3 +601,25 @@ TEST_CASE("replace: on the actor plane DiLoCo grows back with and without a frag
           "[replace][multiprocess]") {
   check_local_sgd_grown("diloco", "tcp");
 }
+
+TEST_CASE("replace: ZeRO without redundancy resumes the step 2 checkpoint, grows back at step 4, bitwise the reference",
+          "[replace][multiprocess]") {
+  // Redundancy 0: the victim's shard has no copy (recover() has nothing to
+  // take it from). Every rank save_sharded()s at each step boundary; the
+  // survivors shrink(), build a ZeRO over the shrunk group and load_sharded()
+  // the checkpoint of step 2 (5 shards, loaded at 4 ranks), then train and
+  // grow back as with redundancy 1 (tests/zero_grow_peer.cpp, checkpoint DIR).
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  const TempDir dir("dopt-replace-zero-r0", transport);
+  const std::string args = "2 2 4 7 checkpoint " + dir.path.string();
+  INFO("DOPT_TRANSPORT=" << transport << " dopt_zero_grow_peer " << args);
+  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kZeroGrowPeer + " " + args,
+                               {{"DOPT_TRANSPORT", transport}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out,
+            {"dopt-run: rank 2 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+             "[rank 0] ok 0 33", "[rank 1] ok 1 33", "[rank 2] ok 2 31", "[rank 3] ok 3 33", "[rank 4] ok 4 33"});
+  CHECK_FALSE(contains(d.out, "error "));
+  CHECK(std::filesystem::exists(dir.path / "step-2-of-4"));  // the survivors trained steps 2 and 3 at 4 ranks
+}
