@@ -6,8 +6,8 @@
 // DOPT_HOST_ID) the replacement joins the survivors' shrunk group, which
 // runs on the actor plane, and grow() on the hierarchical world group
 // refuses clearly (docs/fault-tolerance.md, "Between processes").
-// The ranks are small shell programs, tests/grow_peer.cpp and
-// tests/zero_grow_peer.cpp.
+// The ranks are small shell programs, tests/grow_peer.cpp,
+// tests/zero_grow_peer.cpp and tests/local_sgd_grow_peer.cpp.
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
 #include <catch2/catch.hpp>
 
@@ -585,4 +585,80 @@ TEST_CASE(
       CHECK_FALSE(contains(d.out, "error"));
     }
   }
+}
+
+namespace {
+
+const std::string kLocalSgdGrowPeer = std::string(DOPT_BINARY_DIR) + "/tests/dopt_local_sgd_grow_peer";
+
+/// 5 ranks train post-local SGD (`mode` plsgd: Adam, averages at steps 1, 3,
+/// 5, ...) or streaming DiLoCo (diloco: 2 fragments, delay 1) with
+/// DOPT_TRANSPORT `transport`; rank 2 kills itself before step 2's
+/// gradients; the survivors notice it at step 3 (plsgd: the average shrinks
+/// in step(); diloco: step 2's prepare failed, step 3's sync puts that
+/// fragment back and the survivors rebuild over the shrunk group); before
+/// step JOIN_AT (4: nothing in flight; 5: for DiLoCo, fragment 0 prepared by
+/// the survivors is in flight) they grow() and post_local_sgd_catch_up(),
+/// while the replacement join_group()s and catches up from group rank 0; all
+/// train to step 10 and compare their parameters bitwise with a reference
+/// every process computes for every rank (tests/local_sgd_grow_peer.cpp).
+void check_local_sgd_grown(const std::string& mode, const std::string& transport) {
+  const std::string join_at = GENERATE(std::string("4"), std::string("5"));
+  const std::string args = mode + " 2 2 " + join_at + " 10";
+  INFO("DOPT_TRANSPORT=" << transport << " dopt_local_sgd_grow_peer " << args);
+  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kLocalSgdGrowPeer + " " + args,
+                               {{"DOPT_TRANSPORT", transport}});
+  INFO(d.out);
+  CHECK(d.ok());
+  // The checks each process made: post-local SGD's members one more (the
+  // MembershipChangedError names the victim).
+  const std::string member = mode == "plsgd" ? "23" : "22";
+  check_has(d.out, {"dopt-run: rank 2 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+                    "[rank 0] ok 0 " + member, "[rank 1] ok 1 " + member, "[rank 2] ok 2 22", "[rank 3] ok 3 " + member,
+                    "[rank 4] ok 4 " + member});
+  CHECK_FALSE(contains(d.out, "error "));
+}
+
+}  // namespace
+
+TEST_CASE("replace: post-local SGD loses a rank at step 2, its replacement joins at step 4 or 5, bitwise the reference",
+          "[replace][multiprocess]") {
+  check_local_sgd_grown("plsgd", "shm");
+}
+
+TEST_CASE("replace: on the actor plane post-local SGD grows back at step 4 or 5, bitwise the reference",
+          "[replace][multiprocess]") {
+  check_local_sgd_grown("plsgd", "tcp");
+}
+
+TEST_CASE("replace: DiLoCo loses a rank at step 2, its replacement joins at step 4 or 5, bitwise the reference",
+          "[replace][multiprocess]") {
+  check_local_sgd_grown("diloco", "shm");
+}
+
+TEST_CASE("replace: on the actor plane DiLoCo grows back with and without a fragment in flight, bitwise the reference",
+          "[replace][multiprocess]") {
+  check_local_sgd_grown("diloco", "tcp");
+}
+
+TEST_CASE("replace: ZeRO without redundancy resumes the step 2 checkpoint, grows back at step 4, bitwise the reference",
+          "[replace][multiprocess]") {
+  // Redundancy 0: the victim's shard has no copy (recover() has nothing to
+  // take it from). Every rank save_sharded()s at each step boundary; the
+  // survivors shrink(), build a ZeRO over the shrunk group and load_sharded()
+  // the checkpoint of step 2 (5 shards, loaded at 4 ranks), then train and
+  // grow back as with redundancy 1 (tests/zero_grow_peer.cpp, checkpoint DIR).
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  const TempDir dir("dopt-replace-zero-r0", transport);
+  const std::string args = "2 2 4 7 checkpoint " + dir.path.string();
+  INFO("DOPT_TRANSPORT=" << transport << " dopt_zero_grow_peer " << args);
+  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kZeroGrowPeer + " " + args,
+                               {{"DOPT_TRANSPORT", transport}});
+  INFO(d.out);
+  CHECK(d.ok());
+  check_has(d.out,
+            {"dopt-run: rank 2 killed by signal 9 (SIGKILL); starting its replacement (incarnation 1",
+             "[rank 0] ok 0 33", "[rank 1] ok 1 33", "[rank 2] ok 2 31", "[rank 3] ok 3 33", "[rank 4] ok 4 33"});
+  CHECK_FALSE(contains(d.out, "error "));
+  CHECK(std::filesystem::exists(dir.path / "step-2-of-4"));  // the survivors trained steps 2 and 3 at 4 ranks
 }

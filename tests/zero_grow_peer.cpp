@@ -2,7 +2,7 @@
 // (tests/replace_multiprocess.test.cpp), started by dopt-run --on-failure
 // replace on the actor plane (DOPT_TRANSPORT=tcp) or on the shm plane:
 //
-//   dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view]
+//   dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view | checkpoint DIR]
 //       the ranks train a ZeroRedundancyOptimizer (Adam, redundancy 1) over
 //       the gradients of survive_reference::grad_elem, averaged over the
 //       current group each step; rank VICTIM kills itself (SIGKILL) before
@@ -14,6 +14,13 @@
 //       and catches up (state, parameters, step count: sent by the members).
 //       All train to step STEPS; every rank compares its parameters bitwise
 //       with the reference below. bucket_view: parameters_as_bucket_view.
+//       checkpoint DIR: redundancy 0 (a lost shard has no copy): every rank
+//       save_sharded()s to DIR/step-T-of-N at each step boundary T (N: the
+//       group's size); after the loss the survivors shrink() the group,
+//       build a ZeRO over it and load_sharded() the checkpoint of step
+//       LOST_AT (written by all 5 ranks just before the victim died; the
+//       parameters are those of that boundary, as step LOST_AT never ran),
+//       then go on as above.
 //
 // The reference: a plain Adam (same spec) over make_params, stepped at step t
 // with the mean of grad_elem(r, t, ...) over the ranks r that contributed:
@@ -51,6 +58,7 @@ struct Plan {
   std::int64_t lost_at = 2, join_at = 4, steps = 7;
   int n = 5;
   bool bucket_view = false;
+  std::string checkpoint;  // non-empty: redundancy 0, sharded checkpoints in this folder
 };
 
 /// The reference run's parameters after p.steps steps.
@@ -77,9 +85,14 @@ std::vector<Tensor> reference(const Plan& p) {
   return ps;
 }
 
+/// Where the ranks of a group of `size` save their shards at step boundary t.
+std::string checkpoint_dir(const Plan& p, std::int64_t t, int size) {
+  return p.checkpoint + "/step-" + std::to_string(t) + "-of-" + std::to_string(size);
+}
+
 ZeroOptions options_over(const ProcessGroup& g, const Plan& p) {
   ZeroOptions zo{g};
-  zo.redundancy = 1;
+  zo.redundancy = p.checkpoint.empty() ? 1 : 0;
   zo.parameters_as_bucket_view = p.bucket_view;
   // A member's parameters are views of its old optimizer's buckets when it
   // makes the new one; the tensors here are the parameters themselves.
@@ -114,6 +127,7 @@ long zero_grow_scenario(ProcessGroup& world, int me, const Plan& p) {
       zero = std::move(bigger);
       g = grown.group;
     }
+    if (!p.checkpoint.empty()) zero->save_sharded(checkpoint_dir(p, t, g.size()));
     try {
       if (me == p.victim && t == p.lost_at && !newcomer) {
         // (Not at once: the others may not have seen the last step end yet.)
@@ -123,6 +137,18 @@ long zero_grow_scenario(ProcessGroup& world, int me, const Plan& p) {
       ref::set_mean_grads(params, g, me, t);
       zero->step();
     } catch (const dopt::PeerLostError&) {
+      if (!p.checkpoint.empty()) {
+        // No copy of the victim's shard: the last checkpoint, over the survivors.
+        auto shrunk = g.shrink();
+        c.expect(t == p.lost_at && shrunk.lost == std::vector<int>{p.victim}, "the victim lost at step LOST_AT");
+        g = shrunk.group;
+        zero.reset();
+        zero = std::make_unique<ZeroRedundancyOptimizer>(params, spec(), options_over(g, p));
+        const auto report = zero->load_sharded(checkpoint_dir(p, t, p.n));
+        c.expect(report.saved_world_size == p.n && zero->step_count() == t, "the checkpoint of step LOST_AT loaded");
+        ++recoveries;
+        continue;
+      }
       auto r = zero->recover();
       c.expect(t == p.lost_at && r.lost == std::vector<int>{p.victim}, "the victim lost at step LOST_AT");
       g = r.group;
@@ -139,15 +165,19 @@ long zero_grow_scenario(ProcessGroup& world, int me, const Plan& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dopt::testing::run_peer([&](ProcessGroup& world, int rank) -> long {
-    if (argc <= 4) throw dopt::testing::Usage{"dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view]"};
-    Plan p;
-    p.victim = std::stoi(argv[1]);
-    p.lost_at = std::stoll(argv[2]);
-    p.join_at = std::stoll(argv[3]);
-    p.steps = std::stoll(argv[4]);
-    p.bucket_view = argc > 5 && std::string(argv[5]) == "bucket_view";
-    p.n = std::atoi(std::getenv("WORLD_SIZE"));
-    return zero_grow_scenario(world, rank, p);
-  }, /*leave_together=*/false);
+  return dopt::testing::run_peer(
+      [&](ProcessGroup& world, int rank) -> long {
+        if (argc <= 4)
+          throw dopt::testing::Usage{"dopt_zero_grow_peer VICTIM LOST_AT JOIN_AT STEPS [bucket_view | checkpoint DIR]"};
+        Plan p;
+        p.victim = std::stoi(argv[1]);
+        p.lost_at = std::stoll(argv[2]);
+        p.join_at = std::stoll(argv[3]);
+        p.steps = std::stoll(argv[4]);
+        p.bucket_view = argc > 5 && std::string(argv[5]) == "bucket_view";
+        if (argc > 6 && std::string(argv[5]) == "checkpoint") p.checkpoint = argv[6];
+        p.n = std::atoi(std::getenv("WORLD_SIZE"));
+        return zero_grow_scenario(world, rank, p);
+      },
+      /*leave_together=*/false);
 }
