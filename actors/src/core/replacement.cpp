@@ -37,9 +37,9 @@ namespace {
 /// within the handshake timeout (a lost rank 0 must not hold it for the
 /// job's timeout). Rank 0's port refusing the connection (it listened for
 /// the whole job) ends it at once: the job's rank 0 is gone. A newcomer of a
-/// vacant slot tries for `patience` (rank 0 admits one newcomer at a time,
-/// and the job may not have started yet); its slot alive in rank 0's view is
-/// taken by another process: refused at once.
+/// vacant slot tries for `patience`, a refused port included (rank 0 admits
+/// one newcomer at a time, and the job may not have started yet); its slot
+/// alive in rank 0's view is taken by another process: refused at once.
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
                         const std::function<std::string()>& make_info, const std::string& who, const char* op,
                         std::chrono::milliseconds patience, bool vacant_slot) {
@@ -50,7 +50,12 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
       env = launch_env;
       return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
     } catch (const PeerLostError& e) {
-      throw PeerLostError(op, who + ", but rank 0's rendezvous did not take it: " + e.detail(), env.rank);
+      // A vacant slot's newcomer may come before rank 0 listens (a late
+      // node started with the first ones): a refused port is not yet an end.
+      const bool early = vacant_slot && e.detail().find("refused the connection") != std::string::npos;
+      if (!early || std::chrono::steady_clock::now() >= until)
+        throw PeerLostError(op, who + ", but rank 0's rendezvous did not take it: " + e.detail(), env.rank);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     } catch (const ValueError& e) {
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
       if (vacant_slot && e.detail().find("is alive in rank 0's view") != std::string::npos)
