@@ -262,6 +262,48 @@ TEST_CASE("ring all_reduce: the latency path in pieces (uneven, 3 and 5 ranks, r
   }
 }
 
+TEST_CASE("ring reduce: the root gets ring_all_reduce's bits, the other ranks' buffers are only read",
+          "[tcp][ring]") {
+  // Option sets: tiny chunks with a window of 2 (the scratch reused round
+  // robin, a non-root owner's next chunk posted once its reduced chunk is
+  // sent), tiny chunks with the whole segment in scratch, the latency path in
+  // pieces, and the defaults (latency path for small buffers).
+  std::vector<RingOptions> opts = option_sets();
+  RingOptions whole_window = opts[0];
+  whole_window.scratch_bytes = std::size_t(64) << 20;
+  RingOptions pieces;
+  pieces.small_bytes = std::size_t(8) << 20;
+  opts.push_back(whole_window);
+  opts.push_back(pieces);
+  for (int n : {1, 2, 3, 5}) {
+    auto ms = loopback_meshes(n);
+    for (const RingOptions& base : opts)
+      for (auto [dt, op] : {std::pair{DType::float32, ReduceOp::sum}, std::pair{DType::float16, ReduceOp::avg},
+                            std::pair{DType::int64, ReduceOp::max}})
+        for (auto order : {dopt::ReduceOrder::rank, dopt::ReduceOrder::ring})
+          for (std::int64_t numel : {std::int64_t{0}, std::int64_t{3}, std::int64_t{1001}, std::int64_t{300007}}) {
+            RingOptions opt = base;
+            opt.order = order;
+            opt.pre_divisor = dopt::is_floating_point(dt) && order == dopt::ReduceOrder::ring ? 3 : 0;
+            const int root = int(std::uint64_t(numel) % std::uint64_t(n));
+            INFO("n=" << n << " dtype=" << dopt::dtype_name(dt) << " op=" << dopt::reduce_op_name(op)
+                      << " numel=" << numel << " chunk=" << opt.chunk_bytes << " small=" << opt.small_bytes
+                      << " scratch=" << opt.scratch_bytes << " root=" << root);
+            std::vector<Bytes> in(n), all(n), red(n);
+            for (int r = 0; r < n; ++r) in[r] = all[r] = red[r] = make_data(dt, numel, r, 7);
+            Waiter wa, wr;
+            const std::uint64_t ida = next_op_id(), idr = next_op_id();
+            for (int r = 0; r < n; ++r) {
+              dopt::detail::ring_all_reduce(world(ms, r), ida, all[r].data(), numel, dt, op, wa.cb(r), opt);
+              dopt::detail::ring_reduce(world(ms, r), idr, red[r].data(), numel, dt, op, root, wr.cb(r), opt);
+            }
+            wa.wait_ok(kBound);
+            wr.wait_ok(kBound);
+            for (int r = 0; r < n; ++r) CHECK(red[r] == (r == root ? all[r] : in[r]));
+          }
+  }
+}
+
 TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "[tcp][ring]") {
   for (int n : {1, 2, 3, 5}) {
     auto ms = loopback_meshes(n);
@@ -533,5 +575,19 @@ TEST_CASE("ring: argument errors throw synchronously", "[tcp][ring]") {
                   dopt::ValueError);
   CHECK_THROWS_AS(dopt::detail::ring_broadcast(world(ms, 0), 1, &x, 4, 2, noop), dopt::ValueError);
   CHECK_THROWS_AS(dopt::detail::ring_all_gather(world(ms, 0), 1, &x, 4, std::vector<void*>{&x}, noop),
+                  dopt::ValueError);
+}
+
+TEST_CASE("ring reduce: argument errors throw synchronously", "[tcp][ring]") {
+  auto ms = loopback_meshes(2);
+  float x = 0;
+  auto noop = [](std::exception_ptr) {};
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, &x, 1, DType::float32, ReduceOp::sum, 2, noop),
+                  dopt::ValueError);
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, &x, 1, DType::float32, ReduceOp::sum, -1, noop),
+                  dopt::ValueError);
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, &x, 1, DType::bool_, ReduceOp::sum, 0, noop),
+                  dopt::DTypeError);
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, nullptr, 1, DType::float32, ReduceOp::sum, 0, noop),
                   dopt::ValueError);
 }

@@ -1,6 +1,8 @@
 // ring_all_reduce: small buffers go to every peer and are reduced locally;
 // large ones are a reduce-scatter to the segment owners, then an all-gather
-// around the ring.
+// around the ring. ring_reduce: the same, but only the root receives (small
+// buffers: every peer's whole buffer; large ones: each reduced segment from
+// its owner), so the other ranks' buffers are only read.
 #include "transport/tcp/ring_op.hpp"
 
 namespace dopt::detail {
@@ -12,11 +14,13 @@ namespace {
 // reduced as soon as it has come from every peer and gone to every peer
 // (the send reads the buffer the result overwrites), so the reduction of
 // one piece overlaps the transfer of the next. Element-wise: the result is
-// the same bit for bit whatever the pieces.
+// the same bit for bit whatever the pieces. With a root (ring_reduce), the
+// other ranks send to the root only and receive nothing; the root sends
+// nothing and reduces.
 class SmallAllReduceOp : public RingOp {
  public:
   SmallAllReduceOp(const RingGroup& g, std::uint64_t id, std::string name, RingDone done,
-                   const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op)
+                   const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op, int root)
       : RingOp(g, id, std::move(name), std::move(done), opt),
         buf_(static_cast<std::byte*>(buf)),
         numel_(numel),
@@ -24,8 +28,9 @@ class SmallAllReduceOp : public RingOp {
         op_(op),
         bytes_(std::size_t(numel) * itemsize(dtype)),
         pieces_(pieces_for(numel, bytes_)),
-        left_(std::size_t(pieces_), 2 * (n_ - 1)),
-        scratch_(mesh_, std::size_t(n_ - 1) * bytes_) {}
+        root_(root),
+        left_(std::size_t(pieces_), root < 0 ? 2 * (n_ - 1) : me_ == root ? n_ - 1 : 1),
+        scratch_(mesh_, receives() ? std::size_t(n_ - 1) * bytes_ : 0) {}
 
  protected:
   void start() override {
@@ -34,8 +39,11 @@ class SmallAllReduceOp : public RingOp {
       const std::size_t off = lo(p) * itemsize(dtype_), len = (lo(p + 1) - lo(p)) * itemsize(dtype_);
       for (int s = 0; s < n_; ++s) {
         if (s == me_) continue;
-        send(s, tag(k_small, std::uint64_t(p)), buf_ + off, len, 0, [self, p] { self->piece_done(p); });
-        recv(s, tag(k_small, std::uint64_t(p)), slot(s) + off, len, [self, p](std::uint32_t) { self->piece_done(p); });
+        if (root_ < 0 || s == root_)
+          send(s, tag(k_small, std::uint64_t(p)), buf_ + off, len, 0, [self, p] { self->piece_done(p); });
+        if (receives())
+          recv(s, tag(k_small, std::uint64_t(p)), slot(s) + off, len,
+               [self, p](std::uint32_t) { self->piece_done(p); });
       }
     }
   }
@@ -48,9 +56,10 @@ class SmallAllReduceOp : public RingOp {
     return int(std::min<std::size_t>({std::size_t(k_pieces_max), bytes / k_piece_min, std::size_t(numel)}));
   }
   std::int64_t lo(int p) const { return numel_ * p / pieces_; }
+  bool receives() const { return root_ < 0 || me_ == root_; }
   // Piece p's messages are all done: reduce it in place (unless the call failed).
   void piece_done(int p) {
-    if (--left_[std::size_t(p)] > 0 || error_) return;
+    if (--left_[std::size_t(p)] > 0 || error_ || !receives()) return;
     const std::int64_t a = lo(p), count = lo(p + 1) - a;
     const std::size_t off = std::size_t(a) * itemsize(dtype_);
     std::vector<const void*> ins(static_cast<std::size_t>(n_));
@@ -68,6 +77,7 @@ class SmallAllReduceOp : public RingOp {
   ReduceOp op_;
   std::size_t bytes_;
   int pieces_;
+  int root_;  // -1: all_reduce
   std::vector<int> left_;  // per piece: its sends and recvs not yet done
   Buffer scratch_;
 };
@@ -96,7 +106,7 @@ void ring_all_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::in
     return;
   }
   if (bytes <= opt.small_bytes || (n == 2 && bytes <= opt.pair_bytes)) {
-    run<SmallAllReduceOp>(g, op_id, name, std::move(done), opt, buf, numel, dtype, op);
+    run<SmallAllReduceOp>(g, op_id, name, std::move(done), opt, buf, numel, dtype, op, -1);
     return;
   }
   // Segment s = [s*numel/n, (s+1)*numel/n), like the in-process algorithm.
@@ -112,7 +122,48 @@ void ring_all_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::in
   }
   void* out = segments[g.me];
   launch_reduce_scatter(g, op_id, name, std::move(done), opt, std::move(inputs), std::move(counts), out, dtype, op,
-                        true, std::move(segments));
+                        AfterScatter{AfterScatter::all_gather, -1, std::move(segments)});
+}
+
+void ring_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::int64_t numel, DType dtype, ReduceOp op,
+                 int root, RingDone done, const RingOptions& opt) {
+  const std::string name = "reduce (tcp)";
+  check_group(g, name, done, opt);
+  const int rank = g.mesh->rank();
+  check_reduction(dtype, op, name, rank);
+  if (numel < 0) throw ValueError(name, "negative numel", rank);
+  if (numel > 0 && !buf) throw ValueError(name, "null buffer", rank);
+  const int n = int(g.ranks.size());
+  if (root < 0 || root >= n)
+    throw ValueError(name, "root " + std::to_string(root) + " is outside a group of " + std::to_string(n), rank);
+  const std::size_t bytes = std::size_t(numel) * itemsize(dtype);
+  if (n == 1 || numel == 0) {  // as ring_all_reduce (n == 1: this rank is the root)
+    if ((op == ReduceOp::avg || opt.pre_divisor > 0) && numel > 0)
+      reduce_members(ReduceSpec{op, dtype, opt.order, opt.pre_divisor, numel}, {buf}, {buf}, 0, numel);
+    g.mesh->post([done = std::move(done)] { done(nullptr); });
+    return;
+  }
+  // The paths and segments of ring_all_reduce, so the root gets its bits.
+  if (bytes <= opt.small_bytes || (n == 2 && bytes <= opt.pair_bytes)) {
+    run<SmallAllReduceOp>(g, op_id, name, std::move(done), opt, buf, numel, dtype, op, root);
+    return;
+  }
+  std::vector<const void*> inputs(n);
+  std::vector<std::int64_t> counts(n);
+  auto* base = static_cast<std::byte*>(buf);
+  for (int s = 0; s < n; ++s) {
+    const std::int64_t lo = std::int64_t(s) * numel / n, hi = std::int64_t(s + 1) * numel / n;
+    counts[s] = hi - lo;
+    inputs[s] = base + std::size_t(lo) * itemsize(dtype);
+  }
+  AfterScatter after{AfterScatter::to_root, root, {}};
+  void* out = nullptr;
+  if (g.me == root) {
+    for (int s = 0; s < n; ++s) after.segments.push_back(const_cast<void*>(inputs[s]));
+    out = after.segments[g.me];
+  }
+  launch_reduce_scatter(g, op_id, name, std::move(done), opt, std::move(inputs), std::move(counts), out, dtype, op,
+                        std::move(after));
 }
 
 }  // namespace dopt::detail
