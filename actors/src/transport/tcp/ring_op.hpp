@@ -209,6 +209,13 @@ void run(const RingGroup& g, Args&&... args) {
   std::make_shared<Op>(g, std::forward<Args>(args)...)->launch();
 }
 
+/// ring_all_reduce's latency path (every member's whole buffer to every
+/// peer, reduced in place in rank order); with root >= 0 (ring_reduce) only
+/// the root receives and reduces, the others only send to it.
+void launch_small_all_reduce(const RingGroup& g, std::uint64_t op_id, std::string name, RingDone done,
+                             const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op,
+                             int root);
+
 /// What the reduce-scatter does with the reduced segments after it.
 struct AfterScatter {
   enum Kind { none, all_gather, to_root };

@@ -58,8 +58,8 @@ class ReduceScatterOp : public RingOp {
       const std::size_t per_chunk = std::size_t(n_ - 1) * std::size_t(slot_elems_) * isz_;
       w_ = std::min<std::size_t>(std::max<std::size_t>(std::size_t(opt_.window), opt_.scratch_bytes / per_chunk), nc_);
       whole_ = w_ == nc_;
-      scratch_ = Buffer(mesh_, std::size_t(n_ - 1) * isz_ *
-                                   (whole_ ? std::size_t(counts_[me_]) : w_ * std::size_t(slot_elems_)));
+      scratch_ = Buffer(
+          mesh_, std::size_t(n_ - 1) * isz_ * (whole_ ? std::size_t(counts_[me_]) : w_ * std::size_t(slot_elems_)));
       arrived_.assign(nc_, 0);
       if (sends_from_scratch()) sent_.assign(nc_, 0);
       posted_ = w_;
@@ -130,10 +130,9 @@ class ReduceScatterOp : public RingOp {
       for (int k = 0; k < n_; ++k)
         ins[k] = k == me_ ? static_cast<const std::byte*>(inputs_[me_]) + off : slot(c, peer_index(me_, k));
       // The chunk's place in the whole buffer (all_reduce, reduce: my segment's start).
-      const std::int64_t seg_lo =
-          whole_buffer() ? std::int64_t((static_cast<const std::byte*>(inputs_[me_]) -
-                                         static_cast<const std::byte*>(inputs_[0])) / isz_)
-                         : 0;
+      const auto* mine = static_cast<const std::byte*>(inputs_[me_]);
+      const auto* first = static_cast<const std::byte*>(inputs_[0]);
+      const std::int64_t seg_lo = whole_buffer() ? std::int64_t((mine - first) / isz_) : 0;
       reduce_members(spec(), ins, {out}, seg_lo + std::int64_t(c) * ce_, std::int64_t(len(me_, c)));
     }
     if (all_gather_) send(next(), tag(k_ag, std::uint64_t(me_)), out, len(me_, c) * isz_, code_[c]);
