@@ -82,8 +82,9 @@ struct RingOptions {
   /// halves are one chunk each (no pipelining lost). Scratch: the buffer.
   std::size_t pair_bytes = std::size_t(2) << 20;
   /// Chunks of its own segment a reducing rank receives ahead (scratch =
-  /// window * (n-1) * chunk_bytes). Messages that come earlier are buffered
-  /// by the mesh.
+  /// window * (n-1) * chunk_bytes, or the n-1 contributions of its whole
+  /// segment when the window covers it). Messages that come earlier are
+  /// buffered by the mesh.
   int window = 4;
   /// The reduce-scatter receives further ahead than `window` while its
   /// scratch stays within this many bytes (0: exactly `window`). A sender
