@@ -262,8 +262,7 @@ TEST_CASE("ring all_reduce: the latency path in pieces (uneven, 3 and 5 ranks, r
   }
 }
 
-TEST_CASE("ring reduce: the root gets ring_all_reduce's bits, the other ranks' buffers are only read",
-          "[tcp][ring]") {
+TEST_CASE("ring reduce: the root gets ring_all_reduce's bits, the other ranks' buffers are only read", "[tcp][ring]") {
   // Option sets: tiny chunks with a window of 2 (the scratch reused round
   // robin, a non-root owner's next chunk posted once its reduced chunk is
   // sent), tiny chunks with the whole segment in scratch, the latency path in
@@ -590,4 +589,60 @@ TEST_CASE("ring reduce: argument errors throw synchronously", "[tcp][ring]") {
                   dopt::DTypeError);
   CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, nullptr, 1, DType::float32, ReduceOp::sum, 0, noop),
                   dopt::ValueError);
+}
+
+TEST_CASE(
+    "ring reduce: an absent peer (a non-root or the root) fails every other rank, no hang, and the survivors "
+    "reduce afterwards",
+    "[tcp][ring]") {
+  for (int n : {3, 5}) {
+    const int dead = n == 3 ? 1 : 3;
+    for (int root : {0, dead}) {
+      INFO("n=" << n << " root=" << root);
+      auto ms = loopback_meshes(n);
+      // 2M floats, chunks of 256 KiB, a window of 2: a non-root owner posts
+      // its later chunks as its reduced ones are sent.
+      const std::int64_t numel = std::int64_t(2) << 20;
+      RingOptions opt;
+      opt.chunk_bytes = 256 << 10;
+      opt.window = 2;
+      opt.scratch_bytes = 0;
+      std::vector<Bytes> buf(n);
+      for (int r = 0; r < n; ++r) buf[r] = make_data(DType::float32, numel, r);
+      ms[dead]->close();
+      Waiter w;
+      const std::uint64_t id = next_op_id();
+      for (int r = 0; r < n; ++r)
+        if (r != dead)
+          dopt::detail::ring_reduce(world(ms, r), id, buf[r].data(), numel, DType::float32, ReduceOp::sum, root,
+                                    w.cb(r), opt);
+      auto errs = w.wait_by_slot(kBound);
+      for (int r = 0; r < n; ++r) {
+        if (r == dead) continue;
+        INFO("rank " << r << ": " << (errs[r] ? message_of(errs[r]) : "no error"));
+        REQUIRE(errs[r]);
+        CHECK(is<dopt::PeerLostError>(errs[r]));
+        CHECK_THAT(message_of(errs[r]),
+                   Catch::Contains("reduce (tcp)") && Catch::Contains("rank " + std::to_string(dead) + " lost"));
+      }
+      // The survivors' connections stayed in step: a reduce among them works.
+      std::vector<int> alive;
+      for (int r = 0; r < n; ++r)
+        if (r != dead) alive.push_back(r);
+      std::vector<Bytes> in(alive.size()), b2(alive.size());
+      std::vector<const unsigned char*> ptrs;
+      for (std::size_t i = 0; i < alive.size(); ++i) in[i] = b2[i] = make_data(DType::float64, 50001, alive[i], 9);
+      for (auto& b : in) ptrs.push_back(b.data());
+      const Bytes want = reference(DType::float64, ReduceOp::sum, ptrs, 50001);
+      RingOptions small_chunks;
+      small_chunks.chunk_bytes = 8192;
+      Waiter w2;
+      const std::uint64_t id2 = next_op_id();
+      for (std::size_t i = 0; i < alive.size(); ++i)
+        dopt::detail::ring_reduce(group_of(ms, alive, int(i)), id2, b2[i].data(), 50001, DType::float64, ReduceOp::sum,
+                                  1, w2.cb(int(i)), small_chunks);
+      w2.wait_ok(kBound);
+      for (std::size_t i = 0; i < alive.size(); ++i) CHECK(b2[i] == (i == 1 ? want : in[i]));
+    }
+  }
 }
