@@ -17,7 +17,7 @@
 //   the calls of this size minus the resident memory before them (tensors
 //   already allocated and touched): what the collective itself costs.
 // Sizes follow nccl-tests (and ../shared/baselines/gloo): `bytes` is the whole
-// buffer: the tensor of all_reduce and broadcast, the output of all_gather
+// buffer: the tensor of all_reduce, reduce (to rank 0) and broadcast, the output of all_gather
 // (each rank contributes bytes / world_size), the input of reduce_scatter
 // (each rank keeps bytes / world_size). float32 tensors; reduce op sum.
 #include <algorithm>
@@ -89,6 +89,7 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
     }
     auto once = [&] {
       if (cfg.op == "all_reduce") pg.all_reduce(t);
+      else if (cfg.op == "reduce") pg.reduce(t, 0);
       else if (cfg.op == "broadcast") pg.broadcast(t, 0);
       else if (cfg.op == "all_gather") pg.all_gather_into_tensor(out, t);
       else if (cfg.op == "reduce_scatter") pg.reduce_scatter(out, parts);
@@ -143,8 +144,8 @@ void run(dopt::RankContext& ctx, const Config& cfg, const char* mode) {
 int main(int argc, char** argv) {
   CLI::App app{"Time dopt's collectives (JSON lines from rank 0)"};
   Config cfg;
-  app.add_option("--op", cfg.op, "all_reduce | broadcast | all_gather | reduce_scatter | barrier | memcpy (one rank)")
-      ->check(CLI::IsMember({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "memcpy"}));
+  app.add_option("--op", cfg.op, "all_reduce | reduce | broadcast | all_gather | reduce_scatter | barrier | memcpy (one rank)")
+      ->check(CLI::IsMember({"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "memcpy"}));
   app.add_option("--bytes", cfg.bytes, "Tensor size(s) in bytes (default: a sweep 4 KiB .. 256 MiB)")
       ->check(CLI::PositiveNumber);
   app.add_option("--iters", cfg.iters, "Timed calls per size (default: 200 up to 1 MiB, 30 up to 16 MiB, else 10)")

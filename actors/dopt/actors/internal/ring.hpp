@@ -82,8 +82,9 @@ struct RingOptions {
   /// halves are one chunk each (no pipelining lost). Scratch: the buffer.
   std::size_t pair_bytes = std::size_t(2) << 20;
   /// Chunks of its own segment a reducing rank receives ahead (scratch =
-  /// window * (n-1) * chunk_bytes). Messages that come earlier are buffered
-  /// by the mesh.
+  /// window * (n-1) * chunk_bytes, or the n-1 contributions of its whole
+  /// segment when the window covers it). Messages that come earlier are
+  /// buffered by the mesh.
   int window = 4;
   /// The reduce-scatter receives further ahead than `window` while its
   /// scratch stays within this many bytes (0: exactly `window`). A sender
@@ -99,6 +100,16 @@ using RingDone = std::function<void(std::exception_ptr)>;
 /// buf (numel elements, in place) <- op over every member's buf.
 void ring_all_reduce(const RingGroup& group, std::uint64_t op_id, void* buf, std::int64_t numel,
                      DType dtype, ReduceOp op, RingDone done, const RingOptions& options = {});
+
+/// buf (numel elements) of member root (a group rank) <- op over every
+/// member's buf, bit for bit what ring_all_reduce leaves there; the other
+/// members' buf is only read (no copy of it is made). Small buffers go
+/// whole to the root; large ones are reduce-scattered as in
+/// ring_all_reduce, and each owner sends its reduced segment to the root.
+/// Scratch: the root's as ring_all_reduce's; the others' is their share of
+/// the reduce-scatter (at most RingOptions::scratch_bytes, or window chunks).
+void ring_reduce(const RingGroup& group, std::uint64_t op_id, void* buf, std::int64_t numel, DType dtype,
+                 ReduceOp op, int root, RingDone done, const RingOptions& options = {});
 
 /// output (counts[me] elements) <- op over inputs[me] of every member.
 /// inputs[s] (counts[s] elements) is this rank's contribution to member s's

@@ -122,7 +122,6 @@ struct RingResult {
   std::uint64_t gid = 0;
   std::uint64_t seq = 0;
   std::exception_ptr error;
-  std::shared_ptr<void> keep;  // scratch the collective used
 };
 using RingResultPtr = std::shared_ptr<const RingResult>;
 

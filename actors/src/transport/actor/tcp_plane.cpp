@@ -23,13 +23,11 @@ void RankState::start_ring(CollKey key, CollState& st) {
   g.me = op.my_grank;
   const std::uint64_t id = mesh_op_id(key.first, key.second);
   caf::actor me_ = me();
-  auto scratch = std::make_shared<Tensor>();
-  auto done = [me_, key, scratch](std::exception_ptr e) {
+  auto done = [me_, key](std::exception_ptr e) {
     auto r = std::make_shared<RingResult>();
     r->gid = key.first;
     r->seq = key.second;
     r->error = std::move(e);
-    r->keep = scratch;
     caf::anon_send(me_, ringdone_atom::value, RingResultPtr(std::move(r)));
   };
   const Tensor& t0 = op.tensors[0];
@@ -40,16 +38,10 @@ void RankState::start_ring(CollKey key, CollState& st) {
     case CollKind::all_reduce:
       ring_all_reduce(g, id, t0.data_ptr(), t0.numel(), op.desc.dtype, op.desc.op, done, ro);
       break;
-    case CollKind::reduce: {
-      // Every rank computes the reduction; only dst keeps it.
-      void* buf = t0.data_ptr();
-      if (op.my_grank != op.desc.root) {
-        *scratch = t0.clone();
-        buf = scratch->data_ptr();
-      }
-      ring_all_reduce(g, id, buf, t0.numel(), op.desc.dtype, op.desc.op, done, ro);
+    case CollKind::reduce:
+      // Only dst receives; the other ranks' tensors are only read (no copy).
+      ring_reduce(g, id, t0.data_ptr(), t0.numel(), op.desc.dtype, op.desc.op, op.desc.root, done, ro);
       break;
-    }
     case CollKind::broadcast:
       ring_broadcast(g, id, t0.data_ptr(), t0.nbytes(), op.desc.root, done);
       break;

@@ -262,6 +262,47 @@ TEST_CASE("ring all_reduce: the latency path in pieces (uneven, 3 and 5 ranks, r
   }
 }
 
+TEST_CASE("ring reduce: the root gets ring_all_reduce's bits, the other ranks' buffers are only read", "[tcp][ring]") {
+  // Option sets: tiny chunks with a window of 2 (the scratch reused round
+  // robin, a non-root owner's next chunk posted once its reduced chunk is
+  // sent), tiny chunks with the whole segment in scratch, the latency path in
+  // pieces, and the defaults (latency path for small buffers).
+  std::vector<RingOptions> opts = option_sets();
+  RingOptions whole_window = opts[0];
+  whole_window.scratch_bytes = std::size_t(64) << 20;
+  RingOptions pieces;
+  pieces.small_bytes = std::size_t(8) << 20;
+  opts.push_back(whole_window);
+  opts.push_back(pieces);
+  for (int n : {1, 2, 3, 5}) {
+    auto ms = loopback_meshes(n);
+    for (const RingOptions& base : opts)
+      for (auto [dt, op] : {std::pair{DType::float32, ReduceOp::sum}, std::pair{DType::float16, ReduceOp::avg},
+                            std::pair{DType::int64, ReduceOp::max}})
+        for (auto order : {dopt::ReduceOrder::rank, dopt::ReduceOrder::ring})
+          for (std::int64_t numel : {std::int64_t{0}, std::int64_t{3}, std::int64_t{1001}, std::int64_t{300007}}) {
+            RingOptions opt = base;
+            opt.order = order;
+            opt.pre_divisor = dopt::is_floating_point(dt) && order == dopt::ReduceOrder::ring ? 3 : 0;
+            const int root = int(std::uint64_t(numel) % std::uint64_t(n));
+            INFO("n=" << n << " dtype=" << dopt::dtype_name(dt) << " op=" << dopt::reduce_op_name(op)
+                      << " numel=" << numel << " chunk=" << opt.chunk_bytes << " small=" << opt.small_bytes
+                      << " scratch=" << opt.scratch_bytes << " root=" << root);
+            std::vector<Bytes> in(n), all(n), red(n);
+            for (int r = 0; r < n; ++r) in[r] = all[r] = red[r] = make_data(dt, numel, r, 7);
+            Waiter wa, wr;
+            const std::uint64_t ida = next_op_id(), idr = next_op_id();
+            for (int r = 0; r < n; ++r) {
+              dopt::detail::ring_all_reduce(world(ms, r), ida, all[r].data(), numel, dt, op, wa.cb(r), opt);
+              dopt::detail::ring_reduce(world(ms, r), idr, red[r].data(), numel, dt, op, root, wr.cb(r), opt);
+            }
+            wa.wait_ok(kBound);
+            wr.wait_ok(kBound);
+            for (int r = 0; r < n; ++r) CHECK(red[r] == (r == root ? all[r] : in[r]));
+          }
+  }
+}
+
 TEST_CASE("ring reduce_scatter: uneven segments, separate and aliased inputs", "[tcp][ring]") {
   for (int n : {1, 2, 3, 5}) {
     auto ms = loopback_meshes(n);
@@ -534,4 +575,74 @@ TEST_CASE("ring: argument errors throw synchronously", "[tcp][ring]") {
   CHECK_THROWS_AS(dopt::detail::ring_broadcast(world(ms, 0), 1, &x, 4, 2, noop), dopt::ValueError);
   CHECK_THROWS_AS(dopt::detail::ring_all_gather(world(ms, 0), 1, &x, 4, std::vector<void*>{&x}, noop),
                   dopt::ValueError);
+}
+
+TEST_CASE("ring reduce: argument errors throw synchronously", "[tcp][ring]") {
+  auto ms = loopback_meshes(2);
+  float x = 0;
+  auto noop = [](std::exception_ptr) {};
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, &x, 1, DType::float32, ReduceOp::sum, 2, noop),
+                  dopt::ValueError);
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, &x, 1, DType::float32, ReduceOp::sum, -1, noop),
+                  dopt::ValueError);
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, &x, 1, DType::bool_, ReduceOp::sum, 0, noop),
+                  dopt::DTypeError);
+  CHECK_THROWS_AS(dopt::detail::ring_reduce(world(ms, 0), 1, nullptr, 1, DType::float32, ReduceOp::sum, 0, noop),
+                  dopt::ValueError);
+}
+
+TEST_CASE(
+    "ring reduce: an absent peer (a non-root or the root) fails every other rank, no hang, and the survivors "
+    "reduce afterwards",
+    "[tcp][ring]") {
+  for (int n : {3, 5}) {
+    const int dead = n == 3 ? 1 : 3;
+    for (int root : {0, dead}) {
+      INFO("n=" << n << " root=" << root);
+      auto ms = loopback_meshes(n);
+      // 2M floats, chunks of 256 KiB, a window of 2: a non-root owner posts
+      // its later chunks as its reduced ones are sent.
+      const std::int64_t numel = std::int64_t(2) << 20;
+      RingOptions opt;
+      opt.chunk_bytes = 256 << 10;
+      opt.window = 2;
+      opt.scratch_bytes = 0;
+      std::vector<Bytes> buf(n);
+      for (int r = 0; r < n; ++r) buf[r] = make_data(DType::float32, numel, r);
+      ms[dead]->close();
+      Waiter w;
+      const std::uint64_t id = next_op_id();
+      for (int r = 0; r < n; ++r)
+        if (r != dead)
+          dopt::detail::ring_reduce(world(ms, r), id, buf[r].data(), numel, DType::float32, ReduceOp::sum, root,
+                                    w.cb(r), opt);
+      auto errs = w.wait_by_slot(kBound);
+      for (int r = 0; r < n; ++r) {
+        if (r == dead) continue;
+        INFO("rank " << r << ": " << (errs[r] ? message_of(errs[r]) : "no error"));
+        REQUIRE(errs[r]);
+        CHECK(is<dopt::PeerLostError>(errs[r]));
+        CHECK_THAT(message_of(errs[r]),
+                   Catch::Contains("reduce (tcp)") && Catch::Contains("rank " + std::to_string(dead) + " lost"));
+      }
+      // The survivors' connections stayed in step: a reduce among them works.
+      std::vector<int> alive;
+      for (int r = 0; r < n; ++r)
+        if (r != dead) alive.push_back(r);
+      std::vector<Bytes> in(alive.size()), b2(alive.size());
+      std::vector<const unsigned char*> ptrs;
+      for (std::size_t i = 0; i < alive.size(); ++i) in[i] = b2[i] = make_data(DType::float64, 50001, alive[i], 9);
+      for (auto& b : in) ptrs.push_back(b.data());
+      const Bytes want = reference(DType::float64, ReduceOp::sum, ptrs, 50001);
+      RingOptions small_chunks;
+      small_chunks.chunk_bytes = 8192;
+      Waiter w2;
+      const std::uint64_t id2 = next_op_id();
+      for (std::size_t i = 0; i < alive.size(); ++i)
+        dopt::detail::ring_reduce(group_of(ms, alive, int(i)), id2, b2[i].data(), 50001, DType::float64, ReduceOp::sum,
+                                  1, w2.cb(int(i)), small_chunks);
+      w2.wait_ok(kBound);
+      for (std::size_t i = 0; i < alive.size(); ++i) CHECK(b2[i] == (i == 1 ? want : in[i]));
+    }
+  }
 }

@@ -12,11 +12,13 @@ namespace {
 // reduced as soon as it has come from every peer and gone to every peer
 // (the send reads the buffer the result overwrites), so the reduction of
 // one piece overlaps the transfer of the next. Element-wise: the result is
-// the same bit for bit whatever the pieces.
+// the same bit for bit whatever the pieces. With a root (ring_reduce), the
+// other ranks send to the root only and receive nothing; the root sends
+// nothing and reduces.
 class SmallAllReduceOp : public RingOp {
  public:
   SmallAllReduceOp(const RingGroup& g, std::uint64_t id, std::string name, RingDone done,
-                   const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op)
+                   const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op, int root)
       : RingOp(g, id, std::move(name), std::move(done), opt),
         buf_(static_cast<std::byte*>(buf)),
         numel_(numel),
@@ -24,8 +26,9 @@ class SmallAllReduceOp : public RingOp {
         op_(op),
         bytes_(std::size_t(numel) * itemsize(dtype)),
         pieces_(pieces_for(numel, bytes_)),
-        left_(std::size_t(pieces_), 2 * (n_ - 1)),
-        scratch_(mesh_, std::size_t(n_ - 1) * bytes_) {}
+        root_(root),
+        left_(std::size_t(pieces_), root < 0 ? 2 * (n_ - 1) : me_ == root ? n_ - 1 : 1),
+        scratch_(mesh_, receives() ? std::size_t(n_ - 1) * bytes_ : 0) {}
 
  protected:
   void start() override {
@@ -34,8 +37,11 @@ class SmallAllReduceOp : public RingOp {
       const std::size_t off = lo(p) * itemsize(dtype_), len = (lo(p + 1) - lo(p)) * itemsize(dtype_);
       for (int s = 0; s < n_; ++s) {
         if (s == me_) continue;
-        send(s, tag(k_small, std::uint64_t(p)), buf_ + off, len, 0, [self, p] { self->piece_done(p); });
-        recv(s, tag(k_small, std::uint64_t(p)), slot(s) + off, len, [self, p](std::uint32_t) { self->piece_done(p); });
+        if (root_ < 0 || s == root_)
+          send(s, tag(k_small, std::uint64_t(p)), buf_ + off, len, 0, [self, p] { self->piece_done(p); });
+        if (receives())
+          recv(s, tag(k_small, std::uint64_t(p)), slot(s) + off, len,
+               [self, p](std::uint32_t) { self->piece_done(p); });
       }
     }
   }
@@ -48,9 +54,10 @@ class SmallAllReduceOp : public RingOp {
     return int(std::min<std::size_t>({std::size_t(k_pieces_max), bytes / k_piece_min, std::size_t(numel)}));
   }
   std::int64_t lo(int p) const { return numel_ * p / pieces_; }
+  bool receives() const { return root_ < 0 || me_ == root_; }
   // Piece p's messages are all done: reduce it in place (unless the call failed).
   void piece_done(int p) {
-    if (--left_[std::size_t(p)] > 0 || error_) return;
+    if (--left_[std::size_t(p)] > 0 || error_ || !receives()) return;
     const std::int64_t a = lo(p), count = lo(p + 1) - a;
     const std::size_t off = std::size_t(a) * itemsize(dtype_);
     std::vector<const void*> ins(static_cast<std::size_t>(n_));
@@ -68,13 +75,18 @@ class SmallAllReduceOp : public RingOp {
   ReduceOp op_;
   std::size_t bytes_;
   int pieces_;
+  int root_;  // -1: all_reduce
   std::vector<int> left_;  // per piece: its sends and recvs not yet done
   Buffer scratch_;
 };
 
-// --- all_gather ------------------------------------------------------------------------
-
 }  // namespace
+
+void launch_small_all_reduce(const RingGroup& g, std::uint64_t op_id, std::string name, RingDone done,
+                             const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op,
+                             int root) {
+  run<SmallAllReduceOp>(g, op_id, std::move(name), std::move(done), opt, buf, numel, dtype, op, root);
+}
 }  // namespace ring
 
 using namespace ring;
@@ -96,7 +108,7 @@ void ring_all_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::in
     return;
   }
   if (bytes <= opt.small_bytes || (n == 2 && bytes <= opt.pair_bytes)) {
-    run<SmallAllReduceOp>(g, op_id, name, std::move(done), opt, buf, numel, dtype, op);
+    launch_small_all_reduce(g, op_id, name, std::move(done), opt, buf, numel, dtype, op, -1);
     return;
   }
   // Segment s = [s*numel/n, (s+1)*numel/n), like the in-process algorithm.
@@ -112,7 +124,7 @@ void ring_all_reduce(const RingGroup& g, std::uint64_t op_id, void* buf, std::in
   }
   void* out = segments[g.me];
   launch_reduce_scatter(g, op_id, name, std::move(done), opt, std::move(inputs), std::move(counts), out, dtype, op,
-                        true, std::move(segments));
+                        AfterScatter{AfterScatter::all_gather, -1, std::move(segments)});
 }
 
 }  // namespace dopt::detail

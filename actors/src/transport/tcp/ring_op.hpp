@@ -20,7 +20,7 @@ using transport::Tag;
 using transport::TcpMesh;
 
 // Message streams of one collective (the lo half of the tag: phase << 32 | segment).
-enum Phase : std::uint64_t { k_rs = 1, k_ag = 2, k_small = 3, k_bcast = 4 };
+enum Phase : std::uint64_t { k_rs = 1, k_ag = 2, k_small = 3, k_bcast = 4, k_root = 5 };
 inline Tag tag_of(std::uint64_t op_id, Phase phase, std::uint64_t segment) {
   return Tag{op_id, (std::uint64_t(phase) << 32) | segment};
 }
@@ -209,10 +209,32 @@ void run(const RingGroup& g, Args&&... args) {
   std::make_shared<Op>(g, std::forward<Args>(args)...)->launch();
 }
 
-/// The reduce-scatter of ring_reduce_scatter, and of ring_all_reduce (which
-/// then all-gathers the reduced segments).
+/// ring_all_reduce's latency path (every member's whole buffer to every
+/// peer, reduced in place in rank order); with root >= 0 (ring_reduce) only
+/// the root receives and reduces, the others only send to it.
+void launch_small_all_reduce(const RingGroup& g, std::uint64_t op_id, std::string name, RingDone done,
+                             const RingOptions& opt, void* buf, std::int64_t numel, DType dtype, ReduceOp op,
+                             int root);
+
+/// What the reduce-scatter does with the reduced segments after it.
+struct AfterScatter {
+  enum Kind { none, all_gather, to_root };
+  Kind kind = none;
+  /// to_root: the group rank that receives every reduced segment.
+  int root = -1;
+  /// all_gather, and to_root on the root: where segment s goes (the
+  /// whole buffer's segment s). Empty on the other ranks of to_root.
+  std::vector<void*> segments;
+};
+
+/// The reduce-scatter of ring_reduce_scatter, of ring_all_reduce (which then
+/// all-gathers the reduced segments) and of ring_reduce (which sends them to
+/// the root). With all_gather and to_root, inputs[s] are the segments of one
+/// whole buffer (the reduction order needs their place in it); output is
+/// this rank's own segment, or null on a rank other than to_root's root (the
+/// reduced chunk is then written over a chunk of scratch and sent from there).
 void launch_reduce_scatter(const RingGroup& g, std::uint64_t op_id, std::string name, RingDone done,
                            const RingOptions& opt, std::vector<const void*> inputs, std::vector<std::int64_t> counts,
-                           void* output, DType dtype, ReduceOp op, bool all_gather, std::vector<void*> segments);
+                           void* output, DType dtype, ReduceOp op, AfterScatter after);
 
 }  // namespace dopt::detail::ring
