@@ -143,6 +143,7 @@ void RankState::on_net_arrive(NetArrival& na, bool relayed) {
   } catch (const std::exception&) {
     return;  // malformed: as if it never came (the call times out naming the sender)
   }
+  if (!deferred.empty()) answer_deferred(a->gid, a->seq, a->from, a);  // asked for while on its way (relay.cpp)
   on_arrive(a);
 }
 

@@ -97,6 +97,8 @@ void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead,
   };
   fail_p2p(recvs, &P2PKey::src, "recv", "sending");
   if (actor_dead) fail_p2p(sends, &P2PKey::dst, "send", "receiving");
+  // Nothing more comes from it here: questions about its arrivals are answered (relay.cpp).
+  if (actor_dead) settle_deferred(peer, true);
   answer_admission_waiter();  // a newcomer in join_group() whose members are all gone (revive.cpp)
 }
 
@@ -113,6 +115,8 @@ void RankState::on_heartbeat_tick() {
   if (last_tick.time_since_epoch().count() != 0 && now - last_tick > 3 * heartbeat_period(peer_timeout))
     std::fill(last_heard.begin(), last_heard.end(), now);
   last_tick = now;
+  ++ticks;
+  settle_deferred(-1, false);  // a heartbeat period after the loss was learned (relay.cpp)
   for (const auto& [r, w] : waiting) self->send(w.actor, hb_atom::value, rank);  // replacements (revive.cpp)
   for (int r = 0; r < world; ++r) {
     if (r == rank || dead.count(r)) continue;

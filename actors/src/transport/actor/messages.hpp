@@ -148,9 +148,10 @@ using arrive_atom = caf::atom_constant<caf::atom("arrive")>;  // (arrive, Arriva
 using done_atom = caf::atom_constant<caf::atom("done")>;      // (done, gid, seq): my share is written
 using abort_atom = caf::atom_constant<caf::atom("abort")>;    // (abort, gid, from, why): the group is broken
 // Between processes, small calls (relay.cpp): a lost member's arrival that
-// reached some members only. (want, gid, seq, group rank, asker): the asker
-// (global rank) lacks that member's arrival; (have, gid, seq, group rank,
-// answerer, has, NetArrival): the answer, with the arrival when has.
+// reached some members only. (want, gid, seq, group rank, its global rank,
+// asker): the asker (global rank) lacks that member's arrival; (have, gid,
+// seq, group rank, answerer, has, NetArrival): the answer, with the arrival
+// when has.
 using want_atom = caf::atom_constant<caf::atom("want")>;
 using have_atom = caf::atom_constant<caf::atom("have")>;
 // Rank actor -> rank actor: point to point.

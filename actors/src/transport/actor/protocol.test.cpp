@@ -103,11 +103,19 @@ struct NetWorld : World {
                      std::shared_ptr<dopt::transport::TcpMesh>());
     sched.run();
   }
-  /// Rank r hears that rank `peer`'s process is gone (as from a peer that saw it).
+  /// Rank r hears that rank `peer`'s process is gone, from a peer that saw it.
   void gone(int r, int peer) {
     caf::anon_send(actors[static_cast<std::size_t>(r)], dopt::detail::gone_atom::value, peer,
                    std::string("its process was killed"), true);
   }
+  /// Rank r's own connection to rank `peer` closes (its process died): the
+  /// last message from it has come. Rank r tells the others (gone).
+  void down(int r, int peer) {
+    caf::anon_send(actors[static_cast<std::size_t>(r)], caf::down_msg{actors[static_cast<std::size_t>(peer)].address(),
+                                                                      caf::exit_reason::remote_link_unreachable});
+  }
+  /// A heartbeat tick of rank r (the test's clock; sched.run never fires them).
+  void tick(int r) { caf::anon_send(actors[static_cast<std::size_t>(r)], dopt::detail::hbtick_atom::value); }
   /// Takes the next message of a, which must be `atom`, out of its mailbox (redeliver puts it back).
   caf::mailbox_element_ptr take(const caf::actor& a, const std::string& atom) {
     REQUIRE(next_atom(a) == atom);
@@ -318,7 +326,7 @@ TEST_CASE("protocol: between processes, a lost rank's arrival that reached one s
   REQUIRE(c.f[0].is_ready());
   c.f[0].get();
   w.drop(w.actors[2], "arrive");  // never reaches rank 2
-  w.gone(2, 1);
+  w.down(2, 1);
   w.sched.run();
   REQUIRE(c.f[2].is_ready());
   c.f[2].get();  // rank 0 relayed it (before: PeerLostError on rank 2 only)
@@ -333,28 +341,57 @@ TEST_CASE("protocol: between processes, a lost rank's arrival that reached no su
   auto& w = c.w;
   w.drop(w.actors[0], "arrive");
   w.drop(w.actors[2], "arrive");
-  w.gone(0, 1);
-  w.gone(2, 1);
+  w.down(0, 1);
+  w.down(2, 1);
   w.sched.run();
   for (int r : {0, 2})
     CHECK_THAT(error_of<dopt::PeerLostError>(c.f[static_cast<std::size_t>(r)]), Catch::Contains("rank 1 was lost"));
   CHECK(w.sched.jobs.empty());
 }
 
-TEST_CASE("protocol: between processes, a survivor asked for a lost rank's arrival it lacks refuses the copy that "
-          "comes later - the survivors still agree",
+TEST_CASE("protocol: between processes, a lost rank's arrival still on its way to a survivor counts - every "
+          "survivor completes the call",
           "[actors][protocol]") {
   LastArrival c;
   auto& w = c.w;
   w.drop(w.actors[0], "arrive");
   auto late = w.take(w.actors[2], "arrive");  // still on its way to rank 2
+  w.down(0, 1);  // rank 0 asks rank 2, and tells it rank 1 is gone
+  w.sched.run();
+  CHECK_FALSE(c.f[0].is_ready());  // rank 2 cannot answer yet: its connection to rank 1 is still open
+  CHECK_FALSE(c.f[2].is_ready());
+  w.redeliver(w.actors[2], std::move(late));
+  w.sched.run();
+  for (int r : {0, 2}) {
+    REQUIRE(c.f[static_cast<std::size_t>(r)].is_ready());
+    c.f[static_cast<std::size_t>(r)].get();  // before: PeerLostError, though a copy was on its way
+    CHECK(c.t[static_cast<std::size_t>(r)].to_vector<float>() == std::vector<float>(6, 6.0f));
+  }
+  CHECK(w.sched.jobs.empty());
+}
+
+TEST_CASE("protocol: between processes, a survivor that answered no refuses the lost rank's copy that comes later "
+          "- the survivors still agree",
+          "[actors][protocol]") {
+  // No survivor's own connection to rank 1 closes (stopped or cut off, say):
+  // each answers a heartbeat period after it learned of the loss.
+  LastArrival c;
+  auto& w = c.w;
+  w.drop(w.actors[0], "arrive");
+  auto late = w.take(w.actors[2], "arrive");
   w.gone(0, 1);
-  w.sched.run();  // rank 0 asks rank 2, which has nothing yet
-  CHECK_THAT(error_of<dopt::PeerLostError>(c.f[0]), Catch::Contains("rank 1 was lost"));
+  w.gone(2, 1);
+  w.sched.run();  // each asks the other; neither answers yet
+  for (int i = 0; i < 2; ++i) w.tick(2);
+  w.sched.run();  // rank 2 answers no; rank 0 waits a heartbeat period for its own copy
+  CHECK_FALSE(c.f[0].is_ready());
   w.redeliver(w.actors[2], std::move(late));
   w.sched.run();
   CHECK_FALSE(c.f[2].is_ready());  // refused: completing here would disagree with rank 0
-  w.gone(2, 1);
+  for (int i = 0; i < 2; ++i) w.tick(0);
+  w.sched.run();
+  CHECK_THAT(error_of<dopt::PeerLostError>(c.f[0]), Catch::Contains("rank 1 was lost"));
+  for (int i = 0; i < 2; ++i) w.tick(2);
   w.sched.run();
   CHECK_THAT(error_of<dopt::PeerLostError>(c.f[2]), Catch::Contains("rank 1 was lost"));
   CHECK(w.sched.jobs.empty());

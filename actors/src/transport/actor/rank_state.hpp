@@ -83,6 +83,9 @@ struct CollState {
   /// Net small calls: group rank of a lost member whose arrival is asked for
   /// (relay.cpp) -> the global ranks that have not answered yet.
   std::map<int, std::set<int>> asked;
+  /// Every member answered no: group rank -> the heartbeat tick then. The
+  /// call fails once no copy can still be on its way here either.
+  std::map<int, std::uint64_t> closing;
 };
 
 struct RankState {
@@ -120,6 +123,16 @@ struct RankState {
   // and the (gid, seq, group rank) arrivals refused once asked for.
   std::map<std::uint64_t, std::deque<std::pair<std::uint64_t, std::vector<ArrivalPtr>>>> kept;
   std::set<std::tuple<std::uint64_t, std::uint64_t, int>> refused;
+  // Questions (want) about an arrival that may still be on its way here:
+  // (gid, seq, group rank) -> the lost member's global rank, the askers and
+  // the heartbeat tick at which the first came.
+  struct Deferred {
+    int lost_rank = -1;
+    std::set<int> askers;
+    std::uint64_t tick = 0;
+  };
+  std::map<std::tuple<std::uint64_t, std::uint64_t, int>, Deferred> deferred;
+  std::uint64_t ticks = 0;  // heartbeat ticks so far
 
   std::map<P2PKey, OpPtr> sends;              // my sends waiting for the receiver
   std::map<P2PKey, OpPtr> recvs;              // my recvs waiting for the sender
@@ -171,15 +184,29 @@ struct RankState {
   /// rank g: asks the members not known lost for it (once) and refuses the
   /// lost member's own copy from now on. false: nobody to ask (the call fails).
   bool ask_for_arrival(CollKey key, CollState& st, int g);
-  /// A member asks for group rank g's arrival of (gid, seq): the copy held
-  /// here (pending or kept), or no; without one, that arrival is refused here.
-  void on_want(std::uint64_t gid, std::uint64_t seq, int g, int asker);
+  /// A member asks for group rank g's (global lost_rank's) arrival of (gid,
+  /// seq): the copy held here (pending or kept), at once. Without one, the
+  /// answer waits while the copy may still be on its way here: until it
+  /// comes (then the copy), or this rank's own verdict that lost_rank is gone
+  /// (its connection closed, or silence: nothing more comes from it), or a
+  /// heartbeat period after this rank learned of the loss otherwise (a peer
+  /// told it); then no, and that arrival is refused here from then on.
+  void on_want(std::uint64_t gid, std::uint64_t seq, int g, int lost_rank, int asker);
+  /// Answers the questions waiting for (gid, seq, g): with `held`, or no.
+  void answer_deferred(std::uint64_t gid, std::uint64_t seq, int g, const ArrivalPtr& held);
+  /// Answers no to the waiting questions about `peer` (-1: any peer known
+  /// lost), all of them or only those that waited a heartbeat period, and
+  /// fails the closing calls that waited for such a peer's copy likewise.
+  void settle_deferred(int peer, bool all);
   /// The answer of member `from`: a relayed arrival completes the call when
   /// it was the last one missing; the last "no" fails it.
   void on_have(std::uint64_t gid, std::uint64_t seq, int g, int from, bool has, NetArrival& na);
   /// Member `peer` was lost: it answers no more. Whether a call's asking is
   /// over with an arrival still missing (the call then fails).
   bool asking_ends(CollState& st, int peer);
+  /// Every member asked answered no for group rank g: whether the call fails
+  /// now (no copy can still come here); otherwise it waits (closing).
+  bool no_copy_left(CollState& st, int g);
   /// A net small call completed: its arrivals (but this rank's own) are kept.
   void keep_arrivals(CollKey key, CollState& st);
 
