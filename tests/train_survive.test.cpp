@@ -304,8 +304,17 @@ TEST_CASE("dopt-train --survive under dopt-run --on-failure replace: the killed 
   INFO(d.out);
   CHECK(d.ok());  // every rank's last process exited 0
   CHECK(contains(d.out, "dopt-run: rank 1 killed by signal 9 (SIGKILL)"));
-  CHECK(contains(d.out, "dopt-train: rank(s) 1 lost during step " + std::to_string(kill_at + 1) +
-                            "; 2 ranks go on (--survive)"));
+  // Rank 1 dies right after its loss report of step 30 returned. On the shm
+  // plane its share of that report is in shared memory: the survivors see
+  // the loss in step 31. On the TCP plane its share may not have left the
+  // process (SIGKILL drops what is still queued): then no survivor has it,
+  // all of them fail that report and recover before step 31 (docs/fault-
+  // tolerance.md, "dopt-train --survive"). Either way they agree.
+  const auto lost_during = [&](long step) {
+    return contains(d.out, "dopt-train: rank(s) 1 lost during step " + std::to_string(step) +
+                               "; 2 ranks go on (--survive)");
+  };
+  CHECK((lost_during(kill_at + 1) || (transport == "tcp" && lost_during(kill_at))));
   // The replacement's own line, the lead's note and its final report.
   CHECK(contains(d.out, "dopt-train: rank 1 (replacement, incarnation 1) rejoined the job at step "));
   CHECK(contains(d.out, "dopt-train: rank(s) 1 rejoined before step "));

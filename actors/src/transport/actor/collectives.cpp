@@ -32,16 +32,25 @@ void RankState::on_call(OpPtr op) {
   for (int g = 0; g < n; ++g) watch(global_of(st, g));
   // A member that was lost before arriving will never arrive (messages from
   // one actor arrive in order, and its 'lost' came after its arrivals).
+  // Between processes a small call's arrival may have reached another
+  // member, though (the lost process sent it to some members only): it is
+  // asked for once this rank's own arrival is out (relay.cpp).
+  auto lost_before = [&](int peer) {
+    fail(op, Failure{FailKind::peer_lost, name_,
+                     "rank " + std::to_string(peer) + " was lost before it joined " + op->desc.str() + " in " +
+                         group_str(op->gid) + " (seq " + std::to_string(op->seq) + "): " + lost[peer]});
+    colls.erase(key);
+    failed.insert(key);
+  };
+  std::vector<int> ask;
   for (int g = 0; g < n; ++g) {
     int peer = global_of(st, g);
     if (!st.arrivals[static_cast<std::size_t>(g)] && lost.count(peer) && peer != rank) {
-      Failure f{FailKind::peer_lost, name_,
-                "rank " + std::to_string(peer) + " was lost before it joined " + op->desc.str() + " in " +
-                    group_str(op->gid) + " (seq " + std::to_string(op->seq) + "): " + lost[peer]};
-      fail(op, f);
-      colls.erase(key);
-      failed.insert(key);
-      return;
+      if (net && small_call(op->desc)) {
+        ask.push_back(g);
+        continue;
+      }
+      return lost_before(peer);
     }
   }
   auto a = std::make_shared<Arrival>();
@@ -72,6 +81,8 @@ void RankState::on_call(OpPtr op) {
     else self->send(actor_of(peer), arrive_atom::value, ap);
   }
   self->delayed_send(me(), op->timeout, tmo_atom::value, op->gid, op->seq);
+  for (int g : ask)
+    if (!ask_for_arrival(key, st, g)) return lost_before(global_of(st, g));
   progress(key);
 }
 
@@ -82,7 +93,7 @@ caf::message RankState::make_net_arrival(CollState& st, const Op& op) {
   na.from = op.my_grank;
   na.members = *op.members;
   na.desc = op.desc;
-  const bool small = shape_numel(op.desc.shape) * static_cast<std::int64_t>(itemsize(op.desc.dtype)) <= kSmallBytes;
+  const bool small = small_call(op.desc);
   st.small = small;
   // Decided from the descriptor alone, so every rank takes the same path.
   st.ring = !small && op.desc.has_tensor();
@@ -117,9 +128,10 @@ Tensor RankState::net_tensor(NetBuf& b) {
   return Tensor::from_blob(p, b.shape, b.dtype, Device::cpu(), std::shared_ptr<void>(std::move(bytes)));
 }
 
-void RankState::on_net_arrive(NetArrival& na) {
+void RankState::on_net_arrive(NetArrival& na, bool relayed) {
   CollKey key{na.gid, na.seq};
   if (failed.count(key) || broken.count(na.gid)) return;
+  if (!relayed && refused.count({na.gid, na.seq, na.from})) return;  // asked for, and answered no (relay.cpp)
   auto a = std::make_shared<Arrival>();
   a->gid = na.gid;
   a->seq = na.seq;
@@ -131,6 +143,7 @@ void RankState::on_net_arrive(NetArrival& na) {
   } catch (const std::exception&) {
     return;  // malformed: as if it never came (the call times out naming the sender)
   }
+  if (!deferred.empty()) answer_deferred(a->gid, a->seq, a->from, a);  // asked for while on its way (relay.cpp)
   on_arrive(a);
 }
 
@@ -216,6 +229,7 @@ void RankState::progress(CollKey key) {
   }
   if (st.n_done < n) return;
   op->promise.set_value();
+  if (net && st.small) keep_arrivals(key, st);
   colls.erase(it);
 }
 

@@ -67,7 +67,12 @@ void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead,
         // collective ends by itself, with an error if bytes are missing).
         const bool owes_work = needs_done_phase(st.local->desc.kind) && !st.small && !st.ring;
         fails = !st.arrivals[g] || (actor_dead && owes_work);
+        // Between processes, its arrival of a small call may have reached
+        // another member: asked for before the call fails (relay.cpp).
+        if (fails && net && st.small && !st.arrivals[g] && ask_for_arrival(it->first, st, static_cast<int>(g)))
+          fails = false;
       }
+      if (!fails) fails = asking_ends(st, peer);
     }
     if (fails) {
       fail(st.local, lost_failure_of(it->first, st, peer));
@@ -92,6 +97,8 @@ void RankState::on_lost(int peer, const std::string& what_seen, bool actor_dead,
   };
   fail_p2p(recvs, &P2PKey::src, "recv", "sending");
   if (actor_dead) fail_p2p(sends, &P2PKey::dst, "send", "receiving");
+  // Nothing more comes from it here: questions about its arrivals are answered (relay.cpp).
+  if (actor_dead) settle_deferred(peer, true);
   answer_admission_waiter();  // a newcomer in join_group() whose members are all gone (revive.cpp)
 }
 
@@ -108,6 +115,8 @@ void RankState::on_heartbeat_tick() {
   if (last_tick.time_since_epoch().count() != 0 && now - last_tick > 3 * heartbeat_period(peer_timeout))
     std::fill(last_heard.begin(), last_heard.end(), now);
   last_tick = now;
+  ++ticks;
+  settle_deferred(-1, false);  // a heartbeat period after the loss was learned (relay.cpp)
   for (const auto& [r, w] : waiting) self->send(w.actor, hb_atom::value, rank);  // replacements (revive.cpp)
   for (int r = 0; r < world; ++r) {
     if (r == rank || dead.count(r)) continue;

@@ -146,6 +146,13 @@ using initnet_atom = caf::atom_constant<caf::atom("initnet")>;  // (initnet, Pee
 using arrive_atom = caf::atom_constant<caf::atom("arrive")>;  // (arrive, Arrival | NetArrival)
 using done_atom = caf::atom_constant<caf::atom("done")>;      // (done, gid, seq): my share is written
 using abort_atom = caf::atom_constant<caf::atom("abort")>;    // (abort, gid, from, why): the group is broken
+// Between processes, small calls (relay.cpp): a lost member's arrival that
+// reached some members only. (want, gid, seq, group rank, its global rank,
+// asker): the asker (global rank) lacks that member's arrival; (have, gid,
+// seq, group rank, answerer, has, NetArrival): the answer, with the arrival
+// when has.
+using want_atom = caf::atom_constant<caf::atom("want")>;
+using have_atom = caf::atom_constant<caf::atom("have")>;
 // Rank actor -> rank actor: point to point.
 using p2p_atom = caf::atom_constant<caf::atom("p2p")>;          // (p2p, P2PArrival | NetP2P): a send
 using p2pdone_atom = caf::atom_constant<caf::atom("p2pdone")>;  // (p2pdone, P2PReply): received (or refused)

@@ -31,6 +31,7 @@
 #include "dopt/runtime/error.hpp"
 #include "collectives/access.hpp"
 #include "core/ranks.hpp"
+#include "transport/actor/messages.hpp"
 
 namespace {
 
@@ -85,6 +86,47 @@ struct World : test_coordinator_fixture<> {
     auto& q = std::get<caf::scheduled_actor::normal_queue_index>(deref<caf::scheduled_actor>(a).mailbox().queue().queues());
     auto dropped = q.take_front();
     REQUIRE(dropped != nullptr);
+  }
+};
+
+/// The rank actors as between processes (net: small buffers inline, each
+/// rank computes its whole result, no done phase), without a TCP mesh: small
+/// calls only. Losses come as gone messages (a peer's process is gone).
+struct NetWorld : World {
+  explicit NetWorld(int n) : World(n) {
+    auto peers = std::make_shared<dopt::detail::Peers>();
+    peers->actors = actors;
+    peers->table = std::make_shared<dopt::detail::PeerTable>(n);
+    dopt::detail::PeersPtr pp = peers;
+    for (auto& a : actors)
+      caf::anon_send(a, dopt::detail::initnet_atom::value, pp, std::int64_t{10000},
+                     std::shared_ptr<dopt::transport::TcpMesh>());
+    sched.run();
+  }
+  /// Rank r hears that rank `peer`'s process is gone, from a peer that saw it.
+  void gone(int r, int peer) {
+    caf::anon_send(actors[static_cast<std::size_t>(r)], dopt::detail::gone_atom::value, peer,
+                   std::string("its process was killed"), true);
+  }
+  /// Rank r's own connection to rank `peer` closes (its process died): the
+  /// last message from it has come. Rank r tells the others (gone).
+  void down(int r, int peer) {
+    caf::anon_send(actors[static_cast<std::size_t>(r)], caf::down_msg{actors[static_cast<std::size_t>(peer)].address(),
+                                                                      caf::exit_reason::remote_link_unreachable});
+  }
+  /// A heartbeat tick of rank r (the test's clock; sched.run never fires them).
+  void tick(int r) { caf::anon_send(actors[static_cast<std::size_t>(r)], dopt::detail::hbtick_atom::value); }
+  /// Takes the next message of a, which must be `atom`, out of its mailbox (redeliver puts it back).
+  caf::mailbox_element_ptr take(const caf::actor& a, const std::string& atom) {
+    REQUIRE(next_atom(a) == atom);
+    auto& q =
+        std::get<caf::scheduled_actor::normal_queue_index>(deref<caf::scheduled_actor>(a).mailbox().queue().queues());
+    auto e = q.take_front();
+    REQUIRE(e != nullptr);
+    return e;
+  }
+  void redeliver(const caf::actor& a, caf::mailbox_element_ptr e) {
+    caf::actor_cast<caf::abstract_actor*>(a)->enqueue(std::move(e), nullptr);
   }
 };
 
@@ -249,4 +291,108 @@ TEST_CASE("protocol: a delayed send is matched by its recv in either order", "[a
   REQUIRE(s.is_ready());
   s.get();
   CHECK(dst.to_vector<float>() == std::vector<float>(5, 7.0f));
+}
+
+// Between processes a rank sends its arrival to each member in turn; killed
+// meanwhile, it reaches some survivors only (issue 45: the survivors then
+// disagreed about which call completed and recovered in different groups).
+// In each case rank 1 arrives last and completes; where its arrival goes is
+// up to the case.
+namespace {
+struct LastArrival {
+  NetWorld w{3};
+  std::vector<Tensor> t;
+  std::vector<Future<void>> f;
+  LastArrival() {
+    for (int r = 0; r < 3; ++r) t.push_back(Tensor::full({6}, r + 1.0));
+    f.resize(3);
+    f[0] = w.groups[0].all_reduce_async(t[0]);
+    f[2] = w.groups[2].all_reduce_async(t[2]);
+    w.sched.run();  // ranks 0 and 2 arrive; rank 1 holds their arrivals
+    f[1] = w.groups[1].all_reduce_async(t[1]);
+    w.deliver(w.actors[1], "call");
+    REQUIRE(f[1].is_ready());  // rank 1 had every arrival; its own is on the way to 0 and 2
+    f[1].get();
+  }
+};
+}  // namespace
+
+TEST_CASE("protocol: between processes, a lost rank's arrival that reached one survivor only is relayed - every "
+          "survivor completes the call",
+          "[actors][protocol]") {
+  LastArrival c;
+  auto& w = c.w;
+  w.deliver(w.actors[0], "arrive");
+  REQUIRE(c.f[0].is_ready());
+  c.f[0].get();
+  w.drop(w.actors[2], "arrive");  // never reaches rank 2
+  w.down(2, 1);
+  w.sched.run();
+  REQUIRE(c.f[2].is_ready());
+  c.f[2].get();  // rank 0 relayed it (before: PeerLostError on rank 2 only)
+  for (int r : {0, 2}) CHECK(c.t[static_cast<std::size_t>(r)].to_vector<float>() == std::vector<float>(6, 6.0f));
+  CHECK(w.sched.jobs.empty());
+}
+
+TEST_CASE("protocol: between processes, a lost rank's arrival that reached no survivor fails the call on every "
+          "survivor",
+          "[actors][protocol]") {
+  LastArrival c;
+  auto& w = c.w;
+  w.drop(w.actors[0], "arrive");
+  w.drop(w.actors[2], "arrive");
+  w.down(0, 1);
+  w.down(2, 1);
+  w.sched.run();
+  for (int r : {0, 2})
+    CHECK_THAT(error_of<dopt::PeerLostError>(c.f[static_cast<std::size_t>(r)]), Catch::Contains("rank 1 was lost"));
+  CHECK(w.sched.jobs.empty());
+}
+
+TEST_CASE("protocol: between processes, a lost rank's arrival still on its way to a survivor counts - every "
+          "survivor completes the call",
+          "[actors][protocol]") {
+  LastArrival c;
+  auto& w = c.w;
+  w.drop(w.actors[0], "arrive");
+  auto late = w.take(w.actors[2], "arrive");  // still on its way to rank 2
+  w.down(0, 1);  // rank 0 asks rank 2, and tells it rank 1 is gone
+  w.sched.run();
+  CHECK_FALSE(c.f[0].is_ready());  // rank 2 cannot answer yet: its connection to rank 1 is still open
+  CHECK_FALSE(c.f[2].is_ready());
+  w.redeliver(w.actors[2], std::move(late));
+  w.sched.run();
+  for (int r : {0, 2}) {
+    REQUIRE(c.f[static_cast<std::size_t>(r)].is_ready());
+    c.f[static_cast<std::size_t>(r)].get();  // before: PeerLostError, though a copy was on its way
+    CHECK(c.t[static_cast<std::size_t>(r)].to_vector<float>() == std::vector<float>(6, 6.0f));
+  }
+  CHECK(w.sched.jobs.empty());
+}
+
+TEST_CASE("protocol: between processes, a survivor that answered no refuses the lost rank's copy that comes later "
+          "- the survivors still agree",
+          "[actors][protocol]") {
+  // No survivor's own connection to rank 1 closes (stopped or cut off, say):
+  // each answers a heartbeat period after it learned of the loss.
+  LastArrival c;
+  auto& w = c.w;
+  w.drop(w.actors[0], "arrive");
+  auto late = w.take(w.actors[2], "arrive");
+  w.gone(0, 1);
+  w.gone(2, 1);
+  w.sched.run();  // each asks the other; neither answers yet
+  for (int i = 0; i < 2; ++i) w.tick(2);
+  w.sched.run();  // rank 2 answers no; rank 0 waits a heartbeat period for its own copy
+  CHECK_FALSE(c.f[0].is_ready());
+  w.redeliver(w.actors[2], std::move(late));
+  w.sched.run();
+  CHECK_FALSE(c.f[2].is_ready());  // refused: completing here would disagree with rank 0
+  for (int i = 0; i < 2; ++i) w.tick(0);
+  w.sched.run();
+  CHECK_THAT(error_of<dopt::PeerLostError>(c.f[0]), Catch::Contains("rank 1 was lost"));
+  for (int i = 0; i < 2; ++i) w.tick(2);
+  w.sched.run();
+  CHECK_THAT(error_of<dopt::PeerLostError>(c.f[2]), Catch::Contains("rank 1 was lost"));
+  CHECK(w.sched.jobs.empty());
 }

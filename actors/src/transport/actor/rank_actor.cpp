@@ -98,6 +98,12 @@ caf::behavior rank_actor(caf::stateful_actor<RankState>* self, int rank, int wor
 
       [self](p2precv_atom, const P2PKey& k, const std::string& error) { self->state.on_p2p_received(k, error); },
       [self](arrive_atom, NetArrival& a) { self->state.on_net_arrive(a); },
+      [self](want_atom, std::uint64_t gid, std::uint64_t seq, int g, int lost_rank, int asker) {
+        self->state.on_want(gid, seq, g, lost_rank, asker);
+      },
+      [self](have_atom, std::uint64_t gid, std::uint64_t seq, int g, int from, bool has, NetArrival& a) {
+        self->state.on_have(gid, seq, g, from, has, a);
+      },
       [self](p2p_atom, NetP2P& a) { self->state.on_net_p2p(a); },
       [self](call_atom, const OpPtr& op) { self->state.on_call(op); },
       [self](arrive_atom, const ArrivalPtr& a) { self->state.on_arrive(a); },

@@ -13,16 +13,19 @@
 //   direct.cpp        the work split on addressable buffers
 //   p2p.cpp           send/recv matching
 //   tcp_plane.cpp     collectives and sends whose bytes go over the TCP mesh
+//   relay.cpp         net small calls: a lost member's arrival that reached some members only
 //
 // Threads: a rank actor runs on CAF's workers, one message at a time; it
 // never blocks. Users reach it through RankEndpoint::post (call messages).
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -34,6 +37,11 @@ namespace dopt::detail {
 /// control message, and every rank computes its whole result itself (no done
 /// phase): latency wins. Larger ones go over the TCP mesh.
 inline constexpr std::int64_t kSmallBytes = 64 * 1024;
+
+/// Net: whether a call of desc goes inline (small) rather than over the mesh.
+inline bool small_call(const CollDesc& d) {
+  return shape_numel(d.shape) * static_cast<std::int64_t>(itemsize(d.dtype)) <= kSmallBytes;
+}
 
 /// Whether peers read (or write) tensor i of an Op of this kind.
 inline bool shared_with_peers(CollKind k, std::size_t i, bool is_root) {
@@ -72,6 +80,12 @@ struct CollState {
   bool computed = false;
   bool small = false;  // net: inline bytes, each rank computes all of its result
   bool ring = false;   // tcp: the data moves in a ring collective on the mesh
+  /// Net small calls: group rank of a lost member whose arrival is asked for
+  /// (relay.cpp) -> the global ranks that have not answered yet.
+  std::map<int, std::set<int>> asked;
+  /// Every member answered no: group rank -> the heartbeat tick then. The
+  /// call fails once no copy can still be on its way here either.
+  std::map<int, std::uint64_t> closing;
 };
 
 struct RankState {
@@ -103,6 +117,22 @@ struct RankState {
   bool self_failed = false;
   std::string self_failed_what;
   bool removed = false;  // out of the job: fenced by a peer that had declared it lost (remove_self)
+
+  // Net small calls (relay.cpp): the arrivals of each group's latest
+  // completed calls (gid -> (seq, arrivals by group rank), oldest first),
+  // and the (gid, seq, group rank) arrivals refused once asked for.
+  std::map<std::uint64_t, std::deque<std::pair<std::uint64_t, std::vector<ArrivalPtr>>>> kept;
+  std::set<std::tuple<std::uint64_t, std::uint64_t, int>> refused;
+  // Questions (want) about an arrival that may still be on its way here:
+  // (gid, seq, group rank) -> the lost member's global rank, the askers and
+  // the heartbeat tick at which the first came.
+  struct Deferred {
+    int lost_rank = -1;
+    std::set<int> askers;
+    std::uint64_t tick = 0;
+  };
+  std::map<std::tuple<std::uint64_t, std::uint64_t, int>, Deferred> deferred;
+  std::uint64_t ticks = 0;  // heartbeat ticks so far
 
   std::map<P2PKey, OpPtr> sends;              // my sends waiting for the receiver
   std::map<P2PKey, OpPtr> recvs;              // my recvs waiting for the sender
@@ -136,7 +166,9 @@ struct RankState {
   /// Net: the message for the peers (inline bytes of small buffers).
   caf::message make_net_arrival(CollState& st, const Op& op);
   Tensor net_tensor(NetBuf& b);
-  void on_net_arrive(NetArrival& na);
+  /// relayed: a copy another member passed on (relay.cpp), taken even when
+  /// the sender's own was refused.
+  void on_net_arrive(NetArrival& na, bool relayed = false);
   void on_arrive(const ArrivalPtr& a);
   void on_done(std::uint64_t gid, std::uint64_t seq);
   void progress(CollKey key);
@@ -146,6 +178,37 @@ struct RankState {
   void break_group(std::uint64_t gid, const Failure& why);
   void on_timeout(std::uint64_t gid, std::uint64_t seq);
   void on_abort(std::uint64_t gid, int from, const std::string& msg);
+
+  // --- a lost member's arrival (transport/actor/relay.cpp) ------------------------------
+  /// Net small call `key`, pending here, lacks the arrival of its lost group
+  /// rank g: asks the members not known lost for it (once) and refuses the
+  /// lost member's own copy from now on. false: nobody to ask (the call fails).
+  bool ask_for_arrival(CollKey key, CollState& st, int g);
+  /// A member asks for group rank g's (global lost_rank's) arrival of (gid,
+  /// seq): the copy held here (pending or kept), at once. Without one, the
+  /// answer waits while the copy may still be on its way here: until it
+  /// comes (then the copy), or this rank's own verdict that lost_rank is gone
+  /// (its connection closed, or silence: nothing more comes from it), or a
+  /// heartbeat period after this rank learned of the loss otherwise (a peer
+  /// told it); then no, and that arrival is refused here from then on.
+  void on_want(std::uint64_t gid, std::uint64_t seq, int g, int lost_rank, int asker);
+  /// Answers the questions waiting for (gid, seq, g): with `held`, or no.
+  void answer_deferred(std::uint64_t gid, std::uint64_t seq, int g, const ArrivalPtr& held);
+  /// Answers no to the waiting questions about `peer` (-1: any peer known
+  /// lost), all of them or only those that waited a heartbeat period, and
+  /// fails the closing calls that waited for such a peer's copy likewise.
+  void settle_deferred(int peer, bool all);
+  /// The answer of member `from`: a relayed arrival completes the call when
+  /// it was the last one missing; the last "no" fails it.
+  void on_have(std::uint64_t gid, std::uint64_t seq, int g, int from, bool has, NetArrival& na);
+  /// Member `peer` was lost: it answers no more. Whether a call's asking is
+  /// over with an arrival still missing (the call then fails).
+  bool asking_ends(CollState& st, int peer);
+  /// Every member asked answered no for group rank g: whether the call fails
+  /// now (no copy can still come here); otherwise it waits (closing).
+  bool no_copy_left(CollState& st, int g);
+  /// A net small call completed: its arrivals (but this rank's own) are kept.
+  void keep_arrivals(CollKey key, CollState& st);
 
   // --- the TCP mesh (transport/actor/tcp_plane.cpp) --------------------------------------
   void start_ring(CollKey key, CollState& st);
