@@ -23,7 +23,10 @@ void RankState::start_ring(CollKey key, CollState& st) {
   g.me = op.my_grank;
   const std::uint64_t id = mesh_op_id(key.first, key.second);
   caf::actor me_ = me();
-  auto done = [me_, key](std::exception_ptr e) {
+  // The ring reads (and writes) the call's tensors until it ends, which may
+  // be after the call itself failed here (timeout, an abort): they stay
+  // alive until then.
+  auto done = [me_, key, keep = op.tensors](std::exception_ptr e) {
     auto r = std::make_shared<RingResult>();
     r->gid = key.first;
     r->seq = key.second;
