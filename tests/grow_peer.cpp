@@ -78,6 +78,15 @@ long refused_scenario(ProcessGroup& world, int me) {
   } catch (const dopt::TimeoutError& e) {
     why = grows ? e.what() : std::string();
   }
+  if (grows) {  // more than one newcomer per grow() between processes: refused at once
+    std::string two;
+    try {
+      world.grow({.newcomers = 2});
+    } catch (const dopt::NotSupportedError& e) {
+      two = e.what();
+    }
+    c.expect(two.find("newcomers join one at a time") != std::string::npos, "grow(2): refused at once: " + two);
+  }
   world.set_timeout(timeout);
   c.expect(why.find("ProcessGroup.grow") != std::string::npos, "grow: an error naming the call: " + why);
   if (grows) {

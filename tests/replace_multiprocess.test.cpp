@@ -227,7 +227,7 @@ TEST_CASE("replace: grow() between processes with no newcomer coming times out, 
                                       {{"DOPT_TIMEOUT_MS", "30000"}, {"DOPT_TRANSPORT", transport}});
   INFO(d.out);
   CHECK(d.ok());
-  require_all_ok(d.out, 3, 5);
+  require_all_ok(d.out, 3, 6);  // grow({.newcomers = 2}) refused at once among them
 }
 
 TEST_CASE("replace: on the hierarchical plane grow() refuses, naming the plane and what works instead",
@@ -585,6 +585,32 @@ TEST_CASE(
       CHECK_FALSE(contains(d.out, "error"));
     }
   }
+}
+
+TEST_CASE(
+    "replace: a late node's newcomer whose rank 0 never listens fails after DOPT_TIMEOUT_MS naming the address to "
+    "check",
+    "[replace][multiprocess]") {
+  auto late_env = [](int port) {
+    auto e = rank_env(2, 3, port);
+    e["DOPT_MIN_WORLD_SIZE"] = "2";
+    e["DOPT_SECRET"] = "the-elastic-worlds-secret-0123456789";
+    e["DOPT_REPLACES"] = "2";
+    e["DOPT_INCARNATION"] = "1";
+    e["DOPT_HANDSHAKE_TIMEOUT_MS"] = "1000";
+    e["DOPT_TIMEOUT_MS"] = "4000";
+    return e;
+  };
+  // Nobody listens: the job's timeout (4 s, above three handshake timeouts), then an error naming what to check.
+  const auto t0 = std::chrono::steady_clock::now();
+  const Done d = wait(start({kGrowPeer, "elastic"}, late_env(free_port())));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(d.out);
+  CHECK_FALSE(d.ok());
+  CHECK(contains(d.out, "did not listen within 4000 ms (DOPT_TIMEOUT_MS"));
+  CHECK(contains(d.out, "--master-addr and --master-port"));
+  CHECK(s >= 3.5);
+  CHECK(s < 30.0);
 }
 
 namespace {

@@ -713,6 +713,8 @@ void parse_nnodes(const std::string& text, const std::string& on_failure, Config
   auto number = [&](std::string_view part, const char* what) {
     int v = 0;
     const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (ec == std::errc::result_out_of_range)
+      throw CLI::ValidationError("--nnodes", "--nnodes " + text + ": " + what + " is too large");
     if (part.empty() || ec != std::errc() || end != part.data() + part.size() || v < 1)
       throw CLI::ValidationError("--nnodes", "--nnodes " + text + ": " + what + " must be a whole number >= 1");
     return v;

@@ -339,6 +339,14 @@ GrowResult ProcessGroup::grow(const GrowOptions& options) {
     throw ValueError(op, "newcomers must be >= 1, got " + std::to_string(options.newcomers), me);
   if (between_processes(g)) {
     check_plane_grows(g, op, me);
+    // Rank 0 admits one newcomer at a time (a newcomer learns the members
+    // when it is admitted, core/world.cpp): more would never come together.
+    if (options.newcomers > 1)
+      throw NotSupportedError(op, "newcomers = " + std::to_string(options.newcomers) +
+                                      ": between processes newcomers join one at a time (rank 0 admits the next "
+                                      "once the one waiting was taken in); grow({.newcomers = 1}) again while "
+                                      "newcomers_waiting() > 0",
+                              me);
     return grow_between_processes(*this, g, me, static_cast<std::size_t>(options.newcomers), op);
   }
   Lobby* lobby = nullptr;

@@ -234,7 +234,6 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
                                        "already closed to other newcomers until then (one joins at a time)");
         {
           std::lock_guard<std::mutex> lock(st.replacements->mutex);
-          st.replacements->admitted_at[rank] = now;
           int& last = st.replacements->incarnation[rank];
           if (incarnation <= last)
             return refuse(k_value, "incarnation " + std::to_string(incarnation) + " of rank " +
@@ -242,6 +241,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
                                        " was admitted already (another process took rank " + std::to_string(rank) +
                                        "'s slot)");
           last = incarnation;
+          st.replacements->admitted_at[rank] = now;  // (a stale one does not hold the others back)
         }
         const auto i = static_cast<std::size_t>(rank);
         st.table[i] = who;

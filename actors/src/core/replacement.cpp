@@ -23,6 +23,7 @@
 #include "core/secure_link.hpp"
 #include "core/world_setup.hpp"
 #include "dopt/actors/distributed.hpp"
+#include "dopt/runtime/notice.hpp"
 #include "dopt/runtime/settings.hpp"
 #include "transport/actor/rank_state.hpp"
 #include "transport/shm/shm_plane.hpp"
@@ -33,9 +34,8 @@ namespace {
 
 /// Rank 0's rendezvous, as the replacement (incarnation) of env.rank. dopt-run
 /// starts it as soon as the lost process ended; rank 0 may not have seen the
-/// loss yet and turns it away as a latecomer until then: it tries again,
-/// within the handshake timeout (a lost rank 0 must not hold it for the
-/// job's timeout). Rank 0's port refusing the connection (it listened for
+/// loss yet, or holds it back while another newcomer waits, and turns it
+/// away until then: it tries again, for `patience`. Rank 0's port refusing the connection (it listened for
 /// the whole job) ends it at once: the job's rank 0 is gone. A newcomer of a
 /// vacant slot tries for `patience`, a refused port included (rank 0 admits
 /// one newcomer at a time, and the job may not have started yet); its slot
@@ -43,31 +43,52 @@ namespace {
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
                         const std::function<std::string()>& make_info, const std::string& who, const char* op,
                         std::chrono::milliseconds patience, bool vacant_slot) {
-  const auto until = std::chrono::steady_clock::now() + patience;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto until = start + patience;
+  auto next_note = std::chrono::seconds(10);
+  bool reached = false;  // rank 0 answered once: its port refusing later means it is gone
   const LaunchEnv launch_env = env;
+  const std::string where = "rank 0 at " + launch_env.master_addr + ":" + std::to_string(launch_env.master_port);
+  const std::string within = " within " + std::to_string(patience.count()) + " ms (DOPT_TIMEOUT_MS, at least three " +
+                             "handshake timeouts)";
+  // Waiting for long says so: after 10 s, then every 30 s.
+  auto note_waiting = [&](const std::string& why) {
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start);
+    if (waited < next_note) return;
+    notice(std::string(op) + " [rank " + std::to_string(env.rank) + "]: " + who + "; still waiting after " +
+           std::to_string(waited.count()) + " s for " + where + " (" + why + "), for up to " +
+           std::to_string(patience.count() / 1000) + " s in all");
+    next_note = waited + std::chrono::seconds(30);
+  };
   for (;;) {
     try {
       env = launch_env;
       return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
     } catch (const PeerLostError& e) {
       // A vacant slot's newcomer may come before rank 0 listens (a late
-      // node started with the first ones): a refused port is not yet an end.
-      const bool early = vacant_slot && e.detail().find("refused the connection") != std::string::npos;
-      if (!early || std::chrono::steady_clock::now() >= until)
+      // node started with the first ones): a refused port is not yet an
+      // end, until rank 0 answered once.
+      const bool early = vacant_slot && !reached && e.detail().find("refused the connection") != std::string::npos;
+      if (!early)
         throw PeerLostError(op, who + ", but rank 0's rendezvous did not take it: " + e.detail(), env.rank);
+      if (Clock::now() >= until)
+        throw PeerLostError(op, who + ", but " + where + " did not listen" + within +
+                                    ": has the job started, and are --master-addr and --master-port those of its "
+                                    "node 0? (" + e.detail() + ")",
+                            env.rank);
+      note_waiting("it does not listen yet: has the job started?");
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     } catch (const ValueError& e) {
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
+      reached = true;
       if (vacant_slot && e.detail().find("is alive in rank 0's view") != std::string::npos)
         throw ValueError(op, who + ", but another process holds rank " + std::to_string(env.rank) +
                                  "'s slot already (a node started twice with the same --node-rank?): " + e.detail(),
                          env.rank);
-      if (std::chrono::steady_clock::now() >= until)
-        throw ValueError(op, who + ", but rank 0 did not admit it within " + std::to_string(patience.count()) +
-                                 " ms (" +
-                                 (patience == env.handshake_timeout ? "the handshake timeout" : "the timeout") +
-                                 "): " + e.detail(),
-                         env.rank);
+      if (Clock::now() >= until)
+        throw ValueError(op, who + ", but rank 0 did not admit it" + within + ": " + e.detail(), env.rank);
+      note_waiting("it holds this newcomer back for now");
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
@@ -143,7 +164,10 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   const int incarnation = static_cast<int>(std::max<long long>(1, settings::integer("DOPT_INCARNATION").value_or(1)));
   // A node that arrives after an elastic job started (dopt-run --nnodes
   // MIN:MAX, node K >= MIN) takes a vacant slot as a replacement takes a lost one.
-  const bool vacant_slot = replaces >= settings::integer("DOPT_MIN_WORLD_SIZE").value_or(env.world_size);
+  // Its first start only: a later incarnation of such a rank (dopt-run
+  // --on-failure replace on the late node) replaces a lost member.
+  const bool vacant_slot =
+      incarnation == 1 && replaces >= settings::integer("DOPT_MIN_WORLD_SIZE").value_or(env.world_size);
   const std::string who =
       vacant_slot ? "this process takes rank " + std::to_string(replaces) + "'s vacant slot (incarnation " +
                         std::to_string(incarnation) + ", DOPT_REPLACES set by dopt-run --nnodes MIN:MAX on a node "
@@ -183,9 +207,12 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
     my_info += " tcp=" + std::to_string(listener ? listener->port() : 0) + " pid=" + std::to_string(::getpid());
     return my_info;
   };
+  // Rank 0 holds a newcomer back while another one waits to be taken in
+  // (up to two handshake timeouts, rendezvous.cpp): both kinds try for the
+  // job's timeout, at least that long. A replacement whose rank 0 is gone
+  // fails at once all the same (its port refuses).
   RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op,
-                                vacant_slot ? std::max(env.handshake_timeout, options.timeout) : env.handshake_timeout,
-                                vacant_slot);
+                                std::max(3 * env.handshake_timeout, rt.options_.collective_timeout), vacant_slot);
   const auto& payloads = rendezvous_payloads(rdv);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> members;
