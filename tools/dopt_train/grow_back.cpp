@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "dopt/runtime/error.hpp"
+#include "dopt/runtime/settings.hpp"
 
 namespace dopt_train {
 
@@ -50,6 +51,13 @@ dopt::NotSupportedError no_survival_after_rejoin(int rank, std::int64_t step, co
                                      rejoin + "); a grown-back run does not survive a further loss yet: " +
                                      lost.detail(),
                                  rank);
+}
+
+bool came_after_job_ended(const std::exception& e) {
+  const std::string what = e.what();
+  return dopt::settings::integer("DOPT_REPLACES").has_value() && dynamic_cast<const dopt::PeerLostError*>(&e) &&
+         (what.find("the job's rank 0 is gone") != std::string::npos ||
+          what.find("the job ended") != std::string::npos);
 }
 
 }  // namespace dopt_train

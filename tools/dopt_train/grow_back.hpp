@@ -45,4 +45,9 @@ std::vector<int> grow_back(dopt::ProcessGroup& world, std::unique_ptr<Strategy>&
 dopt::NotSupportedError no_survival_after_rejoin(int rank, std::int64_t step, const std::string& rejoin,
                                                  const dopt::PeerLostError& lost);
 
+/// A replacement (DOPT_REPLACES) that failed with PeerLostError because its
+/// job ended (rank 0 gone, or every member): main exits with 75, a rank
+/// that left the job, not 1 (dopt-run --on-failure replace counts it lost).
+bool came_after_job_ended(const std::exception& e);
+
 }  // namespace dopt_train

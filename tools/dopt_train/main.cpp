@@ -795,7 +795,7 @@ int main(int argc, char** argv) {
       return g_exit_code.load();
     }
     std::fprintf(stderr, "dopt-train: error: %s\n", e.what());
-    return g_removed.load() ? kExitRemoved : 1;
+    return g_removed.load() || came_after_job_ended(e) ? kExitRemoved : 1;
   }
   return g_exit_code.load();
 }
