@@ -56,7 +56,7 @@ dopt::NotSupportedError no_survival_after_rejoin(int rank, std::int64_t step, co
 bool came_after_job_ended(const std::exception& e) {
   const std::string what = e.what();
   return dopt::settings::integer("DOPT_REPLACES").has_value() && dynamic_cast<const dopt::PeerLostError*>(&e) &&
-         (what.find("the job's rank 0 is gone") != std::string::npos ||
+         (what.find("rank 0 is gone") != std::string::npos ||
           what.find("the job ended") != std::string::npos);
 }
 

@@ -46,7 +46,8 @@ dopt::NotSupportedError no_survival_after_rejoin(int rank, std::int64_t step, co
                                                  const dopt::PeerLostError& lost);
 
 /// A replacement (DOPT_REPLACES) that failed with PeerLostError because its
-/// job ended (rank 0 gone, or every member): main exits with 75, a rank
+/// job ended ("rank 0 is gone", at its port or at registration, or "the job
+/// ended": every member gone): main exits with 75, a rank
 /// that left the job, not 1 (dopt-run --on-failure replace counts it lost).
 bool came_after_job_ended(const std::exception& e);
 
