@@ -112,7 +112,7 @@ check_restart() {
   [ -n "$step" ] || fail "round 1 did not resume at step 40 or 20"
   grep -q "dopt-train: $((100 - step)) steps in" "$work/out" || fail "round 1 did not train the $((100 - step)) steps left"
   no_leftovers
-  "$build/tools/dopt-run" --nproc-per-node 2 "$train" --steps 100 --hidden 64 --layers 2 --quiet \
+  "$build/tools/dopt-run" --master-port 0 --nproc-per-node 2 "$train" --steps 100 --hidden 64 --layers 2 --quiet \
     --dump-params "$work/ref.st" >"$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "the uninterrupted run failed"; }
   cmp -s "$work/params.st" "$work/ref.st" || fail "the parameters differ from the uninterrupted run's"
   echo "round 0: $(grep -m1 "worker pid=[0-9]* rank=0 .*restart=0" "$work/out" | sed 's/.*\(restart=.*\)/\1/')"
@@ -192,9 +192,9 @@ EOF
     grep -q "dopt-train: 60 steps in" "$work/out" || fail "the 4 ranks did not train 60 steps"
     no_leftovers
     # the reference: 2 ranks to that step, then 4 ranks from its checkpoint, under dopt-run
-    "$build/tools/dopt-run" --nproc-per-node 2 "$train" --steps "$step" --hidden 64 --layers 2 --checkpoint-dir \
+    "$build/tools/dopt-run" --master-port 0 --nproc-per-node 2 "$train" --steps "$step" --hidden 64 --layers 2 --checkpoint-dir \
       "$work/ref" --quiet >"$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "the reference's 2 ranks failed"; }
-    "$build/tools/dopt-run" --nproc-per-node 4 "$train" --steps $((step + 60)) --hidden 64 --layers 2 --checkpoint-dir \
+    "$build/tools/dopt-run" --master-port 0 --nproc-per-node 4 "$train" --steps $((step + 60)) --hidden 64 --layers 2 --checkpoint-dir \
       "$work/ref" --resume --elastic --quiet --dump-params "$work/ref.st" >"$work/ref.out" 2>&1 ||
       { cat "$work/ref.out"; fail "the reference's 4 ranks failed"; }
     cmp -s "$work/params.st" "$work/ref.st" || fail "the parameters differ from the reference's"
@@ -237,9 +237,9 @@ EOF
     for r in 0 1; do grep -q "worker pid=[0-9]* rank=$r world=2 restart=1 " "$work/out" || fail "no rank $r in round 1"; done
     grep -q "dopt-train: 60 steps in" "$work/out" || fail "the 2 ranks did not train 60 steps"
     no_leftovers
-    "$build/tools/dopt-run" --nproc-per-node 4 "$train" --steps "$step" --hidden 64 --layers 2 --checkpoint-dir \
+    "$build/tools/dopt-run" --master-port 0 --nproc-per-node 4 "$train" --steps "$step" --hidden 64 --layers 2 --checkpoint-dir \
       "$work/ref" --quiet >"$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "the reference's 4 ranks failed"; }
-    "$build/tools/dopt-run" --nproc-per-node 2 "$train" --steps $((step + 60)) --hidden 64 --layers 2 --checkpoint-dir \
+    "$build/tools/dopt-run" --master-port 0 --nproc-per-node 2 "$train" --steps $((step + 60)) --hidden 64 --layers 2 --checkpoint-dir \
       "$work/ref" --resume --elastic --quiet --dump-params "$work/ref.st" >"$work/ref.out" 2>&1 ||
       { cat "$work/ref.out"; fail "the reference's 2 ranks failed"; }
     cmp -s "$work/params.st" "$work/ref.st" || fail "the parameters differ from the reference's"
