@@ -87,3 +87,27 @@ TEST_CASE("rpc multiprocess: DistributedOptimizer with redundancy: an owner SIGK
   CHECK(contains(all, point == "mirrored" ? "completed;" : "needs="));
   CHECK_FALSE(contains(all, "error "));
 }
+
+TEST_CASE("rpc multiprocess: DistributedOptimizer grows back: a standby process takes a SIGKILLed owner's slot, "
+          "then the slot's former holder is SIGKILLed, the parameters end bitwise the reference",
+          "[rpc][multiprocess][survive][grow]") {
+  const int n = GENERATE(4, 6);  // the trainer, 2 or 4 owners, one standby (the last rank)
+  const int victim = n == 4 ? 2 : 3;
+  const int holder = n == 4 ? 1 : 4;
+  INFO(n << " processes, owner " << victim << " killed at the beginning of step 2, rank " << n - 1
+         << " joins at step 4, owner " << holder << " killed before step 5");
+  const auto ds = kPeer.by_hand(n, {"grow"});
+  std::string all;
+  check_victims_and_survivors(ds, {victim, holder}, [&](int, const Done& d) {
+    CHECK(d.ok());
+    all += d.out;
+  }, SIGKILL);
+  INFO(all);
+  // rank 0: the run, the count, every parameter bitwise (4 or 8), no victim an owner (2 per owner), the shutdown
+  CHECK(contains(all, n == 4 ? "ok 0 11" : "ok 0 19"));
+  const std::string slot = std::to_string(2 * (victim - 1)) + "," + std::to_string(2 * victim - 1);
+  CHECK(contains(all, "returned joined=" + std::to_string(n - 1) + " lost= moved=" + slot + " needs= step=4;"));
+  CHECK(contains(all, n == 4 ? "owners_joined 1,3" : "owners_joined 1,2,5,4"));
+  CHECK(contains(all, "changed lost=" + std::to_string(holder)));
+  CHECK_FALSE(contains(all, "error "));
+}

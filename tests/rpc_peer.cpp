@@ -28,6 +28,14 @@
 //                              takes over and rank 0's parameters end bitwise
 //                              a local optimizer's (optim/src/
 //                              distributed_optimizer_survive_scenarios.hpp)
+//   dopt_rpc_peer grow         the same with one standby worker (the last
+//                              rank): owner 2 (4 processes) or 3 (more)
+//                              SIGKILLs itself at the beginning of step 2,
+//                              the standby takes its slot at step 4
+//                              (distributed_optimizer_catch_up), the worker
+//                              that held the slot is SIGKILLed before step 5;
+//                              rank 0's parameters end bitwise the reference
+//                              (distributed_optimizer_grow_scenarios.hpp)
 //
 // stdout: "ok R <checks>" on success (after the graceful shutdown), otherwise
 // "error KIND: MESSAGE" and exit status 1. The killed rank prints nothing.
@@ -46,6 +54,7 @@
 #include "rpc/testing.hpp"
 #include "dopt/distributed/distributed_optimizer.hpp"
 #include "dopt/runtime/launch_env.hpp"
+#include "rpc_optim/distributed_optimizer_grow_scenarios.hpp"
 #include "rpc_optim/distributed_optimizer_survive_scenarios.hpp"
 #include "peer_main.hpp"
 #include "rpc_errors.hpp"
@@ -275,6 +284,31 @@ void survive(Agent& a, Checker& c, const do_survive_test::Scenario& sc) {
   std::printf("survive_log %s\n", got.log.c_str());
 }
 
+do_grow_test::Plan grow_plan(int world_size) {
+  do_grow_test::Plan p;
+  p.n = world_size - 1;  // the last rank is the standby worker
+  const int victim = p.n == 3 ? 2 : 3;
+  const int holder = p.n == 3 ? 1 : 4;
+  p.losses = {do_survive_test::Loss{victim, 2, "begin"}, do_survive_test::Loss{holder, 5, "before"}};
+  p.newcomers = {p.n};
+  return p;
+}
+
+void grow(Agent& a, Checker& c, const do_grow_test::Plan& p) {
+  if (a.rank() != 0) return;
+  const auto got = do_grow_test::trainer(a, p);
+  c.expect(got.done, "the run finished: " + got.error);
+  const auto ref = do_grow_test::reference(p);
+  c.expect(got.params.size() == ref.size(), "every parameter read back");
+  for (std::size_t i = 0; i < ref.size() && i < got.params.size(); ++i)
+    c.expect(got.params[i] == ref[i], "parameter " + std::to_string(i) + " bitwise the reference");
+  for (int o : got.owners)
+    for (const auto& l : p.losses) c.expect(o != l.victim, "a victim owns nothing");
+  std::string owners;
+  for (int o : got.owners_joined) owners += (owners.empty() ? "" : ",") + std::to_string(o);
+  std::printf("grow_log %s owners_joined %s\n", got.log.c_str(), owners.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -287,6 +321,12 @@ int main(int argc, char** argv) {
     if (!env) throw Error("rpc_peer", "not launched (no RANK / WORLD_SIZE)");
     rank = env->rank;
     do_survive_test::Scenario sc;
+    do_grow_test::Plan gp;
+    if (mode == "grow") {
+      gp = grow_plan(env->world_size);
+      do_survive_test::die_fn() = [](Agent&) { ::raise(SIGKILL); };
+      do_grow_test::install(gp);
+    }
     if (mode == "survive") {
       sc = survive_scenario(env->world_size, argc > 2 ? argv[2] : "begin");
       do_survive_test::die_fn() = [](Agent&) { ::raise(SIGKILL); };
@@ -312,6 +352,7 @@ int main(int argc, char** argv) {
     else if (mode == "errors") errors(agent, c);
     else if (mode == "lifetime") lifetime(agent, c);
     else if (mode == "survive") survive(agent, c, sc);
+    else if (mode == "grow") grow(agent, c, gp);
     else throw Error("rpc_peer", "unknown scenario '" + mode + "'");
     agent.shutdown();
     std::printf("ok %d %ld\n", rank, c.checks + 1);

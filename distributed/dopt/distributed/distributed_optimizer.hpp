@@ -76,7 +76,8 @@
 //     parameters and the owners; fall back to the last checkpoint.
 //   * step_async completes before it returns when redundancy > 0.
 //   * Taken-over parameters have the remaining buddies of their lost owner
-//     only: redundancy is not restored after a loss.
+//     only: redundancy is not restored after a loss, until a newcomer takes
+//     them (distributed_optimizer_catch_up below).
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -107,6 +108,10 @@ struct OwnerRecovery {
   std::int64_t step = 0;
   /// Whether the step in flight was completed (false after recover()).
   bool step_completed = false;
+  /// A join (distributed_optimizer_catch_up): the newcomers that became
+  /// owners, by rank; `moved` then also holds the parameters they took.
+  /// Empty after a loss.
+  std::vector<rpc::WorkerInfo> joined = {};
 };
 
 /// Thrown by a redundant DistributedOptimizer on the trainer after it
@@ -227,12 +232,16 @@ class DistributedOptimizer {
   static void register_functions();
 
  private:
+  friend OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const std::vector<rpc::To>& newcomers);
   struct Mirror {
     int rank = -1;
     rpc::RRef<OwnerMirror> ref;
   };
   struct Owner {
     int rank = -1;
+    /// The worker whose slot this is: the constructor's owner, or the
+    /// newcomer that took the slot (catch_up); rank differs after a takeover.
+    int home = -1;
     rpc::RRef<OwnerOptimizer> local;
     std::vector<std::size_t> params;  // indices into params_
     std::vector<Mirror> mirrors;
@@ -245,7 +254,8 @@ class DistributedOptimizer {
   std::vector<std::exception_ptr> fan_out_each(const std::string& method, const A&... args) const;
   void step_redundant(const rpc::GradContext& ctx);
   /// Agreement and takeover; `in_step`: the step in flight is steps_.
-  OwnerRecovery recover_owners(bool in_step, std::uint64_t context);
+  /// `joining`: newcomers agreed on as members too (catch_up).
+  OwnerRecovery recover_owners(bool in_step, std::uint64_t context, const std::vector<int>& joining = {});
   /// Runs `call` (a fan_out over the owners); on a lost owner recovers and
   /// runs it again; then `after`, then reports the recovery.
   void with_recovery(const char* op, const std::function<void()>& call, const std::function<void()>& after = {});
@@ -265,6 +275,42 @@ class DistributedOptimizer {
   Hyperparams staged_;
   std::optional<double> initial_lr_;
 };
+
+// --- growing back: a newcomer becomes an owner --------------------------------
+/// Redundancy (design in docs/fault-tolerance.md, "Growing back"): makes
+/// `newcomers` (live workers of the RPC world that are not yet owners or
+/// buddies of `opt`, by name or rank; the world is fixed at rpc::init, so a
+/// newcomer is a standby worker) owners again of the slots of lost owners.
+/// A slot is the parameters one owner held at construction; a slot is vacant
+/// while a buddy holds it after a takeover. Called by the trainer, on the
+/// thread that uses `opt`, between steps (no step in flight); the owners and
+/// newcomers take part through registered functions (nothing to call
+/// there). In order:
+///   1. the trainer, the owners, the buddies and the newcomers agree on the
+///      membership (rpc::agree_membership, a new epoch with the newcomers);
+///      owners lost meanwhile are taken over as in a recovery;
+///   2. the vacant slots, in the constructor's order, go to the newcomers in
+///      ascending rank: each slot's holder sends its parameters, optimizer
+///      state (the functional optimizer's state dict: state tensors,
+///      hyperparameters) and step number to its newcomer, point to point;
+///   3. the buddies are rebuilt by the constructor's rule over the grown set
+///      of owners: each slot's buddies are the next `redundancy` owners after
+///      its owner (cyclically by rank; fewer when there are not as many other
+///      owners). A copy already on such a buddy stays; the other buddies get
+///      a copy from the slot's owner, point to point; copies elsewhere go.
+/// parameters() then returns the newcomers' RRefs for the slots they took;
+/// training goes on bitwise as it would have without the loss. Returns the
+/// record (joined, moved: the parameters that moved, lost: owners lost
+/// meanwhile, step = step_count(), step_completed false) and calls
+/// DistributedOptimizerOptions::on_membership_change with it when set.
+/// Throws NotSupportedError (naming distributed_optimizer_catch_up and the
+/// trainer's rank) without redundancy and for more newcomers than vacant
+/// slots; ValueError for a newcomer that is the trainer, an owner or buddy,
+/// named twice or unknown; PeerLostError for a newcomer lost before it took its
+/// slot, or any worker lost while the state moves (nothing changed: opt
+/// goes on with its slots where they were, the next call recovers a lost
+/// owner); OwnerStateLostError as recover().
+OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const std::vector<rpc::To>& newcomers);
 
 /// torch's LambdaLR over a DistributedOptimizer: lr = base_lr * lambda(epoch)
 /// on every owner; the constructor sets epoch 0, step() advances.

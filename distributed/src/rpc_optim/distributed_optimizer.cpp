@@ -44,6 +44,7 @@ StepMutex& owner_step_mutex(const rpc::Agent& a) {
 
 const bool g_registered = (DistributedOptimizer::register_functions(), true);
 
+using detail::check_epoch;
 using detail::owner_name;
 
 /// Completes when all fs did; on failures, one error naming every failed owner.
@@ -79,15 +80,6 @@ Future<void> join_owners(std::vector<Future<void>> fs, std::vector<rpc::WorkerIn
     });
   }
   return out;
-}
-
-/// The epoch of a message against this worker's record of the line.
-void check_epoch(rpc::Agent& a, std::uint64_t line, std::uint64_t epoch, const char* op) {
-  const std::uint64_t here = rpc::membership_epoch(a, line);
-  if (epoch != here)
-    throw StateError(op, "a message of membership epoch " + std::to_string(epoch) + " reached " +
-                             owner_name(a.worker_info()) + ", which is at epoch " + std::to_string(here) +
-                             " (a message of another membership is refused)", a.rank());
 }
 
 bool is_lost(const rpc::Agent& a, int rank) { return a.wait_until_lost(rank, std::chrono::milliseconds(0)); }
@@ -127,6 +119,17 @@ void set_owner_step_hook(std::function<void(rpc::Agent&, long)> hook) {
 void set_owner_probe(std::function<bool(rpc::Agent&, const char*, long)> p) {
   std::lock_guard<std::mutex> lock(g_hook_mutex);
   g_probe = std::move(p);
+}
+
+bool owner_probe(rpc::Agent& a, const char* point, long step) { return probe(a, point, step); }
+
+/// The epoch of a message against this worker's record of the line.
+void check_epoch(rpc::Agent& a, std::uint64_t line, std::uint64_t epoch, const char* op) {
+  const std::uint64_t here = rpc::membership_epoch(a, line);
+  if (epoch != here)
+    throw StateError(op, "a message of membership epoch " + std::to_string(epoch) + " reached " +
+                             owner_name(a.worker_info()) + ", which is at epoch " + std::to_string(here) +
+                             " (a message of another membership is refused)", a.rank());
 }
 
 std::string owner_name(const rpc::WorkerInfo& w) {
@@ -189,6 +192,7 @@ void DistributedOptimizer::register_functions() {
              {"dopt.optim.lr", "DistributedOptimizer::lrs()"},
              {"dopt.optim.mirror_promote", "DistributedOptimizer::step() (taking over a lost owner)"}})
       dopt::detail::name_rpc_function(fn, call);
+    detail::register_grow_functions();
     rpc::register_function("dopt.optim.create", [](rpc::Agent& a, const std::string& spec_json,
                                                    std::vector<rpc::RRef<Tensor>> params) {
       return make_owner(a, spec_json, std::move(params));
@@ -369,6 +373,7 @@ DistributedOptimizer::DistributedOptimizer(rpc::Agent agent, OptimizerSpec spec,
     for (auto& [rank, idx] : by_owner) {
       Owner w;
       w.rank = rank;
+      w.home = rank;
       w.params = idx;
       std::vector<rpc::RRef<OwnerMirror>> refs;
       for (int j = 1; j <= k; ++j) {
@@ -389,7 +394,7 @@ DistributedOptimizer::DistributedOptimizer(rpc::Agent agent, OptimizerSpec spec,
     for (auto& [rank, idx] : by_owner) {
       std::vector<rpc::RRef<Tensor>> ps;
       for (auto i : idx) ps.push_back(params[i]);
-      owners_.push_back(Owner{rank, agent_.remote<OwnerOptimizer>(rank, create, json, ps), idx, {}});
+      owners_.push_back(Owner{rank, rank, agent_.remote<OwnerOptimizer>(rank, create, json, ps), idx, {}});
     }
   }
   num_params_ = params.size();

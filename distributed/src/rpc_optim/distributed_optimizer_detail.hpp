@@ -1,6 +1,7 @@
 #pragma once
 // Internal: what distributed_optimizer.cpp and distributed_optimizer_survive.cpp
 // share.
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
@@ -16,5 +17,14 @@ std::string owner_name(const rpc::WorkerInfo& w);
 /// owner's message adds that its state is gone and the checkpoint fall-back.
 std::exception_ptr joined_error(const std::vector<std::exception_ptr>& errors, const std::vector<rpc::WorkerInfo>& who,
                                 const std::string& op, int rank, bool redundant);
+
+/// Refuses (StateError naming op) a message of another membership epoch than
+/// the one this worker committed for `line`.
+void check_epoch(rpc::Agent& a, std::uint64_t line, std::uint64_t epoch, const char* op);
+/// The owner probe of distributed_optimizer_testing.hpp (false when none).
+bool owner_probe(rpc::Agent& a, const char* point, long step);
+/// Registers the grow-back functions (distributed_optimizer_grow.cpp); called
+/// by DistributedOptimizer::register_functions.
+void register_grow_functions();
 
 }  // namespace dopt::optim::detail

@@ -19,6 +19,7 @@ ZeroRecovery as_zero(const OwnerRecovery& r) {
   for (const auto& w : r.lost) z.lost.push_back(w.rank);
   z.step = r.step;
   z.step_completed = r.step_completed;
+  for (const auto& w : r.joined) z.joined.push_back(w.rank);
   return z;
 }
 
@@ -158,7 +159,8 @@ OwnerRecovery DistributedOptimizer::recover() {
   return r;
 }
 
-OwnerRecovery DistributedOptimizer::recover_owners(bool in_step, std::uint64_t context) {
+OwnerRecovery DistributedOptimizer::recover_owners(bool in_step, std::uint64_t context,
+                                                   const std::vector<int>& joining) {
   const char* op = "DistributedOptimizer.recover";
   rpc::MembershipOptions mo;
   mo.timeout = options_.timeout;
@@ -175,6 +177,7 @@ OwnerRecovery DistributedOptimizer::recover_owners(bool in_step, std::uint64_t c
       members.insert(o.rank);
       for (const auto& m : o.mirrors) members.insert(m.rank);
     }
+    members.insert(joining.begin(), joining.end());
     for (int r : lost_) members.erase(r);
     const rpc::Membership m = rpc::agree_membership(agent_, line_, {members.begin(), members.end()}, mo);
     epoch_ = m.epoch;

@@ -1,0 +1,219 @@
+#pragma once
+// Test support (not installed): a DistributedOptimizer with redundancy loses
+// owners, then standby workers become owners again through
+// distributed_optimizer_catch_up. Shared by
+// distributed/src/rpc_optim/distributed_optimizer_grow.test.cpp (simulated
+// workers) and tests/rpc_peer.cpp ("grow", processes).
+//
+// Workers: rank 0 is the trainer, ranks 1..n-1 own two parameters each (the
+// parameters and gradients of distributed_optimizer_survive_scenarios.hpp),
+// ranks n.. are standby workers (no parameters). The trainer sets the
+// learning rate once (step 1, so the slot's holder must send it with the
+// state), loses owners at the given steps and points (as the survive
+// scenarios do), calls distributed_optimizer_catch_up(opt, newcomers) before
+// the deposits of step `join_at`, and may lose more owners afterwards (the
+// buddies rebuilt by the catch-up take their slots).
+//
+// The reference run: one FunctionalOptimizer of the same spec over copies of
+// the initial parameters, stepped with the gradients of every step and the
+// same learning-rate change. The trainer's gradients are the only ones of a
+// step, whoever holds a parameter (the owners, the shrunken set during the
+// gap, the grown set with the newcomer holding the state it received): a loss
+// or a join changes where a parameter and its optimizer state live, never what
+// is applied to them, so the final parameters equal the reference bit for bit
+// only when the newcomer got the exact state (Adam's moments and step, SGD's
+// momentum buffers, the learning rate).
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "distributed_optimizer_survive_scenarios.hpp"
+
+namespace dopt::do_grow_test {
+
+using namespace dopt::optim;
+using do_survive_test::Loss;
+
+struct Plan {
+  int n = 3;
+  int standby = 1;
+  OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.001}}};
+  int redundancy = 1;
+  /// Points: "before", "begin", "mirrored", "after" (survive scenarios), and
+  /// "hand_over": a slot's holder dies as it starts sending the slot to its
+  /// newcomer (step: the steps applied, join_at); the catch-up fails with
+  /// nothing changed and is called again after the next step.
+  std::vector<Loss> losses;
+  std::int64_t join_at = 4;
+  std::vector<int> newcomers;
+  std::int64_t steps = 7;
+  bool callback = false;
+  /// A newcomer dies as it adopts its slot (the catch-up fails, nothing
+  /// changes); the trainer then calls the catch-up again with the next
+  /// standby worker (the rank after this one).
+  int dies_adopting = -1;
+};
+
+inline OptimizerSpec sgd_momentum() { return OptimizerSpec{"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}; }
+inline constexpr double kLrAt1 = 0.005;
+
+struct Result {
+  bool done = false;
+  std::vector<std::vector<unsigned char>> params;
+  std::vector<int> owners;         // at the end
+  std::vector<int> owners_joined;  // right after the catch-up
+  std::vector<double> lrs_joined;  // every owner's lr right after the catch-up
+  std::string log;
+  std::string error;
+};
+
+inline do_survive_test::Scenario survive_of(const Plan& p) {
+  do_survive_test::Scenario sc;
+  sc.n = p.n;
+  sc.steps = p.steps;
+  return sc;
+}
+
+inline std::vector<std::vector<unsigned char>> reference(const Plan& p) {
+  const auto sc = survive_of(p);
+  std::vector<Tensor> ps;
+  for (std::size_t i = 0; i < do_survive_test::num_params(sc); ++i) ps.push_back(do_survive_test::initial_param(i));
+  auto opt = make_functional(p.spec, ps);
+  for (std::int64_t t = 0; t < p.steps; ++t) {
+    if (t == 1) opt->set_lr(kLrAt1);
+    opt->step(do_survive_test::grads_of(sc, t));
+  }
+  std::vector<std::vector<unsigned char>> out;
+  for (const auto& x : ps) out.push_back(do_survive_test::bytes_of(x));
+  return out;
+}
+
+/// Registers the workers' functions and installs the owners' probe for p's
+/// "begin", "mirrored" and adoption losses. Call in every process before the run.
+inline void install(const Plan& p) {
+  do_survive_test::Scenario sc;
+  sc.losses = p.losses;
+  do_survive_test::install(sc);
+  const auto losses = p.losses;
+  const int adopting = p.dies_adopting;
+  optim::detail::set_owner_probe([losses, adopting](rpc::Agent& a, const char* point, long step) {
+    const std::string at(point);
+    if (at == "adopt" && a.rank() == adopting) {
+      do_survive_test::die_fn()(a);
+      return true;
+    }
+    for (const auto& l : losses)
+      if (l.victim == a.rank() && l.step == step && l.point == at) {
+        do_survive_test::die_fn()(a);
+        return true;
+      }
+    return false;
+  });
+}
+
+inline std::string ranks_str(const std::vector<rpc::WorkerInfo>& v) {
+  std::string s;
+  for (const auto& w : v) s += (s.empty() ? "" : ",") + std::to_string(w.rank);
+  return s;
+}
+
+inline std::string describe(const OwnerRecovery& r) {
+  std::string s = r.joined.empty() ? "" : "joined=" + ranks_str(r.joined) + " ";
+  return s + do_survive_test::describe(r);
+}
+
+/// The trainer (rank 0).
+inline Result trainer(rpc::Agent& a, const Plan& p) {
+  using rpc::GradContext;
+  using rpc::RRef;
+  const auto sc = survive_of(p);
+  Result out;
+  std::vector<RRef<Tensor>> ps;
+  for (std::size_t i = 0; i < do_survive_test::num_params(sc); ++i)
+    ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
+  auto kill = [&](int victim) {
+    (void)a.rpc_async(victim, "dos.die");
+    if (!a.wait_until_lost(victim, std::chrono::seconds(20))) throw TimeoutError("test", "the victim did not die");
+  };
+  GradContext* cur = nullptr;
+  std::vector<Tensor> cur_grads;
+  DistributedOptimizer* optp = nullptr;
+  auto redeposit = [&](const OwnerRecovery& r) {
+    std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
+    for (auto i : r.needs_gradient) deps.emplace_back(optp->parameters()[i], cur_grads[i]);
+    cur->deposit_all(deps).get();
+  };
+  DistributedOptimizerOptions o;
+  o.redundancy = p.redundancy;
+  o.timeout = std::chrono::seconds(20);
+  if (p.callback)
+    o.on_membership_change = [&](const OwnerRecovery& r) {
+      out.log += "callback " + describe(r);
+      if (!r.joined.empty()) return;
+      if (!r.step_completed) redeposit(r);
+    };
+  try {
+    DistributedOptimizer opt(a, p.spec, ps, o);
+    optp = &opt;
+    std::int64_t join_at = p.join_at;
+    bool handing_lost = false;
+    for (const auto& l : p.losses) handing_lost = handing_lost || l.point == "hand_over";
+    for (std::int64_t t = 0; t < p.steps; ++t) {
+      if (t == 1) opt.set_lr(kLrAt1);
+      if (t == join_at) {
+        std::vector<rpc::To> newcomers(p.newcomers.begin(), p.newcomers.end());
+        OwnerRecovery r;
+        bool joined = true;
+        try {
+          r = distributed_optimizer_catch_up(opt, newcomers);
+        } catch (const PeerLostError& e) {
+          if (p.dies_adopting < 0 && !handing_lost) throw;
+          out.log += "catch_up failed: " + std::string(e.what()) + ";";
+          if (p.dies_adopting >= 0) {  // again at once, with the next standby worker
+            for (auto& x : newcomers)
+              if (x.rank == p.dies_adopting) x = rpc::To(p.dies_adopting + 1);
+            r = distributed_optimizer_catch_up(opt, newcomers);
+          } else {  // again after the next step, which recovers the lost holder
+            joined = false;
+            join_at = t + 1;
+          }
+        }
+        if (joined) {
+          out.log += "returned " + describe(r);
+          for (const auto& w : opt.owners()) out.owners_joined.push_back(w.rank);
+          out.lrs_joined = opt.lrs();
+        }
+      }
+      for (const auto& l : p.losses)
+        if (l.step == t && l.point == "before") kill(l.victim);
+      GradContext ctx = a.new_context();
+      cur = &ctx;
+      cur_grads = do_survive_test::grads_of(sc, t);
+      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
+      for (std::size_t i = 0; i < cur_grads.size(); ++i) deps.emplace_back(opt.parameters()[i], cur_grads[i]);
+      (void)ctx.deposit_all(deps);
+      try {
+        opt.step(ctx);
+      } catch (const OwnersChangedError& e) {
+        out.log += "changed " + describe(e.owner_recovery());
+        if (!e.recovery().step_completed) {
+          redeposit(e.owner_recovery());
+          opt.step(ctx);
+        }
+      }
+      if (opt.step_count() != t + 1) throw StateError("test", "step_count() is " + std::to_string(opt.step_count()));
+      for (const auto& l : p.losses)
+        if (l.step == t && l.point == "after") kill(l.victim);
+    }
+    for (const auto& x : opt.parameters()) out.params.push_back(do_survive_test::bytes_of(x.to_here()));
+    for (const auto& w : opt.owners()) out.owners.push_back(w.rank);
+  } catch (const Error& e) {
+    out.error = rpc::error_kind(e) + ": " + e.what();
+    return out;
+  }
+  out.done = true;
+  return out;
+}
+
+}  // namespace dopt::do_grow_test
