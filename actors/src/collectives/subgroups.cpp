@@ -55,18 +55,8 @@ ProcessGroup make_mine(const GroupImpl& g, std::uint64_t gid, const std::shared_
     else
       meeting.barrier();
   };
-  meet(1);  // every member makes this subgroup
-  std::shared_ptr<GroupPlane> plane;
-  if (auto builder = g.plane ? g.plane->builder(gid, members) : nullptr) {
-    builder->create();
-    meet(2);  // every member's state exists
-    plane = builder->attach();
-    meet(3);  // every member attached every member's
-    builder->seal();
-  }
+  auto ng = build_group_part(g, gid, members, my_new, meet);
   if (sim_meeting) sim_meeting->leave();
-  auto ng = group_over(g, gid, members, my_new);
-  ng->plane = std::move(plane);
   return Access::group(std::move(ng));
 }
 
