@@ -15,6 +15,13 @@
 //       prepare: its average fails, the sync after it puts the fragment back
 //       at its anchors and throws PeerLostError; the survivors rebuild their
 //       optimizer over the shrunk group with the same state.
+//     MODE hierarchical: PostLocalSGDOptimizer (Adam, HierarchicalModelAverager
+//       {2: 1, 3: n} over n ranks, warm-up 1: each rank alone at even steps,
+//       the whole group at multiples of 3), without enable_survive: every
+//       step starts with a barrier of the averager's group, where the
+//       survivors see the loss at LOST_AT and rebuild their optimizer over
+//       the shrunk group with the same state; the grown group's averager
+//       rebuilds its levels (take_grown_group).
 //     Before step JOIN_AT the survivors grow() the averager's group by one and
 //     post_local_sgd_catch_up(); VICTIM's replacement (DOPT_REPLACES)
 //     join_group()s, builds its optimizer over the grown group and catches
@@ -38,11 +45,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dopt/distributed/averagers.hpp"
 #include "dopt/distributed/diloco.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/registry.hpp"
@@ -56,6 +65,7 @@ using dopt::StateDict;
 using dopt::Tensor;
 using namespace dopt::optim;
 using dopt::grow_test::diloco_reference;
+using dopt::grow_test::hierarchical_reference;
 using dopt::grow_test::periodic_reference;
 using dopt::grow_test::set_rank_grads;
 using Who = dopt::grow_test::Plan;
@@ -71,8 +81,12 @@ const OptimizerSpec kInner{"SGD", {{"lr", 0.05}, {"momentum", 0.9}}};
 const OptimizerSpec kOuter{"SGD", {{"lr", 0.7}, {"momentum", 0.9}, {"nesterov", true}}};
 constexpr std::int64_t kH = 2, kDelay = 1;
 
+/// hierarchical: the HierarchicalModelAverager's map over a group of n ranks.
+std::map<std::int64_t, int> levels(int n) { return {{2, 1}, {3, n}}; }
+
 struct Plan {
   bool diloco = false;
+  bool hierarchical = false;
   int victim = 2;
   std::int64_t lost_at = 2, join_at = 4, steps = 10;
   int n = 5;
@@ -80,6 +94,7 @@ struct Plan {
   /// The step at which the survivors shrink: plsgd's next average after
   /// LOST_AT, diloco's sync after the failed prepare.
   std::int64_t shrinks_at() const {
+    if (hierarchical) return lost_at;
     if (diloco) return lost_at + 1;
     std::int64_t t = lost_at;
     while (t < kWarmup || (t - kWarmup) % kPeriod != 0) ++t;
@@ -91,13 +106,18 @@ struct Plan {
 /// the victim is there until LOST_AT, its replacement (the same rank) from JOIN_AT on.
 std::vector<Tensor> reference(const Plan& p, int r) {
   const Who who{p.victim, p.lost_at, /*newcomer=*/p.victim, p.join_at, /*newcomers=*/1, /*world=*/p.n};
-  auto rs = p.diloco ? diloco_reference(who, kSizes, kFragments, kInner, kOuter, kH, kDelay, p.steps)
-                     : periodic_reference(who, kSizes, kAdam, kWarmup, kPeriod, p.steps);
+  auto rs = p.diloco         ? diloco_reference(who, kSizes, kFragments, kInner, kOuter, kH, kDelay, p.steps)
+            : p.hierarchical ? hierarchical_reference(who, kSizes, kAdam, kWarmup, levels, p.steps)
+                             : periodic_reference(who, kSizes, kAdam, kWarmup, kPeriod, p.steps);
   return rs.params(r);
 }
 
 std::unique_ptr<PostLocalSGDOptimizer> make_opt(const Plan& p, const std::vector<Tensor>& params,
                                                 const ProcessGroup& g) {
+  if (p.hierarchical)
+    return std::make_unique<PostLocalSGDOptimizer>(
+        make_optimizer(kAdam, {OptimizerParamGroup(params)}),
+        std::make_unique<HierarchicalModelAverager>(levels(g.size()), kWarmup, g));
   if (!p.diloco) {
     auto opt = std::make_unique<PostLocalSGDOptimizer>(make_optimizer(kAdam, {OptimizerParamGroup(params)}),
                                                        std::make_unique<PeriodicModelAverager>(kPeriod, kWarmup, g));
@@ -128,6 +148,14 @@ long grow_scenario(ProcessGroup& world, int me, const Plan& p) {
     opt = make_opt(p, params, world);
   }
   std::vector<std::int64_t> shrank;
+  // Go on with the same state over the shrunk group (docs/diloco.md).
+  auto rebuild = [&](std::int64_t t) {
+    const StateDict sd = opt->state_dict();
+    ProcessGroup old = opt->averager().process_group();
+    opt = make_opt(p, params, old.shrink().group);
+    opt->load_state_dict(sd);
+    shrank.push_back(t);
+  };
   while (opt->averager().step() < p.steps) {
     const std::int64_t t = opt->averager().step();
     if (t == p.join_at && !newcomer) {
@@ -141,6 +169,16 @@ long grow_scenario(ProcessGroup& world, int me, const Plan& p) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       dopt::testing::die();
     }
+    if (p.hierarchical) {
+      // No enable_survive: the survivors see the loss at a barrier, before
+      // an average changed anything.
+      try {
+        ProcessGroup g = opt->averager().process_group();
+        g.barrier();
+      } catch (const dopt::PeerLostError&) {
+        rebuild(t);
+      }
+    }
     set_rank_grads(params, me, t);
     try {
       opt->step();
@@ -149,13 +187,7 @@ long grow_scenario(ProcessGroup& world, int me, const Plan& p) {
       shrank.push_back(t);
     } catch (const dopt::PeerLostError&) {
       if (!p.diloco) throw;
-      // The failed fragment is back at its anchors: go on with the same
-      // state over the shrunk group (docs/diloco.md).
-      const StateDict sd = opt->state_dict();
-      ProcessGroup old = opt->averager().process_group();
-      opt = make_opt(p, params, old.shrink().group);
-      opt->load_state_dict(sd);
-      shrank.push_back(t);
+      rebuild(t);  // the failed fragment is back at its anchors
     }
   }
   c.expect(shrank == (newcomer ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{p.shrinks_at()}),
@@ -172,10 +204,12 @@ long grow_scenario(ProcessGroup& world, int me, const Plan& p) {
 int main(int argc, char** argv) {
   return dopt::testing::run_peer(
       [&](ProcessGroup& world, int rank) -> long {
-        if (argc <= 5 || (std::string(argv[1]) != "plsgd" && std::string(argv[1]) != "diloco"))
-          throw dopt::testing::Usage{"dopt_local_sgd_grow_peer plsgd|diloco VICTIM LOST_AT JOIN_AT STEPS"};
+        const std::string mode = argc > 5 ? argv[1] : "";
+        if (mode != "plsgd" && mode != "diloco" && mode != "hierarchical")
+          throw dopt::testing::Usage{"dopt_local_sgd_grow_peer plsgd|diloco|hierarchical VICTIM LOST_AT JOIN_AT STEPS"};
         Plan p;
-        p.diloco = std::string(argv[1]) == "diloco";
+        p.diloco = mode == "diloco";
+        p.hierarchical = mode == "hierarchical";
         p.victim = std::stoi(argv[2]);
         p.lost_at = std::stoll(argv[3]);
         p.join_at = std::stoll(argv[4]);
