@@ -667,6 +667,14 @@ TEST_CASE("replace: on the actor plane DiLoCo grows back with and without a frag
   check_local_sgd_grown("diloco", "tcp");
 }
 
+TEST_CASE("replace: HierarchicalModelAverager loses a rank at step 2, its replacement joins at step 4 or 5, the levels "
+          "rebuilt over the grown group, bitwise the reference (shm, tcp)",
+          "[replace][multiprocess]") {
+  // The survivors see the loss at step 2's barrier and rebuild their
+  // optimizer over the shrunk group (tests/local_sgd_grow_peer.cpp).
+  check_local_sgd_grown("hierarchical", GENERATE(std::string("shm"), std::string("tcp")));
+}
+
 TEST_CASE("replace: ZeRO without redundancy resumes the step 2 checkpoint, grows back at step 4, bitwise the reference",
           "[replace][multiprocess]") {
   // Redundancy 0: the victim's shard has no copy (recover() has nothing to

@@ -306,16 +306,10 @@ ProcessGroup build(const GroupImpl& g, const Admission& a, int me, const char* o
   const std::chrono::milliseconds timeout(g.timeout_ms.load());
   detail::SimMeeting meeting(*g.peers, a.gid, members, me, "the members and newcomers", "grow meeting");
   auto meet = [&](int step) { meeting.barrier(step, timeout, op); };
-  // The plane's part as shrink() makes it: every member knows the group (1),
-  // made its own state (2), attached every member's (3); then sealed.
-  std::shared_ptr<detail::GroupPlane> plane;
-  auto builder = g.plane ? g.plane->builder(a.gid, a.members) : nullptr;
-  meet(1);
-  if (builder) builder->create(), meet(2), plane = builder->attach(), meet(3), builder->seal();
+  // The plane's part as shrink() makes it.
+  auto ng = detail::build_group_part(
+      g, a.gid, a.members, static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin()), meet);
   meeting.leave();
-  auto ng = detail::group_over(g, a.gid, a.members,
-                               static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin()));
-  ng->plane = std::move(plane);
   return detail::Access::group(std::move(ng));
 }
 

@@ -1,7 +1,8 @@
 #pragma once
-// What ProcessGroup::shrink (shrink.cpp) and ProcessGroup::grow (grow.cpp)
-// share when they make a group: the new group's GroupImpl over an old one's
-// runtime, and the members' meeting in deterministic simulation. Rank
+// What ProcessGroup::shrink (shrink.cpp), ProcessGroup::grow (grow.cpp) and
+// detail::subgroups_of (subgroups.cpp) share when they make a group: the new
+// group's GroupImpl over an old one's runtime, its part on the plane between
+// the members' barriers, and the members' meeting in deterministic simulation. Rank
 // thread. Not installed.
 #include <map>
 #include <memory>
@@ -34,6 +35,30 @@ inline std::shared_ptr<GroupImpl> group_over(const GroupImpl& from, std::uint64_
   g->timeout_ms.store(from.timeout_ms.load());
   g->local_world_size = from.local_world_size;
   g->peers = from.peers;
+  return g;
+}
+
+/// This rank's part of the group `gid` of `members` (at my_grank) on
+/// `from`'s runtime and plane (shrink's, grow's and subgroups_of's new
+/// groups), made between barriers of its members, meet(step): every member
+/// knows the group (1); then, where the plane has a builder, every member
+/// made its own state (2) and attached every member's (3), and seals. A
+/// barrier that throws leaves the builder's state dropped.
+template <class Meet>
+std::shared_ptr<GroupImpl> build_group_part(const GroupImpl& from, std::uint64_t gid,
+                                            std::shared_ptr<const std::vector<int>> members, int my_grank,
+                                            const Meet& meet) {
+  meet(1);
+  std::shared_ptr<GroupPlane> plane;
+  if (auto builder = from.plane ? from.plane->builder(gid, members) : nullptr) {
+    builder->create();
+    meet(2);
+    plane = builder->attach();
+    meet(3);
+    builder->seal();
+  }
+  auto g = group_over(from, gid, std::move(members), my_grank);
+  g->plane = std::move(plane);
   return g;
 }
 

@@ -118,7 +118,6 @@ ShrinkResult ProcessGroup::shrink() {
     const std::uint64_t gid = shrunk_gid(origin, alive);
     // The meeting: barriers on the rank actors among the proposed members.
     ProcessGroup meeting(group_over(g, gid | kMeetingBit, members, my_new));
-    std::unique_ptr<detail::GroupBuilder> builder;
     try {
       std::optional<SimMeeting> sim_meeting;
       if (sim::active()) sim_meeting.emplace(*g.peers, gid | kMeetingBit, alive, me, "the survivors", "shrink meeting");
@@ -129,19 +128,9 @@ ShrinkResult ProcessGroup::shrink() {
         else
           meeting.barrier();
       };
-      meet(1);  // everybody proposed these members
-      std::shared_ptr<detail::GroupPlane> plane;
-      if (g.plane) builder = g.plane->builder(gid, members);
-      if (builder) {
-        builder->create();
-        meet(2);  // every member's state exists
-        plane = builder->attach();
-        meet(3);  // every member attached every member's
-        builder->seal();
-      }
+      // Its first barrier: everybody proposed these members.
+      auto ng = detail::build_group_part(g, gid, members, my_new, meet);
       if (sim_meeting) sim_meeting->leave();
-      auto ng = group_over(g, gid, members, my_new);
-      ng->plane = std::move(plane);
       ng->origin = origin;
       ShrinkResult out;
       out.group = detail::Access::group(std::move(ng));

@@ -133,10 +133,11 @@ class ModelAverager {
   /// docs/fault-tolerance.md, "Growing back"): averages over `grown`
   /// (ProcessGroup::grow()'s group of this group's members and the
   /// newcomers, or on a newcomer the group it was built over) from now on.
-  /// Rank thread, at a step boundary; local. PeriodicModelAverager takes it;
-  /// DiLoCoAverager first waits for an average in flight (diloco.hpp); the
-  /// others throw NotSupportedError naming `op` (the hierarchical averager's
-  /// subgroups are built over the old group).
+  /// Rank thread, at a step boundary. PeriodicModelAverager takes it
+  /// (local); DiLoCoAverager first waits for an average in flight
+  /// (diloco.hpp); HierarchicalModelAverager rebuilds its subgroups over
+  /// `grown` (a collective of the grown group, see there); an averager that
+  /// overrides none of it throws NotSupportedError naming `op`.
   virtual void take_grown_group(ProcessGroup grown, const char* op);
 
  protected:
@@ -181,17 +182,28 @@ class PeriodicModelAverager : public ModelAverager {
 /// Averages on groups of different sizes at different periods. For each
 /// (period -> group size) entry, ascending periods: a group size equal to
 /// process_group.size() uses process_group itself; a smaller one uses the
-/// subgroups process_group.new_subgroups(size) (contiguous blocks of ranks;
-/// process_group must then be the world group). From warmup_steps on, a step
-/// averages on the group of the largest period dividing the *absolute* step
-/// (torch: step % period, not (step - warmup) % period).
+/// subgroups of contiguous blocks of size ranks of process_group
+/// (process_group.new_subgroups(size) on the world group; on a group that
+/// shrink() or grow() made, subgroups made among its members). From
+/// warmup_steps on, a step averages on the group of the largest period
+/// dividing the *absolute* step (torch: step % period, not (step - warmup) %
+/// period).
 ///
-/// The constructor is a collective over the world when it creates subgroups
-/// (one new_subgroups per entry whose size differs from process_group's, in
+/// The constructor is a collective over process_group when it creates
+/// subgroups (one call per entry whose size differs from process_group's, in
 /// ascending period order). Errors (ValueError): an empty map; a first period
 /// < 1; the last group size != process_group.size(); a group size < 1 or not
 /// dividing process_group.size(); warmup_steps < 0 (checked after the
 /// subgroups were created, like torch). A last period of 1 warns on stderr.
+///
+/// Growing back (take_grown_group, through post_local_sgd_catch_up): the
+/// levels are rebuilt over the grown group by the constructor's rule, the
+/// last one being the whole grown group and the others keeping their sizes;
+/// a collective of the grown group (every member calls it; a newcomer's
+/// averager, built over the grown group, does nothing). A size that does not
+/// divide the grown group's: ValueError naming `op`, before anything is
+/// made. A shrunk group is not taken (replace_process_group): build a new
+/// averager over it.
 class HierarchicalModelAverager : public ModelAverager {
  public:
   HierarchicalModelAverager(std::map<std::int64_t, int> period_group_size, std::int64_t warmup_steps,
@@ -205,8 +217,15 @@ class HierarchicalModelAverager : public ModelAverager {
   }
   /// period -> the group this rank averages on at that period.
   const std::map<std::int64_t, ProcessGroup>& period_process_groups() const noexcept { return groups_; }
+  /// Rebuilds the levels over the grown group (see the class comment).
+  void take_grown_group(ProcessGroup grown, const char* op) override;
 
  private:
+  static std::map<std::int64_t, ProcessGroup> make_levels(ProcessGroup pg,
+                                                          const std::map<std::int64_t, int>& period_group_size,
+                                                          const char* op);
+
+  std::map<std::int64_t, int> period_group_size_;
   std::map<std::int64_t, ProcessGroup> groups_;
   std::int64_t warmup_steps_;
 };

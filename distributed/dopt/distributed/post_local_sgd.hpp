@@ -238,8 +238,9 @@ class PostLocalSGDOptimizer {
 /// Errors, naming "post_local_sgd_catch_up" and the rank: ValueError for
 /// grown.group invalid or without this rank, a member whose averager's group
 /// is not the one that grew, a newcomer whose averager is not over
-/// grown.group; NotSupportedError for an averager that cannot take a grown
-/// group (HierarchicalModelAverager); on a newcomer, StateDictError when the
+/// grown.group, a HierarchicalModelAverager level whose group size does not
+/// divide the grown group's (averagers.hpp); NotSupportedError for an
+/// averager that cannot take a grown group; on a newcomer, StateDictError when the
 /// member's state does not fit its optimizer (load_state_dict's); the group's
 /// errors (PeerLostError) from the sends and receives.
 void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown);

@@ -9,6 +9,7 @@
 #include "dopt/distributed/internal/device_ops.hpp"
 #include "ddp/plsgd_util.hpp"
 #include "dopt/actors/internal/call_label.hpp"
+#include "dopt/actors/internal/subgroups.hpp"
 #include "dopt/optim/internal/write_fence.hpp"
 
 namespace dopt::optim {
@@ -127,8 +128,8 @@ void PeriodicModelAverager::replace_process_group(ProcessGroup survivors) {
 
 void ModelAverager::take_grown_group(ProcessGroup /*grown*/, const char* op) {
   throw NotSupportedError(op,
-                          "this averager cannot go on over a grown group (PeriodicModelAverager and DiLoCoAverager "
-                          "can): build a new one over the grown group",
+                          "this averager cannot go on over a grown group (PeriodicModelAverager, "
+                          "HierarchicalModelAverager and DiLoCoAverager can): build a new one over the grown group",
                           process_group_.rank());
 }
 
@@ -191,36 +192,67 @@ std::optional<ProcessGroup> PeriodicModelAverager::group_for_step(std::int64_t s
 
 HierarchicalModelAverager::HierarchicalModelAverager(std::map<std::int64_t, int> period_group_size,
                                                      std::int64_t warmup_steps, ProcessGroup process_group)
-    : ModelAverager(std::move(process_group), "HierarchicalModelAverager"), warmup_steps_(warmup_steps) {
+    : ModelAverager(std::move(process_group), "HierarchicalModelAverager"),
+      period_group_size_(std::move(period_group_size)),
+      warmup_steps_(warmup_steps) {
   dopt::detail::CallScope call_scope("HierarchicalModelAverager::HierarchicalModelAverager()");
   static constexpr const char* op = "HierarchicalModelAverager";
-  if (period_group_size.empty()) throw ValueError(op, "Arg ``period_group_size_dict`` must not be empty.");
-  const std::int64_t first_period = period_group_size.begin()->first;
+  if (period_group_size_.empty()) throw ValueError(op, "Arg ``period_group_size_dict`` must not be empty.");
+  const std::int64_t first_period = period_group_size_.begin()->first;
   if (first_period <= 0)
     throw ValueError(op, "The minimum period in arg ``period_group_size_dict`` must be a positive value, got " +
                              std::to_string(first_period) + ".");
-  const std::int64_t last_period = period_group_size.rbegin()->first;
+  const std::int64_t last_period = period_group_size_.rbegin()->first;
   if (last_period == 1)
     notice("HierarchicalModelAverager [rank " + std::to_string(this->process_group().rank()) +
            "]: the largest period is 1, so parameters are averaged after every step, which costs no less than "
            "all-reducing the gradients (DistributedDataParallel); use gradient all-reduce alone for that");
   const int overall = this->process_group().size();
-  const int last_size = period_group_size.rbegin()->second;
+  const int last_size = period_group_size_.rbegin()->second;
   if (last_size != overall)
     throw ValueError(op, "The last value in arg ``period_process_group_dict`` " + std::to_string(last_size) +
                              " must be equal to the size of arg ``process_group`` " + std::to_string(overall) + ".");
-  for (const auto& [period, size] : period_group_size)
+  for (const auto& [period, size] : period_group_size_)
     if (size < 1 || overall % size != 0)
       throw ValueError(op, "the group size " + std::to_string(size) + " of period " + std::to_string(period) +
                                " must be positive and divide the size " + std::to_string(overall) +
                                " of the process group");
-  ProcessGroup pg = this->process_group();
-  for (const auto& [period, size] : period_group_size) {
-    if (size == overall) groups_.emplace(period, pg);
-    else groups_.emplace(period, pg.new_subgroups(size).current);
-  }
+  groups_ = make_levels(this->process_group(), period_group_size_, op);
   if (warmup_steps < 0)
     throw ValueError(op, "Arg ``warmup_steps`` must be a non-negative number, got " + std::to_string(warmup_steps));
+}
+
+std::map<std::int64_t, ProcessGroup> HierarchicalModelAverager::make_levels(
+    ProcessGroup pg, const std::map<std::int64_t, int>& period_group_size, const char* op) {
+  // One subgroup call per level whose size is not the group's, in ascending
+  // period order (the same calls on every member).
+  std::map<std::int64_t, ProcessGroup> groups;
+  for (const auto& [period, size] : period_group_size) {
+    if (size == pg.size()) groups.emplace(period, pg);
+    else groups.emplace(period, dopt::detail::subgroups_of(pg, size, op).current);
+  }
+  return groups;
+}
+
+void HierarchicalModelAverager::take_grown_group(ProcessGroup grown, const char* op) {
+  if (!grown.valid() || !grown.is_member())
+    throw ValueError(op, "the grown group is invalid or does not hold this rank", process_group().rank());
+  if (grown.id() == process_group().id()) return;  // a newcomer's averager, built over the grown group
+  // The levels as the constructor would take them over the grown group: the
+  // last one is the whole group, the others keep their sizes.
+  std::map<std::int64_t, int> sizes = period_group_size_;
+  sizes.rbegin()->second = grown.size();
+  for (const auto& [period, size] : sizes)
+    if (grown.size() % size != 0)
+      throw ValueError(op, "HierarchicalModelAverager cannot go on over the grown group of " +
+                               std::to_string(grown.size()) + " ranks: the group size " + std::to_string(size) +
+                               " of period " + std::to_string(period) + " does not divide " +
+                               std::to_string(grown.size()) + " (build the averagers anew with group sizes that "
+                               "divide it, over the grown group)",
+                       grown.rank());
+  groups_ = make_levels(grown, sizes, op);
+  period_group_size_ = std::move(sizes);
+  set_process_group(std::move(grown));
 }
 
 std::optional<ProcessGroup> HierarchicalModelAverager::group_for_step(std::int64_t step) const {

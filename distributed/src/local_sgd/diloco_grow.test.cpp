@@ -9,9 +9,9 @@
 // load_state_dict). A newcomer (rank 5) joins before step join_at: at 4 no
 // fragment is in flight, at 5 fragment 0 is (prepared at step 4 by the four
 // survivors; the catch-up completes it and the newcomer receives it).
-// Every rank's final parameters are compared bitwise with a reference
-// defined here, all ranks in one thread: each rank's inner SGD on its own
-// gradients; at a prepare, the deltas anchor - p_r of the fragment of the
+// Every rank's final parameters are compared bitwise with the reference
+// (grow_reference.hpp, diloco_reference), all ranks in one thread: each
+// rank's inner SGD on its own gradients; at a prepare, the deltas anchor - p_r of the fragment of the
 // ranks there then (ascending) summed in gloo's ring order over the
 // fragment's flat float32 buffer and divided by their count; at a sync, the
 // fragment's outer SGD steps the anchors with that average and every rank
@@ -42,71 +42,6 @@ constexpr std::int64_t kH = 2, kDelay = 1;
 constexpr int kLost = 3, kNewcomer = 5;
 constexpr std::int64_t kLostAt = 2;  // a prepare: its average fails, and so the sync after it
 constexpr std::int64_t kSteps = 10;
-
-/// The reference's replicated part: the anchors, one outer SGD per fragment
-/// over them, the average of the fragment prepared last.
-struct RefGlobal {
-  std::vector<Tensor> anchors = survive_reference::make_params(kSizes);
-  std::vector<std::unique_ptr<Optimizer>> outer;
-  std::size_t pending = 0;
-  bool failed = false;
-  std::vector<Tensor> average;  // per parameter of the pending fragment
-  RefGlobal() {
-    for (const auto& frag : kFragments) {
-      std::vector<Tensor> mine;
-      for (auto i : frag) mine.push_back(anchors[static_cast<std::size_t>(i)]);
-      outer.push_back(make_optimizer(kOuter, {OptimizerParamGroup(mine)}));
-    }
-  }
-
-  void prepare(std::size_t k, RefRanks& rs, const std::vector<int>& ranks) {
-    pending = k;
-    average.clear();
-    std::int64_t total = 0;
-    for (auto i : kFragments[k]) total += kSizes[static_cast<std::size_t>(i)];
-    const int n = static_cast<int>(ranks.size());
-    std::int64_t base = 0;
-    for (auto i : kFragments[k]) {
-      const auto ii = static_cast<std::size_t>(i);
-      Tensor avg = Tensor::zeros({kSizes[ii]});
-      for (std::int64_t e = 0; e < kSizes[ii]; ++e) {
-        const float sum = ring_sum(base + e, total, n, [&](int g) {
-          const auto& p = rs.params(ranks[static_cast<std::size_t>(g)])[ii];
-          return anchors[ii].data<float>()[e] - p.data<float>()[e];
-        });
-        avg.data<float>()[e] = sum / static_cast<float>(n);
-      }
-      average.push_back(avg);
-      base += kSizes[ii];
-    }
-  }
-
-  void sync(RefRanks& rs, const std::vector<int>& ranks) {
-    const auto& frag = kFragments[pending];
-    if (!failed) {
-      for (std::size_t j = 0; j < frag.size(); ++j) anchors[static_cast<std::size_t>(frag[j])].set_grad(average[j]);
-      outer[pending]->step();
-      for (auto i : frag) anchors[static_cast<std::size_t>(i)].set_grad(Tensor());
-    }
-    for (int r : ranks)  // the new anchors (alpha 0), or back to the old ones after a failed average
-      for (auto i : frag) rs.params(r)[static_cast<std::size_t>(i)].copy_(anchors[static_cast<std::size_t>(i)]);
-  }
-};
-
-std::vector<Params> reference(const Plan& plan) {
-  RefRanks rs(plan, kSizes, kInner);
-  RefGlobal global;
-  for (std::int64_t t = 0; t < kSteps; ++t) {
-    const auto ranks = rs.step(t);
-    const std::int64_t l = t % kH + 1;
-    if (l == kH - kDelay) {
-      global.failed = t == kLostAt;
-      global.prepare(static_cast<std::size_t>((t / kH) % 2), rs, ranks);
-    }
-    if (l == kH) global.sync(rs, ranks);
-  }
-  return rs.values();
-}
 
 std::unique_ptr<PostLocalSGDOptimizer> make_opt(const std::vector<Tensor>& params, const ProcessGroup& g) {
   DiLoCoOptions o;
@@ -142,5 +77,6 @@ TEST_CASE("DiLoCo catch-up: a rank lost at step 2, a newcomer later, with and wi
   });
   CHECK(got[0].second == "shrank at 3;grew at " + std::to_string(join_at) + ";");  // the scenario ran
   CHECK(got[kNewcomer].second == "joined at " + std::to_string(join_at) + ";");
-  check_bitwise(got, reference(plan), kLost);
+  check_bitwise(got, diloco_reference(plan, kSizes, kFragments, kInner, kOuter, kH, kDelay, kSteps).values(),
+                kLost);
 }

@@ -1,11 +1,11 @@
 #pragma once
-// What the growing-back tests of post-local SGD and DiLoCo share
+// What the simulated growing-back tests of post-local SGD and DiLoCo share
 // (post_local_sgd_grow.test.cpp, diloco_grow.test.cpp): the run over a
-// deterministic simulation with one newcomer, the ranks' gradients, the
-// newcomer's join, who is there at which step, a rank of a post-local SGD
-// run, the reference's ranks and ring sum, and the bitwise comparison (also
-// reducer_grow.test.cpp). Rank
-// functions run on their rank's thread; the rest on the test's.
+// deterministic simulation with newcomers, the newcomer's join, a rank of a post-local SGD run, and the
+// bitwise comparison (also reducer_grow.test.cpp). The reference runs, the
+// ranks' gradients and who is there at which step are grow_reference.hpp's
+// (shared with tests/local_sgd_grow_peer.cpp). Rank functions run on their
+// rank's thread; the rest on the test's.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -19,29 +19,14 @@
 
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
-#include "dopt/optim/registry.hpp"
 #include "dopt/runtime/tensor.hpp"
-#include "ring_order_reference.hpp"
-#include "zero/zero_survive_reference.hpp"
+#include "grow_reference.hpp"
 
 namespace dopt::grow_test {
-
-/// Each parameter's values, per rank.
-using Params = std::vector<std::vector<float>>;
 
 struct Lost : std::runtime_error {
   Lost() : std::runtime_error("lost by the test's hand") {}
 };
-
-/// Rank r's gradients of step t: parameter i's element k is grad_elem(r, t, i, k).
-inline void set_rank_grads(const std::vector<Tensor>& params, int r, std::int64_t t) {
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    Tensor g = Tensor::zeros({params[i].numel()});
-    for (std::int64_t k = 0; k < params[i].numel(); ++k)
-      g.data<float>()[k] = optim::survive_reference::grad_elem(r, t, i, k);
-    params[i].set_grad(g);
-  }
-}
 
 /// A newcomer's join_group(). The survivors notice a loss when their
 /// collective times out, so the newcomer may wait longer than one
@@ -56,103 +41,17 @@ inline GrowResult join_patiently(RankContext& ctx) {
   }
 }
 
-inline Params values_of(const std::vector<Tensor>& params) {
-  Params out;
-  for (const auto& p : params) out.push_back(p.to_vector<float>());
-  return out;
-}
-
-/// Who is there at which step: ranks 0 .. newcomer - 1 from the start but
-/// `lost` from step lost_at on; the newcomer (rank `newcomer`) from join_at on.
-struct Plan {
-  int lost = 3;
-  std::int64_t lost_at = 2;
-  int newcomer = 5;
-  std::int64_t join_at = 4;
-
-  /// The ranks there at step t, ascending.
-  std::vector<int> present(std::int64_t t) const {
-    std::vector<int> out;
-    for (int r = 0; r <= newcomer; ++r)
-      if ((r != lost || t < lost_at) && (r != newcomer || t >= join_at)) out.push_back(r);
-    return out;
-  }
-};
-
-/// The ranks of a reference run, in one thread: each rank's parameters
-/// (survive_reference::make_params) and its own optimizer (`spec`).
-class RefRanks {
- public:
-  RefRanks(const Plan& plan, std::vector<std::int64_t> sizes, optim::OptimizerSpec spec)
-      : plan_(plan), sizes_(std::move(sizes)), spec_(std::move(spec)), params_(plan.newcomer + 1),
-        opts_(plan.newcomer + 1) {
-    for (int r = 0; r < plan_.newcomer; ++r) make(r, optim::survive_reference::make_params(sizes_));
-  }
-
-  /// Step t's local part: at join_at the newcomer becomes a copy of rank 0
-  /// (the lowest-ranked member: its parameters and optimizer state); then
-  /// every rank there sets its gradients (set_rank_grads) and steps. Returns
-  /// the ranks there.
-  std::vector<int> step(std::int64_t t) {
-    if (t == plan_.join_at) {
-      std::vector<Tensor> copy;
-      for (const auto& p : params_[0]) copy.push_back(p.clone());
-      make(plan_.newcomer, copy);
-      opts_[static_cast<std::size_t>(plan_.newcomer)]->load_state_dict(opts_[0]->state_dict());
-    }
-    const auto ranks = plan_.present(t);
-    for (int r : ranks) {
-      set_rank_grads(params_[static_cast<std::size_t>(r)], r, t);
-      opts_[static_cast<std::size_t>(r)]->step();
-    }
-    return ranks;
-  }
-
-  std::vector<Tensor>& params(int r) { return params_[static_cast<std::size_t>(r)]; }
-
-  std::vector<Params> values() const {
-    std::vector<Params> out;
-    for (const auto& ps : params_) out.push_back(values_of(ps));
-    return out;
-  }
-
- private:
-  void make(int r, std::vector<Tensor> ps) {
-    params_[static_cast<std::size_t>(r)] = std::move(ps);
-    opts_[static_cast<std::size_t>(r)] =
-        optim::make_optimizer(spec_, {optim::OptimizerParamGroup(params_[static_cast<std::size_t>(r)])});
-  }
-
-  Plan plan_;
-  std::vector<std::int64_t> sizes_;
-  optim::OptimizerSpec spec_;
-  std::vector<std::vector<Tensor>> params_;
-  std::vector<std::unique_ptr<optim::Optimizer>> opts_;
-};
-
-/// sum over the n group ranks of value(g), in gloo's ring order for element
-/// e of a flat float32 buffer of numel elements (the first term taken as is).
-template <class Value>
-float ring_sum(std::int64_t e, std::int64_t numel, int n, const Value& value) {
-  float acc = 0.0f;
-  for (int j = 0; j < n; ++j) {
-    const float v = value(ring_reference::contributor(e, numel, n, j));
-    acc = j == 0 ? v : acc + v;
-  }
-  return acc;
-}
-
-/// Runs fn(ctx, log) on `world` ranks and one newcomer (deterministic,
-/// `seed`); returns each rank's final parameters (what fn returned; empty
-/// for the rank that threw Lost) and log.
+/// Runs fn(ctx, log) on `world` ranks and `newcomers` newcomers
+/// (deterministic, `seed`); returns each rank's final parameters (what fn
+/// returned; empty for the rank that threw Lost) and log.
 inline std::vector<std::pair<Params, std::string>> run_with_newcomer(
-    int world, std::uint64_t seed, const std::function<Params(RankContext&, std::string&)>& fn) {
+    int world, std::uint64_t seed, const std::function<Params(RankContext&, std::string&)>& fn, int newcomers = 1) {
   SimulateOptions so;
   so.timeout = std::chrono::seconds(60);
   so.deterministic = true;
   so.seed = seed;
-  so.newcomers = 1;
-  std::vector<std::pair<Params, std::string>> res(static_cast<std::size_t>(world + 1));
+  so.newcomers = newcomers;
+  std::vector<std::pair<Params, std::string>> res(static_cast<std::size_t>(world + newcomers));
   std::mutex mu;
   try {
     simulate(world, [&](RankContext& ctx) {
@@ -170,17 +69,21 @@ inline std::vector<std::pair<Params, std::string>> run_with_newcomer(
 using MakeOptimizer =
     std::function<std::unique_ptr<optim::PostLocalSGDOptimizer>(const std::vector<Tensor>&, const ProcessGroup&)>;
 
-/// One rank of a post-local SGD or DiLoCo run (the newcomer too), on its
+/// One rank of a post-local SGD or DiLoCo run (a newcomer too), on its
 /// thread: `make` builds its optimizer over a group; a newcomer joins
-/// (join_patiently) and catches up, the members grow and catch up before
-/// step plan.join_at (post_local_sgd_catch_up); plan.lost throws Lost at
-/// plan.lost_at; every step sets the rank's gradients and calls step(). A
-/// MembershipChangedError is logged; a PeerLostError goes to `rebuild` (which
-/// replaces the optimizer with one over the survivors), or is rethrown when
-/// it is empty. Returns the final parameters.
+/// (join_patiently) and catches up, the members grow by plan.newcomers and
+/// catch up before step plan.join_at (post_local_sgd_catch_up); plan.lost
+/// throws Lost at plan.lost_at; with `barrier_each_step` every step then
+/// starts with a barrier of the averager's group (so that the survivors see
+/// a loss there, before an average changed anything: for the averagers
+/// without enable_survive); every step sets the rank's gradients and calls
+/// step(). A MembershipChangedError is logged; a PeerLostError goes to
+/// `rebuild` (which replaces the optimizer with one over the survivors), or
+/// is rethrown when it is empty. Returns the final parameters.
 inline Params plsgd_rank_run(RankContext& ctx, std::string& log, const Plan& plan, std::int64_t steps,
                              const std::vector<std::int64_t>& sizes, const MakeOptimizer& make,
-                             const std::function<void(std::unique_ptr<optim::PostLocalSGDOptimizer>&)>& rebuild) {
+                             const std::function<void(std::unique_ptr<optim::PostLocalSGDOptimizer>&)>& rebuild,
+                             bool barrier_each_step = false) {
   const int me = ctx.rank();
   auto params = optim::survive_reference::make_params(sizes);
   std::unique_ptr<optim::PostLocalSGDOptimizer> opt;
@@ -197,10 +100,22 @@ inline Params plsgd_rank_run(RankContext& ctx, std::string& log, const Plan& pla
     const std::int64_t t = opt->averager().step();
     if (t == plan.join_at && !ctx.newcomer()) {
       ProcessGroup old = opt->averager().process_group();
-      optim::post_local_sgd_catch_up(*opt, old.grow());
+      GrowOptions more;
+      more.newcomers = plan.newcomers;
+      optim::post_local_sgd_catch_up(*opt, old.grow(more));
       log += "grew at " + std::to_string(t) + ";";
     }
     if (me == plan.lost && t == plan.lost_at) throw Lost();
+    if (barrier_each_step) {
+      try {
+        ProcessGroup g = opt->averager().process_group();
+        g.barrier();
+      } catch (const PeerLostError&) {
+        if (!rebuild) throw;
+        rebuild(opt);
+        log += "shrank at " + std::to_string(t) + ";";
+      }
+    }
     set_rank_grads(params, me, t);
     try {
       opt->step();
