@@ -3,8 +3,8 @@
 // with a Reducer), and the bytes each rank holds.
 //
 //   dopt_bench_zero_stage3 --params N --tensors K --units U [--delay-ms D]
-//                          [--no-prefetch | --no-backward-prefetch] [--copy-gradients] [--ranks R] [--steps S]
-//                          [--warmup W]
+//                          [--no-prefetch | --no-backward-prefetch]
+//                          [--copy-gradients | --separate-gradient-buffers] [--ranks R] [--steps S] [--warmup W]
 //                          [--only 1|3 [--peak-mappings]]
 //
 // N float32 elements in K tensors (sizes in proportion to 1..10, as the ZeRO
@@ -14,19 +14,25 @@
 // the forward sleeps; the backward sets and marks each unit's gradients
 // after its sleep, then finalize() and step(). Stage 3: the forward gathers
 // unit u, prefetches u + 1, sleeps, releases u; the backward gathers u,
-// prefetches u - 1, sleeps, writes the unit's gradients into
-// gradient_buffers(u) and calls reduce_gradients_async(u) (--copy-gradients:
-// makes its own gradient tensors and passes them, which the library copies),
-// releases u; then step() (--no-prefetch: each gather waits for its
-// all_gather; --no-backward-prefetch: only the backward's do, so that a rank
-// holds two unit-sized buffers instead of three). With --only
+// sleeps D/2 (the input's gradient, from the parameters), takes
+// release_for_gradients(u) (the gathered memory becomes the gradients'),
+// prefetches u - 1, sleeps D/2 (the parameters' gradients), writes the
+// gradients there and calls reduce_gradients_async(u): two unit-sized
+// buffers at a time. --separate-gradient-buffers: gathers u, prefetches
+// u - 1, sleeps D, writes the gradients into gradient_buffers(u) (a buffer
+// of their own: three unit-sized buffers), reduce_gradients_async(u),
+// releases u; --copy-gradients: the same with its own gradient tensors,
+// passed and copied by the library. Then step() (--no-prefetch: each
+// gather waits for its all_gather; --no-backward-prefetch: only the
+// backward's do). With --only
 // unset the two setups live side by side and their iterations alternate
 // (each after a barrier; the slowest rank's time counts). Rank 0 prints one
 // JSON line per stage (iter_ms, min_iter_ms, kept_bytes: what the rank
 // keeps between iterations, the largest over the ranks: stage 1 its
 // parameters, gradients and ZeRO state, stage 3 ShardedUnits::bytes();
-// peak_gathered_bytes: stage 3's largest gathered_bytes(); prefetch: true,
-// "forward" or false, null for stage 1) and a
+// peak_gathered_bytes and peak_buffer_bytes: stage 3's largest
+// gathered_bytes() and buffer_bytes(); prefetch: true, "forward" or false,
+// null for stage 1; gradients: "gathered", "buffers" or "copy") and a
 // "zero_stage3_summary" line (the median ratio of stage 3 / stage 1 over
 // the iteration pairs). --only S builds and runs stage S alone and adds the
 // process's memory, each the largest over the ranks (processes only):
@@ -79,6 +85,7 @@ struct Setup {
   bool prefetch = true;
   bool backward_prefetch = true;
   bool copy_gradients = false;  // stage 3: pass own gradients (copied) instead of gradient_buffers
+  bool separate_buffers = false;  // stage 3: gradient_buffers instead of release_for_gradients
   int rank = 0;
   std::vector<std::vector<std::size_t>> units;  // tensor indices of each unit
   std::vector<std::int64_t> sizes;              // of each tensor
@@ -194,8 +201,8 @@ class PssPeak {
   std::thread thread_;
 };
 
-void compute(const Setup& s) {
-  if (s.delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(s.delay_ms));
+void compute(const Setup& s, double part = 1.0) {
+  if (s.delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(s.delay_ms * part));
 }
 
 /// Stage 1: every parameter in full on every rank.
@@ -226,19 +233,37 @@ struct StageOne {
 /// Stage 3: this rank's shards, two units gathered at a time.
 struct StageThree {
   std::unique_ptr<ShardedUnits> model;
-  std::int64_t peak_gathered = 0;
+  std::int64_t peak_gathered = 0, peak_buffers = 0;
+  void note() {
+    peak_gathered = std::max(peak_gathered, model->gathered_bytes());
+    peak_buffers = std::max(peak_buffers, model->buffer_bytes());
+  }
   void iterate(const Setup& s) {
     const std::size_t n = s.units.size();
     for (std::size_t u = 0; u < n; ++u) {
       (void)model->gather(u);
       if (s.prefetch && u + 1 < n) (void)model->prefetch(u + 1);
-      peak_gathered = std::max(peak_gathered, model->gathered_bytes());
+      note();
       compute(s);
       model->release(u);
     }
+    const bool backward_prefetch = s.prefetch && s.backward_prefetch;
+    const bool in_gathered = !s.copy_gradients && !s.separate_buffers;
     for (std::size_t u = n; u-- > 0;) {
       (void)model->gather(u);
-      if (s.prefetch && s.backward_prefetch && u > 0) (void)model->prefetch(u - 1);
+      if (in_gathered) {
+        note();
+        compute(s, 0.5);  // the input's gradient, from the parameters
+        const std::vector<Tensor> bufs = model->release_for_gradients(u);
+        if (backward_prefetch && u > 0) (void)model->prefetch(u - 1);
+        note();
+        compute(s, 0.5);  // the parameters' gradients, into bufs
+        for (std::size_t k = 0; k < bufs.size(); ++k) bufs[k].fill_(s.grad_value(s.units[u][k]));
+        (void)model->reduce_gradients_async(u);
+        continue;
+      }
+      if (backward_prefetch && u > 0) (void)model->prefetch(u - 1);
+      note();
       compute(s);
       if (s.copy_gradients) {
         std::vector<Tensor> grads;
@@ -246,6 +271,7 @@ struct StageThree {
         (void)model->reduce_gradients_async(u, grads);
       } else {
         const std::vector<Tensor> bufs = model->gradient_buffers(u);
+        note();
         for (std::size_t k = 0; k < bufs.size(); ++k) bufs[k].fill_(s.grad_value(s.units[u][k]));
         (void)model->reduce_gradients_async(u);
       }
@@ -264,7 +290,8 @@ int main(int argc, char** argv) {
   std::int64_t params = 10'000'000, tensors = 100, unit_count = 10;
   double delay_ms = 0.0;
   int ranks = 2, steps = 6, warmup = 2, only = 0;
-  bool no_prefetch = false, no_backward_prefetch = false, copy_gradients = false, peak_mappings = false;
+  bool no_prefetch = false, no_backward_prefetch = false, copy_gradients = false, separate_buffers = false,
+       peak_mappings = false;
   app.add_option("--params", params, "total number of float32 elements")->check(CLI::PositiveNumber);
   app.add_option("--tensors", tensors, "number of parameter tensors")->check(CLI::PositiveNumber);
   app.add_option("--units", unit_count, "units (groups of consecutive tensors)")->check(CLI::PositiveNumber);
@@ -275,6 +302,9 @@ int main(int argc, char** argv) {
                "stage 3 prefetches in the forward only (the backward's gathers wait)");
   app.add_flag("--copy-gradients", copy_gradients,
                "stage 3 passes its own gradient tensors (copied) instead of writing gradient_buffers");
+  app.add_flag("--separate-gradient-buffers", separate_buffers,
+               "stage 3 writes gradient_buffers (a buffer of their own) instead of the gathered memory "
+               "(release_for_gradients)");
   app.add_option("--ranks", ranks, "simulated ranks when not launched")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed iterations per stage")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
@@ -297,6 +327,7 @@ int main(int argc, char** argv) {
           setup.prefetch = !no_prefetch;
           setup.backward_prefetch = !no_backward_prefetch;
           setup.copy_gradients = copy_gradients;
+          setup.separate_buffers = separate_buffers;
           const auto sizes = dopt::bench::tensor_sizes(params, tensors, true);
           setup.sizes = sizes;
           for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -358,37 +389,42 @@ int main(int argc, char** argv) {
             for (std::size_t u = 0; u < three.model->num_units(); ++u)
               largest_unit = std::max(largest_unit, three.model->shard_numel(u) * ctx.world_size() * 4);
           const char* prefetch_mode = no_prefetch ? "false" : (no_backward_prefetch ? "\"forward\"" : "true");
-          auto line = [&](int stage, std::vector<double>& t, double kept, double gathered) {
+          const char* gradients_mode =
+              copy_gradients ? "\"copy\"" : (separate_buffers ? "\"buffers\"" : "\"gathered\"");
+          auto line = [&](int stage, std::vector<double>& t, double kept, double gathered, double buffers) {
             t = dopt::bench::slowest(world, t);
-            const auto held = dopt::bench::slowest(world, {kept, gathered});
+            const auto held = dopt::bench::slowest(world, {kept, gathered, buffers});
             if (ctx.rank() != 0) return;
             std::printf(
                 "{\"benchmark\": \"zero_stage3_iteration\", \"stage\": %d, \"iter_ms\": %.3f, \"min_iter_ms\": %.3f, "
-                "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_rss_bytes\": %.0f, "
+                "\"kept_bytes\": %.0f, \"peak_gathered_bytes\": %.0f, \"peak_buffer_bytes\": %.0f, "
+                "\"peak_rss_bytes\": %.0f, "
                 "\"rss_before_bytes\": %.0f, \"peak_rss_rise_bytes\": %.0f, \"peak_pss_bytes\": %.0f, "
                 "\"pss_before_bytes\": %.0f, \"peak_pss_anon_bytes\": %.0f, \"peak_pss_shmem_bytes\": %.0f, "
-                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"prefetch\": %s, "
-                "\"params\": %lld, \"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, \"world_size\": %d, "
+                "\"peak_pss_file_bytes\": %.0f, \"target_bytes\": %.0f, \"copy_gradients\": %s, \"gradients\": %s, "
+                "\"prefetch\": %s, \"params\": %lld, \"tensors\": %lld, \"units\": %zu, \"delay_ms\": %.3f, "
+                "\"world_size\": %d, "
                 "\"steps\": %d, \"simulated\": %s}\n",
-                stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1],
+                stage, dopt::bench::median(t), *std::min_element(t.begin(), t.end()), held[0], held[1], held[2],
                 only ? rss : -1.0, only ? rss0 : -1.0, only ? mem[1] : -1.0, mem[2], mem[3], mem[4], mem[5], mem[6],
                 stage == 3 ? held[0] + 2.0 * static_cast<double>(largest_unit) : -1.0,
-                stage == 3 && copy_gradients ? "true" : "false", stage != 3 ? "null" : prefetch_mode,
-                static_cast<long long>(params), static_cast<long long>(tensors), setup.units.size(), delay_ms,
-                ctx.world_size(), steps, simulated ? "true" : "false");
+                stage == 3 && copy_gradients ? "true" : "false", stage != 3 ? "null" : gradients_mode,
+                stage != 3 ? "null" : prefetch_mode, static_cast<long long>(params), static_cast<long long>(tensors),
+                setup.units.size(), delay_ms, ctx.world_size(), steps, simulated ? "true" : "false");
           };
-          if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0);
+          if (run1) line(1, t1, static_cast<double>(one.kept_bytes()), 0.0, 0.0);
           if (run3)
-            line(3, t3, static_cast<double>(three.model->bytes()), static_cast<double>(three.peak_gathered));
+            line(3, t3, static_cast<double>(three.model->bytes()), static_cast<double>(three.peak_gathered),
+                 static_cast<double>(three.peak_buffers));
           if (!only && ctx.rank() == 0) {
             std::vector<double> ratio;  // stage 3 / stage 1, iteration by iteration
             for (std::size_t k = 0; k < t1.size(); ++k) ratio.push_back(t3[k] / t1[k]);
             std::printf(
                 "{\"benchmark\": \"zero_stage3_summary\", \"iter_ms_stage1\": %.3f, \"iter_ms_stage3\": %.3f, "
-                "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, "
+                "\"ratio\": %.3f, \"params\": %lld, \"delay_ms\": %.3f, \"prefetch\": %s, \"gradients\": %s, "
                 "\"world_size\": %d, \"simulated\": %s}\n",
                 dopt::bench::median(t1), dopt::bench::median(t3), dopt::bench::median(ratio),
-                static_cast<long long>(params), delay_ms, prefetch_mode, ctx.world_size(),
+                static_cast<long long>(params), delay_ms, prefetch_mode, gradients_mode, ctx.world_size(),
                 simulated ? "true" : "false");
           }
           std::fflush(stdout);

@@ -11,7 +11,10 @@
 //   dopt_zero_stage3_peer parity     Adam, SGD with momentum, Adam with
 //                              fp16_compress_hook, and Adam and SGD with
 //                              momentum writing gradient_buffers (reduced
-//                              in place, sync and async); 3 steps, 4 units
+//                              in place, sync and async), and both writing
+//                              into the gathered memory
+//                              (release_for_gradients; two unit buffers at
+//                              most); 3 steps, 4 units
 //
 // The gradients are arbitrary floats (not exact sums): the sums' order
 // matters, so equal bits mean each shard's reduce added in the all_reduce's
@@ -32,7 +35,8 @@ using namespace dopt::optim;
 using dopt::testing::Checker;
 using dopt::testing::Stage3Run;
 
-Stage3Run config(OptimizerSpec spec, bool fp16 = false, bool in_place = false, bool async = false) {
+Stage3Run config(OptimizerSpec spec, bool fp16 = false, bool in_place = false, bool async = false,
+                 bool from_gathered = false) {
   Stage3Run run;
   run.spec = std::move(spec);
   run.shapes = {{37}, {5, 9}, {64}, {13}, {3, 11}, {100}, {7}, {20, 2}};
@@ -40,6 +44,7 @@ Stage3Run config(OptimizerSpec spec, bool fp16 = false, bool in_place = false, b
   run.fp16 = fp16;
   run.in_place = in_place;
   run.async = async;
+  run.from_gathered = from_gathered;
   return run;
 }
 
@@ -51,12 +56,17 @@ void parity(ProcessGroup& world, Checker& c) {
       {"Adam-in-place", config(spec_of(AdamOptions(0.01)), false, /*in_place=*/true)},
       {"SGD-momentum-in-place-async",
        config(spec_of(SGDOptions(0.1).momentum(0.9)), false, /*in_place=*/true, /*async=*/true)},
+      {"Adam-from-gathered", config(spec_of(AdamOptions(0.01)), false, true, false, /*from_gathered=*/true)},
+      {"SGD-momentum-from-gathered-async",
+       config(spec_of(SGDOptions(0.1).momentum(0.9)), false, true, /*async=*/true, /*from_gathered=*/true)},
   };
   for (const auto& [name, run] : configs) {
     const auto one = dopt::testing::run_stage1(world, run);
     const auto three = dopt::testing::run_stage3(world, run);
     c.params(three.params, one.params, name + " parameters");
     c.expect(three.peak_gathered <= 2 * three.largest_unit, name + ": more than two units gathered at once");
+    if (run.from_gathered)
+      c.expect(three.peak_buffers <= 2 * three.largest_unit, name + ": more than two unit buffers at once");
     if (world.rank() != 0) continue;
     const auto want = dopt::testing::named_state(one.state), got = dopt::testing::named_state(three.state);
     c.expect(!want.empty() && got.size() == want.size(), name + ": state tensors");

@@ -20,12 +20,12 @@ void zero_stage3(int steps) {
       }
       for (std::size_t u = n; u-- > 0;) {              // backward, last layer first
         std::vector<dopt::Tensor> w = model.gather(u);
-        if (u > 0) model.prefetch(u - 1);
-        std::vector<dopt::Tensor> g = model.gradient_buffers(u);  // the reduce buffer, in w's shapes
-        for (std::size_t i = 0; i < w.size(); ++i)     // the layer's backward writes its gradients there
-          g[i].copy_(snippets::local_grad(w[i], ctx.rank()));
+        /* ... the input's gradient, which needs w ... */
+        std::vector<dopt::Tensor> g = model.release_for_gradients(u);  // w's memory, zeroed, in w's shapes
+        if (u > 0) model.prefetch(u - 1);              // the next all_gather overlaps the gradients' compute
+        for (std::size_t i = 0; i < g.size(); ++i)     // the parameters' gradients are written there
+          g[i].copy_(snippets::local_grad(g[i], ctx.rank()));
         model.reduce_gradients(u);                     // in place: this rank keeps the average of its shard
-        model.release(u);
       }
       model.step();                                    // local: each rank steps its shards
     }

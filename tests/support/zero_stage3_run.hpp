@@ -34,6 +34,10 @@ struct Stage3Run {
   /// and reduces them in place (reduce_gradients(u)) instead of passing
   /// its own tensors (a copy).
   bool in_place = false;
+  /// Stage 3, with in_place: the buffers are the gathered parameters' memory
+  /// (release_for_gradients(u)), and the backward prefetches u - 1 after
+  /// taking them, not after the gather.
+  bool from_gathered = false;
 };
 
 /// What one rank ends with.
@@ -41,8 +45,8 @@ struct Stage3Outcome {
   std::vector<Tensor> params;  // every parameter, in full
   StateDict state;             // consolidated (stage 1: on rank 0 only)
   /// Stage 3: ShardedUnits::bytes() after the last step, the largest
-  /// gathered_bytes() seen, the largest unit's gathered bytes.
-  std::int64_t bytes = 0, peak_gathered = 0, largest_unit = 0;
+  /// gathered_bytes() and buffer_bytes() seen, the largest unit's gathered bytes.
+  std::int64_t bytes = 0, peak_gathered = 0, peak_buffers = 0, largest_unit = 0;
 };
 
 /// A state dict's tensors in order, each named "index.key".
@@ -103,24 +107,38 @@ inline std::vector<std::vector<Tensor>> stage3_units(const Stage3Run& run) {
 
 /// One training iteration of stage 3 at step t: the forward over the units
 /// with prefetch, the backward in reverse with reduce_gradients, the step.
-/// `peak` gets the largest gathered_bytes() seen.
-inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, int t, std::int64_t& peak) {
+/// `peak` gets the largest gathered_bytes() seen, `peak_buffers` the largest
+/// buffer_bytes().
+inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, int t, std::int64_t& peak,
+                             std::int64_t& peak_buffers) {
   const std::size_t n = model.num_units();
   const int r = model.rank();
   std::vector<std::size_t> first(n, 0);
   for (std::size_t u = 1; u < n; ++u) first[u] = first[u - 1] + run.unit_sizes[u - 1];
+  auto note = [&] {
+    peak = std::max(peak, model.gathered_bytes());
+    peak_buffers = std::max(peak_buffers, model.buffer_bytes());
+  };
   for (std::size_t u = 0; u < n; ++u) {  // forward
     const auto full = model.gather(u);
     if (u + 1 < n) model.prefetch(u + 1);
-    peak = std::max(peak, model.gathered_bytes());
+    note();
     model.release(u);
   }
+  const bool from_gathered = run.in_place && run.from_gathered;
   for (std::size_t u = n; u-- > 0;) {  // backward
     const auto full = run.async ? model.gather_async(u).get() : model.gather(u);
-    if (u > 0) model.prefetch(u - 1);
-    peak = std::max(peak, model.gathered_bytes());
+    if (u > 0 && !from_gathered) model.prefetch(u - 1);
+    note();
     if (run.in_place) {
-      const std::vector<Tensor> bufs = model.gradient_buffers(u);
+      std::vector<Tensor> bufs;
+      if (from_gathered) {
+        bufs = model.release_for_gradients(u);  // the input's gradient, computed from full, would come first
+        if (u > 0) model.prefetch(u - 1);
+      } else {
+        bufs = model.gradient_buffers(u);
+      }
+      note();
       for (std::size_t i = 0; i < bufs.size(); ++i)
         bufs[i].copy_(stage2_grad(run.shapes[first[u] + i], r, t, 0, first[u] + i));
       if (run.async)
@@ -130,6 +148,7 @@ inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, i
       model.release(u);
       continue;
     }
+    note();
     std::vector<Tensor> grads;
     for (std::size_t i = 0; i < full.size(); ++i)
       grads.push_back(stage2_grad(run.shapes[first[u] + i], r, t, 0, first[u] + i));
@@ -142,12 +161,17 @@ inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, i
   model.step();
 }
 
+inline void stage3_iteration(optim::ShardedUnits& model, const Stage3Run& run, int t, std::int64_t& peak) {
+  std::int64_t peak_buffers = 0;
+  stage3_iteration(model, run, t, peak, peak_buffers);
+}
+
 inline Stage3Outcome run_stage3(const ProcessGroup& world, const Stage3Run& run) {
   using namespace dopt::optim;
   ShardedUnits model(stage3_units(run), run.spec, ShardedUnitsOptions{world});
   if (run.fp16) model.register_comm_hook(fp16_compress_hook(world));
   Stage3Outcome o;
-  for (int t = 0; t < run.steps; ++t) stage3_iteration(model, run, t, o.peak_gathered);
+  for (int t = 0; t < run.steps; ++t) stage3_iteration(model, run, t, o.peak_gathered, o.peak_buffers);
   o.bytes = model.bytes();
   for (std::size_t u = 0; u < model.num_units(); ++u)
     o.largest_unit = std::max(o.largest_unit, model.shard_numel(u) * world.size() * 4);

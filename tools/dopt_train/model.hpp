@@ -110,10 +110,17 @@ class Shard {
 /// them (ZeRO stage 3: strategy_stage3.cpp gathers them). Called on the
 /// rank's thread, layer by layer: acquire(l) before layer l's forward (l
 /// rising) or backward (l falling), done(l) right after it; in the backward
-/// the layer's gradients are w.grad() and b.grad() when done(l) runs.
+/// gradients(l) once the input's gradient is computed, before the weight's
+/// and the bias's (which need no parameters), which are written there; with
+/// undefined ones they are w.grad() and b.grad() when done(l) runs.
 struct LayerSource {
   virtual ~LayerSource() = default;
   virtual std::pair<Tensor, Tensor> acquire(int layer, bool backward) = 0;
+  /// Where the weight's and the bias's gradients go, zeros in their shapes
+  /// (stage 3: the memory of the layer's gathered parameters, which are not
+  /// read after it; ready() is not called for them); undefined tensors: the
+  /// model allocates them, sets them as w's and b's grad and calls ready().
+  virtual std::pair<Tensor, Tensor> gradients(int /*layer*/) { return {}; }
   virtual void done(int layer, bool backward, const Tensor& w, const Tensor& b) = 0;
 };
 
@@ -220,7 +227,21 @@ class Mlp {
     for (int l = layers_; l >= 0; --l) {
       const int n_in = l == 0 ? d_ : h_, n_out = l == layers_ ? c_ : h_;
       const auto [w, b] = layer(l, true);
-      std::vector<float> dx = linear_backward(d, acts[l], B, n_in, n_out, w, b, ready, l > 0);
+      std::vector<float> dx = l > 0 ? linear_backward_input(d, B, n_in, n_out, w) : std::vector<float>();
+      auto [gw, gb] = source ? source->gradients(l) : std::pair<Tensor, Tensor>();
+      if (gw.defined()) {
+        linear_backward_params(d, acts[l], B, n_in, n_out, gw, gb);  // the source's (w's memory: no set_grad)
+      } else {
+        gw = Tensor::zeros(w.shape());
+        gb = Tensor::zeros(b.shape());
+        linear_backward_params(d, acts[l], B, n_in, n_out, gw, gb);
+        w.set_grad(gw);
+        b.set_grad(gb);
+        if (ready) {
+          ready(b);
+          ready(w);
+        }
+      }
       if (source) source->done(l, true, w, b);
       if (l > 0) {
         const std::vector<float>& a = acts[l];
@@ -256,16 +277,31 @@ class Mlp {
     return out;
   }
 
-  // Gradients of params_[k] (weight) and params_[k + 1] (bias) from dout
-  // [B, n_out] and the layer's input [B, n_in]; returns d input unless !need_dx.
-  static std::vector<float> linear_backward(const std::vector<float>& dout, const std::vector<float>& in, int B,
-                                            int n_in, int n_out, Tensor w, Tensor bias,
-                                            const std::function<void(const Tensor&)>& ready, bool need_dx = true) {
-    Tensor gw = Tensor::zeros(w.shape()), gb = Tensor::zeros(bias.shape());
+  // The gradient of the layer's input [B, n_in] from dout [B, n_out]: each
+  // element summed over o in order (the weight's gradient apart, so that the
+  // weight's memory may take the gradients after this).
+  static std::vector<float> linear_backward_input(const std::vector<float>& dout, int B, int n_in, int n_out,
+                                                  const Tensor& w) {
+    const float* W = w.data<float>();
+    std::vector<float> dx(static_cast<std::size_t>(B) * n_in);
+    for (int b = 0; b < B; ++b) {
+      const float* db = &dout[static_cast<std::size_t>(b) * n_out];
+      float* dxb = &dx[static_cast<std::size_t>(b) * n_in];
+      for (int o = 0; o < n_out; ++o) {
+        const float g = db[o];
+        const float* wr = &W[static_cast<std::size_t>(o) * n_in];
+        for (int i = 0; i < n_in; ++i) dxb[i] += g * wr[i];
+      }
+    }
+    return dx;
+  }
+
+  // The weight's and the bias's gradients from dout [B, n_out] and the
+  // layer's input [B, n_in], accumulated over b in order into gw and gb (zeros).
+  static void linear_backward_params(const std::vector<float>& dout, const std::vector<float>& in, int B, int n_in,
+                                     int n_out, const Tensor& gw, const Tensor& gb) {
     float* GW = gw.data<float>();
     float* GB = gb.data<float>();
-    const float* W = w.data<float>();
-    std::vector<float> dx(need_dx ? static_cast<std::size_t>(B) * n_in : 0);
     for (int b = 0; b < B; ++b) {
       const float* db = &dout[static_cast<std::size_t>(b) * n_out];
       const float* ib = &in[static_cast<std::size_t>(b) * n_in];
@@ -274,20 +310,8 @@ class Mlp {
         GB[o] += g;
         float* gr = &GW[static_cast<std::size_t>(o) * n_in];
         for (int i = 0; i < n_in; ++i) gr[i] += g * ib[i];
-        if (need_dx) {
-          float* dxb = &dx[static_cast<std::size_t>(b) * n_in];
-          const float* wr = &W[static_cast<std::size_t>(o) * n_in];
-          for (int i = 0; i < n_in; ++i) dxb[i] += g * wr[i];
-        }
       }
     }
-    w.set_grad(gw);
-    bias.set_grad(gb);
-    if (ready) {
-      ready(bias);
-      ready(w);
-    }
-    return dx;
   }
 
   int d_, h_, layers_, c_;

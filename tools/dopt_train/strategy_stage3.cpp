@@ -1,8 +1,11 @@
 // dopt-train --optim zero --zero-stage 3: ShardedUnits (zero_stage3.hpp)
 // with one unit per layer. The model holds no parameters: each layer is
-// gathered before its forward and again before its backward (the next one
-// prefetched meanwhile) and released after it; the layer's gradients are
-// reduced onto their shards' owners as soon as its backward ends; step()
+// gathered before its forward (the next one prefetched meanwhile) and
+// released after it, and gathered again before its backward; once the
+// layer's input gradient is computed its gathered memory takes the
+// weight's and bias's gradients (release_for_gradients) and the next layer
+// of the backward is prefetched; the gradients are reduced onto their
+// shards' owners in place as soon as the layer's backward ends; step()
 // steps this rank's shards only. Bit for bit stage 1 (docs/zero.md).
 #include <memory>
 #include <string>
@@ -88,20 +91,30 @@ class ZeroStage3Strategy : public Strategy, public LayerSource {
   }
 
   // LayerSource: gather the layer (the prefetched one arrives here), prefetch
-  // the next in this pass's order, release after use.
+  // the next in the forward's order, release after use. In the backward the
+  // gathered memory becomes the gradients' and the next layer is prefetched
+  // then, into the buffer of the reduction that release_for_gradients waited
+  // for: two layers' buffers at a time, not three.
   std::pair<Tensor, Tensor> acquire(int layer, bool backward) override {
     const auto u = static_cast<std::size_t>(layer);
     std::vector<Tensor> full = units_.gather(u);
     if (!backward && u + 1 < units_.num_units()) (void)units_.prefetch(u + 1);
-    if (backward && u > 0) (void)units_.prefetch(u - 1);
     return {full[0], full[1]};
   }
-  void done(int layer, bool backward, const Tensor& w, const Tensor& b) override {
+  std::pair<Tensor, Tensor> gradients(int layer) override {
+    const auto u = static_cast<std::size_t>(layer);
+    std::vector<Tensor> g = units_.release_for_gradients(u);
+    if (u > 0) (void)units_.prefetch(u - 1);
+    return {g[0], g[1]};
+  }
+  void done(int layer, bool backward, const Tensor& /*w*/, const Tensor& /*b*/) override {
     const auto u = static_cast<std::size_t>(layer);
     // The last layer's forward is followed at once by its backward: kept.
     if (!backward && u + 1 == units_.num_units()) return;
-    if (backward) (void)units_.reduce_gradients_async(u, {w.grad(), b.grad()});
-    units_.release(u);
+    if (backward)
+      (void)units_.reduce_gradients_async(u);  // in place: the buffers gradients(layer) handed out
+    else
+      units_.release(u);
   }
 
  private:

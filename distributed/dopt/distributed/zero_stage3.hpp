@@ -17,6 +17,10 @@
 //       // or, without a copy: auto g = model.gradient_buffers(u); ... write g ...;
 //       //                     model.reduce_gradients_async(u);
 //     }
+//     // or, two unit buffers instead of three (the parameters' memory takes the gradients):
+//     //   auto full = model.gather(u); ... what needs full (the input's gradient) ...;
+//     //   auto g = model.release_for_gradients(u); if (u > 0) model.prefetch(u - 1);
+//     //   ... write g (the parameters' gradients) ...; model.reduce_gradients_async(u);
 //     model.step();                                  // local: this rank's shards
 //   }
 //
@@ -34,7 +38,7 @@
 // reduce_gradients() and reduce_gradients_async() (one reduce per rank's
 // shard, or the comm hook), state_dict() and full_parameters() (all_gathers),
 // save_sharded() (ends with an all_reduce of the ranks' write failures).
-// Local: release(), gradient_buffers(), step(), load_state_dict(), load_parameters(),
+// Local: release(), gradient_buffers(), release_for_gradients(), step(), load_state_dict(), load_parameters(),
 // shard_state_dict(), load_sharded(), the accessors. Nothing is thread-safe: one thread per rank calls every method.
 //
 // Who waits: gather() waits for its all_gather; gather_async()/prefetch()
@@ -47,7 +51,9 @@
 // shard's grad() holds the average when its future completes. Without a
 // copy: gradient_buffers(u) waits for the reduction in flight and hands out
 // the reduce buffer's views; reduce_gradients(_async)(u) reduce it in place
-// (the views are the reduction's from then on). step() waits
+// (the views are the reduction's from then on). release_for_gradients(u)
+// waits for u's all_gather if in flight and for the reduction in flight
+// (its buffer serves the next gather). step() waits
 // for the reduction in flight. release() of a unit in flight waits for its
 // all_gather (every rank posted it).
 //
@@ -72,8 +78,10 @@
 // the wrong count or shape (ShapeError) or not float32 on the CPU
 // (DTypeError); a second reduce_gradients of a unit in one iteration,
 // gradient_buffers of a reduced unit, reduce_gradients(u) without
-// gradient_buffers(u), the copying reduce_gradients while u's buffers are
-// out, step()
+// gradient_buffers(u) or release_for_gradients(u), the copying
+// reduce_gradients while u's buffers are out, release_for_gradients of a
+// unit that is not gathered, reduced, or whose gradient_buffers are out,
+// step()
 // before every unit's gradients were reduced, a second register_comm_hook
 // or one after the first reduction (StateError). A collective's failure is
 // rethrown by the call that waits for it.
@@ -160,11 +168,28 @@ class ShardedUnits {
   /// unit's buffers reuse their memory (not detected). StateError for a
   /// unit reduced already in this iteration.
   std::vector<Tensor> gradient_buffers(std::size_t unit);
+  /// Local: gives the memory of the unit's gathered parameters to its
+  /// gradients and returns views of it in the parameters' shapes, zeros, as
+  /// gradient_buffers(unit) would, without a buffer of their own: for a
+  /// backward whose parameter gradients need no parameters once the input's
+  /// gradient is computed (a linear layer's dW = dY^T X). The views gather()
+  /// returned must not be used after it: the unit is released (a later
+  /// gather fetches it again). Waits for the unit's all_gather when in
+  /// flight (its error is rethrown, the buffer dropped), then for the
+  /// reduction in flight, if any, whose buffer serves the next gather: call
+  /// prefetch(unit - 1) after it and a rank holds two unit buffers in the
+  /// backward (the reduction in flight overlaps the compute before this
+  /// call, the prefetch the compute after it). A second call before the
+  /// reduction returns views of the same buffer (its values kept), as does
+  /// gradient_buffers(unit) after it. StateError for a unit that is not
+  /// gathered (nor in flight), one reduced already in this iteration, or
+  /// one whose gradient_buffers(unit) were taken (a buffer of their own).
+  std::vector<Tensor> release_for_gradients(std::size_t unit);
   /// Collective: reduce_gradients of the values written into
-  /// gradient_buffers(unit), in place (bit for bit the copying overload).
-  /// StateError when gradient_buffers(unit) was not taken in this iteration
-  /// or the unit was reduced already; the copying overloads are a
-  /// StateError while the unit's buffers are out.
+  /// gradient_buffers(unit) or release_for_gradients(unit), in place (bit
+  /// for bit the copying overload). StateError when neither was taken in
+  /// this iteration or the unit was reduced already; the copying overloads
+  /// are a StateError while the unit's buffers are out.
   void reduce_gradients(std::size_t unit);
   /// As reduce_gradients(unit); returns once the reduction is posted (after
   /// waiting for another unit's reduction in flight, if any).
@@ -220,6 +245,11 @@ class ShardedUnits {
   /// full parameters and the released one kept for the next gather (two
   /// units in the loop of the header; 0 after step()).
   std::int64_t gathered_bytes() const;
+  /// Bytes of every unit-sized buffer now: gathered_bytes() and the gradient
+  /// buffers (handed out, under reduction, or kept for the next reduction).
+  /// Three units at most in the header's backward with gradient_buffers,
+  /// two with release_for_gradients before the prefetch; 0 after step().
+  std::int64_t buffer_bytes() const;
   /// This rank's shard of `unit` (1-D; its grad() after reduce_gradients).
   const Tensor& shard(std::size_t unit) const;
   Optimizer& optim() noexcept;

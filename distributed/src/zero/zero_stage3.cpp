@@ -104,8 +104,12 @@ void ShardedUnits::Impl::settle_reduction(Unit& unit) {
   unit.reducing = Future<void>();
   Tensor storage = std::move(unit.reduce_storage);
   unit.reduce_storage = Tensor();
+  const bool gathered = unit.grads_in_gathered;
+  unit.grads_in_gathered = false;
   f.get();
-  reduce_spares.assign(1, std::move(storage));  // done with it: the next reduction's
+  // Done with it: the next reduction's, or the next gather's when it was a
+  // gather buffer (release_for_gradients: the prefetch that follows takes it).
+  (gathered ? gather_spares : reduce_spares).assign(1, std::move(storage));
 }
 
 Tensor ShardedUnits::Impl::take(std::vector<Tensor>& spares, std::int64_t numel, Tensor& storage) {
@@ -264,6 +268,48 @@ std::vector<Tensor> ShardedUnits::gradient_buffers(std::size_t u) {
   return Impl::views(unit, unit.grad_buffer);
 }
 
+std::vector<Tensor> ShardedUnits::release_for_gradients(std::size_t u) {
+  static constexpr const char* op = "ShardedUnits.release_for_gradients";
+  Impl& im = *impl_;
+  Unit& unit = im.unit(u, op);
+  const std::string where = "unit " + std::to_string(u);
+  if (unit.reduced)
+    throw StateError(
+        op, where + " was reduced already in this iteration (its buffers are the reduction's until step())", im.rank());
+  if (unit.grad_buffer.defined()) {
+    if (unit.grads_in_gathered) return Impl::views(unit, unit.grad_buffer);  // a second call: the same buffer
+    throw StateError(op,
+                     where +
+                         "'s gradient_buffers are out (a buffer of their own): write those, or call "
+                         "release_for_gradients(" +
+                         std::to_string(u) + ") instead of gradient_buffers",
+                     im.rank());
+  }
+  if (!unit.gathered.defined())
+    throw StateError(op,
+                     where + " is not gathered (its parameters' memory becomes the gradients': gather(" +
+                         std::to_string(u) + ") first, or take gradient_buffers(" + std::to_string(u) + "))",
+                     im.rank());
+  // The unit is released into its gradients: the gather buffer changes role.
+  Future<void> gathering = std::move(unit.gathering);
+  unit.gathering = Future<void>();
+  Tensor flat = std::move(unit.gathered), storage = std::move(unit.gathered_storage);
+  unit.gathered = Tensor();
+  unit.gathered_storage = Tensor();
+  if (gathering.valid()) {
+    gathering.wait();                            // every rank posted it
+    if (gathering.exception()) gathering.get();  // its error; the buffer is dropped
+  }
+  flat.fill_(0.0);  // the padding and the gradients the caller leaves unwritten
+  // The reduction in flight (another unit's) gives its buffer to the gathers,
+  // so that the prefetch after this call reuses it.
+  if (im.in_flight) im.settle_reduction(im.units[*im.in_flight]);
+  unit.grad_buffer = std::move(flat);
+  unit.reduce_storage = std::move(storage);
+  unit.grads_in_gathered = true;
+  return Impl::views(unit, unit.grad_buffer);
+}
+
 Future<void> ShardedUnits::reduce_gradients_async(std::size_t u) {
   static constexpr const char* op = "ShardedUnits.reduce_gradients";
   Impl& im = *impl_;
@@ -272,8 +318,11 @@ Future<void> ShardedUnits::reduce_gradients_async(std::size_t u) {
   if (unit.reduced)
     throw StateError(op, where + " was reduced already in this iteration (once per unit, then step())", im.rank());
   if (!unit.grad_buffer.defined())
-    throw StateError(op, where + " has no gradient_buffers to reduce (call gradient_buffers(" + std::to_string(u) +
-                             ") and write them first, or pass the gradients)", im.rank());
+    throw StateError(op,
+                     where + " has no gradient_buffers to reduce (call gradient_buffers(" + std::to_string(u) +
+                         ") or release_for_gradients(" + std::to_string(u) +
+                         ") and write them first, or pass the gradients)",
+                     im.rank());
   // Another unit's reduction may be in flight (its buffers were taken
   // before this unit's): one in flight at most.
   if (im.in_flight) im.settle_reduction(im.units[*im.in_flight]);
@@ -335,6 +384,14 @@ std::int64_t ShardedUnits::gathered_bytes() const {
   for (const auto& unit : impl_->units)
     if (unit.gathered_storage.defined()) b += static_cast<std::int64_t>(unit.gathered_storage.nbytes());
   for (const auto& spare : impl_->gather_spares) b += static_cast<std::int64_t>(spare.nbytes());
+  return b;
+}
+
+std::int64_t ShardedUnits::buffer_bytes() const {
+  std::int64_t b = gathered_bytes();
+  for (const auto& unit : impl_->units)
+    if (unit.reduce_storage.defined()) b += static_cast<std::int64_t>(unit.reduce_storage.nbytes());
+  for (const auto& spare : impl_->reduce_spares) b += static_cast<std::int64_t>(spare.nbytes());
   return b;
 }
 

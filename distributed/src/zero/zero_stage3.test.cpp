@@ -86,13 +86,15 @@ void at_worlds(const Stage3Run& run, std::initializer_list<int> worlds) {
     DYNAMIC_SECTION(run.spec.name << " world " << world) { check_same_bits(run, world); }
 }
 
-// The in-place path (gradient_buffers, reduce_gradients(u)) against the
-// copying path and stage 1, bit for bit.
-void check_in_place(Stage3Run run, int world) {
+// The in-place path (gradient_buffers, or release_for_gradients with
+// `from_gathered`, and reduce_gradients(u)) against the copying path and
+// stage 1, bit for bit.
+void check_in_place(Stage3Run run, int world, bool from_gathered = false) {
   run.in_place = false;
   const Result copying = train(run, world, true);
   const Result one = train(run, world, false);
   run.in_place = true;
+  run.from_gathered = from_gathered;
   const Result in_place = train(run, world, true);
   REQUIRE(in_place.params.size() == run.shapes.size());
   CHECK(in_place.params == copying.params);
@@ -141,6 +143,95 @@ TEST_CASE("ZeRO stage 3 gradient_buffers with reduce_gradients(u) equals the cop
     Stage3Run run = adam_with(/*async=*/true, /*fp16=*/true);
     check_in_place(run, 3);
   }
+}
+
+TEST_CASE("ZeRO stage 3 release_for_gradients (gradients in the gathered memory) equals copying and stage 1 bitwise",
+          "[zero][zero3]") {
+  for (const OptimizerSpec& spec : {spec_of(AdamOptions(0.01)), spec_of(SGDOptions(0.1).momentum(0.9))})
+    for (bool async : {false, true})
+      for (int world : {1, 2, 3, 5})
+        DYNAMIC_SECTION(spec.name << (async ? " async" : " sync") << " world " << world) {
+          Stage3Run run = base_run(spec);
+          run.async = async;
+          check_in_place(run, world, /*from_gathered=*/true);
+        }
+  SECTION("fp16_compress_hook world 3 and 5") {
+    for (int world : {3, 5}) check_in_place(adam_with(/*async=*/true, /*fp16=*/true), world, /*from_gathered=*/true);
+  }
+}
+
+TEST_CASE("ZeRO stage 3 release_for_gradients: the gathered buffer, zeroed, and the caller's misuse as StateErrors",
+          "[zero][zero3]") {
+  std::mutex m;
+  std::vector<std::string> errors;
+  std::vector<int> same_memory, zeros, kept, released, counted;
+  simulate(2, [&](RankContext& ctx) {
+    const std::vector<std::vector<Tensor>> units{{Tensor::full({5}, 1.0), Tensor::full({2, 3}, 2.0)},
+                                                 {Tensor::full({4}, 3.0)}};
+    ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{ctx.world()});
+    std::vector<std::string> mine;
+    auto expect = [&](auto&& call) {
+      try {
+        call();
+      } catch (const StateError& e) {
+        mine.push_back(e.what());
+      }
+    };
+    expect([&] { (void)model.release_for_gradients(0); });  // not gathered
+    const std::vector<Tensor> full = model.gather(0);
+    const void* gathered_at = full[0].data_ptr();
+    const std::int64_t unit_bytes = model.gathered_bytes();  // 12 floats (11 and padding)
+    const bool values = full[1].to_vector<float>() == std::vector<float>(6, 2.0f);
+    std::vector<Tensor> g = model.release_for_gradients(0);
+    const bool is_zero = values && g.size() == 2 && g[1].shape() == Shape{2, 3} &&
+                         g[0].to_vector<float>() == std::vector<float>(5, 0.0f) &&
+                         g[1].to_vector<float>() == std::vector<float>(6, 0.0f);
+    // The gradients are the parameters' memory: the unit is released, the
+    // buffer counted once.
+    const bool same = g[0].data_ptr() == gathered_at;
+    const bool gone = model.gathered_bytes() == 0 && model.buffer_bytes() == unit_bytes;
+    g[1].fill_(4.0);
+    const std::vector<Tensor> again = model.release_for_gradients(0), through = model.gradient_buffers(0);
+    const bool values_kept = again[1].data_ptr() == g[1].data_ptr() && through[1].data_ptr() == g[1].data_ptr() &&
+                             again[1].to_vector<float>() == std::vector<float>(6, 4.0f);
+    expect([&] { model.reduce_gradients(0, {Tensor::zeros({5}), Tensor::zeros({2, 3})}); });  // buffers are out
+    (void)model.reduce_gradients_async(0);
+    expect([&] { (void)model.release_for_gradients(0); });  // reduced already
+    (void)model.gather(1);
+    (void)model.gradient_buffers(1);
+    expect([&] { (void)model.release_for_gradients(1); });  // gradient_buffers of their own are out
+    model.reduce_gradients(1);
+    const bool count_after = model.buffer_bytes() > 0;  // the spares, until step()
+    model.step();
+    std::lock_guard<std::mutex> lock(m);
+    errors.insert(errors.end(), mine.begin(), mine.end());
+    same_memory.push_back(same);
+    zeros.push_back(is_zero);
+    kept.push_back(values_kept);
+    released.push_back(gone);
+    counted.push_back(count_after && model.buffer_bytes() == 0);
+  });
+  CHECK(same_memory == std::vector<int>{1, 1});
+  CHECK(zeros == std::vector<int>{1, 1});
+  CHECK(kept == std::vector<int>{1, 1});
+  CHECK(released == std::vector<int>{1, 1});
+  CHECK(counted == std::vector<int>{1, 1});
+  REQUIRE(errors.size() == 8);
+  auto count = [&](std::initializer_list<const char*> parts) {
+    int n = 0;
+    for (const auto& e : errors) {
+      bool all = true;
+      for (const char* p : parts) all = all && e.find(p) != std::string::npos;
+      n += all;
+    }
+    return n;
+  };
+  CHECK(count({"ShardedUnits.release_for_gradients", "unit 0 is not gathered"}) == 2);
+  CHECK(count({"ShardedUnits.reduce_gradients", "gradient_buffers are out"}) == 2);
+  CHECK(count({"ShardedUnits.release_for_gradients", "unit 0 was reduced already"}) == 2);
+  CHECK(count({"ShardedUnits.release_for_gradients", "unit 1's gradient_buffers are out"}) == 2);
+  CHECK(count({"[rank 0]"}) == 4);
+  CHECK(count({"[rank 1]"}) == 4);
 }
 
 TEST_CASE("ZeRO stage 3 gradient_buffers: the caller's misuse is a StateError naming the call and the rank",
@@ -281,6 +372,20 @@ TEST_CASE("ZeRO stage 3 keeps 16/N bytes per parameter with Adam and gathers at 
         // The current unit and the prefetched one, never more.
         CHECK(n.largest_unit >= 4000);
         CHECK(n.peak_gathered == 2 * n.largest_unit);
+        // Besides them, the reduce buffer of the unit in the backward.
+        CHECK(n.peak_buffers == 3 * n.largest_unit);
+      }
+      // The gradients in the gathered memory (release_for_gradients, then
+      // the prefetch): two unit buffers in all, the same bytes kept.
+      run.in_place = true;
+      run.from_gathered = true;
+      const Result two = train(run, world, true);
+      for (int r = 0; r < world; ++r) {
+        INFO("rank " << r << ", release_for_gradients");
+        const auto& n = two.counts[static_cast<std::size_t>(r)];
+        CHECK(n.bytes == three.counts[static_cast<std::size_t>(r)].bytes);
+        CHECK(n.peak_gathered == 2 * n.largest_unit);
+        CHECK(n.peak_buffers == 2 * n.largest_unit);
       }
     }
   }

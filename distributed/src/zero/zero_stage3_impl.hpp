@@ -29,6 +29,7 @@ struct Unit {
   Future<void> reducing;              // reduce_gradients_async in flight
   Tensor reduce_storage;              // the pooled buffer that reduction (or grad_buffer) uses
   Tensor grad_buffer;                 // [S * N] handed out by gradient_buffers, not reduced yet
+  bool grads_in_gathered = false;     // reduce_storage is the gather buffer (release_for_gradients)
   bool reduced = false;               // reduced this iteration
 };
 
@@ -72,7 +73,8 @@ struct ShardedUnits::Impl {
   /// The views of a gathered buffer in the unit's shapes.
   static std::vector<Tensor> views(const stage3_detail::Unit& unit, const Tensor& flat);
   /// Waits for the unit's reduction in flight (its error is rethrown); its
-  /// buffer goes back among the spares when it succeeded.
+  /// buffer goes back among the spares when it succeeded (the gather spares
+  /// when it was a gather buffer: release_for_gradients).
   void settle_reduction(stage3_detail::Unit& unit);
   /// Posts the reduction of `buffer` (the unit's flat gradient, S * N
   /// floats, padding zero) in place: the hook or divide and reduce; marks
