@@ -307,9 +307,9 @@ class DistributedOptimizer {
 /// trainer's rank) without redundancy and for more newcomers than vacant
 /// slots; ValueError for a newcomer that is the trainer, an owner or buddy,
 /// named twice or unknown; PeerLostError for a newcomer lost before it took its
-/// slot, or any worker lost while the state moves (nothing changed: opt
-/// goes on with its slots where they were, the next call recovers a lost
-/// owner); OwnerStateLostError as recover().
+/// slot, or any worker lost while the state moves (no slot went to a newcomer;
+/// owners lost before the call were taken over by their buddies all the same,
+/// which the error names; call again); OwnerStateLostError as recover().
 OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const std::vector<rpc::To>& newcomers);
 
 /// torch's LambdaLR over a DistributedOptimizer: lr = base_lr * lambda(epoch)

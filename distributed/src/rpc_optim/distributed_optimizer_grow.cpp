@@ -242,13 +242,17 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
     f.timeout = opt.options_.timeout;
     return f;
   };
-  // A loss before anything is committed: nothing changed on the trainer.
+  // A loss before anything is committed: no slot went to a newcomer. Owners
+  // lost before (taken over in step 1) did move: the message names them.
   auto nothing_changed = [&](const std::exception_ptr& e) {
     if (!detail::is_peer_lost(e)) std::rethrow_exception(e);
+    const std::string what = rec.lost.empty()
+                                 ? std::string("nothing changed: the slots are where they were")
+                                 : "no slot went to a newcomer, but the owners " + workers_str(rec.lost) +
+                                       ", lost before, were taken over by their buddies (parameters() has their RRefs)";
     throw PeerLostError(kCatchUp,
-                        "a worker was lost while the state moved to the newcomers (" + what_of(e) +
-                            "); nothing changed: the slots are where they were, the next call recovers a "
-                            "lost owner; call distributed_optimizer_catch_up again",
+                        "a worker was lost while the state moved to the newcomers (" + what_of(e) + "); " + what +
+                            "; the next call recovers a lost owner; call distributed_optimizer_catch_up again",
                         me);
   };
 

@@ -144,6 +144,40 @@ TEST_CASE(
   CHECK(std::count(got.owners.begin(), got.owners.end(), p.n) == 0);
 }
 
+TEST_CASE(
+    "DistributedOptimizer grow back: an owner lost right before the call is taken over first, also when the "
+    "newcomer is then lost adopting its slot",
+    "[distributed_optimizer][survive][grow][grow_do]") {
+  // The owner is lost after step 3 and no step notices it before the
+  // catch-up at step 4: the catch-up's membership takes it over, then gives
+  // its slot to the newcomer. When the newcomer dies adopting the slot, the
+  // error says that the lost owner moved to its buddy (not "nothing changed").
+  Plan p;
+  p.n = GENERATE(3, 5);
+  const bool newcomer_lost = GENERATE(false, true);
+  const int victim = p.n == 3 ? 2 : 3;
+  p.losses = {Loss{victim, 3, "after"}};
+  p.newcomers = {p.n};
+  if (newcomer_lost) {
+    p.standby = 2;
+    p.dies_adopting = p.n;
+  }
+  INFO(p.n << " workers" << (newcomer_lost ? ", the newcomer lost adopting" : ""));
+  const Result got = run(p);
+  check_bitwise(p, got);
+  const std::string slot = std::to_string(2 * (victim - 1)) + "," + std::to_string(2 * victim - 1);
+  if (!newcomer_lost) {
+    CHECK_THAT(got.log, Contains("returned joined=" + std::to_string(p.n) + " lost=" + std::to_string(victim) +
+                                 " moved=" + slot + " needs= step=4;"));
+  } else {
+    CHECK_THAT(got.log,
+               Contains("catch_up failed: ") && Contains("no slot went to a newcomer, but the owners worker 'worker" +
+                                                         std::to_string(victim) + "'"));
+    CHECK_THAT(got.log, !Contains("nothing changed"));
+    CHECK_THAT(got.log, Contains("returned joined=" + std::to_string(p.n + 1) + " lost= moved=" + slot));
+  }
+}
+
 TEST_CASE("DistributedOptimizer grow back: the slot's holder lost while it hands the slot over changes nothing, the "
           "catch-up after the next step works",
           "[distributed_optimizer][survive][grow][grow_do]") {
