@@ -65,6 +65,12 @@ inline dopt::optim::OptimizerSpec inner_spec(const Options& o) {
   return spec;
 }
 
+/// The strategy's configuration from the flags.
+StrategyConfig strategy_config(const Options& o);
+/// What must match between a checkpoint and the run resuming it (--ranks:
+/// `world_size`; --lr: the strategy's inner learning rate).
+RunInfo run_info(const Options& o, const StrategyConfig& strategy, int world_size);
+
 struct Plan {
   Options opt;
   RunInfo run;
