@@ -731,6 +731,8 @@ int main(int argc, char** argv) {
     } else {
       dopt::RunOptions ro;
       ro.simulated_ranks = o.ranks;
+      // A node that joins later, or a replacement, must run with the same flags (rank 0 refuses it otherwise).
+      ro.init.compatibility = join_compatibility(o, plan.run);
       dopt::run_distributed([&](dopt::RankContext& ctx) {
         std::int64_t step = 0;
         try {

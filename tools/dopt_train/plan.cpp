@@ -1,6 +1,8 @@
 // The plan dopt-train derives from its flags (plan.hpp).
 #include "plan.hpp"
 
+#include <algorithm>
+
 #include "dopt/runtime/hyperparams.hpp"
 
 namespace dopt_train {
@@ -50,6 +52,26 @@ RunInfo run_info(const Options& o, const StrategyConfig& strategy, int world_siz
   r.diloco_wire = o.diloco_wire;
   r.diloco_error_feedback = o.diloco_error_feedback;
   return r;
+}
+
+std::map<std::string, std::string> join_compatibility(const Options& o, const RunInfo& run) {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, json] : run.to_extras()) {
+    // (The rank count is WORLD_SIZE, compared by dopt; input_dim and classes are no flags.)
+    if (name == "ranks" || name == "input_dim" || name == "classes") continue;
+    std::string flag = "--" + name, value = json;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+    out[flag] = value;
+  }
+  auto given = [](bool b) { return std::string(b ? "(given)" : "(not given)"); };
+  out["--steps"] = std::to_string(o.steps);
+  out["--survive"] = given(o.survive);
+  out["--survive-buddies"] = o.survive_buddies;
+  out["--zero-stage"] = std::to_string(o.zero_stage);
+  out["--nonfinite"] = o.nonfinite;
+  out["--dump-params"] = given(!o.dump_params.empty());
+  return out;
 }
 
 }  // namespace dopt_train

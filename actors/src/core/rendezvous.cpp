@@ -16,6 +16,7 @@
 #include "dopt/runtime/notice.hpp"
 #include "core/ranks.hpp"
 #include "core/caf_thread.hpp"
+#include "core/compatibility.hpp"
 #include "core/rendezvous_internal.hpp"
 #include "dopt/runtime/internal/torch_store.hpp"
 #include "core/secure_link.hpp"
@@ -32,7 +33,7 @@ using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
 using rdv_told_atom = caf::atom_constant<caf::atom("rdvtold")>;  // has every rank heard of the setup failure?
 using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
 using rdv_note_atom = caf::atom_constant<caf::atom("rdvnote")>;  // (rdvnote, after_ms): say who is missing
-// (rdvrejoin, rank, world, incarnation, who, payload, info): a replacement of a lost rank registers
+// (rdvrejoin, rank, world, incarnation, who, payload, info, compatibility): a replacement of a lost rank registers
 using rdv_rejoin_atom = caf::atom_constant<caf::atom("rdvrejoin")>;
 
 namespace {
@@ -105,6 +106,9 @@ struct CoordState {
   // newcomer away in its handshake.
   std::shared_ptr<std::atomic<bool>> closed;
   std::shared_ptr<Replacements> replacements;
+  // Rank 0's compatibility items (core/compatibility.hpp): a replacement's
+  // must be the same.
+  std::vector<std::string> compatibility;
   static const char* name;
 
   void fail_all(int kind, std::string msg) {
@@ -118,9 +122,10 @@ const char* CoordState::name = "dopt.rendezvous";
 
 caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int required, std::int64_t timeout_ms,
                           std::shared_ptr<std::atomic<bool>> closed, std::string session_key,
-                          std::shared_ptr<Replacements> replacements) {
+                          std::shared_ptr<Replacements> replacements, std::vector<std::string> compatibility) {
   auto& s = self->state;
   s.world = world;
+  s.compatibility = std::move(compatibility);
   s.required = required;
   s.closed = std::move(closed);
   s.replacements = std::move(replacements);
@@ -212,7 +217,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
       // rank's slot (a later incarnation than any before) and gets every
       // rank's handle and info, but none of the ranks rank 0 sees lost.
       [self](rdv_rejoin_atom, int rank, int world_, int incarnation, const caf::actor& who,
-             const caf::actor& payload, const std::string& info) {
+             const caf::actor& payload, const std::string& info, const std::vector<std::string>& compatibility) {
         auto& st = self->state;
         auto refuse = [](int kind, std::string why) {
           return caf::make_message(kind, std::move(why), Table{}, Table{}, std::vector<std::string>{});
@@ -223,6 +228,15 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
           return refuse(k_value, "rank " + std::to_string(rank) + " of a world of " + std::to_string(world_) +
                                      " cannot replace a rank of this world of " + std::to_string(st.world) +
                                      " (rank 0 cannot be replaced)");
+        // Started with other settings than the job (InitOptions::compatibility
+        // and the launch facts): refused whatever else holds, and at once.
+        // A late node's first process (a vacant slot's incarnation 1) is "this node".
+        const bool late_node = rank >= st.required && incarnation == 1;
+        if (const std::string diffs =
+                compatibility_differences(st.compatibility, compatibility, late_node ? "this node" : "this process");
+            !diffs.empty())
+          return refuse(k_value, "it was started with other settings than the running job (" +
+                                     diffs + "); start it with the job's settings");
         if (const std::string why = st.replacements->judge(rank); !why.empty())
           return refuse(k_value, "rank 0 does not admit a replacement of rank " + std::to_string(rank) + ": " + why);
         const auto now = std::chrono::steady_clock::now();
@@ -560,7 +574,8 @@ std::string random_key(const char* op, int rank) {
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key, int incarnation, int required) {
+                                 std::string* session_key, int incarnation, int required,
+                                 const std::vector<std::string>& compatibility) {
   detail::UserThreadCafScope caf_scope;
   LaunchEnv env = launch_env;
   const int rank = env.rank;
@@ -633,7 +648,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     if (key.empty()) key = random_key("rendezvous", rank);
     impl->mine = sys.spawn(detail::coordinator, env.world_size, required,
                            static_cast<std::int64_t>(timeout.count()), closed,
-                           env.secret.empty() ? key : std::string(), replacements);
+                           env.secret.empty() ? key : std::string(), replacements, compatibility);
     impl->coord = impl->mine;
     // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
     // listening until the runtime shuts down, to turn latecomers away.
@@ -663,6 +678,13 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
       // comes in (its coordinator checks the rest); it presents Purpose::rejoin,
       // so a starting rank is never taken for one.
       if (p.purpose == net::Purpose::rejoin) {
+        // Another world size cannot be admitted later either: refused for good
+        // (short: the verdict has room for 300 bytes; the coordinator compares
+        // the other launch facts and the program's items).
+        if (p.world_size != world)
+          return "it was started with other settings than the running job (WORLD_SIZE: the job has " +
+                 std::to_string(world) + ", this process " + std::to_string(p.world_size) +
+                 "); start it with the job's settings";
         if (closed->load() && p.rank > 0 && p.rank < world && p.world_size == world &&
             replacements->judge(p.rank).empty())
           return {};
@@ -746,7 +768,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     const std::string info = make_info ? make_info() : std::string();
     const caf::message reg =
         incarnation > 0 ? caf::make_message(detail::rdv_rejoin_atom::value, rank, env.world_size, incarnation,
-                                            impl->mine, payload, info)
+                                            impl->mine, payload, info, compatibility)
                         : caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine, payload, info);
     impl->table = impl->ask_coord(reg, remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);
     if (static_cast<int>(impl->table.size()) != env.world_size)
