@@ -61,7 +61,8 @@ struct Replacements {
   std::map<int, int> incarnation;     // rank -> the incarnation admitted last
   // rank -> when the coordinator admitted its newcomer last; one that has
   // not announced itself to rank 0 yet (check() still admits its slot)
-  // holds the others back for 2 handshake timeouts: one joins at a time.
+  // holds the others back for 2 handshake timeouts, or until it ends (the
+  // coordinator watches its rendezvous actor): one joins at a time.
   std::map<int, std::chrono::steady_clock::time_point> admitted_at;
   std::chrono::milliseconds settle{20000};
 
@@ -138,8 +139,19 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
   if (timeout_ms > 10000) self->delayed_send(self, std::chrono::seconds(10), rdv_note_atom::value, std::int64_t{10000});
   // A rank that registered and is then lost before the world is complete
   // fails every rank at once (the world cannot form without it), naming it.
+  // Once the world is up: an admitted newcomer whose rendezvous actor is
+  // gone (its process ended, or its init_process_group returned or failed)
+  // holds the others back no longer.
   self->set_down_handler([self](const caf::down_msg& dm) {  // (dm.reason: remote_link_unreachable)
     auto& st = self->state;
+    if (st.done && st.replacements) {
+      for (int r = 1; r < st.world; ++r)
+        if (const auto& a = st.table[static_cast<std::size_t>(r)]; a && a.address() == dm.source) {
+          std::lock_guard<std::mutex> lock(st.replacements->mutex);
+          st.replacements->admitted_at.erase(r);
+        }
+      return;
+    }
     if (st.done || st.fail_kind != k_ok) return;
     for (int r = 0; r < st.world; ++r)
       if (st.have[static_cast<std::size_t>(r)] && st.table[static_cast<std::size_t>(r)].address() == dm.source) {
@@ -257,6 +269,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
           last = incarnation;
           st.replacements->admitted_at[rank] = now;  // (a stale one does not hold the others back)
         }
+        self->monitor(who);  // (its end lets the next newcomer in: the down handler)
         const auto i = static_cast<std::size_t>(rank);
         st.table[i] = who;
         st.payloads[i] = payload;
