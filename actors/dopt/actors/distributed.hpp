@@ -55,9 +55,10 @@ struct InitOptions {
   /// LOCAL_WORLD_SIZE, DOPT_MIN_WORLD_SIZE), with its own when it admits it:
   /// on a difference it refuses the newcomer, whose init_process_group
   /// throws ValueError naming each differing item with both values ("--hidden:
-  /// the job has 64, this node 32"), and the job goes on without it. The
-  /// ranks that start the job are not compared. ValueError for an empty key
-  /// or a launch fact's name.
+  /// the job has 64, this node 32"), and the job goes on without it. A job
+  /// that declares nothing (empty on rank 0) compares the launch facts only.
+  /// The ranks that start the job are not compared. ValueError for an empty
+  /// key or a launch fact's name.
   std::map<std::string, std::string> compatibility;
 };
 

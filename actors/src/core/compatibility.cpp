@@ -50,9 +50,13 @@ std::vector<std::string> compatibility_items(const LaunchEnv& env, const InitOpt
 std::string compatibility_differences(const std::vector<std::string>& job, const std::vector<std::string>& newcomer,
                                       const std::string& newcomer_name) {
   const auto ours = as_map(job), theirs = as_map(newcomer);
+  // A job that declares no items of its own holds a newcomer to the launch facts only.
+  bool job_declares = false;
+  for (const auto& [k, v] : ours) job_declares = job_declares || !launch_facts().count(k);
   std::map<std::string, bool> keys;
   for (const auto& [k, v] : ours) keys[k] = true;
-  for (const auto& [k, v] : theirs) keys[k] = true;
+  for (const auto& [k, v] : theirs)
+    if (job_declares || launch_facts().count(k)) keys[k] = true;
   const std::string lacks = "(not declared)";
   std::string out;
   for (const auto& [key, unused] : keys) {

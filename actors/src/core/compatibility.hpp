@@ -27,7 +27,9 @@ std::vector<std::string> compatibility_items(const LaunchEnv& env, const InitOpt
 /// compatibility_items returns them), else every difference in key order,
 /// joined by "; ": "KEY: the job has A, NAME B", NAME being `newcomer_name`
 /// ("this node", "this process"); a launch fact's key names what sets it,
-/// and an item one side lacks is "(not declared)" there.
+/// and an item one side lacks is "(not declared)" there. A job that
+/// declares no items of its own (only the launch facts) compares those
+/// only, whatever the newcomer declares.
 std::string compatibility_differences(const std::vector<std::string>& job, const std::vector<std::string>& newcomer,
                                       const std::string& newcomer_name);
 

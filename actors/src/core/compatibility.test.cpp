@@ -65,6 +65,19 @@ TEST_CASE("compatibility: the launch facts come first, then the program's items,
         "job has 6, this node 4");
 }
 
+TEST_CASE("compatibility: a job that declares no items of its own compares the launch facts only", "[compatibility]") {
+  MinWorldSize unset(nullptr);
+  const auto job = compatibility_items(env_of(4, 2), dopt::InitOptions{}, "init_process_group");
+  dopt::InitOptions declared;
+  declared.compatibility = {{"--hidden", "32"}};
+  CHECK(
+      compatibility_differences(job, compatibility_items(env_of(4, 2), declared, "init_process_group"), "this process")
+          .empty());
+  CHECK(compatibility_differences(job, compatibility_items(env_of(4, 1), declared, "init_process_group"),
+                                  "this process") ==
+        "LOCAL_WORLD_SIZE (dopt-run --nproc-per-node): the job has 2, this process 1");
+}
+
 TEST_CASE("compatibility: an empty key or a launch fact's name among the program's items is a ValueError",
           "[compatibility]") {
   for (const char* key : {"", "WORLD_SIZE", "DOPT_MIN_WORLD_SIZE"}) {
