@@ -40,10 +40,11 @@
 //       below MIN start it and check that the world group is them (size,
 //       rank, an all_reduce); the others are newcomers of vacant slots
 //       (DOPT_REPLACES, as dopt-run --nnodes MIN:MAX starts a later node's
-//       ranks) and join_group(). Every member asks newcomers_waiting() in
-//       each round and grows by the one admitted (one at a time), a newcomer
-//       takes part from the round after its join, until the group has every
-//       rank (30 s at most); then all_reduce over it, the sum of RANK + 1.
+//       ranks) and join_group(), then print "joined R". Every member asks
+//       newcomers_waiting() in each round and grows by the one admitted (one
+//       at a time), a newcomer takes part from the round after its join,
+//       until the group has every rank (30 s at most); then all_reduce over
+//       it, the sum of RANK + 1.
 //
 // Prints "ok R CHECKS" or "error KIND: MESSAGE" (tests/support/peer_main.hpp).
 #include <unistd.h>
@@ -265,6 +266,8 @@ long elastic_scenario(ProcessGroup& world, int me) {
     auto j = world.join_group();
     c.expect(j.joined == std::vector<int>{me}, "the newcomer joined alone (one at a time)");
     g = j.group;
+    std::printf("joined %d\n", me);  // (tests wait for it before they start the next newcomer)
+    std::fflush(stdout);
   } else {
     c.expect(world.size() == min && world.rank() == me, "the world group is the ranks that started the job");
     check_sum(c, world, min, me, "all_reduce over the ranks present");

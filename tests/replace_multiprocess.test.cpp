@@ -587,6 +587,89 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+/// Waits (at most `seconds`) until `p`'s output holds `text`.
+bool output_holds(const Proc& p, const std::string& text, int seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    if (contains(slurp(p.out_path), text)) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "replace: newcomers of an elastic world with another DOPT_MIN_WORLD_SIZE or WORLD_SIZE are refused at once "
+    "naming it, and one that fails after its admission holds the next one back no longer",
+    "[replace][multiprocess]") {
+  // A world of 4 that ranks 0 and 1 start (tests/grow_peer.cpp, elastic: the
+  // members grow until every slot is taken, 30 s at most). The newcomers
+  // come one after the other, each once the one before ended (or joined).
+  const int port = free_port();
+  auto env_of = [port](int rank, int world, const std::string& min, const std::string& incarnation) {
+    auto e = rank_env(rank, world, port);
+    e["DOPT_MIN_WORLD_SIZE"] = min;
+    e["DOPT_SECRET"] = "the-elastic-worlds-secret-0123456789";
+    e["DOPT_HANDSHAKE_TIMEOUT_MS"] = "5000";  // rank 0 holds the others back 10 s after it admitted a newcomer
+    if (!incarnation.empty()) {
+      e["DOPT_REPLACES"] = std::to_string(rank);
+      e["DOPT_INCARNATION"] = incarnation;
+    }
+    return e;
+  };
+  std::vector<Proc> members;
+  for (int r = 0; r < 2; ++r) members.push_back(start({kGrowPeer, "elastic"}, env_of(r, 4, "2", "")));
+  struct Newcomer {
+    std::string what;
+    std::map<std::string, std::string> env;
+    std::string says;
+  };
+  auto mpi = env_of(2, 4, "2", "1");
+  mpi["DOPT_BACKEND"] = "mpi";
+  const std::vector<Newcomer> refused{
+      {"another DOPT_MIN_WORLD_SIZE", env_of(2, 4, "1", "1"),
+       "but rank 0 refused it: it was started with other settings than the running job (DOPT_MIN_WORLD_SIZE "
+       "(dopt-run --nproc-per-node times --nnodes MIN): the job has 2, this node 1); start it with the job's settings"},
+      {"another WORLD_SIZE", env_of(2, 5, "2", "1"),
+       "but rank 0 refused it: it was started with other settings than the running job (WORLD_SIZE: the job has 4, "
+       "this process 5); start it with the job's settings"},
+      // Admitted to rank 2's slot, then it fails (a process cannot join on the mpi plane) and ends.
+      {"admitted, then failed", mpi, "cannot join a running job on the mpi plane"}};
+  for (const Newcomer& n : refused) {
+    INFO(n.what);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Done d = wait(start({kGrowPeer, "elastic"}, n.env));
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(d.out);
+    CHECK_FALSE(d.ok());
+    CHECK(contains(d.out, "error "));
+    CHECK(contains(d.out, "init_process_group [rank 2]: this process takes rank 2's vacant slot (incarnation 1, "));
+    CHECK(contains(d.out, n.says));
+    CHECK(took < 10);  // at once, not after the job's timeout
+  }
+  // Rank 3's newcomer is admitted at once, not 10 s (two handshake
+  // timeouts) after the failed one was; then rank 2's (incarnation 2: the
+  // failed one's 1 was admitted).
+  const auto t0 = std::chrono::steady_clock::now();
+  const Proc rank3 = start({kGrowPeer, "elastic"}, env_of(3, 4, "2", "1"));
+  const bool joined = output_holds(rank3, "joined 3", 20);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Proc rank2 = start({kGrowPeer, "elastic"}, env_of(2, 4, "2", "2"));
+  CHECK(joined);
+  CHECK(took < 7);
+  std::vector<Done> done{wait(members[0]), wait(members[1]), wait(rank2), wait(rank3)};
+  for (int r = 0; r < 4; ++r) {
+    const Done& d = done[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << d.out);
+    CHECK(d.ok());
+    CHECK(contains(d.out, "ok " + std::to_string(r) + " "));
+    CHECK_FALSE(contains(d.out, "error"));
+  }
+}
+
 TEST_CASE(
     "replace: a late node's newcomer whose rank 0 never listens fails after DOPT_TIMEOUT_MS naming the address to "
     "check",

@@ -400,15 +400,23 @@ TEST_CASE("dopt-train: a replacement (DOPT_REPLACES) of a run that cannot grow b
 
 namespace {
 
-/// One dopt-run of an elastic job (--nnodes 1:2, two ranks per node, on
-/// 127.0.0.1:port) running dopt-train --survive --optim zero.
+/// How start_elastic_node starts a node: dopt-run's --nnodes, dopt-train's --hidden.
+struct NodeFlags {
+  std::string nnodes = "1:2";
+  std::string hidden = "64";
+};
+
+/// One dopt-run of an elastic job (--nnodes 1:2 unless `flags` say
+/// otherwise, two ranks per node, on 127.0.0.1:port) running dopt-train
+/// --survive --optim zero.
 Proc start_elastic_node(int node, int port, long steps, const fs::path& dir,
-                        const std::map<std::string, std::string>& env) {
+                        const std::map<std::string, std::string>& env, const NodeFlags& flags = {}) {
   std::vector<std::string> argv{
-      kDoptRun,           "--nnodes", "1:2",           "--node-rank",        std::to_string(node),
+      kDoptRun,           "--nnodes", flags.nnodes,    "--node-rank",        std::to_string(node),
       "--nproc-per-node", "2",        "--master-port", std::to_string(port), "--on-failure",
       "continue",         kDoptTrain};
-  for (std::string a : {"--optim", "zero", "--survive", "--hidden", "64", "--layers", "3", "--log-every", "10"})
+  for (std::string a : {"--optim", "zero", "--survive", "--hidden", flags.hidden.c_str(), "--layers", "3", "--log-every",
+                        "10"})
     argv.push_back(a);
   for (const std::string& a : {std::string("--steps"), std::to_string(steps), std::string("--metrics"),
                                (dir / "m.jsonl").string(), std::string("--dump-params"), (dir / "p.st").string()})
@@ -557,4 +565,70 @@ TEST_CASE(
   CHECK(d1.ok());
   CHECK(contains(d0.out, "(--survive); the run ended with 4 ranks"));
   require_every_step_once(dir.path / "m.jsonl", steps);
+}
+
+TEST_CASE(
+    "dopt-run --nnodes 1:3: late nodes started with another --hidden or another --nnodes MIN are refused at once, "
+    "naming each difference, and the job ends as a run without them",
+    "[train][survive][multiprocess]") {
+  TempDir dir("dopt-train-elastic", "other-flags");
+  const long steps = 3000;  // the job still runs when the late nodes are refused
+  auto env = kTrainEnv;
+  env["DOPT_TRANSPORT"] = "shm";  // (the faster plane on one host: the refusal does not depend on it)
+  env["DOPT_SECRET"] = "the-elastic-jobs-secret-0123456789";
+  const NodeFlags job{"1:3", "64"};
+  // The reference: the same job (node 0 of --nnodes 1:3) that no late node comes to, alongside.
+  const fs::path ref = dir.path / "reference";
+  fs::create_directories(ref);
+  env["DOPT_JOB_ID"] = "elastic-ref-" + std::to_string(::getpid());
+  const Proc reference = start_elastic_node(0, free_port(), steps, ref, env, job);
+  const int port = free_port();
+  env["DOPT_JOB_ID"] = "elastic-" + std::to_string(::getpid());
+  const Proc node0 = start_elastic_node(0, port, steps, dir.path, env, job);
+  const bool training = wait_for_output(node0, "step 10/");
+  struct Late {
+    int node;
+    NodeFlags flags;
+    std::string differs;
+  };
+  const std::vector<Late> late{
+      {1, {"1:3", "32"}, "--hidden: the job has 64, this node 32"},
+      {2, {"2:3", "64"}, "DOPT_MIN_WORLD_SIZE (dopt-run --nproc-per-node times --nnodes MIN): the job has 2, this node 4"}};
+  for (const Late& l : late) {
+    const fs::path other = dir.path / ("late" + std::to_string(l.node));
+    fs::create_directories(other);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Done d = wait(start_elastic_node(l.node, port, steps, other, env, l.flags));
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO("node " << l.node << ":\n" << d.out);
+    CHECK_FALSE(d.ok());
+    for (int r : {2 * l.node, 2 * l.node + 1}) {
+      const std::string rank = std::to_string(r);
+      CHECK(contains(d.out, "[rank " + rank + "] dopt-train: error: init_process_group [rank " + rank +
+                                "]: this process takes rank " + rank + "'s vacant slot (incarnation 1, "));
+    }
+    CHECK(contains(d.out, "), but rank 0 refused it: it was started with other settings than the running job (" +
+                              l.differs + "); start it with the job's settings"));
+    CHECK(took < 10);  // refused at once, not after the job's timeout (30 s)
+  }
+  const Done d0 = wait(node0);
+  const Done dr = wait(reference);
+  INFO("node 0:\n" << d0.out << "\nreference:\n" << dr.out);
+  CHECK(training);
+  CHECK(d0.ok());
+  CHECK(dr.ok());
+  CHECK(contains(d0.out, "dopt-train: " + std::to_string(steps) + " steps in"));
+  CHECK_FALSE(contains(d0.out, "rejoined"));
+  CHECK_FALSE(contains(d0.out, "error"));
+  require_every_step_once(dir.path / "m.jsonl", steps);
+  // The job's parameters are the reference's, bitwise: the refused nodes left no trace.
+  const dopt::SafetensorsFile f = dopt::read_safetensors((dir.path / "p.st").string());
+  const dopt::SafetensorsFile g = dopt::read_safetensors((ref / "p.st").string());
+  CHECK(f.tensors.size() == 2 * 2 * 4);  // ranks 0 and 1; --layers 3: four linear layers, weight and bias
+  CHECK(f.tensors.size() == g.tensors.size());
+  for (const auto& [name, t] : f.tensors) {
+    INFO(name);
+    REQUIRE(g.tensors.count(name) == 1);
+    CHECK(g.tensors.at(name).to_vector<float>() == t.to_vector<float>());
+  }
 }

@@ -706,22 +706,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dopt-train: note: started by a launcher with %d processes; --ranks %d is ignored\n",
                    env->world_size, o.ranks);
 
-    plan.strategy.mode = o.optim;
-    plan.strategy.inner = inner_spec(o);
-    plan.strategy.plsgd_warmup = o.plsgd_warmup;
-    plan.strategy.plsgd_period = o.plsgd_period;
-    plan.strategy.plsgd_local_group = o.plsgd_local_group;
-    plan.strategy.diloco_sync_every = o.diloco_sync_every;
-    plan.strategy.diloco_fragments = o.diloco_fragments;
-    plan.strategy.diloco_delay = o.diloco_delay;
-    plan.strategy.diloco_alpha = o.diloco_alpha;
-    plan.strategy.diloco_outer_lr = o.diloco_outer_lr;
-    plan.strategy.diloco_outer_momentum = o.diloco_outer_momentum;
-    plan.strategy.diloco_wire = o.diloco_wire;
-    plan.strategy.diloco_error_feedback = o.diloco_error_feedback;
-    plan.strategy.survive = o.survive;
-    plan.strategy.survive_host_memory = o.survive_buddies == "host_memory";
-    plan.strategy.zero_stage = o.zero_stage;
+    plan.strategy = strategy_config(o);
     // A replacement of a lost rank (dopt-run --on-failure replace) joins the
     // running job; only a strategy with a catch-up can take it.
     plan.replacement = plan.launched && dopt::settings::integer("DOPT_REPLACES").has_value();
@@ -735,27 +720,7 @@ int main(int argc, char** argv) {
     if (o.kill_rank >= plan.world_size)
       return usage_error("--kill-rank " + std::to_string(o.kill_rank) + " is not a rank of the " +
                          std::to_string(plan.world_size) + " ranks");
-    plan.run.optim = o.optim;
-    plan.run.inner = o.inner;
-    plan.run.ranks = plan.world_size;
-    plan.run.any_ranks = o.elastic;
-    plan.run.seed = o.data.seed;
-    plan.run.hidden = o.hidden;
-    plan.run.layers = o.layers;
-    plan.run.batch = o.batch;
-    plan.run.data = o.data;
-    plan.run.lr = dopt::hyper_number(plan.strategy.inner.hyperparameters, "lr", "dopt-train");
-    plan.run.plsgd_warmup = o.plsgd_warmup;
-    plan.run.plsgd_period = o.plsgd_period;
-    plan.run.plsgd_local_group = o.plsgd_local_group;
-    plan.run.diloco_sync_every = o.diloco_sync_every;
-    plan.run.diloco_fragments = o.diloco_fragments;
-    plan.run.diloco_delay = o.diloco_delay;
-    plan.run.diloco_alpha = o.diloco_alpha;
-    plan.run.diloco_outer_lr = o.diloco_outer_lr;
-    plan.run.diloco_outer_momentum = o.diloco_outer_momentum;
-    plan.run.diloco_wire = o.diloco_wire;
-    plan.run.diloco_error_feedback = o.diloco_error_feedback;
+    plan.run = run_info(o, plan.strategy, plan.world_size);
 
     refuse_older_checkpoints(o.checkpoint_dir, o.resume_from);
 
@@ -766,6 +731,8 @@ int main(int argc, char** argv) {
     } else {
       dopt::RunOptions ro;
       ro.simulated_ranks = o.ranks;
+      // A node that joins later, or a replacement, must run with the same flags (rank 0 refuses it otherwise).
+      ro.init.compatibility = join_compatibility(o, plan.run);
       dopt::run_distributed([&](dopt::RankContext& ctx) {
         std::int64_t step = 0;
         try {

@@ -65,6 +65,19 @@ inline dopt::optim::OptimizerSpec inner_spec(const Options& o) {
   return spec;
 }
 
+/// The strategy's configuration from the flags.
+StrategyConfig strategy_config(const Options& o);
+/// What must match between a checkpoint and the run resuming it (--ranks:
+/// `world_size`; --lr: the strategy's inner learning rate).
+RunInfo run_info(const Options& o, const StrategyConfig& strategy, int world_size);
+/// The flags a process that joins the running job (a later node of dopt-run
+/// --nnodes MIN:MAX, a replacement) must share with it, as
+/// InitOptions::compatibility: flag -> value ("--hidden" -> "64"): the
+/// settings of `run` but the rank count (dopt compares WORLD_SIZE itself),
+/// --steps, --survive, --survive-buddies, --zero-stage, --nonfinite and
+/// whether --dump-params is given (its gather is a collective).
+std::map<std::string, std::string> join_compatibility(const Options& o, const RunInfo& run);
+
 struct Plan {
   Options opt;
   RunInfo run;

@@ -27,6 +27,7 @@
 // alone it runs fn for `simulated_ranks` simulated ranks in this process.
 #include <chrono>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "dopt/actors/process_group.hpp"
@@ -45,6 +46,20 @@ struct InitOptions {
   /// "auto" (shared memory when every rank is on this host, else TCP),
   /// "shm" or "tcp". The environment variable DOPT_TRANSPORT overrides it.
   std::string transport = "auto";
+  /// What a process that joins this job while it runs (a node of `dopt-run
+  /// --nnodes MIN:MAX` that comes later, a lost rank's replacement) must
+  /// have in common with it, as the program declares it: key -> value, e.g.
+  /// {"--hidden", "64"} for every flag that decides which collectives a step
+  /// makes. Every rank declares the same items. Rank 0 compares a newcomer's
+  /// items, and the launch facts dopt adds itself (WORLD_SIZE,
+  /// LOCAL_WORLD_SIZE, DOPT_MIN_WORLD_SIZE), with its own when it admits it:
+  /// on a difference it refuses the newcomer, whose init_process_group
+  /// throws ValueError naming each differing item with both values ("--hidden:
+  /// the job has 64, this node 32"), and the job goes on without it. A job
+  /// that declares nothing (empty on rank 0) compares the launch facts only.
+  /// The ranks that start the job are not compared. ValueError for an empty
+  /// key or a launch fact's name.
+  std::map<std::string, std::string> compatibility;
 };
 
 /// Joins the world described by env and returns its world group (see above).

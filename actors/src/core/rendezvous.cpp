@@ -16,6 +16,7 @@
 #include "dopt/runtime/notice.hpp"
 #include "core/ranks.hpp"
 #include "core/caf_thread.hpp"
+#include "core/compatibility.hpp"
 #include "core/rendezvous_internal.hpp"
 #include "dopt/runtime/internal/torch_store.hpp"
 #include "core/secure_link.hpp"
@@ -32,7 +33,7 @@ using rdv_why_atom = caf::atom_constant<caf::atom("rdvwhy")>;
 using rdv_told_atom = caf::atom_constant<caf::atom("rdvtold")>;  // has every rank heard of the setup failure?
 using rdv_key_atom = caf::atom_constant<caf::atom("rdvkey")>;
 using rdv_note_atom = caf::atom_constant<caf::atom("rdvnote")>;  // (rdvnote, after_ms): say who is missing
-// (rdvrejoin, rank, world, incarnation, who, payload, info): a replacement of a lost rank registers
+// (rdvrejoin, rank, world, incarnation, who, payload, info, compatibility): a replacement of a lost rank registers
 using rdv_rejoin_atom = caf::atom_constant<caf::atom("rdvrejoin")>;
 
 namespace {
@@ -60,7 +61,8 @@ struct Replacements {
   std::map<int, int> incarnation;     // rank -> the incarnation admitted last
   // rank -> when the coordinator admitted its newcomer last; one that has
   // not announced itself to rank 0 yet (check() still admits its slot)
-  // holds the others back for 2 handshake timeouts: one joins at a time.
+  // holds the others back for 2 handshake timeouts, or until it ends (the
+  // coordinator watches its rendezvous actor): one joins at a time.
   std::map<int, std::chrono::steady_clock::time_point> admitted_at;
   std::chrono::milliseconds settle{20000};
 
@@ -105,6 +107,9 @@ struct CoordState {
   // newcomer away in its handshake.
   std::shared_ptr<std::atomic<bool>> closed;
   std::shared_ptr<Replacements> replacements;
+  // Rank 0's compatibility items (core/compatibility.hpp): a replacement's
+  // must be the same.
+  std::vector<std::string> compatibility;
   static const char* name;
 
   void fail_all(int kind, std::string msg) {
@@ -118,9 +123,10 @@ const char* CoordState::name = "dopt.rendezvous";
 
 caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int required, std::int64_t timeout_ms,
                           std::shared_ptr<std::atomic<bool>> closed, std::string session_key,
-                          std::shared_ptr<Replacements> replacements) {
+                          std::shared_ptr<Replacements> replacements, std::vector<std::string> compatibility) {
   auto& s = self->state;
   s.world = world;
+  s.compatibility = std::move(compatibility);
   s.required = required;
   s.closed = std::move(closed);
   s.replacements = std::move(replacements);
@@ -133,8 +139,19 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
   if (timeout_ms > 10000) self->delayed_send(self, std::chrono::seconds(10), rdv_note_atom::value, std::int64_t{10000});
   // A rank that registered and is then lost before the world is complete
   // fails every rank at once (the world cannot form without it), naming it.
+  // Once the world is up: an admitted newcomer whose rendezvous actor is
+  // gone (its process ended, or its init_process_group returned or failed)
+  // holds the others back no longer.
   self->set_down_handler([self](const caf::down_msg& dm) {  // (dm.reason: remote_link_unreachable)
     auto& st = self->state;
+    if (st.done && st.replacements) {
+      for (int r = 1; r < st.world; ++r)
+        if (const auto& a = st.table[static_cast<std::size_t>(r)]; a && a.address() == dm.source) {
+          std::lock_guard<std::mutex> lock(st.replacements->mutex);
+          st.replacements->admitted_at.erase(r);
+        }
+      return;
+    }
     if (st.done || st.fail_kind != k_ok) return;
     for (int r = 0; r < st.world; ++r)
       if (st.have[static_cast<std::size_t>(r)] && st.table[static_cast<std::size_t>(r)].address() == dm.source) {
@@ -212,7 +229,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
       // rank's slot (a later incarnation than any before) and gets every
       // rank's handle and info, but none of the ranks rank 0 sees lost.
       [self](rdv_rejoin_atom, int rank, int world_, int incarnation, const caf::actor& who,
-             const caf::actor& payload, const std::string& info) {
+             const caf::actor& payload, const std::string& info, const std::vector<std::string>& compatibility) {
         auto& st = self->state;
         auto refuse = [](int kind, std::string why) {
           return caf::make_message(kind, std::move(why), Table{}, Table{}, std::vector<std::string>{});
@@ -223,6 +240,15 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
           return refuse(k_value, "rank " + std::to_string(rank) + " of a world of " + std::to_string(world_) +
                                      " cannot replace a rank of this world of " + std::to_string(st.world) +
                                      " (rank 0 cannot be replaced)");
+        // Started with other settings than the job (InitOptions::compatibility
+        // and the launch facts): refused whatever else holds, and at once.
+        // A late node's first process (a vacant slot's incarnation 1) is "this node".
+        const bool late_node = rank >= st.required && incarnation == 1;
+        if (const std::string diffs =
+                compatibility_differences(st.compatibility, compatibility, late_node ? "this node" : "this process");
+            !diffs.empty())
+          return refuse(k_value, "it was started with other settings than the running job (" +
+                                     diffs + "); start it with the job's settings");
         if (const std::string why = st.replacements->judge(rank); !why.empty())
           return refuse(k_value, "rank 0 does not admit a replacement of rank " + std::to_string(rank) + ": " + why);
         const auto now = std::chrono::steady_clock::now();
@@ -243,6 +269,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordState>* self, int world, int 
           last = incarnation;
           st.replacements->admitted_at[rank] = now;  // (a stale one does not hold the others back)
         }
+        self->monitor(who);  // (its end lets the next newcomer in: the down handler)
         const auto i = static_cast<std::size_t>(rank);
         st.table[i] = who;
         st.payloads[i] = payload;
@@ -560,7 +587,8 @@ std::string random_key(const char* op, int rank) {
 
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key, int incarnation, int required) {
+                                 std::string* session_key, int incarnation, int required,
+                                 const std::vector<std::string>& compatibility) {
   detail::UserThreadCafScope caf_scope;
   LaunchEnv env = launch_env;
   const int rank = env.rank;
@@ -633,7 +661,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     if (key.empty()) key = random_key("rendezvous", rank);
     impl->mine = sys.spawn(detail::coordinator, env.world_size, required,
                            static_cast<std::int64_t>(timeout.count()), closed,
-                           env.secret.empty() ? key : std::string(), replacements);
+                           env.secret.empty() ? key : std::string(), replacements, compatibility);
     impl->coord = impl->mine;
     // MASTER_PORT: dopt's handshake first (job id, secret), then CAF. It keeps
     // listening until the runtime shuts down, to turn latecomers away.
@@ -663,6 +691,13 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
       // comes in (its coordinator checks the rest); it presents Purpose::rejoin,
       // so a starting rank is never taken for one.
       if (p.purpose == net::Purpose::rejoin) {
+        // Another world size cannot be admitted later either: refused for good
+        // (short: the verdict has room for 300 bytes; the coordinator compares
+        // the other launch facts and the program's items).
+        if (p.world_size != world)
+          return "it was started with other settings than the running job (WORLD_SIZE: the job has " +
+                 std::to_string(world) + ", this process " + std::to_string(p.world_size) +
+                 "); start it with the job's settings";
         if (closed->load() && p.rank > 0 && p.rank < world && p.world_size == world &&
             replacements->judge(p.rank).empty())
           return {};
@@ -746,7 +781,7 @@ RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& launch_env, 
     const std::string info = make_info ? make_info() : std::string();
     const caf::message reg =
         incarnation > 0 ? caf::make_message(detail::rdv_rejoin_atom::value, rank, env.world_size, incarnation,
-                                            impl->mine, payload, info)
+                                            impl->mine, payload, info, compatibility)
                         : caf::make_message(detail::rdv_reg_atom::value, rank, env.world_size, impl->mine, payload, info);
     impl->table = impl->ask_coord(reg, remaining() + seconds(2), "registration", &impl->payloads, &impl->infos);
     if (static_cast<int>(impl->table.size()) != env.world_size)

@@ -39,9 +39,15 @@ namespace dopt::detail {
 /// joined; the slots of ranks that have not are vacant, with a null payload
 /// and an empty info on every rank, and its barriers count the ranks that
 /// joined. 0: every rank (env.world_size). ValueError above world_size.
+///
+/// compatibility (core/compatibility.hpp): rank 0 keeps its own and
+/// compares a replacement's with it before it admits it (ValueError on the
+/// replacement naming every difference, ending "start it with the job's
+/// settings"; rank 0 and the job are not touched). Starting ranks send none.
 RendezvousResult rendezvous_with(Runtime& runtime, const LaunchEnv& env, std::chrono::milliseconds timeout,
                                  caf::actor payload, const std::function<std::string()>& make_info,
-                                 std::string* session_key, int incarnation = 0, int required = 0);
+                                 std::string* session_key, int incarnation = 0, int required = 0,
+                                 const std::vector<std::string>& compatibility = {});
 
 /// Rank 0's judgement of a replacement for rank r: "" admits it (rank 0 sees
 /// rank r lost), anything else is why not. Called on CAF's and the rendezvous

@@ -16,6 +16,7 @@
 
 #include "collectives/access.hpp"
 #include "collectives/grow.hpp"
+#include "core/compatibility.hpp"
 #include "core/host_identity.hpp"
 #include "core/ranks.hpp"
 #include "core/rendezvous_internal.hpp"
@@ -39,10 +40,13 @@ namespace {
 /// the whole job) ends it at once: the job's rank 0 is gone. A newcomer of a
 /// vacant slot tries for `patience`, a refused port included (rank 0 admits
 /// one newcomer at a time, and the job may not have started yet); its slot
-/// alive in rank 0's view is taken by another process: refused at once.
+/// alive in rank 0's view is taken by another process: refused at once. So
+/// is a newcomer whose `compatibility` items (core/compatibility.hpp) rank 0
+/// finds different from the job's: ValueError naming each difference.
 RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::actor a,
                         const std::function<std::string()>& make_info, const std::string& who, const char* op,
-                        std::chrono::milliseconds patience, bool vacant_slot) {
+                        std::chrono::milliseconds patience, bool vacant_slot,
+                        const std::vector<std::string>& compatibility) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto until = start + patience;
@@ -64,7 +68,8 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
   for (;;) {
     try {
       env = launch_env;
-      return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation);
+      return rendezvous_with(runtime, launch_env, env.handshake_timeout, a, make_info, &env.secret, incarnation, 0,
+                             compatibility);
     } catch (const PeerLostError& e) {
       // A vacant slot's newcomer may come before rank 0 listens (a late
       // node started with the first ones): a refused port is not yet an
@@ -80,6 +85,13 @@ RendezvousResult rejoin(Runtime& runtime, LaunchEnv& env, int incarnation, caf::
       note_waiting("it does not listen yet: has the job started?");
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     } catch (const ValueError& e) {
+      // Started with other settings than the job (rank 0's coordinator, or
+      // its port for another WORLD_SIZE): refused for good.
+      if (const std::string& d = e.detail(); d.find("start it with the job's settings") != std::string::npos) {
+        const auto at = d.find("it was started with other settings");
+        throw ValueError(op, who + ", but rank 0 refused it: " + (at == std::string::npos ? d : d.substr(at)),
+                         env.rank);
+      }
       if (e.detail().find("the world is already closed") == std::string::npos) throw;
       reached = true;
       if (vacant_slot && e.detail().find("is alive in rank 0's view") != std::string::npos)
@@ -212,7 +224,8 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   // job's timeout, at least that long. A replacement whose rank 0 is gone
   // fails at once all the same (its port refuses).
   RendezvousResult rdv = rejoin(runtime, env, incarnation, a, make_info, who, op,
-                                std::max(3 * env.handshake_timeout, rt.options_.collective_timeout), vacant_slot);
+                                std::max(3 * env.handshake_timeout, rt.options_.collective_timeout), vacant_slot,
+                                compatibility_items(env, options, op));
   const auto& payloads = rendezvous_payloads(rdv);
   const auto& infos = rendezvous_infos(rdv);
   std::vector<int> members;
@@ -325,7 +338,6 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   g->my_grank = -1;
   g->local_world_size = env.local_world_size;
   g->timeout_ms.store(rt.options_.collective_timeout.count());
-  (void)options;
   return Access::group(std::move(g));
 }
 

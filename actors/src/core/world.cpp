@@ -15,6 +15,7 @@
 
 #include "dopt/actors/distributed.hpp"
 #include "dopt/runtime/internal/shm.hpp"
+#include "core/compatibility.hpp"
 #include "core/host_identity.hpp"
 #include "transport/actor/rank_state.hpp"
 #include "core/runtime_impl.hpp"
@@ -105,8 +106,9 @@ ProcessGroup init_world_group(Runtime& runtime, const LaunchEnv& launch_env, con
     throw NotSupportedError(op, "DOPT_MIN_WORLD_SIZE " + std::to_string(required) + " of " +
                                     std::to_string(env.world_size) + " (an elastic job) needs dopt's backend: an MPI "
                                     "communicator's members are fixed when MPI starts", env.rank);
-  RendezvousResult rdv =
-      rendezvous_with(runtime, launch_env, options.timeout, a, make_info, &env.secret, 0, required);
+  // Rank 0 compares a newcomer's items with these when it admits it.
+  RendezvousResult rdv = rendezvous_with(runtime, launch_env, options.timeout, a, make_info, &env.secret, 0, required,
+                                         compatibility_items(env, options, op));
   const auto& infos = rendezvous_infos(rdv);
   // The ranks present (the others' slots are vacant: a null payload).
   std::vector<int> present;
