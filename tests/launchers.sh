@@ -217,10 +217,16 @@ exec "$train" --steps \$steps --hidden 64 --layers 2 --checkpoint-every 200 --ke
 EOF
     chmod +x "$work/worker.sh"
     # the first agent's round waits up to 10 s for the second (last_call_timeout)
-    elastic "$(free_port)" "shrink-$$" 10
+    port=$(free_port)
+    elastic "$port" "shrink-$$" 10
     "${ecmd[@]}" >"$work/out" 2>&1 &
     first=$!
-    sleep 0.5
+    # The agent that binds the endpoint's port first hosts the c10d store: the
+    # second starts once the first listens, so that killing it leaves the store
+    # (with a fixed 0.5 s, the second won the race when torch's import took
+    # longer, and its death failed the first with RendezvousConnectionError)
+    for ((i = 0; i < 300; i++)); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+    ss -Hltn "sport = :$port" | grep -q . || fail "the first agent never listened on $port"
     # the second "node": a session of its own ($! is its leader), to end it whole
     setsid "${ecmd[@]}" >"$work/out2" 2>&1 &
     second=$!

@@ -221,14 +221,18 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
   // --- 1. the membership, the newcomers in it; owners lost meanwhile are taken over ---
   OwnerRecovery rec = opt.recover_owners(false, 0, ranks);
   for (int r : ranks)
-    if (std::find(opt.lost_.begin(), opt.lost_.end(), r) != opt.lost_.end())
-      throw PeerLostError(
-          kCatchUp,
-          "the newcomer " + detail::owner_name(a.worker_info(r)) +
-              " was lost while the members agreed on the membership; no slot moved" +
-              (rec.moved.empty() ? std::string()
-                                 : " (the lost owners " + workers_str(rec.lost) + " were taken over by their buddies)"),
-          me);
+    if (std::find(opt.lost_.begin(), opt.lost_.end(), r) != opt.lost_.end()) {
+      std::vector<rpc::WorkerInfo> owners;  // rec.lost holds the lost newcomers too
+      for (const auto& w : rec.lost)
+        if (std::find(ranks.begin(), ranks.end(), w.rank) == ranks.end()) owners.push_back(w);
+      throw PeerLostError(kCatchUp,
+                          "the newcomer " + detail::owner_name(a.worker_info(r)) +
+                              " was lost while the members agreed on the membership; no slot moved" +
+                              (rec.moved.empty() || owners.empty()
+                                   ? std::string()
+                                   : " (the lost owners " + workers_str(owners) + " were taken over by their buddies)"),
+                          me);
+    }
   const std::set<int> gone(opt.lost_.begin(), opt.lost_.end());
   const auto vacant = vacant_slots(gone);
   if (ranks.size() > vacant.size())
