@@ -412,3 +412,30 @@ TEST_CASE("post_local_sgd_catch_up: a newcomer's averager of another kind than t
   if (newcomer_periodic) check_refused(got, 3, "post_local_sgd_catch_up", p, h);
   else check_refused(got, 3, "HierarchicalModelAverager", h, p);
 }
+
+TEST_CASE("post_local_sgd_catch_up: its sends' and receives' errors name it", "[post_local_sgd][grow]") {
+  // The newcomer is lost after it joined, before its catch-up: the members'
+  // catch-up fails naming the call (it named the ProcessGroup method before).
+  const int world = GENERATE(3, 5);
+  const auto got = run_with_newcomer(world, 13, [](RankContext& ctx, std::string& log) {
+    auto params = survive_reference::make_params(kSizes);
+    if (ctx.newcomer()) {
+      join_patiently(ctx);
+      throw Lost();
+    }
+    auto opt = make_opt(params, ctx.world());
+    ProcessGroup old = ctx.world();
+    try {
+      post_local_sgd_catch_up(*opt, old.grow());
+      log += "ok;";
+    } catch (const Error& e) {
+      log += e.what();
+    }
+    return values_of(params);
+  });
+  for (int r = 0; r < world; ++r) {
+    const std::string& log = got[static_cast<std::size_t>(r)].second;
+    INFO("rank " << r << ": " << log);
+    CHECK(log.find("post_local_sgd_catch_up()") != std::string::npos);
+  }
+}
