@@ -343,8 +343,8 @@ void check_refused(const std::vector<std::pair<Params, std::string>>& got, int f
     const std::string both = ", " + theirs + ", differs from group rank 0's, " + ours + ": ";
     const std::string op = static_cast<int>(r) >= first ? newcomer_op : "post_local_sgd_catch_up";
     if (static_cast<int>(r) == first) {
-      CHECK(log.find(op + " " + rank + "this rank's averager (group rank " + std::to_string(first) +
-                     ", global rank " + std::to_string(first) + ")" + both) == 0);
+      CHECK(log.find(op + " " + rank + "this rank's averager (group rank " + std::to_string(first) + ", global rank " +
+                     std::to_string(first) + ")" + both) == 0);
     } else {
       CHECK(log.find(op + " " + rank + "the averager of group rank " + std::to_string(first) + ", global rank " +
                      std::to_string(first) + both) == 0);
@@ -405,12 +405,14 @@ TEST_CASE("post_local_sgd_catch_up: a newcomer's averager of another kind than t
   const bool newcomer_periodic = GENERATE(true, false);
   INFO("newcomer periodic " << newcomer_periodic);
   const auto hier = hierarchical({{2, 1}, {4, 0}});
-  const auto got = run_mismatch({3, 1, newcomer_periodic ? hier : periodic(kPeriod),
-                                 newcomer_periodic ? periodic(kPeriod) : hier});
-  const std::string h = "HierarchicalModelAverager {2: 1, 4: 4}, warm-up 1", p = "PeriodicModelAverager period 2, "
-                                                                                   "warm-up 1";
-  if (newcomer_periodic) check_refused(got, 3, "post_local_sgd_catch_up", p, h);
-  else check_refused(got, 3, "HierarchicalModelAverager", h, p);
+  const auto got =
+      run_mismatch({3, 1, newcomer_periodic ? hier : periodic(kPeriod), newcomer_periodic ? periodic(kPeriod) : hier});
+  const std::string h = "HierarchicalModelAverager {2: 1, 4: 4}, warm-up 1";
+  const std::string p = "PeriodicModelAverager period 2, warm-up 1";
+  if (newcomer_periodic)
+    check_refused(got, 3, "post_local_sgd_catch_up", p, h);
+  else
+    check_refused(got, 3, "HierarchicalModelAverager", h, p);
 }
 
 TEST_CASE("post_local_sgd_catch_up: its sends' and receives' errors name it", "[post_local_sgd][grow]") {
