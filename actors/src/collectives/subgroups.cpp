@@ -93,4 +93,9 @@ Subgroups subgroups_of(ProcessGroup& group, int group_size, const char* op) {
   return out;
 }
 
+bool is_world_group(const ProcessGroup& group) {
+  const auto& impl = Access::impl(group);
+  return impl && impl->is_world;
+}
+
 }  // namespace dopt::detail

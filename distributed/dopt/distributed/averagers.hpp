@@ -191,19 +191,19 @@ class PeriodicModelAverager : public ModelAverager {
 ///
 /// The constructor is a collective over process_group when it creates
 /// subgroups (one call per entry whose size differs from process_group's, in
-/// ascending period order). Errors (ValueError): an empty map; a first period
-/// < 1; the last group size != process_group.size(); a group size < 1 or not
-/// dividing process_group.size(); warmup_steps < 0 (checked after the
+/// ascending period order) and over any group but the world, whose ranks
+/// first compare their maps and warm-ups (one all_gather; ValueError on every
+/// rank when one differs, naming it and both). Other errors (ValueError): an
+/// empty map; a first period < 1; the last group size != process_group.size();
+/// a group size < 1 or not dividing it; warmup_steps < 0 (checked after the
 /// subgroups were created, like torch). A last period of 1 warns on stderr.
-///
 /// Growing back (take_grown_group, through post_local_sgd_catch_up): the
-/// levels are rebuilt over the grown group by the constructor's rule, the
-/// last one being the whole grown group and the others keeping their sizes;
-/// a collective of the grown group (every member calls it; a newcomer's
-/// averager, built over the grown group, does nothing). A size that does not
-/// divide the grown group's: ValueError naming `op`, before anything is
-/// made. A shrunk group is not taken (replace_process_group): build a new
-/// averager over it.
+/// levels are rebuilt over the grown group by the constructor's rule (the last
+/// one the whole grown group, the others keeping their sizes), compared with
+/// the newcomers' constructors' first; a collective of the grown group (every
+/// member calls it; a newcomer's averager, built over it, does nothing). A size
+/// not dividing the grown group's: ValueError naming `op`, before anything is
+/// made or compared. A shrunk group is not taken: build a new averager over it.
 class HierarchicalModelAverager : public ModelAverager {
  public:
   HierarchicalModelAverager(std::map<std::int64_t, int> period_group_size, std::int64_t warmup_steps,

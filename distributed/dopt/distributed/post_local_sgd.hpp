@@ -235,14 +235,14 @@ class PostLocalSGDOptimizer {
 /// of enable_survive() (when set) is called with the join
 /// (ZeroRecovery::joined, recovery.hpp; step = steps_taken() +
 /// steps_skipped(), step_completed false); without one nothing is thrown.
-/// Errors, naming "post_local_sgd_catch_up" and the rank: ValueError for
-/// grown.group invalid or without this rank, a member whose averager's group
-/// is not the one that grew, a newcomer whose averager is not over
-/// grown.group, a HierarchicalModelAverager level whose group size does not
-/// divide the grown group's (averagers.hpp); NotSupportedError for an
-/// averager that cannot take a grown group; on a newcomer, StateDictError when the
-/// member's state does not fit its optimizer (load_state_dict's); the group's
-/// errors (PeerLostError) from the sends and receives.
+/// Errors, naming "post_local_sgd_catch_up" and the rank: ValueError for grown.group invalid or without
+/// this rank, a member whose averager's group is not the one that grew, a newcomer whose averager is not
+/// over grown.group or is built otherwise than the members' (kind, period or level map, warm-up: every rank
+/// raises it, naming the newcomer and both, in one all_gather before anything is sent; a newcomer's
+/// HierarchicalModelAverager raises it from its constructor, averagers.hpp), a HierarchicalModelAverager
+/// level whose group size does not divide the grown group's; NotSupportedError for an averager that cannot
+/// take a grown group; on a newcomer, StateDictError when the member's state does not fit its optimizer
+/// (load_state_dict's); the group's errors (PeerLostError, TimeoutError) from the sends and receives.
 void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown);
 
 // --- with the single-rank training utilities of dopt/optim/ ------------------

@@ -11,6 +11,7 @@
 #include "dopt/actors/internal/call_label.hpp"
 #include "dopt/actors/internal/subgroups.hpp"
 #include "dopt/optim/internal/write_fence.hpp"
+#include "local_sgd/averager_agreement.hpp"
 
 namespace dopt::optim {
 
@@ -217,6 +218,13 @@ HierarchicalModelAverager::HierarchicalModelAverager(std::map<std::int64_t, int>
       throw ValueError(op, "the group size " + std::to_string(size) + " of period " + std::to_string(period) +
                                " must be positive and divide the size " + std::to_string(overall) +
                                " of the process group");
+  // Over a group that shrink() or grow() made, the ranks first agree on the
+  // map and warm-up (a newcomer's averager against the members',
+  // averager_agreement.hpp), before any subgroup is made.
+  if (!dopt::detail::is_world_group(this->process_group())) {
+    ProcessGroup pg = this->process_group();
+    detail::agree_averager_config(pg, {detail::AveragerConfig::hierarchical, warmup_steps, period_group_size_}, op);
+  }
   groups_ = make_levels(this->process_group(), period_group_size_, op);
   if (warmup_steps < 0)
     throw ValueError(op, "Arg ``warmup_steps`` must be a non-negative number, got " + std::to_string(warmup_steps));
@@ -250,6 +258,9 @@ void HierarchicalModelAverager::take_grown_group(ProcessGroup grown, const char*
                                std::to_string(grown.size()) + " (build the averagers anew with group sizes that "
                                "divide it, over the grown group)",
                        grown.rank());
+  // The newcomers' constructors make the same exchange (see the constructor).
+  if (!dopt::detail::is_world_group(grown))
+    detail::agree_averager_config(grown, {detail::AveragerConfig::hierarchical, warmup_steps_, sizes}, op);
   groups_ = make_levels(grown, sizes, op);
   period_group_size_ = std::move(sizes);
   set_process_group(std::move(grown));

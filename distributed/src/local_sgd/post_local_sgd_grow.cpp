@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "dopt/actors/internal/call_label.hpp"
 #include "dopt/distributed/post_local_sgd.hpp"
 #include "dopt/optim/internal/state_load.hpp"
 #include "dopt/runtime/safetensors.hpp"
 #include "dopt/runtime/state_dict.hpp"
+#include "local_sgd/averager_agreement.hpp"
 
 namespace dopt::optim {
 namespace {
@@ -70,6 +72,7 @@ std::vector<Tensor> all_params(const PostLocalSGDOptimizer& opt) {
 }  // namespace
 
 void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown) {
+  dopt::detail::CallScope call_scope("post_local_sgd_catch_up()");
   ProcessGroup g = grown.group;
   if (!g.valid() || !g.is_member())
     throw ValueError(kCatchUp, "grown.group is invalid or does not hold this rank", opt.averager_->process_group().rank());
@@ -79,6 +82,13 @@ void post_local_sgd_catch_up(PostLocalSGDOptimizer& opt, const GrowResult& grown
   if (newcomer && opt.averager_->process_group().id() != g.id())
     throw ValueError(kCatchUp, "a newcomer's averager must be built over grown.group", me);
   if (!newcomer) check_member_group(opt.averager_->process_group(), grown, me);
+  // A periodic averager's period and warm-up must be the members' on the
+  // newcomers (a hierarchical one's map and warm-up are compared where its
+  // levels are made: the newcomer's constructor, the members'
+  // take_grown_group; the same exchange, averager_agreement.hpp).
+  if (const auto* p = dynamic_cast<const PeriodicModelAverager*>(opt.averager_.get()))
+    detail::agree_averager_config(g, {detail::AveragerConfig::periodic, p->warmup_steps(), {{p->period(), 0}}},
+                                  kCatchUp);
   // Every rank (the newcomers too) checks that its averager can go on over
   // the grown group before anything is sent.
   opt.averager_->take_grown_group(g, kCatchUp);

@@ -29,6 +29,7 @@
 // and Adam state.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -268,4 +269,175 @@ TEST_CASE("HierarchicalModelAverager refuses a grown group its group sizes do no
   INFO(got[4].second);
   CHECK(got[4].second.find("HierarchicalModelAverager") == 0);
   CHECK(got[4].second.find("must be positive and divide the size 5 of the process group") != std::string::npos);
+}
+
+namespace {
+
+/// A newcomer's averager built otherwise than the members': what each rank
+/// raised (its log), or "ok;" when its catch-up went through.
+struct Mismatch {
+  int world;
+  int newcomers;
+  std::function<std::unique_ptr<ModelAverager>(const ProcessGroup&)> member;
+  std::function<std::unique_ptr<ModelAverager>(const ProcessGroup&)> newcomer;
+};
+
+std::vector<std::pair<Params, std::string>> run_mismatch(const Mismatch& m) {
+  return run_with_newcomer(
+      m.world, 11,
+      [&m](RankContext& ctx, std::string& log) {
+        auto params = survive_reference::make_params(kSizes);
+        try {
+          std::unique_ptr<PostLocalSGDOptimizer> opt;
+          GrowResult grown;
+          if (ctx.newcomer()) {
+            grown = join_patiently(ctx);
+            opt = std::make_unique<PostLocalSGDOptimizer>(make_optimizer(kInner, {OptimizerParamGroup(params)}),
+                                                          m.newcomer(grown.group));
+          } else {
+            opt = std::make_unique<PostLocalSGDOptimizer>(make_optimizer(kInner, {OptimizerParamGroup(params)}),
+                                                          m.member(ctx.world()));
+            for (std::int64_t t = 0; t < 3; ++t) {
+              set_rank_grads(params, ctx.rank(), t);
+              opt->step();
+            }
+            ProcessGroup old = ctx.world();
+            GrowOptions more;
+            more.newcomers = m.newcomers;
+            grown = old.grow(more);
+          }
+          post_local_sgd_catch_up(*opt, grown);
+          log += "ok;";
+        } catch (const ValueError& e) {
+          log += e.what();
+        }
+        return values_of(params);
+      },
+      m.newcomers);
+}
+
+std::function<std::unique_ptr<ModelAverager>(const ProcessGroup&)> hierarchical(std::map<std::int64_t, int> levels,
+                                                                                std::int64_t warmup = kWarmup) {
+  return [levels, warmup](const ProcessGroup& g) {
+    auto l = levels;
+    l.rbegin()->second = g.size();
+    return std::make_unique<HierarchicalModelAverager>(l, warmup, g);
+  };
+}
+
+std::function<std::unique_ptr<ModelAverager>(const ProcessGroup&)> periodic(std::int64_t period,
+                                                                            std::int64_t warmup = kWarmup) {
+  return [period, warmup](const ProcessGroup& g) { return std::make_unique<PeriodicModelAverager>(period, warmup, g); };
+}
+
+/// Every rank raised the mismatch at once (no rank timed out): the newcomers
+/// (group ranks `first` on, the first of them differing first) name
+/// `newcomer_op`, the members post_local_sgd_catch_up; each its own rank,
+/// `first`, and both configurations.
+void check_refused(const std::vector<std::pair<Params, std::string>>& got, int first, const std::string& newcomer_op,
+                   const std::string& theirs, const std::string& ours) {
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    const std::string& log = got[r].second;
+    INFO("rank " << r << ": " << log);
+    const std::string rank = "[rank " + std::to_string(r) + "]: ";
+    const std::string both = ", " + theirs + ", differs from group rank 0's, " + ours + ": ";
+    const std::string op = static_cast<int>(r) >= first ? newcomer_op : "post_local_sgd_catch_up";
+    if (static_cast<int>(r) == first) {
+      CHECK(log.find(op + " " + rank + "this rank's averager (group rank " + std::to_string(first) + ", global rank " +
+                     std::to_string(first) + ")" + both) == 0);
+    } else {
+      CHECK(log.find(op + " " + rank + "the averager of group rank " + std::to_string(first) + ", global rank " +
+                     std::to_string(first) + both) == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("post_local_sgd_catch_up: newcomers whose HierarchicalModelAverager map or warm-up differs from the members'",
+          "[post_local_sgd][grow][averagers]") {
+  // 4 ranks {2: 2, 4: 4}, two newcomers. {2: 1, 4: 6} went through
+  // unnoticed (the newcomers averaged alone at period 2), {2: 3, 4: 6} hung
+  // until the timeout; a warm-up of 2 went through unnoticed. Now every rank
+  // raises ValueError in the same exchange: the newcomers from their
+  // averager's constructor, the members from the catch-up.
+  const auto [levels, warmup, text] = GENERATE(table<std::map<std::int64_t, int>, std::int64_t, std::string>(
+      {{{{2, 1}, {4, 6}}, kWarmup, "{2: 1, 4: 6}, warm-up 1"},
+       {{{2, 3}, {4, 6}}, kWarmup, "{2: 3, 4: 6}, warm-up 1"},
+       {{{2, 2}, {4, 6}}, 2, "{2: 2, 4: 6}, warm-up 2"}}));
+  INFO(text);
+  const auto got = run_mismatch({4, 2, hierarchical({{2, 2}, {4, 4}}), hierarchical(levels, warmup)});
+  check_refused(got, 4, "HierarchicalModelAverager", "HierarchicalModelAverager " + text,
+                "HierarchicalModelAverager {2: 2, 4: 6}, warm-up 1");
+}
+
+TEST_CASE("post_local_sgd_catch_up: a newcomer's HierarchicalModelAverager map differs, world 3 and 5",
+          "[post_local_sgd][grow][averagers]") {
+  // 3 ranks {2: 1, 4: 3} grow to 4, the newcomer builds pairs (it used to
+  // wait for rank 2 to make a pair with it); 5 ranks {2: 1, 4: 5} grow to 6,
+  // the newcomer builds pairs, or triples.
+  const int world = GENERATE(3, 5);
+  const int block = GENERATE(2, 3);
+  if (world == 3 && block == 3) return;  // 3 does not divide 4
+  INFO("world " << world << ", block " << block);
+  const auto got = run_mismatch({world, 1, hierarchical({{2, 1}, {4, world}}), hierarchical({{2, block}, {4, 0}})});
+  const std::string n = std::to_string(world + 1);
+  check_refused(got, world, "HierarchicalModelAverager",
+                "HierarchicalModelAverager {2: " + std::to_string(block) + ", 4: " + n + "}, warm-up 1",
+                "HierarchicalModelAverager {2: 1, 4: " + n + "}, warm-up 1");
+}
+
+TEST_CASE("post_local_sgd_catch_up: a newcomer's PeriodicModelAverager period or warm-up differs, world 3 and 5",
+          "[post_local_sgd][grow][averagers]") {
+  const int world = GENERATE(3, 5);
+  const auto [period, warmup] = GENERATE(table<std::int64_t, std::int64_t>({{3, kWarmup}, {kPeriod, 0}}));
+  INFO("world " << world << ", period " << period << ", warm-up " << warmup);
+  const auto got = run_mismatch({world, 1, periodic(kPeriod), periodic(period, warmup)});
+  check_refused(got, world, "post_local_sgd_catch_up",
+                "PeriodicModelAverager period " + std::to_string(period) + ", warm-up " + std::to_string(warmup),
+                "PeriodicModelAverager period 2, warm-up 1");
+}
+
+TEST_CASE("post_local_sgd_catch_up: a newcomer's averager of another kind than the members'",
+          "[post_local_sgd][grow][averagers]") {
+  // The periodic averager's exchange in the catch-up meets the hierarchical
+  // one's where its levels are made, either way round.
+  const bool newcomer_periodic = GENERATE(true, false);
+  INFO("newcomer periodic " << newcomer_periodic);
+  const auto hier = hierarchical({{2, 1}, {4, 0}});
+  const auto got =
+      run_mismatch({3, 1, newcomer_periodic ? hier : periodic(kPeriod), newcomer_periodic ? periodic(kPeriod) : hier});
+  const std::string h = "HierarchicalModelAverager {2: 1, 4: 4}, warm-up 1";
+  const std::string p = "PeriodicModelAverager period 2, warm-up 1";
+  if (newcomer_periodic)
+    check_refused(got, 3, "post_local_sgd_catch_up", p, h);
+  else
+    check_refused(got, 3, "HierarchicalModelAverager", h, p);
+}
+
+TEST_CASE("post_local_sgd_catch_up: its sends' and receives' errors name it", "[post_local_sgd][grow]") {
+  // The newcomer is lost after it joined, before its catch-up: the members'
+  // catch-up fails naming the call (it named the ProcessGroup method before).
+  const int world = GENERATE(3, 5);
+  const auto got = run_with_newcomer(world, 13, [](RankContext& ctx, std::string& log) {
+    auto params = survive_reference::make_params(kSizes);
+    if (ctx.newcomer()) {
+      join_patiently(ctx);
+      throw Lost();
+    }
+    auto opt = make_opt(params, ctx.world());
+    ProcessGroup old = ctx.world();
+    try {
+      post_local_sgd_catch_up(*opt, old.grow());
+      log += "ok;";
+    } catch (const Error& e) {
+      log += e.what();
+    }
+    return values_of(params);
+  });
+  for (int r = 0; r < world; ++r) {
+    const std::string& log = got[static_cast<std::size_t>(r)].second;
+    INFO("rank " << r << ": " << log);
+    CHECK(log.find("post_local_sgd_catch_up()") != std::string::npos);
+  }
 }

@@ -26,4 +26,8 @@ namespace dopt::detail {
 /// (PeerLostError), or one that does not come (TimeoutError).
 Subgroups subgroups_of(ProcessGroup& group, int group_size, const char* op);
 
+/// Whether `group` is the world group (any thread; no communication). False
+/// for an invalid group.
+bool is_world_group(const ProcessGroup& group);
+
 }  // namespace dopt::detail
