@@ -1,4 +1,4 @@
-// Quoted by docs/zero.md (tests/check_docs.py checks the quotes; CI compiles this file).
+// Quoted by docs/zero.md and docs/zero-overlap.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/join.hpp"
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/comm_hooks.hpp"

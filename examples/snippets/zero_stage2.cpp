@@ -1,4 +1,4 @@
-// Quoted by docs/zero.md, "Stages" (tests/check_docs.py checks the quotes; CI compiles this file).
+// Quoted by docs/zero-stage2-3.md, "Stage 2" (tests/check_docs.py checks the quotes; CI compiles this file).
 #include "dopt/actors/simulate.hpp"
 #include "dopt/distributed/reducer.hpp"
 #include "dopt/distributed/zero.hpp"

@@ -589,7 +589,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero-stage", o.zero_stage,
                  "--optim zero: 1 (every rank gets every averaged gradient), 2 (each rank keeps only the "
                  "gradients of the parameters it owns) or 3 (each rank keeps only its shard of every layer, "
-                 "gathered for the layer's forward and backward); bit for bit stage 1's result; docs/zero.md")
+                 "gathered for the layer's forward and backward); bit for bit stage 1's result; docs/zero-stage2-3.md")
       ->check(CLI::IsMember({1, 2, 3}))
       ->capture_default_str();
   app.add_option("--kill-rank", o.kill_rank, "Testing: this rank dies (rank 0 too: with --survive the lowest survivor then leads, without it the job fails), SIGKILL as a process, ...")

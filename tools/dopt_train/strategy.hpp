@@ -60,7 +60,7 @@ struct StrategyConfig {
   /// (the shard in shared memory its buddies map, with parameter buckets).
   bool survive_host_memory = false;
   /// --zero-stage (zero): 1, or 2: the reducer keeps only the owned
-  /// parameters' averaged gradients (zero_stage2_options, docs/zero.md "Stages").
+  /// parameters' averaged gradients (zero_stage2_options, docs/zero-stage2-3.md).
   int zero_stage = 1;
 };
 

@@ -6,7 +6,7 @@
 // weight's and bias's gradients (release_for_gradients) and the next layer
 // of the backward is prefetched; the gradients are reduced onto their
 // shards' owners in place as soon as the layer's backward ends; step()
-// steps this rank's shards only. Bit for bit stage 1 (docs/zero.md).
+// steps this rank's shards only. Bit for bit stage 1 (docs/zero-stage2-3.md).
 #include <memory>
 #include <string>
 #include <utility>

@@ -81,8 +81,8 @@
 // the old group); no_sync() and Join are not recovered.
 //
 // ZeRO stage 2 (ReducerOptions::gradient_owners, which zero_stage2_options in
-// zero.hpp fills from a ZeroRedundancyOptimizer's partition; docs/zero.md,
-// "Stages"): the reducer shards the gradients by owner. Inside each
+// zero.hpp fills from a ZeroRedundancyOptimizer's partition; docs/zero-stage2-3.md,
+// "Stage 2"): the reducer shards the gradients by owner. Inside each
 // bucket the parameters are ordered by owner (then registration order), so
 // each owner's gradients are one contiguous segment. A launched bucket goes
 // to the hook with these segments as its GradBucket::owner_segments(): the

@@ -385,7 +385,7 @@ class ZeroRedundancyOptimizer : public Joinable {
 /// of `params` (the list the Reducer registers, in its order). A Reducer over
 /// zero.process_group() built with them keeps on each rank only the averaged
 /// gradients of the parameters it owns (reducer.hpp, "ZeRO stage 2");
-/// zero.step() is unchanged (docs/zero.md, "Stages"). Local: no
+/// zero.step() is unchanged (docs/zero-stage2-3.md, "Stage 2"). Local: no
 /// communication, any thread that may read zero. Throws ValueError for a
 /// parameter zero does not hold; NotSupportedError when zero has redundancy
 /// (its buddies step other ranks' shards from their averaged gradients, which

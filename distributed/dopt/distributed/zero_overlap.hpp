@@ -1,7 +1,7 @@
 #pragma once
 // ZeroRedundancyOptimizer overlapped with the gradient reducer: torch 1.13's
 // overlap_with_ddp=True with hook_with_zero_step / hook_with_zero_step_interleaved
-// (see docs/zero.md), without torch's warm-up iterations and its
+// (see docs/zero-overlap.md), without torch's warm-up iterations and its
 // single-parameter-group limit.
 //
 //   ZeroRedundancyOptimizer zero(groups, OptimizerSpec{"Adam", {{"lr", 1e-3}}},
@@ -14,7 +14,7 @@
 //     zero.step();          // optional: a cheap wait (rethrows a failed iteration)
 //   }
 //
-// docs/zero.md ("Overlap with the gradient reducer") explains the plan (each
+// docs/zero-overlap.md explains the plan (each
 // bucket, whole, to one rank, by bytes), the worker thread, the equality with
 // ZeRO without overlap, Join and the differences from torch.
 //

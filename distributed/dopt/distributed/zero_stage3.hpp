@@ -1,7 +1,7 @@
 #pragma once
 // dopt::optim::ShardedUnits: ZeRO stage 3, sharded parameters, for trainers
 // that write their own forward and backward (no autograd here), as
-// dopt-train does. docs/zero.md ("Stages") explains the stages and what each
+// dopt-train does. docs/zero-stage2-3.md explains the stages and what each
 // holds per parameter.
 //
 //   ShardedUnits model(units, AdamOptions(1e-3), ShardedUnitsOptions{ctx.world()});

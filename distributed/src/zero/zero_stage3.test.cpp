@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dopt/actors/simulate.hpp"
@@ -111,6 +113,60 @@ Stage3Run adam_with(bool async, bool fp16) {
   return run;
 }
 
+// The units of the misuse tests: [5] and [2, 3] filled with a and b, then [4]
+// filled with c.
+std::vector<std::vector<Tensor>> two_units(double a, double b, double c) {
+  return {{Tensor::full({5}, a), Tensor::full({2, 3}, b)}, {Tensor::full({4}, c)}};
+}
+
+// How many of `errors` hold every one of `parts`.
+int errors_with(const std::vector<std::string>& errors, std::initializer_list<const char*> parts) {
+  int n = 0;
+  for (const auto& e : errors) {
+    bool all = true;
+    for (const char* p : parts) all = all && e.find(p) != std::string::npos;
+    n += all;
+  }
+  return n;
+}
+
+// Runs a call that must throw a StateError and keeps its message (a call that
+// does not throw adds none, which the count of messages shows).
+struct ExpectStateError {
+  std::vector<std::string>* messages;
+  template <class Call>
+  void operator()(Call&& call) const {
+    try {
+      call();
+    } catch (const StateError& e) {
+      messages->push_back(e.what());
+    }
+  }
+};
+
+struct MisuseResult {
+  std::vector<std::string> errors;                // the StateErrors of both ranks
+  std::map<std::string, std::vector<int>> found;  // each of the body's checks: one entry per rank, 1 when true
+};
+
+// Two simulated ranks, each with a ShardedUnits (Adam) over two_units(a, b,
+// c), run body(model, expect): it makes the calls that must throw through
+// expect and returns its checks by name.
+template <class Body>
+MisuseResult misuse_on_two_ranks(double a, double b, double c, Body body) {
+  MisuseResult res;
+  std::mutex m;
+  simulate(2, [&](RankContext& ctx) {
+    ShardedUnits model(two_units(a, b, c), AdamOptions(0.01), ShardedUnitsOptions{ctx.world()});
+    std::vector<std::string> mine;
+    const std::vector<std::pair<std::string, bool>> checks = body(model, ExpectStateError{&mine});
+    std::lock_guard<std::mutex> lock(m);
+    res.errors.insert(res.errors.end(), mine.begin(), mine.end());
+    for (const auto& [name, ok] : checks) res.found[name].push_back(ok);
+  });
+  return res;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO stage 3 equals stage 1 with the Reducer bit for bit: Adam and SGD with momentum, world 1, 2, 3, 5",
@@ -162,21 +218,7 @@ TEST_CASE("ZeRO stage 3 release_for_gradients (gradients in the gathered memory)
 
 TEST_CASE("ZeRO stage 3 release_for_gradients: the gathered buffer, zeroed, and the caller's misuse as StateErrors",
           "[zero][zero3]") {
-  std::mutex m;
-  std::vector<std::string> errors;
-  std::vector<int> same_memory, zeros, kept, released, counted;
-  simulate(2, [&](RankContext& ctx) {
-    const std::vector<std::vector<Tensor>> units{{Tensor::full({5}, 1.0), Tensor::full({2, 3}, 2.0)},
-                                                 {Tensor::full({4}, 3.0)}};
-    ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{ctx.world()});
-    std::vector<std::string> mine;
-    auto expect = [&](auto&& call) {
-      try {
-        call();
-      } catch (const StateError& e) {
-        mine.push_back(e.what());
-      }
-    };
+  const MisuseResult got = misuse_on_two_ranks(1.0, 2.0, 3.0, [](ShardedUnits& model, const ExpectStateError& expect) {
     expect([&] { (void)model.release_for_gradients(0); });  // not gathered
     const std::vector<Tensor> full = model.gather(0);
     const void* gathered_at = full[0].data_ptr();
@@ -203,53 +245,29 @@ TEST_CASE("ZeRO stage 3 release_for_gradients: the gathered buffer, zeroed, and 
     model.reduce_gradients(1);
     const bool count_after = model.buffer_bytes() > 0;  // the spares, until step()
     model.step();
-    std::lock_guard<std::mutex> lock(m);
-    errors.insert(errors.end(), mine.begin(), mine.end());
-    same_memory.push_back(same);
-    zeros.push_back(is_zero);
-    kept.push_back(values_kept);
-    released.push_back(gone);
-    counted.push_back(count_after && model.buffer_bytes() == 0);
+    return std::vector<std::pair<std::string, bool>>{{"same memory", same},
+                                                     {"zeros", is_zero},
+                                                     {"kept", values_kept},
+                                                     {"released", gone},
+                                                     {"counted", count_after && model.buffer_bytes() == 0}};
   });
-  CHECK(same_memory == std::vector<int>{1, 1});
-  CHECK(zeros == std::vector<int>{1, 1});
-  CHECK(kept == std::vector<int>{1, 1});
-  CHECK(released == std::vector<int>{1, 1});
-  CHECK(counted == std::vector<int>{1, 1});
-  REQUIRE(errors.size() == 8);
-  auto count = [&](std::initializer_list<const char*> parts) {
-    int n = 0;
-    for (const auto& e : errors) {
-      bool all = true;
-      for (const char* p : parts) all = all && e.find(p) != std::string::npos;
-      n += all;
-    }
-    return n;
-  };
-  CHECK(count({"ShardedUnits.release_for_gradients", "unit 0 is not gathered"}) == 2);
-  CHECK(count({"ShardedUnits.reduce_gradients", "gradient_buffers are out"}) == 2);
-  CHECK(count({"ShardedUnits.release_for_gradients", "unit 0 was reduced already"}) == 2);
-  CHECK(count({"ShardedUnits.release_for_gradients", "unit 1's gradient_buffers are out"}) == 2);
-  CHECK(count({"[rank 0]"}) == 4);
-  CHECK(count({"[rank 1]"}) == 4);
+  CHECK(got.found.at("same memory") == std::vector<int>{1, 1});
+  CHECK(got.found.at("zeros") == std::vector<int>{1, 1});
+  CHECK(got.found.at("kept") == std::vector<int>{1, 1});
+  CHECK(got.found.at("released") == std::vector<int>{1, 1});
+  CHECK(got.found.at("counted") == std::vector<int>{1, 1});
+  REQUIRE(got.errors.size() == 8);
+  CHECK(errors_with(got.errors, {"ShardedUnits.release_for_gradients", "unit 0 is not gathered"}) == 2);
+  CHECK(errors_with(got.errors, {"ShardedUnits.reduce_gradients", "gradient_buffers are out"}) == 2);
+  CHECK(errors_with(got.errors, {"ShardedUnits.release_for_gradients", "unit 0 was reduced already"}) == 2);
+  CHECK(errors_with(got.errors, {"ShardedUnits.release_for_gradients", "unit 1's gradient_buffers are out"}) == 2);
+  CHECK(errors_with(got.errors, {"[rank 0]"}) == 4);
+  CHECK(errors_with(got.errors, {"[rank 1]"}) == 4);
 }
 
 TEST_CASE("ZeRO stage 3 gradient_buffers: the caller's misuse is a StateError naming the call and the rank",
           "[zero][zero3]") {
-  std::mutex m;
-  std::vector<std::string> errors;
-  std::vector<int> same_buffer, zeros_at_first;
-  simulate(2, [&](RankContext& ctx) {
-    const std::vector<std::vector<Tensor>> units{{Tensor::zeros({5}), Tensor::zeros({2, 3})}, {Tensor::zeros({4})}};
-    ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{ctx.world()});
-    std::vector<std::string> mine;
-    auto expect = [&](auto&& call) {
-      try {
-        call();
-      } catch (const StateError& e) {
-        mine.push_back(e.what());
-      }
-    };
+  const MisuseResult got = misuse_on_two_ranks(0.0, 0.0, 0.0, [](ShardedUnits& model, const ExpectStateError& expect) {
     expect([&] { model.reduce_gradients(0); });  // no gradient_buffers taken
     auto bufs = model.gradient_buffers(0);
     const bool zeros = bufs.size() == 2 && bufs[1].shape() == Shape{2, 3} &&
@@ -265,29 +283,17 @@ TEST_CASE("ZeRO stage 3 gradient_buffers: the caller's misuse is a StateError na
     expect([&] { model.reduce_gradients(0); });        // twice
     model.reduce_gradients(1, {Tensor::zeros({4})});
     model.step();
-    std::lock_guard<std::mutex> lock(m);
-    errors.insert(errors.end(), mine.begin(), mine.end());
-    same_buffer.push_back(same);
-    zeros_at_first.push_back(zeros);
+    return std::vector<std::pair<std::string, bool>>{{"same buffer", same}, {"zeros at first", zeros}};
   });
-  CHECK(same_buffer == std::vector<int>{1, 1});
-  CHECK(zeros_at_first == std::vector<int>{1, 1});
-  REQUIRE(errors.size() == 8);
-  auto count = [&](std::initializer_list<const char*> parts) {
-    int n = 0;
-    for (const auto& e : errors) {
-      bool all = true;
-      for (const char* p : parts) all = all && e.find(p) != std::string::npos;
-      n += all;
-    }
-    return n;
-  };
-  CHECK(count({"ShardedUnits.reduce_gradients", "unit 0 has no gradient_buffers"}) == 2);
-  CHECK(count({"ShardedUnits.reduce_gradients", "gradient_buffers are out"}) == 2);
-  CHECK(count({"ShardedUnits.gradient_buffers", "unit 0 was reduced already"}) == 2);
-  CHECK(count({"ShardedUnits.reduce_gradients", "unit 0 was reduced already"}) == 2);
-  CHECK(count({"[rank 0]"}) == 4);
-  CHECK(count({"[rank 1]"}) == 4);
+  CHECK(got.found.at("same buffer") == std::vector<int>{1, 1});
+  CHECK(got.found.at("zeros at first") == std::vector<int>{1, 1});
+  REQUIRE(got.errors.size() == 8);
+  CHECK(errors_with(got.errors, {"ShardedUnits.reduce_gradients", "unit 0 has no gradient_buffers"}) == 2);
+  CHECK(errors_with(got.errors, {"ShardedUnits.reduce_gradients", "gradient_buffers are out"}) == 2);
+  CHECK(errors_with(got.errors, {"ShardedUnits.gradient_buffers", "unit 0 was reduced already"}) == 2);
+  CHECK(errors_with(got.errors, {"ShardedUnits.reduce_gradients", "unit 0 was reduced already"}) == 2);
+  CHECK(errors_with(got.errors, {"[rank 0]"}) == 4);
+  CHECK(errors_with(got.errors, {"[rank 1]"}) == 4);
 }
 
 TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's errors with the call and the rank",
@@ -299,7 +305,7 @@ TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's erro
       std::lock_guard<std::mutex> lock(m);
       errors.push_back(e.what());
     };
-    const std::vector<std::vector<Tensor>> units{{Tensor::zeros({5}), Tensor::zeros({2, 3})}, {Tensor::zeros({4})}};
+    const std::vector<std::vector<Tensor>> units = two_units(0.0, 0.0, 0.0);
     try {
       ShardedUnits model(units, AdamOptions(0.01), ShardedUnitsOptions{.process_group = ctx.world(), .redundancy = 1});
     } catch (const NotSupportedError& e) {
@@ -329,26 +335,17 @@ TEST_CASE("ZeRO stage 3 refuses redundancy and Muon, and names the caller's erro
     expect([&] { model.step(); });                                      // unit 1 not reduced
   });
   REQUIRE(errors.size() == 18);
-  auto count = [&](std::initializer_list<const char*> parts) {
-    int n = 0;
-    for (const auto& e : errors) {
-      bool all = true;
-      for (const char* p : parts) all = all && e.find(p) != std::string::npos;
-      n += all;
-    }
-    return n;
-  };
-  CHECK(count({"ShardedUnits", "redundancy 1", "not supported in stage 3"}) == 2);
-  CHECK(count({"ShardedUnits", "Muon", "stages 1 and 2"}) == 2);
-  CHECK(count({"ShardedUnits.step", "unit(s) 0, 1 have no reduced gradients"}) == 2);
-  CHECK(count({"ShardedUnits.gather", "unit 5 is not one of the 2 units"}) == 2);
-  CHECK(count({"ShardedUnits.reduce_gradients", "has 2 parameters, got 1 gradients"}) == 2);
-  CHECK(count({"ShardedUnits.reduce_gradients", "gradient 1 has shape [6]"}) == 2);
-  CHECK(count({"ShardedUnits.reduce_gradients", "unit 0 was reduced already"}) == 2);
-  CHECK(count({"ShardedUnits.register_comm_hook", "reduced already"}) == 2);
-  CHECK(count({"ShardedUnits.step", "unit(s) 1 have no reduced gradients"}) == 2);
-  CHECK(count({"[rank 0]"}) == 9);
-  CHECK(count({"[rank 1]"}) == 9);
+  CHECK(errors_with(errors, {"ShardedUnits", "redundancy 1", "not supported in stage 3"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits", "Muon", "stages 1 and 2"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.step", "unit(s) 0, 1 have no reduced gradients"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.gather", "unit 5 is not one of the 2 units"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.reduce_gradients", "has 2 parameters, got 1 gradients"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.reduce_gradients", "gradient 1 has shape [6]"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.reduce_gradients", "unit 0 was reduced already"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.register_comm_hook", "reduced already"}) == 2);
+  CHECK(errors_with(errors, {"ShardedUnits.step", "unit(s) 1 have no reduced gradients"}) == 2);
+  CHECK(errors_with(errors, {"[rank 0]"}) == 9);
+  CHECK(errors_with(errors, {"[rank 1]"}) == 9);
 }
 
 TEST_CASE("ZeRO stage 3 keeps 16/N bytes per parameter with Adam and gathers at most two units: bytes, gathered_bytes",

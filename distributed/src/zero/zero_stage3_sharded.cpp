@@ -1,6 +1,6 @@
 // ShardedUnits (zero_stage3.hpp), ZeRO stage 3: the sharded checkpoint, one
 // file per rank holding that rank's shard of every unit (parameters and
-// optimizer state), loadable at any world size (format in docs/zero.md).
+// optimizer state), loadable at any world size (format in docs/zero-stage2-3.md).
 // Rank thread only.
 #include <algorithm>
 #include <filesystem>
