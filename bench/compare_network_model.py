@@ -7,9 +7,14 @@ Every round, for every configuration in turn (interleaved; the load average
 before each run recorded), so that parameters and figures share the load:
 1. Measures the model's parameters, none of them from the figures it predicts:
    the host's memory and cache traffic (a reduce benchmark, read two write
-   one: one 64 MiB, then one 1 MiB float32 addition per core at once; the
-   cache's size from sysfs), just before and just after each run on the
-   shared-memory plane (their mean), the synchronisation of a host's processes (an 8-byte all_reduce on the
+   one: one 64 MiB, then one 1 MiB float32 addition per core at once), just
+   before and just after each run on the shared-memory plane (their mean);
+   the cache's effective size (the same kernel over working sets of 6 to 48
+   MiB in all: where its rate falls halfway, in log, from the cache's to the
+   memory's; sysfs gives the largest cache's size, which other tenants of a
+   virtual machine share); a wake-up (dopt_bench_sim wake: a futex hand-over
+   between two processes on two cores) just before each shared-memory run;
+   the synchronisation of a host's processes (an 8-byte all_reduce on the
    shared-memory plane), the link's rate (raw TCP, both hosts sending 16 MiB
    to each other at once, dopt_bench_raw_tcp) and latency (an 8-byte
    all_reduce between the two hosts: two ring steps).
@@ -44,6 +49,8 @@ import time
 from namespace_hosts import NamespaceHosts
 
 SIZES = [4096, 1 << 20, 64 << 20]
+# The shared-memory plane's waiters: they poll this long before they sleep (WaitPolicy, transport/shm/channel.hpp)
+SPIN_US, SPIN_PAST_CORES_US = 20, 2
 TAG = "dnm%d" % os.getpid()
 
 
@@ -101,6 +108,31 @@ def memory_traffic_gbs(cores, n=64 << 20, reps=8, tries=3, kernel="reduce"):
             p.join()
         best = max(best, (3.0 if kernel == "reduce" else 2.0) * n * cores / max(secs) / 1e9)
     return best
+
+
+def effective_cache_bytes(cores, cache_gbs, memory_gbs, sizes_mib=(6, 12, 24, 48)):
+    """The total working set (bytes) at which the reduce kernel's rate, run by `cores` processes at once, falls
+    to the geometric mean of the cache's and the memory's rates (log-interpolated between the measured sizes);
+    the largest size measured when it never falls that far, the smallest when it is already below."""
+    import math
+    target = math.sqrt(cache_gbs * memory_gbs)
+    pts = []
+    for mib in sizes_mib:
+        n = (mib << 20) // (3 * cores)
+        n -= n % 4096
+        pts.append((mib << 20, memory_traffic_gbs(cores, n=n, reps=max(8, (256 << 20) // n), tries=1)))
+    if pts[0][1] < target:
+        return pts[0][0], pts
+    for (w0, r0), (w1, r1) in zip(pts, pts[1:]):
+        if r1 < target <= r0:
+            f = math.log(r0 / target) / math.log(r0 / r1)
+            return int(w0 * (w1 / w0) ** f), pts
+    return pts[-1][0], pts
+
+
+def wake_us(build):
+    """A futex wake-up on another core (dopt_bench_sim wake), us."""
+    return json_lines(run([build + "/bench/dopt_bench_sim", "wake"]))[0]["wake_us"]
 
 
 def cache_bytes():
@@ -192,6 +224,7 @@ def predict(build, hosts, per_host, p):
            "--link-gbits", str(p["link_gbits"]), "--link-latency-us", str(p["link_latency_us"]),
            "--memory-gbs", str(p["memory_gbs"]), "--cache-gbs", str(p["cache_gbs"]),
            "--cache-bytes", str(p["cache_bytes"]), "--cores", str(p["cores"]), "--sync-us", str(p["sync_us"]),
+           "--wake-us", str(p["wake_us"]), "--spin-us", str(SPIN_US), "--spin-past-cores-us", str(SPIN_PAST_CORES_US),
            "--bytes"] + [str(s) for s in SIZES]
     return {r["bytes"]: r for r in json_lines(run(cmd))}
 
@@ -201,7 +234,7 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "network_model.jsonl"))
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--procs", default="2,4", help="process counts on the shared-memory plane")
     ap.add_argument("--rates", default="1gbit,4gbit", help="tc tbf rates of the two hosts' links")
     args = ap.parse_args()
@@ -247,6 +280,14 @@ def main():
                       copy_cache_gbs=round(copy[1], 3), load=load(),
                       how="as memory_gbs and cache_gbs with a copy (numpy.copyto), not used by the model"))
             mem, cache = 0.0, 0.0
+            # the cache's effective size, once a round
+            m0, c0 = host_traffic(rnd, when="for the cache's size")
+            cbytes, pts = effective_cache_bytes(cores, c0, m0)
+            emit(dict(kind="parameter", name="cache_bytes", round=rnd + 1, cache_bytes=cbytes, load=load(),
+                      rates_gbs={str(w >> 20) + " MiB": round(r, 2) for w, r in pts}, sysfs_bytes=cache_bytes(),
+                      how="the reduce kernel on %d processes over working sets in all of these sizes; where its "
+                      "rate falls to the geometric mean of the cache's (%.1f) and the memory's (%.1f) GB/s" %
+                      (cores, c0, m0)))
             for c in configs:
                 plane, n, rate = c
                 # 1. the host's traffic just before and just after the run (their means), so that the
@@ -255,7 +296,9 @@ def main():
                     mem, cache = host_traffic(rnd, plane=plane, procs=n, when="before")
                 before = load()
                 # 3. the measurement, and last in the same run the 8-byte call that gives the latency parameter
+                wake = 0.0
                 if rate is None:
+                    wake = wake_us(build)
                     rs = shm_collective(build, n, SIZES + [8])
                     gbits = 10
                     after = host_traffic(rnd, plane=plane, procs=n, when="after")
@@ -268,11 +311,12 @@ def main():
                 by = {r["bytes"]: r for r in rs}
                 tiny = by[8]["median_us"]
                 p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
-                         sync_us=tiny if rate is None else 0, link_gbits=round(gbits, 4),
+                         sync_us=tiny if rate is None else 0, wake_us=wake, link_gbits=round(gbits, 4),
                          link_latency_us=round(tiny / 2, 2) if rate else 0)
                 emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
                           round=rnd + 1, tiny_us=tiny, load=before, **p,
-                          how="sync_us: an 8-byte all_reduce on one host; link_latency_us: half of one across the "
+                          how="sync_us: an 8-byte all_reduce on one host; wake_us: a futex hand-over between two "
+                          "cores just before it (dopt_bench_sim wake); link_latency_us: half of one across the "
                           "hosts (two ring steps); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
                 # 2. the prediction with this round's parameters
                 pr = predict(build, 1 if rate is None else 2, n, p)
@@ -284,8 +328,8 @@ def main():
                     emit(dict(kind="measurement", plane=plane, procs=n if rate is None else 2, rate=rate,
                               round=rnd + 1, loadavg_before=before, **by[b]))
         # 4. the table
-        print("\n| layout | size | predicted | measured | ratio | load |")
-        print("|---|---|---|---|---|---|")
+        print("\n| layout | size | predicted | measured | its rounds | ratio | load |")
+        print("|---|---|---|---|---|---|---|")
         for c in configs:
             plane, n, rate = c
             layout = "shm, %d processes" % n if rate is None else "2 hosts x 1, tbf %s" % rate
@@ -294,9 +338,12 @@ def main():
                 me = statistics.median(meas[c][b])
                 ratio = pr / me
                 ld = "/".join(x.split()[0] for x in loads[c])
+                lo, hi = min(meas[c][b]), max(meas[c][b])
                 emit(dict(kind="comparison", layout=layout, bytes=b, predicted_us=pr, measured_us=me,
-                          ratio=round(ratio, 3), within_25=abs(ratio - 1) <= 0.25, loads=ld))
-                print("| %s | %s | %s | %s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me), ratio, ld))
+                          measured_min_us=lo, measured_max_us=hi, ratio=round(ratio, 3),
+                          within_25=abs(ratio - 1) <= 0.25, loads=ld))
+                print("| %s | %s | %s | %s | %s-%s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me),
+                                                                   us_str(lo), us_str(hi), ratio, ld))
     finally:
         if hosts:
             hosts.close()

@@ -3,6 +3,7 @@
 // mode (one thread at a time, seeded schedule, virtual time), in the same run.
 //
 //   dopt_bench_sim predict ...   (the network model's prediction of a collective: sim_predict.cpp)
+//   dopt_bench_sim wake ...      (the model's wake_latency, measured apart: sim_wake.cpp)
 //   dopt_bench_sim [--params N] [--tensors K] [--optimizer adam] [--ranks R] [--steps S] [--repeats P]
 //
 // Each repeat runs one simulate() per mode, alternating (threaded first), with
@@ -25,9 +26,11 @@
 #include "bench_util.hpp"
 
 int sim_predict_main(int argc, char** argv);  // sim_predict.cpp
+int sim_wake_main(int argc, char** argv);     // sim_wake.cpp
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "predict") return sim_predict_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "wake") return sim_wake_main(argc - 1, argv + 1);
   CLI::App app{"dopt deterministic simulation benchmark: a ZeRO step, deterministic vs threaded"};
   std::int64_t params = 1 << 20;
   std::int64_t tensors = 16;

@@ -154,6 +154,15 @@ struct NetworkModel {
   /// Every call, and every synchronisation of a host's members (a round).
   std::chrono::nanoseconds call_overhead{0};
   std::chrono::nanoseconds sync_latency{5000};
+  /// How long the shared-memory plane's waiters poll before they sleep
+  /// (DOPT_SHM_SPIN_US; `spin_past_cores` when a host's members outnumber its
+  /// cores), and how long a member that slept takes to run again once the
+  /// last member arrived (a futex wake-up on another core; 0: never sleeps).
+  /// A synchronisation after a phase of a member's work longer than the spin
+  /// costs a wake-up for each wave of members (ceil(members / cores)).
+  std::chrono::nanoseconds spin{20000};
+  std::chrono::nanoseconds spin_past_cores{2000};
+  std::chrono::nanoseconds wake_latency{0};
   /// The shared-memory plane's settings (ShmPlane::Options; DOPT_SHM_*).
   std::size_t shm_small_bytes = 32u << 10;
   std::size_t shm_buffer_bytes = 4u << 20;

@@ -21,8 +21,9 @@ void check_network(const dopt::sim::NetworkModel& m, int world_size) {
   if (!(m.link_bandwidth > 0) || !(m.host_memory_bandwidth > 0) || m.host_cache_bandwidth < 0)
     bad("bandwidths must be positive");
   if (m.cores_per_host < 1) bad("cores_per_host must be >= 1");
-  if (m.link_latency.count() < 0 || m.call_overhead.count() < 0 || m.sync_latency.count() < 0)
-    bad("latencies must not be negative");
+  if (m.link_latency.count() < 0 || m.call_overhead.count() < 0 || m.sync_latency.count() < 0 ||
+      m.wake_latency.count() < 0 || m.spin.count() < 0 || m.spin_past_cores.count() < 0)
+    bad("latencies and spins must not be negative");
   if (m.shm_buffer_bytes == 0) bad("shm_buffer_bytes must be positive");
 }
 

@@ -20,16 +20,17 @@ std::int64_t ns_of(double seconds) { return static_cast<std::int64_t>(std::llrou
 /// of a host move theirs at once: `tensor` bytes on its own tensors (`data`
 /// bytes of them) and `buffer` bytes on the shared-memory buffers (chunks of
 /// up to shm_buffer_bytes). Each side goes at the cache's bandwidth when what
-/// it touches on the host fits the cache (the buffers: k chunks; the tensors:
-/// k times data and chunk), else at the memory's; each member gets its
-/// bandwidth over max(k, cores): one core's share, and members past the
-/// cores take turns.
+/// it touches on the host fits the cache (the buffers: k chunks, and the
+/// chunk of each member's tensor that streams through the cache between a
+/// buffer's write and its reads; the tensors: k times data and chunk), else at
+/// the memory's; each member gets its bandwidth over max(k, cores): one
+/// core's share, and members past the cores take turns.
 double memory_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
   if (k <= 0) return 0;
   const double chunk = std::min(data, static_cast<double>(m.shm_buffer_bytes));
   const bool cache = m.host_cache_bytes > 0 && m.host_cache_bandwidth > 0;
   const double limit = static_cast<double>(m.host_cache_bytes);
-  const double buffer_bw = cache && k * chunk <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  const double buffer_bw = cache && k * 2 * chunk <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
   const double tensor_bw = cache && k * (data + chunk) <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
   return (tensor / tensor_bw + buffer / buffer_bw) * std::max(k, std::max(1, m.cores_per_host));
 }
@@ -37,6 +38,26 @@ double memory_s(const NetworkModel& m, double tensor, double buffer, int k, doub
 double link_s(const NetworkModel& m, double bytes) { return bytes / m.link_bandwidth; }
 double latency_s(const NetworkModel& m) { return std::chrono::duration<double>(m.link_latency).count(); }
 double sync_s(const NetworkModel& m) { return std::chrono::duration<double>(m.sync_latency).count(); }
+
+/// Seconds of `syncs` synchronisations of k members of a host, each after a
+/// phase of one member's own work of `phase` seconds: sync_latency each; when
+/// the phase is longer than the waiters' spin (spin_past_cores when the
+/// members outnumber the cores), the members that arrived first sleep, and
+/// each wave of members that run at once waits for a wake-up.
+double syncs_s(const NetworkModel& m, double syncs, double phase, int k) {
+  const int cores = std::max(1, m.cores_per_host);
+  const double spin = std::chrono::duration<double>(k > cores ? m.spin_past_cores : m.spin).count();
+  const double waves = std::ceil(static_cast<double>(k) / cores);
+  const double wake = phase > spin ? waves * std::chrono::duration<double>(m.wake_latency).count() : 0.0;
+  return syncs * (sync_s(m) + wake);
+}
+
+/// One member's own time for its traffic (memory_s without the turns of the
+/// members past the cores).
+double own_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
+  const int cores = std::max(1, m.cores_per_host);
+  return memory_s(m, tensor, buffer, k, data) * cores / std::max(k, cores);
+}
 
 double chunks(const NetworkModel& m, double bytes) {
   return std::max(1.0, std::ceil(bytes / static_cast<double>(m.shm_buffer_bytes)));
@@ -54,19 +75,29 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // others' slices, a reduce of one slice over n buffers, a copy of the
       // others' slices out, two synchronisations (tensor: 2 B; buffers:
       // (3n - 2) / n B).
+      // Each synchronisation follows a phase of about half a chunk's work
+      // (small: the staging, B on each side).
       if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
           b * n <= static_cast<double>(shm_plane::kOneRoundSmallCalls * m.shm_small_bytes))
-        return sync_s(m) + memory_s(m, 2 * b, (n + 1) * b, n, b);
-      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
+        return syncs_s(m, 1, own_s(m, b, b, n, b), n) + memory_s(m, 2 * b, (n + 1) * b, n, b);
+      {
+        const double c = chunks(m, b);
+        const double phase = own_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b) / (2 * c);
+        return syncs_s(m, 2 * c, phase, n) + memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
+      }
     case CollKind::reduce_scatter: return shm_s(m, CollKind::all_reduce, b * n, n);
     case CollKind::broadcast:
-    case CollKind::broadcast_coalesced:
+    case CollKind::broadcast_coalesced: {
       // the root stages, the others copy out
-      return 2 * chunks(m, b) * sync_s(m) + memory_s(m, b, b, 1, b) + memory_s(m, b, b, n - 1, b);
+      const double c = chunks(m, b);
+      return syncs_s(m, 2 * c, own_s(m, b, b, 1, b) / c, n) + memory_s(m, b, b, 1, b) + memory_s(m, b, b, n - 1, b);
+    }
     case CollKind::all_gather:
-    case CollKind::all_gather_flat:
+    case CollKind::all_gather_flat: {
       // each stages its input, then copies all n inputs out
-      return 2 * chunks(m, b * n) * sync_s(m) + memory_s(m, b * (n + 1), b * (n + 1), n, b * (n + 1));
+      const double c = chunks(m, b * n), t = b * (n + 1);
+      return syncs_s(m, 2 * c, own_s(m, t, t, n, t) / (2 * c), n) + memory_s(m, t, t, n, t);
+    }
     default: return sync_s(m);  // barrier, new_group
   }
 }
@@ -153,7 +184,8 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
   CallCost c;
   const int hs = host_of(m, world_size, src);
   if (hs == host_of(m, world_size, dst)) {
-    s += sync_s(m) + memory_s(m, b, b, 1, b);  // into the mailbox and out (or one cross-memory read)
+    // into the mailbox and out (or one cross-memory read); the receiver waits for the sender's copy
+    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2) + memory_s(m, b, b, 1, b);
   } else {
     s += latency_s(m) + link_s(m, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);

@@ -72,9 +72,33 @@ TEST_CASE("network model: data that fits the cache moves at the cache's bandwidt
   // 2 ranks, 1 MiB: tensor and buffer, 2 MiB a member, 4 MiB in all: cached (4 B a member)
   const double b = 1 << 20;
   CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 8 / 2 * 2 / 4e10));
-  // 3 ranks: 6 MiB, past the cache: the tensors' 2 B from memory, the buffers' (3n - 2) / n B from the cache
-  CHECK(all_reduce_run(3, 1 << 18, m).modelled_time ==
-        ns(3e-6 + 2 * 7e-6 + (2 * b / 1e10 + b * 7 / 3 / 4e10) * 3));
+  // 3 ranks: 6 MiB, past the cache: all from memory
+  CHECK(all_reduce_run(3, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 7 / 3) / 1e10 * 3));
+  // 256 KiB chunks, 2 MiB of cache, 2 ranks: the tensors (2 x 1.25 MiB) come from memory, the buffers (2 chunks
+  // and the tensor chunk streamed between a buffer's write and its reads: 1 MiB) from the cache; 4 chunks
+  m.host_cache_bytes = 2u << 20;
+  m.shm_buffer_bytes = 256u << 10;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 8 * 7e-6 + (2 * b / 1e10 + 2 * b / 4e10) * 2));
+}
+
+TEST_CASE("network model: a phase longer than the waiters' spin costs a wake-up per wave of members",
+          "[sim][netmodel]") {
+  auto m = model(1, 0);
+  m.wake_latency = std::chrono::microseconds(30);
+  const double b = 1 << 20;
+  // 2 ranks on 2 cores, 1 MiB: a member's own work per phase (half of 4 MiB at 1e10 / 2 cores) is far past
+  // the 20 us spin: each of the 2 synchronisations waits for one wake-up
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * (7e-6 + 30e-6) + 4 * b / 1e10 * 2));
+  // 4 KiB: one round whose staging (8 KiB at 5e9 a core: 1.6 us) is within the spin: no wake-up
+  CHECK(all_reduce_run(2, 1024, m).modelled_time == ns(3e-6 + 7e-6 + 4096.0 * 5 / 1e10 * 2));
+  // 5 ranks on 2 cores poll 2 us: the 4 KiB round's 1.6 us stays within it; at 1 MiB each synchronisation
+  // waits for 3 waves of members
+  CHECK(all_reduce_run(5, 1024, m).modelled_time == ns(3e-6 + 7e-6 + 4096.0 * 8 * 5 / 1e10));
+  CHECK(all_reduce_run(5, 1 << 18, m).modelled_time ==
+        ns(3e-6 + 2 * (7e-6 + 3 * 30e-6) + (2 * b + b * 13 / 5) / 1e10 * 5));
+  // without a wake-up latency nothing changes
+  m.wake_latency = nanoseconds(0);
+  CHECK(all_reduce_run(5, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 13 / 5) / 1e10 * 5));
 }
 
 TEST_CASE("network model: an all_reduce across hosts adds the hierarchical plane's link time", "[sim][netmodel]") {
