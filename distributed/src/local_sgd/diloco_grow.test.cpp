@@ -19,6 +19,7 @@
 // rank 0's parameters and inner state.
 #include <catch2/catch.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -181,6 +182,13 @@ const std::vector<Differ>& differs() {
          o.outer_optimizer.hyperparameters = {{"lr", 0.7}, {"momentum", 0.9}};
        },
        sgd_json("0.7", "0.9", "true"), sgd_json("0.7", "0.9", "false")},
+      {"outer_optimizer", same,
+       [](DiLoCoOptions& o) {
+         o.outer_optimizer = {"Adam", {{"lr", 0.7}}};
+       },
+       sgd_json("0.7", "0.9", "true"),
+       "{\"hyperparameters\":{\"amsgrad\":false,\"betas\":[0.9,0.999],\"eps\":1e-08,\"lr\":0.7,\"maximize\":false,"
+       "\"weight_decay\":0.0},\"name\":\"Adam\"}"},
       {"wire_format",
        same,
        [](DiLoCoOptions& o) { o.wire_format = WireFormat::bfloat16; },
@@ -209,8 +217,8 @@ TEST_CASE(
     "naming the setting, the ranks and both values, world 3 and 5",
     "[diloco][grow][averagers]") {
   const int world = GENERATE(3, 5);
-  const std::size_t which = GENERATE(range<std::size_t>(0, 13));
-  REQUIRE(differs().size() == 13);
+  const std::size_t which = GENERATE(range<std::size_t>(0, 14));
+  REQUIRE(differs().size() == 14);
   const Differ& d = differs()[which];
   INFO("world " << world << ", " << d.setting << ": " << d.ours << " / " << d.theirs);
   const auto got = run_differ(world, d);
@@ -250,14 +258,22 @@ TEST_CASE(
 
 TEST_CASE("DiLoCo catch-up: a newcomer's averager of another kind than the members' DiLoCoAverager",
           "[diloco][grow][averagers]") {
-  // The periodic averager's exchange in the catch-up meets DiLoCo's in its take_grown_group.
-  const auto got = run_with_newcomer(3, 19, [](RankContext& ctx, std::string& log) {
+  // The periodic averager's exchange in the catch-up, and the hierarchical
+  // one's in its constructor over the grown group, meet DiLoCo's in its
+  // take_grown_group.
+  const bool periodic = GENERATE(true, false);
+  INFO("newcomer periodic " << periodic);
+  const auto got = run_with_newcomer(3, 19, [periodic](RankContext& ctx, std::string& log) {
     auto params = survive_reference::make_params(kSizes);
     try {
       if (ctx.newcomer()) {
         GrowResult grown = join_patiently(ctx);
-        PostLocalSGDOptimizer opt(make_optimizer(kInner, {OptimizerParamGroup(params)}),
-                                  std::make_unique<PeriodicModelAverager>(2, 0, grown.group));
+        std::unique_ptr<ModelAverager> a;
+        if (periodic)
+          a = std::make_unique<PeriodicModelAverager>(2, 0, grown.group);
+        else
+          a = std::make_unique<HierarchicalModelAverager>(std::map<std::int64_t, int>{{2, 1}, {4, 4}}, 1, grown.group);
+        PostLocalSGDOptimizer opt(make_optimizer(kInner, {OptimizerParamGroup(params)}), std::move(a));
         post_local_sgd_catch_up(opt, grown);
       } else {
         auto opt = make_opt(params, ctx.world());
@@ -270,11 +286,14 @@ TEST_CASE("DiLoCo catch-up: a newcomer's averager of another kind than the membe
     }
     return values_of(params);
   });
+  const std::string kind =
+      periodic ? "PeriodicModelAverager period 2, warm-up 0" : "HierarchicalModelAverager {2: 1, 4: 4}, warm-up 1";
+  REQUIRE(got.size() == 4);
   for (std::size_t r = 0; r < got.size(); ++r) {
     INFO("rank " << r << ": " << got[r].second);
-    CHECK(got[r].second.find("post_local_sgd_catch_up [rank " + std::to_string(r) + "]: ") == 0);
+    const std::string op = r == 3 && !periodic ? "HierarchicalModelAverager" : "post_local_sgd_catch_up";
+    CHECK(got[r].second.find(op + " [rank " + std::to_string(r) + "]: ") == 0);
     CHECK(got[r].second.find("group rank 3, global rank 3") != std::string::npos);
-    CHECK(got[r].second.find("PeriodicModelAverager period 2, warm-up 0, differs from group rank 0's, "
-                             "DiLoCoAverager") != std::string::npos);
+    CHECK(got[r].second.find(kind + ", differs from group rank 0's, DiLoCoAverager") != std::string::npos);
   }
 }
