@@ -22,6 +22,8 @@
 //       survivors see the loss at LOST_AT and rebuild their optimizer over
 //       the shrunk group with the same state; the grown group's averager
 //       rebuilds its levels (take_grown_group).
+//     MODE diloco-other-h: diloco, but the replacement builds sync_every 8
+//       (the members 4): every process's catch-up raises ValueError.
 //     Before step JOIN_AT the survivors grow() the averager's group by one and
 //     post_local_sgd_catch_up(); VICTIM's replacement (DOPT_REPLACES)
 //     join_group()s, builds its optimizer over the grown group and catches
@@ -87,6 +89,7 @@ std::map<std::int64_t, int> levels(int n) { return {{2, 1}, {3, n}}; }
 struct Plan {
   bool diloco = false;
   bool hierarchical = false;
+  bool other_h = false;  // diloco-other-h
   int victim = 2;
   std::int64_t lost_at = 2, join_at = 4, steps = 10;
   int n = 5;
@@ -113,7 +116,7 @@ std::vector<Tensor> reference(const Plan& p, int r) {
 }
 
 std::unique_ptr<PostLocalSGDOptimizer> make_opt(const Plan& p, const std::vector<Tensor>& params,
-                                                const ProcessGroup& g) {
+                                                const ProcessGroup& g, bool newcomer = false) {
   if (p.hierarchical)
     return std::make_unique<PostLocalSGDOptimizer>(
         make_optimizer(kAdam, {OptimizerParamGroup(params)}),
@@ -125,7 +128,7 @@ std::unique_ptr<PostLocalSGDOptimizer> make_opt(const Plan& p, const std::vector
     return opt;
   }
   DiLoCoOptions o;
-  o.sync_every = kH * static_cast<std::int64_t>(kFragments.size());
+  o.sync_every = kH * static_cast<std::int64_t>(kFragments.size()) * (newcomer && p.other_h ? 2 : 1);
   o.fragments = kFragments;
   o.fragment_sync_delay = kDelay;
   o.outer_optimizer = kOuter;
@@ -141,7 +144,7 @@ long grow_scenario(ProcessGroup& world, int me, const Plan& p) {
   if (newcomer) {
     for (auto& q : params) q.data<float>()[0] = -7.5f;  // overwritten by the catch-up
     auto joined = world.join_group();
-    opt = make_opt(p, params, joined.group);
+    opt = make_opt(p, params, joined.group, true);
     post_local_sgd_catch_up(*opt, joined);
     c.expect(opt->averager().step() == p.join_at, "the newcomer caught up at step JOIN_AT");
   } else {
@@ -205,10 +208,12 @@ int main(int argc, char** argv) {
   return dopt::testing::run_peer(
       [&](ProcessGroup& world, int rank) -> long {
         const std::string mode = argc > 5 ? argv[1] : "";
-        if (mode != "plsgd" && mode != "diloco" && mode != "hierarchical")
-          throw dopt::testing::Usage{"dopt_local_sgd_grow_peer plsgd|diloco|hierarchical VICTIM LOST_AT JOIN_AT STEPS"};
+        if (mode != "plsgd" && mode != "diloco" && mode != "hierarchical" && mode != "diloco-other-h")
+          throw dopt::testing::Usage{
+              "dopt_local_sgd_grow_peer plsgd|diloco|hierarchical|diloco-other-h VICTIM LOST_AT JOIN_AT STEPS"};
         Plan p;
-        p.diloco = mode == "diloco";
+        p.diloco = mode == "diloco" || mode == "diloco-other-h";
+        p.other_h = mode == "diloco-other-h";
         p.hierarchical = mode == "hierarchical";
         p.victim = std::stoi(argv[2]);
         p.lost_at = std::stoll(argv[3]);

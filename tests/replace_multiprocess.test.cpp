@@ -750,6 +750,18 @@ TEST_CASE("replace: on the actor plane DiLoCo grows back with and without a frag
   check_local_sgd_grown("diloco", "tcp");
 }
 
+TEST_CASE("replace: DiLoCo's replacement built with another sync_every: every process raises ValueError naming it",
+          "[replace][multiprocess]") {
+  const Done d = run_replacing({"--max-replacements", "1"}, 5, "exec " + kLocalSgdGrowPeer + " diloco-other-h 2 2 4 10");
+  INFO(d.out);
+  CHECK_FALSE(d.ok());
+  for (int r = 0; r < 5; ++r)
+    CHECK(contains(d.out, "[rank " + std::to_string(r) + "] error ValueError: post_local_sgd_catch_up [rank " +
+                              std::to_string(r) + "]: the ranks' DiLoCoAverager settings differ (global ranks): "
+                              "sync_every: ranks 0-1, 3-4 have 4, rank 2 has 8"));
+  CHECK_FALSE(contains(d.out, "TimeoutError"));
+}
+
 TEST_CASE("replace: HierarchicalModelAverager loses a rank at step 2, its replacement joins at step 4 or 5, the levels "
           "rebuilt over the grown group, bitwise the reference (shm, tcp)",
           "[replace][multiprocess]") {

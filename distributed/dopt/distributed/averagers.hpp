@@ -134,9 +134,11 @@ class ModelAverager {
   /// (ProcessGroup::grow()'s group of this group's members and the
   /// newcomers, or on a newcomer the group it was built over) from now on.
   /// Rank thread, at a step boundary. PeriodicModelAverager takes it
-  /// (local); DiLoCoAverager first waits for an average in flight
-  /// (diloco.hpp); HierarchicalModelAverager rebuilds its subgroups over
-  /// `grown` (a collective of the grown group, see there); an averager that
+  /// (local); DiLoCoAverager first all-gathers its settings over `grown`
+  /// (a collective: ValueError naming `op` on every rank when one differs)
+  /// and waits for an average in flight (diloco.hpp);
+  /// HierarchicalModelAverager rebuilds its subgroups over `grown` (a
+  /// collective of the grown group, see there); an averager that
   /// overrides none of it throws NotSupportedError naming `op`.
   virtual void take_grown_group(ProcessGroup grown, const char* op);
 

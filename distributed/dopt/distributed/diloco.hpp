@@ -167,8 +167,14 @@ class DiLoCoAverager : public ModelAverager {
 
   /// Growing back (diloco_grow.cpp; post_local_sgd_catch_up in
   /// post_local_sgd.hpp runs it on every rank of the grown group, before any
-  /// state is sent). Rank thread, at a step boundary; local (no
-  /// communication of its own). A fragment in flight is supported: this call
+  /// state is sent). Rank thread, at a step boundary; a collective over
+  /// `grown` (every rank of it calls, members and newcomers): first one
+  /// all_gather of this averager's settings (sync_every, fragments,
+  /// fragment_sync_delay, fragment_update_alpha, the outer optimizer with its
+  /// defaults, the wire format's settings, the parameters' dtypes and
+  /// shapes); when any rank's differs, every rank throws ValueError naming
+  /// `op`, each differing setting, its values and the global ranks that have
+  /// them, and nothing changed. A fragment in flight is supported: this call
   /// first waits for a sync completing in the background and for an average
   /// in flight, which was started over the old group and is completed over it
   /// (its sum divided by the old group's size: the members that prepared it).

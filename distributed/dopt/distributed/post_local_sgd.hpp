@@ -222,8 +222,10 @@ class PostLocalSGDOptimizer {
 ///    (ModelAverager::take_grown_group). Nothing of its own changes.
 ///  - A newcomer passes a fresh optimizer over the same parameter list (same
 ///    shapes, dtypes, groups, optimizer kind) with its averager built alike
-///    over grown.group. From the lowest-ranked member of grown.group it
-///    receives the parameters' values and that member's state_dict() (its
+///    over grown.group (the averagers' configurations are compared first:
+///    one of another kind or configuration raises ValueError on every
+///    rank). From the lowest-ranked member of grown.group it receives the
+///    parameters' values and that member's state_dict() (its
 ///    local optimizer's state and hyperparameters, the averager's step and
 ///    own state: DiLoCo's anchors, outer state, an average in flight), then
 ///    steps_taken() and steps_skipped(). The local optimizer's state differs
