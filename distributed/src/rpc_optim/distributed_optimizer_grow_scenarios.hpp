@@ -79,10 +79,14 @@ struct Result {
   std::string error;
 };
 
+/// The survive scenario p's steps run (do_survive_test::TrainerLoop).
 inline do_survive_test::Scenario survive_of(const Plan& p) {
   do_survive_test::Scenario sc;
   sc.n = p.n;
+  sc.redundancy = p.redundancy;
+  sc.losses = p.losses;
   sc.steps = p.steps;
+  sc.callback = p.callback;
   return sc;
 }
 
@@ -134,51 +138,14 @@ inline void install(const Plan& p) {
   });
 }
 
-inline std::string ranks_str(const std::vector<rpc::WorkerInfo>& v) {
-  std::string s;
-  for (const auto& w : v) s += (s.empty() ? "" : ",") + std::to_string(w.rank);
-  return s;
-}
-
-inline std::string describe(const OwnerRecovery& r) {
-  std::string s = r.joined.empty() ? "" : "joined=" + ranks_str(r.joined) + " ";
-  return s + do_survive_test::describe(r);
-}
+using do_survive_test::describe;
 
 /// The trainer (rank 0).
 inline Result trainer(rpc::Agent& a, const Plan& p) {
-  using rpc::GradContext;
-  using rpc::RRef;
-  const auto sc = survive_of(p);
   Result out;
-  std::vector<RRef<Tensor>> ps;
-  for (std::size_t i = 0; i < do_survive_test::num_params(sc); ++i)
-    ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
-  auto kill = [&](int victim) {
-    (void)a.rpc_async(victim, "dos.die");
-    if (!a.wait_until_lost(victim, std::chrono::seconds(20))) throw TimeoutError("test", "the victim did not die");
-  };
-  GradContext* cur = nullptr;
-  std::vector<Tensor> cur_grads;
-  DistributedOptimizer* optp = nullptr;
-  auto redeposit = [&](const OwnerRecovery& r) {
-    std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-    for (auto i : r.needs_gradient) deps.emplace_back(optp->parameters()[i], cur_grads[i]);
-    cur->deposit_all(deps).get();
-  };
-  DistributedOptimizerOptions o;
-  o.redundancy = p.redundancy;
-  o.timeout = std::chrono::seconds(20);
-  if (p.callback)
-    o.on_membership_change = [&](const OwnerRecovery& r) {
-      out.log += "callback " + describe(r);
-      if (!r.joined.empty()) return;
-      // A failed catch-up reports the owners it took over, between steps (no gradient to deposit).
-      if (!r.step_completed && !r.needs_gradient.empty()) redeposit(r);
-    };
+  do_survive_test::TrainerLoop loop(a, survive_of(p), out.log);
   try {
-    DistributedOptimizer opt(a, p.spec, ps, o);
-    optp = &opt;
+    DistributedOptimizer opt(a, p.spec, loop.make_params(), loop.options());
     std::int64_t join_at = p.join_at;
     bool handing_lost = false;
     for (const auto& l : p.losses) handing_lost = handing_lost || l.point == "hand_over" || l.point == "adopting";
@@ -218,29 +185,9 @@ inline Result trainer(rpc::Agent& a, const Plan& p) {
           out.lrs_joined = opt.lrs();
         }
       }
-      for (const auto& l : p.losses)
-        if (l.step == t && l.point == "before") kill(l.victim);
-      GradContext ctx = a.new_context();
-      cur = &ctx;
-      cur_grads = do_survive_test::grads_of(sc, t);
-      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-      for (std::size_t i = 0; i < cur_grads.size(); ++i) deps.emplace_back(opt.parameters()[i], cur_grads[i]);
-      (void)ctx.deposit_all(deps);
-      try {
-        opt.step(ctx);
-      } catch (const OwnersChangedError& e) {
-        out.log += "changed " + describe(e.owner_recovery());
-        if (!e.recovery().step_completed) {
-          redeposit(e.owner_recovery());
-          opt.step(ctx);
-        }
-      }
-      if (opt.step_count() != t + 1) throw StateError("test", "step_count() is " + std::to_string(opt.step_count()));
-      for (const auto& l : p.losses)
-        if (l.step == t && l.point == "after") kill(l.victim);
+      loop.step(opt, t);
     }
-    for (const auto& x : opt.parameters()) out.params.push_back(do_survive_test::bytes_of(x.to_here()));
-    for (const auto& w : opt.owners()) out.owners.push_back(w.rank);
+    do_survive_test::TrainerLoop::finish(opt, out.params, out.owners);
   } catch (const Error& e) {
     out.error = rpc::error_kind(e) + ": " + e.what();
     return out;
