@@ -246,13 +246,14 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
       std::vector<rpc::WorkerInfo> owners;  // rec.lost holds the lost newcomers too
       for (const auto& w : rec.lost)
         if (!is_newcomer(w.rank)) owners.push_back(w);
-      fail(std::make_exception_ptr(PeerLostError(kCatchUp,
-                          "the newcomer " + detail::owner_name(a.worker_info(r)) +
-                              " was lost while the members agreed on the membership; no slot moved" +
-                              (rec.moved.empty() || owners.empty()
-                                   ? std::string()
-                                   : " (the lost owners " + workers_str(owners) + " were taken over by their buddies)"),
-                          me)));
+      fail(std::make_exception_ptr(
+          PeerLostError(kCatchUp,
+                        "the newcomer " + detail::owner_name(a.worker_info(r)) +
+                            " was lost while the members agreed on the membership; no slot moved" +
+                            (rec.moved.empty() || owners.empty()
+                                 ? std::string()
+                                 : " (the lost owners " + workers_str(owners) + " were taken over by their buddies)"),
+                        me)));
     }
   const std::set<int> gone(opt.lost_.begin(), opt.lost_.end());
   const auto vacant = vacant_slots(gone);
@@ -423,8 +424,7 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
     if (const std::exception_ptr e2 = set_mirrors())
       throw StateError(kCatchUp,
                        "setting the rebuilt buddies on the owners failed (" + what_of(e) +
-                           "), and so did giving the owners back the buddies they had before the call (" +
-                           what_of(e2) +
+                           "), and so did giving the owners back the buddies they had before the call (" + what_of(e2) +
                            "): an owner may forward its steps to copies this optimizer does not count on; build a "
                            "new DistributedOptimizer from a checkpoint",
                        me);

@@ -188,9 +188,10 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("DistributedOptimizer grow back: the slot's holder lost while it hands the slot over changes nothing, the "
-          "catch-up after the next step works",
-          "[distributed_optimizer][survive][grow][grow_do]") {
+TEST_CASE(
+    "DistributedOptimizer grow back: the slot's holder lost while it hands the slot over changes nothing, the "
+    "catch-up after the next step works",
+    "[distributed_optimizer][survive][grow][grow_do]") {
   // 5 workers, redundancy 2: owner 3 lost in step 2, its slot taken by 4 (its
   // copy on 1 stays); 4 dies as it starts handing the slot to the standby
   // worker 5 at step 4 ("hand_over"), or while 5 builds the slot's owner
@@ -212,7 +213,8 @@ TEST_CASE("DistributedOptimizer grow back: the slot's holder lost while it hands
   CHECK_THAT(got.log, Contains("catch_up failed: ") && Contains("nothing changed"));
   CHECK_THAT(got.log, Contains("standby 5 owns 0;"));
   CHECK(got.owners_failed == std::vector<int>{1, 2, 4, 4});
-  CHECK_THAT(got.log, Contains("changed lost=4 moved=") && Contains("returned joined=5 lost= moved=4,5 needs= step=5;"));
+  CHECK_THAT(got.log,
+             Contains("changed lost=4 moved=") && Contains("returned joined=5 lost= moved=4,5 needs= step=5;"));
   CHECK(got.owners_joined == std::vector<int>{1, 2, 5, 1});
 }
 
