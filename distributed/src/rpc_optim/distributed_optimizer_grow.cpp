@@ -385,7 +385,9 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
   for (int r : ranks) rec.joined.push_back(a.worker_info(r));
   // Every owner of the trainer's record gets its buddies; an owner lost now
   // is recovered at once from them (they hold its slot at this step) and the
-  // round is sent again. Returns the failure that is not a loss, or null.
+  // round is sent again. Returns the failure that is not a loss, or null;
+  // `kind`: the kind of the first owner's failure that is not a loss.
+  std::string kind = "PeerLostError";
   auto set_mirrors = [&]() -> std::exception_ptr {
     for (std::size_t attempt = 0;; ++attempt) {
       std::vector<Future<void>> fs;
@@ -405,6 +407,17 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
       if (other || attempt > slots + 1) {
         std::vector<rpc::WorkerInfo> who;
         for (const auto& o : opt.owners_) who.push_back(a.worker_info(o.rank));
+        for (const auto& e : errors)
+          if (e && !detail::is_peer_lost(e)) {
+            try {
+              std::rethrow_exception(e);
+            } catch (const Error& x) {
+              kind = rpc::error_kind(x);
+            } catch (...) {
+              kind = "Error";
+            }
+            break;
+          }
         return detail::joined_error(errors, who, kCatchUp, me, true);
       }
       const OwnerRecovery r = opt.recover_owners(false, 0);
@@ -432,13 +445,6 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
     for (int r : ranks) joining.push_back(a.worker_info(r));
     for (const auto& w : rec.lost)
       if (!is_newcomer(w.rank)) owners.push_back(w);
-    std::string kind = "Error";
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      kind = rpc::error_kind(x);
-    } catch (...) {
-    }
     fail(rpc::make_error(kind, kCatchUp,
                          "setting the rebuilt buddies on the owners failed (" + what_of(e) + "); rolled back: " +
                              workers_str(joining) + (ranks.size() == 1 ? " is not a member" : " are not members") +
