@@ -203,6 +203,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     return out;
   }
   void count(std::uint64_t id, int holder, long delta) {
+    // A lost worker holds nothing (drop_worker): a hold handed on to it after
+    // its loss was seen (an RRef in the reply to a call it made before it
+    // died) would keep the value forever.
+    if (delta > 0 && is_lost(holder)) return;
     detail::ObjectPtr drop;
     {
       std::lock_guard<std::mutex> lock(obj_mutex);

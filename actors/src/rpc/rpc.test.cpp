@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "dopt/actors/internal/served_mutex.hpp"
 #include "dopt/actors/rpc.hpp"
@@ -141,6 +142,15 @@ void register_test_functions() {
       return static_cast<std::int64_t>(rpc::testing::num_owned(a));
     });
     register_function("t.owned", [](Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_owned(a)); });
+    // On the owner: has its caller killed, sees it lost, then returns an RRef to a new value to it.
+    register_function("t.make_for_lost_caller", [](Agent& a, int caller) {
+      (void)a.rpc_async(caller, "t.die");
+      if (!a.wait_until_lost(caller, std::chrono::seconds(30))) throw TimeoutError("test", "never saw it die");
+      return a.make_rref(Tracked(13));
+    });
+    register_function("t.ask_make_for_me", [](Agent& a, int owner) {
+      (void)a.rpc_sync<RRef<Tracked>>(owner, "t.make_for_lost_caller", a.rank());
+    });
     register_function("t.contexts", [](Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_contexts(a)); });
     register_function("t.make_param", [](int n) { return Tensor::full({n}, 0.5); });
     register_function("t.ctx_grad", [](Agent& a, std::uint64_t ctx, RRef<Tensor> p) {
@@ -418,6 +428,17 @@ TEST_CASE("rpc RRef lifetime: the owner frees the value when the last holder let
     std::lock_guard<std::mutex> lock(g_kept_mutex);
     g_kept.reset();  // worker3's handle (its agent is gone: the release goes nowhere)
   }
+  SCHECK(Tracked::live == 0);
+  // An RRef in the reply to a caller that was lost while the call ran: the
+  // owner counts no hold for it (nobody can release one), the value goes.
+  simulate(4, [](Agent& a) {
+    if (a.rank() != 0) return;
+    SCHECK_THAT(error_of([&] { a.rpc_sync("worker3", "t.ask_make_for_me", 1); }), Contains("PeerLostError"));
+    std::int64_t owned = -1;
+    for (int i = 0; i < 500 && (owned = a.rpc_sync<std::int64_t>("worker1", "t.owned")) != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    SCHECK(owned == 0);
+  });
   SCHECK(Tracked::live == 0);
 }
 

@@ -309,7 +309,13 @@ class DistributedOptimizer {
 /// named twice or unknown; PeerLostError for a newcomer lost before it took its
 /// slot, or any worker lost while the state moves (no slot went to a newcomer;
 /// owners lost before the call were taken over by their buddies all the same,
-/// which the error names; call again); OwnerStateLostError as recover().
+/// which the error names; call again); an owner's refusal of its new buddies
+/// (an error that is not a loss, of its kind) rolls the call back: the
+/// newcomers are not members, every owner keeps the slots and buddies it had
+/// before the call, the next step runs as without the call (call again);
+/// OwnerStateLostError as recover(). A call that fails after owners were
+/// taken over (lost before or during it) calls on_membership_change once
+/// with those takeovers (joined empty, no gradient to deposit), then throws.
 OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const std::vector<rpc::To>& newcomers);
 
 /// torch's LambdaLR over a DistributedOptimizer: lr = base_lr * lambda(epoch)

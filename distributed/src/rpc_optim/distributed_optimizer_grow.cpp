@@ -146,6 +146,7 @@ void register_grow_functions() {
       "dopt.optim.set_mirrors",
       [](rpc::Agent& a, OwnerOptimizer& o, std::uint64_t epoch, std::vector<rpc::RRef<OwnerMirror>> mirrors) {
         check_epoch(a, o.line, epoch, "distributed_optimizer_catch_up (owner)");
+        if (owner_probe(a, "set_mirrors", o.steps)) throw StateError(kCatchUp, "refused by the test", a.rank());
         o.mirrors = std::move(mirrors);
       });
 }
@@ -220,24 +221,45 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
 
   // --- 1. the membership, the newcomers in it; owners lost meanwhile are taken over ---
   OwnerRecovery rec = opt.recover_owners(false, 0, ranks);
+  auto is_newcomer = [&](int r) { return std::find(ranks.begin(), ranks.end(), r) != ranks.end(); };
+  // A failure from here on: the owners lost before or during the call were
+  // taken over by their buddies all the same. The callback hears of those
+  // takeovers once (joined empty), then the error is thrown.
+  auto fail = [&](const std::exception_ptr& e) {
+    if (opt.options_.on_membership_change) {
+      OwnerRecovery r;
+      for (const auto& w : rec.lost)
+        if (!is_newcomer(w.rank)) r.lost.push_back(w);
+      if (!r.lost.empty()) {
+        r.moved = rec.moved;
+        std::sort(r.moved.begin(), r.moved.end());
+        r.moved.erase(std::unique(r.moved.begin(), r.moved.end()), r.moved.end());
+        r.epoch = opt.epoch_;
+        r.step = opt.steps_;
+        opt.options_.on_membership_change(r);
+      }
+    }
+    std::rethrow_exception(e);
+  };
   for (int r : ranks)
     if (std::find(opt.lost_.begin(), opt.lost_.end(), r) != opt.lost_.end()) {
       std::vector<rpc::WorkerInfo> owners;  // rec.lost holds the lost newcomers too
       for (const auto& w : rec.lost)
-        if (std::find(ranks.begin(), ranks.end(), w.rank) == ranks.end()) owners.push_back(w);
-      throw PeerLostError(kCatchUp,
-                          "the newcomer " + detail::owner_name(a.worker_info(r)) +
-                              " was lost while the members agreed on the membership; no slot moved" +
-                              (rec.moved.empty() || owners.empty()
-                                   ? std::string()
-                                   : " (the lost owners " + workers_str(owners) + " were taken over by their buddies)"),
-                          me);
+        if (!is_newcomer(w.rank)) owners.push_back(w);
+      fail(std::make_exception_ptr(
+          PeerLostError(kCatchUp,
+                        "the newcomer " + detail::owner_name(a.worker_info(r)) +
+                            " was lost while the members agreed on the membership; no slot moved" +
+                            (rec.moved.empty() || owners.empty()
+                                 ? std::string()
+                                 : " (the lost owners " + workers_str(owners) + " were taken over by their buddies)"),
+                        me)));
     }
   const std::set<int> gone(opt.lost_.begin(), opt.lost_.end());
   const auto vacant = vacant_slots(gone);
   if (ranks.size() > vacant.size())
-    throw NotSupportedError(
-        kCatchUp, newcomers_str(ranks.size()) + ", but " + std::to_string(vacant.size()) + " vacant slots", me);
+    fail(std::make_exception_ptr(NotSupportedError(
+        kCatchUp, newcomers_str(ranks.size()) + ", but " + std::to_string(vacant.size()) + " vacant slots", me)));
 
   const std::string json = opt.spec_.to_json();
   const std::int64_t timeout_ms = opt.options_.timeout ? opt.options_.timeout->count() : 0;
@@ -249,15 +271,16 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
   // A loss before anything is committed: no slot went to a newcomer. Owners
   // lost before (taken over in step 1) did move: the message names them.
   auto nothing_changed = [&](const std::exception_ptr& e) {
-    if (!detail::is_peer_lost(e)) std::rethrow_exception(e);
+    if (!detail::is_peer_lost(e)) fail(e);
     const std::string what = rec.lost.empty()
                                  ? std::string("nothing changed: the slots are where they were")
                                  : "no slot went to a newcomer, but the owners " + workers_str(rec.lost) +
                                        ", lost before, were taken over by their buddies (parameters() has their RRefs)";
-    throw PeerLostError(kCatchUp,
-                        "a worker was lost while the state moved to the newcomers (" + what_of(e) + "); " + what +
-                            "; the next call recovers a lost owner; call distributed_optimizer_catch_up again",
-                        me);
+    fail(std::make_exception_ptr(
+        PeerLostError(kCatchUp,
+                      "a worker was lost while the state moved to the newcomers (" + what_of(e) + "); " + what +
+                          "; the next call recovers a lost owner; call distributed_optimizer_catch_up again",
+                      me)));
   };
 
   // --- 2. each vacant slot's holder sends it to its newcomer ---
@@ -279,12 +302,12 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
   if (failed) nothing_changed(failed);
   for (const auto& [i, h] : taken)
     if (std::get<1>(h).size() != opt.owners_[i].params.size() || std::get<2>(h) != opt.steps_)
-      throw StateError(kCatchUp,
-                       "the newcomer " + detail::owner_name(a.worker_info(assigned[i])) + " got " +
-                           std::to_string(std::get<1>(h).size()) + " parameters at step " +
-                           std::to_string(std::get<2>(h)) + ", expected " +
-                           std::to_string(opt.owners_[i].params.size()) + " at step " + std::to_string(opt.steps_),
-                       me);
+      fail(std::make_exception_ptr(StateError(
+          kCatchUp,
+          "the newcomer " + detail::owner_name(a.worker_info(assigned[i])) + " got " +
+              std::to_string(std::get<1>(h).size()) + " parameters at step " + std::to_string(std::get<2>(h)) +
+              ", expected " + std::to_string(opt.owners_[i].params.size()) + " at step " + std::to_string(opt.steps_),
+          me)));
 
   // --- 3. the buddies, by the constructor's rule over the grown set of owners ---
   const std::size_t slots = opt.owners_.size();
@@ -341,6 +364,10 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
   if (failed) nothing_changed(failed);
 
   // --- 4. commit: the trainer's view, then every owner's buddies ---
+  // Kept for a roll-back: the old record holds the old buddies' copies (at this step).
+  const auto owners_before = opt.owners_;
+  const auto params_before = opt.params_;
+  const auto moved_before = rec.moved;
   for (std::size_t i = 0; i < slots; ++i) {
     auto& o = opt.owners_[i];
     const auto t = taken.find(i);
@@ -356,30 +383,79 @@ OwnerRecovery distributed_optimizer_catch_up(DistributedOptimizer& opt, const st
     o.mirrors = std::move(mirrors[i]);
   }
   for (int r : ranks) rec.joined.push_back(a.worker_info(r));
-  for (std::size_t attempt = 0;; ++attempt) {
-    std::vector<Future<void>> fs;
-    for (const auto& o : opt.owners_) {
-      std::vector<rpc::RRef<OwnerMirror>> refs;
-      for (const auto& m : o.mirrors) refs.push_back(m.ref);
-      fs.push_back(o.local.rpc_async<void>(fn("dopt.optim.set_mirrors"), opt.epoch_, refs));
+  // Every owner of the trainer's record gets its buddies; an owner lost now
+  // is recovered at once from them (they hold its slot at this step) and the
+  // round is sent again. Returns the failure that is not a loss, or null;
+  // `kind`: the kind of the first owner's failure that is not a loss.
+  std::string kind = "PeerLostError";
+  auto set_mirrors = [&]() -> std::exception_ptr {
+    for (std::size_t attempt = 0;; ++attempt) {
+      std::vector<Future<void>> fs;
+      for (const auto& o : opt.owners_) {
+        std::vector<rpc::RRef<OwnerMirror>> refs;
+        for (const auto& m : o.mirrors) refs.push_back(m.ref);
+        fs.push_back(o.local.rpc_async<void>(fn("dopt.optim.set_mirrors"), opt.epoch_, refs));
+      }
+      std::vector<std::exception_ptr> errors;
+      bool lost = false, other = false;
+      for (auto& f : fs) {
+        f.wait();
+        errors.push_back(f.exception());
+        if (errors.back()) (detail::is_peer_lost(errors.back()) ? lost : other) = true;
+      }
+      if (!lost && !other) return nullptr;
+      if (other || attempt > slots + 1) {
+        std::vector<rpc::WorkerInfo> who;
+        for (const auto& o : opt.owners_) who.push_back(a.worker_info(o.rank));
+        for (const auto& e : errors)
+          if (e && !detail::is_peer_lost(e)) {
+            try {
+              std::rethrow_exception(e);
+            } catch (const Error& x) {
+              kind = rpc::error_kind(x);
+            } catch (...) {
+              kind = "Error";
+            }
+            break;
+          }
+        return detail::joined_error(errors, who, kCatchUp, me, true);
+      }
+      const OwnerRecovery r = opt.recover_owners(false, 0);
+      rec.lost.insert(rec.lost.end(), r.lost.begin(), r.lost.end());
+      rec.moved.insert(rec.moved.end(), r.moved.begin(), r.moved.end());
     }
-    std::vector<std::exception_ptr> errors;
-    bool lost = false, other = false;
-    for (auto& f : fs) {
-      f.wait();
-      errors.push_back(f.exception());
-      if (errors.back()) (detail::is_peer_lost(errors.back()) ? lost : other) = true;
-    }
-    if (!lost && !other) break;
-    if (other || attempt > slots + 1) {
-      std::vector<rpc::WorkerInfo> who;
-      for (const auto& o : opt.owners_) who.push_back(a.worker_info(o.rank));
-      std::rethrow_exception(detail::joined_error(errors, who, kCatchUp, me, true));
-    }
-    // An owner lost now: its buddies (the new ones too) hold its slot at this step.
-    const OwnerRecovery r = opt.recover_owners(false, 0);
-    rec.lost.insert(rec.lost.end(), r.lost.begin(), r.lost.end());
-    rec.moved.insert(rec.moved.end(), r.moved.begin(), r.moved.end());
+  };
+  if (const std::exception_ptr e = set_mirrors()) {
+    // An owner refused its buddies (not lost): roll back. The newcomers do
+    // not become members; every owner of the old record gets the buddies it
+    // had before the call again (an owner lost meanwhile is taken over from
+    // them), so the next step runs as if the call had not been made.
+    opt.owners_ = owners_before;
+    opt.params_ = params_before;
+    rec.joined.clear();
+    rec.moved = moved_before;
+    if (const std::exception_ptr e2 = set_mirrors())
+      throw StateError(kCatchUp,
+                       "setting the rebuilt buddies on the owners failed (" + what_of(e) +
+                           "), and so did giving the owners back the buddies they had before the call (" + what_of(e2) +
+                           "): an owner may forward its steps to copies this optimizer does not count on; build a "
+                           "new DistributedOptimizer from a checkpoint",
+                       me);
+    std::vector<rpc::WorkerInfo> joining, owners;
+    for (int r : ranks) joining.push_back(a.worker_info(r));
+    for (const auto& w : rec.lost)
+      if (!is_newcomer(w.rank)) owners.push_back(w);
+    fail(rpc::make_error(kind, kCatchUp,
+                         "setting the rebuilt buddies on the owners failed (" + what_of(e) + "); rolled back: " +
+                             workers_str(joining) + (ranks.size() == 1 ? " is not a member" : " are not members") +
+                             ", no slot went to a newcomer, the owners keep the slots and buddies they had before "
+                             "the call" +
+                             (owners.empty() ? std::string()
+                                             : "; the owners " + workers_str(owners) +
+                                                   ", lost before or during the call, were taken over by their "
+                                                   "buddies (parameters() has their RRefs)") +
+                             "; call distributed_optimizer_catch_up again",
+                         me));
   }
   std::sort(rec.moved.begin(), rec.moved.end());
   rec.moved.erase(std::unique(rec.moved.begin(), rec.moved.end()), rec.moved.end());

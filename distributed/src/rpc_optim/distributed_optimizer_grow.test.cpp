@@ -151,9 +151,11 @@ TEST_CASE(
   // The owner is lost after step 3 and no step notices it before the
   // catch-up at step 4: the catch-up's membership takes it over, then gives
   // its slot to the newcomer. When the newcomer dies adopting the slot, the
-  // error says that the lost owner moved to its buddy (not "nothing changed").
+  // error says that the lost owner moved to its buddy (not "nothing changed"),
+  // and the callback heard of that takeover once, before the error.
   Plan p;
   p.n = GENERATE(3, 5);
+  p.callback = GENERATE(false, true);
   const bool newcomer_lost = GENERATE(false, true);
   const int victim = p.n == 3 ? 2 : 3;
   p.losses = {Loss{victim, 3, "after"}};
@@ -175,27 +177,86 @@ TEST_CASE(
                                                          std::to_string(victim) + "'"));
     CHECK_THAT(got.log, !Contains("nothing changed"));
     CHECK_THAT(got.log, Contains("returned joined=" + std::to_string(p.n + 1) + " lost= moved=" + slot));
+    if (p.callback) {
+      const std::string report = "callback lost=" + std::to_string(victim) + " moved=" + slot + " needs= step=4;";
+      const auto at = got.log.find(report);
+      REQUIRE(at != std::string::npos);
+      CHECK(at < got.log.find("catch_up failed: "));
+      CHECK(got.log.find(report, at + 1) == std::string::npos);  // once
+      CHECK(got.log.find("callback lost=") == at);
+    }
   }
 }
 
-TEST_CASE("DistributedOptimizer grow back: the slot's holder lost while it hands the slot over changes nothing, the "
-          "catch-up after the next step works",
-          "[distributed_optimizer][survive][grow][grow_do]") {
+TEST_CASE(
+    "DistributedOptimizer grow back: the slot's holder lost while it hands the slot over changes nothing, the "
+    "catch-up after the next step works",
+    "[distributed_optimizer][survive][grow][grow_do]") {
   // 5 workers, redundancy 2: owner 3 lost in step 2, its slot taken by 4 (its
   // copy on 1 stays); 4 dies as it starts handing the slot to the standby
-  // worker 5 at step 4; step 4 takes both 3's and 4's slots over on 1; the
-  // catch-up after it gives 5 the first vacant slot (3's), from 1.
+  // worker 5 at step 4 ("hand_over"), or while 5 builds the slot's owner
+  // ("adopting": 5 sees 4 lost before it replies); step 4 takes both 3's and
+  // 4's slots over on 1; the catch-up after it gives 5 the first vacant slot
+  // (3's), from 1. The standby worker holds nothing in between (an owner left
+  // there by the failed hand-over is gone). Not with 3 workers: there the
+  // holder is the last owner, its loss loses the state.
   Plan p;
   p.n = 5;
   p.redundancy = 2;
   p.spec = GENERATE(OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.001}}}, sgd_momentum());
-  p.losses = {Loss{3, 2, "begin"}, Loss{4, 4, "hand_over"}};
+  const std::string point = GENERATE(std::string("hand_over"), std::string("adopting"));
+  INFO("the holder lost at '" << point << "'");
+  p.losses = {Loss{3, 2, "begin"}, Loss{4, 4, point}};
   p.newcomers = {5};
   const Result got = run(p);
   check_bitwise(p, got);
   CHECK_THAT(got.log, Contains("catch_up failed: ") && Contains("nothing changed"));
-  CHECK_THAT(got.log, Contains("changed lost=4 moved=") && Contains("returned joined=5 lost= moved=4,5 needs= step=5;"));
+  CHECK_THAT(got.log, Contains("standby 5 owns 0;"));
+  CHECK(got.owners_failed == std::vector<int>{1, 2, 4, 4});
+  CHECK_THAT(got.log,
+             Contains("changed lost=4 moved=") && Contains("returned joined=5 lost= moved=4,5 needs= step=5;"));
   CHECK(got.owners_joined == std::vector<int>{1, 2, 5, 1});
+}
+
+TEST_CASE(
+    "DistributedOptimizer grow back: an owner refusing its rebuilt buddies rolls the catch-up back, the catch-up "
+    "after the next step works",
+    "[distributed_optimizer][survive][grow][grow_do]") {
+  // The standby worker (rank n) takes the lost owner's slot at step 4, but
+  // one owner (the newcomer itself, or owner 1) refuses the buddies the
+  // catch-up sets (StateError, not a loss): the catch-up rolls back (the
+  // newcomer is not a member, every owner keeps its slot and buddies), step 4
+  // runs as before the call, the catch-up after it takes the slot; the holder
+  // lost at step 6 is survived by the rebuilt buddies.
+  Plan p;
+  p.n = GENERATE(3, 5);
+  p.spec = GENERATE(OptimizerSpec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.001}}}, sgd_momentum());
+  p.callback = GENERATE(false, true);
+  const bool newcomer_refuses = GENERATE(true, false);
+  p.refuses_mirrors = newcomer_refuses ? p.n : 1;
+  const int victim = p.n == 3 ? 2 : 3;
+  const int holder = p.n == 3 ? 1 : 4;
+  p.losses = {Loss{victim, 2, "begin"}, Loss{holder, 6, "before"}};
+  p.newcomers = {p.n};
+  INFO(p.n << " workers, " << name_of(p.spec) << ", worker " << p.refuses_mirrors << " refuses"
+           << (p.callback ? ", callback" : ""));
+  const Result got = run(p);
+  check_bitwise(p, got);
+  CHECK_THAT(got.log, Contains("catch_up failed: StateError: distributed_optimizer_catch_up [rank 0]: setting the "
+                               "rebuilt buddies on the owners failed (") &&
+                          Contains("refused by the test") &&
+                          Contains("rolled back: worker 'worker" + std::to_string(p.n) + "' (rank " +
+                                   std::to_string(p.n) + ") is not a member"));
+  // Right after the failure: the owners of before the call; the standby holds nothing.
+  const std::vector<int> before = p.n == 3 ? std::vector<int>{1, 1} : std::vector<int>{1, 2, 4, 4};
+  CHECK(got.owners_failed == before);
+  CHECK_THAT(got.log, Contains("standby " + std::to_string(p.n) + " owns 0;"));
+  const std::string slot = std::to_string(2 * (victim - 1)) + "," + std::to_string(2 * victim - 1);
+  CHECK_THAT(got.log, Contains("returned joined=" + std::to_string(p.n) + " lost= moved=" + slot + " needs= step=5;"));
+  const std::vector<int> joined = p.n == 3 ? std::vector<int>{1, 3} : std::vector<int>{1, 2, 5, 4};
+  CHECK(got.owners_joined == joined);
+  const std::vector<int> end = p.n == 3 ? std::vector<int>{3, 3} : std::vector<int>{1, 2, 5, 5};
+  CHECK(got.owners == end);
 }
 
 TEST_CASE("DistributedOptimizer grow back: under the deterministic scheduler, seeds 1 to 3",

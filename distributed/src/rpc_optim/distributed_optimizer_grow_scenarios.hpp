@@ -23,12 +23,16 @@
 // is applied to them, so the final parameters equal the reference bit for bit
 // only when the newcomer got the exact state (Adam's moments and step, SGD's
 // momentum buffers, the learning rate).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distributed_optimizer_survive_scenarios.hpp"
+#include "rpc/testing.hpp"
 
 namespace dopt::do_grow_test {
 
@@ -40,10 +44,12 @@ struct Plan {
   int standby = 1;
   OptimizerSpec spec{"Adam", {{"lr", 0.01}, {"weight_decay", 0.001}}};
   int redundancy = 1;
-  /// Points: "before", "begin", "mirrored", "after" (survive scenarios), and
+  /// Points: "before", "begin", "mirrored", "after" (survive scenarios),
   /// "hand_over": a slot's holder dies as it starts sending the slot to its
-  /// newcomer (step: the steps applied, join_at); the catch-up fails with
-  /// nothing changed and is called again after the next step.
+  /// newcomer (step: the steps applied, join_at), and "adopting": the holder
+  /// dies while its newcomer builds the slot's owner (the newcomer has it
+  /// killed and waits until it sees the loss, then goes on). The catch-up
+  /// fails with nothing changed and is called again after the next step.
   std::vector<Loss> losses;
   std::int64_t join_at = 4;
   std::vector<int> newcomers;
@@ -53,6 +59,10 @@ struct Plan {
   /// changes); the trainer then calls the catch-up again with the next
   /// standby worker (the rank after this one).
   int dies_adopting = -1;
+  /// This owner refuses (StateError, once) the buddies the catch-up sets
+  /// (dopt.optim.set_mirrors): the catch-up fails and is called again after
+  /// the next step.
+  int refuses_mirrors = -1;
 };
 
 inline OptimizerSpec sgd_momentum() { return OptimizerSpec{"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}; }
@@ -64,14 +74,19 @@ struct Result {
   std::vector<int> owners;         // at the end
   std::vector<int> owners_joined;  // right after the catch-up
   std::vector<double> lrs_joined;  // every owner's lr right after the catch-up
+  std::vector<int> owners_failed;  // right after a failed catch-up
   std::string log;
   std::string error;
 };
 
+/// The survive scenario p's steps run (do_survive_test::TrainerLoop).
 inline do_survive_test::Scenario survive_of(const Plan& p) {
   do_survive_test::Scenario sc;
   sc.n = p.n;
+  sc.redundancy = p.redundancy;
+  sc.losses = p.losses;
   sc.steps = p.steps;
+  sc.callback = p.callback;
   return sc;
 }
 
@@ -95,14 +110,25 @@ inline void install(const Plan& p) {
   do_survive_test::Scenario sc;
   sc.losses = p.losses;
   do_survive_test::install(sc);
+  rpc::register_function("dog.owned",
+                         [](rpc::Agent& a) { return static_cast<std::int64_t>(rpc::testing::num_owned(a)); });
   const auto losses = p.losses;
   const int adopting = p.dies_adopting;
-  optim::detail::set_owner_probe([losses, adopting](rpc::Agent& a, const char* point, long step) {
+  const int refusing = p.refuses_mirrors;
+  auto refused = std::make_shared<std::atomic<bool>>(false);
+  optim::detail::set_owner_probe([losses, adopting, refusing, refused](rpc::Agent& a, const char* point, long step) {
     const std::string at(point);
     if (at == "adopt" && a.rank() == adopting) {
       do_survive_test::die_fn()(a);
       return true;
     }
+    if (at == "set_mirrors" && a.rank() == refusing) return !refused->exchange(true);
+    for (const auto& l : losses)
+      if (at == "adopt" && l.point == "adopting" && l.step == step) {
+        (void)a.rpc_async(l.victim, "dos.die");
+        if (!a.wait_until_lost(l.victim, std::chrono::seconds(20)))
+          throw TimeoutError("test", "the slot's holder did not die");
+      }
     for (const auto& l : losses)
       if (l.victim == a.rank() && l.step == step && l.point == at) {
         do_survive_test::die_fn()(a);
@@ -112,53 +138,17 @@ inline void install(const Plan& p) {
   });
 }
 
-inline std::string ranks_str(const std::vector<rpc::WorkerInfo>& v) {
-  std::string s;
-  for (const auto& w : v) s += (s.empty() ? "" : ",") + std::to_string(w.rank);
-  return s;
-}
-
-inline std::string describe(const OwnerRecovery& r) {
-  std::string s = r.joined.empty() ? "" : "joined=" + ranks_str(r.joined) + " ";
-  return s + do_survive_test::describe(r);
-}
+using do_survive_test::describe;
 
 /// The trainer (rank 0).
 inline Result trainer(rpc::Agent& a, const Plan& p) {
-  using rpc::GradContext;
-  using rpc::RRef;
-  const auto sc = survive_of(p);
   Result out;
-  std::vector<RRef<Tensor>> ps;
-  for (std::size_t i = 0; i < do_survive_test::num_params(sc); ++i)
-    ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
-  auto kill = [&](int victim) {
-    (void)a.rpc_async(victim, "dos.die");
-    if (!a.wait_until_lost(victim, std::chrono::seconds(20))) throw TimeoutError("test", "the victim did not die");
-  };
-  GradContext* cur = nullptr;
-  std::vector<Tensor> cur_grads;
-  DistributedOptimizer* optp = nullptr;
-  auto redeposit = [&](const OwnerRecovery& r) {
-    std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-    for (auto i : r.needs_gradient) deps.emplace_back(optp->parameters()[i], cur_grads[i]);
-    cur->deposit_all(deps).get();
-  };
-  DistributedOptimizerOptions o;
-  o.redundancy = p.redundancy;
-  o.timeout = std::chrono::seconds(20);
-  if (p.callback)
-    o.on_membership_change = [&](const OwnerRecovery& r) {
-      out.log += "callback " + describe(r);
-      if (!r.joined.empty()) return;
-      if (!r.step_completed) redeposit(r);
-    };
+  do_survive_test::TrainerLoop loop(a, survive_of(p), out.log);
   try {
-    DistributedOptimizer opt(a, p.spec, ps, o);
-    optp = &opt;
+    DistributedOptimizer opt(a, p.spec, loop.make_params(), loop.options());
     std::int64_t join_at = p.join_at;
     bool handing_lost = false;
-    for (const auto& l : p.losses) handing_lost = handing_lost || l.point == "hand_over";
+    for (const auto& l : p.losses) handing_lost = handing_lost || l.point == "hand_over" || l.point == "adopting";
     for (std::int64_t t = 0; t < p.steps; ++t) {
       if (t == 1) opt.set_lr(kLrAt1);
       if (t == join_at) {
@@ -167,9 +157,19 @@ inline Result trainer(rpc::Agent& a, const Plan& p) {
         bool joined = true;
         try {
           r = distributed_optimizer_catch_up(opt, newcomers);
-        } catch (const PeerLostError& e) {
-          if (p.dies_adopting < 0 && !handing_lost) throw;
-          out.log += "catch_up failed: " + std::string(e.what()) + ";";
+        } catch (const Error& e) {
+          const bool refused = p.refuses_mirrors >= 0 && rpc::error_kind(e) == "StateError";
+          if (!refused && (rpc::error_kind(e) != "PeerLostError" || (p.dies_adopting < 0 && !handing_lost))) throw;
+          out.log += "catch_up failed: " + rpc::error_kind(e) + ": " + e.what() + ";";
+          for (const auto& w : opt.owners()) out.owners_failed.push_back(w.rank);
+          for (int n : p.newcomers) {  // what the standby worker still holds (nothing: the slot did not move)
+            std::int64_t owned = -1;
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+            while (!a.wait_until_lost(n, std::chrono::milliseconds(0)) &&
+                   (owned = a.rpc_sync<std::int64_t>(n, "dog.owned")) != 0 && std::chrono::steady_clock::now() < until)
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            out.log += "standby " + std::to_string(n) + " owns " + std::to_string(owned) + ";";
+          }
           if (p.dies_adopting >= 0) {  // again at once, with the next standby worker
             for (auto& x : newcomers)
               if (x.rank == p.dies_adopting) x = rpc::To(p.dies_adopting + 1);
@@ -185,29 +185,9 @@ inline Result trainer(rpc::Agent& a, const Plan& p) {
           out.lrs_joined = opt.lrs();
         }
       }
-      for (const auto& l : p.losses)
-        if (l.step == t && l.point == "before") kill(l.victim);
-      GradContext ctx = a.new_context();
-      cur = &ctx;
-      cur_grads = do_survive_test::grads_of(sc, t);
-      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-      for (std::size_t i = 0; i < cur_grads.size(); ++i) deps.emplace_back(opt.parameters()[i], cur_grads[i]);
-      (void)ctx.deposit_all(deps);
-      try {
-        opt.step(ctx);
-      } catch (const OwnersChangedError& e) {
-        out.log += "changed " + describe(e.owner_recovery());
-        if (!e.recovery().step_completed) {
-          redeposit(e.owner_recovery());
-          opt.step(ctx);
-        }
-      }
-      if (opt.step_count() != t + 1) throw StateError("test", "step_count() is " + std::to_string(opt.step_count()));
-      for (const auto& l : p.losses)
-        if (l.step == t && l.point == "after") kill(l.victim);
+      loop.step(opt, t);
     }
-    for (const auto& x : opt.parameters()) out.params.push_back(do_survive_test::bytes_of(x.to_here()));
-    for (const auto& w : opt.owners()) out.owners.push_back(w.rank);
+    do_survive_test::TrainerLoop::finish(opt, out.params, out.owners);
   } catch (const Error& e) {
     out.error = rpc::error_kind(e) + ": " + e.what();
     return out;

@@ -141,69 +141,116 @@ inline std::string list_str(const std::vector<std::size_t>& v) {
   return s;
 }
 
+inline std::string ranks_str(const std::vector<rpc::WorkerInfo>& v) {
+  std::string s;
+  for (const auto& w : v) s += (s.empty() ? "" : ",") + std::to_string(w.rank);
+  return s;
+}
+
+/// "joined=R,... " for a join (the grow scenarios), then what was lost and moved.
 inline std::string describe(const OwnerRecovery& r) {
-  std::string s = "lost=";
-  for (std::size_t i = 0; i < r.lost.size(); ++i) s += (i ? "," : "") + std::to_string(r.lost[i].rank);
+  std::string s = r.joined.empty() ? "" : "joined=" + ranks_str(r.joined) + " ";
+  s += "lost=" + ranks_str(r.lost);
   s += " moved=" + list_str(r.moved) + " needs=" + list_str(r.needs_gradient) + " step=" + std::to_string(r.step) +
        (r.step_completed ? " completed" : "") + ";";
   return s;
 }
 
+/// The trainer's side that these scenarios and the grow scenarios
+/// (distributed_optimizer_grow_scenarios.hpp) share: the owners' parameters,
+/// the options, and step t with sc's "before" and "after" losses and the
+/// recovery (OwnersChangedError caught, or the callback; the gradients it
+/// names deposited again).
+class TrainerLoop {
+ public:
+  TrainerLoop(rpc::Agent& a, const Scenario& sc, std::string& log) : a_(a), sc_(sc), log_(log) {}
+  TrainerLoop(const TrainerLoop&) = delete;
+  TrainerLoop& operator=(const TrainerLoop&) = delete;
+
+  /// The parameters: 2(r-1) and 2(r-1)+1 made on owner r.
+  std::vector<rpc::RRef<Tensor>> make_params() const {
+    std::vector<rpc::RRef<Tensor>> ps;
+    for (std::size_t i = 0; i < num_params(sc_); ++i)
+      ps.push_back(a_.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
+    return ps;
+  }
+  /// sc's redundancy, a 20 s timeout; with sc.callback, a callback that logs
+  /// the record and deposits the gradients it names (none for a join, or
+  /// between steps).
+  DistributedOptimizerOptions options() {
+    DistributedOptimizerOptions o;
+    o.redundancy = sc_.redundancy;
+    o.timeout = std::chrono::seconds(20);
+    if (sc_.callback)
+      o.on_membership_change = [this](const OwnerRecovery& r) {
+        log_ += "callback " + describe(r);
+        if (!r.joined.empty()) return;
+        if (!r.step_completed && !r.needs_gradient.empty()) redeposit(r);
+      };
+    return o;
+  }
+  /// Has the trainer kill `victim` and waits until it is seen lost.
+  void kill(int victim) const {
+    (void)a_.rpc_async(victim, "dos.die");
+    if (!a_.wait_until_lost(victim, std::chrono::seconds(20))) throw TimeoutError("test", "the victim did not die");
+  }
+  /// Step t of opt, with sc's losses at t ("before", "after").
+  void step(DistributedOptimizer& opt, std::int64_t t) {
+    using rpc::GradContext;
+    using rpc::RRef;
+    opt_ = &opt;
+    for (const auto& l : sc_.losses)
+      if (l.step == t && l.point == "before") kill(l.victim);
+    GradContext ctx = a_.new_context();
+    cur_ = &ctx;
+    cur_grads_ = grads_of(sc_, t);
+    std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
+    for (std::size_t i = 0; i < cur_grads_.size(); ++i) deps.emplace_back(opt.parameters()[i], cur_grads_[i]);
+    (void)ctx.deposit_all(deps);
+    try {
+      opt.step(ctx);
+    } catch (const OwnersChangedError& e) {
+      log_ += "changed " + describe(e.owner_recovery());
+      if (!e.recovery().step_completed) {
+        redeposit(e.owner_recovery());
+        opt.step(ctx);
+      }
+    }
+    cur_ = nullptr;
+    if (opt.step_count() != t + 1) throw StateError("test", "step_count() is " + std::to_string(opt.step_count()));
+    for (const auto& l : sc_.losses)
+      if (l.step == t && l.point == "after") kill(l.victim);
+  }
+  /// The final parameters' bytes and the owners' ranks.
+  static void finish(const DistributedOptimizer& opt, std::vector<std::vector<unsigned char>>& params,
+                     std::vector<int>& owners) {
+    for (const auto& p : opt.parameters()) params.push_back(bytes_of(p.to_here()));
+    for (const auto& w : opt.owners()) owners.push_back(w.rank);
+  }
+
+ private:
+  void redeposit(const OwnerRecovery& r) {
+    std::vector<std::pair<rpc::RRef<Tensor>, Tensor>> deps;
+    for (auto i : r.needs_gradient) deps.emplace_back(opt_->parameters()[i], cur_grads_[i]);
+    cur_->deposit_all(deps).get();
+  }
+
+  rpc::Agent& a_;
+  Scenario sc_;
+  std::string& log_;
+  DistributedOptimizer* opt_ = nullptr;
+  rpc::GradContext* cur_ = nullptr;
+  std::vector<Tensor> cur_grads_;
+};
+
 /// The trainer (rank 0).
 inline Result trainer(rpc::Agent& a, const Scenario& sc) {
-  using rpc::GradContext;
-  using rpc::RRef;
   Result out;
-  std::vector<RRef<Tensor>> ps;
-  for (std::size_t i = 0; i < num_params(sc); ++i)
-    ps.push_back(a.remote<Tensor>(static_cast<int>(i / 2) + 1, "dos.make_param", static_cast<std::int64_t>(i)));
-  auto kill = [&](int victim) {
-    (void)a.rpc_async(victim, "dos.die");
-    if (!a.wait_until_lost(victim, std::chrono::seconds(20))) throw TimeoutError("test", "the victim did not die");
-  };
-  GradContext* cur = nullptr;
-  std::vector<Tensor> cur_grads;
-  DistributedOptimizer* optp = nullptr;
-  auto redeposit = [&](const OwnerRecovery& r) {
-    std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-    for (auto i : r.needs_gradient) deps.emplace_back(optp->parameters()[i], cur_grads[i]);
-    cur->deposit_all(deps).get();
-  };
-  DistributedOptimizerOptions o;
-  o.redundancy = sc.redundancy;
-  o.timeout = std::chrono::seconds(20);
-  if (sc.callback)
-    o.on_membership_change = [&](const OwnerRecovery& r) {
-      out.log += "callback " + describe(r);
-      if (!r.step_completed) redeposit(r);
-    };
+  TrainerLoop loop(a, sc, out.log);
   try {
-    DistributedOptimizer opt(a, spec(), ps, o);
-    optp = &opt;
-    for (std::int64_t t = 0; t < sc.steps; ++t) {
-      for (const auto& l : sc.losses)
-        if (l.step == t && l.point == "before") kill(l.victim);
-      GradContext ctx = a.new_context();
-      cur = &ctx;
-      cur_grads = grads_of(sc, t);
-      std::vector<std::pair<RRef<Tensor>, Tensor>> deps;
-      for (std::size_t i = 0; i < cur_grads.size(); ++i) deps.emplace_back(opt.parameters()[i], cur_grads[i]);
-      (void)ctx.deposit_all(deps);
-      try {
-        opt.step(ctx);
-      } catch (const OwnersChangedError& e) {
-        out.log += "changed " + describe(e.owner_recovery());
-        if (!e.recovery().step_completed) {
-          redeposit(e.owner_recovery());
-          opt.step(ctx);
-        }
-      }
-      if (opt.step_count() != t + 1) throw StateError("test", "step_count() is " + std::to_string(opt.step_count()));
-      for (const auto& l : sc.losses)
-        if (l.step == t && l.point == "after") kill(l.victim);
-    }
-    for (const auto& p : opt.parameters()) out.params.push_back(bytes_of(p.to_here()));
-    for (const auto& w : opt.owners()) out.owners.push_back(w.rank);
+    DistributedOptimizer opt(a, spec(), loop.make_params(), loop.options());
+    for (std::int64_t t = 0; t < sc.steps; ++t) loop.step(opt, t);
+    TrainerLoop::finish(opt, out.params, out.owners);
   } catch (const Error& e) {
     out.error = rpc::error_kind(e) + ": " + e.what();
     return out;
