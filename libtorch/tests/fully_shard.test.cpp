@@ -3,7 +3,8 @@
 // ranks equals the same model trained with stage 1 (ZeroRedundancyOptimizer
 // over a ParameterBinding, gradients averaged by dopt's Reducer) bit for bit
 // after every step, for Adam and SGD with momentum at 2 and 3 ranks; between
-// iterations the parameters hold no memory; a checkpoint (state dict and
+// iterations the parameters hold no memory; the backward holds two unit
+// buffers (the gradients in the gathered memory) at 3 and 5 ranks; a checkpoint (state dict and
 // full parameters) carries a run over into a model whose forward calls each
 // unit by hand (forward(unit, fn)); the caller's errors name the call
 // and the rank. The first comparison runs again between processes under
