@@ -76,6 +76,7 @@ struct FullyShard::Impl : std::enable_shared_from_this<Impl> {
   void prefetch(std::optional<std::size_t> u);
   void release(std::size_t u);
   void reduce(std::size_t u);
+  void reduce_in_gathered(std::size_t u);
   void begin_backward(std::size_t u);
   void before_backward(std::size_t u);
   void grad_ready(std::size_t u);
@@ -219,6 +220,27 @@ void FullyShard::Impl::reduce(std::size_t u) {
   for (auto& p : unit.params) p.mutable_grad().reset();
 }
 
+void FullyShard::Impl::reduce_in_gathered(std::size_t u) {
+  Unit& unit = units[u];
+  std::vector<at::Tensor> grads;
+  for (auto& p : unit.params) {
+    grads.push_back(p.grad().defined() ? p.grad().detach().contiguous() : at::Tensor());
+    p.mutable_grad().reset();
+    p.set_data(at::empty({0}, at::kFloat));
+  }
+  point_storage(unit.flat, Tensor(), 0);  // torch lets go of the memory before it turns into gradients
+  unit.live = false;
+  // The unit's gathered memory, zeroed, in the parameters' shapes; the
+  // reduction in flight (the next unit's) gives its buffer to the prefetch.
+  const std::vector<Tensor> views = model->release_for_gradients(u);
+  prefetch(neighbour(u, -1));
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) views[i].copy_(to_dopt(grads[i]));
+  grads.clear();
+  reducing = model->reduce_gradients_async(u);  // in place
+  unit.reduced = true;
+}
+
 void FullyShard::Impl::second_backward(std::size_t u) const {
   throw StateError("FullyShard.backward",
                    "a second backward before step() (unit " + std::to_string(u) +
@@ -241,16 +263,21 @@ void FullyShard::Impl::before_backward(std::size_t u) {
   begin_backward(u);
   if (units[u].reduced) return;
   gather(u);
-  prefetch(neighbour(u, -1));
+  // The unit before is prefetched once this one's gradients took its
+  // memory (grad_ready): two unit buffers, not three.
 }
 
 void FullyShard::Impl::grad_ready(std::size_t u) {
   begin_backward(u);
   Unit& unit = units[u];
   if (unit.reduced) second_backward(u);
-  if (++unit.ready == unit.params.size()) {
+  if (++unit.ready != unit.params.size()) return;
+  if (unit.live) {
+    reduce_in_gathered(u);
+  } else {  // gradients that came without the unit's gather (its output's hook did not run): copied
     reduce(u);
     release(u);
+    prefetch(neighbour(u, -1));
   }
 }
 

@@ -3,12 +3,14 @@
 // ranks equals the same model trained with stage 1 (ZeroRedundancyOptimizer
 // over a ParameterBinding, gradients averaged by dopt's Reducer) bit for bit
 // after every step, for Adam and SGD with momentum at 2 and 3 ranks; between
-// iterations the parameters hold no memory; a checkpoint (state dict and
+// iterations the parameters hold no memory; the backward holds two unit
+// buffers (the gradients in the gathered memory) at 3 and 5 ranks; a checkpoint (state dict and
 // full parameters) carries a run over into a model whose forward calls each
 // unit by hand (forward(unit, fn)); the caller's errors name the call
 // and the rank. The first comparison runs again between processes under
 // dopt-run (CTest), one rank per process. Rank functions only record; the test thread asserts after
 // simulate() returned.
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -190,6 +192,57 @@ TEST_CASE("libtorch FullyShard: stage 3 equals stage 1 bit for bit with SGD and 
           "[libtorch][fully_shard]") {
   for (int world : {2, 3})
     DYNAMIC_SECTION("world " << world) { stage3_equals_stage1(world, {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}); }
+}
+
+TEST_CASE("libtorch FullyShard: the backward holds two unit buffers, the gradients in the gathered memory",
+          "[libtorch][fully_shard]") {
+  // Four units of one size. Sampled when each unit's output gradient
+  // arrives (the unit gathered again, the later unit's reduction in flight)
+  // and inside each unit's forward: with the gradients copied into a buffer
+  // of their own, and the previous unit prefetched there, it was three.
+  for (int world : {3, 5})
+    DYNAMIC_SECTION("world " << world) {
+      Problems problems;
+      simulate(world, [&](RankContext& ctx) {
+        torch::nn::Sequential net;
+        {
+          std::lock_guard<std::mutex> lock(seed_mutex);
+          torch::manual_seed(3);
+          net = torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 6),
+                                      torch::nn::Tanh(), torch::nn::Linear(6, 6), torch::nn::Tanh(),
+                                      torch::nn::Linear(6, 6));
+        }
+        libtorch::FullyShard fs({net->ptr(0), net->ptr(2), net->ptr(4), net->ptr(6)},
+                                optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, optim::ShardedUnitsOptions{ctx.world()});
+        const std::int64_t unit_bytes = fs.sharded().shard_numel(0) * ctx.world_size() * 4;
+        std::int64_t peak = 0;
+        auto sample = [&] { peak = std::max(peak, fs.sharded().buffer_bytes()); };
+        for (int step = 0; step < 3; ++step) {
+          peak = 0;
+          at::Tensor h = batch(ctx.rank(), step);
+          for (std::size_t u = 0; u < 4; ++u) {
+            auto layer = net->ptr<torch::nn::LinearImpl>(2 * u);
+            h = fs.forward(u, [&] {
+              sample();
+              return layer->forward(h);
+            });
+            h.register_hook([&](const at::Tensor&) { sample(); });  // after FullyShard's own hook: gathered
+            if (u < 3) h = h.tanh();
+          }
+          h.square().sum().backward();
+          fs.step();
+          const std::string where = "step " + std::to_string(step) + ": ";
+          if (peak != 2 * unit_bytes)
+            problems.add(ctx.rank(), where + "peak buffer_bytes " + std::to_string(peak) + ", two units are " +
+                                         std::to_string(2 * unit_bytes));
+          if (fs.sharded().buffer_bytes() != 0)
+            problems.add(ctx.rank(), where + std::to_string(fs.sharded().buffer_bytes()) + " bytes after step()");
+          const std::string held = between_iterations(fs);
+          if (!held.empty()) problems.add(ctx.rank(), where + held);
+        }
+      });
+      for (const auto& p : problems.list) FAIL_CHECK(p);
+    }
 }
 
 TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over into another model, forward by unit",

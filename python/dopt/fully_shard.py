@@ -14,10 +14,14 @@ the forward and the backward (torch runs a CPU backward on it, hooks
 included). The hooks: a unit's forward pre-hook gathers it (waiting for its
 prefetch) and prefetches the next unit of the forward order; its forward
 hook frees the full parameters and hooks the unit's outputs, whose gradient
-hook gathers the unit again before its backward (and prefetches the
-previous unit). Once every parameter of a unit has its gradient (hooks on
-their AccumulateGrad nodes), the gradients go to dopt (which copies them)
-and are dropped, and the unit is freed. At the end of the backward (torch's
+hook gathers the unit again before its backward. Once every parameter of a
+unit has its gradient (hooks on their AccumulateGrad nodes), the unit's
+gathered memory turns into its gradients (dopt's release_for_gradients,
+which waits for the later unit's reduction), the previous unit is
+prefetched, the gradients are copied in, reduced there and dropped. Without
+dopt._storage (built where CMake finds libtorch) the parameters are a copy
+of the gathered unit: the output's hook prefetches the previous unit, and
+the gradients are copied into a reduction buffer of their own. At the end of the backward (torch's
 engine callback) the units it did not reach are reduced too, the last
 reduction is waited for, and every unit is freed.
 """
@@ -28,6 +32,11 @@ import torch
 from torch.autograd import Variable
 
 from . import _C
+
+try:  # points the units' storages at dopt's gathered memory (python/storage); absent: a copy of each unit
+    from . import _storage
+except ImportError:
+    _storage = None
 from ._groups import GroupedOptimizer, dopt_keys, resolve_optimizer_class, split_hyperparams, torch_only_defaults
 from ._tensor import to_dopt, to_torch
 from .distributed import resolve_process_group
@@ -188,6 +197,10 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self._in_backward = False
         self._reducing = None
         self._handles = []
+        # With dopt._storage the parameters are views of dopt's gathered memory,
+        # which turns into the unit's gradients once they exist (two unit
+        # buffers in the backward); without it, of a copy of it.
+        self._in_place = _storage is not None
         with torch.enable_grad():
             for unit in self._units:
                 self._install(unit)
@@ -228,12 +241,22 @@ class FullyShardedOptimizer(GroupedOptimizer):
             return
         full = self._c.gather(u)  # waits for its prefetch
         unit.in_flight = False
-        unit.flat.storage().resize_(unit.numel)
-        with torch.no_grad():
-            for view, t in zip(unit.views, full):
-                view.copy_(to_torch(t))
-        del full
-        self._c.release(u)  # dopt's buffer: the copy in `flat` is the one used
+        if self._in_place:
+            # `flat`'s storage points at dopt's buffer (the views of one buffer, in order), until released.
+            base = to_torch(full[0]).data_ptr()
+            for i, (view, t) in enumerate(zip(unit.views, full)):
+                if to_torch(t).data_ptr() != base + (view.data_ptr() - unit.views[0].data_ptr()):
+                    raise _C.StateError(f"dopt FullyShardedOptimizer [rank {self.rank}]: unit {u} parameter {i} is "
+                                        "not where the flat layout puts it in ShardedUnits' buffer")
+            _storage.point(unit.flat._cdata, base, 4 * unit.numel)
+            del full
+        else:
+            unit.flat.storage().resize_(unit.numel)
+            with torch.no_grad():
+                for view, t in zip(unit.views, full):
+                    view.copy_(to_torch(t))
+            del full
+            self._c.release(u)  # dopt's buffer: the copy in `flat` is the one used
         for p, view in zip(unit.params, unit.views):
             p.data = view
         unit.live = True
@@ -247,7 +270,11 @@ class FullyShardedOptimizer(GroupedOptimizer):
             return
         for p in unit.params:
             p.data = torch.empty(0)
-        unit.flat.storage().resize_(0)
+        if self._in_place:
+            _storage.point(unit.flat._cdata, 0, 0)  # before dopt reuses the memory
+            self._c.release(u)
+        else:
+            unit.flat.storage().resize_(0)
         unit.live = False
 
     def _before_forward(self, u):
@@ -280,16 +307,24 @@ class FullyShardedOptimizer(GroupedOptimizer):
         if self._units[u].reduced:
             return
         self._gather(u)
-        self._prefetch(self._neighbour(u, -1))
+        if not self._in_place:
+            self._prefetch(self._neighbour(u, -1))
+        # else once this unit's gradients took its memory (_grad_ready): two unit buffers, not three
 
     def _grad_ready(self, u):
         unit = self._units[u]
         if unit.reduced:
             self._second_backward(u)
         unit.ready += 1
-        if unit.ready == len(unit.params):
+        if unit.ready != len(unit.params):
+            return
+        if self._in_place and unit.live:
+            self._reduce_in_gathered(u)
+        else:  # a copy of the gathered unit, or gradients that came without its gather (no output hook ran)
             self._reduce(u)
             self._release(u)
+            if self._in_place:
+                self._prefetch(self._neighbour(u, -1))
 
     def _second_backward(self, u):
         raise _C.StateError(f"dopt FullyShardedOptimizer [rank {self.rank}]: a second backward before step() (unit {u}'s gradients were "
@@ -304,6 +339,28 @@ class FullyShardedOptimizer(GroupedOptimizer):
         unit.reduced = True
         for p in unit.params:
             p.grad = None
+
+    def _reduce_in_gathered(self, u):
+        """Collective: autograd has stored every gradient of the unit, so no node
+        reads its parameters again; their memory (dopt's gathered buffer) becomes
+        the gradients' (zeroed), the unit before is prefetched, the gradients are
+        copied in and reduced there."""
+        unit = self._units[u]
+        grads = [p.grad for p in unit.params]
+        for p in unit.params:
+            p.grad = None
+            p.data = torch.empty(0)
+        _storage.point(unit.flat._cdata, 0, 0)  # torch lets go of the memory before it turns into gradients
+        unit.live = False
+        views = self._c.release_for_gradients(u)  # waits for the later unit's reduction: its buffer serves the prefetch
+        self._prefetch(self._neighbour(u, -1))
+        with torch.no_grad():
+            for view, g in zip(views, grads):
+                if g is not None:
+                    to_torch(view).copy_(g)
+        del grads, views
+        self._reducing = self._c.reduce_gradients_in_place_async(u)
+        unit.reduced = True
 
     def _after_backward(self):
         self._in_backward = False
@@ -410,8 +467,27 @@ class FullyShardedOptimizer(GroupedOptimizer):
     @property
     def gathered_bytes(self):
         """Bytes of the full parameters held now: dopt's gather buffers (with the
-        one it keeps for the next gather until ``step()``) and the units' flat buffers."""
-        return self._c.gathered_bytes + sum(4 * u.numel for u in self._units if u.live)
+        one it keeps for the next gather until ``step()``) and, when the units are
+        copies of them (no ``dopt._storage``), the units' flat buffers."""
+        return self._c.gathered_bytes + self._copies_bytes()
+
+    @property
+    def buffer_bytes(self):
+        """Bytes of every unit-sized buffer held now: ``gathered_bytes`` and dopt's
+        gradient buffers (under reduction, or kept for the next one); 0 after ``step()``."""
+        return self._c.buffer_bytes + self._copies_bytes()
+
+    def _copies_bytes(self):
+        return 0 if self._in_place else sum(4 * u.numel for u in self._units if u.live)
+
+    def __del__(self):
+        # Views autograd saved may outlive the optimizer: no storage keeps pointing into dopt's memory.
+        if getattr(self, "_in_place", False) and _storage is not None:
+            for unit in getattr(self, "_units", []):
+                if unit.live:
+                    for p in unit.params:
+                        p.data = torch.empty(0)
+                _storage.point(unit.flat._cdata, 0, 0)
 
 
 def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_group=None, **defaults):

@@ -4,7 +4,8 @@
 // DLPack, no copy). Every method is called by the rank's Python thread, the
 // one that runs the forward and the backward; the collectives and the waits
 // (constructor, gather, release of a unit in flight, reduce_gradients,
-// step, state_dict, full_parameters, load_parameters) run without the GIL.
+// step, state_dict, full_parameters, load_parameters, release_for_gradients
+// and the in-place reduction, which wait for the one in flight) run without the GIL.
 #include "convert.hpp"
 #include "gil_free_delete.hpp"
 #include "dopt/distributed/zero_stage3.hpp"
@@ -54,6 +55,11 @@ void bind_zero3(py::module_& m) {
              py::gil_scoped_release release;
              return s.reduce_gradients_async(u, gs);
            })
+      // The gathered memory turned into the unit's gradients (zeroed views), then reduced in place.
+      .def("release_for_gradients", &ShardedUnits::release_for_gradients, py::call_guard<py::gil_scoped_release>())
+      .def("reduce_gradients_in_place_async",
+           [](ShardedUnits& s, std::size_t u) { return s.reduce_gradients_async(u); },
+           py::call_guard<py::gil_scoped_release>())
       .def("step", &ShardedUnits::step, py::call_guard<py::gil_scoped_release>())
       .def("state_dict",
            [](ShardedUnits& s) {
@@ -89,6 +95,7 @@ void bind_zero3(py::module_& m) {
       .def("shard_numel", &ShardedUnits::shard_numel)
       .def_property_readonly("bytes", &ShardedUnits::bytes)
       .def_property_readonly("gathered_bytes", &ShardedUnits::gathered_bytes)
+      .def_property_readonly("buffer_bytes", &ShardedUnits::buffer_bytes)
       .def_property_readonly("rank", &ShardedUnits::rank)
       .def_property_readonly("world_size", &ShardedUnits::world_size);
 }

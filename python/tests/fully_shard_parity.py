@@ -23,6 +23,12 @@ layer joins the root's unit).
   the shards are ceil(numel_u / N) per unit and ``bytes`` is the shards,
   their gradients and the optimizer's state (16 B per element with Adam,
   12 with SGD and momentum, plus Adam's step counters).
+* The backward holds two unit-sized buffers (``buffer_bytes``, sampled at
+  each unit's forward and at its output's gradient) when ``dopt._storage``
+  is built (the gathered memory becomes the gradients'; three before);
+  without it the case says it is skipped.
+* Re-entrant activation checkpointing (``torch.utils.checkpoint`` with
+  ``use_reentrant=True``) around two units trains bitwise as without it.
 * The errors: step() before a backward, an optimizer stage 3 cannot step,
   a unit outside the module, a module sharded twice, a second backward
   before step(), a weight tied across two units, a float64 parameter, a
@@ -315,6 +321,72 @@ def check_checkpoint(rank, folder):
     print(f"fully_shard_parity: PASS Checkpointer and save_sharded/load_sharded (rank {rank})", flush=True)
 
 
+def check_two_buffers(rank):
+    """Four units of one size: the peak of ``buffer_bytes`` is two units in every iteration."""
+    if sys.modules["dopt.fully_shard"]._storage is None:  # the module (dopt.fully_shard is the function)
+        print(f"fully_shard_parity: SKIP two unit buffers (rank {rank}): dopt._storage not built", flush=True)
+        return
+    torch.manual_seed(3)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(8, 8), nn.Tanh())])
+    opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
+    unit = 4 * opt.world_size * max(opt.shard_numels())
+    if len(set(opt.shard_numels())) != 1 or len(opt.units) != 4:
+        raise AssertionError(f"two buffers: expected four units of one size, got {opt.shard_numels()}")
+    peak = [0]
+
+    def sample(*_):
+        peak[0] = max(peak[0], opt.buffer_bytes)
+
+    def hook_output(module, inputs, out):  # after fully_shard's forward hook: its gradient hook runs first
+        sample()
+        out.register_hook(sample)
+
+    for m in opt.units:
+        m.register_forward_hook(hook_output)
+    for step in range(3):
+        peak[0] = 0
+        x, _ = batch(rank, step)
+        model(x[:, :8]).square().sum().backward()
+        opt.step()
+        if peak[0] != 2 * unit:
+            raise AssertionError(f"two buffers, step {step}: peak buffer_bytes {peak[0]}, two units are {2 * unit}")
+        if opt.buffer_bytes != 0:
+            raise AssertionError(f"two buffers, step {step}: {opt.buffer_bytes} bytes after step()")
+    print(f"fully_shard_parity: PASS two unit buffers in the backward (rank {rank}, {2 * unit} bytes)", flush=True)
+
+
+def check_recomputation(rank):
+    """Re-entrant activation checkpointing around two units (their forward
+    runs again inside the backward, gathering them) trains bitwise as without."""
+    import torch.utils.checkpoint as cp
+
+    class Net(nn.Module):
+        def __init__(self, recompute):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+            self.recompute = recompute
+
+        def forward(self, x):
+            for m in (self.a, self.b):
+                x = torch.tanh(cp.checkpoint(m, x, use_reentrant=True) if self.recompute else m(x))
+            return self.c(x)
+
+    full = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        net = Net(recompute)
+        opt = dopt.fully_shard(net, torch.optim.Adam, lr=0.01)
+        for step in range(4):
+            x = torch.randn(5, 6, generator=torch.Generator().manual_seed(10 * step + rank), requires_grad=True)
+            net(x).square().sum().backward()
+            opt.step()
+        full.append(opt.full_parameters())
+    for name, p in full[0].items():
+        if not torch.equal(p, full[1][name]):
+            raise AssertionError(f"recomputation: {name} differs from the run without checkpointing")
+    print(f"fully_shard_parity: PASS re-entrant checkpointing (rank {rank})", flush=True)
+
+
 def worker(rank, world_size, init_file):
     """One rank; a failure's traceback reaches main through mp.spawn."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -325,6 +397,8 @@ def worker(rank, world_size, init_file):
     check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01}, 16)
     check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
                {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2])
+    check_two_buffers(rank)
+    check_recomputation(rank)
     check_errors(rank)
     check_unsharded_and_objects(rank, world_size)
     check_checkpoint(rank, os.path.dirname(init_file))

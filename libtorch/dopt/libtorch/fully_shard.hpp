@@ -23,7 +23,11 @@
 // all its parameters exist. The flat buffer's storage is then the memory of
 // ShardedUnits' all_gather (no copy); released, the storage holds no memory
 // (its size is 0) and the views autograd saved in the forward keep pointing
-// at it, so a later gather makes them valid again.
+// at it, so a later gather makes them valid again. Once the unit's
+// gradients exist its gathered memory becomes their reduction buffer
+// (ShardedUnits::release_for_gradients): ShardedUnits holds two unit-sized
+// buffers in the backward (sharded().buffer_bytes()), plus autograd's own
+// gradients of one unit until they are copied.
 //
 // Who calls what. Every rank of the process group constructs it with the
 // same units, runs the same forwards (forward() of the same units, in the
@@ -31,7 +35,8 @@
 // gathers and reductions inside them are collectives. The order of the
 // first forward is the prefetch order: from the first backward on,
 // forward(u) prefetches the unit the first forward ran after u, and the
-// backward prefetches the one before (the first forward prefetches none).
+// backward prefetches the one before once u's gradients took u's memory
+// (the first forward prefetches none).
 // Collective: the constructor (ShardedUnits broadcasts rank 0's values),
 // forward() (one all_gather of a unit not prefetched), the backward of a
 // loss computed from forward()'s outputs, state_dict(), full_parameters().
@@ -42,10 +47,13 @@
 // forward() waits for the unit's all_gather (its prefetch, when one was
 // posted); the hook on the output's gradient waits for the unit's
 // all_gather before the unit's backward; once every parameter of a unit
-// has its gradient (hooks on their AccumulateGrad nodes) the gradients go
-// to ShardedUnits::reduce_gradients_async, which first waits for the
-// previous unit's reduction and copies them, and the full gradients are
-// dropped (p.grad() stays undefined). At the end of the backward (a
+// has its gradient (hooks on their AccumulateGrad nodes) the unit is
+// released into its gradients (release_for_gradients waits for the later
+// unit's reduction), the unit before it is prefetched, the gradients are
+// copied into the released memory and reduced there
+// (reduce_gradients_async), and the full gradients are dropped (p.grad()
+// stays undefined); a unit whose gradients arrive while it is not gathered
+// has them copied into a buffer of their own. At the end of the backward (a
 // callback queued on torch's autograd engine) the units the backward did
 // not reach are reduced as zeros, the last reduction is waited for and
 // every unit is freed: when backward() returns, no unit is gathered. Not
