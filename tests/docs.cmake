@@ -7,3 +7,8 @@ add_test(NAME "docs: every C++ snippet is quoted from compiled code; no referenc
          COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/check_docs.py ${PROJECT_SOURCE_DIR})
 set_tests_properties("docs: every C++ snippet is quoted from compiled code; no references outside the repository; relative links and anchors resolve"
                      PROPERTIES LABELS "docs;lint" TIMEOUT 60)
+# The link check itself, on a small tree with planted broken links.
+add_test(NAME "docs: the link check reports every planted broken link and no good one"
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/check_docs_links_test.py)
+set_tests_properties("docs: the link check reports every planted broken link and no good one"
+                     PROPERTIES LABELS "docs;lint" TIMEOUT 60)
