@@ -137,7 +137,7 @@ def prose_lines(text: str):
     for n, line in enumerate(text.split("\n"), 1):
         stripped = line.lstrip()
         m = re.match(r"(`{3,}|~{3,})", stripped)
-        if fence is None and m and len(line) - len(stripped) < 4:
+        if fence is None and m:  # any indentation, as blocks() reads fences (one in a list item is indented)
             fence = m.group(1)
             continue
         if fence is not None:

@@ -38,6 +38,11 @@ a code span `[code](nowhere.md)` is no link; [external](https://example.com/x#y)
 ```
 [image](pic.png) [out](../../outside.md)
 [in a block's heading](#not-a-heading)
+- a list item with a block:
+
+      ```sh
+      [in an indented block](nowhere.md)
+      ```
 """
 
 RESULTS = """# Results
