@@ -24,11 +24,23 @@
    component's dopt/<name>/ tree except those in an internal/ folder, which
    is never installed) in its API index.
 
+4. Every relative link of README.md, docs/*.md and bench/results/*.md (inline
+   links and images `[text](target)`, reference definitions `[name]: target`,
+   and HTML href/src attributes; not those in code blocks or code spans)
+   leads somewhere: the target, relative to the linking file (or to the
+   repository root when it starts with '/'), exists, and a #anchor into a
+   markdown file is one of that file's headings as GitHub names it
+   (lowercase; punctuation other than '-' and '_' dropped; spaces to '-'; the
+   second heading of the same name gets -1, the third -2, ...) or an explicit
+   <a id="..."> / <a name="...">. A bare #anchor points into the linking page.
+   Links with a scheme (https:, mailto:, ...) are not followed.
+
 Usage: check_docs.py <repository root>. Exit status 0 when all is well, 1 with
 one line per problem otherwise.
 """
 import re
 import sys
+import urllib.parse
 from pathlib import Path
 
 CPP_FENCE = re.compile(r"^```\s*(cpp|c\+\+|cc|cxx)\s*$")
@@ -44,6 +56,15 @@ FORBIDDEN = [
     (re.compile(r"\.\./shared\b"), "names ../shared, which a clone does not have"),
     (re.compile(r"(?<![\w.])/work/"), "names a /work/ path, which a clone does not have"),
 ]
+
+
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*(<[^>]*>|[^\s()]*(?:\([^\s()]*\)[^\s()]*)*)"
+                         r"(?:\s+(?:\"[^\"]*\"|'[^']*'))?\s*\)")
+REF_DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
+HTML_LINK = re.compile(r"<(?:a|img)\b[^>]*?\b(?:href|src)\s*=\s*[\"']([^\"']*)[\"']", re.I)
+HTML_ANCHOR = re.compile(r"<a\b[^>]*?\b(?:id|name)\s*=\s*[\"']([^\"']+)[\"']", re.I)
+HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
+SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def doc_pages(root: Path):
@@ -102,6 +123,101 @@ def indented_cpp(text: str, rel):
             out.append(f"{rel}:{i + 1}: C++ in an indented code block: make it a fenced ```cpp block with a "
                        f"'<!-- quoted from <file> -->' line before it")
     return out
+
+
+def link_pages(root: Path):
+    """The pages whose links are checked: the doc pages and the benchmark reports."""
+    return doc_pages(root) + sorted((root / "bench" / "results").glob("*.md"))
+
+
+def prose_lines(text: str):
+    """Yields (line number, line, line with its code spans blanked out) for the
+    lines outside fenced code blocks (a link inside a code span is not one)."""
+    fence = None
+    for n, line in enumerate(text.split("\n"), 1):
+        stripped = line.lstrip()
+        m = re.match(r"(`{3,}|~{3,})", stripped)
+        if fence is None and m:  # any indentation, as blocks() reads fences (one in a list item is indented)
+            fence = m.group(1)
+            continue
+        if fence is not None:
+            if stripped.startswith(fence) and not stripped[len(fence):].strip(fence[0]).strip():
+                fence = None
+            continue
+        yield n, line, re.sub(r"(`+)(.+?)\1", lambda c: " " * len(c.group(0)), line)
+
+
+def heading_slug(text: str) -> str:
+    """The anchor GitHub gives a heading's text (before the -1, -2 of repeats)."""
+    text = re.sub(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\([^)]*\)", r"\1", text)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text)  # HTML tags
+    text = re.sub(r"(`+)(.+?)\1", r"\2", text)  # code spans: their content
+    text = re.sub(r"(\*+)(.+?)\1", r"\2", text)  # emphasis with '*'
+    text = re.sub(r"(?<![\w])(_+)(.+?)\1(?![\w])", r"\2", text)  # emphasis with '_' (not inside words)
+    text = text.strip().lower()
+    text = "".join(c for c in text if c.isalnum() or c in "-_ ")
+    return text.replace(" ", "-")
+
+
+def anchors_of(page: Path, cache: dict):
+    """The anchors a markdown page defines: its headings' and its explicit <a id|name>."""
+    if page not in cache:
+        anchors, seen = set(), {}
+        for _, line, prose in prose_lines(page.read_text(encoding="utf-8")):
+            anchors.update(HTML_ANCHOR.findall(prose))
+            m = HEADING.match(line)
+            if not m:
+                continue
+            slug = heading_slug(m.group(2))
+            if slug in seen:
+                seen[slug] += 1
+                while f"{slug}-{seen[slug]}" in anchors:
+                    seen[slug] += 1
+                slug = f"{slug}-{seen[slug]}"
+            else:
+                seen[slug] = 0
+            anchors.add(slug)
+        cache[page] = anchors
+    return cache[page]
+
+
+def broken_links(root: Path):
+    """One problem per relative link of link_pages() whose file or anchor does not exist."""
+    problems, cache, nlinks = [], {}, 0
+    for page in link_pages(root):
+        rel = page.relative_to(root)
+        for n, _, line in prose_lines(page.read_text(encoding="utf-8")):
+            targets = [m.group(1) for m in INLINE_LINK.finditer(line)] + HTML_LINK.findall(line)
+            ref = REF_DEFINITION.match(line)
+            if ref:
+                targets.append(ref.group(1))
+            for target in targets:
+                target = target.strip("<>").strip()
+                if not target or SCHEME.match(target) or target.startswith("//"):
+                    continue
+                nlinks += 1
+                path_part, _, anchor = target.partition("#")
+                path_part = urllib.parse.unquote(path_part.split("?")[0])
+                if not path_part:
+                    dest = page
+                elif path_part.startswith("/"):
+                    dest = root / path_part.lstrip("/")
+                else:
+                    dest = page.parent / path_part
+                dest = dest.resolve()
+                if dest != root and root not in dest.parents:
+                    problems.append(f"{rel}:{n}: link {target}: leads out of the repository")
+                    continue
+                if not dest.exists():
+                    problems.append(f"{rel}:{n}: link {target}: {dest.relative_to(root)} does not exist (the link is "
+                                    f"relative to {rel.parent})")
+                    continue
+                if anchor and dest.is_file() and dest.suffix == ".md":
+                    anchor = urllib.parse.unquote(anchor)
+                    if anchor not in anchors_of(dest, cache):
+                        problems.append(f"{rel}:{n}: link {target}: {dest.relative_to(root)} has no heading or "
+                                        f"<a id> with the anchor #{anchor}")
+    return problems, nlinks
 
 
 def quoted_in(block, source_lines):
@@ -170,6 +286,8 @@ def main() -> int:
             for pattern, why in FORBIDDEN:
                 if pattern.search(line):
                     problems.append(f"{rel}:{n}: {why}: {line.strip()}")
+    link_problems, nlinks = broken_links(root)
+    problems += link_problems
     api_page = root / "docs" / "torch-to-dopt.md"
     if api_page.is_file():
         api = api_page.read_text(encoding="utf-8")
@@ -190,7 +308,8 @@ def main() -> int:
     for p in problems:
         print(p)
     print(f"check_docs: {nblocks} C++ blocks in {len(doc_pages(root))} pages, "
-          f"{len(installed_headers(root))} headers; {len(problems)} problem(s)")
+          f"{len(installed_headers(root))} headers, {nlinks} relative links in {len(link_pages(root))} pages; "
+          f"{len(problems)} problem(s)")
     return 1 if problems else 0
 
 
