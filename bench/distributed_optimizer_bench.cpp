@@ -25,7 +25,7 @@
 //
 // --redundancy R (DistributedOptimizerOptions::redundancy): each owner's
 // parameters and state are mirrored on R buddy owners, which step their copies
-// with the gradients the owner forwards (docs/fault-tolerance.md). The line
+// with the gradients the owner forwards (docs/fault-tolerance-optimizers.md). The line
 // then also has "redundancy": R and two timings of the bytes each way of
 // keeping an owner's copy current would move per step (the median of I RPCs
 // from the trainer to owner 2 carrying them: the same transport an owner

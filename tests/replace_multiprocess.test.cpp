@@ -5,7 +5,7 @@
 // while the survivors grow(); on the hierarchical plane (hosts faked with
 // DOPT_HOST_ID) the replacement joins the survivors' shrunk group, which
 // runs on the actor plane, and grow() on the hierarchical world group
-// refuses clearly (docs/fault-tolerance.md, "Between processes").
+// refuses clearly (docs/growing-back-processes.md, "Between processes").
 // The ranks are small shell programs, tests/grow_peer.cpp,
 // tests/zero_grow_peer.cpp and tests/local_sgd_grow_peer.cpp.
 // CTest label "multiprocess", 60 s timeout (tests/rendezvous.cmake).
@@ -543,8 +543,8 @@ TEST_CASE("continue: dopt-run's exit status under --on-failure continue is the o
   INFO(d.out);
   REQUIRE(WIFEXITED(d.status));
   CHECK(WEXITSTATUS(d.status) == c.status);
-  // docs/launching.md and docs/fault-tolerance.md state the same rule.
-  for (const char* page : {"docs/launching.md", "docs/fault-tolerance.md"}) {
+  // docs/launching.md and docs/fault-tolerance-tools.md state the same rule.
+  for (const char* page : {"docs/launching.md", "docs/fault-tolerance-tools.md"}) {
     INFO(page);
     const std::string text = one_line(slurp(std::string(DOPT_SOURCE_DIR) + "/" + page));
     for (const char* rule : {"exit status is then the exit code of the first failed rank that exited with a non-zero "

@@ -1,4 +1,4 @@
-// dopt-train --survive (docs/fault-tolerance.md): a rank is killed mid-training
+// dopt-train --survive (docs/fault-tolerance-tools.md): a rank is killed mid-training
 // (--kill-rank R --kill-at-step S), the survivors go on, and the loss curve
 // continues through it. As processes under dopt-run --on-failure continue
 // (tags [train][survive][multiprocess]: label "multiprocess", 60 s timeout
@@ -308,8 +308,8 @@ TEST_CASE("dopt-train --survive under dopt-run --on-failure replace: the killed 
   // plane its share of that report is in shared memory: the survivors see
   // the loss in step 31. On the TCP plane its share may not have left the
   // process (SIGKILL drops what is still queued): then no survivor has it,
-  // all of them fail that report and recover before step 31 (docs/fault-
-  // tolerance.md, "dopt-train --survive"). Either way they agree.
+  // all of them fail that report and recover before step 31 (docs/fault-tolerance-tools.md,
+  // "dopt-train --survive"). Either way they agree.
   const auto lost_during = [&](long step) {
     return contains(d.out, "dopt-train: rank(s) 1 lost during step " + std::to_string(step) +
                                "; 2 ranks go on (--survive)");

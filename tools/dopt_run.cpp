@@ -68,7 +68,7 @@
 // DOPT_INCARNATION=N (1 for its first replacement); every rank gets
 // DOPT_ON_FAILURE=<stop|continue|replace> from the start. The program must then
 // join the running job (ProcessGroup::join_group) instead of starting one;
-// the other ranks grow() their group to take it (docs/fault-tolerance.md,
+// the other ranks grow() their group to take it (docs/growing-back-processes.md,
 // "Between processes"). At most --max-replacements (default 10) are started
 // in all; a failure after that is handled as with --on-failure continue.
 // Once all ended: "N replacement(s) started (...)", and the exit status is

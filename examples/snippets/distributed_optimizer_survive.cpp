@@ -1,4 +1,4 @@
-// Quoted by docs/fault-tolerance.md (tests/check_docs.py checks the quotes; CI compiles this file).
+// Quoted by docs/fault-tolerance-optimizers.md (tests/check_docs.py checks the quotes; CI compiles this file).
 #include <cstdint>
 #include <vector>
 

@@ -1,7 +1,7 @@
 #pragma once
 // dopt-train --survive under dopt-run --on-failure replace: a lost rank's
 // replacement joins the running job and the survivors grow back to it
-// (docs/fault-tolerance.md, "dopt-train --survive"). Both sides run on the
+// (docs/fault-tolerance-tools.md, "dopt-train --survive"). Both sides run on the
 // rank's thread, at a step boundary, in this order: the members grow() the
 // training loop's group, every rank of the grown group rebuilds its
 // strategy over it with the catch-up (grow_strategy), then one broadcast

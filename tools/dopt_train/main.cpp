@@ -118,7 +118,7 @@ void train_rank(dopt::RankContext& ctx, const Plan& plan, std::int64_t& at_step)
   dopt::ProcessGroup world = ctx.world();
   // The rank that writes the metrics and prints the report: the world's
   // rank 0, and after a loss (--survive) the survivors' rank 0, so that a
-  // lost rank 0 hands it on (docs/fault-tolerance.md).
+  // lost rank 0 hands it on (docs/fault-tolerance-tools.md, "dopt-train --survive").
   bool lead = rank == 0;
   // Checkpoints (docs/dopt-train.md, "Checkpoints"); commits and the run's
   // settings outlive the Checkpointer that reports into and reads them.
@@ -675,7 +675,7 @@ int main(int argc, char** argv) {
   if (o.survive) {
     if (!mode_survives(o.optim))
       return usage_error("--survive needs --optim zero or ddp (" + o.optim + " cannot go on over the survivors yet; "
-                         "see docs/fault-tolerance.md)");
+                         "see docs/fault-tolerance-tools.md)");
     if (!o.checkpoint_dir.empty() || !o.resume_from.empty())
       return usage_error("--survive does not take checkpoints yet (the survivors' shard and file names would change)");
     if (o.kill_rank >= 0 && o.kill_at_step > o.steps)

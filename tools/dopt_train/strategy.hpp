@@ -53,7 +53,7 @@ struct StrategyConfig {
   std::string diloco_wire = "float32";
   bool diloco_error_feedback = false;
   /// --survive (zero, ddp): the strategy goes on over the survivors when a
-  /// rank is lost (docs/fault-tolerance.md). Its groups are its own lines
+  /// rank is lost (docs/fault-tolerance-tools.md). Its groups are its own lines
   /// (new_group over the world's ranks), apart from the training loop's world.
   bool survive = false;
   /// --survive-buddies host_memory (zero): ZeroBuddyUpdate::host_memory
@@ -153,7 +153,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const std::ve
 bool config_grows(const StrategyConfig& cfg, std::string* why);
 
 /// Growing back (--survive under dopt-run --on-failure replace;
-/// docs/fault-tolerance.md, "dopt-train --survive"): cfg's strategy over
+/// docs/fault-tolerance-tools.md, "dopt-train --survive"): cfg's strategy over
 /// grown.group, brought to where the members' strategy stands (ZeRO:
 /// zero_catch_up: the optimizer state to its new owners, the parameters,
 /// hyperparameters and step count to the newcomers). Collective over

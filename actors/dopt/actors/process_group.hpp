@@ -274,7 +274,7 @@ class ProcessGroup {
   /// runs on the old group's plane and its calls carry buffers of any size
   /// (shm: new regions, the replacement's among them; actor: the members'
   /// TCP meshes connect to the replacement's as it joins;
-  /// docs/fault-tolerance.md "Between processes"). Elsewhere
+  /// docs/growing-back-processes.md "Between processes"). Elsewhere
   /// NotSupportedError naming the call and the plane: a group on the
   /// hierarchical plane itself cannot grow yet; the MPI plane cannot grow
   /// (an MPI communicator's members are fixed at MPI_Init; use dopt's own

@@ -2,7 +2,7 @@
 // dopt::rpc membership agreement: after a worker is lost, the workers that act
 // together (a "line": e.g. a DistributedOptimizer's trainer, owners and buddy
 // owners) agree on who is gone, under a new epoch (docs/rpc.md,
-// "Membership"; docs/fault-tolerance.md).
+// "Membership"; docs/fault-tolerance-optimizers.md).
 //
 //   rpc::Membership m = rpc::agree_membership(agent, line, {0, 1, 2, 3});
 //   // m.members: the survivors of {0, 1, 2, 3}; m.lost: the others; m.epoch

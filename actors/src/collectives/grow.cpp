@@ -1,6 +1,6 @@
 // ProcessGroup::grow and ProcessGroup::join_group: the members of a group
 // and newcomers agree on a new group of all of them (contract in
-// process_group.hpp, design in docs/fault-tolerance.md, "Growing back").
+// process_group.hpp, design in docs/growing-back.md).
 // Between the ranks of a deterministic simulation: every rank is a task of
 // this process, so members and newcomers meet in its memory (the lobby),
 // waiting through the scheduler in virtual time. Between processes on the
@@ -136,7 +136,7 @@ void check_plane_grows(const GroupImpl& g, const char* op, int me) {
                                                             "or start every rank with DOPT_TRANSPORT=tcp)"
                                                           : plane == "mpi" ? ": an MPI communicator's members are "
                                                                              "fixed when MPI starts" : "") +
-                              " (docs/fault-tolerance.md, \"Between processes\")", me);
+                              " (docs/growing-back-processes.md, \"Between processes\")", me);
 }
 
 /// How this process's rank actor is reached (installed by init_process_group).

@@ -1,6 +1,6 @@
 // A replacement of a lost rank joins the running job (init_process_group
 // with DOPT_REPLACES, set by dopt-run --on-failure replace; issue 45,
-// docs/fault-tolerance.md "Between processes"): admission at rank 0's
+// docs/growing-back-processes.md "Between processes"): admission at rank 0's
 // rendezvous port, direct connections to the members, which hold it
 // waiting and connect their TCP meshes to its own (actor plane); on the
 // shm plane it makes its own shared-memory plane, a group of itself until
@@ -245,7 +245,7 @@ ProcessGroup join_running_world(Runtime& runtime, const LaunchEnv& launch_env, c
   if (settings::text("DOPT_BACKEND").value_or("dopt") == "mpi")
     throw NotSupportedError(op, admitted + ", but a process cannot join a running job on the mpi plane (an MPI "
                                     "communicator's members are fixed when MPI starts; a replacement joins on "
-                                    "dopt's backend: docs/fault-tolerance.md, \"Between processes\")", env.rank);
+                                    "dopt's backend: docs/growing-back-processes.md, \"Between processes\")", env.rank);
   bool elsewhere = false;
   for (int r : members) elsewhere = elsewhere || infos[static_cast<std::size_t>(r)].rfind(host + " ", 0) != 0;
   const bool on_shm = plane_choice != "tcp" && !elsewhere;

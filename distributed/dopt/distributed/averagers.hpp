@@ -124,13 +124,13 @@ class ModelAverager {
   const ProcessGroup& process_group() const noexcept { return process_group_; }
 
   /// Surviving a lost rank (PostLocalSGDOptimizer's recovery,
-  /// docs/fault-tolerance.md): averages over `survivors` (the shrunk group,
+  /// docs/fault-tolerance-optimizers.md): averages over `survivors` (the shrunk group,
   /// ProcessGroup::shrink()) from now on. Local. PeriodicModelAverager
   /// supports it; the others throw NotSupportedError (their subgroups, or
   /// DiLoCo's in-flight fragments, are built over the old group).
   virtual void replace_process_group(ProcessGroup survivors);
   /// Growing back (post_local_sgd_catch_up, post_local_sgd.hpp;
-  /// docs/fault-tolerance.md, "Growing back"): averages over `grown`
+  /// docs/growing-back.md): averages over `grown`
   /// (ProcessGroup::grow()'s group of this group's members and the
   /// newcomers, or on a newcomer the group it was built over) from now on.
   /// Rank thread, at a step boundary. PeriodicModelAverager takes it

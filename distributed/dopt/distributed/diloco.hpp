@@ -49,7 +49,7 @@
 // only. Not thread-safe: one thread per rank at a time. The parameters must
 // not be replaced (set_data) while the averager holds them.
 //
-// Growing back (docs/fault-tolerance.md, "Growing back"): after the group
+// Growing back (docs/growing-back.md): after the group
 // grew, PostLocalSGDOptimizer's post_local_sgd_catch_up moves this averager
 // onto the grown group (take_grown_group below: a fragment in flight is
 // completed over the old group first) and sends its state to the newcomers.

@@ -42,7 +42,7 @@
 //     other trainers' calls on the same owners.
 //
 // Redundancy (DistributedOptimizerOptions::redundancy = k > 0;
-// docs/fault-tolerance.md, "DistributedOptimizer")
+// docs/fault-tolerance-optimizers.md, "DistributedOptimizer")
 //   * Each owner's parameters and optimizer state are mirrored on its k
 //     buddies (the next owners of owners(), cyclically; k + 1 owners or more,
 //     ValueError otherwise). The constructor copies the parameters' values to
@@ -277,7 +277,7 @@ class DistributedOptimizer {
 };
 
 // --- growing back: a newcomer becomes an owner --------------------------------
-/// Redundancy (design in docs/fault-tolerance.md, "Growing back"): makes
+/// Redundancy (design in docs/growing-back.md, "DistributedOptimizer's catch-up"): makes
 /// `newcomers` (live workers of the RPC world that are not yet owners or
 /// buddies of `opt`, by name or rank; the world is fixed at rpc::init, so a
 /// newcomer is a standby worker) owners again of the slots of lost owners.

@@ -46,7 +46,7 @@
 // is part of the step) and with any other averager (its
 // average_parameters is all there is).
 //
-// Surviving a lost rank (dopt only; docs/fault-tolerance.md), after
+// Surviving a lost rank (dopt only; docs/fault-tolerance-optimizers.md), after
 // enable_survive(): on the steps that average, the parameters to average are
 // copied first. When the average fails with PeerLostError, every survivor
 // shrinks the averager's group (ProcessGroup::shrink()), checks that the
@@ -61,7 +61,7 @@
 // collectives: then recover(), below). Only PeriodicModelAverager can go on
 // over a shrunk group (NotSupportedError from enable_survive otherwise).
 //
-// Growing back (dopt only; docs/fault-tolerance.md, "Growing back"): after
+// Growing back (dopt only; docs/growing-back.md): after
 // the averager's group grew (ProcessGroup::grow(), join_group()), every rank
 // of the grown group calls post_local_sgd_catch_up (below): the members go on
 // with their optimizers over the grown group, a newcomer's fresh optimizer
@@ -211,7 +211,7 @@ class PostLocalSGDOptimizer {
   void settle(const char* op) const;
 };
 
-/// Growing back (post_local_sgd_grow.cpp; docs/fault-tolerance.md, "Growing
+/// Growing back (post_local_sgd_grow.cpp; docs/growing-back.md, "Growing
 /// back"). Who calls: every rank of grown.group (what grow() returned to the
 /// members, join_group() to the newcomers), once, on its rank thread, at the
 /// same step boundary (a step_async() in flight is waited for first). A

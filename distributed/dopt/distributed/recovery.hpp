@@ -1,6 +1,6 @@
 #pragma once
 // What ZeroRedundancyOptimizer, PostLocalSGDOptimizer and the Reducer report
-// after they recovered from a lost rank (docs/fault-tolerance.md): the
+// after they recovered from a lost rank (docs/fault-tolerance-optimizers.md): the
 // Recovery record, passed to their on_membership_change callback or carried
 // by MembershipChangedError; ShardLostError when state is gone. A member's
 // zero_catch_up and post_local_sgd_catch_up report a join with the same

@@ -63,7 +63,7 @@
 // as torch's DDP on CUDA). Join's own all-reduces stay on the CPU
 // (join_device()). The CPU path is unchanged.
 //
-// Surviving a lost rank (ReducerOptions::survive; docs/fault-tolerance.md):
+// Surviving a lost rank (ReducerOptions::survive; docs/fault-tolerance-optimizers.md):
 // each bucket's local gradients are kept (one copy of the buckets) when it is
 // launched. When finalize() finds a bucket failed with PeerLostError, every
 // survivor shrinks the reducer's group (ProcessGroup::shrink()), checks that

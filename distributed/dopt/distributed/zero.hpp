@@ -55,7 +55,7 @@
 // re-pointed (the constructor's, add_param_group's, step()'s, or the rank
 // thread running the overlap plan) and its exceptions propagate from there.
 //
-// Redundancy (ZeroOptions::redundancy = k > 0; docs/fault-tolerance.md): the
+// Redundancy (ZeroOptions::redundancy = k > 0; docs/fault-tolerance-optimizers.md): the
 // gradients must be the same on every rank at step(); a closure is a
 // ValueError; overlap_with_ddp and add_param_group are NotSupportedError.
 // When a member is lost inside step(), every survivor recovers in step(),
@@ -115,7 +115,7 @@ enum class ZeroPartitionWeight {
 };
 
 /// Redundancy: how a buddy keeps its copy of another rank's shard current
-/// (docs/fault-tolerance.md, "How the buddies keep up").
+/// (docs/fault-tolerance-optimizers.md, "How the buddies keep up").
 enum class ZeroBuddyUpdate {
   /// Every step() the buddy steps its copy with the same optimizer, the same
   /// hyperparameters and the averaged gradients: k extra optimizer steps over
@@ -305,7 +305,7 @@ class ZeroRedundancyOptimizer : public Joinable {
   /// The group ranks that keep rank r's shard (its buddies), in order. On
   /// one host: r+1, ..., r+k (cyclically). Over several hosts: ranks on
   /// other hosts first, each rank keeping as few shards as that allows (the
-  /// rule is in docs/fault-tolerance.md), so that losing a host loses no
+  /// rule is in docs/fault-tolerance-optimizers.md), so that losing a host loses no
   /// state when every host's ranks have buddies elsewhere. With
   /// ZeroBuddyUpdate::host_memory: every other rank of r's host.
   std::vector<int> buddies(int r) const;
@@ -396,7 +396,7 @@ ReducerOptions zero_stage2_options(const ZeroRedundancyOptimizer& zero, const st
 
 // --- growing back: a newcomer catches up -------------------------------------
 /// After ProcessGroup::grow() / join_group() (process_group.hpp; design in
-/// docs/fault-tolerance.md, "Growing back"): brings `zero`, a
+/// docs/growing-back.md): brings `zero`, a
 /// ZeroRedundancyOptimizer over grown.group, to where the members' optimizer
 /// over the old group stands. Collective over grown.group: every member and
 /// every newcomer calls it, on its rank thread, at a step boundary, after

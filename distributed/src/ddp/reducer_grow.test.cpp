@@ -1,4 +1,4 @@
-// The Reducer over a grown group (docs/fault-tolerance.md, "Growing back":
+// The Reducer over a grown group (docs/growing-back.md, "The Reducer":
 // nothing of a Reducer outlives an iteration but its group, so every rank
 // builds a new one over the grown group). 5 simulated ranks (deterministic)
 // with survive: rank 3 is lost before step 2's gradients, the survivors

@@ -1,7 +1,7 @@
 // post_local_sgd_catch_up (post_local_sgd.hpp, "growing back"): the members
 // of a grown group go on with their PostLocalSGDOptimizer over it; each
 // newcomer's becomes a copy of the lowest-ranked member's (design in
-// docs/fault-tolerance.md, "Growing back"). Rank thread; collective over the
+// docs/growing-back.md). Rank thread; collective over the
 // grown group, point to point.
 #include <algorithm>
 #include <cstring>

@@ -158,7 +158,7 @@ std::exception_ptr joined_error(const std::vector<std::exception_ptr>& errors, c
   }
   if (!failed) return nullptr;
   // A lost owner took its parameters and their optimizer state with it:
-  // without redundancy no other owner keeps a copy (docs/fault-tolerance.md).
+  // without redundancy no other owner keeps a copy (docs/fault-tolerance-optimizers.md).
   if (!lost.empty() && !redundant)
     msg += ". The parameters and optimizer state held by " + lost +
            " are gone: DistributedOptimizer keeps no copy of an owner's state on another owner (see "

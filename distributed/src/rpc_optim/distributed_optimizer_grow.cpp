@@ -1,7 +1,7 @@
 // distributed_optimizer_catch_up (distributed_optimizer.hpp, "growing back"):
 // newcomers become owners of the slots of lost owners; the slots' holders
 // send them the parameters and optimizer state, and the buddies are rebuilt
-// by the constructor's rule (design in docs/fault-tolerance.md, "Growing
+// by the constructor's rule (design in docs/growing-back.md, "Growing
 // back"). The trainer's side, and the functions the owners, buddies and
 // newcomers run.
 #include <algorithm>

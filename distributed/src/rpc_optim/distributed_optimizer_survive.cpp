@@ -1,6 +1,6 @@
 // DistributedOptimizer with redundancy, the trainer's side: the numbered step,
 // the membership agreement and the takeover of a lost owner's parameters by
-// its buddy (distributed_optimizer.hpp, "Redundancy"; docs/fault-tolerance.md).
+// its buddy (distributed_optimizer.hpp, "Redundancy"; docs/fault-tolerance-optimizers.md).
 #include <algorithm>
 #include <set>
 #include <tuple>

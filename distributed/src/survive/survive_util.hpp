@@ -1,6 +1,6 @@
 #pragma once
 // Internal: the part of surviving a lost rank that the replicated-state
-// optimizers share (Reducer, PostLocalSGDOptimizer; docs/fault-tolerance.md):
+// optimizers share (Reducer, PostLocalSGDOptimizer; docs/fault-tolerance-optimizers.md):
 // shrink the group and check that every survivor stopped at the same point.
 #include <exception>
 #include <functional>

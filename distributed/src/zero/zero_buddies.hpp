@@ -1,7 +1,7 @@
 #pragma once
 // The Redundancy modes with buddies (ZeroOptions::redundancy = k > 0): each
 // rank's shard is also kept by its buddies, so that the survivors of a lost
-// rank recover (contract in zero.hpp; design in docs/fault-tolerance.md).
+// rank recover (contract in zero.hpp; design in docs/fault-tolerance-optimizers.md).
 //   Buddies            the buddy table (from the hosts), the recovery's
 //                      driver (zero_recovery.cpp), step()'s end
 //   CopyBuddies        ZeroBuddyUpdate::step: an optimizer per kept shard,

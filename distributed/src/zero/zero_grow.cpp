@@ -1,7 +1,7 @@
 // zero_catch_up (zero.hpp, "growing back"): a ZeroRedundancyOptimizer over a
 // grown group takes over the members' optimizer state, and its newcomers the
 // parameters, hyperparameters and step count (design in
-// docs/fault-tolerance.md, "Growing back"). Rank thread; collective over the
+// docs/growing-back.md). Rank thread; collective over the
 // grown group.
 #include <algorithm>
 #include <exception>

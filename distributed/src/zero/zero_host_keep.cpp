@@ -1,6 +1,6 @@
 // ZeroBuddyUpdate::host_memory: the segment that holds a rank's shard, the
 // owner's journaled update and a buddy's rebuild (zero_host_memory.hpp; the
-// design in docs/fault-tolerance.md, "Host memory"). ZeroRedundancyOptimizer's
+// design in docs/fault-tolerance-optimizers.md, "Host memory"). ZeroRedundancyOptimizer's
 // side: zero_host_memory.cpp.
 #include "zero_host_memory.hpp"
 

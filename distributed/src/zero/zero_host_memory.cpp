@@ -2,7 +2,7 @@
 // checks, the segments' plans, making and exchanging them, the journaling
 // hook, the reads of the parameters from the segments, and the rebuild of a
 // lost owner's shard (the segment itself: zero_host_keep.cpp; the design in
-// docs/fault-tolerance.md, "Host memory").
+// docs/fault-tolerance-optimizers.md, "Host memory").
 #include <unistd.h>
 
 #include <algorithm>
@@ -294,7 +294,7 @@ void HostMemoryBuddies::note_small_pages(const ZeroCore& z) const {
                   "`mount -o remount,huge=advise /dev/shm` gives it huge pages"
                 : "; the kernel had none to give: memory too fragmented, or transparent huge pages off), so "
                   "step() can run some 5-15% slower than over private memory") +
-           " (docs/fault-tolerance.md, \"Huge pages\")");
+           " (docs/fault-tolerance-optimizers.md, \"Huge pages\")");
     return;
   }
 }

@@ -1,6 +1,6 @@
 // Buddies::recover_from_loss (zero_buddies.hpp): the recovery from lost
 // ranks, common to the buddy modes, which it asks at fixed points (the
-// hooks of Buddies). Contract in zero.hpp; design in docs/fault-tolerance.md.
+// hooks of Buddies). Contract in zero.hpp; design in docs/fault-tolerance-optimizers.md.
 #include <sys/resource.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 #pragma once
 // Redundancy: how a ZeroRedundancyOptimizer keeps other ranks' shards so that
 // training survives a lost rank (zero.hpp, "Redundancy"; design in
-// docs/fault-tolerance.md). One object per optimizer, chosen once at
+// docs/fault-tolerance-optimizers.md). One object per optimizer, chosen once at
 // construction from ZeroOptions (make_redundancy): NoRedundancy (k = 0, and
 // overlap_with_ddp), or a Buddies mode (zero_buddies.hpp): CopyBuddies
 // (ZeroBuddyUpdate::step), ReplayBuddies (replay), HostMemoryBuddies

@@ -1,7 +1,7 @@
 // ReplayBuddies (zero_buddies.hpp; ZeroBuddyUpdate::replay): each buddy
 // saves the averaged gradients of the shards it copies every step and takes
 // its owner's state every snapshot_interval steps; at recovery it replays
-// the saved steps (contract in zero.hpp, design in docs/fault-tolerance.md).
+// the saved steps (contract in zero.hpp, design in docs/fault-tolerance-optimizers.md).
 #include <cstring>
 #include <unordered_map>
 

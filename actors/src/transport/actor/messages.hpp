@@ -166,7 +166,7 @@ using hb_atom = caf::atom_constant<caf::atom("hb")>;      // (hb, rank): heartbe
 // (fence, rank, why): the sender had declared the receiver lost and heard
 // from it again: the receiver was removed and must not go on.
 using fence_atom = caf::atom_constant<caf::atom("fence")>;
-// Growing back (issue 45, docs/fault-tolerance.md "Between processes").
+// Growing back (issue 45, docs/growing-back-processes.md "Between processes").
 // (revive, rank, incarnation, actor, mesh endpoint, timeout ms) replacement ->
 // member: the lost rank's replacement waits for a grow(); the member connects
 // its TCP mesh to the endpoint ("" when the replacement has no mesh) within

@@ -1,4 +1,4 @@
-// Growing back between processes (issue 45, docs/fault-tolerance.md
+// Growing back between processes (issue 45, docs/growing-back-processes.md
 // "Between processes"): a member's rank actor takes a lost rank's
 // replacement into its slot, and a newcomer's keeps the admission that
 // grow()'s leader sent until join_group() asks for it.
