@@ -67,9 +67,10 @@ struct FullyShard::Impl : std::enable_shared_from_this<Impl> {
   bool backward_done = false;  // a backward ended since the last step
   Future<void> reducing;
   int rank = 0;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::before_backward;
 
   void init(std::vector<std::shared_ptr<torch::nn::Module>> modules, optim::OptimizerSpec spec,
-            optim::ShardedUnitsOptions options);
+            FullyShardOptions options);
   Unit& unit(std::size_t u, const char* op);
   std::optional<std::size_t> neighbour(std::size_t u, int step) const;
   void gather(std::size_t u);
@@ -100,10 +101,16 @@ struct GradReady : torch::autograd::FunctionPostHook {
 }  // namespace
 
 void FullyShard::Impl::init(std::vector<std::shared_ptr<torch::nn::Module>> modules, optim::OptimizerSpec spec,
-                            optim::ShardedUnitsOptions options) {
+                            FullyShardOptions options) {
   static constexpr const char* op = "FullyShard";
   std::optional<int> r;
   if (options.process_group.valid()) r = rank = options.process_group.rank();
+  backward_prefetch = options.backward_prefetch;
+  if (backward_prefetch != BackwardPrefetch::before_backward && backward_prefetch != BackwardPrefetch::after_gradients)
+    throw ValueError(op,
+                     "backward_prefetch " + std::to_string(static_cast<int>(backward_prefetch)) +
+                         " is not a BackwardPrefetch (before_backward or after_gradients)",
+                     r);
   if (modules.empty()) throw ValueError(op, "no units", r);
   std::unordered_map<const c10::TensorImpl*, std::size_t> owner;
   std::vector<std::vector<Tensor>> shards;
@@ -132,7 +139,8 @@ void FullyShard::Impl::init(std::vector<std::shared_ptr<torch::nn::Module>> modu
     units.push_back(std::move(unit));
   }
   place.assign(units.size(), -1);
-  model = std::make_unique<optim::ShardedUnits>(std::move(shards), std::move(spec), std::move(options));
+  optim::ShardedUnitsOptions sharded = std::move(options);
+  model = std::make_unique<optim::ShardedUnits>(std::move(shards), std::move(spec), std::move(sharded));
   rank = model->rank();
   torch::AutoGradMode grad_on(true);
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -231,7 +239,8 @@ void FullyShard::Impl::reduce_in_gathered(std::size_t u) {
   point_storage(unit.flat, Tensor(), 0);  // torch lets go of the memory before it turns into gradients
   unit.live = false;
   // The unit's gathered memory, zeroed, in the parameters' shapes; the
-  // reduction in flight (the next unit's) gives its buffer to the prefetch.
+  // reduction in flight (the next unit's) gives its buffer to the prefetch
+  // (after_gradients; before_backward posted it already).
   const std::vector<Tensor> views = model->release_for_gradients(u);
   prefetch(neighbour(u, -1));
   for (std::size_t i = 0; i < grads.size(); ++i)
@@ -263,8 +272,9 @@ void FullyShard::Impl::before_backward(std::size_t u) {
   begin_backward(u);
   if (units[u].reduced) return;
   gather(u);
-  // The unit before is prefetched once this one's gradients took its
-  // memory (grad_ready): two unit buffers, not three.
+  // The unit before: now, overlapping u's backward (three unit buffers), or
+  // once u's gradients took u's memory (grad_ready: two).
+  if (backward_prefetch == BackwardPrefetch::before_backward) prefetch(neighbour(u, -1));
 }
 
 void FullyShard::Impl::grad_ready(std::size_t u) {
@@ -297,13 +307,13 @@ void FullyShard::Impl::after_backward() {
 }
 
 FullyShard::FullyShard(std::vector<std::shared_ptr<torch::nn::Module>> units, optim::OptimizerSpec spec,
-                       optim::ShardedUnitsOptions options)
+                       FullyShardOptions options)
     : impl_(std::make_shared<Impl>()) {
   impl_->init(std::move(units), std::move(spec), std::move(options));
 }
 
-FullyShard::FullyShard(std::vector<std::shared_ptr<torch::nn::Module>> units,
-                       const optim::OptimizerOptions& optimizer, optim::ShardedUnitsOptions options)
+FullyShard::FullyShard(std::vector<std::shared_ptr<torch::nn::Module>> units, const optim::OptimizerOptions& optimizer,
+                       FullyShardOptions options)
     : FullyShard(std::move(units), optim::spec_of(optimizer, "FullyShard"), std::move(options)) {}
 
 FullyShard::~FullyShard() {
@@ -397,5 +407,6 @@ std::int64_t FullyShard::bytes() const { return impl_->model->bytes(); }
 std::int64_t FullyShard::gathered_bytes() const { return impl_->model->gathered_bytes(); }
 optim::ShardedUnits& FullyShard::sharded() noexcept { return *impl_->model; }
 int FullyShard::rank() const noexcept { return impl_->rank; }
+BackwardPrefetch FullyShard::backward_prefetch() const noexcept { return impl_->backward_prefetch; }
 
 }  // namespace dopt::libtorch

@@ -2,9 +2,11 @@
 // three Linear layers (tanh between) trained with stage 3 over simulated
 // ranks equals the same model trained with stage 1 (ZeroRedundancyOptimizer
 // over a ParameterBinding, gradients averaged by dopt's Reducer) bit for bit
-// after every step, for Adam and SGD with momentum at 2 and 3 ranks; between
-// iterations the parameters hold no memory; the backward holds two unit
-// buffers (the gradients in the gathered memory) at 3 and 5 ranks; a checkpoint (state dict and
+// after every step, for Adam and SGD with momentum at 2 and 3 ranks and
+// both backward_prefetch choices; between iterations the parameters hold no
+// memory; the backward holds three unit buffers with before_backward and
+// two with after_gradients (the gradients in the gathered memory) at 3 and 5
+// ranks; a checkpoint (state dict and
 // full parameters) carries a run over into a model whose forward calls each
 // unit by hand (forward(unit, fn)); the caller's errors name the call
 // and the rank. The first comparison runs again between processes under
@@ -120,13 +122,16 @@ struct Outcome {
 };
 
 /// One rank's run: stage 3 and stage 1 side by side, each step's parameters compared.
-void stage3_rank(RankContext& ctx, const optim::OptimizerSpec& spec, Outcome& out) {
+void stage3_rank(RankContext& ctx, const optim::OptimizerSpec& spec, libtorch::BackwardPrefetch prefetch,
+                 Outcome& out) {
   constexpr int steps = 4;
   Problems& problems = out.problems;
   const int r = ctx.rank();
   Stage1 ref(ctx.world(), spec);
   auto net = make_net();
-  dopt::libtorch::FullyShard fs(linear_units(net), spec, dopt::optim::ShardedUnitsOptions{ctx.world()});
+  libtorch::FullyShardOptions options = optim::ShardedUnitsOptions{ctx.world()};
+  options.backward_prefetch = prefetch;
+  dopt::libtorch::FullyShard fs(linear_units(net), spec, options);
   for (int step = 0; step < steps; ++step) {
     auto loss = fs.forward(net, batch(ctx.rank(), step)).square().sum();  // gathers, prefetches, frees each unit
     loss.backward();  // re-gathers each unit before its backward, reduces its gradients, frees it
@@ -158,10 +163,17 @@ void check(const Outcome& out) {
   CHECK(out.state3 == out.state1);
 }
 
+const char* name(libtorch::BackwardPrefetch p) {
+  return p == libtorch::BackwardPrefetch::before_backward ? "before_backward" : "after_gradients";
+}
+
 void stage3_equals_stage1(int world, const optim::OptimizerSpec& spec) {
-  Outcome out;
-  simulate(world, [&](RankContext& ctx) { stage3_rank(ctx, spec, out); });
-  check(out);
+  for (auto prefetch : {libtorch::BackwardPrefetch::before_backward, libtorch::BackwardPrefetch::after_gradients}) {
+    INFO("backward_prefetch " << name(prefetch));
+    Outcome out;
+    simulate(world, [&](RankContext& ctx) { stage3_rank(ctx, spec, prefetch, out); });
+    check(out);
+  }
 }
 
 }  // namespace
@@ -181,8 +193,8 @@ TEST_CASE("libtorch FullyShard between processes: stage 3 equals stage 1 bit for
   // first, and be turned away as a latecomer.
   Outcome adam, sgd;
   run_launched(2, [&](RankContext& ctx) {
-    stage3_rank(ctx, {"Adam", {{"lr", 0.01}}}, adam);
-    stage3_rank(ctx, {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}, sgd);
+    stage3_rank(ctx, {"Adam", {{"lr", 0.01}}}, libtorch::BackwardPrefetch::before_backward, adam);
+    stage3_rank(ctx, {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}, libtorch::BackwardPrefetch::after_gradients, sgd);
   });
   check(adam);
   check(sgd);
@@ -194,55 +206,66 @@ TEST_CASE("libtorch FullyShard: stage 3 equals stage 1 bit for bit with SGD and 
     DYNAMIC_SECTION("world " << world) { stage3_equals_stage1(world, {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}}); }
 }
 
-TEST_CASE("libtorch FullyShard: the backward holds two unit buffers, the gradients in the gathered memory",
-          "[libtorch][fully_shard]") {
+TEST_CASE(
+    "libtorch FullyShard: the backward holds three unit buffers prefetching before each unit's backward, two "
+    "after its gradients (they take the gathered memory)",
+    "[libtorch][fully_shard]") {
   // Four units of one size. Sampled when each unit's output gradient
-  // arrives (the unit gathered again, the later unit's reduction in flight)
-  // and inside each unit's forward: with the gradients copied into a buffer
-  // of their own, and the previous unit prefetched there, it was three.
+  // arrives (the unit gathered again, the later unit's reduction in flight;
+  // with before_backward the unit before's all_gather too) and inside each
+  // unit's forward. The default is before_backward (torch FSDP's BACKWARD_PRE).
+  using libtorch::BackwardPrefetch;
   for (int world : {3, 5})
-    DYNAMIC_SECTION("world " << world) {
-      Problems problems;
-      simulate(world, [&](RankContext& ctx) {
-        torch::nn::Sequential net;
-        {
-          std::lock_guard<std::mutex> lock(seed_mutex);
-          torch::manual_seed(3);
-          net = torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 6),
-                                      torch::nn::Tanh(), torch::nn::Linear(6, 6), torch::nn::Tanh(),
-                                      torch::nn::Linear(6, 6));
-        }
-        libtorch::FullyShard fs({net->ptr(0), net->ptr(2), net->ptr(4), net->ptr(6)},
-                                optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, optim::ShardedUnitsOptions{ctx.world()});
-        const std::int64_t unit_bytes = fs.sharded().shard_numel(0) * ctx.world_size() * 4;
-        std::int64_t peak = 0;
-        auto sample = [&] { peak = std::max(peak, fs.sharded().buffer_bytes()); };
-        for (int step = 0; step < 3; ++step) {
-          peak = 0;
-          at::Tensor h = batch(ctx.rank(), step);
-          for (std::size_t u = 0; u < 4; ++u) {
-            auto layer = net->ptr<torch::nn::LinearImpl>(2 * u);
-            h = fs.forward(u, [&] {
-              sample();
-              return layer->forward(h);
-            });
-            h.register_hook([&](const at::Tensor&) { sample(); });  // after FullyShard's own hook: gathered
-            if (u < 3) h = h.tanh();
+    for (auto prefetch : {BackwardPrefetch::before_backward, BackwardPrefetch::after_gradients})
+      DYNAMIC_SECTION("world " << world << ", backward_prefetch " << name(prefetch)) {
+        const std::int64_t units_held = prefetch == BackwardPrefetch::before_backward ? 3 : 2;
+        Problems problems;
+        simulate(world, [&](RankContext& ctx) {
+          torch::nn::Sequential net;
+          {
+            std::lock_guard<std::mutex> lock(seed_mutex);
+            torch::manual_seed(3);
+            net = torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 6),
+                                        torch::nn::Tanh(), torch::nn::Linear(6, 6), torch::nn::Tanh(),
+                                        torch::nn::Linear(6, 6));
           }
-          h.square().sum().backward();
-          fs.step();
-          const std::string where = "step " + std::to_string(step) + ": ";
-          if (peak != 2 * unit_bytes)
-            problems.add(ctx.rank(), where + "peak buffer_bytes " + std::to_string(peak) + ", two units are " +
-                                         std::to_string(2 * unit_bytes));
-          if (fs.sharded().buffer_bytes() != 0)
-            problems.add(ctx.rank(), where + std::to_string(fs.sharded().buffer_bytes()) + " bytes after step()");
-          const std::string held = between_iterations(fs);
-          if (!held.empty()) problems.add(ctx.rank(), where + held);
-        }
-      });
-      for (const auto& p : problems.list) FAIL_CHECK(p);
-    }
+          libtorch::FullyShardOptions options = optim::ShardedUnitsOptions{ctx.world()};
+          if (options.backward_prefetch != BackwardPrefetch::before_backward)
+            problems.add(ctx.rank(), "the default backward_prefetch is not before_backward");
+          options.backward_prefetch = prefetch;
+          libtorch::FullyShard fs({net->ptr(0), net->ptr(2), net->ptr(4), net->ptr(6)},
+                                  optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, options);
+          if (fs.backward_prefetch() != prefetch) problems.add(ctx.rank(), "backward_prefetch() is not the option's");
+          const std::int64_t unit_bytes = fs.sharded().shard_numel(0) * ctx.world_size() * 4;
+          std::int64_t peak = 0;
+          auto sample = [&] { peak = std::max(peak, fs.sharded().buffer_bytes()); };
+          for (int step = 0; step < 3; ++step) {
+            peak = 0;
+            at::Tensor h = batch(ctx.rank(), step);
+            for (std::size_t u = 0; u < 4; ++u) {
+              auto layer = net->ptr<torch::nn::LinearImpl>(2 * u);
+              h = fs.forward(u, [&] {
+                sample();
+                return layer->forward(h);
+              });
+              h.register_hook([&](const at::Tensor&) { sample(); });  // after FullyShard's own hook: gathered
+              if (u < 3) h = h.tanh();
+            }
+            h.square().sum().backward();
+            fs.step();
+            const std::string where = "step " + std::to_string(step) + ": ";
+            if (peak != units_held * unit_bytes)
+              problems.add(ctx.rank(), where + "peak buffer_bytes " + std::to_string(peak) + ", " +
+                                           std::to_string(units_held) + " units are " +
+                                           std::to_string(units_held * unit_bytes));
+            if (fs.sharded().buffer_bytes() != 0)
+              problems.add(ctx.rank(), where + std::to_string(fs.sharded().buffer_bytes()) + " bytes after step()");
+            const std::string held = between_iterations(fs);
+            if (!held.empty()) problems.add(ctx.rank(), where + held);
+          }
+        });
+        for (const auto& p : problems.list) FAIL_CHECK(p);
+      }
 }
 
 TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over into another model, forward by unit",
@@ -307,6 +330,13 @@ TEST_CASE("libtorch FullyShard: the caller's errors name the call and the rank",
       record(e);
     }
     try {
+      libtorch::FullyShardOptions bad = options;
+      bad.backward_prefetch = static_cast<libtorch::BackwardPrefetch>(7);
+      libtorch::FullyShard fs(linear_units(net), spec, bad);
+    } catch (const ValueError& e) {
+      record(e);
+    }
+    try {
       torch::nn::Linear wide(3, 2);
       wide->to(torch::kDouble);
       libtorch::FullyShard fs({wide.ptr()}, spec, options);
@@ -338,6 +368,7 @@ TEST_CASE("libtorch FullyShard: the caller's errors name the call and the rank",
       {"FullyShard", "no units"},
       {"FullyShard", "unit 1", "has no trainable parameters"},
       {"FullyShard", "unit 1", "shares a parameter with unit 0"},
+      {"FullyShard", "backward_prefetch 7", "before_backward or after_gradients"},
       {"FullyShard", "Double", "float32 CPU parameters only"},
       {"FullyShard.forward", "unit 3 is not one of the 3 units"},
       {"FullyShard.step", "no backward since the last step"},

@@ -14,18 +14,21 @@ the forward and the backward (torch runs a CPU backward on it, hooks
 included). The hooks: a unit's forward pre-hook gathers it (waiting for its
 prefetch) and prefetches the next unit of the forward order; its forward
 hook frees the full parameters and hooks the unit's outputs, whose gradient
-hook gathers the unit again before its backward. Once every parameter of a
-unit has its gradient (hooks on their AccumulateGrad nodes), the unit's
-gathered memory turns into its gradients (dopt's release_for_gradients,
-which waits for the later unit's reduction), the previous unit is
-prefetched, the gradients are copied in, reduced there and dropped. Without
-dopt._storage (built where CMake finds libtorch) the parameters are a copy
-of the gathered unit: the output's hook prefetches the previous unit, and
-the gradients are copied into a reduction buffer of their own. At the end of the backward (torch's
+hook gathers the unit again before its backward (and, with
+``backward_prefetch="before_backward"``, the default, prefetches the
+previous unit). Once every parameter of a unit has its gradient (hooks on
+their AccumulateGrad nodes), the unit's gathered memory turns into its
+gradients (dopt's release_for_gradients, which waits for the later unit's
+reduction), the previous unit is prefetched (``"after_gradients"``; else it
+is in flight already), the gradients are copied in, reduced there and
+dropped. Without dopt._storage (built where CMake finds libtorch) the
+parameters are a copy of the gathered unit and the gradients are copied
+into a reduction buffer of their own. At the end of the backward (torch's
 engine callback) the units it did not reach are reduced too, the last
 reduction is waited for, and every unit is freed.
 """
 import dataclasses
+import enum
 import os
 
 import torch
@@ -42,6 +45,22 @@ from ._tensor import to_dopt, to_torch
 from .distributed import resolve_process_group
 
 __all__ = ["fully_shard", "FullyShardedOptimizer"]
+
+_BACKWARD_PREFETCH = ("before_backward", "after_gradients")
+
+
+def _backward_prefetch(value, where):
+    """``value`` as one of _BACKWARD_PREFETCH: those names, or torch FSDP's
+    ``BackwardPrefetch.BACKWARD_PRE`` / ``BACKWARD_POST``, recognised by the
+    enum's class and member names without importing torch.distributed.fsdp
+    (which fails to import with torch 1.13 under Python 3.11)."""
+    if isinstance(value, enum.Enum) and type(value).__name__ == "BackwardPrefetch":
+        value = {"BACKWARD_PRE": "before_backward", "BACKWARD_POST": "after_gradients"}.get(value.name, value)
+    if isinstance(value, str) and value in _BACKWARD_PREFETCH:
+        return value
+    raise _C.ValueError(f"{where}: backward_prefetch={value!r} is not 'before_backward' (torch's "
+                        "BackwardPrefetch.BACKWARD_PRE) or 'after_gradients' (BACKWARD_POST); dopt always prefetches "
+                        "in the backward, None is not a choice")
 
 
 def _tensors(x):
@@ -153,7 +172,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
 
     uses_dopt_kernels = True
 
-    def __init__(self, module, optimizer_class=torch.optim.Adam, units=None, process_group=None, **defaults):
+    def __init__(self, module, optimizer_class=torch.optim.Adam, units=None, process_group=None,
+                 backward_prefetch="before_backward", **defaults):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"dopt.fully_shard: expected a torch.nn.Module, got {type(module).__name__}")
         self._where = "dopt.fully_shard"
@@ -166,6 +186,7 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self._keys = dopt_keys(name)
         self._dopt_defaults = ours
         self._group = resolve_process_group(process_group, self._where)
+        self.backward_prefetch = _backward_prefetch(backward_prefetch, f"{self._where} [rank {self._group.rank()}]")
         split = split_units(module, units, self._where)
         if not split:
             raise _C.ValueError(f"{self._where}: the module has no trainable parameters")
@@ -307,9 +328,9 @@ class FullyShardedOptimizer(GroupedOptimizer):
         if self._units[u].reduced:
             return
         self._gather(u)
-        if not self._in_place:
+        if self.backward_prefetch == "before_backward":  # overlaps u's backward: three unit buffers
             self._prefetch(self._neighbour(u, -1))
-        # else once this unit's gradients took its memory (_grad_ready): two unit buffers, not three
+        # else once this unit's gradients took its memory (_grad_ready): two
 
     def _grad_ready(self, u):
         unit = self._units[u]
@@ -323,8 +344,7 @@ class FullyShardedOptimizer(GroupedOptimizer):
         else:  # a copy of the gathered unit, or gradients that came without its gather (no output hook ran)
             self._reduce(u)
             self._release(u)
-            if self._in_place:
-                self._prefetch(self._neighbour(u, -1))
+            self._prefetch(self._neighbour(u, -1))  # after_gradients (before_backward: in flight already)
 
     def _second_backward(self, u):
         raise _C.StateError(f"dopt FullyShardedOptimizer [rank {self.rank}]: a second backward before step() (unit {u}'s gradients were "
@@ -490,7 +510,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
                 _storage.point(unit.flat._cdata, 0, 0)
 
 
-def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_group=None, **defaults):
+def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_group=None,
+                backward_prefetch="before_backward", **defaults):
     """Shards ``module``'s parameters over the process group (ZeRO stage 3) and
     returns the optimizer that steps them (a ``FullyShardedOptimizer``).
 
@@ -501,8 +522,14 @@ def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_gr
     whose parameters are gathered together (default: each direct child with
     trainable parameters; the module's remaining parameters form one more
     unit); ``process_group`` as for ``ZeroRedundancyOptimizer``;
-    ``defaults``: the optimizer's hyperparameters (``lr=...``).
+    ``backward_prefetch``: when the backward starts gathering the unit before
+    unit u: ``"before_backward"`` (default; torch's
+    ``BackwardPrefetch.BACKWARD_PRE``), overlapping u's backward, three
+    unit-sized buffers; ``"after_gradients"`` (``BACKWARD_POST``), once u's
+    gradients took u's gathered memory, two; ``defaults``: the optimizer's
+    hyperparameters (``lr=...``).
 
     Afterwards each parameter is empty (``numel() == 0``) except while its
     unit is gathered during a forward or backward of ``module``."""
-    return FullyShardedOptimizer(module, optimizer_class, units=units, process_group=process_group, **defaults)
+    return FullyShardedOptimizer(module, optimizer_class, units=units, process_group=process_group,
+                                 backward_prefetch=backward_prefetch, **defaults)

@@ -23,13 +23,17 @@ layer joins the root's unit).
   the shards are ceil(numel_u / N) per unit and ``bytes`` is the shards,
   their gradients and the optimizer's state (16 B per element with Adam,
   12 with SGD and momentum, plus Adam's step counters).
-* The backward holds two unit-sized buffers (``buffer_bytes``, sampled at
-  each unit's forward and at its output's gradient) when ``dopt._storage``
-  is built (the gathered memory becomes the gradients'; three before);
-  without it the case says it is skipped.
+* Both cases run with each ``backward_prefetch`` ("before_backward", the
+  default, and "after_gradients"): the results are the same bit for bit.
+* The backward holds three unit-sized buffers with "before_backward" and two
+  with "after_gradients" (``buffer_bytes``, sampled at each unit's forward
+  and at its output's gradient; torch's BackwardPrefetch.BACKWARD_PRE and
+  BACKWARD_POST give the same) when ``dopt._storage`` is built (the gathered
+  memory becomes the gradients'); without it the case says it is skipped.
 * Re-entrant activation checkpointing (``torch.utils.checkpoint`` with
   ``use_reentrant=True``) around two units trains bitwise as without it.
-* The errors: step() before a backward, an optimizer stage 3 cannot step,
+* The errors: step() before a backward, a backward_prefetch that is not
+  one of the choices (a wrong name, None), an optimizer stage 3 cannot step,
   a unit outside the module, a module sharded twice, a second backward
   before step(), a weight tied across two units, a float64 parameter, a
   wrong shape for load_full_parameters: each names the call and the
@@ -41,6 +45,7 @@ layer joins the root's unit).
 
 Prints "fully_shard_parity: PASS <case>" per case and rank.
 """
+import enum
 import os
 import sys
 import tempfile
@@ -109,7 +114,8 @@ def check_held(opt, model, total, per_element, case):
     return sum(shards)
 
 
-def check_case(case, rank, optimizer_class, kwargs, per_element, scale=False, units=None):
+def check_case(case, rank, optimizer_class, kwargs, per_element, scale=False, units=None,
+               prefetch="before_backward"):
     world = dopt.get_world()
     torch.manual_seed(0)
     ref = MLP(scale)
@@ -120,7 +126,10 @@ def check_case(case, rank, optimizer_class, kwargs, per_element, scale=False, un
     if rank == 0:
         model.load_state_dict(ref.state_dict())
     z = dopt.ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=optimizer_class, **kwargs)
-    opt = dopt.fully_shard(model, optimizer_class, units=None if units is None else units(model), **kwargs)
+    opt = dopt.fully_shard(model, optimizer_class, units=None if units is None else units(model),
+                           backward_prefetch=prefetch, **kwargs)
+    if opt.backward_prefetch != prefetch:
+        raise AssertionError(f"{case}: backward_prefetch {opt.backward_prefetch!r}, passed {prefetch!r}")
     names = dict(ref.named_parameters())
     total = sum(p.numel() for p in ref.parameters())
     for step in range(STEPS):
@@ -185,6 +194,11 @@ def check_errors(rank):
                  lambda: dopt.fully_shard(MLP(), "Muon", lr=0.02))
     expect_error(dopt.ValueError, ["dopt.fully_shard", "unit 0", "not a submodule"],
                  lambda: dopt.fully_shard(MLP(), torch.optim.Adam, units=[nn.Linear(2, 2)], lr=0.01))
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "[rank ", "backward_prefetch='after_backward'",
+                                   "'before_backward'", "'after_gradients'"],
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adam, backward_prefetch="after_backward", lr=0.01))
+    expect_error(dopt.ValueError, ["dopt.fully_shard", "backward_prefetch=None", "None is not a choice"],
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adam, backward_prefetch=None, lr=0.01))
     expect_error(dopt.ValueError, ["dopt.fully_shard", "sharded already"],
                  lambda: dopt.fully_shard(model, torch.optim.Adam, lr=0.01))
     x, y = batch(rank, 0)
@@ -321,14 +335,19 @@ def check_checkpoint(rank, folder):
     print(f"fully_shard_parity: PASS Checkpointer and save_sharded/load_sharded (rank {rank})", flush=True)
 
 
-def check_two_buffers(rank):
-    """Four units of one size: the peak of ``buffer_bytes`` is two units in every iteration."""
+def check_buffers(rank, prefetch, held, torch_value=None):
+    """Four units of one size: the peak of ``buffer_bytes`` is ``held`` units
+    in every iteration (``torch_value``: passed instead of ``prefetch``, torch's
+    BackwardPrefetch member of the same meaning)."""
     if sys.modules["dopt.fully_shard"]._storage is None:  # the module (dopt.fully_shard is the function)
-        print(f"fully_shard_parity: SKIP two unit buffers (rank {rank}): dopt._storage not built", flush=True)
+        print(f"fully_shard_parity: SKIP {held} unit buffers (rank {rank}): dopt._storage not built", flush=True)
         return
     torch.manual_seed(3)
     model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(8, 8), nn.Tanh())])
-    opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01)
+    opt = dopt.fully_shard(model, torch.optim.Adam, lr=0.01,
+                           backward_prefetch=prefetch if torch_value is None else torch_value)
+    if opt.backward_prefetch != prefetch:
+        raise AssertionError(f"{held} buffers: backward_prefetch {opt.backward_prefetch!r}, expected {prefetch!r}")
     unit = 4 * opt.world_size * max(opt.shard_numels())
     if len(set(opt.shard_numels())) != 1 or len(opt.units) != 4:
         raise AssertionError(f"two buffers: expected four units of one size, got {opt.shard_numels()}")
@@ -348,11 +367,12 @@ def check_two_buffers(rank):
         x, _ = batch(rank, step)
         model(x[:, :8]).square().sum().backward()
         opt.step()
-        if peak[0] != 2 * unit:
-            raise AssertionError(f"two buffers, step {step}: peak buffer_bytes {peak[0]}, two units are {2 * unit}")
+        if peak[0] != held * unit:
+            raise AssertionError(f"{prefetch}, step {step}: peak buffer_bytes {peak[0]}, {held} units are {held * unit}")
         if opt.buffer_bytes != 0:
-            raise AssertionError(f"two buffers, step {step}: {opt.buffer_bytes} bytes after step()")
-    print(f"fully_shard_parity: PASS two unit buffers in the backward (rank {rank}, {2 * unit} bytes)", flush=True)
+            raise AssertionError(f"{prefetch}, step {step}: {opt.buffer_bytes} bytes after step()")
+    print(f"fully_shard_parity: PASS {held} unit buffers in the backward with backward_prefetch={prefetch} "
+          f"(rank {rank}, {held * unit} bytes)", flush=True)
 
 
 def check_recomputation(rank):
@@ -394,10 +414,22 @@ def worker(rank, world_size, init_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size,
                             timeout=timedelta(minutes=10))
-    check_case("Adam, the children as units", rank, torch.optim.Adam, {"lr": 0.01}, 16)
-    check_case("SGD with momentum, a root parameter, units fc1 and fc2", rank, torch.optim.SGD,
-               {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2])
-    check_two_buffers(rank)
+    for prefetch in ("before_backward", "after_gradients"):
+        check_case(f"Adam, the children as units, backward_prefetch={prefetch}", rank, torch.optim.Adam,
+                   {"lr": 0.01}, 16, prefetch=prefetch)
+        check_case(f"SGD with momentum, a root parameter, units fc1 and fc2, backward_prefetch={prefetch}", rank,
+                   torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}, 12, scale=True, units=lambda m: [m.fc1, m.fc2],
+                   prefetch=prefetch)
+    try:
+        from torch.distributed.fsdp import BackwardPrefetch
+    except Exception:  # torch 1.13's fsdp package fails to import under Python 3.11 (a dataclass default)
+        BackwardPrefetch = enum.Enum("BackwardPrefetch", "BACKWARD_PRE BACKWARD_POST")  # its class and member names
+        print(f"fully_shard_parity: torch.distributed.fsdp does not import; an enum of its names stands in "
+              f"(rank {rank})", flush=True)
+    check_buffers(rank, "before_backward", 3)
+    check_buffers(rank, "after_gradients", 2)
+    check_buffers(rank, "before_backward", 3, torch_value=BackwardPrefetch.BACKWARD_PRE)
+    check_buffers(rank, "after_gradients", 2, torch_value=BackwardPrefetch.BACKWARD_POST)
     check_recomputation(rank)
     check_errors(rank)
     check_unsharded_and_objects(rank, world_size)

@@ -25,9 +25,13 @@
 // (its size is 0) and the views autograd saved in the forward keep pointing
 // at it, so a later gather makes them valid again. Once the unit's
 // gradients exist its gathered memory becomes their reduction buffer
-// (ShardedUnits::release_for_gradients): ShardedUnits holds two unit-sized
-// buffers in the backward (sharded().buffer_bytes()), plus autograd's own
-// gradients of one unit until they are copied.
+// (ShardedUnits::release_for_gradients). The backward's unit-sized buffers
+// (sharded().buffer_bytes()), by FullyShardOptions::backward_prefetch:
+// before_backward (the default) three (unit u gathered, u-1's all_gather
+// in flight during u's backward, u+1's reduction); after_gradients two (u-1
+// is gathered into the buffer u+1's reduction gave back, once u's gradients
+// took u's memory; its all_gather does not overlap u's backward). Either
+// way plus autograd's own gradients of one unit until they are copied.
 //
 // Who calls what. Every rank of the process group constructs it with the
 // same units, runs the same forwards (forward() of the same units, in the
@@ -35,8 +39,9 @@
 // gathers and reductions inside them are collectives. The order of the
 // first forward is the prefetch order: from the first backward on,
 // forward(u) prefetches the unit the first forward ran after u, and the
-// backward prefetches the one before once u's gradients took u's memory
-// (the first forward prefetches none).
+// backward prefetches the one before, when backward_prefetch says (the
+// first forward prefetches none). Every rank passes the same
+// backward_prefetch (it orders the collectives; not checked).
 // Collective: the constructor (ShardedUnits broadcasts rank 0's values),
 // forward() (one all_gather of a unit not prefetched), the backward of a
 // loss computed from forward()'s outputs, state_dict(), full_parameters().
@@ -46,10 +51,12 @@
 // the backward (a CPU backward runs its hooks on the calling thread).
 // forward() waits for the unit's all_gather (its prefetch, when one was
 // posted); the hook on the output's gradient waits for the unit's
-// all_gather before the unit's backward; once every parameter of a unit
+// all_gather before the unit's backward (and, with before_backward,
+// prefetches the unit before it); once every parameter of a unit
 // has its gradient (hooks on their AccumulateGrad nodes) the unit is
 // released into its gradients (release_for_gradients waits for the later
-// unit's reduction), the unit before it is prefetched, the gradients are
+// unit's reduction), the unit before it is prefetched (after_gradients;
+// with before_backward it is in flight already), the gradients are
 // copied into the released memory and reduced there
 // (reduce_gradients_async), and the full gradients are dropped (p.grad()
 // stays undefined); a unit whose gradients arrive while it is not gathered
@@ -64,7 +71,8 @@
 // Errors a caller can cause (dopt::Error subclasses naming the call,
 // "FullyShard" for the constructor or "FullyShard.<call>", and the rank):
 // no units, a null unit, a unit without trainable parameters, a parameter
-// in two units (ValueError); parameters
+// in two units, a backward_prefetch that is none of the enum's values
+// (ValueError); parameters
 // that are not float32 CPU tensors (TypeError); a unit index out of range
 // (ValueError); a second backward before step(), step() without a finished
 // backward since the last step, forward() inside a backward (StateError);
@@ -76,6 +84,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -87,15 +96,35 @@
 
 namespace dopt::libtorch {
 
+/// When the backward posts the all_gather of the unit before u (in forward
+/// order); torch FSDP's BackwardPrefetch. Memory: see "Memory" above.
+enum class BackwardPrefetch {
+  /// From the hook on u's output gradient, before u's backward runs: the
+  /// gather overlaps u's backward (torch's BACKWARD_PRE); three unit buffers.
+  before_backward,
+  /// Once u's gradients took u's gathered memory: the gather overlaps u's
+  /// reduction only (torch's BACKWARD_POST); two unit buffers.
+  after_gradients,
+};
+
+/// ShardedUnits' options plus FullyShard's own; converts from
+/// ShardedUnitsOptions (backward_prefetch then keeps its default).
+struct FullyShardOptions : optim::ShardedUnitsOptions {
+  FullyShardOptions() = default;
+  FullyShardOptions(optim::ShardedUnitsOptions sharded)  // NOLINT(google-explicit-constructor): on purpose
+      : optim::ShardedUnitsOptions(std::move(sharded)) {}
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::before_backward;
+};
+
 class FullyShard {
  public:
   /// Collective. units: the modules whose trainable parameters are
   /// gathered together (e.g. the children of a Sequential that have
   /// parameters), in the order their parameters appear in state_dict().
   FullyShard(std::vector<std::shared_ptr<torch::nn::Module>> units, optim::OptimizerSpec spec,
-             optim::ShardedUnitsOptions options);
+             FullyShardOptions options);
   FullyShard(std::vector<std::shared_ptr<torch::nn::Module>> units, const optim::OptimizerOptions& optimizer,
-             optim::ShardedUnitsOptions options);
+             FullyShardOptions options);
   /// Removes the hooks; the parameters stay empty (full_parameters() first
   /// to keep their values).
   ~FullyShard();
@@ -139,6 +168,7 @@ class FullyShard {
   /// The ShardedUnits underneath (register_comm_hook, optim()).
   optim::ShardedUnits& sharded() noexcept;
   int rank() const noexcept;
+  BackwardPrefetch backward_prefetch() const noexcept;
 
  private:
   struct Impl;
