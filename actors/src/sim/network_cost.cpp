@@ -40,15 +40,21 @@ double latency_s(const NetworkModel& m) { return std::chrono::duration<double>(m
 double sync_s(const NetworkModel& m) { return std::chrono::duration<double>(m.sync_latency).count(); }
 
 /// Seconds of `syncs` synchronisations of k members of a host, each after a
-/// phase of one member's own work of `phase` seconds: sync_latency each; when
-/// the phase is longer than the waiters' spin (spin_past_cores when the
-/// members outnumber the cores), the members that arrived first sleep, and
-/// each wave of members that run at once waits for a wake-up.
-double syncs_s(const NetworkModel& m, double syncs, double phase, int k) {
+/// phase of one member's own work of `phase` seconds: sync_latency each, and
+/// a wake-up for each wave of members that run at once when the first
+/// arrivals wait longer than they poll (then they sleep). How long they
+/// wait: when the members outnumber the cores, those past the cores run
+/// after the others (a phase later; they poll spin_past_cores); else, when
+/// the work is `symmetric` (every member does the same at once), they arrive
+/// together and wait for nothing; else (a sender's copy, a broadcast root's
+/// staging) they wait for the phase (they poll spin).
+double syncs_s(const NetworkModel& m, double syncs, double phase, int k, bool symmetric = true) {
   const int cores = std::max(1, m.cores_per_host);
-  const double spin = std::chrono::duration<double>(k > cores ? m.spin_past_cores : m.spin).count();
+  const bool past = k > cores;
+  const double wait = past || !symmetric ? phase : 0.0;
+  const double spin = std::chrono::duration<double>(past ? m.spin_past_cores : m.spin).count();
   const double waves = std::ceil(static_cast<double>(k) / cores);
-  const double wake = phase > spin ? waves * std::chrono::duration<double>(m.wake_latency).count() : 0.0;
+  const double wake = wait > spin ? waves * std::chrono::duration<double>(m.wake_latency).count() : 0.0;
   return syncs * (sync_s(m) + wake);
 }
 
@@ -90,7 +96,8 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
     case CollKind::broadcast_coalesced: {
       // the root stages, the others copy out
       const double c = chunks(m, b);
-      return syncs_s(m, 2 * c, own_s(m, b, b, 1, b) / c, n) + memory_s(m, b, b, 1, b) + memory_s(m, b, b, n - 1, b);
+      return syncs_s(m, 2 * c, own_s(m, b, b, 1, b) / c, n, false) + memory_s(m, b, b, 1, b) +
+             memory_s(m, b, b, n - 1, b);
     }
     case CollKind::all_gather:
     case CollKind::all_gather_flat: {
@@ -185,7 +192,7 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
   const int hs = host_of(m, world_size, src);
   if (hs == host_of(m, world_size, dst)) {
     // into the mailbox and out (or one cross-memory read); the receiver waits for the sender's copy
-    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2) + memory_s(m, b, b, 1, b);
+    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2, false) + memory_s(m, b, b, 1, b);
   } else {
     s += latency_s(m) + link_s(m, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);
