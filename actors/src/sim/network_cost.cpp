@@ -58,11 +58,15 @@ double syncs_s(const NetworkModel& m, double syncs, double phase, int k, bool sy
   return syncs * (sync_s(m) + wake);
 }
 
-/// One member's own time for its traffic (memory_s without the turns of the
-/// members past the cores).
-double own_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
+/// One member's own time of a traffic that takes k members `seconds` in all
+/// (memory_s's time without the turns of the members past the cores).
+double own_of(const NetworkModel& m, double seconds, int k) {
   const int cores = std::max(1, m.cores_per_host);
-  return memory_s(m, tensor, buffer, k, data) * cores / std::max(k, cores);
+  return seconds * cores / std::max(k, cores);
+}
+
+double own_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
+  return own_of(m, memory_s(m, tensor, buffer, k, data), k);
 }
 
 double chunks(const NetworkModel& m, double bytes) {
@@ -87,23 +91,23 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
           b * n <= static_cast<double>(shm_plane::kOneRoundSmallCalls * m.shm_small_bytes))
         return syncs_s(m, 1, own_s(m, b, b, n, b), n) + memory_s(m, 2 * b, (n + 1) * b, n, b);
       {
-        const double c = chunks(m, b);
-        const double phase = own_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b) / (2 * c);
-        return syncs_s(m, 2 * c, phase, n) + memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
+        const double c = chunks(m, b), mem = memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
+        return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
       }
     case CollKind::reduce_scatter: return shm_s(m, CollKind::all_reduce, b * n, n);
     case CollKind::broadcast:
     case CollKind::broadcast_coalesced: {
       // the root stages, the others copy out
       const double c = chunks(m, b);
-      return syncs_s(m, 2 * c, own_s(m, b, b, 1, b) / c, n, false) + memory_s(m, b, b, 1, b) +
-             memory_s(m, b, b, n - 1, b);
+      const double root = memory_s(m, b, b, 1, b);
+      return syncs_s(m, 2 * c, own_of(m, root, 1) / c, n, false) + root + memory_s(m, b, b, n - 1, b);
     }
     case CollKind::all_gather:
     case CollKind::all_gather_flat: {
       // each stages its input, then copies all n inputs out
       const double c = chunks(m, b * n), t = b * (n + 1);
-      return syncs_s(m, 2 * c, own_s(m, t, t, n, t) / (2 * c), n) + memory_s(m, t, t, n, t);
+      const double mem = memory_s(m, t, t, n, t);
+      return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
     }
     default: return sync_s(m);  // barrier, new_group
   }
