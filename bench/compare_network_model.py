@@ -13,7 +13,8 @@ before each run recorded), so that parameters and figures share the load:
    MiB in all: where its rate falls halfway, in log, from the cache's to the
    memory's; sysfs gives the largest cache's size, which other tenants of a
    virtual machine share); a wake-up (dopt_bench_sim wake: a futex hand-over
-   between two processes on two cores) just before each shared-memory run;
+   between two processes on two cores) and an exchange (dopt_bench_sim exchange: reading what another core
+   has just written, the one-round all_reduce's pattern at 4-32 KiB) just before each shared-memory run;
    the synchronisation of a host's processes (an 8-byte all_reduce on the
    shared-memory plane), the link's rate (raw TCP, both hosts sending 16 MiB
    to each other at once, dopt_bench_raw_tcp) and latency (an 8-byte
@@ -135,6 +136,11 @@ def wake_us(build):
     return json_lines(run([build + "/bench/dopt_bench_sim", "wake"]))[0]["wake_us"]
 
 
+def exchange_gbs(build):
+    """Reading what another core just wrote (dopt_bench_sim exchange), GB/s a core."""
+    return json_lines(run([build + "/bench/dopt_bench_sim", "exchange"]))[-1]["exchange_gbs"]
+
+
 def cache_bytes():
     """The largest cache's size (sysfs), 0 when unknown."""
     best = 0
@@ -225,7 +231,7 @@ def predict(build, hosts, per_host, p):
            "--memory-gbs", str(p["memory_gbs"]), "--cache-gbs", str(p["cache_gbs"]),
            "--cache-bytes", str(p["cache_bytes"]), "--cores", str(p["cores"]), "--sync-us", str(p["sync_us"]),
            "--wake-us", str(p["wake_us"]), "--spin-us", str(SPIN_US), "--spin-past-cores-us", str(SPIN_PAST_CORES_US),
-           "--bytes"] + [str(s) for s in SIZES]
+           "--exchange-gbs", str(p["exchange_gbs"]), "--bytes"] + [str(s) for s in SIZES]
     return {r["bytes"]: r for r in json_lines(run(cmd))}
 
 
@@ -296,9 +302,10 @@ def main():
                     mem, cache = host_traffic(rnd, plane=plane, procs=n, when="before")
                 before = load()
                 # 3. the measurement, and last in the same run the 8-byte call that gives the latency parameter
-                wake = 0.0
+                wake, xgbs = 0.0, 0.0
                 if rate is None:
                     wake = wake_us(build)
+                    xgbs = exchange_gbs(build)  # last before the run: its rate changes with the machine's state
                     rs = shm_collective(build, n, SIZES + [8])
                     gbits = 10
                     after = host_traffic(rnd, plane=plane, procs=n, when="after")
@@ -311,12 +318,15 @@ def main():
                 by = {r["bytes"]: r for r in rs}
                 tiny = by[8]["median_us"]
                 p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
-                         sync_us=tiny if rate is None else 0, wake_us=wake, link_gbits=round(gbits, 4),
+                         sync_us=tiny if rate is None else 0, wake_us=wake, exchange_gbs=round(xgbs, 3),
+                         link_gbits=round(gbits, 4),
                          link_latency_us=round(tiny / 2, 2) if rate else 0)
                 emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
                           round=rnd + 1, tiny_us=tiny, load=before, **p,
                           how="sync_us: an 8-byte all_reduce on one host; wake_us: a futex hand-over between two "
-                          "cores just before it (dopt_bench_sim wake); link_latency_us: half of one across the "
+                          "cores just before it (dopt_bench_sim wake); exchange_gbs: reading what another core has "
+                          "just written, just before (dopt_bench_sim exchange); "
+                          "link_latency_us: half of one across the "
                           "hosts (two ring steps); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
                 # 2. the prediction with this round's parameters
                 pr = predict(build, 1 if rate is None else 2, n, p)

@@ -4,6 +4,7 @@
 //
 //   dopt_bench_sim predict ...   (the network model's prediction of a collective: sim_predict.cpp)
 //   dopt_bench_sim wake ...      (the model's wake_latency, measured apart: sim_wake.cpp)
+//   dopt_bench_sim exchange ...  (the model's exchange terms, measured apart: sim_exchange.cpp)
 //   dopt_bench_sim [--params N] [--tensors K] [--optimizer adam] [--ranks R] [--steps S] [--repeats P]
 //
 // Each repeat runs one simulate() per mode, alternating (threaded first), with
@@ -27,10 +28,12 @@
 
 int sim_predict_main(int argc, char** argv);  // sim_predict.cpp
 int sim_wake_main(int argc, char** argv);     // sim_wake.cpp
+int sim_exchange_main(int argc, char** argv); // sim_exchange.cpp
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "predict") return sim_predict_main(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "wake") return sim_wake_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "exchange") return sim_exchange_main(argc - 1, argv + 1);
   CLI::App app{"dopt deterministic simulation benchmark: a ZeRO step, deterministic vs threaded"};
   std::int64_t params = 1 << 20;
   std::int64_t tensors = 16;

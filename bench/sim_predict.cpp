@@ -3,7 +3,7 @@
 //
 //   dopt_bench_sim predict --hosts 2 --per-host 1 --bytes 4096 1048576 67108864
 //     --link-gbits 0.95 --link-latency-us 60 --memory-gbs 12 --cache-gbs 60 --cache-bytes 33554432
-//     --cores 2 --sync-us 8 --wake-us 25
+//     --cores 2 --sync-us 8 --wake-us 25 --exchange-gbs 5
 //
 // For each size: one deterministic simulate() of hosts x per-host ranks
 // running one all_reduce (float32, sum) of that many bytes; prints one JSON
@@ -41,6 +41,9 @@ int sim_predict_main(int argc, char** argv) {
   app.add_option("--wake-us", wake_us, "a sleeping member's wake-up on another core, us (0: never sleeps)");
   app.add_option("--spin-us", spin_us, "how long waiters poll before they sleep, us");
   app.add_option("--spin-past-cores-us", spin_past_us, "the same when the members outnumber the cores, us");
+  double exchange_gbs = 0;
+  app.add_option("--exchange-gbs", exchange_gbs,
+                 "reading what another core just wrote, GB/s a core (0: not modelled)");
   app.add_option("--shm-small-bytes", m.shm_small_bytes, "the shared-memory plane's one-round limit");
   app.add_option("--shm-buffer-bytes", m.shm_buffer_bytes, "the shared-memory plane's buffer");
   try {
@@ -52,6 +55,7 @@ int sim_predict_main(int argc, char** argv) {
   m.link_bandwidth = link_gbits * 1e9 / 8;
   m.host_memory_bandwidth = memory_gbs * 1e9;
   m.host_cache_bandwidth = cache_gbs * 1e9;
+  m.exchange_bandwidth = exchange_gbs * 1e9;
   auto us = [](double x) { return std::chrono::nanoseconds(static_cast<long long>(x * 1e3)); };
   m.link_latency = us(latency_us);
   m.sync_latency = us(sync_us);
@@ -89,10 +93,10 @@ int sim_predict_main(int argc, char** argv) {
       std::printf("{\"benchmark\": \"sim_predict\", \"op\": \"%s\", \"bytes\": %lld, \"hosts\": %d, \"per_host\": %d, "
                   "\"predicted_us\": %.2f, \"link_bytes\": [%s], \"link_gbits\": %g, \"link_latency_us\": %g, "
                   "\"memory_gbs\": %g, \"cache_gbs\": %g, \"cache_bytes\": %zu, \"cores\": %d, \"sync_us\": %g, \"overhead_us\": %g, "
-                  "\"wake_us\": %g, \"spin_us\": %g, \"spin_past_cores_us\": %g}\n",
+                  "\"wake_us\": %g, \"spin_us\": %g, \"spin_past_cores_us\": %g, \"exchange_gbs\": %g}\n",
                   op.c_str(), bytes, m.hosts, per_host, rep.modelled_time.count() / 1e3, links.c_str(), link_gbits,
                   latency_us, memory_gbs, cache_gbs, m.host_cache_bytes, m.cores_per_host, sync_us, overhead_us, wake_us,
-                  spin_us, spin_past_us);
+                  spin_us, spin_past_us, exchange_gbs);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dopt_bench_sim predict: %s\n", e.what());

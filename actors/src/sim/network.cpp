@@ -18,7 +18,8 @@ void check_network(const dopt::sim::NetworkModel& m, int world_size) {
   if (m.ranks_per_host > 0 && static_cast<long long>(m.hosts) * m.ranks_per_host < world_size)
     bad(std::to_string(world_size) + " ranks do not fit " + std::to_string(m.hosts) + " hosts x " +
         std::to_string(m.ranks_per_host) + " ranks");
-  if (!(m.link_bandwidth > 0) || !(m.host_memory_bandwidth > 0) || m.host_cache_bandwidth < 0)
+  if (!(m.link_bandwidth > 0) || !(m.host_memory_bandwidth > 0) || m.host_cache_bandwidth < 0 ||
+      !(m.exchange_bandwidth >= 0))
     bad("bandwidths must be positive");
   if (m.cores_per_host < 1) bad("cores_per_host must be >= 1");
   if (m.link_latency.count() < 0 || m.call_overhead.count() < 0 || m.sync_latency.count() < 0 ||

@@ -35,6 +35,19 @@ double memory_s(const NetworkModel& m, double tensor, double buffer, int k, doub
   return (tensor / tensor_bw + buffer / buffer_bw) * std::max(k, std::max(1, m.cores_per_host));
 }
 
+/// Seconds for k members of a host that each read `remote` bytes the others
+/// have just written (small data, which stays in the writer's core's own
+/// cache), past the cache's or memory's time: the part written on other
+/// cores at the exchange rate. All of it while the members have a core each;
+/// past the cores, the members that share a reader's core wrote theirs on
+/// it. Members past the cores take turns, as in memory_s.
+double exchange_s(const NetworkModel& m, double remote, int k) {
+  if (!(m.exchange_bandwidth > 0) || k <= 0) return 0;
+  const int cores = std::max(1, m.cores_per_host);
+  const double others = k > cores ? static_cast<double>(k - (k + cores - 1) / cores) / (k - 1) : 1.0;
+  return remote * others / m.exchange_bandwidth * std::max(k, cores) / cores;
+}
+
 double link_s(const NetworkModel& m, double bytes) { return bytes / m.link_bandwidth; }
 double latency_s(const NetworkModel& m) { return std::chrono::duration<double>(m.link_latency).count(); }
 double sync_s(const NetworkModel& m) { return std::chrono::duration<double>(m.sync_latency).count(); }
@@ -86,15 +99,18 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // others' slices out, two synchronisations (tensor: 2 B; buffers:
       // (3n - 2) / n B).
       // Each synchronisation follows a phase of about half a chunk's work
-      // (small: the staging, B on each side).
+      // (small: the staging, B on each side). The small round's reduce
+      // reads the (n - 1) B the others just staged (exchange_s).
       if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
           b * n <= static_cast<double>(shm_plane::kOneRoundSmallCalls * m.shm_small_bytes))
-        return syncs_s(m, 1, own_s(m, b, b, n, b), n) + memory_s(m, 2 * b, (n + 1) * b, n, b);
+        return syncs_s(m, 1, own_s(m, b, b, n, b), n) + memory_s(m, 2 * b, (n + 1) * b, n, b) +
+               exchange_s(m, (n - 1) * b, n);
       {
         const double c = chunks(m, b), mem = memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
         return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
       }
-    case CollKind::reduce_scatter: return shm_s(m, CollKind::all_reduce, b * n, n);
+    case CollKind::reduce_scatter:
+      return shm_s(m, CollKind::all_reduce, b * n, n);
     case CollKind::broadcast:
     case CollKind::broadcast_coalesced: {
       // the root stages, the others copy out
@@ -109,7 +125,8 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       const double mem = memory_s(m, t, t, n, t);
       return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
     }
-    default: return sync_s(m);  // barrier, new_group
+    default:
+      return sync_s(m);  // barrier, new_group
   }
 }
 
@@ -125,7 +142,8 @@ Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int roo
   x.factor.assign(static_cast<std::size_t>(H), 0.0);
   const double a = latency_s(m);
   switch (kind) {
-    case CollKind::reduce_scatter: return hier(m, CollKind::all_reduce, b * L * H, H, L, root_host);
+    case CollKind::reduce_scatter:
+      return hier(m, CollKind::all_reduce, b * L * H, H, L, root_host);
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:
     case CollKind::reduce:
@@ -152,7 +170,9 @@ Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int roo
       for (auto& f : x.factor) f = static_cast<double>(H - 1) * L;
       x.s = a + link_s(m, static_cast<double>(H - 1) * L * b);
       return x;
-    default: x.s = a; return x;  // barrier, new_group: one exchange between the hosts
+    default:
+      x.s = a;
+      return x;  // barrier, new_group: one exchange between the hosts
   }
 }
 
@@ -183,7 +203,8 @@ CallCost collective_cost(const NetworkModel& m, int world_size, CollKind kind, s
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);
     int i = 0;
     for (const auto& [h, k] : per_host)
-      c.link_bytes[static_cast<std::size_t>(h)] = static_cast<std::uint64_t>(std::llround(x.factor[static_cast<std::size_t>(i++)] * b));
+      c.link_bytes[static_cast<std::size_t>(h)] =
+          static_cast<std::uint64_t>(std::llround(x.factor[static_cast<std::size_t>(i++)] * b));
   }
   c.ns = ns_of(s);
   return c;
@@ -196,7 +217,8 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
   const int hs = host_of(m, world_size, src);
   if (hs == host_of(m, world_size, dst)) {
     // into the mailbox and out (or one cross-memory read); the receiver waits for the sender's copy
-    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2, false) + memory_s(m, b, b, 1, b);
+    const double read = b <= static_cast<double>(m.shm_small_bytes) ? exchange_s(m, b, 2) : 0.0;
+    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2, false) + memory_s(m, b, b, 1, b) + read;
   } else {
     s += latency_s(m) + link_s(m, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);

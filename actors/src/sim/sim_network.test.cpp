@@ -101,6 +101,38 @@ TEST_CASE("network model: a phase longer than the waiters' spin costs a wake-up 
   CHECK(all_reduce_run(5, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 13 / 5) / 1e10 * 5));
 }
 
+TEST_CASE("network model: reads of what members on other cores just wrote go at the exchange rate",
+          "[sim][netmodel]") {
+  auto m = model(1, 0);
+  m.exchange_bandwidth = 2e9;
+  const double b = 1 << 20;
+  // 2 ranks, 4 KiB: one round; each member reads the other's 4 KiB staging at 2e9 past the memory's time
+  CHECK(all_reduce_run(2, 1024, m).modelled_time == ns(3e-6 + 7e-6 + 4096.0 * 5 / 1e10 * 2 + 4096.0 / 2e9));
+  // 5 ranks on 2 cores: of the 4 others, 2 wrote on the reader's core (3 share it) and 2 on the other;
+  // the members take turns (5 on 2 cores)
+  CHECK(all_reduce_run(5, 1024, m).modelled_time ==
+        ns(3e-6 + 7e-6 + 4096.0 * 8 * 5 / 1e10 + 4 * 4096.0 * 2 / 4 / 2e9 * 5 / 2));
+  // the staged path (1 MiB) is not charged
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + 4 * b / 1e10 * 2));
+  // a send within a host: the receiver reads the sender's copy (4000 B) at 2e9
+  SimReport rep;
+  auto o = sim_test::deterministic(3, &rep, std::chrono::seconds(30));
+  o.network = m;
+  simulate(2, [&](RankContext& ctx) {
+    Tensor t = Tensor::full({1000}, 1.0);
+    if (ctx.rank() == 0)
+      ctx.world().send(t, 1, 0);
+    else
+      ctx.world().recv(t, 0, 0);
+  }, o);
+  CHECK(rep.modelled_time == ns(3e-6 + 7e-6 + 8000.0 * 2 / 1e10 + 4000 / 2e9));
+  // a negative rate is refused
+  m.exchange_bandwidth = -1;
+  auto refused = sim_test::deterministic(1, nullptr, std::chrono::seconds(30));
+  refused.network = m;
+  CHECK_THROWS_AS(simulate(2, [](RankContext&) {}, refused), ValueError);
+}
+
 TEST_CASE("network model: an all_reduce across hosts adds the hierarchical plane's link time", "[sim][netmodel]") {
   // 5 ranks on 2 hosts (3 + 2), 4 KiB: the small round among 3 members,
   // then a chain through the hosts and the result back: 2 latencies, B each way on the link.
