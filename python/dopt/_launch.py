@@ -1,5 +1,5 @@
 """Where this process's place in the job comes from, and how dopt's ranks
-meet (docs/python.md, "How dopt finds its ranks").
+meet (docs/python-ranks.md, "How dopt finds its ranks").
 
 In this order:
 

@@ -1,7 +1,7 @@
 """dopt.Checkpointer: training checkpoints of a data-parallel job, saved and
 resumed by every rank together, written by dopt's C++ Checkpointer
 (docs/checkpointing.md: the folder, atomic commits, async saves, resharding;
-docs/python.md, "Checkpoints": this class).
+docs/python-checkpoints.md, "Checkpoints": this class).
 
 Who calls what. The constructor, ``save``, ``save_async``, ``load`` and
 ``load_latest`` are collectives of the process group: every rank calls them

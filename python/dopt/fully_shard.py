@@ -1,6 +1,6 @@
 """dopt.fully_shard: ZeRO stage 3 (sharded parameters) for a torch module,
 driven by module and autograd hooks as torch's FullyShardedDataParallel is.
-docs/python.md ("Sharded parameters (ZeRO-3)") explains what each rank holds
+docs/python-sharded.md ("Sharded parameters (ZeRO-3)") explains what each rank holds
 and moves.
 
     opt = dopt.fully_shard(model, torch.optim.Adam, lr=1e-3)

@@ -1,5 +1,5 @@
 // dopt::Checkpointer for the Python package (dopt.Checkpointer in
-// python/dopt/checkpoint.py drives it; docs/python.md, "Checkpoints").
+// python/dopt/checkpoint.py drives it; docs/python-checkpoints.md, "Checkpoints").
 //
 // Who calls what: the Python class, on the thread that issues the group's
 // collectives. The collectives (the constructor, save, save_async, load,

@@ -340,7 +340,7 @@ def reshard(rank, world, tmp):
 
 
 def worker(rank, world, phase, tmp):
-    # No launcher variables: dopt's world is torch's group (docs/python.md, "How dopt finds its ranks").
+    # No launcher variables: dopt's world is torch's group (docs/python-ranks.md, "How dopt finds its ranks").
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)
     init = "file://" + os.path.join(tmp, "init-" + phase.__name__)

@@ -1,4 +1,4 @@
-"""docs/python.md's example of dopt.fully_shard (ZeRO stage 3), run by CTest
+"""docs/python-sharded.md's example of dopt.fully_shard (ZeRO stage 3), run by CTest
 under torchrun at 2 ranks:
 
     python3 -m dopt.run --nproc_per_node 2 python/tests/fully_shard_example.py
