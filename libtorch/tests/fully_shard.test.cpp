@@ -357,6 +357,33 @@ TEST_CASE("libtorch FullyShard: ranks that pass different backward_prefetch valu
         CHECK(e.find("the same") != std::string::npos);
       }
     }
+  SECTION("world 3, rank 1 passes a value that is not a BackwardPrefetch") {
+    std::mutex m;
+    std::vector<std::string> errors(3);
+    simulate(3, [&](RankContext& ctx) {
+      ctx.world().set_timeout(std::chrono::seconds(20));
+      libtorch::FullyShardOptions options = optim::ShardedUnitsOptions{ctx.world()};
+      if (ctx.rank() == 1) options.backward_prefetch = static_cast<BackwardPrefetch>(7);
+      auto net = make_net();
+      std::string what = "no error";
+      try {
+        libtorch::FullyShard fs(linear_units(net), optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, options);
+      } catch (const ValueError& e) {
+        what = std::string("ValueError: ") + e.what();
+      } catch (const std::exception& e) {
+        what = std::string("another error: ") + e.what();
+      }
+      std::lock_guard<std::mutex> lock(m);
+      errors[static_cast<std::size_t>(ctx.rank())] = what;
+    });
+    for (int r = 0; r < 3; ++r) {
+      const std::string& e = errors[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << e);
+      CHECK(e.rfind("ValueError: FullyShard [rank " + std::to_string(r) + "]", 0) == 0);
+      CHECK(e.find("ranks 0, 2 pass before_backward") != std::string::npos);
+      CHECK(e.find("rank 1 passes 7 (not a BackwardPrefetch)") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("libtorch FullyShard: the caller's errors name the call and the rank", "[libtorch][fully_shard]") {
