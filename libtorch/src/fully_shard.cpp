@@ -6,6 +6,7 @@
 // Rank thread only (the backward's hooks run on it too).
 #include "dopt/libtorch/fully_shard.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -40,6 +41,33 @@ void point_storage(const at::Tensor& flat, const Tensor& memory, std::size_t nby
   s->set_nbytes(nbytes);
 }
 
+bool valid(BackwardPrefetch p) {
+  return p == BackwardPrefetch::before_backward || p == BackwardPrefetch::after_gradients;
+}
+
+/// "before_backward", "after_gradients", or "7 (not a BackwardPrefetch)".
+std::string prefetch_name(std::int64_t v) {
+  switch (static_cast<BackwardPrefetch>(v)) {
+    case BackwardPrefetch::before_backward:
+      return "before_backward";
+    case BackwardPrefetch::after_gradients:
+      return "after_gradients";
+  }
+  return std::to_string(v) + " (not a BackwardPrefetch)";
+}
+
+/// "rank 5" / "ranks 0-2, 4" (ascending ranks).
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (i ? ", " : "") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 struct FullyShard::Impl : std::enable_shared_from_this<Impl> {
@@ -71,6 +99,9 @@ struct FullyShard::Impl : std::enable_shared_from_this<Impl> {
 
   void init(std::vector<std::shared_ptr<torch::nn::Module>> modules, optim::OptimizerSpec spec,
             FullyShardOptions options);
+  /// Collective (one all_gather of one word): ValueError on every rank when
+  /// the ranks' backward_prefetch differ, naming each rank's.
+  void agree_backward_prefetch(ProcessGroup group, const char* op) const;
   Unit& unit(std::size_t u, const char* op);
   std::optional<std::size_t> neighbour(std::size_t u, int step) const;
   void gather(std::size_t u);
@@ -100,17 +131,39 @@ struct GradReady : torch::autograd::FunctionPostHook {
 
 }  // namespace
 
+void FullyShard::Impl::agree_backward_prefetch(ProcessGroup group, const char* op) const {
+  // One all_gather of one word per rank: the ranks' values, by group rank.
+  const int world = group.size();
+  Tensor all = Tensor::zeros({static_cast<std::int64_t>(world)}, DType::int64);
+  group.all_gather_into_tensor(
+      all, Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(backward_prefetch)}));
+  const std::vector<std::int64_t> values = all.to_vector<std::int64_t>();
+  if (std::all_of(values.begin(), values.end(), [&](std::int64_t v) { return v == values.front(); })) return;
+  // "rank 0 passes before_backward, ranks 1-2 pass after_gradients": each value with its ranks, by first rank.
+  std::vector<std::int64_t> seen;
+  std::string each;
+  for (std::size_t first = 0; first < values.size(); ++first) {
+    if (std::find(seen.begin(), seen.end(), values[first]) != seen.end()) continue;
+    seen.push_back(values[first]);
+    std::vector<int> ranks;
+    for (std::size_t k = first; k < values.size(); ++k)
+      if (values[k] == values[first]) ranks.push_back(static_cast<int>(k));
+    each += (each.empty() ? "" : ", ") + rank_list(ranks) + (ranks.size() == 1 ? " passes " : " pass ") +
+            prefetch_name(values[first]);
+  }
+  throw ValueError(op,
+                   "backward_prefetch differs between the ranks of the process group: " + each +
+                       "; pass the same FullyShardOptions::backward_prefetch on every rank (it decides when each "
+                       "rank posts the backward's all_gathers and how many unit buffers it holds)",
+                   rank);
+}
+
 void FullyShard::Impl::init(std::vector<std::shared_ptr<torch::nn::Module>> modules, optim::OptimizerSpec spec,
                             FullyShardOptions options) {
   static constexpr const char* op = "FullyShard";
   std::optional<int> r;
   if (options.process_group.valid()) r = rank = options.process_group.rank();
   backward_prefetch = options.backward_prefetch;
-  if (backward_prefetch != BackwardPrefetch::before_backward && backward_prefetch != BackwardPrefetch::after_gradients)
-    throw ValueError(op,
-                     "backward_prefetch " + std::to_string(static_cast<int>(backward_prefetch)) +
-                         " is not a BackwardPrefetch (before_backward or after_gradients)",
-                     r);
   if (modules.empty()) throw ValueError(op, "no units", r);
   std::unordered_map<const c10::TensorImpl*, std::size_t> owner;
   std::vector<std::vector<Tensor>> shards;
@@ -139,6 +192,12 @@ void FullyShard::Impl::init(std::vector<std::shared_ptr<torch::nn::Module>> modu
     units.push_back(std::move(unit));
   }
   place.assign(units.size(), -1);
+  if (options.process_group.valid()) agree_backward_prefetch(options.process_group, op);
+  if (!valid(backward_prefetch))
+    throw ValueError(op,
+                     "backward_prefetch " + std::to_string(static_cast<int>(backward_prefetch)) +
+                         " is not a BackwardPrefetch (before_backward or after_gradients)",
+                     r);
   optim::ShardedUnitsOptions sharded = std::move(options);
   model = std::make_unique<optim::ShardedUnits>(std::move(shards), std::move(spec), std::move(sharded));
   rank = model->rank();

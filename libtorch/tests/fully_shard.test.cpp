@@ -9,10 +9,12 @@
 // ranks; a checkpoint (state dict and
 // full parameters) carries a run over into a model whose forward calls each
 // unit by hand (forward(unit, fn)); the caller's errors name the call
-// and the rank. The first comparison runs again between processes under
+// and the rank; ranks that pass different backward_prefetch values all
+// throw ValueError at construction (2, 3 and 5 ranks). The first comparison runs again between processes under
 // dopt-run (CTest), one rank per process. Rank functions only record; the test thread asserts after
 // simulate() returned.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -301,6 +303,87 @@ TEST_CASE("libtorch FullyShard: state_dict and full_parameters carry a run over 
     if (state_bytes(a.state_dict()) != state_bytes(b.state_dict())) problems.add(ctx.rank(), "the states differ");
   });
   for (const auto& p : problems.list) FAIL_CHECK(p);
+}
+
+TEST_CASE("libtorch FullyShard: ranks that pass different backward_prefetch values all raise ValueError",
+          "[libtorch][fully_shard]") {
+  // One rank passes the other value. Every rank must raise at construction,
+  // naming the call, its rank and each rank's value; none may go on into the
+  // training (where, unchecked, the ranks would run with different
+  // prefetch orders) or wait. The group's timeout is short so that a rank
+  // left waiting fails the case instead of hanging it.
+  using libtorch::BackwardPrefetch;
+  struct Case {
+    int world;
+    int odd;  // the rank that passes the other value
+    BackwardPrefetch most;
+    std::vector<std::string> names;  // what each rank's error must contain besides the call and its rank
+  };
+  const std::vector<Case> cases{
+      {2, 1, BackwardPrefetch::before_backward, {"rank 0 passes before_backward", "rank 1 passes after_gradients"}},
+      {3, 0, BackwardPrefetch::after_gradients, {"rank 0 passes before_backward", "ranks 1-2 pass after_gradients"}},
+      {5, 2, BackwardPrefetch::before_backward,
+       {"ranks 0-1, 3-4 pass before_backward", "rank 2 passes after_gradients"}},
+  };
+  for (const Case& c : cases)
+    DYNAMIC_SECTION("world " << c.world << ", rank " << c.odd << " passes the other value") {
+      std::mutex m;
+      std::vector<std::string> errors(static_cast<std::size_t>(c.world));
+      Outcome out;
+      simulate(c.world, [&](RankContext& ctx) {
+        ctx.world().set_timeout(std::chrono::seconds(20));
+        const BackwardPrefetch other = c.most == BackwardPrefetch::before_backward ? BackwardPrefetch::after_gradients
+                                                                                   : BackwardPrefetch::before_backward;
+        const BackwardPrefetch mine = ctx.rank() == c.odd ? other : c.most;
+        std::string what;
+        try {
+          stage3_rank(ctx, {"Adam", {{"lr", 0.01}}}, mine, out);
+          what = "no error: constructed and trained";
+        } catch (const ValueError& e) {
+          what = std::string("ValueError: ") + e.what();
+        } catch (const std::exception& e) {
+          what = std::string("another error: ") + e.what();
+        }
+        std::lock_guard<std::mutex> lock(m);
+        errors[static_cast<std::size_t>(ctx.rank())] = what;
+      });
+      for (const auto& p : out.problems.list) UNSCOPED_INFO("the unchecked training: " << p);
+      for (int r = 0; r < c.world; ++r) {
+        const std::string& e = errors[static_cast<std::size_t>(r)];
+        INFO("rank " << r << ": " << e);
+        CHECK(e.rfind("ValueError: FullyShard [rank " + std::to_string(r) + "]", 0) == 0);
+        CHECK(e.find("backward_prefetch") != std::string::npos);
+        for (const auto& part : c.names) CHECK(e.find(part) != std::string::npos);
+        CHECK(e.find("the same") != std::string::npos);
+      }
+    }
+  SECTION("world 3, rank 1 passes a value that is not a BackwardPrefetch") {
+    std::mutex m;
+    std::vector<std::string> errors(3);
+    simulate(3, [&](RankContext& ctx) {
+      ctx.world().set_timeout(std::chrono::seconds(20));
+      libtorch::FullyShardOptions options = optim::ShardedUnitsOptions{ctx.world()};
+      if (ctx.rank() == 1) options.backward_prefetch = static_cast<BackwardPrefetch>(7);
+      auto net = make_net();
+      std::string what = "no error";
+      try {
+        libtorch::FullyShard fs(linear_units(net), optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, options);
+      } catch (const ValueError& e) {
+        what = std::string("ValueError: ") + e.what();
+      } catch (const std::exception& e) {
+        what = std::string("another error: ") + e.what();
+      }
+      std::lock_guard<std::mutex> lock(m);
+      errors[static_cast<std::size_t>(ctx.rank())] = what;
+    });
+    for (int r = 0; r < 3; ++r) {
+      const std::string& e = errors[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << e);
+      CHECK(e.rfind("ValueError: FullyShard [rank " + std::to_string(r) + "]", 0) == 0);
+      CHECK(e.find("ranks 0, 2 pass before_backward") != std::string::npos);
+      CHECK(e.find("rank 1 passes 7 (not a BackwardPrefetch)") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("libtorch FullyShard: the caller's errors name the call and the rank", "[libtorch][fully_shard]") {

@@ -63,6 +63,46 @@ def _backward_prefetch(value, where):
                         "in the backward, None is not a choice")
 
 
+def _rank_list(ranks):
+    """'rank 5' / 'ranks 0-2, 4' (ascending ranks)."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _agree_backward_prefetch(group, value, where):
+    """Collective (one all_reduce of one int64 per rank): ``value`` as
+    _backward_prefetch gives it, once every rank of ``group`` is known to pass
+    the same choice; else ValueError on every rank naming each rank's (a rank
+    whose value is none of the choices raises its own error, the others name
+    it)."""
+    try:
+        mine, error = _BACKWARD_PREFETCH.index(_backward_prefetch(value, where)), None
+    except _C.ValueError as e:
+        mine, error = -1, e
+    codes = torch.zeros(group.size(), dtype=torch.int64)
+    codes[group.rank()] = mine + 1  # 0: not a choice
+    group.all_reduce(codes, "sum")
+    if error is not None:
+        raise error
+    codes = codes.tolist()
+    if all(c == codes[0] for c in codes):
+        return _BACKWARD_PREFETCH[mine]
+    each = []
+    for c in dict.fromkeys(codes):  # by first rank
+        ranks = [r for r, k in enumerate(codes) if k == c]
+        what = f"'{_BACKWARD_PREFETCH[c - 1]}'" if c else "a value that is not a choice (see its error)"
+        each.append(f"{_rank_list(ranks)} {'passes' if len(ranks) == 1 else 'pass'} {what}")
+    raise _C.ValueError(f"{where}: backward_prefetch differs between the ranks of the process group: "
+                        f"{', '.join(each)}; pass the same backward_prefetch on every rank (it decides when each "
+                        "rank posts the backward's all_gathers and how many unit buffers it holds)")
+
+
 def _tensors(x):
     """The tensors in a module's output (a tensor, or lists, tuples and dicts of them)."""
     if isinstance(x, torch.Tensor):
@@ -186,7 +226,8 @@ class FullyShardedOptimizer(GroupedOptimizer):
         self._keys = dopt_keys(name)
         self._dopt_defaults = ours
         self._group = resolve_process_group(process_group, self._where)
-        self.backward_prefetch = _backward_prefetch(backward_prefetch, f"{self._where} [rank {self._group.rank()}]")
+        self.backward_prefetch = _agree_backward_prefetch(self._group, backward_prefetch,
+                                                          f"{self._where} [rank {self._group.rank()}]")
         split = split_units(module, units, self._where)
         if not split:
             raise _C.ValueError(f"{self._where}: the module has no trainable parameters")
@@ -526,7 +567,8 @@ def fully_shard(module, optimizer_class=torch.optim.Adam, units=None, process_gr
     unit u: ``"before_backward"`` (default; torch's
     ``BackwardPrefetch.BACKWARD_PRE``), overlapping u's backward, three
     unit-sized buffers; ``"after_gradients"`` (``BACKWARD_POST``), once u's
-    gradients took u's gathered memory, two; ``defaults``: the optimizer's
+    gradients took u's gathered memory, two; the same on every rank (the
+    constructor compares them: ValueError on every rank otherwise); ``defaults``: the optimizer's
     hyperparameters (``lr=...``).
 
     Afterwards each parameter is empty (``numel() == 0``) except while its

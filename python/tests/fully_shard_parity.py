@@ -38,6 +38,11 @@ layer joins the root's unit).
   before step(), a weight tied across two units, a float64 parameter, a
   wrong shape for load_full_parameters: each names the call and the
   parameter or unit.
+* One rank passes the other backward_prefetch (the last rank, then rank 0):
+  every rank raises ValueError at construction naming the call, its rank
+  and each rank's value (the group's timeout is short meanwhile: a rank left
+  waiting fails the case); a rank passing None raises its own error and the
+  others name it.
 * What is not sharded takes rank 0's values: a frozen parameter and a
   buffer made different on each rank are equal after fully_shard.
 * A unit whose output is an object dopt cannot look into (a dataclass
@@ -225,6 +230,52 @@ def check_errors(rank):
     expect_error(dopt.ShapeError, ["load_full_parameters", "'fc2.bias'", "[3]", "[17]"],
                  lambda: fresh.load_full_parameters(full))
     print(f"fully_shard_parity: PASS errors name the call (rank {rank})", flush=True)
+
+
+def rank_list(ranks):
+    """'rank 2' / 'ranks 0-1, 3'."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def check_prefetch_mismatch(rank, world):
+    """One rank passes the other backward_prefetch: every rank raises ValueError
+    at construction, naming the call, its rank and each rank's value. The
+    group's timeout is short meanwhile so that a rank left waiting fails
+    instead of hanging the test; without an error the case would train
+    (check_case) and fail."""
+    group = dopt.get_world()
+    saved = group.timeout()
+    group.set_timeout(20)
+    for odd, most in ((world - 1, "before_backward"), (0, "after_gradients")):
+        other = "after_gradients" if most == "before_backward" else "before_backward"
+        mine = other if rank == odd else most
+        rest = [r for r in range(world) if r != odd]
+        verb = "passes" if len(rest) == 1 else "pass"
+        words = ["dopt.fully_shard", f"[rank {rank}]", "backward_prefetch", f"{rank_list([odd])} passes '{other}'",
+                 f"{rank_list(rest)} {verb} '{most}'", "the same"]
+        expect_error(dopt.ValueError, words,
+                     lambda: check_case(f"rank {odd} passes backward_prefetch={other}", rank, torch.optim.Adam,
+                                        {"lr": 0.01}, 16, prefetch=mine))
+    # The last rank passes None (not a choice): it raises its own error, the
+    # others name it; none waits for it.
+    if rank == world - 1:
+        words = ["dopt.fully_shard", f"[rank {rank}]", "backward_prefetch=None", "None is not a choice"]
+    else:
+        words = ["dopt.fully_shard", f"[rank {rank}]", f"{rank_list(list(range(world - 1)))} ",
+                 f"rank {world - 1} passes a value that is not a choice", "the same"]
+    expect_error(dopt.ValueError, words,
+                 lambda: dopt.fully_shard(MLP(), torch.optim.Adam, lr=0.01,
+                                          backward_prefetch=None if rank == world - 1 else "before_backward"))
+    group.set_timeout(saved)
+    print(f"fully_shard_parity: PASS a backward_prefetch that differs between the ranks raises ValueError on every "
+          f"rank (rank {rank})", flush=True)
 
 
 def check_unsharded_and_objects(rank, world):
@@ -432,6 +483,7 @@ def worker(rank, world_size, init_file):
     check_buffers(rank, "after_gradients", 2, torch_value=BackwardPrefetch.BACKWARD_POST)
     check_recomputation(rank)
     check_errors(rank)
+    check_prefetch_mismatch(rank, world_size)
     check_unsharded_and_objects(rank, world_size)
     check_checkpoint(rank, os.path.dirname(init_file))
     dist.barrier()

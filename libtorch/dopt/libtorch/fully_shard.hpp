@@ -41,8 +41,10 @@
 // forward(u) prefetches the unit the first forward ran after u, and the
 // backward prefetches the one before, when backward_prefetch says (the
 // first forward prefetches none). Every rank passes the same
-// backward_prefetch (it orders the collectives; not checked).
-// Collective: the constructor (ShardedUnits broadcasts rank 0's values),
+// backward_prefetch: the constructor all-gathers the ranks' values (one
+// word each) and every rank throws ValueError when they differ.
+// Collective: the constructor (that all_gather, then ShardedUnits
+// broadcasts rank 0's values),
 // forward() (one all_gather of a unit not prefetched), the backward of a
 // loss computed from forward()'s outputs, state_dict(), full_parameters().
 // Local: step(), load_state_dict(), load_full_parameters(), the accessors.
@@ -71,8 +73,9 @@
 // Errors a caller can cause (dopt::Error subclasses naming the call,
 // "FullyShard" for the constructor or "FullyShard.<call>", and the rank):
 // no units, a null unit, a unit without trainable parameters, a parameter
-// in two units, a backward_prefetch that is none of the enum's values
-// (ValueError); parameters
+// in two units, a backward_prefetch that is none of the enum's values, or
+// that is not the same on every rank (ValueError on every rank, naming each
+// rank's value); parameters
 // that are not float32 CPU tensors (TypeError); a unit index out of range
 // (ValueError); a second backward before step(), step() without a finished
 // backward since the last step, forward() inside a backward (StateError);
