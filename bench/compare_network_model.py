@@ -141,15 +141,20 @@ def exchange_gbs(build):
     return json_lines(run([build + "/bench/dopt_bench_sim", "exchange"]))[-1]["exchange_gbs"]
 
 
-def cache_bytes():
-    """The largest cache's size (sysfs), 0 when unknown."""
+def cache_bytes(shared=True):
+    """The largest cache's size (sysfs), 0 when unknown; shared=False: the largest one a core has to itself
+    (shared_cpu_list names one CPU)."""
     best = 0
     base = "/sys/devices/system/cpu/cpu0/cache"
     for d in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         try:
             with open(os.path.join(base, d, "size")) as f:
                 t = f.read().strip()
+            with open(os.path.join(base, d, "shared_cpu_list")) as f:
+                cpus = f.read().strip()
         except OSError:
+            continue
+        if not shared and ("," in cpus or "-" in cpus):
             continue
         mult = {"K": 1 << 10, "M": 1 << 20}.get(t[-1:], 1)
         best = max(best, int(t.rstrip("KM")) * mult)
@@ -231,7 +236,7 @@ def predict(build, hosts, per_host, p):
            "--memory-gbs", str(p["memory_gbs"]), "--cache-gbs", str(p["cache_gbs"]),
            "--cache-bytes", str(p["cache_bytes"]), "--cores", str(p["cores"]), "--sync-us", str(p["sync_us"]),
            "--wake-us", str(p["wake_us"]), "--spin-us", str(SPIN_US), "--spin-past-cores-us", str(SPIN_PAST_CORES_US),
-           "--exchange-gbs", str(p["exchange_gbs"]), "--bytes"] + [str(s) for s in SIZES]
+           "--exchange-gbs", str(p["exchange_gbs"]), "--core-cache-bytes", str(p["core_cache_bytes"]), "--bytes"] + [str(s) for s in SIZES]
     return {r["bytes"]: r for r in json_lines(run(cmd))}
 
 
@@ -319,13 +324,14 @@ def main():
                 tiny = by[8]["median_us"]
                 p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
                          sync_us=tiny if rate is None else 0, wake_us=wake, exchange_gbs=round(xgbs, 3),
-                         link_gbits=round(gbits, 4),
+                         core_cache_bytes=cache_bytes(shared=False), link_gbits=round(gbits, 4),
                          link_latency_us=round(tiny / 2, 2) if rate else 0)
                 emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
                           round=rnd + 1, tiny_us=tiny, load=before, **p,
                           how="sync_us: an 8-byte all_reduce on one host; wake_us: a futex hand-over between two "
                           "cores just before it (dopt_bench_sim wake); exchange_gbs: reading what another core has "
-                          "just written, just before (dopt_bench_sim exchange); "
+                          "just written, just before (dopt_bench_sim exchange); core_cache_bytes: the largest cache a "
+                          "core has to itself (sysfs); "
                           "link_latency_us: half of one across the "
                           "hosts (two ring steps); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
                 # 2. the prediction with this round's parameters

@@ -3,7 +3,7 @@
 //
 //   dopt_bench_sim predict --hosts 2 --per-host 1 --bytes 4096 1048576 67108864
 //     --link-gbits 0.95 --link-latency-us 60 --memory-gbs 12 --cache-gbs 60 --cache-bytes 33554432
-//     --cores 2 --sync-us 8 --wake-us 25 --exchange-gbs 5
+//     --cores 2 --sync-us 8 --wake-us 25 --exchange-gbs 5 --core-cache-bytes 1048576
 //
 // For each size: one deterministic simulate() of hosts x per-host ranks
 // running one all_reduce (float32, sum) of that many bytes; prints one JSON
@@ -44,6 +44,7 @@ int sim_predict_main(int argc, char** argv) {
   double exchange_gbs = 0;
   app.add_option("--exchange-gbs", exchange_gbs,
                  "reading what another core just wrote, GB/s a core (0: not modelled)");
+  app.add_option("--core-cache-bytes", m.core_cache_bytes, "a core's own cache (0: unknown)");
   app.add_option("--shm-small-bytes", m.shm_small_bytes, "the shared-memory plane's one-round limit");
   app.add_option("--shm-buffer-bytes", m.shm_buffer_bytes, "the shared-memory plane's buffer");
   try {
@@ -93,10 +94,10 @@ int sim_predict_main(int argc, char** argv) {
       std::printf("{\"benchmark\": \"sim_predict\", \"op\": \"%s\", \"bytes\": %lld, \"hosts\": %d, \"per_host\": %d, "
                   "\"predicted_us\": %.2f, \"link_bytes\": [%s], \"link_gbits\": %g, \"link_latency_us\": %g, "
                   "\"memory_gbs\": %g, \"cache_gbs\": %g, \"cache_bytes\": %zu, \"cores\": %d, \"sync_us\": %g, \"overhead_us\": %g, "
-                  "\"wake_us\": %g, \"spin_us\": %g, \"spin_past_cores_us\": %g, \"exchange_gbs\": %g}\n",
+                  "\"wake_us\": %g, \"spin_us\": %g, \"spin_past_cores_us\": %g, \"exchange_gbs\": %g, \"core_cache_bytes\": %zu}\n",
                   op.c_str(), bytes, m.hosts, per_host, rep.modelled_time.count() / 1e3, links.c_str(), link_gbits,
                   latency_us, memory_gbs, cache_gbs, m.host_cache_bytes, m.cores_per_host, sync_us, overhead_us, wake_us,
-                  spin_us, spin_past_us, exchange_gbs);
+                  spin_us, spin_past_us, exchange_gbs, m.core_cache_bytes);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dopt_bench_sim predict: %s\n", e.what());

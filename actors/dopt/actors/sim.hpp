@@ -163,11 +163,12 @@ struct NetworkModel {
   std::chrono::nanoseconds spin{20000};
   std::chrono::nanoseconds spin_past_cores{2000};
   std::chrono::nanoseconds wake_latency{0};
-  /// Bytes/s a core reads of what another core has just written, added to
-  /// the cache's or memory's time: the one-round all_reduce's reads of the
-  /// other members' data (the part written on other cores) and a recv's of
-  /// a send on the host (0: not modelled).
+  /// Bytes/s a core reads of what another core has just written and still
+  /// holds in its own cache (a slice of at most core_cache_bytes / 4; 0:
+  /// only the one-round path's data), added to the cache's or memory's time,
+  /// for the part written on other cores (0: not modelled).
   double exchange_bandwidth = 0;
+  std::size_t core_cache_bytes = 0;
   /// The shared-memory plane's settings (ShmPlane::Options; DOPT_SHM_*).
   std::size_t shm_small_bytes = 32u << 10;
   std::size_t shm_buffer_bytes = 4u << 20;

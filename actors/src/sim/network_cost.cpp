@@ -36,13 +36,18 @@ double memory_s(const NetworkModel& m, double tensor, double buffer, int k, doub
 }
 
 /// Seconds for k members of a host that each read `remote` bytes the others
-/// have just written (small data, which stays in the writer's core's own
-/// cache), past the cache's or memory's time: the part written on other
-/// cores at the exchange rate. All of it while the members have a core each;
-/// past the cores, the members that share a reader's core wrote theirs on
-/// it. Members past the cores take turns, as in memory_s.
-double exchange_s(const NetworkModel& m, double remote, int k) {
+/// have just written, in slices of `slice` bytes, past the cache's or
+/// memory's time: the part written on other cores at the exchange rate,
+/// while a slice still sits in its writer's core's own cache (the writer's
+/// next phase, about four slices of traffic, fits it: a slice of at most
+/// core_cache_bytes / 4; unknown: the one-round path's data only). All of
+/// it while the members have a core each; past the cores, the members that
+/// share a reader's core wrote theirs on it. Members past the cores take
+/// turns, as in memory_s.
+double exchange_s(const NetworkModel& m, double remote, double slice, int k) {
   if (!(m.exchange_bandwidth > 0) || k <= 0) return 0;
+  const double fits = static_cast<double>(m.core_cache_bytes > 0 ? m.core_cache_bytes / 4 : m.shm_small_bytes);
+  if (slice > fits) return 0;
   const int cores = std::max(1, m.cores_per_host);
   const double others = k > cores ? static_cast<double>(k - (k + cores - 1) / cores) / (k - 1) : 1.0;
   return remote * others / m.exchange_bandwidth * std::max(k, cores) / cores;
@@ -56,15 +61,20 @@ double sync_s(const NetworkModel& m) { return std::chrono::duration<double>(m.sy
 /// phase of one member's own work of `phase` seconds: sync_latency each, and
 /// a wake-up for each wave of members that run at once when the first
 /// arrivals wait longer than they poll (then they sleep). How long they
-/// wait: when the members outnumber the cores, those past the cores run
-/// after the others (a phase later; they poll spin_past_cores); else, when
-/// the work is `symmetric` (every member does the same at once), they arrive
-/// together and wait for nothing; else (a sender's copy, a broadcast root's
-/// staging) they wait for the phase (they poll spin).
+/// wait: when the work is `symmetric` (every member does the same at once)
+/// and the members have a core each, or outnumber the cores by a whole
+/// number of times (the members sharing a core hand it to each other: a
+/// waiter yields before it sleeps, and the member it yields to arrives a
+/// phase later, as do those of the other cores), nothing; when they
+/// outnumber them unevenly, the cores with fewer members finish a phase
+/// earlier and their members sleep (they poll spin_past_cores); else (a
+/// sender's copy, a broadcast root's staging) they wait for the phase (they
+/// poll spin).
 double syncs_s(const NetworkModel& m, double syncs, double phase, int k, bool symmetric = true) {
   const int cores = std::max(1, m.cores_per_host);
   const bool past = k > cores;
-  const double wait = past || !symmetric ? phase : 0.0;
+  const bool even = symmetric && k % cores == 0;
+  const double wait = even ? 0.0 : past || !symmetric ? phase : 0.0;
   const double spin = std::chrono::duration<double>(past ? m.spin_past_cores : m.spin).count();
   const double waves = std::ceil(static_cast<double>(k) / cores);
   const double wake = wait > spin ? waves * std::chrono::duration<double>(m.wake_latency).count() : 0.0;
@@ -100,13 +110,16 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // (3n - 2) / n B).
       // Each synchronisation follows a phase of about half a chunk's work
       // (small: the staging, B on each side). The small round's reduce
-      // reads the (n - 1) B the others just staged (exchange_s).
+      // reads the (n - 1) B the others just staged (exchange_s, slices of B).
       if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
           b * n <= static_cast<double>(shm_plane::kOneRoundSmallCalls * m.shm_small_bytes))
         return syncs_s(m, 1, own_s(m, b, b, n, b), n) + memory_s(m, 2 * b, (n + 1) * b, n, b) +
-               exchange_s(m, (n - 1) * b, n);
+               exchange_s(m, (n - 1) * b, b, n);
       {
-        const double c = chunks(m, b), mem = memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b);
+        // the staged reads of the others' slices: 2 (n - 1) / n B, slices of a chunk's 1 / n
+        const double c = chunks(m, b), slice = std::min(b, static_cast<double>(m.shm_buffer_bytes)) / n;
+        const double mem =
+            memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b) + exchange_s(m, 2.0 * (n - 1) / n * b, slice, n);
         return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
       }
     case CollKind::reduce_scatter:
@@ -115,14 +128,18 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
     case CollKind::broadcast_coalesced: {
       // the root stages, the others copy out
       const double c = chunks(m, b);
+      // (the others read the root's chunks: exchange_s)
       const double root = memory_s(m, b, b, 1, b);
-      return syncs_s(m, 2 * c, own_of(m, root, 1) / c, n, false) + root + memory_s(m, b, b, n - 1, b);
+      const double out =
+          memory_s(m, b, b, n - 1, b) + exchange_s(m, b, std::min(b, static_cast<double>(m.shm_buffer_bytes)), n - 1);
+      return syncs_s(m, 2 * c, own_of(m, root, 1) / c, n, false) + root + out;
     }
     case CollKind::all_gather:
     case CollKind::all_gather_flat: {
-      // each stages its input, then copies all n inputs out
+      // each stages its input, then copies all n inputs out (the others': exchange_s)
       const double c = chunks(m, b * n), t = b * (n + 1);
-      const double mem = memory_s(m, t, t, n, t);
+      const double slice = std::min(b, static_cast<double>(m.shm_buffer_bytes) / n);
+      const double mem = memory_s(m, t, t, n, t) + exchange_s(m, (n - 1) * b, slice, n);
       return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
     }
     default:
@@ -217,8 +234,7 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
   const int hs = host_of(m, world_size, src);
   if (hs == host_of(m, world_size, dst)) {
     // into the mailbox and out (or one cross-memory read); the receiver waits for the sender's copy
-    const double read = b <= static_cast<double>(m.shm_small_bytes) ? exchange_s(m, b, 2) : 0.0;
-    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2, false) + memory_s(m, b, b, 1, b) + read;
+    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2, false) + memory_s(m, b, b, 1, b) + exchange_s(m, b, b, 1);
   } else {
     s += latency_s(m) + link_s(m, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);

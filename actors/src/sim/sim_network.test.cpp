@@ -96,6 +96,9 @@ TEST_CASE("network model: a phase longer than the waiters' spin costs a wake-up 
   CHECK(all_reduce_run(5, 1024, m).modelled_time == ns(3e-6 + 7e-6 + 4096.0 * 8 * 5 / 1e10));
   CHECK(all_reduce_run(5, 1 << 18, m).modelled_time ==
         ns(3e-6 + 2 * (7e-6 + 3 * 30e-6) + (2 * b + b * 13 / 5) / 1e10 * 5));
+  // 4 ranks on 2 cores: the two members of each core hand it to each other (a waiter yields before it sleeps)
+  // and those of both cores arrive together: no wake-up
+  CHECK(all_reduce_run(4, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 10 / 4) / 1e10 * 4));
   // without a wake-up latency nothing changes
   m.wake_latency = nanoseconds(0);
   CHECK(all_reduce_run(5, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 13 / 5) / 1e10 * 5));
@@ -112,8 +115,18 @@ TEST_CASE("network model: reads of what members on other cores just wrote go at 
   // the members take turns (5 on 2 cores)
   CHECK(all_reduce_run(5, 1024, m).modelled_time ==
         ns(3e-6 + 7e-6 + 4096.0 * 8 * 5 / 1e10 + 4 * 4096.0 * 2 / 4 / 2e9 * 5 / 2));
-  // the staged path (1 MiB) is not charged
+  // the staged path's slices are charged only while they fit a quarter of a core's own cache (unknown: never)
   CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + 4 * b / 1e10 * 2));
+  m.core_cache_bytes = 1u << 20;  // slices of 256 KiB and less
+  // 2 ranks, 1 MiB: slices of 512 KiB have left the writer's cache
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + 4 * b / 1e10 * 2));
+  // 4 ranks on 2 cores, 1 MiB: slices of 256 KiB; each reads 3 / 2 MiB of the others', 2 of the 3 on the
+  // other core; 4 members take turns on 2 cores
+  CHECK(all_reduce_run(4, 1 << 18, m).modelled_time ==
+        ns(3e-6 + 2 * 7e-6 + (2 * b + b * 10 / 4) / 1e10 * 4 + 1.5 * b * 2 / 3 / 2e9 * 4 / 2));
+  // 2 ranks, 256 KiB: slices of 128 KiB; each reads the other's 256 KiB
+  const double q = 1 << 18;
+  CHECK(all_reduce_run(2, 1 << 16, m).modelled_time == ns(3e-6 + 2 * 7e-6 + 4 * q / 1e10 * 2 + q / 2e9));
   // a send within a host: the receiver reads the sender's copy (4000 B) at 2e9
   SimReport rep;
   auto o = sim_test::deterministic(3, &rep, std::chrono::seconds(30));
