@@ -2,6 +2,7 @@
 """The network model of deterministic simulation against real runs.
 
     sudo /usr/bin/python3 bench/compare_network_model.py BUILD_DIR [--out OUT.jsonl] [--rounds 2]
+    /usr/bin/python3 bench/compare_network_model.py BUILD_DIR --repredict 2026-12-07T18:31Z   (a recorded run, again)
 
 Every round, for every configuration in turn (interleaved; the load average
 before each run recorded), so that parameters and figures share the load:
@@ -240,6 +241,42 @@ def predict(build, hosts, per_host, p):
     return {r["bytes"]: r for r in json_lines(run(cmd))}
 
 
+def repredict(build, path, date):
+    """The table of a recorded run, its predictions made again from its recorded parameters."""
+    with open(path) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    recs = [r for r in recs if r.get("date") == date]
+    params = [r for r in recs if r["kind"] == "parameter" and r.get("name") == "latency"]
+    if not params:
+        sys.exit("compare_network_model: no run of %s in %s" % (date, path))
+    meas = {}
+    for r in recs:
+        if r["kind"] == "measurement":
+            meas[(r["plane"], r["procs"], r["rate"], r["round"], r["bytes"])] = r["median_us"]
+    preds, measured, loads = {}, {}, {}
+    for p in params:
+        c = (p["plane"], p["procs"], p["rate"])
+        q = dict(p)
+        q.setdefault("exchange_gbs", 0)
+        q.setdefault("core_cache_bytes", cache_bytes(shared=False))  # recorded before it was: this machine's
+        pr = predict(build, 1 if p["rate"] is None else 2, p["procs"] if p["rate"] is None else 1, q)
+        for b in SIZES:
+            preds.setdefault(c, {}).setdefault(b, []).append(pr[b]["predicted_us"])
+            measured.setdefault(c, {}).setdefault(b, []).append(meas[c + (p["round"], b)])
+        loads.setdefault(c, []).append(p["load"].split()[0])
+    print("| layout | size | predicted | measured | its rounds | ratio | load |")
+    print("|---|---|---|---|---|---|---|")
+    for c in preds:
+        plane, n, rate = c
+        layout = "shm, %d processes" % n if rate is None else "2 hosts x 1, tbf %s" % rate
+        for b in SIZES:
+            pr, me = statistics.median(preds[c][b]), statistics.median(measured[c][b])
+            print("| %s | %s | %s | %s | %s-%s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me),
+                                                               us_str(min(measured[c][b])),
+                                                               us_str(max(measured[c][b])), pr / me,
+                                                               "/".join(loads[c])))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("build")
@@ -248,8 +285,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--procs", default="2,4", help="process counts on the shared-memory plane")
     ap.add_argument("--rates", default="1gbit,4gbit", help="tc tbf rates of the two hosts' links")
+    ap.add_argument("--repredict", metavar="DATE",
+                    help="measure nothing: predict the run of DATE (its \"date\" field) recorded in --out again with "
+                    "this build's model and its recorded parameters (one recorded before core_cache_bytes was: this machine's), "
+                    "and print its table (no root needed)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
+    if args.repredict:
+        return repredict(build, args.out, args.repredict)
     if os.geteuid() != 0:
         sys.exit("compare_network_model: needs root (network namespaces, tc)")
     procs = [int(x) for x in args.procs.split(",") if x]
