@@ -18,21 +18,26 @@ std::int64_t ns_of(double seconds) { return static_cast<std::int64_t>(std::llrou
 
 /// Seconds for one member's traffic (bytes read + written) while k members
 /// of a host move theirs at once: `tensor` bytes on its own tensors (`data`
-/// bytes of them) and `buffer` bytes on the shared-memory buffers (chunks of
-/// up to shm_buffer_bytes). Each side goes at the cache's bandwidth when what
-/// it touches on the host fits the cache (the buffers: k chunks, and the
-/// chunk of each member's tensor that streams through the cache between a
-/// buffer's write and its reads; the tensors: k times data and chunk), else at
-/// the memory's; each member gets its bandwidth over max(k, cores): one
-/// core's share, and members past the cores take turns.
-double memory_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
+/// bytes of them), `written` and `read` bytes on the shared-memory buffers
+/// (chunks of up to shm_buffer_bytes). Each part goes at the cache's
+/// bandwidth when what it touches on the host fits the cache, else at the
+/// memory's: the tensors, k times data and chunk; the buffers' reads, k
+/// chunks and the chunk of each member's tensor that streams through the
+/// cache between a buffer's write and its reads (k x 2 chunks); their
+/// writes, twice that (each member has two buffers and rounds alternate
+/// between them: a buffer is written again two chunks, or calls, after its
+/// last use). Each member gets its bandwidth over max(k, cores): one core's
+/// share, and members past the cores take turns.
+double memory_s(const NetworkModel& m, double tensor, double written, double read, int k, double data) {
   if (k <= 0) return 0;
   const double chunk = std::min(data, static_cast<double>(m.shm_buffer_bytes));
   const bool cache = m.host_cache_bytes > 0 && m.host_cache_bandwidth > 0;
   const double limit = static_cast<double>(m.host_cache_bytes);
-  const double buffer_bw = cache && k * 2 * chunk <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
-  const double tensor_bw = cache && k * (data + chunk) <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
-  return (tensor / tensor_bw + buffer / buffer_bw) * std::max(k, std::max(1, m.cores_per_host));
+  auto rate = [&](double touched) {
+    return cache && touched <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  };
+  return (tensor / rate(k * (data + chunk)) + written / rate(k * 4 * chunk) + read / rate(k * 2 * chunk)) *
+         std::max(k, std::max(1, m.cores_per_host));
 }
 
 /// Seconds for k members of a host that each read `remote` bytes the others
@@ -88,8 +93,8 @@ double own_of(const NetworkModel& m, double seconds, int k) {
   return seconds * cores / std::max(k, cores);
 }
 
-double own_s(const NetworkModel& m, double tensor, double buffer, int k, double data) {
-  return own_of(m, memory_s(m, tensor, buffer, k, data), k);
+double own_s(const NetworkModel& m, double tensor, double written, double read, int k, double data) {
+  return own_of(m, memory_s(m, tensor, written, read, k, data), k);
 }
 
 double chunks(const NetworkModel& m, double bytes) {
@@ -107,19 +112,19 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // buffers: B written, n B read); staged: per chunk a stage of the
       // others' slices, a reduce of one slice over n buffers, a copy of the
       // others' slices out, two synchronisations (tensor: 2 B; buffers:
-      // (3n - 2) / n B).
+      // B written, 2 (n - 1) / n B read).
       // Each synchronisation follows a phase of about half a chunk's work
       // (small: the staging, B on each side). The small round's reduce
       // reads the (n - 1) B the others just staged (exchange_s, slices of B).
       if (b <= static_cast<double>(m.shm_small_bytes) && b <= static_cast<double>(m.shm_buffer_bytes) &&
           b * n <= static_cast<double>(shm_plane::kOneRoundSmallCalls * m.shm_small_bytes))
-        return syncs_s(m, 1, own_s(m, b, b, n, b), n) + memory_s(m, 2 * b, (n + 1) * b, n, b) +
+        return syncs_s(m, 1, own_s(m, b, b, 0, n, b), n) + memory_s(m, 2 * b, b, n * b, n, b) +
                exchange_s(m, (n - 1) * b, b, n);
       {
         // the staged reads of the others' slices: 2 (n - 1) / n B, slices of a chunk's 1 / n
         const double c = chunks(m, b), slice = std::min(b, static_cast<double>(m.shm_buffer_bytes)) / n;
         const double mem =
-            memory_s(m, 2 * b, b * (3.0 * n - 2) / n, n, b) + exchange_s(m, 2.0 * (n - 1) / n * b, slice, n);
+            memory_s(m, 2 * b, b, 2.0 * (n - 1) / n * b, n, b) + exchange_s(m, 2.0 * (n - 1) / n * b, slice, n);
         return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
       }
     case CollKind::reduce_scatter:
@@ -129,9 +134,9 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // the root stages, the others copy out
       const double c = chunks(m, b);
       // (the others read the root's chunks: exchange_s)
-      const double root = memory_s(m, b, b, 1, b);
-      const double out =
-          memory_s(m, b, b, n - 1, b) + exchange_s(m, b, std::min(b, static_cast<double>(m.shm_buffer_bytes)), n - 1);
+      const double root = memory_s(m, b, b, 0, 1, b);
+      const double out = memory_s(m, b, 0, b, n - 1, b) +
+                         exchange_s(m, b, std::min(b, static_cast<double>(m.shm_buffer_bytes)), n - 1);
       return syncs_s(m, 2 * c, own_of(m, root, 1) / c, n, false) + root + out;
     }
     case CollKind::all_gather:
@@ -139,7 +144,7 @@ double shm_s(const NetworkModel& m, CollKind kind, double b, int n) {
       // each stages its input, then copies all n inputs out (the others': exchange_s)
       const double c = chunks(m, b * n), t = b * (n + 1);
       const double slice = std::min(b, static_cast<double>(m.shm_buffer_bytes) / n);
-      const double mem = memory_s(m, t, t, n, t) + exchange_s(m, (n - 1) * b, slice, n);
+      const double mem = memory_s(m, t, b, n * b, n, t) + exchange_s(m, (n - 1) * b, slice, n);
       return syncs_s(m, 2 * c, own_of(m, mem, n) / (2 * c), n) + mem;
     }
     default:
@@ -234,7 +239,7 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
   const int hs = host_of(m, world_size, src);
   if (hs == host_of(m, world_size, dst)) {
     // into the mailbox and out (or one cross-memory read); the receiver waits for the sender's copy
-    s += syncs_s(m, 1, own_s(m, b, b, 1, b), 2, false) + memory_s(m, b, b, 1, b) + exchange_s(m, b, b, 1);
+    s += syncs_s(m, 1, own_s(m, b, b, 0, 1, b), 2, false) + memory_s(m, b, b, 0, 1, b) + exchange_s(m, b, b, 1);
   } else {
     s += latency_s(m) + link_s(m, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);

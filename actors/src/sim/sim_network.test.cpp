@@ -69,9 +69,14 @@ TEST_CASE("network model: data that fits the cache moves at the cache's bandwidt
   auto m = model(1, 0);
   m.host_cache_bandwidth = 4e10;
   m.host_cache_bytes = 4u << 20;
-  // 2 ranks, 1 MiB: tensor and buffer, 2 MiB a member, 4 MiB in all: cached (4 B a member)
+  // 2 ranks, 1 MiB: the tensors (2 x 2 MiB) and the buffers' reads (2 x 2 chunks) fit 4 MiB: cached; the
+  // buffers' writes do not (rounds alternate between two buffers: 2 x 4 chunks) and come from memory
   const double b = 1 << 20;
-  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 8 / 2 * 2 / 4e10));
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (3 * b / 4e10 + b / 1e10) * 2));
+  // with 8 MiB of cache all of it is cached (4 B a member)
+  m.host_cache_bytes = 8u << 20;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 4 / 4e10 * 2));
+  m.host_cache_bytes = 4u << 20;
   // 3 ranks: 6 MiB, past the cache: all from memory
   CHECK(all_reduce_run(3, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 7 / 3) / 1e10 * 3));
   // 256 KiB chunks, 2 MiB of cache, 2 ranks: the tensors (2 x 1.25 MiB) come from memory, the buffers (2 chunks
