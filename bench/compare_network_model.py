@@ -349,19 +349,20 @@ def main():
                 if rate is None:
                     mem, cache = host_traffic(rnd, plane=plane, procs=n, when="before")
                 before = load()
-                # 3. the measurement, and last in the same run the 8-byte call that gives the latency parameter
+                # 3. the measurement, and first in the same run (just before the 4 KiB call, whose time depends
+                # most on it) the 8-byte call that gives the latency parameter
                 wake, xgbs = 0.0, 0.0
                 if rate is None:
                     wake = wake_us(build)
                     xgbs = exchange_gbs(build)  # last before the run: its rate changes with the machine's state
-                    rs = shm_collective(build, n, SIZES + [8])
+                    rs = shm_collective(build, n, [8] + SIZES)
                     gbits = 10
                     after = host_traffic(rnd, plane=plane, procs=n, when="after")
                     mem, cache = (mem + after[0]) / 2, (cache + after[1]) / 2
                 else:
                     hosts.rate(rate)
                     gbits = hosts.raw_tcp_gbits(build)
-                    rs = hosts.collective(build, SIZES + [8])
+                    rs = hosts.collective(build, [8] + SIZES)
                 loads[c].append(before)
                 by = {r["bytes"]: r for r in rs}
                 tiny = by[8]["median_us"]
