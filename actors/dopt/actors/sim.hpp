@@ -158,8 +158,8 @@ struct NetworkModel {
   /// (DOPT_SHM_SPIN_US; `spin_past_cores` when a host's members outnumber its
   /// cores), and how long a member that slept takes to run again once the
   /// last member arrived (a futex wake-up on another core; 0: never sleeps).
-  /// A wait past the spin (members past the cores: a phase; a recv: the copy)
-  /// costs a wake-up for each wave of members (ceil(members / cores)).
+  /// A wait past the spin (members past the cores unevenly: a phase; a recv:
+  /// the copy) costs a wake-up per wave of members (ceil(members / cores)).
   std::chrono::nanoseconds spin{20000};
   std::chrono::nanoseconds spin_past_cores{2000};
   std::chrono::nanoseconds wake_latency{0};
