@@ -241,6 +241,26 @@ def predict(build, hosts, per_host, p):
     return {r["bytes"]: r for r in json_lines(run(cmd))}
 
 
+def table(preds, meas, loads):
+    """Prints the comparison table (medians of the rounds) of {config: {bytes: [per round]}} predictions and
+    measurements; returns its rows as dicts (layout, bytes, predicted_us, measured_us, its range, ratio, loads)."""
+    print("\n| layout | size | predicted | measured | its rounds | ratio | load |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for c in preds:
+        plane, n, rate = c
+        layout = "shm, %d processes" % n if rate is None else "2 hosts x 1, tbf %s" % rate
+        for b in SIZES:
+            pr, me = statistics.median(preds[c][b]), statistics.median(meas[c][b])
+            lo, hi = min(meas[c][b]), max(meas[c][b])
+            ld = "/".join(x.split()[0] for x in loads[c])
+            print("| %s | %s | %s | %s | %s-%s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me),
+                                                               us_str(lo), us_str(hi), pr / me, ld))
+            rows.append(dict(layout=layout, bytes=b, predicted_us=pr, measured_us=me, measured_min_us=lo,
+                             measured_max_us=hi, ratio=pr / me, loads=ld))
+    return rows
+
+
 def repredict(build, path, date):
     """The table of a recorded run, its predictions made again from its recorded parameters."""
     with open(path) as f:
@@ -263,18 +283,8 @@ def repredict(build, path, date):
         for b in SIZES:
             preds.setdefault(c, {}).setdefault(b, []).append(pr[b]["predicted_us"])
             measured.setdefault(c, {}).setdefault(b, []).append(meas[c + (p["round"], b)])
-        loads.setdefault(c, []).append(p["load"].split()[0])
-    print("| layout | size | predicted | measured | its rounds | ratio | load |")
-    print("|---|---|---|---|---|---|---|")
-    for c in preds:
-        plane, n, rate = c
-        layout = "shm, %d processes" % n if rate is None else "2 hosts x 1, tbf %s" % rate
-        for b in SIZES:
-            pr, me = statistics.median(preds[c][b]), statistics.median(measured[c][b])
-            print("| %s | %s | %s | %s | %s-%s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me),
-                                                               us_str(min(measured[c][b])),
-                                                               us_str(max(measured[c][b])), pr / me,
-                                                               "/".join(loads[c])))
+        loads.setdefault(c, []).append(p["load"])
+    table(preds, measured, loads)
 
 
 def main():
@@ -315,7 +325,7 @@ def main():
         preds = {c: {b: [] for b in SIZES} for c in configs}
         meas = {c: {b: [] for b in SIZES} for c in configs}
         loads = {c: [] for c in configs}
-        cbytes = cache_bytes()
+        cbytes, core_cache = cache_bytes(), cache_bytes(shared=False)
         def host_traffic(rnd, **where):
             """The memory and cache traffic parameters (reduce kernel), with the load, emitted."""
             mem = memory_traffic_gbs(cores, tries=1)
@@ -368,7 +378,7 @@ def main():
                 tiny = by[8]["median_us"]
                 p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
                          sync_us=tiny if rate is None else 0, wake_us=wake, exchange_gbs=round(xgbs, 3),
-                         core_cache_bytes=cache_bytes(shared=False), link_gbits=round(gbits, 4),
+                         core_cache_bytes=core_cache, link_gbits=round(gbits, 4),
                          link_latency_us=round(tiny / 2, 2) if rate else 0)
                 emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
                           round=rnd + 1, tiny_us=tiny, load=before, **p,
@@ -388,22 +398,8 @@ def main():
                     emit(dict(kind="measurement", plane=plane, procs=n if rate is None else 2, rate=rate,
                               round=rnd + 1, loadavg_before=before, **by[b]))
         # 4. the table
-        print("\n| layout | size | predicted | measured | its rounds | ratio | load |")
-        print("|---|---|---|---|---|---|---|")
-        for c in configs:
-            plane, n, rate = c
-            layout = "shm, %d processes" % n if rate is None else "2 hosts x 1, tbf %s" % rate
-            for b in SIZES:
-                pr = statistics.median(preds[c][b])
-                me = statistics.median(meas[c][b])
-                ratio = pr / me
-                ld = "/".join(x.split()[0] for x in loads[c])
-                lo, hi = min(meas[c][b]), max(meas[c][b])
-                emit(dict(kind="comparison", layout=layout, bytes=b, predicted_us=pr, measured_us=me,
-                          measured_min_us=lo, measured_max_us=hi, ratio=round(ratio, 3),
-                          within_25=abs(ratio - 1) <= 0.25, loads=ld))
-                print("| %s | %s | %s | %s | %s-%s | %.2f | %s |" % (layout, size_str(b), us_str(pr), us_str(me),
-                                                                   us_str(lo), us_str(hi), ratio, ld))
+        for r in table(preds, meas, loads):
+            emit(dict(kind="comparison", **dict(r, ratio=round(r["ratio"], 3)), within_25=abs(r["ratio"] - 1) <= 0.25))
     finally:
         if hosts:
             hosts.close()

@@ -178,6 +178,28 @@ void stage3_equals_stage1(int world, const optim::OptimizerSpec& spec) {
   }
 }
 
+/// Runs `body` on every rank of a simulated world of `world` (a 20 s group
+/// timeout, so a rank left waiting fails) and returns each rank's outcome:
+/// "no error", "ValueError: <what>" or "another error: <what>".
+std::vector<std::string> outcomes(int world, const std::function<void(RankContext&)>& body) {
+  std::mutex m;
+  std::vector<std::string> out(static_cast<std::size_t>(world));
+  simulate(world, [&](RankContext& ctx) {
+    ctx.world().set_timeout(std::chrono::seconds(20));
+    std::string what = "no error";
+    try {
+      body(ctx);
+    } catch (const ValueError& e) {
+      what = std::string("ValueError: ") + e.what();
+    } catch (const std::exception& e) {
+      what = std::string("another error: ") + e.what();
+    }
+    std::lock_guard<std::mutex> lock(m);
+    out[static_cast<std::size_t>(ctx.rank())] = what;
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("libtorch FullyShard: a Sequential of 3 Linear trained with stage 3 equals stage 1 bit for bit (Adam)",
@@ -327,25 +349,11 @@ TEST_CASE("libtorch FullyShard: ranks that pass different backward_prefetch valu
   };
   for (const Case& c : cases)
     DYNAMIC_SECTION("world " << c.world << ", rank " << c.odd << " passes the other value") {
-      std::mutex m;
-      std::vector<std::string> errors(static_cast<std::size_t>(c.world));
       Outcome out;
-      simulate(c.world, [&](RankContext& ctx) {
-        ctx.world().set_timeout(std::chrono::seconds(20));
+      const std::vector<std::string> errors = outcomes(c.world, [&](RankContext& ctx) {
         const BackwardPrefetch other = c.most == BackwardPrefetch::before_backward ? BackwardPrefetch::after_gradients
                                                                                    : BackwardPrefetch::before_backward;
-        const BackwardPrefetch mine = ctx.rank() == c.odd ? other : c.most;
-        std::string what;
-        try {
-          stage3_rank(ctx, {"Adam", {{"lr", 0.01}}}, mine, out);
-          what = "no error: constructed and trained";
-        } catch (const ValueError& e) {
-          what = std::string("ValueError: ") + e.what();
-        } catch (const std::exception& e) {
-          what = std::string("another error: ") + e.what();
-        }
-        std::lock_guard<std::mutex> lock(m);
-        errors[static_cast<std::size_t>(ctx.rank())] = what;
+        stage3_rank(ctx, {"Adam", {{"lr", 0.01}}}, ctx.rank() == c.odd ? other : c.most, out);  // "no error": trained
       });
       for (const auto& p : out.problems.list) UNSCOPED_INFO("the unchecked training: " << p);
       for (int r = 0; r < c.world; ++r) {
@@ -358,23 +366,11 @@ TEST_CASE("libtorch FullyShard: ranks that pass different backward_prefetch valu
       }
     }
   SECTION("world 3, rank 1 passes a value that is not a BackwardPrefetch") {
-    std::mutex m;
-    std::vector<std::string> errors(3);
-    simulate(3, [&](RankContext& ctx) {
-      ctx.world().set_timeout(std::chrono::seconds(20));
+    const std::vector<std::string> errors = outcomes(3, [&](RankContext& ctx) {
       libtorch::FullyShardOptions options = optim::ShardedUnitsOptions{ctx.world()};
       if (ctx.rank() == 1) options.backward_prefetch = static_cast<BackwardPrefetch>(7);
       auto net = make_net();
-      std::string what = "no error";
-      try {
-        libtorch::FullyShard fs(linear_units(net), optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, options);
-      } catch (const ValueError& e) {
-        what = std::string("ValueError: ") + e.what();
-      } catch (const std::exception& e) {
-        what = std::string("another error: ") + e.what();
-      }
-      std::lock_guard<std::mutex> lock(m);
-      errors[static_cast<std::size_t>(ctx.rank())] = what;
+      libtorch::FullyShard fs(linear_units(net), optim::OptimizerSpec{"Adam", {{"lr", 0.01}}}, options);
     });
     for (int r = 0; r < 3; ++r) {
       const std::string& e = errors[static_cast<std::size_t>(r)];
