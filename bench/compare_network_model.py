@@ -19,7 +19,7 @@ before each run recorded), so that parameters and figures share the load:
    the synchronisation of a host's processes (an 8-byte all_reduce on the
    shared-memory plane), the link's rate (raw TCP, both hosts sending 16 MiB
    to each other at once, dopt_bench_raw_tcp) and latency (an 8-byte
-   all_reduce between the two hosts: two ring steps).
+   all_reduce between the two hosts: one exchange, the ring's latency path).
 2. Predicts all_reduce at 4 KiB, 1 MiB and 64 MiB with the model
    (dopt_bench_sim predict: a deterministic simulate() with
    SimulateOptions::network).
@@ -279,6 +279,8 @@ def repredict(build, path, date):
         q = dict(p)
         q.setdefault("exchange_gbs", 0)
         q.setdefault("core_cache_bytes", cache_bytes(shared=False))  # recorded before it was: this machine's
+        if p["rate"]:
+            q["link_latency_us"] = p["tiny_us"]  # recorded as half of it before the model took the latency path
         pr = predict(build, 1 if p["rate"] is None else 2, p["procs"] if p["rate"] is None else 1, q)
         for b in SIZES:
             preds.setdefault(c, {}).setdefault(b, []).append(pr[b]["predicted_us"])
@@ -379,15 +381,15 @@ def main():
                 p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
                          sync_us=tiny if rate is None else 0, wake_us=wake, exchange_gbs=round(xgbs, 3),
                          core_cache_bytes=core_cache, link_gbits=round(gbits, 4),
-                         link_latency_us=round(tiny / 2, 2) if rate else 0)
+                         link_latency_us=round(tiny, 2) if rate else 0)
                 emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
                           round=rnd + 1, tiny_us=tiny, load=before, **p,
                           how="sync_us: an 8-byte all_reduce on one host; wake_us: a futex hand-over between two "
                           "cores just before it (dopt_bench_sim wake); exchange_gbs: reading what another core has "
                           "just written, just before (dopt_bench_sim exchange); core_cache_bytes: the largest cache a "
                           "core has to itself (sysfs); "
-                          "link_latency_us: half of one across the "
-                          "hosts (two ring steps); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
+                          "link_latency_us: one across the "
+                          "hosts (one exchange: the ring's latency path); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
                 # 2. the prediction with this round's parameters
                 pr = predict(build, 1 if rate is None else 2, n, p)
                 for b in SIZES:

@@ -145,8 +145,9 @@ struct NetworkModel {
   std::chrono::nanoseconds link_latency{20000};
   double link_bandwidth = 1.25e9;
   /// Bytes read plus written per second by all cores of a host together;
-  /// host_cache_bandwidth instead where a call's data and buffers on the
-  /// host fit host_cache_bytes (0: no cache modelled).
+  /// host_cache_bandwidth instead where what a host's members touch between
+  /// two uses of a byte (their data and two chunks of buffer each) fits
+  /// host_cache_bytes (0: no cache modelled).
   double host_memory_bandwidth = 2e10;
   double host_cache_bandwidth = 0;
   std::size_t host_cache_bytes = 0;
@@ -172,6 +173,11 @@ struct NetworkModel {
   /// The shared-memory plane's settings (ShmPlane::Options; DOPT_SHM_*).
   std::size_t shm_small_bytes = 32u << 10;
   std::size_t shm_buffer_bytes = 4u << 20;
+  /// The TCP ring's (one member per host): an all_reduce of at most
+  /// tcp_small_bytes, or of at most tcp_pair_bytes between two hosts, sends
+  /// the whole buffer to every other host at once (the ring's defaults).
+  std::size_t tcp_small_bytes = 64u << 10;
+  std::size_t tcp_pair_bytes = 2u << 20;
 };
 
 }  // namespace sim

@@ -19,25 +19,20 @@ std::int64_t ns_of(double seconds) { return static_cast<std::int64_t>(std::llrou
 /// Seconds for one member's traffic (bytes read + written) while k members
 /// of a host move theirs at once: `tensor` bytes on its own tensors (`data`
 /// bytes of them), `written` and `read` bytes on the shared-memory buffers
-/// (chunks of up to shm_buffer_bytes). Each part goes at the cache's
-/// bandwidth when what it touches on the host fits the cache, else at the
-/// memory's: the tensors, k times data and chunk; the buffers' reads, k
-/// chunks and the chunk of each member's tensor that streams through the
-/// cache between a buffer's write and its reads (k x 2 chunks); their
-/// writes, twice that (each member has two buffers and rounds alternate
-/// between them: a buffer is written again two chunks, or calls, after its
-/// last use). Each member gets its bandwidth over max(k, cores): one core's
-/// share, and members past the cores take turns.
+/// (chunks of up to shm_buffer_bytes). Calls and chunks come back to the
+/// same bytes in turn, so all of it goes at the cache's bandwidth when
+/// everything the members touch between two uses of a byte fits the cache,
+/// else at the memory's: k times the data and two chunks (each member has
+/// two buffers, and rounds alternate between them). Each member gets its
+/// bandwidth over max(k, cores): one core's share, and members past the
+/// cores take turns.
 double memory_s(const NetworkModel& m, double tensor, double written, double read, int k, double data) {
   if (k <= 0) return 0;
   const double chunk = std::min(data, static_cast<double>(m.shm_buffer_bytes));
-  const bool cache = m.host_cache_bytes > 0 && m.host_cache_bandwidth > 0;
-  const double limit = static_cast<double>(m.host_cache_bytes);
-  auto rate = [&](double touched) {
-    return cache && touched <= limit ? m.host_cache_bandwidth : m.host_memory_bandwidth;
-  };
-  return (tensor / rate(k * (data + chunk)) + written / rate(k * 4 * chunk) + read / rate(k * 2 * chunk)) *
-         std::max(k, std::max(1, m.cores_per_host));
+  const bool cached = m.host_cache_bytes > 0 && m.host_cache_bandwidth > 0 &&
+                      k * (data + 2 * chunk) <= static_cast<double>(m.host_cache_bytes);
+  const double rate = cached ? m.host_cache_bandwidth : m.host_memory_bandwidth;
+  return (tensor + written + read) / rate * std::max(k, std::max(1, m.cores_per_host));
 }
 
 /// Seconds for k members of a host that each read `remote` bytes the others
@@ -169,7 +164,15 @@ Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int roo
     case CollKind::all_reduce:
     case CollKind::all_reduce_coalesced:
     case CollKind::reduce:
-      if (L == 1) {  // the TCP ring: reduce-scatter then all-gather, 2(H-1) steps of b/H
+      if (L == 1) {
+        // the TCP ring's latency path (RingOptions' small_bytes, and pair_bytes
+        // between two hosts): every host sends b to every other at once, one
+        // latency; else reduce-scatter then all-gather, 2(H-1) steps of b/H
+        if (b <= static_cast<double>(m.tcp_small_bytes) || (H == 2 && b <= static_cast<double>(m.tcp_pair_bytes))) {
+          for (auto& f : x.factor) f = H - 1;
+          x.s = a + link_s(m, (H - 1) * b);
+          return x;
+        }
         for (auto& f : x.factor) f = 2.0 * (H - 1) / H;
         x.s = 2 * (H - 1) * a + link_s(m, 2.0 * (H - 1) / H * b);
         return x;

@@ -68,22 +68,25 @@ TEST_CASE("network model: an all_reduce on one host takes the shared-memory plan
 TEST_CASE("network model: data that fits the cache moves at the cache's bandwidth", "[sim][netmodel]") {
   auto m = model(1, 0);
   m.host_cache_bandwidth = 4e10;
-  m.host_cache_bytes = 4u << 20;
-  // 2 ranks, 1 MiB: the tensors (2 x 2 MiB) and the buffers' reads (2 x 2 chunks) fit 4 MiB: cached; the
-  // buffers' writes do not (rounds alternate between two buffers: 2 x 4 chunks) and come from memory
+  m.host_cache_bytes = 6u << 20;
+  // 2 ranks, 1 MiB, one chunk: what the members touch between two uses of a byte (their 1 MiB and two
+  // chunks of buffer each, as rounds alternate between two buffers) is 6 MiB: all of it (4 B a member)
+  // moves at the cache's bandwidth
   const double b = 1 << 20;
-  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (3 * b / 4e10 + b / 1e10) * 2));
-  // with 8 MiB of cache all of it is cached (4 B a member)
-  m.host_cache_bytes = 8u << 20;
   CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 4 / 4e10 * 2));
-  m.host_cache_bytes = 4u << 20;
-  // 3 ranks: 6 MiB, past the cache: all from memory
+  // with a byte less of cache, all of it from memory
+  m.host_cache_bytes = (6u << 20) - 1;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + b * 4 / 1e10 * 2));
+  // 3 ranks: 9 MiB, past 8 MiB of cache: all from memory
+  m.host_cache_bytes = 8u << 20;
   CHECK(all_reduce_run(3, 1 << 18, m).modelled_time == ns(3e-6 + 2 * 7e-6 + (2 * b + b * 7 / 3) / 1e10 * 3));
-  // 256 KiB chunks, 2 MiB of cache, 2 ranks: the tensors (2 x 1.25 MiB) come from memory, the buffers (2 chunks
-  // and the tensor chunk streamed between a buffer's write and its reads: 1 MiB) from the cache; 4 chunks
-  m.host_cache_bytes = 2u << 20;
+  // 256 KiB chunks, 2 ranks: 2 x (1 MiB + 2 chunks) = 3 MiB; 4 chunks (8 synchronisations). From memory
+  // with 2 MiB of cache, from the cache with 3 MiB
   m.shm_buffer_bytes = 256u << 10;
-  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 8 * 7e-6 + (2 * b / 1e10 + 2 * b / 4e10) * 2));
+  m.host_cache_bytes = 2u << 20;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 8 * 7e-6 + b * 4 / 1e10 * 2));
+  m.host_cache_bytes = 3u << 20;
+  CHECK(all_reduce_run(2, 1 << 18, m).modelled_time == ns(3e-6 + 8 * 7e-6 + b * 4 / 4e10 * 2));
 }
 
 TEST_CASE("network model: a phase longer than the waiters' spin costs a wake-up per wave of members",
@@ -158,11 +161,23 @@ TEST_CASE("network model: an all_reduce across hosts adds the hierarchical plane
   const SimReport rep = all_reduce_run(5, 1024, model(2, 3));
   CHECK(rep.modelled_time == ns(3e-6 + 7e-6 + b * 6 * 3 / 1e10 + 2 * 50e-6 + b / 1e9));
   CHECK(rep.link_bytes == std::vector<std::uint64_t>{4096, 4096});
-  // one rank per host: the TCP ring, 2 (H - 1) steps, each host sends 2 (H - 1) / H of B
-  const SimReport ring = all_reduce_run(3, 3 << 10, model(3, 1));
-  const double rb = 3 << 12;
+  // one rank per host, at most 64 KiB: the TCP ring's latency path, every host sends B to every other at once
+  const SimReport small = all_reduce_run(3, 3 << 10, model(3, 1));
+  const double sb = 3 << 12;
+  CHECK(small.modelled_time == ns(3e-6 + 50e-6 + 2 * sb / 1e9));
+  CHECK(small.link_bytes == std::vector<std::uint64_t>{24576, 24576, 24576});
+  // larger: the ring, 2 (H - 1) steps, each host sends 2 (H - 1) / H of B
+  const SimReport ring = all_reduce_run(3, 3 << 15, model(3, 1));
+  const double rb = 3 << 17;
   CHECK(ring.modelled_time == ns(3e-6 + 4 * 50e-6 + 4.0 / 3 * rb / 1e9));
-  CHECK(ring.link_bytes == std::vector<std::uint64_t>{16384, 16384, 16384});
+  CHECK(ring.link_bytes == std::vector<std::uint64_t>{524288, 524288, 524288});
+  // two hosts take the latency path up to 2 MiB (B each way, one latency), the ring past it
+  const SimReport pair = all_reduce_run(2, 1 << 19, model(2, 1));
+  CHECK(pair.modelled_time == ns(3e-6 + 50e-6 + 2.0 * (1 << 20) / 1e9));
+  CHECK(pair.link_bytes == std::vector<std::uint64_t>{2u << 20, 2u << 20});
+  const SimReport piped = all_reduce_run(2, 1 << 20, model(2, 1));
+  CHECK(piped.modelled_time == ns(3e-6 + 2 * 50e-6 + 4.0 * (1 << 20) / 1e9));
+  CHECK(piped.link_bytes == std::vector<std::uint64_t>{4u << 20, 4u << 20});
 }
 
 TEST_CASE("network model: two hosts take longer than one at a large size", "[sim][netmodel]") {
