@@ -26,8 +26,8 @@ before each run recorded), so that parameters and figures share the load:
 3. Measures them (dopt_bench_collectives under dopt-run, in the run that
    timed the 8-byte call): the shared-memory plane with 2 and 4 processes,
    and two network-namespace "hosts" (one rank each, a veth pair on a
-   bridge, the link limited with tc tbf to each rate; the TCP plane does not
-   poll: the hosts share the machine's cores).
+   bridge, the link limited with tc tbf to each rate, modelled as a shaped
+   link: NetworkModel::link_shaped; the TCP plane as dopt sets it).
 The medians over the rounds are compared.
 4. Prints predicted / measured / ratio and appends every line (parameters,
    predictions, measurements, comparison) to OUT (default
@@ -182,11 +182,12 @@ class Hosts(NamespaceHosts):
         with open(os.path.join(secret, "s"), "w") as f:
             f.write(os.urandom(32).hex())
         os.chmod(os.path.join(secret, "s"), 0o600)
-        # The two hosts share this machine's cores: each rank's TCP plane polls as dopt does for two ranks on
-        # them (not at all). Its default for one rank on two cores (TcpMesh::default_poll_us: 200 us after every
-        # event) took the core the other host's rank needed: 4 KiB calls of ~510 us instead of ~40-95 us.
-        self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s",
-                        DOPT_TCP_POLL_US="0")
+        # The ranks' TCP plane as dopt sets it for one rank on a host of two cores (it polls 200 us after every
+        # event). Runs before 2026-12-07T21:30Z set DOPT_TCP_POLL_US=0 (an earlier plane's polling took the core
+        # the other host's rank needed); a 4 KiB call then paid a wake-up per burst of segments, 64-228 us
+        # between rounds, against 32-50 us polling (the 8-byte call: 26-50 us either way).
+        self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s")
+        self.env.pop("DOPT_TCP_POLL_US", None)
 
     def cmd(self, i, argv):
         """argv in host i: its own network, hostname and /dev/shm."""
@@ -238,6 +239,8 @@ def predict(build, hosts, per_host, p):
            "--cache-bytes", str(p["cache_bytes"]), "--cores", str(p["cores"]), "--sync-us", str(p["sync_us"]),
            "--wake-us", str(p["wake_us"]), "--spin-us", str(SPIN_US), "--spin-past-cores-us", str(SPIN_PAST_CORES_US),
            "--exchange-gbs", str(p["exchange_gbs"]), "--core-cache-bytes", str(p["core_cache_bytes"]), "--bytes"] + [str(s) for s in SIZES]
+    if p.get("link_shaped"):
+        cmd.append("--link-shaped")
     return {r["bytes"]: r for r in json_lines(run(cmd))}
 
 
@@ -381,13 +384,13 @@ def main():
                 p = dict(memory_gbs=round(mem, 3), cache_gbs=round(cache, 3), cache_bytes=cbytes, cores=cores,
                          sync_us=tiny if rate is None else 0, wake_us=wake, exchange_gbs=round(xgbs, 3),
                          core_cache_bytes=core_cache, link_gbits=round(gbits, 4),
-                         link_latency_us=round(tiny, 2) if rate else 0)
+                         link_latency_us=round(tiny, 2) if rate else 0, link_shaped=bool(rate))
                 emit(dict(kind="parameter", name="latency", plane=plane, procs=n if rate is None else 2, rate=rate,
                           round=rnd + 1, tiny_us=tiny, load=before, **p,
                           how="sync_us: an 8-byte all_reduce on one host; wake_us: a futex hand-over between two "
                           "cores just before it (dopt_bench_sim wake); exchange_gbs: reading what another core has "
                           "just written, just before (dopt_bench_sim exchange); core_cache_bytes: the largest cache a "
-                          "core has to itself (sysfs); "
+                          "core has to itself (sysfs); link_shaped: the link is tc tbf's token bucket; "
                           "link_latency_us: one across the "
                           "hosts (one exchange: the ring's latency path); link_gbits: raw TCP both ways at once, 16 MiB, one stream"))
                 # 2. the prediction with this round's parameters

@@ -30,6 +30,7 @@ int sim_predict_main(int argc, char** argv) {
   app.add_option("--op", op, "all_reduce, broadcast or all_gather (bytes: the output)");
   app.add_option("--link-gbits", link_gbits, "link payload rate, Gbit/s each way");
   app.add_option("--link-latency-us", latency_us, "one message between hosts, us");
+  app.add_flag("--link-shaped", m.link_shaped, "the links are shaped by a token bucket (tc tbf), not wires");
   app.add_option("--memory-gbs", memory_gbs, "host memory traffic (read + written), GB/s, all cores");
   double cache_gbs = 0;
   app.add_option("--cache-gbs", cache_gbs, "host cache traffic, GB/s, all cores (0: no cache)");
@@ -92,11 +93,11 @@ int sim_predict_main(int argc, char** argv) {
       for (std::size_t h = 0; h < rep.link_bytes.size(); ++h)
         links += (h ? ", " : "") + std::to_string(rep.link_bytes[h]);
       std::printf("{\"benchmark\": \"sim_predict\", \"op\": \"%s\", \"bytes\": %lld, \"hosts\": %d, \"per_host\": %d, "
-                  "\"predicted_us\": %.2f, \"link_bytes\": [%s], \"link_gbits\": %g, \"link_latency_us\": %g, "
+                  "\"predicted_us\": %.2f, \"link_bytes\": [%s], \"link_gbits\": %g, \"link_shaped\": %s, \"link_latency_us\": %g, "
                   "\"memory_gbs\": %g, \"cache_gbs\": %g, \"cache_bytes\": %zu, \"cores\": %d, \"sync_us\": %g, \"overhead_us\": %g, "
                   "\"wake_us\": %g, \"spin_us\": %g, \"spin_past_cores_us\": %g, \"exchange_gbs\": %g, \"core_cache_bytes\": %zu}\n",
                   op.c_str(), bytes, m.hosts, per_host, rep.modelled_time.count() / 1e3, links.c_str(), link_gbits,
-                  latency_us, memory_gbs, cache_gbs, m.host_cache_bytes, m.cores_per_host, sync_us, overhead_us, wake_us,
+                  m.link_shaped ? "true" : "false", latency_us, memory_gbs, cache_gbs, m.host_cache_bytes, m.cores_per_host, sync_us, overhead_us, wake_us,
                   spin_us, spin_past_us, exchange_gbs, m.core_cache_bytes);
     }
   } catch (const std::exception& e) {

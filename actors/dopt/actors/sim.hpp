@@ -144,6 +144,11 @@ struct NetworkModel {
   /// (bytes/s of payload, each way; every host has one link to a switch).
   std::chrono::nanoseconds link_latency{20000};
   double link_bandwidth = 1.25e9;
+  /// false: a wire (a message's latency and its bytes at the link's rate add
+  /// up). true: a link shaped by a token bucket whose burst holds a latency's
+  /// worth of bytes (tc tbf; a cloud NIC's rate limit): in back-to-back calls
+  /// the bytes go while the latencies pass, and the larger of the two counts.
+  bool link_shaped = false;
   /// Bytes read plus written per second by all cores of a host together;
   /// host_cache_bandwidth instead where what a host's members touch between
   /// two uses of a byte (their data and two chunks of buffer each) fits

@@ -53,8 +53,15 @@ double exchange_s(const NetworkModel& m, double remote, double slice, int k) {
   return remote * others / m.exchange_bandwidth * std::max(k, cores) / cores;
 }
 
-double link_s(const NetworkModel& m, double bytes) { return bytes / m.link_bandwidth; }
 double latency_s(const NetworkModel& m) { return std::chrono::duration<double>(m.link_latency).count(); }
+
+/// Seconds of `hops` latencies and `bytes` through a host's link: on a wire
+/// they add up; on a shaped link (a token bucket) the bytes of back-to-back
+/// calls go while the previous call's latencies pass, so the larger counts.
+double link_s(const NetworkModel& m, double hops, double bytes) {
+  const double lat = hops * latency_s(m), wire = bytes / m.link_bandwidth;
+  return m.link_shaped ? std::max(lat, wire) : lat + wire;
+}
 double sync_s(const NetworkModel& m) { return std::chrono::duration<double>(m.sync_latency).count(); }
 
 /// Seconds of `syncs` synchronisations of k members of a host, each after a
@@ -170,11 +177,11 @@ Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int roo
         // latency; else reduce-scatter then all-gather, 2(H-1) steps of b/H
         if (b <= static_cast<double>(m.tcp_small_bytes) || (H == 2 && b <= static_cast<double>(m.tcp_pair_bytes))) {
           for (auto& f : x.factor) f = H - 1;
-          x.s = a + link_s(m, (H - 1) * b);
+          x.s = link_s(m, 1, (H - 1) * b);
           return x;
         }
         for (auto& f : x.factor) f = 2.0 * (H - 1) / H;
-        x.s = 2 * (H - 1) * a + link_s(m, 2.0 * (H - 1) / H * b);
+        x.s = link_s(m, 2 * (H - 1), 2.0 * (H - 1) / H * b);
         return x;
       }
       // per chunk: a chain of accumulators through the hosts (H - 1 hops),
@@ -183,17 +190,17 @@ Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int roo
       // direction bounds: the last host's (H - 1) B out
       for (int h = 0; h + 1 < H; ++h) x.factor[static_cast<std::size_t>(h)] = 1;
       x.factor.back() = H - 1;
-      x.s = chunks(m, b) * H * a + link_s(m, (H - 1) * b);
+      x.s = link_s(m, chunks(m, b) * H, (H - 1) * b);
       return x;
     case CollKind::broadcast:
     case CollKind::broadcast_coalesced:
       x.factor[static_cast<std::size_t>(root_host)] = H - 1;
-      x.s = chunks(m, b) * a + link_s(m, (H - 1) * b);
+      x.s = link_s(m, chunks(m, b), (H - 1) * b);
       return x;
     case CollKind::all_gather:
     case CollKind::all_gather_flat:
       for (auto& f : x.factor) f = static_cast<double>(H - 1) * L;
-      x.s = a + link_s(m, static_cast<double>(H - 1) * L * b);
+      x.s = link_s(m, 1, static_cast<double>(H - 1) * L * b);
       return x;
     default:
       x.s = a;
@@ -244,7 +251,7 @@ CallCost send_cost(const NetworkModel& m, int world_size, std::size_t bytes, int
     // into the mailbox and out (or one cross-memory read); the receiver waits for the sender's copy
     s += syncs_s(m, 1, own_s(m, b, b, 0, 1, b), 2, false) + memory_s(m, b, b, 0, 1, b) + exchange_s(m, b, b, 1);
   } else {
-    s += latency_s(m) + link_s(m, b);
+    s += link_s(m, 1, b);
     c.link_bytes.assign(static_cast<std::size_t>(std::max(1, m.hosts)), 0);
     c.link_bytes[static_cast<std::size_t>(hs)] = bytes;
   }

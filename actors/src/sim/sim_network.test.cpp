@@ -180,6 +180,19 @@ TEST_CASE("network model: an all_reduce across hosts adds the hierarchical plane
   CHECK(piped.link_bytes == std::vector<std::uint64_t>{4u << 20, 4u << 20});
 }
 
+TEST_CASE("network model: on a shaped link the latencies and the bytes overlap", "[sim][netmodel]") {
+  auto m = model(2, 1);
+  m.link_shaped = true;
+  // 16 KiB: the latency (50 us) is longer than 16 KiB at 1e9 (16.4 us): the latency counts
+  CHECK(all_reduce_run(2, 1 << 12, m).modelled_time == ns(3e-6 + 50e-6));
+  // 2 MiB: the bytes (2.1 ms) count
+  CHECK(all_reduce_run(2, 1 << 19, m).modelled_time == ns(3e-6 + 2.0 * (1 << 20) / 1e9));
+  // the ring past 2 MiB: two latencies against 4 MiB
+  CHECK(all_reduce_run(2, 1 << 20, m).modelled_time == ns(3e-6 + 4.0 * (1 << 20) / 1e9));
+  // the bytes each link carries do not change
+  CHECK(all_reduce_run(2, 1 << 19, m).link_bytes == std::vector<std::uint64_t>{2u << 20, 2u << 20});
+}
+
 TEST_CASE("network model: two hosts take longer than one at a large size", "[sim][netmodel]") {
   const std::int64_t floats = 4 << 20;  // 16 MiB
   const SimReport one = all_reduce_run(4, floats, model(1, 4));
