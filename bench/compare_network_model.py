@@ -185,7 +185,7 @@ class Hosts(NamespaceHosts):
         # The ranks' TCP plane as dopt sets it for one rank on a host of two cores (TcpMesh::default_poll_us: it
         # polls 200 us after every event). Runs before 2026-12-07T21:25Z set DOPT_TCP_POLL_US=0 (an earlier
         # plane's polling took the core the other host's rank needed); a 4 KiB call then paid a wake-up per burst
-        # of segments, 64-228 us between rounds, against 32-57 us polling (the 8-byte call: 26-50 us either way).
+        # of segments, 64-228 us between rounds, against 32-57 us polling (the 8-byte call: 28-84 and 26-50 us).
         self.env = dict(os.environ, DOPT_JOB_ID="netmodel-%d" % os.getpid(), DOPT_SECRET_FILE=secret + "/s")
         self.env.pop("DOPT_TCP_POLL_US", None)
 
