@@ -2,11 +2,13 @@
 // time (SimulateOptions::network, docs/testing.md "A network model").
 //
 //   dopt_bench_sim predict --hosts 2 --per-host 1 --bytes 4096 1048576 67108864
-//     --link-gbits 0.95 --link-latency-us 60 --memory-gbs 12 --cache-gbs 60 --cache-bytes 33554432
-//     --cores 2 --sync-us 8 --wake-us 25 --exchange-gbs 5 --core-cache-bytes 1048576
+//     --link-gbits 0.95 --link-latency-us 60 [--link-shaped: tc tbf's links] --memory-gbs 12
+//     --cache-gbs 60 --cache-bytes 33554432 --cores 2 --sync-us 8 --wake-us 25 --exchange-gbs 5
+//     --core-cache-bytes 1048576 [--op all_reduce|broadcast|all_gather]
 //
 // For each size: one deterministic simulate() of hosts x per-host ranks
-// running one all_reduce (float32, sum) of that many bytes; prints one JSON
+// running one collective (float32; all_reduce: a sum of that many bytes;
+// all_gather: that many bytes of output); prints one JSON
 // line per size: {"benchmark": "sim_predict", "op", "bytes", "hosts",
 // "per_host", "predicted_us", "link_bytes": [per host], and the model}.
 #include <cstdio>
@@ -34,7 +36,7 @@ int sim_predict_main(int argc, char** argv) {
   app.add_option("--memory-gbs", memory_gbs, "host memory traffic (read + written), GB/s, all cores");
   double cache_gbs = 0;
   app.add_option("--cache-gbs", cache_gbs, "host cache traffic, GB/s, all cores (0: no cache)");
-  app.add_option("--cache-bytes", m.host_cache_bytes, "host cache size");
+  app.add_option("--cache-bytes", m.host_cache_bytes, "host cache size, bytes");
   app.add_option("--cores", m.cores_per_host, "cores per host")->check(CLI::PositiveNumber);
   app.add_option("--sync-us", sync_us, "one synchronisation of a host's members, us");
   app.add_option("--overhead-us", overhead_us, "every call, us");

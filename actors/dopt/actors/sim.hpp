@@ -140,8 +140,11 @@ namespace sim {
 struct NetworkModel {
   int hosts = 1;
   int ranks_per_host = 0;
-  /// One message's latency between two hosts, and each host's link rate
-  /// (bytes/s of payload, each way; every host has one link to a switch).
+  /// One message's latency between two hosts, end to end (from one rank's
+  /// send to the other rank's receipt: the time of an exchange of a few
+  /// bytes, as an 8-byte all_reduce between two ranks of two hosts takes),
+  /// and each host's link rate (bytes/s of payload, each way; every host has
+  /// one link to a switch).
   std::chrono::nanoseconds link_latency{20000};
   double link_bandwidth = 1.25e9;
   /// false: a wire (a message's latency and its bytes at the link's rate add
@@ -171,7 +174,7 @@ struct NetworkModel {
   std::chrono::nanoseconds wake_latency{0};
   /// Bytes/s a core reads of what another core has just written and still
   /// holds in its own cache (a slice of at most core_cache_bytes / 4; 0:
-  /// only the one-round path's data), added to the cache's or memory's time,
+  /// of at most shm_small_bytes), added to the cache's or memory's time,
   /// for the part written on other cores (0: not modelled).
   double exchange_bandwidth = 0;
   std::size_t core_cache_bytes = 0;
