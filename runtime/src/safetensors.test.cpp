@@ -664,7 +664,7 @@ double parse_seconds(const std::string& file) {
 }
 }  // namespace
 
-TEST_CASE("safetensors: parsing a header takes time linear in its size (200k tensors, 12-18 MB, under 1 s of CPU)",
+TEST_CASE("safetensors: parsing a header takes time linear in its size (20k and 200k tensors, 1-18 MB)",
           "[safetensors][hostile]") {
   // nlohmann's callback parser took 0.6 s for 10k tensors, 25 s for 40k and
   // over 120 s for 200k (issue 41): a small hostile file stalled a loader.
@@ -674,10 +674,10 @@ TEST_CASE("safetensors: parsing a header takes time linear in its size (200k ten
   const double t_small = parse_seconds(small), t_big = parse_seconds(big);
   INFO("20k tensors: " << t_small << " s, 200k tensors: " << t_big << " s");
   // Ten times the tensors: about ten times the time (quadratic would be 100).
+  // Bounds relative to the small parse, not in seconds: a loaded machine
+  // slows both (this one took 0.6 s for 200k, and 1.05 s with checksums in
+  // a CI run where a 1 s bound failed).
   CHECK(t_big < 30 * t_small + 0.05);
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  CHECK(t_big < 1.0);
-#endif
   // The same with dopt's checksums in the header (verified: a second JSON
   // document of 200k digests, and the header's digest over all of it).
   std::map<std::string, Tensor> empty;
@@ -686,9 +686,9 @@ TEST_CASE("safetensors: parsing a header takes time linear in its size (200k ten
   const double t_summed = parse_seconds(summed);
   INFO("200k tensors with checksums: " << t_summed << " s, " << summed.size() << " bytes");
   CHECK(parse_safetensors(summed.data(), summed.size(), "summed").verified);
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  CHECK(t_summed < 1.0);
-#endif
+  // 15 times the small header's bytes: linear is about 20 times its time
+  // (the digests are verified too), quadratic over 200.
+  CHECK(t_summed < 60 * t_small + 0.1);
   // A duplicate key is still found.
   std::string dup = many_tensors(3);
   dup.replace(dup.find("\"t2\""), 4, "\"t0\"");
