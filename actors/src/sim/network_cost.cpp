@@ -6,6 +6,7 @@
 #include <iterator>
 #include <map>
 
+#include "dopt/actors/internal/ring.hpp"
 #include "plane/shm_one_round.hpp"
 
 namespace dopt::detail::sim {
@@ -13,6 +14,10 @@ namespace dopt::detail::sim {
 namespace {
 
 using dopt::sim::NetworkModel;
+
+// The model's defaults for the TCP ring's latency path are the ring's own.
+static_assert(NetworkModel{}.tcp_small_bytes == RingOptions{}.small_bytes &&
+              NetworkModel{}.tcp_pair_bytes == RingOptions{}.pair_bytes);
 
 std::int64_t ns_of(double seconds) { return static_cast<std::int64_t>(std::llround(seconds * 1e9)); }
 
@@ -164,7 +169,6 @@ struct Cross {
 Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int root_host) {
   Cross x;
   x.factor.assign(static_cast<std::size_t>(H), 0.0);
-  const double a = latency_s(m);
   switch (kind) {
     case CollKind::reduce_scatter:
       return hier(m, CollKind::all_reduce, b * L * H, H, L, root_host);
@@ -203,7 +207,7 @@ Cross hier(const NetworkModel& m, CollKind kind, double b, int H, int L, int roo
       x.s = link_s(m, 1, static_cast<double>(H - 1) * L * b);
       return x;
     default:
-      x.s = a;
+      x.s = link_s(m, 1, 0);
       return x;  // barrier, new_group: one exchange between the hosts
   }
 }
