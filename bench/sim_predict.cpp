@@ -5,6 +5,8 @@
 //     --link-gbits 0.95 --link-latency-us 60 [--link-shaped: tc tbf's links] --memory-gbs 12
 //     --cache-gbs 60 --cache-bytes 33554432 --cores 2 --sync-us 8 --wake-us 25 --exchange-gbs 5
 //     --core-cache-bytes 1048576 [--op all_reduce|broadcast|all_gather]
+//     [--shm-small-bytes, --shm-buffer-bytes, --tcp-small-bytes, --tcp-pair-bytes: the planes' limits,
+//      their defaults those of the planes]
 //
 // For each size: one deterministic simulate() of hosts x per-host ranks
 // running one collective (float32; all_reduce: a sum of that many bytes;
@@ -50,6 +52,9 @@ int sim_predict_main(int argc, char** argv) {
   app.add_option("--core-cache-bytes", m.core_cache_bytes, "a core's own cache (0: unknown)");
   app.add_option("--shm-small-bytes", m.shm_small_bytes, "the shared-memory plane's one-round limit");
   app.add_option("--shm-buffer-bytes", m.shm_buffer_bytes, "the shared-memory plane's buffer");
+  app.add_option("--tcp-small-bytes", m.tcp_small_bytes,
+                 "the TCP ring's latency path: at most this many bytes go to every host at once");
+  app.add_option("--tcp-pair-bytes", m.tcp_pair_bytes, "the same limit between two hosts");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -10,7 +10,12 @@ namespace dopt::sim_test {
 
 /// A deterministic run of `seed` with the group timeout `timeout`, filling rep (may be null).
 inline SimulateOptions deterministic(std::uint64_t seed, SimReport* rep, std::chrono::milliseconds timeout) {
-  return SimulateOptions{.timeout = timeout, .deterministic = true, .seed = seed, .faults = {}, .report = rep};
+  SimulateOptions o;
+  o.timeout = timeout;
+  o.deterministic = true;
+  o.seed = seed;
+  o.report = rep;
+  return o;
 }
 
 /// A swarm of `seeds` seeds within a minute, printing nothing.
