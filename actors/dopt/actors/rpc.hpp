@@ -214,8 +214,10 @@ class RRef {
     return to_here_async(timeout).get();
   }
   /// The value itself; only on the owner (StateError elsewhere). Valid while
-  /// any RRef to it lives. Waits while a remote() that makes it still runs
-  /// here; not synchronised with the value's strand otherwise.
+  /// any RRef to it lives. Waits (up to the agent's rpc_timeout, then
+  /// TimeoutError) while a remote() that makes it still runs here or has not
+  /// arrived yet (the RRef came by a message that got here first); not
+  /// synchronised with the value's strand otherwise.
   T& local_value() const;
 
   /// Calls method (register_method<T>) on the value, on the owner.

@@ -114,6 +114,7 @@ void register_test_functions() {
     register_function("t.die", [](Agent& a) { rpc::testing::kill(a); });
     register_function("t.make_tracked", [](int v) { return Tracked(v); });
     register_function("t.make_counter", [] { return Counter{}; });
+    register_function("t.local_value_of", [](RRef<Tracked> r) { return r.local_value().value; });
     register_method<Counter>("t.bump", [](Counter& c, int by) {
       // read-modify-write with room for a lost update if two ran at once
       volatile long n = c.n;
@@ -348,6 +349,8 @@ TEST_CASE("rpc RRefs: remote values, to_here, methods in the owner's strand, loc
       SCHECK(t.to_here().value == 42);
       SCHECK(t.rpc_sync<int>("t.tracked_value") == 1042);
       SCHECK_THROWS_AS(t.local_value(), StateError);
+      SCHECK_THAT(error_of([&] { t.local_value(); }),
+                  Contains("owned by worker 'worker1' (rank 1), not by worker 'worker0' (rank 0)"));
       auto mine = a.make_rref(Tracked(9));
       SCHECK(mine.is_owner());
       SCHECK(mine.local_value().value == 9);
@@ -658,6 +661,54 @@ TEST_CASE("rpc deterministic: a dropped request times out in virtual time, a ret
   CHECK(s1 == s2);
   CHECK(sim::compare_traces(d1, d2) == "");
   CHECK(d1.virtual_time > std::chrono::milliseconds(0));
+}
+
+TEST_CASE("rpc deterministic: an RRef that reaches its owner before the remote() making it: local_value waits for "
+          "the value, or times out naming what never came",
+          "[rpc][sim]") {
+  register_test_functions();
+  // Worker 0's messages late: its remote() to worker 1 can arrive after the
+  // call that hands worker 1 the RRef (as DistributedOptimizer's create does).
+  dopt::SimulateOptions base;
+  base.faults.delay_messages(0, 0.5, std::chrono::milliseconds(20));
+  sim::SwarmOptions swarm;
+  swarm.seeds = 30;
+  swarm.print = false;
+  const auto found = sim::swarm([](const dopt::SimulateOptions& s) {
+    rpc::SimulateOptions r;
+    r.deterministic = true;
+    r.seed = s.seed;
+    r.faults = s.faults;
+    r.report = s.report;
+    r.keep_trace = s.keep_trace;
+    rpc::simulate(3, [](Agent& a) {
+      if (a.rank() != 0) return;
+      RRef<Tracked> t = a.remote<Tracked>("worker1", "t.make_tracked", 7);
+      const int v = a.rpc_sync<int>(1, "t.local_value_of", t);
+      if (v != 7) throw std::runtime_error("local_value gave " + std::to_string(v));
+    }, r);
+  }, swarm, base);
+  INFO(found.failure);
+  CHECK_FALSE(found.failing_seed.has_value());
+  CHECK(found.tried >= 1);  // DOPT_SIM_SEED (the CTest swarm) runs its seed only
+  // The remote() lost (its request dropped, no retry): the owner's wait ends
+  // at its rpc_timeout, in virtual time, saying what never came.
+  SimReport report;
+  auto o = deterministic(5, &report);
+  o.rpc.rpc_timeout = std::chrono::seconds(2);
+  o.faults.drop_message(0, 1);  // worker 0's first message: the remote() request
+  std::string seen;
+  Promise<void> done;  // the others shut down (and send) only after worker 0's calls
+  rpc::simulate(3, [&](Agent& a) {
+    if (a.rank() != 0) return done.get_future().wait();
+    RRef<Tracked> t = a.remote<Tracked>("worker1", "t.make_tracked", 7);
+    seen = error_of([&] { a.rpc_sync<int>(1, Fn("t.local_value_of", {.timeout = std::chrono::seconds(10)}), t); });
+    done.set_value();
+  }, o);
+  REQUIRE(report.faults.size() == 1u);
+  CHECK_THAT(report.faults[0], Contains("dropped"));
+  CHECK_THAT(seen, Contains("TimeoutError") && Contains("no remote() making the value reached worker 'worker1'") &&
+                       Contains("2000 ms"));
 }
 
 namespace {

@@ -46,19 +46,31 @@ std::shared_ptr<RRefState> own_value(const std::shared_ptr<AgentCore>& core, Obj
   return adopt_rref(core, core->rank, id, type);
 }
 
-void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, const char* op) {
+void* local_object(AgentCore& core, std::uint64_t id, int owner, const std::string& type, const char* op) {
+  if (owner != core.rank)
+    throw StateError(op, "the value is owned by " + core.who(owner) + ", not by " + core.who(core.rank) +
+                             " (to_here() fetches a copy)", core.rank);
   std::unique_lock<std::mutex> lock(core.obj_mutex);
-  auto it = core.objects.find(id);
-  if (it == core.objects.end())
-    throw StateError(op, "the value is not owned by " + core.who(core.rank) + " (or was freed)", core.rank);
-  ObjectPtr keep = it->second;
+  if (core.freed.count(id))
+    throw StateError(op, "the value on " + core.who(core.rank) + " was freed already", core.rank);
+  // A remote() still running here (e.g. a parameter made just before), or
+  // one whose request has not arrived yet (the RRef came by another message
+  // that got here first): wait for it.
+  ObjectPtr keep = core.get_or_placeholder_locked(id);
   auto& o = *keep;
-  // A remote() still running here (e.g. a parameter made just before): wait for it.
   namespace sim = ::dopt::detail::sim;
   if (!sim::cv_wait_until(core.obj_cv, lock, sim::clock_now() + core.options.rpc_timeout,
-                          [&] { return o.created || core.stopped; }, "rpc value being created"))
-    throw TimeoutError(op, "the value is still being created after " + std::to_string(core.options.rpc_timeout.count()) +
-                               " ms", core.rank);
+                          [&] { return o.created || core.stopped; }, "rpc value being created")) {
+    const bool never_seen = !o.creation_seen;
+    if (never_seen && o.counts.empty()) {  // the placeholder made here: not kept
+      auto it = core.objects.find(id);
+      if (it != core.objects.end() && it->second == keep) core.objects.erase(it);
+    }
+    throw TimeoutError(op, std::string(never_seen ? "no remote() making the value reached " + core.who(core.rank)
+                                                  : "the value is still being created on " + core.who(core.rank)) +
+                               " within " + std::to_string(core.options.rpc_timeout.count()) + " ms",
+                       core.rank);
+  }
   if (!o.created) throw StateError(op, "the agent stopped", core.rank);
   if (o.error) std::rethrow_exception(o.error);
   if (o.v.type != type)

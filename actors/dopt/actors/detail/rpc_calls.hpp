@@ -83,9 +83,10 @@ std::shared_ptr<RRefState> created_rref(const std::shared_ptr<AgentCore>& core, 
                                         const std::string& type);
 /// Stores v as a new object owned here, held by the returned state.
 std::shared_ptr<RRefState> own_value(const std::shared_ptr<AgentCore>& core, ObjectValue v);
-/// The owned object's value (StateError when not owned here / not there yet,
-/// TypeError for another type).
-void* local_object(AgentCore& core, std::uint64_t id, const std::string& type, const char* op);
+/// The owned object's value (StateError when `owner` is another worker or
+/// the value was freed; waits while its remote() runs or has not arrived,
+/// TimeoutError after rpc_timeout; TypeError for another type).
+void* local_object(AgentCore& core, std::uint64_t id, int owner, const std::string& type, const char* op);
 
 template <class F> struct fn_traits : fn_traits<decltype(&std::remove_cvref_t<F>::operator())> {};
 template <class R, class... A> struct fn_traits<R (*)(A...)> {

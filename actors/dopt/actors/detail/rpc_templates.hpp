@@ -46,7 +46,7 @@ std::uint64_t RRef<T>::id() const {
 template <class T>
 T& RRef<T>::local_value() const {
   auto& s = state("RRef.local_value");
-  return *static_cast<T*>(detail::local_object(*s.core, s.id, typeid(T).name(), "RRef.local_value"));
+  return *static_cast<T*>(detail::local_object(*s.core, s.id, s.owner, typeid(T).name(), "RRef.local_value"));
 }
 template <class T>
 template <class R, class... A>
