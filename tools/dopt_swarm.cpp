@@ -52,10 +52,10 @@ std::optional<int> parse(int argc, char** argv, Args& a) {
   CLI::App app{"dopt-swarm: runs PROGRAM (whose ranks run under dopt::simulate) over a swarm of seeds, "
                "replays one seed, or diffs two seeds' traces (docs/testing.md)",
                "dopt-swarm"};
-  app.add_option("--seeds", a.seeds, "How many seeds to try")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--seeds", a.seeds, "How many seeds to try")->check(CLI::Range(1, 1000000000))->capture_default_str();
   app.add_option("--first", a.first, "The first seed")->capture_default_str();
-  app.add_option("--budget", a.budget_s, "Stop starting seeds after this many seconds")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--budget", a.budget_s, "Stop starting seeds after this many seconds (a run is not cut short)")
+      ->check(CLI::Range(0.001, 1e9))
       ->capture_default_str();
   app.add_option("--faults", a.faults, "A fault plan for every run (DOPT_SIM_FAULTS, docs/testing.md)");
   app.add_flag("!--no-check", a.check, "Run each seed once, without the determinism check (two runs, equal traces)");
@@ -170,7 +170,22 @@ int swarm(const Args& a) {
     std::string failure;
     std::remove(log1.c_str());
     std::remove(log2.c_str());
-    if (const int code = run(a, seed, "DOPT_SIM_TRACE_LOG", log1, out); code != 0) {
+    const int code = run(a, seed, "DOPT_SIM_TRACE_LOG", log1, out);
+    if (code == 127 && read_all(out).find("dopt-swarm: cannot run") != std::string::npos) {
+      std::fprintf(stderr, "%s", read_all(out).c_str());  // not a seed's failure: no program to run
+      rc = 2;
+      break;
+    }
+    if (code == 0 && read_all(log1).empty()) {
+      std::fprintf(stderr,
+                   "dopt-swarm: %s exited 0 without a deterministic simulation (seed %llu wrote no trace to "
+                   "DOPT_SIM_TRACE_LOG): it must run its ranks under dopt::simulate or dopt::rpc::simulate on the "
+                   "shm plane, which DOPT_SIM_SEED makes deterministic; nothing was tested\n",
+                   a.program[0].c_str(), seed);
+      rc = 2;
+      break;
+    }
+    if (code != 0) {
       failure = "exit code " + std::to_string(code) + "; its output ends with:\n" + tail(read_all(out), 20);
     } else if (a.check) {
       if (const int code2 = run(a, seed, "DOPT_SIM_TRACE_LOG", log2, out); code2 != 0)
@@ -208,7 +223,15 @@ int diff(const Args& a) {
       else std::printf("  %s\n", l.c_str());
     }
   }
+  const std::string said = read_all(out);
   for (const auto& f : {out, da, db}) std::remove(f.c_str());
+  if (la.empty() && lb.empty()) {  // nothing to compare: a missing program, or one that simulates nothing
+    std::fprintf(stderr, "%sdopt-swarm: neither run wrote a trace (exit codes %d and %d): %s must run its ranks under "
+                 "dopt::simulate or dopt::rpc::simulate on the shm plane\n",
+                 said.find("dopt-swarm: cannot run") != std::string::npos ? said.c_str() : "", ca, cb,
+                 a.program[0].c_str());
+    return 2;
+  }
   std::size_t i = 0;
   while (i < la.size() && i < lb.size() && la[i] == lb[i]) ++i;
   if (i == la.size() && i == lb.size()) {

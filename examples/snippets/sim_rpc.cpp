@@ -57,6 +57,7 @@ bool rpc_swarm_passes() {
     o.seed = s.seed;
     o.faults = s.faults;
     o.report = s.report;  // the determinism check compares the two runs' reports
+    o.keep_trace = s.keep_trace;  // ... and, when they differ, where their traces part
     check_server(o);
   }, swarm, base);
   return !found.failing_seed;

@@ -8,9 +8,9 @@
 //   o.faults.crash(1, 3);            // rank 1 crashes at its 3rd collective
 //   dopt::simulate(3, fn, o);
 //
-// In deterministic mode the threads of a simulation (the ranks' threads and
-// the runtime's helper threads for async calls and send/recv) pass one
-// baton: only its holder runs. Each collective, send/recv, future wait and
+// In deterministic mode the ranks and the runtime's helpers for async calls
+// and send/recv are tasks (each on its own stack, all on one OS thread: no
+// thread per rank) that pass one baton: only its holder runs. Each collective, send/recv, future wait and
 // protocol step is a scheduling point where a generator seeded with `seed`
 // picks which runnable thread goes next. Time is virtual: when every thread
 // waits, the clock jumps to the earliest deadline, so timeouts fire at once
@@ -52,7 +52,7 @@ struct FaultPlan {
   enum class Kind { crash, stop, delay, drop, fail_read, corrupt_read, partition };
   struct Fault {
     Kind kind = Kind::crash;
-    int rank = 0;          // -1: any rank (delay / drop)
+    int rank = 0;          // -1: any rank (delay only)
     int at = 0;            // the call (crash, stop) or message (drop) number; 0: chosen by the seed
     double probability = 0;                  // delay: the chance of each message
     std::chrono::milliseconds delay{0};      // delay: up to this much (drawn by the seed)

@@ -6,8 +6,9 @@
 //     ctx.world().all_reduce(t);             // every rank: 0+1+2+3
 //   });
 //
-// fn runs once per rank, each call on its own std::thread, each rank talking to
-// its own rank actor. simulate returns when every rank's fn has returned or
+// fn runs once per rank, each call on its own std::thread (deterministic: a
+// task of the simulation's scheduler, thousands on one OS thread; see
+// dopt/actors/sim.hpp), each rank talking to its own rank actor. simulate returns when every rank's fn has returned or
 // thrown. If any threw, simulate rethrows the first exception (in the order
 // they were caught) after all ranks finished: a dopt::Error keeps its type and
 // gains the rank (Error::rank()); any other exception becomes a dopt::Error
