@@ -92,17 +92,29 @@ int main(int argc, char** argv) {
   std::string workload = "zero";
   double delay_probability = 0;
   std::int64_t delay_ms = 1;
-  app.add_option("--ranks", ranks, "simulated ranks")->check(CLI::PositiveNumber);
-  app.add_option("--params", params, "float32 elements of the model (every rank holds it)")->check(CLI::PositiveNumber);
-  app.add_option("--tensors", tensors, "parameter tensors")->check(CLI::PositiveNumber);
-  app.add_option("--runs", runs, "runs of the seed (their traces must be equal)")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "the scheduler's seed");
-  app.add_option("--max-seconds", max_seconds, "fail when a run takes longer (0: no limit)");
+  app.add_option("--ranks", ranks, "simulated ranks")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--params", params, "float32 elements of the model (every rank holds it)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--tensors", tensors, "parameter tensors")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))->capture_default_str();
+  app.add_option("--runs", runs, "runs of the seed (their traces must be equal)")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--seed", seed, "the scheduler's seed")->capture_default_str();
+  app.add_option("--max-seconds", max_seconds, "fail when a run takes longer (0: no limit)")->capture_default_str();
   app.add_option("--workload", workload, "zero (one ZeRO step) or diloco (one outer sync)")
-      ->check(CLI::IsMember({"zero", "diloco"}));
-  app.add_option("--delay-probability", delay_probability, "chance of a virtual delay per collective message");
-  app.add_option("--delay-ms", delay_ms, "the longest such delay (virtual ms)")->check(CLI::PositiveNumber);
+      ->check(CLI::IsMember({"zero", "diloco"}))
+      ->capture_default_str();
+  app.add_option("--delay-probability", delay_probability,
+                 "chance of a virtual delay per collective message (0: no faults)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  auto* delay_opt = app.add_option("--delay-ms", delay_ms, "the longest such delay (virtual ms)")
+                        ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+                        ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (delay_opt->count() > 0 && !(delay_probability > 0)) {
+    std::fprintf(stderr, "dopt_bench_sim_scale: --delay-ms needs --delay-probability above 0 (no delay would fire)\n");
+    return 2;
+  }
   if (tensors * 55 > params * 10) {
     std::fprintf(stderr, "dopt_bench_sim_scale: --params too small for --tensors\n");
     return 2;

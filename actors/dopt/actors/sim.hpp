@@ -48,6 +48,10 @@ struct SimulateOptions;
 /// comes from a helper thread (ZeRO's overlap worker), at the rank's next one.
 /// Messages are counted per rank from 1: the protocol steps of its
 /// collectives, its sends (each send is one message) and its RPC messages.
+/// simulate() throws ValueError for a plan that cannot mean anything (a
+/// rank outside the world, a probability outside [0, 1], a negative delay
+/// or number, two faults of one kind for one rank, a partition with every
+/// rank or none on one side); a number a rank never reaches does not fire.
 struct FaultPlan {
   enum class Kind { crash, stop, delay, drop, fail_read, corrupt_read, partition };
   struct Fault {

@@ -78,6 +78,9 @@ void simulate(int world_size, const std::function<void(RankContext&)>& fn, const
     throw ValueError("simulate", "a network model needs deterministic = true");
   if (!deterministic && !options.faults.empty())
     throw ValueError("simulate", "fault plans need deterministic = true");
+  if (!deterministic && ::dopt::sim::env_faults())
+    throw ValueError("simulate", "DOPT_SIM_FAULTS is set but this run is not deterministic: set DOPT_SIM_SEED too "
+                                 "(a run on plane 'actor' is never deterministic)");
   if (options.newcomers < 0 || (options.newcomers > 0 && !deterministic))
     throw ValueError("simulate", "newcomers need deterministic = true and must be >= 0, got " +
                                      std::to_string(options.newcomers));

@@ -158,6 +158,8 @@ void simulate(int n, const std::function<void(Agent&)>& fn, const SimulateOption
   if (options.deterministic || env_seed)
     return detail::simulate_deterministic(n, names, fn, options, env_seed ? *env_seed : options.seed);
   if (!options.faults.empty()) throw ValueError("rpc.simulate", "fault plans need deterministic = true");
+  if (::dopt::sim::env_faults())
+    throw ValueError("rpc.simulate", "DOPT_SIM_FAULTS is set but this run is not deterministic: set DOPT_SIM_SEED too");
   std::optional<Runtime> own;
   Runtime* rt = options.runtime;
   if (!rt) rt = &own.emplace(options.runtime_options);

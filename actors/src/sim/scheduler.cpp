@@ -117,14 +117,28 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
       keep_trace_(keep_trace),
       epoch_(Clock::now()) {
   const int limit = std::max(1, plan_.random_call_limit);
+  const auto bad = [](const std::string& why) { return ValueError("simulate", "fault plan: " + why); };
   for (const auto& f : plan_.faults) {
+    if (f.kind == FaultPlan::Kind::delay) {
+      if (f.rank < -1 || f.rank >= world_size)
+        throw bad("delay names rank " + std::to_string(f.rank) + " of a world of " + std::to_string(world_size));
+      if (!(f.probability >= 0 && f.probability <= 1))
+        throw bad("delay's probability must be within 0 and 1, got " + std::to_string(f.probability));
+      if (f.delay.count() < 0) throw bad("delay's most must be >= 0 ms, got " + std::to_string(f.delay.count()));
+    }
     if (f.kind != FaultPlan::Kind::crash && f.kind != FaultPlan::Kind::stop && f.kind != FaultPlan::Kind::drop)
       continue;
+    const char* kind = f.kind == FaultPlan::Kind::crash ? "crash" : f.kind == FaultPlan::Kind::stop ? "stop" : "drop";
     if (f.rank < 0 || f.rank >= world_size)
       throw ValueError("simulate", "fault plan names rank " + std::to_string(f.rank) + " of a world of " +
                                        std::to_string(world_size));
-    const int at = f.at > 0 ? f.at : 1 + static_cast<int>(splitmix(fault_rng_) % static_cast<std::uint64_t>(limit));
+    if (f.at < 0) throw bad(std::string(kind) + " of rank " + std::to_string(f.rank) + " at number " +
+                            std::to_string(f.at) + " (1 and up; 0: drawn by the seed)");
     auto& v = f.kind == FaultPlan::Kind::crash ? crash_at_ : f.kind == FaultPlan::Kind::stop ? stop_at_ : drop_at_;
+    if (v[static_cast<std::size_t>(f.rank)] != 0)
+      throw bad("two " + std::string(kind) + " faults for rank " + std::to_string(f.rank) +
+                " (one of each kind per rank; dopt-swarm's --faults and DOPT_SIM_FAULTS add to the program's own)");
+    const int at = f.at > 0 ? f.at : 1 + static_cast<int>(splitmix(fault_rng_) % static_cast<std::uint64_t>(limit));
     v[static_cast<std::size_t>(f.rank)] = at;
   }
   for (const auto& f : plan_.faults) {
@@ -134,6 +148,12 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
       if (x < 0 || x >= world_size)
         throw ValueError("simulate", "fault plan's partition names rank " + std::to_string(x) + " of a world of " +
                                          std::to_string(world_size));
+    std::vector<bool> in(static_cast<std::size_t>(world_size), false);
+    for (int x : f.side) in[static_cast<std::size_t>(x)] = true;
+    if (std::count(in.begin(), in.end(), true) == 0 || std::count(in.begin(), in.end(), true) == world_size)
+      throw bad("a partition must leave ranks on both sides, got " + std::to_string(f.side.size()) +
+                " rank(s) of a world of " + std::to_string(world_size) + " on one side");
+    if (f.from.count() < 0) throw bad("a partition's start must be >= 0 ms, got " + std::to_string(f.from.count()));
   }
   for (const auto& f : plan_.faults)
     if (f.kind == FaultPlan::Kind::fail_read || f.kind == FaultPlan::Kind::corrupt_read)

@@ -271,3 +271,29 @@ TEST_CASE("fault plans as text: sim::parse_faults, and DOPT_SIM_FAULTS added to 
   CHECK(found.failing_seed);
   CHECK_FALSE(sim::env_faults());
 }
+
+TEST_CASE("fault plans that cannot mean anything are a ValueError naming the fault, and DOPT_SIM_FAULTS needs "
+          "DOPT_SIM_SEED",
+          "[sim][p2p]") {
+  const auto run = [](const std::string& spec) {
+    auto o = sim_test::deterministic(1, nullptr, std::chrono::seconds(5));
+    o.faults = sim::parse_faults(spec);
+    simulate(3, [](RankContext& ctx) { ctx.world().barrier(); }, o);
+  };
+  CHECK_NOTHROW(run("delay:-1:0.5:50;crash:1:9;stop:2:9;partition:0@100000"));  // none fires
+  CHECK_THROWS_WITH(run("delay:-1:2:50"), Contains("probability must be within 0 and 1, got 2"));
+  CHECK_THROWS_WITH(run("delay:-1:-0.5:50"), Contains("probability must be within 0 and 1"));
+  CHECK_THROWS_WITH(run("delay:-1:0.5:-50"), Contains("delay's most must be >= 0 ms, got -50"));
+  CHECK_THROWS_WITH(run("delay:3:0.5:5"), Contains("delay names rank 3 of a world of 3"));
+  CHECK_THROWS_WITH(run("crash:1:-5"), Contains("crash of rank 1 at number -5"));
+  CHECK_THROWS_WITH(run("crash:0:1;crash:0:2"), Contains("two crash faults for rank 0"));
+  CHECK_THROWS_WITH(run("partition:0,1,2"), Contains("must leave ranks on both sides, got 3 rank(s) of a world of 3"));
+  CHECK_THROWS_WITH(run("partition:1@-3"), Contains("a partition's start must be >= 0 ms, got -3"));
+  CHECK_THROWS_AS(run("crash:0:1;crash:0:2"), ValueError);
+  // Faults in the environment of a run that is not deterministic would do nothing: refused.
+  ::setenv("DOPT_SIM_FAULTS", "delay:-1:0.5:50", 1);
+  SimulateOptions threaded;
+  CHECK_THROWS_WITH(simulate(2, [](RankContext&) {}, threaded), Contains("DOPT_SIM_FAULTS is set but this run is not "
+                                                                         "deterministic: set DOPT_SIM_SEED too"));
+  ::unsetenv("DOPT_SIM_FAULTS");
+}
