@@ -545,6 +545,17 @@ rpc::SimulateOptions deterministic(std::uint64_t seed, SimReport* report = nullp
   return o;
 }
 
+/// What a sim::swarm body gets (seed, faults, report, keep_trace), for rpc::simulate.
+rpc::SimulateOptions rpc_options_of(const dopt::SimulateOptions& s) {
+  rpc::SimulateOptions r;
+  r.deterministic = true;
+  r.seed = s.seed;
+  r.faults = s.faults;
+  r.report = s.report;
+  r.keep_trace = s.keep_trace;
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("rpc deterministic: a seed gives one schedule, replayed exactly, seeds differ", "[rpc][sim]") {
@@ -675,18 +686,12 @@ TEST_CASE("rpc deterministic: an RRef that reaches its owner before the remote()
   swarm.seeds = 30;
   swarm.print = false;
   const auto found = sim::swarm([](const dopt::SimulateOptions& s) {
-    rpc::SimulateOptions r;
-    r.deterministic = true;
-    r.seed = s.seed;
-    r.faults = s.faults;
-    r.report = s.report;
-    r.keep_trace = s.keep_trace;
     rpc::simulate(3, [](Agent& a) {
       if (a.rank() != 0) return;
       RRef<Tracked> t = a.remote<Tracked>("worker1", "t.make_tracked", 7);
       const int v = a.rpc_sync<int>(1, "t.local_value_of", t);
       if (v != 7) throw std::runtime_error("local_value gave " + std::to_string(v));
-    }, r);
+    }, rpc_options_of(s));
   }, swarm, base);
   INFO(found.failure);
   CHECK_FALSE(found.failing_seed.has_value());
@@ -749,14 +754,7 @@ TEST_CASE("rpc deterministic: the parameter server of docs/testing.md, a crash, 
   sim::SwarmOptions swarm;
   swarm.seeds = 20;
   swarm.print = false;
-  const auto found = sim::swarm([](const dopt::SimulateOptions& s) {
-    rpc::SimulateOptions r;
-    r.deterministic = true;
-    r.seed = s.seed;
-    r.faults = s.faults;
-    r.report = s.report;
-    doc_check_server(r);
-  }, swarm, base);
+  const auto found = sim::swarm([](const dopt::SimulateOptions& s) { doc_check_server(rpc_options_of(s)); }, swarm, base);
   INFO(found.failure);
   CHECK_FALSE(found.failing_seed.has_value());
   CHECK(found.tried >= 1);
