@@ -95,6 +95,14 @@ std::string read_all(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+/// What the child prints when the program cannot be started (exit code 127).
+constexpr const char* kCannotRun = "dopt-swarm: cannot run ";
+
+/// Whether a run's exit code and output say the program never started.
+bool not_started(int code, const std::string& said) {
+  return code == 127 && said.find(kCannotRun) != std::string::npos;
+}
+
 /// Runs the program with seed (and the faults) in its environment, plus
 /// `extra` (DOPT_SIM_TRACE_LOG or DOPT_SIM_TRACE_DUMP: the file); its output
 /// goes to `out` ("" : this terminal). Returns its exit code (128 + signal
@@ -123,7 +131,7 @@ int run(const Args& a, unsigned long long seed, const char* extra, const std::st
       ::close(fd);
     }
     ::execvp(argv[0], argv.data());
-    std::fprintf(stderr, "dopt-swarm: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    std::fprintf(stderr, "%s%s: %s\n", kCannotRun, argv[0], std::strerror(errno));
     ::_exit(127);
   }
   int status = 0;
@@ -171,8 +179,8 @@ int swarm(const Args& a) {
     std::remove(log1.c_str());
     std::remove(log2.c_str());
     const int code = run(a, seed, "DOPT_SIM_TRACE_LOG", log1, out);
-    if (code == 127 && read_all(out).find("dopt-swarm: cannot run") != std::string::npos) {
-      std::fprintf(stderr, "%s", read_all(out).c_str());  // not a seed's failure: no program to run
+    if (const std::string said = read_all(out); not_started(code, said)) {
+      std::fprintf(stderr, "%s", said.c_str());  // not a seed's failure: no program to run
       rc = 2;
       break;
     }
@@ -228,7 +236,7 @@ int diff(const Args& a) {
   if (la.empty() && lb.empty()) {  // nothing to compare: a missing program, or one that simulates nothing
     std::fprintf(stderr, "%sdopt-swarm: neither run wrote a trace (exit codes %d and %d): %s must run its ranks under "
                  "dopt::simulate or dopt::rpc::simulate on the shm plane\n",
-                 said.find("dopt-swarm: cannot run") != std::string::npos ? said.c_str() : "", ca, cb,
+                 not_started(ca, said) || not_started(cb, said) ? said.c_str() : "", ca, cb,
                  a.program[0].c_str());
     return 2;
   }

@@ -150,7 +150,8 @@ Scheduler::Scheduler(std::uint64_t seed, const FaultPlan& plan, int world_size, 
                                          std::to_string(world_size));
     std::vector<bool> in(static_cast<std::size_t>(world_size), false);
     for (int x : f.side) in[static_cast<std::size_t>(x)] = true;
-    if (std::count(in.begin(), in.end(), true) == 0 || std::count(in.begin(), in.end(), true) == world_size)
+    const auto inside = std::count(in.begin(), in.end(), true);  // distinct ranks on the named side
+    if (inside == 0 || inside == world_size)
       throw bad("a partition must leave ranks on both sides, got " + std::to_string(f.side.size()) +
                 " rank(s) of a world of " + std::to_string(world_size) + " on one side");
     if (f.from.count() < 0) throw bad("a partition's start must be >= 0 ms, got " + std::to_string(f.from.count()));
